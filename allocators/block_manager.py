@@ -1,0 +1,322 @@
+"""Paged KV-cache bookkeeping: block tables, admission answers, copy-on-write, swapping, prefix reuse.
+
+The block manager is the only owner of allocator state. Every mutation can run inside a
+transaction (``begin``/``commit``/``rollback``) so that the scheduler can undo a half-built step
+when a policy raises, leaving the pools exactly as consistent as before.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from kvsched.allocators.alloc_status import AllocStatus
+from kvsched.allocators.block_pool import BlockPool
+from kvsched.core.sequence import SequenceStatus
+
+if TYPE_CHECKING:
+    from kvsched.core.sequence import Sequence, SequenceGroup
+
+_NO_PARENT = 0x9E3779B97F4A7C15  # root of every prefix-hash chain
+
+
+class BlockManager:
+    """Block tables for every sequence that holds KV blocks, on the GPU or (swapped) on the CPU."""
+
+    def __init__(
+        self,
+        block_size: int,
+        num_gpu_blocks: int,
+        num_cpu_blocks: int,
+        watermark_blocks: int = 0,
+        enable_prefix_caching: bool = False,
+    ) -> None:
+        self.block_size = block_size
+        self.watermark_blocks = watermark_blocks
+        self.enable_prefix_caching = enable_prefix_caching
+        self.gpu = BlockPool("gpu", num_gpu_blocks)
+        self.cpu = BlockPool("cpu", num_cpu_blocks)
+        self.gpu_tables: dict[int, list[int]] = {}
+        self.cpu_tables: dict[int, list[int]] = {}
+        self._hashes: dict[int, list[int]] = {}  # seq id -> content hash of each full block
+        self._registered: dict[int, int] = {}  # seq id -> leading blocks already named in the cache
+        self._journal: list[tuple] | None = None
+
+    # ----------------------------------------------------------------------------- queries
+    @property
+    def num_free_gpu_blocks(self) -> int:
+        return self.gpu.num_free
+
+    @property
+    def num_free_cpu_blocks(self) -> int:
+        return self.cpu.num_free
+
+    def block_table(self, seq_id: int) -> tuple[int, ...]:
+        table = self.gpu_tables.get(seq_id)
+        if table is None:
+            table = self.cpu_tables.get(seq_id, ())
+        return tuple(table)
+
+    def num_blocks(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    def cached_blocks(self, seq: Sequence) -> list[int]:
+        """GPU blocks that already hold this sequence's leading tokens (prefix-cache hits).
+
+        At least one token is always left to compute, so that the step can sample from it.
+        """
+        if not self.enable_prefix_caching:
+            return []
+        hashes = self._block_hashes(seq)
+        hits = []
+        for h in hashes:
+            block = self.gpu.lookup(h)
+            if block is None:
+                break
+            hits.append(block)
+        if hits and len(hits) * self.block_size >= seq.num_tokens:
+            hits.pop()
+        return hits
+
+    def num_cached_tokens(self, seq: Sequence) -> int:
+        return len(self.cached_blocks(seq)) * self.block_size
+
+    def blocks_to_allocate(self, group: SequenceGroup) -> int:
+        """Free GPU blocks that admitting ``group`` would consume (cache hits on held blocks are free)."""
+        needed = 0
+        for seq in _waiting_seqs(group):
+            hits = self.cached_blocks(seq)
+            held_hits = sum(1 for b in hits if self.gpu.ref_counts[b] > 0)
+            needed += self.num_blocks(seq.num_tokens) - held_hits
+        return needed
+
+    def can_allocate(self, group: SequenceGroup) -> AllocStatus:
+        """vLLM's watermark rule: NEVER if even an empty pool minus the watermark cannot hold it."""
+        total = sum(self.num_blocks(s.num_tokens) for s in _waiting_seqs(group))
+        if self.gpu.num_blocks - total < self.watermark_blocks:
+            return AllocStatus.NEVER
+        if self.gpu.num_free - self.blocks_to_allocate(group) >= self.watermark_blocks:
+            return AllocStatus.OK
+        return AllocStatus.LATER
+
+    def can_append_slots(self, group: SequenceGroup) -> bool:
+        """Worst case: every running sequence may need a fresh block for its next token."""
+        return self.gpu.num_free >= group.num_unfinished_seqs
+
+    def blocks_to_append(self, group: SequenceGroup) -> int:
+        """Exact number of new blocks (fresh or copy-on-write) the next decode of ``group`` needs."""
+        needed = 0
+        bs, refs = self.block_size, self.gpu.ref_counts
+        for seq in group.seqs:
+            if seq.status.is_finished:
+                continue
+            table = self.gpu_tables[seq.seq_id]
+            if seq.num_tokens > len(table) * bs or refs[table[-1]] > 1:
+                needed += 1
+        return needed
+
+    def _unique_blocks(self, group: SequenceGroup, tables: dict[int, list[int]]) -> set[int]:
+        return {b for s in group.seqs if s.seq_id in tables for b in tables[s.seq_id]}
+
+    def can_swap_out(self, group: SequenceGroup) -> bool:
+        return len(self._unique_blocks(group, self.gpu_tables)) <= self.cpu.num_free
+
+    def can_swap_in(self, group: SequenceGroup) -> AllocStatus:
+        """Like vLLM: the group's blocks plus one spare per sequence for the decode that follows.
+
+        NEVER uses the watermark as ``can_allocate`` does (vLLM compares with the bare pool, which
+        leaves a group that fits only into the watermark stuck as LATER forever).
+        """
+        required = len(self._unique_blocks(group, self.cpu_tables)) + group.num_unfinished_seqs
+        if self.gpu.num_blocks - required < self.watermark_blocks:
+            return AllocStatus.NEVER
+        if self.gpu.num_free - required >= self.watermark_blocks:
+            return AllocStatus.OK
+        return AllocStatus.LATER
+
+    def blocks_freed_by(self, group: SequenceGroup) -> int:
+        """GPU blocks that would become free if ``group`` left the GPU (shared ones do not count)."""
+        counts: dict[int, int] = {}
+        for s in group.seqs:
+            for b in self.gpu_tables.get(s.seq_id, ()):
+                counts[b] = counts.get(b, 0) + 1
+        refs = self.gpu.ref_counts
+        return sum(1 for b, n in counts.items() if refs[b] == n)
+
+    # --------------------------------------------------------------------------- mutations
+    def allocate(self, group: SequenceGroup) -> dict[int, int]:
+        """Give every waiting sequence of ``group`` GPU blocks for all its tokens.
+
+        Returns, per sequence id, how many leading tokens were found in the prefix cache (their
+        KV is already there and need not be computed).
+        """
+        seqs = _waiting_seqs(group)
+        self._log_tables(seqs)
+        cached: dict[int, int] = {}
+        for seq in seqs:
+            hits = self.cached_blocks(seq)
+            for b in hits:
+                self.gpu.take(b)
+            table = hits + [self.gpu.allocate() for _ in range(self.num_blocks(seq.num_tokens) - len(hits))]
+            self.gpu_tables[seq.seq_id] = table
+            self._registered[seq.seq_id] = len(hits)
+            cached[seq.seq_id] = len(hits) * self.block_size
+        return cached
+
+    def append_slots(self, seq: Sequence) -> tuple[int, int] | None:
+        """Make room for the sequence's newest token; return a (src, dst) copy if the block was shared."""
+        table = self.gpu_tables[seq.seq_id]
+        if seq.num_tokens > len(table) * self.block_size:
+            table.append(self.gpu.allocate())
+            if self._journal is not None:
+                self._journal.append(("append", seq.seq_id))
+            return None
+        last = table[-1]
+        if self.gpu.ref_counts[last] == 1:
+            return None
+        new = self.gpu.allocate()
+        self.gpu.release(last)
+        table[-1] = new
+        if self._journal is not None:
+            self._journal.append(("cow", seq.seq_id, last))
+        return (last, new)
+
+    def fork(self, parent: Sequence, child: Sequence) -> None:
+        """The child shares every block of the parent (one more reference each); no copy yet."""
+        self._log_tables([child])
+        table = list(self.gpu_tables[parent.seq_id])
+        for b in table:
+            self.gpu.take(b)
+        self.gpu_tables[child.seq_id] = table
+        if parent.seq_id in self._hashes:
+            self._hashes[child.seq_id] = list(self._hashes[parent.seq_id])
+        self._registered[child.seq_id] = self._registered.get(parent.seq_id, 0)
+
+    def swap_out(self, group: SequenceGroup) -> list[tuple[int, int]]:
+        """Move the group's blocks to the CPU; a block shared inside the group is copied once."""
+        return self._move(group, self.gpu_tables, self.cpu_tables, self.gpu, self.cpu)
+
+    def swap_in(self, group: SequenceGroup) -> list[tuple[int, int]]:
+        return self._move(group, self.cpu_tables, self.gpu_tables, self.cpu, self.gpu)
+
+    def _move(self, group, src_tables, dst_tables, src: BlockPool, dst: BlockPool) -> list[tuple[int, int]]:
+        seqs = [s for s in group.seqs if s.seq_id in src_tables]
+        self._log_tables(seqs)
+        mapping: dict[int, int] = {}
+        for seq in seqs:
+            table = src_tables.pop(seq.seq_id)
+            moved = []
+            for b in table:
+                if b in mapping:
+                    dst.take(mapping[b])
+                else:
+                    mapping[b] = dst.allocate()
+                moved.append(mapping[b])
+                src.release(b)
+            dst_tables[seq.seq_id] = moved
+            self._registered[seq.seq_id] = 0
+        return list(mapping.items())
+
+    def free(self, seq: Sequence) -> None:
+        """Release every block the sequence holds, newest first (so tails are evicted first)."""
+        sid = seq.seq_id
+        if sid not in self.gpu_tables and sid not in self.cpu_tables:
+            return
+        self._log_tables([seq])
+        self._release(sid)
+        self._hashes.pop(sid, None)
+        self._registered.pop(sid, None)
+
+    def mark_computed(self, seq: Sequence) -> None:
+        """Name the sequence's newly completed full blocks in the prefix cache (after the step ran)."""
+        if not self.enable_prefix_caching:
+            return
+        done = seq.num_computed_tokens // self.block_size
+        start = self._registered.get(seq.seq_id, 0)
+        if done <= start:
+            return
+        table, hashes = self.gpu_tables[seq.seq_id], self._block_hashes(seq)
+        for i in range(start, done):
+            self.gpu.register(table[i], hashes[i])
+        self._registered[seq.seq_id] = done
+
+    def _block_hashes(self, seq: Sequence) -> list[int]:
+        hashes = self._hashes.setdefault(seq.seq_id, [])
+        bs = self.block_size
+        for i in range(len(hashes), seq.num_tokens // bs):
+            parent = hashes[-1] if hashes else _NO_PARENT
+            hashes.append(hash((parent, seq.token_slice(i * bs, (i + 1) * bs))))
+        return hashes
+
+    def _release(self, sid: int) -> None:
+        table = self.gpu_tables.pop(sid, None)
+        pool = self.gpu
+        if table is None:
+            table, pool = self.cpu_tables.pop(sid), self.cpu
+        for b in reversed(table):
+            pool.release(b)
+
+    # ------------------------------------------------------------------------ transactions
+    def begin(self) -> None:
+        self._journal = []
+
+    def commit(self) -> None:
+        self._journal = None
+
+    def rollback(self) -> None:
+        """Undo every mutation since ``begin``, newest first; ref counts and tables come back exactly."""
+        journal, self._journal = self._journal or [], None
+        for entry in reversed(journal):
+            kind, sid = entry[0], entry[1]
+            if kind == "append":
+                self.gpu.release(self.gpu_tables[sid].pop())
+            elif kind == "cow":
+                table = self.gpu_tables[sid]
+                self.gpu.take(entry[2])
+                self.gpu.release(table[-1])
+                table[-1] = entry[2]
+            else:  # "tables": restore the exact tables a sequence had
+                _, sid, gpu_table, cpu_table, registered = entry
+                if sid in self.gpu_tables or sid in self.cpu_tables:
+                    self._release(sid)
+                for table, pool, tables in ((gpu_table, self.gpu, self.gpu_tables), (cpu_table, self.cpu, self.cpu_tables)):
+                    if table is not None:
+                        for b in table:
+                            pool.take(b)
+                        tables[sid] = list(table)
+                self._registered[sid] = registered
+
+    def _log_tables(self, seqs) -> None:
+        if self._journal is None:
+            return
+        for seq in seqs:
+            sid = seq.seq_id
+            gpu_table, cpu_table = self.gpu_tables.get(sid), self.cpu_tables.get(sid)
+            self._journal.append((
+                "tables", sid,
+                tuple(gpu_table) if gpu_table is not None else None,
+                tuple(cpu_table) if cpu_table is not None else None,
+                self._registered.get(sid, 0),
+            ))
+
+    # ------------------------------------------------------------------------------- audit
+    def audit(self) -> list[str]:
+        """Every invariant violation, as readable lines (empty when the state is consistent)."""
+        problems = []
+        for pool, tables in ((self.gpu, self.gpu_tables), (self.cpu, self.cpu_tables)):
+            holders = [0] * pool.num_blocks
+            for table in tables.values():
+                for b in table:
+                    holders[b] += 1
+            problems += pool.audit(holders)
+        both = self.gpu_tables.keys() & self.cpu_tables.keys()
+        if both:
+            problems.append(f"sequences {sorted(both)} hold blocks on both devices")
+        return problems
+
+    @property
+    def num_held_blocks(self) -> int:
+        return (self.gpu.num_blocks - self.gpu.num_free) + (self.cpu.num_blocks - self.cpu.num_free)
+
+
+def _waiting_seqs(group: SequenceGroup) -> list[Sequence]:
+    return [s for s in group.seqs if s.status is SequenceStatus.WAITING]

@@ -1,0 +1,105 @@
+"""The physical blocks of one device: ref counts, a free set and (GPU only) the prefix cache."""
+
+from __future__ import annotations
+
+from kvsched.allocators.evictor import LRUEvictor
+
+
+class OutOfBlocks(RuntimeError):
+    """Raised when a pool is asked for more blocks than it has free (a bug in the caller)."""
+
+
+class BlockPool:
+    """Blocks ``0..num_blocks-1`` of one device.
+
+    A block is *held* (ref count > 0, one count per block table that holds it), *free*, or, with
+    prefix caching, *cached*: ref count 0 but still named by a content hash, kept in an LRU
+    evictor so that a later prompt with the same prefix can take it back without recomputing.
+    Cached blocks count as free: they are evicted, oldest first, only when no plain free block is
+    left.
+    """
+
+    __slots__ = ("device", "num_blocks", "ref_counts", "_free", "evictor", "hash_to_block", "block_hash")
+
+    def __init__(self, device: str, num_blocks: int) -> None:
+        self.device = device
+        self.num_blocks = num_blocks
+        self.ref_counts = [0] * num_blocks
+        # A dict used as an insertion-ordered set: O(1) pop of the newest and removal of any block.
+        self._free: dict[int, None] = dict.fromkeys(range(num_blocks - 1, -1, -1))
+        self.evictor = LRUEvictor()
+        self.hash_to_block: dict[int, int] = {}
+        self.block_hash: dict[int, int] = {}
+
+    @property
+    def num_free(self) -> int:
+        return len(self._free) + len(self.evictor)
+
+    def is_free(self, block: int) -> bool:
+        return block in self._free or block in self.evictor
+
+    def allocate(self) -> int:
+        """Take a free block (uncached first, else evict the least recently used cached one)."""
+        if self._free:
+            block = self._free.popitem()[0]
+        elif self.evictor:
+            block = self.evictor.evict()
+            del self.hash_to_block[self.block_hash.pop(block)]
+        else:
+            raise OutOfBlocks(f"{self.device} pool has no free block")
+        self.ref_counts[block] = 1
+        return block
+
+    def take(self, block: int) -> None:
+        """Hold one more reference to ``block``; if nobody held it, take it out of the free set."""
+        if self.ref_counts[block] == 0:
+            if block in self.evictor:
+                self.evictor.remove(block)
+            else:
+                del self._free[block]
+        self.ref_counts[block] += 1
+
+    def release(self, block: int) -> None:
+        """Drop one reference; at zero the block becomes free (cached if it carries a hash)."""
+        count = self.ref_counts[block] - 1
+        if count < 0:
+            raise RuntimeError(f"double free of {self.device} block {block}")
+        self.ref_counts[block] = count
+        if count == 0:
+            if block in self.block_hash:
+                self.evictor.add(block)
+            else:
+                self._free[block] = None
+
+    def lookup(self, content_hash: int) -> int | None:
+        return self.hash_to_block.get(content_hash)
+
+    def register(self, block: int, content_hash: int) -> None:
+        """Name a held, fully written block by its content hash (first writer wins)."""
+        if content_hash not in self.hash_to_block and block not in self.block_hash:
+            self.hash_to_block[content_hash] = block
+            self.block_hash[block] = content_hash
+
+    def audit(self, holders: list[int]) -> list[str]:
+        """Invariant violations, given the number of block tables holding each block."""
+        problems = []
+        free = len(self._free) + len(self.evictor)
+        held = sum(1 for c in self.ref_counts if c > 0)
+        if free + held != self.num_blocks:
+            problems.append(f"{self.device}: free {free} + held {held} != total {self.num_blocks}")
+        for block, (count, n) in enumerate(zip(self.ref_counts, holders)):
+            if count < 0:
+                problems.append(f"{self.device} block {block}: ref count {count} < 0")
+            if count != n:
+                problems.append(f"{self.device} block {block}: ref count {count} but {n} holders")
+            if count > 0 and self.is_free(block):
+                problems.append(f"{self.device} block {block}: held and free at once")
+        if set(self._free) & set(self.evictor):
+            problems.append(f"{self.device}: a block is both free and cached")
+        for block in self.evictor:
+            if block not in self.block_hash:
+                problems.append(f"{self.device} block {block}: cached without a hash")
+        for h, block in self.hash_to_block.items():
+            if self.block_hash.get(block) != h:
+                problems.append(f"{self.device} block {block}: hash index out of sync")
+        return problems

@@ -1,0 +1,39 @@
+"""Engine time: virtual for simulation (advanced by the cost model), wall-clock for real execution."""
+
+from __future__ import annotations
+
+import time
+
+
+class VirtualClock:
+    """Simulated seconds; only the engine moves it."""
+
+    def __init__(self, start: float = 0.0) -> None:
+        self._now = start
+
+    def now(self) -> float:
+        return self._now
+
+    def advance(self, seconds: float) -> None:
+        self._now += seconds
+
+    def wait_until(self, t: float) -> None:
+        self._now = max(self._now, t)
+
+
+class WallClock:
+    """Seconds since the engine started; ``advance`` is a no-op because real work takes real time."""
+
+    def __init__(self) -> None:
+        self._start = time.perf_counter()
+
+    def now(self) -> float:
+        return time.perf_counter() - self._start
+
+    def advance(self, seconds: float) -> None:
+        pass
+
+    def wait_until(self, t: float) -> None:
+        delay = t - self.now()
+        if delay > 0:
+            time.sleep(delay)

@@ -1,0 +1,51 @@
+"""The engine's knobs (the seed's tuning table), validated once at the edge."""
+
+from __future__ import annotations
+
+from enum import Enum
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class PreemptionMode(str, Enum):
+    SWAP = "swap"
+    RECOMPUTE = "recompute"
+
+
+class EngineConfig(BaseModel):
+    """Scheduler and KV-cache settings, named as in vLLM's ``SchedulerConfig``/``CacheConfig``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    block_size: int = Field(16, ge=1, description="tokens per KV block")
+    num_gpu_blocks: int = Field(2048, ge=1, description="KV blocks in the GPU pool")
+    num_cpu_blocks: int = Field(1024, ge=0, description="KV blocks in the CPU swap pool")
+    watermark: float = Field(0.01, ge=0.0, lt=1.0, description="share of GPU blocks kept free at admission")
+    enable_prefix_caching: bool = Field(False, description="reuse full blocks with the same token prefix")
+    max_num_batched_tokens: int = Field(2048, ge=1, description="token budget of one step")
+    max_num_seqs: int = Field(256, ge=1, description="running sequences at most")
+    max_model_len: int | None = Field(
+        None, ge=1, description="longest sequence (prompt + output); defaults to max_num_batched_tokens"
+    )
+    delay_factor: float = Field(0.0, ge=0.0, description="prefill delay gate, in units of the last prompt latency")
+    preemption_mode: PreemptionMode | None = Field(
+        None, description="force swap or recompute for every victim; default: recompute one sequence, swap several"
+    )
+    audit_every_step: bool = Field(False, description="check every allocator invariant after each step")
+
+    @model_validator(mode="after")
+    def _check(self) -> EngineConfig:
+        if self.max_num_seqs > self.max_num_batched_tokens:
+            raise ValueError(
+                f"max_num_seqs ({self.max_num_seqs}) exceeds max_num_batched_tokens "
+                f"({self.max_num_batched_tokens}): a full decode step could never fit the token budget"
+            )
+        return self
+
+    @property
+    def model_len(self) -> int:
+        return self.max_model_len or self.max_num_batched_tokens
+
+    @property
+    def watermark_blocks(self) -> int:
+        return int(self.watermark * self.num_gpu_blocks)

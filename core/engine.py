@@ -1,0 +1,198 @@
+"""The engine: requests in, steps run, tokens out. The same loop drives the simulator and real models."""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from kvsched.core.config import EngineConfig
+from kvsched.core.errors import AuditError, StallError
+from kvsched.core.executors.base import Executor
+from kvsched.core.outputs import SchedulerOutput
+from kvsched.core.plugins import DEFAULT_POLICY, PolicyHooks
+from kvsched.core.report import StepReport
+from kvsched.core.request import Request
+from kvsched.core.scheduler import Scheduler
+from kvsched.core.sequence import Sequence, SequenceGroup, SequenceStatus
+
+MAX_IDLE_STEPS = 100_000  # consecutive steps that run nothing before the engine reports a stall
+
+
+class Engine:
+    """``add_request``, ``abort``, ``step`` and ``run``, over a scheduler and an executor."""
+
+    def __init__(
+        self,
+        config: EngineConfig | None = None,
+        policy: str | Any = DEFAULT_POLICY,
+        executor: Executor | None = None,
+        policy_options: dict[str, Any] | None = None,
+        observers: tuple = (),
+    ) -> None:
+        from kvsched.core.executors.simulated import SimulatedExecutor
+
+        self.config = config or EngineConfig()
+        self.hooks = PolicyHooks(policy, policy_options, observers)
+        self.scheduler = Scheduler(self.config, self.hooks)
+        self.executor = executor or SimulatedExecutor(block_size=self.config.block_size)
+        self.clock = self.executor.make_clock()
+        self.groups: dict[str, SequenceGroup] = {}
+        self.finished: list[SequenceGroup] = []
+        self.num_steps = 0
+        self.num_blocks_swapped_in = 0
+        self.num_blocks_swapped_out = 0
+        self._next_seq_id = 0
+        self._idle_steps = 0
+
+    @property
+    def policy_name(self) -> str:
+        return self.hooks.name
+
+    # ----------------------------------------------------------------------------- requests
+    def add_request(self, request: Request | dict) -> SequenceGroup:
+        """Queue a request (validated if given as a dict); it waits until the policy admits it."""
+        if not isinstance(request, Request):
+            request = Request.model_validate(request)
+        if request.request_id in self.groups:
+            raise ValueError(f"duplicate request id {request.request_id!r}")
+        group = SequenceGroup(request, len(self.groups), self._new_seq_id())
+        self.groups[request.request_id] = group
+        self.scheduler.add(group)
+        return group
+
+    def abort(self, request_id: str) -> bool:
+        """End a request wherever it is, freeing every block it holds; False if it already ended."""
+        group = self.groups.get(request_id)
+        if group is None or group.is_finished:
+            return False
+        self.scheduler.abort(group, self.clock.now())
+        self.finished.append(group)
+        return True
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.num_unfinished > 0
+
+    # -------------------------------------------------------------------------------- steps
+    def step(self) -> StepReport:
+        """Schedule, execute and apply one step; then tell ``on_step`` observers."""
+        sched = self.scheduler
+        output = sched.schedule(self.clock.now())
+        result = self.executor.execute(output)
+        self.clock.advance(result.duration)
+        now = self.clock.now()
+        finished = self._apply(output, result.tokens, now)
+        self.num_blocks_swapped_in += len(output.blocks_to_swap_in)
+        self.num_blocks_swapped_out += len(output.blocks_to_swap_out)
+        self._idle_steps = self._idle_steps + 1 if output.is_empty and not finished else 0
+        report = StepReport(
+            self.num_steps, now, result.duration, output, tuple(finished),
+            len(sched.waiting), len(sched.running), len(sched.swapped), sched.cache_view,
+        )
+        self.num_steps += 1
+        if self.config.audit_every_step:
+            self.check()
+        self.hooks.on_step(report)
+        return report
+
+    def _apply(self, output: SchedulerOutput, tokens: dict[int, list[int]], now: float) -> list[SequenceGroup]:
+        sched, bm = self.scheduler, self.scheduler.block_manager
+        finished = list(output.ignored)
+        any_finished = False
+        for sg in output.scheduled:
+            group = sg.group
+            reserved = group.max_running_seqs
+            for seq, n in sg.seq_chunks():
+                seq.num_computed_tokens += n
+                bm.mark_computed(seq)
+                if seq.num_computed_tokens == seq.num_tokens:
+                    sampled = tokens[seq.seq_id]
+                    for token in sampled[1:]:
+                        self._append(self._fork(seq), token, now)
+                    self._append(seq, sampled[0], now)
+            if group.num_unfinished_seqs == 0:
+                group.status = max(s.status for s in group.seqs)  # any finished state; STOPPED < CAPPED
+                group.finish_time = now
+                finished.append(group)
+                any_finished = True
+            sched.num_running_seqs += group.max_running_seqs - reserved
+        if any_finished:
+            sched.remove_finished()
+        self.finished += finished
+        return finished
+
+    def _fork(self, parent: Sequence) -> Sequence:
+        group = parent.group
+        child = Sequence(self._new_seq_id(), group, parent.prompt, list(parent.output))
+        child.status = parent.status
+        child.num_computed_tokens = parent.num_computed_tokens
+        self.scheduler.block_manager.fork(parent, child)
+        group.seqs.append(child)
+        group.num_unfinished_seqs += 1
+        return child
+
+    def _append(self, seq: Sequence, token: int, now: float) -> None:
+        group = seq.group
+        seq.output.append(token)
+        group.num_generated_tokens += 1
+        if group.first_token_time is None:
+            group.first_token_time = now
+        params = group.request.sampling
+        if (token == self.executor.eos_token_id and not params.ignore_eos) or token in params.stop_token_ids:
+            status = SequenceStatus.FINISHED_STOPPED
+        elif len(seq.output) >= params.max_tokens or seq.num_tokens >= self.config.model_len:
+            status = SequenceStatus.FINISHED_LENGTH_CAPPED
+        else:
+            return
+        seq.status = status
+        self.scheduler.block_manager.free(seq)
+        group.num_unfinished_seqs -= 1
+
+    def _new_seq_id(self) -> int:
+        self._next_seq_id += 1
+        return self._next_seq_id - 1
+
+    # ---------------------------------------------------------------------------------- run
+    def run(
+        self,
+        requests: Iterable[Request] = (),
+        on_step: Callable[[StepReport], None] | None = None,
+        max_steps: int | None = None,
+    ) -> list[SequenceGroup]:
+        """Feed ``requests`` at their arrival times and step until every request has finished."""
+        pending = deque(sorted(requests, key=lambda r: r.arrival_time))
+        clock = self.clock
+        steps = 0
+        while pending or self.has_unfinished():
+            now = clock.now()
+            while pending and pending[0].arrival_time <= now:
+                self.add_request(pending.popleft())
+            if not self.has_unfinished():
+                clock.wait_until(pending[0].arrival_time)
+                continue
+            report = self.step()
+            if on_step is not None:
+                on_step(report)
+            steps += 1
+            if max_steps is not None and steps >= max_steps:
+                break
+            if self._idle_steps and pending:
+                clock.wait_until(pending[0].arrival_time)
+            elif self._idle_steps >= MAX_IDLE_STEPS:
+                s = self.scheduler
+                raise StallError(
+                    f"policy {self.policy_name!r} scheduled nothing for {self._idle_steps} steps with "
+                    f"{len(s.waiting)} waiting, {len(s.running)} running, {len(s.swapped)} swapped"
+                )
+        return self.finished
+
+    def check(self) -> None:
+        """Raise ``AuditError`` if any allocator or queue invariant is broken."""
+        problems = self.scheduler.audit()
+        if problems:
+            raise AuditError("; ".join(problems[:5]) + (f" (+{len(problems) - 5} more)" if len(problems) > 5 else ""))
+
+    @property
+    def leaked_blocks(self) -> int:
+        """Blocks still held although no request is unfinished (0 unless something is wrong)."""
+        return 0 if self.has_unfinished() else self.scheduler.block_manager.num_held_blocks

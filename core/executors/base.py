@@ -1,0 +1,41 @@
+"""The contract between the engine and whatever runs a step."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from kvsched.core.outputs import ScheduledGroup, SchedulerOutput
+    from kvsched.core.sequence import Sequence
+
+
+@dataclass
+class StepResult:
+    """How long the step took and the tokens sampled, per sequence id.
+
+    A sequence samples when the step computes its last uncomputed token. The prompt step of a
+    request with ``n > 1`` returns ``n`` tokens for its single sequence: the engine keeps the
+    first and forks one child per other token.
+    """
+
+    duration: float
+    tokens: dict[int, list[int]] = field(default_factory=dict)
+
+
+class Executor(Protocol):
+    eos_token_id: int | None
+
+    def make_clock(self): ...
+
+    def execute(self, output: SchedulerOutput) -> StepResult: ...
+
+
+def samplers(scheduled: ScheduledGroup) -> list[tuple[Sequence, int]]:
+    """(sequence, number of tokens to sample) for the sequences that finish computing this step."""
+    group = scheduled.group
+    out = []
+    for seq, n in scheduled.seq_chunks():
+        if seq.num_computed_tokens + n == seq.num_tokens:
+            out.append((seq, 1 if group.is_forked else group.request.sampling.n))
+    return out

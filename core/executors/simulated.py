@@ -1,0 +1,44 @@
+"""The simulated executor: no model, a virtual clock and a cost model; output lengths from requests."""
+
+from __future__ import annotations
+
+from kvsched.core.clock import VirtualClock
+from kvsched.core.executors.base import StepResult, samplers
+from kvsched.core.executors.cost_model import DEFAULT_PROFILE, PROFILES, CostProfile
+from kvsched.core.outputs import SchedulerOutput
+
+EOS = -1
+IDLE_SECONDS = 1e-3  # time charged for a step that ran nothing, so time-based policies move on
+
+
+class SimulatedExecutor:
+    """Charges each step its cost-model time and emits placeholder tokens.
+
+    A sequence emits EOS as its ``request.output_len``-th token (never, if ``output_len`` is None,
+    so it runs to ``max_tokens``). Token ids are negative, so they never collide with a real
+    vocabulary, and differ per sample so that forked sequences diverge.
+    """
+
+    eos_token_id = EOS
+
+    def __init__(self, profile: str | CostProfile = DEFAULT_PROFILE, block_size: int = 16) -> None:
+        if isinstance(profile, str):
+            if profile not in PROFILES:
+                raise KeyError(f"unknown cost profile {profile!r}; available: {', '.join(PROFILES)}")
+            profile = PROFILES[profile]
+        self.profile = profile
+        self.block_size = block_size
+
+    def make_clock(self) -> VirtualClock:
+        return VirtualClock()
+
+    def execute(self, output: SchedulerOutput) -> StepResult:
+        tokens: dict[int, list[int]] = {}
+        for sg in output.scheduled:
+            target = sg.group.request.output_len
+            for seq, n in samplers(sg):
+                position = len(seq.output) + 1
+                eos = target is not None and position >= target
+                tokens[seq.seq_id] = [EOS if eos else -2 - position - (i << 24) for i in range(n)]
+        duration = self.profile.step_seconds(output, self.block_size)
+        return StepResult(duration if duration > 0 else IDLE_SECONDS, tokens)

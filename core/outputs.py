@@ -1,0 +1,62 @@
+"""What one scheduler step hands to the executor."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from kvsched.core.config import PreemptionMode
+    from kvsched.core.sequence import Sequence, SequenceGroup
+
+
+class ScheduledGroup:
+    """A group that runs in this step and how many tokens it computes.
+
+    ``num_tokens`` is the group's total. A single-sequence group may compute a chunk of its
+    prefill; otherwise every unfinished sequence computes all its uncomputed tokens.
+    """
+
+    __slots__ = ("group", "num_tokens", "is_prefill")
+
+    def __init__(self, group: SequenceGroup, num_tokens: int, is_prefill: bool) -> None:
+        self.group = group
+        self.num_tokens = num_tokens
+        self.is_prefill = is_prefill
+
+    def seq_chunks(self) -> list[tuple[Sequence, int]]:
+        """(sequence, tokens it computes now) for each unfinished sequence."""
+        seqs = [s for s in self.group.seqs if not s.status.is_finished]
+        if len(seqs) == 1:
+            return [(seqs[0], self.num_tokens)]
+        return [(s, s.num_tokens - s.num_computed_tokens) for s in seqs]
+
+    def __repr__(self) -> str:
+        kind = "prefill" if self.is_prefill else "decode"
+        return f"ScheduledGroup({self.group.request_id!r}, {kind}, tokens={self.num_tokens})"
+
+
+@dataclass
+class SchedulerOutput:
+    """The step's batch plus the block movements the executor must perform first.
+
+    Executors apply ``blocks_to_swap_out`` (GPU→CPU), then ``blocks_to_swap_in`` (CPU→GPU), then
+    ``blocks_to_copy`` (copy-on-write, GPU→GPU), then run the model on ``scheduled``.
+    """
+
+    scheduled: list[ScheduledGroup] = field(default_factory=list)
+    blocks_to_swap_in: list[tuple[int, int]] = field(default_factory=list)
+    blocks_to_swap_out: list[tuple[int, int]] = field(default_factory=list)
+    blocks_to_copy: list[tuple[int, int]] = field(default_factory=list)
+    preempted: list[tuple[SequenceGroup, PreemptionMode]] = field(default_factory=list)
+    ignored: list[SequenceGroup] = field(default_factory=list)
+    num_batched_tokens: int = 0
+
+    @property
+    def num_prefill_groups(self) -> int:
+        return sum(1 for s in self.scheduled if s.is_prefill)
+
+    @property
+    def is_empty(self) -> bool:
+        """Nothing for the executor to do (ignored groups need no execution, as in vLLM)."""
+        return not (self.scheduled or self.blocks_to_swap_in or self.blocks_to_swap_out or self.blocks_to_copy)

@@ -1,0 +1,110 @@
+"""Finding, loading and calling policies (entry-point group ``kvsched.policies``)."""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+from importlib.metadata import entry_points
+from typing import Any
+
+import pluggy
+
+from kvsched.core import hookspecs
+from kvsched.core.defaults import CoreDefaults
+from kvsched.core.errors import PolicyError, UnknownPolicyError
+
+ENTRY_POINT_GROUP = "kvsched.policies"
+DEFAULT_POLICY = "vllm-default"
+
+
+@dataclass(frozen=True)
+class PolicyInfo:
+    """An installed policy as its package metadata describes it (nothing is imported)."""
+
+    name: str
+    distribution: str
+    version: str
+    target: str  # "module:attr" the entry point loads
+
+
+def available_policies() -> dict[str, PolicyInfo]:
+    """Every policy registered under ``kvsched.policies``, by name, read from metadata only."""
+    found = {}
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        dist = ep.dist
+        found.setdefault(ep.name, PolicyInfo(ep.name, dist.name if dist else "?", dist.version if dist else "?", ep.value))
+    return dict(sorted(found.items()))
+
+
+def load_policy(name: str) -> Any:
+    """Import the object behind policy ``name`` (a class, an instance or a module)."""
+    matches = entry_points(group=ENTRY_POINT_GROUP, name=name)
+    if not matches:
+        names = ", ".join(available_policies()) or "none installed"
+        raise UnknownPolicyError(f"unknown policy {name!r}; available: {names}")
+    return next(iter(matches)).load()
+
+
+def describe(policy: Any) -> str:
+    """The first line of a policy's docstring (what ``engine policies`` prints)."""
+    doc = inspect.getdoc(policy) or ""
+    return doc.strip().splitlines()[0] if doc.strip() else ""
+
+
+def instantiate(policy: Any, options: dict[str, Any] | None = None) -> Any:
+    """A class becomes a fresh instance (per engine, so policy state is never shared)."""
+    if inspect.isclass(policy):
+        try:
+            return policy(**(options or {}))
+        except TypeError as exc:
+            raise PolicyError(getattr(policy, "name", policy.__name__), f"bad policy options {options}: {exc}") from exc
+    if options:
+        raise PolicyError(getattr(policy, "name", repr(policy)), "options given, but the policy is not a class")
+    return policy
+
+
+class PolicyHooks:
+    """A typed facade over one engine's plugin manager: the chosen policy plus the core defaults.
+
+    ``policy`` is an installed policy's name or a policy object (class, instance or module).
+    Observers (anything with ``on_step``) may be added; they never decide.
+    """
+
+    def __init__(self, policy: str | Any = DEFAULT_POLICY, options: dict[str, Any] | None = None, observers: tuple = ()) -> None:
+        if isinstance(policy, str):
+            self.name = policy
+            policy = load_policy(policy)
+        else:
+            self.name = getattr(policy, "name", None) or getattr(policy, "__name__", type(policy).__name__)
+        self.policy = instantiate(policy, options)
+        self.pm = pluggy.PluginManager(hookspecs.PROJECT)
+        self.pm.add_hookspecs(hookspecs)
+        self.pm.register(CoreDefaults(), name="kvsched-core-defaults")
+        try:
+            self.pm.register(self.policy, name=self.name)
+            for i, observer in enumerate(observers):
+                self.pm.register(observer, name=f"observer-{i}")
+            self.pm.check_pending()
+        except (pluggy.PluginValidationError, ValueError) as exc:
+            raise PolicyError(self.name, f"invalid plugin: {exc}") from exc
+        if not self.pm.hook.select_batch.get_hookimpls():
+            from kvsched.policies.vllm_default import VllmDefault
+
+            self.pm.register(VllmDefault(), name="vllm-default-fallback")
+        hook = self.pm.hook
+        self._select_batch = hook.select_batch
+        self._choose_preemption = hook.choose_preemption
+        self._can_allocate = hook.can_allocate
+        self._on_step = hook.on_step
+
+    def select_batch(self, step):
+        return self._select_batch(step=step)
+
+    def choose_preemption(self, step, requester):
+        return self._choose_preemption(step=step, requester=requester)
+
+    def can_allocate(self, step, group):
+        return self._can_allocate(step=step, group=group)
+
+    def on_step(self, report) -> None:
+        self._on_step(report=report)

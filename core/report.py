@@ -1,0 +1,24 @@
+"""What ``on_step`` observers receive after each engine step."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from kvsched.core.outputs import SchedulerOutput
+    from kvsched.core.sequence import SequenceGroup
+    from kvsched.core.view import CacheView
+
+
+@dataclass(frozen=True)
+class StepReport:
+    step: int  # 0-based step counter
+    now: float  # engine clock after the step
+    duration: float  # executor time of the step (simulated or measured)
+    output: SchedulerOutput
+    finished: tuple[SequenceGroup, ...]  # groups that ended in this step (including ignored ones)
+    num_waiting: int
+    num_running: int
+    num_swapped: int
+    cache: CacheView

@@ -1,0 +1,137 @@
+"""The engine's state for a request: its sequences, their tokens and where they are."""
+
+from __future__ import annotations
+
+from enum import IntEnum
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from kvsched.core.request import Request
+    from kvsched.core.view import GroupView
+
+
+class SequenceStatus(IntEnum):
+    """vLLM's sequence states; every state above SWAPPED is final."""
+
+    WAITING = 0
+    RUNNING = 1
+    SWAPPED = 2
+    FINISHED_STOPPED = 3
+    FINISHED_LENGTH_CAPPED = 4
+    FINISHED_ABORTED = 5
+    FINISHED_IGNORED = 6
+
+    @property
+    def is_finished(self) -> bool:
+        return self > SequenceStatus.SWAPPED
+
+    @property
+    def finish_reason(self) -> str | None:
+        """OpenAI-style reason: stop, length (also for ignored prompts, as vLLM does) or abort."""
+        return _FINISH_REASONS.get(self)
+
+
+_FINISH_REASONS = {
+    SequenceStatus.FINISHED_STOPPED: "stop",
+    SequenceStatus.FINISHED_LENGTH_CAPPED: "length",
+    SequenceStatus.FINISHED_ABORTED: "abort",
+    SequenceStatus.FINISHED_IGNORED: "length",
+}
+
+
+class Sequence:
+    """One output sequence: the shared prompt plus its own generated tokens.
+
+    ``num_computed_tokens`` counts the tokens whose KV is in the cache. A step computes the
+    tokens after it (a whole prompt, a chunk of one, or the one newest token when decoding) and
+    the sequence samples a new token once none is left uncomputed.
+    """
+
+    __slots__ = ("seq_id", "group", "prompt", "output", "status", "num_computed_tokens")
+
+    def __init__(self, seq_id: int, group: SequenceGroup, prompt, output: list[int] | None = None) -> None:
+        self.seq_id = seq_id
+        self.group = group
+        self.prompt = prompt
+        self.output: list[int] = output if output is not None else []
+        self.status = SequenceStatus.WAITING
+        self.num_computed_tokens = 0
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt) + len(self.output)
+
+    @property
+    def num_uncomputed_tokens(self) -> int:
+        return len(self.prompt) + len(self.output) - self.num_computed_tokens
+
+    def token_slice(self, start: int, stop: int) -> tuple[int, ...]:
+        """Token ids ``[start, stop)`` across the prompt/output boundary."""
+        p = len(self.prompt)
+        if stop <= p:
+            return tuple(self.prompt[start:stop])
+        if start >= p:
+            return tuple(self.output[start - p : stop - p])
+        return tuple(self.prompt[start:]) + tuple(self.output[: stop - p])
+
+    def __repr__(self) -> str:
+        return f"Sequence({self.seq_id}, {self.status.name}, tokens={self.num_tokens}, computed={self.num_computed_tokens})"
+
+
+class SequenceGroup:
+    """A request and its ``n`` sequences, scheduled atomically and sharing the prompt's blocks.
+
+    ``status`` is the queue the group sits in (WAITING, RUNNING, SWAPPED) or its final state.
+    A group with ``n > 1`` starts as one sequence; the engine forks the others after the prompt
+    step, so they share the prompt's blocks copy-on-write.
+    """
+
+    __slots__ = (
+        "request", "request_id", "index", "seqs", "status", "finish_detail", "view",
+        "arrival_time", "first_scheduled_time", "first_token_time", "finish_time",
+        "num_recompute_preemptions", "num_swap_preemptions", "num_generated_tokens", "num_unfinished_seqs",
+    )
+
+    def __init__(self, request: Request, index: int, first_seq_id: int) -> None:
+        from kvsched.core.view import GroupView
+
+        self.request = request
+        self.request_id = request.request_id
+        self.index = index
+        # A prompt given only by length gets ids unique to this request, so no accidental prefix hits.
+        prompt = request.prompt_token_ids or range((index + 1) << 32, ((index + 1) << 32) + request.prompt_len)
+        self.seqs = [Sequence(first_seq_id, self, prompt)]
+        self.status = SequenceStatus.WAITING
+        self.finish_detail: str | None = None
+        self.arrival_time = request.arrival_time
+        self.first_scheduled_time: float | None = None
+        self.first_token_time: float | None = None
+        self.finish_time: float | None = None
+        self.num_recompute_preemptions = 0
+        self.num_swap_preemptions = 0
+        self.num_generated_tokens = 0
+        self.num_unfinished_seqs = 1  # kept by the engine as sequences fork and finish
+        self.view: GroupView = GroupView(self)
+
+    @property
+    def is_forked(self) -> bool:
+        return len(self.seqs) > 1 or self.request.sampling.n == 1
+
+    def unfinished_seqs(self) -> list[Sequence]:
+        return [s for s in self.seqs if not s.status.is_finished]
+
+    @property
+    def max_running_seqs(self) -> int:
+        """Sequences this group will run at once: ``n`` before the fork, then the unfinished ones."""
+        return self.num_unfinished_seqs if self.is_forked else self.request.sampling.n
+
+    @property
+    def num_uncomputed_tokens(self) -> int:
+        return sum(s.num_uncomputed_tokens for s in self.seqs if not s.status.is_finished)
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status.is_finished
+
+    def __repr__(self) -> str:
+        return f"SequenceGroup({self.request_id!r}, {self.status.name}, seqs={len(self.seqs)})"

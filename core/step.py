@@ -1,0 +1,271 @@
+"""The step builder: the only way a policy changes anything, and the place every rule is enforced.
+
+A policy's ``select_batch`` receives a ``StepBuilder``. Each operation validates the request
+(right queue, not yet touched this step, budgets, physical capacity), performs the allocator side
+at once (so that capacity seen by the next operation is exact) and records the queue changes,
+which the scheduler commits after the hook returns. If the hook raises, the scheduler rolls the
+block manager back and nothing of the step remains.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from kvsched.allocators.alloc_status import AllocStatus
+from kvsched.core.config import PreemptionMode
+from kvsched.core.decisions import Outcome, Preemption
+from kvsched.core.errors import PolicyError
+from kvsched.core.outputs import ScheduledGroup, SchedulerOutput
+from kvsched.core.sequence import SequenceStatus
+from kvsched.core.view import GroupView
+
+if TYPE_CHECKING:
+    from kvsched.core.scheduler import Scheduler
+    from kvsched.core.sequence import SequenceGroup
+
+_WAITING, _RUNNING, _SWAPPED = SequenceStatus.WAITING, SequenceStatus.RUNNING, SequenceStatus.SWAPPED
+
+
+class StepBuilder:
+    """One step under construction: read-only queues and budgets plus validated operations."""
+
+    def __init__(self, scheduler: Scheduler, now: float) -> None:
+        self._sched = scheduler
+        self._bm = scheduler.block_manager
+        self._hooks = scheduler.hooks
+        self.config = scheduler.config
+        self.cache = scheduler.cache_view
+        self.now = now
+        self.output = SchedulerOutput()
+        self.num_running_seqs = scheduler.num_running_seqs
+        self._touched: dict[SequenceGroup, str] = {}
+        self._max_tokens = self.config.max_num_batched_tokens
+        self._max_seqs = self.config.max_num_seqs
+        self.admitted: list[SequenceGroup] = []
+        self.swapped_in: list[SequenceGroup] = []
+        self.recomputed: list[SequenceGroup] = []
+        self.swapped_out: list[SequenceGroup] = []
+        self.cached_tokens: dict[int, int] = {}
+        self.ignore_reasons: dict[SequenceGroup, str] = {}
+        self._victim_cursor = len(scheduler.running) - 1
+        self._views: dict[str, tuple[GroupView, ...]] = {}
+
+    # ------------------------------------------------------------------ what a policy reads
+    def _queue_view(self, name: str) -> tuple[GroupView, ...]:
+        views = self._views.get(name)
+        if views is None:
+            views = self._views[name] = tuple(g.view for g in getattr(self._sched, name))
+        return views
+
+    @property
+    def waiting(self) -> tuple[GroupView, ...]:
+        """Waiting groups at the start of the step, in queue order (front first)."""
+        return self._queue_view("waiting")
+
+    @property
+    def running(self) -> tuple[GroupView, ...]:
+        return self._queue_view("running")
+
+    @property
+    def swapped(self) -> tuple[GroupView, ...]:
+        return self._queue_view("swapped")
+
+    @property
+    def policy_name(self) -> str:
+        return self._hooks.name
+
+    @property
+    def num_batched_tokens(self) -> int:
+        return self.output.num_batched_tokens
+
+    @property
+    def remaining_tokens(self) -> int:
+        return self._max_tokens - self.output.num_batched_tokens
+
+    @property
+    def remaining_seqs(self) -> int:
+        return self._max_seqs - self.num_running_seqs
+
+    @property
+    def preempted(self) -> tuple[GroupView, ...]:
+        return tuple(g.view for g, _ in self.output.preempted)
+
+    @property
+    def num_preempted(self) -> int:
+        return len(self.output.preempted)
+
+    @property
+    def scheduled(self) -> tuple[GroupView, ...]:
+        return tuple(s.group.view for s in self.output.scheduled)
+
+    @property
+    def admitted_views(self) -> tuple[GroupView, ...]:
+        return tuple(g.view for g in self.admitted)
+
+    def was_touched(self, group: GroupView) -> bool:
+        """True once ``group`` was scheduled, preempted or ignored in this step."""
+        return group._group in self._touched
+
+    def newest_unscheduled(self, exclude: GroupView | None = None) -> GroupView | None:
+        """The newest running group not yet touched in this step (vLLM's ``running.pop()``)."""
+        running, touched = self._sched.running, self._touched
+        skip = exclude._group if exclude is not None else None
+        i = self._victim_cursor
+        while i >= 0 and (running[i] in touched or running[i] is skip):
+            if running[i] in touched:
+                self._victim_cursor = i - 1  # touched groups stay touched: never look again
+            i -= 1
+        return running[i].view if i >= 0 else None
+
+    # ------------------------------------------------------------------- what a policy does
+    def admit(self, group: GroupView, max_tokens: int | None = None) -> Outcome:
+        """Prefill a waiting group (its first ``max_tokens`` prompt tokens when chunking)."""
+        g = self._resolve(group, _WAITING, "admit")
+        seqs = [s for s in g.seqs if s.status is _WAITING]
+        longest = max(s.num_tokens for s in seqs)
+        if longest > self.config.model_len:
+            return self._ignore(g, f"{longest} tokens exceed max_model_len ({self.config.model_len})")
+        cached = {s.seq_id: self._bm.num_cached_tokens(s) for s in seqs} if self._bm.enable_prefix_caching else {}
+        uncomputed = sum(s.num_tokens - cached.get(s.seq_id, 0) for s in seqs)
+        chunk = self._chunk(g, uncomputed, max_tokens, "admit")
+        if max_tokens is None and uncomputed > self._max_tokens:
+            return self._ignore(g, f"prompt of {uncomputed} tokens exceeds max_num_batched_tokens ({self._max_tokens}) without chunked prefill")
+        # Capacity before budget, as vLLM does: a NEVER group is dropped even when the budget is spent.
+        status = self._hooks.can_allocate(step=self, group=g.view)
+        if not isinstance(status, AllocStatus):
+            raise PolicyError(self.policy_name, f"can_allocate returned {status!r}, expected an AllocStatus")
+        if status is AllocStatus.NEVER:
+            return self._ignore(g, "prompt can never fit in the GPU KV cache (can_allocate: NEVER)")
+        if status is AllocStatus.LATER:
+            return Outcome.LATER
+        if self.output.num_batched_tokens + chunk > self._max_tokens or self.num_running_seqs + g.max_running_seqs > self._max_seqs:
+            return Outcome.BUDGET
+        needed = self._bm.blocks_to_allocate(g)
+        if needed > self._bm.gpu.num_free:
+            raise PolicyError(self.policy_name, f"can_allocate said OK for {g.request_id!r}, which needs {needed} blocks with {self._bm.gpu.num_free} free")
+        self.cached_tokens.update(self._bm.allocate(g))
+        self._touched[g] = "admitted"
+        self.admitted.append(g)
+        self.num_running_seqs += g.max_running_seqs
+        self._schedule(g, chunk, True)
+        return Outcome.SCHEDULED
+
+    def advance(self, group: GroupView, max_tokens: int | None = None) -> Outcome:
+        """Run a running group: one decode token per sequence, or the next chunk of its prefill."""
+        g = self._resolve(group, _RUNNING, "advance")
+        outcome = self._run(g, max_tokens, "advance")
+        if outcome is Outcome.SCHEDULED:
+            self._touched[g] = "scheduled"
+        return outcome
+
+    def swap_in(self, group: GroupView) -> Outcome:
+        """Bring a swapped group back to the GPU and run it in this step."""
+        g = self._resolve(group, _SWAPPED, "swap_in")
+        status = self._bm.can_swap_in(g)
+        if status is AllocStatus.NEVER:
+            return self._ignore(g, "swapped group can never fit back in the GPU KV cache")
+        if status is AllocStatus.LATER:
+            return Outcome.LATER
+        if self.output.num_batched_tokens + g.num_uncomputed_tokens > self._max_tokens or self.num_running_seqs + g.max_running_seqs > self._max_seqs:
+            return Outcome.BUDGET
+        self.output.blocks_to_swap_in += self._bm.swap_in(g)
+        self._touched[g] = "swapped in"
+        self.swapped_in.append(g)
+        self.num_running_seqs += g.max_running_seqs
+        # can_swap_in kept one spare block per sequence, so the decode below never preempts.
+        return self._run(g, None, "swap_in")
+
+    def preempt(self, group: GroupView, mode: PreemptionMode | None = None) -> PreemptionMode:
+        """Evict a running group now; returns the mode actually used."""
+        g = self._resolve(group, _RUNNING, "preempt")
+        return self._preempt(g, mode)
+
+    # -------------------------------------------------------------------------- mechanics
+    def _run(self, g: SequenceGroup, max_tokens: int | None, op: str) -> Outcome:
+        uncomputed = g.num_uncomputed_tokens
+        is_prefill = uncomputed > g.num_unfinished_seqs
+        chunk = self._chunk(g, uncomputed, max_tokens, op) if is_prefill else uncomputed
+        if self.output.num_batched_tokens + chunk > self._max_tokens:
+            return Outcome.BUDGET
+        if not is_prefill:
+            bm = self._bm
+            while not bm.can_append_slots(g):
+                victim, mode = self._choose_victim(g)
+                if victim is g:
+                    # Deliberate difference from vLLM: do not preempt the last candidate when its
+                    # exact need fits (vLLM's worst case makes a lone request thrash).
+                    if bm.blocks_to_append(g) <= bm.gpu.num_free:
+                        break
+                    self._preempt(g, mode)
+                    return Outcome.PREEMPTED
+                self._preempt(victim, mode)
+            for seq in g.seqs:
+                if not seq.status.is_finished:
+                    cow = bm.append_slots(seq)
+                    if cow is not None:
+                        self.output.blocks_to_copy.append(cow)
+        self._schedule(g, chunk, is_prefill)
+        return Outcome.SCHEDULED
+
+    def _choose_victim(self, requester: SequenceGroup) -> tuple[SequenceGroup, PreemptionMode | None]:
+        choice = self._hooks.choose_preemption(step=self, requester=requester.view)
+        if choice is None:
+            fallback = self.newest_unscheduled(exclude=requester.view)
+            choice = Preemption(fallback if fallback is not None else requester.view)
+        if not isinstance(choice, Preemption) or not isinstance(choice.victim, GroupView):
+            raise PolicyError(self.policy_name, f"choose_preemption returned {choice!r}, expected a Preemption")
+        victim = choice.victim._group
+        if victim is not requester:
+            if victim.status is not _RUNNING or victim in self._touched:
+                state = self._touched.get(victim, victim.status.name)
+                raise PolicyError(self.policy_name, f"choose_preemption picked {victim.request_id!r}, which is {state}, not an unscheduled running group")
+        return victim, choice.mode
+
+    def _preempt(self, g: SequenceGroup, mode: PreemptionMode | None) -> PreemptionMode:
+        if self.config.preemption_mode is not None:
+            mode = self.config.preemption_mode
+        elif mode is None:
+            mode = PreemptionMode.RECOMPUTE if g.max_running_seqs == 1 else PreemptionMode.SWAP
+        if mode is PreemptionMode.SWAP and not self._bm.can_swap_out(g):
+            mode = PreemptionMode.RECOMPUTE  # the CPU pool is full: recompute instead of failing
+        if mode is PreemptionMode.SWAP:
+            self.output.blocks_to_swap_out += self._bm.swap_out(g)
+            self.swapped_out.append(g)
+        else:
+            for seq in g.seqs:
+                self._bm.free(seq)
+            self.recomputed.append(g)
+        self._touched[g] = f"preempted ({mode.value})"
+        self.output.preempted.append((g, mode))
+        self.num_running_seqs -= g.max_running_seqs
+        return mode
+
+    def _schedule(self, g: SequenceGroup, num_tokens: int, is_prefill: bool) -> None:
+        self.output.scheduled.append(ScheduledGroup(g, num_tokens, is_prefill))
+        self.output.num_batched_tokens += num_tokens
+
+    def _chunk(self, g: SequenceGroup, uncomputed: int, max_tokens: int | None, op: str) -> int:
+        if max_tokens is None or max_tokens >= uncomputed:
+            return uncomputed
+        if max_tokens < 1:
+            raise PolicyError(self.policy_name, f"{op}: max_tokens must be at least 1, got {max_tokens}")
+        if g.num_unfinished_seqs > 1:
+            raise PolicyError(self.policy_name, f"{op}: chunked prefill of {g.request_id!r} with several sequences is not supported")
+        return max_tokens
+
+    def _ignore(self, g: SequenceGroup, reason: str) -> Outcome:
+        self._touched[g] = "ignored"
+        self.ignore_reasons[g] = reason
+        self.output.ignored.append(g)
+        return Outcome.NEVER
+
+    def _resolve(self, view: GroupView, expected: SequenceStatus, op: str) -> SequenceGroup:
+        if not isinstance(view, GroupView):
+            raise PolicyError(self.policy_name, f"{op}: expected a GroupView, got {type(view).__name__}")
+        g = view._group
+        state = self._touched.get(g)
+        if state is not None:
+            raise PolicyError(self.policy_name, f"{op}: {g.request_id!r} was already {state} in this step")
+        if g.status is not expected:
+            raise PolicyError(self.policy_name, f"{op}: {g.request_id!r} is {g.status.name}, not {expected.name}")
+        return g

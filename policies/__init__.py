@@ -1,0 +1,1 @@
+"""Built-in scheduling policies, each registered under the ``kvsched.policies`` entry-point group."""
