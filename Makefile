@@ -1,0 +1,24 @@
+# Two commands on a fresh machine: `make run` (set up, then the main job) and `make test`.
+VENV ?= .venv
+PYTHON ?= python3
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.kvsched-installed
+
+.PHONY: setup run test clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[testing]'
+	touch $(STAMP)
+
+run: setup
+	$(BIN)/engine --policy vllm-default
+
+test: setup
+	$(BIN)/python -m pytest
+
+clean:
+	rm -rf $(VENV) *.egg-info .pytest_cache .hypothesis

@@ -1,0 +1,28 @@
+"""The root-mapped layout: every package folder is listed in pyproject, and nothing else is."""
+
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+NOT_PACKAGES = {"tests", "docs", "benchmarks", "plugins_example", ".venv", ".ci", ".git"}
+
+
+def test_packages_list_matches_folders():
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {"kvsched"}
+    for init in ROOT.rglob("__init__.py"):
+        rel = init.parent.relative_to(ROOT)
+        if rel.parts and rel.parts[0] in NOT_PACKAGES or any(p.startswith(".") or p == "build" or p.endswith(".egg-info") for p in rel.parts):
+            continue
+        if rel.parts:
+            found.add("kvsched." + ".".join(rel.parts))
+    assert listed == found
+
+
+def test_no_stray_root_modules():
+    """A root *.py would be installed as kvsched.<name> (conftest.py especially)."""
+    assert sorted(p.name for p in ROOT.glob("*.py")) == ["__init__.py"]
+
+
+def test_no_tests_package():
+    assert not (ROOT / "tests" / "__init__.py").exists()
