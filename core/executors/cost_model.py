@@ -6,6 +6,8 @@ HBM at ``copy_gb_per_s``; each block is ``block_size × kv_bytes_per_token`` byt
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from pydantic import BaseModel, ConfigDict, Field
 
 from kvsched.core.outputs import SchedulerOutput
@@ -27,20 +29,37 @@ class CostProfile(BaseModel):
     copy_gb_per_s: float = Field(gt=0, description="effective GPU<->GPU copy bandwidth")
 
     def step_seconds(self, out: SchedulerOutput, block_size: int) -> float:
-        prefill_tokens = decode_seqs = kv_read = 0
+        f = StepFeatures.of(out)
+        if not (f.prefill_tokens or f.decode_seqs or f.blocks_swapped):
+            return 0.0
+        ms = self.base_ms + self.prefill_token_ms * f.prefill_tokens + self.decode_seq_ms * f.decode_seqs + self.kv_token_ms * f.kv_tokens_read
+        block_bytes = block_size * self.kv_bytes_per_token
+        ms += f.blocks_swapped * block_bytes / (self.swap_gb_per_s * 1e6)
+        ms += f.blocks_copied * 2 * block_bytes / (self.copy_gb_per_s * 1e6)
+        return ms / 1000.0
+
+
+@dataclass(frozen=True, slots=True)
+class StepFeatures:
+    """The quantities a step's time depends on (also what a calibration fit regresses on)."""
+
+    prefill_tokens: int  # P: prompt or chunk tokens computed
+    decode_seqs: int  # D: sequences decoding one token
+    kv_tokens_read: int  # K: cached context attended to (decode contexts + chunk prefixes)
+    blocks_swapped: int
+    blocks_copied: int
+
+    @classmethod
+    def of(cls, out: SchedulerOutput) -> StepFeatures:
+        prefill = decode = kv = 0
         for sg in out.scheduled:
             for seq, n in sg.seq_chunks():
-                kv_read += seq.num_computed_tokens  # the cached context this chunk attends to
+                kv += seq.num_computed_tokens  # evaluated before the engine applies the step
                 if sg.is_prefill:
-                    prefill_tokens += n
+                    prefill += n
                 else:
-                    decode_seqs += n
-        ms = self.base_ms + self.prefill_token_ms * prefill_tokens + self.decode_seq_ms * decode_seqs + self.kv_token_ms * kv_read
-        block_bytes = block_size * self.kv_bytes_per_token
-        swapped = len(out.blocks_to_swap_in) + len(out.blocks_to_swap_out)
-        ms += swapped * block_bytes / (self.swap_gb_per_s * 1e6)
-        ms += len(out.blocks_to_copy) * 2 * block_bytes / (self.copy_gb_per_s * 1e6)
-        return ms / 1000.0 if out.scheduled or swapped else 0.0
+                    decode += n
+        return cls(prefill, decode, kv, len(out.blocks_to_swap_in) + len(out.blocks_to_swap_out), len(out.blocks_to_copy))
 
 
 LLAMA2_7B_A100 = CostProfile(
