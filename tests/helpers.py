@@ -1,0 +1,28 @@
+"""Small builders shared by the core tests (not a test module: no test_ prefix)."""
+
+from __future__ import annotations
+
+from kvsched.core.request import Request, SamplingParams
+from kvsched.core.sequence import SequenceGroup
+
+_counter = iter(range(10**9))
+
+
+def make_group(tokens, n: int = 1, max_tokens: int = 64, arrival: float = 0.0, request_id: str | None = None) -> SequenceGroup:
+    """A bare SequenceGroup (no engine) with sequence ids unique across the test session."""
+    index = next(_counter)
+    request = Request(
+        request_id=request_id or f"g{index}",
+        prompt_token_ids=tuple(tokens),
+        sampling=SamplingParams(n=n, max_tokens=max_tokens),
+        arrival_time=arrival,
+    )
+    return SequenceGroup(request, index, first_seq_id=index * 1000)
+
+
+def req(rid: str, prompt_len: int, output_len: int, arrival: float = 0.0, n: int = 1, max_tokens: int | None = None, **kw) -> Request:
+    """A simulation request: prompt given by length, true output length known."""
+    return Request(
+        request_id=rid, prompt_len=prompt_len, output_len=output_len, arrival_time=arrival,
+        sampling=SamplingParams(n=n, max_tokens=max_tokens or output_len), **kw,
+    )

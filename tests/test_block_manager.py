@@ -1,0 +1,325 @@
+"""Block manager: unit tests for each rule, and a stateful model that simulates the KV data itself.
+
+The state machine keeps a shadow copy of what every physical block would contain if the
+executor obeyed the block manager's instructions (writes through block tables, copy-on-write
+pairs, swap maps). After every rule it checks ``audit()`` and that every sequence reads its own
+tokens back through its table, which catches a wrong copy-on-write, a bad swap map or a prefix
+hit on the wrong content, not just bookkeeping slips.
+"""
+
+from __future__ import annotations
+
+import pytest
+from helpers import make_group
+from hypothesis import assume, note
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from kvsched.allocators import AllocStatus, BlockManager
+from kvsched.core.sequence import SequenceStatus
+
+RUNNING, SWAPPED = SequenceStatus.RUNNING, SequenceStatus.SWAPPED
+
+
+def start(bm: BlockManager, group) -> None:
+    """Allocate and 'prefill' a waiting group the way the engine does."""
+    cached = bm.allocate(group)
+    for s in group.seqs:
+        s.status = RUNNING
+        s.num_computed_tokens = cached[s.seq_id]
+    group.status = RUNNING
+
+
+# ------------------------------------------------------------------------------- unit tests
+def test_can_allocate_ok_later_never_with_watermark():
+    bm = BlockManager(block_size=4, num_gpu_blocks=10, num_cpu_blocks=0, watermark_blocks=2)
+    assert bm.can_allocate(make_group(range(32))) is AllocStatus.OK  # 8 blocks, 10 - 8 >= 2
+    assert bm.can_allocate(make_group(range(33))) is AllocStatus.NEVER  # 9 blocks: 10 - 9 < 2
+    start(bm, make_group(range(8)))  # 2 blocks held, 8 free
+    assert bm.can_allocate(make_group(range(32))) is AllocStatus.LATER  # 8 - 8 < 2 but fits an empty pool
+
+
+def test_append_allocates_a_block_at_the_boundary_only():
+    bm = BlockManager(4, 8, 0)
+    g = make_group(range(4))
+    start(bm, g)
+    seq = g.seqs[0]
+    assert len(bm.gpu_tables[seq.seq_id]) == 1
+    seq.output.append(99)  # 5 tokens: the newest needs a second block
+    assert bm.append_slots(seq) is None
+    assert len(bm.gpu_tables[seq.seq_id]) == 2
+    seq.output.append(100)
+    assert bm.append_slots(seq) is None and len(bm.gpu_tables[seq.seq_id]) == 2
+
+
+def test_fork_shares_blocks_and_copy_on_write_splits_the_last_one():
+    bm = BlockManager(4, 8, 0)
+    g = make_group(range(6), n=2)
+    start(bm, g)
+    parent = g.seqs[0]
+    from kvsched.core.sequence import Sequence
+
+    child = Sequence(parent.seq_id + 1, g, parent.prompt)
+    child.status = RUNNING
+    bm.fork(parent, child)
+    shared = list(bm.gpu_tables[parent.seq_id])
+    assert bm.gpu_tables[child.seq_id] == shared and all(bm.gpu.ref_counts[b] == 2 for b in shared)
+    parent.output.append(1)
+    child.output.append(2)
+    cow = bm.append_slots(parent)  # 7 tokens fit in block 2, which is shared: copy it
+    assert cow == (shared[1], bm.gpu_tables[parent.seq_id][1])
+    assert bm.append_slots(child) is None  # now the child is the block's only holder
+    assert bm.gpu.ref_counts[bm.gpu_tables[parent.seq_id][0]] == 2
+    assert bm.audit() == []
+
+
+def test_swap_out_copies_a_shared_block_once_and_swap_in_restores_sharing():
+    bm = BlockManager(4, 8, 8)
+    g = make_group(range(8), n=2)
+    start(bm, g)
+    from kvsched.core.sequence import Sequence
+
+    child = Sequence(g.seqs[0].seq_id + 1, g, g.seqs[0].prompt)
+    child.status = RUNNING
+    bm.fork(g.seqs[0], child)
+    g.seqs.append(child)
+    g.num_unfinished_seqs = 2
+    mapping = bm.swap_out(g)
+    assert len(mapping) == 2  # two shared blocks, copied once each
+    assert bm.num_free_gpu_blocks == 8 and bm.cpu.ref_counts[mapping[0][1]] == 2
+    assert bm.can_swap_in(g) is AllocStatus.OK
+    back = bm.swap_in(g)
+    assert len(back) == 2 and bm.num_free_cpu_blocks == 8
+    assert bm.gpu_tables[g.seqs[0].seq_id] == bm.gpu_tables[child.seq_id]
+    assert bm.audit() == []
+
+
+def test_can_swap_in_never_when_the_group_exceeds_the_pool_minus_watermark():
+    bm = BlockManager(4, 6, 8, watermark_blocks=1)
+    g = make_group(range(20))  # 5 blocks
+    start(bm, g)
+    bm.swap_out(g)
+    assert bm.can_swap_in(g) is AllocStatus.NEVER  # 5 blocks + 1 spare > 6 - 1
+
+
+def test_prefix_cache_hits_reuse_blocks_and_evict_lru_only_when_needed():
+    bm = BlockManager(4, 6, 0, enable_prefix_caching=True)
+    a = make_group(list(range(8)) + [50])  # 2 full blocks + 1 partial
+    start(bm, a)
+    a.seqs[0].num_computed_tokens = 9
+    bm.mark_computed(a.seqs[0])
+    full = bm.gpu_tables[a.seqs[0].seq_id][:2]
+    b = make_group(list(range(8)) + [60, 61])
+    assert bm.num_cached_tokens(b.seqs[0]) == 8
+    assert bm.blocks_to_allocate(b) == 1  # both full blocks are held by a: free to share
+    start(bm, b)
+    assert bm.gpu_tables[b.seqs[0].seq_id][:2] == full and b.seqs[0].num_computed_tokens == 8
+    bm.free(a.seqs[0])
+    bm.free(b.seqs[0])
+    assert bm.num_free_gpu_blocks == 6 and len(bm.gpu.evictor) == 2  # cached, still reusable
+    c = make_group(list(range(8)) + [70])
+    assert bm.num_cached_tokens(c.seqs[0]) == 8
+    d = make_group(range(100, 124))  # needs all 6 blocks: must evict both cached ones
+    start(bm, d)
+    assert bm.gpu.hash_to_block == {} and bm.num_cached_tokens(c.seqs[0]) == 0
+    assert bm.audit() == []
+
+
+def test_a_fully_cached_prompt_still_computes_its_last_block():
+    bm = BlockManager(4, 8, 0, enable_prefix_caching=True)
+    a = make_group(range(8))
+    start(bm, a)
+    a.seqs[0].num_computed_tokens = 8
+    bm.mark_computed(a.seqs[0])
+    assert bm.num_cached_tokens(make_group(range(8)).seqs[0]) == 4
+
+
+def test_free_twice_is_harmless_and_double_release_is_caught():
+    bm = BlockManager(4, 4, 0)
+    g = make_group(range(4))
+    start(bm, g)
+    bm.free(g.seqs[0])
+    bm.free(g.seqs[0])
+    assert bm.num_free_gpu_blocks == 4
+    with pytest.raises(RuntimeError, match="double free"):
+        bm.gpu.release(0)
+
+
+def test_rollback_restores_tables_and_ref_counts_exactly():
+    bm = BlockManager(4, 12, 8)
+    a, b = make_group(range(6)), make_group(range(10))
+    start(bm, a)
+    start(bm, b)
+    before = (dict((k, list(v)) for k, v in bm.gpu_tables.items()), list(bm.gpu.ref_counts), bm.num_free_gpu_blocks)
+    bm.begin()
+    bm.swap_out(b)
+    a.seqs[0].output += [1, 2, 3]
+    bm.append_slots(a.seqs[0])
+    c = make_group(range(20))
+    start(bm, c)
+    bm.free(a.seqs[0])
+    bm.rollback()
+    a.seqs[0].output.clear()
+    assert (bm.gpu_tables, bm.gpu.ref_counts, bm.num_free_gpu_blocks) == before
+    assert bm.cpu_tables == {} and bm.num_free_cpu_blocks == 8 and bm.audit() == []
+
+
+def test_audit_reports_a_corrupted_ref_count():
+    bm = BlockManager(4, 4, 0)
+    start(bm, make_group(range(4)))
+    bm.gpu.ref_counts[bm.gpu_tables[next(iter(bm.gpu_tables))][0]] += 1
+    assert any("ref count 2 but 1 holders" in p for p in bm.audit())
+
+
+# --------------------------------------------------------------------------- state machine
+tokens = st.lists(st.integers(0, 2), min_size=1, max_size=14)
+
+
+class BlockManagerMachine(RuleBasedStateMachine):
+    """Random allocate / decode / fork / swap / free / rollback, against a shadow of the KV data."""
+
+    def __init__(self):
+        super().__init__()
+        self.bs = 2
+        self.bm = BlockManager(self.bs, num_gpu_blocks=14, num_cpu_blocks=10, watermark_blocks=1, enable_prefix_caching=True)
+        self.gpu_data: dict[int, dict[int, int]] = {}
+        self.cpu_data: dict[int, dict[int, int]] = {}
+        self.groups = []
+
+    # -- the shadow executor
+    def _compute(self, seq):
+        """Write KV for the sequence's uncomputed tokens through its table, as an executor would."""
+        table = self.bm.gpu_tables[seq.seq_id]
+        for pos in range(seq.num_computed_tokens, seq.num_tokens):
+            self.gpu_data.setdefault(table[pos // self.bs], {})[pos % self.bs] = seq.token_slice(pos, pos + 1)[0]
+        seq.num_computed_tokens = seq.num_tokens
+        self.bm.mark_computed(seq)
+
+    def _copy(self, pairs, src, dst):
+        staged = [(d, dict(src.get(s, {}))) for s, d in pairs]
+        for d, data in staged:
+            dst[d] = data
+
+    def _live(self, status):
+        return [g for g in self.groups if g.status is status]
+
+    # -- rules
+    @rule(prompt=tokens, n=st.integers(1, 3))
+    def admit(self, prompt, n):
+        g = make_group(prompt, n=n)
+        status = self.bm.can_allocate(g)
+        if status is not AllocStatus.OK:
+            return
+        start(self.bm, g)
+        seq = g.seqs[0]
+        self._compute(seq)
+        seq.output.append(7)
+        for i in range(1, n):
+            from kvsched.core.sequence import Sequence
+
+            child = Sequence(seq.seq_id + i, g, seq.prompt, [7 + i])
+            child.status, child.num_computed_tokens = RUNNING, seq.num_computed_tokens
+            self.bm.fork(seq, child)
+            g.seqs.append(child)
+        g.num_unfinished_seqs = n
+        self.groups.append(g)
+        note(f"admit {g.request_id} prompt={prompt} n={n}")
+
+    @precondition(lambda self: self._live(RUNNING))
+    @rule(data=st.data(), token=st.integers(0, 2))
+    def decode(self, data, token):
+        g = data.draw(st.sampled_from(self._live(RUNNING)))
+        assume(self.bm.blocks_to_append(g) <= self.bm.num_free_gpu_blocks)
+        cows = []
+        for s in g.unfinished_seqs():
+            cow = self.bm.append_slots(s)
+            if cow:
+                cows.append(cow)
+        self._copy(cows, self.gpu_data, self.gpu_data)
+        for s in g.unfinished_seqs():
+            self._compute(s)
+            s.output.append(token + s.seq_id % 2)
+
+    @precondition(lambda self: self._live(RUNNING))
+    @rule(data=st.data())
+    def swap_out(self, data):
+        g = data.draw(st.sampled_from(self._live(RUNNING)))
+        if not self.bm.can_swap_out(g):
+            return
+        self._copy(self.bm.swap_out(g), self.gpu_data, self.cpu_data)
+        g.status = SWAPPED
+        for s in g.unfinished_seqs():
+            s.status = SWAPPED
+
+    @precondition(lambda self: self._live(SWAPPED))
+    @rule(data=st.data())
+    def swap_in(self, data):
+        g = data.draw(st.sampled_from(self._live(SWAPPED)))
+        if self.bm.can_swap_in(g) is not AllocStatus.OK:
+            return
+        self._copy(self.bm.swap_in(g), self.cpu_data, self.gpu_data)
+        g.status = RUNNING
+        for s in g.unfinished_seqs():
+            s.status = RUNNING
+
+    @precondition(lambda self: any(g.num_unfinished_seqs > 1 for g in self._live(RUNNING)))
+    @rule(data=st.data())
+    def finish_one_sequence(self, data):
+        g = data.draw(st.sampled_from([g for g in self._live(RUNNING) if g.num_unfinished_seqs > 1]))
+        s = g.unfinished_seqs()[-1]
+        s.status = SequenceStatus.FINISHED_STOPPED
+        self.bm.free(s)
+        g.num_unfinished_seqs -= 1
+
+    @precondition(lambda self: self.groups)
+    @rule(data=st.data())
+    def free_group(self, data):
+        g = data.draw(st.sampled_from(self.groups))
+        for s in g.seqs:
+            self.bm.free(s)
+        self.groups.remove(g)
+
+    @precondition(lambda self: self._live(RUNNING))
+    @rule(data=st.data(), prompt=tokens)
+    def rolled_back_transaction(self, data, prompt):
+        """Mutations inside begin/rollback leave no trace at all."""
+        snapshot = ({k: list(v) for k, v in self.bm.gpu_tables.items()}, {k: list(v) for k, v in self.bm.cpu_tables.items()},
+                    list(self.bm.gpu.ref_counts), list(self.bm.cpu.ref_counts))
+        g = data.draw(st.sampled_from(self._live(RUNNING)))
+        self.bm.begin()
+        if self.bm.can_swap_out(g):
+            self.bm.swap_out(g)
+        other = make_group(prompt)
+        if self.bm.can_allocate(other) is AllocStatus.OK:
+            self.bm.allocate(other)
+        for h in self._live(RUNNING):
+            if h is not g and self.bm.blocks_to_append(h) <= self.bm.num_free_gpu_blocks:
+                for s in h.unfinished_seqs():
+                    self.bm.append_slots(s)
+        self.bm.rollback()
+        assert ({k: list(v) for k, v in self.bm.gpu_tables.items()}, {k: list(v) for k, v in self.bm.cpu_tables.items()},
+                list(self.bm.gpu.ref_counts), list(self.bm.cpu.ref_counts)) == snapshot
+
+    # -- invariants
+    @invariant()
+    def audit_is_clean(self):
+        assert self.bm.audit() == []
+
+    @invariant()
+    def every_sequence_reads_back_its_tokens(self):
+        for g in self.groups:
+            for s in g.unfinished_seqs():
+                tables, data = (self.bm.gpu_tables, self.gpu_data) if g.status is RUNNING else (self.bm.cpu_tables, self.cpu_data)
+                table = tables[s.seq_id]
+                for pos in range(s.num_computed_tokens):
+                    stored = data.get(table[pos // self.bs], {}).get(pos % self.bs)
+                    assert stored == s.token_slice(pos, pos + 1)[0], f"seq {s.seq_id} pos {pos}"
+
+    def teardown(self):
+        for g in self.groups:
+            for s in g.seqs:
+                self.bm.free(s)
+        assert self.bm.num_held_blocks == 0 and self.bm.audit() == []
+
+
+TestBlockManagerMachine = BlockManagerMachine.TestCase
