@@ -78,6 +78,7 @@ class Engine:
         """Schedule, execute and apply one step; then tell ``on_step`` observers."""
         sched = self.scheduler
         output = sched.schedule(self.clock.now())
+        features = output.features  # fixed before _apply changes the sequences they count
         result = self.executor.execute(output)
         self.clock.advance(result.duration)
         now = self.clock.now()
@@ -87,7 +88,7 @@ class Engine:
         self._idle_steps = self._idle_steps + 1 if output.is_empty and not finished else 0
         report = StepReport(
             self.num_steps, now, result.duration, output, tuple(finished),
-            len(sched.waiting), len(sched.running), len(sched.swapped), sched.cache_view,
+            len(sched.waiting), len(sched.running), len(sched.swapped), sched.cache_view, features,
         )
         self.num_steps += 1
         if self.config.audit_every_step:

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from kvsched.core.config import PreemptionMode
+    from kvsched.core.executors.cost_model import StepFeatures
     from kvsched.core.sequence import Sequence, SequenceGroup
 
 
@@ -55,6 +57,14 @@ class SchedulerOutput:
     @property
     def num_prefill_groups(self) -> int:
         return sum(1 for s in self.scheduled if s.is_prefill)
+
+    @cached_property
+    def features(self) -> StepFeatures:
+        """What the step's cost depends on; the engine reads it before applying the step, which
+        changes the sequences it is computed from, so cost models and calibration agree."""
+        from kvsched.core.executors.cost_model import StepFeatures
+
+        return StepFeatures.of(self)
 
     @property
     def is_empty(self) -> bool:

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from kvsched.core.executors.cost_model import StepFeatures
     from kvsched.core.outputs import SchedulerOutput
     from kvsched.core.sequence import SequenceGroup
     from kvsched.core.view import CacheView
@@ -22,3 +23,4 @@ class StepReport:
     num_running: int
     num_swapped: int
     cache: CacheView
+    features: StepFeatures | None = None  # P, D, K and blocks moved, as of before the step applied

@@ -29,7 +29,7 @@ class CostProfile(BaseModel):
     copy_gb_per_s: float = Field(gt=0, description="effective GPU<->GPU copy bandwidth")
 
     def step_seconds(self, out: SchedulerOutput, block_size: int) -> float:
-        f = StepFeatures.of(out)
+        f = out.features
         if not (f.prefill_tokens or f.decode_seqs or f.blocks_swapped):
             return 0.0
         ms = self.base_ms + self.prefill_token_ms * f.prefill_tokens + self.decode_seq_ms * f.decode_seqs + self.kv_token_ms * f.kv_tokens_read
