@@ -80,18 +80,34 @@ class BlockManager:
     def num_cached_tokens(self, seq: Sequence) -> int:
         return len(self.cached_blocks(seq)) * self.block_size
 
+    def _shared_prompt_blocks(self, seqs: list[Sequence]) -> int:
+        """Full prompt blocks that the sequences after the first can share with it.
+
+        Only a recomputed group with several sequences has more than one waiting sequence; their
+        prompts are the same, so they share its full blocks again instead of holding copies. The
+        first sequence writes that KV in the same step; the others attend to it.
+        """
+        if len(seqs) < 2:
+            return 0
+        return len(seqs[0].prompt) // self.block_size
+
     def blocks_to_allocate(self, group: SequenceGroup) -> int:
         """Free GPU blocks that admitting ``group`` would consume (cache hits on held blocks are free)."""
+        seqs = _waiting_seqs(group)
+        shared = self._shared_prompt_blocks(seqs)
         needed = 0
-        for seq in _waiting_seqs(group):
-            hits = self.cached_blocks(seq)
-            held_hits = sum(1 for b in hits if self.gpu.ref_counts[b] > 0)
-            needed += self.num_blocks(seq.num_tokens) - held_hits
+        for k, seq in enumerate(seqs):
+            if k == 0:
+                hits = self.cached_blocks(seq)
+                needed += self.num_blocks(seq.num_tokens) - sum(1 for b in hits if self.gpu.ref_counts[b] > 0)
+            else:
+                needed += self.num_blocks(seq.num_tokens) - shared
         return needed
 
     def can_allocate(self, group: SequenceGroup) -> AllocStatus:
         """vLLM's watermark rule: NEVER if even an empty pool minus the watermark cannot hold it."""
-        total = sum(self.num_blocks(s.num_tokens) for s in _waiting_seqs(group))
+        seqs = _waiting_seqs(group)
+        total = sum(self.num_blocks(s.num_tokens) for s in seqs) - self._shared_prompt_blocks(seqs) * (len(seqs) - 1)
         if self.gpu.num_blocks - total < self.watermark_blocks:
             return AllocStatus.NEVER
         if self.gpu.num_free - self.blocks_to_allocate(group) >= self.watermark_blocks:
@@ -151,15 +167,16 @@ class BlockManager:
         """
         seqs = _waiting_seqs(group)
         self._log_tables(seqs)
+        shared = self._shared_prompt_blocks(seqs)
         cached: dict[int, int] = {}
-        for seq in seqs:
-            hits = self.cached_blocks(seq)
-            for b in hits:
+        for k, seq in enumerate(seqs):
+            reused = self.cached_blocks(seq) if k == 0 else self.gpu_tables[seqs[0].seq_id][:shared]
+            for b in reused:
                 self.gpu.take(b)
-            table = hits + [self.gpu.allocate() for _ in range(self.num_blocks(seq.num_tokens) - len(hits))]
+            table = reused + [self.gpu.allocate() for _ in range(self.num_blocks(seq.num_tokens) - len(reused))]
             self.gpu_tables[seq.seq_id] = table
-            self._registered[seq.seq_id] = len(hits)
-            cached[seq.seq_id] = len(hits) * self.block_size
+            self._registered[seq.seq_id] = len(reused) if k == 0 else 0
+            cached[seq.seq_id] = len(reused) * self.block_size
         return cached
 
     def append_slots(self, seq: Sequence) -> tuple[int, int] | None:

@@ -323,3 +323,21 @@ class BlockManagerMachine(RuleBasedStateMachine):
 
 
 TestBlockManagerMachine = BlockManagerMachine.TestCase
+
+
+def test_recomputed_group_shares_its_full_prompt_blocks_again():
+    from kvsched.core.sequence import Sequence
+
+    bm = BlockManager(4, 16, 0)
+    g = make_group(range(9), n=2)  # 2 full prompt blocks + 1 token
+    a = g.seqs[0]
+    a.output += [1, 2]
+    b = Sequence(a.seq_id + 1, g, a.prompt, [3, 4])
+    g.seqs.append(b)
+    g.num_unfinished_seqs = 2
+    assert bm.blocks_to_allocate(g) == 3 + 3 - 2  # 11 tokens = 3 blocks each, two shared
+    cached = bm.allocate(g)
+    ta, tb = bm.gpu_tables[a.seq_id], bm.gpu_tables[b.seq_id]
+    assert ta[:2] == tb[:2] and ta[2] != tb[2]
+    assert cached == {a.seq_id: 0, b.seq_id: 8}  # b attends to the prompt KV that a writes
+    assert bm.num_free_gpu_blocks == 12 and bm.audit() == []
