@@ -1,0 +1,94 @@
+"""Workloads: synthetic processes and mixes, trace replay windows and scaling, built-ins."""
+
+import statistics
+
+import pytest
+
+from kvsched.core.workload import SyntheticWorkload
+from kvsched.workloads import Gamma, Poisson, SyntheticSpec, TraceWorkload, build_workload, builtin_path
+from kvsched.workloads.distributions import Empirical, Fixed, LogNormal, Uniform
+
+
+def gaps(reqs):
+    t = [r.arrival_time for r in reqs]
+    return [b - a for a, b in zip([0.0] + t, t)]
+
+
+def test_default_workload_is_the_embedded_job_unchanged():
+    assert build_workload().requests() == SyntheticWorkload().requests()
+    assert build_workload(num_requests=7, seed=3).requests() == SyntheticWorkload(num_requests=7, seed=3).requests()
+
+
+def test_poisson_and_gamma_rates_and_burstiness():
+    poisson = SyntheticSpec(num_requests=20000, arrivals=Poisson(rate=10)).requests()
+    bursty = SyntheticSpec(num_requests=20000, arrivals=Gamma(rate=10, cv=4)).requests()
+    for reqs, cv in ((poisson, 1.0), (bursty, 4.0)):
+        g = gaps(reqs)
+        mean = statistics.fmean(g)
+        assert mean == pytest.approx(0.1, rel=0.1)
+        assert statistics.pstdev(g) / mean == pytest.approx(cv, rel=0.15)
+
+
+def test_length_distributions_and_mixes():
+    spec = SyntheticSpec(
+        num_requests=4000, prompt=Uniform(low=10, high=20), output=Fixed(value=7),
+        priorities={0: 1, 5: 3}, tenants={"a": 1, "b": 1}, n={1: 1, 3: 1}, seed=1,
+    )
+    reqs = spec.requests()
+    assert {r.prompt_len for r in reqs} == set(range(10, 21))
+    assert {r.output_len for r in reqs} == {7}
+    assert sum(r.priority == 5 for r in reqs) / len(reqs) == pytest.approx(0.75, abs=0.03)
+    assert {r.tenant for r in reqs} == {"a", "b"} and {r.sampling.n for r in reqs} == {1, 3}
+    assert spec.requests() == reqs  # same spec and seed: same requests
+    emp = SyntheticSpec(num_requests=500, prompt=Empirical(values=(3, 99)), output=LogNormal(median=50, sigma=1, max=60)).requests()
+    assert {r.prompt_len for r in emp} == {3, 99} and max(r.output_len for r in emp) == 60
+
+
+@pytest.fixture
+def azure(tmp_path):
+    p = tmp_path / "azure.csv"
+    p.write_text(
+        "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+        "2023-11-16 18:15:46.5000000,100,10\n"
+        "2023-11-16 18:15:47.0000000,200,20\n"
+        "2023-11-16 18:15:49.5000000,300,30\n"
+        "2023-11-16 18:16:46.5,400,40\n"
+    )
+    return p
+
+
+def test_azure_replay_times_scale_offset_and_cap(azure):
+    reqs = TraceWorkload(path=azure).requests()
+    assert [r.arrival_time for r in reqs] == [0.0, 0.5, 3.0, 60.0]
+    assert [(r.prompt_len, r.output_len, r.sampling.max_tokens) for r in reqs][1] == (200, 20, 20)
+    fast = TraceWorkload(path=azure, rate_scale=2).requests()
+    assert [r.arrival_time for r in fast] == [0.0, 0.25, 1.5, 30.0]
+    window = TraceWorkload(path=azure, start_offset=0.5, max_requests=2).requests()
+    assert [(r.arrival_time, r.prompt_len) for r in window] == [(0.0, 200), (2.5, 300)]
+
+
+def test_plain_format_with_priority_and_tenant(tmp_path):
+    p = tmp_path / "plain.csv"
+    p.write_text("arrival_time_s,prompt_tokens,output_tokens,priority,tenant\n0.0,5,2,1,alice\n1.5,6,3,0,bob\n")
+    reqs = TraceWorkload(path=p).requests()
+    assert [(r.arrival_time, r.prompt_len, r.output_len, r.priority, r.tenant) for r in reqs] == [
+        (0.0, 5, 2, 1, "alice"), (1.5, 6, 3, 0, "bob")]
+
+
+def test_length_only_file_gets_synthetic_arrivals(tmp_path):
+    p = tmp_path / "lengths.csv"
+    p.write_text("num_prefill_tokens,num_decode_tokens,num_total_tokens,pd_ratio\n"
+                 + "".join(f"{i},{i + 1},{2 * i + 1},1.0\n" for i in range(1, 2001)))
+    reqs = build_workload(trace=p, rate=50.0).requests()
+    assert len(reqs) == 2000 and {(r.prompt_len, r.output_len - r.prompt_len) for r in reqs} == {(1, 1)} | {(i, 1) for i in range(2, 2001)}
+    assert reqs[-1].arrival_time / 2000 == pytest.approx(1 / 50, rel=0.1)
+    assert len(build_workload(trace=p, num_requests=10).requests()) == 10
+
+
+def test_builtin_workloads_ship_in_the_package():
+    assert builtin_path("azure-conv").is_file() and builtin_path("sharegpt").is_file()
+    assert (builtin_path("azure-conv").parent / "README.md").read_text().count("CC-BY 4.0") >= 1
+    conv = build_workload("azure-conv").requests()
+    assert len(conv) == 19366 and conv[-1].arrival_time == pytest.approx(3501.72, abs=0.01)
+    share = build_workload("sharegpt", num_requests=100, rate=2.0).requests()
+    assert len(share) == 100 and max(r.prompt_len for r in share) <= 8192

@@ -1,0 +1,121 @@
+"""Workloads: where simulated requests come from (synthetic specs, trace files, built-in traces)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Protocol
+
+from pydantic import TypeAdapter
+
+from kvsched.core.request import Request
+from kvsched.workloads.arrivals import Gamma, Poisson, make_arrivals
+from kvsched.workloads.builtin import BUILTIN_TRACES, SHAREGPT_DEFAULT_RATE, builtin_path
+from kvsched.workloads.errors import WorkloadError
+from kvsched.workloads.replay import TraceWorkload
+from kvsched.workloads.synthetic import SyntheticSpec
+
+WORKLOAD_NAMES = ("default", "synthetic", *BUILTIN_TRACES)
+
+
+class Workload(Protocol):
+    def requests(self) -> list[Request]: ...
+
+    def describe(self) -> dict[str, Any]: ...
+
+
+class _Embedded:
+    """The core's embedded default job (``core.workload.SyntheticWorkload``), unchanged."""
+
+    def __init__(self, **fields: Any) -> None:
+        from kvsched.core.workload import SyntheticWorkload
+
+        self.spec = SyntheticWorkload(**fields)
+
+    def requests(self) -> list[Request]:
+        return self.spec.requests()
+
+    def describe(self) -> dict[str, Any]:
+        return {"kind": "default", **self.spec.model_dump()}
+
+
+def build_workload(
+    workload: str | None = None,
+    trace: Path | None = None,
+    *,
+    num_requests: int | None = None,
+    rate: float | None = None,
+    rate_scale: float = 1.0,
+    start_offset: float = 0.0,
+    arrival: str | None = None,
+    cv: float = 1.0,
+    seed: int = 0,
+) -> Workload:
+    """Resolve the CLI's workload options to one workload.
+
+    ``workload`` is a built-in name (``default``, ``synthetic``, ``azure-conv``, ``sharegpt``) or
+    a JSON spec file; ``trace`` a CSV in any supported format. ``num_requests`` caps traces.
+    """
+    if trace is not None and workload not in (None, "default"):
+        raise WorkloadError("give either --workload or --trace, not both")
+    custom_arrivals = rate is not None or arrival not in (None, "poisson") or cv != 1.0
+    if trace is not None or workload in BUILTIN_TRACES:
+        path = Path(trace) if trace is not None else builtin_path(workload)
+        arrivals = None
+        if workload == "sharegpt" or custom_arrivals:
+            arrivals = make_arrivals(rate or SHAREGPT_DEFAULT_RATE, arrival or "poisson", cv)
+        return TraceWorkload(
+            path=path, name=None if trace is not None else workload, rate_scale=rate_scale,
+            start_offset=start_offset, max_requests=num_requests, arrivals=arrivals, seed=seed,
+        )
+    if start_offset:
+        raise WorkloadError("--start-offset applies to traces only")
+    if workload in (None, "default") and not custom_arrivals:
+        fields: dict[str, Any] = {"seed": seed}
+        if num_requests is not None:
+            fields["num_requests"] = num_requests
+        if rate_scale != 1.0:
+            from kvsched.core.workload import SyntheticWorkload
+
+            fields["rate"] = SyntheticWorkload.model_fields["rate"].default * rate_scale
+        return _Embedded(**fields)
+    if workload in (None, "default", "synthetic"):
+        spec = SyntheticSpec(seed=seed, arrivals=make_arrivals((rate or 4.0) * rate_scale, arrival or "poisson", cv),
+                             **({"num_requests": num_requests} if num_requests else {}))
+        return spec
+    return load_spec(Path(workload), num_requests=num_requests, seed=seed, rate_scale=rate_scale)
+
+
+_SPEC = TypeAdapter(SyntheticSpec | TraceWorkload)
+
+
+def load_spec(path: Path, *, num_requests: int | None = None, seed: int = 0, rate_scale: float = 1.0) -> Workload:
+    """A workload from a JSON spec (``{"kind": "synthetic", ...}`` or ``{"kind": "trace", "path": ...}``)."""
+    if path.suffix != ".json":
+        raise WorkloadError(f"unknown workload {str(path)!r}; use one of {', '.join(WORKLOAD_NAMES)}, or a .json spec file")
+    try:
+        data = json.loads(path.read_text())
+    except OSError as exc:
+        raise WorkloadError(f"cannot read workload spec: {exc.strerror}", path) from exc
+    except json.JSONDecodeError as exc:
+        raise WorkloadError(f"invalid JSON: {exc.msg}", path, exc.lineno) from None
+    if isinstance(data, dict):
+        data.setdefault("seed", seed)
+        if data.get("kind") == "trace" and "path" in data:
+            data["path"] = str((path.parent / data["path"]).resolve())  # relative to the spec file
+    spec = _SPEC.validate_python(data)
+    if num_requests is not None:
+        key = "num_requests" if isinstance(spec, SyntheticSpec) else "max_requests"
+        spec = spec.model_copy(update={key: num_requests})
+    if rate_scale != 1.0:
+        if isinstance(spec, SyntheticSpec):
+            spec = spec.model_copy(update={"arrivals": spec.arrivals.model_copy(update={"rate": spec.arrivals.rate * rate_scale})})
+        else:
+            spec = spec.model_copy(update={"rate_scale": spec.rate_scale * rate_scale})
+    return spec
+
+
+__all__ = [
+    "WORKLOAD_NAMES", "Workload", "WorkloadError", "SyntheticSpec", "TraceWorkload", "Poisson", "Gamma",
+    "build_workload", "load_spec", "builtin_path",
+]

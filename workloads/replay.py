@@ -1,0 +1,84 @@
+"""Trace replay: a trace file's requests, windowed (start offset, request cap) and time-scaled.
+
+``rate_scale`` multiplies the arrival rate: arrival times are divided by it, so 2.0 replays the
+same requests twice as fast. ``start_offset`` (trace seconds) skips the requests that arrived
+before it and re-bases time there; ``max_requests`` keeps the first that many after the offset.
+A length-only file has no times: its rows, in a seeded random order, get arrivals from
+``arrivals`` (Poisson by default), whose rate ``rate_scale`` also multiplies.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from kvsched.core.request import Request, SamplingParams
+from kvsched.workloads.arrivals import ArrivalProcess, Gamma, Poisson
+from kvsched.workloads.errors import WorkloadError
+from kvsched.workloads.trace_files import TraceRow, read_trace
+
+
+class TraceWorkload(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kind: Literal["trace"] = "trace"
+    path: Path
+    name: str | None = Field(None, description="built-in name, when it is one")
+    rate_scale: float = Field(1.0, gt=0)
+    start_offset: float = Field(0.0, ge=0, description="trace seconds to skip (timed traces)")
+    max_requests: int | None = Field(None, ge=1)
+    arrivals: ArrivalProcess | None = Field(None, description="for length-only files; default Poisson 1 req/s")
+    seed: int = 0
+
+    def rows(self) -> tuple[str, list[TraceRow]]:
+        fmt, rows = read_trace(self.path)
+        if fmt == "lengths":
+            rows = list(rows)
+            random.Random(self.seed).shuffle(rows)
+            return fmt, rows[: self.max_requests]
+        if self.arrivals is not None:
+            raise WorkloadError("has its own arrival times; an arrival process applies only to length-only files", self.path)
+        rows = sorted(rows, key=lambda r: r.arrival_time)
+        start = rows[0].arrival_time + self.start_offset
+        kept = [r for r in rows if r.arrival_time >= start][: self.max_requests]
+        if not kept:
+            raise WorkloadError(f"no requests at or after start offset {self.start_offset} s (trace spans "
+                                f"{rows[-1].arrival_time - rows[0].arrival_time:.1f} s)", self.path)
+        return fmt, kept
+
+    def requests(self) -> list[Request]:
+        fmt, rows = self.rows()
+        if fmt == "lengths":
+            process = self.arrivals or Poisson(rate=1.0)
+            process = process.model_copy(update={"rate": process.rate * self.rate_scale})
+            gaps = process.gaps(random.Random(self.seed + 1))
+            times, t = [], 0.0
+            for _ in rows:
+                t += next(gaps)
+                times.append(t)
+        else:
+            start = rows[0].arrival_time
+            times = [(r.arrival_time - start) / self.rate_scale for r in rows]
+        cache: dict[int, SamplingParams] = {}
+        out = []
+        for i, (row, t) in enumerate(zip(rows, times)):
+            sp = cache.get(row.output_tokens)
+            if sp is None:
+                sp = cache[row.output_tokens] = SamplingParams(max_tokens=row.output_tokens)
+            out.append(Request(
+                request_id=f"req-{i}", prompt_len=row.prompt_tokens, output_len=row.output_tokens,
+                arrival_time=round(t, 6), sampling=sp, priority=row.priority, tenant=row.tenant,
+            ))
+        return out
+
+    def describe(self) -> dict:
+        d = self.model_dump(mode="json")
+        if self.name:
+            d["path"] = Path(self.path).name  # a built-in's install location is not part of the result
+        return d
+
+
+__all__ = ["TraceWorkload", "Gamma", "Poisson"]
