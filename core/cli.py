@@ -13,6 +13,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from kvsched.core.errors import KvschedError
+from kvsched.core import sim_cli as sim
 
 app = typer.Typer(
     name="engine",
@@ -160,9 +161,19 @@ def run(
     output: OutputOpt = None,
     profile: ProfileOpt = "llama2-7b-a100",
     quiet: QuietOpt = False,
+    workload: sim.WorkloadOpt = None,
+    trace: sim.TraceOpt = None,
+    rate_scale: sim.RateScaleOpt = 1.0,
+    start_offset: sim.StartOffsetOpt = 0.0,
+    arrival: sim.ArrivalOpt = None,
+    cv: sim.CvOpt = 1.0,
+    slo_ttft: sim.SloTtftOpt = None,
+    slo_tpot: sim.SloTpotOpt = None,
+    plot: sim.PlotOpt = False,
 ) -> None:
     """Run a policy on a workload with every option (simulated executor)."""
-    run_job(policy, policy_opt, set_, seed, num_requests, rate, output, profile, quiet)
+    sim.run_command(policy, policy_opt, set_, seed, num_requests, rate, output, profile, quiet,
+                    workload, trace, rate_scale, start_offset, arrival, cv, slo_ttft, slo_tpot, plot)
 
 
 @app.command()
@@ -181,6 +192,9 @@ def policies() -> None:
             text = f"(fails to load: {type(exc).__name__}: {exc})"
         table.add_row(info.name, info.distribution, info.version, text)
     console.print(table)
+
+
+sim.register(app)  # engine sweep, engine calibrate (kvsched.core.sim_cli)
 
 
 def main() -> None:

@@ -1,0 +1,40 @@
+"""``engine calibrate``: fit a cost profile from a recorded run and write it as JSON for ``--profile``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+
+def calibrate(
+    recorded: Annotated[Path, typer.Argument(help="CSV of measured steps (StepRecorder.save): prefill_tokens,decode_seqs,kv_tokens_read,blocks_swapped,blocks_copied,duration_s")],
+    name: Annotated[str, typer.Option(help="name of the fitted profile")] = "fitted",
+    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="profile JSON to write (default NAME.json)")] = None,
+    kv_bytes_per_token: Annotated[int, typer.Option(help="KV bytes per token, all layers (for swap/copy time)")] = 0,
+    swap_gb_per_s: Annotated[float, typer.Option(help="GPU<->CPU bandwidth for swap time")] = 16.0,
+    copy_gb_per_s: Annotated[float, typer.Option(help="GPU<->GPU bandwidth for copy-on-write time")] = 100.0,
+    description: Annotated[str, typer.Option(help="what was measured (model, hardware)")] = "",
+) -> None:
+    """Fit t = a + b·prefill_tokens + c·decode_seqs + d·kv_tokens_read to measured steps."""
+    from rich.table import Table
+
+    from kvsched.core.cli import console
+    from kvsched.core.executors.calibration import fit_errors, fit_profile, load_records
+
+    records = load_records(recorded)
+    profile = fit_profile(records, name, description=description or f"fitted to {recorded.name}",
+                          kv_bytes_per_token=kv_bytes_per_token, swap_gb_per_s=swap_gb_per_s, copy_gb_per_s=copy_gb_per_s)
+    errors = fit_errors(profile, records)
+    table = Table(title=f"profile {name}: {errors['n']} steps")
+    table.add_column("term")
+    table.add_column("ms", justify="right")
+    for label, value in (("a (per step)", profile.base_ms), ("b (per prefill token)", profile.prefill_token_ms),
+                         ("c (per decode sequence)", profile.decode_seq_ms), ("d (per KV token read)", profile.kv_token_ms)):
+        table.add_row(label, f"{value:.6g}")
+    console.print(table)
+    console.print(f"relative error: mean {100 * errors['mape']:.2f}%, p95 {100 * errors['p95']:.2f}%, max {100 * errors['max']:.2f}%")
+    path = output or Path(f"{name}.json")
+    path.write_text(profile.model_dump_json(indent=2) + "\n")
+    console.print(f"wrote {path} (use it with --profile {path})", highlight=False)

@@ -1,0 +1,70 @@
+"""The simulation side of the ``engine`` CLI: ``run`` with workloads and outputs, ``sweep``, ``calibrate``.
+
+``core/cli.py`` owns the app and its shared helpers; the command bodies live here so that the
+CLI module stays small. ``register(app)`` adds the commands this module defines.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+WorkloadOpt = Annotated[Optional[str], typer.Option("--workload", "-w", help="default, synthetic, azure-conv, sharegpt, or a workload .json spec")]
+TraceOpt = Annotated[Optional[Path], typer.Option("--trace", help="trace CSV: Azure (TIMESTAMP,...), plain (arrival_time_s,...) or lengths (num_prefill_tokens,...)")]
+RateScaleOpt = Annotated[float, typer.Option("--rate-scale", min=1e-9, help="multiply the arrival rate (trace times are divided by it)")]
+StartOffsetOpt = Annotated[float, typer.Option("--start-offset", min=0, help="skip this many trace seconds")]
+ArrivalOpt = Annotated[Optional[str], typer.Option("--arrival", help="synthetic arrivals: poisson or gamma")]
+CvOpt = Annotated[float, typer.Option("--cv", min=1e-9, help="coefficient of variation of gamma arrival gaps")]
+SloTtftOpt = Annotated[Optional[float], typer.Option("--slo-ttft", min=0, help="TTFT target (s) for SLO goodput")]
+SloTpotOpt = Annotated[Optional[float], typer.Option("--slo-tpot", min=0, help="TPOT target (s) for SLO goodput")]
+PlotOpt = Annotated[bool, typer.Option("--plot", help="also write PNG plots and report.html under --output")]
+
+
+def run_command(policy, policy_opt, overrides, seed, num_requests, rate, output, profile, quiet,
+                workload=None, trace=None, rate_scale=1.0, start_offset=0.0, arrival=None, cv=1.0,
+                slo_ttft=None, slo_tpot=None, plot=False) -> dict:
+    """``engine run``: build the workload, simulate with a progress bar, print the table, write the files."""
+    from kvsched.core.cli import build_config, console, fail, parse_pairs, progress_bar, summary_table
+    from kvsched.core.executors.profiles import resolve_profile
+    from kvsched.core.plugins import load_policy
+    from kvsched.core.simjob import SimJob
+    from kvsched.workloads import build_workload
+
+    if plot and output is None:
+        fail("--plot needs --output DIR (the plots and report.html are written there)")
+    load_policy(policy)
+    resolve_profile(profile)
+    job = SimJob(
+        build_workload(workload, trace, num_requests=num_requests, rate=rate, rate_scale=rate_scale,
+                       start_offset=start_offset, arrival=arrival, cv=cv, seed=seed),
+        policy, build_config(overrides), profile, parse_pairs(policy_opt, "--policy-opt"), slo_ttft, slo_tpot,
+    )
+    with progress_bar(quiet) as bar:
+        task = bar.add_task("run", total=None)
+        outcome = job.run(on_step=lambda r: r.finished and bar.advance(task, len(r.finished)),
+                          on_start=lambda n: bar.update(task, total=n))
+    console.print(summary_table(outcome.summary))
+    slo = outcome.summary["slo"]
+    if slo_ttft is not None or slo_tpot is not None:
+        console.print(f"SLO goodput: {slo['goodput_requests_per_s']:.3f} req/s ({100 * slo['slo_attainment']:.1f}% of requests)")
+    console.print(f"simulated {outcome.num_requests} requests in {outcome.simulate_s:.2f} s wall "
+                  f"({outcome.num_requests / max(outcome.simulate_s, 1e-9):,.0f} req/s, "
+                  f"{outcome.summary['duration_s'] / max(outcome.simulate_s, 1e-9):,.0f}× real time)", highlight=False)
+    if output is not None:
+        from kvsched.reporting.files import write_outputs
+
+        for path in write_outputs(outcome, output, plot=plot):
+            console.print(f"wrote {path}", highlight=False)
+    return outcome.summary
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``sweep`` and ``calibrate`` to the ``engine`` app."""
+    from kvsched.core.cli import cli_errors
+    from kvsched.core.sweep_cli import sweep
+    from kvsched.core.executors.calibrate_cli import calibrate
+
+    app.command()(cli_errors(sweep))
+    app.command()(cli_errors(calibrate))

@@ -1,0 +1,157 @@
+"""Parameter sweeps: the grid of policies × engine settings, run in parallel processes, one table.
+
+Each grid point is an independent simulation, so points run in a process pool (spawned workers
+re-import kvsched; the workload is built once per worker from its picklable description). The
+table has one row per configuration: its settings, the headline metrics and the wall time.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvsched.core.config import EngineConfig
+
+METRICS = (
+    ("finished", ("finished",)),
+    ("ignored", ("ignored",)),
+    ("requests_per_s", ("requests_per_s",)),
+    ("output_tokens_per_s", ("throughput_tokens_per_s",)),
+    ("ttft_mean_s", ("ttft_s", "mean")),
+    ("ttft_p50_s", ("ttft_s", "p50")),
+    ("ttft_p99_s", ("ttft_s", "p99")),
+    ("tpot_mean_s", ("tpot_s", "mean")),
+    ("tpot_p99_s", ("tpot_s", "p99")),
+    ("e2e_p99_s", ("e2e_s", "p99")),
+    ("preempt_recompute", ("preemptions", "recompute")),
+    ("preempt_swap", ("preemptions", "swap")),
+    ("goodput_req_per_s", ("slo", "goodput_requests_per_s")),
+    ("slo_attainment", ("slo", "slo_attainment")),
+    ("jain_index", ("fairness", "jain_index")),
+    ("duration_s", ("duration_s",)),
+)
+
+
+def parse_grid(settings: list[str] | None) -> dict[str, list[str]]:
+    """``["delay_factor=0,0.5", "max_num_seqs=64"]`` → ``{"delay_factor": ["0", "0.5"], ...}``."""
+    grid: dict[str, list[str]] = {}
+    for item in settings or []:
+        key, sep, values = item.partition("=")
+        key = key.strip()
+        if not sep or not key or not values.strip():
+            raise ValueError(f"--set expects KEY=V1,V2,..., got {item!r}")
+        if key not in EngineConfig.model_fields:
+            raise ValueError(f"--set: unknown engine setting {key!r}; known: {', '.join(EngineConfig.model_fields)}")
+        grid[key] = [v.strip() for v in values.split(",") if v.strip()]
+    return grid
+
+
+@dataclass(frozen=True)
+class Point:
+    policy: str
+    settings: dict[str, str]
+
+    @property
+    def label(self) -> str:
+        return " ".join([self.policy] + [f"{k}={v}" for k, v in self.settings.items()])
+
+
+def grid_points(policies: list[str], grid: dict[str, list[str]]) -> list[Point]:
+    keys = list(grid)
+    return [Point(p, dict(zip(keys, combo))) for p in policies for combo in itertools.product(*(grid[k] for k in keys))]
+
+
+@dataclass
+class SweepSpec:
+    """Everything a worker needs to run one point (picklable)."""
+
+    workload: dict[str, Any]  # build_workload keyword arguments
+    base_settings: dict[str, str] = field(default_factory=dict)
+    profile: str = "llama2-7b-a100"
+    slo_ttft: float | None = None
+    slo_tpot: float | None = None
+
+
+def run_point(spec: SweepSpec, point: Point) -> dict[str, Any]:
+    """One configuration → one table row (settings, metrics, wall time)."""
+    from kvsched.core.simjob import SimJob
+    from kvsched.workloads import build_workload
+
+    config = EngineConfig.model_validate({**spec.base_settings, **point.settings})
+    job = SimJob(build_workload(**spec.workload), point.policy, config, spec.profile,
+                 slo_ttft=spec.slo_ttft, slo_tpot=spec.slo_tpot, record_timeseries=False)
+    outcome = job.run()
+    row: dict[str, Any] = {"label": point.label, "policy": point.policy}
+    row.update({k: config.model_dump()[k] for k in point.settings})
+    for name, path in METRICS:
+        value: Any = outcome.summary
+        for key in path:
+            value = value.get(key) if isinstance(value, dict) else None
+        row[name] = value
+    row["profile"] = outcome.summary["profile"]
+    row["wall_s"] = outcome.simulate_s
+    return row
+
+
+def run_sweep(spec: SweepSpec, points: list[Point], workers: int | None = None,
+              on_done: Callable[[dict], None] | None = None) -> list[dict[str, Any]]:
+    """Run every point (in parallel when ``workers`` > 1); rows come back in grid order."""
+    workers = max(1, min(workers or os.cpu_count() or 1, len(points)))
+    for point in points:  # validate every configuration before spending any time
+        EngineConfig.model_validate({**spec.base_settings, **point.settings})
+    rows: dict[int, dict] = {}
+    if workers == 1:
+        for i, point in enumerate(points):
+            rows[i] = run_point(spec, point)
+            if on_done:
+                on_done(rows[i])
+    else:
+        import multiprocessing
+
+        with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+            futures = {pool.submit(run_point, spec, p): i for i, p in enumerate(points)}
+            for fut in as_completed(futures):
+                rows[futures[fut]] = fut.result()
+                if on_done:
+                    on_done(rows[futures[fut]])
+    return [rows[i] for i in range(len(points))]
+
+
+def write_table(rows: list[dict[str, Any]], directory) -> list:
+    import pandas as pd
+    from pathlib import Path
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    frame = pd.DataFrame(rows)
+    csv_path, pq_path = directory / "sweep.csv", directory / "sweep.parquet"
+    frame.to_csv(csv_path, index=False)
+    frame.to_parquet(pq_path, index=False)
+    return [csv_path, pq_path]
+
+
+def tradeoff_plot(rows: list[dict[str, Any]], path, title: str = "") -> Any:
+    """Throughput vs p99 TTFT, one labelled point per configuration, one colour per policy."""
+    from kvsched.reporting.plots import _plt
+
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(8, 5))
+    policies = list(dict.fromkeys(r["policy"] for r in rows))
+    for i, pol in enumerate(policies):
+        pts = [r for r in rows if r["policy"] == pol and r["ttft_p99_s"] is not None]
+        ax.scatter([r["ttft_p99_s"] for r in pts], [r["output_tokens_per_s"] for r in pts], label=pol, color=f"C{i}", s=30)
+        for r in pts:
+            text = r["label"][len(pol) + 1:] or pol
+            ax.annotate(text, (r["ttft_p99_s"], r["output_tokens_per_s"]), fontsize=6, xytext=(3, 3), textcoords="offset points")
+    ax.set(xlabel="p99 TTFT (s)", ylabel="throughput (output tokens/s)", title=title or "throughput vs p99 TTFT")
+    ax.set_xscale("log")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path

@@ -1,0 +1,74 @@
+"""``engine sweep``: policies × ``--set KEY=V1,V2`` grid, in parallel, with a progress bar, a table and a plot."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from kvsched.core.sim_cli import (
+    ArrivalOpt, CvOpt, RateScaleOpt, SloTpotOpt, SloTtftOpt, StartOffsetOpt, TraceOpt, WorkloadOpt,
+)
+
+
+def sweep(
+    policy: Annotated[list[str], typer.Option("--policy", "-p", help="policy to include (repeatable)")] = ["vllm-default"],
+    set_: Annotated[Optional[list[str]], typer.Option("--set", "-s", help="KEY=V1,V2,... engine setting to sweep (repeatable)")] = None,
+    fixed: Annotated[Optional[list[str]], typer.Option("--fix", help="KEY=VALUE engine setting held fixed (repeatable)")] = None,
+    workload: WorkloadOpt = None,
+    trace: TraceOpt = None,
+    num_requests: Annotated[Optional[int], typer.Option("--num-requests", "-n", help="requests (synthetic) or cap (traces)")] = None,
+    rate: Annotated[Optional[float], typer.Option(help="arrival rate for synthetic arrivals, req/s")] = None,
+    rate_scale: RateScaleOpt = 1.0,
+    start_offset: StartOffsetOpt = 0.0,
+    arrival: ArrivalOpt = None,
+    cv: CvOpt = 1.0,
+    seed: Annotated[int, typer.Option(help="workload seed")] = 0,
+    profile: Annotated[str, typer.Option(help="simulator cost profile (name or .json)")] = "llama2-7b-a100",
+    slo_ttft: SloTtftOpt = None,
+    slo_tpot: SloTpotOpt = None,
+    workers: Annotated[Optional[int], typer.Option("--workers", "-j", min=1, help="parallel processes (default: CPUs)")] = None,
+    output: Annotated[Path, typer.Option("--output", "-o", help="folder for sweep.csv, sweep.parquet, tradeoff.png")] = Path("sweep-out"),
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no progress bar")] = False,
+) -> None:
+    """Run every policy × setting combination and compare them in one table and a trade-off plot."""
+    from rich.table import Table
+
+    from kvsched.core.cli import console, parse_pairs
+    from kvsched.core.cli import progress_bar
+    from kvsched.core.executors.profiles import resolve_profile
+    from kvsched.core.plugins import load_policy
+    from kvsched.core.sweep import SweepSpec, grid_points, parse_grid, run_sweep, tradeoff_plot, write_table
+    from kvsched.workloads import build_workload
+
+    for name in policy:
+        load_policy(name)
+    resolve_profile(profile)
+    grid = parse_grid(set_)
+    wl = dict(workload=workload, trace=trace, num_requests=num_requests, rate=rate, rate_scale=rate_scale,
+              start_offset=start_offset, arrival=arrival, cv=cv, seed=seed)
+    build_workload(**wl).describe()  # bad workload options fail here, once, not in every worker
+    spec = SweepSpec(wl, parse_pairs(fixed, "--fix"), profile, slo_ttft, slo_tpot)
+    points = grid_points(list(dict.fromkeys(policy)), grid)
+    with progress_bar(quiet) as bar:
+        task = bar.add_task("sweep", total=len(points))
+        rows = run_sweep(spec, points, workers, on_done=lambda _row: bar.advance(task))
+    table = Table(title=f"sweep · {len(points)} configurations · profile {profile}")
+    cols = [("policy", "policy")] + [(k, k) for k in grid]
+    cols += [("requests_per_s", "req/s"), ("output_tokens_per_s", "tok/s"), ("ttft_p50_s", "TTFT p50 s"),
+             ("ttft_p99_s", "TTFT p99 s"), ("tpot_mean_s", "TPOT ms"), ("preempt_recompute", "recomp"), ("preempt_swap", "swap")]
+    if slo_ttft is not None or slo_tpot is not None:
+        cols.append(("goodput_req_per_s", "goodput req/s"))
+    for key, head in cols:
+        table.add_column(head, justify="left" if key == "policy" else "right", no_wrap=key == "policy")
+    for r in rows:
+        cells = []
+        for key, _ in cols:
+            v = r[key]
+            v = v * 1000 if key == "tpot_mean_s" and v is not None else v
+            cells.append(f"{v:.3g}" if isinstance(v, float) else str(v))
+        table.add_row(*cells)
+    console.print(table)
+    for path in write_table(rows, output) + [tradeoff_plot(rows, output / "tradeoff.png")]:
+        console.print(f"wrote {path}", highlight=False)

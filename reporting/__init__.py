@@ -1,0 +1,1 @@
+"""What a simulation leaves behind: result files, plots and a self-contained HTML report."""
