@@ -2,7 +2,36 @@
 
 from __future__ import annotations
 
+import os
+import sys
+
 import torch
+
+
+def _import_triton_interpreted() -> None:
+    """Import Triton with ``TRITON_INTERPRET=1`` before anything else does (CPU-only machines).
+
+    ``triton.jit`` decides at decoration time whether a function is interpreted, and that includes
+    ``tl.max``/``tl.sum``/``tl.zeros`` in Triton's own standard library: if Triton was first imported
+    without the variable (loading a transformers model does import it), interpreted kernels fail.
+    Test modules are imported at collection, before any test loads a model.
+    """
+    if torch.cuda.is_available() or "triton" in sys.modules:
+        return
+    previous = os.environ.get("TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "1"
+    try:
+        import triton.language  # noqa: F401
+
+        import kvsched.kernels.triton_attention  # noqa: F401
+    finally:
+        if previous is None:
+            os.environ.pop("TRITON_INTERPRET", None)
+        else:
+            os.environ["TRITON_INTERPRET"] = previous
+
+
+_import_triton_interpreted()
 
 # (query tokens, total tokens) per sequence: decode at 1 and at block edges, prefill, chunked
 # prefill continuing after cached tokens, and a prompt of exactly one token.
@@ -33,3 +62,27 @@ def make_problem(cases, num_heads, num_kv_heads, head_dim, block_size, dtype=tor
 def tolerance(dtype):
     """fp32 tight; half types as vLLM's kernel tests."""
     return dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32 else dict(atol=1.5e-2, rtol=1e-2)
+
+
+def interpreted_triton():
+    """Reload the Triton kernel module so that ``triton.jit`` interprets it on a CPU-only machine.
+
+    Returns a function that restores ``TRITON_INTERPRET`` (the reloaded kernel stays interpreted).
+    """
+    import importlib
+
+    previous = os.environ.get("TRITON_INTERPRET")
+    if not torch.cuda.is_available():
+        os.environ["TRITON_INTERPRET"] = "1"
+    import kvsched.kernels.triton_attention as module
+
+    if type(module._paged_attention_kernel).__name__ != "InterpretedFunction" and not torch.cuda.is_available():
+        importlib.reload(module)  # reloading an already interpreted kernel confuses the interpreter
+
+    def restore() -> None:
+        if previous is None:
+            os.environ.pop("TRITON_INTERPRET", None)
+        else:
+            os.environ["TRITON_INTERPRET"] = previous
+
+    return restore

@@ -6,14 +6,11 @@ the variable set; the real GPU run of the same tests is ``benchmarks/gpu_check.s
 
 from __future__ import annotations
 
-import importlib
-import os
-
 import pytest
 import torch
 
 from kvsched.kernels import paged_attention_loop
-from tests.kernel_cases import make_problem, tolerance
+from tests.kernel_cases import interpreted_triton, make_problem, tolerance
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 SMALL = [(1, 1), (1, 9), (5, 5), (3, 11), (2, 6)]  # decode, block edges, prefill, chunk after cache
@@ -21,17 +18,11 @@ SMALL = [(1, 1), (1, 9), (5, 5), (3, 11), (2, 6)]  # decode, block edges, prefil
 
 @pytest.fixture(scope="module")
 def triton_attention():
-    previous = os.environ.get("TRITON_INTERPRET")
-    if DEVICE == "cpu":
-        os.environ["TRITON_INTERPRET"] = "1"
-    import kvsched.kernels.triton_attention as module
+    restore = interpreted_triton()
+    from kvsched.kernels.triton_attention import paged_attention_triton
 
-    module = importlib.reload(module)
-    yield module.paged_attention_triton
-    if previous is None:
-        os.environ.pop("TRITON_INTERPRET", None)
-    else:
-        os.environ["TRITON_INTERPRET"] = previous
+    yield paged_attention_triton
+    restore()
 
 
 @pytest.mark.parametrize(

