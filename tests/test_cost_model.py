@@ -1,0 +1,71 @@
+"""Cost models: the Vidur refit reproduces the built-in profile; swaps and recomputes cost what they should."""
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from kvsched.core.config import EngineConfig
+from kvsched.core.executors.calibration import StepRecorder
+from kvsched.core.executors.cost_model import LLAMA2_7B_A100, CostProfile
+from kvsched.core.executors.profiles import ProfileError, resolve_profile
+from kvsched.core.outputs import SchedulerOutput
+from kvsched.core.request import Request, SamplingParams
+from kvsched.core.runner import run_simulation
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def load_script(name):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_vidur_refit_reproduces_the_builtin_llama2_7b_a100_profile(capsys):
+    result = load_script("fit_llama2_7b_a100").main([])
+    fitted = result["fitted"]
+    for field in ("base_ms", "prefill_token_ms", "decode_seq_ms", "kv_token_ms"):
+        assert getattr(fitted, field) == pytest.approx(getattr(LLAMA2_7B_A100, field), rel=0.06), field
+    assert result["overall"]["mape"] < 0.04
+    assert result["builtin"]["mape"] < 0.04  # the shipped coefficients fit the reference as well
+    assert "| a (ms/step) |" in capsys.readouterr().out
+
+
+def test_swap_time_is_blocks_times_block_bytes_over_bandwidth():
+    prof = CostProfile(name="t", base_ms=1, prefill_token_ms=0, decode_seq_ms=0, kv_token_ms=0,
+                       kv_bytes_per_token=1000, swap_gb_per_s=2.0, copy_gb_per_s=4.0)
+    out = SchedulerOutput(blocks_to_swap_out=[(0, 0), (1, 1), (2, 2)], blocks_to_swap_in=[(3, 3)], blocks_to_copy=[(4, 5)])
+    # 4 swapped blocks × 16 tok × 1000 B at 2 GB/s = 0.032 ms; one copy reads+writes 16 kB at 4 GB/s = 0.008 ms.
+    assert out.features.blocks_swapped == 4 and out.features.blocks_copied == 1
+    assert prof.step_seconds(out, 16) == pytest.approx((1 + 0.032 + 0.008) / 1000)
+    assert prof.step_seconds(SchedulerOutput(), 16) == 0.0
+
+
+def test_recompute_costs_its_re_prefill():
+    """A request preempted by recompute runs its prompt (plus generated tokens) through prefill again."""
+    unit = CostProfile(name="tok", base_ms=0, prefill_token_ms=1, decode_seq_ms=0, kv_token_ms=0,
+                       kv_bytes_per_token=0, swap_gb_per_s=1, copy_gb_per_s=1)
+    cfg = EngineConfig(block_size=4, num_gpu_blocks=6, num_cpu_blocks=0, watermark=0.0, max_num_batched_tokens=64, max_num_seqs=8)
+    reqs = [Request(request_id=f"r{i}", prompt_len=8, output_len=12, sampling=SamplingParams(max_tokens=12)) for i in range(2)]
+    rec = StepRecorder()
+    res = run_simulation(reqs, config=cfg, profile=unit, on_step=rec)
+    recomputes = res.summary["preemptions"]["recompute"]
+    assert recomputes >= 1
+    prefilled = sum(r.prefill_tokens for r in rec.records)
+    # Without preemption the two prompts cost 16 tokens; each recompute re-prefills its prompt and output so far.
+    assert prefilled >= 16 + 9 * recomputes
+    assert sum(r.duration_s for r in rec.records if r.prefill_tokens) == pytest.approx(prefilled / 1000)
+
+
+def test_profiles_by_name_or_json(tmp_path):
+    assert resolve_profile("llama2-7b-a100") is LLAMA2_7B_A100
+    path = tmp_path / "p.json"
+    path.write_text(LLAMA2_7B_A100.model_copy(update={"name": "mine"}).model_dump_json())
+    assert resolve_profile(str(path)).name == "mine"
+    with pytest.raises(ProfileError, match="unknown cost profile 'nope'"):
+        resolve_profile("nope")
+    path.write_text('{"name": "x"}')
+    with pytest.raises(ProfileError, match="invalid cost profile"):
+        resolve_profile(str(path))
