@@ -194,3 +194,13 @@ def test_everything_finishes_and_frees_every_block():
     assert e.leaked_blocks == 0 and not e.has_unfinished()
     assert sum(g.num_swap_preemptions for g in e.groups.values()) > 0
     assert sum(g.num_recompute_preemptions for g in e.groups.values()) > 0
+
+
+def test_request_with_more_sequences_than_max_num_seqs_is_ignored_not_stuck():
+    """vLLM keeps such a request waiting forever and it blocks everyone behind it."""
+    e = unit_engine(max_num_seqs=2)
+    e.add_request(req("wide", prompt_len=4, output_len=2, n=3))
+    e.add_request(req("next", prompt_len=4, output_len=2))
+    report = e.step()
+    assert ids(report.output.ignored) == ["wide"] and ids(report.output.scheduled) == ["next"]
+    assert "max_num_seqs" in e.groups["wide"].finish_detail
