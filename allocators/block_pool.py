@@ -19,21 +19,18 @@ class BlockPool:
     left.
     """
 
-    __slots__ = ("device", "num_blocks", "ref_counts", "_free", "evictor", "hash_to_block", "block_hash")
+    __slots__ = ("device", "num_blocks", "num_free", "ref_counts", "_free", "evictor", "hash_to_block", "block_hash")
 
     def __init__(self, device: str, num_blocks: int) -> None:
         self.device = device
         self.num_blocks = num_blocks
+        self.num_free = num_blocks  # plain free plus cached; kept in step because the scheduler reads it per group
         self.ref_counts = [0] * num_blocks
         # A dict used as an insertion-ordered set: O(1) pop of the newest and removal of any block.
         self._free: dict[int, None] = dict.fromkeys(range(num_blocks - 1, -1, -1))
         self.evictor = LRUEvictor()
         self.hash_to_block: dict[int, int] = {}
         self.block_hash: dict[int, int] = {}
-
-    @property
-    def num_free(self) -> int:
-        return len(self._free) + len(self.evictor)
 
     def is_free(self, block: int) -> bool:
         return block in self._free or block in self.evictor
@@ -48,6 +45,7 @@ class BlockPool:
         else:
             raise OutOfBlocks(f"{self.device} pool has no free block")
         self.ref_counts[block] = 1
+        self.num_free -= 1
         return block
 
     def take(self, block: int) -> None:
@@ -57,6 +55,7 @@ class BlockPool:
                 self.evictor.remove(block)
             else:
                 del self._free[block]
+            self.num_free -= 1
         self.ref_counts[block] += 1
 
     def release(self, block: int) -> None:
@@ -66,6 +65,7 @@ class BlockPool:
             raise RuntimeError(f"double free of {self.device} block {block}")
         self.ref_counts[block] = count
         if count == 0:
+            self.num_free += 1
             if block in self.block_hash:
                 self.evictor.add(block)
             else:
@@ -84,6 +84,8 @@ class BlockPool:
         """Invariant violations, given the number of block tables holding each block."""
         problems = []
         free = len(self._free) + len(self.evictor)
+        if free != self.num_free:
+            problems.append(f"{self.device}: free count {self.num_free} but {free} blocks free")
         held = sum(1 for c in self.ref_counts if c > 0)
         if free + held != self.num_blocks:
             problems.append(f"{self.device}: free {free} + held {held} != total {self.num_blocks}")

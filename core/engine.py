@@ -37,6 +37,8 @@ class Engine:
         self.scheduler = Scheduler(self.config, self.hooks)
         self.executor = executor or SimulatedExecutor(block_size=self.config.block_size)
         self.clock = self.executor.make_clock()
+        self._eos = self.executor.eos_token_id
+        self._model_len = self.config.model_len
         self.groups: dict[str, SequenceGroup] = {}
         self.finished: list[SequenceGroup] = []
         self.num_steps = 0
@@ -98,15 +100,18 @@ class Engine:
 
     def _apply(self, output: SchedulerOutput, tokens: dict[int, list[int]], now: float) -> list[SequenceGroup]:
         sched, bm = self.scheduler, self.scheduler.block_manager
+        caching = bm.enable_prefix_caching
         finished = list(output.ignored)
         any_finished = False
         for sg in output.scheduled:
             group = sg.group
-            reserved = group.max_running_seqs
+            single = group.n == 1  # then the reservation is simply the unfinished count
+            reserved = 1 if single else group.max_running_seqs
             for seq, n in sg.seq_chunks():
-                seq.num_computed_tokens += n
-                bm.mark_computed(seq)
-                if seq.num_computed_tokens == seq.num_tokens:
+                computed = seq.num_computed_tokens = seq.num_computed_tokens + n
+                if caching:
+                    bm.mark_computed(seq)
+                if computed == len(seq.prompt) + len(seq.output):
                     sampled = tokens[seq.seq_id]
                     for token in sampled[1:]:
                         self._append(self._fork(seq), token, now)
@@ -116,7 +121,7 @@ class Engine:
                 group.finish_time = now
                 finished.append(group)
                 any_finished = True
-            sched.num_running_seqs += group.max_running_seqs - reserved
+            sched.num_running_seqs += (group.num_unfinished_seqs if single else group.max_running_seqs) - reserved
         if any_finished:
             sched.remove_finished()
         self.finished += finished
@@ -139,9 +144,9 @@ class Engine:
         if group.first_token_time is None:
             group.first_token_time = now
         params = group.request.sampling
-        if (token == self.executor.eos_token_id and not params.ignore_eos) or token in params.stop_token_ids:
+        if (token == self._eos and not params.ignore_eos) or token in params.stop_token_ids:
             status = SequenceStatus.FINISHED_STOPPED
-        elif len(seq.output) >= params.max_tokens or seq.num_tokens >= self.config.model_len:
+        elif len(seq.output) >= params.max_tokens or len(seq.prompt) + len(seq.output) >= self._model_len:
             status = SequenceStatus.FINISHED_LENGTH_CAPPED
         else:
             return

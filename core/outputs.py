@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING
 
+from kvsched.core.sequence import SequenceStatus
+
 if TYPE_CHECKING:
     from kvsched.core.config import PreemptionMode
     from kvsched.core.executors.cost_model import StepFeatures
@@ -19,19 +21,30 @@ class ScheduledGroup:
     prefill; otherwise every unfinished sequence computes all its uncomputed tokens.
     """
 
-    __slots__ = ("group", "num_tokens", "is_prefill")
+    __slots__ = ("group", "num_tokens", "is_prefill", "_chunks")
 
     def __init__(self, group: SequenceGroup, num_tokens: int, is_prefill: bool) -> None:
         self.group = group
         self.num_tokens = num_tokens
         self.is_prefill = is_prefill
+        self._chunks: list[tuple[Sequence, int]] | None = None
 
     def seq_chunks(self) -> list[tuple[Sequence, int]]:
-        """(sequence, tokens it computes now) for each unfinished sequence."""
-        seqs = [s for s in self.group.seqs if not s.status.is_finished]
-        if len(seqs) == 1:
-            return [(seqs[0], self.num_tokens)]
-        return [(s, s.num_tokens - s.num_computed_tokens) for s in seqs]
+        """(sequence, tokens it computes now) for each unfinished sequence.
+
+        Fixed at the first call, which must come before the engine applies the step.
+        """
+        chunks = self._chunks
+        if chunks is None:
+            seqs = self.group.seqs
+            if len(seqs) > 1:
+                seqs = [s for s in seqs if s.status <= SequenceStatus.SWAPPED]
+            if len(seqs) == 1:
+                chunks = [(seqs[0], self.num_tokens)]
+            else:
+                chunks = [(s, s.num_tokens - s.num_computed_tokens) for s in seqs]
+            self._chunks = chunks
+        return chunks
 
     def __repr__(self) -> str:
         kind = "prefill" if self.is_prefill else "decode"

@@ -31,6 +31,8 @@ class SequenceStatus(IntEnum):
         return _FINISH_REASONS.get(self)
 
 
+_LAST_ACTIVE = SequenceStatus.SWAPPED  # hot paths compare ``status > _LAST_ACTIVE`` (a C-level int compare)
+
 _FINISH_REASONS = {
     SequenceStatus.FINISHED_STOPPED: "stop",
     SequenceStatus.FINISHED_LENGTH_CAPPED: "length",
@@ -87,7 +89,7 @@ class SequenceGroup:
     """
 
     __slots__ = (
-        "request", "request_id", "index", "seqs", "status", "finish_detail", "view",
+        "request", "request_id", "index", "n", "seqs", "status", "finish_detail", "view",
         "arrival_time", "first_scheduled_time", "first_token_time", "finish_time",
         "num_recompute_preemptions", "num_swap_preemptions", "num_generated_tokens", "num_unfinished_seqs",
     )
@@ -98,6 +100,7 @@ class SequenceGroup:
         self.request = request
         self.request_id = request.request_id
         self.index = index
+        self.n = request.sampling.n
         # A prompt given only by length gets ids unique to this request, so no accidental prefix hits.
         prompt = request.prompt_token_ids or range((index + 1) << 32, ((index + 1) << 32) + request.prompt_len)
         self.seqs = [Sequence(first_seq_id, self, prompt)]
@@ -115,19 +118,23 @@ class SequenceGroup:
 
     @property
     def is_forked(self) -> bool:
-        return len(self.seqs) > 1 or self.request.sampling.n == 1
+        return self.n == 1 or len(self.seqs) > 1
 
     def unfinished_seqs(self) -> list[Sequence]:
-        return [s for s in self.seqs if not s.status.is_finished]
+        return [s for s in self.seqs if s.status <= _LAST_ACTIVE]
 
     @property
     def max_running_seqs(self) -> int:
         """Sequences this group will run at once: ``n`` before the fork, then the unfinished ones."""
-        return self.num_unfinished_seqs if self.is_forked else self.request.sampling.n
+        return self.num_unfinished_seqs if self.n == 1 or len(self.seqs) > 1 else self.n
 
     @property
     def num_uncomputed_tokens(self) -> int:
-        return sum(s.num_uncomputed_tokens for s in self.seqs if not s.status.is_finished)
+        seqs = self.seqs
+        if len(seqs) == 1:
+            s = seqs[0]
+            return len(s.prompt) + len(s.output) - s.num_computed_tokens if s.status <= _LAST_ACTIVE else 0
+        return sum(len(s.prompt) + len(s.output) - s.num_computed_tokens for s in seqs if s.status <= _LAST_ACTIVE)
 
     @property
     def is_finished(self) -> bool:

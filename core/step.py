@@ -191,7 +191,7 @@ class StepBuilder:
             return Outcome.BUDGET
         if not is_prefill:
             bm = self._bm
-            while not bm.can_append_slots(g):
+            while bm.gpu.num_free < g.num_unfinished_seqs:  # bm.can_append_slots, inlined: the hot path
                 victim, mode = self._choose_victim(g)
                 if victim is g:
                     # Deliberate difference from vLLM: do not preempt the last candidate when its
@@ -202,7 +202,7 @@ class StepBuilder:
                     return Outcome.PREEMPTED
                 self._preempt(victim, mode)
             for seq in g.seqs:
-                if not seq.status.is_finished:
+                if seq.status <= _SWAPPED:
                     cow = bm.append_slots(seq)
                     if cow is not None:
                         self.output.blocks_to_copy.append(cow)
@@ -243,8 +243,9 @@ class StepBuilder:
         return mode
 
     def _schedule(self, g: SequenceGroup, num_tokens: int, is_prefill: bool) -> None:
-        self.output.scheduled.append(ScheduledGroup(g, num_tokens, is_prefill))
-        self.output.num_batched_tokens += num_tokens
+        out = self.output
+        out.scheduled.append(ScheduledGroup(g, num_tokens, is_prefill))
+        out.num_batched_tokens += num_tokens
 
     def _chunk(self, g: SequenceGroup, uncomputed: int, max_tokens: int | None, op: str) -> int:
         if max_tokens is None or max_tokens >= uncomputed:

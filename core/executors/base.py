@@ -34,8 +34,5 @@ class Executor(Protocol):
 def samplers(scheduled: ScheduledGroup) -> list[tuple[Sequence, int]]:
     """(sequence, number of tokens to sample) for the sequences that finish computing this step."""
     group = scheduled.group
-    out = []
-    for seq, n in scheduled.seq_chunks():
-        if seq.num_computed_tokens + n == seq.num_tokens:
-            out.append((seq, 1 if group.is_forked else group.request.sampling.n))
-    return out
+    samples = 1 if group.is_forked else group.n
+    return [(seq, samples) for seq, n in scheduled.seq_chunks() if seq.num_computed_tokens + n == len(seq.prompt) + len(seq.output)]
