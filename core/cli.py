@@ -14,6 +14,7 @@ from rich.table import Table
 
 from kvsched.core.errors import KvschedError
 from kvsched.core import sim_cli as sim
+from kvsched.core import hf_cli as hf
 
 app = typer.Typer(
     name="engine",
@@ -170,8 +171,18 @@ def run(
     slo_ttft: sim.SloTtftOpt = None,
     slo_tpot: sim.SloTpotOpt = None,
     plot: sim.PlotOpt = False,
+    executor: hf.ExecutorOpt = "sim",
+    model: hf.ModelOpt = "smollm2-135m",
+    prompt: hf.PromptOpt = None,
+    max_tokens: hf.MaxTokensOpt = 64,
+    temperature: hf.TemperatureOpt = 0.0,
 ) -> None:
-    """Run a policy on a workload with every option (simulated executor)."""
+    """Run a policy on a workload with every option (simulated executor, or a real model with --executor hf)."""
+    if executor != "sim":
+        if executor != "hf":
+            fail(f"unknown executor {executor!r}: use sim or hf")
+        hf.run_command(policy, policy_opt, set_, seed, num_requests, rate, output, quiet, model, prompt, max_tokens, temperature)
+        return
     sim.run_command(policy, policy_opt, set_, seed, num_requests, rate, output, profile, quiet,
                     workload, trace, rate_scale, start_offset, arrival, cv, slo_ttft, slo_tpot, plot)
 
@@ -195,6 +206,7 @@ def policies() -> None:
 
 
 sim.register(app)  # engine sweep, engine calibrate (kvsched.core.sim_cli)
+hf.register(app)  # engine verify (kvsched.core.hf_cli)
 
 
 def main() -> None:
