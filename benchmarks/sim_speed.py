@@ -1,0 +1,137 @@
+"""How fast the simulator is: simulated requests per wall second and simulated-to-wall time.
+
+Replays the built-in Azure conversation trace (19,366 requests) under ``vllm-default`` at its own
+rate and at 2×, then a large synthetic run (1,000,000 requests by default), each in a fresh
+engine on one core, and prints a Markdown table. ``--cprofile`` instead profiles one Azure
+replay and splits the time between the scheduler (policy + step builder + block manager),
+the engine's bookkeeping, the executor's cost model and the observers.
+
+    .venv/bin/python benchmarks/sim_speed.py                 # Azure 1×, 2× and the 1M synthetic run
+    .venv/bin/python benchmarks/sim_speed.py --synthetic 100000
+    .venv/bin/python benchmarks/sim_speed.py --cprofile
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import platform
+import resource
+import sys
+import time
+
+# Llama-2-7B fp16 on one A100-80GB as vLLM sizes it: ~110k KV tokens (7,000 blocks of 16), 4 GiB
+# of swap (512 blocks), max_model_len 4096 and the matching token budget.
+A100_CONFIG = dict(num_gpu_blocks=7000, num_cpu_blocks=512, max_num_batched_tokens=4096, max_model_len=4096)
+
+
+def measure(label: str, workload, record_timeseries: bool = False) -> dict:
+    from kvsched.core.config import EngineConfig
+    from kvsched.core.runner import run_simulation
+
+    t0 = time.perf_counter()
+    requests = workload.requests()
+    build_s = time.perf_counter() - t0
+    gc.collect()
+    t1, c1 = time.perf_counter(), time.process_time()
+    observer = None
+    if record_timeseries:
+        from kvsched.core.timeseries import TimeSeriesRecorder
+
+        observer = TimeSeriesRecorder()
+    result = run_simulation(requests, "vllm-default", EngineConfig(**A100_CONFIG), on_step=observer)
+    wall, cpu = time.perf_counter() - t1, time.process_time() - c1
+    s = result.summary
+    return {
+        "run": label, "requests": len(requests), "steps": s["steps"], "simulated_s": s["duration_s"],
+        "build_s": build_s, "wall_s": wall, "cpu_s": cpu,
+        "requests_per_wall_s": len(requests) / wall, "steps_per_wall_s": s["steps"] / wall,
+        "sim_to_wall": s["duration_s"] / wall, "ttft_p99_s": s["ttft_s"]["p99"], "finished": s["finished"],
+        "ignored": s["ignored"], "max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    }
+
+
+def table(rows: list[dict]) -> str:
+    head = ("| run | requests | steps | simulated | wall (engine) | workload build | req / wall s | steps / wall s | simulated : wall | peak RSS |\n"
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    lines = [head]
+    for r in rows:
+        lines.append(
+            f"| {r['run']} | {r['requests']:,} | {r['steps']:,} | {r['simulated_s']:,.0f} s | {r['wall_s']:,.1f} s | "
+            f"{r['build_s']:.1f} s | {r['requests_per_wall_s']:,.0f} | {r['steps_per_wall_s']:,.0f} | "
+            f"{r['sim_to_wall']:,.0f}× | {r['max_rss_mb']:,.0f} MB |"
+        )
+    return "\n".join(lines)
+
+
+def split_profile(scale: float = 1.0, limit: int | None = None) -> str:
+    """cProfile one Azure replay; attribute cumulative time to the parts of the step loop."""
+    import cProfile
+    import pstats
+
+    from kvsched.core.config import EngineConfig
+    from kvsched.core.runner import run_simulation
+    from kvsched.core.timeseries import TimeSeriesRecorder
+    from kvsched.workloads import build_workload
+
+    requests = build_workload("azure-conv", rate_scale=scale, num_requests=limit).requests()
+    prof = cProfile.Profile()
+    prof.enable()
+    run_simulation(requests, "vllm-default", EngineConfig(**A100_CONFIG), on_step=TimeSeriesRecorder())
+    prof.disable()
+    stats = pstats.Stats(prof)
+    cum = {}
+    for (file, _line, name), (_cc, _nc, _tt, ct, _callers) in stats.stats.items():
+        cum[(file.rsplit("/", 2)[-2:] and "/".join(file.rsplit("/", 2)[-2:]), name)] = ct
+    total = sum(ct for (f, n), ct in cum.items() if n == "run" and f.endswith("core/engine.py"))
+    parts = {
+        "scheduler: Scheduler.schedule (policy hook, step builder, block manager, commit)": ("core/scheduler.py", "schedule"),
+        "executor: SimulatedExecutor.execute (cost model, sampled tokens)": ("executors/simulated.py", "execute"),
+        "bookkeeping: Engine._apply (token append, finish, counters)": ("core/engine.py", "_apply"),
+        "step features (computed once per step)": ("core/outputs.py", "features"),
+        "observer: TimeSeriesRecorder": ("core/timeseries.py", "__call__"),
+    }
+    lines = [f"cProfile of one Azure conv replay ({len(requests):,} requests, ×{scale:g}); share of Engine.run:", "",
+             "| part | share |", "|---|---:|"]
+    for label, key in parts.items():
+        lines.append(f"| {label} | {100 * cum.get(key, 0.0) / total:.0f}% |")
+    buf = __import__("io").StringIO()
+    stats.stream = buf
+    stats.sort_stats("tottime").print_stats(12)
+    return "\n".join(lines) + "\n\nTop functions by own time:\n```\n" + buf.getvalue().split("\n\n", 1)[-1].strip() + "\n```"
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    from kvsched.workloads import Poisson, SyntheticSpec, build_workload
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--synthetic", type=int, default=1_000_000, help="requests in the synthetic run (0: skip it)")
+    parser.add_argument("--rate", type=float, default=8.0, help="synthetic arrival rate (req/s)")
+    parser.add_argument("--azure-limit", type=int, default=None, help="replay only the first N Azure requests")
+    parser.add_argument("--scales", type=float, nargs="+", default=[1.0, 2.0])
+    parser.add_argument("--cprofile", action="store_true", help="profile one Azure replay instead")
+    parser.add_argument("--json", help="also write the rows as JSON here")
+    args = parser.parse_args(argv)
+
+    if args.cprofile:
+        print(split_profile(args.scales[0], args.azure_limit))
+        return []
+    rows = []
+    for scale in args.scales:
+        rows.append(measure(f"Azure conv ×{scale:g}", build_workload("azure-conv", rate_scale=scale, num_requests=args.azure_limit)))
+        print(table(rows[-1:]).splitlines()[-1], file=sys.stderr, flush=True)
+    if args.synthetic:
+        spec = SyntheticSpec(num_requests=args.synthetic, arrivals=Poisson(rate=args.rate))
+        rows.append(measure(f"synthetic {args.synthetic:,} (Poisson {args.rate:g}/s)", spec))
+        print(table(rows[-1:]).splitlines()[-1], file=sys.stderr, flush=True)
+    print(f"python {platform.python_version()} on {platform.machine()}, one process; engine config {A100_CONFIG}\n")
+    print(table(rows))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=2)
+    return rows
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
