@@ -184,10 +184,11 @@ class StepBuilder:
 
     # -------------------------------------------------------------------------- mechanics
     def _run(self, g: SequenceGroup, max_tokens: int | None, op: str) -> Outcome:
+        out = self.output
         uncomputed = g.num_uncomputed_tokens
         is_prefill = uncomputed > g.num_unfinished_seqs
         chunk = self._chunk(g, uncomputed, max_tokens, op) if is_prefill else uncomputed
-        if self.output.num_batched_tokens + chunk > self._max_tokens:
+        if out.num_batched_tokens + chunk > self._max_tokens:
             return Outcome.BUDGET
         if not is_prefill:
             bm = self._bm
@@ -205,8 +206,9 @@ class StepBuilder:
                 if seq.status <= _SWAPPED:
                     cow = bm.append_slots(seq)
                     if cow is not None:
-                        self.output.blocks_to_copy.append(cow)
-        self._schedule(g, chunk, is_prefill)
+                        out.blocks_to_copy.append(cow)
+        out.scheduled.append(ScheduledGroup(g, chunk, is_prefill))
+        out.num_batched_tokens += chunk
         return Outcome.SCHEDULED
 
     def _choose_victim(self, requester: SequenceGroup) -> tuple[SequenceGroup, PreemptionMode | None]:

@@ -55,7 +55,7 @@ class VllmDefault:
                 self._prev_prompt = True
                 return True
         for group in step.running:
-            if step.was_touched(group):  # preempted from the tail while advancing the front
+            if step.num_preempted and step.was_touched(group):  # evicted from the tail while advancing the front
                 continue
             if step.advance(group) in (Outcome.BUDGET, Outcome.PREEMPTED):
                 break
