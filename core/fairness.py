@@ -1,11 +1,11 @@
 """Fairness across tenants: Jain's index of service received and the largest service gap.
 
-Service is counted as in VTC (Sheng et al., OSDI'24): a computed prompt token weighs 1, a
-generated token 2. Jain's index ``(Σx)² / (n·Σx²)`` over the tenants' total service is 1 when
-all receive the same and ``1/n`` when one receives everything. The max service gap is the
-largest difference in cumulative service between two tenants that both have requests waiting
-or running at that step (a backlogged tenant falling behind another is what fairness forbids;
-an idle tenant cannot be owed service).
+Service is the work the engine did for a tenant, weighted as in VTC (Sheng et al., OSDI'24): a
+prefill (or recomputed) token weighs 1, a decoded token 2, counted step by step. Jain's index
+``(Σx)² / (n·Σx²)`` over the tenants' totals is 1 when all receive the same and ``1/n`` when one
+receives everything. The max service gap is the largest difference in cumulative service
+between two tenants that both had requests waiting or running in a step (a backlogged
+tenant falling behind another is what fairness forbids; an idle tenant is owed nothing).
 """
 
 from __future__ import annotations
@@ -60,19 +60,19 @@ class TenantService:
 
 
 def fairness_summary(metrics: list[RequestMetrics], service: TenantService | None = None) -> dict:
-    """Per-tenant counts and service, Jain's index over tenants, and the max service gap."""
+    """Per-tenant requests, finished and service; Jain's index over tenants; the max service gap."""
     per: dict[str, dict] = {}
     for m in metrics:
         t = per.setdefault(m.tenant, {"requests": 0, "finished": 0, "service": 0.0})
         t["requests"] += 1
         if m.status in ("FINISHED_STOPPED", "FINISHED_LENGTH_CAPPED"):
             t["finished"] += 1
-        if m.first_token_time is not None:
-            t["service"] += PROMPT_WEIGHT * m.prompt_tokens
-        t["service"] += OUTPUT_WEIGHT * m.output_tokens
+    tracked = service is not None and len(service.tenants) > 1
+    for name, t in per.items():
+        t["service"] = service.service.get(name, 0.0) if tracked else None
     return {
         "tenants": per,
-        "jain_index": jain_index([t["service"] for t in per.values()]),
-        "max_service_gap": service.max_gap if service is not None and len(per) > 1 else 0.0,
-        "max_service_gap_time_s": service.max_gap_time if service is not None else None,
+        "jain_index": jain_index([t["service"] for t in per.values()]) if tracked else 1.0,
+        "max_service_gap": service.max_gap if tracked else 0.0,
+        "max_service_gap_time_s": service.max_gap_time if tracked else None,
     }

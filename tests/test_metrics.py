@@ -1,0 +1,88 @@
+"""Metrics against values computed by hand on a three-request workload with one-second steps.
+
+Timeline (vllm-default, every non-empty step costs exactly 1 s, block size 4):
+  step 0 (0→1 s): prefill r0 (a: 4 prompt, 3 out), r1 (b: 4, 2) and r2 (a: 8, 1); r2 ends (1 token)
+  step 1 (1→2 s): decode r0, r1; r1 ends
+  step 2 (2→3 s): decode r0; r0 ends
+"""
+
+import json
+import math
+
+import pandas as pd
+import pytest
+
+from kvsched.core.config import EngineConfig
+from kvsched.core.executors.cost_model import CostProfile
+from kvsched.core.fairness import jain_index
+from kvsched.core.simjob import SimJob
+from kvsched.reporting.files import write_outputs
+from kvsched.workloads import TraceWorkload
+
+UNIT = CostProfile(name="unit-second", base_ms=1000, prefill_token_ms=0, decode_seq_ms=0, kv_token_ms=0,
+                   kv_bytes_per_token=0, swap_gb_per_s=1, copy_gb_per_s=1)
+CONFIG = EngineConfig(block_size=4, num_gpu_blocks=64, num_cpu_blocks=16, watermark=0.0, max_num_batched_tokens=256, max_num_seqs=16)
+
+
+@pytest.fixture(scope="module")
+def outcome(tmp_path_factory):
+    path = tmp_path_factory.mktemp("wl") / "tiny.csv"
+    path.write_text("arrival_time_s,prompt_tokens,output_tokens,priority,tenant\n0,4,3,0,a\n0,4,2,0,b\n0,8,1,0,a\n")
+    return SimJob(TraceWorkload(path=path), config=CONFIG, profile=UNIT, slo_ttft=1.0, slo_tpot=0.9).run()
+
+
+def test_per_request_metrics(outcome):
+    m = {r.request_id: r for r in outcome.result.requests}
+    assert [(m[i].ttft, m[i].tpot, m[i].e2e, m[i].queueing_time) for i in ("req-0", "req-1", "req-2")] == [
+        (1.0, 1.0, 3.0, 0.0), (1.0, 1.0, 2.0, 0.0), (1.0, None, 1.0, 0.0)]
+    assert [m[i].finish_time for i in ("req-0", "req-1", "req-2")] == [3.0, 2.0, 1.0]
+    assert {m[i].finish_reason for i in m} == {"stop"} and sum(m[i].output_tokens for i in m) == 6
+
+
+def test_aggregates(outcome):
+    s = outcome.summary
+    assert (s["duration_s"], s["finished"], s["steps"]) == (3.0, 3, 3)
+    assert s["requests_per_s"] == pytest.approx(1.0) and s["throughput_tokens_per_s"] == pytest.approx(2.0)
+    assert s["e2e_s"] == pytest.approx({"mean": 2.0, "p50": 2.0, "p90": 2.8, "p99": 2.98})
+    assert s["tpot_s"]["mean"] == 1.0  # r2 has no TPOT (one token)
+    assert s["profile"] == "unit-second"
+
+
+def test_slo_goodput(outcome):
+    slo = outcome.summary["slo"]  # TTFT <= 1 s and TPOT <= 0.9 s: only r2 (no TPOT) meets both
+    assert slo["requests_meeting_slo"] == 1
+    assert slo["slo_attainment"] == pytest.approx(1 / 3)
+    assert slo["goodput_requests_per_s"] == pytest.approx(1 / 3) and slo["goodput_tokens_per_s"] == pytest.approx(1 / 3)
+
+
+def test_fairness(outcome):
+    f = outcome.summary["fairness"]
+    # service: a = 4 + 8 (prefill) + 2 + 2 (two decodes of r0) = 16; b = 4 + 2 = 6
+    assert {t: v["service"] for t, v in f["tenants"].items()} == {"a": 16, "b": 6}
+    assert f["jain_index"] == pytest.approx(22**2 / (2 * (16**2 + 6**2)))
+    assert f["max_service_gap"] == 8 and f["max_service_gap_time_s"] == 1.0  # 12 vs 4 after the prefill step
+    assert jain_index([5, 5, 5]) == 1.0 and jain_index([1, 0, 0, 0]) == 0.25
+
+
+def test_time_series(outcome):
+    ts = outcome.timeseries.frame()
+    assert ts.time_s.tolist() == [1.0, 2.0, 3.0]
+    assert ts.prefill_tokens.tolist() == [16, 0, 0] and ts.decode_seqs.tolist() == [0, 2, 1]
+    assert ts.batch_seqs.tolist() == [3, 2, 1] and ts.num_running.tolist() == [2, 1, 0]
+    # after each step: r0 and r1 hold a block each; both grow to two blocks, r1 frees its two; all free
+    assert ts.gpu_blocks_used.tolist() == [2, 2, 0]
+    assert ts.finished.tolist() == [1, 1, 1]
+
+
+def test_output_files(outcome, tmp_path):
+    paths = {p.name for p in write_outputs(outcome, tmp_path, plot=True)}
+    assert {"summary.json", "requests.csv", "requests.parquet", "timeseries.parquet", "report.html",
+            "latency_cdf.png", "queues_kv.png", "batch_composition.png"} <= paths
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["slo"]["requests_meeting_slo"] == 1 and summary["workload"]["kind"] == "trace"
+    req = pd.read_parquet(tmp_path / "requests.parquet")
+    assert req.set_index("request_id").e2e.to_dict() == {"req-0": 3.0, "req-1": 2.0, "req-2": 1.0}
+    assert math.isnan(req.set_index("request_id").tpot["req-2"])
+    assert len(pd.read_parquet(tmp_path / "timeseries.parquet")) == 3
+    html = (tmp_path / "report.html").read_text()
+    assert html.count("data:image/png;base64,") == 3 and "<script" not in html and "http" not in html.split("<pre>")[0]
