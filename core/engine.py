@@ -37,7 +37,6 @@ class Engine:
         self.scheduler = Scheduler(self.config, self.hooks)
         self.executor = executor or SimulatedExecutor(block_size=self.config.block_size)
         self.clock = self.executor.make_clock()
-        self._eos = self.executor.eos_token_id
         self._model_len = self.config.model_len
         self.groups: dict[str, SequenceGroup] = {}
         self.finished: list[SequenceGroup] = []
@@ -144,7 +143,7 @@ class Engine:
         if group.first_token_time is None:
             group.first_token_time = now
         params = group.request.sampling
-        if (token == self._eos and not params.ignore_eos) or token in params.stop_token_ids:
+        if (token == self.executor.eos_token_id and not params.ignore_eos) or token in params.stop_token_ids:
             status = SequenceStatus.FINISHED_STOPPED
         elif len(seq.output) >= params.max_tokens or len(seq.prompt) + len(seq.output) >= self._model_len:
             status = SequenceStatus.FINISHED_LENGTH_CAPPED
