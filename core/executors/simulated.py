@@ -35,10 +35,21 @@ class SimulatedExecutor:
     def execute(self, output: SchedulerOutput) -> StepResult:
         tokens: dict[int, list[int]] = {}
         for sg in output.scheduled:
-            target = sg.group.request.output_len
-            for seq, n in samplers(sg):
-                position = len(seq.output) + 1
-                eos = target is not None and position >= target
-                tokens[seq.seq_id] = [EOS if eos else -2 - position - (i << 24) for i in range(n)]
+            group = sg.group
+            target = group.request.output_len
+            if target is None:
+                target = 1 << 62
+            if not group.is_forked:
+                for seq, n in samplers(sg):
+                    position = len(seq.output) + 1
+                    tokens[seq.seq_id] = [EOS if position >= target else -2 - position - (i << 24) for i in range(n)]
+                continue
+            # The common case, inlined (this loop runs once per running sequence per step): one token
+            # for each sequence that has computed all its tokens, as ``samplers`` would return.
+            for seq, n in sg.seq_chunks():
+                out = seq.output
+                if seq.num_computed_tokens + n == len(seq.prompt) + len(out):
+                    position = len(out) + 1
+                    tokens[seq.seq_id] = [EOS if position >= target else -2 - position]
         duration = self.profile.step_seconds(output, self.block_size)
         return StepResult(duration if duration > 0 else IDLE_SECONDS, tokens)
