@@ -161,7 +161,7 @@ class HFExecutor:
                 input_ids=torch.tensor([ids], device=dev),
                 position_ids=torch.tensor([positions], device=dev),
                 use_cache=False,
-                logits_to_keep=torch.tensor(keep, device=dev),
+                logits_to_keep=torch.tensor(keep, dtype=torch.long, device=dev),
             ).logits[0]
         if not sampling:
             return {}

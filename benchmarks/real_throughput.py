@@ -1,0 +1,152 @@
+"""Real-model throughput on this CPU: our engine vs transformers' generate(), then a calibration check.
+
+1. Throughput: 64 real prompts through SmolLM2-135M-Instruct (fp32, 1 torch thread for both):
+   our engine (vllm-default continuous batching on the paged KV cache, all requests at t=0)
+   versus ``generate()`` one request at a time, with the same prompts and output lengths
+   (``ignore_eos`` for ours, ``min_new_tokens`` for generate). Prints output tokens/s and the ratio.
+2. Calibration: fits the simulator's cost profile (``t = a + b·P + c·D + d·K``) to the steps
+   measured in (1), then runs a *different* workload (other prompts, other output lengths, Poisson
+   arrivals) for real and in the simulator with the fitted profile, and reports how well the
+   simulator predicts mean TTFT and TPOT.
+
+    .venv/bin/python benchmarks/real_throughput.py            # about 8-10 minutes on 1 core
+    .venv/bin/python benchmarks/real_throughput.py --num-prompts 16 --max-out 24   # quick look
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from kvsched.core.config import EngineConfig
+from kvsched.core.engine import Engine
+from kvsched.core.executors.calibration import StepRecorder, fit_errors, fit_profile
+from kvsched.core.executors.hf import hf_engine
+from kvsched.core.executors.hf_models import load_model
+from kvsched.core.executors.hf_prompts import benchmark_prompts, holdout_prompts
+from kvsched.core.executors.simulated import SimulatedExecutor
+from kvsched.core.metrics import RequestMetrics
+from kvsched.core.request import Request, SamplingParams
+
+
+def requests_for(loaded, texts, lengths, arrivals=None, prefix="r"):
+    return [
+        Request(request_id=f"{prefix}{i}", prompt_token_ids=tuple(loaded.encode_prompt(t)),
+                sampling=SamplingParams(max_tokens=n, ignore_eos=True), arrival_time=(arrivals[i] if arrivals else 0.0), output_len=n)
+        for i, (t, n) in enumerate(zip(texts, lengths))
+    ]
+
+
+def run_ours(loaded, requests, config, recorder=None):
+    engine = hf_engine(loaded, config)
+    start = time.perf_counter()
+    engine.run(requests, on_step=recorder)
+    elapsed = time.perf_counter() - start
+    tokens = sum(len(s.output) for g in engine.groups.values() for s in g.seqs)
+    return engine, elapsed, tokens
+
+
+def run_generate(loaded, requests):
+    model = loaded.model
+    model.set_attn_implementation("sdpa")
+    tokens, start = 0, time.perf_counter()
+    with torch.inference_mode():
+        for r in requests:
+            ids = torch.tensor([r.prompt_token_ids])
+            n = r.sampling.max_tokens
+            out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n,
+                                 do_sample=False, pad_token_id=loaded.eos_token_id)
+            tokens += out.shape[1] - ids.shape[1]
+    return time.perf_counter() - start, tokens
+
+
+def mean_latencies(groups):
+    metrics = [RequestMetrics.of(g) for g in groups]
+    ttft = statistics.mean(m.ttft for m in metrics if m.ttft is not None)
+    tpot = statistics.mean(m.tpot for m in metrics if m.tpot is not None)
+    return ttft, tpot
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--num-prompts", type=int, default=64)
+    ap.add_argument("--min-out", type=int, default=16)
+    ap.add_argument("--max-out", type=int, default=64)
+    ap.add_argument("--holdout", type=int, default=32, help="requests in the calibration-check workload")
+    ap.add_argument("--holdout-rate", type=float, default=1.0, help="Poisson arrivals/s of the check workload")
+    ap.add_argument("--skip-generate", action="store_true", help="only our engine and the calibration check")
+    ap.add_argument("--json", type=Path, help="write the figures here")
+    args = ap.parse_args()
+
+    torch.set_num_threads(1)
+    t0 = time.perf_counter()
+    loaded = load_model("smollm2-135m")
+    print(f"loaded smollm2-135m in {time.perf_counter() - t0:.1f} s; torch threads: {torch.get_num_threads()}")
+    rng = random.Random(0)
+    texts = benchmark_prompts(args.num_prompts)
+    lengths = [rng.randint(args.min_out, args.max_out) for _ in texts]
+    config = EngineConfig(block_size=16, num_gpu_blocks=1024, num_cpu_blocks=64, max_num_seqs=64, max_num_batched_tokens=2048)
+
+    warm = requests_for(loaded, texts[:2], [4, 4], prefix="w")
+    run_ours(loaded, warm, config)
+    run_generate(loaded, warm)
+
+    recorder = StepRecorder(skip=1)
+    reqs = requests_for(loaded, texts, lengths)
+    engine, ours_s, ours_tokens = run_ours(loaded, reqs, config, recorder)
+    prompt_tokens = sum(len(r.prompt_token_ids) for r in reqs)
+    print(f"ours: {ours_tokens} output tokens ({prompt_tokens} prompt tokens) in {ours_s:.1f} s, {engine.num_steps} steps")
+    figures = {"num_prompts": len(reqs), "prompt_tokens": prompt_tokens, "output_tokens": ours_tokens, "ours_s": ours_s,
+               "ours_tok_s": ours_tokens / ours_s}
+    if not args.skip_generate:
+        gen_s, gen_tokens = run_generate(loaded, reqs)
+        assert gen_tokens == ours_tokens, (gen_tokens, ours_tokens)
+        figures.update(generate_s=gen_s, generate_tok_s=gen_tokens / gen_s, ratio=(ours_tokens / ours_s) / (gen_tokens / gen_s))
+
+    print()
+    print(f"{'engine':<44}{'output tokens':>14}{'seconds':>10}{'tokens/s':>10}{'ratio':>8}")
+    if "generate_s" in figures:
+        print(f"{'transformers generate(), one request at a time':<44}{ours_tokens:>14}{figures['generate_s']:>10.1f}{figures['generate_tok_s']:>10.1f}{1.0:>8.2f}")
+    print(f"{'kvsched (vllm-default, paged KV, batched)':<44}{ours_tokens:>14}{ours_s:>10.1f}{figures['ours_tok_s']:>10.1f}{figures.get('ratio', float('nan')):>8.2f}")
+
+    # ---- calibration: fit on the run above, predict a different workload
+    profile = fit_profile(recorder.records, "smollm2-135m-cpu-1thread", kv_bytes_per_token=engine.executor.cache.bytes_per_block // config.block_size,
+                          swap_gb_per_s=5.0, copy_gb_per_s=5.0)
+    errors = fit_errors(profile, recorder.records)
+    print()
+    print(f"fitted profile from {len(recorder.records)} steps: a={profile.base_ms:.2f} ms, b={profile.prefill_token_ms:.4f} ms/prefill token, "
+          f"c={profile.decode_seq_ms:.3f} ms/decode seq, d={profile.kv_token_ms:.6f} ms/KV token; step-time error mean {errors['mape'] * 100:.1f}%")
+    rng = random.Random(1)
+    h_texts = holdout_prompts(args.holdout)
+    h_lengths = [rng.randint(8, 96) for _ in h_texts]
+    t, arrivals = 0.0, []
+    for _ in h_texts:
+        t += rng.expovariate(args.holdout_rate)
+        arrivals.append(t)
+    h_reqs = requests_for(loaded, h_texts, h_lengths, arrivals, prefix="h")
+    h_config = config.model_copy(update={"max_num_seqs": 16})
+    real_engine, _, _ = run_ours(loaded, h_reqs, h_config)
+    real_ttft, real_tpot = mean_latencies(real_engine.groups.values())
+    sim = Engine(h_config, "vllm-default", SimulatedExecutor(profile, block_size=h_config.block_size))
+    sim.run(h_reqs)
+    sim_ttft, sim_tpot = mean_latencies(sim.groups.values())
+    ttft_err, tpot_err = sim_ttft / real_ttft - 1, sim_tpot / real_tpot - 1
+    print(f"check workload: {len(h_reqs)} other prompts, outputs 8-96 tokens, Poisson {args.holdout_rate}/s, max_num_seqs 16")
+    print(f"{'':<22}{'real':>10}{'simulated':>12}{'error':>9}")
+    print(f"{'mean TTFT (s)':<22}{real_ttft:>10.3f}{sim_ttft:>12.3f}{ttft_err * 100:>8.1f}%")
+    print(f"{'mean TPOT (ms)':<22}{real_tpot * 1000:>10.1f}{sim_tpot * 1000:>12.1f}{tpot_err * 100:>8.1f}%")
+    figures.update(profile=profile.model_dump(), fit_step_mape=errors["mape"], holdout_real_ttft_s=real_ttft, holdout_sim_ttft_s=sim_ttft,
+                   holdout_real_tpot_s=real_tpot, holdout_sim_tpot_s=sim_tpot, ttft_error=ttft_err, tpot_error=tpot_err)
+    if args.json:
+        args.json.write_text(json.dumps(figures, indent=2) + "\n")
+        print(f"wrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()
