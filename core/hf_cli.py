@@ -88,6 +88,7 @@ def verify(
     max_tokens: MaxTokensOpt = 12,
     backend: BackendOpt = None,
     threads: ThreadsOpt = 1,
+    device: Annotated[Optional[str], typer.Option("--device", help="move the model and the KV cache here, e.g. cuda")] = None,
 ) -> None:
     """Check that our engine's greedy output equals transformers' generate() token for token on MODEL."""
     from rich.table import Table
@@ -105,6 +106,8 @@ def verify(
         torch.set_num_threads(threads)
     err_console.print(f"loading {model} ...", highlight=False)
     loaded = _load(model)
+    if device:
+        loaded.model.to(device)
     results = run_verify(loaded, scenario or None, num_prompts=num_prompts, max_new_tokens=max_tokens, backend=backend)
     table = Table(title=f"{model}: our engine vs generate() (greedy, batch 1 per prompt)")
     for col in ("scenario", "equal", "max|Δlogit|", "preempt r/s", "CoW", "prefix hits", "mixed", "mismatch"):

@@ -30,6 +30,13 @@ def test_torch_matches_loop_half(dtype):
     torch.testing.assert_close(paged_attention_torch(*problem), paged_attention_loop(*problem), **tolerance(dtype))
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="GPU run of the torch backend (benchmarks/gpu_check.sh)")
+def test_torch_backend_on_cuda():
+    problem = make_problem(MIXED, 8, 2, 64, 16, seed=4, device="cuda")
+    want = paged_attention_loop(*(t.cpu() if isinstance(t, torch.Tensor) else t for t in problem))
+    torch.testing.assert_close(paged_attention_torch(*problem).cpu(), want, **tolerance(torch.float32))
+
+
 def test_loop_reference_is_causal_softmax():
     """The oracle itself against a dense causal attention of one contiguous sequence."""
     q, k_cache, v_cache, cu, lens, tables, scale = make_problem([(6, 6)], 2, 2, 16, 4, seed=1)
