@@ -41,3 +41,13 @@ def test_verify_command():
     assert "equal generate() token for token" in result.output
     result = runner.invoke(app, ["verify", "--scenario", "nope"])
     assert result.exit_code == 2 and "unknown scenario" in result.output
+
+
+def test_verify_a_local_model_folder(tmp_path):
+    """A user's own model folder (here a saved tiny model, no tokenizer) is checked the same way."""
+    from kvsched.core.executors.hf_models import load_model
+
+    load_model("tiny-qwen2").model.save_pretrained(tmp_path / "my-model")
+    result = runner.invoke(app, ["verify", "--model", str(tmp_path / "my-model"), "--scenario", "mixed", "--max-tokens", "6"])
+    assert result.exit_code == 0, result.output
+    assert "equal generate() token for token" in result.output

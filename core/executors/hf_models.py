@@ -50,6 +50,8 @@ class LoadedModel:
     def encode_prompt(self, text: str, chat: bool = True) -> list[int]:
         """Token ids of a user prompt, wrapped in the model's chat template when it has one."""
         tok = self.tokenizer
+        if tok is None:
+            raise ValueError(f"model {self.name} has no tokenizer; give token ids instead of text")
         if chat and getattr(tok, "chat_template", None):
             ids = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True)
             if isinstance(ids, dict) or hasattr(ids, "input_ids"):
@@ -118,11 +120,14 @@ def load_pretrained(path: str | Path, gguf_file: str | None = None, dtype: torch
     model = AutoModelForCausalLM.from_pretrained(str(path), **kwargs)
     model.eval()
     tok_kwargs = {"gguf_file": gguf_file} if gguf_file else {}
-    tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True, **tok_kwargs)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True, **tok_kwargs)
+    except (OSError, ValueError, TypeError):
+        tokenizer = None  # weights without a tokenizer still run on token ids (engine verify)
     eos = model.generation_config.eos_token_id
     if isinstance(eos, (list, tuple)):
         eos = eos[0] if eos else None
-    if eos is None:
+    if eos is None and tokenizer is not None:
         eos = tokenizer.eos_token_id
     if model.generation_config.pad_token_id is None and eos is not None:
         model.generation_config.pad_token_id = eos
