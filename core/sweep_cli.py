@@ -57,7 +57,7 @@ def sweep(
     table = Table(title=f"sweep · {len(points)} configurations · profile {profile}")
     cols = [("policy", "policy")] + [(k, k) for k in grid]
     cols += [("requests_per_s", "req/s"), ("output_tokens_per_s", "tok/s"), ("ttft_p50_s", "TTFT p50 s"),
-             ("ttft_p99_s", "TTFT p99 s"), ("tpot_mean_s", "TPOT ms"), ("preempt_recompute", "recomp"), ("preempt_swap", "swap")]
+             ("ttft_p99_s", "TTFT p99 s"), ("tpot_mean_s", "TPOT ms"), ("preempt_recompute", "recomp"), ("preempt_swap", "swap"), ("ignored", "ignored")]
     if slo_ttft is not None or slo_tpot is not None:
         cols.append(("goodput_req_per_s", "goodput req/s"))
     for key, head in cols:

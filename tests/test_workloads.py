@@ -92,3 +92,15 @@ def test_builtin_workloads_ship_in_the_package():
     assert len(conv) == 19366 and conv[-1].arrival_time == pytest.approx(3501.72, abs=0.01)
     share = build_workload("sharegpt", num_requests=100, rate=2.0).requests()
     assert len(share) == 100 and max(r.prompt_len for r in share) <= 8192
+
+
+def test_documented_json_spec_loads(tmp_path):
+    from pathlib import Path
+
+    spec = build_workload(str(Path(__file__).resolve().parents[1] / "docs" / "examples" / "bursty-tenants.json"), num_requests=300)
+    reqs = spec.requests()
+    assert len(reqs) == 300 and {r.tenant for r in reqs} == {"free", "pro", "batch"}
+    trace_spec = tmp_path / "t.json"
+    (tmp_path / "t.csv").write_text("arrival_time_s,prompt_tokens,output_tokens\n0,5,2\n2,6,3\n")
+    trace_spec.write_text('{"kind": "trace", "path": "t.csv", "rate_scale": 2}')
+    assert [r.arrival_time for r in build_workload(str(trace_spec)).requests()] == [0.0, 1.0]
