@@ -33,6 +33,7 @@ def sweep(
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no progress bar")] = False,
 ) -> None:
     """Run every policy × setting combination and compare them in one table and a trade-off plot."""
+    from rich.console import Console
     from rich.table import Table
 
     from kvsched.core.cli import console, parse_pairs
@@ -69,6 +70,6 @@ def sweep(
             v = v * 1000 if key == "tpot_mean_s" and v is not None else v
             cells.append(f"{v:.3g}" if isinstance(v, float) else str(v))
         table.add_row(*cells)
-    console.print(table)
+    (console if console.is_terminal else Console(width=160)).print(table)  # a piped table needs more than 80 columns
     for path in write_table(rows, output) + [tradeoff_plot(rows, output / "tradeoff.png")]:
         console.print(f"wrote {path}", highlight=False)
