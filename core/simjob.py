@@ -71,7 +71,7 @@ class SimJob:
         sim_start = time.perf_counter()
         result = run_simulation(
             requests, self.policy, self.config, resolve_profile(self.profile), self.policy_options, on_step=observe,
-            workload=self.workload.describe(),
+            **_seed_and_workload(self.workload.describe()),
         )
         simulate_s = time.perf_counter() - sim_start
         s = result.summary
@@ -93,3 +93,8 @@ class SimJob:
 def _time_weighted_mean(values: list[float], weights: list[float]) -> float:
     total = sum(weights)
     return sum(v * w for v, w in zip(values, weights)) / total if total > 0 else 0.0
+
+
+def _seed_and_workload(description: dict[str, Any]) -> dict[str, Any]:
+    """``seed`` then ``workload``: the same summary keys as the embedded job's (``core.cli.run_job``)."""
+    return {"seed": description.get("seed"), "workload": description}

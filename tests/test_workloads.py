@@ -104,3 +104,15 @@ def test_documented_json_spec_loads(tmp_path):
     (tmp_path / "t.csv").write_text("arrival_time_s,prompt_tokens,output_tokens\n0,5,2\n2,6,3\n")
     trace_spec.write_text('{"kind": "trace", "path": "t.csv", "rate_scale": 2}')
     assert [r.arrival_time for r in build_workload(str(trace_spec)).requests()] == [0.0, 1.0]
+
+
+def test_builtin_data_is_declared_as_package_data():
+    """A wheel or regular install carries the traces only if pyproject says so."""
+    import fnmatch
+    import tomllib
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    patterns = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["kvsched.workloads"]
+    for f in (root / "workloads" / "data").iterdir():
+        assert any(fnmatch.fnmatch(f"data/{f.name}", p) for p in patterns), f.name
