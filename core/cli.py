@@ -15,6 +15,7 @@ from rich.table import Table
 from kvsched.core.errors import KvschedError
 from kvsched.core import sim_cli as sim
 from kvsched.core import hf_cli as hf
+from kvsched.core import policy_cli
 
 app = typer.Typer(
     name="engine",
@@ -207,6 +208,7 @@ def policies() -> None:
 
 sim.register(app)  # engine sweep, engine calibrate (kvsched.core.sim_cli)
 hf.register(app)  # engine verify (kvsched.core.hf_cli)
+policy_cli.register(app)  # engine check, engine compare (kvsched.core.policy_cli)
 
 
 def main() -> None:

@@ -74,7 +74,7 @@ class BucketedPredictor:
         for edge in self.edges:
             if n <= edge:
                 return float(edge)
-        return float(max(n, self.edges[-1] * 2))  # the open top bucket
+        return float(self.edges[-1] * 2)  # the open top bucket: known only to be long
 
 
 PREDICTORS = {"oracle": OraclePredictor, "noisy": NoisyOraclePredictor, "bucketed": BucketedPredictor}

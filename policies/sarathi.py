@@ -58,7 +58,11 @@ class Sarathi:
             if left < 1:
                 break
             if group.num_seqs > 1 and group.num_uncomputed_tokens > left:
-                break  # a forked group (recomputed after preemption) cannot be chunked
+                # A forked group (recomputed after preemption) cannot be chunked: it is admitted whole,
+                # alone in an otherwise empty step (the core ignores it if it can never fit the budget).
+                if step.num_batched_tokens == 0:
+                    step.admit(group)
+                break
             if step.admit(group, max_tokens=left) in STOP:
                 break
         return True

@@ -1,0 +1,90 @@
+"""The policy side of the ``engine`` CLI: ``check`` (the conformance suite as a table) and ``compare``.
+
+``register(app)`` adds both commands; ``core/cli.py`` calls it once.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+PoliciesOpt = Annotated[list[str], typer.Option("--policy", "-p", help="policy to compare (repeatable, at least two)")]
+CheckPolicyOpt = Annotated[str, typer.Option("--policy", "-p", help="installed policy name, or file.py:Attr / module:Attr")]
+ExamplesOpt = Annotated[int, typer.Option("--examples", min=1, help="Hypothesis examples for the state machine")]
+StepsOpt = Annotated[int, typer.Option("--steps", min=1, help="rules per state-machine example")]
+PlotPathOpt = Annotated[Optional[Path], typer.Option("--plot", help="write TTFT/TPOT CDFs per policy to this PNG")]
+
+
+def check(policy: CheckPolicyOpt, policy_opt: Annotated[Optional[list[str]], typer.Option("--policy-opt", help="KEY=VALUE (repeatable)")] = None,
+          examples: ExamplesOpt = 40, steps: StepsOpt = 30, starvation_examples: Annotated[int, typer.Option(min=1)] = 4) -> None:
+    """Run the conformance suite on POLICY: invariant, result, shrunk counter-example. Exit 1 on any failure."""
+    from rich.table import Table
+
+    from kvsched.core.cli import console, parse_pairs
+    from kvsched.testing.checks import FAIL, PASS, run_checks
+    from kvsched.testing.invariants import INVARIANTS
+    from kvsched.testing.claims import CLAIMS
+    from kvsched.testing.resolve import resolve_policy
+
+    name, obj = resolve_policy(policy)
+    console.print(f"checking policy [bold]{name}[/] ({examples} examples × {steps} steps; claims: "
+                  f"{', '.join(sorted(getattr(obj, 'claims', ()) or ())) or 'none'})", highlight=False)
+    results = run_checks(obj, parse_pairs(policy_opt, "--policy-opt") or None, examples, steps, starvation_examples)
+    table = Table(title=f"conformance of {name}", show_lines=True)
+    for col in ("invariant", "result", "counter-example"):
+        table.add_column(col, overflow="fold")
+    styles = {PASS: "green", FAIL: "bold red"}
+    for r in results:
+        meaning = INVARIANTS.get(r.invariant) or CLAIMS.get(r.invariant, "")
+        example = (r.detail + ("\n" + r.counterexample if r.counterexample else "")) if r.detail else ""
+        table.add_row(f"{r.invariant}\n[dim]{meaning}[/]", f"[{styles.get(r.status, 'yellow')}]{r.status}[/]", example)
+    console.print(table)
+    failed = [r.invariant for r in results if r.failed]
+    if failed:
+        console.print(f"[bold red]{len(failed)} failed:[/] {', '.join(failed)}", highlight=False)
+        raise typer.Exit(1)
+
+
+def compare(policy: PoliciesOpt, policy_opt: Annotated[Optional[list[str]], typer.Option("--policy-opt", help="POLICY.KEY=VALUE (repeatable)")] = None,
+            set_: Annotated[Optional[list[str]], typer.Option("--set", "-s", help="engine config KEY=VALUE (repeatable)")] = None,
+            workload: Annotated[Optional[str], typer.Option("--workload", "-w", help="default, synthetic, azure-conv, sharegpt or a .json spec")] = None,
+            trace: Annotated[Optional[Path], typer.Option("--trace", help="trace CSV")] = None,
+            seed: Annotated[int, typer.Option(help="workload seed")] = 0,
+            num_requests: Annotated[Optional[int], typer.Option("--num-requests", "-n")] = None,
+            rate: Annotated[Optional[float], typer.Option(help="mean arrival rate, requests/s")] = None,
+            profile: Annotated[str, typer.Option(help="simulator cost profile")] = "llama2-7b-a100",
+            plot: PlotPathOpt = None) -> None:
+    """Run the same workload (same seed) under each --policy and print the summaries side by side."""
+    from rich.table import Table
+
+    from kvsched.core.cli import build_config, console, fail, parse_pairs
+    from kvsched.core.compare import plot_cdfs, run_policies, split_options, table_rows
+    from kvsched.core.plugins import load_policy
+    from kvsched.workloads import build_workload
+
+    if len(policy) < 2 or len(set(policy)) != len(policy):
+        fail("compare needs at least two different --policy names")
+    for name in policy:
+        load_policy(name)
+    options = split_options(parse_pairs(policy_opt, "--policy-opt"), policy)
+    load = build_workload(workload, trace, num_requests=num_requests, rate=rate, seed=seed)
+    runs = run_policies(policy, load, build_config(set_), profile, options)
+    table = Table(title=f"{runs[0].summary['num_requests']} requests, seed {seed}, profile {profile}")
+    table.add_column("metric")
+    for run in runs:
+        table.add_column(run.policy, justify="right")
+    for row in table_rows(runs):
+        table.add_row(*row)
+    console.print(table)
+    if plot is not None:
+        console.print(f"wrote {plot_cdfs(runs, plot)}", highlight=False)
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``check`` and ``compare`` to the ``engine`` app."""
+    from kvsched.core.cli import cli_errors
+
+    app.command()(cli_errors(check))
+    app.command()(cli_errors(compare))

@@ -1,0 +1,104 @@
+"""Run the whole conformance suite on one policy and report per invariant: the engine of ``engine check``.
+
+The state machine checks every universal invariant at once. When one fails, the run is
+repeated with that invariant switched off (examples that trip it are discarded), so that a
+policy with one bug still gets a verdict on everything else. Claims run as their own checks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis.errors import Unsatisfiable
+from hypothesis.stateful import run_state_machine_as_test
+
+from kvsched.testing import invariants as inv
+from kvsched.testing.claims import CLAIMS, PRIORITY_PREEMPTION, STARVATION_FREE, declared_claims
+from kvsched.testing.machine import PolicyMachine
+from kvsched.testing.starvation import run_overload
+from kvsched.testing.strategies import overload_scenarios
+
+PASS, FAIL, NOT_CLAIMED, UNDECIDED = "pass", "FAIL", "not claimed", "undecided"
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    invariant: str
+    status: str  # pass, FAIL, not claimed, undecided
+    detail: str = ""  # the failure message
+    counterexample: str = ""  # Hypothesis's shrunk reproduction
+
+    @property
+    def failed(self) -> bool:
+        return self.status == FAIL
+
+
+def _settings(max_examples: int, steps: int, derandomize: bool, shrink: bool = True) -> settings:
+    phases = tuple(Phase) if shrink else tuple(p for p in Phase if p is not Phase.shrink)
+    return settings(max_examples=max_examples, phases=phases, stateful_step_count=steps, deadline=None, database=None,
+                    derandomize=derandomize, print_blob=False, report_multiple_bugs=False,
+                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.data_too_large])
+
+
+def _counterexample(exc: BaseException) -> str:
+    notes = [n for n in getattr(exc, "__notes__", []) if not n.startswith(("You can reproduce", "Explanation:"))]
+    return "\n".join(notes).strip()
+
+
+def check_machine(policy: Any, options: dict | None = None, max_examples: int = 40, steps: int = 30,
+                  derandomize: bool = True, only: set[str] | None = None, shrink: bool = True) -> list[CheckResult]:
+    """The universal invariants (and priority-preemption if claimed), one result per invariant."""
+    names = list(inv.INVARIANTS) + ([PRIORITY_PREEMPTION] if PRIORITY_PREEMPTION in declared_claims(policy) else [])
+    if only is not None:
+        names = [n for n in names if n in only]
+    results: dict[str, CheckResult] = {}
+    skip: set[str] = set(inv.INVARIANTS) | {PRIORITY_PREEMPTION}
+    skip -= set(names)
+    while len(results) < len(names):
+        machine = PolicyMachine.for_policy(policy, options, skip | set(results))
+        try:
+            run_state_machine_as_test(machine, settings=_settings(max_examples, steps, derandomize, shrink))
+        except inv.InvariantViolation as exc:
+            results[exc.invariant] = CheckResult(exc.invariant, FAIL, exc.detail, _counterexample(exc))
+            continue
+        except Unsatisfiable as exc:
+            for name in names:
+                results.setdefault(name, CheckResult(name, UNDECIDED, f"every example tripped an earlier failure ({exc})"))
+            break
+        for name in names:
+            results.setdefault(name, CheckResult(name, PASS))
+    return [results[n] for n in names]
+
+
+def check_starvation(policy: Any, options: dict | None = None, max_examples: int = 4, derandomize: bool = True) -> CheckResult:
+    """``starvation-free``: the victim of an overload scenario finishes before the stream ends."""
+    if STARVATION_FREE not in declared_claims(policy):
+        return CheckResult(STARVATION_FREE, NOT_CLAIMED)
+
+    # Each example simulates a minute of overload: report the first failing scenario unshrunk.
+    @settings(_settings(max_examples, 1, derandomize, shrink=False))
+    @given(scenario=overload_scenarios())
+    def starvation_free(scenario):
+        result = run_overload(policy, scenario, options)
+        if result.starved:
+            raise inv.InvariantViolation(STARVATION_FREE, f"{', '.join(result.starved_ids)} had not finished after {result.horizon_s:.0f} "
+                                         f"simulated seconds of overload, while {result.stream_served} favoured requests were served")
+
+    try:
+        starvation_free()
+    except inv.InvariantViolation as exc:
+        return CheckResult(STARVATION_FREE, FAIL, exc.detail, _counterexample(exc))
+    return CheckResult(STARVATION_FREE, PASS)
+
+
+def run_checks(policy: Any, options: dict | None = None, max_examples: int = 40, steps: int = 30,
+               starvation_examples: int = 4, derandomize: bool = True, shrink: bool = True) -> list[CheckResult]:
+    """Every invariant, then every claim (``not claimed`` rows for claims the policy does not make)."""
+    results = check_machine(policy, options, max_examples, steps, derandomize, shrink=shrink)
+    results.append(check_starvation(policy, options, starvation_examples, derandomize))
+    if PRIORITY_PREEMPTION not in declared_claims(policy):
+        results.append(CheckResult(PRIORITY_PREEMPTION, NOT_CLAIMED))
+    order = list(inv.INVARIANTS) + list(CLAIMS)
+    return sorted(results, key=lambda r: order.index(r.invariant))

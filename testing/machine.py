@@ -1,0 +1,172 @@
+"""A Hypothesis state machine that drives an engine under a policy with random arrivals, aborts and steps.
+
+``PolicyMachine.for_policy(policy)`` returns a machine class bound to one policy; run it with
+``hypothesis.stateful.run_state_machine_as_test``. After every rule the machine checks the
+universal invariants (``kvsched.testing.invariants``) and, when the policy claims it,
+priority-respecting preemption; at teardown it stops arrivals and drains the engine.
+Invariants named in ``skip`` are not checked, and an example that trips one is discarded, so
+that the remaining invariants can still be judged for a policy that breaks one of them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hypothesis import assume
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from kvsched.core.decisions import Preemption
+from kvsched.core.engine import Engine
+from kvsched.core.errors import AuditError, PolicyError
+from kvsched.core.hookspecs import hookimpl
+from kvsched.testing import invariants as inv
+from kvsched.testing.claims import PRIORITY_PREEMPTION, declared_claims
+from kvsched.testing.strategies import engine_configs, request_specs
+
+STALL_STEPS = 200  # consecutive steps that run nothing (0.2 simulated seconds) before a drain is a stall
+
+
+class _Discard(Exception):
+    """An unjudged invariant tripped while draining: the example says nothing more."""
+
+
+class PreemptionWatch:
+    """An observer wrapping ``choose_preemption``: records every victim more urgent than its requester."""
+
+    def __init__(self, urgency) -> None:
+        self.urgency = urgency
+        self.violations: list[str] = []
+
+    @hookimpl(wrapper=True)
+    def choose_preemption(self, step, requester):
+        choice = yield
+        if isinstance(choice, Preemption) and choice.victim is not requester:
+            v, r = self.urgency(step, choice.victim), self.urgency(step, requester)
+            if v < r:
+                self.violations.append(
+                    f"{choice.victim.request_id} (urgency {v:.3g}) was preempted for the less urgent "
+                    f"{requester.request_id} (urgency {r:.3g}) at t={step.now:.3f}"
+                )
+        return choice
+
+
+class PolicyMachine(RuleBasedStateMachine):
+    """Random arrivals, aborts and steps against one policy; subclasses bind the policy."""
+
+    policy: Any = "vllm-default"
+    policy_options: dict[str, Any] | None = None
+    skip: frozenset[str] = frozenset()
+
+    @classmethod
+    def for_policy(cls, policy: Any, options: dict[str, Any] | None = None, skip=frozenset()) -> type[PolicyMachine]:
+        return type(f"{cls.__name__}_{getattr(policy, '__name__', 'policy')}", (cls,),
+                    {"policy": policy, "policy_options": options, "skip": frozenset(skip)})
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.engine: Engine | None = None
+        self.submitted = 0
+        self.failed = False  # teardown still runs after a failed rule: it must not fail again
+        self._draining = False
+
+    def _checking(self, name: str) -> bool:
+        return name not in self.skip
+
+    def _violation(self, name: str, message: str) -> None:
+        self.failed = True
+        if self._checking(name):
+            raise inv.InvariantViolation(name, message)
+        if self._draining:
+            raise _Discard(name)  # Hypothesis cannot reject an example from teardown: stop draining instead
+        assume(False)  # not judged in this run: discard the example
+
+    @initialize(config=engine_configs())
+    def start(self, config) -> None:
+        observers = ()
+        self.watch = None
+        try:
+            engine = Engine(config, self.policy, policy_options=self.policy_options)
+        except PolicyError as exc:
+            self._violation(inv.VALID_DECISIONS, str(exc))
+        if PRIORITY_PREEMPTION in declared_claims(engine.hooks.policy) and self._checking(PRIORITY_PREEMPTION):
+            policy = engine.hooks.policy
+            urgency = getattr(policy, "urgency", None) or (lambda step, g: g.priority)
+            self.watch = PreemptionWatch(urgency)
+            observers = (self.watch,)
+            engine = Engine(config, self.policy, policy_options=self.policy_options, observers=observers)
+        self.engine = engine
+
+    @rule(spec=request_specs())
+    def arrive(self, spec) -> None:
+        request = spec.build(f"r{self.submitted}", self.engine.clock.now(), self.submitted + 1)
+        self.submitted += 1
+        self.engine.add_request(request)
+
+    @precondition(lambda self: self.engine is not None and self.engine.has_unfinished())
+    @rule(count=st.integers(1, 12))
+    def run_steps(self, count: int) -> None:
+        for _ in range(count):
+            if not self.engine.has_unfinished():
+                break
+            self._step()
+
+    @precondition(lambda self: self.engine is not None and self.engine.has_unfinished())
+    @rule(data=st.data())
+    def abort(self, data) -> None:
+        live = sorted(rid for rid, g in self.engine.groups.items() if not g.is_finished)
+        self.engine.abort(data.draw(st.sampled_from(live), label="abort"))
+
+    def _step(self):
+        engine = self.engine
+        try:
+            report = engine.step()
+        except PolicyError as exc:
+            self._violation(inv.VALID_DECISIONS, str(exc))
+        out, config = report.output, engine.config
+        if out.num_batched_tokens > config.max_num_batched_tokens:
+            self._violation(inv.BUDGETS_RESPECTED, f"step {report.step} batched {out.num_batched_tokens} tokens > max_num_batched_tokens {config.max_num_batched_tokens}")
+        if engine.scheduler.num_running_seqs > config.max_num_seqs:
+            self._violation(inv.BUDGETS_RESPECTED, f"step {report.step} runs {engine.scheduler.num_running_seqs} sequences > max_num_seqs {config.max_num_seqs}")
+        if self.watch is not None and self.watch.violations:
+            self._violation(PRIORITY_PREEMPTION, self.watch.violations[0])
+        return report
+
+    @invariant()
+    def allocator_consistent(self) -> None:
+        if self.engine is None:
+            return
+        try:
+            self.engine.check()
+        except AuditError as exc:
+            self._violation(inv.ALLOCATOR_CONSISTENT, str(exc))
+
+    def teardown(self) -> None:
+        if self.engine is None or self.failed:
+            return
+        self._draining = True
+        try:
+            self._drain()
+        except _Discard:
+            pass
+
+    def _drain(self) -> None:
+        engine = self.engine
+        groups = [g for g in engine.groups.values() if not g.is_finished]
+        bound = 200 + 8 * sum((g.request.prompt_len + g.request.sampling.max_tokens) * g.request.sampling.n for g in groups)
+        steps = idle = 0
+        while engine.has_unfinished():
+            if steps >= bound or idle >= STALL_STEPS:
+                s = engine.scheduler
+                why = f"no progress for {idle} steps" if idle >= STALL_STEPS else f"still unfinished after {steps} steps (bound {bound})"
+                left = sorted(g.request_id for g in engine.groups.values() if not g.is_finished)
+                self._violation(inv.FINISHES_WITHIN_BOUND, f"{why}: {len(s.waiting)} waiting, {len(s.running)} running, "
+                                f"{len(s.swapped)} swapped; unfinished {left[:5]}")
+                return
+            report = self._step()
+            idle = idle + 1 if report.output.is_empty and not report.finished else 0
+            steps += 1
+        bm = engine.scheduler.block_manager
+        if engine.leaked_blocks or bm.gpu.num_free != bm.gpu.num_blocks or bm.cpu.num_free != bm.cpu.num_blocks:
+            self._violation(inv.NO_LEAKED_BLOCKS, f"{engine.leaked_blocks} blocks still held after every request finished "
+                            f"(gpu free {bm.gpu.num_free}/{bm.gpu.num_blocks}, cpu free {bm.cpu.num_free}/{bm.cpu.num_blocks})")

@@ -1,0 +1,49 @@
+"""The starvation check: does a request finish while a stream of more favoured requests never lets up?"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+from kvsched.core.engine import Engine
+from kvsched.testing.strategies import OVERLOAD_CONFIG, VICTIM_TENANTS, OverloadScenario
+
+
+@dataclass(frozen=True)
+class StarvationResult:
+    finished_at: float | None  # when the last victim finished; None if one had not by the horizon
+    horizon_s: float
+    stream_served: int
+    starved_ids: tuple[str, ...] = ()
+
+    @property
+    def starved(self) -> bool:
+        return self.finished_at is None
+
+
+def run_overload(policy: Any, scenario: OverloadScenario, policy_options: dict | None = None) -> StarvationResult:
+    """Replay the scenario until every victim finishes or the stream's last arrival passes."""
+    engine = Engine(OVERLOAD_CONFIG, policy, policy_options=policy_options)
+    pending = deque(scenario.requests())
+    clock = engine.clock
+    victims = []
+    while clock.now() <= scenario.horizon_s:
+        while pending and pending[0].arrival_time <= clock.now():
+            group = engine.add_request(pending.popleft())
+            if group.request_id.startswith("victim"):
+                victims.append(group)
+        if len(victims) == len(VICTIM_TENANTS) and all(v.is_finished for v in victims):
+            return StarvationResult(max(v.finish_time for v in victims), scenario.horizon_s, _served(engine))
+        if not engine.has_unfinished():
+            clock.wait_until(pending[0].arrival_time)
+            continue
+        report = engine.step()
+        if report.output.is_empty and not report.finished and pending:
+            clock.wait_until(pending[0].arrival_time)
+    starved = tuple(v.request_id for v in victims if not v.is_finished)
+    return StarvationResult(None, scenario.horizon_s, _served(engine), starved)
+
+
+def _served(engine: Engine) -> int:
+    return sum(1 for g in engine.finished if not g.request_id.startswith("victim"))
