@@ -38,10 +38,14 @@ def check(policy: CheckPolicyOpt, policy_opt: Annotated[Optional[list[str]], typ
     styles = {PASS: "green", FAIL: "bold red"}
     for r in results:
         meaning = INVARIANTS.get(r.invariant) or CLAIMS.get(r.invariant, "")
-        example = (r.detail + ("\n" + r.counterexample if r.counterexample else "")) if r.detail else ""
+        example = (r.detail + ("\n(shrunk counter-example below)" if r.counterexample else "")) if r.detail else ""
         table.add_row(f"{r.invariant}\n[dim]{meaning}[/]", f"[{styles.get(r.status, 'yellow')}]{r.status}[/]", example)
     console.print(table)
     failed = [r.invariant for r in results if r.failed]
+    for r in results:
+        if r.failed and r.counterexample:  # printed unwrapped, so that it can be pasted as a test
+            console.print(f"\n[bold]{r.invariant}[/]: {r.detail}", highlight=False, soft_wrap=True)
+            console.print(r.counterexample, highlight=False, soft_wrap=True, markup=False)
     if failed:
         console.print(f"[bold red]{len(failed)} failed:[/] {', '.join(failed)}", highlight=False)
         raise typer.Exit(1)

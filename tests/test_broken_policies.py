@@ -1,0 +1,55 @@
+"""The suite and the engine catch each deliberately broken policy, with a clear message."""
+
+from __future__ import annotations
+
+import broken_policies as bp
+import pytest
+
+from kvsched.core.engine import Engine
+from kvsched.core.errors import PolicyError
+from kvsched.core.request import Request, SamplingParams
+from kvsched.testing.checks import FAIL, PASS, check_machine, check_starvation
+
+
+def small_run(policy, n=4):
+    eng = Engine(policy=policy)
+    for i in range(n):
+        eng.add_request(Request(request_id=f"r{i}", prompt_len=16, output_len=4, sampling=SamplingParams(max_tokens=4)))
+    return eng
+
+
+def test_engine_rejects_admitting_a_running_group_and_rolls_back():
+    eng = small_run(bp.AdmitsRunning)
+    eng.step()
+    with pytest.raises(PolicyError, match=r"broken-admits-running.*admit: 'r0' is RUNNING, not WAITING"):
+        eng.step()
+    eng.check()  # the failed step left no trace in the allocator or the queues
+
+
+def test_engine_wraps_an_exception_from_the_policy():
+    with pytest.raises(PolicyError, match=r"broken-raises.*raised RuntimeError: queue too long"):
+        small_run(bp.Raises).step()
+
+
+@pytest.mark.parametrize(("policy", "invariant", "message"), [
+    (bp.AdmitsRunning, "valid-decisions", "is RUNNING, not WAITING"),
+    (bp.Raises, "valid-decisions", "raised RuntimeError"),
+    (bp.StarvesTenant, "finishes-within-bound", "no progress for"),
+    (bp.PreemptsMostUrgent, "priority-preemption", "was preempted for the less urgent"),
+])
+def test_suite_reports_the_broken_invariant_with_a_counterexample(policy, invariant, message):
+    (result,) = check_machine(policy, max_examples=60, steps=20, only={invariant}, shrink=False)
+    assert result.status == FAIL and message in result.detail
+    assert "state.start(config=EngineConfig(" in result.counterexample and "state.arrive(" in result.counterexample
+
+
+def test_suite_still_judges_the_other_invariants_of_a_broken_policy():
+    results = {r.invariant: r.status for r in check_machine(bp.Raises, max_examples=20, steps=10, shrink=False)}
+    assert results["valid-decisions"] == FAIL
+    assert results["no-leaked-blocks"] in (PASS, "undecided")
+
+
+def test_starvation_claim_is_checked_under_continuous_arrivals():
+    result = check_starvation(bp.StarvesTenant, max_examples=1)
+    assert result.status == FAIL and "victim-bob had not finished" in result.detail
+    assert "OverloadScenario(" in result.counterexample
