@@ -43,8 +43,10 @@ def _settings(max_examples: int, steps: int, derandomize: bool, shrink: bool = T
 
 
 def _counterexample(exc: BaseException) -> str:
-    notes = [n for n in getattr(exc, "__notes__", []) if not n.startswith(("You can reproduce", "Explanation:"))]
-    return "\n".join(notes).strip()
+    """Hypothesis's reproduction, minus the invariant calls between steps and its coverage hints."""
+    text = "\n".join(n for n in getattr(exc, "__notes__", []) if not n.startswith(("You can reproduce", "Explanation:")))
+    text = text.split("\n    These lines were always and only run")[0]
+    return "\n".join(line for line in text.splitlines() if line.strip() != "state.allocator_consistent()").strip()
 
 
 def check_machine(policy: Any, options: dict | None = None, max_examples: int = 40, steps: int = 30,

@@ -214,3 +214,13 @@ def test_lpm_computes_fewer_prefill_tokens_than_fcfs_on_shared_prompts():
         return sum(total)
 
     assert prefill_tokens("lpm") < prefill_tokens("fcfs")
+
+
+# ----------------------------------------------------------------------------------------- docs
+@pytest.mark.parametrize("name", ["fcfs", "sarathi", "sjf", "vtc", "lpm", "priority-vip"])
+def test_every_policy_has_a_docs_page_with_its_rule_and_source(name):
+    from pathlib import Path
+
+    page = (Path(__file__).resolve().parents[1] / "docs" / "policies" / f"{name}.md").read_text()
+    assert "## Rule" in page and "## Source" in page and f"engine --policy {name}" in page
+    assert f"`{name}`" in (Path(__file__).resolve().parents[1] / "docs" / "policies" / "README.md").read_text()
