@@ -61,7 +61,7 @@ def _paged_attention_kernel(
     for start in range(0, last, TILE_N):
         kv_pos = start + tl.arange(0, TILE_N)
         kv_ok = kv_pos < last
-        block = tl.load(tables_ptr + seq * stride_tb + (kv_pos // BLOCK_SIZE) * stride_tn, mask=kv_ok, other=0)
+        block = tl.load(tables_ptr + seq * stride_tb + (kv_pos // BLOCK_SIZE) * stride_tn, mask=kv_ok, other=0).to(tl.int64)  # 64-bit: big pools overflow int32 offsets
         slot = kv_pos % BLOCK_SIZE
         k_off = block[None, :] * stride_kb + slot[None, :] * stride_ks + kv_head * stride_kh + dims[:, None] * stride_kd
         k = tl.load(k_ptr + k_off, mask=kv_ok[None, :] & dim_ok[:, None], other=0.0).to(tl.float32)  # [HEAD_PAD, TILE_N]
