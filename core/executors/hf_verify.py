@@ -20,7 +20,7 @@ import torch
 from kvsched.core.config import EngineConfig
 from kvsched.core.decisions import Outcome
 from kvsched.core.executors.hf import hf_engine
-from kvsched.core.executors.hf_models import LoadedModel
+from kvsched.core.executors.hf_models import ByteTokenizer, LoadedModel
 from kvsched.core.hookspecs import hookimpl
 from kvsched.core.request import Request, SamplingParams
 
@@ -139,10 +139,10 @@ def _shuffle_free_blocks(engine, seed: int) -> None:
     pool._free = dict.fromkeys(free)
 
 
-def test_prompts(loaded: LoadedModel, num: int = 4, seed: int = 0, shared_prefix: bool = False, lengths=(3, 11, 17, 26)) -> list[list[int]]:
-    """Seeded prompts of mixed lengths, one token long up to a few blocks, within the vocabulary."""
+def random_prompts(loaded: LoadedModel, num: int = 4, seed: int = 0, shared_prefix: bool = False, lengths=(3, 11, 17, 26)) -> list[list[int]]:
+    """Seeded random token-id prompts of mixed lengths (a few tokens up to several blocks), EOS excluded."""
     rng = random.Random(seed)
-    vocab = min(loaded.model.config.vocab_size, 256) if loaded.eos_token_id is not None else loaded.model.config.vocab_size
+    vocab = 256 if isinstance(loaded.tokenizer, ByteTokenizer) else loaded.model.config.vocab_size
     prefix = [rng.randrange(vocab) for _ in range(9)] if shared_prefix else []
     prompts = []
     for i in range(num):
@@ -204,8 +204,8 @@ def run_scenario(loaded: LoadedModel, scenario: Scenario, prompts: list[list[int
 def verify(loaded: LoadedModel, names: Sequence[str] | None = None, num_prompts: int = 4, max_new_tokens: int = 12,
            backend: str | None = None, prompts: list[list[int]] | None = None, seed: int = 0) -> list[ScenarioResult]:
     """Every scenario (or ``names``) for one model; references are computed once per prompt."""
-    plain = prompts or test_prompts(loaded, num_prompts, seed)
-    prefixed = prompts or test_prompts(loaded, num_prompts, seed + 1, shared_prefix=True)
+    plain = prompts or random_prompts(loaded, num_prompts, seed)
+    prefixed = prompts or random_prompts(loaded, num_prompts, seed + 1, shared_prefix=True)
     lens = [len(p) for p in plain + prefixed]
     table = scenarios(max_new_tokens, lens)
     refs: dict[tuple[int, ...], tuple[list[int], list[torch.Tensor]]] = {}
