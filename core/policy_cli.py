@@ -18,7 +18,8 @@ PlotPathOpt = Annotated[Optional[Path], typer.Option("--plot", help="write TTFT/
 
 
 def check(policy: CheckPolicyOpt, policy_opt: Annotated[Optional[list[str]], typer.Option("--policy-opt", help="KEY=VALUE (repeatable)")] = None,
-          examples: ExamplesOpt = 40, steps: StepsOpt = 30, starvation_examples: Annotated[int, typer.Option(min=1)] = 4) -> None:
+          examples: ExamplesOpt = 40, steps: StepsOpt = 30, starvation_examples: Annotated[int, typer.Option(min=1)] = 4,
+          shrink_seconds: Annotated[float, typer.Option(min=0, help="time allowed to shrink each counter-example")] = 30.0) -> None:
     """Run the conformance suite on POLICY: invariant, result, shrunk counter-example. Exit 1 on any failure."""
     from rich.table import Table
 
@@ -31,7 +32,8 @@ def check(policy: CheckPolicyOpt, policy_opt: Annotated[Optional[list[str]], typ
     name, obj = resolve_policy(policy)
     console.print(f"checking policy [bold]{name}[/] ({examples} examples × {steps} steps; claims: "
                   f"{', '.join(sorted(getattr(obj, 'claims', ()) or ())) or 'none'})", highlight=False)
-    results = run_checks(obj, parse_pairs(policy_opt, "--policy-opt") or None, examples, steps, starvation_examples)
+    results = run_checks(obj, parse_pairs(policy_opt, "--policy-opt") or None, examples, steps, starvation_examples,
+                         shrink_seconds=shrink_seconds)
     table = Table(title=f"conformance of {name}", show_lines=True)
     for col in ("invariant", "result", "counter-example"):
         table.add_column(col, overflow="fold")

@@ -40,6 +40,7 @@ class PolicyConformance:
     max_examples: ClassVar[int | None] = None
     stateful_steps: ClassVar[int | None] = None
     starvation_examples: ClassVar[int] = 3
+    shrink_seconds: ClassVar[float] = 30.0
 
     def _resolved(self) -> Any:
         if self.policy is None:
@@ -57,7 +58,8 @@ class PolicyConformance:
     def test_invariants_under_random_operation(self):
         """Random arrivals, aborts, steps and tight configs: every universal invariant (and priority-preemption if claimed)."""
         examples, steps = self._examples()
-        results = check_machine(self._resolved(), self.policy_options, examples, steps, derandomize=False)
+        results = check_machine(self._resolved(), self.policy_options, examples, steps, derandomize=False,
+                                shrink_seconds=self.shrink_seconds)
         failures = format_failures(results)
         if failures:
             pytest.fail(failures, pytrace=False)

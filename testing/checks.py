@@ -7,6 +7,7 @@ policy with one bug still gets a verdict on everything else. Claims run as their
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,8 +50,28 @@ def _counterexample(exc: BaseException) -> str:
     return "\n".join(line for line in text.splitlines() if line.strip() != "state.allocator_consistent()").strip()
 
 
+@contextmanager
+def shrink_budget(seconds: float | None):
+    """Cap Hypothesis's shrinking time (its default is 300 s), so that a failing check answers quickly.
+
+    Uses the engine's module constant, which Hypothesis reads when shrinking starts; if a future
+    version drops it, shrinking simply keeps Hypothesis's own limit.
+    """
+    from hypothesis.internal.conjecture import engine
+
+    old = getattr(engine, "MAX_SHRINKING_SECONDS", None)
+    if seconds is not None and old is not None:
+        engine.MAX_SHRINKING_SECONDS = seconds
+    try:
+        yield
+    finally:
+        if old is not None:
+            engine.MAX_SHRINKING_SECONDS = old
+
+
 def check_machine(policy: Any, options: dict | None = None, max_examples: int = 40, steps: int = 30,
-                  derandomize: bool = True, only: set[str] | None = None, shrink: bool = True) -> list[CheckResult]:
+                  derandomize: bool = True, only: set[str] | None = None, shrink: bool = True,
+                  shrink_seconds: float | None = None) -> list[CheckResult]:
     """The universal invariants (and priority-preemption if claimed), one result per invariant."""
     names = list(inv.INVARIANTS) + ([PRIORITY_PREEMPTION] if PRIORITY_PREEMPTION in declared_claims(policy) else [])
     if only is not None:
@@ -61,7 +82,8 @@ def check_machine(policy: Any, options: dict | None = None, max_examples: int = 
     while len(results) < len(names):
         machine = PolicyMachine.for_policy(policy, options, skip | set(results))
         try:
-            run_state_machine_as_test(machine, settings=_settings(max_examples, steps, derandomize, shrink))
+            with shrink_budget(shrink_seconds):
+                run_state_machine_as_test(machine, settings=_settings(max_examples, steps, derandomize, shrink))
         except inv.InvariantViolation as exc:
             results[exc.invariant] = CheckResult(exc.invariant, FAIL, exc.detail, _counterexample(exc))
             continue
@@ -96,9 +118,10 @@ def check_starvation(policy: Any, options: dict | None = None, max_examples: int
 
 
 def run_checks(policy: Any, options: dict | None = None, max_examples: int = 40, steps: int = 30,
-               starvation_examples: int = 4, derandomize: bool = True, shrink: bool = True) -> list[CheckResult]:
+               starvation_examples: int = 4, derandomize: bool = True, shrink: bool = True,
+               shrink_seconds: float | None = None) -> list[CheckResult]:
     """Every invariant, then every claim (``not claimed`` rows for claims the policy does not make)."""
-    results = check_machine(policy, options, max_examples, steps, derandomize, shrink=shrink)
+    results = check_machine(policy, options, max_examples, steps, derandomize, shrink=shrink, shrink_seconds=shrink_seconds)
     results.append(check_starvation(policy, options, starvation_examples, derandomize))
     if PRIORITY_PREEMPTION not in declared_claims(policy):
         results.append(CheckResult(PRIORITY_PREEMPTION, NOT_CLAIMED))

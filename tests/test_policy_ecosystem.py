@@ -48,7 +48,7 @@ def test_engine_check_passes_priority_vip():
 
 def test_engine_check_fails_a_broken_policy_with_the_shrunk_counterexample():
     proc = engine("check", "--policy", "tests/broken_policies.py:AdmitsRunning", "--examples", "15", "--steps", "8",
-                  "--starvation-examples", "1")
+                  "--starvation-examples", "1", "--shrink-seconds", "4")
     assert proc.returncode == 1
     assert "FAIL" in proc.stdout and "is RUNNING, not WAITING" in proc.stdout
     assert "state.start(" in proc.stdout and "1 failed: valid-decisions" in proc.stdout
