@@ -32,7 +32,7 @@ def run_command(policy, policy_opt, overrides, seed, num_requests, rate, output,
     """Run prompts (given, or the built-in real prompts) through POLICY on a real model; print text or a summary."""
     from kvsched.core.cli import build_config, console, err_console, parse_pairs, summary_table
     from kvsched.core.executors.hf import hf_engine
-    from kvsched.core.executors.hf_prompts import benchmark_prompts
+    from kvsched.core.executors.hf_prompts import all_prompts
     from kvsched.core.metrics import RequestMetrics, summarize
     from kvsched.core.plugins import load_policy
     from kvsched.core.request import Request, SamplingParams
@@ -43,7 +43,8 @@ def run_command(policy, policy_opt, overrides, seed, num_requests, rate, output,
     loaded = _load(model)
     engine = hf_engine(loaded, config, policy, parse_pairs(policy_opt, "--policy-opt"), backend=backend,
                        num_threads=threads or None, seed=seed)
-    texts = list(prompts) if prompts else benchmark_prompts(num_requests or 16)
+    pool = all_prompts()
+    texts = list(prompts) if prompts else [pool[i % len(pool)] for i in range(num_requests or 16)]
     gaps = _arrivals(len(texts), rate, seed)
     sampling = SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=seed if temperature > 0 else None)
     requests = [
