@@ -23,8 +23,12 @@ def check(policy: CheckPolicyOpt, policy_opt: Annotated[Optional[list[str]], typ
     """Run the conformance suite on POLICY: invariant, result, shrunk counter-example. Exit 1 on any failure."""
     from rich.table import Table
 
-    from kvsched.core.cli import console, parse_pairs
-    from kvsched.testing.checks import FAIL, PASS, run_checks
+    from kvsched.core.cli import console, fail, parse_pairs
+
+    try:
+        from kvsched.testing.checks import FAIL, PASS, run_checks
+    except ImportError as exc:  # hypothesis comes with the testing extra
+        fail(f"engine check needs the testing extra (pip install 'kvsched[testing]'): {exc}")
     from kvsched.testing.invariants import INVARIANTS
     from kvsched.testing.claims import CLAIMS
     from kvsched.testing.resolve import resolve_policy
