@@ -101,6 +101,7 @@ class HFExecutor:
 
     # ------------------------------------------------------------------------------- steps
     def execute(self, output: SchedulerOutput) -> StepResult:
+        """Move blocks (swap out, swap in, copy: a freed block may be reused in the same step), then run the batch."""
         start = time.perf_counter()
         if self.block_manager is None:
             raise RuntimeError("HFExecutor.attach(engine.scheduler.block_manager) must be called before the first step")
@@ -114,6 +115,7 @@ class HFExecutor:
         return StepResult(max(time.perf_counter() - start, 1e-6), tokens)
 
     def _forward_and_sample(self, output: SchedulerOutput) -> dict[int, list[int]]:
+        """Pack every scheduled chunk into one ``[1, T]`` forward; sample for sequences that finish computing."""
         bs, tables = self.block_size, self.block_manager.gpu_tables
         ids: list[int] = []
         positions: list[int] = []
@@ -130,6 +132,7 @@ class HFExecutor:
                 end = begin + n
                 table = tables[seq.seq_id]
                 seen = self._computed_upto.get(seq.seq_id)
+                # A first prefill (or a re-prefill after recompute) that starts past 0 reuses cached blocks.
                 if begin > 0 and len(seq.group.seqs) == 1 and (seen is None or begin < seen):
                     self.prefix_hit_tokens += begin
                 self._computed_upto[seq.seq_id] = end
