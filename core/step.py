@@ -160,22 +160,28 @@ class StepBuilder:
             self._touched[g] = "scheduled"
         return outcome
 
-    def swap_in(self, group: GroupView) -> Outcome:
-        """Bring a swapped group back to the GPU and run it in this step."""
+    def swap_in(self, group: GroupView, max_tokens: int | None = None) -> Outcome:
+        """Bring a swapped group back to the GPU and run it in this step.
+
+        A group swapped out in the middle of a chunked prefill continues with a chunk of at most
+        ``max_tokens`` tokens.
+        """
         g = self._resolve(group, _SWAPPED, "swap_in")
         status = self._bm.can_swap_in(g)
         if status is AllocStatus.NEVER:
             return self._ignore(g, "swapped group can never fit back in the GPU KV cache")
         if status is AllocStatus.LATER:
             return Outcome.LATER
-        if self.output.num_batched_tokens + g.num_uncomputed_tokens > self._max_tokens or self.num_running_seqs + g.max_running_seqs > self._max_seqs:
+        uncomputed = g.num_uncomputed_tokens
+        chunk = self._chunk(g, uncomputed, max_tokens, "swap_in") if uncomputed > g.num_unfinished_seqs else uncomputed
+        if self.output.num_batched_tokens + chunk > self._max_tokens or self.num_running_seqs + g.max_running_seqs > self._max_seqs:
             return Outcome.BUDGET
         self.output.blocks_to_swap_in += self._bm.swap_in(g)
         self._touched[g] = "swapped in"
         self.swapped_in.append(g)
         self.num_running_seqs += g.max_running_seqs
         # can_swap_in kept one spare block per sequence, so the decode below never preempts.
-        return self._run(g, None, "swap_in")
+        return self._run(g, max_tokens, "swap_in")
 
     def preempt(self, group: GroupView, mode: PreemptionMode | None = None) -> PreemptionMode:
         """Evict a running group now; returns the mode actually used."""

@@ -49,7 +49,8 @@ class Sarathi:
         if step.num_preempted:
             return True
         for group in step.swapped:
-            if group.num_uncomputed_tokens > self._left(step) or step.swap_in(group) in STOP:
+            left = self._left(step)
+            if left < 1 or (group.num_seqs > 1 and group.num_uncomputed_tokens > left) or step.swap_in(group, max_tokens=left) in STOP:
                 break
         if any(not step.was_touched(g) for g in step.swapped):
             return True

@@ -245,3 +245,37 @@ def test_chunked_prefill_through_the_step_operations():
     assert g.first_token_time == 3.0 and len(g.seqs[0].output) == 1
     e.run()
     assert g.status is SequenceStatus.FINISHED_STOPPED and e.leaked_blocks == 0
+
+
+def test_a_group_swapped_mid_prefill_resumes_in_chunks():
+    """Its remaining prompt is larger than the budget: swap_in must accept a chunk size."""
+
+    class ChunkerThatEvicts:
+        name = "chunker-that-evicts"
+
+        def __init__(self):
+            self.steps = 0
+
+        @hookimpl
+        def select_batch(self, step):
+            self.steps += 1
+            if self.steps == 2:  # evict the half-prefilled group, swapping it out
+                step.preempt(step.running[0], PreemptionMode.SWAP)
+                return
+            for g in step.swapped:
+                step.swap_in(g, max_tokens=8)
+            for g in step.running:
+                step.advance(g, max_tokens=8)
+            for g in step.waiting:
+                step.admit(g, max_tokens=8)
+
+    from kvsched.core import PreemptionMode
+
+    e = unit_engine(ChunkerThatEvicts, max_num_batched_tokens=8, max_num_seqs=4, max_model_len=64)
+    e.add_request(req("long", prompt_len=30, output_len=2))
+    e.step()
+    assert e.step().output.preempted and e.scheduler.swapped
+    chunk = e.step()
+    assert chunk.output.blocks_to_swap_in and [s.num_tokens for s in chunk.output.scheduled] == [8]
+    e.run()
+    assert e.groups["long"].status is SequenceStatus.FINISHED_STOPPED and e.leaked_blocks == 0
