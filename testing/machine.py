@@ -159,9 +159,12 @@ class PolicyMachine(RuleBasedStateMachine):
             if steps >= bound or idle >= STALL_STEPS:
                 s = engine.scheduler
                 why = f"no progress for {idle} steps" if idle >= STALL_STEPS else f"still unfinished after {steps} steps (bound {bound})"
-                left = sorted(g.request_id for g in engine.groups.values() if not g.is_finished)
+                left = [g for g in engine.groups.values() if not g.is_finished]
+                head = left[0]
                 self._violation(inv.FINISHES_WITHIN_BOUND, f"{why}: {len(s.waiting)} waiting, {len(s.running)} running, "
-                                f"{len(s.swapped)} swapped; unfinished {left[:5]}")
+                                f"{len(s.swapped)} swapped; unfinished {[g.request_id for g in left[:5]]}; "
+                                f"{head.request_id} is {head.status.name} with {head.num_unfinished_seqs} sequence(s), "
+                                f"{head.num_uncomputed_tokens} uncomputed tokens, {s.block_manager.gpu.num_free} free GPU blocks")
                 return
             report = self._step()
             idle = idle + 1 if report.output.is_empty and not report.finished else 0
