@@ -71,6 +71,18 @@ def test_sarathi_continues_the_partial_prefill_before_new_prompts():
     assert scheduled(eng.step()) == [("p1", 8, True), ("p2", 4, True)]
 
 
+def test_sarathi_resumes_a_group_swapped_out_in_the_middle_of_its_prefill():
+    eng = unit_engine("sarathi", max_num_batched_tokens=64, num_gpu_blocks=14, preemption_mode="swap")
+    eng.hooks.policy.token_budget = 8
+    eng.add_request(req("a", 12, 30))
+    eng.step()
+    eng.add_request(req("b", 40, 3, n=2))
+    swapped = []
+    eng.run(on_step=lambda r: swapped.extend(g.request_id for g, _ in r.output.preempted), max_steps=500)
+    assert "b" in swapped  # a needed b's blocks while b was still prefilling
+    assert not eng.has_unfinished() and eng.leaked_blocks == 0
+
+
 def test_sarathi_rejects_a_bad_budget():
     with pytest.raises(Exception, match="token_budget"):
         unit_engine("sarathi").__class__(policy="sarathi", policy_options={"token_budget": "0"})
