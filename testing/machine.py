@@ -20,6 +20,7 @@ from kvsched.core.decisions import Preemption
 from kvsched.core.engine import Engine
 from kvsched.core.errors import AuditError, PolicyError
 from kvsched.core.hookspecs import hookimpl
+from kvsched.core.plugins import load_policy
 from kvsched.testing import invariants as inv
 from kvsched.testing.claims import PRIORITY_PREEMPTION, declared_claims
 from kvsched.testing.strategies import engine_configs, request_specs
@@ -34,8 +35,8 @@ class _Discard(Exception):
 class PreemptionWatch:
     """An observer wrapping ``choose_preemption``: records every victim more urgent than its requester."""
 
-    def __init__(self, urgency) -> None:
-        self.urgency = urgency
+    def __init__(self) -> None:
+        self.urgency = None  # set once the engine has instantiated the policy
         self.violations: list[str] = []
 
     @hookimpl(wrapper=True)
@@ -60,6 +61,8 @@ class PolicyMachine(RuleBasedStateMachine):
 
     @classmethod
     def for_policy(cls, policy: Any, options: dict[str, Any] | None = None, skip=frozenset()) -> type[PolicyMachine]:
+        if isinstance(policy, str):
+            policy = load_policy(policy)  # once, not per example
         return type(f"{cls.__name__}_{getattr(policy, '__name__', 'policy')}", (cls,),
                     {"policy": policy, "policy_options": options, "skip": frozenset(skip)})
 
@@ -83,19 +86,15 @@ class PolicyMachine(RuleBasedStateMachine):
 
     @initialize(config=engine_configs())
     def start(self, config) -> None:
-        observers = ()
-        self.watch = None
+        policy = load_policy(self.policy) if isinstance(self.policy, str) else self.policy
+        watching = PRIORITY_PREEMPTION in declared_claims(policy) and self._checking(PRIORITY_PREEMPTION)
+        self.watch = PreemptionWatch() if watching else None
         try:
-            engine = Engine(config, self.policy, policy_options=self.policy_options)
+            self.engine = Engine(config, policy, policy_options=self.policy_options, observers=(self.watch,) if watching else ())
         except PolicyError as exc:
             self._violation(inv.VALID_DECISIONS, str(exc))
-        if PRIORITY_PREEMPTION in declared_claims(engine.hooks.policy) and self._checking(PRIORITY_PREEMPTION):
-            policy = engine.hooks.policy
-            urgency = getattr(policy, "urgency", None) or (lambda step, g: g.priority)
-            self.watch = PreemptionWatch(urgency)
-            observers = (self.watch,)
-            engine = Engine(config, self.policy, policy_options=self.policy_options, observers=observers)
-        self.engine = engine
+        if watching:  # judge by this engine's own policy instance
+            self.watch.urgency = getattr(self.engine.hooks.policy, "urgency", None) or (lambda step, g: g.priority)
 
     @rule(spec=request_specs())
     def arrive(self, spec) -> None:
