@@ -69,3 +69,15 @@ def test_profiles_by_name_or_json(tmp_path):
     path.write_text('{"name": "x"}')
     with pytest.raises(ProfileError, match="invalid cost profile"):
         resolve_profile(str(path))
+
+
+def test_cpu_tiny_model_profile_ships_and_runs():
+    from kvsched.core.executors.cost_model import PROFILES
+    from kvsched.core.workload import SyntheticWorkload
+
+    prof = resolve_profile("smollm2-135m-cpu")
+    assert prof is PROFILES["smollm2-135m-cpu"] and prof.kv_bytes_per_token == 46080
+    res = run_simulation(SyntheticWorkload(num_requests=20).requests(), profile="smollm2-135m-cpu")
+    assert res.summary["profile"] == "smollm2-135m-cpu" and res.summary["finished"] == 20
+    # a CPU step costs ~90 ms plus ~6 ms per decoding sequence: TPOT is far above the A100's
+    assert res.summary["tpot_s"]["p50"] > 0.09
