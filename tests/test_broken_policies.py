@@ -38,7 +38,7 @@ def test_engine_wraps_an_exception_from_the_policy():
     (bp.PreemptsMostUrgent, "priority-preemption", "was preempted for the less urgent"),
 ])
 def test_suite_reports_the_broken_invariant_with_a_counterexample(policy, invariant, message):
-    (result,) = check_machine(policy, max_examples=150, steps=20, only={invariant}, shrink=False)
+    (result,) = check_machine(policy, max_examples=400, steps=20, only={invariant}, shrink=False)
     assert result.status == FAIL and message in result.detail
     assert "state.start(config=EngineConfig(" in result.counterexample and "state.arrive(" in result.counterexample
 
