@@ -7,7 +7,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvsched.core.engine import Engine
-from kvsched.testing.strategies import OVERLOAD_CONFIG, VICTIM_TENANTS, OverloadScenario
+from kvsched.core.executors.simulated import SimulatedExecutor
+from kvsched.testing.strategies import OVERLOAD_CONFIG, OVERLOAD_PROFILE, VICTIM_TENANTS, OverloadScenario
 
 
 @dataclass(frozen=True)
@@ -24,7 +25,8 @@ class StarvationResult:
 
 def run_overload(policy: Any, scenario: OverloadScenario, policy_options: dict | None = None) -> StarvationResult:
     """Replay the scenario until every victim finishes or the stream's last arrival passes."""
-    engine = Engine(OVERLOAD_CONFIG, policy, policy_options=policy_options)
+    executor = SimulatedExecutor(OVERLOAD_PROFILE, block_size=OVERLOAD_CONFIG.block_size)
+    engine = Engine(OVERLOAD_CONFIG, policy, executor, policy_options=policy_options)
     pending = deque(scenario.requests())
     clock = engine.clock
     victims = []

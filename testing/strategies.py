@@ -110,6 +110,7 @@ class OverloadScenario:
 
 
 VICTIM_TENANTS = tuple(t for t in TENANTS if t != "vip")
+OVERLOAD_PROFILE = "llama2-7b-a100"  # pinned: the base rate below was measured with it
 OVERLOAD_BASE_RATE = 70.0  # requests/s the overload config serves about (measured with fcfs)
 OVERLOAD_CONFIG = EngineConfig(num_gpu_blocks=48, num_cpu_blocks=32, max_num_batched_tokens=512, max_num_seqs=32)
 
