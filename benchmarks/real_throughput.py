@@ -4,7 +4,8 @@
    our engine (vllm-default continuous batching on the paged KV cache, all requests at t=0)
    versus ``generate()`` one request at a time, with the same prompts and output lengths
    (``ignore_eos`` for ours, ``min_new_tokens`` for generate; output lengths uniform in 32-128,
-   chat-like). Prints output tokens/s and the ratio.
+   chat-like). Prints output tokens/s and the ratio; a third row enables prefix caching (the
+   chat template's system prompt and a shared context paragraph are then computed once).
 2. Calibration: fits the simulator's cost profile (``t = a + b·P + c·D + d·K``) to the steps
    measured in (1), then runs a *different* workload (other prompts, other output lengths, Poisson
    arrivals) for real and in the simulator with the fitted profile, and reports how well the
@@ -105,6 +106,10 @@ def main() -> None:
     print(f"ours: {ours_tokens} output tokens ({prompt_tokens} prompt tokens) in {ours_s:.1f} s, {engine.num_steps} steps")
     figures = {"num_prompts": len(reqs), "prompt_tokens": prompt_tokens, "output_tokens": ours_tokens, "ours_s": ours_s,
                "ours_tok_s": ours_tokens / ours_s}
+    pc_engine, pc_s, pc_tokens = run_ours(loaded, requests_for(loaded, texts, lengths, prefix="c"),
+                                          config.model_copy(update={"enable_prefix_caching": True}))
+    figures.update(prefix_caching_s=pc_s, prefix_caching_tok_s=pc_tokens / pc_s, prefix_hit_tokens=pc_engine.executor.prefix_hit_tokens)
+    print(f"ours with prefix caching: {pc_tokens} output tokens in {pc_s:.1f} s; {pc_engine.executor.prefix_hit_tokens} prompt tokens reused from cache")
     if not args.skip_generate:
         gen_s, gen_tokens = run_generate(loaded, reqs)
         assert gen_tokens == ours_tokens, (gen_tokens, ours_tokens)
@@ -115,6 +120,9 @@ def main() -> None:
     if "generate_s" in figures:
         print(f"{'transformers generate(), one request at a time':<44}{ours_tokens:>14}{figures['generate_s']:>10.1f}{figures['generate_tok_s']:>10.1f}{1.0:>8.2f}")
     print(f"{'kvsched (vllm-default, paged KV, batched)':<44}{ours_tokens:>14}{ours_s:>10.1f}{figures['ours_tok_s']:>10.1f}{figures.get('ratio', float('nan')):>8.2f}")
+    pc_ratio = figures["prefix_caching_tok_s"] / figures["generate_tok_s"] if "generate_s" in figures else float("nan")
+    figures["prefix_caching_ratio"] = pc_ratio
+    print(f"{'kvsched, same + prefix caching':<44}{ours_tokens:>14}{pc_s:>10.1f}{figures['prefix_caching_tok_s']:>10.1f}{pc_ratio:>8.2f}")
 
     # ---- calibration: fit on the run above, predict a different workload
     profile = fit_profile(recorder.records, "smollm2-135m-cpu-1thread", kv_bytes_per_token=engine.executor.cache.bytes_per_block // config.block_size,
