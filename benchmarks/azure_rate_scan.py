@@ -48,7 +48,7 @@ def main(argv=None):
     with ProcessPoolExecutor(args.workers) as pool:
         results = sorted(pool.map(one, args.scales, *zip(*[(args.limit, args.slo_ttft, args.slo_tpot)] * len(args.scales))))
 
-    from kvsched.reporting.plots import _plt, queues_and_kv
+    from kvsched.reporting.plots import pyplot, queues_and_kv
 
     rows = []
     print(f"| rate scale | offered req/s | served req/s | output tok/s | TTFT p50 / p99 (s) | TPOT mean / p99 (ms) | "
@@ -66,7 +66,7 @@ def main(argv=None):
         if scale in DETAIL:
             queues_and_kv(ts, s, args.out / f"azure_x{scale:g}_queues_kv.png")
 
-    plt = _plt()
+    plt = pyplot()
     fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.6))
     offered = [o for _, o, _ in rows]
     a.plot(offered, [s["requests_per_s"] for _, _, s in rows], "o-", label="served")

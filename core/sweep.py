@@ -144,9 +144,9 @@ def tradeoff_plot(rows: list[dict[str, Any]], path, title: str = "") -> Any:
 
     Configurations that land on the same spot (a setting the policy ignores) share one label.
     """
-    from kvsched.reporting.plots import _plt
+    from kvsched.reporting.plots import pyplot
 
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(9, 5.5))
     policies = list(dict.fromkeys(r["policy"] for r in rows))
     keys = [k for k in rows[0] if k not in ("label", "policy") and k not in {m for m, _ in METRICS} | {"profile", "wall_s"}] if rows else []

@@ -14,7 +14,8 @@ if TYPE_CHECKING:
 DPI = 90
 
 
-def _plt():
+def pyplot():
+    """matplotlib.pyplot on the Agg backend: plots are files, and no display is needed."""
     import matplotlib
 
     matplotlib.use("Agg", force=True)
@@ -40,7 +41,7 @@ def _title(summary: dict) -> str:
 
 
 def latency_cdfs(req: pd.DataFrame, summary: dict, path: Path) -> Path:
-    plt = _plt()
+    plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.4))
     done = req[req.status.isin(["FINISHED_STOPPED", "FINISHED_LENGTH_CAPPED"])]
     _cdf(axes[0], done.ttft, "TTFT")
@@ -62,7 +63,7 @@ def latency_cdfs(req: pd.DataFrame, summary: dict, path: Path) -> Path:
 
 
 def queues_and_kv(ts: pd.DataFrame, summary: dict, path: Path) -> Path:
-    plt = _plt()
+    plt = pyplot()
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(9, 5), sharex=True)
     t = ts.time_s
     for col, label in (("num_waiting", "waiting"), ("num_running", "running"), ("num_swapped", "swapped")):
@@ -89,7 +90,7 @@ def batch_composition(ts: pd.DataFrame, summary: dict, path: Path, bins: int = 2
     """Per time bin: mean decode sequences and prefill tokens per step, and preemptions."""
     import numpy as np
 
-    plt = _plt()
+    plt = pyplot()
     edges = np.linspace(ts.time_s.min(), ts.time_s.max() + 1e-9, bins + 1)
     idx = np.clip(np.digitize(ts.time_s, edges) - 1, 0, bins - 1)
     grouped = ts.assign(bin=idx).groupby("bin")
