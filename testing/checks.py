@@ -50,6 +50,15 @@ def _counterexample(exc: BaseException) -> str:
     return "\n".join(line for line in text.splitlines() if line.strip() != "state.allocator_consistent()").strip()
 
 
+def _loaded(policy: Any) -> Any:
+    """An installed policy's object from its name, so that its declared claims can be read."""
+    if isinstance(policy, str):
+        from kvsched.core.plugins import load_policy
+
+        return load_policy(policy)
+    return policy
+
+
 @contextmanager
 def shrink_budget(seconds: float | None):
     """Cap Hypothesis's shrinking time (its default is 300 s), so that a failing check answers quickly.
@@ -73,6 +82,7 @@ def check_machine(policy: Any, options: dict | None = None, max_examples: int = 
                   derandomize: bool = True, only: set[str] | None = None, shrink: bool = True,
                   shrink_seconds: float | None = None) -> list[CheckResult]:
     """The universal invariants (and priority-preemption if claimed), one result per invariant."""
+    policy = _loaded(policy)
     names = list(inv.INVARIANTS) + ([PRIORITY_PREEMPTION] if PRIORITY_PREEMPTION in declared_claims(policy) else [])
     if only is not None:
         names = [n for n in names if n in only]
@@ -97,7 +107,8 @@ def check_machine(policy: Any, options: dict | None = None, max_examples: int = 
 
 
 def check_starvation(policy: Any, options: dict | None = None, max_examples: int = 4, derandomize: bool = True) -> CheckResult:
-    """``starvation-free``: the victim of an overload scenario finishes before the stream ends."""
+    """``starvation-free``: the victims of an overload scenario finish before the stream ends."""
+    policy = _loaded(policy)
     if STARVATION_FREE not in declared_claims(policy):
         return CheckResult(STARVATION_FREE, NOT_CLAIMED)
 
@@ -121,6 +132,7 @@ def run_checks(policy: Any, options: dict | None = None, max_examples: int = 40,
                starvation_examples: int = 4, derandomize: bool = True, shrink: bool = True,
                shrink_seconds: float | None = None) -> list[CheckResult]:
     """Every invariant, then every claim (``not claimed`` rows for claims the policy does not make)."""
+    policy = _loaded(policy)
     results = check_machine(policy, options, max_examples, steps, derandomize, shrink=shrink, shrink_seconds=shrink_seconds)
     results.append(check_starvation(policy, options, starvation_examples, derandomize))
     if PRIORITY_PREEMPTION not in declared_claims(policy):

@@ -122,5 +122,5 @@ def overload_scenarios() -> st.SearchStrategy[OverloadScenario]:
         victim_priority=st.integers(1, 3),
         victim_prompt=st.integers(64, 160),
         victim_output=st.integers(40, 96),
-        overload=st.floats(1.15, 1.4),
+        overload=st.floats(1.6, 2.0),
     )

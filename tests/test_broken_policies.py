@@ -53,3 +53,9 @@ def test_starvation_claim_is_checked_under_continuous_arrivals():
     result = check_starvation(bp.StarvesTenant, max_examples=1)
     assert result.status == FAIL and "victim-bob had not finished" in result.detail
     assert "OverloadScenario(" in result.counterexample
+
+
+def test_starvation_check_catches_sjf_without_its_guard():
+    """Shortest-first alone starves long requests under a stream of short ones; the guard is what makes the claim true."""
+    assert check_starvation("sjf", {"starvation_s": "1e9"}, max_examples=1).status == FAIL
+    assert check_starvation("sjf", max_examples=1).status == PASS
