@@ -116,3 +116,9 @@ def test_builtin_data_is_declared_as_package_data():
     patterns = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["kvsched.workloads"]
     for f in (root / "workloads" / "data").iterdir():
         assert any(fnmatch.fnmatch(f"data/{f.name}", p) for p in patterns), f.name
+
+
+def test_spreadsheet_export_with_bom_and_crlf(tmp_path):
+    p = tmp_path / "excel.csv"
+    p.write_bytes("\ufeffarrival_time_s,prompt_tokens,output_tokens\r\n0,5,2\r\n1.5,6,3\r\n".encode("utf-8"))
+    assert [(r.arrival_time, r.prompt_len) for r in TraceWorkload(path=p).requests()] == [(0.0, 5), (1.5, 6)]

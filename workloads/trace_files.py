@@ -51,7 +51,7 @@ def read_trace(path: Path | str) -> tuple[str, list[TraceRow]]:
     """``(format, rows)`` of a trace CSV, in file order."""
     path = Path(path)
     try:
-        handle = path.open(newline="", encoding="utf-8")
+        handle = path.open(newline="", encoding="utf-8-sig")  # tolerate the BOM that spreadsheet exports add
     except OSError as exc:
         raise WorkloadError(f"cannot open trace: {exc.strerror}", path) from exc
     with handle as f:
