@@ -72,6 +72,10 @@ def test_time_series(outcome):
     # after each step: r0 and r1 hold a block each; both grow to two blocks, r1 frees its two; all free
     assert ts.gpu_blocks_used.tolist() == [2, 2, 0]
     assert ts.finished.tolist() == [1, 1, 1]
+    kv = outcome.summary["kv_usage"]  # time-weighted over three one-second steps
+    assert (kv["gpu_blocks_peak"], kv["cpu_blocks_peak"], kv["waiting_peak"]) == (2, 0, 0)
+    assert kv["gpu_utilization_mean"] == pytest.approx((2 + 2 + 0) / 3 / 64)
+    assert kv["batch_seqs_mean"] == pytest.approx((3 + 2 + 1) / 3)
 
 
 def test_output_files(outcome, tmp_path):
