@@ -1,11 +1,18 @@
-"""Fairness across tenants: Jain's index of service received and the largest service gap.
+"""Fairness across tenants while they compete: Jain's index of service rates and the max service gap.
 
-Service is the work the engine did for a tenant, weighted as in VTC (Sheng et al., OSDI'24): a
-prefill (or recomputed) token weighs 1, a decoded token 2, counted step by step. Jain's index
-``(Σx)² / (n·Σx²)`` over the tenants' totals is 1 when all receive the same and ``1/n`` when one
-receives everything. The max service gap is the largest difference in cumulative service
-between two tenants that both had requests waiting or running in a step (a backlogged
-tenant falling behind another is what fairness forbids; an idle tenant is owed nothing).
+Service is weighted as in VTC (Sheng et al., OSDI'24): 1 per prefill (or recomputed) token, 2
+per decoded token, counted step by step. A tenant is *backlogged* in a step when it has requests
+waiting for admission at the step's start; only then does it compete, so only then is it owed
+anything.
+
+- ``jain_index``: Jain's index ``(Σx)² / (n·Σx²)`` of each tenant's service rate while
+  backlogged (service in its backlogged steps ÷ their duration), over the tenants that were ever
+  backlogged. 1 means every competing tenant was served at the same rate; ``1/n`` means one took
+  it all. Raw totals would only measure demand, which differs between tenants by design.
+- ``max_service_gap``: the largest difference between the VTC counters of two backlogged
+  tenants. A tenant's counter grows with its service, and when it becomes backlogged again it is
+  lifted to the smallest counter of the tenants already backlogged (VTC's rule), so idle time
+  neither banks nor loses credit. VTC keeps this gap bounded; FCFS does not.
 """
 
 from __future__ import annotations
@@ -29,13 +36,18 @@ def jain_index(values: list[float]) -> float | None:
 
 
 class TenantService:
-    """``on_step`` observer tracking each tenant's cumulative service and backlog."""
+    """``on_step`` observer: per-tenant service, backlog (waiting requests) and VTC counters."""
 
     def __init__(self, requests: list[Request]) -> None:
-        self.arrivals = sorted((r.arrival_time, r.tenant) for r in requests)
-        self.tenants = sorted({t for _, t in self.arrivals})
+        self.arrivals = sorted((r.arrival_time, r.request_id, r.tenant) for r in requests)
+        self.tenants = sorted({t for _, _, t in self.arrivals})
         self.service: dict[str, float] = defaultdict(float)
-        self.unfinished: dict[str, int] = defaultdict(int)
+        self.backlogged_service: dict[str, float] = defaultdict(float)
+        self.backlogged_time: dict[str, float] = defaultdict(float)
+        self.counters: dict[str, float] = defaultdict(float)
+        self.waiting: dict[str, int] = defaultdict(int)
+        self._waiting_ids: set[str] = set()
+        self._backlogged: set[str] = set()
         self._next = 0
         self.max_gap = 0.0
         self.max_gap_time: float | None = None
@@ -43,36 +55,70 @@ class TenantService:
     def __call__(self, r: StepReport) -> None:
         if len(self.tenants) < 2:
             return
+        start = r.now - r.duration + 1e-9  # the engine admitted every request that arrived by then
         arrivals, i = self.arrivals, self._next
-        while i < len(arrivals) and arrivals[i][0] <= r.now - r.duration:  # admitted to the engine before this step
-            self.unfinished[arrivals[i][1]] += 1
+        while i < len(arrivals) and arrivals[i][0] <= start:
+            self._waiting_ids.add(arrivals[i][1])
+            self.waiting[arrivals[i][2]] += 1
             i += 1
         self._next = i
+        backlogged = {t for t, n in self.waiting.items() if n > 0}
+        counters = self.counters
+        staying = backlogged & self._backlogged
+        if staying:
+            floor = min(counters[t] for t in staying)
+            for t in backlogged - staying:  # VTC's lift for a tenant that starts competing again
+                counters[t] = max(counters[t], floor)
+        self._backlogged = backlogged
+        step_service: dict[str, float] = defaultdict(float)
         for sg in r.output.scheduled:
-            self.service[sg.group.request.tenant] += sg.num_tokens * (PROMPT_WEIGHT if sg.is_prefill else OUTPUT_WEIGHT)
-        backlogged = [self.service[t] for t, n in self.unfinished.items() if n > 0]
+            step_service[sg.group.request.tenant] += sg.num_tokens * (PROMPT_WEIGHT if sg.is_prefill else OUTPUT_WEIGHT)
+        for t, x in step_service.items():
+            self.service[t] += x
+            counters[t] += x
+        for t in backlogged:
+            self.backlogged_service[t] += step_service.get(t, 0.0)
+            self.backlogged_time[t] += r.duration
         if len(backlogged) > 1:
-            gap = max(backlogged) - min(backlogged)
+            values = [counters[t] for t in backlogged]
+            gap = max(values) - min(values)
             if gap > self.max_gap:
                 self.max_gap, self.max_gap_time = gap, r.now
-        for g in r.finished:
-            self.unfinished[g.request.tenant] -= 1
+        self._leave_waiting(g for g in (sg.group for sg in r.output.scheduled))
+        self._leave_waiting(r.output.ignored)
+        for g, mode in r.output.preempted:
+            if mode.value == "recompute":  # back to the waiting queue
+                self._waiting_ids.add(g.request_id)
+                self.waiting[g.request.tenant] += 1
+
+    def _leave_waiting(self, groups) -> None:
+        for g in groups:
+            if g.request_id in self._waiting_ids:
+                self._waiting_ids.discard(g.request_id)
+                self.waiting[g.request.tenant] -= 1
+
+    def backlogged_rates(self) -> dict[str, float]:
+        """Service per second while backlogged, for each tenant that was ever backlogged."""
+        return {t: self.backlogged_service[t] / d for t, d in self.backlogged_time.items() if d > 0}
 
 
 def fairness_summary(metrics: list[RequestMetrics], service: TenantService | None = None) -> dict:
-    """Per-tenant requests, finished and service; Jain's index over tenants; the max service gap."""
+    """Per-tenant requests, finished, service and backlogged rate; Jain's index; the max service gap."""
     per: dict[str, dict] = {}
     for m in metrics:
-        t = per.setdefault(m.tenant, {"requests": 0, "finished": 0, "service": 0.0})
+        t = per.setdefault(m.tenant, {"requests": 0, "finished": 0})
         t["requests"] += 1
         if m.status in ("FINISHED_STOPPED", "FINISHED_LENGTH_CAPPED"):
             t["finished"] += 1
     tracked = service is not None and len(service.tenants) > 1
+    rates = service.backlogged_rates() if tracked else {}
     for name, t in per.items():
         t["service"] = service.service.get(name, 0.0) if tracked else None
+        t["backlogged_s"] = service.backlogged_time.get(name, 0.0) if tracked else None
+        t["backlogged_service_rate"] = rates.get(name)
     return {
         "tenants": per,
-        "jain_index": jain_index([t["service"] for t in per.values()]) if tracked else 1.0,
+        "jain_index": jain_index(list(rates.values())) if len(rates) > 1 else 1.0,
         "max_service_gap": service.max_gap if tracked else 0.0,
         "max_service_gap_time_s": service.max_gap_time if tracked else None,
     }

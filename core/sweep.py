@@ -32,6 +32,7 @@ METRICS = (
     ("goodput_req_per_s", ("slo", "goodput_requests_per_s")),
     ("slo_attainment", ("slo", "slo_attainment")),
     ("jain_index", ("fairness", "jain_index")),
+    ("max_service_gap", ("fairness", "max_service_gap")),
     ("duration_s", ("duration_s",)),
 )
 
