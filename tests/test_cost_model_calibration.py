@@ -46,7 +46,7 @@ def test_round_trip_and_malformed(tmp_path, recorded):
     assert load_records(path) == recorded[:10]
     bad = tmp_path / "bad.csv"
     bad.write_text(path.read_text() + "1,2,three,0,0,0.1\n")
-    with pytest.raises(CalibrationError, match=r"bad\.csv:12: column 'kv_tokens_read': not a number: 'three'"):
+    with pytest.raises(CalibrationError, match=r"bad\.csv:12: column 'kv_tokens_read': not an integer: 'three'"):
         load_records(bad)
     with pytest.raises(CalibrationError, match="need at least 4"):
         fit_profile(recorded[:2], "few")

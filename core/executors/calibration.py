@@ -114,7 +114,8 @@ def load_records(path: Path) -> list[StepRecord]:
                 try:
                     value = float(cell) if col == "duration_s" else int(cell)
                 except ValueError:
-                    raise CalibrationError(f"{path}:{line}: column {col!r}: not a number: {cell!r}") from None
+                    kind = "a number" if col == "duration_s" else "an integer"
+                    raise CalibrationError(f"{path}:{line}: column {col!r}: not {kind}: {cell!r}") from None
                 if value < 0 or (col == "duration_s" and not math.isfinite(value)):
                     raise CalibrationError(f"{path}:{line}: column {col!r}: must be a finite value >= 0, got {cell!r}")
                 values.append(value)
