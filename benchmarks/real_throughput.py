@@ -140,7 +140,9 @@ def main() -> None:
         arrivals.append(t)
     h_reqs = requests_for(loaded, h_texts, h_lengths, arrivals, prefix="h")
     h_config = config.model_copy(update={"max_num_seqs": 16})
-    real_engine, _, _ = run_ours(loaded, h_reqs, h_config)
+    h_recorder = StepRecorder()
+    real_engine, _, _ = run_ours(loaded, h_reqs, h_config, h_recorder)
+    h_errors = fit_errors(profile, h_recorder.records)
     real_ttft, real_tpot = mean_latencies(real_engine.groups.values())
     sim = Engine(h_config, "vllm-default", SimulatedExecutor(profile, block_size=h_config.block_size))
     sim.run(h_reqs)
@@ -150,8 +152,11 @@ def main() -> None:
     print(f"{'':<22}{'real':>10}{'simulated':>12}{'error':>9}")
     print(f"{'mean TTFT (s)':<22}{real_ttft:>10.3f}{sim_ttft:>12.3f}{ttft_err * 100:>8.1f}%")
     print(f"{'mean TPOT (ms)':<22}{real_tpot * 1000:>10.1f}{sim_tpot * 1000:>12.1f}{tpot_err * 100:>8.1f}%")
+    print(f"diagnostic: the fitted profile's step-time error on the check run's own {h_errors['n']} steps: mean {h_errors['mape'] * 100:.1f}% "
+          f"(on the steps it was fitted to: {errors['mape'] * 100:.1f}%); a large gap means the machine ran at another speed")
     figures.update(profile=profile.model_dump(), fit_step_mape=errors["mape"], holdout_real_ttft_s=real_ttft, holdout_sim_ttft_s=sim_ttft,
-                   holdout_real_tpot_s=real_tpot, holdout_sim_tpot_s=sim_tpot, ttft_error=ttft_err, tpot_error=tpot_err)
+                   holdout_real_tpot_s=real_tpot, holdout_sim_tpot_s=sim_tpot, ttft_error=ttft_err, tpot_error=tpot_err,
+                   holdout_step_mape=h_errors["mape"])
     if args.json:
         args.json.write_text(json.dumps(figures, indent=2) + "\n")
         print(f"wrote {args.json}")
