@@ -107,31 +107,6 @@ def summary_table(summary: dict) -> Table:
     return table
 
 
-def run_job(policy: str, policy_opt: list[str] | None, overrides: list[str] | None, seed: int,
-            num_requests: int | None, rate: float | None, output: Path | None, profile: str, quiet: bool) -> dict:
-    from kvsched.core.plugins import load_policy
-    from kvsched.core.runner import run_simulation, write_results
-    from kvsched.core.workload import SyntheticWorkload
-
-    load_policy(policy)  # fail fast, before any work, on an unknown name
-    config = build_config(overrides)
-    shape = {k: v for k, v in (("num_requests", num_requests), ("rate", rate)) if v is not None}
-    workload = SyntheticWorkload(seed=seed, **shape)
-    requests = workload.requests()
-    with progress_bar(quiet) as bar:
-        task = bar.add_task("run", total=len(requests))
-        result = run_simulation(
-            requests, policy, config, profile, parse_pairs(policy_opt, "--policy-opt"),
-            on_step=lambda report: report.finished and bar.advance(task, len(report.finished)),
-            seed=seed, workload=workload.model_dump(),
-        )
-    console.print(summary_table(result.summary))
-    if output is not None:
-        for path in write_results(result, output):
-            console.print(f"wrote {path}")
-    return result.summary
-
-
 @app.callback()
 @cli_errors
 def main_callback(
@@ -146,9 +121,9 @@ def main_callback(
     profile: ProfileOpt = "llama2-7b-a100",
     quiet: QuietOpt = False,
 ) -> None:
-    """Without a sub-command: run POLICY on the embedded default workload (simulated)."""
+    """Without a sub-command: run POLICY on the embedded default workload (simulated), as `engine run` does."""
     if ctx.invoked_subcommand is None:
-        run_job(policy, policy_opt, set_, seed, num_requests, rate, output, profile, quiet)
+        sim.run_command(policy, policy_opt, set_, seed, num_requests, rate, output, profile, quiet)
 
 
 @app.command()
