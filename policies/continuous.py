@@ -16,6 +16,23 @@ from kvsched.core.view import GroupView
 STOP = (Outcome.LATER, Outcome.BUDGET)
 
 
+def decode_then_resume(step) -> bool:
+    """Advance every running group, then swap groups back in; True if prompts may be admitted.
+
+    Prompts wait while the step had to preempt or a group is still swapped out, so that memory
+    pressure is relieved before it is added to.
+    """
+    for group in step.running:
+        if not step.was_touched(group) and step.advance(group) is Outcome.BUDGET:
+            break
+    if step.num_preempted:
+        return False
+    for group in step.swapped:
+        if step.swap_in(group) in STOP:
+            break
+    return all(step.was_touched(g) for g in step.swapped)
+
+
 class ContinuousBatching:
     """Decode every running group, resume swapped ones, then admit prompts into what is left.
 
@@ -37,16 +54,8 @@ class ContinuousBatching:
 
     @hookimpl
     def select_batch(self, step):
-        for group in step.running:
-            if not step.was_touched(group) and step.advance(group) is Outcome.BUDGET:
-                break
-        if step.num_preempted:
+        if not decode_then_resume(step):
             return True
-        for group in step.swapped:
-            if step.swap_in(group) in STOP:
-                break
-        if any(not step.was_touched(g) for g in step.swapped):
-            return True  # swapped groups come back before any new prompt
         for group in self.order_waiting(step):
             if not step.was_touched(group) and step.admit(group) in STOP:
                 break

@@ -6,7 +6,7 @@ from collections import defaultdict, deque
 
 from kvsched.core.decisions import Outcome
 from kvsched.core.hookspecs import hookimpl
-from kvsched.policies.continuous import STOP
+from kvsched.policies.continuous import STOP, decode_then_resume
 
 
 class Vtc:
@@ -48,19 +48,12 @@ class Vtc:
 
     @hookimpl
     def select_batch(self, step):
-        for group in step.running:
-            if not step.was_touched(group) and step.advance(group) is Outcome.BUDGET:
-                break
-        if step.num_preempted:
-            return True
-        for group in step.swapped:
-            if step.swap_in(group) in STOP:
-                break
+        may_admit = decode_then_resume(step)
         queues: dict[str, deque] = defaultdict(deque)
         for group in step.waiting:
             queues[group.tenant].append(group)
         self._lift(queues)
-        if any(not step.was_touched(g) for g in step.swapped):
+        if not may_admit:
             return True
         while queues:
             tenant = min(queues, key=lambda t: (self.counters[t], queues[t][0].arrival_time))
