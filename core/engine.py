@@ -36,6 +36,9 @@ class Engine:
         self.hooks = PolicyHooks(policy, policy_options, observers)
         self.scheduler = Scheduler(self.config, self.hooks)
         self.executor = executor or SimulatedExecutor(block_size=self.config.block_size)
+        attach = getattr(self.executor, "attach", None)
+        if attach is not None:  # a real executor reads the block tables of this engine's block manager
+            attach(self.scheduler.block_manager)
         self.clock = self.executor.make_clock()
         self._model_len = self.config.model_len
         self.groups: dict[str, SequenceGroup] = {}

@@ -12,6 +12,7 @@ from kvsched.core.config import EngineConfig
 from kvsched.core.executors.hf import HFExecutor, UnsupportedModel, check_supported, hf_engine
 from kvsched.core.executors.hf_models import load_model
 from kvsched.core.executors.sampler import filter_logits
+from kvsched.core.outputs import SchedulerOutput
 from kvsched.core.request import Request, SamplingParams
 from kvsched.core.sequence import SequenceStatus
 
@@ -98,17 +99,20 @@ def test_wall_clock_drives_metrics(loaded):
         assert 0 < g.first_token_time <= g.finish_time
 
 
-def test_executor_must_be_attached_and_sized_like_the_engine(loaded):
-    executor = HFExecutor(loaded, ROOMY)
+def test_engine_attaches_the_executor_which_must_match_its_pools(loaded):
     from kvsched.core.engine import Engine
 
-    engine = Engine(ROOMY, "vllm-default", executor)
-    engine.add_request(Request(request_id="x", prompt_token_ids=(1, 2), sampling=SamplingParams(max_tokens=2)))
+    lone = HFExecutor(loaded, ROOMY)
     with pytest.raises(RuntimeError, match="attach"):
-        engine.step()
-    other = Engine(EngineConfig(block_size=8, num_gpu_blocks=64), "vllm-default")
+        lone.execute(SchedulerOutput())
+    executor = HFExecutor(loaded, ROOMY)
+    engine = Engine(ROOMY, "vllm-default", executor)
+    assert executor.block_manager is engine.scheduler.block_manager
+    engine.add_request(Request(request_id="x", prompt_token_ids=(1, 2), sampling=SamplingParams(max_tokens=2)))
+    engine.run()
+    assert len(engine.groups["x"].seqs[0].output) == 2
     with pytest.raises(ValueError, match="block size"):
-        executor.attach(other.scheduler.block_manager)
+        Engine(EngineConfig(block_size=8, num_gpu_blocks=64), "vllm-default", HFExecutor(loaded, ROOMY))
 
 
 def test_unsupported_configs_are_rejected():

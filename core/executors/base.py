@@ -24,6 +24,9 @@ class StepResult:
 
 
 class Executor(Protocol):
+    """Runs steps. An executor that reads block tables may also define ``attach(block_manager)``,
+    which the engine calls once with its own block manager."""
+
     eos_token_id: int | None
 
     def make_clock(self): ...

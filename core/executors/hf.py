@@ -104,7 +104,7 @@ class HFExecutor:
         """Move blocks (swap out, swap in, copy: a freed block may be reused in the same step), then run the batch."""
         start = time.perf_counter()
         if self.block_manager is None:
-            raise RuntimeError("HFExecutor.attach(engine.scheduler.block_manager) must be called before the first step")
+            raise RuntimeError("HFExecutor.attach(block_manager) must be called before the first step (Engine does it)")
         cache = self.cache
         cache.swap_out(output.blocks_to_swap_out)
         cache.swap_in(output.blocks_to_swap_in)
@@ -189,6 +189,4 @@ def hf_engine(model: LoadedModel | str, config: EngineConfig | None = None, poli
 
     config = config or EngineConfig()
     executor = HFExecutor(model, config, **executor_options)
-    engine = Engine(config, policy, executor, policy_options, observers)
-    executor.attach(engine.scheduler.block_manager)
-    return engine
+    return Engine(config, policy, executor, policy_options, observers)  # the engine attaches the executor
