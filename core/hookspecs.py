@@ -33,7 +33,7 @@ def select_batch(step: StepBuilder) -> object | None:
     """Build this step's batch by calling the operations of ``step``.
 
     Called once per engine step. ``step.waiting``, ``step.running`` and ``step.swapped`` are the
-    queues as they were when the step began (tuples of ``GroupView``, oldest first); ``step.now``
+    queues as they were when the step began (read-only sequences of ``GroupView``, front first); ``step.now``
     is the engine clock, ``step.config`` the engine config and ``step.cache`` a read-only view
     of the block manager. Decide with these operations, each of which checks budgets and
     capacity and returns an ``Outcome``:

@@ -17,7 +17,7 @@ from kvsched.core.decisions import Outcome, Preemption
 from kvsched.core.errors import PolicyError
 from kvsched.core.outputs import ScheduledGroup, SchedulerOutput
 from kvsched.core.sequence import SequenceStatus
-from kvsched.core.view import GroupView
+from kvsched.core.view import GroupView, QueueView
 
 if TYPE_CHECKING:
     from kvsched.core.scheduler import Scheduler
@@ -48,27 +48,20 @@ class StepBuilder:
         self.cached_tokens: dict[int, int] = {}
         self.ignore_reasons: dict[SequenceGroup, str] = {}
         self._victim_cursor = len(scheduler.running) - 1
-        self._views: dict[str, tuple[GroupView, ...]] = {}
 
     # ------------------------------------------------------------------ what a policy reads
-    def _queue_view(self, name: str) -> tuple[GroupView, ...]:
-        views = self._views.get(name)
-        if views is None:
-            views = self._views[name] = tuple(g.view for g in getattr(self._sched, name))
-        return views
-
     @property
-    def waiting(self) -> tuple[GroupView, ...]:
+    def waiting(self) -> QueueView:
         """Waiting groups at the start of the step, in queue order (front first)."""
-        return self._queue_view("waiting")
+        return QueueView(self._sched.waiting)
 
     @property
-    def running(self) -> tuple[GroupView, ...]:
-        return self._queue_view("running")
+    def running(self) -> QueueView:
+        return QueueView(self._sched.running)
 
     @property
-    def swapped(self) -> tuple[GroupView, ...]:
-        return self._queue_view("swapped")
+    def swapped(self) -> QueueView:
+        return QueueView(self._sched.swapped)
 
     @property
     def policy_name(self) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -48,6 +49,37 @@ class GroupView:
 
     def __repr__(self) -> str:
         return f"<{self._group.request_id} {self._group.status.name}>"
+
+
+class QueueView(Sequence):
+    """One queue as it was when the step began, as ``GroupView``s, front first.
+
+    Lazy: a policy that stops at the first group that does not fit pays for the groups it looked
+    at, not for the whole queue (which can hold many thousands under overload). Valid for the
+    step it was handed out in.
+    """
+
+    __slots__ = ("_groups",)
+
+    def __init__(self, groups: list[SequenceGroup]) -> None:
+        self._groups = groups
+
+    def __len__(self) -> int:
+        return len(self._groups)
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return tuple(g.view for g in self._groups[index])
+        return self._groups[index].view
+
+    def __iter__(self) -> Iterator[GroupView]:
+        return (g.view for g in self._groups)
+
+    def __reversed__(self) -> Iterator[GroupView]:
+        return (g.view for g in reversed(self._groups))
+
+    def __repr__(self) -> str:
+        return f"QueueView({[g.request_id for g in self._groups]})"
 
 
 class CacheView:

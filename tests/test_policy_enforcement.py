@@ -279,3 +279,24 @@ def test_a_group_swapped_mid_prefill_resumes_in_chunks():
     assert chunk.output.blocks_to_swap_in and [s.num_tokens for s in chunk.output.scheduled] == [8]
     e.run()
     assert e.groups["long"].status is SequenceStatus.FINISHED_STOPPED and e.leaked_blocks == 0
+
+
+def test_queue_views_are_lazy_read_only_sequences():
+    seen = {}
+
+    class Peek(VllmDefault):
+        name = "peek"
+
+        @hookimpl
+        def select_batch(self, step):
+            w = step.waiting
+            seen.update(len=len(w), first=w[0].request_id, last=w[-1].request_id, ids=[g.request_id for g in w],
+                        sliced=[g.request_id for g in w[1:]], reversed=[g.request_id for g in reversed(w)])
+            with pytest.raises(TypeError):
+                w[0] = w[1]
+            return super().select_batch(step)
+
+    e = started(Peek, n=3)
+    e.step()
+    assert seen == {"len": 3, "first": "r0", "last": "r2", "ids": ["r0", "r1", "r2"], "sliced": ["r1", "r2"],
+                    "reversed": ["r2", "r1", "r0"]}
