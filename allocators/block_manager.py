@@ -182,7 +182,7 @@ class BlockManager:
     def append_slots(self, seq: Sequence) -> tuple[int, int] | None:
         """Make room for the sequence's newest token; return a (src, dst) copy if the block was shared."""
         table = self.gpu_tables[seq.seq_id]
-        if len(seq.prompt) + len(seq.output) > len(table) * self.block_size:
+        if seq.num_tokens > len(table) * self.block_size:
             table.append(self.gpu.allocate())
             if self._journal is not None:
                 self._journal.append(("append", seq.seq_id))

@@ -113,7 +113,7 @@ class Engine:
                 computed = seq.num_computed_tokens = seq.num_computed_tokens + n
                 if caching:
                     bm.mark_computed(seq)
-                if computed == len(seq.prompt) + len(seq.output):
+                if computed == seq.num_tokens:
                     sampled = tokens[seq.seq_id]
                     for token in sampled[1:]:
                         self._append(self._fork(seq), token, now)
@@ -141,14 +141,14 @@ class Engine:
 
     def _append(self, seq: Sequence, token: int, now: float) -> None:
         group = seq.group
-        seq.output.append(token)
+        seq.append_token(token)
         group.num_generated_tokens += 1
         if group.first_token_time is None:
             group.first_token_time = now
         params = group.request.sampling
         if (token == self.executor.eos_token_id and not params.ignore_eos) or token in params.stop_token_ids:
             status = SequenceStatus.FINISHED_STOPPED
-        elif len(seq.output) >= params.max_tokens or len(seq.prompt) + len(seq.output) >= self._model_len:
+        elif len(seq.output) >= params.max_tokens or seq.num_tokens >= self._model_len:
             status = SequenceStatus.FINISHED_LENGTH_CAPPED
         else:
             return

@@ -49,23 +49,25 @@ class Sequence:
     the sequence samples a new token once none is left uncomputed.
     """
 
-    __slots__ = ("seq_id", "group", "prompt", "output", "status", "num_computed_tokens")
+    __slots__ = ("seq_id", "group", "prompt", "output", "num_tokens", "status", "num_computed_tokens")
 
     def __init__(self, seq_id: int, group: SequenceGroup, prompt, output: list[int] | None = None) -> None:
         self.seq_id = seq_id
         self.group = group
         self.prompt = prompt
         self.output: list[int] = output if output is not None else []
+        self.num_tokens = len(prompt) + len(self.output)  # kept by append_token: read on every step
         self.status = SequenceStatus.WAITING
         self.num_computed_tokens = 0
 
-    @property
-    def num_tokens(self) -> int:
-        return len(self.prompt) + len(self.output)
+    def append_token(self, token: int) -> None:
+        """Add a generated token (the only way the engine grows a sequence)."""
+        self.output.append(token)
+        self.num_tokens += 1
 
     @property
     def num_uncomputed_tokens(self) -> int:
-        return len(self.prompt) + len(self.output) - self.num_computed_tokens
+        return self.num_tokens - self.num_computed_tokens
 
     def token_slice(self, start: int, stop: int) -> tuple[int, ...]:
         """Token ids ``[start, stop)`` across the prompt/output boundary."""
@@ -133,8 +135,8 @@ class SequenceGroup:
         seqs = self.seqs
         if len(seqs) == 1:
             s = seqs[0]
-            return len(s.prompt) + len(s.output) - s.num_computed_tokens if s.status <= _LAST_ACTIVE else 0
-        return sum(len(s.prompt) + len(s.output) - s.num_computed_tokens for s in seqs if s.status <= _LAST_ACTIVE)
+            return s.num_tokens - s.num_computed_tokens if s.status <= _LAST_ACTIVE else 0
+        return sum(s.num_tokens - s.num_computed_tokens for s in seqs if s.status <= _LAST_ACTIVE)
 
     @property
     def is_finished(self) -> bool:

@@ -45,10 +45,10 @@ def test_append_allocates_a_block_at_the_boundary_only():
     start(bm, g)
     seq = g.seqs[0]
     assert len(bm.gpu_tables[seq.seq_id]) == 1
-    seq.output.append(99)  # 5 tokens: the newest needs a second block
+    seq.append_token(99)  # 5 tokens: the newest needs a second block
     assert bm.append_slots(seq) is None
     assert len(bm.gpu_tables[seq.seq_id]) == 2
-    seq.output.append(100)
+    seq.append_token(100)
     assert bm.append_slots(seq) is None and len(bm.gpu_tables[seq.seq_id]) == 2
 
 
@@ -64,8 +64,8 @@ def test_fork_shares_blocks_and_copy_on_write_splits_the_last_one():
     bm.fork(parent, child)
     shared = list(bm.gpu_tables[parent.seq_id])
     assert bm.gpu_tables[child.seq_id] == shared and all(bm.gpu.ref_counts[b] == 2 for b in shared)
-    parent.output.append(1)
-    child.output.append(2)
+    parent.append_token(1)
+    child.append_token(2)
     cow = bm.append_slots(parent)  # 7 tokens fit in block 2, which is shared: copy it
     assert cow == (shared[1], bm.gpu_tables[parent.seq_id][1])
     assert bm.append_slots(child) is None  # now the child is the block's only holder
@@ -153,13 +153,13 @@ def test_rollback_restores_tables_and_ref_counts_exactly():
     before = (dict((k, list(v)) for k, v in bm.gpu_tables.items()), list(bm.gpu.ref_counts), bm.num_free_gpu_blocks)
     bm.begin()
     bm.swap_out(b)
-    a.seqs[0].output += [1, 2, 3]
+    for t in (1, 2, 3):
+        a.seqs[0].append_token(t)
     bm.append_slots(a.seqs[0])
     c = make_group(range(20))
     start(bm, c)
     bm.free(a.seqs[0])
     bm.rollback()
-    a.seqs[0].output.clear()
     assert (bm.gpu_tables, bm.gpu.ref_counts, bm.num_free_gpu_blocks) == before
     assert bm.cpu_tables == {} and bm.num_free_cpu_blocks == 8 and bm.audit() == []
 
@@ -213,7 +213,7 @@ class BlockManagerMachine(RuleBasedStateMachine):
         start(self.bm, g)
         seq = g.seqs[0]
         self._compute(seq)
-        seq.output.append(7)
+        seq.append_token(7)
         for i in range(1, n):
             from kvsched.core.sequence import Sequence
 
@@ -238,7 +238,7 @@ class BlockManagerMachine(RuleBasedStateMachine):
         self._copy(cows, self.gpu_data, self.gpu_data)
         for s in g.unfinished_seqs():
             self._compute(s)
-            s.output.append(token + s.seq_id % 2)
+            s.append_token(token + s.seq_id % 2)
 
     @precondition(lambda self: self._live(RUNNING))
     @rule(data=st.data())
@@ -331,7 +331,8 @@ def test_recomputed_group_shares_its_full_prompt_blocks_again():
     bm = BlockManager(4, 16, 0)
     g = make_group(range(9), n=2)  # 2 full prompt blocks + 1 token
     a = g.seqs[0]
-    a.output += [1, 2]
+    a.append_token(1)
+    a.append_token(2)
     b = Sequence(a.seq_id + 1, g, a.prompt, [3, 4])
     g.seqs.append(b)
     g.num_unfinished_seqs = 2
