@@ -34,7 +34,7 @@ SetOpt = Annotated[Optional[list[str]], typer.Option("--set", "-s", help="engine
 SeedOpt = Annotated[int, typer.Option(help="workload seed")]
 NumOpt = Annotated[Optional[int], typer.Option("--num-requests", "-n", help="requests in the synthetic workload")]
 RateOpt = Annotated[Optional[float], typer.Option(help="mean arrival rate, requests/s")]
-OutputOpt = Annotated[Optional[Path], typer.Option("--output", "-o", help="folder for summary.json and requests.csv")]
+OutputOpt = Annotated[Optional[Path], typer.Option("--output", "-o", help="results folder: summary.json, requests.csv/.parquet, timeseries.parquet")]
 ProfileOpt = Annotated[str, typer.Option(help="simulator cost profile")]
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="no progress bar")]
 
