@@ -80,6 +80,13 @@ class BlockManager:
     def num_cached_tokens(self, seq: Sequence) -> int:
         return len(self.cached_blocks(seq)) * self.block_size
 
+    def planned_cached_tokens(self, group: SequenceGroup) -> dict[int, int]:
+        """Per waiting sequence, the leading tokens ``allocate`` will find already computed (or
+        computed by the group's first sequence in the same step): what the step need not count."""
+        seqs = _waiting_seqs(group)
+        shared = self._shared_prompt_blocks(seqs) * self.block_size
+        return {s.seq_id: self.num_cached_tokens(s) if k == 0 else shared for k, s in enumerate(seqs)}
+
     def _shared_prompt_blocks(self, seqs: list[Sequence]) -> int:
         """Full prompt blocks that the sequences after the first can share with it.
 

@@ -120,8 +120,8 @@ class StepBuilder:
             return self._ignore(g, f"{longest} tokens exceed max_model_len ({self.config.model_len})")
         if g.max_running_seqs > self._max_seqs:  # vLLM would keep it forever, blocking the queue
             return self._ignore(g, f"n={g.max_running_seqs} sequences exceed max_num_seqs ({self._max_seqs})")
-        cached = {s.seq_id: self._bm.num_cached_tokens(s) for s in seqs} if self._bm.enable_prefix_caching else {}
-        uncomputed = sum(s.num_tokens - cached.get(s.seq_id, 0) for s in seqs)
+        cached = self._bm.planned_cached_tokens(g)
+        uncomputed = sum(s.num_tokens - cached[s.seq_id] for s in seqs)
         chunk = self._chunk(g, uncomputed, max_tokens, "admit")
         if max_tokens is None and uncomputed > self._max_tokens:
             return self._ignore(g, f"prompt of {uncomputed} tokens exceeds max_num_batched_tokens ({self._max_tokens}) without chunked prefill")

@@ -337,7 +337,9 @@ def test_recomputed_group_shares_its_full_prompt_blocks_again():
     g.seqs.append(b)
     g.num_unfinished_seqs = 2
     assert bm.blocks_to_allocate(g) == 3 + 3 - 2  # 11 tokens = 3 blocks each, two shared
+    planned = bm.planned_cached_tokens(g)
     cached = bm.allocate(g)
+    assert planned == cached
     ta, tb = bm.gpu_tables[a.seq_id], bm.gpu_tables[b.seq_id]
     assert ta[:2] == tb[:2] and ta[2] != tb[2]
     assert cached == {a.seq_id: 0, b.seq_id: 8}  # b attends to the prompt KV that a writes

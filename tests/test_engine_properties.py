@@ -45,6 +45,8 @@ def test_random_runs_finish_every_request_and_leak_nothing(config, spec, aborts,
         out = report.output
         seen["steps"] += 1
         assert out.num_batched_tokens == sum(s.num_tokens for s in out.scheduled) <= cfg.max_num_batched_tokens
+        # what the budget counted is what the executor computes, sequence by sequence
+        assert out.num_batched_tokens == sum(n for s in out.scheduled for _, n in s.seq_chunks())
         assert engine.scheduler.num_running_seqs <= cfg.max_num_seqs
         assert len({id(s.group) for s in out.scheduled}) == len(out.scheduled)
         if out.num_prefill_groups:  # vllm-default (no chunking): a step that admits prompts decodes nothing
