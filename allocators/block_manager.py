@@ -156,15 +156,6 @@ class BlockManager:
             return AllocStatus.OK
         return AllocStatus.LATER
 
-    def blocks_freed_by(self, group: SequenceGroup) -> int:
-        """GPU blocks that would become free if ``group`` left the GPU (shared ones do not count)."""
-        counts: dict[int, int] = {}
-        for s in group.seqs:
-            for b in self.gpu_tables.get(s.seq_id, ()):
-                counts[b] = counts.get(b, 0) + 1
-        refs = self.gpu.ref_counts
-        return sum(1 for b, n in counts.items() if refs[b] == n)
-
     # --------------------------------------------------------------------------- mutations
     def allocate(self, group: SequenceGroup) -> dict[int, int]:
         """Give every waiting sequence of ``group`` GPU blocks for all its tokens.

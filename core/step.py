@@ -142,7 +142,8 @@ class StepBuilder:
         self._touched[g] = "admitted"
         self.admitted.append(g)
         self.num_running_seqs += g.max_running_seqs
-        self._schedule(g, chunk, True)
+        self.output.scheduled.append(ScheduledGroup(g, chunk, True))
+        self.output.num_batched_tokens += chunk
         return Outcome.SCHEDULED
 
     def advance(self, group: GroupView, max_tokens: int | None = None) -> Outcome:
@@ -242,11 +243,6 @@ class StepBuilder:
         self.output.preempted.append((g, mode))
         self.num_running_seqs -= g.max_running_seqs
         return mode
-
-    def _schedule(self, g: SequenceGroup, num_tokens: int, is_prefill: bool) -> None:
-        out = self.output
-        out.scheduled.append(ScheduledGroup(g, num_tokens, is_prefill))
-        out.num_batched_tokens += num_tokens
 
     def _chunk(self, g: SequenceGroup, uncomputed: int, max_tokens: int | None, op: str) -> int:
         if max_tokens is None or max_tokens >= uncomputed:

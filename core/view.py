@@ -111,6 +111,3 @@ class CacheView:
 
     def can_append_slots(self, group: GroupView) -> bool:
         return self._bm.can_append_slots(group._group)
-
-    def blocks_freed_by(self, group: GroupView) -> int:
-        return self._bm.blocks_freed_by(group._group)

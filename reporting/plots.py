@@ -40,6 +40,17 @@ def _title(summary: dict) -> str:
     return f"{summary['policy']} · {name}{scale} · {summary.get('profile', '')}"
 
 
+def _save(plt, fig, axes, summary: dict, path: Path) -> Path:
+    """The finish every figure shares: grid, run title, tight layout, PNG, figure closed."""
+    for ax in axes:
+        ax.grid(alpha=0.3)
+    fig.suptitle(_title(summary), fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=DPI)
+    plt.close(fig)
+    return path
+
+
 def latency_cdfs(req: pd.DataFrame, summary: dict, path: Path) -> Path:
     plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.4))
@@ -53,13 +64,7 @@ def latency_cdfs(req: pd.DataFrame, summary: dict, path: Path) -> Path:
         axes[0].axvline(slo["slo_ttft_s"], color="red", ls="--", lw=1, label="SLO")
     if slo.get("slo_tpot_s"):
         axes[1].axvline(slo["slo_tpot_s"] * 1000, color="red", ls="--", lw=1, label="SLO")
-    for ax in axes:
-        ax.grid(alpha=0.3)
-    fig.suptitle(_title(summary), fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=DPI)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, axes, summary, path)
 
 
 def queues_and_kv(ts: pd.DataFrame, summary: dict, path: Path) -> Path:
@@ -77,13 +82,7 @@ def queues_and_kv(ts: pd.DataFrame, summary: dict, path: Path) -> Path:
         bottom.plot(t, 100 * ts.cpu_blocks_used / cpu_total, label="CPU (swap) blocks used", lw=0.8)
     bottom.set(xlabel="simulated time (s)", ylabel="% of pool", ylim=(0, 105), title="KV-cache usage")
     bottom.legend(loc="lower right", fontsize=8)
-    for ax in (top, bottom):
-        ax.grid(alpha=0.3)
-    fig.suptitle(_title(summary), fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=DPI)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, (top, bottom), summary, path)
 
 
 def batch_composition(ts: pd.DataFrame, summary: dict, path: Path, bins: int = 200) -> Path:
@@ -112,13 +111,7 @@ def batch_composition(ts: pd.DataFrame, summary: dict, path: Path, bins: int = 2
     b.set(xlabel="simulated time (s)", ylabel="% prefill steps")
     b.legend(loc="upper left", fontsize=8)
     b2.legend(loc="upper right", fontsize=8)
-    for ax in (a, b):
-        ax.grid(alpha=0.3)
-    fig.suptitle(_title(summary), fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=DPI)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, (a, b), summary, path)
 
 
 def run_plots(req: pd.DataFrame, ts: pd.DataFrame | None, summary: dict, directory: Path) -> list[Path]:
