@@ -41,6 +41,7 @@ class Engine:
             attach(self.scheduler.block_manager)
         self.clock = self.executor.make_clock()
         self._model_len = self.config.model_len
+        self._caching = self.config.enable_prefix_caching
         self.groups: dict[str, SequenceGroup] = {}
         self.finished: list[SequenceGroup] = []
         self.num_steps = 0
@@ -60,7 +61,7 @@ class Engine:
             request = Request.model_validate(request)
         if request.request_id in self.groups:
             raise ValueError(f"duplicate request id {request.request_id!r}")
-        group = SequenceGroup(request, len(self.groups), self._new_seq_id())
+        group = SequenceGroup(request, len(self.groups), self._new_seq_id(), self.executor.eos_token_id, self._model_len)
         self.groups[request.request_id] = group
         self.scheduler.add(group)
         return group
@@ -101,23 +102,19 @@ class Engine:
         return report
 
     def _apply(self, output: SchedulerOutput, tokens: dict[int, list[int]], now: float) -> list[SequenceGroup]:
-        sched, bm = self.scheduler, self.scheduler.block_manager
-        caching = bm.enable_prefix_caching
+        sched = self.scheduler
         finished = list(output.ignored)
         any_finished = False
         for sg in output.scheduled:
             group = sg.group
-            single = group.n == 1  # then the reservation is simply the unfinished count
+            seqs = group.seqs
+            single = group.n == 1  # then the step reserved one running sequence for the group
             reserved = 1 if single else group.max_running_seqs
-            for seq, n in sg.seq_chunks():
-                computed = seq.num_computed_tokens = seq.num_computed_tokens + n
-                if caching:
-                    bm.mark_computed(seq)
-                if computed == seq.num_tokens:
-                    sampled = tokens[seq.seq_id]
-                    for token in sampled[1:]:
-                        self._append(self._fork(seq), token, now)
-                    self._append(seq, sampled[0], now)
+            if len(seqs) == 1:  # the common case, without building the (sequence, chunk) list
+                self._compute(seqs[0], sg.num_tokens, tokens, now)
+            else:
+                for seq, n in sg.seq_chunks():
+                    self._compute(seq, n, tokens, now)
             if group.num_unfinished_seqs == 0:
                 group.status = max(s.status for s in group.seqs)  # any finished state; STOPPED < CAPPED
                 group.finish_time = now
@@ -128,6 +125,19 @@ class Engine:
             sched.remove_finished()
         self.finished += finished
         return finished
+
+    def _compute(self, seq: Sequence, n: int, tokens: dict[int, list[int]], now: float) -> None:
+        """The step computed ``n`` more tokens of ``seq``; once none is left, it takes its sampled token(s)."""
+        computed = seq.num_computed_tokens = seq.num_computed_tokens + n
+        if self._caching:
+            self.scheduler.block_manager.mark_computed(seq)
+        if computed < seq.num_tokens:
+            return  # a prefill chunk: nothing sampled yet
+        sampled = tokens[seq.seq_id]
+        if len(sampled) > 1:  # the prompt step of n > 1: one child per extra sample
+            for token in sampled[1:]:
+                self._append(self._fork(seq), token, now)
+        self._append(seq, sampled[0], now)
 
     def _fork(self, parent: Sequence) -> Sequence:
         group = parent.group
@@ -145,10 +155,9 @@ class Engine:
         group.num_generated_tokens += 1
         if group.first_token_time is None:
             group.first_token_time = now
-        params = group.request.sampling
-        if (token == self.executor.eos_token_id and not params.ignore_eos) or token in params.stop_token_ids:
+        if token in group.stop_tokens:
             status = SequenceStatus.FINISHED_STOPPED
-        elif len(seq.output) >= params.max_tokens or seq.num_tokens >= self._model_len:
+        elif seq.num_tokens >= group.max_seq_tokens:
             status = SequenceStatus.FINISHED_LENGTH_CAPPED
         else:
             return

@@ -66,6 +66,10 @@ class SchedulerOutput:
     preempted: list[tuple[SequenceGroup, PreemptionMode]] = field(default_factory=list)
     ignored: list[SequenceGroup] = field(default_factory=list)
     num_batched_tokens: int = 0
+    # The step's cost features, counted by the step builder as it schedules (see ``features``).
+    prefill_tokens: int = 0
+    decode_seqs: int = 0
+    kv_tokens_read: int = 0
 
     @property
     def num_prefill_groups(self) -> int:
@@ -73,8 +77,8 @@ class SchedulerOutput:
 
     @cached_property
     def features(self) -> StepFeatures:
-        """What the step's cost depends on; the engine reads it before applying the step, which
-        changes the sequences it is computed from, so cost models and calibration agree."""
+        """What the step's cost depends on, as counted while the step was built (before the
+        engine applies it), so that cost models and calibration agree."""
         from kvsched.core.executors.cost_model import StepFeatures
 
         return StepFeatures.of(self)

@@ -94,9 +94,12 @@ class SequenceGroup:
         "request", "request_id", "index", "n", "seqs", "status", "finish_detail", "view",
         "arrival_time", "first_scheduled_time", "first_token_time", "finish_time",
         "num_recompute_preemptions", "num_swap_preemptions", "num_generated_tokens", "num_unfinished_seqs",
+        "stop_tokens", "max_seq_tokens",
     )
 
-    def __init__(self, request: Request, index: int, first_seq_id: int) -> None:
+    def __init__(
+        self, request: Request, index: int, first_seq_id: int, eos_token_id: int | None = None, max_model_len: int | None = None
+    ) -> None:
         from kvsched.core.view import GroupView
 
         self.request = request
@@ -117,6 +120,13 @@ class SequenceGroup:
         self.num_generated_tokens = 0
         self.num_unfinished_seqs = 1  # kept by the engine as sequences fork and finish
         self.view: GroupView = GroupView(self)
+        # What ends a sequence, fixed once: a token in ``stop_tokens`` (EOS unless ignored, plus the
+        # request's stop ids), or reaching ``max_seq_tokens`` (max_tokens generated, or max_model_len).
+        params = request.sampling
+        eos = () if params.ignore_eos or eos_token_id is None else (eos_token_id,)
+        self.stop_tokens = frozenset(params.stop_token_ids + eos)
+        limit = len(prompt) + params.max_tokens
+        self.max_seq_tokens = limit if max_model_len is None else min(limit, max_model_len)
 
     @property
     def is_forked(self) -> bool:

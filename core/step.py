@@ -138,12 +138,12 @@ class StepBuilder:
         needed = self._bm.blocks_to_allocate(g)
         if needed > self._bm.gpu.num_free:
             raise PolicyError(self.policy_name, f"can_allocate said OK for {g.request_id!r}, which needs {needed} blocks with {self._bm.gpu.num_free} free")
-        self.cached_tokens.update(self._bm.allocate(g))
+        cached = self._bm.allocate(g)
+        self.cached_tokens.update(cached)
         self._touched[g] = "admitted"
         self.admitted.append(g)
         self.num_running_seqs += g.max_running_seqs
-        self.output.scheduled.append(ScheduledGroup(g, chunk, True))
-        self.output.num_batched_tokens += chunk
+        self._record(g, chunk, True, sum(cached.values()))
         return Outcome.SCHEDULED
 
     def advance(self, group: GroupView, max_tokens: int | None = None) -> Outcome:
@@ -182,34 +182,92 @@ class StepBuilder:
         g = self._resolve(group, _RUNNING, "preempt")
         return self._preempt(g, mode)
 
+    def advance_running(self) -> Outcome:
+        """``advance`` every running group not yet touched, oldest first, until one exceeds the token budget.
+
+        The loop most policies write, run inside the core: it returns BUDGET at the first group
+        that does not fit, otherwise SCHEDULED. Groups preempted on the way (to make room for an
+        older one) are skipped, as the loop over ``running`` with ``was_touched`` would.
+        """
+        touched = self._touched
+        for g in self._sched.running:
+            if g in touched:
+                continue
+            outcome = self._run(g, None, "advance")
+            if outcome is Outcome.SCHEDULED:
+                touched[g] = "scheduled"
+            elif outcome is Outcome.BUDGET:
+                return outcome
+        return Outcome.SCHEDULED
+
     # -------------------------------------------------------------------------- mechanics
     def _run(self, g: SequenceGroup, max_tokens: int | None, op: str) -> Outcome:
+        seqs = g.seqs
+        if len(seqs) == 1:
+            seq = seqs[0]
+            if seq.num_tokens - seq.num_computed_tokens == 1:
+                return self._decode_one(g, seq)
         out = self.output
         uncomputed = g.num_uncomputed_tokens
         is_prefill = uncomputed > g.num_unfinished_seqs
         chunk = self._chunk(g, uncomputed, max_tokens, op) if is_prefill else uncomputed
         if out.num_batched_tokens + chunk > self._max_tokens:
             return Outcome.BUDGET
+        running = [s for s in seqs if s.status <= _SWAPPED]
         if not is_prefill:
-            bm = self._bm
-            while bm.gpu.num_free < g.num_unfinished_seqs:  # bm.can_append_slots, inlined: the hot path
-                victim, mode = self._choose_victim(g)
-                if victim is g:
-                    # Deliberate difference from vLLM: do not preempt the last candidate when its
-                    # exact need fits (vLLM's worst case makes a lone request thrash).
-                    if bm.blocks_to_append(g) <= bm.gpu.num_free:
-                        break
-                    self._preempt(g, mode)
-                    return Outcome.PREEMPTED
-                self._preempt(victim, mode)
-            for seq in g.seqs:
-                if seq.status <= _SWAPPED:
-                    cow = bm.append_slots(seq)
-                    if cow is not None:
-                        out.blocks_to_copy.append(cow)
+            if self._make_room(g) is not None:
+                return Outcome.PREEMPTED
+            for seq in running:
+                cow = self._bm.append_slots(seq)
+                if cow is not None:
+                    out.blocks_to_copy.append(cow)
+        self._record(g, chunk, is_prefill, sum(s.num_computed_tokens for s in running))
+        return Outcome.SCHEDULED
+
+    def _decode_one(self, g: SequenceGroup, seq) -> Outcome:
+        """``_run`` for the commonest case, one sequence decoding one token (once per running request per step)."""
+        out = self.output
+        if out.num_batched_tokens >= self._max_tokens:
+            return Outcome.BUDGET
+        if self._bm.gpu.num_free < 1 and self._make_room(g) is not None:
+            return Outcome.PREEMPTED
+        cow = self._bm.append_slots(seq)
+        if cow is not None:
+            out.blocks_to_copy.append(cow)
+        out.scheduled.append(ScheduledGroup(g, 1, False))
+        out.num_batched_tokens += 1
+        out.decode_seqs += 1
+        out.kv_tokens_read += seq.num_computed_tokens
+        return Outcome.SCHEDULED
+
+    def _make_room(self, g: SequenceGroup) -> Outcome | None:
+        """Preempt until every unfinished sequence of ``g`` could take a new block (vLLM's worst case).
+
+        Returns PREEMPTED if ``g`` itself had to go, None once it can decode.
+        """
+        bm = self._bm
+        while bm.gpu.num_free < g.num_unfinished_seqs:  # bm.can_append_slots, inlined: the hot path
+            victim, mode = self._choose_victim(g)
+            if victim is g:
+                # Deliberate difference from vLLM: do not preempt the last candidate when its
+                # exact need fits (vLLM's worst case makes a lone request thrash).
+                if bm.blocks_to_append(g) <= bm.gpu.num_free:
+                    return None
+                self._preempt(g, mode)
+                return Outcome.PREEMPTED
+            self._preempt(victim, mode)
+        return None
+
+    def _record(self, g: SequenceGroup, chunk: int, is_prefill: bool, context: int) -> None:
+        """Add ``g`` to the batch and to the step's cost features (``context``: KV tokens it reads)."""
+        out = self.output
         out.scheduled.append(ScheduledGroup(g, chunk, is_prefill))
         out.num_batched_tokens += chunk
-        return Outcome.SCHEDULED
+        if is_prefill:
+            out.prefill_tokens += chunk
+        else:
+            out.decode_seqs += chunk
+        out.kv_tokens_read += context
 
     def _choose_victim(self, requester: SequenceGroup) -> tuple[SequenceGroup, PreemptionMode | None]:
         choice = self._hooks.choose_preemption(step=self, requester=requester.view)

@@ -22,9 +22,7 @@ def decode_then_resume(step) -> bool:
     Prompts wait while the step had to preempt or a group is still swapped out, so that memory
     pressure is relieved before it is added to.
     """
-    for group in step.running:
-        if not step.was_touched(group) and step.advance(group) is Outcome.BUDGET:
-            break
+    step.advance_running()
     if step.num_preempted:
         return False
     for group in step.swapped:

@@ -55,11 +55,7 @@ class VllmDefault:
             if step.admitted:
                 self._prev_prompt = True
                 return True
-        for group in step.running:
-            if step.num_preempted and step.was_touched(group):  # evicted from the tail while advancing the front
-                continue
-            if step.advance(group) in (Outcome.BUDGET, Outcome.PREEMPTED):
-                break
+        step.advance_running()  # oldest first; evicts from the tail when short of blocks
         if step.num_preempted == 0:
             for group in step.swapped:
                 if step.swap_in(group) in _STOP_ADMITTING:

@@ -81,3 +81,55 @@ def test_cpu_tiny_model_profile_ships_and_runs():
     assert res.summary["profile"] == "smollm2-135m-cpu" and res.summary["finished"] == 20
     # a CPU step costs ~90 ms plus ~6 ms per decoding sequence: TPOT is far above the A100's
     assert res.summary["tpot_s"]["p50"] > 0.09
+
+
+class _FeatureOracle:
+    """A simulated executor that recounts each step's features sequence by sequence, from the
+    sequences themselves, before the engine applies the step (the definition the step builder's
+    running counters must agree with)."""
+
+    def __init__(self):
+        from kvsched.core.executors.simulated import SimulatedExecutor
+
+        self.inner = SimulatedExecutor(block_size=4)
+        self.eos_token_id = self.inner.eos_token_id
+        self.checked = 0
+
+    def make_clock(self):
+        return self.inner.make_clock()
+
+    def execute(self, out):
+        prefill = decode = kv = 0
+        for sg in out.scheduled:
+            for seq, n in sg.seq_chunks():
+                kv += seq.num_computed_tokens
+                if sg.is_prefill:
+                    prefill += n
+                else:
+                    decode += n
+        f = out.features
+        assert (f.prefill_tokens, f.decode_seqs, f.kv_tokens_read) == (prefill, decode, kv)
+        self.checked += bool(out.scheduled)
+        return self.inner.execute(out)
+
+
+@pytest.mark.parametrize("policy", ["vllm-default", "sarathi", "lpm"])
+@pytest.mark.parametrize("caching", [False, True])
+def test_step_features_counted_while_scheduling_match_a_per_sequence_recount(policy, caching):
+    """Prefills, chunks, prefix-cache hits, n > 1 forks, swaps and recomputes all counted right."""
+    from kvsched.core.engine import Engine
+
+    oracle = _FeatureOracle()
+    cfg = EngineConfig(block_size=4, num_gpu_blocks=24, num_cpu_blocks=64, max_num_batched_tokens=40, max_num_seqs=8,
+                       enable_prefix_caching=caching)
+    engine = Engine(cfg, policy, executor=oracle)
+    shared = tuple(range(100, 112))
+    requests = [
+        Request(request_id=f"r{i}", prompt_token_ids=shared + tuple(range(1000 * i, 1000 * i + 3 + i % 7)),
+                output_len=8 + 2 * (i % 9), arrival_time=0.01 * i, sampling=SamplingParams(n=1 + (i % 4 == 0) * 2, max_tokens=30))
+        for i in range(24)
+    ]
+    engine.run(requests)
+    assert len(engine.finished) == 24 and oracle.checked > 20
+    assert sum(g.num_recompute_preemptions for g in engine.finished) > 0
+    assert sum(g.num_swap_preemptions for g in engine.finished) > 0

@@ -51,15 +51,8 @@ class StepFeatures:
 
     @classmethod
     def of(cls, out: SchedulerOutput) -> StepFeatures:
-        prefill = decode = kv = 0
-        for sg in out.scheduled:
-            for seq, n in sg.seq_chunks():
-                kv += seq.num_computed_tokens  # evaluated before the engine applies the step
-                if sg.is_prefill:
-                    prefill += n
-                else:
-                    decode += n
-        return cls(prefill, decode, kv, len(out.blocks_to_swap_in) + len(out.blocks_to_swap_out), len(out.blocks_to_copy))
+        blocks_swapped = len(out.blocks_to_swap_in) + len(out.blocks_to_swap_out)
+        return cls(out.prefill_tokens, out.decode_seqs, out.kv_tokens_read, blocks_swapped, len(out.blocks_to_copy))
 
 
 LLAMA2_7B_A100 = CostProfile(

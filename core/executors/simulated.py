@@ -39,17 +39,17 @@ class SimulatedExecutor:
             target = group.request.output_len
             if target is None:
                 target = 1 << 62
-            if not group.is_forked:
-                for seq, n in samplers(sg):
+            seqs = group.seqs
+            if len(seqs) == 1 and group.n == 1:
+                # The common case, inlined (this runs once per running request per step): the
+                # sequence samples one token if the step computes all its uncomputed tokens.
+                seq = seqs[0]
+                if seq.num_computed_tokens + sg.num_tokens == seq.num_tokens:
                     position = len(seq.output) + 1
-                    tokens[seq.seq_id] = [EOS if position >= target else -2 - position - (i << 24) for i in range(n)]
-                continue
-            # The common case, inlined (this loop runs once per running sequence per step): one token
-            # for each sequence that has computed all its tokens, as ``samplers`` would return.
-            for seq, n in sg.seq_chunks():
-                out = seq.output
-                if seq.num_computed_tokens + n == len(seq.prompt) + len(out):
-                    position = len(out) + 1
                     tokens[seq.seq_id] = [EOS if position >= target else -2 - position]
+                continue
+            for seq, n in samplers(sg):
+                position = len(seq.output) + 1
+                tokens[seq.seq_id] = [EOS if position >= target else -2 - position - (i << 24) for i in range(n)]
         duration = self.profile.step_seconds(output, self.block_size)
         return StepResult(duration if duration > 0 else IDLE_SECONDS, tokens)
