@@ -133,3 +133,16 @@ def test_step_features_counted_while_scheduling_match_a_per_sequence_recount(pol
     assert len(engine.finished) == 24 and oracle.checked > 20
     assert sum(g.num_recompute_preemptions for g in engine.finished) > 0
     assert sum(g.num_swap_preemptions for g in engine.finished) > 0
+
+
+def test_simulated_tokens_are_the_output_position_shared_across_requests():
+    """Placeholder token p is -2 - p (EOS, -1, as the output_len-th), and one int object per
+    position serves every request, so a long simulation keeps pointers, not new ints."""
+    from kvsched.core.engine import Engine
+
+    engine = Engine(EngineConfig(block_size=4, num_gpu_blocks=256, max_num_batched_tokens=512, max_num_seqs=8))
+    engine.run([Request(request_id=f"r{i}", prompt_len=5, output_len=300 + i, arrival_time=0.0,
+                        sampling=SamplingParams(max_tokens=400)) for i in range(2)])
+    a, b = (engine.groups[r].seqs[0].output for r in ("r0", "r1"))
+    assert a[:3] == [-3, -4, -5] and a[-1] == -1 and len(a) == 300 and len(b) == 301
+    assert all(x is y for x, y in zip(a[:299], b[:299]))

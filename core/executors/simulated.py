@@ -28,12 +28,16 @@ class SimulatedExecutor:
             profile = PROFILES[profile]
         self.profile = profile
         self.block_size = block_size
+        # Placeholder token of each output position, one shared int object per position, so a
+        # million simulated requests keep pointers to the same few thousand ints, not new ones.
+        self._placeholders: list[int] = []
 
     def make_clock(self) -> VirtualClock:
         return VirtualClock()
 
     def execute(self, output: SchedulerOutput) -> StepResult:
         tokens: dict[int, list[int]] = {}
+        placeholders = self._placeholders
         for sg in output.scheduled:
             group = sg.group
             target = group.request.output_len
@@ -46,10 +50,22 @@ class SimulatedExecutor:
                 seq = seqs[0]
                 if seq.num_computed_tokens + sg.num_tokens == seq.num_tokens:
                     position = len(seq.output) + 1
-                    tokens[seq.seq_id] = [EOS if position >= target else -2 - position]
+                    if position >= target:
+                        tokens[seq.seq_id] = [EOS]
+                    elif position < len(placeholders):
+                        tokens[seq.seq_id] = [placeholders[position]]
+                    else:
+                        tokens[seq.seq_id] = [self._placeholder(position)]
                 continue
             for seq, n in samplers(sg):
                 position = len(seq.output) + 1
-                tokens[seq.seq_id] = [EOS if position >= target else -2 - position - (i << 24) for i in range(n)]
+                tokens[seq.seq_id] = [EOS if position >= target else self._placeholder(position) - (i << 24) for i in range(n)]
         duration = self.profile.step_seconds(output, self.block_size)
         return StepResult(duration if duration > 0 else IDLE_SECONDS, tokens)
+
+    def _placeholder(self, position: int) -> int:
+        """``-2 - position``, from the shared table (grown on demand)."""
+        table = self._placeholders
+        if position >= len(table):
+            table.extend(range(-2 - len(table), -3 - position, -1))
+        return table[position]
