@@ -103,6 +103,7 @@ class Engine:
 
     def _apply(self, output: SchedulerOutput, tokens: dict[int, list[int]], now: float) -> list[SequenceGroup]:
         sched = self.scheduler
+        bm, caching = sched.block_manager, self._caching
         finished = list(output.ignored)
         any_finished = False
         for sg in output.scheduled:
@@ -110,7 +111,14 @@ class Engine:
             seqs = group.seqs
             single = group.n == 1  # then the step reserved one running sequence for the group
             reserved = 1 if single else group.max_running_seqs
-            if len(seqs) == 1:  # the common case, without building the (sequence, chunk) list
+            if single and len(seqs) == 1:  # the common case, _compute inlined: no fork, no chunk list
+                seq = seqs[0]
+                computed = seq.num_computed_tokens = seq.num_computed_tokens + sg.num_tokens
+                if caching:
+                    bm.mark_computed(seq)
+                if computed == seq.num_tokens:
+                    self._append(seq, tokens[seq.seq_id][0], now)
+            elif len(seqs) == 1:
                 self._compute(seqs[0], sg.num_tokens, tokens, now)
             else:
                 for seq, n in sg.seq_chunks():

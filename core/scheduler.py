@@ -106,7 +106,7 @@ class Scheduler:
         group.finish_time = now
 
     def remove_finished(self) -> None:
-        self.running = [g for g in self.running if not g.status.is_finished]
+        self.running = [g for g in self.running if g.status <= _SWAPPED]  # an int compare: runs every few steps
 
     def abort(self, group: SequenceGroup, now: float) -> None:
         """Take ``group`` out of whichever queue holds it and free every block it held."""
