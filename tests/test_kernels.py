@@ -37,6 +37,20 @@ def test_torch_backend_on_cuda():
     torch.testing.assert_close(paged_attention_torch(*problem).cpu(), want, **tolerance(torch.float32))
 
 
+@pytest.mark.parametrize("heads", HEADS, ids=lambda h: f"H{h[0]}KV{h[1]}")
+def test_torch_pure_decode_batch_and_step_plan_reuse(heads):
+    """A decode-only batch (the fast path returns its rows directly), called again as the next layer of
+    the same step, then with other lengths/tables in tensors mutated in place: no stale cached plan."""
+    cases = [(1, n) for n in (1, 15, 16, 17, 40, 64, 3, 33)]
+    problem = list(make_problem(cases, *heads, 64, 16, seed=7))
+    want = paged_attention_loop(*problem)
+    torch.testing.assert_close(paged_attention_torch(*problem), want, **tolerance(torch.float32))
+    torch.testing.assert_close(paged_attention_torch(*problem), want, **tolerance(torch.float32))
+    problem[4][:] = torch.tensor([2, 14, 16, 20, 33, 49, 1, 30], dtype=torch.int32)
+    problem[5][:] = problem[5].flip(0)
+    torch.testing.assert_close(paged_attention_torch(*problem), paged_attention_loop(*problem), **tolerance(torch.float32))
+
+
 def test_loop_reference_is_causal_softmax():
     """The oracle itself against a dense causal attention of one contiguous sequence."""
     q, k_cache, v_cache, cu, lens, tables, scale = make_problem([(6, 6)], 2, 2, 16, 4, seed=1)
