@@ -74,13 +74,14 @@ SMOLLM2_135M_CPU = CostProfile(
     name="smollm2-135m-cpu",
     description=(
         "SmolLM2-135M-Instruct (fp32) on the transformers executor, one CPU thread of the project "
-        "machine: fitted by benchmarks/real_throughput.py to 135 measured steps (mean error 3.7%; "
-        "predicts a held-out workload's mean TTFT/TPOT within 3%/7%); block moves at an assumed 5 GB/s"
+        "machine: fitted by benchmarks/real_throughput.py to 328 measured steps of a batch-64 run and "
+        "a staggered small-batch run (mean error 7.9%; predicts a held-out workload's mean TTFT and "
+        "TPOT within 1%); block moves at an assumed 5 GB/s"
     ),
-    base_ms=89.5,
-    prefill_token_ms=3.76,
-    decode_seq_ms=6.28,
-    kv_token_ms=0.0287,
+    base_ms=76.1,
+    prefill_token_ms=2.56,
+    decode_seq_ms=3.264,
+    kv_token_ms=0.01137,
     kv_bytes_per_token=2 * 30 * 3 * 64 * 4,  # K and V, 30 layers, 3 KV heads of 64, fp32: 45 KiB
     swap_gb_per_s=5.0,
     copy_gb_per_s=5.0,
