@@ -21,7 +21,7 @@ from kvsched.core.view import GroupView, QueueView
 
 if TYPE_CHECKING:
     from kvsched.core.scheduler import Scheduler
-    from kvsched.core.sequence import SequenceGroup
+    from kvsched.core.sequence import Sequence, SequenceGroup
 
 _WAITING, _RUNNING, _SWAPPED = SequenceStatus.WAITING, SequenceStatus.RUNNING, SequenceStatus.SWAPPED
 
@@ -224,7 +224,7 @@ class StepBuilder:
         self._record(g, chunk, is_prefill, sum(s.num_computed_tokens for s in running))
         return Outcome.SCHEDULED
 
-    def _decode_one(self, g: SequenceGroup, seq) -> Outcome:
+    def _decode_one(self, g: SequenceGroup, seq: Sequence) -> Outcome:
         """``_run`` for the commonest case, one sequence decoding one token (once per running request per step)."""
         out = self.output
         if out.num_batched_tokens >= self._max_tokens:
