@@ -10,8 +10,23 @@ from kvsched.core.sequence import SequenceStatus
 
 if TYPE_CHECKING:
     from kvsched.core.config import PreemptionMode
-    from kvsched.core.executors.cost_model import StepFeatures
     from kvsched.core.sequence import Sequence, SequenceGroup
+
+
+@dataclass(frozen=True, slots=True)
+class StepFeatures:
+    """The quantities a step's time depends on (also what a calibration fit regresses on)."""
+
+    prefill_tokens: int  # P: prompt or chunk tokens computed
+    decode_seqs: int  # D: sequences decoding one token
+    kv_tokens_read: int  # K: cached context attended to (decode contexts + chunk prefixes)
+    blocks_swapped: int
+    blocks_copied: int
+
+    @classmethod
+    def of(cls, out: SchedulerOutput) -> StepFeatures:
+        blocks_swapped = len(out.blocks_to_swap_in) + len(out.blocks_to_swap_out)
+        return cls(out.prefill_tokens, out.decode_seqs, out.kv_tokens_read, blocks_swapped, len(out.blocks_to_copy))
 
 
 class ScheduledGroup:
@@ -79,8 +94,6 @@ class SchedulerOutput:
     def features(self) -> StepFeatures:
         """What the step's cost depends on, as counted while the step was built (before the
         engine applies it), so that cost models and calibration agree."""
-        from kvsched.core.executors.cost_model import StepFeatures
-
         return StepFeatures.of(self)
 
     @property

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from kvsched.core.executors.cost_model import StepFeatures
+    from kvsched.core.outputs import StepFeatures
     from kvsched.core.outputs import SchedulerOutput
     from kvsched.core.sequence import SequenceGroup
     from kvsched.core.view import CacheView

@@ -6,11 +6,9 @@ HBM at ``copy_gb_per_s``; each block is ``block_size × kv_bytes_per_token`` byt
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from pydantic import BaseModel, ConfigDict, Field
 
-from kvsched.core.outputs import SchedulerOutput
+from kvsched.core.outputs import SchedulerOutput, StepFeatures  # StepFeatures re-exported: the cost model's inputs
 
 
 class CostProfile(BaseModel):
@@ -37,22 +35,6 @@ class CostProfile(BaseModel):
         ms += f.blocks_swapped * block_bytes / (self.swap_gb_per_s * 1e6)
         ms += f.blocks_copied * 2 * block_bytes / (self.copy_gb_per_s * 1e6)
         return ms / 1000.0
-
-
-@dataclass(frozen=True, slots=True)
-class StepFeatures:
-    """The quantities a step's time depends on (also what a calibration fit regresses on)."""
-
-    prefill_tokens: int  # P: prompt or chunk tokens computed
-    decode_seqs: int  # D: sequences decoding one token
-    kv_tokens_read: int  # K: cached context attended to (decode contexts + chunk prefixes)
-    blocks_swapped: int
-    blocks_copied: int
-
-    @classmethod
-    def of(cls, out: SchedulerOutput) -> StepFeatures:
-        blocks_swapped = len(out.blocks_to_swap_in) + len(out.blocks_to_swap_out)
-        return cls(out.prefill_tokens, out.decode_seqs, out.kv_tokens_read, blocks_swapped, len(out.blocks_to_copy))
 
 
 LLAMA2_7B_A100 = CostProfile(
