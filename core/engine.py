@@ -83,7 +83,7 @@ class Engine:
         """Schedule, execute and apply one step; then tell ``on_step`` observers."""
         sched = self.scheduler
         output = sched.schedule(self.clock.now())
-        features = output.features  # fixed before _apply changes the sequences they count
+        features = output.features  # counted by the step builder, before _apply changes the sequences
         result = self.executor.execute(output)
         self.clock.advance(result.duration)
         now = self.clock.now()
@@ -118,9 +118,7 @@ class Engine:
                     bm.mark_computed(seq)
                 if computed == seq.num_tokens:
                     self._append(seq, tokens[seq.seq_id][0], now)
-            elif len(seqs) == 1:
-                self._compute(seqs[0], sg.num_tokens, tokens, now)
-            else:
+            else:  # seq_chunks() is fixed here, before an n > 1 prompt step forks children into seqs
                 for seq, n in sg.seq_chunks():
                     self._compute(seq, n, tokens, now)
             if group.num_unfinished_seqs == 0:

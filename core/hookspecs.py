@@ -43,6 +43,8 @@ def select_batch(step: StepBuilder) -> object | None:
     - ``step.advance(group, max_tokens=None)``: a running group's next token per sequence, or
       the next chunk of its prefill; when blocks are short the core asks ``choose_preemption``
       for victims until the worst case fits, or the group itself is preempted (``PREEMPTED``).
+    - ``step.advance_running(stop_on_preempted=True)``: ``advance`` every untouched running group,
+      oldest first, inside the core; stops at BUDGET (and at PREEMPTED unless told not to).
     - ``step.swap_in(group, max_tokens=None)``: bring a swapped group back and run it in this
       step (a group swapped in the middle of a chunked prefill continues with a chunk).
     - ``step.preempt(group, mode=None)``: evict a running group on the policy's own initiative.

@@ -81,7 +81,8 @@ class SchedulerOutput:
     preempted: list[tuple[SequenceGroup, PreemptionMode]] = field(default_factory=list)
     ignored: list[SequenceGroup] = field(default_factory=list)
     num_batched_tokens: int = 0
-    # The step's cost features, counted by the step builder as it schedules (see ``features``).
+    # The step's cost features, counted by the step builder as it schedules (see ``features``);
+    # an output assembled by hand must set them itself.
     prefill_tokens: int = 0
     decode_seqs: int = 0
     kv_tokens_read: int = 0

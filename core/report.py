@@ -6,8 +6,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from kvsched.core.outputs import StepFeatures
-    from kvsched.core.outputs import SchedulerOutput
+    from kvsched.core.outputs import SchedulerOutput, StepFeatures
     from kvsched.core.sequence import SequenceGroup
     from kvsched.core.view import CacheView
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from enum import IntEnum
 from typing import TYPE_CHECKING
 
@@ -32,6 +33,12 @@ class SequenceStatus(IntEnum):
 
 
 _LAST_ACTIVE = SequenceStatus.SWAPPED  # hot paths compare ``status > _LAST_ACTIVE`` (a C-level int compare)
+
+@functools.lru_cache(maxsize=1024)
+def _stop_set(stop_token_ids: tuple[int, ...], eos_token_id: int | None) -> frozenset[int]:
+    """The tokens that stop a sequence, one shared set per distinct request setting."""
+    return frozenset(stop_token_ids if eos_token_id is None else (*stop_token_ids, eos_token_id))
+
 
 _FINISH_REASONS = {
     SequenceStatus.FINISHED_STOPPED: "stop",
@@ -87,7 +94,8 @@ class SequenceGroup:
 
     ``status`` is the queue the group sits in (WAITING, RUNNING, SWAPPED) or its final state.
     A group with ``n > 1`` starts as one sequence; the engine forks the others after the prompt
-    step, so they share the prompt's blocks copy-on-write.
+    step, so they share the prompt's blocks copy-on-write. ``eos_token_id`` and ``max_model_len``
+    are the engine's (None: no EOS, no model limit).
     """
 
     __slots__ = (
@@ -123,8 +131,8 @@ class SequenceGroup:
         # What ends a sequence, fixed once: a token in ``stop_tokens`` (EOS unless ignored, plus the
         # request's stop ids), or reaching ``max_seq_tokens`` (max_tokens generated, or max_model_len).
         params = request.sampling
-        eos = () if params.ignore_eos or eos_token_id is None else (eos_token_id,)
-        self.stop_tokens = frozenset(params.stop_token_ids + eos)
+        eos = None if params.ignore_eos else eos_token_id
+        self.stop_tokens = _stop_set(params.stop_token_ids, eos)
         limit = len(prompt) + params.max_tokens
         self.max_seq_tokens = limit if max_model_len is None else min(limit, max_model_len)
 

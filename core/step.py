@@ -182,12 +182,13 @@ class StepBuilder:
         g = self._resolve(group, _RUNNING, "preempt")
         return self._preempt(g, mode)
 
-    def advance_running(self) -> Outcome:
-        """``advance`` every running group not yet touched, oldest first, until one exceeds the token budget.
+    def advance_running(self, stop_on_preempted: bool = True) -> Outcome:
+        """``advance`` every running group not yet touched, oldest first: the loop most policies write, run in the core.
 
-        The loop most policies write, run inside the core: it returns BUDGET at the first group
-        that does not fit, otherwise SCHEDULED. Groups preempted on the way (to make room for an
-        older one) are skipped, as the loop over ``running`` with ``was_touched`` would.
+        Stops at the first group that exceeds the token budget (returns BUDGET) and, unless
+        ``stop_on_preempted`` is False, at the first group that is itself preempted to make room
+        (returns PREEMPTED, where vLLM's running loop ends); otherwise returns SCHEDULED. Groups preempted on the way to make room for an older one are skipped,
+        as a loop over ``running`` that checks ``was_touched`` would.
         """
         touched = self._touched
         for g in self._sched.running:
@@ -196,7 +197,7 @@ class StepBuilder:
             outcome = self._run(g, None, "advance")
             if outcome is Outcome.SCHEDULED:
                 touched[g] = "scheduled"
-            elif outcome is Outcome.BUDGET:
+            elif outcome is Outcome.BUDGET or stop_on_preempted:
                 return outcome
         return Outcome.SCHEDULED
 
@@ -215,7 +216,7 @@ class StepBuilder:
             return Outcome.BUDGET
         running = [s for s in seqs if s.status <= _SWAPPED]
         if not is_prefill:
-            if self._make_room(g) is not None:
+            if self._make_room(g):
                 return Outcome.PREEMPTED
             for seq in running:
                 cow = self._bm.append_slots(seq)
@@ -229,21 +230,21 @@ class StepBuilder:
         out = self.output
         if out.num_batched_tokens >= self._max_tokens:
             return Outcome.BUDGET
-        if self._bm.gpu.num_free < 1 and self._make_room(g) is not None:
+        if self._bm.gpu.num_free < 1 and self._make_room(g):
             return Outcome.PREEMPTED
         cow = self._bm.append_slots(seq)
         if cow is not None:
             out.blocks_to_copy.append(cow)
-        out.scheduled.append(ScheduledGroup(g, 1, False))
+        out.scheduled.append(ScheduledGroup(g, 1, False))  # _record(g, 1, False, computed), inlined
         out.num_batched_tokens += 1
         out.decode_seqs += 1
         out.kv_tokens_read += seq.num_computed_tokens
         return Outcome.SCHEDULED
 
-    def _make_room(self, g: SequenceGroup) -> Outcome | None:
+    def _make_room(self, g: SequenceGroup) -> bool:
         """Preempt until every unfinished sequence of ``g`` could take a new block (vLLM's worst case).
 
-        Returns PREEMPTED if ``g`` itself had to go, None once it can decode.
+        Returns True if ``g`` itself had to go, False once it can decode.
         """
         bm = self._bm
         while bm.gpu.num_free < g.num_unfinished_seqs:  # bm.can_append_slots, inlined: the hot path
@@ -252,11 +253,11 @@ class StepBuilder:
                 # Deliberate difference from vLLM: do not preempt the last candidate when its
                 # exact need fits (vLLM's worst case makes a lone request thrash).
                 if bm.blocks_to_append(g) <= bm.gpu.num_free:
-                    return None
+                    return False
                 self._preempt(g, mode)
-                return Outcome.PREEMPTED
+                return True
             self._preempt(victim, mode)
-        return None
+        return False
 
     def _record(self, g: SequenceGroup, chunk: int, is_prefill: bool, context: int) -> None:
         """Add ``g`` to the batch and to the step's cost features (``context``: KV tokens it reads)."""

@@ -96,7 +96,7 @@ class _DecodePlan:
 def _decode_plan(q, k_cache, block_tables, cu, lens, decode):
     """The cached plan when this step's metadata is the one it was built for, else a new one."""
     key = (
-        q.shape[1:], q.device, k_cache.shape[1:], k_cache.dtype, k_cache.device,
+        q.shape, q.device, k_cache.shape[1:], k_cache.dtype, k_cache.device,
         torch.is_inference_mode_enabled(), tuple(cu), tuple(lens),
     )
     cached = getattr(_plans, "entry", None)
@@ -167,7 +167,9 @@ def paged_attention_torch(
     block_tables: torch.Tensor,
     scale: float,
 ) -> torch.Tensor:
-    """Same contract as ``kernels.reference.paged_attention_loop``."""
+    """Same contract as ``kernels.reference.paged_attention_loop``; inference only (it writes into reused buffers)."""
+    if torch.is_grad_enabled() and (q.requires_grad or k_cache.requires_grad or v_cache.requires_grad):
+        raise RuntimeError("paged_attention_torch is inference-only: call it under torch.inference_mode() or torch.no_grad()")
     block_size = k_cache.shape[1]
     gqa = q.shape[1] != k_cache.shape[2]
     cu, lens = cu_seqlens_q.tolist(), seq_lens.tolist()

@@ -22,7 +22,7 @@ def decode_then_resume(step) -> bool:
     Prompts wait while the step had to preempt or a group is still swapped out, so that memory
     pressure is relieved before it is added to.
     """
-    step.advance_running()
+    step.advance_running(stop_on_preempted=False)
     if step.num_preempted:
         return False
     for group in step.swapped:

@@ -51,6 +51,25 @@ def test_torch_pure_decode_batch_and_step_plan_reuse(heads):
     torch.testing.assert_close(paged_attention_torch(*problem), paged_attention_loop(*problem), **tolerance(torch.float32))
 
 
+def test_torch_step_plan_is_keyed_on_the_query_rows_too():
+    """Same metadata, a query with extra (padding) rows: the cached plan must not shrink the output."""
+    problem = list(make_problem([(1, 5), (1, 9)], 4, 2, 16, 4, seed=3))
+    paged_attention_torch(*problem)
+    padded = torch.cat([problem[0], torch.zeros_like(problem[0])])
+    out = paged_attention_torch(padded, *problem[1:])
+    assert out.shape == padded.shape
+    torch.testing.assert_close(out[:2], paged_attention_loop(*problem), **tolerance(torch.float32))
+
+
+def test_torch_backend_is_inference_only():
+    problem = list(make_problem([(1, 5)], 4, 2, 16, 4, seed=3))
+    problem[0] = problem[0].clone().requires_grad_()
+    with pytest.raises(RuntimeError, match="inference-only"):
+        paged_attention_torch(*problem)
+    with torch.no_grad():
+        paged_attention_torch(*problem)
+
+
 def test_loop_reference_is_causal_softmax():
     """The oracle itself against a dense causal attention of one contiguous sequence."""
     q, k_cache, v_cache, cu, lens, tables, scale = make_problem([(6, 6)], 2, 2, 16, 4, seed=1)

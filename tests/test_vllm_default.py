@@ -204,3 +204,24 @@ def test_request_with_more_sequences_than_max_num_seqs_is_ignored_not_stuck():
     report = e.step()
     assert ids(report.output.ignored) == ["wide"] and ids(report.output.scheduled) == ["next"]
     assert "max_num_seqs" in e.groups["wide"].finish_detail
+
+
+def test_running_loop_ends_when_the_advanced_group_itself_is_preempted():
+    """vLLM's running loop stops at a self-preemption; a later group that would now fit waits."""
+    from kvsched.core.decisions import Preemption
+    from kvsched.core.hookspecs import hookimpl
+    from kvsched.policies.vllm_default import VllmDefault
+
+    class GivesUpItself(VllmDefault):
+        @hookimpl
+        def choose_preemption(self, step, requester):
+            return Preemption(requester)
+
+    e = unit_engine(policy=GivesUpItself, num_gpu_blocks=3, max_num_seqs=8)
+    for i in range(3):
+        e.add_request(req(f"r{i}", prompt_len=4, output_len=5))  # one full block each: decoding needs a second
+    assert ids(e.step().output.scheduled) == ["r0", "r1", "r2"]
+    report = e.step()  # no free block: r0 gives itself up, which frees one that r1 could use
+    assert [g.request_id for g, _ in report.output.preempted] == ["r0"]
+    assert report.output.scheduled == []
+    assert ids(e.scheduler.running) == ["r1", "r2"]
