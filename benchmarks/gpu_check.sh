@@ -9,7 +9,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
-ENGINE=${ENGINE:-$(dirname "$PY")/engine}
+ENGINE=${ENGINE:-$(dirname "$(command -v "$PY" || echo "$PY")")/engine}
 PEAK=${1:-4800}
 unset TRITON_INTERPRET KVSCHED_ATTENTION
 

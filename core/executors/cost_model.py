@@ -57,8 +57,8 @@ SMOLLM2_135M_CPU = CostProfile(
     description=(
         "SmolLM2-135M-Instruct (fp32) on the transformers executor, one CPU thread of the project "
         "machine: fitted by benchmarks/real_throughput.py to 328 measured steps of a batch-64 run and "
-        "a staggered small-batch run (mean error 7.9%; predicts a held-out workload's mean TTFT and "
-        "TPOT within 1%); block moves at an assumed 5 GB/s"
+        "a staggered small-batch run (mean error 7.9%; predicted a held-out workload's mean TTFT and "
+        "TPOT within 0.1%, and a repeat run's fit within 1.4% and 7.0%); block moves at an assumed 5 GB/s"
     ),
     base_ms=76.1,
     prefill_token_ms=2.56,
