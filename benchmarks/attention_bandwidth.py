@@ -2,7 +2,8 @@
 
 A decode step must read every cached K and V byte of every sequence once; at the device's peak
 bandwidth that takes ``bytes / peak``. This times the Triton kernel (CUDA events, median of
-``--iters``) for a few batch/context shapes and prints achieved GB/s and the fraction of peak.
+``--iters``) for a few batch/context shapes, without and with split-KV (``splits`` 1, then the
+automatic choice), and prints achieved GB/s and the fraction of peak.
 
     python benchmarks/attention_bandwidth.py --peak-gbs 4800      # H200 HBM3e
 """
@@ -15,7 +16,7 @@ import statistics
 import torch
 
 from kvsched.kernels import paged_attention_torch
-from kvsched.kernels.triton_attention import paged_attention_triton
+from kvsched.kernels.triton_attention import choose_num_splits, paged_attention_triton
 
 
 def problem(batch, context, heads, kv_heads, head_dim, block_size, dtype, device):
@@ -53,20 +54,24 @@ def main() -> None:
     assert torch.cuda.is_available(), "needs a CUDA device"
     heads, kv_heads, head_dim, block_size = 32, 8, 128, 16  # a Llama-3-8B-like layer
     print(f"device: {torch.cuda.get_device_name()}; layer H={heads} KVH={kv_heads} D={head_dim}, block {block_size}, one layer per call")
-    print(f"{'dtype':<6}{'batch':>6}{'context':>8}{'tile':>6}{'KV MB':>9}{'time us':>10}{'floor us':>10}{'GB/s':>9}{'% peak':>8}{'max err':>10}")
+    print(f"{'dtype':<6}{'batch':>6}{'context':>8}{'tile':>6}{'splits':>7}{'KV MB':>9}{'time us':>10}{'floor us':>10}{'GB/s':>9}{'% peak':>8}{'max err':>10}")
     for dtype in (torch.bfloat16, torch.float32):
         for batch, context in ((8, 1024), (32, 2048), (128, 1024), (64, 8192)):
             prob = problem(batch, context, heads, kv_heads, head_dim, block_size, dtype, "cuda")
             ref = paged_attention_torch(*prob).float()
             nbytes = 2 * batch * context * kv_heads * head_dim * prob[1].element_size()
             for tile in (16, 64):
-                fn = lambda: paged_attention_triton(*prob, max_query_len=1, tile_n=tile, ieee=dtype == torch.float32)  # noqa: E731
-                err = float((fn().float() - ref).abs().max())
-                ms = time_ms(fn, args.iters)
-                gbs = nbytes / (ms * 1e-3) / 1e9
-                floor_us = nbytes / (args.peak_gbs * 1e9) * 1e6
-                name = str(dtype).removeprefix("torch.")
-                print(f"{name:<6}{batch:>6}{context:>8}{tile:>6}{nbytes / 1e6:>9.1f}{ms * 1e3:>10.1f}{floor_us:>10.1f}{gbs:>9.0f}{100 * gbs / args.peak_gbs:>7.1f}%{err:>10.1e}")
+                auto = choose_num_splits(batch * kv_heads, prob[5].shape[1] * block_size, tile, prob[0].device)
+                for splits in sorted({1, auto}):
+                    fn = lambda: paged_attention_triton(  # noqa: E731
+                        *prob, max_query_len=1, tile_n=tile, ieee=dtype == torch.float32, num_splits=splits
+                    )
+                    err = float((fn().float() - ref).abs().max())
+                    ms = time_ms(fn, args.iters)
+                    gbs = nbytes / (ms * 1e-3) / 1e9
+                    floor_us = nbytes / (args.peak_gbs * 1e9) * 1e6
+                    name = str(dtype).removeprefix("torch.")
+                    print(f"{name:<6}{batch:>6}{context:>8}{tile:>6}{splits:>7}{nbytes / 1e6:>9.1f}{ms * 1e3:>10.1f}{floor_us:>10.1f}{gbs:>9.0f}{100 * gbs / args.peak_gbs:>7.1f}%{err:>10.1e}")
 
 
 if __name__ == "__main__":

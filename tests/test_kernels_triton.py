@@ -54,3 +54,14 @@ def test_triton_takes_strides_not_contiguity(triton_attention):
     got = triton_attention(strided_q, pool[0, 1], pool[1, 1], cu, lens, tables, scale)
     want = paged_attention_loop(q.cpu(), k_cache.cpu(), v_cache.cpu(), cu.cpu(), lens.cpu(), tables.cpu(), scale)
     torch.testing.assert_close(got.cpu(), want, **tolerance(torch.float32))
+
+
+@pytest.mark.parametrize("splits", [2, 3, 8])
+def test_triton_split_kv_matches_loop(triton_attention, splits):
+    """Split-KV (the context shared out over several programs, then merged): same result, also
+    with more splits than a sequence has tiles (empty splits) and with prefill rows in the batch."""
+    cases = [(1, 1), (1, 40), (1, 97), (5, 5), (3, 50)]
+    problem = make_problem(cases, 4, 2, 16, 4, seed=11, device=DEVICE)
+    want = paged_attention_loop(*(t.cpu() if isinstance(t, torch.Tensor) else t for t in problem))
+    got = triton_attention(*problem, num_splits=splits)
+    torch.testing.assert_close(got.cpu(), want, **tolerance(torch.float32))
