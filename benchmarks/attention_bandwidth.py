@@ -3,7 +3,7 @@
 A decode step must read every cached K and V byte of every sequence once; at the device's peak
 bandwidth that takes ``bytes / peak``. This times the Triton kernel (CUDA events, median of
 ``--iters``) for a few batch/context shapes, without and with split-KV (``splits`` 1, then the
-automatic choice), and prints achieved GB/s and the fraction of peak.
+automatic choice, and any ``--splits`` given), and prints achieved GB/s and the fraction of peak.
 
     python benchmarks/attention_bandwidth.py --peak-gbs 4800      # H200 HBM3e
 """
@@ -50,6 +50,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--peak-gbs", type=float, default=4800.0, help="device peak memory bandwidth, GB/s")
     ap.add_argument("--iters", type=int, default=30)
+    ap.add_argument("--splits", type=int, nargs="*", default=[], help="also time these forced split-KV counts")
     args = ap.parse_args()
     assert torch.cuda.is_available(), "needs a CUDA device"
     heads, kv_heads, head_dim, block_size = 32, 8, 128, 16  # a Llama-3-8B-like layer
@@ -62,7 +63,7 @@ def main() -> None:
             nbytes = 2 * batch * context * kv_heads * head_dim * prob[1].element_size()
             for tile in (16, 64):
                 auto = choose_num_splits(batch * kv_heads, prob[5].shape[1] * block_size, tile, prob[0].device)
-                for splits in sorted({1, auto}):
+                for splits in sorted({1, auto, *args.splits}):
                     fn = lambda: paged_attention_triton(  # noqa: E731
                         *prob, max_query_len=1, tile_n=tile, ieee=dtype == torch.float32, num_splits=splits
                     )

@@ -86,8 +86,9 @@ class _DecodePlan:
         block_bytes = block_size * num_kv_heads * head_dim * k_cache.element_size()
         step = max(1, min(num_pairs, _CHUNK_BYTES // block_bytes)) if dev.type == "cpu" else num_pairs  # chunks fit a CPU cache
         self.chunks = [(s, min(num_pairs, s + step)) for s in range(0, num_pairs, step)]
+        # Reused gather target; a half-precision cache is gathered and converted to fp32 instead.
         shape = (step, block_size, num_kv_heads, head_dim)
-        self.gathered = torch.empty(shape, dtype=k_cache.dtype, device=dev)
+        self.gathered = torch.empty(shape, dtype=k_cache.dtype, device=dev) if k_cache.dtype == self.dtype else None
         self.head_major = None if self.cross else torch.empty(
             (step, num_kv_heads, block_size, head_dim), dtype=self.dtype, device=dev
         )
@@ -111,10 +112,11 @@ def _decode_plan(q, k_cache, block_tables, cu, lens, decode):
     return plan
 
 
-def _gather(cache, blocks, out, dtype):
-    if cache.dtype == dtype:
-        return torch.index_select(cache, 0, blocks, out=out)
-    return cache.index_select(0, blocks).to(dtype)
+def _gather(cache, blocks, buffer, dtype):
+    """K or V blocks as ``dtype``: into the plan's reused buffer when no conversion is needed."""
+    if buffer is None:
+        return cache.index_select(0, blocks).to(dtype)
+    return torch.index_select(cache, 0, blocks, out=buffer[: blocks.numel()])
 
 
 def _decode_attention(q, k_cache, v_cache, plan: _DecodePlan, scale: float) -> torch.Tensor:
@@ -128,7 +130,7 @@ def _decode_attention(q, k_cache, v_cache, plan: _DecodePlan, scale: float) -> t
 
     for s, e in plan.chunks:  # scores, in log2 units
         n = e - s
-        keys = _gather(k_cache, plan.blocks[s:e], plan.gathered[:n], dt)
+        keys = _gather(k_cache, plan.blocks[s:e], plan.gathered, dt)
         if cross:
             torch.baddbmm(plan.mask[s:e], plan.q_pairs[s:e], keys.view(n, width, head_dim).transpose(1, 2),
                           alpha=scale * _LOG2E, out=scores[s:e])
@@ -146,7 +148,7 @@ def _decode_attention(q, k_cache, v_cache, plan: _DecodePlan, scale: float) -> t
 
     for s, e in plan.chunks:
         n = e - s
-        values = _gather(v_cache, plan.blocks[s:e], plan.gathered[:n], dt)
+        values = _gather(v_cache, plan.blocks[s:e], plan.gathered, dt)
         if cross:
             torch.bmm(scores[s:e], values.view(n, width, head_dim), out=plan.o_pairs[s:e])
         else:

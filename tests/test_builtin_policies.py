@@ -196,23 +196,24 @@ def prefixed(rid, prefix, suffix_start, arrival=0.0):
                    sampling=SamplingParams(max_tokens=2))
 
 
-def test_lpm_admits_the_longest_cached_prefix_first():
+def cold_then_hit_behind_a_warm_prefix(max_queue: int | None = None):
+    """LPM with prefix 1 cached by a finished request, then "cold" (prefix 2) and "hit" (prefix 1) waiting."""
     eng = unit_engine("lpm", enable_prefix_caching=True, max_num_seqs=1)
+    if max_queue is not None:
+        eng.hooks.policy.max_queue = max_queue
     eng.add_request(prefixed("warm", 1, 50_000))
     eng.run()
     eng.add_request(prefixed("cold", 2, 60_000, arrival=eng.clock.now()))
     eng.add_request(prefixed("hit", 1, 70_000, arrival=eng.clock.now()))
-    assert ids(eng.step().output.scheduled) == ["hit"]
+    return eng
+
+
+def test_lpm_admits_the_longest_cached_prefix_first():
+    assert ids(cold_then_hit_behind_a_warm_prefix().step().output.scheduled) == ["hit"]
 
 
 def test_lpm_falls_back_to_fcfs_on_a_long_queue():
-    eng = unit_engine("lpm", enable_prefix_caching=True, max_num_seqs=1)
-    eng.hooks.policy.max_queue = 1
-    eng.add_request(prefixed("warm", 1, 50_000))
-    eng.run()
-    eng.add_request(prefixed("cold", 2, 60_000, arrival=eng.clock.now()))
-    eng.add_request(prefixed("hit", 1, 70_000, arrival=eng.clock.now()))
-    assert ids(eng.step().output.scheduled) == ["cold"]
+    assert ids(cold_then_hit_behind_a_warm_prefix(max_queue=1).step().output.scheduled) == ["cold"]
 
 
 def test_lpm_computes_fewer_prefill_tokens_than_fcfs_on_shared_prompts():

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from kvsched.core.outputs import SchedulerOutput, StepFeatures  # StepFeatures re-exported: the cost model's inputs
+from kvsched.core.outputs import SchedulerOutput
 
 
 class CostProfile(BaseModel):
