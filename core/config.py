@@ -32,6 +32,9 @@ class EngineConfig(BaseModel):
         None, description="force swap or recompute for every victim; default: recompute one sequence, swap several"
     )
     audit_every_step: bool = Field(False, description="check every allocator invariant after each step")
+    decode_lane: bool = Field(
+        True, description="advance plain decodes together when the executor knows its tokens (the simulator); same results either way"
+    )
 
     @model_validator(mode="after")
     def _check(self) -> EngineConfig:

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from collections import deque
+from itertools import islice
 from collections.abc import Callable, Iterable
 from typing import Any
 
 from kvsched.core.config import EngineConfig
 from kvsched.core.errors import AuditError, StallError
-from kvsched.core.executors.base import Executor
+from kvsched.core.decode_lane import DecodeLane
+from kvsched.core.executors.base import Executor, KnownTokens
 from kvsched.core.outputs import SchedulerOutput
 from kvsched.core.plugins import DEFAULT_POLICY, PolicyHooks
 from kvsched.core.report import StepReport
@@ -42,6 +44,8 @@ class Engine:
         self.clock = self.executor.make_clock()
         self._model_len = self.config.model_len
         self._caching = self.config.enable_prefix_caching
+        if self.config.decode_lane and isinstance(self.executor, KnownTokens) and not self._caching:  # caching hashes each block as it fills
+            self.scheduler.lane = DecodeLane(self.scheduler.block_manager, self.executor)
         self.groups: dict[str, SequenceGroup] = {}
         self.finished: list[SequenceGroup] = []
         self.num_steps = 0
@@ -106,7 +110,13 @@ class Engine:
         bm, caching = sched.block_manager, self._caching
         finished = list(output.ignored)
         any_finished = False
-        for sg in output.scheduled:
+        if output.lane_decodes:
+            for seq in sched.lane.apply():  # members that sampled their last token
+                self._stop_if_done(seq, seq.output[-1])
+                self._end_group(seq.group, now, finished)
+                sched.num_running_seqs -= 1
+                any_finished = True
+        for sg in islice(output.scheduled, output.lane_decodes, None):
             group = sg.group
             seqs = group.seqs
             single = group.n == 1  # then the step reserved one running sequence for the group
@@ -122,15 +132,19 @@ class Engine:
                 for seq, n in sg.seq_chunks():
                     self._compute(seq, n, tokens, now)
             if group.num_unfinished_seqs == 0:
-                group.status = max(s.status for s in group.seqs)  # any finished state; STOPPED < CAPPED
-                group.finish_time = now
-                finished.append(group)
+                self._end_group(group, now, finished)
                 any_finished = True
             sched.num_running_seqs += (group.num_unfinished_seqs if single else group.max_running_seqs) - reserved
         if any_finished:
             sched.remove_finished()
         self.finished += finished
         return finished
+
+    @staticmethod
+    def _end_group(group: SequenceGroup, now: float, finished: list[SequenceGroup]) -> None:
+        group.status = max(s.status for s in group.seqs)  # any finished state; STOPPED < CAPPED
+        group.finish_time = now
+        finished.append(group)
 
     def _compute(self, seq: Sequence, n: int, tokens: dict[int, list[int]], now: float) -> None:
         """The step computed ``n`` more tokens of ``seq``; once none is left, it takes its sampled token(s)."""
@@ -161,6 +175,11 @@ class Engine:
         group.num_generated_tokens += 1
         if group.first_token_time is None:
             group.first_token_time = now
+        self._stop_if_done(seq, token)
+
+    def _stop_if_done(self, seq: Sequence, token: int) -> None:
+        """End ``seq`` if ``token`` (its newest) stops it or it reached its length cap; free its blocks."""
+        group = seq.group
         if token in group.stop_tokens:
             status = SequenceStatus.FINISHED_STOPPED
         elif seq.num_tokens >= group.max_seq_tokens:

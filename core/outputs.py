@@ -86,6 +86,9 @@ class SchedulerOutput:
     prefill_tokens: int = 0
     decode_seqs: int = 0
     kv_tokens_read: int = 0
+    # The first ``lane_decodes`` entries of ``scheduled`` are decodes of the engine's decode lane,
+    # whose tokens are known in advance: an executor with ``KnownTokens`` need not sample them.
+    lane_decodes: int = 0
 
     @property
     def num_prefill_groups(self) -> int:

@@ -13,6 +13,7 @@ from kvsched.core.step import StepBuilder
 from kvsched.core.view import CacheView
 
 if TYPE_CHECKING:
+    from kvsched.core.decode_lane import DecodeLane
     from kvsched.core.plugins import PolicyHooks
 
 _RUNNING, _WAITING, _SWAPPED = SequenceStatus.RUNNING, SequenceStatus.WAITING, SequenceStatus.SWAPPED
@@ -37,6 +38,7 @@ class Scheduler:
         self.running: list[SequenceGroup] = []
         self.swapped: list[SequenceGroup] = []
         self.num_running_seqs = 0  # sum of max_running_seqs over running groups
+        self.lane: DecodeLane | None = None  # set by the engine when its executor knows its tokens
 
     def add(self, group: SequenceGroup) -> None:
         self.waiting.append(group)
@@ -52,14 +54,19 @@ class Scheduler:
         try:
             self.hooks.select_batch(step=step)
         except PolicyError:
-            bm.rollback()
+            self._rollback()
             raise
         except Exception as exc:
-            bm.rollback()
+            self._rollback()
             raise PolicyError(self.hooks.name, f"raised {type(exc).__name__}: {exc}") from exc
         bm.commit()
         self._commit(step)
         return step.output
+
+    def _rollback(self) -> None:
+        self.block_manager.rollback()
+        if self.lane is not None:
+            self.lane.rollback()
 
     def _commit(self, step: StepBuilder) -> None:
         out, now = step.output, step.now
@@ -110,6 +117,8 @@ class Scheduler:
 
     def abort(self, group: SequenceGroup, now: float) -> None:
         """Take ``group`` out of whichever queue holds it and free every block it held."""
+        if self.lane is not None:
+            self.lane.dissolve()
         for name in ("waiting", "running", "swapped"):
             queue = getattr(self, name)
             if group in queue:
@@ -128,6 +137,8 @@ class Scheduler:
         counted = sum(g.max_running_seqs for g in self.running)
         if counted != self.num_running_seqs:
             problems.append(f"running sequence count {self.num_running_seqs} != {counted}")
+        if self.lane is not None:
+            problems += self.lane.audit(self.running)
         if self.num_running_seqs > self.config.max_num_seqs:
             problems.append(f"{self.num_running_seqs} running sequences exceed max_num_seqs {self.config.max_num_seqs}")
         return problems

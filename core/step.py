@@ -190,8 +190,15 @@ class StepBuilder:
         (returns PREEMPTED, where vLLM's running loop ends); otherwise returns SCHEDULED. Groups preempted on the way to make room for an older one are skipped,
         as a loop over ``running`` that checks ``was_touched`` would.
         """
+        out, sched = self.output, self._sched
+        lane = sched.lane
+        if lane is not None:
+            if not (out.scheduled or out.preempted) and lane.schedule(sched.running, out, self._max_tokens, self._touched):
+                out.lane_decodes = lane.scheduled
+                return Outcome.SCHEDULED
+            lane.dissolve()  # the step goes sequence by sequence
         touched = self._touched
-        for g in self._sched.running:
+        for g in sched.running:
             if g in touched:
                 continue
             outcome = self._run(g, None, "advance")
@@ -285,6 +292,8 @@ class StepBuilder:
         return victim, choice.mode
 
     def _preempt(self, g: SequenceGroup, mode: PreemptionMode | None) -> PreemptionMode:
+        if self._sched.lane is not None:
+            self._sched.lane.dissolve()
         if self.config.preemption_mode is not None:
             mode = self.config.preemption_mode
         elif mode is None:
@@ -327,4 +336,6 @@ class StepBuilder:
             raise PolicyError(self.policy_name, f"{op}: {g.request_id!r} was already {state} in this step")
         if g.status is not expected:
             raise PolicyError(self.policy_name, f"{op}: {g.request_id!r} is {g.status.name}, not {expected.name}")
+        if expected is _RUNNING and self._sched.lane is not None:
+            self._sched.lane.dissolve()  # this group changes on its own now
         return g

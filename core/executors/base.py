@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     from kvsched.core.outputs import ScheduledGroup, SchedulerOutput
-    from kvsched.core.sequence import Sequence
+    from kvsched.core.sequence import Sequence, SequenceGroup
 
 
 @dataclass
@@ -32,6 +32,23 @@ class Executor(Protocol):
     def make_clock(self): ...
 
     def execute(self, output: SchedulerOutput) -> StepResult: ...
+
+
+@runtime_checkable
+class KnownTokens(Protocol):
+    """An executor whose one-sequence decode tokens are known before it runs (the simulator's).
+
+    The engine then advances plain decodes in a ``DecodeLane``, writing their tokens out only
+    when someone reads them. Positions count output tokens from 1.
+    """
+
+    def tokens_at(self, group: SequenceGroup, start: int, stop: int) -> list[int]:
+        """The tokens a one-sequence ``group`` samples at output positions ``start`` .. ``stop - 1``."""
+        ...
+
+    def first_stop(self, group: SequenceGroup, start: int) -> int | None:
+        """The first position from ``start`` on whose token is in ``group.stop_tokens`` (None: never)."""
+        ...
 
 
 def samplers(scheduled: ScheduledGroup) -> list[tuple[Sequence, int]]:

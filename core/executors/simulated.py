@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from itertools import islice
+
 from kvsched.core.clock import VirtualClock
 from kvsched.core.executors.base import StepResult, samplers
 from kvsched.core.executors.cost_model import DEFAULT_PROFILE, PROFILES, CostProfile
 from kvsched.core.outputs import SchedulerOutput
+from kvsched.core.sequence import SequenceGroup
 
 EOS = -1
 IDLE_SECONDS = 1e-3  # time charged for a step that ran nothing, so time-based policies move on
@@ -38,7 +41,7 @@ class SimulatedExecutor:
     def execute(self, output: SchedulerOutput) -> StepResult:
         tokens: dict[int, list[int]] = {}
         placeholders = self._placeholders
-        for sg in output.scheduled:
+        for sg in islice(output.scheduled, output.lane_decodes, None):  # the lane knows its own tokens
             group = sg.group
             target = group.request.output_len
             if target is None:
@@ -62,6 +65,29 @@ class SimulatedExecutor:
                 tokens[seq.seq_id] = [EOS if position >= target else self._placeholder(position) - (i << 24) for i in range(n)]
         duration = self.profile.step_seconds(output, self.block_size)
         return StepResult(duration if duration > 0 else IDLE_SECONDS, tokens)
+
+    def tokens_at(self, group: SequenceGroup, start: int, stop: int) -> list[int]:
+        """What ``execute`` samples for a one-sequence group at output positions ``start`` .. ``stop - 1``."""
+        target = group.request.output_len
+        last = stop if target is None else min(stop, target)
+        if last <= start:
+            return [EOS] * (stop - start)
+        self._placeholder(last - 1)
+        tokens = self._placeholders[start:last]
+        if last < stop:
+            tokens += [EOS] * (stop - last)
+        return tokens
+
+    def first_stop(self, group: SequenceGroup, start: int) -> int | None:
+        """The first position from ``start`` whose token stops ``group``: EOS at its output length, or a stop id equal to a placeholder."""
+        target = group.request.output_len
+        stops = group.stop_tokens
+        found = max(start, target) if target is not None and EOS in stops else None
+        for token in stops:
+            position = -2 - token  # placeholders are -2 - position
+            if position >= start and (target is None or position < target) and (found is None or position < found):
+                found = position
+        return found
 
     def _placeholder(self, position: int) -> int:
         """``-2 - position``, from the shared table (grown on demand)."""

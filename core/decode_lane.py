@@ -1,0 +1,197 @@
+"""The decode lane: a batch of plain decodes advanced in constant time per step, not per sequence.
+
+Most of a simulated run is steps in which every running request decodes one token, and most of
+the engine's time was the per-sequence work of those steps: a block check, a batch entry, a
+token, a stop check, for every running sequence at every step. With an executor whose tokens
+are known in advance (``KnownTokens``: the simulator), none of that has to happen per step:
+
+- a member's token count is its stored count plus the lane's decode steps since it joined
+  (``Sequence`` adds them on every read, so nothing is ever stale to a reader);
+- the step at which it needs its next KV block is known (every ``block_size`` tokens), so the
+  block is appended exactly then, in its step, by the block manager as usual;
+- the step at which it samples its last token is known (``first_stop`` or the length cap), so it
+  leaves the lane exactly then and the engine finishes it as usual.
+
+A lane step therefore costs the blocks that fall due and the requests that finish, plus one list
+copy for the batch. The lane is taken only when it is exact: nothing of the running queue touched
+yet, every running group a one-sequence decode, the whole batch within the token budget, and at
+least one block to spare after the due ones (so that vLLM's worst-case check, which preempts once
+no block is free, would have passed for every sequence). Otherwise the lane dissolves (each member
+gets its tokens written out) and the step runs sequence by sequence.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from kvsched.core.outputs import ScheduledGroup
+from kvsched.core.sequence import SequenceStatus
+
+if TYPE_CHECKING:
+    from kvsched.allocators.block_manager import BlockManager
+    from kvsched.core.executors.base import KnownTokens
+    from kvsched.core.outputs import SchedulerOutput
+    from kvsched.core.sequence import Sequence, SequenceGroup
+
+_RUNNING = SequenceStatus.RUNNING
+
+
+class DecodeLane:
+    """The running one-sequence decodes of one engine, advanced together (see the module docstring)."""
+
+    def __init__(self, block_manager: BlockManager, tokens: KnownTokens) -> None:
+        self._bm = block_manager
+        self._tokens = tokens
+        self._block_size = block_manager.block_size
+        self.steps = 0  # lane steps applied so far; a member is ``steps - lane_mark`` tokens ahead of its fields
+        self._running: list[SequenceGroup] | None = None  # the running queue the batch below was built from
+        self._exact = False  # every group of that queue is a member
+        self._batch: list[ScheduledGroup] = []  # one decode entry per member, in running order
+        self._touched: dict[SequenceGroup, str] = {}  # the same groups, as the step builder marks them
+        self._entries: dict[SequenceGroup, ScheduledGroup] = {}
+        self._ends: dict[Sequence, int] = {}  # member -> lane step that samples its last token
+        self._blocks_due: dict[int, list[Sequence]] = {}  # lane step -> members that need a block in it
+        self._finishing: dict[int, list[Sequence]] = {}  # lane step -> members that end in it
+        self._kv_tokens = 0  # sum of the members' computed tokens
+        self.scheduled = 0  # members in the step being built (0: the step is not a lane step)
+
+    # ----------------------------------------------------------------------------- scheduling
+    def schedule(self, running: list[SequenceGroup], out: SchedulerOutput, max_tokens: int, touched: dict) -> bool:
+        """Put every running group in ``out`` as one decode, if the lane is exact for this step."""
+        if running is not self._running:
+            self._rebuild(running)
+        batch = self._batch
+        n = len(batch)
+        if not self._exact or not n or out.num_batched_tokens + n > max_tokens:
+            return False
+        due = self._blocks_due.get(self.steps)
+        if self._bm.gpu.num_free - (len(due) if due else 0) < 1:
+            return False  # some sequence would meet vLLM's worst-case check with no free block
+        if due is not None:
+            del self._blocks_due[self.steps]
+            append, ends, block_size = self._bm.append_slots, self._ends, self._block_size
+            for seq in due:
+                append(seq)
+                again = self.steps + block_size
+                if again <= ends[seq]:
+                    self._blocks_due.setdefault(again, []).append(seq)
+        out.scheduled += batch
+        out.num_batched_tokens += n
+        out.decode_seqs += n
+        out.kv_tokens_read += self._kv_tokens
+        touched.update(self._touched)
+        self.scheduled = n
+        return True
+
+    def _rebuild(self, running: list[SequenceGroup]) -> None:
+        """Take in the running groups that became plain decodes; note whether all of them are."""
+        self._running = running
+        entries = self._entries
+        newcomers = [g for g in running if g not in entries]
+        for g in newcomers:  # all or none: a lane that cannot run would only be dissolved again
+            seqs = g.seqs
+            if len(seqs) > 1 or g.n > 1 or seqs[0].status is not _RUNNING or seqs[0].num_uncomputed_tokens != 1:
+                self._exact = False
+                return
+        self._exact = all([self._join(g, g.seqs[0]) for g in newcomers])
+        if self._exact:
+            self._batch = [entries[g] for g in running]
+            self._touched = dict.fromkeys(running, "scheduled")
+
+    def _join(self, g: SequenceGroup, seq: Sequence) -> bool:
+        steps, size = self.steps, self._block_size
+        num_tokens, num_output = seq._num_tokens, len(seq._output)
+        last = g.max_seq_tokens - num_tokens  # lane steps until the length cap
+        stop = self._tokens.first_stop(g, num_output + 1)
+        if stop is not None:
+            last = min(last, stop - num_output)
+        if last < 1:
+            return False
+        end = steps + last - 1
+        self._ends[seq] = end
+        self._finishing.setdefault(end, []).append(seq)
+        # The step that first finds its newest token beyond its last block, then every block_size steps.
+        due = steps + max(0, len(self._bm.gpu_tables[seq.seq_id]) * size - num_tokens + 1)
+        if due <= end:
+            self._blocks_due.setdefault(due, []).append(seq)
+        seq.lane, seq.lane_mark = self, steps
+        self._kv_tokens += seq._num_computed
+        self._entries[g] = ScheduledGroup(g, 1, False)
+        return True
+
+    # ------------------------------------------------------------------------------- applying
+    def apply(self) -> list[Sequence]:
+        """The lane step ran: every member is one token further. Returns the members that sampled
+        their last token, out of the lane, with their tokens written out."""
+        step, n = self.steps, self.scheduled
+        self.steps = step + 1
+        self.scheduled = 0
+        self._kv_tokens += n
+        ending = self._finishing.pop(step, None)
+        if ending is None:
+            return []
+        for seq in ending:
+            self._leave(seq)
+        return ending
+
+    def audit(self, running: list[SequenceGroup]) -> list[str]:
+        """Members that are not what the lane assumes (plain running decodes, blocks and end where predicted)."""
+        problems = []
+        in_running, size, steps = set(running), self._block_size, self.steps
+        for seq, end in self._ends.items():
+            name = f"lane member {seq.group.request_id}"
+            if seq.lane is not self or seq.group not in in_running or seq.status is not _RUNNING or seq.num_uncomputed_tokens != 1:
+                problems.append(f"{name} is not a running plain decode of this lane")
+                continue
+            capacity = len(self._bm.gpu_tables[seq.seq_id]) * size
+            if capacity < seq.num_computed_tokens:
+                problems.append(f"{name} has {seq.num_computed_tokens} computed tokens in {capacity} slots")
+            due = steps + max(0, capacity - seq.num_tokens + 1)
+            if due <= end and seq not in self._blocks_due.get(due, ()):
+                problems.append(f"{name} is not due for a block at lane step {due}")
+            if end < steps or seq not in self._finishing.get(end, ()):
+                problems.append(f"{name} is not due to finish at lane step {end}")
+        kv = sum(seq.num_computed_tokens for seq in self._ends)
+        if kv != self._kv_tokens:
+            problems.append(f"lane counts {self._kv_tokens} computed tokens, its members hold {kv}")
+        return problems
+
+    # ------------------------------------------------------------------------- writing out
+    def sync(self, seq: Sequence) -> None:
+        """Write out the tokens ``seq`` decoded in the lane; it stays a member."""
+        behind = self.steps - seq.lane_mark
+        if behind:
+            seq.lane_mark = self.steps
+            output = seq._output
+            output += self._tokens.tokens_at(seq.group, len(output) + 1, len(output) + 1 + behind)
+            seq._num_tokens += behind
+            seq._num_computed += behind
+            seq.group._num_generated += behind
+
+    def _leave(self, seq: Sequence) -> None:
+        self.sync(seq)
+        seq.lane = None
+        self._kv_tokens -= seq._num_computed
+        del self._ends[seq]
+        del self._entries[seq.group]
+        self._running = None  # the batch lists a group that is gone
+
+    def rollback(self) -> None:
+        """The step being built was abandoned: forget it and dissolve (its blocks went back with the block manager's rollback)."""
+        self.scheduled = 0
+        self.dissolve()
+
+    def dissolve(self) -> None:
+        """Every member leaves with its tokens written out; the next step rebuilds the lane."""
+        if self.scheduled:
+            raise RuntimeError("the decode lane cannot dissolve between scheduling a step and applying it")
+        for seq in self._ends:
+            self.sync(seq)
+            seq.lane = None
+        self._ends.clear()
+        self._entries.clear()
+        self._blocks_due.clear()
+        self._finishing.clear()
+        self._kv_tokens = 0
+        self._running = None
+        self._exact = False

@@ -1,0 +1,168 @@
+"""The decode lane changes how fast the simulator runs, never what it computes.
+
+The main property: for random workloads, configs, policies and aborts, an engine with the lane
+and one without produce the same steps (batch, tokens per group, preemptions, swaps, copies,
+features, durations, finishes) and the same requests (tokens, status, times), with every step
+audited, the lane's own bookkeeping included.
+"""
+
+from __future__ import annotations
+
+import pytest
+from helpers import req
+from hypothesis import event, given, note
+from hypothesis import strategies as st
+
+from kvsched.core import Engine, EngineConfig
+from kvsched.core.errors import PolicyError
+from kvsched.core.executors.simulated import EOS, SimulatedExecutor
+from kvsched.core.hookspecs import hookimpl
+from kvsched.core.request import Request, SamplingParams
+from kvsched.policies.vllm_default import VllmDefault
+
+POLICIES = ["vllm-default", "fcfs", "sjf", "sarathi", "vtc", "lpm"]
+
+configs = st.builds(
+    dict,
+    block_size=st.sampled_from([1, 2, 4, 16]),
+    num_gpu_blocks=st.integers(8, 96),
+    num_cpu_blocks=st.integers(0, 48),
+    watermark=st.sampled_from([0.0, 0.01, 0.1]),
+    max_num_batched_tokens=st.sampled_from([64, 128, 512]),
+    max_num_seqs=st.integers(1, 32),
+    max_model_len=st.sampled_from([None, 48, 80]),
+    delay_factor=st.sampled_from([0.0, 0.5]),
+    preemption_mode=st.sampled_from([None, "swap", "recompute"]),
+)
+requests = st.lists(
+    st.tuples(
+        st.integers(1, 60), st.integers(1, 30), st.sampled_from([1, 1, 1, 2]), st.floats(0, 3, allow_nan=False),
+        st.integers(0, 8), st.booleans(), st.sampled_from([(), (-5,), (-1, -9)]),
+    ),
+    min_size=1, max_size=14,
+)
+
+
+def _request(i, prompt, output, n, arrival, extra, ignore_eos, stops) -> Request:
+    return Request(
+        request_id=f"r{i}", prompt_len=prompt, output_len=output, arrival_time=round(arrival, 3), tenant=f"t{i % 2}",
+        sampling=SamplingParams(n=n, max_tokens=output + extra, ignore_eos=ignore_eos, stop_token_ids=stops),
+    )
+
+
+def _trace(policy, config, reqs, aborts, abort_step, lane):
+    """Everything observable of a run, step by step, then request by request."""
+    engine = Engine(EngineConfig(**config, decode_lane=lane, audit_every_step=True), policy)
+    steps, lane_steps = [], [0]
+
+    def record(report):
+        out = report.output
+        lane_steps[0] += out.lane_decodes > 0
+        steps.append((
+            report.step, report.now, report.duration,
+            [(s.group.request_id, s.num_tokens, s.is_prefill) for s in out.scheduled],
+            [(g.request_id, mode.value) for g, mode in out.preempted],
+            len(out.blocks_to_swap_in), len(out.blocks_to_swap_out), len(out.blocks_to_copy),
+            report.features, [g.request_id for g in report.finished], report.num_waiting, report.num_running,
+            report.cache.num_free_gpu_blocks,
+        ))
+        if report.step == abort_step:
+            for i in aborts:
+                engine.abort(f"r{i}")
+
+    engine.run(reqs, on_step=record)
+    finals = {
+        g.request_id: (g.status, g.finish_time, g.first_token_time, g.num_generated_tokens,
+                       [list(s.output) for s in g.seqs], g.num_recompute_preemptions, g.num_swap_preemptions)
+        for g in engine.groups.values()
+    }
+    assert engine.leaked_blocks == 0
+    return steps, finals, lane_steps[0]
+
+
+@given(policy=st.sampled_from(POLICIES), config=configs, spec=requests,
+       aborts=st.lists(st.integers(0, 13), max_size=3), abort_step=st.integers(0, 40))
+def test_the_lane_changes_nothing_observable(policy, config, spec, aborts, abort_step):
+    reqs = [_request(i, *row) for i, row in enumerate(spec)]
+    with_lane = _trace(policy, config, reqs, aborts, abort_step, lane=True)
+    without = _trace(policy, config, reqs, aborts, abort_step, lane=False)
+    note(f"{with_lane[2]} lane steps of {len(with_lane[0])}")
+    event("lane used" if with_lane[2] else "lane not used")
+    assert without[2] == 0
+    assert with_lane[0] == without[0]
+    assert with_lane[1] == without[1]
+
+
+def test_a_plain_decode_workload_runs_mostly_in_the_lane_and_matches():
+    reqs = [req(f"r{i}", 20 + 7 * i, 40 + 13 * i, arrival=0.05 * i) for i in range(12)]
+    config = dict(block_size=4, num_gpu_blocks=400, max_num_batched_tokens=512)
+    steps, finals, lane_steps = _trace("vllm-default", config, reqs, [], -1, lane=True)
+    assert lane_steps > len(steps) // 2
+    assert (steps, finals) == _trace("vllm-default", config, reqs, [], -1, lane=False)[:2]
+
+
+def test_reading_a_member_mid_run_sees_every_token_it_decoded():
+    """An observer that reads running sequences sees what the sequence-by-sequence engine has."""
+    reqs = [req(f"r{i}", 9, 30, arrival=0.01 * i) for i in range(5)]
+    seen = {True: [], False: []}
+    for lane in (True, False):
+        engine = Engine(EngineConfig(block_size=4, num_gpu_blocks=200, decode_lane=lane))
+
+        def look(report, lane=lane, engine=engine):
+            seen[lane].append([(g.request_id, s.num_tokens, s.num_computed_tokens, list(s.output), g.num_generated_tokens)
+                               for g in engine.scheduler.running for s in g.seqs])
+
+        engine.run(reqs, on_step=look)
+    assert seen[True] == seen[False]
+    assert any(row for row in seen[True])
+
+
+def test_prefix_caching_and_real_executors_do_not_use_the_lane():
+    assert Engine(EngineConfig(enable_prefix_caching=True)).scheduler.lane is None
+    assert Engine(EngineConfig(decode_lane=False)).scheduler.lane is None
+    assert Engine(EngineConfig()).scheduler.lane is not None
+
+
+class _RaisesAfterDecoding(VllmDefault):
+    name = "raises-after-decoding"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+
+    @hookimpl
+    def select_batch(self, step):
+        self.calls += 1
+        super().select_batch(step)
+        if self.calls == 12:
+            raise RuntimeError("boom")
+
+
+def test_a_policy_failing_after_a_lane_step_leaves_the_engine_as_before_the_step():
+    engine = Engine(EngineConfig(block_size=4, num_gpu_blocks=200), _RaisesAfterDecoding)
+    for i in range(4):
+        engine.add_request(req(f"r{i}", 10, 50))
+    engine.step()  # the prompts
+    for _ in range(10):
+        assert engine.step().output.lane_decodes == 4
+    before = [(s.num_tokens, list(s.output), engine.scheduler.block_manager.block_table(s.seq_id)) for g in engine.scheduler.running for s in g.seqs]
+    free = engine.scheduler.block_manager.num_free_gpu_blocks
+    with pytest.raises(PolicyError, match="boom"):
+        engine.step()
+    after = [(s.num_tokens, list(s.output), engine.scheduler.block_manager.block_table(s.seq_id)) for g in engine.scheduler.running for s in g.seqs]
+    assert after == before and engine.scheduler.block_manager.num_free_gpu_blocks == free
+    engine.check()
+
+
+def test_known_tokens_are_the_tokens_the_executor_samples():
+    ex = SimulatedExecutor(block_size=4)
+    group = Engine(EngineConfig()).add_request(
+        Request(request_id="a", prompt_len=3, output_len=6, sampling=SamplingParams(max_tokens=9, stop_token_ids=(-6,)))
+    )
+    assert ex.tokens_at(group, 1, 9) == [-3, -4, -5, -6, -7, EOS, EOS, EOS]
+    assert ex.first_stop(group, 1) == 4  # the placeholder -6 is position 4
+    assert ex.first_stop(group, 5) == 6  # then EOS at the output length
+    ignoring = Engine(EngineConfig()).add_request(
+        Request(request_id="b", prompt_len=3, output_len=2, sampling=SamplingParams(max_tokens=9, ignore_eos=True))
+    )
+    assert ex.first_stop(ignoring, 1) is None and ex.tokens_at(ignoring, 2, 4) == [EOS, EOS]
