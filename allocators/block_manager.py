@@ -171,7 +171,7 @@ class BlockManager:
             reused = self.cached_blocks(seq) if k == 0 else self.gpu_tables[seqs[0].seq_id][:shared]
             for b in reused:
                 self.gpu.take(b)
-            table = reused + [self.gpu.allocate() for _ in range(self.num_blocks(seq.num_tokens) - len(reused))]
+            table = reused + self.gpu.allocate_many(self.num_blocks(seq.num_tokens) - len(reused))
             self.gpu_tables[seq.seq_id] = table
             self._registered[seq.seq_id] = len(reused) if k == 0 else 0
             cached[seq.seq_id] = len(reused) * self.block_size
@@ -267,8 +267,7 @@ class BlockManager:
         pool = self.gpu
         if table is None:
             table, pool = self.cpu_tables.pop(sid), self.cpu
-        for b in reversed(table):
-            pool.release(b)
+        pool.release_many(reversed(table))
 
     # ------------------------------------------------------------------------ transactions
     def begin(self) -> None:

@@ -48,6 +48,18 @@ class BlockPool:
         self.num_free -= 1
         return block
 
+    def allocate_many(self, n: int) -> list[int]:
+        """``n`` blocks, the same ones ``n`` calls of ``allocate`` would give (a prompt takes dozens)."""
+        free = self._free
+        if len(free) < n:
+            return [self.allocate() for _ in range(n)]
+        blocks = [free.popitem()[0] for _ in range(n)]
+        ref_counts = self.ref_counts
+        for block in blocks:
+            ref_counts[block] = 1
+        self.num_free -= n
+        return blocks
+
     def take(self, block: int) -> None:
         """Hold one more reference to ``block``; if nobody held it, take it out of the free set."""
         if self.ref_counts[block] == 0:
@@ -70,6 +82,23 @@ class BlockPool:
                 self.evictor.add(block)
             else:
                 self._free[block] = None
+
+    def release_many(self, blocks) -> None:
+        """``release`` each of ``blocks`` in order (a finished sequence gives back its whole table)."""
+        if self.block_hash:  # some block may carry a hash: the general path decides cached or free
+            for block in blocks:
+                self.release(block)
+            return
+        ref_counts, free, freed = self.ref_counts, self._free, 0
+        for block in blocks:
+            count = ref_counts[block] - 1
+            if count < 0:
+                raise RuntimeError(f"double free of {self.device} block {block}")
+            ref_counts[block] = count
+            if count == 0:
+                free[block] = None
+                freed += 1
+        self.num_free += freed
 
     def lookup(self, content_hash: int) -> int | None:
         return self.hash_to_block.get(content_hash)
