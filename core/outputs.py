@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import cached_property
+from itertools import islice
 from typing import TYPE_CHECKING
 
 from kvsched.core.sequence import SequenceStatus
@@ -92,7 +93,7 @@ class SchedulerOutput:
 
     @property
     def num_prefill_groups(self) -> int:
-        return sum(1 for s in self.scheduled if s.is_prefill)
+        return sum(1 for s in islice(self.scheduled, self.lane_decodes, None) if s.is_prefill)  # lane entries decode
 
     @cached_property
     def features(self) -> StepFeatures:

@@ -32,10 +32,7 @@ class TimeSeriesRecorder:
         out = r.output
         f = r.features if r.features is not None else out.features
         cache = r.cache
-        prefill_groups = 0
-        for sg in out.scheduled:
-            if sg.is_prefill:
-                prefill_groups += 1
+        prefill_groups = out.num_prefill_groups
         swap_preempt = 0
         for _g, mode in out.preempted:
             if mode.value == "swap":
