@@ -7,6 +7,10 @@ token and, every 16 tokens, one block per sequence) in the same run, and prints 
 ratio of it; vLLM's own figures (research/vllm.md §6, measured on a 2-core machine like this
 one, not in this run) are printed beside ours for reference.
 
+The main columns run sequence by sequence (``decode_lane=False``), as vLLM's scheduler does;
+"lane ms" is the same case with the decode lane the simulator uses (plain decodes advanced
+together, see ``core/decode_lane.py``), measured in the same run.
+
     python benchmarks/scheduler_overhead.py [--steps 200]
 """
 
@@ -24,11 +28,11 @@ VLLM_V0_MS = {16: 0.13, 64: 0.47, 256: 1.97, 1024: 16.8}  # v0.6.3 _schedule()
 VLLM_V1_MS = {16: 0.035, 64: 0.131, 256: 0.53, 1024: 2.31}  # V1 0.8.5 schedule()
 
 
-def build(n: int, blocks_per_request: int | None, prompt: int = 128, output: int = 100_000) -> Engine:
+def build(n: int, blocks_per_request: int | None, lane: bool, prompt: int = 128, output: int = 100_000) -> Engine:
     blocks = n * (blocks_per_request or 64)
     config = EngineConfig(
         block_size=16, num_gpu_blocks=blocks, num_cpu_blocks=blocks, watermark=0.0,
-        max_num_seqs=n, max_num_batched_tokens=max(prompt * n, n), max_model_len=10**6,
+        max_num_seqs=n, max_num_batched_tokens=max(prompt * n, n), max_model_len=10**6, decode_lane=lane,
     )
     engine = Engine(config, "vllm-default", SimulatedExecutor(block_size=16))
     for i in range(n):
@@ -83,21 +87,26 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=200)
     args = ap.parse_args()
-    print(f"{'case':>22} {'median ms':>10} {'p99 ms':>8} {'µs/req':>7} {'× bare loop':>12} {'vLLM v0 ms':>11} {'vLLM V1 ms':>11}")
+    print(f"{'case':>22} {'median ms':>10} {'p99 ms':>8} {'µs/req':>7} {'× bare loop':>12} {'lane ms':>8} "
+          f"{'vLLM v0 ms':>11} {'vLLM V1 ms':>11}")
     for n in (16, 64, 256, 1024):
-        engine = build(n, None)
-        while len(engine.scheduler.running) < n or any(g.num_uncomputed_tokens > 1 for g in engine.scheduler.running):
-            engine.step()  # admit everything, reach steady decode
-        times, _ = time_steps(engine, args.steps)
+        (times, _), (lane, _) = (time_steps(steady(n, on), args.steps) for on in (False, True))
         med = statistics.median(times)
         base = bare_loop(n, args.steps)
         print(f"{'decode, ' + str(n) + ' running':>22} {med * 1e3:10.3f} {p99(times) * 1e3:8.3f} {med / n * 1e6:7.2f} "
-              f"{med / base:12.1f} {VLLM_V0_MS[n]:11.3f} {VLLM_V1_MS[n]:11.3f}")
-    engine = build(256, 10)
-    times, preempted = time_steps(engine, 300)
+              f"{med / base:12.1f} {statistics.median(lane) * 1e3:8.3f} {VLLM_V0_MS[n]:11.3f} {VLLM_V1_MS[n]:11.3f}")
+    (times, preempted), (lane, _) = (time_steps(build(256, 10, on), 300) for on in (False, True))
     med = statistics.median(times)
     print(f"{'KV pressure, 256':>22} {med * 1e3:10.3f} {p99(times) * 1e3:8.3f} {med / 256 * 1e6:7.2f} "
-          f"{'':>12} {1.61:11.3f} {0.32:11.3f}   ({preempted} preemptions in 300 steps)")
+          f"{'':>12} {statistics.median(lane) * 1e3:8.3f} {1.61:11.3f} {0.32:11.3f}   ({preempted} preemptions in 300 steps)")
+
+
+def steady(n: int, lane: bool) -> Engine:
+    """``n`` requests admitted and all decoding."""
+    engine = build(n, None, lane)
+    while len(engine.scheduler.running) < n or any(g.num_uncomputed_tokens > 1 for g in engine.scheduler.running):
+        engine.step()
+    return engine
 
 
 if __name__ == "__main__":

@@ -5,8 +5,9 @@ the engine's time was the per-sequence work of those steps: a block check, a bat
 token, a stop check, for every running sequence at every step. With an executor whose tokens
 are known in advance (``KnownTokens``: the simulator), none of that has to happen per step:
 
-- a member's token count is its stored count plus the lane's decode steps since it joined
-  (``Sequence`` adds them on every read, so nothing is ever stale to a reader);
+- a member's token count is its stored count plus the lane's decode steps since it joined (a
+  member is a ``LaneSequence``, whose counts add them on every read, so nothing is ever stale
+  to a reader);
 - the step at which it needs its next KV block is known (every ``block_size`` tokens), so the
   block is appended exactly then, in its step, by the block manager as usual;
 - the step at which it samples its last token is known (``first_stop`` or the length cap), so it
@@ -25,15 +26,63 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from kvsched.core.outputs import ScheduledGroup
-from kvsched.core.sequence import SequenceStatus
+from kvsched.core.sequence import Sequence, SequenceGroup, SequenceStatus
 
 if TYPE_CHECKING:
     from kvsched.allocators.block_manager import BlockManager
     from kvsched.core.executors.base import KnownTokens
     from kvsched.core.outputs import SchedulerOutput
-    from kvsched.core.sequence import Sequence, SequenceGroup
 
 _RUNNING = SequenceStatus.RUNNING
+# The plain classes' slots, read past the properties below.
+_TOKENS, _COMPUTED, _OUTPUT = Sequence.num_tokens, Sequence.num_computed_tokens, Sequence.output
+_GENERATED = SequenceGroup.num_generated_tokens
+
+
+class LaneSequence(Sequence):
+    """A sequence while it rides a decode lane: the same object, its class switched on joining and
+    leaving, so that only members pay for properties. Its counts add the lane's steps since
+    ``lane_mark``; reading ``output`` writes the pending tokens out; a write dissolves the lane."""
+
+    __slots__ = ()
+
+    @property
+    def num_tokens(self) -> int:
+        return _TOKENS.__get__(self) + self.lane.steps - self.lane_mark
+
+    @property
+    def num_computed_tokens(self) -> int:
+        return _COMPUTED.__get__(self) + self.lane.steps - self.lane_mark
+
+    @num_computed_tokens.setter
+    def num_computed_tokens(self, value: int) -> None:
+        self.lane.dissolve()
+        self.num_computed_tokens = value  # a plain Sequence again
+
+    @property
+    def output(self) -> list[int]:
+        self.lane.sync(self)
+        return _OUTPUT.__get__(self)
+
+    def append_token(self, token: int) -> None:
+        self.lane.dissolve()
+        self.append_token(token)
+
+
+class LaneGroup(SequenceGroup):
+    """The group of a ``LaneSequence`` (switched with it): its generated-token count includes the lane's."""
+
+    __slots__ = ()
+
+    @property
+    def num_generated_tokens(self) -> int:
+        seq = self.seqs[0]
+        return _GENERATED.__get__(self) + seq.lane.steps - seq.lane_mark
+
+    @num_generated_tokens.setter
+    def num_generated_tokens(self, value: int) -> None:
+        self.seqs[0].lane.dissolve()
+        self.num_generated_tokens = value
 
 
 class DecodeLane:
@@ -100,7 +149,7 @@ class DecodeLane:
 
     def _join(self, g: SequenceGroup, seq: Sequence) -> bool:
         steps, size = self.steps, self._block_size
-        num_tokens, num_output = seq._num_tokens, len(seq._output)
+        num_tokens, num_output = seq.num_tokens, len(seq.output)
         last = g.max_seq_tokens - num_tokens  # lane steps until the length cap
         stop = self._tokens.first_stop(g, num_output + 1)
         if stop is not None:
@@ -108,14 +157,15 @@ class DecodeLane:
         if last < 1:
             return False
         end = steps + last - 1
+        seq.lane, seq.lane_mark = self, steps
+        seq.__class__, g.__class__ = LaneSequence, LaneGroup
         self._ends[seq] = end
         self._finishing.setdefault(end, []).append(seq)
         # The step that first finds its newest token beyond its last block, then every block_size steps.
         due = steps + max(0, len(self._bm.gpu_tables[seq.seq_id]) * size - num_tokens + 1)
         if due <= end:
             self._blocks_due.setdefault(due, []).append(seq)
-        seq.lane, seq.lane_mark = self, steps
-        self._kv_tokens += seq._num_computed
+        self._kv_tokens += num_tokens - 1  # a plain decode has computed all but its newest token
         self._entries[g] = ScheduledGroup(g, 1, False)
         return True
 
@@ -162,16 +212,20 @@ class DecodeLane:
         behind = self.steps - seq.lane_mark
         if behind:
             seq.lane_mark = self.steps
-            output = seq._output
-            output += self._tokens.tokens_at(seq.group, len(output) + 1, len(output) + 1 + behind)
-            seq._num_tokens += behind
-            seq._num_computed += behind
-            seq.group._num_generated += behind
+            group = seq.group
+            seq.__class__, group.__class__ = Sequence, SequenceGroup
+            output = seq.output
+            output += self._tokens.tokens_at(group, len(output) + 1, len(output) + 1 + behind)
+            seq.num_tokens += behind
+            seq.num_computed_tokens += behind
+            group.num_generated_tokens += behind
+            seq.__class__, group.__class__ = LaneSequence, LaneGroup
 
     def _leave(self, seq: Sequence) -> None:
         self.sync(seq)
+        seq.__class__, seq.group.__class__ = Sequence, SequenceGroup
         seq.lane = None
-        self._kv_tokens -= seq._num_computed
+        self._kv_tokens -= seq.num_computed_tokens
         del self._ends[seq]
         del self._entries[seq.group]
         self._running = None  # the batch lists a group that is gone
@@ -187,6 +241,7 @@ class DecodeLane:
             raise RuntimeError("the decode lane cannot dissolve between scheduling a step and applying it")
         for seq in self._ends:
             self.sync(seq)
+            seq.__class__, seq.group.__class__ = Sequence, SequenceGroup
             seq.lane = None
         self._ends.clear()
         self._entries.clear()

@@ -55,58 +55,29 @@ class Sequence:
     ``num_computed_tokens`` counts the tokens whose KV is in the cache. A step computes the
     tokens after it (a whole prompt, a chunk of one, or the one newest token when decoding) and
     the sequence samples a new token once none is left uncomputed.
-
-    While the sequence rides a ``DecodeLane`` (``lane`` is set), the lane's decode steps since
-    ``lane_mark`` are added on every read, so a reader never sees a stale count; ``output`` is
-    brought up to date when read, and any write takes the sequence out of the lane first.
     """
 
-    __slots__ = ("seq_id", "group", "prompt", "_output", "_num_tokens", "status", "_num_computed", "lane", "lane_mark")
+    __slots__ = ("seq_id", "group", "prompt", "output", "num_tokens", "status", "num_computed_tokens", "lane", "lane_mark")
 
     def __init__(self, seq_id: int, group: SequenceGroup, prompt, output: list[int] | None = None) -> None:
         self.seq_id = seq_id
         self.group = group
         self.prompt = prompt
-        self._output: list[int] = output if output is not None else []
-        self._num_tokens = len(prompt) + len(self._output)  # kept by append_token: read on every step
+        self.output: list[int] = output if output is not None else []
+        self.num_tokens = len(prompt) + len(self.output)  # kept by append_token: read on every step
         self.status = SequenceStatus.WAITING
-        self._num_computed = 0
-        self.lane: DecodeLane | None = None
+        self.num_computed_tokens = 0
+        self.lane: DecodeLane | None = None  # set while the sequence rides a decode lane (then it is a LaneSequence)
         self.lane_mark = 0
-
-    @property
-    def num_tokens(self) -> int:
-        lane = self.lane
-        return self._num_tokens if lane is None else self._num_tokens + lane.steps - self.lane_mark
-
-    @property
-    def num_computed_tokens(self) -> int:
-        lane = self.lane
-        return self._num_computed if lane is None else self._num_computed + lane.steps - self.lane_mark
-
-    @num_computed_tokens.setter
-    def num_computed_tokens(self, value: int) -> None:
-        if self.lane is not None:
-            self.lane.dissolve()
-        self._num_computed = value
-
-    @property
-    def output(self) -> list[int]:
-        """The generated tokens (the list itself: read it, never change it)."""
-        if self.lane is not None:
-            self.lane.sync(self)
-        return self._output
 
     def append_token(self, token: int) -> None:
         """Add a generated token (the only way the engine grows a sequence)."""
-        if self.lane is not None:
-            self.lane.dissolve()
-        self._output.append(token)
-        self._num_tokens += 1
+        self.output.append(token)
+        self.num_tokens += 1
 
     @property
     def num_uncomputed_tokens(self) -> int:
-        return self._num_tokens - self._num_computed  # a lane's pending decodes add to both
+        return self.num_tokens - self.num_computed_tokens
 
     def token_slice(self, start: int, stop: int) -> tuple[int, ...]:
         """Token ids ``[start, stop)`` across the prompt/output boundary."""
@@ -133,7 +104,7 @@ class SequenceGroup:
     __slots__ = (
         "request", "request_id", "index", "n", "seqs", "status", "finish_detail", "view",
         "arrival_time", "first_scheduled_time", "first_token_time", "finish_time",
-        "num_recompute_preemptions", "num_swap_preemptions", "_num_generated", "num_unfinished_seqs",
+        "num_recompute_preemptions", "num_swap_preemptions", "num_generated_tokens", "num_unfinished_seqs",
         "stop_tokens", "max_seq_tokens",
     )
 
@@ -157,7 +128,7 @@ class SequenceGroup:
         self.finish_time: float | None = None
         self.num_recompute_preemptions = 0
         self.num_swap_preemptions = 0
-        self._num_generated = 0
+        self.num_generated_tokens = 0
         self.num_unfinished_seqs = 1  # kept by the engine as sequences fork and finish
         self.view: GroupView = GroupView(self)
         # What ends a sequence, fixed once: a token in ``stop_tokens`` (EOS unless ignored, plus the
@@ -167,20 +138,6 @@ class SequenceGroup:
         self.stop_tokens = _stop_set(params.stop_token_ids, eos)
         limit = len(prompt) + params.max_tokens
         self.max_seq_tokens = limit if max_model_len is None else min(limit, max_model_len)
-
-    @property
-    def num_generated_tokens(self) -> int:
-        """Tokens sampled so far, over all sequences (a lane member's pending decodes included)."""
-        seq = self.seqs[0]
-        lane = seq.lane
-        return self._num_generated if lane is None else self._num_generated + lane.steps - seq.lane_mark
-
-    @num_generated_tokens.setter
-    def num_generated_tokens(self, value: int) -> None:
-        seq = self.seqs[0]
-        if seq.lane is not None:
-            seq.lane.dissolve()
-        self._num_generated = value
 
     @property
     def is_forked(self) -> bool:
@@ -199,8 +156,8 @@ class SequenceGroup:
         seqs = self.seqs
         if len(seqs) == 1:
             s = seqs[0]
-            return s._num_tokens - s._num_computed if s.status <= _LAST_ACTIVE else 0
-        return sum(s._num_tokens - s._num_computed for s in seqs if s.status <= _LAST_ACTIVE)
+            return s.num_tokens - s.num_computed_tokens if s.status <= _LAST_ACTIVE else 0
+        return sum(s.num_tokens - s.num_computed_tokens for s in seqs if s.status <= _LAST_ACTIVE)
 
     @property
     def is_finished(self) -> bool:
