@@ -90,15 +90,18 @@ class Scheduler:
             else:
                 _set_status(g, _SWAPPED)
                 g.num_swap_preemptions += 1
+        left_waiting = len(step.admitted) + sum(1 for g in out.ignored if g.status is _WAITING)
         for g in out.ignored:
             g.finish_detail = step.ignore_reasons[g]
             self.finish_group(g, SequenceStatus.FINISHED_IGNORED, now)
         self.num_running_seqs = step.num_running_seqs
-        if step.admitted or out.ignored or step.recomputed:
+        if left_waiting or step.recomputed:
             # Recompute victims go to the front, the earliest-evicted (newest) last, as vLLM's extendleft.
-            self.waiting = step.recomputed[::-1] + [g for g in self.waiting if g.status is _WAITING]
-        if out.preempted or step.admitted or step.swapped_in:
+            self.waiting = step.recomputed[::-1] + _without_prefix(self.waiting, left_waiting)
+        if out.preempted:
             self.running = [g for g in self.running if g.status is _RUNNING] + step.admitted + step.swapped_in
+        elif step.admitted or step.swapped_in:
+            self.running = self.running + step.admitted + step.swapped_in
         if step.swapped_in or step.swapped_out or out.ignored:
             self.swapped = [g for g in self.swapped if g.status is _SWAPPED] + step.swapped_out
 
@@ -142,6 +145,18 @@ class Scheduler:
         if self.num_running_seqs > self.config.max_num_seqs:
             problems.append(f"{self.num_running_seqs} running sequences exceed max_num_seqs {self.config.max_num_seqs}")
         return problems
+
+
+def _without_prefix(waiting: list[SequenceGroup], left: int) -> list[SequenceGroup]:
+    """``waiting`` without the ``left`` groups that stopped waiting in this step.
+
+    They usually lead the queue (first come, first served), and a queue under overload holds
+    thousands, so look at the front before filtering the whole list.
+    """
+    i = 0
+    while i < left and waiting[i].status is not _WAITING:
+        i += 1
+    return waiting[i:] if i == left else [g for g in waiting if g.status is _WAITING]
 
 
 def _set_status(group: SequenceGroup, status: SequenceStatus) -> None:
