@@ -1,4 +1,4 @@
-"""The decode lane: a batch of plain decodes advanced in constant time per step, not per sequence.
+"""The decode lane: a batch of plain decodes advanced without per-sequence Python work each step.
 
 Most of a simulated run is steps in which every running request decodes one token, and most of
 the engine's time was the per-sequence work of those steps: a block check, a batch entry, a
@@ -6,16 +6,19 @@ token, a stop check, for every running sequence at every step. With an executor 
 are known in advance (``KnownTokens``: the simulator), none of that has to happen per step:
 
 - a member's token count is its stored count plus the lane's decode steps since it joined (a
-  member is a ``LaneSequence``, whose counts add them on every read, so nothing is ever stale
-  to a reader);
+  member is a ``LaneSequence``, whose counts add them on every read and whose ``output`` is
+  written out when read, so nothing read is ever stale; a list object held from an earlier read
+  is extended only at the next read);
 - the step at which it needs its next KV block is known (every ``block_size`` tokens), so the
   block is appended exactly then, in its step, by the block manager as usual;
 - the step at which it samples its last token is known (``first_stop`` or the length cap), so it
   leaves the lane exactly then and the engine finishes it as usual.
 
-A lane step therefore costs the blocks that fall due and the requests that finish, plus one list
-copy for the batch. The lane is taken only when it is exact: nothing of the running queue touched
-yet, every running group a one-sequence decode, the whole batch within the token budget, and at
+A lane step therefore costs the blocks that fall due and the requests that finish, plus two
+C-level copies of the batch (its entries, reused from step to step, and the touched marks); a
+change to the running queue costs one pass over it when the lane next runs. The lane is taken
+only when it is exact: nothing of the running queue touched yet, every running group a
+one-sequence decode past its first token, the whole batch within the token budget, and at
 least one block to spare after the due ones (so that vLLM's worst-case check, which preempts once
 no block is free, would have passed for every sequence). Otherwise the lane dissolves (each member
 gets its tokens written out) and the step runs sequence by sequence.
@@ -42,7 +45,8 @@ _GENERATED = SequenceGroup.num_generated_tokens
 class LaneSequence(Sequence):
     """A sequence while it rides a decode lane: the same object, its class switched on joining and
     leaving, so that only members pay for properties. Its counts add the lane's steps since
-    ``lane_mark``; reading ``output`` writes the pending tokens out; a write dissolves the lane."""
+    ``lane_mark``; reading ``output`` writes the pending tokens out. Setting ``num_computed_tokens``
+    or appending a token dissolves the lane first (the engine does neither to a member)."""
 
     __slots__ = ()
 
@@ -98,6 +102,8 @@ class DecodeLane:
         self._batch: list[ScheduledGroup] = []  # one decode entry per member, in running order
         self._touched: dict[SequenceGroup, str] = {}  # the same groups, as the step builder marks them
         self._entries: dict[SequenceGroup, ScheduledGroup] = {}
+        self._joined: dict[Sequence, int] = {}  # member -> join number: members joined in running order
+        self._joins = 0
         self._ends: dict[Sequence, int] = {}  # member -> lane step that samples its last token
         self._blocks_due: dict[int, list[Sequence]] = {}  # lane step -> members that need a block in it
         self._finishing: dict[int, list[Sequence]] = {}  # lane step -> members that end in it
@@ -119,6 +125,8 @@ class DecodeLane:
         if due is not None:
             del self._blocks_due[self.steps]
             append, ends, block_size = self._bm.append_slots, self._ends, self._block_size
+            if len(due) > 1:  # the sequence-by-sequence loop takes blocks in running order
+                due.sort(key=self._joined.__getitem__)
             for seq in due:
                 append(seq)
                 again = self.steps + block_size
@@ -137,9 +145,10 @@ class DecodeLane:
         self._running = running
         entries = self._entries
         newcomers = [g for g in running if g not in entries]
-        for g in newcomers:  # all or none: a lane that cannot run would only be dissolved again
+        for g in newcomers:  # none joins unless all may: a lane that cannot run is dissolved
             seqs = g.seqs
-            if len(seqs) > 1 or g.n > 1 or seqs[0].status is not _RUNNING or seqs[0].num_uncomputed_tokens != 1:
+            if (len(seqs) > 1 or g.n > 1 or seqs[0].status is not _RUNNING or seqs[0].num_uncomputed_tokens != 1
+                    or g.first_token_time is None):  # a prompt's last chunk samples a first token: its time is recorded per step
                 self._exact = False
                 return
         self._exact = all([self._join(g, g.seqs[0]) for g in newcomers])
@@ -167,6 +176,8 @@ class DecodeLane:
             self._blocks_due.setdefault(due, []).append(seq)
         self._kv_tokens += num_tokens - 1  # a plain decode has computed all but its newest token
         self._entries[g] = ScheduledGroup(g, 1, False)
+        self._joined[seq] = self._joins
+        self._joins += 1
         return True
 
     # ------------------------------------------------------------------------------- applying
@@ -222,13 +233,17 @@ class DecodeLane:
             seq.__class__, group.__class__ = LaneSequence, LaneGroup
 
     def _leave(self, seq: Sequence) -> None:
+        self._unlink(seq)
+        self._kv_tokens -= seq.num_computed_tokens
+        del self._ends[seq], self._joined[seq]
+        del self._entries[seq.group]
+        self._running = None  # the batch lists a group that is gone
+
+    def _unlink(self, seq: Sequence) -> None:
+        """Write out ``seq``'s tokens and make it a plain sequence again."""
         self.sync(seq)
         seq.__class__, seq.group.__class__ = Sequence, SequenceGroup
         seq.lane = None
-        self._kv_tokens -= seq.num_computed_tokens
-        del self._ends[seq]
-        del self._entries[seq.group]
-        self._running = None  # the batch lists a group that is gone
 
     def rollback(self) -> None:
         """The step being built was abandoned: forget it and dissolve (its blocks went back with the block manager's rollback)."""
@@ -240,10 +255,9 @@ class DecodeLane:
         if self.scheduled:
             raise RuntimeError("the decode lane cannot dissolve between scheduling a step and applying it")
         for seq in self._ends:
-            self.sync(seq)
-            seq.__class__, seq.group.__class__ = Sequence, SequenceGroup
-            seq.lane = None
+            self._unlink(seq)
         self._ends.clear()
+        self._joined.clear()
         self._entries.clear()
         self._blocks_due.clear()
         self._finishing.clear()

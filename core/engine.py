@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from collections import deque
-from itertools import islice
 from collections.abc import Callable, Iterable
+from itertools import islice
 from typing import Any
 
 from kvsched.core.config import EngineConfig
-from kvsched.core.errors import AuditError, StallError
 from kvsched.core.decode_lane import DecodeLane
+from kvsched.core.errors import AuditError, StallError
 from kvsched.core.executors.base import Executor, KnownTokens
 from kvsched.core.outputs import SchedulerOutput
 from kvsched.core.plugins import DEFAULT_POLICY, PolicyHooks
@@ -112,7 +112,8 @@ class Engine:
         any_finished = False
         if output.lane_decodes:
             for seq in sched.lane.apply():  # members that sampled their last token
-                self._stop_if_done(seq, seq.output[-1])
+                if not self._stop_if_done(seq, seq.output[-1]):
+                    raise RuntimeError(f"the decode lane ended {seq!r}, but its tokens do not stop it (the executor's first_stop disagrees with tokens_at)")
                 self._end_group(seq.group, now, finished)
                 sched.num_running_seqs -= 1
                 any_finished = True
@@ -177,7 +178,7 @@ class Engine:
             group.first_token_time = now
         self._stop_if_done(seq, token)
 
-    def _stop_if_done(self, seq: Sequence, token: int) -> None:
+    def _stop_if_done(self, seq: Sequence, token: int) -> bool:
         """End ``seq`` if ``token`` (its newest) stops it or it reached its length cap; free its blocks."""
         group = seq.group
         if token in group.stop_tokens:
@@ -185,10 +186,11 @@ class Engine:
         elif seq.num_tokens >= group.max_seq_tokens:
             status = SequenceStatus.FINISHED_LENGTH_CAPPED
         else:
-            return
+            return False
         seq.status = status
         self.scheduler.block_manager.free(seq)
         group.num_unfinished_seqs -= 1
+        return True
 
     def _new_seq_id(self) -> int:
         self._next_seq_id += 1

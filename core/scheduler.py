@@ -120,7 +120,7 @@ class Scheduler:
 
     def abort(self, group: SequenceGroup, now: float) -> None:
         """Take ``group`` out of whichever queue holds it and free every block it held."""
-        if self.lane is not None:
+        if self.lane is not None and any(s.lane is not None for s in group.seqs):
             self.lane.dissolve()
         for name in ("waiting", "running", "swapped"):
             queue = getattr(self, name)

@@ -193,6 +193,8 @@ class StepBuilder:
         out, sched = self.output, self._sched
         lane = sched.lane
         if lane is not None:
+            if lane.scheduled:  # a second call: the lane already took every running group
+                return Outcome.SCHEDULED
             if not (out.scheduled or out.preempted) and lane.schedule(sched.running, out, self._max_tokens, self._touched):
                 out.lane_decodes = lane.scheduled
                 return Outcome.SCHEDULED

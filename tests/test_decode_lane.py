@@ -14,13 +14,46 @@ from hypothesis import event, given, note
 from hypothesis import strategies as st
 
 from kvsched.core import Engine, EngineConfig
+from kvsched.core.config import PreemptionMode
+from kvsched.core.decisions import Outcome
 from kvsched.core.errors import PolicyError
 from kvsched.core.executors.simulated import EOS, SimulatedExecutor
 from kvsched.core.hookspecs import hookimpl
 from kvsched.core.request import Request, SamplingParams
+from kvsched.policies.continuous import decode_then_resume
 from kvsched.policies.vllm_default import VllmDefault
 
-POLICIES = ["vllm-default", "fcfs", "sjf", "sarathi", "vtc", "lpm"]
+
+
+class ChunkedAfterDecoding:
+    """Decodes through advance_running, then admits prompts in chunks that leave one token over,
+    so that a prompt's last token (and first sample, or a recompute's) meets the lane's rules."""
+
+    name = "chunked-after-decoding"
+
+    @hookimpl
+    def select_batch(self, step):
+        if not decode_then_resume(step):
+            return
+        for group in step.waiting:
+            left = group.num_uncomputed_tokens  # prompt, or prompt and output after a recompute
+            chunk = left - 1 if group.max_running_seqs == 1 and left > 1 else None
+            if step.admit(group, max_tokens=chunk) is not Outcome.SCHEDULED:
+                break
+
+
+class DecodesTwice(VllmDefault):
+    """vllm-default plus a second advance_running call, which must be a no-op."""
+
+    name = "decodes-twice"
+
+    @hookimpl
+    def select_batch(self, step):
+        super().select_batch(step)
+        step.advance_running()
+
+
+POLICIES = ["vllm-default", "fcfs", "sjf", "sarathi", "vtc", "lpm", ChunkedAfterDecoding, DecodesTwice]
 
 configs = st.builds(
     dict,
@@ -53,6 +86,7 @@ def _request(i, prompt, output, n, arrival, extra, ignore_eos, stops) -> Request
 def _trace(policy, config, reqs, aborts, abort_step, lane):
     """Everything observable of a run, step by step, then request by request."""
     engine = Engine(EngineConfig(**config, decode_lane=lane, audit_every_step=True), policy)
+    bm = engine.scheduler.block_manager
     steps, lane_steps = [], [0]
 
     def record(report):
@@ -62,9 +96,9 @@ def _trace(policy, config, reqs, aborts, abort_step, lane):
             report.step, report.now, report.duration,
             [(s.group.request_id, s.num_tokens, s.is_prefill) for s in out.scheduled],
             [(g.request_id, mode.value) for g, mode in out.preempted],
-            len(out.blocks_to_swap_in), len(out.blocks_to_swap_out), len(out.blocks_to_copy),
+            out.blocks_to_swap_in, out.blocks_to_swap_out, out.blocks_to_copy,
             report.features, [g.request_id for g in report.finished], report.num_waiting, report.num_running,
-            report.cache.num_free_gpu_blocks,
+            {sid: tuple(t) for sid, t in bm.gpu_tables.items()}, {sid: tuple(t) for sid, t in bm.cpu_tables.items()},
         ))
         if report.step == abort_step:
             for i in aborts:
@@ -115,6 +149,52 @@ def test_reading_a_member_mid_run_sees_every_token_it_decoded():
         engine.run(reqs, on_step=look)
     assert seen[True] == seen[False]
     assert any(row for row in seen[True])
+
+
+def test_a_prompt_finished_by_its_last_chunk_gets_its_first_token_time():
+    """A one-token prompt remainder samples the first token: it runs outside the lane, which records no first-token time."""
+    reqs = [req("a", 8, 12), req("b", 8, 12, arrival=0.01)]
+    for lane in (True, False):
+        engine = Engine(EngineConfig(block_size=4, num_gpu_blocks=100, decode_lane=lane), ChunkedAfterDecoding)
+        engine.run(reqs)
+        assert all(g.first_token_time is not None and g.first_token_time < g.finish_time for g in engine.groups.values())
+
+
+def test_a_second_advance_running_in_a_lane_step_is_a_no_op():
+    engine = Engine(EngineConfig(block_size=4, num_gpu_blocks=200), DecodesTwice)
+    engine.run([req(f"r{i}", 10, 30) for i in range(4)])
+    assert all(g.status.name == "FINISHED_STOPPED" for g in engine.groups.values())
+    assert engine.leaked_blocks == 0
+
+
+class RecomputesYThenChunksIt:
+    """Preempts Y by recompute at its third step, then re-admits it leaving one token for the lane."""
+
+    name = "recomputes-y"
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    @hookimpl
+    def select_batch(self, step):
+        self.calls += 1
+        if self.calls == 3:
+            step.preempt(next(g for g in step.running if g.request_id == "Y"), PreemptionMode.RECOMPUTE)
+        if not decode_then_resume(step):
+            return
+        for group in step.waiting:
+            left = group.num_uncomputed_tokens
+            step.admit(group, max_tokens=left - 1 if group.first_token_time is not None else None)
+
+
+def test_blocks_falling_due_together_are_taken_in_running_order():
+    """Y rejoins after a recompute with one token left and a block due a full block later, the
+    same lane step as X's: the lane must take X's block first, as the per-sequence loop does."""
+    reqs = [req("X", 1, 30), req("Y", 3, 30)]
+    config = dict(block_size=4, num_gpu_blocks=100)
+    with_lane = _trace(RecomputesYThenChunksIt, config, reqs, [], -1, lane=True)
+    assert with_lane[2] > 0
+    assert with_lane[:2] == _trace(RecomputesYThenChunksIt, config, reqs, [], -1, lane=False)[:2]
 
 
 def test_prefix_caching_and_real_executors_do_not_use_the_lane():

@@ -39,7 +39,12 @@ class KnownTokens(Protocol):
     """An executor whose one-sequence decode tokens are known before it runs (the simulator's).
 
     The engine then advances plain decodes in a ``DecodeLane``, writing their tokens out only
-    when someone reads them. Positions count output tokens from 1.
+    when someone reads them. Implementing these two methods is a promise: ``execute`` must
+    sample exactly ``tokens_at`` for a one-sequence group, and skip (return no tokens for) the
+    first ``output.lane_decodes`` entries of ``output.scheduled``, whose tokens the engine takes
+    from the lane. An executor that cannot promise this (a subclass that changes the tokens) must
+    not implement them, or must run with ``EngineConfig(decode_lane=False)``. Positions count
+    output tokens from 1.
     """
 
     def tokens_at(self, group: SequenceGroup, start: int, stop: int) -> list[int]:
