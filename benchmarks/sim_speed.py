@@ -2,7 +2,11 @@
 
 Replays the built-in Azure conversation trace (19,366 requests) under ``vllm-default`` at its own
 rate and at 2×, then a large synthetic run (1,000,000 requests by default), each in a fresh
-engine on one core, and prints a Markdown table. ``--cprofile`` instead profiles one Azure
+engine on one core, and prints a Markdown table. The baseline, measured in the same run, is the
+first Azure replay again with the decode lane off (sequence by sequence, ``decode_lane=False``);
+the last lines give the lane's speed-up over it and the ratio to Vidur's ≈400 requests per
+second on a machine like this one (Vidur 0.0.26 from PyPI: 8,192 requests in about 20 s; measured
+for this project on a 2-core machine, not in this run). ``--cprofile`` instead profiles one Azure
 replay and splits the time between the scheduler (policy + step builder + block manager),
 the engine's bookkeeping, the executor's cost model and the observers.
 
@@ -26,7 +30,10 @@ import time
 A100_CONFIG = dict(num_gpu_blocks=7000, num_cpu_blocks=512, max_num_batched_tokens=4096, max_model_len=4096)
 
 
-def measure(label: str, workload, record_timeseries: bool = False) -> dict:
+VIDUR_REQ_PER_S = 400  # Vidur 0.0.26's simulated requests per wall second on a 2-core machine (not measured here)
+
+
+def measure(label: str, workload, record_timeseries: bool = False, decode_lane: bool = True) -> dict:
     from kvsched.core.config import EngineConfig
     from kvsched.core.runner import run_simulation
 
@@ -40,7 +47,7 @@ def measure(label: str, workload, record_timeseries: bool = False) -> dict:
         from kvsched.core.timeseries import TimeSeriesRecorder
 
         observer = TimeSeriesRecorder()
-    result = run_simulation(requests, "vllm-default", EngineConfig(**A100_CONFIG), on_step=observer)
+    result = run_simulation(requests, "vllm-default", EngineConfig(**A100_CONFIG, decode_lane=decode_lane), on_step=observer)
     wall, cpu = time.perf_counter() - t1, time.process_time() - c1
     s = result.summary
     return {
@@ -53,7 +60,8 @@ def measure(label: str, workload, record_timeseries: bool = False) -> dict:
 
 
 def table(rows: list[dict]) -> str:
-    """Markdown; CPU columns too, because on a shared machine wall time measures the neighbours."""
+    """Markdown; CPU columns too, because on a shared machine wall time measures the neighbours.
+    Peak RSS is the process's peak so far (the runs share one process)."""
     head = ("| run | requests | steps | simulated | engine wall | engine CPU | req / wall s | req / CPU s | "
             "simulated : wall | simulated : CPU | workload build | peak RSS |\n"
             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
@@ -114,6 +122,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--scales", type=float, nargs="+", default=[1.0, 2.0])
     parser.add_argument("--cprofile", action="store_true", help="profile one Azure replay instead")
     parser.add_argument("--json", help="also write the rows as JSON here")
+    parser.add_argument("--no-baseline", action="store_true", help="skip the sequence-by-sequence baseline replay")
     args = parser.parse_args(argv)
 
     if args.cprofile:
@@ -123,12 +132,25 @@ def main(argv: list[str] | None = None) -> list[dict]:
     for scale in args.scales:
         rows.append(measure(f"Azure conv ×{scale:g}", build_workload("azure-conv", rate_scale=scale, num_requests=args.azure_limit)))
         print(table(rows[-1:]).splitlines()[-1], file=sys.stderr, flush=True)
+    first = rows[0]
+    if not args.no_baseline:
+        scale = args.scales[0]
+        rows.append(measure(f"Azure conv ×{scale:g}, decode lane off (baseline)",
+                            build_workload("azure-conv", rate_scale=scale, num_requests=args.azure_limit), decode_lane=False))
+        print(table(rows[-1:]).splitlines()[-1], file=sys.stderr, flush=True)
+        base = rows[-1]
     if args.synthetic:
         spec = SyntheticSpec(num_requests=args.synthetic, arrivals=Poisson(rate=args.rate))
         rows.append(measure(f"synthetic {args.synthetic:,} (Poisson {args.rate:g}/s)", spec))
         print(table(rows[-1:]).splitlines()[-1], file=sys.stderr, flush=True)
     print(f"python {platform.python_version()} on {platform.machine()}, one process; engine config {A100_CONFIG}\n")
     print(table(rows))
+    if not args.no_baseline:
+        assert (base["steps"], base["simulated_s"]) == (first["steps"], first["simulated_s"]), "the baseline simulated something else"
+        print(f"\ndecode lane: {first['requests_per_wall_s'] / base['requests_per_wall_s']:.1f}× the sequence-by-sequence "
+              f"rate on {first['run']} (same steps, same simulated time)")
+    for r in rows:
+        print(f"{r['run']}: {r['requests_per_wall_s'] / VIDUR_REQ_PER_S:.1f}× Vidur's ≈{VIDUR_REQ_PER_S} req/s")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=2)
