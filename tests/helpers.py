@@ -28,6 +28,23 @@ def req(rid: str, prompt_len: int, output_len: int, arrival: float = 0.0, n: int
     )
 
 
+def engine_configs(**fields):
+    """A Hypothesis strategy for EngineConfig keyword dicts: small pools and budgets that force
+    preemption, swapping and ignoring; ``fields`` adds or replaces strategies."""
+    from hypothesis import strategies as st
+
+    common = dict(
+        block_size=st.sampled_from([1, 2, 4, 16]),
+        num_gpu_blocks=st.integers(8, 96),
+        num_cpu_blocks=st.integers(0, 48),
+        watermark=st.sampled_from([0.0, 0.01, 0.1]),
+        max_num_batched_tokens=st.sampled_from([64, 128, 512]),
+        max_num_seqs=st.integers(1, 32),
+        preemption_mode=st.sampled_from([None, "swap", "recompute"]),
+    )
+    return st.builds(dict, **{**common, **fields})
+
+
 def unit_engine(policy="vllm-default", **config):
     """An engine whose every non-empty step takes exactly one simulated second."""
     from kvsched.core.config import EngineConfig

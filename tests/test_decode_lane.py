@@ -9,7 +9,7 @@ audited, the lane's own bookkeeping included.
 from __future__ import annotations
 
 import pytest
-from helpers import req
+from helpers import engine_configs, req
 from hypothesis import event, given, note
 from hypothesis import strategies as st
 
@@ -55,18 +55,7 @@ class DecodesTwice(VllmDefault):
 
 POLICIES = ["vllm-default", "fcfs", "sjf", "sarathi", "vtc", "lpm", ChunkedAfterDecoding, DecodesTwice]
 
-configs = st.builds(
-    dict,
-    block_size=st.sampled_from([1, 2, 4, 16]),
-    num_gpu_blocks=st.integers(8, 96),
-    num_cpu_blocks=st.integers(0, 48),
-    watermark=st.sampled_from([0.0, 0.01, 0.1]),
-    max_num_batched_tokens=st.sampled_from([64, 128, 512]),
-    max_num_seqs=st.integers(1, 32),
-    max_model_len=st.sampled_from([None, 48, 80]),
-    delay_factor=st.sampled_from([0.0, 0.5]),
-    preemption_mode=st.sampled_from([None, "swap", "recompute"]),
-)
+configs = engine_configs(max_model_len=st.sampled_from([None, 48, 80]), delay_factor=st.sampled_from([0.0, 0.5]))
 requests = st.lists(
     st.tuples(
         st.integers(1, 60), st.integers(1, 30), st.sampled_from([1, 1, 1, 2]), st.floats(0, 3, allow_nan=False),

@@ -7,25 +7,14 @@ every request is in a final state and no block is held.
 
 from __future__ import annotations
 
-from helpers import req
+from helpers import engine_configs, req
 from hypothesis import given, note
 from hypothesis import strategies as st
 
 from kvsched.core import Engine, EngineConfig
 from kvsched.core.executors.simulated import SimulatedExecutor
 
-configs = st.builds(
-    dict,
-    block_size=st.sampled_from([1, 2, 4, 16]),
-    num_gpu_blocks=st.integers(8, 96),
-    num_cpu_blocks=st.integers(0, 48),
-    watermark=st.sampled_from([0.0, 0.01, 0.1]),
-    max_num_batched_tokens=st.sampled_from([64, 128, 512]),
-    max_num_seqs=st.integers(1, 32),
-    delay_factor=st.sampled_from([0.0, 0.5, 2.0]),
-    enable_prefix_caching=st.booleans(),
-    preemption_mode=st.sampled_from([None, "swap", "recompute"]),
-)
+configs = engine_configs(delay_factor=st.sampled_from([0.0, 0.5, 2.0]), enable_prefix_caching=st.booleans())
 requests = st.lists(
     st.tuples(st.integers(1, 60), st.integers(1, 30), st.integers(1, 3), st.floats(0, 5, allow_nan=False)),
     min_size=1, max_size=16,
