@@ -44,7 +44,8 @@ class Engine:
         self.clock = self.executor.make_clock()
         self._model_len = self.config.model_len
         self._caching = self.config.enable_prefix_caching
-        if self.config.decode_lane and isinstance(self.executor, KnownTokens) and not self._caching:  # caching hashes each block as it fills
+        # Prefix caching hashes each block as it fills, sequence by sequence: no lane with it.
+        if self.config.decode_lane and isinstance(self.executor, KnownTokens) and not self._caching:
             self.scheduler.lane = DecodeLane(self.scheduler.block_manager, self.executor)
         self.groups: dict[str, SequenceGroup] = {}
         self.finished: list[SequenceGroup] = []
@@ -112,8 +113,8 @@ class Engine:
         any_finished = False
         if output.lane_decodes:
             for seq in sched.lane.apply():  # members that sampled their last token
-                if not self._stop_if_done(seq, seq.output[-1]):
-                    raise RuntimeError(f"the decode lane ended {seq!r}, but its tokens do not stop it (the executor's first_stop disagrees with tokens_at)")
+                if not self._stop_if_done(seq, seq.output[-1]):  # the executor's first_stop and tokens_at disagree
+                    raise RuntimeError(f"the decode lane ended {seq!r}, but its tokens do not stop it")
                 self._end_group(seq.group, now, finished)
                 sched.num_running_seqs -= 1
                 any_finished = True

@@ -79,7 +79,8 @@ class SimulatedExecutor:
         return tokens
 
     def first_stop(self, group: SequenceGroup, start: int) -> int | None:
-        """The first position from ``start`` whose token stops ``group``: EOS at its output length, or a stop id equal to a placeholder."""
+        """The first position from ``start`` whose token stops ``group``: EOS at its output length,
+        or earlier a stop id that equals a placeholder."""
         target = group.request.output_len
         stops = group.stop_tokens
         found = max(start, target) if target is not None and EOS in stops else None
