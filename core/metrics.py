@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING
 
 from kvsched.core.sequence import SequenceStatus
@@ -67,7 +67,12 @@ class RequestMetrics:
         )
 
     def as_dict(self) -> dict:
-        return asdict(self)
+        """The fields by name. All are scalars, so no deep copy (``dataclasses.asdict`` made a
+        tenth of ``engine run``'s time on the Azure trace)."""
+        return {name: getattr(self, name) for name in _FIELDS}
+
+
+_FIELDS = tuple(f.name for f in fields(RequestMetrics))
 
 
 def percentile(sorted_values: list[float], q: float) -> float:
