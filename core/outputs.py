@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from functools import cached_property
 from itertools import islice
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from kvsched.core.sequence import SequenceStatus
 
@@ -14,9 +14,11 @@ if TYPE_CHECKING:
     from kvsched.core.sequence import Sequence, SequenceGroup
 
 
-@dataclass(frozen=True, slots=True)
-class StepFeatures:
-    """The quantities a step's time depends on (also what a calibration fit regresses on)."""
+class StepFeatures(NamedTuple):
+    """The quantities a step's time depends on (also what a calibration fit regresses on).
+
+    An immutable record built once per step; a named tuple costs a third of a frozen dataclass.
+    """
 
     prefill_tokens: int  # P: prompt or chunk tokens computed
     decode_seqs: int  # D: sequences decoding one token

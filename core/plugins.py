@@ -95,7 +95,8 @@ class PolicyHooks:
         self._select_batch = hook.select_batch
         self._choose_preemption = hook.choose_preemption
         self._can_allocate = hook.can_allocate
-        self._on_step = hook.on_step
+        # Everything is registered above, once: a run with no on_step implementation skips the hook call.
+        self._on_step = hook.on_step if hook.on_step.get_hookimpls() else None
 
     def select_batch(self, step):
         return self._select_batch(step=step)
@@ -107,4 +108,5 @@ class PolicyHooks:
         return self._can_allocate(step=step, group=group)
 
     def on_step(self, report) -> None:
-        self._on_step(report=report)
+        if self._on_step is not None:
+            self._on_step(report=report)
