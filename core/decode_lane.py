@@ -98,7 +98,9 @@ class DecodeLane:
         self._block_size = block_manager.block_size
         self.steps = 0  # lane steps applied so far; a member is ``steps - lane_mark`` tokens ahead of its fields
         self._running: list[SequenceGroup] | None = None  # the running queue the batch below was built from
-        self._exact = False  # every group of that queue is a member
+        self._decodes_only = False  # built for advance_decodes (groups in a prefill passed over)
+        self._exact = False  # every group of that queue is a member, or passed over in a prefill
+        self._passed_over: list[SequenceGroup] = []
         self._batch: list[ScheduledGroup] = []  # one decode entry per member, in running order
         self._touched: dict[SequenceGroup, str] = {}  # the same groups, as the step builder marks them
         self._entries: dict[SequenceGroup, ScheduledGroup] = {}
@@ -111,13 +113,20 @@ class DecodeLane:
         self.scheduled = 0  # members in the step being built (0: the step is not a lane step)
 
     # ----------------------------------------------------------------------------- scheduling
-    def schedule(self, running: list[SequenceGroup], out: SchedulerOutput, max_tokens: int, touched: dict) -> bool:
-        """Put every running group in ``out`` as one decode, if the lane is exact for this step."""
-        if running is not self._running:
-            self._rebuild(running)
+    def schedule(
+        self, running: list[SequenceGroup], out: SchedulerOutput, max_tokens: int, touched: dict,
+        decodes_only: bool = False, cap: int | None = None,
+    ) -> bool:
+        """Put every running group (``decodes_only``: every decoding one, passing over those in the
+        middle of a prefill) in ``out`` as one decode, if the lane is exact for this step.
+        ``cap`` bounds the decodes' tokens, as ``max_tokens`` bounds the step's."""
+        if running is not self._running or decodes_only is not self._decodes_only or any(
+            g.num_uncomputed_tokens <= g.num_unfinished_seqs for g in self._passed_over  # a prefill ended
+        ):
+            self._rebuild(running, decodes_only)
         batch = self._batch
         n = len(batch)
-        if not self._exact or not n or out.num_batched_tokens + n > max_tokens:
+        if not self._exact or not n or out.num_batched_tokens + n > max_tokens or (cap is not None and n > cap):
             return False
         due = self._blocks_due.get(self.steps)
         if self._bm.gpu.num_free - (len(due) if due else 0) < 1:
@@ -140,21 +149,29 @@ class DecodeLane:
         self.scheduled = n
         return True
 
-    def _rebuild(self, running: list[SequenceGroup]) -> None:
-        """Take in the running groups that became plain decodes; note whether all of them are."""
-        self._running = running
+    def _rebuild(self, running: list[SequenceGroup], decodes_only: bool) -> None:
+        """Take in the running groups that became plain decodes; note whether the lane is exact:
+        every other running group is in the middle of a prefill, and passed over (``decodes_only``)."""
+        self._running, self._decodes_only, self._exact, self._passed_over = running, decodes_only, False, []
         entries = self._entries
-        newcomers = [g for g in running if g not in entries]
-        for g in newcomers:  # none joins unless all may: a lane that cannot run is dissolved
+        newcomers, passed_over = [], []
+        for g in running:  # none joins unless the lane can run: a lane that cannot is dissolved
+            if g in entries:
+                continue
             seqs = g.seqs
-            if (len(seqs) > 1 or g.n > 1 or seqs[0].status is not _RUNNING or seqs[0].num_uncomputed_tokens != 1
-                    or g.first_token_time is None):  # a prompt's last chunk samples a first token: its time is recorded per step
-                self._exact = False
+            if (len(seqs) == 1 and g.n == 1 and seqs[0].status is _RUNNING and seqs[0].num_uncomputed_tokens == 1
+                    and g.first_token_time is not None):  # a prompt's last chunk samples a first token: timed per step
+                newcomers.append(g)
+            elif decodes_only and g.num_uncomputed_tokens > g.num_unfinished_seqs:
+                passed_over.append(g)
+            else:
                 return
-        self._exact = all([self._join(g, g.seqs[0]) for g in newcomers])
-        if self._exact:
-            self._batch = [entries[g] for g in running]
-            self._touched = dict.fromkeys(running, "scheduled")
+        if all([self._join(g, g.seqs[0]) for g in newcomers]):
+            self._exact = True
+            self._passed_over = passed_over
+            members = [g for g in running if g in entries] if passed_over else running
+            self._batch = [entries[g] for g in members]
+            self._touched = dict.fromkeys(members, "scheduled")
 
     def _join(self, g: SequenceGroup, seq: Sequence) -> bool:
         steps, size = self.steps, self._block_size
@@ -264,3 +281,4 @@ class DecodeLane:
         self._kv_tokens = 0
         self._running = None
         self._exact = False
+        self._passed_over = []

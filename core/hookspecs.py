@@ -45,6 +45,9 @@ def select_batch(step: StepBuilder) -> object | None:
       for victims until the worst case fits, or the group itself is preempted (``PREEMPTED``).
     - ``step.advance_running(stop_on_preempted=True)``: ``advance`` every untouched running group,
       oldest first, inside the core; stops at BUDGET (and at PREEMPTED unless told not to).
+    - ``step.advance_decodes(max_tokens=None)``: ``advance`` every untouched decoding group,
+      oldest first, passing over those in the middle of a prefill; stops at BUDGET (``max_tokens``
+      caps this call's tokens).
     - ``step.swap_in(group, max_tokens=None)``: bring a swapped group back and run it in this
       step (a group swapped in the middle of a chunked prefill continues with a chunk).
     - ``step.preempt(group, mode=None)``: evict a running group on the policy's own initiative.

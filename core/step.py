@@ -187,20 +187,14 @@ class StepBuilder:
 
         Stops at the first group that exceeds the token budget (returns BUDGET) and, unless
         ``stop_on_preempted`` is False, at the first group that is itself preempted to make room
-        (returns PREEMPTED, where vLLM's running loop ends); otherwise returns SCHEDULED. Groups preempted on the way to make room for an older one are skipped,
-        as a loop over ``running`` that checks ``was_touched`` would.
+        (returns PREEMPTED, where vLLM's running loop ends); otherwise returns SCHEDULED. Groups
+        preempted on the way to make room for an older one are skipped, as a loop over
+        ``running`` that checks ``was_touched`` would.
         """
-        out, sched = self.output, self._sched
-        lane = sched.lane
-        if lane is not None:
-            if lane.scheduled:  # a second call: the lane already took every running group
-                return Outcome.SCHEDULED
-            if not (out.scheduled or out.preempted) and lane.schedule(sched.running, out, self._max_tokens, self._touched):
-                out.lane_decodes = lane.scheduled
-                return Outcome.SCHEDULED
-            lane.dissolve()  # the step goes sequence by sequence
+        if self._lane_step(decodes_only=False, max_tokens=None):
+            return Outcome.SCHEDULED
         touched = self._touched
-        for g in sched.running:
+        for g in self._sched.running:
             if g in touched:
                 continue
             outcome = self._run(g, None, "advance")
@@ -209,6 +203,45 @@ class StepBuilder:
             elif outcome is Outcome.BUDGET or stop_on_preempted:
                 return outcome
         return Outcome.SCHEDULED
+
+    def advance_decodes(self, max_tokens: int | None = None) -> Outcome:
+        """``advance`` every running group that is decoding, oldest first; groups in the middle of
+        a prefill are left untouched (Sarathi-Serve's "decodes first").
+
+        Stops (returns BUDGET) at the first decode whose tokens do not fit in what is left of
+        ``max_tokens`` (a cap on the tokens of this call; None: no cap) or of the step's token
+        budget. A group preempted to make room, itself included, is passed over.
+        """
+        if self._lane_step(decodes_only=True, max_tokens=max_tokens):
+            return Outcome.SCHEDULED
+        touched, out = self._touched, self.output
+        left = self._max_tokens if max_tokens is None else max_tokens
+        for g in self._sched.running:
+            if g in touched or g.num_uncomputed_tokens > g.num_unfinished_seqs:
+                continue
+            before = out.num_batched_tokens
+            if g.num_uncomputed_tokens > left:
+                return Outcome.BUDGET
+            outcome = self._run(g, None, "advance")
+            if outcome is Outcome.SCHEDULED:
+                touched[g] = "scheduled"
+                left -= out.num_batched_tokens - before
+            elif outcome is Outcome.BUDGET:
+                return outcome
+        return Outcome.SCHEDULED
+
+    def _lane_step(self, decodes_only: bool, max_tokens: int | None) -> bool:
+        """Schedule this call's decodes through the decode lane if it is exact now; else make sure
+        no member is left in the lane, since the loop that follows advances them one by one."""
+        lane = self._sched.lane
+        if lane is None or lane.scheduled:  # a second call: the lane's members are all touched already
+            return False
+        out = self.output
+        if not (out.scheduled or out.preempted) and lane.schedule(self._sched.running, out, self._max_tokens, self._touched, decodes_only, max_tokens):
+            out.lane_decodes = lane.scheduled
+            return True
+        lane.dissolve()
+        return False
 
     # -------------------------------------------------------------------------- mechanics
     def _run(self, g: SequenceGroup, max_tokens: int | None, op: str) -> Outcome:
@@ -294,8 +327,8 @@ class StepBuilder:
         return victim, choice.mode
 
     def _preempt(self, g: SequenceGroup, mode: PreemptionMode | None) -> PreemptionMode:
-        if self._sched.lane is not None:
-            self._sched.lane.dissolve()
+        if g.seqs[0].lane is not None:  # a member: the lane cannot keep it
+            g.seqs[0].lane.dissolve()
         if self.config.preemption_mode is not None:
             mode = self.config.preemption_mode
         elif mode is None:
@@ -338,6 +371,6 @@ class StepBuilder:
             raise PolicyError(self.policy_name, f"{op}: {g.request_id!r} was already {state} in this step")
         if g.status is not expected:
             raise PolicyError(self.policy_name, f"{op}: {g.request_id!r} is {g.status.name}, not {expected.name}")
-        if expected is _RUNNING and self._sched.lane is not None:
-            self._sched.lane.dissolve()  # this group changes on its own now
+        if g.seqs[0].lane is not None:
+            g.seqs[0].lane.dissolve()  # a member that changes on its own now
         return g

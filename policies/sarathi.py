@@ -35,12 +35,8 @@ class Sarathi:
 
     @hookimpl
     def select_batch(self, step):
+        step.advance_decodes(max_tokens=self._left(step))  # oldest first; those in a prefill wait for the loop below
         running = step.running
-        for group in running:
-            if step.was_touched(group) or _is_prefilling(group):
-                continue
-            if group.num_uncomputed_tokens > self._left(step) or step.advance(group) is Outcome.BUDGET:
-                break
         for group in running:
             if step.was_touched(group) or not _is_prefilling(group):
                 continue

@@ -53,7 +53,27 @@ class DecodesTwice(VllmDefault):
         step.advance_running()
 
 
-POLICIES = ["vllm-default", "fcfs", "sjf", "sarathi", "vtc", "lpm", ChunkedAfterDecoding, DecodesTwice]
+class CappedDecodesThenTheRest:
+    """advance_decodes under a small cap, then advance_running for what is left, then chunked
+    admissions: the lane, a cap that stops it, and the per-sequence loop in one step."""
+
+    name = "capped-decodes"
+
+    @hookimpl
+    def select_batch(self, step):
+        step.advance_decodes(max_tokens=3)
+        step.advance_running(stop_on_preempted=False)
+        if step.num_preempted or step.swapped:
+            for group in step.swapped:
+                step.swap_in(group)
+            return
+        for group in step.waiting:
+            chunk = 5 if group.max_running_seqs == 1 else None
+            if step.admit(group, max_tokens=chunk) is not Outcome.SCHEDULED:
+                break
+
+
+POLICIES = ["vllm-default", "fcfs", "sjf", "sarathi", "vtc", "lpm", ChunkedAfterDecoding, DecodesTwice, CappedDecodesThenTheRest]
 
 configs = engine_configs(max_model_len=st.sampled_from([None, 48, 80]), delay_factor=st.sampled_from([0.0, 0.5]))
 requests = st.lists(
