@@ -13,6 +13,7 @@ the engine's bookkeeping, the executor's cost model and the observers.
     .venv/bin/python benchmarks/sim_speed.py                 # Azure 1×, 2× and the 1M synthetic run
     .venv/bin/python benchmarks/sim_speed.py --synthetic 100000
     .venv/bin/python benchmarks/sim_speed.py --cprofile
+    .venv/bin/python benchmarks/sim_speed.py --policy sarathi --synthetic 0
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ A100_CONFIG = dict(num_gpu_blocks=7000, num_cpu_blocks=512, max_num_batched_toke
 VIDUR_REQ_PER_S = 400  # Vidur 0.0.26's simulated requests per wall second on a 2-core machine (not measured here)
 
 
-def measure(label: str, workload, record_timeseries: bool = False, decode_lane: bool = True) -> dict:
+def measure(label: str, workload, policy: str = "vllm-default", record_timeseries: bool = False, decode_lane: bool = True) -> dict:
     from kvsched.core.config import EngineConfig
     from kvsched.core.runner import run_simulation
 
@@ -47,7 +48,7 @@ def measure(label: str, workload, record_timeseries: bool = False, decode_lane: 
         from kvsched.core.timeseries import TimeSeriesRecorder
 
         observer = TimeSeriesRecorder()
-    result = run_simulation(requests, "vllm-default", EngineConfig(**A100_CONFIG, decode_lane=decode_lane), on_step=observer)
+    result = run_simulation(requests, policy, EngineConfig(**A100_CONFIG, decode_lane=decode_lane), on_step=observer)
     wall, cpu = time.perf_counter() - t1, time.process_time() - c1
     s = result.summary
     return {
@@ -122,6 +123,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--scales", type=float, nargs="+", default=[1.0, 2.0])
     parser.add_argument("--cprofile", action="store_true", help="profile one Azure replay instead")
     parser.add_argument("--json", help="also write the rows as JSON here")
+    parser.add_argument("--policy", default="vllm-default", help="the policy of every run")
     parser.add_argument("--no-baseline", action="store_true", help="skip the sequence-by-sequence baseline replay")
     args = parser.parse_args(argv)
 
@@ -130,20 +132,20 @@ def main(argv: list[str] | None = None) -> list[dict]:
         return []
     rows = []
     for scale in args.scales:
-        rows.append(measure(f"Azure conv ×{scale:g}", build_workload("azure-conv", rate_scale=scale, num_requests=args.azure_limit)))
+        rows.append(measure(f"Azure conv ×{scale:g}", build_workload("azure-conv", rate_scale=scale, num_requests=args.azure_limit), args.policy))
         print(table(rows[-1:]).splitlines()[-1], file=sys.stderr, flush=True)
     first = rows[0]
     if not args.no_baseline:
         scale = args.scales[0]
         rows.append(measure(f"Azure conv ×{scale:g}, decode lane off (baseline)",
-                            build_workload("azure-conv", rate_scale=scale, num_requests=args.azure_limit), decode_lane=False))
+                            build_workload("azure-conv", rate_scale=scale, num_requests=args.azure_limit), args.policy, decode_lane=False))
         print(table(rows[-1:]).splitlines()[-1], file=sys.stderr, flush=True)
         base = rows[-1]
     if args.synthetic:
         spec = SyntheticSpec(num_requests=args.synthetic, arrivals=Poisson(rate=args.rate))
-        rows.append(measure(f"synthetic {args.synthetic:,} (Poisson {args.rate:g}/s)", spec))
+        rows.append(measure(f"synthetic {args.synthetic:,} (Poisson {args.rate:g}/s)", spec, args.policy))
         print(table(rows[-1:]).splitlines()[-1], file=sys.stderr, flush=True)
-    print(f"python {platform.python_version()} on {platform.machine()}, one process; engine config {A100_CONFIG}\n")
+    print(f"python {platform.python_version()} on {platform.machine()}, one process; policy {args.policy}; engine config {A100_CONFIG}\n")
     print(table(rows))
     if not args.no_baseline:
         assert (base["steps"], base["simulated_s"]) == (first["steps"], first["simulated_s"]), "the baseline simulated something else"
