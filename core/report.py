@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 if TYPE_CHECKING:
     from kvsched.core.outputs import SchedulerOutput, StepFeatures
@@ -11,8 +10,9 @@ if TYPE_CHECKING:
     from kvsched.core.view import CacheView
 
 
-@dataclass(frozen=True)
-class StepReport:
+class StepReport(NamedTuple):
+    """One engine step, as ``on_step`` observers see it (immutable; built every step, so a named tuple)."""
+
     step: int  # 0-based step counter
     now: float  # engine clock after the step
     duration: float  # executor time of the step (simulated or measured)
