@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import cached_property
 from itertools import islice
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -97,11 +96,17 @@ class SchedulerOutput:
     def num_prefill_groups(self) -> int:
         return sum(1 for s in islice(self.scheduled, self.lane_decodes, None) if s.is_prefill)  # lane entries decode
 
-    @cached_property
+    _features: StepFeatures | None = field(default=None, init=False, repr=False, compare=False)
+
+    @property
     def features(self) -> StepFeatures:
         """What the step's cost depends on, as counted while the step was built (before the
-        engine applies it), so that cost models and calibration agree."""
-        return StepFeatures.of(self)
+        engine applies it), so that cost models and calibration agree. Computed on first use
+        (a plain cache: Python 3.11's ``cached_property`` takes a lock on every read)."""
+        features = self._features
+        if features is None:
+            features = self._features = StepFeatures.of(self)
+        return features
 
     @property
     def is_empty(self) -> bool:
