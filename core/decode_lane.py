@@ -104,8 +104,7 @@ class DecodeLane:
         self._batch: list[ScheduledGroup] = []  # one decode entry per member, in running order
         self._touched: dict[SequenceGroup, str] = {}  # the same groups, as the step builder marks them
         self._entries: dict[SequenceGroup, ScheduledGroup] = {}
-        self._joined: dict[Sequence, int] = {}  # member -> join number: members joined in running order
-        self._joins = 0
+        self._position: dict[Sequence, int] = {}  # member -> its place among the members in the running queue
         self._ends: dict[Sequence, int] = {}  # member -> lane step that samples its last token
         self._blocks_due: dict[int, list[Sequence]] = {}  # lane step -> members that need a block in it
         self._finishing: dict[int, list[Sequence]] = {}  # lane step -> members that end in it
@@ -135,7 +134,7 @@ class DecodeLane:
             del self._blocks_due[self.steps]
             append, ends, block_size = self._bm.append_slots, self._ends, self._block_size
             if len(due) > 1:  # the sequence-by-sequence loop takes blocks in running order
-                due.sort(key=self._joined.__getitem__)
+                due.sort(key=self._position.__getitem__)
             for seq in due:
                 append(seq)
                 again = self.steps + block_size
@@ -172,6 +171,8 @@ class DecodeLane:
             members = [g for g in running if g in entries] if passed_over else running
             self._batch = [entries[g] for g in members]
             self._touched = dict.fromkeys(members, "scheduled")
+            # Members join out of running order when a group ahead of them was still in a prefill.
+            self._position = {g.seqs[0]: i for i, g in enumerate(members)}
 
     def _join(self, g: SequenceGroup, seq: Sequence) -> bool:
         steps, size = self.steps, self._block_size
@@ -193,8 +194,6 @@ class DecodeLane:
             self._blocks_due.setdefault(due, []).append(seq)
         self._kv_tokens += num_tokens - 1  # a plain decode has computed all but its newest token
         self._entries[g] = ScheduledGroup(g, 1, False)
-        self._joined[seq] = self._joins
-        self._joins += 1
         return True
 
     # ------------------------------------------------------------------------------- applying
@@ -208,6 +207,8 @@ class DecodeLane:
         ending = self._finishing.pop(step, None)
         if ending is None:
             return []
+        if len(ending) > 1:  # the sequence-by-sequence engine finishes them in running order
+            ending.sort(key=self._position.__getitem__)
         for seq in ending:
             self._leave(seq)
         return ending
@@ -252,7 +253,7 @@ class DecodeLane:
     def _leave(self, seq: Sequence) -> None:
         self._unlink(seq)
         self._kv_tokens -= seq.num_computed_tokens
-        del self._ends[seq], self._joined[seq]
+        del self._ends[seq]
         del self._entries[seq.group]
         self._running = None  # the batch lists a group that is gone
 
@@ -274,7 +275,7 @@ class DecodeLane:
         for seq in self._ends:
             self._unlink(seq)
         self._ends.clear()
-        self._joined.clear()
+        self._position.clear()
         self._entries.clear()
         self._blocks_due.clear()
         self._finishing.clear()

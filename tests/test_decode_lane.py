@@ -206,6 +206,51 @@ def test_blocks_falling_due_together_are_taken_in_running_order():
     assert with_lane[:2] == _trace(RecomputesYThenChunksIt, config, reqs, [], -1, lane=False)[:2]
 
 
+class DecodesFirstInSmallChunks:
+    """advance_decodes, then every prefill continues 4 tokens at a time, prompts admitted likewise."""
+
+    name = "decodes-first-small-chunks"
+
+    @hookimpl
+    def select_batch(self, step):
+        step.advance_decodes()
+        for group in step.running:
+            if not step.was_touched(group):
+                step.advance(group, max_tokens=4)
+        for group in step.waiting:
+            step.admit(group, max_tokens=4)
+
+
+def test_members_behind_a_prefill_take_blocks_in_running_order():
+    """B decodes (and joins) while A, ahead of it in the running queue, is still in its prefill;
+    A joins later. Blocks falling due together must still go to A first."""
+    reqs = [req("A", 12, 20), req("B", 3, 20)]
+    config = dict(block_size=1, num_gpu_blocks=200)
+    with_lane = _trace(DecodesFirstInSmallChunks, config, reqs, [], -1, lane=True)
+    assert with_lane[2] > 0
+    assert with_lane[:2] == _trace(DecodesFirstInSmallChunks, config, reqs, [], -1, lane=False)[:2]
+
+
+def test_members_finishing_together_finish_in_running_order():
+    """sarathi with a small token budget: r6 is still in its chunked prefill when r8, behind it,
+    joins the lane; both end in the same step, and are reported in running order (r6 first)."""
+    def r(rid, prompt, out, arrival, max_tokens, **sampling):
+        return Request(request_id=rid, prompt_len=prompt, output_len=out, arrival_time=arrival,
+                       sampling=SamplingParams(max_tokens=max_tokens, **sampling))
+
+    reqs = [r("r1", 1, 27, 0.158, 37), r("r2", 38, 19, 0.18, 23), r("r4", 28, 28, 0.059, 29),
+            r("r6", 37, 4, 0.211, 7, stop_token_ids=(-1, -16)), r("r8", 10, None, 0.178, 40, ignore_eos=True)]
+    config = EngineConfig(block_size=2, num_gpu_blocks=48, num_cpu_blocks=200, watermark=0.0, max_num_batched_tokens=16,
+                          max_num_seqs=16, max_model_len=64, preemption_mode="swap", audit_every_step=True)
+    finished = {}
+    for lane in (True, False):
+        engine = Engine(config.model_copy(update={"decode_lane": lane}), "sarathi", policy_options={"token_budget": 8})
+        steps = []
+        engine.run(reqs, on_step=lambda report, steps=steps: steps.append([g.request_id for g in report.finished]))
+        finished[lane] = steps, [g.request_id for g in engine.finished]
+    assert finished[True] == finished[False]
+
+
 def test_prefix_caching_and_real_executors_do_not_use_the_lane():
     assert Engine(EngineConfig(enable_prefix_caching=True)).scheduler.lane is None
     assert Engine(EngineConfig(decode_lane=False)).scheduler.lane is None
