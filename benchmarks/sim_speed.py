@@ -97,9 +97,9 @@ def split_profile(scale: float = 1.0, limit: int | None = None) -> str:
         cum[(file.rsplit("/", 2)[-2:] and "/".join(file.rsplit("/", 2)[-2:]), name)] = ct
     total = sum(ct for (f, n), ct in cum.items() if n == "run" and f.endswith("core/engine.py"))
     parts = {
-        "scheduler: Scheduler.schedule (policy hook, step builder, block manager, commit)": ("core/scheduler.py", "schedule"),
-        "executor: SimulatedExecutor.execute (cost model, sampled tokens)": ("executors/simulated.py", "execute"),
-        "bookkeeping: Engine._apply (token append, finish, counters)": ("core/engine.py", "_apply"),
+        "scheduler: Scheduler.schedule (policy hook, step builder, decode lane, block manager, commit)": ("core/scheduler.py", "schedule"),
+        "executor: SimulatedExecutor.execute (cost model, tokens outside the lane)": ("executors/simulated.py", "execute"),
+        "bookkeeping: Engine._apply (lane step, finishing, tokens outside the lane)": ("core/engine.py", "_apply"),
         "step features (computed once per step)": ("core/outputs.py", "features"),
         "observer: TimeSeriesRecorder": ("core/timeseries.py", "__call__"),
     }

@@ -18,7 +18,9 @@ A lane step therefore costs the blocks that fall due and the requests that finis
 C-level copies of the batch (its entries, reused from step to step, and the touched marks); a
 change to the running queue costs one pass over it when the lane next runs. The lane is taken
 only when it is exact: nothing of the running queue touched yet, every running group a
-one-sequence decode past its first token, the whole batch within the token budget, and at
+one-sequence decode past its first token (for ``advance_decodes``, or in the middle of a
+prefill: passed over, and checked each step for the end of its prefill), the whole batch within
+the token budget and the call's cap, and at
 least one block to spare after the due ones (so that vLLM's worst-case check, which preempts once
 no block is free, would have passed for every sequence). Otherwise the lane dissolves (each member
 gets its tokens written out) and the step runs sequence by sequence.
@@ -119,7 +121,7 @@ class DecodeLane:
         """Put every running group (``decodes_only``: every decoding one, passing over those in the
         middle of a prefill) in ``out`` as one decode, if the lane is exact for this step.
         ``cap`` bounds the decodes' tokens, as ``max_tokens`` bounds the step's."""
-        if running is not self._running or decodes_only is not self._decodes_only or any(
+        if running is not self._running or decodes_only != self._decodes_only or any(
             g.num_uncomputed_tokens <= g.num_unfinished_seqs for g in self._passed_over  # a prefill ended
         ):
             self._rebuild(running, decodes_only)

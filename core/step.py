@@ -209,8 +209,9 @@ class StepBuilder:
         a prefill are left untouched (Sarathi-Serve's "decodes first").
 
         Stops (returns BUDGET) at the first decode whose tokens do not fit in what is left of
-        ``max_tokens`` (a cap on the tokens of this call; None: no cap) or of the step's token
-        budget. A group preempted to make room, itself included, is passed over.
+        ``max_tokens`` (a cap on the tokens of this call; None: no cap; 0 or less: nothing fits)
+        or of the step's token budget. A group preempted to make room, itself included, is
+        passed over.
         """
         if self._lane_step(decodes_only=True, max_tokens=max_tokens):
             return Outcome.SCHEDULED
