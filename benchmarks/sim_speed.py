@@ -34,7 +34,7 @@ A100_CONFIG = dict(num_gpu_blocks=7000, num_cpu_blocks=512, max_num_batched_toke
 VIDUR_REQ_PER_S = 400  # Vidur 0.0.26's simulated requests per wall second on a 2-core machine (not measured here)
 
 
-def measure(label: str, workload, policy: str = "vllm-default", record_timeseries: bool = False, decode_lane: bool = True) -> dict:
+def measure(label: str, workload, policy: str = "vllm-default", decode_lane: bool = True) -> dict:
     from kvsched.core.config import EngineConfig
     from kvsched.core.runner import run_simulation
 
@@ -43,12 +43,7 @@ def measure(label: str, workload, policy: str = "vllm-default", record_timeserie
     build_s = time.perf_counter() - t0
     gc.collect()
     t1, c1 = time.perf_counter(), time.process_time()
-    observer = None
-    if record_timeseries:
-        from kvsched.core.timeseries import TimeSeriesRecorder
-
-        observer = TimeSeriesRecorder()
-    result = run_simulation(requests, policy, EngineConfig(**A100_CONFIG, decode_lane=decode_lane), on_step=observer)
+    result = run_simulation(requests, policy, EngineConfig(**A100_CONFIG, decode_lane=decode_lane))
     wall, cpu = time.perf_counter() - t1, time.process_time() - c1
     s = result.summary
     return {

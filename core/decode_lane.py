@@ -134,12 +134,11 @@ class DecodeLane:
             return False  # some sequence would meet vLLM's worst-case check with no free block
         if due is not None:
             del self._blocks_due[self.steps]
-            append, ends, block_size = self._bm.append_slots, self._ends, self._block_size
+            append, ends, again = self._bm.append_slots, self._ends, self.steps + self._block_size
             if len(due) > 1:  # the sequence-by-sequence loop takes blocks in running order
                 due.sort(key=self._position.__getitem__)
             for seq in due:
                 append(seq)
-                again = self.steps + block_size
                 if again <= ends[seq]:
                     self._blocks_due.setdefault(again, []).append(seq)
         out.scheduled += batch
@@ -177,7 +176,7 @@ class DecodeLane:
             self._position = {g.seqs[0]: i for i, g in enumerate(members)}
 
     def _join(self, g: SequenceGroup, seq: Sequence) -> bool:
-        steps, size = self.steps, self._block_size
+        steps = self.steps
         num_tokens, num_output = seq.num_tokens, len(seq.output)
         last = g.max_seq_tokens - num_tokens  # lane steps until the length cap
         stop = self._tokens.first_stop(g, num_output + 1)
@@ -190,13 +189,17 @@ class DecodeLane:
         seq.__class__, g.__class__ = LaneSequence, LaneGroup
         self._ends[seq] = end
         self._finishing.setdefault(end, []).append(seq)
-        # The step that first finds its newest token beyond its last block, then every block_size steps.
-        due = steps + max(0, len(self._bm.gpu_tables[seq.seq_id]) * size - num_tokens + 1)
+        due = self._next_block_step(seq, num_tokens)
         if due <= end:
             self._blocks_due.setdefault(due, []).append(seq)
         self._kv_tokens += num_tokens - 1  # a plain decode has computed all but its newest token
         self._entries[g] = ScheduledGroup(g, 1, False)
         return True
+
+    def _next_block_step(self, seq: Sequence, num_tokens: int) -> int:
+        """The lane step that first finds ``seq``'s newest token beyond its last block (then one every
+        ``block_size`` steps), given its ``num_tokens`` now."""
+        return self.steps + max(0, len(self._bm.gpu_tables[seq.seq_id]) * self._block_size - num_tokens + 1)
 
     # ------------------------------------------------------------------------------- applying
     def apply(self) -> list[Sequence]:
@@ -227,7 +230,7 @@ class DecodeLane:
             capacity = len(self._bm.gpu_tables[seq.seq_id]) * size
             if capacity < seq.num_computed_tokens:
                 problems.append(f"{name} has {seq.num_computed_tokens} computed tokens in {capacity} slots")
-            due = steps + max(0, capacity - seq.num_tokens + 1)
+            due = self._next_block_step(seq, seq.num_tokens)
             if due <= end and seq not in self._blocks_due.get(due, ()):
                 problems.append(f"{name} is not due for a block at lane step {due}")
             if end < steps or seq not in self._finishing.get(end, ()):
@@ -274,6 +277,9 @@ class DecodeLane:
         """Every member leaves with its tokens written out; the next step rebuilds the lane."""
         if self.scheduled:
             raise RuntimeError("the decode lane cannot dissolve between scheduling a step and applying it")
+        self._running, self._exact, self._passed_over = None, False, []
+        if not self._ends:  # no member: the schedules below are empty too (each step without the lane comes here)
+            return
         for seq in self._ends:
             self._unlink(seq)
         self._ends.clear()
@@ -282,6 +288,3 @@ class DecodeLane:
         self._blocks_due.clear()
         self._finishing.clear()
         self._kv_tokens = 0
-        self._running = None
-        self._exact = False
-        self._passed_over = []

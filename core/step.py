@@ -328,8 +328,7 @@ class StepBuilder:
         return victim, choice.mode
 
     def _preempt(self, g: SequenceGroup, mode: PreemptionMode | None) -> PreemptionMode:
-        if g.seqs[0].lane is not None:  # a member: the lane cannot keep it
-            g.seqs[0].lane.dissolve()
+        _out_of_lane(g)
         if self.config.preemption_mode is not None:
             mode = self.config.preemption_mode
         elif mode is None:
@@ -372,6 +371,12 @@ class StepBuilder:
             raise PolicyError(self.policy_name, f"{op}: {g.request_id!r} was already {state} in this step")
         if g.status is not expected:
             raise PolicyError(self.policy_name, f"{op}: {g.request_id!r} is {g.status.name}, not {expected.name}")
-        if g.seqs[0].lane is not None:
-            g.seqs[0].lane.dissolve()  # a member that changes on its own now
+        _out_of_lane(g)  # it may change on its own now
         return g
+
+
+def _out_of_lane(g: SequenceGroup) -> None:
+    """Dissolve the decode lane if ``g`` rides it (members change only together)."""
+    lane = g.seqs[0].lane
+    if lane is not None:
+        lane.dissolve()

@@ -251,9 +251,16 @@ def test_members_finishing_together_finish_in_running_order():
     assert finished[True] == finished[False]
 
 
-def test_prefix_caching_and_real_executors_do_not_use_the_lane():
+class _UnknownTokens(SimulatedExecutor):
+    """An executor that, like a real model, cannot say its tokens in advance (no KnownTokens)."""
+
+    tokens_at = first_stop = None
+
+
+def test_prefix_caching_and_executors_without_known_tokens_do_not_use_the_lane():
     assert Engine(EngineConfig(enable_prefix_caching=True)).scheduler.lane is None
     assert Engine(EngineConfig(decode_lane=False)).scheduler.lane is None
+    assert Engine(EngineConfig(), executor=_UnknownTokens()).scheduler.lane is None
     assert Engine(EngineConfig()).scheduler.lane is not None
 
 
