@@ -1,0 +1,98 @@
+"""Twelve reference runs whose results must not change when the engine is only refactored or sped up.
+
+Every built-in policy, the Azure trace at twice its rate, prefix caching, KV pressure, forced swap
+and forced recompute, each through the ``engine`` console script with its engine settings given
+explicitly (so that a change of defaults does not count as a change of behaviour).
+
+    .venv/bin/python benchmarks/reference_runs.py --save /tmp/ref-before     # on the old commit
+    .venv/bin/python benchmarks/reference_runs.py --check /tmp/ref-before    # on the new one
+
+``--check`` prints, per run, whether ``summary.json`` and ``requests.csv`` are byte-identical,
+and exits 1 if any is not. ``--ignore-key`` leaves a top-level summary key out of the comparison
+(for a change that adds a key on purpose, such as a new config field).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ENGINE = Path(sys.executable).with_name("engine")
+PINNED = ["--set", "num_gpu_blocks=2048", "--set", "max_num_batched_tokens=2048", "--set", "max_model_len=2048",
+          "--set", "num_cpu_blocks=1024", "--profile", "llama2-7b-a100"]
+TENANTS = str(Path(__file__).resolve().parents[1] / "docs" / "examples" / "bursty-tenants.json")
+
+RUNS: dict[str, list[str]] = {
+    "vllm-default": ["--policy", "vllm-default"],
+    "fcfs": ["--policy", "fcfs"],
+    "sarathi": ["--policy", "sarathi", "--set", "max_num_batched_tokens=512"],
+    "sjf": ["--policy", "sjf", "--policy-opt", "predictor=noisy"],
+    "vtc": ["--policy", "vtc", "--workload", TENANTS, "-n", "1500"],
+    "lpm": ["--policy", "lpm", "--set", "enable_prefix_caching=true"],
+    "priority-vip": ["--policy", "priority-vip", "--workload", TENANTS, "-n", "1500"],
+    "azure-x2": ["--policy", "vllm-default", "--workload", "azure-conv", "--rate-scale", "2"],
+    "prefix-caching": ["--policy", "vllm-default", "--set", "enable_prefix_caching=true", "--workload", "sharegpt", "-n", "1000"],
+    "kv-pressure": ["--policy", "vllm-default", "--set", "num_gpu_blocks=300", "--set", "delay_factor=0.5"],
+    "forced-swap": ["--policy", "fcfs", "--set", "num_gpu_blocks=400", "--set", "preemption_mode=swap"],
+    "forced-recompute": ["--policy", "sarathi", "--set", "num_gpu_blocks=400", "--set", "preemption_mode=recompute",
+                         "--workload", "azure-conv", "-n", "3000"],
+}
+FILES = ("summary.json", "requests.csv")
+
+
+def run_all(dest: Path) -> None:
+    for name, args in RUNS.items():
+        out = dest / name
+        cmd = [str(ENGINE), "run", "-q", *PINNED, *args, "--output", str(out)]
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        if done.returncode != 0:
+            sys.exit(f"{name}: {' '.join(cmd)} failed:\n{done.stderr}")
+        for extra in out.iterdir():  # keep only what is compared
+            if extra.name not in FILES:
+                extra.unlink() if extra.is_file() else shutil.rmtree(extra)
+        print(f"{name}: done", flush=True)
+
+
+def compare(base: Path, new: Path, ignore: set[str]) -> bool:
+    same_all = True
+    for name in RUNS:
+        notes = []
+        old_summary = json.loads((base / name / "summary.json").read_text())
+        new_summary = json.loads((new / name / "summary.json").read_text())
+        keys = (old_summary.keys() | new_summary.keys()) - ignore
+        differing = sorted(k for k in keys if old_summary.get(k) != new_summary.get(k))
+        if differing:
+            notes.append(f"summary.json differs in {', '.join(differing)}")
+        elif not ignore and (base / name / "summary.json").read_bytes() != (new / name / "summary.json").read_bytes():
+            notes.append("summary.json differs in formatting")
+        if (base / name / "requests.csv").read_bytes() != (new / name / "requests.csv").read_bytes():
+            notes.append("requests.csv differs")
+        same_all &= not notes
+        print(f"{name:18s} {'identical' if not notes else '; '.join(notes)}")
+    return same_all
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    what = parser.add_mutually_exclusive_group(required=True)
+    what.add_argument("--save", type=Path, help="run all and keep the results in this folder")
+    what.add_argument("--check", type=Path, help="run all and compare with a folder written by --save")
+    parser.add_argument("--ignore-key", action="append", default=[], help="top-level summary key to leave out")
+    args = parser.parse_args()
+    if args.save is not None:
+        if args.save.exists():
+            sys.exit(f"{args.save} exists; pick a new folder")
+        run_all(args.save)
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        run_all(Path(tmp))
+        sys.exit(0 if compare(args.check, Path(tmp), set(args.ignore_key)) else 1)
+
+
+if __name__ == "__main__":
+    main()
