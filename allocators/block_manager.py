@@ -3,18 +3,39 @@
 The block manager is the only owner of allocator state. Every mutation can run inside a
 transaction (``begin``/``commit``/``rollback``) so that the scheduler can undo a half-built step
 when a policy raises, leaving the pools exactly as consistent as before.
+
+A leaf: it imports nothing of the engine, and sees sequences and groups only through the two
+small protocols below (the core's ``Sequence`` and ``SequenceGroup`` satisfy them).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Sequence as Tokens
+from typing import Protocol
 
 from kvsched.allocators.alloc_status import AllocStatus
 from kvsched.allocators.block_pool import BlockPool
-from kvsched.core.sequence import SequenceStatus
 
-if TYPE_CHECKING:
-    from kvsched.core.sequence import Sequence, SequenceGroup
+
+class Sequence(Protocol):
+    """What the block manager reads of a sequence: its id and its tokens."""
+
+    seq_id: int
+    num_tokens: int
+    prompt: Tokens[int]
+
+    def token_slice(self, start: int, stop: int) -> tuple[int, ...]: ...
+
+
+class SequenceGroup(Protocol):
+    """What it reads of a group: its sequences, and which of them wait or are unfinished."""
+
+    seqs: list[Sequence]
+    num_unfinished_seqs: int
+
+    def waiting_seqs(self) -> list[Sequence]: ...
+
+    def unfinished_seqs(self) -> list[Sequence]: ...
 
 _NO_PARENT = 0x9E3779B97F4A7C15  # root of every prefix-hash chain
 
@@ -83,7 +104,7 @@ class BlockManager:
     def planned_cached_tokens(self, group: SequenceGroup) -> dict[int, int]:
         """Per waiting sequence, the leading tokens ``allocate`` will find already computed (or
         computed by the group's first sequence in the same step): what the step need not count."""
-        seqs = _waiting_seqs(group)
+        seqs = group.waiting_seqs()
         shared = self._shared_prompt_blocks(seqs) * self.block_size
         return {s.seq_id: self.num_cached_tokens(s) if k == 0 else shared for k, s in enumerate(seqs)}
 
@@ -100,7 +121,7 @@ class BlockManager:
 
     def blocks_to_allocate(self, group: SequenceGroup) -> int:
         """Free GPU blocks that admitting ``group`` would consume (cache hits on held blocks are free)."""
-        seqs = _waiting_seqs(group)
+        seqs = group.waiting_seqs()
         shared = self._shared_prompt_blocks(seqs)
         needed = 0
         for k, seq in enumerate(seqs):
@@ -113,7 +134,7 @@ class BlockManager:
 
     def can_allocate(self, group: SequenceGroup) -> AllocStatus:
         """vLLM's watermark rule: NEVER if even an empty pool minus the watermark cannot hold it."""
-        seqs = _waiting_seqs(group)
+        seqs = group.waiting_seqs()
         total = sum(self.num_blocks(s.num_tokens) for s in seqs) - self._shared_prompt_blocks(seqs) * (len(seqs) - 1)
         if self.gpu.num_blocks - total < self.watermark_blocks:
             return AllocStatus.NEVER
@@ -129,9 +150,7 @@ class BlockManager:
         """Exact number of new blocks (fresh or copy-on-write) the next decode of ``group`` needs."""
         needed = 0
         bs, refs = self.block_size, self.gpu.ref_counts
-        for seq in group.seqs:
-            if seq.status.is_finished:
-                continue
+        for seq in group.unfinished_seqs():
             table = self.gpu_tables[seq.seq_id]
             if seq.num_tokens > len(table) * bs or refs[table[-1]] > 1:
                 needed += 1
@@ -163,7 +182,7 @@ class BlockManager:
         Returns, per sequence id, how many leading tokens were found in the prefix cache (their
         KV is already there and need not be computed).
         """
-        seqs = _waiting_seqs(group)
+        seqs = group.waiting_seqs()
         self._log_tables(seqs)
         shared = self._shared_prompt_blocks(seqs)
         cached: dict[int, int] = {}
@@ -330,7 +349,3 @@ class BlockManager:
     @property
     def num_held_blocks(self) -> int:
         return (self.gpu.num_blocks - self.gpu.num_free) + (self.cpu.num_blocks - self.cpu.num_free)
-
-
-def _waiting_seqs(group: SequenceGroup) -> list[Sequence]:
-    return [s for s in group.seqs if s.status is SequenceStatus.WAITING]

@@ -24,7 +24,7 @@ DETAIL = (0.75, 2.0)  # scales that get queue/KV plots
 
 def one(scale: float, limit: int | None, slo_ttft: float, slo_tpot: float):
     from kvsched.core.config import EngineConfig
-    from kvsched.core.simjob import SimJob
+    from kvsched.experiments.simulation import SimJob
     from kvsched.reporting.files import requests_frame
     from kvsched.workloads import build_workload
 

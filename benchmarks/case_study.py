@@ -17,7 +17,7 @@ import argparse
 from pathlib import Path
 
 from kvsched.core.config import EngineConfig
-from kvsched.core.simjob import SimJob
+from kvsched.experiments.simulation import SimJob
 from kvsched.workloads.arrivals import Poisson
 from kvsched.workloads.distributions import LogNormal
 from kvsched.workloads.synthetic import SyntheticSpec
@@ -44,7 +44,7 @@ def workload(num_requests: int, rate: float, vip_share: float, seed: int) -> Syn
 
 
 def p99(values: list[float]) -> float:
-    from kvsched.core.metrics import percentile
+    from kvsched.metrics.requests import percentile
 
     return percentile(sorted(values), 99)
 

@@ -19,9 +19,9 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from kvsched.core.config import EngineConfig
-from kvsched.core.executors.hf import hf_engine
-from kvsched.core.executors.hf_models import load_model
-from kvsched.core.executors.hf_prompts import benchmark_prompts
+from kvsched.executors.hf import hf_engine
+from kvsched.executors.hf_models import load_model
+from kvsched.executors.hf_prompts import benchmark_prompts
 from real_throughput import requests_for  # the sibling benchmark: same prompts, same requests
 
 LINEAR_OPS = ("aten::mm", "aten::addmm")

@@ -115,8 +115,8 @@ def synthetic_steps(seed: int = 0):
 
 
 def main(argv: list[str] | None = None) -> dict:
-    from kvsched.core.executors.calibration import StepRecord, fit_errors, fit_profile
-    from kvsched.core.executors.cost_model import LLAMA2_7B_A100
+    from kvsched.executors.calibration import StepRecord, fit_errors, fit_profile
+    from kvsched.executors.cost_model import LLAMA2_7B_A100
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", type=Path, help="write the fitted profile here")

@@ -28,12 +28,12 @@ import torch
 
 from kvsched.core.config import EngineConfig
 from kvsched.core.engine import Engine
-from kvsched.core.executors.calibration import StepRecorder, fit_errors, fit_profile
-from kvsched.core.executors.hf import hf_engine
-from kvsched.core.executors.hf_models import load_model
-from kvsched.core.executors.hf_prompts import benchmark_prompts, holdout_prompts
-from kvsched.core.executors.simulated import SimulatedExecutor
-from kvsched.core.metrics import RequestMetrics
+from kvsched.executors.calibration import StepRecorder, fit_errors, fit_profile
+from kvsched.executors.hf import hf_engine
+from kvsched.executors.hf_models import load_model
+from kvsched.executors.hf_prompts import benchmark_prompts, holdout_prompts
+from kvsched.executors.simulated import SimulatedExecutor
+from kvsched.metrics.requests import RequestMetrics
 from kvsched.core.request import Request, SamplingParams
 
 
@@ -154,7 +154,7 @@ def main() -> None:
     real_engine, _, _ = run_ours(loaded, h_reqs, h_config, h_recorder)
     h_errors = fit_errors(profile, h_recorder.records)
     real_ttft, real_tpot = mean_latencies(real_engine.groups.values())
-    sim = Engine(h_config, "vllm-default", SimulatedExecutor(profile, block_size=h_config.block_size))
+    sim = Engine(h_config, "vllm-default", SimulatedExecutor(profile))
     sim.run(h_reqs)
     sim_ttft, sim_tpot = mean_latencies(sim.groups.values())
     ttft_err, tpot_err = sim_ttft / real_ttft - 1, sim_tpot / real_tpot - 1

@@ -21,8 +21,8 @@ import gc
 import statistics
 import time
 
-from kvsched.core import Engine, EngineConfig, Request, SamplingParams
-from kvsched.core.executors.simulated import SimulatedExecutor
+from kvsched import Engine, EngineConfig, Request, SamplingParams
+from kvsched.executors.simulated import SimulatedExecutor
 
 VLLM_V0_MS = {16: 0.13, 64: 0.47, 256: 1.97, 1024: 16.8}  # v0.6.3 _schedule()
 VLLM_V1_MS = {16: 0.035, 64: 0.131, 256: 0.53, 1024: 2.31}  # V1 0.8.5 schedule()
@@ -34,7 +34,7 @@ def build(n: int, blocks_per_request: int | None, lane: bool, prompt: int = 128,
         block_size=16, num_gpu_blocks=blocks, num_cpu_blocks=blocks, watermark=0.0,
         max_num_seqs=n, max_num_batched_tokens=max(prompt * n, n), max_model_len=10**6, decode_lane=lane,
     )
-    engine = Engine(config, "vllm-default", SimulatedExecutor(block_size=16))
+    engine = Engine(config, "vllm-default", SimulatedExecutor())
     for i in range(n):
         engine.add_request(Request(request_id=f"r{i}", prompt_len=prompt, output_len=output,
                                    sampling=SamplingParams(max_tokens=output)))

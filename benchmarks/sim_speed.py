@@ -36,7 +36,7 @@ VIDUR_REQ_PER_S = 400  # Vidur 0.0.26's simulated requests per wall second on a 
 
 def measure(label: str, workload, policy: str = "vllm-default", decode_lane: bool = True) -> dict:
     from kvsched.core.config import EngineConfig
-    from kvsched.core.runner import run_simulation
+    from kvsched.experiments.simulation import run_simulation
 
     t0 = time.perf_counter()
     requests = workload.requests()
@@ -77,8 +77,8 @@ def split_profile(scale: float = 1.0, limit: int | None = None) -> str:
     import pstats
 
     from kvsched.core.config import EngineConfig
-    from kvsched.core.runner import run_simulation
-    from kvsched.core.timeseries import TimeSeriesRecorder
+    from kvsched.experiments.simulation import run_simulation
+    from kvsched.metrics.timeseries import TimeSeriesRecorder
     from kvsched.workloads import build_workload
 
     requests = build_workload("azure-conv", rate_scale=scale, num_requests=limit).requests()
@@ -96,7 +96,7 @@ def split_profile(scale: float = 1.0, limit: int | None = None) -> str:
         "executor: SimulatedExecutor.execute (cost model, tokens outside the lane)": ("executors/simulated.py", "execute"),
         "bookkeeping: Engine._apply (lane step, finishing, tokens outside the lane)": ("core/engine.py", "_apply"),
         "step features (computed once per step)": ("core/outputs.py", "features"),
-        "observer: TimeSeriesRecorder": ("core/timeseries.py", "__call__"),
+        "observer: TimeSeriesRecorder": ("metrics/timeseries.py", "__call__"),
     }
     lines = [f"cProfile of one Azure conv replay ({len(requests):,} requests, ×{scale:g}); share of Engine.run:", "",
              "| part | share |", "|---|---:|"]

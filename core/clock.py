@@ -3,10 +3,21 @@
 from __future__ import annotations
 
 import time
+from typing import Protocol
+
+
+class Clock(Protocol):
+    """What the engine needs of time: read it, charge a step's duration, wait for an arrival."""
+
+    def now(self) -> float: ...
+
+    def advance(self, seconds: float) -> None: ...
+
+    def wait_until(self, t: float) -> None: ...
 
 
 class VirtualClock:
-    """Simulated seconds; only the engine moves it."""
+    """Simulated seconds; moved by the engine (``advance``, ``wait_until``) or by a caller that drives time (``set``)."""
 
     def __init__(self, start: float = 0.0) -> None:
         self._now = start
@@ -19,6 +30,12 @@ class VirtualClock:
 
     def wait_until(self, t: float) -> None:
         self._now = max(self._now, t)
+
+    def set(self, t: float) -> None:
+        """Move to ``t``; time never runs backwards."""
+        if not t >= self._now:  # also refuses NaN
+            raise ValueError(f"the clock is at {self._now}; it cannot be set to {t}")
+        self._now = float(t)
 
 
 class WallClock:

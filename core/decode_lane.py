@@ -35,7 +35,7 @@ from kvsched.core.sequence import Sequence, SequenceGroup, SequenceStatus
 
 if TYPE_CHECKING:
     from kvsched.allocators.block_manager import BlockManager
-    from kvsched.core.executors.base import KnownTokens
+    from kvsched.core.executor import KnownTokens
     from kvsched.core.outputs import SchedulerOutput
 
 _RUNNING = SequenceStatus.RUNNING

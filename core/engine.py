@@ -7,41 +7,51 @@ from collections.abc import Callable, Iterable
 from itertools import islice
 from typing import Any
 
+from kvsched.core.clock import Clock
 from kvsched.core.config import EngineConfig
 from kvsched.core.decode_lane import DecodeLane
 from kvsched.core.errors import AuditError, StallError
-from kvsched.core.executors.base import Executor, KnownTokens
+from kvsched.core.executor import Executor, KnownTokens
 from kvsched.core.outputs import SchedulerOutput
-from kvsched.core.plugins import DEFAULT_POLICY, PolicyHooks
+from kvsched.core.plugins import PolicyHooks
 from kvsched.core.report import StepReport
 from kvsched.core.request import Request
 from kvsched.core.scheduler import Scheduler
 from kvsched.core.sequence import Sequence, SequenceGroup, SequenceStatus
+from kvsched.core.view import CacheView, QueueView
 
 MAX_IDLE_STEPS = 100_000  # consecutive steps that run nothing before the engine reports a stall
 
 
 class Engine:
-    """``add_request``, ``abort``, ``step`` and ``run``, over a scheduler and an executor."""
+    """``add_request``, ``abort``, ``step`` and ``run``, over a scheduler and an executor.
+
+    ``policy`` is an installed policy's name or a policy object; ``executor`` runs the steps
+    (``kvsched.SimulatedExecutor`` for simulation). The engine keeps the executor's clock unless
+    ``clock`` is given: a caller that drives time itself passes any object with ``now()``,
+    ``advance(seconds)`` and ``wait_until(t)``.
+    """
 
     def __init__(
         self,
-        config: EngineConfig | None = None,
-        policy: str | Any = DEFAULT_POLICY,
-        executor: Executor | None = None,
+        config: EngineConfig,
+        policy: str | Any,
+        executor: Executor,
+        *,
         policy_options: dict[str, Any] | None = None,
         observers: tuple = (),
+        clock: Clock | None = None,
     ) -> None:
-        from kvsched.core.executors.simulated import SimulatedExecutor
-
-        self.config = config or EngineConfig()
+        if not isinstance(config, EngineConfig):
+            raise TypeError(f"config must be an EngineConfig, got {type(config).__name__}")
+        self.config = config
         self.hooks = PolicyHooks(policy, policy_options, observers)
         self.scheduler = Scheduler(self.config, self.hooks)
-        self.executor = executor or SimulatedExecutor(block_size=self.config.block_size)
-        attach = getattr(self.executor, "attach", None)
-        if attach is not None:  # a real executor reads the block tables of this engine's block manager
+        self.executor = executor
+        attach = getattr(executor, "attach", None)
+        if attach is not None:  # an executor that reads block tables, or the block size, of this engine
             attach(self.scheduler.block_manager)
-        self.clock = self.executor.make_clock()
+        self.clock = clock if clock is not None else executor.make_clock()
         self._model_len = self.config.model_len
         self._caching = self.config.enable_prefix_caching
         # Prefix caching hashes each block as it fills, sequence by sequence: no lane with it.
@@ -82,6 +92,31 @@ class Engine:
 
     def has_unfinished(self) -> bool:
         return self.scheduler.num_unfinished > 0
+
+    # ------------------------------------------------------------------------ what one can read
+    @property
+    def now(self) -> float:
+        return self.clock.now()
+
+    @property
+    def waiting(self) -> QueueView:
+        """The waiting queue now, front first, as read-only views (a snapshot: later steps do not change it)."""
+        return QueueView(list(self.scheduler.waiting))
+
+    @property
+    def running(self) -> QueueView:
+        """The running queue now, oldest first (a snapshot)."""
+        return QueueView(list(self.scheduler.running))
+
+    @property
+    def swapped(self) -> QueueView:
+        """The swapped queue now, oldest first (a snapshot)."""
+        return QueueView(list(self.scheduler.swapped))
+
+    @property
+    def cache(self) -> CacheView:
+        """Read-only questions to the block manager: free and cached blocks per device, and more."""
+        return self.scheduler.cache_view
 
     # -------------------------------------------------------------------------------- steps
     def step(self) -> StepReport:

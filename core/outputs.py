@@ -35,15 +35,18 @@ class ScheduledGroup:
     """A group that runs in this step and how many tokens it computes.
 
     ``num_tokens`` is the group's total. A single-sequence group may compute a chunk of its
-    prefill; otherwise every unfinished sequence computes all its uncomputed tokens.
+    prefill; otherwise every unfinished sequence computes all its uncomputed tokens. An admitted
+    prompt's ``num_cached_tokens`` are the leading tokens found in the prefix cache, which it does
+    not compute (so its full prompt is ``num_cached_tokens + num_tokens`` unless chunked).
     """
 
-    __slots__ = ("group", "num_tokens", "is_prefill", "_chunks")
+    __slots__ = ("group", "num_tokens", "is_prefill", "num_cached_tokens", "_chunks")
 
-    def __init__(self, group: SequenceGroup, num_tokens: int, is_prefill: bool) -> None:
+    def __init__(self, group: SequenceGroup, num_tokens: int, is_prefill: bool, num_cached_tokens: int = 0) -> None:
         self.group = group
         self.num_tokens = num_tokens
         self.is_prefill = is_prefill
+        self.num_cached_tokens = num_cached_tokens
         self._chunks: list[tuple[Sequence, int]] | None = None
 
     def seq_chunks(self) -> list[tuple[Sequence, int]]:
@@ -77,6 +80,7 @@ class SchedulerOutput:
     """
 
     scheduled: list[ScheduledGroup] = field(default_factory=list)
+    swapped_in: list[SequenceGroup] = field(default_factory=list)  # groups brought back from the CPU in this step
     blocks_to_swap_in: list[tuple[int, int]] = field(default_factory=list)
     blocks_to_swap_out: list[tuple[int, int]] = field(default_factory=list)
     blocks_to_copy: list[tuple[int, int]] = field(default_factory=list)

@@ -56,7 +56,7 @@ def instantiate(policy: Any, options: dict[str, Any] | None = None) -> Any:
     if inspect.isclass(policy):
         try:
             return policy(**(options or {}))
-        except TypeError as exc:
+        except (TypeError, ValueError) as exc:
             raise PolicyError(getattr(policy, "name", policy.__name__), f"bad policy options {options}: {exc}") from exc
     if options:
         raise PolicyError(getattr(policy, "name", repr(policy)), "options given, but the policy is not a class")
@@ -87,10 +87,8 @@ class PolicyHooks:
             self.pm.check_pending()
         except (pluggy.PluginValidationError, ValueError) as exc:
             raise PolicyError(self.name, f"invalid plugin: {exc}") from exc
-        if not self.pm.hook.select_batch.get_hookimpls():
-            from kvsched.policies.vllm_default import VllmDefault
-
-            self.pm.register(VllmDefault(), name="vllm-default-fallback")
+        if not self.pm.hook.select_batch.get_hookimpls():  # a policy that only picks victims or admits
+            self.pm.register(instantiate(load_policy(DEFAULT_POLICY)), name=f"{DEFAULT_POLICY}-fallback")
         hook = self.pm.hook
         self._select_batch = hook.select_batch
         self._choose_preemption = hook.choose_preemption

@@ -146,6 +146,9 @@ class SequenceGroup:
     def unfinished_seqs(self) -> list[Sequence]:
         return [s for s in self.seqs if s.status <= _LAST_ACTIVE]
 
+    def waiting_seqs(self) -> list[Sequence]:
+        return [s for s in self.seqs if s.status is SequenceStatus.WAITING]
+
     @property
     def max_running_seqs(self) -> int:
         """Sequences this group will run at once: ``n`` before the fork, then the unfinished ones."""

@@ -42,7 +42,7 @@ class StepBuilder:
         self._max_tokens = self.config.max_num_batched_tokens
         self._max_seqs = self.config.max_num_seqs
         self.admitted: list[SequenceGroup] = []
-        self.swapped_in: list[SequenceGroup] = []
+        self.swapped_in: list[SequenceGroup] = self.output.swapped_in
         self.recomputed: list[SequenceGroup] = []
         self.swapped_out: list[SequenceGroup] = []
         self.cached_tokens: dict[int, int] = {}
@@ -143,7 +143,8 @@ class StepBuilder:
         self._touched[g] = "admitted"
         self.admitted.append(g)
         self.num_running_seqs += g.max_running_seqs
-        self._record(g, chunk, True, sum(cached.values()))
+        hits = sum(cached.values())
+        self._record(g, chunk, True, hits, hits)
         return Outcome.SCHEDULED
 
     def advance(self, group: GroupView, max_tokens: int | None = None) -> Outcome:
@@ -302,10 +303,11 @@ class StepBuilder:
             self._preempt(victim, mode)
         return False
 
-    def _record(self, g: SequenceGroup, chunk: int, is_prefill: bool, context: int) -> None:
-        """Add ``g`` to the batch and to the step's cost features (``context``: KV tokens it reads)."""
+    def _record(self, g: SequenceGroup, chunk: int, is_prefill: bool, context: int, cached: int = 0) -> None:
+        """Add ``g`` to the batch and to the step's cost features (``context``: KV tokens it reads;
+        ``cached``: prompt tokens an admission found in the prefix cache)."""
         out = self.output
-        out.scheduled.append(ScheduledGroup(g, chunk, is_prefill))
+        out.scheduled.append(ScheduledGroup(g, chunk, is_prefill, cached))
         out.num_batched_tokens += chunk
         if is_prefill:
             out.prefill_tokens += chunk

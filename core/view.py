@@ -95,6 +95,7 @@ class CacheView:
     num_cpu_blocks = property(lambda self: self._bm.cpu.num_blocks)
     num_free_gpu_blocks = property(lambda self: self._bm.gpu.num_free)
     num_free_cpu_blocks = property(lambda self: self._bm.cpu.num_free)
+    num_cached_gpu_blocks = property(lambda self: len(self._bm.gpu.evictor), doc="free blocks that still hold a cached prefix (counted as free)")
     watermark_blocks = property(lambda self: self._bm.watermark_blocks)
     enable_prefix_caching = property(lambda self: self._bm.enable_prefix_caching)
 

@@ -1,18 +1,33 @@
-"""The results folder: summary.json and requests.csv (core), plus requests.parquet and timeseries.parquet."""
+"""The results folder: summary.json, requests.csv, requests.parquet, timeseries.parquet (and plots)."""
 
 from __future__ import annotations
 
+import csv
+import json
 from dataclasses import fields
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from kvsched.core.metrics import RequestMetrics
-from kvsched.core.runner import write_results
+from kvsched.metrics.requests import RequestMetrics
 
 if TYPE_CHECKING:
     import pandas as pd
 
-    from kvsched.core.simjob import SimOutcome
+    from kvsched.experiments.simulation import RunResult, SimOutcome
+
+
+def write_results(result: RunResult, directory: Path) -> list[Path]:
+    """``summary.json`` and ``requests.csv`` under ``directory`` (created if needed)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    summary_path = directory / "summary.json"
+    summary_path.write_text(json.dumps(result.summary, indent=2, sort_keys=False) + "\n")
+    requests_path = directory / "requests.csv"
+    rows = [m.as_dict() for m in result.requests]
+    with requests_path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]) if rows else ["request_id"])
+        writer.writeheader()
+        writer.writerows(rows)
+    return [summary_path, requests_path]
 
 
 def requests_frame(metrics: list[RequestMetrics]) -> pd.DataFrame:
@@ -46,3 +61,16 @@ def write_outputs(outcome: SimOutcome, directory: Path, plot: bool = False) -> l
         written += pngs
         written.append(write_report(outcome.summary, pngs, directory / "report.html"))
     return written
+
+
+def write_sweep_table(rows: list[dict[str, Any]], directory: Path) -> list[Path]:
+    """A sweep's rows as ``sweep.csv`` and ``sweep.parquet``."""
+    import pandas as pd
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    frame = pd.DataFrame(rows)
+    csv_path, pq_path = directory / "sweep.csv", directory / "sweep.parquet"
+    frame.to_csv(csv_path, index=False)
+    frame.to_parquet(pq_path, index=False)
+    return [csv_path, pq_path]

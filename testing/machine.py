@@ -18,6 +18,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 
 from kvsched.core.decisions import Preemption
 from kvsched.core.engine import Engine
+from kvsched.executors.simulated import SimulatedExecutor
 from kvsched.core.errors import AuditError, PolicyError
 from kvsched.core.hookspecs import hookimpl
 from kvsched.core.plugins import load_policy
@@ -90,7 +91,7 @@ class PolicyMachine(RuleBasedStateMachine):
         watching = PRIORITY_PREEMPTION in declared_claims(policy) and self._checking(PRIORITY_PREEMPTION)
         self.watch = PreemptionWatch() if watching else None
         try:
-            self.engine = Engine(config, policy, policy_options=self.policy_options, observers=(self.watch,) if watching else ())
+            self.engine = Engine(config, policy, SimulatedExecutor(), policy_options=self.policy_options, observers=(self.watch,) if watching else ())
         except PolicyError as exc:
             self._violation(inv.VALID_DECISIONS, str(exc))
         if watching:  # judge by this engine's own policy instance

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvsched.core.engine import Engine
-from kvsched.core.executors.simulated import SimulatedExecutor
+from kvsched.executors.simulated import SimulatedExecutor
 from kvsched.testing.strategies import OVERLOAD_CONFIG, OVERLOAD_PROFILE, VICTIM_TENANTS, OverloadScenario
 
 
@@ -25,7 +25,7 @@ class StarvationResult:
 
 def run_overload(policy: Any, scenario: OverloadScenario, policy_options: dict | None = None) -> StarvationResult:
     """Replay the scenario until every victim finishes or the stream's last arrival passes."""
-    executor = SimulatedExecutor(OVERLOAD_PROFILE, block_size=OVERLOAD_CONFIG.block_size)
+    executor = SimulatedExecutor(OVERLOAD_PROFILE)
     engine = Engine(OVERLOAD_CONFIG, policy, executor, policy_options=policy_options)
     pending = deque(scenario.requests())
     clock = engine.clock

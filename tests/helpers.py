@@ -49,14 +49,14 @@ def unit_engine(policy="vllm-default", **config):
     """An engine whose every non-empty step takes exactly one simulated second."""
     from kvsched.core.config import EngineConfig
     from kvsched.core.engine import Engine
-    from kvsched.core.executors.cost_model import CostProfile
-    from kvsched.core.executors.simulated import SimulatedExecutor
+    from kvsched.executors.cost_model import CostProfile
+    from kvsched.executors.simulated import SimulatedExecutor
 
     unit = CostProfile(name="unit", base_ms=1000, prefill_token_ms=0, decode_seq_ms=0, kv_token_ms=0,
                        kv_bytes_per_token=0, swap_gb_per_s=1, copy_gb_per_s=1)
     cfg = EngineConfig(**{"block_size": 4, "num_gpu_blocks": 64, "num_cpu_blocks": 64, "watermark": 0.0,
                           "max_num_batched_tokens": 256, "max_num_seqs": 64, "audit_every_step": True, **config})
-    return Engine(cfg, policy, SimulatedExecutor(unit, cfg.block_size))
+    return Engine(cfg, policy, SimulatedExecutor(unit))
 
 
 def ids(groups) -> list[str]:

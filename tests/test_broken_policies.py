@@ -5,14 +5,14 @@ from __future__ import annotations
 import broken_policies as bp
 import pytest
 
-from kvsched.core.engine import Engine
+from kvsched import Engine, EngineConfig, SimulatedExecutor
 from kvsched.core.errors import PolicyError
 from kvsched.core.request import Request, SamplingParams
 from kvsched.testing.checks import FAIL, PASS, check_machine, check_starvation
 
 
 def small_run(policy, n=4):
-    eng = Engine(policy=policy)
+    eng = Engine(EngineConfig(), policy, SimulatedExecutor())
     for i in range(n):
         eng.add_request(Request(request_id=f"r{i}", prompt_len=16, output_len=4, sampling=SamplingParams(max_tokens=4)))
     return eng

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from helpers import ids, req, unit_engine
 
+from kvsched import Engine, EngineConfig, PolicyError, SimulatedExecutor
 from kvsched.core.plugins import available_policies
 from kvsched.core.request import Request, SamplingParams
 from kvsched.policies.length_predictors import BucketedPredictor, NoisyOraclePredictor, OraclePredictor, make_predictor
@@ -84,8 +85,8 @@ def test_sarathi_resumes_a_group_swapped_out_in_the_middle_of_its_prefill():
 
 
 def test_sarathi_rejects_a_bad_budget():
-    with pytest.raises(Exception, match="token_budget"):
-        unit_engine("sarathi").__class__(policy="sarathi", policy_options={"token_budget": "0"})
+    with pytest.raises(PolicyError, match="token_budget"):
+        Engine(EngineConfig(), "sarathi", SimulatedExecutor(), policy_options={"token_budget": "0"})
 
 
 # ------------------------------------------------------------------------------------------ sjf

@@ -6,12 +6,14 @@ from pathlib import Path
 import pytest
 
 from kvsched.core.config import EngineConfig
-from kvsched.core.executors.calibration import StepRecorder
-from kvsched.core.executors.cost_model import LLAMA2_7B_A100, CostProfile
-from kvsched.core.executors.profiles import ProfileError, resolve_profile
+from kvsched.core.engine import Engine
+from kvsched.executors.simulated import SimulatedExecutor
+from kvsched.executors.calibration import StepRecorder
+from kvsched.executors.cost_model import LLAMA2_7B_A100, CostProfile
+from kvsched.executors.profiles import ProfileError, resolve_profile
 from kvsched.core.outputs import SchedulerOutput
 from kvsched.core.request import Request, SamplingParams
-from kvsched.core.runner import run_simulation
+from kvsched.experiments.simulation import run_simulation
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -72,8 +74,8 @@ def test_profiles_by_name_or_json(tmp_path):
 
 
 def test_cpu_tiny_model_profile_ships_and_runs():
-    from kvsched.core.executors.cost_model import PROFILES
-    from kvsched.core.workload import SyntheticWorkload
+    from kvsched.executors.cost_model import PROFILES
+    from kvsched.workloads.embedded import SyntheticWorkload
 
     prof = resolve_profile("smollm2-135m-cpu")
     assert prof is PROFILES["smollm2-135m-cpu"] and prof.kv_bytes_per_token == 46080
@@ -89,7 +91,7 @@ class _FeatureOracle:
     running counters must agree with)."""
 
     def __init__(self):
-        from kvsched.core.executors.simulated import SimulatedExecutor
+        from kvsched.executors.simulated import SimulatedExecutor
 
         self.inner = SimulatedExecutor(block_size=4)
         self.eos_token_id = self.inner.eos_token_id
@@ -117,12 +119,11 @@ class _FeatureOracle:
 @pytest.mark.parametrize("caching", [False, True])
 def test_step_features_counted_while_scheduling_match_a_per_sequence_recount(policy, caching):
     """Prefills, chunks, prefix-cache hits, n > 1 forks, swaps and recomputes all counted right."""
-    from kvsched.core.engine import Engine
 
     oracle = _FeatureOracle()
     cfg = EngineConfig(block_size=4, num_gpu_blocks=24, num_cpu_blocks=64, max_num_batched_tokens=40, max_num_seqs=8,
                        enable_prefix_caching=caching)
-    engine = Engine(cfg, policy, executor=oracle)
+    engine = Engine(cfg, policy, oracle)
     shared = tuple(range(100, 112))
     requests = [
         Request(request_id=f"r{i}", prompt_token_ids=shared + tuple(range(1000 * i, 1000 * i + 3 + i % 7)),
@@ -138,9 +139,8 @@ def test_step_features_counted_while_scheduling_match_a_per_sequence_recount(pol
 def test_simulated_tokens_are_the_output_position_shared_across_requests():
     """Placeholder token p is -2 - p (EOS, -1, as the output_len-th), and one int object per
     position serves every request, so a long simulation keeps pointers, not new ints."""
-    from kvsched.core.engine import Engine
 
-    engine = Engine(EngineConfig(block_size=4, num_gpu_blocks=256, max_num_batched_tokens=512, max_num_seqs=8))
+    engine = Engine(EngineConfig(block_size=4, num_gpu_blocks=256, max_num_batched_tokens=512, max_num_seqs=8), "vllm-default", SimulatedExecutor())
     engine.run([Request(request_id=f"r{i}", prompt_len=5, output_len=300 + i, arrival_time=0.0,
                         sampling=SamplingParams(max_tokens=400)) for i in range(2)])
     a, b = (engine.groups[r].seqs[0].output for r in ("r0", "r1"))

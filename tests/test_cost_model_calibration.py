@@ -2,12 +2,12 @@
 
 import pytest
 
-from kvsched.core.executors.calibration import (
+from kvsched.executors.calibration import (
     CalibrationError, StepRecord, StepRecorder, fit_errors, fit_profile, load_records, save_records,
 )
-from kvsched.core.executors.cost_model import LLAMA2_7B_A100
-from kvsched.core.runner import run_simulation
-from kvsched.core.workload import SyntheticWorkload
+from kvsched.executors.cost_model import LLAMA2_7B_A100
+from kvsched.experiments.simulation import run_simulation
+from kvsched.workloads.embedded import SyntheticWorkload
 
 
 @pytest.fixture(scope="module")

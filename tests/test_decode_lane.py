@@ -13,11 +13,11 @@ from helpers import engine_configs, req
 from hypothesis import event, given, note
 from hypothesis import strategies as st
 
-from kvsched.core import Engine, EngineConfig
+from kvsched import Engine, EngineConfig
 from kvsched.core.config import PreemptionMode
 from kvsched.core.decisions import Outcome
 from kvsched.core.errors import PolicyError
-from kvsched.core.executors.simulated import EOS, SimulatedExecutor
+from kvsched.executors.simulated import EOS, SimulatedExecutor
 from kvsched.core.hookspecs import hookimpl
 from kvsched.core.request import Request, SamplingParams
 from kvsched.policies.continuous import decode_then_resume
@@ -94,7 +94,7 @@ def _request(i, prompt, output, n, arrival, extra, ignore_eos, stops) -> Request
 
 def _trace(policy, config, reqs, aborts, abort_step, lane):
     """Everything observable of a run, step by step, then request by request."""
-    engine = Engine(EngineConfig(**config, decode_lane=lane, audit_every_step=True), policy)
+    engine = Engine(EngineConfig(**config, decode_lane=lane, audit_every_step=True), policy, SimulatedExecutor())
     bm = engine.scheduler.block_manager
     steps, lane_steps = [], [0]
 
@@ -149,7 +149,7 @@ def test_reading_a_member_mid_run_sees_every_token_it_decoded():
     reqs = [req(f"r{i}", 9, 30, arrival=0.01 * i) for i in range(5)]
     seen = {True: [], False: []}
     for lane in (True, False):
-        engine = Engine(EngineConfig(block_size=4, num_gpu_blocks=200, decode_lane=lane))
+        engine = Engine(EngineConfig(block_size=4, num_gpu_blocks=200, decode_lane=lane), "vllm-default", SimulatedExecutor())
 
         def look(report, lane=lane, engine=engine):
             seen[lane].append([(g.request_id, s.num_tokens, s.num_computed_tokens, list(s.output), g.num_generated_tokens)
@@ -164,13 +164,13 @@ def test_a_prompt_finished_by_its_last_chunk_gets_its_first_token_time():
     """A one-token prompt remainder samples the first token: it runs outside the lane, which records no first-token time."""
     reqs = [req("a", 8, 12), req("b", 8, 12, arrival=0.01)]
     for lane in (True, False):
-        engine = Engine(EngineConfig(block_size=4, num_gpu_blocks=100, decode_lane=lane), ChunkedAfterDecoding)
+        engine = Engine(EngineConfig(block_size=4, num_gpu_blocks=100, decode_lane=lane), ChunkedAfterDecoding, SimulatedExecutor())
         engine.run(reqs)
         assert all(g.first_token_time is not None and g.first_token_time < g.finish_time for g in engine.groups.values())
 
 
 def test_a_second_advance_running_in_a_lane_step_is_a_no_op():
-    engine = Engine(EngineConfig(block_size=4, num_gpu_blocks=200), DecodesTwice)
+    engine = Engine(EngineConfig(block_size=4, num_gpu_blocks=200), DecodesTwice, SimulatedExecutor())
     engine.run([req(f"r{i}", 10, 30) for i in range(4)])
     assert all(g.status.name == "FINISHED_STOPPED" for g in engine.groups.values())
     assert engine.leaked_blocks == 0
@@ -244,7 +244,7 @@ def test_members_finishing_together_finish_in_running_order():
                           max_num_seqs=16, max_model_len=64, preemption_mode="swap", audit_every_step=True)
     finished = {}
     for lane in (True, False):
-        engine = Engine(config.model_copy(update={"decode_lane": lane}), "sarathi", policy_options={"token_budget": 8})
+        engine = Engine(config.model_copy(update={"decode_lane": lane}), "sarathi", SimulatedExecutor(), policy_options={"token_budget": 8})
         steps = []
         engine.run(reqs, on_step=lambda report, steps=steps: steps.append([g.request_id for g in report.finished]))
         finished[lane] = steps, [g.request_id for g in engine.finished]
@@ -258,10 +258,10 @@ class _UnknownTokens(SimulatedExecutor):
 
 
 def test_prefix_caching_and_executors_without_known_tokens_do_not_use_the_lane():
-    assert Engine(EngineConfig(enable_prefix_caching=True)).scheduler.lane is None
-    assert Engine(EngineConfig(decode_lane=False)).scheduler.lane is None
-    assert Engine(EngineConfig(), executor=_UnknownTokens()).scheduler.lane is None
-    assert Engine(EngineConfig()).scheduler.lane is not None
+    assert Engine(EngineConfig(enable_prefix_caching=True), "vllm-default", SimulatedExecutor()).scheduler.lane is None
+    assert Engine(EngineConfig(decode_lane=False), "vllm-default", SimulatedExecutor()).scheduler.lane is None
+    assert Engine(EngineConfig(), "vllm-default", _UnknownTokens()).scheduler.lane is None
+    assert Engine(EngineConfig(), "vllm-default", SimulatedExecutor()).scheduler.lane is not None
 
 
 class _RaisesAfterDecoding(VllmDefault):
@@ -280,7 +280,7 @@ class _RaisesAfterDecoding(VllmDefault):
 
 
 def test_a_policy_failing_after_a_lane_step_leaves_the_engine_as_before_the_step():
-    engine = Engine(EngineConfig(block_size=4, num_gpu_blocks=200), _RaisesAfterDecoding)
+    engine = Engine(EngineConfig(block_size=4, num_gpu_blocks=200), _RaisesAfterDecoding, SimulatedExecutor())
     for i in range(4):
         engine.add_request(req(f"r{i}", 10, 50))
     engine.step()  # the prompts
@@ -297,13 +297,13 @@ def test_a_policy_failing_after_a_lane_step_leaves_the_engine_as_before_the_step
 
 def test_known_tokens_are_the_tokens_the_executor_samples():
     ex = SimulatedExecutor(block_size=4)
-    group = Engine(EngineConfig()).add_request(
+    group = Engine(EngineConfig(), "vllm-default", SimulatedExecutor()).add_request(
         Request(request_id="a", prompt_len=3, output_len=6, sampling=SamplingParams(max_tokens=9, stop_token_ids=(-6,)))
     )
     assert ex.tokens_at(group, 1, 9) == [-3, -4, -5, -6, -7, EOS, EOS, EOS]
     assert ex.first_stop(group, 1) == 4  # the placeholder -6 is position 4
     assert ex.first_stop(group, 5) == 6  # then EOS at the output length
-    ignoring = Engine(EngineConfig()).add_request(
+    ignoring = Engine(EngineConfig(), "vllm-default", SimulatedExecutor()).add_request(
         Request(request_id="b", prompt_len=3, output_len=2, sampling=SamplingParams(max_tokens=9, ignore_eos=True))
     )
     assert ex.first_stop(ignoring, 1) is None and ex.tokens_at(ignoring, 2, 4) == [EOS, EOS]

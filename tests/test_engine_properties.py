@@ -11,8 +11,8 @@ from helpers import engine_configs, req
 from hypothesis import given, note
 from hypothesis import strategies as st
 
-from kvsched.core import Engine, EngineConfig
-from kvsched.core.executors.simulated import SimulatedExecutor
+from kvsched import Engine, EngineConfig
+from kvsched.executors.simulated import SimulatedExecutor
 
 configs = engine_configs(delay_factor=st.sampled_from([0.0, 0.5, 2.0]), enable_prefix_caching=st.booleans())
 requests = st.lists(
@@ -24,7 +24,7 @@ requests = st.lists(
 @given(config=configs, spec=requests, aborts=st.lists(st.integers(0, 15), max_size=4), abort_step=st.integers(0, 30))
 def test_random_runs_finish_every_request_and_leak_nothing(config, spec, aborts, abort_step):
     cfg = EngineConfig(**config, audit_every_step=True)
-    engine = Engine(cfg, "vllm-default", SimulatedExecutor(block_size=cfg.block_size))
+    engine = Engine(cfg, "vllm-default", SimulatedExecutor())
     reqs = [req(f"r{i}", p, o, arrival=round(t, 3), n=n) for i, (p, o, n, t) in enumerate(spec)]
     total_tokens = sum(r.prompt_len + r.output_len * r.sampling.n for r in reqs)
     step_bound = 20 * total_tokens + 1000

@@ -6,7 +6,7 @@ import json
 
 from typer.testing import CliRunner
 
-from kvsched.core.cli import app
+from kvsched.cli.app import app
 
 runner = CliRunner()
 
@@ -45,7 +45,7 @@ def test_verify_command():
 
 def test_verify_a_local_model_folder(tmp_path):
     """A user's own model folder (here a saved tiny model, no tokenizer) is checked the same way."""
-    from kvsched.core.executors.hf_models import load_model
+    from kvsched.executors.hf_models import load_model
 
     load_model("tiny-qwen2").model.save_pretrained(tmp_path / "my-model")
     result = runner.invoke(app, ["verify", "--model", str(tmp_path / "my-model"), "--scenario", "mixed", "--max-tokens", "6"])

@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kvsched.core.executors.hf_models import load_model
-from kvsched.core.executors.hf_verify import scenarios, verify
+from kvsched.executors.hf_models import load_model
+from kvsched.executors.hf_verify import scenarios, verify
 from tests.kernel_cases import interpreted_triton
 
 FAMILIES = ["tiny-llama", "tiny-qwen2", "tiny-gpt2"]

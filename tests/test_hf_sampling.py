@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from kvsched.core.config import EngineConfig
-from kvsched.core.executors.hf import HFExecutor, UnsupportedModel, check_supported, hf_engine
-from kvsched.core.executors.hf_models import load_model
-from kvsched.core.executors.sampler import filter_logits
+from kvsched.executors.hf import HFExecutor, UnsupportedModel, check_supported, hf_engine
+from kvsched.executors.hf_models import load_model
+from kvsched.executors.sampler import filter_logits
 from kvsched.core.outputs import SchedulerOutput
 from kvsched.core.request import Request, SamplingParams
 from kvsched.core.sequence import SequenceStatus
@@ -128,7 +128,7 @@ def test_unsupported_configs_are_rejected():
 
 def test_core_imports_without_torch():
     code = (
-        "import sys, kvsched, kvsched.core, kvsched.core.engine, kvsched.core.cli, kvsched.core.executors.simulated\n"
+        "import sys, kvsched, kvsched.core, kvsched.core.engine, kvsched.cli.app, kvsched.executors.simulated\n"
         "assert 'torch' not in sys.modules, 'torch imported by the core'\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)

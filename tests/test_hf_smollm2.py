@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kvsched.core.executors.hf_models import load_model
-from kvsched.core.executors.hf_verify import verify
+from kvsched.executors.hf_models import load_model
+from kvsched.executors.hf_verify import verify
 
 pytestmark = pytest.mark.slow
 
@@ -31,7 +31,7 @@ def test_smollm2_greedy_equals_generate(smollm2):
 
 
 def test_smollm2_writes_text(smollm2):
-    from kvsched.core.executors.hf import hf_engine
+    from kvsched.executors.hf import hf_engine
     from kvsched.core.request import Request, SamplingParams
 
     engine = hf_engine(smollm2)

@@ -13,9 +13,9 @@ import pandas as pd
 import pytest
 
 from kvsched.core.config import EngineConfig
-from kvsched.core.executors.cost_model import CostProfile
-from kvsched.core.fairness import jain_index
-from kvsched.core.simjob import SimJob
+from kvsched.executors.cost_model import CostProfile
+from kvsched.metrics.fairness import jain_index
+from kvsched.experiments.simulation import SimJob
 from kvsched.reporting.files import write_outputs
 from kvsched.workloads import TraceWorkload
 

@@ -8,8 +8,11 @@ NOT_PACKAGES = {"tests", "docs", "benchmarks", "plugins_example", ".venv", ".ci"
 
 
 def test_packages_list_matches_folders():
-    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
-    found = {"kvsched"}
+    """Every folder with an ``__init__.py`` is listed, and so is every data-only package (whose files
+    ship as package data), so that setuptools has nothing to warn about."""
+    setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    listed = set(setuptools["packages"])
+    found = {"kvsched", *setuptools["package-data"]}
     for init in ROOT.rglob("__init__.py"):
         rel = init.parent.relative_to(ROOT)
         if rel.parts and rel.parts[0] in NOT_PACKAGES or any(p.startswith(".") or p == "build" or p.endswith(".egg-info") for p in rel.parts):

@@ -6,7 +6,7 @@ import pytest
 from helpers import req, unit_engine
 
 from kvsched.allocators import AllocStatus
-from kvsched.core import Engine, EngineConfig, Outcome, PolicyError, Preemption, hookimpl
+from kvsched import Engine, EngineConfig, Outcome, PolicyError, Preemption, SimulatedExecutor, hookimpl
 from kvsched.core.sequence import SequenceStatus
 from kvsched.core.view import GroupView
 from kvsched.policies.vllm_default import VllmDefault
@@ -162,7 +162,7 @@ def test_hook_with_an_unknown_argument_is_refused_at_load():
             pass
 
     with pytest.raises(PolicyError, match="bad-signature.*invalid plugin"):
-        Engine(EngineConfig(), Bad)
+        Engine(EngineConfig(), Bad, SimulatedExecutor())
 
 
 def test_misspelt_hook_is_refused_at_load():
@@ -174,7 +174,7 @@ def test_misspelt_hook_is_refused_at_load():
             pass
 
     with pytest.raises(PolicyError, match="select_btach"):
-        Engine(EngineConfig(), Typo)
+        Engine(EngineConfig(), Typo, SimulatedExecutor())
 
 
 def test_a_policy_with_only_a_victim_rule_inherits_vllm_default_batching():
@@ -269,7 +269,7 @@ def test_a_group_swapped_mid_prefill_resumes_in_chunks():
             for g in step.waiting:
                 step.admit(g, max_tokens=8)
 
-    from kvsched.core import PreemptionMode
+    from kvsched import PreemptionMode
 
     e = unit_engine(ChunkerThatEvicts, max_num_batched_tokens=8, max_num_seqs=4, max_model_len=64)
     e.add_request(req("long", prompt_len=30, output_len=2))

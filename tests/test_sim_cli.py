@@ -47,9 +47,9 @@ def test_trace_rate_scale_and_sweep(tmp_path):
 
 
 def test_calibrate_then_run_with_the_fitted_profile(tmp_path):
-    from kvsched.core.executors.calibration import StepRecorder
-    from kvsched.core.runner import run_simulation
-    from kvsched.core.workload import SyntheticWorkload
+    from kvsched.executors.calibration import StepRecorder
+    from kvsched.experiments.simulation import run_simulation
+    from kvsched.workloads.embedded import SyntheticWorkload
 
     rec = StepRecorder()
     run_simulation(SyntheticWorkload(num_requests=40).requests(), on_step=rec)

@@ -4,7 +4,7 @@ import statistics
 
 import pytest
 
-from kvsched.core.workload import SyntheticWorkload
+from kvsched.workloads.embedded import SyntheticWorkload
 from kvsched.workloads import Gamma, Poisson, SyntheticSpec, TraceWorkload, build_workload, builtin_path
 from kvsched.workloads.distributions import Empirical, Fixed, LogNormal, Uniform
 
@@ -113,9 +113,9 @@ def test_builtin_data_is_declared_as_package_data():
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
-    patterns = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["kvsched.workloads"]
+    patterns = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["kvsched.workloads.data"]
     for f in (root / "workloads" / "data").iterdir():
-        assert any(fnmatch.fnmatch(f"data/{f.name}", p) for p in patterns), f.name
+        assert any(fnmatch.fnmatch(f.name, p) for p in patterns), f.name
 
 
 def test_spreadsheet_export_with_bom_and_crlf(tmp_path):

@@ -28,7 +28,7 @@ class _Embedded:
     """The core's embedded default job (``core.workload.SyntheticWorkload``), unchanged."""
 
     def __init__(self, **fields: Any) -> None:
-        from kvsched.core.workload import SyntheticWorkload
+        from kvsched.workloads.embedded import SyntheticWorkload
 
         self.spec = SyntheticWorkload(**fields)
 
@@ -75,7 +75,7 @@ def build_workload(
         if num_requests is not None:
             fields["num_requests"] = num_requests
         if rate_scale != 1.0:
-            from kvsched.core.workload import SyntheticWorkload
+            from kvsched.workloads.embedded import SyntheticWorkload
 
             fields["rate"] = SyntheticWorkload.model_fields["rate"].default * rate_scale
         return _Embedded(**fields)

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from kvsched.core.decisions import Outcome, Preemption
-from kvsched.core.hookspecs import hookimpl
+from kvsched import Outcome, Preemption, hookimpl
 
 STOP = (Outcome.LATER, Outcome.BUDGET)
 

@@ -5,11 +5,7 @@ from __future__ import annotations
 import pytest
 from kvsched_priority_vip import PriorityVip
 
-from kvsched.core.config import EngineConfig
-from kvsched.core.engine import Engine
-from kvsched.core.executors.cost_model import CostProfile
-from kvsched.core.executors.simulated import SimulatedExecutor
-from kvsched.core.request import Request, SamplingParams
+from kvsched import CostProfile, Engine, EngineConfig, Request, SamplingParams, SimulatedExecutor
 from kvsched.testing import PolicyConformance
 from kvsched.testing.starvation import run_overload
 from kvsched.testing.strategies import OverloadScenario
@@ -22,7 +18,7 @@ def engine(policy=None, **config) -> Engine:
     """One simulated second per step, audited after every step."""
     cfg = EngineConfig(**{"block_size": 4, "num_gpu_blocks": 64, "num_cpu_blocks": 64, "watermark": 0.0,
                           "max_num_batched_tokens": 256, "max_num_seqs": 64, "audit_every_step": True, **config})
-    return Engine(cfg, policy or PriorityVip(), SimulatedExecutor(UNIT, cfg.block_size))
+    return Engine(cfg, policy or PriorityVip(), SimulatedExecutor(UNIT))
 
 
 def req(rid, priority=0, tenant="default", prompt=8, out=4, arrival=0.0):

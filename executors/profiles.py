@@ -7,7 +7,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from kvsched.core.errors import KvschedError
-from kvsched.core.executors.cost_model import PROFILES, CostProfile
+from kvsched.executors.cost_model import PROFILES, CostProfile
 
 
 class ProfileError(KvschedError):

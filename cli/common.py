@@ -1,4 +1,4 @@
-"""The ``engine`` command: run a policy on the embedded default workload, list and inspect policies."""
+"""What every ``engine`` command shares: consoles, one-line errors, option types, KEY=VALUE parsing, the summary table."""
 
 from __future__ import annotations
 
@@ -13,18 +13,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from kvsched.core.errors import KvschedError
-from kvsched.core import sim_cli as sim
-from kvsched.core import hf_cli as hf
-from kvsched.core import policy_cli
 
-app = typer.Typer(
-    name="engine",
-    help="kvsched: vLLM-style scheduling with pluggable policies, simulated or on a real model.",
-    invoke_without_command=True,
-    no_args_is_help=False,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-)
 console = Console()
 err_console = Console(stderr=True)
 
@@ -105,86 +94,3 @@ def summary_table(summary: dict) -> Table:
     table.add_row("blocks swapped (in / out)", f"{summary['blocks_swapped_in']} / {summary['blocks_swapped_out']}")
     table.add_row("leaked blocks", str(summary["leaked_blocks"]))
     return table
-
-
-@app.callback()
-@cli_errors
-def main_callback(
-    ctx: typer.Context,
-    policy: PolicyOpt = "vllm-default",
-    policy_opt: PolicyOptions = None,
-    set_: SetOpt = None,
-    seed: SeedOpt = 0,
-    num_requests: NumOpt = None,
-    rate: RateOpt = None,
-    output: OutputOpt = None,
-    profile: ProfileOpt = "llama2-7b-a100",
-    quiet: QuietOpt = False,
-) -> None:
-    """Without a sub-command: run POLICY on the embedded default workload (simulated), as `engine run` does."""
-    if ctx.invoked_subcommand is None:
-        sim.run_command(policy, policy_opt, set_, seed, num_requests, rate, output, profile, quiet)
-
-
-@app.command()
-@cli_errors
-def run(
-    policy: PolicyOpt = "vllm-default",
-    policy_opt: PolicyOptions = None,
-    set_: SetOpt = None,
-    seed: SeedOpt = 0,
-    num_requests: NumOpt = None,
-    rate: RateOpt = None,
-    output: OutputOpt = None,
-    profile: ProfileOpt = "llama2-7b-a100",
-    quiet: QuietOpt = False,
-    workload: sim.WorkloadOpt = None,
-    trace: sim.TraceOpt = None,
-    rate_scale: sim.RateScaleOpt = 1.0,
-    start_offset: sim.StartOffsetOpt = 0.0,
-    arrival: sim.ArrivalOpt = None,
-    cv: sim.CvOpt = 1.0,
-    slo_ttft: sim.SloTtftOpt = None,
-    slo_tpot: sim.SloTpotOpt = None,
-    plot: sim.PlotOpt = False,
-    executor: hf.ExecutorOpt = "sim",
-    model: hf.ModelOpt = "smollm2-135m",
-    prompt: hf.PromptOpt = None,
-    max_tokens: hf.MaxTokensOpt = 64,
-    temperature: hf.TemperatureOpt = 0.0,
-) -> None:
-    """Run a policy on a workload with every option (simulated executor, or a real model with --executor hf)."""
-    if executor != "sim":
-        if executor != "hf":
-            fail(f"unknown executor {executor!r}: use sim or hf")
-        hf.run_command(policy, policy_opt, set_, seed, num_requests, rate, output, quiet, model, prompt, max_tokens, temperature)
-        return
-    sim.run_command(policy, policy_opt, set_, seed, num_requests, rate, output, profile, quiet,
-                    workload, trace, rate_scale, start_offset, arrival, cv, slo_ttft, slo_tpot, plot)
-
-
-@app.command()
-@cli_errors
-def policies() -> None:
-    """List installed policies: name, distribution, version, description."""
-    from kvsched.core.plugins import available_policies, describe, load_policy
-
-    table = Table(title="installed policies (entry-point group kvsched.policies)")
-    for col in ("name", "distribution", "version", "description"):
-        table.add_column(col, overflow="fold")
-    for info in available_policies().values():
-        try:
-            text = describe(load_policy(info.name))
-        except Exception as exc:  # a broken third-party plugin must not hide the others
-            text = f"(fails to load: {type(exc).__name__}: {exc})"
-        table.add_row(info.name, info.distribution, info.version, text)
-    console.print(table)
-
-
-sim.register(app)  # engine sweep, engine calibrate (kvsched.core.sim_cli)
-hf.register(app)  # engine verify (kvsched.core.hf_cli)
-policy_cli.register(app)  # engine check, engine compare (kvsched.core.policy_cli)
-
-
-def main() -> None:
-    app()

@@ -21,7 +21,7 @@ from collections import defaultdict
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from kvsched.core.metrics import RequestMetrics
+    from kvsched.metrics.requests import RequestMetrics
     from kvsched.core.report import StepReport
     from kvsched.core.request import Request
 

@@ -79,7 +79,7 @@ class SweepSpec:
 
 def run_point(spec: SweepSpec, point: Point) -> dict[str, Any]:
     """One configuration → one table row (settings, metrics, wall time)."""
-    from kvsched.core.simjob import SimJob
+    from kvsched.experiments.simulation import SimJob
     from kvsched.workloads import build_workload
 
     config = EngineConfig.model_validate({**spec.base_settings, **point.settings})
@@ -120,54 +120,3 @@ def run_sweep(spec: SweepSpec, points: list[Point], workers: int | None = None,
                 if on_done:
                     on_done(rows[futures[fut]])
     return [rows[i] for i in range(len(points))]
-
-
-def write_table(rows: list[dict[str, Any]], directory) -> list:
-    import pandas as pd
-    from pathlib import Path
-
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    frame = pd.DataFrame(rows)
-    csv_path, pq_path = directory / "sweep.csv", directory / "sweep.parquet"
-    frame.to_csv(csv_path, index=False)
-    frame.to_parquet(pq_path, index=False)
-    return [csv_path, pq_path]
-
-
-def _short(key: str) -> str:
-    """``max_num_batched_tokens`` → ``mnbt``: plot labels must stay short to stay readable."""
-    return "".join(w[0] for w in key.split("_") if w)
-
-
-def tradeoff_plot(rows: list[dict[str, Any]], path, title: str = "") -> Any:
-    """Throughput vs p99 TTFT, one labelled point per configuration, one colour per policy.
-
-    Configurations that land on the same spot (a setting the policy ignores) share one label.
-    """
-    from kvsched.reporting.plots import pyplot
-
-    plt = pyplot()
-    fig, ax = plt.subplots(figsize=(9, 5.5))
-    policies = list(dict.fromkeys(r["policy"] for r in rows))
-    keys = [k for k in rows[0] if k not in ("label", "policy") and k not in {m for m, _ in METRICS} | {"profile", "wall_s"}] if rows else []
-    spots: dict[tuple, list[str]] = {}
-    for i, pol in enumerate(policies):
-        pts = [r for r in rows if r["policy"] == pol and r["ttft_p99_s"] is not None]
-        ax.scatter([r["ttft_p99_s"] for r in pts], [r["output_tokens_per_s"] for r in pts], label=pol, color=f"C{i}", s=30)
-        for r in pts:
-            spot = (pol, f"{r['ttft_p99_s']:.3g}", f"{r['output_tokens_per_s']:.4g}")
-            spots.setdefault(spot, []).append(" ".join(f"{_short(k)}={r[k]:g}" if isinstance(r[k], float) else f"{_short(k)}={r[k]}" for k in keys))
-    for n, ((pol, x, y), labels) in enumerate(spots.items()):
-        text = labels[0] if len(labels) == 1 else f"{labels[0]} (+{len(labels) - 1} alike)"
-        ax.annotate(text, (float(x), float(y)), fontsize=6, xytext=(4, 4 + 8 * (n % 3)), textcoords="offset points",
-                    color=f"C{policies.index(pol)}")
-    legend = ", ".join(f"{_short(k)} = {k}" for k in keys)
-    ax.set(xlabel="p99 TTFT (s)", ylabel="throughput (output tokens/s)", title=title or "throughput vs p99 TTFT")
-    ax.set_xscale("log")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, title=legend, title_fontsize=7, loc="best")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path

@@ -5,8 +5,8 @@ from __future__ import annotations
 from itertools import islice
 
 from kvsched.core.clock import VirtualClock
-from kvsched.core.executors.base import StepResult, samplers
-from kvsched.core.executors.cost_model import DEFAULT_PROFILE, PROFILES, CostProfile
+from kvsched.core.executor import StepResult, samplers
+from kvsched.executors.cost_model import DEFAULT_PROFILE, PROFILES, CostProfile
 from kvsched.core.outputs import SchedulerOutput
 from kvsched.core.sequence import SequenceGroup
 
@@ -24,16 +24,23 @@ class SimulatedExecutor:
 
     eos_token_id = EOS
 
-    def __init__(self, profile: str | CostProfile = DEFAULT_PROFILE, block_size: int = 16) -> None:
+    def __init__(self, profile: str | CostProfile = DEFAULT_PROFILE, block_size: int | None = None) -> None:
         if isinstance(profile, str):
             if profile not in PROFILES:
                 raise KeyError(f"unknown cost profile {profile!r}; available: {', '.join(PROFILES)}")
             profile = PROFILES[profile]
         self.profile = profile
-        self.block_size = block_size
+        self.block_size = block_size  # None: the engine's, taken at ``attach``
         # Placeholder token of each output position, one shared int object per position, so a
         # million simulated requests keep pointers to the same few thousand ints, not new ones.
         self._placeholders: list[int] = []
+
+    def attach(self, block_manager) -> None:
+        """Take the engine's block size, which the cost of a swapped or copied block depends on."""
+        if self.block_size is None:
+            self.block_size = block_manager.block_size
+        elif self.block_size != block_manager.block_size:
+            raise ValueError(f"SimulatedExecutor(block_size={self.block_size}) on an engine with block_size {block_manager.block_size}")
 
     def make_clock(self) -> VirtualClock:
         return VirtualClock()

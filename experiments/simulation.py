@@ -1,8 +1,9 @@
-"""A simulation job with everything a person looks at: workload in, metrics, time series and SLO/fairness out.
+"""One simulation: build the engine, feed the workload, collect metrics and time series.
 
-``core.runner.run_simulation`` runs the engine; this adds the observers (time series, tenant
-service), the aggregate extensions of ``summary.json`` (workload, SLO goodput, fairness, KV
-usage) and the wall-clock cost of the run. The CLI, sweeps and benchmarks all go through it.
+``run_simulation`` runs the engine and summarizes it; ``SimJob`` adds what a person looks at: the
+observers (time series, tenant service), the extensions of ``summary.json`` (workload, SLO
+goodput, fairness, KV usage) and the wall-clock cost of the run. The CLI, sweeps and benchmarks
+all go through ``SimJob``.
 """
 
 from __future__ import annotations
@@ -13,12 +14,41 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvsched.core.config import EngineConfig
-from kvsched.core.executors.profiles import resolve_profile
-from kvsched.core.fairness import TenantService, fairness_summary
-from kvsched.core.goodput import goodput_summary
+from kvsched.core.engine import Engine
 from kvsched.core.report import StepReport
-from kvsched.core.runner import RunResult, run_simulation
-from kvsched.core.timeseries import TimeSeriesRecorder
+from kvsched.core.request import Request
+from kvsched.executors.profiles import resolve_profile
+from kvsched.executors.simulated import SimulatedExecutor
+from kvsched.metrics.fairness import TenantService, fairness_summary
+from kvsched.metrics.goodput import goodput_summary
+from kvsched.metrics.requests import RequestMetrics, summarize
+from kvsched.metrics.timeseries import TimeSeriesRecorder
+
+
+@dataclass
+class RunResult:
+    engine: Engine
+    requests: list[RequestMetrics]
+    summary: dict[str, Any]
+
+
+def run_simulation(
+    requests: list[Request],
+    policy: str | Any = "vllm-default",
+    config: EngineConfig | None = None,
+    profile: str = "llama2-7b-a100",
+    policy_options: dict[str, Any] | None = None,
+    on_step: Callable[[StepReport], None] | None = None,
+    **summary_extra: Any,
+) -> RunResult:
+    """Run ``requests`` through a simulated engine and summarize; deterministic for equal inputs."""
+    config = config or EngineConfig()
+    executor = SimulatedExecutor(profile)
+    engine = Engine(config, policy, executor, policy_options=policy_options)
+    engine.run(requests, on_step=on_step)
+    metrics = [RequestMetrics.of(g) for g in engine.groups.values()]
+    summary = summarize(engine, metrics, profile=executor.profile.name, **summary_extra)
+    return RunResult(engine, metrics, summary)
 
 
 @dataclass
@@ -69,9 +99,10 @@ class SimJob:
         else:
             observe = None
         sim_start = time.perf_counter()
+        description = self.workload.describe()
         result = run_simulation(
             requests, self.policy, self.config, resolve_profile(self.profile), self.policy_options, on_step=observe,
-            **_seed_and_workload(self.workload.describe()),
+            seed=description.get("seed"), workload=description,
         )
         simulate_s = time.perf_counter() - sim_start
         s = result.summary
@@ -93,8 +124,3 @@ class SimJob:
 def _time_weighted_mean(values: list[float], weights: list[float]) -> float:
     total = sum(weights)
     return sum(v * w for v, w in zip(values, weights)) / total if total > 0 else 0.0
-
-
-def _seed_and_workload(description: dict[str, Any]) -> dict[str, Any]:
-    """``seed`` then ``workload``: the same summary keys as the embedded job's (``core.cli.run_job``)."""
-    return {"seed": description.get("seed"), "workload": description}

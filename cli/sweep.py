@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from kvsched.core.sim_cli import (
+from kvsched.cli.simulate import (
     ArrivalOpt, CvOpt, RateScaleOpt, SloTpotOpt, SloTtftOpt, StartOffsetOpt, TraceOpt, WorkloadOpt,
 )
 
@@ -36,11 +36,13 @@ def sweep(
     from rich.console import Console
     from rich.table import Table
 
-    from kvsched.core.cli import console, parse_pairs
-    from kvsched.core.cli import progress_bar
-    from kvsched.core.executors.profiles import resolve_profile
+    from kvsched.cli.common import console, parse_pairs
+    from kvsched.cli.common import progress_bar
+    from kvsched.executors.profiles import resolve_profile
     from kvsched.core.plugins import load_policy
-    from kvsched.core.sweep import SweepSpec, grid_points, parse_grid, run_sweep, tradeoff_plot, write_table
+    from kvsched.experiments.sweep import SweepSpec, grid_points, parse_grid, run_sweep
+    from kvsched.reporting.comparisons import tradeoff_plot
+    from kvsched.reporting.files import write_sweep_table
     from kvsched.workloads import build_workload
 
     for name in policy:
@@ -71,5 +73,5 @@ def sweep(
             cells.append(f"{v:.3g}" if isinstance(v, float) else str(v))
         table.add_row(*cells)
     (console if console.is_terminal else Console(width=160)).print(table)  # a piped table needs more than 80 columns
-    for path in write_table(rows, output) + [tradeoff_plot(rows, output / "tradeoff.png")]:
+    for path in write_sweep_table(rows, output) + [tradeoff_plot(rows, output / "tradeoff.png")]:
         console.print(f"wrote {path}", highlight=False)

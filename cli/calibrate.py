@@ -20,8 +20,8 @@ def calibrate(
     """Fit t = a + b·prefill_tokens + c·decode_seqs + d·kv_tokens_read to measured steps."""
     from rich.table import Table
 
-    from kvsched.core.cli import console
-    from kvsched.core.executors.calibration import fit_errors, fit_profile, load_records
+    from kvsched.cli.common import console
+    from kvsched.executors.calibration import fit_errors, fit_profile, load_records
 
     records = load_records(recorded)
     profile = fit_profile(records, name, description=description or f"fitted to {recorded.name}",

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from kvsched.core.config import EngineConfig
@@ -41,7 +40,7 @@ def metric(summary: dict, key: str, field: str | None) -> float | None:
 def run_policies(policies: list[str], workload, config: EngineConfig, profile: str,
                  options: dict[str, dict[str, Any]] | None = None) -> list[PolicyRun]:
     """Simulate ``workload`` (same requests, same seed) once per policy."""
-    from kvsched.core.simjob import SimJob
+    from kvsched.experiments.simulation import SimJob
 
     runs = []
     for name in policies:
@@ -73,28 +72,3 @@ def split_options(pairs: dict[str, str], policies: list[str]) -> dict[str, dict[
             raise ValueError(f"--policy-opt for compare is POLICY.KEY=VALUE with POLICY one of {policies}, got {dotted!r}")
         out.setdefault(name, {})[key] = value
     return out
-
-
-def plot_cdfs(runs: list[PolicyRun], path: Path) -> Path:
-    """Two panels, TTFT and TPOT, one empirical CDF per policy (PNG)."""
-    import matplotlib
-
-    matplotlib.use("Agg", force=True)
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
-    for ax, attr, title, scale, unit in ((axes[0], "ttft", "TTFT", 1, "s"), (axes[1], "tpot", "TPOT", 1000, "ms")):
-        for run in runs:
-            values = sorted(v * scale for v in getattr(run, attr))
-            if values:
-                ax.step(values, [(i + 1) / len(values) for i in range(len(values))], where="post", label=run.policy)
-        ax.set_xlabel(f"{title} ({unit})")
-        ax.set_ylabel("fraction of requests")
-        ax.set_title(f"{title} CDF")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
-    return path

@@ -1,6 +1,6 @@
 """The simulation side of the ``engine`` CLI: ``run`` with workloads and outputs, ``sweep``, ``calibrate``.
 
-``core/cli.py`` owns the app and its shared helpers; the command bodies live here so that the
+``cli/app.py`` owns the app and its shared helpers; the command bodies live here so that the
 CLI module stays small. ``register(app)`` adds the commands this module defines.
 """
 
@@ -26,10 +26,10 @@ def run_command(policy, policy_opt, overrides, seed, num_requests, rate, output,
                 workload=None, trace=None, rate_scale=1.0, start_offset=0.0, arrival=None, cv=1.0,
                 slo_ttft=None, slo_tpot=None, plot=False) -> dict:
     """``engine run``: build the workload, simulate with a progress bar, print the table, write the files."""
-    from kvsched.core.cli import build_config, console, fail, parse_pairs, progress_bar, summary_table
-    from kvsched.core.executors.profiles import resolve_profile
+    from kvsched.cli.common import build_config, console, fail, parse_pairs, progress_bar, summary_table
+    from kvsched.executors.profiles import resolve_profile
     from kvsched.core.plugins import load_policy
-    from kvsched.core.simjob import SimJob
+    from kvsched.experiments.simulation import SimJob
     from kvsched.workloads import build_workload
 
     if plot and output is None:
@@ -62,9 +62,9 @@ def run_command(policy, policy_opt, overrides, seed, num_requests, rate, output,
 
 def register(app: typer.Typer) -> None:
     """Add ``sweep`` and ``calibrate`` to the ``engine`` app."""
-    from kvsched.core.cli import cli_errors
-    from kvsched.core.sweep_cli import sweep
-    from kvsched.core.executors.calibrate_cli import calibrate
+    from kvsched.cli.common import cli_errors
+    from kvsched.cli.sweep import sweep
+    from kvsched.cli.calibrate import calibrate
 
     app.command()(cli_errors(sweep))
     app.command()(cli_errors(calibrate))

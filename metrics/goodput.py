@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from kvsched.core.metrics import RequestMetrics
+    from kvsched.metrics.requests import RequestMetrics
 
 _DONE = ("FINISHED_STOPPED", "FINISHED_LENGTH_CAPPED")
 

@@ -1,6 +1,6 @@
 """The policy side of the ``engine`` CLI: ``check`` (the conformance suite as a table) and ``compare``.
 
-``register(app)`` adds both commands; ``core/cli.py`` calls it once.
+``register(app)`` adds both commands; ``cli/app.py`` calls it once.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ def check(policy: CheckPolicyOpt, policy_opt: Annotated[Optional[list[str]], typ
     """Run the conformance suite on POLICY: invariant, result, shrunk counter-example. Exit 1 on any failure."""
     from rich.table import Table
 
-    from kvsched.core.cli import console, fail, parse_pairs
+    from kvsched.cli.common import console, fail, parse_pairs
 
     try:
         from kvsched.testing.checks import FAIL, PASS, run_checks
@@ -69,8 +69,9 @@ def compare(policy: PoliciesOpt, policy_opt: Annotated[Optional[list[str]], type
     """Run the same workload (same seed) under each --policy and print the summaries side by side."""
     from rich.table import Table
 
-    from kvsched.core.cli import build_config, console, fail, parse_pairs
-    from kvsched.core.compare import plot_cdfs, run_policies, split_options, table_rows
+    from kvsched.cli.common import build_config, console, fail, parse_pairs
+    from kvsched.experiments.compare import run_policies, split_options, table_rows
+    from kvsched.reporting.comparisons import plot_cdfs
     from kvsched.core.plugins import load_policy
     from kvsched.workloads import build_workload
 
@@ -94,7 +95,7 @@ def compare(policy: PoliciesOpt, policy_opt: Annotated[Optional[list[str]], type
 
 def register(app: typer.Typer) -> None:
     """Add ``check`` and ``compare`` to the ``engine`` app."""
-    from kvsched.core.cli import cli_errors
+    from kvsched.cli.common import cli_errors
 
     app.command()(cli_errors(check))
     app.command()(cli_errors(compare))

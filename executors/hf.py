@@ -14,10 +14,10 @@ from typing import TYPE_CHECKING
 import torch
 
 from kvsched.core.clock import WallClock
-from kvsched.core.executors.base import StepResult, samplers
-from kvsched.core.executors.hf_attention import StepMetadata, active_step, register
-from kvsched.core.executors.hf_models import SUPPORTED_TYPES, LoadedModel, load_model
-from kvsched.core.executors.sampler import sample_rows
+from kvsched.core.executor import StepResult, samplers
+from kvsched.executors.hf_attention import StepMetadata, active_step, register
+from kvsched.executors.hf_models import SUPPORTED_TYPES, LoadedModel, load_model
+from kvsched.executors.sampler import sample_rows
 from kvsched.kernels import PagedKVCache, choose_backend, get_attention
 
 if TYPE_CHECKING:
@@ -189,4 +189,4 @@ def hf_engine(model: LoadedModel | str, config: EngineConfig | None = None, poli
 
     config = config or EngineConfig()
     executor = HFExecutor(model, config, **executor_options)
-    return Engine(config, policy, executor, policy_options, observers)  # the engine attaches the executor
+    return Engine(config, policy, executor, policy_options=policy_options, observers=observers)  # the engine attaches the executor

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kvsched.core.errors import KvschedError
-from kvsched.core.executors.cost_model import CostProfile
+from kvsched.executors.cost_model import CostProfile
 
 if TYPE_CHECKING:
     from kvsched.core.report import StepReport

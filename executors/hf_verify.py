@@ -19,8 +19,8 @@ import torch
 
 from kvsched.core.config import EngineConfig
 from kvsched.core.decisions import Outcome
-from kvsched.core.executors.hf import hf_engine
-from kvsched.core.executors.hf_models import ByteTokenizer, LoadedModel
+from kvsched.executors.hf import hf_engine
+from kvsched.executors.hf_models import ByteTokenizer, LoadedModel
 from kvsched.core.hookspecs import hookimpl
 from kvsched.core.request import Request, SamplingParams
 

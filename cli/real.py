@@ -1,6 +1,6 @@
 """The real-model side of the ``engine`` CLI: ``engine run --executor hf`` and ``engine verify``.
 
-Command bodies live here; ``core/cli.py`` only declares the options and calls in. Nothing here
+Command bodies live here; ``cli/app.py`` only declares the options and calls in. Nothing here
 imports torch at module level, so the CLI starts fast when the simulator is used.
 """
 
@@ -22,7 +22,7 @@ ThreadsOpt = Annotated[int, typer.Option("--threads", min=0, help="torch CPU thr
 
 
 def _load(model: str):
-    from kvsched.core.executors.hf_models import load_model
+    from kvsched.executors.hf_models import load_model
 
     return load_model(model)
 
@@ -30,10 +30,10 @@ def _load(model: str):
 def run_command(policy, policy_opt, overrides, seed, num_requests, rate, output, quiet, model, prompts,
                 max_tokens, temperature, raw=False, backend=None, threads=1) -> dict:
     """Run prompts (given, or the built-in real prompts) through POLICY on a real model; print text or a summary."""
-    from kvsched.core.cli import build_config, console, err_console, parse_pairs, summary_table
-    from kvsched.core.executors.hf import hf_engine
-    from kvsched.core.executors.hf_prompts import all_prompts
-    from kvsched.core.metrics import RequestMetrics, summarize
+    from kvsched.cli.common import build_config, console, err_console, parse_pairs, summary_table
+    from kvsched.executors.hf import hf_engine
+    from kvsched.executors.hf_prompts import all_prompts
+    from kvsched.metrics.requests import RequestMetrics, summarize
     from kvsched.core.plugins import load_policy
     from kvsched.core.request import Request, SamplingParams
 
@@ -62,7 +62,8 @@ def run_command(policy, policy_opt, overrides, seed, num_requests, rate, output,
     if not prompts or not quiet:
         console.print(summary_table(summary))
     if output is not None:
-        from kvsched.core.runner import RunResult, write_results
+        from kvsched.experiments.simulation import RunResult
+        from kvsched.reporting.files import write_results
 
         for path in write_results(RunResult(engine, metrics, summary), Path(output)):
             console.print(f"wrote {path}", highlight=False)
@@ -94,8 +95,8 @@ def verify(
     """Check that our engine's greedy output equals transformers' generate() token for token on MODEL."""
     from rich.table import Table
 
-    from kvsched.core.cli import console, err_console, fail
-    from kvsched.core.executors.hf_verify import scenarios, verify as run_verify
+    from kvsched.cli.common import console, err_console, fail
+    from kvsched.executors.hf_verify import scenarios, verify as run_verify
 
     known = list(scenarios(max_tokens, [1]))
     for name in scenario or []:
@@ -127,6 +128,6 @@ def verify(
 
 
 def register(app: typer.Typer) -> None:
-    from kvsched.core.cli import cli_errors
+    from kvsched.cli.common import cli_errors
 
     app.command("verify")(cli_errors(verify))

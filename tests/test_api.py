@@ -1,0 +1,116 @@
+"""One public API: every name comes from ``kvsched``, is documented in docs/api.md, and gives an
+outside program the read access it needs without touching private attributes."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from helpers import req, unit_engine
+
+import kvsched
+from kvsched import Engine, EngineConfig, GroupView, QueueView, Request, SimulatedExecutor, VirtualClock, hookimpl
+
+DOCS = Path(__file__).resolve().parents[1] / "docs"
+
+
+def test_every_public_name_imports_and_is_documented():
+    text = (DOCS / "api.md").read_text()
+    documented = set(re.findall(r"`([A-Za-z_]+)[`(]", text))
+    for name in kvsched.__all__:
+        assert getattr(kvsched, name) is not None
+        assert name in documented, f"docs/api.md does not list {name}"
+    with pytest.raises(AttributeError):
+        kvsched.NoSuchName  # noqa: B018
+
+
+def test_importing_kvsched_loads_no_engine_until_a_name_is_used():
+    code = "import sys, kvsched; print('kvsched.core.engine' in sys.modules); kvsched.Engine; print('kvsched.core.engine' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["False", "True"]
+
+
+def test_queues_in_order_outside_a_step():
+    engine = unit_engine(max_num_seqs=2)
+    for rid in "abcd":
+        engine.add_request(req(rid, 4, 3))
+    assert [v.request_id for v in engine.waiting] == ["a", "b", "c", "d"]
+    engine.step()
+    waiting, running = engine.waiting, engine.running
+    assert isinstance(running, QueueView) and all(isinstance(v, GroupView) for v in running)
+    assert [v.request_id for v in running] == ["a", "b"] and [v.request_id for v in waiting] == ["c", "d"]
+    engine.step()
+    assert [v.request_id for v in running] == ["a", "b"]  # a snapshot: the next step does not change it
+    assert not hasattr(running[0], "__dict__")  # a view has no writable state
+
+
+def test_free_and_cached_blocks_per_device():
+    engine = unit_engine(enable_prefix_caching=True, num_gpu_blocks=16, num_cpu_blocks=8)
+    assert (engine.cache.num_free_gpu_blocks, engine.cache.num_free_cpu_blocks, engine.cache.num_cached_gpu_blocks) == (16, 8, 0)
+    engine.add_request(Request(request_id="a", prompt_token_ids=tuple(range(12)), output_len=2, sampling={"max_tokens": 2}))
+    engine.step()
+    assert engine.cache.num_free_gpu_blocks == 16 - 3  # 12 prompt tokens (+1 sampled) in blocks of 4
+    engine.run()
+    assert engine.cache.num_free_gpu_blocks == 16
+    assert engine.cache.num_cached_gpu_blocks == 3  # its full blocks stay cached, and count as free
+
+
+def test_the_output_lists_the_groups_swapped_in():
+    engine = unit_engine(num_gpu_blocks=6, preemption_mode="swap")
+    for rid in "abc":
+        engine.add_request(req(rid, 4, 12))
+    swapped_in, swapped_out = [], []
+    engine.run(on_step=lambda r: (swapped_in.extend(g.request_id for g in r.output.swapped_in),
+                                  swapped_out.extend(g.request_id for g, _ in r.output.preempted)))
+    assert swapped_out and sorted(swapped_in) == sorted(swapped_out)
+
+
+def test_a_prefix_hit_reports_the_full_prompt_next_to_its_uncached_part():
+    engine = unit_engine(enable_prefix_caching=True)
+    prompt = tuple(range(20))
+    engine.add_request(Request(request_id="first", prompt_token_ids=prompt, output_len=1, sampling={"max_tokens": 1}))
+    engine.run()
+    engine.add_request(Request(request_id="second", prompt_token_ids=prompt + (99,), output_len=1, sampling={"max_tokens": 1}))
+    (entry,) = engine.step().output.scheduled
+    assert entry.is_prefill and entry.num_cached_tokens == 20 and entry.num_tokens == 1
+    assert entry.num_cached_tokens + entry.num_tokens == engine.groups["second"].view.prompt_len
+
+
+def test_a_caller_drives_the_clock():
+    clock = VirtualClock()
+    engine = Engine(EngineConfig(), "fcfs", SimulatedExecutor(), clock=clock)
+    clock.set(5.0)
+    assert engine.now == 5.0
+    engine.add_request(req("a", 8, 2, arrival=5.0))
+    engine.step()
+    assert engine.now > 5.0 and engine.clock is clock
+    with pytest.raises(ValueError, match="cannot be set"):
+        clock.set(1.0)
+    with pytest.raises(ValueError):
+        clock.set(float("nan"))
+
+
+def test_the_simulator_takes_the_engine_block_size():
+    assert Engine(EngineConfig(block_size=8), "fcfs", SimulatedExecutor()).executor.block_size == 8
+    with pytest.raises(ValueError, match="block_size"):
+        Engine(EngineConfig(block_size=8), "fcfs", SimulatedExecutor(block_size=16))
+
+
+def test_a_policy_written_against_the_public_api_runs():
+    from kvsched import Outcome
+
+    class NewestFirst:
+        @hookimpl
+        def select_batch(self, step):
+            step.advance_running()
+            for group in reversed(step.waiting):
+                if step.admit(group) in (Outcome.LATER, Outcome.BUDGET):
+                    break
+
+    engine = Engine(EngineConfig(max_num_seqs=1, audit_every_step=True), NewestFirst, SimulatedExecutor())
+    for rid in "abc":
+        engine.add_request(req(rid, 8, 2))
+    assert [g.request_id for g in engine.run()] == ["c", "b", "a"]
