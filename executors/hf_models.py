@@ -9,6 +9,9 @@ weights (and biases) are drawn with a larger spread than HF's default so that gr
 from __future__ import annotations
 
 import importlib.util
+import os
+import shutil
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -151,3 +154,46 @@ def load_model(name: str, seed: int = 0) -> LoadedModel:
     if Path(name).exists():
         return load_pretrained(name)
     raise KeyError(f"unknown model {name!r}: use one of {', '.join(BUILTIN)} or a path to a local model folder or .gguf file")
+
+
+def cache_dir() -> Path:
+    """Where converted models are kept: ``$KVSCHED_CACHE``, else ``~/.cache/kvsched``."""
+    return Path(os.environ.get("KVSCHED_CACHE") or Path.home() / ".cache" / "kvsched")
+
+
+def model_folder(name: str) -> Path:
+    """A local folder of ``name`` in fp32 safetensors with its tokenizer, as vLLM loads models.
+
+    A folder is returned as it is. A built-in (GGUF) model is converted once: dequantised by
+    transformers, rebuilt from its config without the GGUF quantization entry (a quantized model
+    cannot be saved), saved, and kept under ``cache_dir()``; the folder appears atomically, so a
+    run killed half-way leaves nothing behind that looks complete.
+    """
+    if Path(name).is_dir():
+        return Path(name)
+    if name != "smollm2-135m":
+        raise KeyError(f"no local folder for model {name!r}: use smollm2-135m or a path to a model folder")
+    dest = cache_dir() / "models" / f"{name}-fp32"
+    if (dest / "config.json").exists():
+        return dest
+    from transformers import AutoModelForCausalLM
+
+    loaded = load_model(name)
+    config = loaded.model.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    plain.load_state_dict(loaded.model.state_dict(), strict=True)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=dest.parent))
+    try:
+        plain.save_pretrained(tmp)
+        loaded.model.generation_config.save_pretrained(tmp)
+        loaded.tokenizer.save_pretrained(tmp)
+        tmp.rename(dest)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if not (dest / "config.json").exists():
+            raise
+    return dest
+
