@@ -5,6 +5,7 @@ import statistics
 import pytest
 
 from kvsched.workloads.embedded import SyntheticWorkload
+from kvsched.workloads.errors import WorkloadError
 from kvsched.workloads import Gamma, Poisson, SyntheticSpec, TraceWorkload, build_workload, builtin_path
 from kvsched.workloads.distributions import Empirical, Fixed, LogNormal, Uniform
 
@@ -65,6 +66,37 @@ def test_azure_replay_times_scale_offset_and_cap(azure):
     assert [r.arrival_time for r in fast] == [0.0, 0.25, 1.5, 30.0]
     window = TraceWorkload(path=azure, start_offset=0.5, max_requests=2).requests()
     assert [(r.arrival_time, r.prompt_len) for r in window] == [(0.0, 200), (2.5, 300)]
+
+
+def test_prefill_cut_keeps_outputs_and_shortens_prompts_as_vidur_does(tmp_path):
+    p = tmp_path / "plain.csv"
+    p.write_text("arrival_time_s,prompt_tokens,output_tokens\n0.0,100,20\n1.0,90,20\n2.0,5,100\n")
+    cut = TraceWorkload(path=p, max_total_tokens=110)
+    assert [(r.prompt_len, r.output_len) for r in cut.requests()] == [(90, 20), (90, 20), (5, 100)]
+    assert cut.num_cut() == 1 and TraceWorkload(path=p).num_cut() == 0
+    with pytest.raises(WorkloadError, match="request 2: its 100 output tokens alone reach max_total_tokens 100"):
+        TraceWorkload(path=p, max_total_tokens=100).requests()
+    with pytest.raises(WorkloadError, match="traces only"):
+        build_workload("synthetic", max_total_tokens=100)
+
+
+def test_azure_conv_under_vidurs_cut(tmp_path):
+    """The like-Vidur replay: 4,096 tokens at most, as Vidur's trace replay gives it (1,612 prompts cut)."""
+    workload = build_workload("azure-conv", max_total_tokens=4096)
+    reqs = workload.requests()
+    full = build_workload("azure-conv").requests()
+    assert len(reqs) == len(full) == workload.num_requests == 19_366
+    assert max(r.prompt_len + r.output_len for r in reqs) == 4096
+    assert workload.num_cut() == sum(a.prompt_len != b.prompt_len for a, b in zip(reqs, full)) == 1_612
+    assert [r.output_len for r in reqs] == [r.output_len for r in full]
+
+
+def test_workloads_stream_the_same_requests_they_list():
+    for workload in (build_workload(num_requests=50), build_workload("synthetic", num_requests=50),
+                     build_workload("azure-conv", num_requests=50)):
+        stream = workload.iter_requests()
+        assert not isinstance(stream, list)
+        assert list(stream) == workload.requests() and workload.num_requests == 50
 
 
 def test_plain_format_with_priority_and_tenant(tmp_path):

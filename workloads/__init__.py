@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -19,7 +20,13 @@ WORKLOAD_NAMES = ("default", "synthetic", *BUILTIN_TRACES)
 
 
 class Workload(Protocol):
+    """Where requests come from: ``iter_requests()`` makes them one at a time, in arrival order."""
+
+    num_requests: int
+
     def requests(self) -> list[Request]: ...
+
+    def iter_requests(self) -> Iterator[Request]: ...
 
     def describe(self) -> dict[str, Any]: ...
 
@@ -32,8 +39,15 @@ class _Embedded:
 
         self.spec = SyntheticWorkload(**fields)
 
+    @property
+    def num_requests(self) -> int:
+        return self.spec.num_requests
+
     def requests(self) -> list[Request]:
         return self.spec.requests()
+
+    def iter_requests(self) -> Iterator[Request]:
+        return self.spec.iter_requests()
 
     def describe(self) -> dict[str, Any]:
         return {"kind": "default", **self.spec.model_dump()}
@@ -50,11 +64,13 @@ def build_workload(
     arrival: str | None = None,
     cv: float = 1.0,
     seed: int = 0,
+    max_total_tokens: int | None = None,
 ) -> Workload:
     """Resolve the CLI's workload options to one workload.
 
     ``workload`` is a built-in name (``default``, ``synthetic``, ``azure-conv``, ``sharegpt``) or
-    a JSON spec file; ``trace`` a CSV in any supported format. ``num_requests`` caps traces.
+    a JSON spec file; ``trace`` a CSV in any supported format. ``num_requests`` caps traces;
+    ``max_total_tokens`` cuts their prompts as Vidur's trace replay does.
     """
     if trace is not None and workload not in (None, "default"):
         raise WorkloadError("give either --workload or --trace, not both")
@@ -67,7 +83,10 @@ def build_workload(
         return TraceWorkload(
             path=path, name=None if trace is not None else workload, rate_scale=rate_scale,
             start_offset=start_offset, max_requests=num_requests, arrivals=arrivals, seed=seed,
+            max_total_tokens=max_total_tokens,
         )
+    if max_total_tokens is not None:
+        raise WorkloadError("max_total_tokens (the prompt cut) applies to traces only")
     if start_offset:
         raise WorkloadError("--start-offset applies to traces only")
     if workload in (None, "default") and not custom_arrivals:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Iterator
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -33,22 +34,22 @@ class SyntheticWorkload(BaseModel):
     seed: int = 0
 
     def requests(self) -> list[Request]:
+        return list(self.iter_requests())
+
+    def iter_requests(self) -> Iterator[Request]:
+        """The requests in arrival order, made one at a time."""
         rng = random.Random(self.seed)
         t = 0.0
-        out = []
+        params: dict[int, SamplingParams] = {}
         for i in range(self.num_requests):
             t += rng.expovariate(self.rate)
             prompt = _lognormal(rng, self.prompt_median, self.prompt_sigma, self.prompt_max)
             output = _lognormal(rng, self.output_median, self.output_sigma, self.output_max)
             n = rng.randint(2, self.max_n) if rng.random() < self.multi_share else 1
-            out.append(Request(
-                request_id=f"req-{i}",
-                prompt_len=prompt,
-                arrival_time=round(t, 6),
-                output_len=output,
-                sampling=SamplingParams(n=n, max_tokens=self.output_max),
-            ))
-        return out
+            sp = params.get(n)
+            if sp is None:  # one shared (frozen) object per n, not one per request
+                sp = params[n] = SamplingParams(n=n, max_tokens=self.output_max)
+            yield Request(request_id=f"req-{i}", prompt_len=prompt, arrival_time=round(t, 6), output_len=output, sampling=sp)
 
 
 def _lognormal(rng: random.Random, median: int, sigma: float, cap: int) -> int:

@@ -5,11 +5,14 @@ same requests twice as fast. ``start_offset`` (trace seconds) skips the requests
 before it and re-bases time there; ``max_requests`` keeps the first that many after the offset.
 A length-only file has no times: its rows, in a seeded random order, get arrivals from
 ``arrivals`` (Poisson by default), whose rate ``rate_scale`` also multiplies.
+``max_total_tokens`` is Vidur's cut (its trace replay's ``max_tokens``): a request whose prompt
+plus output exceeds it keeps its output and loses the excess from its prompt.
 """
 
 from __future__ import annotations
 
 import random
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Literal
 
@@ -31,6 +34,7 @@ class TraceWorkload(BaseModel):
     start_offset: float = Field(0.0, ge=0, description="trace seconds to skip (timed traces)")
     max_requests: int | None = Field(None, ge=1)
     arrivals: ArrivalProcess | None = Field(None, description="for length-only files; default Poisson 1 req/s")
+    max_total_tokens: int | None = Field(None, ge=2, description="cut prompts so that prompt + output <= this (Vidur's max_tokens)")
     seed: int = 0
 
     def rows(self) -> tuple[str, list[TraceRow]]:
@@ -50,6 +54,10 @@ class TraceWorkload(BaseModel):
         return fmt, kept
 
     def requests(self) -> list[Request]:
+        return list(self.iter_requests())
+
+    def iter_requests(self) -> Iterator[Request]:
+        """The requests in arrival order, made one at a time (the rows are read first)."""
         fmt, rows = self.rows()
         if fmt == "lengths":
             process = self.arrivals or Poisson(rate=1.0)
@@ -62,17 +70,32 @@ class TraceWorkload(BaseModel):
         else:
             start = rows[0].arrival_time
             times = [(r.arrival_time - start) / self.rate_scale for r in rows]
+        cap = self.max_total_tokens
+        too_long = next((i for i, r in enumerate(rows) if cap is not None and r.output_tokens >= cap), None)
+        if too_long is not None:
+            raise WorkloadError(f"request {too_long}: its {rows[too_long].output_tokens} output tokens alone reach "
+                                f"max_total_tokens {cap}", self.path)
         cache: dict[int, SamplingParams] = {}
-        out = []
         for i, (row, t) in enumerate(zip(rows, times)):
             sp = cache.get(row.output_tokens)
             if sp is None:
                 sp = cache[row.output_tokens] = SamplingParams(max_tokens=row.output_tokens)
-            out.append(Request(
-                request_id=f"req-{i}", prompt_len=row.prompt_tokens, output_len=row.output_tokens,
+            prompt = row.prompt_tokens
+            if cap is not None and prompt + row.output_tokens > cap:
+                prompt = cap - row.output_tokens
+            yield Request(
+                request_id=f"req-{i}", prompt_len=prompt, output_len=row.output_tokens,
                 arrival_time=round(t, 6), sampling=sp, priority=row.priority, tenant=row.tenant,
-            ))
-        return out
+            )
+
+    def num_cut(self) -> int:
+        """Prompts that ``max_total_tokens`` shortens."""
+        cap = self.max_total_tokens
+        return 0 if cap is None else sum(r.prompt_tokens + r.output_tokens > cap for r in self.rows()[1])
+
+    @property
+    def num_requests(self) -> int:
+        return len(self.rows()[1])
 
     def describe(self) -> dict:
         d = self.model_dump(mode="json")

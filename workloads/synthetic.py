@@ -10,6 +10,7 @@ from __future__ import annotations
 import bisect
 import itertools
 import random
+from collections.abc import Iterator
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -59,12 +60,15 @@ class SyntheticSpec(BaseModel):
     _weights = field_validator("n", "priorities", "tenants")(classmethod(lambda cls, v: _check_weights(v)))
 
     def requests(self) -> list[Request]:
+        return list(self.iter_requests())
+
+    def iter_requests(self) -> Iterator[Request]:
+        """The requests in arrival order, made one at a time (a million need not be held at once)."""
         rng = random.Random(self.seed)
         gaps = self.arrivals.gaps(rng)
         n_mix, prio_mix, tenant_mix = _Mix(self.n), _Mix(self.priorities), _Mix(self.tenants)
         params: dict[tuple[int, int], SamplingParams] = {}
         t = 0.0
-        out = []
         for i in range(self.num_requests):
             t += next(gaps)
             prompt = self.prompt.sample(rng)
@@ -74,11 +78,10 @@ class SyntheticSpec(BaseModel):
             sp = params.get((n, cap))
             if sp is None:
                 sp = params[(n, cap)] = SamplingParams(n=n, max_tokens=cap)
-            out.append(Request(
+            yield Request(
                 request_id=f"req-{i}", prompt_len=prompt, output_len=output, arrival_time=round(t, 6),
                 sampling=sp, priority=prio_mix.pick(rng), tenant=tenant_mix.pick(rng),
-            ))
-        return out
+            )
 
     def describe(self) -> dict:
         return self.model_dump(mode="json")
