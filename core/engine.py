@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Callable, Iterable
 from itertools import islice
 from typing import Any
@@ -29,7 +28,10 @@ class Engine:
     ``policy`` is an installed policy's name or a policy object; ``executor`` runs the steps
     (``kvsched.SimulatedExecutor`` for simulation). The engine keeps the executor's clock unless
     ``clock`` is given: a caller that drives time itself passes any object with ``now()``,
-    ``advance(seconds)`` and ``wait_until(t)``.
+    ``advance(seconds)`` and ``wait_until(t)``. With ``retain_finished=False`` a finished group
+    leaves ``groups`` (and never enters ``finished``) once its step is reported: ``on_step``
+    observers, which see it in ``StepReport.finished``, are then the only ones to get it, so a
+    run of millions holds only its unfinished requests.
     """
 
     def __init__(
@@ -41,6 +43,7 @@ class Engine:
         policy_options: dict[str, Any] | None = None,
         observers: tuple = (),
         clock: Clock | None = None,
+        retain_finished: bool = True,
     ) -> None:
         if not isinstance(config, EngineConfig):
             raise TypeError(f"config must be an EngineConfig, got {type(config).__name__}")
@@ -59,6 +62,8 @@ class Engine:
             self.scheduler.lane = DecodeLane(self.scheduler.block_manager, self.executor)
         self.groups: dict[str, SequenceGroup] = {}
         self.finished: list[SequenceGroup] = []
+        self.retain_finished = retain_finished
+        self.num_requests = 0  # added so far; a group's index
         self.num_steps = 0
         self.num_blocks_swapped_in = 0
         self.num_blocks_swapped_out = 0
@@ -76,8 +81,9 @@ class Engine:
             request = Request.model_validate(request)
         if request.request_id in self.groups:
             raise ValueError(f"duplicate request id {request.request_id!r}")
-        group = SequenceGroup(request, len(self.groups), self._new_seq_id(), self.executor.eos_token_id, self._model_len)
+        group = SequenceGroup(request, self.num_requests, self._new_seq_id(), self.executor.eos_token_id, self._model_len)
         self.groups[request.request_id] = group
+        self.num_requests += 1
         self.scheduler.add(group)
         return group
 
@@ -87,7 +93,7 @@ class Engine:
         if group is None or group.is_finished:
             return False
         self.scheduler.abort(group, self.clock.now())
-        self.finished.append(group)
+        self._retire([group])
         return True
 
     def has_unfinished(self) -> bool:
@@ -174,8 +180,15 @@ class Engine:
             sched.num_running_seqs += (group.num_unfinished_seqs if single else group.max_running_seqs) - reserved
         if any_finished:
             sched.remove_finished()
-        self.finished += finished
+        self._retire(finished)
         return finished
+
+    def _retire(self, groups: list[SequenceGroup]) -> None:
+        if self.retain_finished:
+            self.finished += groups
+        else:
+            for group in groups:
+                del self.groups[group.request_id]
 
     @staticmethod
     def _end_group(group: SequenceGroup, now: float, finished: list[SequenceGroup]) -> None:
@@ -238,17 +251,27 @@ class Engine:
         requests: Iterable[Request] = (),
         on_step: Callable[[StepReport], None] | None = None,
         max_steps: int | None = None,
+        *,
+        in_order: bool = False,
     ) -> list[SequenceGroup]:
-        """Feed ``requests`` at their arrival times and step until every request has finished."""
-        pending = deque(sorted(requests, key=lambda r: r.arrival_time))
+        """Feed ``requests`` at their arrival times and step until every request has finished.
+
+        ``in_order``: the requests already come in arrival order, so they are taken one at a time
+        as they arrive (a generator of millions is never held whole); one out of order raises.
+        """
+        source = iter(requests if in_order else sorted(requests, key=lambda r: r.arrival_time))
+        upcoming = next(source, None)
         clock = self.clock
         steps = 0
-        while pending or self.has_unfinished():
+        while upcoming is not None or self.has_unfinished():
             now = clock.now()
-            while pending and pending[0].arrival_time <= now:
-                self.add_request(pending.popleft())
+            while upcoming is not None and upcoming.arrival_time <= now:
+                self.add_request(upcoming)
+                arrived, upcoming = upcoming, next(source, None)
+                if upcoming is not None and upcoming.arrival_time < arrived.arrival_time:
+                    raise ValueError(f"request {upcoming.request_id!r} arrives before {arrived.request_id!r}, which came first")
             if not self.has_unfinished():
-                clock.wait_until(pending[0].arrival_time)
+                clock.wait_until(upcoming.arrival_time)
                 continue
             report = self.step()
             if on_step is not None:
@@ -256,8 +279,8 @@ class Engine:
             steps += 1
             if max_steps is not None and steps >= max_steps:
                 break
-            if self._idle_steps and pending:
-                clock.wait_until(pending[0].arrival_time)
+            if self._idle_steps and upcoming is not None:
+                clock.wait_until(upcoming.arrival_time)
             elif self._idle_steps >= MAX_IDLE_STEPS:
                 s = self.scheduler
                 raise StallError(
