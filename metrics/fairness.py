@@ -17,11 +17,16 @@ anything.
 
 from __future__ import annotations
 
-from collections import defaultdict
-from typing import TYPE_CHECKING
+from collections import defaultdict, deque
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from kvsched.metrics.requests import as_columns, done_mask
 
 if TYPE_CHECKING:
-    from kvsched.metrics.requests import RequestMetrics
     from kvsched.core.report import StepReport
     from kvsched.core.request import Request
 
@@ -36,11 +41,15 @@ def jain_index(values: list[float]) -> float | None:
 
 
 class TenantService:
-    """``on_step`` observer: per-tenant service, backlog (waiting requests) and VTC counters."""
+    """``on_step`` observer: per-tenant service, backlog (waiting requests) and VTC counters.
 
-    def __init__(self, requests: list[Request]) -> None:
-        self.arrivals = sorted((r.arrival_time, r.request_id, r.tenant) for r in requests)
-        self.tenants = sorted({t for _, _, t in self.arrivals})
+    It learns of the requests through ``watch``, which the engine's request stream passes through,
+    so it holds only those not yet admitted; attach it only when the workload can have several
+    tenants (with one, nobody competes and it would only cost time)."""
+
+    def __init__(self) -> None:
+        self.arrivals: deque[tuple[float, str, str]] = deque()  # handed to the engine, not yet counted as waiting
+        self.tenants: set[str] = set()  # of the requests seen so far
         self.service: dict[str, float] = defaultdict(float)
         self.backlogged_service: dict[str, float] = defaultdict(float)
         self.backlogged_time: dict[str, float] = defaultdict(float)
@@ -48,20 +57,24 @@ class TenantService:
         self.waiting: dict[str, int] = defaultdict(int)
         self._waiting_ids: set[str] = set()
         self._backlogged: set[str] = set()
-        self._next = 0
         self.max_gap = 0.0
         self.max_gap_time: float | None = None
 
+    def watch(self, requests: Iterable[Request]) -> Iterator[Request]:
+        """``requests``, in arrival order, passed on to the engine; each is noted as it goes."""
+        arrivals, tenants = self.arrivals, self.tenants
+        for r in requests:
+            arrivals.append((r.arrival_time, r.request_id, r.tenant))
+            tenants.add(r.tenant)
+            yield r
+
     def __call__(self, r: StepReport) -> None:
-        if len(self.tenants) < 2:
-            return
         start = r.now - r.duration + 1e-9  # the engine admitted every request that arrived by then
-        arrivals, i = self.arrivals, self._next
-        while i < len(arrivals) and arrivals[i][0] <= start:
-            self._waiting_ids.add(arrivals[i][1])
-            self.waiting[arrivals[i][2]] += 1
-            i += 1
-        self._next = i
+        arrivals = self.arrivals
+        while arrivals and arrivals[0][0] <= start:
+            _, request_id, tenant = arrivals.popleft()
+            self._waiting_ids.add(request_id)
+            self.waiting[tenant] += 1
         backlogged = {t for t, n in self.waiting.items() if n > 0}
         counters = self.counters
         staying = backlogged & self._backlogged
@@ -102,14 +115,15 @@ class TenantService:
         return {t: self.backlogged_service[t] / d for t, d in self.backlogged_time.items() if d > 0}
 
 
-def fairness_summary(metrics: list[RequestMetrics], service: TenantService | None = None) -> dict:
-    """Per-tenant requests, finished, service and backlogged rate; Jain's index; the max service gap."""
-    per: dict[str, dict] = {}
-    for m in metrics:
-        t = per.setdefault(m.tenant, {"requests": 0, "finished": 0})
-        t["requests"] += 1
-        if m.status in ("FINISHED_STOPPED", "FINISHED_LENGTH_CAPPED"):
-            t["finished"] += 1
+def fairness_summary(metrics: Any, service: TenantService | None = None) -> dict:
+    """Per-tenant requests, finished, service and backlogged rate; Jain's index; the max service gap.
+
+    ``metrics``: the records, a list of ``RequestMetrics`` or columns; tenants in order of first appearance."""
+    metrics = as_columns(metrics)
+    tenant = metrics.column("tenant")
+    finished = {c["values"]: c["counts"] for c in pc.value_counts(pc.filter(tenant, pa.array(done_mask(metrics)))).to_pylist()}
+    per: dict[str, dict] = {c["values"]: {"requests": c["counts"], "finished": finished.get(c["values"], 0)}
+                            for c in pc.value_counts(tenant).to_pylist()}
     tracked = service is not None and len(service.tenants) > 1
     rates = service.backlogged_rates() if tracked else {}
     for name, t in per.items():

@@ -6,29 +6,34 @@ A request meets the SLO when it finished and its TTFT <= ``ttft`` and its TPOT <
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any
 
-if TYPE_CHECKING:
-    from kvsched.metrics.requests import RequestMetrics
+import numpy as np
 
-_DONE = ("FINISHED_STOPPED", "FINISHED_LENGTH_CAPPED")
-
-
-def meets_slo(m: RequestMetrics, ttft: float | None, tpot: float | None) -> bool:
-    if m.status not in _DONE:
-        return False
-    if ttft is not None and (m.ttft is None or m.ttft > ttft):
-        return False
-    return tpot is None or m.tpot is None or m.tpot <= tpot
+from kvsched.metrics.requests import as_columns, done_mask, numbers
 
 
-def goodput_summary(metrics: list[RequestMetrics], duration_s: float, ttft: float | None, tpot: float | None) -> dict:
-    good = [m for m in metrics if meets_slo(m, ttft, tpot)]
+def meets_slo(records: Any, ttft: float | None, tpot: float | None) -> np.ndarray:
+    """Per request (a list of ``RequestMetrics`` or columns), whether it met the SLO."""
+    records = as_columns(records)
+    good = done_mask(records)
+    if ttft is not None:
+        good &= numbers(records, "ttft") <= ttft  # a missing TTFT (NaN) compares False
+    if tpot is not None:
+        t = numbers(records, "tpot")
+        good &= np.isnan(t) | (t <= tpot)
+    return good
+
+
+def goodput_summary(metrics: Any, duration_s: float, ttft: float | None, tpot: float | None) -> dict:
+    metrics = as_columns(metrics)
+    good = meets_slo(metrics, ttft, tpot)
+    num_good = int(good.sum())
     return {
         "slo_ttft_s": ttft,
         "slo_tpot_s": tpot,
-        "requests_meeting_slo": len(good),
-        "slo_attainment": len(good) / len(metrics) if metrics else 0.0,
-        "goodput_requests_per_s": len(good) / duration_s if duration_s > 0 else 0.0,
-        "goodput_tokens_per_s": sum(m.output_tokens for m in good) / duration_s if duration_s > 0 else 0.0,
+        "requests_meeting_slo": num_good,
+        "slo_attainment": num_good / metrics.num_rows if metrics.num_rows else 0.0,
+        "goodput_requests_per_s": num_good / duration_s if duration_s > 0 else 0.0,
+        "goodput_tokens_per_s": int(numbers(metrics, "output_tokens")[good].sum()) / duration_s if duration_s > 0 else 0.0,
     }

@@ -1,15 +1,26 @@
-"""Per-request latency metrics and the run summary (``summary.json``)."""
+"""Per-request latency metrics and the run summary (``summary.json``).
+
+The summary is computed from columns (``Columns``): an in-memory run's records become an Arrow
+table, a streamed run's are read back from their Parquet file one column at a time, and both give
+the same numbers, bit for bit (sums are taken in order, as Python's ``sum`` takes them).
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from kvsched.core.sequence import SequenceStatus
 
 if TYPE_CHECKING:
     from kvsched.core.engine import Engine
     from kvsched.core.sequence import SequenceGroup
+
+DONE = ("FINISHED_STOPPED", "FINISHED_LENGTH_CAPPED")
 
 
 @dataclass(frozen=True)
@@ -69,15 +80,47 @@ class RequestMetrics:
     def as_dict(self) -> dict:
         """The fields by name. All are scalars, so no deep copy (``dataclasses.asdict`` made a
         tenth of ``engine run``'s time on the Azure trace)."""
-        return {name: getattr(self, name) for name in _FIELDS}
+        return {name: getattr(self, name) for name in FIELDS}
 
 
-_FIELDS = tuple(f.name for f in fields(RequestMetrics))
+FIELDS = tuple(f.name for f in fields(RequestMetrics))
+
+
+class Columns(Protocol):
+    """What the summaries read: an Arrow table, or ``metrics.records.RequestTable``."""
+
+    num_rows: int
+
+    def column(self, name: str) -> pa.ChunkedArray: ...
+
+
+def as_columns(records: Any) -> Columns:
+    """``records`` as columns: a list of ``RequestMetrics`` becomes an Arrow table; columns stay as they are."""
+    if isinstance(records, list):
+        from kvsched.metrics.records import records_table
+
+        return records_table(records)
+    return records
+
+
+def numbers(records: Columns, name: str) -> np.ndarray:
+    """One numeric column as a numpy array (NaN where a time is missing)."""
+    return records.column(name).to_numpy()
+
+
+def done_mask(records: Columns) -> np.ndarray:
+    """True for the requests that finished (stopped or length-capped), as a numpy array."""
+    return pc.is_in(records.column("status"), value_set=pa.array(DONE)).to_numpy(zero_copy_only=False)
+
+
+def ordered_sum(values: np.ndarray) -> float:
+    """Left-to-right sum, as Python's ``sum`` adds floats (numpy's own sum pairs them, so its last bits differ)."""
+    return float(np.add.accumulate(values)[-1]) if len(values) else 0
 
 
 def percentile(sorted_values: list[float], q: float) -> float:
-    """Linear-interpolation percentile (numpy's default) of an already sorted list."""
-    if not sorted_values:
+    """Linear-interpolation percentile (numpy's default) of an already sorted list or array."""
+    if not len(sorted_values):
         return float("nan")
     pos = (len(sorted_values) - 1) * q / 100.0
     lo = int(pos)
@@ -85,45 +128,53 @@ def percentile(sorted_values: list[float], q: float) -> float:
     return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
 
 
-def distribution(values: list[float | None]) -> dict[str, float | None]:
-    """mean, p50, p90, p99 of the non-missing values (None when there are none)."""
-    vals = sorted(v for v in values if v is not None)
-    if not vals:
+def distribution(values: np.ndarray) -> dict[str, float | None]:
+    """mean, p50, p90, p99 of the non-NaN values (None when there are none)."""
+    vals = np.sort(values[~np.isnan(values)])
+    if not len(vals):
         return {"mean": None, "p50": None, "p90": None, "p99": None}
     return {
-        "mean": sum(vals) / len(vals),
-        "p50": percentile(vals, 50),
-        "p90": percentile(vals, 90),
-        "p99": percentile(vals, 99),
+        "mean": ordered_sum(vals) / len(vals),
+        "p50": float(percentile(vals, 50)),
+        "p90": float(percentile(vals, 90)),
+        "p99": float(percentile(vals, 99)),
     }
 
 
-def summarize(engine: Engine, requests: list[RequestMetrics], **extra) -> dict:
-    """The run summary: counts, throughput, latency distributions, preemptions, block audit."""
-    done = [r for r in requests if r.status in ("FINISHED_STOPPED", "FINISHED_LENGTH_CAPPED")]
-    start = min((r.arrival_time for r in requests), default=0.0)
-    end = max((r.finish_time for r in requests if r.finish_time is not None), default=start)
+def summarize(engine: Engine, requests: Any, **extra) -> dict:
+    """The run summary: counts, throughput, latency distributions, preemptions, block audit.
+
+    ``requests``: the records, as a list of ``RequestMetrics`` or as ``Columns``.
+    """
+    requests = as_columns(requests)
+    done = done_mask(requests)
+    num_done = int(done.sum())
+    status = requests.column("status")
+    arrival, finish = numbers(requests, "arrival_time"), numbers(requests, "finish_time")
+    finish = finish[~np.isnan(finish)]
+    start = float(arrival.min()) if len(arrival) else 0.0
+    end = float(finish.max()) if len(finish) else start
     duration = end - start
-    out_tokens = sum(r.output_tokens for r in done)
+    out_tokens = int(numbers(requests, "output_tokens")[done].sum())
     return {
         "policy": engine.policy_name,
         **extra,
-        "num_requests": len(requests),
-        "finished": len(done),
-        "ignored": sum(r.status == "FINISHED_IGNORED" for r in requests),
-        "aborted": sum(r.status == "FINISHED_ABORTED" for r in requests),
+        "num_requests": requests.num_rows,
+        "finished": num_done,
+        "ignored": int(pc.sum(pc.equal(status, "FINISHED_IGNORED")).as_py() or 0),
+        "aborted": int(pc.sum(pc.equal(status, "FINISHED_ABORTED")).as_py() or 0),
         "duration_s": duration,
         "steps": engine.num_steps,
-        "requests_per_s": len(done) / duration if duration > 0 else 0.0,
+        "requests_per_s": num_done / duration if duration > 0 else 0.0,
         "throughput_tokens_per_s": out_tokens / duration if duration > 0 else 0.0,
         "output_tokens": out_tokens,
-        "ttft_s": distribution([r.ttft for r in done]),
-        "tpot_s": distribution([r.tpot for r in done]),
-        "e2e_s": distribution([r.e2e for r in done]),
-        "queueing_s": distribution([r.queueing_time for r in done]),
+        "ttft_s": distribution(numbers(requests, "ttft")[done]),
+        "tpot_s": distribution(numbers(requests, "tpot")[done]),
+        "e2e_s": distribution(numbers(requests, "e2e")[done]),
+        "queueing_s": distribution(numbers(requests, "queueing_time")[done]),
         "preemptions": {
-            "recompute": sum(r.preemptions_recompute for r in requests),
-            "swap": sum(r.preemptions_swap for r in requests),
+            "recompute": int(numbers(requests, "preemptions_recompute").sum()),
+            "swap": int(numbers(requests, "preemptions_swap").sum()),
         },
         "blocks_swapped_in": engine.num_blocks_swapped_in,
         "blocks_swapped_out": engine.num_blocks_swapped_out,

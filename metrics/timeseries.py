@@ -1,12 +1,19 @@
 """Per-step time series of a run: queues, batch, tokens, KV blocks and swaps, one row per step.
 
-An ``on_step`` observer that appends to plain column lists (cheap enough to leave on for every
-run: a few appends per step) and turns them into a table at the end.
+An ``on_step`` observer cheap enough to leave on for every run (one tuple per step). The rows
+stay in memory, or, given a path, go to a Parquet file a row group at a time (a million-request
+run has millions of steps). Either way the recorder keeps, as it goes, the figures of the
+summary's ``kv_usage`` (peaks and time-weighted means), so they never need the rows.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING
+
+import pyarrow as pa
+
+from kvsched.metrics.parquet_rows import ParquetRows, arrow_table
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -19,14 +26,18 @@ COLUMNS = (
     "gpu_blocks_used", "cpu_blocks_used", "blocks_swapped_in", "blocks_swapped_out", "blocks_copied",
     "preempted_recompute", "preempted_swap", "finished",
 )
+SCHEMA = pa.schema([(c, pa.float64() if c in ("time_s", "duration_s") else pa.int64()) for c in COLUMNS])
 
 
 class TimeSeriesRecorder:
-    """Collects one row per engine step; ``frame()`` gives them as a DataFrame."""
+    """One row per engine step, kept (``path=None``) or streamed to ``path`` (then call ``close()``)."""
 
-    def __init__(self) -> None:
-        self.columns: dict[str, list] = {c: [] for c in COLUMNS}
-        self._append = [self.columns[c].append for c in COLUMNS]
+    def __init__(self, path: Path | None = None) -> None:
+        self.file = ParquetRows(path, SCHEMA) if path is not None else None
+        self._rows: list[tuple] = []  # kept rows (without a path)
+        self.gpu_blocks_peak = self.cpu_blocks_peak = self.waiting_peak = 0
+        # time-weighted sums, added step by step in order (as sum() over the columns would add them)
+        self._time = self._gpu_block_time = self._batch_seq_time = 0
 
     def __call__(self, r: StepReport) -> None:
         out = r.output
@@ -37,20 +48,53 @@ class TimeSeriesRecorder:
         for _g, mode in out.preempted:
             if mode.value == "swap":
                 swap_preempt += 1
-        values = (
-            r.step, r.now, r.duration, r.num_waiting, r.num_running, r.num_swapped,
-            len(out.scheduled), f.decode_seqs + prefill_groups, prefill_groups, f.prefill_tokens, f.decode_seqs,
-            f.kv_tokens_read, cache.num_gpu_blocks - cache.num_free_gpu_blocks,
-            cache.num_cpu_blocks - cache.num_free_cpu_blocks, len(out.blocks_to_swap_in), len(out.blocks_to_swap_out),
+        batch_seqs = f.decode_seqs + prefill_groups
+        gpu_used = cache.num_gpu_blocks - cache.num_free_gpu_blocks
+        cpu_used = cache.num_cpu_blocks - cache.num_free_cpu_blocks
+        duration = r.duration
+        row = (
+            r.step, r.now, duration, r.num_waiting, r.num_running, r.num_swapped,
+            len(out.scheduled), batch_seqs, prefill_groups, f.prefill_tokens, f.decode_seqs,
+            f.kv_tokens_read, gpu_used, cpu_used, len(out.blocks_to_swap_in), len(out.blocks_to_swap_out),
             len(out.blocks_to_copy), len(out.preempted) - swap_preempt, swap_preempt, len(r.finished),
         )
-        for append, v in zip(self._append, values):
-            append(v)
+        if self.file is None:
+            self._rows.append(row)
+        else:
+            self.file.append(row)
+        if gpu_used > self.gpu_blocks_peak:
+            self.gpu_blocks_peak = gpu_used
+        if cpu_used > self.cpu_blocks_peak:
+            self.cpu_blocks_peak = cpu_used
+        if r.num_waiting > self.waiting_peak:
+            self.waiting_peak = r.num_waiting
+        self._time += duration
+        self._gpu_block_time += gpu_used * duration
+        self._batch_seq_time += batch_seqs * duration
 
     def __len__(self) -> int:
-        return len(self.columns["step"])
+        return len(self._rows) if self.file is None else self.file.num_rows + len(self.file.rows)
+
+    def kv_usage(self, total_gpu_blocks: int) -> dict:
+        """The summary's ``kv_usage``: peaks and time-weighted means over the run."""
+        t = self._time
+        return {
+            "gpu_blocks_total": total_gpu_blocks,
+            "gpu_blocks_peak": self.gpu_blocks_peak,
+            "gpu_utilization_mean": (self._gpu_block_time / t if t > 0 else 0.0) / total_gpu_blocks,
+            "cpu_blocks_peak": self.cpu_blocks_peak,
+            "batch_seqs_mean": self._batch_seq_time / t if t > 0 else 0.0,
+            "waiting_peak": self.waiting_peak,
+        }
+
+    def close(self) -> None:
+        """A streaming recorder: write the last rows and name the file."""
+        if self.file is not None:
+            self.file.close()
 
     def frame(self) -> pd.DataFrame:
-        import pandas as pd
+        if self.file is not None:
+            import pandas as pd
 
-        return pd.DataFrame(self.columns, columns=list(COLUMNS))
+            return pd.read_parquet(self.file.path)
+        return arrow_table(self._rows, SCHEMA).to_pandas()

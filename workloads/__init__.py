@@ -28,6 +28,8 @@ class Workload(Protocol):
 
     def iter_requests(self) -> Iterator[Request]: ...
 
+    def tenant_names(self) -> set[str]: ...
+
     def describe(self) -> dict[str, Any]: ...
 
 
@@ -48,6 +50,9 @@ class _Embedded:
 
     def iter_requests(self) -> Iterator[Request]:
         return self.spec.iter_requests()
+
+    def tenant_names(self) -> set[str]:
+        return {"default"}
 
     def describe(self) -> dict[str, Any]:
         return {"kind": "default", **self.spec.model_dump()}

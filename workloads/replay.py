@@ -97,8 +97,11 @@ class TraceWorkload(BaseModel):
     def num_requests(self) -> int:
         return len(self.rows()[1])
 
+    def tenant_names(self) -> set[str]:
+        return {r.tenant for r in self.rows()[1]}
+
     def describe(self) -> dict:
-        d = self.model_dump(mode="json")
+        d = self.model_dump(mode="json", exclude={"max_total_tokens"} if self.max_total_tokens is None else None)
         if self.name:
             d["path"] = Path(self.path).name  # a built-in's install location is not part of the result
         return d

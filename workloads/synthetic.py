@@ -83,5 +83,9 @@ class SyntheticSpec(BaseModel):
                 sampling=sp, priority=prio_mix.pick(rng), tenant=tenant_mix.pick(rng),
             )
 
+    def tenant_names(self) -> set[str]:
+        """The tenants its requests can have."""
+        return {t for t, w in self.tenants.items() if w > 0}
+
     def describe(self) -> dict:
         return self.model_dump(mode="json")

@@ -1,0 +1,92 @@
+"""Per-request records on disk: streamed to Parquet as requests finish, read back a column at a time.
+
+``RequestLog`` is an ``on_step`` observer for an engine that does not retain finished groups: each
+finished group becomes a ``RequestMetrics`` row the step it ends, rows leave in the order the
+requests were added (one that finishes early waits for those added before it, so the file reads
+as the in-memory records do), and every ``row_group_size`` rows become one Parquet row group. The
+file appears under its name only when ``close()`` completes it. ``RequestTable`` reads it back:
+its rows as ``RequestMetrics``, or single columns, which is all the run summary needs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from kvsched.metrics.parquet_rows import ParquetRows, arrow_table
+from kvsched.metrics.requests import FIELDS, RequestMetrics
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from kvsched.core.report import StepReport
+
+_TYPES = {"priority": pa.int64(), "n": pa.int64(), "prompt_tokens": pa.int64(), "output_tokens": pa.int64(),
+          "preemptions_recompute": pa.int64(), "preemptions_swap": pa.int64(),
+          "request_id": pa.string(), "status": pa.string(), "finish_reason": pa.string(), "detail": pa.string(),
+          "tenant": pa.string()}
+SCHEMA = pa.schema([(name, _TYPES.get(name, pa.float64())) for name in FIELDS])  # the rest are times (s): float64
+
+
+def records_table(records: list[RequestMetrics]) -> pa.Table:
+    """The records as an Arrow table with the file's schema (what the summary reads in-memory runs from)."""
+    return arrow_table([tuple(r.as_dict().values()) for r in records], SCHEMA)
+
+
+class RequestLog:
+    """Streams the records of finished requests to ``path``; call ``close()`` after the run."""
+
+    def __init__(self, path: Path, row_group_size: int = 65_536) -> None:
+        self.file = ParquetRows(path, SCHEMA, row_group_size)
+        self._waiting: dict[int, tuple] = {}  # finished before a request added earlier: index -> row
+        self._next = 0  # index of the next request to write
+
+    def __call__(self, report: StepReport) -> None:
+        if not report.finished:
+            return
+        waiting = self._waiting
+        for group in report.finished:
+            waiting[group.index] = tuple(RequestMetrics.of(group).as_dict().values())
+        append = self.file.append
+        while self._next in waiting:
+            append(waiting.pop(self._next))
+            self._next += 1
+
+    def close(self) -> RequestTable:
+        """Write what is left (requests still waiting for an earlier one, in order) and name the file."""
+        for i in sorted(self._waiting):
+            self.file.append(self._waiting.pop(i))
+        return RequestTable(self.file.close())
+
+    def abandon(self) -> None:
+        self.file.abandon()
+
+
+class RequestTable:
+    """A run's records in a Parquet file: ``len``, iteration as ``RequestMetrics``, or one column at a time."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self._file = pq.ParquetFile(self.path)
+
+    @property
+    def num_rows(self) -> int:
+        return self._file.metadata.num_rows
+
+    def __len__(self) -> int:
+        return self.num_rows
+
+    def __iter__(self) -> Iterator[RequestMetrics]:
+        for batch in self._file.iter_batches():
+            for row in batch.to_pylist():
+                yield RequestMetrics(**row)
+
+    def column(self, name: str) -> pa.ChunkedArray:
+        return self._file.read(columns=[name]).column(0)
+
+    def frame(self) -> pd.DataFrame:
+        return self._file.read().to_pandas()
