@@ -6,6 +6,7 @@ CLI module stays small. ``register(app)`` adds the commands this module defines.
 
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -36,15 +37,21 @@ def run_command(policy, policy_opt, overrides, seed, num_requests, rate, output,
         fail("--plot needs --output DIR (the plots and report.html are written there)")
     load_policy(policy)
     resolve_profile(profile)
+    # Records and time series stream to the results folder as the run goes (to a temporary one
+    # without --output), so memory stays bounded by the requests in flight however long the run.
+    spool = tempfile.TemporaryDirectory(prefix="kvsched-run-") if output is None else None
     job = SimJob(
         build_workload(workload, trace, num_requests=num_requests, rate=rate, rate_scale=rate_scale,
                        start_offset=start_offset, arrival=arrival, cv=cv, seed=seed),
         policy, build_config(overrides), profile, parse_pairs(policy_opt, "--policy-opt"), slo_ttft, slo_tpot,
+        stream_to=Path(spool.name) if spool is not None else output,
     )
     with progress_bar(quiet) as bar:
         task = bar.add_task("run", total=None)
         outcome = job.run(on_step=lambda r: r.finished and bar.advance(task, len(r.finished)),
                           on_start=lambda n: bar.update(task, total=n))
+    if spool is not None:
+        spool.cleanup()
     console.print(summary_table(outcome.summary))
     slo = outcome.summary["slo"]
     if slo_ttft is not None or slo_tpot is not None:

@@ -4,13 +4,20 @@
 observers (time series, tenant service), the extensions of ``summary.json`` (workload, SLO
 goodput, fairness, KV usage) and the wall-clock cost of the run. The CLI, sweeps and benchmarks
 all go through ``SimJob``.
+
+Either keeps every request in memory to the end (the default), or, given a ``stream_to`` folder,
+runs in memory bounded by the requests in flight: requests are made as they arrive, the engine
+retains no finished one, and the per-request records and the time series are written there as
+Parquet row groups while the run goes (``requests.parquet``, ``timeseries.parquet``); the summary
+is then read from those files, with the same result.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from kvsched.core.config import EngineConfig
@@ -21,34 +28,66 @@ from kvsched.executors.profiles import resolve_profile
 from kvsched.executors.simulated import SimulatedExecutor
 from kvsched.metrics.fairness import TenantService, fairness_summary
 from kvsched.metrics.goodput import goodput_summary
+from kvsched.metrics.records import RequestLog, RequestTable
 from kvsched.metrics.requests import RequestMetrics, summarize
 from kvsched.metrics.timeseries import TimeSeriesRecorder
+
+Observer = Callable[[StepReport], None]
 
 
 @dataclass
 class RunResult:
     engine: Engine
-    requests: list[RequestMetrics]
+    requests: list[RequestMetrics] | RequestTable  # a RequestTable when the records were streamed
     summary: dict[str, Any]
 
 
 def run_simulation(
-    requests: list[Request],
+    requests: Iterable[Request],
     policy: str | Any = "vllm-default",
     config: EngineConfig | None = None,
     profile: str = "llama2-7b-a100",
     policy_options: dict[str, Any] | None = None,
-    on_step: Callable[[StepReport], None] | None = None,
+    on_step: Observer | None = None,
+    stream_to: Path | None = None,
     **summary_extra: Any,
 ) -> RunResult:
-    """Run ``requests`` through a simulated engine and summarize; deterministic for equal inputs."""
+    """Run ``requests`` through a simulated engine and summarize; deterministic for equal inputs.
+
+    With ``stream_to`` (a folder), ``requests`` come in arrival order (a generator is read as
+    they arrive), the engine retains no finished request and their records are streamed to
+    ``stream_to/requests.parquet``; ``RunResult.requests`` is then a ``RequestTable`` on it.
+    """
     config = config or EngineConfig()
     executor = SimulatedExecutor(profile)
-    engine = Engine(config, policy, executor, policy_options=policy_options)
-    engine.run(requests, on_step=on_step)
-    metrics = [RequestMetrics.of(g) for g in engine.groups.values()]
-    summary = summarize(engine, metrics, profile=executor.profile.name, **summary_extra)
-    return RunResult(engine, metrics, summary)
+    if stream_to is None:
+        engine = Engine(config, policy, executor, policy_options=policy_options)
+        engine.run(requests, on_step=on_step)
+        records: list[RequestMetrics] | RequestTable = [RequestMetrics.of(g) for g in engine.groups.values()]
+    else:
+        engine = Engine(config, policy, executor, policy_options=policy_options, retain_finished=False)
+        log = RequestLog(Path(stream_to) / "requests.parquet")
+        try:
+            engine.run(requests, on_step=fan_out([log, on_step]), in_order=True)
+        except BaseException:
+            log.abandon()
+            raise
+        records = log.close()
+    summary = summarize(engine, records, profile=executor.profile.name, **summary_extra)
+    return RunResult(engine, records, summary)
+
+
+def fan_out(observers: list[Observer | None]) -> Observer | None:
+    """One ``on_step`` callable for several observers (None for none)."""
+    observers = [o for o in observers if o is not None]
+    if len(observers) < 2:
+        return observers[0] if observers else None
+
+    def observe(report: StepReport) -> None:
+        for o in observers:
+            o(report)
+
+    return observe
 
 
 @dataclass
@@ -74,53 +113,46 @@ class SimJob:
     slo_ttft: float | None = None
     slo_tpot: float | None = None
     record_timeseries: bool = True
+    stream_to: Path | None = None  # stream records and time series to this folder (bounded memory)
 
-    def run(self, on_step: Callable[[StepReport], None] | None = None, on_start: Callable[[int], None] | None = None) -> SimOutcome:
+    def run(self, on_step: Observer | None = None, on_start: Callable[[int], None] | None = None) -> SimOutcome:
         """Build the requests, tell ``on_start`` how many, simulate, and extend the summary."""
         start = time.perf_counter()
-        requests = self.workload.requests()
-        if on_start is not None:
-            on_start(len(requests))
-        observers: list[Callable[[StepReport], None]] = []
-        series = TimeSeriesRecorder() if self.record_timeseries else None
-        if series is not None:
-            observers.append(series)
-        service = TenantService(requests)
-        if len(service.tenants) > 1:
-            observers.append(service)
-        if on_step is not None:
-            observers.append(on_step)
-        if len(observers) == 1:
-            observe = observers[0]
-        elif observers:
-            def observe(report: StepReport) -> None:
-                for o in observers:
-                    o(report)
+        streaming = self.stream_to is not None
+        if streaming:
+            Path(self.stream_to).mkdir(parents=True, exist_ok=True)
+            requests: Iterable[Request] = self.workload.iter_requests()
+            count = self.workload.num_requests
         else:
-            observe = None
+            requests = sorted(self.workload.requests(), key=lambda r: r.arrival_time)
+            count = len(requests)
+        if on_start is not None:
+            on_start(count)
+        series = None
+        if self.record_timeseries:
+            series = TimeSeriesRecorder(Path(self.stream_to) / "timeseries.parquet" if streaming else None)
+        service = TenantService()
+        competing = len(self.workload.tenant_names()) > 1
+        if competing:
+            requests = service.watch(requests)
         sim_start = time.perf_counter()
         description = self.workload.describe()
-        result = run_simulation(
-            requests, self.policy, self.config, resolve_profile(self.profile), self.policy_options, on_step=observe,
-            seed=description.get("seed"), workload=description,
-        )
+        try:
+            result = run_simulation(
+                requests, self.policy, self.config, resolve_profile(self.profile), self.policy_options,
+                on_step=fan_out([series, service if competing else None, on_step]), stream_to=self.stream_to,
+                seed=description.get("seed"), workload=description,
+            )
+        except BaseException:
+            if series is not None and series.file is not None:
+                series.file.abandon()
+            raise
+        if series is not None:
+            series.close()
         simulate_s = time.perf_counter() - sim_start
         s = result.summary
         s["slo"] = goodput_summary(result.requests, s["duration_s"], self.slo_ttft, self.slo_tpot)
         s["fairness"] = fairness_summary(result.requests, service)
         if series is not None and len(series):
-            cols, total = series.columns, self.config.num_gpu_blocks
-            s["kv_usage"] = {
-                "gpu_blocks_total": total,
-                "gpu_blocks_peak": max(cols["gpu_blocks_used"]),
-                "gpu_utilization_mean": _time_weighted_mean(cols["gpu_blocks_used"], cols["duration_s"]) / total,
-                "cpu_blocks_peak": max(cols["cpu_blocks_used"]),
-                "batch_seqs_mean": _time_weighted_mean(cols["batch_seqs"], cols["duration_s"]),
-                "waiting_peak": max(cols["num_waiting"]),
-            }
-        return SimOutcome(result, series, time.perf_counter() - start, simulate_s, len(requests))
-
-
-def _time_weighted_mean(values: list[float], weights: list[float]) -> float:
-    total = sum(weights)
-    return sum(v * w for v, w in zip(values, weights)) / total if total > 0 else 0.0
+            s["kv_usage"] = series.kv_usage(self.config.num_gpu_blocks)
+        return SimOutcome(result, series, time.perf_counter() - start, simulate_s, count)

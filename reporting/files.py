@@ -8,7 +8,8 @@ from dataclasses import fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kvsched.metrics.requests import RequestMetrics
+from kvsched.metrics.records import RequestTable
+from kvsched.metrics.requests import FIELDS, RequestMetrics
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -22,11 +23,10 @@ def write_results(result: RunResult, directory: Path) -> list[Path]:
     summary_path = directory / "summary.json"
     summary_path.write_text(json.dumps(result.summary, indent=2, sort_keys=False) + "\n")
     requests_path = directory / "requests.csv"
-    rows = [m.as_dict() for m in result.requests]
-    with requests_path.open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]) if rows else ["request_id"])
+    with requests_path.open("w", newline="") as f:  # row by row: the records may be a streamed RequestTable
+        writer = csv.DictWriter(f, fieldnames=list(FIELDS) if len(result.requests) else ["request_id"])
         writer.writeheader()
-        writer.writerows(rows)
+        writer.writerows(m.as_dict() for m in result.requests)
     return [summary_path, requests_path]
 
 
@@ -44,16 +44,21 @@ def write_outputs(outcome: SimOutcome, directory: Path, plot: bool = False) -> l
     """Write every result file of ``outcome`` under ``directory``; returns the paths written."""
     directory = Path(directory)
     written = write_results(outcome.result, directory)
-    req = requests_frame(outcome.result.requests)
     path = directory / "requests.parquet"
-    req.to_parquet(path, index=False)
+    records = outcome.result.requests
+    streamed = isinstance(records, RequestTable) and records.path == path  # already written, row group by row group
+    if not streamed:
+        requests_frame(records).to_parquet(path, index=False)
     written.append(path)
-    ts = outcome.timeseries.frame() if outcome.timeseries is not None else None
-    if ts is not None:
+    series = outcome.timeseries
+    if series is not None:
         path = directory / "timeseries.parquet"
-        ts.to_parquet(path, index=False)
+        if series.file is None or series.file.path != path:
+            series.frame().to_parquet(path, index=False)
         written.append(path)
     if plot:
+        req = records.frame() if streamed else requests_frame(records)
+        ts = series.frame() if series is not None else None
         from kvsched.reporting.html import write_report
         from kvsched.reporting.plots import run_plots
 
