@@ -1,17 +1,22 @@
-"""Scheduler overhead per step: schedule + apply the step's result, no model.
+"""Scheduler overhead per step: schedule + apply the step's result, no model; vLLM V1's beside it.
 
 Steady decode at 16, 64, 256 and 1,024 running requests (128-token prompts, block size 16,
 ample blocks), and a KV-pressure case (256 requests, 10 blocks each, preemptions every few
 steps). Each row also times a bare loop doing the unavoidable part of the same work (one
 token and, every 16 tokens, one block per sequence) in the same run, and prints our step as a
-ratio of it; vLLM's own figures (research/vllm.md §6, measured on a 2-core machine like this
-one, not in this run) are printed beside ours for reference.
+ratio of it.
 
-The main columns run sequence by sequence (``decode_lane=False``), as vLLM's scheduler does;
-"lane ms" is the same case with the decode lane the simulator uses (plain decodes advanced
-together, see ``core/decode_lane.py``), measured in the same run.
+Our step is ``Scheduler.schedule()`` (the policy through pluggy, every validation) plus
+``Engine._apply`` (computed-token counts, sampled tokens, stop checks); the simulated executor's
+token generation is excluded. The main columns run sequence by sequence (``decode_lane=False``),
+as vLLM's scheduler does; "lane ms" is the same case with the simulator's decode lane
+(``core/decode_lane.py``). When vLLM is installed (the ``vllm`` extra), the same cases run
+through vLLM V1's own ``Scheduler`` in the same process, without a model, driven as vLLM's unit
+tests drive it (``tests/v1/core/utils.py``): ``schedule()`` is timed alone ("V1 sched") and with
+``update_from_output()`` (one sampled token per request: "V1 sched+upd", the like-for-like
+column). Nothing is printed that this run did not measure.
 
-    python benchmarks/scheduler_overhead.py [--steps 200]
+    python benchmarks/scheduler_overhead.py [--steps 200] [--no-vllm]
 """
 
 from __future__ import annotations
@@ -24,8 +29,6 @@ import time
 from kvsched import Engine, EngineConfig, Request, SamplingParams
 from kvsched.executors.simulated import SimulatedExecutor
 
-VLLM_V0_MS = {16: 0.13, 64: 0.47, 256: 1.97, 1024: 16.8}  # v0.6.3 _schedule()
-VLLM_V1_MS = {16: 0.035, 64: 0.131, 256: 0.53, 1024: 2.31}  # V1 0.8.5 schedule()
 
 
 def build(n: int, blocks_per_request: int | None, lane: bool, prompt: int = 128, output: int = 100_000) -> Engine:
@@ -83,22 +86,103 @@ def p99(values: list[float]) -> float:
     return sorted(values)[int(0.99 * (len(values) - 1))]
 
 
+def v1_scheduler(n: int, blocks_per_request: int | None, prompt: int = 128, output: int = 100_000):
+    """vLLM V1's ``Scheduler`` with ``n`` requests added, configured as ``build`` configures ours."""
+    import torch
+    from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
+    from vllm.sampling_params import SamplingParams as V1Sampling
+    from vllm.v1.core.sched.scheduler import Scheduler as V1Scheduler
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+    from vllm.v1.request import Request as V1Request
+    from vllm.v1.structured_output import StructuredOutputManager
+
+    from kvsched.executors.hf_models import model_folder
+
+    blocks = n * (blocks_per_request or 64)
+    model = ModelConfig(model=str(model_folder("smollm2-135m")), dtype="float32", seed=0, skip_tokenizer_init=True)
+    sched = SchedulerConfig(max_num_seqs=n, max_num_batched_tokens=max(prompt * n, n), max_model_len=10**6,
+                            enable_chunked_prefill=True, is_encoder_decoder=False)
+    cache = CacheConfig(block_size=16, gpu_memory_utilization=0.9, enable_prefix_caching=False)
+    cache.num_gpu_blocks = blocks
+    config = VllmConfig(scheduler_config=sched, model_config=model, cache_config=cache)
+    kv = KVCacheConfig(num_blocks=blocks, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(
+        ["layer"], FullAttentionSpec(block_size=16, num_kv_heads=1, head_size=1, dtype=torch.float32))])
+    scheduler = V1Scheduler(vllm_config=config, kv_cache_config=kv, block_size=16, log_stats=False,
+                            structured_output_manager=StructuredOutputManager(config))
+    params = V1Sampling(ignore_eos=True, max_tokens=output)
+    for i in range(n):
+        scheduler.add_request(V1Request(request_id=f"r{i}", prompt_token_ids=[i] * prompt, sampling_params=params,
+                                        pooling_params=None))
+    return scheduler
+
+
+def v1_step(scheduler) -> tuple[float, float, int]:
+    """(schedule seconds, update_from_output seconds, requests preempted) of one V1 step; one token per finished chunk."""
+    from vllm.v1.outputs import ModelRunnerOutput
+
+    t0 = time.perf_counter()
+    out = scheduler.schedule()
+    t1 = time.perf_counter()
+    ids = list(out.num_scheduled_tokens)
+    result = ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)}, sampled_token_ids=[[1]] * len(ids))
+    t2 = time.perf_counter()
+    scheduler.update_from_output(out, result)
+    t3 = time.perf_counter()
+    return t1 - t0, t3 - t2, len(out.preempted_req_ids or ())
+
+
+def time_v1(n: int, blocks_per_request: int | None, steps: int) -> tuple[list[float], list[float], int]:
+    """V1 per-step times after warm-up to steady decode (as ``steady`` does for ours), or under KV pressure from the start."""
+    scheduler = v1_scheduler(n, blocks_per_request)
+    if blocks_per_request is None:
+        while len(scheduler.running) < n or any(r.num_computed_tokens < r.num_prompt_tokens for r in scheduler.running):
+            v1_step(scheduler)
+        v1_step(scheduler)
+    sched, both, preempted = [], [], 0
+    gc.disable()
+    try:
+        for _ in range(steps):
+            s, u, p = v1_step(scheduler)
+            sched.append(s)
+            both.append(s + u)
+            preempted += p
+    finally:
+        gc.enable()
+    return sched, both, preempted
+
+
+def vllm_version() -> str | None:
+    try:
+        import vllm
+    except Exception:  # not installed, or its import fails on this machine: then V1 is not measured
+        return None
+    return vllm.__version__
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--no-vllm", action="store_true", help="skip vLLM V1's scheduler")
     args = ap.parse_args()
-    print(f"{'case':>22} {'median ms':>10} {'p99 ms':>8} {'µs/req':>7} {'× bare loop':>12} {'lane ms':>8} "
-          f"{'vLLM v0 ms':>11} {'vLLM V1 ms':>11}")
-    for n in (16, 64, 256, 1024):
-        (times, _), (lane, _) = (time_steps(steady(n, on), args.steps) for on in (False, True))
+    version = None if args.no_vllm else vllm_version()
+    print("vLLM V1: " + (f"{version}, its Scheduler in this process" if version else "not measured (not installed or --no-vllm)"))
+    head = f"{'case':>22} {'median ms':>10} {'p99 ms':>8} {'µs/req':>7} {'× bare loop':>12} {'lane ms':>8}"
+    print(head + (f" {'V1 sched ms':>12} {'V1 sched+upd':>13} {'V1 / ours':>10}" if version else ""))
+    cases = [(f"decode, {n} running", n, None, args.steps) for n in (16, 64, 256, 1024)] + [("KV pressure, 256", 256, 10, 300)]
+    for label, n, blocks, steps in cases:
+        if blocks is None:
+            (times, _), (lane, _) = (time_steps(steady(n, on), steps) for on in (False, True))
+        else:
+            (times, preempted), (lane, _) = (time_steps(build(n, blocks, on), steps) for on in (False, True))
         med = statistics.median(times)
-        base = bare_loop(n, args.steps)
-        print(f"{'decode, ' + str(n) + ' running':>22} {med * 1e3:10.3f} {p99(times) * 1e3:8.3f} {med / n * 1e6:7.2f} "
-              f"{med / base:12.1f} {statistics.median(lane) * 1e3:8.3f} {VLLM_V0_MS[n]:11.3f} {VLLM_V1_MS[n]:11.3f}")
-    (times, preempted), (lane, _) = (time_steps(build(256, 10, on), 300) for on in (False, True))
-    med = statistics.median(times)
-    print(f"{'KV pressure, 256':>22} {med * 1e3:10.3f} {p99(times) * 1e3:8.3f} {med / 256 * 1e6:7.2f} "
-          f"{'':>12} {statistics.median(lane) * 1e3:8.3f} {1.61:11.3f} {0.32:11.3f}   ({preempted} preemptions in 300 steps)")
+        ratio = f"{med / bare_loop(n, steps):12.1f}" if blocks is None else f"{'':>12}"
+        line = f"{label:>22} {med * 1e3:10.3f} {p99(times) * 1e3:8.3f} {med / n * 1e6:7.2f} {ratio} {statistics.median(lane) * 1e3:8.3f}"
+        if version:
+            sched, both, v1_preempted = time_v1(n, blocks, steps)
+            line += f" {statistics.median(sched) * 1e3:12.3f} {statistics.median(both) * 1e3:13.3f} {statistics.median(both) / med:9.1f}×"
+        if blocks is not None:
+            line += f"   ({preempted} preemptions in {steps} steps" + (f"; V1: {v1_preempted})" if version else ")")
+        print(line, flush=True)
 
 
 def steady(n: int, lane: bool) -> Engine:
