@@ -3,17 +3,24 @@
 Replays the built-in Azure conversation trace (19,366 requests) under ``vllm-default`` at its own
 rate and at 2×, then a large synthetic run (1,000,000 requests by default), each in a fresh
 engine on one core, and prints a Markdown table. The baseline, measured in the same run, is the
-first Azure replay again with the decode lane off (sequence by sequence, ``decode_lane=False``);
-the last lines give the lane's speed-up over it and the ratio to Vidur's ≈400 requests per
-second on a machine like this one (Vidur 0.0.26 from PyPI: 8,192 requests in about 20 s; measured
-for this project on a 2-core machine, not in this run). ``--cprofile`` instead profiles one Azure
-replay and splits the time between the scheduler (policy + step builder + block manager),
-the engine's bookkeeping, the executor's cost model and the observers.
+first Azure replay again with the decode lane off (sequence by sequence, ``decode_lane=False``).
+``--cprofile`` instead profiles one Azure replay and splits the time between the scheduler
+(policy + step builder + block manager), the engine's bookkeeping, the executor's cost model and
+the observers.
+
+``--like-vidur`` compares with Vidur like for like (``LIKE_VIDUR``): the same trace with Vidur's
+4,096-token prefill cut, 7,424 KV blocks (what Vidur's memory planner gives Llama-2-7B on an
+A100-80GB), at most 128 sequences and 4,096 tokens a step, no swap space, vLLM-style scheduling
+(``vllm-default`` here, Vidur's ``vllm`` replica scheduler there). Each side runs in its own
+process, alternating over ``--rounds``, timing only its simulation loop. Vidur runs when its
+checkout and interpreter are there (``benchmarks/vidur_setup.py``); otherwise the script says
+so and prints the recorded figure it divides by, with its date, machine and command.
 
     .venv/bin/python benchmarks/sim_speed.py                 # Azure 1×, 2× and the 1M synthetic run
     .venv/bin/python benchmarks/sim_speed.py --synthetic 100000
     .venv/bin/python benchmarks/sim_speed.py --cprofile
     .venv/bin/python benchmarks/sim_speed.py --policy sarathi --synthetic 0
+    .venv/bin/python benchmarks/sim_speed.py --like-vidur --vidur ~/vidur    # Vidur beside us, 5 rounds
 """
 
 from __future__ import annotations
@@ -21,17 +28,31 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import os
 import platform
 import resource
+import statistics
+import subprocess
 import sys
 import time
+from pathlib import Path
 
 # Llama-2-7B fp16 on one A100-80GB as vLLM sizes it: ~110k KV tokens (7,000 blocks of 16), 4 GiB
 # of swap (512 blocks), max_model_len 4096 and the matching token budget.
 A100_CONFIG = dict(num_gpu_blocks=7000, num_cpu_blocks=512, max_num_batched_tokens=4096, max_model_len=4096)
 
-
-VIDUR_REQ_PER_S = 400  # Vidur 0.0.26's simulated requests per wall second on a 2-core machine (not measured here)
+# Vidur's own set-up for Llama-2-7B on one A100-80GB (benchmarks/vidur_replay.py): its memory planner's
+# 7,424 blocks of 16, no swap space, the vllm replica scheduler's batch cap and token budget.
+LIKE_VIDUR = dict(num_gpu_blocks=7424, num_cpu_blocks=0, max_num_seqs=128, max_num_batched_tokens=4096, max_model_len=4096)
+VIDUR_MAX_TOKENS = 4096  # Vidur's trace replay cuts prompts so that prompt + output <= this
+REPO = Path(__file__).resolve().parents[1]
+# The figure divided by when Vidur cannot run here, as measured by this script's --like-vidur.
+RECORDED_VIDUR = {
+    "req_per_s": None, "steps_per_s": None, "steps": None, "max_rss_mb": None,
+    "date": None, "machine": "2-core AMD EPYC VM (this project's machine type), Python 3.11",
+    "command": "benchmarks/sim_speed.py --like-vidur --vidur CHECKOUT",
+    "source": "microsoft/vidur @7d47513, timing-only attention profile from benchmarks/vidur_setup.py",
+}
 
 
 def measure(label: str, workload, policy: str = "vllm-default", decode_lane: bool = True) -> dict:
@@ -71,8 +92,8 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def split_profile(scale: float = 1.0, limit: int | None = None) -> str:
-    """cProfile one Azure replay; attribute cumulative time to the parts of the step loop."""
+def split_profile(scale: float = 1.0, limit: int | None = None, like_vidur: bool = False) -> str:
+    """cProfile one Azure replay (the like-Vidur one if asked); attribute cumulative time to the parts of the step loop."""
     import cProfile
     import pstats
 
@@ -81,10 +102,11 @@ def split_profile(scale: float = 1.0, limit: int | None = None) -> str:
     from kvsched.metrics.timeseries import TimeSeriesRecorder
     from kvsched.workloads import build_workload
 
-    requests = build_workload("azure-conv", rate_scale=scale, num_requests=limit).requests()
+    cut = VIDUR_MAX_TOKENS if like_vidur else None
+    requests = build_workload("azure-conv", rate_scale=scale, num_requests=limit, max_total_tokens=cut).requests()
     prof = cProfile.Profile()
     prof.enable()
-    run_simulation(requests, "vllm-default", EngineConfig(**A100_CONFIG), on_step=TimeSeriesRecorder())
+    run_simulation(requests, "vllm-default", EngineConfig(**(LIKE_VIDUR if like_vidur else A100_CONFIG)), on_step=TimeSeriesRecorder())
     prof.disable()
     stats = pstats.Stats(prof)
     cum = {}
@@ -98,7 +120,8 @@ def split_profile(scale: float = 1.0, limit: int | None = None) -> str:
         "step features (computed once per step)": ("core/outputs.py", "features"),
         "observer: TimeSeriesRecorder": ("metrics/timeseries.py", "__call__"),
     }
-    lines = [f"cProfile of one Azure conv replay ({len(requests):,} requests, ×{scale:g}); share of Engine.run:", "",
+    setup = "like Vidur" if like_vidur else "A100_CONFIG"
+    lines = [f"cProfile of one Azure conv replay ({len(requests):,} requests, ×{scale:g}, {setup}); share of Engine.run:", "",
              "| part | share |", "|---|---:|"]
     for label, key in parts.items():
         lines.append(f"| {label} | {100 * cum.get(key, 0.0) / total:.0f}% |")
@@ -106,6 +129,94 @@ def split_profile(scale: float = 1.0, limit: int | None = None) -> str:
     stats.stream = buf
     stats.sort_stats("tottime").print_stats(12)
     return "\n".join(lines) + "\n\nTop functions by own time:\n```\n" + buf.getvalue().split("\n\n", 1)[-1].strip() + "\n```"
+
+
+def ours_like_vidur(policy: str) -> dict:
+    """One like-Vidur replay in this process; only ``Engine.run`` (the simulation loop) is timed."""
+    from kvsched import Engine, EngineConfig, SimulatedExecutor
+    from kvsched.core.sequence import SequenceStatus
+    from kvsched.workloads import build_workload
+
+    workload = build_workload("azure-conv", max_total_tokens=VIDUR_MAX_TOKENS)
+    requests = workload.requests()
+    engine = Engine(EngineConfig(**LIKE_VIDUR), policy, SimulatedExecutor("llama2-7b-a100"))
+    gc.collect()
+    t0 = time.perf_counter()
+    engine.run(requests)
+    loop_s = time.perf_counter() - t0
+    ignored = sum(g.status is SequenceStatus.FINISHED_IGNORED for g in engine.groups.values())
+    return {"requests": len(requests) - ignored, "ignored": ignored, "prompts_cut": workload.num_cut(), "steps": engine.num_steps,
+            "loop_s": loop_s, "simulated_s": engine.now, "max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+
+
+def _child(cmd: list[str], **kwargs) -> dict:
+    """Run one side in its own process; its last output line is its JSON result."""
+    done = subprocess.run(cmd, capture_output=True, text=True, **kwargs)
+    if done.returncode != 0:
+        sys.exit(f"{' '.join(cmd)} failed:\n{done.stderr[-3000:]}")
+    r = json.loads(done.stdout.strip().splitlines()[-1])
+    r["req_per_s"], r["steps_per_s"] = r["requests"] / r["loop_s"], r["steps"] / r["loop_s"]
+    return r
+
+
+def vidur_missing(vidur: Path | None, python: Path) -> str | None:
+    """Why Vidur cannot run here, or None."""
+    if vidur is None:
+        return "no Vidur checkout given (--vidur PATH or $VIDUR_SRC)"
+    if not (vidur / "vidur" / "simulator.py").exists():
+        return f"{vidur} is not a Vidur checkout"
+    if not python.exists():
+        return f"no Vidur interpreter at {python} (benchmarks/vidur_setup.py makes it)"
+    if not (vidur / "data/profiling/compute/a100/meta-llama/Llama-2-7b-hf/attention.csv").exists():
+        return "the checkout has no attention profile for Llama-2-7B/A100 (benchmarks/vidur_setup.py writes one)"
+    return None
+
+
+def like_vidur(rounds: int, policy: str, vidur: Path | None, vidur_python: Path) -> dict:
+    """Both sides alternating over ``rounds``, each run in a fresh process; prints the table and ratios."""
+    why_not = vidur_missing(vidur, vidur_python)
+    ours, theirs = [], []
+    for i in range(rounds):
+        ours.append(_child([sys.executable, __file__, "--one-like-vidur", "--policy", policy]))
+        line = f"round {i + 1}: kvsched {ours[-1]['req_per_s']:,.0f} req/s"
+        if why_not is None:
+            theirs.append(_child([str(vidur_python), str(REPO / "benchmarks" / "vidur_replay.py")], cwd=vidur,
+                                 env={**os.environ, "WANDB_MODE": "disabled"}))
+            line += f", Vidur {theirs[-1]['req_per_s']:,.0f} req/s"
+        print(line, file=sys.stderr, flush=True)
+
+    def median(rows, key):
+        return statistics.median(r[key] for r in rows)
+
+    o = ours[0]
+    print(f"Azure conv, like Vidur: {o['requests'] + o['ignored']:,} requests ({o['prompts_cut']:,} prompts cut to "
+          f"prompt + output <= {VIDUR_MAX_TOKENS:,}), engine config {LIKE_VIDUR}, policy {policy}, profile llama2-7b-a100; "
+          f"python {platform.python_version()}, each run in its own process, loop wall = median of {rounds} rounds\n")
+    print("| | requests simulated | ignored | steps | simulated | loop wall | req / wall s | steps / wall s | peak RSS |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    sides = [("kvsched", ours)] + ([("Vidur (microsoft/vidur @7d47513, measured in this run)", theirs)] if theirs else [])
+    for name, rows in sides:
+        r = rows[0]
+        print(f"| {name} | {r['requests']:,} | {r.get('ignored', 0):,} | {r['steps']:,} | {r['simulated_s']:,.0f} s | "
+              f"{median(rows, 'loop_s'):.2f} s | {median(rows, 'req_per_s'):,.0f} | {median(rows, 'steps_per_s'):,.0f} | "
+              f"{max(x['max_rss_mb'] for x in rows):,.0f} MB |")
+    result = {"ours": ours, "vidur": theirs}
+    if theirs:
+        for key, label in (("req_per_s", "requests/s"), ("steps_per_s", "steps/s")):
+            per_round = [a[key] / b[key] for a, b in zip(ours, theirs)]
+            result[key] = statistics.median(per_round)
+            print(f"\nsame run, {label}: kvsched {statistics.median(per_round):.1f}× Vidur "
+                  f"(median of {rounds} alternating rounds; {min(per_round):.1f}–{max(per_round):.1f}× over rounds)", end="")
+        print()
+        return result
+    rec = RECORDED_VIDUR
+    print(f"\nVidur not run here: {why_not}. Dividing by the RECORDED Vidur figure: {rec['req_per_s']:,.0f} req/s, "
+          f"{rec['steps_per_s']:,.0f} steps/s ({rec['steps']:,} steps, {rec['max_rss_mb']:,.0f} MB), recorded {rec['date']} on a "
+          f"{rec['machine']} with `{rec['command']}` ({rec['source']}).")
+    for key, label in (("req_per_s", "requests/s"), ("steps_per_s", "steps/s")):
+        result[key] = median(ours, key) / rec[key]
+        print(f"RECORDED baseline, {label}: kvsched {result[key]:.1f}× Vidur")
+    return result
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
@@ -120,10 +231,21 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--json", help="also write the rows as JSON here")
     parser.add_argument("--policy", default="vllm-default", help="the policy of every run")
     parser.add_argument("--no-baseline", action="store_true", help="skip the sequence-by-sequence baseline replay")
+    parser.add_argument("--like-vidur", action="store_true", help="the like-for-like comparison with Vidur instead")
+    parser.add_argument("--rounds", type=int, default=5, help="--like-vidur: alternating rounds")
+    parser.add_argument("--vidur", type=Path, default=os.environ.get("VIDUR_SRC"), help="--like-vidur: a microsoft/vidur checkout")
+    parser.add_argument("--vidur-python", type=Path, default=REPO / ".venv-vidur" / "bin" / "python", help="Vidur's interpreter")
+    parser.add_argument("--one-like-vidur", action="store_true", help=argparse.SUPPRESS)  # one of our rounds, in a child process
     args = parser.parse_args(argv)
 
+    if args.one_like_vidur:
+        print(json.dumps(ours_like_vidur(args.policy)))
+        return []
     if args.cprofile:
-        print(split_profile(args.scales[0], args.azure_limit))
+        print(split_profile(args.scales[0], args.azure_limit, args.like_vidur))
+        return []
+    if args.like_vidur:
+        like_vidur(args.rounds, args.policy, args.vidur, args.vidur_python)
         return []
     rows = []
     for scale in args.scales:
@@ -146,8 +268,6 @@ def main(argv: list[str] | None = None) -> list[dict]:
         assert (base["steps"], base["simulated_s"]) == (first["steps"], first["simulated_s"]), "the baseline simulated something else"
         print(f"\ndecode lane: {first['requests_per_wall_s'] / base['requests_per_wall_s']:.1f}× the sequence-by-sequence "
               f"rate on {first['run']} (same steps, same simulated time)")
-    for r in rows:
-        print(f"{r['run']}: {r['requests_per_wall_s'] / VIDUR_REQ_PER_S:.1f}× Vidur's ≈{VIDUR_REQ_PER_S} req/s")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=2)
