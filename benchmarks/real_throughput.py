@@ -84,6 +84,7 @@ def main() -> None:
     ap.add_argument("--holdout-rate", type=float, default=1.0, help="Poisson arrivals/s of the check workload")
     ap.add_argument("--skip-generate", action="store_true", help="only our engine and the calibration check")
     ap.add_argument("--json", type=Path, help="write the figures here")
+    ap.add_argument("--records", type=Path, help="also save the measured steps here (fit.csv: the fitted runs; check.csv: the check run)")
     args = ap.parse_args()
 
     torch.set_num_threads(1)
@@ -167,6 +168,9 @@ def main() -> None:
     figures.update(profile=profile.model_dump(), fit_step_mape=errors["mape"], holdout_real_ttft_s=real_ttft, holdout_sim_ttft_s=sim_ttft,
                    holdout_real_tpot_s=real_tpot, holdout_sim_tpot_s=sim_tpot, ttft_error=ttft_err, tpot_error=tpot_err,
                    holdout_step_mape=h_errors["mape"])
+    if args.records:
+        recorder.save(args.records / "fit.csv")
+        h_recorder.save(args.records / "check.csv")
     if args.json:
         args.json.write_text(json.dumps(figures, indent=2) + "\n")
         print(f"wrote {args.json}")
