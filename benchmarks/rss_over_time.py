@@ -1,7 +1,8 @@
 """A command's resident memory over time: is a long run's memory flat after warm-up?
 
 Runs the command, samples its RSS (``/proc/PID/status``, Linux) every ``--every`` seconds and
-prints ``seconds  RSS MB`` lines, then the peak (``ru_maxrss`` of the child) and the wall time.
+prints ``seconds  RSS MB`` lines, then the peak (``ru_maxrss`` of the child), its CPU seconds
+(user + system: on a shared machine, what one core spent on it) and the wall time.
 
     .venv/bin/python benchmarks/rss_over_time.py --every 30 -- .venv/bin/engine run -q --workload synthetic -n 10000000
 """
@@ -45,8 +46,9 @@ def main() -> None:
             child.wait(timeout=args.every)
         except subprocess.TimeoutExpired:
             pass
-    peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
-    print(f"exit {child.returncode}; wall {time.perf_counter() - start:.0f} s; peak RSS {peak:,.0f} MB", flush=True)
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    print(f"exit {child.returncode}; wall {time.perf_counter() - start:.0f} s; CPU {usage.ru_utime + usage.ru_stime:.0f} s; "
+          f"peak RSS {usage.ru_maxrss / 1024:,.0f} MB", flush=True)
     sys.exit(child.returncode)
 
 

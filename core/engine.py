@@ -93,7 +93,10 @@ class Engine:
         if group is None or group.is_finished:
             return False
         self.scheduler.abort(group, self.clock.now())
-        self._retire([group])
+        if self.retain_finished:
+            self.finished.append(group)
+        else:
+            self._forget([group])
         return True
 
     def has_unfinished(self) -> bool:
@@ -180,15 +183,15 @@ class Engine:
             sched.num_running_seqs += (group.num_unfinished_seqs if single else group.max_running_seqs) - reserved
         if any_finished:
             sched.remove_finished()
-        self._retire(finished)
+        if self.retain_finished:
+            self.finished += finished
+        else:
+            self._forget(finished)
         return finished
 
-    def _retire(self, groups: list[SequenceGroup]) -> None:
-        if self.retain_finished:
-            self.finished += groups
-        else:
-            for group in groups:
-                del self.groups[group.request_id]
+    def _forget(self, groups: list[SequenceGroup]) -> None:
+        for group in groups:
+            del self.groups[group.request_id]
 
     @staticmethod
     def _end_group(group: SequenceGroup, now: float, finished: list[SequenceGroup]) -> None:
