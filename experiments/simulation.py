@@ -78,15 +78,16 @@ def run_simulation(
 
 
 def fan_out(observers: list[Observer | None]) -> Observer | None:
-    """One ``on_step`` callable for several observers (None for none)."""
-    observers = [o for o in observers if o is not None]
-    if len(observers) < 2:
-        return observers[0] if observers else None
+    """One ``on_step`` callable for several observers (None for none; one made by ``fan_out`` is opened up)."""
+    flat = [inner for o in observers if o is not None for inner in getattr(o, "observers", (o,))]
+    if len(flat) < 2:
+        return flat[0] if flat else None
 
     def observe(report: StepReport) -> None:
-        for o in observers:
+        for o in flat:
             o(report)
 
+    observe.observers = flat
     return observe
 
 

@@ -8,25 +8,43 @@ to its name by ``close()``, so a reader never finds a half-written table under t
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 
 def arrow_table(rows: list[tuple], schema: pa.Schema) -> pa.Table:
-    """``rows`` (tuples in column order) as an Arrow table of ``schema``."""
+    """``rows`` (tuples in column order) as an Arrow table of ``schema``.
+
+    An all-numeric table (a time series) goes through one 2-D float64 array, several times
+    faster than column by column from Python objects; its integers must stay below 2**53.
+    """
+    if rows and all(pa.types.is_integer(f.type) or pa.types.is_floating(f.type) for f in schema):
+        block = np.array(rows, dtype=np.float64)
+        return pa.Table.from_arrays([pa.array(block[:, i].astype(f.type.to_pandas_dtype())) for i, f in enumerate(schema)],
+                                    schema=schema)
     columns = zip(*rows) if rows else ([] for _ in schema)
-    return pa.Table.from_arrays([pa.array(list(c), type=f.type) for c, f in zip(columns, schema)], schema=schema)
+    return pa.Table.from_arrays([pa.array(c, type=f.type) for c, f in zip(columns, schema)], schema=schema)
 
 
 class ParquetRows:
-    def __init__(self, path: Path, schema: pa.Schema, row_group_size: int = 65_536) -> None:
+    """Rows appended one at a time, written a row group at a time; ``on_write`` sees each group written.
+
+    ``dictionary=False`` skips Parquet's dictionary encoding, which costs more than it saves on
+    numeric columns (a time series: a third of the writing time).
+    """
+
+    def __init__(self, path: Path, schema: pa.Schema, row_group_size: int = 65_536,
+                 on_write: Callable[[pa.Table], None] | None = None, dictionary: bool = True) -> None:
         self.path = Path(path)
         self.schema = schema
         self.row_group_size = row_group_size
         self._partial = self.path.with_name(self.path.name + ".partial")
-        self._writer = pq.ParquetWriter(self._partial, schema)
+        self._writer = pq.ParquetWriter(self._partial, schema, use_dictionary=dictionary)
+        self.on_write = on_write
         self.rows: list[tuple] = []  # buffered, not yet written
         self.num_rows = 0  # written
         self.num_row_groups = 0
@@ -38,7 +56,10 @@ class ParquetRows:
 
     def flush(self) -> None:
         if self.rows:
-            self._writer.write_table(arrow_table(self.rows, self.schema))
+            table = arrow_table(self.rows, self.schema)
+            self._writer.write_table(table)
+            if self.on_write is not None:
+                self.on_write(table)
             self.num_rows += len(self.rows)
             self.num_row_groups += 1
             self.rows = []

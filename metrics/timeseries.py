@@ -2,8 +2,9 @@
 
 An ``on_step`` observer cheap enough to leave on for every run (one tuple per step). The rows
 stay in memory, or, given a path, go to a Parquet file a row group at a time (a million-request
-run has millions of steps). Either way the recorder keeps, as it goes, the figures of the
-summary's ``kv_usage`` (peaks and time-weighted means), so they never need the rows.
+run has millions of steps). Either way the figures of the summary's ``kv_usage`` (peaks and
+time-weighted means) are accumulated row group by row group, in step order, so a streamed run
+never needs its rows back.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import numpy as np
 import pyarrow as pa
 
 from kvsched.metrics.parquet_rows import ParquetRows, arrow_table
@@ -33,11 +35,12 @@ class TimeSeriesRecorder:
     """One row per engine step, kept (``path=None``) or streamed to ``path`` (then call ``close()``)."""
 
     def __init__(self, path: Path | None = None) -> None:
-        self.file = ParquetRows(path, SCHEMA) if path is not None else None
+        self.file = ParquetRows(path, SCHEMA, on_write=self._tally, dictionary=False) if path is not None else None
         self._rows: list[tuple] = []  # kept rows (without a path)
-        self.gpu_blocks_peak = self.cpu_blocks_peak = self.waiting_peak = 0
+        self._peaks = {"gpu_blocks_used": 0, "cpu_blocks_used": 0, "num_waiting": 0}
         # time-weighted sums, added step by step in order (as sum() over the columns would add them)
-        self._time = self._gpu_block_time = self._batch_seq_time = 0
+        self._sums = {"duration_s": 0.0, "gpu_blocks_used": 0.0, "batch_seqs": 0.0}
+        self._tallied = self.file is not None  # a kept series is tallied once, when asked
 
     def __call__(self, r: StepReport) -> None:
         out = r.output
@@ -48,43 +51,46 @@ class TimeSeriesRecorder:
         for _g, mode in out.preempted:
             if mode.value == "swap":
                 swap_preempt += 1
-        batch_seqs = f.decode_seqs + prefill_groups
-        gpu_used = cache.num_gpu_blocks - cache.num_free_gpu_blocks
-        cpu_used = cache.num_cpu_blocks - cache.num_free_cpu_blocks
-        duration = r.duration
         row = (
-            r.step, r.now, duration, r.num_waiting, r.num_running, r.num_swapped,
-            len(out.scheduled), batch_seqs, prefill_groups, f.prefill_tokens, f.decode_seqs,
-            f.kv_tokens_read, gpu_used, cpu_used, len(out.blocks_to_swap_in), len(out.blocks_to_swap_out),
+            r.step, r.now, r.duration, r.num_waiting, r.num_running, r.num_swapped,
+            len(out.scheduled), f.decode_seqs + prefill_groups, prefill_groups, f.prefill_tokens, f.decode_seqs,
+            f.kv_tokens_read, cache.num_gpu_blocks - cache.num_free_gpu_blocks,
+            cache.num_cpu_blocks - cache.num_free_cpu_blocks, len(out.blocks_to_swap_in), len(out.blocks_to_swap_out),
             len(out.blocks_to_copy), len(out.preempted) - swap_preempt, swap_preempt, len(r.finished),
         )
         if self.file is None:
             self._rows.append(row)
         else:
             self.file.append(row)
-        if gpu_used > self.gpu_blocks_peak:
-            self.gpu_blocks_peak = gpu_used
-        if cpu_used > self.cpu_blocks_peak:
-            self.cpu_blocks_peak = cpu_used
-        if r.num_waiting > self.waiting_peak:
-            self.waiting_peak = r.num_waiting
-        self._time += duration
-        self._gpu_block_time += gpu_used * duration
-        self._batch_seq_time += batch_seqs * duration
+
+    def _tally(self, table: pa.Table) -> None:
+        """Fold the next rows (in step order) into the peaks and the time-weighted sums."""
+        if not table.num_rows:
+            return
+        for name in self._peaks:
+            self._peaks[name] = max(self._peaks[name], int(np.max(table.column(name).to_numpy())))
+        duration = table.column("duration_s").to_numpy()
+        for name in self._sums:
+            weighted = duration if name == "duration_s" else table.column(name).to_numpy() * duration
+            self._sums[name] = float(np.add.accumulate(np.concatenate(([self._sums[name]], weighted)))[-1])
 
     def __len__(self) -> int:
         return len(self._rows) if self.file is None else self.file.num_rows + len(self.file.rows)
 
     def kv_usage(self, total_gpu_blocks: int) -> dict:
-        """The summary's ``kv_usage``: peaks and time-weighted means over the run."""
-        t = self._time
+        """The summary's ``kv_usage``: peaks and time-weighted means over the run (after ``close()`` if streamed)."""
+        if not self._tallied:
+            self._tally(arrow_table(self._rows, SCHEMA))
+            self._tallied = True
+        peaks, sums = self._peaks, self._sums
+        t = sums["duration_s"]
         return {
             "gpu_blocks_total": total_gpu_blocks,
-            "gpu_blocks_peak": self.gpu_blocks_peak,
-            "gpu_utilization_mean": (self._gpu_block_time / t if t > 0 else 0.0) / total_gpu_blocks,
-            "cpu_blocks_peak": self.cpu_blocks_peak,
-            "batch_seqs_mean": self._batch_seq_time / t if t > 0 else 0.0,
-            "waiting_peak": self.waiting_peak,
+            "gpu_blocks_peak": peaks["gpu_blocks_used"],
+            "gpu_utilization_mean": (sums["gpu_blocks_used"] / t if t > 0 else 0.0) / total_gpu_blocks,
+            "cpu_blocks_peak": peaks["cpu_blocks_used"],
+            "batch_seqs_mean": sums["batch_seqs"] / t if t > 0 else 0.0,
+            "waiting_peak": peaks["num_waiting"],
         }
 
     def close(self) -> None:
