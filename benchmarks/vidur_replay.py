@@ -1,7 +1,7 @@
 """One Vidur replay of the Azure conversation trace, timed; run by ``sim_speed.py --like-vidur``.
 
 Runs under Vidur's own interpreter (see ``vidur_setup.py``) with the Vidur checkout as working
-directory, and prints one JSON line: requests, batches, the wall seconds of ``Simulator.run()``
+directory, and prints one JSON line: requests, batches, the wall and CPU seconds of ``Simulator.run()``
 alone (the event loop: scheduling, the execution-time lookups, metrics collection), simulated
 seconds and peak RSS. Building the simulator (reading the trace, loading or training the
 execution-time models, precomputing their predictions) is timed apart as ``setup_s``.
@@ -60,11 +60,11 @@ def main() -> None:
     store.on_batch_end = count
     requests = len(simulator._event_queue)  # one arrival event per request before the run
     num_blocks = simulator.scheduler.get_replica_scheduler(0)._config.num_blocks
-    t1 = time.perf_counter()
+    t1, c1 = time.perf_counter(), time.process_time()
     simulator.run()
-    t2 = time.perf_counter()
+    t2, c2 = time.perf_counter(), time.process_time()
     print(json.dumps({
-        "requests": requests, "steps": batches, "loop_s": t2 - t1, "setup_s": t1 - t0,
+        "requests": requests, "steps": batches, "loop_s": t2 - t1, "loop_cpu_s": c2 - c1, "setup_s": t1 - t0,
         "simulated_s": simulator._time, "num_blocks": num_blocks,
         "max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
     }), flush=True)
