@@ -75,6 +75,20 @@ def mean_latencies(groups):
     return ttft, tpot
 
 
+BATCH_BINS = ((0, 0, "prefill only"), (1, 1, "decode, 1 seq"), (2, 4, "decode, 2-4"), (5, 16, "decode, 5-16"), (17, 64, "decode, 17-64"))
+
+
+def errors_by_batch(profile, records) -> dict[str, tuple[int, float]]:
+    """Per kind of step: (steps, mean signed error of the profile's prediction), to see where a linear model misses."""
+    coef = (profile.base_ms, profile.prefill_token_ms, profile.decode_seq_ms, profile.kv_token_ms)
+    out = {}
+    for lo, hi, label in BATCH_BINS:
+        rows = [r for r in records if lo <= r.decode_seqs <= hi and (r.prefill_tokens > 0) == (hi == 0)]
+        if rows:
+            out[label] = (len(rows), statistics.mean(sum(k * x for k, x in zip(coef, r.row())) / (1000 * r.duration_s) - 1 for r in rows))
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--num-prompts", type=int, default=64)
@@ -165,6 +179,12 @@ def main() -> None:
     print(f"{'mean TPOT (ms)':<22}{real_tpot * 1000:>10.1f}{sim_tpot * 1000:>12.1f}{tpot_err * 100:>8.1f}%")
     print(f"diagnostic: the fitted profile's step-time error on the check run's own {h_errors['n']} steps: mean {h_errors['mape'] * 100:.1f}% "
           f"(on the steps it was fitted to: {errors['mape'] * 100:.1f}%); a large gap means the machine ran at another speed")
+    fit_bins, check_bins = errors_by_batch(profile, recorder.records), errors_by_batch(profile, h_recorder.records)
+    print("signed step-time error of the fitted profile, by kind of step (steps: error):")
+    for label in dict.fromkeys([*fit_bins, *check_bins]):
+        cells = [f"{b[label][0]:>4}: {100 * b[label][1]:+6.1f}%" if label in b else f"{'-':>13}" for b in (fit_bins, check_bins)]
+        print(f"  {label:<16} fitted runs {cells[0]}   check run {cells[1]}")
+    figures.update(fit_errors_by_batch=fit_bins, check_errors_by_batch=check_bins)
     figures.update(profile=profile.model_dump(), fit_step_mape=errors["mape"], holdout_real_ttft_s=real_ttft, holdout_sim_ttft_s=sim_ttft,
                    holdout_real_tpot_s=real_tpot, holdout_sim_tpot_s=sim_tpot, ttft_error=ttft_err, tpot_error=tpot_err,
                    holdout_step_mape=h_errors["mape"])
