@@ -33,6 +33,7 @@ _TYPES = {"priority": pa.int64(), "n": pa.int64(), "prompt_tokens": pa.int64(), 
 SCHEMA = pa.schema([(name, _TYPES.get(name, pa.float64())) for name in FIELDS])  # the rest are times (s): float64
 
 
+_LABELS = ("status", "finish_reason", "detail", "tenant")  # few distinct values
 _ROW = attrgetter(*FIELDS)  # a record's fields as a tuple, in column order
 
 
@@ -90,7 +91,9 @@ class RequestTable:
                 yield RequestMetrics(**row)
 
     def column(self, name: str) -> pa.ChunkedArray:
-        return self._file.read(columns=[name]).column(0)
+        """One column; a label column (status, tenant, ...) dictionary-encoded, so ten million rows stay small."""
+        labels = [name] if name in _LABELS else None
+        return pq.ParquetFile(self.path, read_dictionary=labels).read(columns=[name]).column(0)
 
     def frame(self) -> pd.DataFrame:
         return self._file.read().to_pandas()
