@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from enum import Enum
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -32,12 +33,19 @@ class EngineConfig(BaseModel):
         None, description="force swap or recompute for every victim; default: recompute one sequence, swap several"
     )
     audit_every_step: bool = Field(False, description="check every allocator invariant after each step")
+    vllm_engine: Literal["v0", "v1"] = Field(
+        "v0", description="whose mechanics the core follows: vLLM v0 (0.6: whole prompts allocated at admission, "
+        "worst-case decode check, swap, cap at max_model_len + 1 tokens) or V1 (0.32: blocks as tokens are scheduled, "
+        "exact growth, recompute only, cap at max_model_len); docs/vllm-v1.md"
+    )
     decode_lane: bool = Field(
         True, description="advance plain decodes together when the executor knows its tokens (the simulator); same results either way"
     )
 
     @model_validator(mode="after")
     def _check(self) -> EngineConfig:
+        if self.vllm_engine == "v1" and self.num_gpu_blocks < 2:
+            raise ValueError("vllm_engine v1 needs num_gpu_blocks >= 2: V1 keeps one block as its null block")
         if self.max_num_seqs > self.max_num_batched_tokens:
             raise ValueError(
                 f"max_num_seqs ({self.max_num_seqs}) exceeds max_num_batched_tokens "
@@ -48,6 +56,11 @@ class EngineConfig(BaseModel):
     @property
     def model_len(self) -> int:
         return self.max_model_len or self.max_num_batched_tokens
+
+    @property
+    def max_seq_len(self) -> int:
+        """The most tokens a sequence holds: vLLM v0 stops it once longer than max_model_len, V1 once that long."""
+        return self.model_len + (self.vllm_engine == "v0")
 
     @property
     def watermark_blocks(self) -> int:

@@ -44,18 +44,20 @@ class Engine:
     ) -> None:
         if not isinstance(config, EngineConfig):
             raise TypeError(f"config must be an EngineConfig, got {type(config).__name__}")
-        self.config = config
         self.hooks = PolicyHooks(policy, policy_options, observers)
+        self.config = config = self.hooks.configure(config)
         self.scheduler = Scheduler(self.config, self.hooks)
         self.executor = executor
         attach = getattr(executor, "attach", None)
         if attach is not None:  # an executor that reads block tables, or the block size, of this engine
             attach(self.scheduler.block_manager)
         self.clock = clock if clock is not None else executor.make_clock()
-        self._model_len = self.config.model_len
+        self._max_seq_len = self.config.max_seq_len
         self._caching = self.config.enable_prefix_caching
-        # Prefix caching hashes each block as it fills, sequence by sequence: no lane with it.
-        if self.config.decode_lane and isinstance(self.executor, KnownTokens) and not self._caching:
+        # Prefix caching hashes each block as it fills, sequence by sequence, and V1's exact block
+        # growth is not the rule the lane's one-spare-block check mirrors: no lane with either.
+        if (self.config.decode_lane and isinstance(self.executor, KnownTokens) and not self._caching
+                and self.config.vllm_engine == "v0"):
             self.scheduler.lane = DecodeLane(self.scheduler.block_manager, self.executor)
         self.groups: dict[str, SequenceGroup] = {}
         self.finished: list[SequenceGroup] = []
@@ -76,7 +78,7 @@ class Engine:
             request = Request.model_validate(request)
         if request.request_id in self.groups:
             raise ValueError(f"duplicate request id {request.request_id!r}")
-        group = SequenceGroup(request, len(self.groups), self._new_seq_id(), self.executor.eos_token_id, self._model_len)
+        group = SequenceGroup(request, len(self.groups), self._new_seq_id(), self.executor.eos_token_id, self._max_seq_len)
         self.groups[request.request_id] = group
         self.scheduler.add(group)
         return group

@@ -96,6 +96,17 @@ class PolicyHooks:
         # Everything is registered above, once: a run with no on_step implementation skips the hook call.
         self._on_step = hook.on_step if hook.on_step.get_hookimpls() else None
 
+    def configure(self, config):
+        """``config`` with the policy's ``engine_defaults`` (the settings it is meant to run with, such
+        as ``vllm-v1``'s V1 mechanics) filled in where the caller set nothing."""
+        defaults = getattr(self.policy, "engine_defaults", None)
+        if not defaults:
+            return config
+        try:
+            return type(config).model_validate({**defaults, **config.model_dump(exclude_unset=True)})
+        except ValueError as exc:
+            raise PolicyError(self.name, f"its engine_defaults {defaults} do not fit the config: {exc}") from exc
+
     def select_batch(self, step):
         return self._select_batch(step=step)
 

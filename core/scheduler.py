@@ -10,6 +10,7 @@ from kvsched.core.errors import PolicyError
 from kvsched.core.outputs import SchedulerOutput
 from kvsched.core.sequence import SequenceGroup, SequenceStatus
 from kvsched.core.step import StepBuilder
+from kvsched.core.step_v1 import V1StepBuilder
 from kvsched.core.view import CacheView
 
 if TYPE_CHECKING:
@@ -29,10 +30,12 @@ class Scheduler:
     def __init__(self, config: EngineConfig, hooks: PolicyHooks) -> None:
         self.config = config
         self.hooks = hooks
-        self.block_manager = BlockManager(
-            config.block_size, config.num_gpu_blocks, config.num_cpu_blocks,
-            config.watermark_blocks, config.enable_prefix_caching,
+        v1 = config.vllm_engine == "v1"
+        self.block_manager = BlockManager(  # V1 keeps one of its blocks as a null block, never allocated
+            config.block_size, config.num_gpu_blocks - v1, config.num_cpu_blocks,
+            config.watermark_blocks, config.enable_prefix_caching, keep_duplicates=v1,
         )
+        self._step_builder = V1StepBuilder if v1 else StepBuilder
         self.cache_view = CacheView(self.block_manager)
         self.waiting: list[SequenceGroup] = []
         self.running: list[SequenceGroup] = []
@@ -48,7 +51,7 @@ class Scheduler:
         return len(self.waiting) + len(self.running) + len(self.swapped)
 
     def schedule(self, now: float) -> SchedulerOutput:
-        step = StepBuilder(self, now)
+        step = self._step_builder(self, now)
         bm = self.block_manager
         bm.begin()
         try:

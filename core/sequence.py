@@ -97,8 +97,8 @@ class SequenceGroup:
 
     ``status`` is the queue the group sits in (WAITING, RUNNING, SWAPPED) or its final state.
     A group with ``n > 1`` starts as one sequence; the engine forks the others after the prompt
-    step, so they share the prompt's blocks copy-on-write. ``eos_token_id`` and ``max_model_len``
-    are the engine's (None: no EOS, no model limit).
+    step, so they share the prompt's blocks copy-on-write. ``eos_token_id`` and ``max_seq_len`` (the
+    most tokens a sequence may hold) are the engine's (None: no EOS, no limit).
     """
 
     __slots__ = (
@@ -109,7 +109,7 @@ class SequenceGroup:
     )
 
     def __init__(
-        self, request: Request, index: int, first_seq_id: int, eos_token_id: int | None = None, max_model_len: int | None = None
+        self, request: Request, index: int, first_seq_id: int, eos_token_id: int | None = None, max_seq_len: int | None = None
     ) -> None:
         from kvsched.core.view import GroupView
 
@@ -132,12 +132,12 @@ class SequenceGroup:
         self.num_unfinished_seqs = 1  # kept by the engine as sequences fork and finish
         self.view: GroupView = GroupView(self)
         # What ends a sequence, fixed once: a token in ``stop_tokens`` (EOS unless ignored, plus the
-        # request's stop ids), or reaching ``max_seq_tokens`` (max_tokens generated, or max_model_len).
+        # request's stop ids), or reaching ``max_seq_tokens`` (max_tokens generated, or the engine's limit).
         params = request.sampling
         eos = None if params.ignore_eos else eos_token_id
         self.stop_tokens = _stop_set(params.stop_token_ids, eos)
         limit = len(prompt) + params.max_tokens
-        self.max_seq_tokens = limit if max_model_len is None else min(limit, max_model_len)
+        self.max_seq_tokens = limit if max_seq_len is None else min(limit, max_seq_len)
 
     @property
     def is_forked(self) -> bool:

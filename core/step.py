@@ -41,6 +41,7 @@ class StepBuilder:
         self._touched: dict[SequenceGroup, str] = {}
         self._max_tokens = self.config.max_num_batched_tokens
         self._max_seqs = self.config.max_num_seqs
+        self._prompt_limit = self.config.model_len  # longest prompt (with any output, if recomputed) admitted
         self.admitted: list[SequenceGroup] = []
         self.swapped_in: list[SequenceGroup] = self.output.swapped_in
         self.recomputed: list[SequenceGroup] = []
@@ -116,8 +117,8 @@ class StepBuilder:
         g = self._resolve(group, _WAITING, "admit")
         seqs = [s for s in g.seqs if s.status is _WAITING]
         longest = max(s.num_tokens for s in seqs)
-        if longest > self.config.model_len:
-            return self._ignore(g, f"{longest} tokens exceed max_model_len ({self.config.model_len})")
+        if longest > self._prompt_limit:
+            return self._ignore(g, f"{longest} tokens exceed the longest prompt max_model_len allows ({self._prompt_limit})")
         if g.max_running_seqs > self._max_seqs:  # vLLM would keep it forever, blocking the queue
             return self._ignore(g, f"n={g.max_running_seqs} sequences exceed max_num_seqs ({self._max_seqs})")
         cached = self._bm.planned_cached_tokens(g)
@@ -135,10 +136,11 @@ class StepBuilder:
             return Outcome.LATER
         if self.output.num_batched_tokens + chunk > self._max_tokens or self.num_running_seqs + g.max_running_seqs > self._max_seqs:
             return Outcome.BUDGET
-        needed = self._bm.blocks_to_allocate(g)
+        tokens = self._admitted_tokens(g, cached, chunk)
+        needed = self._bm.blocks_to_allocate(g, tokens)
         if needed > self._bm.gpu.num_free:
             raise PolicyError(self.policy_name, f"can_allocate said OK for {g.request_id!r}, which needs {needed} blocks with {self._bm.gpu.num_free} free")
-        cached = self._bm.allocate(g)
+        cached = self._bm.allocate(g, tokens)
         self.cached_tokens.update(cached)
         self._touched[g] = "admitted"
         self.admitted.append(g)
@@ -175,8 +177,8 @@ class StepBuilder:
         self._touched[g] = "swapped in"
         self.swapped_in.append(g)
         self.num_running_seqs += g.max_running_seqs
-        # can_swap_in kept one spare block per sequence, so the decode below never preempts.
-        return self._run(g, max_tokens, "swap_in")
+        # can_swap_in counted the block each sequence's next token touches: the decode needs no room made.
+        return self._run(g, max_tokens, "swap_in", room=True)
 
     def preempt(self, group: GroupView, mode: PreemptionMode | None = None) -> PreemptionMode:
         """Evict a running group now; returns the mode actually used."""
@@ -246,12 +248,17 @@ class StepBuilder:
         return False
 
     # -------------------------------------------------------------------------- mechanics
-    def _run(self, g: SequenceGroup, max_tokens: int | None, op: str) -> Outcome:
+    def _admitted_tokens(self, g: SequenceGroup, cached: dict[int, int], chunk: int) -> int | None:
+        """Tokens of an admitted prompt that get blocks now: all of them (vLLM v0; None)."""
+        return None
+
+    def _run(self, g: SequenceGroup, max_tokens: int | None, op: str, room: bool = False) -> Outcome:
+        """Schedule a running group's next tokens (``room``: its blocks are known to fit)."""
         seqs = g.seqs
         if len(seqs) == 1:
             seq = seqs[0]
             if seq.num_tokens - seq.num_computed_tokens == 1:
-                return self._decode_one(g, seq)
+                return self._decode_one(g, seq, room)
         out = self.output
         uncomputed = g.num_uncomputed_tokens
         is_prefill = uncomputed > g.num_unfinished_seqs
@@ -260,7 +267,7 @@ class StepBuilder:
             return Outcome.BUDGET
         running = [s for s in seqs if s.status <= _SWAPPED]
         if not is_prefill:
-            if self._make_room(g):
+            if not room and self._make_room(g):
                 return Outcome.PREEMPTED
             for seq in running:
                 cow = self._bm.append_slots(seq)
@@ -269,12 +276,12 @@ class StepBuilder:
         self._record(g, chunk, is_prefill, sum(s.num_computed_tokens for s in running))
         return Outcome.SCHEDULED
 
-    def _decode_one(self, g: SequenceGroup, seq: Sequence) -> Outcome:
+    def _decode_one(self, g: SequenceGroup, seq: Sequence, room: bool = False) -> Outcome:
         """``_run`` for the commonest case, one sequence decoding one token (once per running request per step)."""
         out = self.output
         if out.num_batched_tokens >= self._max_tokens:
             return Outcome.BUDGET
-        if self._bm.gpu.num_free < 1 and self._make_room(g):
+        if self._bm.gpu.num_free < 1 and not room and self._make_room(g):
             return Outcome.PREEMPTED
         cow = self._bm.append_slots(seq)
         if cow is not None:
@@ -323,20 +330,27 @@ class StepBuilder:
         if not isinstance(choice, Preemption) or not isinstance(choice.victim, GroupView):
             raise PolicyError(self.policy_name, f"choose_preemption returned {choice!r}, expected a Preemption")
         victim = choice.victim._group
-        if victim is not requester:
-            if victim.status is not _RUNNING or victim in self._touched:
-                state = self._touched.get(victim, victim.status.name)
-                raise PolicyError(self.policy_name, f"choose_preemption picked {victim.request_id!r}, which is {state}, not an unscheduled running group")
+        if victim is not requester and not self._accepts_victim(victim):
+            state = self._touched.get(victim, victim.status.name)
+            raise PolicyError(self.policy_name, f"choose_preemption picked {victim.request_id!r}, which is {state}, not an unscheduled running group")
         return victim, choice.mode
 
-    def _preempt(self, g: SequenceGroup, mode: PreemptionMode | None) -> PreemptionMode:
-        _out_of_lane(g)
+    def _accepts_victim(self, victim: SequenceGroup) -> bool:
+        return victim.status is _RUNNING and victim not in self._touched
+
+    def _preemption_mode(self, g: SequenceGroup, mode: PreemptionMode | None) -> PreemptionMode:
+        """The mode used: forced by the config, else the policy's, else recompute one sequence and swap several."""
         if self.config.preemption_mode is not None:
             mode = self.config.preemption_mode
         elif mode is None:
             mode = PreemptionMode.RECOMPUTE if g.max_running_seqs == 1 else PreemptionMode.SWAP
         if mode is PreemptionMode.SWAP and not self._bm.can_swap_out(g):
             mode = PreemptionMode.RECOMPUTE  # the CPU pool is full: recompute instead of failing
+        return mode
+
+    def _preempt(self, g: SequenceGroup, mode: PreemptionMode | None) -> PreemptionMode:
+        _out_of_lane(g)
+        mode = self._preemption_mode(g, mode)
         if mode is PreemptionMode.SWAP:
             self.output.blocks_to_swap_out += self._bm.swap_out(g)
             self.swapped_out.append(g)
