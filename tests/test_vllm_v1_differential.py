@@ -110,7 +110,7 @@ def run_both(config, policy, threshold, requests, max_steps=400) -> dict[str, in
     raise AssertionError(f"not finished after {max_steps} steps")
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@settings(max_examples=max(300, settings.default.max_examples), deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(scenarios())
 def test_vllm_v1_policy_matches_vllm_step_by_step(scenario):
     config, policy, threshold, requests = scenario
