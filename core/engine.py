@@ -11,7 +11,7 @@ from kvsched.core.clock import Clock
 from kvsched.core.config import EngineConfig
 from kvsched.core.decode_lane import DecodeLane
 from kvsched.core.errors import AuditError, StallError
-from kvsched.core.executor import Executor, KnownTokens
+from kvsched.core.executor import Executor, KnownTokens, StepResult
 from kvsched.core.outputs import SchedulerOutput
 from kvsched.core.plugins import PolicyHooks
 from kvsched.core.report import StepReport
@@ -85,10 +85,17 @@ class Engine:
 
     def abort(self, request_id: str) -> bool:
         """End a request wherever it is, freeing every block it holds; False if it already ended."""
+        return self.finish_request(request_id, SequenceStatus.FINISHED_ABORTED)
+
+    def finish_request(self, request_id: str, status: SequenceStatus) -> bool:
+        """End a request with ``status`` (any finished state), as an engine that embeds this one
+        decides it (a stop string, EOS of a model we do not run); False if it already ended."""
+        if not status.is_finished:
+            raise ValueError(f"{status.name} is not a finished state")
         group = self.groups.get(request_id)
         if group is None or group.is_finished:
             return False
-        self.scheduler.abort(group, self.clock.now())
+        self.scheduler.abort(group, self.clock.now(), status)
         self.finished.append(group)
         return True
 
@@ -123,10 +130,18 @@ class Engine:
     # -------------------------------------------------------------------------------- steps
     def step(self) -> StepReport:
         """Schedule, execute and apply one step; then tell ``on_step`` observers."""
+        output = self.schedule()
+        return self.complete(output, self.executor.execute(output))
+
+    def schedule(self) -> SchedulerOutput:
+        """The first half of ``step``: the policy builds the step (for a caller that runs it elsewhere, as vLLM does)."""
+        return self.scheduler.schedule(self.clock.now())
+
+    def complete(self, output: SchedulerOutput, result: StepResult) -> StepReport:
+        """The second half of ``step``: ``output`` ran and took ``result.duration`` (the clock moves by it),
+        sampling ``result.tokens``; apply them and tell ``on_step`` observers."""
         sched = self.scheduler
-        output = sched.schedule(self.clock.now())
         features = output.features  # counted by the step builder, before _apply changes the sequences
-        result = self.executor.execute(output)
         self.clock.advance(result.duration)
         now = self.clock.now()
         finished = self._apply(output, result.tokens, now)

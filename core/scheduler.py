@@ -50,18 +50,21 @@ class Scheduler:
     def num_unfinished(self) -> int:
         return len(self.waiting) + len(self.running) + len(self.swapped)
 
-    def schedule(self, now: float) -> SchedulerOutput:
-        step = self._step_builder(self, now)
+    def schedule(self, now: float, hooks: PolicyHooks | None = None) -> SchedulerOutput:
+        """Build, validate and commit one step with the policy (or with ``hooks``: another policy
+        deciding on the same state, e.g. a fallback after this one failed)."""
+        hooks = hooks or self.hooks
+        step = self._step_builder(self, now, hooks)
         bm = self.block_manager
         bm.begin()
         try:
-            self.hooks.select_batch(step=step)
+            hooks.select_batch(step=step)
         except PolicyError:
             self._rollback()
             raise
         except Exception as exc:
             self._rollback()
-            raise PolicyError(self.hooks.name, f"raised {type(exc).__name__}: {exc}") from exc
+            raise PolicyError(hooks.name, f"raised {type(exc).__name__}: {exc}") from exc
         bm.commit()
         self._commit(step)
         return step.output
@@ -121,8 +124,8 @@ class Scheduler:
     def remove_finished(self) -> None:
         self.running = [g for g in self.running if g.status <= _SWAPPED]  # an int compare: runs every few steps
 
-    def abort(self, group: SequenceGroup, now: float) -> None:
-        """Take ``group`` out of whichever queue holds it and free every block it held."""
+    def abort(self, group: SequenceGroup, now: float, status: SequenceStatus = SequenceStatus.FINISHED_ABORTED) -> None:
+        """Take ``group`` out of whichever queue holds it, free every block it held, and end it with ``status``."""
         if self.lane is not None and any(s.lane is not None for s in group.seqs):
             self.lane.dissolve()
         for name in ("waiting", "running", "swapped"):
@@ -131,7 +134,7 @@ class Scheduler:
                 queue.remove(group)
                 if name == "running":
                     self.num_running_seqs -= group.max_running_seqs
-        self.finish_group(group, SequenceStatus.FINISHED_ABORTED, now)
+        self.finish_group(group, status, now)
 
     def audit(self) -> list[str]:
         """Allocator invariants plus queue/status agreement and the running-sequence count."""

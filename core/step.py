@@ -20,6 +20,7 @@ from kvsched.core.sequence import SequenceStatus
 from kvsched.core.view import GroupView, QueueView
 
 if TYPE_CHECKING:
+    from kvsched.core.plugins import PolicyHooks
     from kvsched.core.scheduler import Scheduler
     from kvsched.core.sequence import Sequence, SequenceGroup
 
@@ -29,10 +30,10 @@ _WAITING, _RUNNING, _SWAPPED = SequenceStatus.WAITING, SequenceStatus.RUNNING, S
 class StepBuilder:
     """One step under construction: read-only queues and budgets plus validated operations."""
 
-    def __init__(self, scheduler: Scheduler, now: float) -> None:
+    def __init__(self, scheduler: Scheduler, now: float, hooks: PolicyHooks) -> None:
         self._sched = scheduler
         self._bm = scheduler.block_manager
-        self._hooks = scheduler.hooks
+        self._hooks = hooks
         self.config = scheduler.config
         self.cache = scheduler.cache_view
         self.now = now

@@ -27,6 +27,7 @@ from kvsched.core.step import StepBuilder
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from kvsched.core.plugins import PolicyHooks
     from kvsched.core.scheduler import Scheduler
     from kvsched.core.sequence import Sequence, SequenceGroup
 
@@ -36,15 +37,17 @@ _RUNNING, _SWAPPED = SequenceStatus.RUNNING, SequenceStatus.SWAPPED
 class V1StepBuilder(StepBuilder):
     """One step under V1's block rules (see the module docstring); a policy sees no other difference."""
 
-    def __init__(self, scheduler: Scheduler, now: float) -> None:
-        super().__init__(scheduler, now)
+    def __init__(self, scheduler: Scheduler, now: float, hooks: PolicyHooks) -> None:
+        super().__init__(scheduler, now, hooks)
         self._prompt_limit = self.config.model_len - 1
         self._caching = self.config.enable_prefix_caching
 
     def admit(self, group, max_tokens: int | None = None) -> Outcome:
         outcome = super().admit(group, max_tokens)
-        if outcome is Outcome.SCHEDULED and self._caching:
+        if outcome is Outcome.SCHEDULED:
             entry = self.output.scheduled[-1]
+            self.output.block_ops.append((entry.group.request_id, entry.num_cached_tokens + entry.num_tokens))
+        if outcome is Outcome.SCHEDULED and self._caching:
             seqs = entry.group.waiting_seqs()
             if len(seqs) == 1:
                 self._bm.mark_computed(seqs[0], entry.num_cached_tokens + entry.num_tokens)
@@ -74,6 +77,7 @@ class V1StepBuilder(StepBuilder):
                 return Outcome.PREEMPTED
             bm.grow(seq, target)
             self._name(seq, target)
+            out.block_ops.append((g.request_id, target))
         else:
             if self._make_room(g, lambda: bm.blocks_to_append(g)):
                 return Outcome.PREEMPTED
@@ -82,6 +86,7 @@ class V1StepBuilder(StepBuilder):
                 if cow is not None:
                     out.blocks_to_copy.append(cow)
                 self._name(seq, seq.num_tokens)
+            out.block_ops.append((g.request_id, max(s.num_tokens for s in running)))
         self._record(g, chunk, is_prefill, sum(s.num_computed_tokens for s in running))
         return Outcome.SCHEDULED
 
@@ -94,6 +99,7 @@ class V1StepBuilder(StepBuilder):
                 return Outcome.PREEMPTED
             bm.append_slots(seq)
         self._name(seq, seq.num_tokens)
+        out.block_ops.append((g.request_id, seq.num_tokens))
         out.scheduled.append(ScheduledGroup(g, 1, False))
         out.num_batched_tokens += 1
         out.decode_seqs += 1
@@ -125,6 +131,7 @@ class V1StepBuilder(StepBuilder):
     def _preempt(self, g: SequenceGroup, mode: PreemptionMode | None) -> PreemptionMode:
         if self._touched.get(g) == "scheduled":
             self._unschedule(g)
+        self.output.block_ops.append((g.request_id, None))
         return super()._preempt(g, mode)
 
     def _unschedule(self, g: SequenceGroup) -> None:
