@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import inspect
 from dataclasses import dataclass
 from importlib.metadata import entry_points
+from pathlib import Path
 from typing import Any
 
 import pluggy
@@ -36,13 +39,41 @@ def available_policies() -> dict[str, PolicyInfo]:
     return dict(sorted(found.items()))
 
 
-def load_policy(name: str) -> Any:
-    """Import the object behind policy ``name`` (a class, an instance or a module)."""
-    matches = entry_points(group=ENTRY_POINT_GROUP, name=name)
+def load_policy(spec: str) -> Any:
+    """Import the object behind ``spec`` (a class, an instance or a module): an installed policy's
+    name, or ``path/to/file.py:Attr`` / ``package.module:Attr``, so that a draft runs before it is packaged."""
+    if ":" in spec:
+        return _load_target(spec)
+    matches = entry_points(group=ENTRY_POINT_GROUP, name=spec)
     if not matches:
         names = ", ".join(available_policies()) or "none installed"
-        raise UnknownPolicyError(f"unknown policy {name!r}; available: {names}")
+        raise UnknownPolicyError(f"unknown policy {spec!r}; available: {names} (or path/to/file.py:Class)")
     return next(iter(matches)).load()
+
+
+def _load_target(spec: str) -> Any:
+    target, _, attr = spec.rpartition(":")
+    if target.endswith(".py"):
+        path = Path(target).resolve()
+        if not path.is_file():
+            raise UnknownPolicyError(f"policy file {target!r} does not exist")
+        loader = importlib.util.spec_from_file_location(f"kvsched_policy_file_{path.stem}", path)
+        module = importlib.util.module_from_spec(loader)
+        loader.loader.exec_module(module)
+    else:
+        try:
+            module = importlib.import_module(target)
+        except ImportError as exc:
+            raise UnknownPolicyError(f"cannot import policy module {target!r}: {exc}") from exc
+    try:
+        return getattr(module, attr)
+    except AttributeError:
+        raise UnknownPolicyError(f"{target!r} has no attribute {attr!r}") from None
+
+
+def policy_name(spec: str, policy: Any) -> str:
+    """How a policy given as ``spec`` is named in messages: its ``name``, else what the user typed."""
+    return getattr(policy, "name", None) or (spec.rpartition(":")[2] if ":" in spec else spec)
 
 
 def describe(policy: Any) -> str:
@@ -72,8 +103,8 @@ class PolicyHooks:
 
     def __init__(self, policy: str | Any = DEFAULT_POLICY, options: dict[str, Any] | None = None, observers: tuple = ()) -> None:
         if isinstance(policy, str):
-            self.name = policy
-            policy = load_policy(policy)
+            spec, policy = policy, load_policy(policy)
+            self.name = spec if ":" not in spec else policy_name(spec, policy)
         else:
             self.name = getattr(policy, "name", None) or getattr(policy, "__name__", type(policy).__name__)
         self.policy = instantiate(policy, options)

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from kvsched.core.config import EngineConfig
 from kvsched.core.engine import Engine
+from kvsched.core.errors import KvschedError
 from kvsched.core.executor import StepResult
 from kvsched.core.request import Request, SamplingParams
 from kvsched.core.sequence import SequenceStatus
@@ -55,10 +56,11 @@ class TokensFromVllm:
         raise RuntimeError("the vLLM mirror does not execute steps; vLLM's model runner does")
 
 
-def mirror_config(vllm_config: Any, num_blocks: int) -> EngineConfig:
-    """The kvsched engine settings that mean what ``vllm_config`` means, with V1's mechanics."""
+def mirror_config(vllm_config: Any, num_blocks: int, settings: dict[str, Any] | None = None) -> EngineConfig:
+    """The kvsched engine settings that mean what ``vllm_config`` means, with V1's mechanics, plus
+    ``settings`` for what vLLM has no knob for (``delay_factor``, ``audit_every_step``)."""
     sched, cache = vllm_config.scheduler_config, vllm_config.cache_config
-    return EngineConfig(
+    owned = dict(
         vllm_engine="v1",
         block_size=cache.block_size,
         num_gpu_blocks=num_blocks,
@@ -70,6 +72,10 @@ def mirror_config(vllm_config: Any, num_blocks: int) -> EngineConfig:
         max_model_len=vllm_config.model_config.max_model_len,
         decode_lane=False,
     )
+    clash = sorted(set(settings or {}) & set(owned))
+    if clash:
+        raise KvschedError(f"{', '.join(clash)} come from vLLM's own settings; set them there, not in the kvsched config")
+    return EngineConfig(**owned, **(settings or {}))
 
 
 class Mirror:

@@ -33,8 +33,10 @@ from kvsched.integrations.vllm.steplog import StepLogging
 FALLBACK_POLICY = "vllm-v1"
 
 
-def settings_of(vllm_config: Any) -> tuple[str, dict[str, Any]]:
-    """The policy name and options from ``additional_config["kvsched"]`` (default: vllm-v1 with vLLM's own policy)."""
+def settings_of(vllm_config: Any) -> tuple[str, dict[str, Any], dict[str, Any]]:
+    """From ``additional_config["kvsched"]``: the policy (an installed name or ``file.py:Class``;
+    default vllm-v1 with vLLM's own policy), its ``options``, and engine settings vLLM has no knob
+    for (``config``, e.g. ``{"delay_factor": 0.5}``)."""
     extra = vllm_config.additional_config or {}
     kvsched = extra.get("kvsched", {}) if isinstance(extra, dict) else {}
     if not isinstance(kvsched, dict):
@@ -43,7 +45,7 @@ def settings_of(vllm_config: Any) -> tuple[str, dict[str, Any]]:
     options = dict(kvsched.get("options") or {})
     if policy == FALLBACK_POLICY:
         options.setdefault("policy", vllm_config.scheduler_config.policy)
-    return policy, options
+    return policy, options, dict(kvsched.get("config") or {})
 
 
 class PolicyScheduler(Scheduler):
@@ -58,8 +60,8 @@ class PolicyScheduler(Scheduler):
         ) if on]
         if unsupported:
             raise KvschedError(f"kvsched policies inside vLLM do not support {', '.join(unsupported)} yet")
-        policy, options = settings_of(vllm_config)
-        self.mirror = Mirror(mirror_config(vllm_config, kv_cache_config.num_blocks), policy, options)
+        policy, options, settings = settings_of(vllm_config)
+        self.mirror = Mirror(mirror_config(vllm_config, kv_cache_config.num_blocks, settings), policy, options)
         self._fallback = PolicyHooks(FALLBACK_POLICY, {"policy": self.scheduler_config.policy})
         self.faults = PolicyFaults(self.mirror.policy_name)
         self._step = None  # the mirror's step that vLLM is running
