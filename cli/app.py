@@ -8,6 +8,8 @@ from rich.table import Table
 from kvsched.cli import policies as policy_cli
 from kvsched.cli import real as hf
 from kvsched.cli import simulate as sim
+from kvsched.cli.bench import bench
+from kvsched.cli.serve import serve
 from kvsched.cli.common import (
     NumOpt, OutputOpt, PolicyOpt, PolicyOptions, ProfileOpt, QuietOpt, RateOpt, SeedOpt, SetOpt, cli_errors, console, fail,
 )
@@ -95,6 +97,8 @@ def policies() -> None:
 
 
 sim.register(app)  # engine sweep, engine calibrate (kvsched.cli.simulate)
+app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(cli_errors(serve))
+app.command()(cli_errors(bench))
 hf.register(app)  # engine verify (kvsched.cli.real)
 policy_cli.register(app)  # engine check, engine compare (kvsched.cli.policies)
 

@@ -69,9 +69,9 @@ def build_config(overrides: list[str] | None):
     return EngineConfig.model_validate(parse_pairs(overrides, "--set"))
 
 
-def progress_bar(quiet: bool) -> Progress:
+def progress_bar(quiet: bool, doing: str = "simulating", counting: str = "requests") -> Progress:
     return Progress(
-        TextColumn("[bold]simulating"), BarColumn(), MofNCompleteColumn(), TextColumn("requests"),
+        TextColumn(f"[bold]{doing}"), BarColumn(), MofNCompleteColumn(), TextColumn(counting),
         TimeElapsedColumn(), console=err_console, disable=quiet,
     )
 
@@ -81,7 +81,8 @@ def summary_table(summary: dict) -> Table:
     table.add_column("metric")
     table.add_column("value", justify="right")
     table.add_row("requests (finished / ignored / aborted)", f"{summary['finished']} / {summary['ignored']} / {summary['aborted']}")
-    table.add_row("simulated duration", f"{summary['duration_s']:.1f} s")
+    simulated = "server" not in summary and summary.get("executor", "sim") == "sim"  # a real run takes wall time
+    table.add_row("simulated duration" if simulated else "wall duration", f"{summary['duration_s']:.1f} s")
     table.add_row("throughput", f"{summary['requests_per_s']:.2f} req/s · {summary['throughput_tokens_per_s']:.0f} tok/s")
     for key, label, scale, unit in (("ttft_s", "TTFT", 1, "s"), ("tpot_s", "TPOT", 1000, "ms"), ("e2e_s", "end-to-end", 1, "s")):
         d = summary[key]
@@ -89,8 +90,12 @@ def summary_table(summary: dict) -> Table:
             table.add_row(label, "-")
         else:
             table.add_row(f"{label} mean / p50 / p99", " / ".join(f"{d[k] * scale:.3g}" for k in ("mean", "p50", "p99")) + f" {unit}")
+    if summary.get("itl_s") and summary["itl_s"]["mean"] is not None:
+        d = summary["itl_s"]
+        table.add_row("ITL mean / p50 / p99", " / ".join(f"{d[k] * 1000:.3g}" for k in ("mean", "p50", "p99")) + " ms")
     p = summary["preemptions"]
-    table.add_row("preemptions (recompute / swap)", f"{p['recompute']} / {p['swap']}")
-    table.add_row("blocks swapped (in / out)", f"{summary['blocks_swapped_in']} / {summary['blocks_swapped_out']}")
-    table.add_row("leaked blocks", str(summary["leaked_blocks"]))
+    if p is not None:  # a client-side measurement cannot see inside the engine
+        table.add_row("preemptions (recompute / swap)", f"{p['recompute']} / {p['swap']}")
+        table.add_row("blocks swapped (in / out)", f"{summary['blocks_swapped_in']} / {summary['blocks_swapped_out']}")
+        table.add_row("leaked blocks", str(summary["leaked_blocks"]))
     return table

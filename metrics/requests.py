@@ -98,22 +98,29 @@ def distribution(values: list[float | None]) -> dict[str, float | None]:
     }
 
 
-def summarize(engine: Engine, requests: list[RequestMetrics], **extra) -> dict:
-    """The run summary: counts, throughput, latency distributions, preemptions, block audit."""
+def summarize(engine: Engine | None, requests: list[RequestMetrics], **extra) -> dict:
+    """The run summary: counts, throughput, latency distributions, preemptions, block audit.
+
+    Without an engine (a run measured from a client, ``engine bench``) what only the engine knows
+    (policy, steps, preemptions, swaps, leaks, config) is None, unless ``extra`` says it.
+    """
     done = [r for r in requests if r.status in ("FINISHED_STOPPED", "FINISHED_LENGTH_CAPPED")]
     start = min((r.arrival_time for r in requests), default=0.0)
     end = max((r.finish_time for r in requests if r.finish_time is not None), default=start)
     duration = end - start
     out_tokens = sum(r.output_tokens for r in done)
+    known = engine is not None
+    policy = engine.policy_name if known else extra.pop("policy", None)
+    config = engine.config.model_dump(mode="json") if known else extra.pop("config", None)
     return {
-        "policy": engine.policy_name,
+        "policy": policy,
         **extra,
         "num_requests": len(requests),
         "finished": len(done),
         "ignored": sum(r.status == "FINISHED_IGNORED" for r in requests),
         "aborted": sum(r.status == "FINISHED_ABORTED" for r in requests),
         "duration_s": duration,
-        "steps": engine.num_steps,
+        "steps": engine.num_steps if known else None,
         "requests_per_s": len(done) / duration if duration > 0 else 0.0,
         "throughput_tokens_per_s": out_tokens / duration if duration > 0 else 0.0,
         "output_tokens": out_tokens,
@@ -124,9 +131,9 @@ def summarize(engine: Engine, requests: list[RequestMetrics], **extra) -> dict:
         "preemptions": {
             "recompute": sum(r.preemptions_recompute for r in requests),
             "swap": sum(r.preemptions_swap for r in requests),
-        },
-        "blocks_swapped_in": engine.num_blocks_swapped_in,
-        "blocks_swapped_out": engine.num_blocks_swapped_out,
-        "leaked_blocks": engine.leaked_blocks,
-        "config": engine.config.model_dump(mode="json"),
+        } if known else None,
+        "blocks_swapped_in": engine.num_blocks_swapped_in if known else None,
+        "blocks_swapped_out": engine.num_blocks_swapped_out if known else None,
+        "leaked_blocks": engine.leaked_blocks if known else None,
+        "config": config,
     }
