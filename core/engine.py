@@ -66,6 +66,7 @@ class Engine:
         self.num_blocks_swapped_out = 0
         self._next_seq_id = 0
         self._idle_steps = 0
+        self._in_flight: SchedulerOutput | None = None  # a step scheduled and not yet completed
 
     @property
     def policy_name(self) -> str:
@@ -95,6 +96,9 @@ class Engine:
         group = self.groups.get(request_id)
         if group is None or group.is_finished:
             return False
+        if self._in_flight is not None:  # between schedule() and complete(): the step no longer runs it
+            out = self._in_flight
+            out.scheduled[out.lane_decodes:] = [sg for sg in out.scheduled[out.lane_decodes:] if sg.group is not group]
         self.scheduler.abort(group, self.clock.now(), status)
         self.finished.append(group)
         return True
@@ -133,14 +137,17 @@ class Engine:
         output = self.schedule()
         return self.complete(output, self.executor.execute(output))
 
-    def schedule(self) -> SchedulerOutput:
-        """The first half of ``step``: the policy builds the step (for a caller that runs it elsewhere, as vLLM does)."""
-        return self.scheduler.schedule(self.clock.now())
+    def schedule(self, hooks: PolicyHooks | None = None) -> SchedulerOutput:
+        """The first half of ``step``: the policy (or ``hooks``, another one) builds the step, for a
+        caller that runs it elsewhere, as vLLM does."""
+        self._in_flight = self.scheduler.schedule(self.clock.now(), hooks)
+        return self._in_flight
 
     def complete(self, output: SchedulerOutput, result: StepResult) -> StepReport:
         """The second half of ``step``: ``output`` ran and took ``result.duration`` (the clock moves by it),
         sampling ``result.tokens``; apply them and tell ``on_step`` observers."""
         sched = self.scheduler
+        self._in_flight = None
         features = output.features  # counted by the step builder, before _apply changes the sequences
         self.clock.advance(result.duration)
         now = self.clock.now()

@@ -19,3 +19,26 @@ class RaisesEveryThirdStep(VllmV1):
         if self.calls % 3 == 0:
             raise RuntimeError("a bug in the policy")
         return super().select_batch(step)
+
+
+class RecordsWhatItSees(VllmV1):
+    """vllm-v1 that writes each request's id, priority and tenant to ``path`` when it first sees it,
+    and raises in any step where a request of tenant ``boom`` waits."""
+
+    name = "records-what-it-sees"
+
+    def __init__(self, path: str) -> None:
+        super().__init__()
+        self.path = path
+        self.seen: set[str] = set()
+
+    @hookimpl
+    def select_batch(self, step):
+        with open(self.path, "a") as f:
+            for group in step.waiting:
+                if group.request_id not in self.seen:
+                    self.seen.add(group.request_id)
+                    f.write(f"{group.request_id} {group.priority} {group.tenant}\n")
+        if any(group.tenant == "boom" for group in step.waiting):
+            raise RuntimeError("boom")
+        return super().select_batch(step)

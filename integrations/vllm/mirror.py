@@ -106,7 +106,7 @@ class Mirror:
 
     def schedule(self, fallback: PolicyHooks | None = None) -> SchedulerOutput:
         """The policy's step (or ``fallback``'s, on the same state)."""
-        return self.engine.scheduler.schedule(self.engine.now, fallback)
+        return self.engine.schedule(fallback)
 
     def complete(self, output: SchedulerOutput, sampled: dict[str, list[int]], duration: float) -> StepReport:
         """vLLM ran ``output`` and sampled ``sampled`` (request id -> new tokens); apply it here."""
