@@ -5,7 +5,8 @@ does ``LoggingScheduler``, vLLM's own scheduler with nothing changed but the log
 vLLM's rules and a run of a kvsched policy can be compared step by step, and the step times of a
 real vLLM fitted into a simulator cost profile (``benchmarks/fidelity_vllm.py``). Each line holds:
 ``step``, ``t_schedule`` and ``t_update`` (``time.perf_counter()`` when ``schedule()`` began and
-when ``update_from_output()`` began, so the model ran in between), ``scheduled`` (request id →
+when ``update_from_output()`` began, so the model ran in between), ``schedule_s`` and ``update_s``
+(the seconds spent in each: the scheduler's own overhead), ``scheduled`` (request id →
 tokens), ``computed`` (request id → tokens computed before the step), ``preempted``,
 ``finished`` and ``free_blocks``.
 """
@@ -41,9 +42,10 @@ class StepLogging:
         computed = {rid: r.num_computed_tokens for rid, r in self.requests.items()}
         started = time.perf_counter()
         output = super().schedule(*args, **kwargs)
+        took = time.perf_counter() - started
         scheduled = dict(output.num_scheduled_tokens)
         self._line = {
-            "step": self._logged_steps, "t_schedule": started, "scheduled": scheduled,
+            "step": self._logged_steps, "t_schedule": started, "schedule_s": took, "scheduled": scheduled,
             "computed": {rid: computed[rid] for rid in scheduled}, "preempted": sorted(output.preempted_req_ids or ()),
             "free_blocks": self.kv_cache_manager.block_pool.get_num_free_blocks(),
         }
@@ -54,8 +56,9 @@ class StepLogging:
         if self._log is None or self._line is None:
             return super().update_from_output(scheduler_output, model_runner_output)
         line, self._line = self._line, None
-        line["t_update"] = time.perf_counter()
+        line["t_update"] = started = time.perf_counter()
         outputs = super().update_from_output(scheduler_output, model_runner_output)
+        line["update_s"] = time.perf_counter() - started
         line["finished"] = sorted(o.request_id for eco in outputs.values() for o in eco.outputs if o.finish_reason is not None)
         self._log.write(json.dumps(line) + "\n")
         return outputs
