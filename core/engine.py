@@ -18,9 +18,10 @@ from kvsched.core.report import StepReport
 from kvsched.core.request import Request
 from kvsched.core.scheduler import Scheduler
 from kvsched.core.sequence import Sequence, SequenceGroup, SequenceStatus
-from kvsched.core.view import CacheView, QueueView
+from kvsched.core.view import CacheView, OutputView, QueueView
 
-MAX_IDLE_STEPS = 100_000  # consecutive steps that run nothing before the engine reports a stall
+# A stall: this many steps in a row ran nothing, over this much engine time (a policy may wait, not forever).
+STALL_STEPS, STALL_SECONDS = 1_000, 10.0
 
 
 class Engine:
@@ -64,6 +65,7 @@ class Engine:
         self.num_blocks_swapped_out = 0
         self._next_seq_id = 0
         self._idle_steps = 0
+        self._idle_since = 0.0
 
     @property
     def policy_name(self) -> str:
@@ -72,6 +74,8 @@ class Engine:
     # ----------------------------------------------------------------------------- requests
     def add_request(self, request: Request | dict) -> SequenceGroup:
         """Queue a request (validated if given as a dict); it waits until the policy admits it."""
+        if self.hooks.in_hook is not None:
+            self._refuse_in_hook("add_request")
         if not isinstance(request, Request):
             request = Request.model_validate(request)
         if request.request_id in self.groups:
@@ -79,10 +83,12 @@ class Engine:
         group = SequenceGroup(request, len(self.groups), self._new_seq_id(), self.executor.eos_token_id, self._model_len)
         self.groups[request.request_id] = group
         self.scheduler.add(group)
+        self._idle_steps = 0  # new work: a stall is counted afresh
         return group
 
     def abort(self, request_id: str) -> bool:
         """End a request wherever it is, freeing every block it holds; False if it already ended."""
+        self._refuse_in_hook("abort")
         group = self.groups.get(request_id)
         if group is None or group.is_finished:
             return False
@@ -92,6 +98,11 @@ class Engine:
 
     def has_unfinished(self) -> bool:
         return self.scheduler.num_unfinished > 0
+
+    def _refuse_in_hook(self, call: str) -> None:
+        """A hook may read the engine it runs in, never drive it (that would change the step under construction)."""
+        if self.hooks.in_hook is not None:  # tested by the hot callers before calling
+            raise self.hooks.refuse(f"engine.{call}() called inside {self.hooks.in_hook}: a hook may not drive its own engine")
 
     # ------------------------------------------------------------------------ what one can read
     @property
@@ -121,8 +132,11 @@ class Engine:
     # -------------------------------------------------------------------------------- steps
     def step(self) -> StepReport:
         """Schedule, execute and apply one step; then tell ``on_step`` observers."""
+        if self.hooks.in_hook is not None:
+            self._refuse_in_hook("step")
         sched = self.scheduler
-        output = sched.schedule(self.clock.now())
+        before = self.clock.now()
+        output = sched.schedule(before)
         features = output.features  # counted by the step builder, before _apply changes the sequences
         result = self.executor.execute(output)
         self.clock.advance(result.duration)
@@ -130,9 +144,14 @@ class Engine:
         finished = self._apply(output, result.tokens, now)
         self.num_blocks_swapped_in += len(output.blocks_to_swap_in)
         self.num_blocks_swapped_out += len(output.blocks_to_swap_out)
-        self._idle_steps = self._idle_steps + 1 if output.is_empty and not finished else 0
+        if output.is_empty and not finished:
+            if not self._idle_steps:
+                self._idle_since = before
+            self._idle_steps += 1
+        else:
+            self._idle_steps = 0
         report = StepReport(
-            self.num_steps, now, result.duration, output, tuple(finished),
+            self.num_steps, now, result.duration, OutputView(output), tuple([g.view for g in finished]) if finished else (),
             len(sched.waiting), len(sched.running), len(sched.swapped), sched.cache_view, features,
         )
         self.num_steps += 1
@@ -239,7 +258,9 @@ class Engine:
         on_step: Callable[[StepReport], None] | None = None,
         max_steps: int | None = None,
     ) -> list[SequenceGroup]:
-        """Feed ``requests`` at their arrival times and step until every request has finished."""
+        """Feed ``requests`` at their arrival times and step until every request has finished
+        (``StallError`` after ``STALL_STEPS`` idle steps and ``STALL_SECONDS`` with none left to arrive)."""
+        self._refuse_in_hook("run")
         pending = deque(sorted(requests, key=lambda r: r.arrival_time))
         clock = self.clock
         steps = 0
@@ -258,11 +279,12 @@ class Engine:
                 break
             if self._idle_steps and pending:
                 clock.wait_until(pending[0].arrival_time)
-            elif self._idle_steps >= MAX_IDLE_STEPS:
+            elif self._idle_steps >= STALL_STEPS and clock.now() - self._idle_since >= STALL_SECONDS:
                 s = self.scheduler
                 raise StallError(
-                    f"policy {self.policy_name!r} scheduled nothing for {self._idle_steps} steps with "
-                    f"{len(s.waiting)} waiting, {len(s.running)} running, {len(s.swapped)} swapped"
+                    f"policy {self.policy_name!r} scheduled nothing for {self._idle_steps} steps "
+                    f"({clock.now() - self._idle_since:.0f} s) with {len(s.waiting)} waiting, {len(s.running)} running, "
+                    f"{len(s.swapped)} swapped; {s.why_stuck()}"
                 )
         return self.finished
 

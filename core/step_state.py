@@ -1,23 +1,24 @@
-"""The step builder: the only way a policy changes anything, and the place every rule is enforced.
+"""A step under construction, on the core's side: where every rule is enforced.
 
-A policy's ``select_batch`` receives a ``StepBuilder``. Each operation validates the request
-(right queue, not yet touched this step, budgets, physical capacity), performs the allocator side
-at once (so that capacity seen by the next operation is exact) and records the queue changes,
-which the scheduler commits after the hook returns. If the hook raises, the scheduler rolls the
-block manager back and nothing of the step remains.
+A policy holds only the ``StepBuilder``, whose operations land here. Each validates first (a view
+of this engine, right queue, untouched, budgets, capacity, argument types), then performs the
+allocator side at once (so the next operation sees exact capacity) and records the queue changes
+that the scheduler commits after the hook returns, or rolls back if anything failed.
 """
 
 from __future__ import annotations
 
+import operator
 from typing import TYPE_CHECKING
 
 from kvsched.allocators.alloc_status import AllocStatus
 from kvsched.core.config import PreemptionMode
 from kvsched.core.decisions import Outcome, Preemption
-from kvsched.core.errors import PolicyError
+from kvsched.core.errors import quote
 from kvsched.core.outputs import ScheduledGroup, SchedulerOutput
 from kvsched.core.sequence import SequenceStatus
-from kvsched.core.view import GroupView, QueueView
+from kvsched.core.step import StepBuilder
+from kvsched.core.view import GroupView, group_of
 
 if TYPE_CHECKING:
     from kvsched.core.scheduler import Scheduler
@@ -26,176 +27,125 @@ if TYPE_CHECKING:
 _WAITING, _RUNNING, _SWAPPED = SequenceStatus.WAITING, SequenceStatus.RUNNING, SequenceStatus.SWAPPED
 
 
-class StepBuilder:
-    """One step under construction: read-only queues and budgets plus validated operations."""
+class StepState:
+    """The step's batch, budgets and touched groups, and the operations of ``StepBuilder``."""
+
+    __slots__ = ("sched", "bm", "hooks", "config", "now", "output", "num_running_seqs", "touched", "max_tokens", "max_seqs",
+                 "admitted", "swapped_in", "recomputed", "swapped_out", "cached_tokens", "ignore_reasons", "victim_cursor",
+                 "open", "step")
 
     def __init__(self, scheduler: Scheduler, now: float) -> None:
-        self._sched = scheduler
-        self._bm = scheduler.block_manager
-        self._hooks = scheduler.hooks
+        self.sched = scheduler
+        self.bm = scheduler.block_manager
+        self.hooks = scheduler.hooks
         self.config = scheduler.config
-        self.cache = scheduler.cache_view
         self.now = now
         self.output = SchedulerOutput()
         self.num_running_seqs = scheduler.num_running_seqs
-        self._touched: dict[SequenceGroup, str] = {}
-        self._max_tokens = self.config.max_num_batched_tokens
-        self._max_seqs = self.config.max_num_seqs
+        self.touched: dict[SequenceGroup, str] = {}
+        self.max_tokens = self.config.max_num_batched_tokens
+        self.max_seqs = self.config.max_num_seqs
         self.admitted: list[SequenceGroup] = []
         self.swapped_in: list[SequenceGroup] = self.output.swapped_in
         self.recomputed: list[SequenceGroup] = []
         self.swapped_out: list[SequenceGroup] = []
         self.cached_tokens: dict[int, int] = {}
         self.ignore_reasons: dict[SequenceGroup, str] = {}
-        self._victim_cursor = len(scheduler.running) - 1
+        self.victim_cursor = len(scheduler.running) - 1
+        self.open = True  # until the scheduler commits or rolls the step back
+        self.step = StepBuilder(self)  # what the hooks are handed
 
-    # ------------------------------------------------------------------ what a policy reads
-    @property
-    def waiting(self) -> QueueView:
-        """Waiting groups at the start of the step, in queue order (front first)."""
-        return QueueView(self._sched.waiting)
+    def close(self) -> None:
+        """The step is over: its builder refuses every operation from now on."""
+        self.open = False
+        self.step = None  # no cycle with the builder: the step's objects are freed at once, not by the collector
 
-    @property
-    def running(self) -> QueueView:
-        return QueueView(self._sched.running)
+    def refuse(self, message: str, hook: str | None = None):
+        raise self.hooks.refuse(message, hook)
 
-    @property
-    def swapped(self) -> QueueView:
-        return QueueView(self._sched.swapped)
-
-    @property
-    def policy_name(self) -> str:
-        return self._hooks.name
-
-    @property
-    def num_batched_tokens(self) -> int:
-        return self.output.num_batched_tokens
-
-    @property
-    def remaining_tokens(self) -> int:
-        return self._max_tokens - self.output.num_batched_tokens
-
-    @property
-    def remaining_seqs(self) -> int:
-        return self._max_seqs - self.num_running_seqs
-
-    @property
-    def preempted(self) -> tuple[GroupView, ...]:
-        return tuple(g.view for g, _ in self.output.preempted)
-
-    @property
-    def num_preempted(self) -> int:
-        return len(self.output.preempted)
-
-    @property
-    def scheduled(self) -> tuple[GroupView, ...]:
-        return tuple(s.group.view for s in self.output.scheduled)
-
-    @property
-    def admitted_views(self) -> tuple[GroupView, ...]:
-        return tuple(g.view for g in self.admitted)
-
-    def was_touched(self, group: GroupView) -> bool:
-        """True once ``group`` was scheduled, preempted or ignored in this step."""
-        return group._group in self._touched
-
-    def newest_unscheduled(self, exclude: GroupView | None = None) -> GroupView | None:
-        """The newest running group not yet touched in this step (vLLM's ``running.pop()``)."""
-        running, touched = self._sched.running, self._touched
-        skip = exclude._group if exclude is not None else None
-        i = self._victim_cursor
+    def newest_unscheduled(self, exclude: GroupView | None) -> GroupView | None:
+        running, touched = self.sched.running, self.touched
+        skip = group_of(exclude) if exclude is not None else None
+        i = self.victim_cursor
         while i >= 0 and (running[i] in touched or running[i] is skip):
             if running[i] in touched:
-                self._victim_cursor = i - 1  # touched groups stay touched: never look again
+                self.victim_cursor = i - 1  # touched groups stay touched: never look again
             i -= 1
         return running[i].view if i >= 0 else None
 
-    # ------------------------------------------------------------------- what a policy does
-    def admit(self, group: GroupView, max_tokens: int | None = None) -> Outcome:
-        """Prefill a waiting group (its first ``max_tokens`` prompt tokens when chunking)."""
+    # ------------------------------------------------------------------ operations
+    def admit(self, group: GroupView, max_tokens: int | None) -> Outcome:
+        max_tokens = self._tokens_arg(max_tokens, "admit")
         g = self._resolve(group, _WAITING, "admit")
         seqs = [s for s in g.seqs if s.status is _WAITING]
         longest = max(s.num_tokens for s in seqs)
         if longest > self.config.model_len:
             return self._ignore(g, f"{longest} tokens exceed max_model_len ({self.config.model_len})")
-        if g.max_running_seqs > self._max_seqs:  # vLLM would keep it forever, blocking the queue
-            return self._ignore(g, f"n={g.max_running_seqs} sequences exceed max_num_seqs ({self._max_seqs})")
-        cached = self._bm.planned_cached_tokens(g)
+        if g.max_running_seqs > self.max_seqs:  # vLLM would keep it forever, blocking the queue
+            return self._ignore(g, f"n={g.max_running_seqs} sequences exceed max_num_seqs ({self.max_seqs})")
+        cached = self.bm.planned_cached_tokens(g)
         uncomputed = sum(s.num_tokens - cached[s.seq_id] for s in seqs)
         chunk = self._chunk(g, uncomputed, max_tokens, "admit")
-        if max_tokens is None and uncomputed > self._max_tokens:
-            return self._ignore(g, f"prompt of {uncomputed} tokens exceeds max_num_batched_tokens ({self._max_tokens}) without chunked prefill")
+        if max_tokens is None and uncomputed > self.max_tokens:
+            return self._ignore(g, f"prompt of {uncomputed} tokens exceeds max_num_batched_tokens ({self.max_tokens}) without chunked prefill")
         # Capacity before budget, as vLLM does: a NEVER group is dropped even when the budget is spent.
-        status = self._hooks.can_allocate(step=self, group=g.view)
-        if not isinstance(status, AllocStatus):
-            raise PolicyError(self.policy_name, f"can_allocate returned {status!r}, expected an AllocStatus")
+        status = self.hooks.can_allocate(self.step, g.view) if self.hooks.decides_admission else self.bm.can_allocate(g)
+        if type(status) is not AllocStatus:
+            self.refuse(f"returned {quote(status)}, expected an AllocStatus", "can_allocate")
         if status is AllocStatus.NEVER:
             return self._ignore(g, "prompt can never fit in the GPU KV cache (can_allocate: NEVER)")
         if status is AllocStatus.LATER:
             return Outcome.LATER
-        if self.output.num_batched_tokens + chunk > self._max_tokens or self.num_running_seqs + g.max_running_seqs > self._max_seqs:
+        if self.output.num_batched_tokens + chunk > self.max_tokens or self.num_running_seqs + g.max_running_seqs > self.max_seqs:
             return Outcome.BUDGET
-        needed = self._bm.blocks_to_allocate(g)
-        if needed > self._bm.gpu.num_free:
-            raise PolicyError(self.policy_name, f"can_allocate said OK for {g.request_id!r}, which needs {needed} blocks with {self._bm.gpu.num_free} free")
-        cached = self._bm.allocate(g)
+        needed = self.bm.blocks_to_allocate(g)
+        if needed > self.bm.gpu.num_free:
+            self.refuse(f"said OK for {quote(g.request_id)}, which needs {needed} blocks with {self.bm.gpu.num_free} free", "can_allocate")
+        cached = self.bm.allocate(g)
         self.cached_tokens.update(cached)
-        self._touched[g] = "admitted"
+        self.touched[g] = "admitted"
         self.admitted.append(g)
         self.num_running_seqs += g.max_running_seqs
         hits = sum(cached.values())
         self._record(g, chunk, True, hits, hits)
         return Outcome.SCHEDULED
 
-    def advance(self, group: GroupView, max_tokens: int | None = None) -> Outcome:
-        """Run a running group: one decode token per sequence, or the next chunk of its prefill."""
+    def advance(self, group: GroupView, max_tokens: int | None) -> Outcome:
+        max_tokens = self._tokens_arg(max_tokens, "advance")
         g = self._resolve(group, _RUNNING, "advance")
         outcome = self._run(g, max_tokens, "advance")
         if outcome is Outcome.SCHEDULED:
-            self._touched[g] = "scheduled"
+            self.touched[g] = "scheduled"
         return outcome
 
-    def swap_in(self, group: GroupView, max_tokens: int | None = None) -> Outcome:
-        """Bring a swapped group back to the GPU and run it in this step.
-
-        A group swapped out in the middle of a chunked prefill continues with a chunk of at most
-        ``max_tokens`` tokens.
-        """
+    def swap_in(self, group: GroupView, max_tokens: int | None) -> Outcome:
+        max_tokens = self._tokens_arg(max_tokens, "swap_in")
         g = self._resolve(group, _SWAPPED, "swap_in")
-        status = self._bm.can_swap_in(g)
+        status = self.bm.can_swap_in(g)
         if status is AllocStatus.NEVER:
             return self._ignore(g, "swapped group can never fit back in the GPU KV cache")
         if status is AllocStatus.LATER:
             return Outcome.LATER
         uncomputed = g.num_uncomputed_tokens
         chunk = self._chunk(g, uncomputed, max_tokens, "swap_in") if uncomputed > g.num_unfinished_seqs else uncomputed
-        if self.output.num_batched_tokens + chunk > self._max_tokens or self.num_running_seqs + g.max_running_seqs > self._max_seqs:
+        if self.output.num_batched_tokens + chunk > self.max_tokens or self.num_running_seqs + g.max_running_seqs > self.max_seqs:
             return Outcome.BUDGET
-        self.output.blocks_to_swap_in += self._bm.swap_in(g)
-        self._touched[g] = "swapped in"
+        self.output.blocks_to_swap_in += self.bm.swap_in(g)
+        self.touched[g] = "swapped in"
         self.swapped_in.append(g)
         self.num_running_seqs += g.max_running_seqs
         # can_swap_in kept one spare block per sequence, so the decode below never preempts.
         return self._run(g, max_tokens, "swap_in")
 
-    def preempt(self, group: GroupView, mode: PreemptionMode | None = None) -> PreemptionMode:
-        """Evict a running group now; returns the mode actually used."""
-        g = self._resolve(group, _RUNNING, "preempt")
-        return self._preempt(g, mode)
+    def preempt(self, group: GroupView, mode: PreemptionMode | None) -> PreemptionMode:
+        mode = self._mode_arg(mode, "preempt")
+        return self._preempt(self._resolve(group, _RUNNING, "preempt"), mode)
 
-    def advance_running(self, stop_on_preempted: bool = True) -> Outcome:
-        """``advance`` every running group not yet touched, oldest first: the loop most policies write, run in the core.
-
-        Stops at the first group that exceeds the token budget (returns BUDGET) and, unless
-        ``stop_on_preempted`` is False, at the first group that is itself preempted to make room
-        (returns PREEMPTED, where vLLM's running loop ends); otherwise returns SCHEDULED. Groups
-        preempted on the way to make room for an older one are skipped, as a loop over
-        ``running`` that checks ``was_touched`` would.
-        """
+    def advance_running(self, stop_on_preempted: bool) -> Outcome:
         if self._lane_step(decodes_only=False, max_tokens=None):
             return Outcome.SCHEDULED
-        touched = self._touched
-        for g in self._sched.running:
+        touched = self.touched
+        for g in self.sched.running:
             if g in touched:
                 continue
             outcome = self._run(g, None, "advance")
@@ -205,20 +155,13 @@ class StepBuilder:
                 return outcome
         return Outcome.SCHEDULED
 
-    def advance_decodes(self, max_tokens: int | None = None) -> Outcome:
-        """``advance`` every running group that is decoding, oldest first; groups in the middle of
-        a prefill are left untouched (Sarathi-Serve's "decodes first").
-
-        Stops (returns BUDGET) at the first decode whose tokens do not fit in what is left of
-        ``max_tokens`` (a cap on the tokens of this call; None: no cap; 0 or less: nothing fits)
-        or of the step's token budget. A group preempted to make room, itself included, is
-        passed over.
-        """
+    def advance_decodes(self, max_tokens: int | None) -> Outcome:
+        max_tokens = self._tokens_arg(max_tokens, "advance_decodes", minimum=None)
         if self._lane_step(decodes_only=True, max_tokens=max_tokens):
             return Outcome.SCHEDULED
-        touched, out = self._touched, self.output
-        left = self._max_tokens if max_tokens is None else max_tokens
-        for g in self._sched.running:
+        touched, out = self.touched, self.output
+        left = self.max_tokens if max_tokens is None else max_tokens
+        for g in self.sched.running:
             if g in touched or g.num_uncomputed_tokens > g.num_unfinished_seqs:
                 continue
             before = out.num_batched_tokens
@@ -235,11 +178,11 @@ class StepBuilder:
     def _lane_step(self, decodes_only: bool, max_tokens: int | None) -> bool:
         """Schedule this call's decodes through the decode lane if it is exact now; else make sure
         no member is left in the lane, since the loop that follows advances them one by one."""
-        lane = self._sched.lane
+        lane = self.sched.lane
         if lane is None or lane.scheduled:  # a second call: the lane's members are all touched already
             return False
         out = self.output
-        if not (out.scheduled or out.preempted) and lane.schedule(self._sched.running, out, self._max_tokens, self._touched, decodes_only, max_tokens):
+        if not (out.scheduled or out.preempted) and lane.schedule(self.sched.running, out, self.max_tokens, self.touched, decodes_only, max_tokens):
             out.lane_decodes = lane.scheduled
             return True
         lane.dissolve()
@@ -256,14 +199,14 @@ class StepBuilder:
         uncomputed = g.num_uncomputed_tokens
         is_prefill = uncomputed > g.num_unfinished_seqs
         chunk = self._chunk(g, uncomputed, max_tokens, op) if is_prefill else uncomputed
-        if out.num_batched_tokens + chunk > self._max_tokens:
+        if out.num_batched_tokens + chunk > self.max_tokens:
             return Outcome.BUDGET
         running = [s for s in seqs if s.status <= _SWAPPED]
         if not is_prefill:
             if self._make_room(g):
                 return Outcome.PREEMPTED
             for seq in running:
-                cow = self._bm.append_slots(seq)
+                cow = self.bm.append_slots(seq)
                 if cow is not None:
                     out.blocks_to_copy.append(cow)
         self._record(g, chunk, is_prefill, sum(s.num_computed_tokens for s in running))
@@ -272,11 +215,11 @@ class StepBuilder:
     def _decode_one(self, g: SequenceGroup, seq: Sequence) -> Outcome:
         """``_run`` for the commonest case, one sequence decoding one token (once per running request per step)."""
         out = self.output
-        if out.num_batched_tokens >= self._max_tokens:
+        if out.num_batched_tokens >= self.max_tokens:
             return Outcome.BUDGET
-        if self._bm.gpu.num_free < 1 and self._make_room(g):
+        if self.bm.gpu.num_free < 1 and self._make_room(g):
             return Outcome.PREEMPTED
-        cow = self._bm.append_slots(seq)
+        cow = self.bm.append_slots(seq)
         if cow is not None:
             out.blocks_to_copy.append(cow)
         out.scheduled.append(ScheduledGroup(g, 1, False))  # _record(g, 1, False, computed), inlined
@@ -290,7 +233,7 @@ class StepBuilder:
 
         Returns True if ``g`` itself had to go, False once it can decode.
         """
-        bm = self._bm
+        bm = self.bm
         while bm.gpu.num_free < g.num_unfinished_seqs:  # bm.can_append_slots, inlined: the hot path
             victim, mode = self._choose_victim(g)
             if victim is g:
@@ -316,18 +259,17 @@ class StepBuilder:
         out.kv_tokens_read += context
 
     def _choose_victim(self, requester: SequenceGroup) -> tuple[SequenceGroup, PreemptionMode | None]:
-        choice = self._hooks.choose_preemption(step=self, requester=requester.view)
-        if choice is None:
-            fallback = self.newest_unscheduled(exclude=requester.view)
-            choice = Preemption(fallback if fallback is not None else requester.view)
-        if not isinstance(choice, Preemption) or not isinstance(choice.victim, GroupView):
-            raise PolicyError(self.policy_name, f"choose_preemption returned {choice!r}, expected a Preemption")
-        victim = choice.victim._group
+        choice = self.hooks.choose_preemption(self.step, requester.view)
+        if type(choice) is not Preemption or type(choice.victim) is not GroupView:
+            self.refuse(f"returned {quote(choice)}, expected a Preemption of a GroupView", "choose_preemption")
+        victim = group_of(choice.victim)
         if victim is not requester:
-            if victim.status is not _RUNNING or victim in self._touched:
-                state = self._touched.get(victim, victim.status.name)
-                raise PolicyError(self.policy_name, f"choose_preemption picked {victim.request_id!r}, which is {state}, not an unscheduled running group")
-        return victim, choice.mode
+            if victim.block_manager is not self.bm:
+                self.refuse(f"picked {quote(choice.victim)}, which is not a request of this engine", "choose_preemption")
+            if victim.status is not _RUNNING or victim in self.touched:
+                state = self.touched.get(victim, victim.status.name)
+                self.refuse(f"picked {quote(victim.request_id)}, which is {state}, not an unscheduled running group", "choose_preemption")
+        return victim, self._mode_arg(choice.mode, "Preemption", "choose_preemption")
 
     def _preempt(self, g: SequenceGroup, mode: PreemptionMode | None) -> PreemptionMode:
         _out_of_lane(g)
@@ -335,16 +277,16 @@ class StepBuilder:
             mode = self.config.preemption_mode
         elif mode is None:
             mode = PreemptionMode.RECOMPUTE if g.max_running_seqs == 1 else PreemptionMode.SWAP
-        if mode is PreemptionMode.SWAP and not self._bm.can_swap_out(g):
+        if mode is PreemptionMode.SWAP and not self.bm.can_swap_out(g):
             mode = PreemptionMode.RECOMPUTE  # the CPU pool is full: recompute instead of failing
         if mode is PreemptionMode.SWAP:
-            self.output.blocks_to_swap_out += self._bm.swap_out(g)
+            self.output.blocks_to_swap_out += self.bm.swap_out(g)
             self.swapped_out.append(g)
         else:
             for seq in g.seqs:
-                self._bm.free(seq)
+                self.bm.free(seq)
             self.recomputed.append(g)
-        self._touched[g] = f"preempted ({mode.value})"
+        self.touched[g] = f"preempted ({mode.value})"
         self.output.preempted.append((g, mode))
         self.num_running_seqs -= g.max_running_seqs
         return mode
@@ -352,29 +294,47 @@ class StepBuilder:
     def _chunk(self, g: SequenceGroup, uncomputed: int, max_tokens: int | None, op: str) -> int:
         if max_tokens is None or max_tokens >= uncomputed:
             return uncomputed
-        if max_tokens < 1:
-            raise PolicyError(self.policy_name, f"{op}: max_tokens must be at least 1, got {max_tokens}")
         if g.num_unfinished_seqs > 1:
-            raise PolicyError(self.policy_name, f"{op}: chunked prefill of {g.request_id!r} with several sequences is not supported")
+            self.refuse(f"{op}: chunked prefill of {quote(g.request_id)} with several sequences is not supported")
         return max_tokens
 
     def _ignore(self, g: SequenceGroup, reason: str) -> Outcome:
-        self._touched[g] = "ignored"
+        self.touched[g] = "ignored"
         self.ignore_reasons[g] = reason
         self.output.ignored.append(g)
         return Outcome.NEVER
 
+    # --------------------------------------------------------------------- validation
     def _resolve(self, view: GroupView, expected: SequenceStatus, op: str) -> SequenceGroup:
-        if not isinstance(view, GroupView):
-            raise PolicyError(self.policy_name, f"{op}: expected a GroupView, got {type(view).__name__}")
-        g = view._group
-        state = self._touched.get(g)
+        if type(view) is not GroupView:
+            self.refuse(f"{op}: expected a GroupView, got {quote(view)}")
+        g = group_of(view)
+        if g.block_manager is not self.bm:
+            self.refuse(f"{op}: {quote(view)} is not a request of this engine")
+        state = self.touched.get(g)
         if state is not None:
-            raise PolicyError(self.policy_name, f"{op}: {g.request_id!r} was already {state} in this step")
+            self.refuse(f"{op}: {quote(g.request_id)} was already {state} in this step")
         if g.status is not expected:
-            raise PolicyError(self.policy_name, f"{op}: {g.request_id!r} is {g.status.name}, not {expected.name}")
+            self.refuse(f"{op}: {quote(g.request_id)} is {g.status.name}, not {expected.name}")
         _out_of_lane(g)  # it may change on its own now
         return g
+
+    def _tokens_arg(self, value, op: str, minimum: int | None = 1) -> int | None:
+        """``max_tokens`` as an int (None stays None): a bool, a float, NaN or a count below ``minimum`` is refused."""
+        if value is None or (type(value) is int and (minimum is None or value >= minimum)):
+            return value
+        try:
+            number = None if isinstance(value, bool) else operator.index(value)  # numpy integers pass
+        except TypeError:
+            number = None
+        if number is None or (minimum is not None and number < minimum):
+            self.refuse(f"{op}: max_tokens must be {'a positive' if minimum else 'an'} integer or None, got {quote(value)}")
+        return number
+
+    def _mode_arg(self, mode, op: str, hook: str | None = None) -> PreemptionMode | None:
+        if mode is not None and type(mode) is not PreemptionMode:
+            self.refuse(f"{op}: mode must be PreemptionMode.SWAP, PreemptionMode.RECOMPUTE or None, got {quote(mode)}", hook)
+        return mode
 
 
 def _out_of_lane(g: SequenceGroup) -> None:

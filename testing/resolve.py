@@ -11,7 +11,7 @@ import importlib.util
 from pathlib import Path
 from typing import Any
 
-from kvsched.core.errors import UnknownPolicyError
+from kvsched.core.errors import PolicyError, UnknownPolicyError, shorten
 
 
 def resolve_policy(spec: str) -> tuple[str, Any]:
@@ -28,12 +28,17 @@ def resolve_policy(spec: str) -> tuple[str, Any]:
         module_name = f"kvsched_policy_file_{path.stem}"
         spec_obj = importlib.util.spec_from_file_location(module_name, path)
         module = importlib.util.module_from_spec(spec_obj)
-        spec_obj.loader.exec_module(module)
+        try:
+            spec_obj.loader.exec_module(module)
+        except Exception as exc:
+            raise PolicyError(spec, f"the file fails to load: {type(exc).__name__}: {shorten(str(exc))}") from exc
     else:
         try:
             module = importlib.import_module(target)
         except ImportError as exc:
             raise UnknownPolicyError(f"cannot import policy module {target!r}: {exc}") from exc
+        except Exception as exc:
+            raise PolicyError(spec, f"the module fails to load: {type(exc).__name__}: {shorten(str(exc))}") from exc
     try:
         obj = getattr(module, attr)
     except AttributeError:

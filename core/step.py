@@ -1,0 +1,94 @@
+"""The step builder: what ``select_batch`` receives, and the only way a policy changes anything.
+
+Its state sits in a hidden slot (``core/view.py``); the rules live in ``core/step_state.py``. The
+operations work only inside the ``select_batch`` call the builder was given to.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from kvsched.core.view import QueueView, group_of, hidden_slot
+
+if TYPE_CHECKING:
+    from kvsched.core.config import EngineConfig, PreemptionMode
+    from kvsched.core.decisions import Outcome
+    from kvsched.core.step_state import StepState
+    from kvsched.core.view import CacheView, GroupView
+
+
+class StepBuilder:
+    """One step under construction: read-only queues and budgets plus validated operations."""
+
+    __slots__ = ("_state",)
+
+    def __init__(self, state: StepState) -> None:
+        _set_state(self, state)
+
+    # ------------------------------------------------------------------ what a policy reads
+    waiting = property(lambda self: QueueView(_state_of(self).sched.waiting), doc="waiting groups at the start of the step, front first")
+    running = property(lambda self: QueueView(_state_of(self).sched.running), doc="running groups, oldest first")
+    swapped = property(lambda self: QueueView(_state_of(self).sched.swapped), doc="swapped groups, oldest first")
+    now: float = property(lambda self: _state_of(self).now, doc="the engine clock")
+    config: EngineConfig = property(lambda self: _state_of(self).config, doc="the engine config (frozen)")
+    cache: CacheView = property(lambda self: _state_of(self).sched.cache_view)
+    policy_name = property(lambda self: _state_of(self).hooks.name)
+    num_batched_tokens = property(lambda self: _state_of(self).output.num_batched_tokens)
+    remaining_tokens = property(lambda self: _state_of(self).max_tokens - _state_of(self).output.num_batched_tokens)
+    remaining_seqs = property(lambda self: _state_of(self).max_seqs - _state_of(self).num_running_seqs)
+    num_preempted = property(lambda self: len(_state_of(self).output.preempted))
+    admitted = property(lambda self: tuple([g.view for g in _state_of(self).admitted]), doc="groups admitted so far")
+    preempted = property(lambda self: tuple([g.view for g, _ in _state_of(self).output.preempted]))
+    scheduled = property(lambda self: tuple([s.group.view for s in _state_of(self).output.scheduled]))
+
+    def was_touched(self, group: GroupView) -> bool:
+        """True once ``group`` was scheduled, preempted or ignored in this step."""
+        return group_of(group) in _state_of(self).touched
+
+    def newest_unscheduled(self, exclude: GroupView | None = None) -> GroupView | None:
+        """The newest running group not yet touched in this step (vLLM's ``running.pop()``)."""
+        return _state_of(self).newest_unscheduled(exclude)
+
+    # ------------------------------------------------------------------- what a policy does
+    def admit(self, group: GroupView, max_tokens: int | None = None) -> Outcome:
+        """Prefill a waiting group (its first ``max_tokens`` prompt tokens when chunking)."""
+        return _live(self, "admit").admit(group, max_tokens)
+
+    def advance(self, group: GroupView, max_tokens: int | None = None) -> Outcome:
+        """Run a running group: one decode token per sequence, or the next chunk of its prefill."""
+        return _live(self, "advance").advance(group, max_tokens)
+
+    def swap_in(self, group: GroupView, max_tokens: int | None = None) -> Outcome:
+        """Bring a swapped group back to the GPU and run it in this step (a group swapped out in the
+        middle of a chunked prefill continues with a chunk of at most ``max_tokens`` tokens)."""
+        return _live(self, "swap_in").swap_in(group, max_tokens)
+
+    def preempt(self, group: GroupView, mode: PreemptionMode | None = None) -> PreemptionMode:
+        """Evict a running group now; returns the mode actually used."""
+        return _live(self, "preempt").preempt(group, mode)
+
+    def advance_running(self, stop_on_preempted: bool = True) -> Outcome:
+        """``advance`` every untouched running group, oldest first, in the core; stops at BUDGET and
+        (unless ``stop_on_preempted`` is False) at the first group itself preempted (docs/hooks.md)."""
+        return _live(self, "advance_running").advance_running(stop_on_preempted)
+
+    def advance_decodes(self, max_tokens: int | None = None) -> Outcome:
+        """``advance`` every untouched decoding group, oldest first, passing over prefills (Sarathi-Serve);
+        stops at BUDGET, of the step or of ``max_tokens`` (this call's cap; 0 or less: nothing fits)."""
+        return _live(self, "advance_decodes").advance_decodes(max_tokens)
+
+
+_state_of, _set_state = hidden_slot(StepBuilder, "_state")
+
+
+def _live(step: StepBuilder, op: str) -> StepState:
+    """The step's state, if ``op`` may run now: inside the ``select_batch`` call of this very step."""
+    st = _state_of(step)
+    running = st.hooks.in_hook
+    if st.open and running == "select_batch":
+        return st
+    if not st.open:
+        raise st.hooks.refuse(f"{op} on a step that is over (t={st.now:.6g}): a StepBuilder works only "
+                              "during the select_batch call it was given to")
+    where = f"inside {running}" if running else "outside any hook"
+    raise st.hooks.refuse(f"{op} called {where}: the step's operations may be called only from select_batch")
