@@ -14,11 +14,14 @@ must be clean; and both engines must then finish every request identically, with
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
+from enum import Enum
 
 import pytest
 from helpers import req
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
+from pydantic import BaseModel
 
 from kvsched import AllocStatus, Engine, EngineConfig, PolicyError, Preemption, SimulatedExecutor, hookimpl
 from kvsched.core.sequence import SequenceStatus
@@ -256,3 +259,60 @@ def _first_step_with_a_swapped_group() -> int:
 def test_random_hostile_acts_never_corrupt_the_engine(act_name, warmup, work_first, blocks, specs):
     fired = play(act_name, {**CONFIG, "num_gpu_blocks": blocks}, specs, warmup, work_first)
     event(f"fired: {fired}")
+
+
+def _reachable(root, depth: int = 4):
+    """Every object reachable from ``root`` through attributes (as a plugin would type them, dunders
+    aside) and through the items of what it can iterate, with the path that reached it."""
+    seen, todo = {}, [(root, "root", depth)]
+    while todo:
+        obj, path, left = todo.pop()
+        if id(obj) in seen or left < 0:
+            continue
+        seen[id(obj)] = (obj, path)
+        if isinstance(obj, (int, float, str, bool, type(None), Enum, BaseModel)) or callable(obj):
+            continue  # leaves: values, frozen pydantic models, methods (not followed to __self__)
+        if isinstance(obj, (tuple, Sequence)):
+            todo += [(item, f"{path}[{i}]", left - 1) for i, item in enumerate(list(obj)[:3])]
+        for name in dir(obj):
+            value = getattr(obj, name)
+            if not name.startswith("__") and value is not getattr(type(obj), name, None):  # class-level data is no engine state
+                todo.append((value, f"{path}.{name}", left - 1))
+    return seen.values()
+
+
+IMMUTABLE = (int, float, str, bool, type(None), Enum, BaseModel, tuple, frozenset)
+
+
+def test_nothing_a_hook_is_handed_leads_to_mutable_engine_state():
+    from kvsched import CacheView, OutputView, QueueView, StepBuilder
+    from kvsched.core.view import BatchView
+
+    handed = []
+
+    class Looks(VllmDefault):
+        name = "looks"
+
+        @hookimpl
+        def select_batch(self, step):
+            super().select_batch(step)
+            handed.append(step)
+
+        @hookimpl
+        def on_step(self, report):
+            handed.append(report)
+
+    engine = Engine(EngineConfig(**CONFIG), Looks, SimulatedExecutor())
+    for i, (prompt, output, n) in enumerate(SPECS):
+        engine.add_request(req(f"r{i}", prompt, output, n=n))
+    for _ in range(12):
+        engine.step()
+        step, report = handed[-2:]
+        views = (GroupView, QueueView, BatchView, CacheView, OutputView, StepBuilder)
+        for obj, path in [*_reachable(step), *_reachable(report)]:
+            assert isinstance(obj, IMMUTABLE + views) or callable(obj), f"{path} is a {type(obj).__name__}"
+            for name in (n for n in dir(obj) if not n.startswith("__") and not isinstance(obj, IMMUTABLE)):
+                with pytest.raises(AttributeError):
+                    setattr(obj, name, 0)
+        assert all(not hasattr(v, "_group") and not hasattr(v, "_groups") and not hasattr(v, "_bm") and not hasattr(v, "_state")
+                   for v in (step, step.waiting, step.cache, report.output, report.output.scheduled, *step.running))
