@@ -144,12 +144,10 @@ class Engine:
         finished = self._apply(output, result.tokens, now)
         self.num_blocks_swapped_in += len(output.blocks_to_swap_in)
         self.num_blocks_swapped_out += len(output.blocks_to_swap_out)
-        if output.is_empty and not finished:
-            if not self._idle_steps:
-                self._idle_since = before
-            self._idle_steps += 1
-        else:
-            self._idle_steps = 0
+        idle = output.is_empty and not finished
+        if idle and not self._idle_steps:
+            self._idle_since = before
+        self._idle_steps = self._idle_steps + 1 if idle else 0
         report = StepReport(
             self.num_steps, now, result.duration, OutputView(output), tuple([g.view for g in finished]) if finished else (),
             len(sched.waiting), len(sched.running), len(sched.swapped), sched.cache_view, features,
