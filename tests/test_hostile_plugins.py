@@ -253,7 +253,7 @@ def _first_step_with_a_swapped_group() -> int:
     return engine.num_steps
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(act_name=st.sampled_from(sorted(ACTS)), warmup=st.integers(0, 12), work_first=st.booleans(),
        blocks=st.integers(10, 24), specs=st.lists(st.tuples(st.integers(1, 14), st.integers(1, 30), st.integers(1, 2)), min_size=2, max_size=7))
 def test_random_hostile_acts_never_corrupt_the_engine(act_name, warmup, work_first, blocks, specs):
