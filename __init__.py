@@ -31,7 +31,7 @@ _HOMES = {
     "kvsched.core.request": ("Request", "SamplingParams"),
     "kvsched.core.sequence": ("SequenceStatus",),
     "kvsched.core.step": ("StepBuilder",),
-    "kvsched.core.view": ("CacheView", "GroupView", "QueueView"),
+    "kvsched.core.view": ("CacheView", "GroupView", "OutputView", "QueueView"),
     "kvsched.executors.cost_model": ("CostProfile",),
     "kvsched.executors.simulated": ("SimulatedExecutor",),
 }

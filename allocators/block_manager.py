@@ -90,10 +90,9 @@ class BlockManager:
         """
         if not self.enable_prefix_caching:
             return []
-        hashes = self._block_hashes(seq)
         hits = []
-        for h in hashes:
-            block = self.gpu.lookup(h)
+        for i in range(seq.num_tokens // self.block_size):  # hashing stops at the first miss: a long prompt costs its hits
+            block = self.gpu.lookup(self._block_hashes(seq, i + 1)[i])
             if block is None:
                 break
             hits.append(block)
@@ -281,11 +280,11 @@ class BlockManager:
     def free(self, seq: Sequence) -> None:
         """Release every block the sequence holds, newest first (so tails are evicted first)."""
         sid = seq.seq_id
+        self._hashes.pop(sid, None)  # also for one that never held a block (ignored, aborted while waiting)
         if sid not in self.gpu_tables and sid not in self.cpu_tables:
             return
         self._log_tables([seq])
         self._release(sid)
-        self._hashes.pop(sid, None)
         self._registered.pop(sid, None)
 
     def mark_computed(self, seq: Sequence, num_tokens: int | None = None) -> None:
@@ -297,16 +296,17 @@ class BlockManager:
         start = self._registered.get(seq.seq_id, 0)
         if done <= start:
             return
-        table, hashes = self.gpu_tables[seq.seq_id], self._block_hashes(seq)
+        table, hashes = self.gpu_tables[seq.seq_id], self._block_hashes(seq, done)
         named = [table[i] for i in range(start, done) if self.gpu.register(table[i], hashes[i])]
         if self._journal is not None:  # naming a block the step has yet to fill is undone with the step
             self._journal.append(("named", seq.seq_id, start, named))
         self._registered[seq.seq_id] = done
 
-    def _block_hashes(self, seq: Sequence) -> list[int]:
+    def _block_hashes(self, seq: Sequence, n: int) -> list[int]:
+        """The content hashes of the sequence's first ``n`` full blocks (at least; computed once)."""
         hashes = self._hashes.setdefault(seq.seq_id, [])
         bs = self.block_size
-        for i in range(len(hashes), seq.num_tokens // bs):
+        for i in range(len(hashes), n):
             parent = hashes[-1] if hashes else _NO_PARENT
             hashes.append(hash((parent, seq.token_slice(i * bs, (i + 1) * bs))))
         return hashes
@@ -378,6 +378,18 @@ class BlockManager:
         both = self.gpu_tables.keys() & self.cpu_tables.keys()
         if both:
             problems.append(f"sequences {sorted(both)} hold blocks on both devices")
+        return problems
+
+    def audit_holders(self, running: dict[int, int], swapped: set[int]) -> list[str]:
+        """Violations of: exactly the ``running`` sequences (id -> computed tokens, which their table
+        must hold) hold GPU blocks, and exactly the ``swapped`` ones CPU blocks."""
+        problems = [f"sequence {sid} holds GPU blocks but is not running" for sid in self.gpu_tables.keys() - running.keys()]
+        problems += [f"sequence {sid} holds CPU blocks but is not swapped" for sid in self.cpu_tables.keys() - swapped]
+        problems += [f"running sequence {sid} holds no GPU blocks" for sid in running.keys() - self.gpu_tables.keys()]
+        problems += [f"swapped sequence {sid} holds no CPU blocks" for sid in swapped - self.cpu_tables.keys()]
+        for sid, computed in running.items():
+            if sid in self.gpu_tables and len(self.gpu_tables[sid]) * self.block_size < computed:
+                problems.append(f"sequence {sid} has {computed} computed tokens in {len(self.gpu_tables[sid])} blocks")
         return problems
 
     @property

@@ -9,7 +9,7 @@ one, not in this run) are printed beside ours for reference.
 
 The main columns run sequence by sequence (``decode_lane=False``), as vLLM's scheduler does;
 "lane ms" is the same case with the decode lane the simulator uses (plain decodes advanced
-together, see ``core/decode_lane.py``), measured in the same run.
+together, see ``executors/decode_lane.py``), measured in the same run.
 
     python benchmarks/scheduler_overhead.py [--steps 200]
 """

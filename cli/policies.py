@@ -72,11 +72,14 @@ def compare(policy: PoliciesOpt, policy_opt: Annotated[Optional[list[str]], type
     from kvsched.cli.common import build_config, console, fail, parse_pairs
     from kvsched.experiments.compare import run_policies, split_options, table_rows
     from kvsched.reporting.comparisons import plot_cdfs
+    from kvsched.reporting.destination import check_file, publishing_file
     from kvsched.core.plugins import load_policy
     from kvsched.workloads import build_workload
 
     if len(policy) < 2 or len(set(policy)) != len(policy):
         fail("compare needs at least two different --policy names")
+    if plot is not None:
+        check_file(plot, "--plot")
     for name in policy:
         load_policy(name)
     options = split_options(parse_pairs(policy_opt, "--policy-opt"), policy)
@@ -90,7 +93,9 @@ def compare(policy: PoliciesOpt, policy_opt: Annotated[Optional[list[str]], type
         table.add_row(*row)
     console.print(table)
     if plot is not None:
-        console.print(f"wrote {plot_cdfs(runs, plot)}", highlight=False)
+        with publishing_file(plot) as temp:
+            plot_cdfs(runs, temp)
+        console.print(f"wrote {plot}", highlight=False)
 
 
 def register(app: typer.Typer) -> None:

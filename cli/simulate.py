@@ -26,7 +26,7 @@ def run_command(policy, policy_opt, overrides, seed, num_requests, rate, output,
                 workload=None, trace=None, rate_scale=1.0, start_offset=0.0, arrival=None, cv=1.0,
                 slo_ttft=None, slo_tpot=None, plot=False) -> dict:
     """``engine run``: build the workload, simulate with a progress bar, print the table, write the files."""
-    from kvsched.cli.common import build_config, console, fail, parse_pairs, progress_bar, summary_table
+    from kvsched.cli.common import build_config, check_finite, console, fail, parse_pairs, progress_bar, summary_table
     from kvsched.executors.profiles import resolve_profile
     from kvsched.core.plugins import load_policy
     from kvsched.experiments.simulation import SimJob
@@ -34,6 +34,11 @@ def run_command(policy, policy_opt, overrides, seed, num_requests, rate, output,
 
     if plot and output is None:
         fail("--plot needs --output DIR (the plots and report.html are written there)")
+    check_finite(slo_ttft=slo_ttft, slo_tpot=slo_tpot)
+    if output is not None:
+        from kvsched.reporting.destination import check_folder
+
+        check_folder(output)
     load_policy(policy)
     resolve_profile(profile)
     job = SimJob(

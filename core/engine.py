@@ -9,7 +9,6 @@ from typing import Any
 
 from kvsched.core.clock import Clock
 from kvsched.core.config import EngineConfig
-from kvsched.core.decode_lane import DecodeLane
 from kvsched.core.errors import AuditError, StallError
 from kvsched.core.executor import Executor, KnownTokens, StepResult
 from kvsched.core.outputs import SchedulerOutput
@@ -18,9 +17,10 @@ from kvsched.core.report import StepReport
 from kvsched.core.request import Request
 from kvsched.core.scheduler import Scheduler
 from kvsched.core.sequence import Sequence, SequenceGroup, SequenceStatus
-from kvsched.core.view import CacheView, QueueView
+from kvsched.core.view import CacheView, OutputView, QueueView
 
-MAX_IDLE_STEPS = 100_000  # consecutive steps that run nothing before the engine reports a stall
+# A stall: this many steps in a row ran nothing, over this much engine time (a policy may wait, not forever).
+STALL_STEPS, STALL_SECONDS = 1_000, 10.0
 
 
 class Engine:
@@ -58,7 +58,7 @@ class Engine:
         # growth is not the rule the lane's one-spare-block check mirrors: no lane with either.
         if (self.config.decode_lane and isinstance(self.executor, KnownTokens) and not self._caching
                 and self.config.vllm_engine == "v0"):
-            self.scheduler.lane = DecodeLane(self.scheduler.block_manager, self.executor)
+            self.scheduler.lane = self.executor.decode_lane(self.scheduler.block_manager)
         self.groups: dict[str, SequenceGroup] = {}
         self.finished: list[SequenceGroup] = []
         self.num_steps = 0
@@ -66,7 +66,9 @@ class Engine:
         self.num_blocks_swapped_out = 0
         self._next_seq_id = 0
         self._idle_steps = 0
+        self._idle_since = 0.0
         self._in_flight: SchedulerOutput | None = None  # a step scheduled and not yet completed
+        self._scheduled_at = 0.0
 
     @property
     def policy_name(self) -> str:
@@ -75,6 +77,8 @@ class Engine:
     # ----------------------------------------------------------------------------- requests
     def add_request(self, request: Request | dict) -> SequenceGroup:
         """Queue a request (validated if given as a dict); it waits until the policy admits it."""
+        if self.hooks.in_hook is not None:
+            self._refuse_in_hook("add_request")
         if not isinstance(request, Request):
             request = Request.model_validate(request)
         if request.request_id in self.groups:
@@ -82,6 +86,7 @@ class Engine:
         group = SequenceGroup(request, len(self.groups), self._new_seq_id(), self.executor.eos_token_id, self._max_seq_len)
         self.groups[request.request_id] = group
         self.scheduler.add(group)
+        self._idle_steps = 0  # new work: a stall is counted afresh
         return group
 
     def abort(self, request_id: str) -> bool:
@@ -91,6 +96,7 @@ class Engine:
     def finish_request(self, request_id: str, status: SequenceStatus) -> bool:
         """End a request with ``status`` (any finished state), as an engine that embeds this one
         decides it (a stop string, EOS of a model we do not run); False if it already ended."""
+        self._refuse_in_hook("abort")
         if not status.is_finished:
             raise ValueError(f"{status.name} is not a finished state")
         group = self.groups.get(request_id)
@@ -105,6 +111,11 @@ class Engine:
 
     def has_unfinished(self) -> bool:
         return self.scheduler.num_unfinished > 0
+
+    def _refuse_in_hook(self, call: str) -> None:
+        """A hook may read the engine it runs in, never drive it (that would change the step under construction)."""
+        if self.hooks.in_hook is not None:  # tested by the hot callers before calling
+            raise self.hooks.refuse(f"engine.{call}() called inside {self.hooks.in_hook}: a hook may not drive its own engine")
 
     # ------------------------------------------------------------------------ what one can read
     @property
@@ -140,7 +151,10 @@ class Engine:
     def schedule(self, hooks: PolicyHooks | None = None) -> SchedulerOutput:
         """The first half of ``step``: the policy (or ``hooks``, another one) builds the step, for a
         caller that runs it elsewhere, as vLLM does."""
-        self._in_flight = self.scheduler.schedule(self.clock.now(), hooks)
+        if self.hooks.in_hook is not None:
+            self._refuse_in_hook("step")
+        self._scheduled_at = self.clock.now()
+        self._in_flight = self.scheduler.schedule(self._scheduled_at, hooks)
         return self._in_flight
 
     def complete(self, output: SchedulerOutput, result: StepResult) -> StepReport:
@@ -148,15 +162,19 @@ class Engine:
         sampling ``result.tokens``; apply them and tell ``on_step`` observers."""
         sched = self.scheduler
         self._in_flight = None
+        before = self._scheduled_at
         features = output.features  # counted by the step builder, before _apply changes the sequences
         self.clock.advance(result.duration)
         now = self.clock.now()
         finished = self._apply(output, result.tokens, now)
         self.num_blocks_swapped_in += len(output.blocks_to_swap_in)
         self.num_blocks_swapped_out += len(output.blocks_to_swap_out)
-        self._idle_steps = self._idle_steps + 1 if output.is_empty and not finished else 0
+        idle = output.is_empty and not finished
+        if idle and not self._idle_steps:
+            self._idle_since = before
+        self._idle_steps = self._idle_steps + 1 if idle else 0
         report = StepReport(
-            self.num_steps, now, result.duration, output, tuple(finished),
+            self.num_steps, now, result.duration, OutputView(output), tuple([g.view for g in finished]) if finished else (),
             len(sched.waiting), len(sched.running), len(sched.swapped), sched.cache_view, features,
         )
         self.num_steps += 1
@@ -263,7 +281,9 @@ class Engine:
         on_step: Callable[[StepReport], None] | None = None,
         max_steps: int | None = None,
     ) -> list[SequenceGroup]:
-        """Feed ``requests`` at their arrival times and step until every request has finished."""
+        """Feed ``requests`` at their arrival times and step until every request has finished
+        (``StallError`` after ``STALL_STEPS`` idle steps and ``STALL_SECONDS`` with none left to arrive)."""
+        self._refuse_in_hook("run")
         pending = deque(sorted(requests, key=lambda r: r.arrival_time))
         clock = self.clock
         steps = 0
@@ -282,11 +302,12 @@ class Engine:
                 break
             if self._idle_steps and pending:
                 clock.wait_until(pending[0].arrival_time)
-            elif self._idle_steps >= MAX_IDLE_STEPS:
+            elif self._idle_steps >= STALL_STEPS and clock.now() - self._idle_since >= STALL_SECONDS:
                 s = self.scheduler
                 raise StallError(
-                    f"policy {self.policy_name!r} scheduled nothing for {self._idle_steps} steps with "
-                    f"{len(s.waiting)} waiting, {len(s.running)} running, {len(s.swapped)} swapped"
+                    f"policy {self.policy_name!r} scheduled nothing for {self._idle_steps} steps "
+                    f"({clock.now() - self._idle_since:.0f} s) with {len(s.waiting)} waiting, {len(s.running)} running, "
+                    f"{len(s.swapped)} swapped; {s.why_stuck()}"
                 )
         return self.finished
 

@@ -7,7 +7,7 @@ from enum import IntEnum
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from kvsched.core.decode_lane import DecodeLane
+    from kvsched.core.executor import DecodeLane
     from kvsched.core.request import Request
     from kvsched.core.view import GroupView
 
@@ -105,7 +105,7 @@ class SequenceGroup:
         "request", "request_id", "index", "n", "seqs", "status", "finish_detail", "view",
         "arrival_time", "first_scheduled_time", "first_token_time", "finish_time",
         "num_recompute_preemptions", "num_swap_preemptions", "num_generated_tokens", "num_unfinished_seqs",
-        "stop_tokens", "max_seq_tokens",
+        "stop_tokens", "max_seq_tokens", "block_manager",
     )
 
     def __init__(
@@ -138,6 +138,7 @@ class SequenceGroup:
         self.stop_tokens = _stop_set(params.stop_token_ids, eos)
         limit = len(prompt) + params.max_tokens
         self.max_seq_tokens = limit if max_seq_len is None else min(limit, max_seq_len)
+        self.block_manager = None  # the block manager of the engine it was added to: whose operations may take it
 
     @property
     def is_forked(self) -> bool:

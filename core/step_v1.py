@@ -22,7 +22,7 @@ from kvsched.core.config import PreemptionMode
 from kvsched.core.decisions import Outcome
 from kvsched.core.outputs import ScheduledGroup
 from kvsched.core.sequence import SequenceStatus
-from kvsched.core.step import StepBuilder
+from kvsched.core.step_state import StepState
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -34,26 +34,28 @@ if TYPE_CHECKING:
 _RUNNING, _SWAPPED = SequenceStatus.RUNNING, SequenceStatus.SWAPPED
 
 
-class V1StepBuilder(StepBuilder):
+class V1StepState(StepState):
     """One step under V1's block rules (see the module docstring); a policy sees no other difference."""
+
+    __slots__ = ("caching",)
 
     def __init__(self, scheduler: Scheduler, now: float, hooks: PolicyHooks) -> None:
         super().__init__(scheduler, now, hooks)
-        self._prompt_limit = self.config.model_len - 1
-        self._caching = self.config.enable_prefix_caching
+        self.prompt_limit = self.config.model_len - 1
+        self.caching = self.config.enable_prefix_caching
 
-    def admit(self, group, max_tokens: int | None = None) -> Outcome:
+    def admit(self, group, max_tokens: int | None) -> Outcome:
         outcome = super().admit(group, max_tokens)
         if outcome is Outcome.SCHEDULED:
             entry = self.output.scheduled[-1]
             self.output.block_ops.append((entry.group.request_id, entry.num_cached_tokens + entry.num_tokens))
-        if outcome is Outcome.SCHEDULED and self._caching:
+        if outcome is Outcome.SCHEDULED and self.caching:
             seqs = entry.group.waiting_seqs()
             if len(seqs) == 1:
-                self._bm.mark_computed(seqs[0], entry.num_cached_tokens + entry.num_tokens)
+                self.bm.mark_computed(seqs[0], entry.num_cached_tokens + entry.num_tokens)
             else:
                 for seq in seqs:
-                    self._bm.mark_computed(seq, seq.num_tokens)
+                    self.bm.mark_computed(seq, seq.num_tokens)
         return outcome
 
     def _admitted_tokens(self, g: SequenceGroup, cached: dict[int, int], chunk: int) -> int | None:
@@ -64,11 +66,11 @@ class V1StepBuilder(StepBuilder):
         seqs = g.seqs
         if len(seqs) == 1 and seqs[0].num_tokens - seqs[0].num_computed_tokens == 1:
             return self._decode_one(g, seqs[0], room)
-        out, bm = self.output, self._bm
+        out, bm = self.output, self.bm
         uncomputed = g.num_uncomputed_tokens
         is_prefill = uncomputed > g.num_unfinished_seqs
         chunk = self._chunk(g, uncomputed, max_tokens, op) if is_prefill else uncomputed
-        if out.num_batched_tokens + chunk > self._max_tokens:
+        if out.num_batched_tokens + chunk > self.max_tokens:
             return Outcome.BUDGET
         running = [s for s in seqs if s.status <= _SWAPPED]
         if is_prefill:  # a chunk continues a single-sequence prompt
@@ -91,8 +93,8 @@ class V1StepBuilder(StepBuilder):
         return Outcome.SCHEDULED
 
     def _decode_one(self, g: SequenceGroup, seq: Sequence, room: bool = False) -> Outcome:
-        out, bm = self.output, self._bm
-        if out.num_batched_tokens >= self._max_tokens:
+        out, bm = self.output, self.bm
+        if out.num_batched_tokens >= self.max_tokens:
             return Outcome.BUDGET
         if seq.num_tokens > len(bm.gpu_tables[seq.seq_id]) * bm.block_size:  # its last block is full
             if self._make_room(g, lambda: 1):
@@ -109,8 +111,8 @@ class V1StepBuilder(StepBuilder):
     def _make_room(self, g: SequenceGroup, needed: Callable[[], int] | None = None) -> bool:
         """Preempt until the blocks ``g`` needs now are free; True if ``g`` itself had to go."""
         if needed is None:
-            needed = lambda: self._bm.blocks_to_append(g)  # noqa: E731
-        while needed() > self._bm.gpu.num_free:
+            needed = lambda: self.bm.blocks_to_append(g)  # noqa: E731
+        while needed() > self.bm.gpu.num_free:
             victim, mode = self._choose_victim(g)
             self._preempt(victim, mode)
             if victim is g:
@@ -118,18 +120,18 @@ class V1StepBuilder(StepBuilder):
         return False
 
     def _name(self, seq: Sequence, num_tokens: int) -> None:
-        if self._caching:
-            self._bm.mark_computed(seq, num_tokens)
+        if self.caching:
+            self.bm.mark_computed(seq, num_tokens)
 
     def _accepts_victim(self, victim: SequenceGroup) -> bool:
         """Any running group, even one scheduled earlier in this step (V1's priority rule picks those)."""
-        return victim.status is _RUNNING and self._touched.get(victim) in (None, "scheduled")
+        return victim.status is _RUNNING and self.touched.get(victim) in (None, "scheduled")
 
     def _preemption_mode(self, g: SequenceGroup, mode: PreemptionMode | None) -> PreemptionMode:
         return PreemptionMode.RECOMPUTE
 
     def _preempt(self, g: SequenceGroup, mode: PreemptionMode | None) -> PreemptionMode:
-        if self._touched.get(g) == "scheduled":
+        if self.touched.get(g) == "scheduled":
             self._unschedule(g)
         self.output.block_ops.append((g.request_id, None))
         return super()._preempt(g, mode)
@@ -146,7 +148,7 @@ class V1StepBuilder(StepBuilder):
         else:
             out.decode_seqs -= entry.num_tokens
         out.kv_tokens_read -= sum(s.num_computed_tokens for s in running)
-        held = {b for s in running for b in self._bm.gpu_tables.get(s.seq_id, ())}
+        held = {b for s in running for b in self.bm.gpu_tables.get(s.seq_id, ())}
         out.blocks_to_copy[:] = [pair for pair in out.blocks_to_copy if pair[1] not in held]
-        del self._touched[g]
+        del self.touched[g]
 

@@ -77,7 +77,7 @@ class VllmV1:
         full = cache.blocks_to_allocate(group)
         if full > cache.num_gpu_blocks:
             return AllocStatus.NEVER
-        watermark = cache.watermark_blocks if (step.running or step.admitted_views) else 0
+        watermark = cache.watermark_blocks if (step.running or step.admitted) else 0
         return AllocStatus.OK if full + watermark <= cache.num_free_gpu_blocks else AllocStatus.LATER
 
     @hookimpl

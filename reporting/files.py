@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kvsched.metrics.requests import RequestMetrics
+from kvsched.reporting.destination import SWEEP_FILES, publishing_folder
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -17,10 +18,15 @@ if TYPE_CHECKING:
 
 
 def write_results(result: RunResult, directory: Path) -> list[Path]:
-    """``summary.json`` and ``requests.csv`` under ``directory`` (created if needed)."""
-    directory.mkdir(parents=True, exist_ok=True)
+    """``summary.json`` and ``requests.csv`` under ``directory`` (created if needed), atomically."""
+    with publishing_folder(directory) as stage:
+        written = _summary_and_requests(result, stage)
+    return [Path(directory) / p.name for p in written]
+
+
+def _summary_and_requests(result: RunResult, directory: Path) -> list[Path]:
     summary_path = directory / "summary.json"
-    summary_path.write_text(json.dumps(result.summary, indent=2, sort_keys=False) + "\n")
+    summary_path.write_text(json.dumps(result.summary, indent=2, sort_keys=False, allow_nan=False) + "\n")
     requests_path = directory / "requests.csv"
     rows = [m.as_dict() for m in result.requests]
     with requests_path.open("w", newline="") as f:
@@ -41,9 +47,15 @@ def requests_frame(metrics: list[RequestMetrics]) -> pd.DataFrame:
 
 
 def write_outputs(outcome: SimOutcome, directory: Path, plot: bool = False) -> list[Path]:
-    """Write every result file of ``outcome`` under ``directory``; returns the paths written."""
-    directory = Path(directory)
-    written = write_results(outcome.result, directory)
+    """Write every result file of ``outcome`` under ``directory``, atomically (the result files of
+    an earlier run there are replaced, not left beside these); returns the paths written."""
+    with publishing_folder(directory) as stage:
+        written = _outputs(outcome, stage, plot)
+    return [Path(directory) / p.name for p in written]
+
+
+def _outputs(outcome: SimOutcome, directory: Path, plot: bool) -> list[Path]:
+    written = _summary_and_requests(outcome.result, directory)
     req = requests_frame(outcome.result.requests)
     path = directory / "requests.parquet"
     req.to_parquet(path, index=False)
@@ -63,12 +75,20 @@ def write_outputs(outcome: SimOutcome, directory: Path, plot: bool = False) -> l
     return written
 
 
+def write_sweep(rows: list[dict[str, Any]], directory: Path) -> list[Path]:
+    """A sweep's rows as ``sweep.csv`` and ``sweep.parquet``, and its trade-off plot, atomically."""
+    from kvsched.reporting.comparisons import tradeoff_plot
+
+    with publishing_folder(directory, SWEEP_FILES) as stage:
+        written = write_sweep_table(rows, stage) + [tradeoff_plot(rows, stage / "tradeoff.png")]
+    return [Path(directory) / Path(p).name for p in written]
+
+
 def write_sweep_table(rows: list[dict[str, Any]], directory: Path) -> list[Path]:
-    """A sweep's rows as ``sweep.csv`` and ``sweep.parquet``."""
+    """A sweep's rows as ``sweep.csv`` and ``sweep.parquet`` (into an existing folder)."""
     import pandas as pd
 
     directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
     frame = pd.DataFrame(rows)
     csv_path, pq_path = directory / "sweep.csv", directory / "sweep.parquet"
     frame.to_csv(csv_path, index=False)

@@ -103,10 +103,10 @@ def run_both(config, policy, threshold, requests, max_steps=400) -> dict[str, in
         seen["steps"] += 1
         seen["preemptions"] += len(mine["preempted"])
         out = report.output.scheduled
-        seen["chunks"] += sum(1 for sg in out if sg.is_prefill and sg.num_tokens < sg.group.seqs[0].num_uncomputed_tokens)
+        seen["chunks"] += sum(1 for sg in out if sg.is_prefill and sg.group.num_uncomputed_tokens > 1)  # prompt left after it
         seen["prefix_hits"] += sum(1 for sg in out if sg.num_cached_tokens)
         seen["stopped"] += sum(1 for reason in mine["finished"].values() if reason == "stop")
-        seen["capped"] += sum(1 for g in report.finished if g.seqs[0].num_tokens == ours.config.max_model_len)
+        seen["capped"] += sum(1 for g in report.finished if g.num_tokens == ours.config.max_model_len)
     raise AssertionError(f"not finished after {max_steps} steps")
 
 
