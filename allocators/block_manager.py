@@ -162,13 +162,17 @@ class BlockManager:
     def can_swap_out(self, group: SequenceGroup) -> bool:
         return len(self._unique_blocks(group, self.gpu_tables)) <= self.cpu.num_free
 
+    def blocks_to_swap_in(self, group: SequenceGroup) -> int:
+        """GPU blocks ``can_swap_in`` asks for: the group's blocks on the CPU plus one spare per sequence."""
+        return len(self._unique_blocks(group, self.cpu_tables)) + group.num_unfinished_seqs
+
     def can_swap_in(self, group: SequenceGroup) -> AllocStatus:
         """Like vLLM: the group's blocks plus one spare per sequence for the decode that follows.
 
         NEVER uses the watermark as ``can_allocate`` does (vLLM compares with the bare pool, which
         leaves a group that fits only into the watermark stuck as LATER forever).
         """
-        required = len(self._unique_blocks(group, self.cpu_tables)) + group.num_unfinished_seqs
+        required = self.blocks_to_swap_in(group)
         if self.gpu.num_blocks - required < self.watermark_blocks:
             return AllocStatus.NEVER
         if self.gpu.num_free - required >= self.watermark_blocks:
