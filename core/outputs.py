@@ -95,6 +95,8 @@ class SchedulerOutput:
     # The first ``lane_decodes`` entries of ``scheduled`` are decodes of the engine's decode lane,
     # whose tokens are known in advance: an executor with ``KnownTokens`` need not sample them.
     lane_decodes: int = 0
+    # Why, per decision that is not a plain decode (``core.decisions.Decision`` tuples, in the order taken).
+    decisions: list[tuple] = field(default_factory=list)
 
     @property
     def num_prefill_groups(self) -> int:

@@ -13,10 +13,11 @@ from typing import TYPE_CHECKING
 
 from kvsched.allocators.alloc_status import AllocStatus
 from kvsched.core.config import PreemptionMode
-from kvsched.core.decisions import Outcome, Preemption
+from kvsched.core.decisions import Decision, Outcome, Preemption
 from kvsched.core.errors import PolicyError
 from kvsched.core.outputs import ScheduledGroup, SchedulerOutput
 from kvsched.core.sequence import SequenceStatus
+from kvsched.core.step_notes import DecisionNotes
 from kvsched.core.view import GroupView, QueueView
 
 if TYPE_CHECKING:
@@ -26,8 +27,9 @@ if TYPE_CHECKING:
 _WAITING, _RUNNING, _SWAPPED = SequenceStatus.WAITING, SequenceStatus.RUNNING, SequenceStatus.SWAPPED
 
 
-class StepBuilder:
-    """One step under construction: read-only queues and budgets plus validated operations."""
+class StepBuilder(DecisionNotes):
+    """One step under construction: read-only queues and budgets plus validated operations (each
+    noting why it turned a group away, ``core/step_notes.py``)."""
 
     def __init__(self, scheduler: Scheduler, now: float) -> None:
         self._sched = scheduler
@@ -132,8 +134,8 @@ class StepBuilder:
         if status is AllocStatus.NEVER:
             return self._ignore(g, "prompt can never fit in the GPU KV cache (can_allocate: NEVER)")
         if status is AllocStatus.LATER:
-            return Outcome.LATER
-        if self.output.num_batched_tokens + chunk > self._max_tokens or self.num_running_seqs + g.max_running_seqs > self._max_seqs:
+            return self._no_blocks(g, self._bm.blocks_to_allocate(g))
+        if self._over_budget(g, chunk):
             return Outcome.BUDGET
         needed = self._bm.blocks_to_allocate(g)
         if needed > self._bm.gpu.num_free:
@@ -144,7 +146,7 @@ class StepBuilder:
         self.admitted.append(g)
         self.num_running_seqs += g.max_running_seqs
         hits = sum(cached.values())
-        self._record(g, chunk, True, hits, hits)
+        self._record(g, chunk, True, hits, hits, uncomputed - chunk)
         return Outcome.SCHEDULED
 
     def advance(self, group: GroupView, max_tokens: int | None = None) -> Outcome:
@@ -166,12 +168,14 @@ class StepBuilder:
         if status is AllocStatus.NEVER:
             return self._ignore(g, "swapped group can never fit back in the GPU KV cache")
         if status is AllocStatus.LATER:
-            return Outcome.LATER
+            return self._no_blocks(g, self._bm.blocks_to_swap_in(g))
         uncomputed = g.num_uncomputed_tokens
         chunk = self._chunk(g, uncomputed, max_tokens, "swap_in") if uncomputed > g.num_unfinished_seqs else uncomputed
-        if self.output.num_batched_tokens + chunk > self._max_tokens or self.num_running_seqs + g.max_running_seqs > self._max_seqs:
+        if self._over_budget(g, chunk):
             return Outcome.BUDGET
-        self.output.blocks_to_swap_in += self._bm.swap_in(g)
+        moved = self._bm.swap_in(g)
+        self.output.blocks_to_swap_in += moved
+        self._note(None, Decision.SWAPPED_IN, g.request_id, len(moved))
         self._touched[g] = "swapped in"
         self.swapped_in.append(g)
         self.num_running_seqs += g.max_running_seqs
@@ -223,7 +227,7 @@ class StepBuilder:
                 continue
             before = out.num_batched_tokens
             if g.num_uncomputed_tokens > left:
-                return Outcome.BUDGET
+                return self._no_tokens(g, g.num_uncomputed_tokens, left)
             outcome = self._run(g, None, "advance")
             if outcome is Outcome.SCHEDULED:
                 touched[g] = "scheduled"
@@ -257,7 +261,7 @@ class StepBuilder:
         is_prefill = uncomputed > g.num_unfinished_seqs
         chunk = self._chunk(g, uncomputed, max_tokens, op) if is_prefill else uncomputed
         if out.num_batched_tokens + chunk > self._max_tokens:
-            return Outcome.BUDGET
+            return self._no_tokens(g, chunk, self._max_tokens - out.num_batched_tokens)
         running = [s for s in seqs if s.status <= _SWAPPED]
         if not is_prefill:
             if self._make_room(g):
@@ -266,14 +270,14 @@ class StepBuilder:
                 cow = self._bm.append_slots(seq)
                 if cow is not None:
                     out.blocks_to_copy.append(cow)
-        self._record(g, chunk, is_prefill, sum(s.num_computed_tokens for s in running))
+        self._record(g, chunk, is_prefill, sum(s.num_computed_tokens for s in running), 0, uncomputed - chunk)
         return Outcome.SCHEDULED
 
     def _decode_one(self, g: SequenceGroup, seq: Sequence) -> Outcome:
         """``_run`` for the commonest case, one sequence decoding one token (once per running request per step)."""
         out = self.output
         if out.num_batched_tokens >= self._max_tokens:
-            return Outcome.BUDGET
+            return self._no_tokens(g, 1, self._max_tokens - out.num_batched_tokens)
         if self._bm.gpu.num_free < 1 and self._make_room(g):
             return Outcome.PREEMPTED
         cow = self._bm.append_slots(seq)
@@ -298,19 +302,21 @@ class StepBuilder:
                 # exact need fits (vLLM's worst case makes a lone request thrash).
                 if bm.blocks_to_append(g) <= bm.gpu.num_free:
                     return False
-                self._preempt(g, mode)
+                self._preempt(g, mode, g)
                 return True
-            self._preempt(victim, mode)
+            self._preempt(victim, mode, g)
         return False
 
-    def _record(self, g: SequenceGroup, chunk: int, is_prefill: bool, context: int, cached: int = 0) -> None:
+    def _record(self, g: SequenceGroup, chunk: int, is_prefill: bool, context: int, cached: int = 0, left: int = 0) -> None:
         """Add ``g`` to the batch and to the step's cost features (``context``: KV tokens it reads;
-        ``cached``: prompt tokens an admission found in the prefix cache)."""
+        ``cached``: prompt tokens an admission found in the prefix cache; ``left``: prompt tokens a
+        prefill leaves for later chunks)."""
         out = self.output
         out.scheduled.append(ScheduledGroup(g, chunk, is_prefill, cached))
         out.num_batched_tokens += chunk
         if is_prefill:
             out.prefill_tokens += chunk
+            out.decisions.append((Decision.PREFILL, g.request_id, chunk, left, cached))
         else:
             out.decode_seqs += chunk
         out.kv_tokens_read += context
@@ -329,7 +335,7 @@ class StepBuilder:
                 raise PolicyError(self.policy_name, f"choose_preemption picked {victim.request_id!r}, which is {state}, not an unscheduled running group")
         return victim, choice.mode
 
-    def _preempt(self, g: SequenceGroup, mode: PreemptionMode | None) -> PreemptionMode:
+    def _preempt(self, g: SequenceGroup, mode: PreemptionMode | None, requester: SequenceGroup | None = None) -> PreemptionMode:
         _out_of_lane(g)
         if self.config.preemption_mode is not None:
             mode = self.config.preemption_mode
@@ -346,6 +352,7 @@ class StepBuilder:
             self.recomputed.append(g)
         self._touched[g] = f"preempted ({mode.value})"
         self.output.preempted.append((g, mode))
+        self._note(None, Decision.PREEMPTED, g.request_id, mode, requester.request_id if requester is not None else None)
         self.num_running_seqs -= g.max_running_seqs
         return mode
 
@@ -362,6 +369,7 @@ class StepBuilder:
         self._touched[g] = "ignored"
         self.ignore_reasons[g] = reason
         self.output.ignored.append(g)
+        self._note(None, Decision.IGNORED, g.request_id, reason)
         return Outcome.NEVER
 
     def _resolve(self, view: GroupView, expected: SequenceStatus, op: str) -> SequenceGroup:
