@@ -19,12 +19,14 @@ ArrivalOpt = Annotated[Optional[str], typer.Option("--arrival", help="synthetic 
 CvOpt = Annotated[float, typer.Option("--cv", min=1e-9, help="coefficient of variation of gamma arrival gaps")]
 SloTtftOpt = Annotated[Optional[float], typer.Option("--slo-ttft", min=0, help="TTFT target (s) for SLO goodput")]
 SloTpotOpt = Annotated[Optional[float], typer.Option("--slo-tpot", min=0, help="TPOT target (s) for SLO goodput")]
-PlotOpt = Annotated[bool, typer.Option("--plot", help="also write PNG plots and report.html under --output")]
+PlotOpt = Annotated[bool, typer.Option("--plot", help="also write PNG plots, report.html and trace.json under --output")]
+DecisionLogOpt = Annotated[bool, typer.Option("--decision-log/--no-decision-log", help="with --output: write decisions.parquet, every scheduling decision and its reason (read by engine explain)")]
+TraceOutOpt = Annotated[Optional[Path], typer.Option("--trace-out", help="write a Perfetto / Chrome trace (JSON) here; with --plot it goes beside the results")]
 
 
 def run_command(policy, policy_opt, overrides, seed, num_requests, rate, output, profile, quiet,
                 workload=None, trace=None, rate_scale=1.0, start_offset=0.0, arrival=None, cv=1.0,
-                slo_ttft=None, slo_tpot=None, plot=False) -> dict:
+                slo_ttft=None, slo_tpot=None, plot=False, decision_log=True, trace_out=None) -> dict:
     """``engine run``: build the workload, simulate with a progress bar, print the table, write the files."""
     from kvsched.cli.common import build_config, console, fail, parse_pairs, progress_bar, summary_table
     from kvsched.executors.profiles import resolve_profile
@@ -34,12 +36,17 @@ def run_command(policy, policy_opt, overrides, seed, num_requests, rate, output,
 
     if plot and output is None:
         fail("--plot needs --output DIR (the plots and report.html are written there)")
+    if (plot or trace_out is not None) and not decision_log:
+        fail("--plot and --trace-out read the decision log: drop --no-decision-log")
+    if trace_out is not None and output is None:
+        fail("--trace-out needs --output DIR (the trace is built from the decision log written there)")
     load_policy(policy)
     resolve_profile(profile)
     job = SimJob(
         build_workload(workload, trace, num_requests=num_requests, rate=rate, rate_scale=rate_scale,
                        start_offset=start_offset, arrival=arrival, cv=cv, seed=seed),
         policy, build_config(overrides), profile, parse_pairs(policy_opt, "--policy-opt"), slo_ttft, slo_tpot,
+        decision_log=Path(output) / "decisions.parquet" if output is not None and decision_log else None,
     )
     with progress_bar(quiet) as bar:
         task = bar.add_task("run", total=None)
@@ -55,7 +62,7 @@ def run_command(policy, policy_opt, overrides, seed, num_requests, rate, output,
     if output is not None:
         from kvsched.reporting.files import write_outputs
 
-        for path in write_outputs(outcome, output, plot=plot):
+        for path in write_outputs(outcome, output, plot=plot, trace=trace_out):
             console.print(f"wrote {path}", highlight=False)
     return outcome.summary
 

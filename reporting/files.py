@@ -1,10 +1,11 @@
-"""The results folder: summary.json, requests.csv, requests.parquet, timeseries.parquet (and plots)."""
+"""The results folder: summary.json, requests.csv, requests.parquet, timeseries.parquet, decisions.parquet
+(written during the run by the decision log), and with ``--plot`` the plots, report.html and trace.json."""
 
 from __future__ import annotations
 
 import csv
 import json
-from dataclasses import fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -40,8 +41,11 @@ def requests_frame(metrics: list[RequestMetrics]) -> pd.DataFrame:
     return frame
 
 
-def write_outputs(outcome: SimOutcome, directory: Path, plot: bool = False) -> list[Path]:
-    """Write every result file of ``outcome`` under ``directory``; returns the paths written."""
+def write_outputs(outcome: SimOutcome, directory: Path, plot: bool = False, trace: Path | None = None) -> list[Path]:
+    """Write every result file of ``outcome`` under ``directory``; returns the paths written.
+
+    With ``plot``: the PNG plots, ``report.html`` and the trace (``trace.json``, or at ``trace``);
+    the trace alone with ``trace``. Both are made from the files, decision log included."""
     directory = Path(directory)
     written = write_results(outcome.result, directory)
     req = requests_frame(outcome.result.requests)
@@ -53,13 +57,22 @@ def write_outputs(outcome: SimOutcome, directory: Path, plot: bool = False) -> l
         path = directory / "timeseries.parquet"
         ts.to_parquet(path, index=False)
         written.append(path)
+    if outcome.decision_log is not None:
+        written.append(outcome.decision_log)
+    if plot or trace is not None:
+        from kvsched.reporting.trace import write_trace
+
+        if outcome.decision_log is None:
+            raise ValueError("the report and the trace are made from the decision log: run the job with decision_log set")
+
+        run = read_run(directory)
+        written.append(write_trace(run, trace if trace is not None else directory / "trace.json"))
     if plot:
         from kvsched.reporting.html import write_report
         from kvsched.reporting.plots import run_plots
 
-        pngs = run_plots(req, ts, outcome.summary, directory)
-        written += pngs
-        written.append(write_report(outcome.summary, pngs, directory / "report.html"))
+        written += run_plots(req, ts, outcome.summary, directory)
+        written.append(write_report(run, directory / "report.html"))
     return written
 
 
@@ -74,3 +87,28 @@ def write_sweep_table(rows: list[dict[str, Any]], directory: Path) -> list[Path]
     frame.to_csv(csv_path, index=False)
     frame.to_parquet(pq_path, index=False)
     return [csv_path, pq_path]
+
+
+@dataclass
+class RunFiles:
+    """A results folder read back: what ``engine explain``, the trace and the report are made of."""
+
+    directory: Path
+    summary: dict
+    requests: pd.DataFrame
+    steps: pd.DataFrame  # timeseries.parquet
+    events: pd.DataFrame  # decisions.parquet
+
+
+def read_run(directory: Path) -> RunFiles:
+    """Read a folder written by ``engine run --output``; a missing file is one clear error."""
+    import pandas as pd
+
+    directory = Path(directory)
+    names = ("summary.json", "requests.parquet", "timeseries.parquet", "decisions.parquet")
+    missing = [n for n in names if not (directory / n).is_file()]
+    if missing:
+        raise FileNotFoundError(f"{directory} has no {', '.join(missing)}: write it with `engine run ... --output {directory}` "
+                                "(the decision log is on by default)")
+    return RunFiles(directory, json.loads((directory / "summary.json").read_text()), pd.read_parquet(directory / "requests.parquet"),
+                    pd.read_parquet(directory / "timeseries.parquet"), pd.read_parquet(directory / "decisions.parquet"))
