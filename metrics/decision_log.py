@@ -20,7 +20,8 @@ swapped or running; unused fields are null):
 event         fields
 ============  ===============================================================================
 admitted      tokens computed now, cached_tokens, tokens_left (a chunked prompt's rest)
-prefill       a later chunk of a prompt: tokens, tokens_left
+prefill       a later chunk of a prompt: tokens, tokens_left (the prompt's last token, when
+              it is computed alone, runs as a one-token decode: it gets a row too)
 swapped_in    needed: blocks moved back to the GPU
 preempted     reason: recompute or swap; other_request: the request it made room for
               (null: the policy preempted it)
@@ -125,8 +126,13 @@ class DecisionLog:
                 rows.append((step, start, "ignored", rid, None, queue, None, None, None, None, None, None, note[2]))
             elif code is Decision.HELD:
                 rows.append((step, start, "held", None, str(note[2]), None, None, None, None, None, None, None, format_numbers(note[3])))
+        ran = {sg.group.request_id for sg in out.scheduled[out.lane_decodes:] if not sg.is_prefill}  # outside the lane
+        for rid in ran.intersection(prefilling_before) if prefilling_before else ():
+            # a prompt's last token computed alone is scheduled as a one-token decode (which samples the first token)
+            prefilling.discard(rid)
+            rows.append((step, start, "prefill", rid, None, "running", 1, None, 0, None, None, None, None))
         if had_running:
-            self._left_out(r, start, prefilling_before, touched, joined, left)
+            self._left_out(r, start, prefilling_before, touched, ran, joined, left)
         for g in r.finished:
             rid = g.request_id
             running.discard(rid)
@@ -136,18 +142,18 @@ class DecisionLog:
         if len(rows) >= ROW_GROUP:
             self._flush()
 
-    def _left_out(self, r: StepReport, start: float, prefilling: tuple[str, ...], touched: set[str],
+    def _left_out(self, r: StepReport, start: float, prefilling: tuple[str, ...], touched: set[str], ran: set[str],
                   joined: list[str], left: list[str]) -> None:
-        """Rows for the requests running at the step's start that it neither ran nor gave a decision.
+        """Rows for the requests running at the step's start that it neither ran (``ran``: decodes
+        outside the lane) nor gave a decision.
 
         A lane step ran every running request that was decoding, so only those in the middle of a
         prefill (``prefilling``, as the step began) can have been left out; otherwise the batch
         says who ran (a step without the lane already costs one entry per member)."""
         out = r.output
         if out.lane_decodes:
-            candidates = prefilling
+            candidates = [rid for rid in prefilling if rid not in ran]
         else:
-            ran = {sg.group.request_id for sg in out.scheduled if not sg.is_prefill}
             if not ran and not touched:
                 self._rows.append((r.step, start, "left_out", None, "not_offered", "running", None, None, None, None, None, None, None))
                 return
