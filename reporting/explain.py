@@ -92,10 +92,10 @@ class Explainer:
             lines += ["", f"ignored: {len(ign):,}"]
             for rule, n in ign.detail.str.replace(r"\d+", "N", regex=True).value_counts().items():
                 lines.append(f"  {n:,}  {rule}")
-        done = self.run.requests.dropna(subset=["queueing_time"]).nlargest(5, "queueing_time")
-        if len(done):
+        longest = self.run.requests[self.run.requests.queueing_time > 0].nlargest(5, "queueing_time")
+        if len(longest):
             lines += ["", "longest waits before the first step (engine explain DIR --request ID):"]
-            for r in done.itertuples():
+            for r in longest.itertuples():
                 lines.append(f"  {r.request_id}: {r.queueing_time:,.1f} s")
         return lines
 
@@ -128,22 +128,29 @@ class Explainer:
         return lines
 
     def _wait_lines(self, rid: str, p: Phase, waited: dict[str, float]) -> list[str]:
-        pad = " " * 40
-        lines = []
-        first = self.why.start[p.first_step] if p.first_step < len(self.why.start) else p.end_s
-        if p.kind == "queued" and first > p.start_s:
-            waited[ARRIVAL] = waited.get(ARRIVAL, 0.0) + first - p.start_s
-            lines.append(f"{pad}{first - p.start_s:10,.3f} s  {label(ARRIVAL)}")
-        for run in self.why.reason_runs(rid, WAITING_PHASES[p.kind], p.first_step, p.last_step, max(first, p.start_s)):
+        pad, why = " " * 40, self.why
+        lines, first = [], p.first_step
+        if p.kind == "queued":  # from its arrival to the start of the first step that saw it
+            begin = why.start[first] if first < len(why.start) else p.end_s
+            key, where = ARRIVAL, ""
+        else:  # the step that preempted it
+            begin, first = why.start[first] + why.interval[first], first + 1
+            key, where = f"preempted_{'swap' if p.kind == 'swapped' else 'recompute'}", _steps(first - 1, first - 1)
+        if begin > p.start_s:
+            waited[key] = waited.get(key, 0.0) + begin - p.start_s
+            lines.append(f"{'':16}{where:>22}  {begin - p.start_s:10,.3f} s  {label(key)}")
+        for run in why.reason_runs(rid, WAITING_PHASES[p.kind], first, p.last_step, begin):
             for key, seconds in run.seconds.items():
                 waited[key] = waited.get(key, 0.0) + seconds
-            lines.append(f"{'':16}{_steps(run.first_step, run.last_step):>22}  {run.end_s - run.start_s:10,.3f} s  {label(run.key)}")
-            total = run.end_s - run.start_s
+            only = next(iter(run.seconds)) if len(run.seconds) == 1 else run.key  # say what stopped it when one thing did
+            lines.append(f"{'':16}{_steps(run.first_step, run.last_step):>22}  {run.end_s - run.start_s:10,.3f} s  {label(only)}")
+            total = max(run.end_s - run.start_s, 1e-12)
             for key, seconds in sorted(run.seconds.items(), key=lambda kv: -kv[1]):
                 checks = numbers(key, run.numbers.get(key, []), self.watermark)
-                share = f"{100 * seconds / total:5.1f}% " if len(run.seconds) > 1 and total > 0 else ""
-                if share or checks:
-                    lines.append(f"{pad}  {share}{label(key) if share else ''}{' (' + checks + ')' if share and checks else checks}")
+                if len(run.seconds) > 1:  # a head-of-line stretch stopped by several kinds of check
+                    lines.append(f"{pad}  {100 * seconds / total:5.1f}% {label(key)}" + (f" ({checks})" if checks else ""))
+                elif checks:
+                    lines.append(f"{pad}  {checks}")
             if run.blockers:
                 lines.append(f"{pad}  stopped at {len(run.blockers):,} request{'s' * (len(run.blockers) > 1)}: {_ids(run.blockers)}")
         ev = self.why.in_steps(p.first_step, p.last_step)
@@ -205,7 +212,7 @@ class Explainer:
             rest = int(why.not_offered(queue)[n])
             if rest:
                 key, blocker, _detail = why.step_reason(queue, n)
-                lines.append(f"  {rest:,} {queue} requests not offered: {label(key)}" + (f" (stopped at {blocker})" if blocker else ""))
+                lines.append(f"  {queue}: {rest:,} more not offered: {label(key)}" + (f" (stopped at {blocker})" if blocker else ""))
         for row in ev[ev.event == "left_out"].itertuples():
             who = row.request_id if isinstance(row.request_id, str) else f"all {at['running']:,} running requests"
             lines.append(f"  {who} not run: {label(why.running_key[n])}")
