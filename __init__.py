@@ -20,7 +20,7 @@ _HOMES = {
     "kvsched.allocators.alloc_status": ("AllocStatus",),
     "kvsched.core.clock": ("Clock", "VirtualClock", "WallClock"),
     "kvsched.core.config": ("EngineConfig", "PreemptionMode"),
-    "kvsched.core.decisions": ("Outcome", "Preemption"),
+    "kvsched.core.decisions": ("Decision", "Outcome", "Preemption"),
     "kvsched.core.engine": ("Engine",),
     "kvsched.core.errors": ("AuditError", "KvschedError", "PolicyError", "StallError", "UnknownPolicyError"),
     "kvsched.core.executor": ("Executor", "KnownTokens", "StepResult"),
