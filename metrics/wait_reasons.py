@@ -65,6 +65,7 @@ class Run:
     seconds: dict[str, float] = field(default_factory=lambda: defaultdict(float))  # fine reason -> time
     numbers: dict[str, list[tuple[int, int]]] = field(default_factory=lambda: defaultdict(list))  # fine reason -> (needed, available)
     blockers: list[str] = field(default_factory=list)  # the requests admission stopped at, each once, in order
+    details: list[str] = field(default_factory=list)  # the numbers a policy gave ``hold_back``, each once, in order
 
 
 class WaitReasons:
@@ -166,7 +167,7 @@ class WaitReasons:
         if last_step < first_step:
             return []
         ctx = self._context[queue].iloc[first_step:last_step + 1]
-        keys, blockers = ctx.key.to_numpy().copy(), ctx.blocker.to_numpy().copy()
+        keys, blockers, details = ctx.key.to_numpy().copy(), ctx.blocker.to_numpy().copy(), ctx.detail.to_numpy()
         needed, available = ctx.needed.to_numpy().copy(), ctx.available.to_numpy().copy()
         own = self.rows_of(rid)
         own = own[(own.event == "wait") & own.step.between(first_step, last_step)]
@@ -186,5 +187,6 @@ class WaitReasons:
                 checked = mine & ~np.isnan(needed[a:b])
                 run.numbers[key] = list(zip(needed[a:b][checked].astype(int), available[a:b][checked].astype(int)))
             run.blockers = list(dict.fromkeys(x for x in blockers[a:b] if x is not None))
+            run.details = list(dict.fromkeys(x for x, key in zip(details[a:b], keys[a:b]) if x is not None and key == run.key))
             runs.append(run)
         return runs

@@ -25,6 +25,10 @@ def _ids(ids: list[str], limit: int = SHOWN) -> str:
     return ", ".join(ids[:limit]) + more
 
 
+def _count(n: int, thing: str) -> str:
+    return f"{n:,} {thing}{'s' * (n != 1)}"
+
+
 def _steps(first: int, last: int) -> str:
     return f"step {first:,}" if first == last else f"steps {first:,}–{last:,}"
 
@@ -152,11 +156,13 @@ class Explainer:
                 elif checks:
                     lines.append(f"{pad}  {checks}")
             if run.blockers:
-                lines.append(f"{pad}  stopped at {len(run.blockers):,} request{'s' * (len(run.blockers) > 1)}: {_ids(run.blockers)}")
+                lines.append(f"{pad}  stopped at {_count(len(run.blockers), 'request')}: {_ids(run.blockers)}")
+            if run.details:  # the numbers the policy compared, as it began and as it ended
+                lines.append(f"{pad}  {run.details[0]}" + (f" … {run.details[-1]}" if len(run.details) > 1 else ""))
         ev = self.why.in_steps(p.first_step, p.last_step)
         ahead = ev[(ev.event == "admitted") & (ev.request_id != rid)]
         if len(ahead):
-            lines.append(f"{pad}meanwhile {len(ahead):,} admissions went ahead of it: {_ids(list(ahead.request_id))}")
+            lines.append(f"{pad}meanwhile {_count(len(ahead), 'admission')} went ahead of it: {_ids(list(ahead.request_id))}")
         return lines
 
     def _decode_lines(self, rid: str, p: Phase) -> list[str]:
@@ -168,10 +174,10 @@ class Explainer:
         at = out.step.to_numpy()
         for key in dict.fromkeys(self.why.running_key[at]):
             mine = at[self.why.running_key[at] == key]
-            lines.append(f"{'':40}not run in {len(mine):,} steps ({self.why.interval[mine].sum():,.3f} s): {label(key)}, "
+            lines.append(f"{'':40}not run in {_count(len(mine), 'step')} ({self.why.interval[mine].sum():,.3f} s): {label(key)}, "
                          f"first at step {int(mine[0]):,}")
         for reason, rows in budget.groupby("reason"):
-            lines.append(f"{'':40}not run in {len(rows):,} steps: {label(reason)}")
+            lines.append(f"{'':40}not run in {_count(len(rows), 'step')}: {label(reason)}")
         return lines
 
     def _prefill_lines(self, rid: str, p: Phase) -> list[str]:

@@ -106,6 +106,8 @@ def test_the_delay_gate_with_its_numbers_and_a_mid_step_arrival(tmp_path):
     why = WaitReasons(log.events, log.steps, log.requests)
     table = why.time_by_reason().set_index(["queue", "key"]).request_s.to_dict()
     assert table[("waiting", "arrival")] == 0.5 and table[("waiting", "held:delay gate")] == 1.0
+    (stretch,) = why.reason_runs("b", "waiting", 1, 1, 1.0)
+    assert (stretch.key, stretch.details) == ("held:delay gate", list(held.detail))
 
 
 def test_swap_preemption_swap_first_and_swap_in_later(tmp_path):
