@@ -122,6 +122,8 @@ class BlockManager:
     def blocks_to_allocate(self, group: SequenceGroup) -> int:
         """Free GPU blocks that admitting ``group`` would consume (cache hits on held blocks are free)."""
         seqs = group.waiting_seqs()
+        if len(seqs) == 1 and not self.enable_prefix_caching:  # the common case, without a cache to look in
+            return self.num_blocks(seqs[0].num_tokens)
         shared = self._shared_prompt_blocks(seqs)
         needed = 0
         for k, seq in enumerate(seqs):
