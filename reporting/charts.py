@@ -69,6 +69,19 @@ def _binned(values, bins: np.ndarray, n: int, weights=None) -> np.ndarray:
         return np.bincount(bins, weights=np.asarray(values, dtype=float) * w, minlength=n) / total
 
 
+def _over_time(mid: np.ndarray, left: dict[str, np.ndarray], right: dict[str, np.ndarray], left_title: str, right_title: str) -> go.Figure:
+    """Series over simulated time on two y axes (``{name: values per bin}``), each axis from zero:
+    quantities of different scales each get their own."""
+    fig = make_subplots(specs=[[{"secondary_y": True}]])
+    for secondary, series, axis in ((False, left, "left"), (True, right, "right")):
+        for name, values in series.items():
+            fig.add_trace(go.Scatter(x=mid, y=values, name=f"{name} ({axis} axis)"), secondary_y=secondary)
+    fig.update_xaxes(title_text="simulated time (s)")
+    fig.update_yaxes(title_text=left_title, secondary_y=False, rangemode="tozero")
+    fig.update_yaxes(title_text=right_title, secondary_y=True, rangemode="tozero", showgrid=False)
+    return fig
+
+
 def latency(requests: pd.DataFrame, itl: tuple[np.ndarray, np.ndarray]) -> Chart:
     done = requests[requests.status.isin(DONE)]
     fig = make_subplots(1, 2, subplot_titles=("TTFT and end-to-end latency", "TPOT and inter-token latency"))
@@ -107,14 +120,9 @@ def vidur_latency(requests: pd.DataFrame) -> Chart:
 
 def queues(steps: pd.DataFrame) -> Chart:
     bins, mid = _bins(steps)
-    w = steps.duration_s
-    fig = make_subplots(specs=[[{"secondary_y": True}]])
-    fig.add_trace(go.Scatter(x=mid, y=_binned(steps.num_waiting, bins, len(mid), w), name="waiting (left axis)"), secondary_y=False)
-    for col, name in (("num_running", "running"), ("num_swapped", "swapped")):
-        fig.add_trace(go.Scatter(x=mid, y=_binned(steps[col], bins, len(mid), w), name=f"{name} (right axis)"), secondary_y=True)
-    fig.update_xaxes(title_text="simulated time (s)")
-    fig.update_yaxes(title_text="waiting requests", secondary_y=False, rangemode="tozero")
-    fig.update_yaxes(title_text="running / swapped requests", secondary_y=True, rangemode="tozero", showgrid=False)
+    mean = {q: _binned(steps[f"num_{q}"], bins, len(mid), steps.duration_s) for q in ("waiting", "running", "swapped")}
+    fig = _over_time(mid, {"waiting": mean["waiting"]}, {"running": mean["running"], "swapped": mean["swapped"]},
+                     "waiting requests", "running / swapped requests")
     return Chart("queues", "Queues over time", (
         "Requests in each queue after each step, time-weighted means per time bin. The waiting queue has its own axis "
         "(left) because under overload it is orders of magnitude longer than the running and swapped queues (right)."),
@@ -147,14 +155,9 @@ def throughput(steps: pd.DataFrame, requests: pd.DataFrame, events: pd.DataFrame
     edges = np.append(mid - width / 2, mid[-1] + width / 2)
     arrivals = np.histogram(requests.arrival_time, edges)[0]
     finished = np.histogram(requests.finish_time[requests.status.isin(DONE)], edges)[0]
-    fig = make_subplots(specs=[[{"secondary_y": True}]])
-    fig.add_trace(go.Scatter(x=mid, y=arrivals / width, name="arrivals (req/s, left axis)"), secondary_y=False)
-    fig.add_trace(go.Scatter(x=mid, y=finished / width, name="finished (req/s, left axis)"), secondary_y=False)
-    fig.add_trace(go.Scatter(x=mid, y=np.bincount(bins, weights=tokens, minlength=len(mid)) / width,
-                             name="output tokens/s (right axis)"), secondary_y=True)
-    fig.update_xaxes(title_text="simulated time (s)")
-    fig.update_yaxes(title_text="requests per second", secondary_y=False, rangemode="tozero")
-    fig.update_yaxes(title_text="output tokens per second", secondary_y=True, rangemode="tozero", showgrid=False)
+    fig = _over_time(mid, {"arrivals, req/s": arrivals / width, "finished, req/s": finished / width},
+                     {"output tokens/s": np.bincount(bins, weights=tokens, minlength=len(mid)) / width},
+                     "requests per second", "output tokens per second")
     return Chart("throughput", "Throughput and arrivals over time", (
         f"Requests arriving and finishing per second, and output tokens generated per second, in bins of {width:,.1f} s. "
         "Arrivals above finishes for long stretches mean the waiting queue grows."), _layout(fig))
@@ -162,12 +165,8 @@ def throughput(steps: pd.DataFrame, requests: pd.DataFrame, events: pd.DataFrame
 
 def batch_over_time(steps: pd.DataFrame) -> Chart:
     bins, mid = _bins(steps)
-    fig = make_subplots(specs=[[{"secondary_y": True}]])
-    fig.add_trace(go.Scatter(x=mid, y=_binned(steps.decode_seqs, bins, len(mid)), name="decoding sequences per step (left axis)"), secondary_y=False)
-    fig.add_trace(go.Scatter(x=mid, y=_binned(steps.prefill_tokens, bins, len(mid)), name="prefill tokens per step (right axis)"), secondary_y=True)
-    fig.update_xaxes(title_text="simulated time (s)")
-    fig.update_yaxes(title_text="sequences", secondary_y=False, rangemode="tozero")
-    fig.update_yaxes(title_text="tokens", secondary_y=True, rangemode="tozero", showgrid=False)
+    fig = _over_time(mid, {"decoding sequences per step": _binned(steps.decode_seqs, bins, len(mid))},
+                     {"prefill tokens per step": _binned(steps.prefill_tokens, bins, len(mid))}, "sequences", "tokens")
     return Chart("batch-time", "Batch composition over time", (
         "Mean per step within each time bin: sequences that decode one token (left axis) and prompt tokens prefilled "
         "(right axis, its own scale: a prompt step computes hundreds of tokens where a decode computes one per sequence)."),
