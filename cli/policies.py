@@ -86,9 +86,10 @@ def compare(policy: PoliciesOpt, policy_opt: Annotated[Optional[list[str]], type
     runs = run_policies(policy, loads, build_config(set_), profile, options)
     first = runs[0].summaries[0]
     name = first["workload"].get("name") or first["workload"].get("kind", "workload")
-    seeded = f"seeds {seed}–{seed + len(loads) - 1}, mean ± 95% CI" if len(loads) > 1 else (
+    seeded = f"seeds {seed}–{seed + len(loads) - 1}" if len(loads) > 1 else (
         f"seed {seed}" + (" (the workload does not depend on its seed: one run)" if seeds > 1 else ""))
-    title = f"{name} · {first['num_requests']} requests · {seeded} · profile {profile}"
+    several = len(loads) > 1
+    title = f"{name} · {first['num_requests']} requests · {seeded}{', mean ± 95% CI' if several else ''} · profile {profile}"
     table = Table(title=title)
     table.add_column("metric")
     for run in runs:
@@ -97,7 +98,8 @@ def compare(policy: PoliciesOpt, policy_opt: Annotated[Optional[list[str]], type
         table.add_row(*row)
     console.print(table)
     if plot is not None:
-        console.print(f"wrote {plot_cdfs(runs, plot, title)}", highlight=False)
+        pooled = f"{name} · {first['num_requests']} requests · {seeded}{', pooled' if several else ''} · profile {profile}"
+        console.print(f"wrote {plot_cdfs(runs, plot, pooled)}", highlight=False)
 
 
 def register(app: typer.Typer) -> None:
