@@ -21,8 +21,9 @@ def tradeoff_plot(rows: list[dict[str, Any]], path, title: str = "") -> Any:
     """Throughput vs p99 TTFT, one numbered point per configuration, one colour per policy.
 
     The numbers are keyed to their settings in a panel beside the plot (labels next to the points
-    overlapped wherever configurations land close together); configurations that land on the same
-    spot (a setting the policy ignores) share one number.
+    overlapped wherever configurations land close together), and the numbers of spots that are
+    close on the plot are stacked; configurations that land on the same spot (a setting the policy
+    ignores) share one number.
     """
     plt = pyplot()
     keys = [k for k in rows[0] if k not in ("label", "policy") and k not in {m for m, _ in METRICS} | {"profile", "wall_s"}] if rows else []
@@ -38,15 +39,20 @@ def tradeoff_plot(rows: list[dict[str, Any]], path, title: str = "") -> Any:
         mine = [(float(x), float(y)) for (p, x, y) in spots if p == pol]
         ax.scatter([x for x, _ in mine], [y for _, y in mine], label=pol, color=f"C{i}", s=30)
     key.axis("off")
+    ax.set_xscale("log")
+    ax.autoscale_view()
+    placed: list[tuple[float, float]] = []  # where the numbers went, in pixels: close spots stack theirs upwards
     for n, ((pol, x, y), labels) in enumerate(spots.items(), start=1):
         colour = f"C{policies.index(pol)}"
-        ax.annotate(str(n), (float(x), float(y)), fontsize=7, xytext=(3, 3), textcoords="offset points", color=colour)
+        px, py = ax.transData.transform((float(x), float(y)))
+        stacked = sum(1 for qx, qy in placed if abs(qx - px) < 16 and abs(qy - py) < 12)
+        placed.append((px, py))
+        ax.annotate(str(n), (float(x), float(y)), fontsize=7, xytext=(3, 3 + 9 * stacked), textcoords="offset points", color=colour)
         text = labels[0] if len(labels) == 1 else f"{labels[0]} (+{len(labels) - 1} alike)"
         key.text(0, 1 - (n - 0.5) / max(len(spots), 1), f"{n:>3}  {pol}: {text}", fontsize=7, color=colour, va="center",
                  family="monospace", transform=key.transAxes)
     key.set_title(", ".join(f"{_short(k)} = {k}" for k in keys), fontsize=7, loc="left")
     ax.set(xlabel="p99 TTFT (s)", ylabel="throughput (output tokens/s)", title=title or "throughput vs p99 TTFT")
-    ax.set_xscale("log")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="best")
     fig.tight_layout()

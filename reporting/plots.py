@@ -79,7 +79,7 @@ def queues_and_kv(ts: pd.DataFrame, summary: dict, path: Path) -> Path:
     right.set_ylabel("running / swapped requests")
     right.set_ylim(bottom=0)
     handles = top.get_legend_handles_labels()[0] + right.get_legend_handles_labels()[0]
-    top.legend(handles=handles, loc="upper left", fontsize=8)
+    right.legend(handles=handles, loc="upper left", fontsize=8)  # on the twin, which is drawn over the first axes
     total = summary.get("kv_usage", {}).get("gpu_blocks_total") or summary["config"]["num_gpu_blocks"]
     bottom.plot(t, 100 * ts.gpu_blocks_used / total, label="GPU KV blocks used", lw=0.8)
     cpu_total = summary["config"]["num_cpu_blocks"]
@@ -109,7 +109,7 @@ def batch_composition(ts: pd.DataFrame, summary: dict, path: Path, bins: int = 2
     a2.plot(mid, pre, label="prefill tokens / step (right axis)", lw=0.9, color="C1")
     a2.set_ylabel("prefill tokens / step")
     a2.set_ylim(bottom=0)
-    a.legend(handles=a.get_legend_handles_labels()[0] + a2.get_legend_handles_labels()[0], loc="upper left", fontsize=8)
+    a2.legend(handles=a.get_legend_handles_labels()[0] + a2.get_legend_handles_labels()[0], loc="upper left", fontsize=8)
     b.plot(mid, 100 * share, lw=0.9, color="tab:purple", label="prefill steps (% of steps)")
     pre_r = grouped.preempted_recompute.sum().reindex(range(bins), fill_value=0)
     pre_s = grouped.preempted_swap.sum().reindex(range(bins), fill_value=0)
