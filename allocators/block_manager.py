@@ -5,39 +5,19 @@ transaction (``begin``/``commit``/``rollback``) so that the scheduler can undo a
 when a policy raises, leaving the pools exactly as consistent as before.
 
 A leaf: it imports nothing of the engine, and sees sequences and groups only through the two
-small protocols below (the core's ``Sequence`` and ``SequenceGroup`` satisfy them).
+small protocols of ``allocators/shapes.py`` (the core's ``Sequence`` and ``SequenceGroup`` satisfy them).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence as Tokens
-from typing import Protocol
+from typing import TYPE_CHECKING
 
 from kvsched.allocators.alloc_status import AllocStatus
 from kvsched.allocators.block_pool import BlockPool
 
+if TYPE_CHECKING:
+    from kvsched.allocators.shapes import Sequence, SequenceGroup
 
-class Sequence(Protocol):
-    """What the block manager reads of a sequence: its id and its tokens."""
-
-    seq_id: int
-    num_tokens: int
-    num_computed_tokens: int
-    prompt: Tokens[int]
-    output: Tokens[int]
-
-    def token_slice(self, start: int, stop: int) -> tuple[int, ...]: ...
-
-
-class SequenceGroup(Protocol):
-    """What it reads of a group: its sequences, and which of them wait or are unfinished."""
-
-    seqs: list[Sequence]
-    num_unfinished_seqs: int
-
-    def waiting_seqs(self) -> list[Sequence]: ...
-
-    def unfinished_seqs(self) -> list[Sequence]: ...
 
 _NO_PARENT = 0x9E3779B97F4A7C15  # root of every prefix-hash chain
 
@@ -128,6 +108,8 @@ class BlockManager:
         allocates a chunked prompt chunk by chunk); None: every token.
         """
         seqs = group.waiting_seqs()
+        if len(seqs) == 1 and not self.enable_prefix_caching:  # the common case, without a cache to look in
+            return self.num_blocks(seqs[0].num_tokens if num_tokens is None else num_tokens)
         shared = self._shared_prompt_blocks(seqs)
         needed = 0
         for k, seq in enumerate(seqs):
@@ -173,6 +155,17 @@ class BlockManager:
     def can_swap_out(self, group: SequenceGroup) -> bool:
         return len(self._unique_blocks(group, self.gpu_tables)) <= self.cpu.num_free
 
+    def blocks_to_swap_in(self, group: SequenceGroup) -> int:
+        """GPU blocks ``can_swap_in`` asks for (vLLM 0.6.3's count): the group's full blocks, a block
+        shared by its sequences once, plus per sequence the one block its next token touches (its
+        partial last block, or a new one)."""
+        full = set()
+        for seq in group.unfinished_seqs():
+            # A decoding sequence's table holds every token but the newest; a prompt's, all of it.
+            slots = seq.num_tokens - 1 if seq.output and seq.num_computed_tokens == seq.num_tokens - 1 else seq.num_tokens
+            full.update(self.cpu_tables.get(seq.seq_id, ())[: slots // self.block_size])
+        return len(full) + group.num_unfinished_seqs
+
     def can_swap_in(self, group: SequenceGroup) -> AllocStatus:
         """vLLM 0.6.3's count: the group's full blocks (a block shared by its sequences once) plus,
         per sequence, the one block its next token touches (its partial last block, or a new one).
@@ -181,12 +174,7 @@ class BlockManager:
         never preempts. NEVER uses the watermark as ``can_allocate`` does (vLLM compares with the
         bare pool, which leaves a group that fits only into the watermark stuck as LATER forever).
         """
-        full = set()
-        for seq in group.unfinished_seqs():
-            # A decoding sequence's table holds every token but the newest; a prompt's, all of it.
-            slots = seq.num_tokens - 1 if seq.output and seq.num_computed_tokens == seq.num_tokens - 1 else seq.num_tokens
-            full.update(self.cpu_tables.get(seq.seq_id, ())[: slots // self.block_size])
-        required = len(full) + group.num_unfinished_seqs
+        required = self.blocks_to_swap_in(group)
         if self.gpu.num_blocks - required < self.watermark_blocks:
             return AllocStatus.NEVER
         if self.gpu.num_free - required >= self.watermark_blocks:

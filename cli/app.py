@@ -8,6 +8,7 @@ import sys
 import typer
 from rich.table import Table
 
+from kvsched.cli import explain as explain_cli
 from kvsched.cli import policies as policy_cli
 from kvsched.cli import real as hf
 from kvsched.cli import simulate as sim
@@ -69,6 +70,8 @@ def run(
     slo_ttft: sim.SloTtftOpt = None,
     slo_tpot: sim.SloTpotOpt = None,
     plot: sim.PlotOpt = False,
+    decision_log: sim.DecisionLogOpt = True,
+    trace_out: sim.TraceOutOpt = None,
     executor: hf.ExecutorOpt = "sim",
     model: hf.ModelOpt = "smollm2-135m",
     prompt: hf.PromptOpt = None,
@@ -82,7 +85,7 @@ def run(
         hf.run_command(policy, policy_opt, set_, seed, num_requests, rate, output, quiet, model, prompt, max_tokens, temperature)
         return
     sim.run_command(policy, policy_opt, set_, seed, num_requests, rate, output, profile, quiet,
-                    workload, trace, rate_scale, start_offset, arrival, cv, slo_ttft, slo_tpot, plot)
+                    workload, trace, rate_scale, start_offset, arrival, cv, slo_ttft, slo_tpot, plot, decision_log, trace_out)
 
 
 @app.command()
@@ -108,6 +111,7 @@ app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options"
 app.command()(cli_errors(bench))
 hf.register(app)  # engine verify (kvsched.cli.real)
 policy_cli.register(app)  # engine check, engine compare (kvsched.cli.policies)
+explain_cli.register(app)  # engine explain (kvsched.cli.explain)
 
 
 def main() -> None:

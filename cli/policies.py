@@ -61,16 +61,17 @@ def compare(policy: PoliciesOpt, policy_opt: Annotated[Optional[list[str]], type
             set_: Annotated[Optional[list[str]], typer.Option("--set", "-s", help="engine config KEY=VALUE (repeatable)")] = None,
             workload: Annotated[Optional[str], typer.Option("--workload", "-w", help="default, synthetic, azure-conv, sharegpt or a .json spec")] = None,
             trace: Annotated[Optional[Path], typer.Option("--trace", help="trace CSV")] = None,
-            seed: Annotated[int, typer.Option(help="workload seed")] = 0,
+            seed: Annotated[int, typer.Option(help="first workload seed")] = 0,
+            seeds: Annotated[int, typer.Option("--seeds", min=1, help="run seeds SEED .. SEED+N-1 and show 95% confidence intervals over them")] = 3,
             num_requests: Annotated[Optional[int], typer.Option("--num-requests", "-n")] = None,
             rate: Annotated[Optional[float], typer.Option(help="mean arrival rate, requests/s")] = None,
             profile: Annotated[str, typer.Option(help="simulator cost profile")] = "llama2-7b-a100",
             plot: PlotPathOpt = None) -> None:
-    """Run the same workload (same seed) under each --policy and print the summaries side by side."""
+    """Run the same workloads (same seeds) under each --policy; print each metric's mean and 95% confidence interval side by side."""
     from rich.table import Table
 
     from kvsched.cli.common import build_config, console, fail, parse_pairs
-    from kvsched.experiments.compare import run_policies, split_options, table_rows
+    from kvsched.experiments.compare import distinct_workloads, run_policies, split_options, table_rows
     from kvsched.reporting.comparisons import plot_cdfs
     from kvsched.reporting.destination import check_file, publishing_file
     from kvsched.core.plugins import load_policy
@@ -83,9 +84,16 @@ def compare(policy: PoliciesOpt, policy_opt: Annotated[Optional[list[str]], type
     for name in policy:
         load_policy(name)
     options = split_options(parse_pairs(policy_opt, "--policy-opt"), policy)
-    load = build_workload(workload, trace, num_requests=num_requests, rate=rate, seed=seed)
-    runs = run_policies(policy, load, build_config(set_), profile, options)
-    table = Table(title=f"{runs[0].summary['num_requests']} requests, seed {seed}, profile {profile}")
+    loads = distinct_workloads([build_workload(workload, trace, num_requests=num_requests, rate=rate, seed=s)
+                                for s in range(seed, seed + seeds)])
+    runs = run_policies(policy, loads, build_config(set_), profile, options)
+    first = runs[0].summaries[0]
+    name = first["workload"].get("name") or first["workload"].get("kind", "workload")
+    seeded = f"seeds {seed}–{seed + len(loads) - 1}" if len(loads) > 1 else (
+        f"seed {seed}" + (" (the workload does not depend on its seed: one run)" if seeds > 1 else ""))
+    several = len(loads) > 1
+    title = f"{name} · {first['num_requests']} requests · {seeded}{', mean ± 95% CI' if several else ''} · profile {profile}"
+    table = Table(title=title)
     table.add_column("metric")
     for run in runs:
         table.add_column(run.policy, justify="right")
@@ -93,8 +101,9 @@ def compare(policy: PoliciesOpt, policy_opt: Annotated[Optional[list[str]], type
         table.add_row(*row)
     console.print(table)
     if plot is not None:
+        pooled = f"{name} · {first['num_requests']} requests · {seeded}{', pooled' if several else ''} · profile {profile}"
         with publishing_file(plot) as temp:
-            plot_cdfs(runs, temp)
+            plot_cdfs(runs, temp, pooled)
         console.print(f"wrote {plot}", highlight=False)
 
 

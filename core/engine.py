@@ -7,10 +7,9 @@ from collections.abc import Callable, Iterable
 from itertools import islice
 from typing import Any
 
-from kvsched.core.clock import Clock
 from kvsched.core.config import EngineConfig
 from kvsched.core.errors import AuditError, StallError
-from kvsched.core.executor import Executor, KnownTokens, StepResult
+from kvsched.core.executor import Clock, Executor, KnownTokens, StepResult
 from kvsched.core.outputs import SchedulerOutput
 from kvsched.core.plugins import PolicyHooks
 from kvsched.core.report import StepReport

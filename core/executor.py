@@ -11,6 +11,17 @@ if TYPE_CHECKING:
     from kvsched.core.sequence import Sequence, SequenceGroup
 
 
+class Clock(Protocol):
+    """What the engine needs of time: read it, charge a step's duration, wait for an arrival
+    (``kvsched.executors.clocks`` has the virtual and the wall clock)."""
+
+    def now(self) -> float: ...
+
+    def advance(self, seconds: float) -> None: ...
+
+    def wait_until(self, t: float) -> None: ...
+
+
 @dataclass
 class StepResult:
     """How long the step took and the tokens sampled, per sequence id.

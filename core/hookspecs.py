@@ -51,6 +51,8 @@ def select_batch(step: StepBuilder) -> object | None:
     - ``step.swap_in(group, max_tokens=None)``: bring a swapped group back and run it in this
       step (a group swapped in the middle of a chunked prefill continues with a chunk).
     - ``step.preempt(group, mode=None)``: evict a running group on the policy's own initiative.
+    - ``step.hold_back(reason, **numbers)``: say why no (more) waiting group is offered in this
+      step (the decision log shows it; the core's own checks note their reasons themselves).
 
     A group may be acted on once per step. Groups the policy does not touch keep their place.
     If this hook raises, or anything it tries is refused (docs/hooks.md lists what), the core

@@ -99,6 +99,8 @@ class SchedulerOutput:
     # tokens its blocks now hold) or (request id, None) for a preemption. An engine that mirrors
     # this one (vLLM, through kvsched.integrations.vllm) replays them in this order.
     block_ops: list[tuple[str, int | None]] = field(default_factory=list)
+    # Why, per decision that is not a plain decode (``core.decisions.Decision`` tuples, in the order taken).
+    decisions: list[tuple] = field(default_factory=list)
 
     @property
     def num_prefill_groups(self) -> int:

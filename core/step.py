@@ -67,6 +67,12 @@ class StepBuilder:
         """Evict a running group now; returns the mode actually used."""
         return _live(self, "preempt").preempt(group, mode)
 
+    def hold_back(self, reason: str, **numbers: float) -> None:
+        """Say why the policy offers no (more) waiting group in this step, with the numbers it compared,
+        e.g. ``step.hold_back("delay gate", waited_s=0.8, limit_s=1.2)``: the decision log gives it as
+        the reason for every waiting group the policy did not offer."""
+        _live(self, "hold_back").hold_back(reason, numbers)
+
     def advance_running(self, stop_on_preempted: bool = True) -> Outcome:
         """``advance`` every untouched running group, oldest first, in the core; stops at BUDGET and
         (unless ``stop_on_preempted`` is False) at the first group itself preempted (docs/hooks.md)."""

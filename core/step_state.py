@@ -13,11 +13,12 @@ from typing import TYPE_CHECKING
 
 from kvsched.allocators.alloc_status import AllocStatus
 from kvsched.core.config import PreemptionMode
-from kvsched.core.decisions import Outcome, Preemption
+from kvsched.core.decisions import Decision, Outcome, Preemption
 from kvsched.core.errors import quote
 from kvsched.core.outputs import ScheduledGroup, SchedulerOutput
 from kvsched.core.sequence import SequenceStatus
 from kvsched.core.step import StepBuilder
+from kvsched.core.step_notes import DecisionNotes
 from kvsched.core.view import GroupView, group_of
 
 if TYPE_CHECKING:
@@ -28,8 +29,9 @@ if TYPE_CHECKING:
 _WAITING, _RUNNING, _SWAPPED = SequenceStatus.WAITING, SequenceStatus.RUNNING, SequenceStatus.SWAPPED
 
 
-class StepState:
-    """The step's batch, budgets and touched groups, and the operations of ``StepBuilder``."""
+class StepState(DecisionNotes):
+    """The step's batch, budgets and touched groups, and the operations of ``StepBuilder`` (each
+    noting why it turned a group away, ``core/step_notes.py``)."""
 
     __slots__ = ("sched", "bm", "hooks", "config", "now", "output", "num_running_seqs", "touched", "max_tokens", "max_seqs",
                  "prompt_limit", "admitted", "swapped_in", "recomputed", "swapped_out", "cached_tokens", "ignore_reasons",
@@ -82,7 +84,9 @@ class StepState:
         seqs = [s for s in g.seqs if s.status is _WAITING]
         longest = max(s.num_tokens for s in seqs)
         if longest > self.prompt_limit:
-            return self._ignore(g, f"{longest} tokens exceed the longest prompt max_model_len allows ({self.prompt_limit})")
+            model_len = self.config.model_len
+            return self._ignore(g, f"{longest} tokens exceed max_model_len ({model_len})" if longest > model_len else
+                                f"{longest} tokens leave no room for an output token within max_model_len ({model_len})")
         if g.max_running_seqs > self.max_seqs:  # vLLM would keep it forever, blocking the queue
             return self._ignore(g, f"n={g.max_running_seqs} sequences exceed max_num_seqs ({self.max_seqs})")
         cached = self.bm.planned_cached_tokens(g)
@@ -96,11 +100,11 @@ class StepState:
             self.refuse(f"returned {quote(status)}, expected an AllocStatus", "can_allocate")
         if status is AllocStatus.NEVER:
             return self._ignore(g, "prompt can never fit in the GPU KV cache (can_allocate: NEVER)")
-        if status is AllocStatus.LATER:
-            return Outcome.LATER
-        if self.output.num_batched_tokens + chunk > self.max_tokens or self.num_running_seqs + g.max_running_seqs > self.max_seqs:
-            return Outcome.BUDGET
         tokens = self._admitted_tokens(g, cached, chunk)
+        if status is AllocStatus.LATER:
+            return self._no_blocks(g, self.bm.blocks_to_allocate(g, tokens))
+        if self._over_budget(g, chunk):
+            return Outcome.BUDGET
         needed = self.bm.blocks_to_allocate(g, tokens)
         if needed > self.bm.gpu.num_free:
             self.refuse(f"said OK for {quote(g.request_id)}, which needs {needed} blocks with {self.bm.gpu.num_free} free", "can_allocate")
@@ -110,7 +114,7 @@ class StepState:
         self.admitted.append(g)
         self.num_running_seqs += g.max_running_seqs
         hits = sum(cached.values())
-        self._record(g, chunk, True, hits, hits)
+        self._record(g, chunk, True, hits, hits, uncomputed - chunk)
         return Outcome.SCHEDULED
 
     def advance(self, group: GroupView, max_tokens: int | None) -> Outcome:
@@ -128,12 +132,14 @@ class StepState:
         if status is AllocStatus.NEVER:
             return self._ignore(g, "swapped group can never fit back in the GPU KV cache")
         if status is AllocStatus.LATER:
-            return Outcome.LATER
+            return self._no_blocks(g, self.bm.blocks_to_swap_in(g))
         uncomputed = g.num_uncomputed_tokens
         chunk = self._chunk(g, uncomputed, max_tokens, "swap_in") if uncomputed > g.num_unfinished_seqs else uncomputed
-        if self.output.num_batched_tokens + chunk > self.max_tokens or self.num_running_seqs + g.max_running_seqs > self.max_seqs:
+        if self._over_budget(g, chunk):
             return Outcome.BUDGET
-        self.output.blocks_to_swap_in += self.bm.swap_in(g)
+        moved = self.bm.swap_in(g)
+        self.output.blocks_to_swap_in += moved
+        self._note(None, Decision.SWAPPED_IN, g.request_id, len(moved))
         self.touched[g] = "swapped in"
         self.swapped_in.append(g)
         self.num_running_seqs += g.max_running_seqs
@@ -169,7 +175,7 @@ class StepState:
                 continue
             before = out.num_batched_tokens
             if g.num_uncomputed_tokens > left:
-                return Outcome.BUDGET
+                return self._no_tokens(g, g.num_uncomputed_tokens, left)
             outcome = self._run(g, None, "advance")
             if outcome is Outcome.SCHEDULED:
                 touched[g] = "scheduled"
@@ -208,7 +214,7 @@ class StepState:
         is_prefill = uncomputed > g.num_unfinished_seqs
         chunk = self._chunk(g, uncomputed, max_tokens, op) if is_prefill else uncomputed
         if out.num_batched_tokens + chunk > self.max_tokens:
-            return Outcome.BUDGET
+            return self._no_tokens(g, chunk, self.max_tokens - out.num_batched_tokens)
         running = [s for s in seqs if s.status <= _SWAPPED]
         if not is_prefill:
             if not room and self._make_room(g):
@@ -217,14 +223,14 @@ class StepState:
                 cow = self.bm.append_slots(seq)
                 if cow is not None:
                     out.blocks_to_copy.append(cow)
-        self._record(g, chunk, is_prefill, sum(s.num_computed_tokens for s in running))
+        self._record(g, chunk, is_prefill, sum(s.num_computed_tokens for s in running), 0, uncomputed - chunk)
         return Outcome.SCHEDULED
 
     def _decode_one(self, g: SequenceGroup, seq: Sequence, room: bool = False) -> Outcome:
         """``_run`` for the commonest case, one sequence decoding one token (once per running request per step)."""
         out = self.output
         if out.num_batched_tokens >= self.max_tokens:
-            return Outcome.BUDGET
+            return self._no_tokens(g, 1, self.max_tokens - out.num_batched_tokens)
         if self.bm.gpu.num_free < 1 and not room and self._make_room(g):
             return Outcome.PREEMPTED
         cow = self.bm.append_slots(seq)
@@ -249,19 +255,21 @@ class StepState:
                 # exact need fits (vLLM's worst case makes a lone request thrash).
                 if bm.blocks_to_append(g) <= bm.gpu.num_free:
                     return False
-                self._preempt(g, mode)
+                self._preempt(g, mode, g)
                 return True
-            self._preempt(victim, mode)
+            self._preempt(victim, mode, g)
         return False
 
-    def _record(self, g: SequenceGroup, chunk: int, is_prefill: bool, context: int, cached: int = 0) -> None:
+    def _record(self, g: SequenceGroup, chunk: int, is_prefill: bool, context: int, cached: int = 0, left: int = 0) -> None:
         """Add ``g`` to the batch and to the step's cost features (``context``: KV tokens it reads;
-        ``cached``: prompt tokens an admission found in the prefix cache)."""
+        ``cached``: prompt tokens an admission found in the prefix cache; ``left``: prompt tokens a
+        prefill leaves for later chunks)."""
         out = self.output
         out.scheduled.append(ScheduledGroup(g, chunk, is_prefill, cached))
         out.num_batched_tokens += chunk
         if is_prefill:
             out.prefill_tokens += chunk
+            out.decisions.append((Decision.PREFILL, g.request_id, chunk, left, cached))
         else:
             out.decode_seqs += chunk
         out.kv_tokens_read += context
@@ -292,9 +300,10 @@ class StepState:
             mode = PreemptionMode.RECOMPUTE  # the CPU pool is full: recompute instead of failing
         return mode
 
-    def _preempt(self, g: SequenceGroup, mode: PreemptionMode | None) -> PreemptionMode:
+    def _preempt(self, g: SequenceGroup, mode: PreemptionMode | None, requester: SequenceGroup | None = None) -> PreemptionMode:
         _out_of_lane(g)
         mode = self._preemption_mode(g, mode)
+        self._note(None, Decision.PREEMPTED, g.request_id, mode, requester.request_id if requester is not None else None)
         if mode is PreemptionMode.SWAP:
             self.output.blocks_to_swap_out += self.bm.swap_out(g)
             self.swapped_out.append(g)
@@ -318,6 +327,7 @@ class StepState:
         self.touched[g] = "ignored"
         self.ignore_reasons[g] = reason
         self.output.ignored.append(g)
+        self._note(None, Decision.IGNORED, g.request_id, reason)
         return Outcome.NEVER
 
     # --------------------------------------------------------------------- validation

@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from kvsched.core.config import PreemptionMode
-from kvsched.core.decisions import Outcome
+from kvsched.core.decisions import Decision, Outcome
 from kvsched.core.outputs import ScheduledGroup
 from kvsched.core.sequence import SequenceStatus
 from kvsched.core.step_state import StepState
@@ -71,7 +71,7 @@ class V1StepState(StepState):
         is_prefill = uncomputed > g.num_unfinished_seqs
         chunk = self._chunk(g, uncomputed, max_tokens, op) if is_prefill else uncomputed
         if out.num_batched_tokens + chunk > self.max_tokens:
-            return Outcome.BUDGET
+            return self._no_tokens(g, chunk, self.max_tokens - out.num_batched_tokens)
         running = [s for s in seqs if s.status <= _SWAPPED]
         if is_prefill:  # a chunk continues a single-sequence prompt
             seq, target = running[0], running[0].num_computed_tokens + chunk
@@ -89,13 +89,13 @@ class V1StepState(StepState):
                     out.blocks_to_copy.append(cow)
                 self._name(seq, seq.num_tokens)
             out.block_ops.append((g.request_id, max(s.num_tokens for s in running)))
-        self._record(g, chunk, is_prefill, sum(s.num_computed_tokens for s in running))
+        self._record(g, chunk, is_prefill, sum(s.num_computed_tokens for s in running), 0, uncomputed - chunk)
         return Outcome.SCHEDULED
 
     def _decode_one(self, g: SequenceGroup, seq: Sequence, room: bool = False) -> Outcome:
         out, bm = self.output, self.bm
         if out.num_batched_tokens >= self.max_tokens:
-            return Outcome.BUDGET
+            return self._no_tokens(g, 1, self.max_tokens - out.num_batched_tokens)
         if seq.num_tokens > len(bm.gpu_tables[seq.seq_id]) * bm.block_size:  # its last block is full
             if self._make_room(g, lambda: 1):
                 return Outcome.PREEMPTED
@@ -114,7 +114,7 @@ class V1StepState(StepState):
             needed = lambda: self.bm.blocks_to_append(g)  # noqa: E731
         while needed() > self.bm.gpu.num_free:
             victim, mode = self._choose_victim(g)
-            self._preempt(victim, mode)
+            self._preempt(victim, mode, g)
             if victim is g:
                 return True
         return False
@@ -130,11 +130,11 @@ class V1StepState(StepState):
     def _preemption_mode(self, g: SequenceGroup, mode: PreemptionMode | None) -> PreemptionMode:
         return PreemptionMode.RECOMPUTE
 
-    def _preempt(self, g: SequenceGroup, mode: PreemptionMode | None) -> PreemptionMode:
+    def _preempt(self, g: SequenceGroup, mode: PreemptionMode | None, requester: SequenceGroup | None = None) -> PreemptionMode:
         if self.touched.get(g) == "scheduled":
             self._unschedule(g)
         self.output.block_ops.append((g.request_id, None))
-        return super()._preempt(g, mode)
+        return super()._preempt(g, mode, requester)
 
     def _unschedule(self, g: SequenceGroup) -> None:
         """Take ``g`` out of the batch: its tokens and cost return, its copies are dropped (its blocks go next)."""
@@ -148,6 +148,9 @@ class V1StepState(StepState):
         else:
             out.decode_seqs -= entry.num_tokens
         out.kv_tokens_read -= sum(s.num_computed_tokens for s in running)
+        if entry.is_prefill:  # the decision log must not say it prefilled: its note goes with it
+            last = max(i for i, note in enumerate(out.decisions) if note[0] is Decision.PREFILL and note[1] == g.request_id)
+            del out.decisions[last]
         held = {b for s in running for b in self.bm.gpu_tables.get(s.seq_id, ())}
         out.blocks_to_copy[:] = [pair for pair in out.blocks_to_copy if pair[1] not in held]
         del self.touched[g]

@@ -144,6 +144,7 @@ class OutputView:
     blocks_to_swap_in = property(lambda self: tuple(_out_of(self).blocks_to_swap_in))
     blocks_to_swap_out = property(lambda self: tuple(_out_of(self).blocks_to_swap_out))
     blocks_to_copy = property(lambda self: tuple(_out_of(self).blocks_to_copy))
+    decisions = property(lambda self: tuple(_out_of(self).decisions), doc="why: the step's Decision notes, in order")
 
 
 for _name in ("num_batched_tokens", "prefill_tokens", "decode_seqs", "kv_tokens_read", "lane_decodes", "num_prefill_groups", "features", "is_empty"):

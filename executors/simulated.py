@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from itertools import islice
 
-from kvsched.core.clock import VirtualClock
+from kvsched.executors.clocks import VirtualClock
 from kvsched.core.executor import StepResult, samplers
 from kvsched.executors.decode_lane import DecodeLane
 from kvsched.executors.cost_model import DEFAULT_PROFILE, PROFILES, CostProfile

@@ -1,8 +1,8 @@
 """One simulation: build the engine, feed the workload, collect metrics and time series.
 
 ``run_simulation`` runs the engine and summarizes it; ``SimJob`` adds what a person looks at: the
-observers (time series, tenant service), the extensions of ``summary.json`` (workload, SLO
-goodput, fairness, KV usage) and the wall-clock cost of the run. The CLI, sweeps and benchmarks
+observers (time series, tenant service, the decision log), the extensions of ``summary.json``
+(workload, SLO goodput, fairness, KV usage) and the wall-clock cost of the run. The CLI, sweeps and benchmarks
 all go through ``SimJob``.
 """
 
@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from kvsched.core.config import EngineConfig
@@ -19,6 +20,7 @@ from kvsched.core.report import StepReport
 from kvsched.core.request import Request
 from kvsched.executors.profiles import resolve_profile
 from kvsched.executors.simulated import SimulatedExecutor
+from kvsched.metrics.decision_log import DecisionLog
 from kvsched.metrics.fairness import TenantService, fairness_summary
 from kvsched.metrics.goodput import goodput_summary
 from kvsched.metrics.requests import RequestMetrics, summarize
@@ -58,6 +60,7 @@ class SimOutcome:
     wall_s: float
     simulate_s: float  # engine loop only (no workload building)
     num_requests: int
+    decision_log: Path | None = None  # decisions.parquet, when the job kept one
 
     @property
     def summary(self) -> dict[str, Any]:
@@ -74,6 +77,7 @@ class SimJob:
     slo_ttft: float | None = None
     slo_tpot: float | None = None
     record_timeseries: bool = True
+    decision_log: Path | None = None  # write the decision log (Parquet) here as the run goes
 
     def run(self, on_step: Callable[[StepReport], None] | None = None, on_start: Callable[[int], None] | None = None) -> SimOutcome:
         """Build the requests, tell ``on_start`` how many, simulate, and extend the summary."""
@@ -88,6 +92,9 @@ class SimJob:
         service = TenantService(requests)
         if len(service.tenants) > 1:
             observers.append(service)
+        log = DecisionLog(self.decision_log) if self.decision_log is not None else None
+        if log is not None:
+            observers.append(log)
         if on_step is not None:
             observers.append(on_step)
         if len(observers) == 1:
@@ -100,10 +107,15 @@ class SimJob:
             observe = None
         sim_start = time.perf_counter()
         description = self.workload.describe()
-        result = run_simulation(
-            requests, self.policy, self.config, resolve_profile(self.profile), self.policy_options, on_step=observe,
-            seed=description.get("seed"), workload=description,
-        )
+        try:
+            result = run_simulation(
+                requests, self.policy, self.config, resolve_profile(self.profile), self.policy_options, on_step=observe,
+                seed=description.get("seed"), workload=description,
+            )
+        except BaseException:
+            if log is not None:
+                log.discard()
+            raise
         simulate_s = time.perf_counter() - sim_start
         s = result.summary
         s["slo"] = goodput_summary(result.requests, s["duration_s"], self.slo_ttft, self.slo_tpot)
@@ -118,7 +130,8 @@ class SimJob:
                 "batch_seqs_mean": _time_weighted_mean(cols["batch_seqs"], cols["duration_s"]),
                 "waiting_peak": max(cols["num_waiting"]),
             }
-        return SimOutcome(result, series, time.perf_counter() - start, simulate_s, len(requests))
+        log_path = log.close() if log is not None else None
+        return SimOutcome(result, series, time.perf_counter() - start, simulate_s, len(requests), log_path)
 
 
 def _time_weighted_mean(values: list[float], weights: list[float]) -> float:

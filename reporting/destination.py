@@ -18,8 +18,8 @@ from pathlib import Path
 
 from kvsched.core.errors import KvschedError
 
-RUN_FILES = ("summary.json", "requests.csv", "requests.parquet", "timeseries.parquet", "report.html",
-             "latency_cdf.png", "queues_kv.png", "batch_composition.png")
+RUN_FILES = ("summary.json", "requests.csv", "requests.parquet", "timeseries.parquet", "decisions.parquet", "report.html",
+             "trace.json", "latency_cdf.png", "queues_kv.png", "batch_composition.png")
 SWEEP_FILES = ("sweep.csv", "sweep.parquet", "tradeoff.png")
 
 

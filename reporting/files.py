@@ -1,15 +1,18 @@
-"""The results folder: summary.json, requests.csv, requests.parquet, timeseries.parquet (and plots)."""
+"""The results folder: summary.json, requests.csv, requests.parquet, timeseries.parquet, decisions.parquet
+(the decision log, written during the run and moved in with the rest), and with ``--plot`` the
+plots, report.html and trace.json; all of it published atomically (``reporting/destination.py``)."""
 
 from __future__ import annotations
 
 import csv
 import json
-from dataclasses import fields
+import shutil
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kvsched.metrics.requests import RequestMetrics
-from kvsched.reporting.destination import SWEEP_FILES, publishing_folder
+from kvsched.reporting.destination import SWEEP_FILES, publishing_file, publishing_folder
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -46,12 +49,21 @@ def requests_frame(metrics: list[RequestMetrics]) -> pd.DataFrame:
     return frame
 
 
-def write_outputs(outcome: SimOutcome, directory: Path, plot: bool = False) -> list[Path]:
+def write_outputs(outcome: SimOutcome, directory: Path, plot: bool = False, trace: Path | None = None) -> list[Path]:
     """Write every result file of ``outcome`` under ``directory``, atomically (the result files of
-    an earlier run there are replaced, not left beside these); returns the paths written."""
+    an earlier run there are replaced, not left beside these); returns the paths written.
+
+    With ``plot``: the PNG plots, ``report.html`` and ``trace.json``; with ``trace``, the trace
+    (also) at that path. Both are made from the files, decision log included."""
     with publishing_folder(directory) as stage:
-        written = _outputs(outcome, stage, plot)
-    return [Path(directory) / p.name for p in written]
+        written = [Path(directory) / p.name for p in _outputs(outcome, stage, plot)]
+    if trace is not None:
+        from kvsched.reporting.trace import write_trace
+
+        with publishing_file(trace) as temp:
+            write_trace(read_run(directory), temp)
+        written.append(Path(trace))
+    return written
 
 
 def _outputs(outcome: SimOutcome, directory: Path, plot: bool) -> list[Path]:
@@ -65,13 +77,19 @@ def _outputs(outcome: SimOutcome, directory: Path, plot: bool) -> list[Path]:
         path = directory / "timeseries.parquet"
         ts.to_parquet(path, index=False)
         written.append(path)
+    if outcome.decision_log is not None:  # written during the run, beside the stage: it joins the rest
+        written.append(Path(shutil.move(outcome.decision_log, directory / "decisions.parquet")))
     if plot:
         from kvsched.reporting.html import write_report
         from kvsched.reporting.plots import run_plots
+        from kvsched.reporting.trace import write_trace
 
-        pngs = run_plots(req, ts, outcome.summary, directory)
-        written += pngs
-        written.append(write_report(outcome.summary, pngs, directory / "report.html"))
+        if outcome.decision_log is None:
+            raise ValueError("the report and the trace are made from the decision log: run the job with decision_log set")
+        run = read_run(directory)
+        written.append(write_trace(run, directory / "trace.json"))
+        written += run_plots(req, ts, outcome.summary, directory)
+        written.append(write_report(run, directory / "report.html"))
     return written
 
 
@@ -94,3 +112,28 @@ def write_sweep_table(rows: list[dict[str, Any]], directory: Path) -> list[Path]
     frame.to_csv(csv_path, index=False)
     frame.to_parquet(pq_path, index=False)
     return [csv_path, pq_path]
+
+
+@dataclass
+class RunFiles:
+    """A results folder read back: what ``engine explain``, the trace and the report are made of."""
+
+    directory: Path
+    summary: dict
+    requests: pd.DataFrame
+    steps: pd.DataFrame  # timeseries.parquet
+    events: pd.DataFrame  # decisions.parquet
+
+
+def read_run(directory: Path) -> RunFiles:
+    """Read a folder written by ``engine run --output``; a missing file is one clear error."""
+    import pandas as pd
+
+    directory = Path(directory)
+    names = ("summary.json", "requests.parquet", "timeseries.parquet", "decisions.parquet")
+    missing = [n for n in names if not (directory / n).is_file()]
+    if missing:
+        raise FileNotFoundError(f"{directory} has no {', '.join(missing)}: write it with `engine run ... --output {directory}` "
+                                "(the decision log is on by default)")
+    return RunFiles(directory, json.loads((directory / "summary.json").read_text()), pd.read_parquet(directory / "requests.parquet"),
+                    pd.read_parquet(directory / "timeseries.parquet"), pd.read_parquet(directory / "decisions.parquet"))

@@ -154,7 +154,8 @@ def test_a_new_run_replaces_every_result_file_of_an_old_one(tmp_path):
     proc = engine("run", "-n", "7", "-o", out, "-q")
     assert proc.returncode == 0, proc.stderr
     assert json.loads((out / "summary.json").read_text())["num_requests"] == 7
-    assert sorted(p.name for p in out.iterdir()) == ["notes.txt", "requests.csv", "requests.parquet", "summary.json", "timeseries.parquet"]
+    assert sorted(p.name for p in out.iterdir()) == ["decisions.parquet", "notes.txt", "requests.csv", "requests.parquet", "summary.json",
+                                                     "timeseries.parquet"]
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
 
 
