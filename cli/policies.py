@@ -10,7 +10,8 @@ from typing import Annotated, Optional
 
 import typer
 
-PoliciesOpt = Annotated[list[str], typer.Option("--policy", "-p", help="policy to compare (repeatable, at least two)")]
+PoliciesOpt = Annotated[Optional[list[str]], typer.Option("--policy", "-p", help="policy to compare (repeatable, at least two)")]
+FoldersArg = Annotated[Optional[list[Path]], typer.Argument(help="result folders (engine run or engine bench --output) to put side by side, instead of --policy")]
 CheckPolicyOpt = Annotated[str, typer.Option("--policy", "-p", help="installed policy name, or file.py:Attr / module:Attr")]
 ExamplesOpt = Annotated[int, typer.Option("--examples", min=1, help="Hypothesis examples for the state machine")]
 StepsOpt = Annotated[int, typer.Option("--steps", min=1, help="rules per state-machine example")]
@@ -57,7 +58,7 @@ def check(policy: CheckPolicyOpt, policy_opt: Annotated[Optional[list[str]], typ
         raise typer.Exit(1)
 
 
-def compare(policy: PoliciesOpt, policy_opt: Annotated[Optional[list[str]], typer.Option("--policy-opt", help="POLICY.KEY=VALUE (repeatable)")] = None,
+def compare(folders: FoldersArg = None, policy: PoliciesOpt = None, policy_opt: Annotated[Optional[list[str]], typer.Option("--policy-opt", help="POLICY.KEY=VALUE (repeatable)")] = None,
             set_: Annotated[Optional[list[str]], typer.Option("--set", "-s", help="engine config KEY=VALUE (repeatable)")] = None,
             workload: Annotated[Optional[str], typer.Option("--workload", "-w", help="default, synthetic, azure-conv, sharegpt or a .json spec")] = None,
             trace: Annotated[Optional[Path], typer.Option("--trace", help="trace CSV")] = None,
@@ -77,8 +78,11 @@ def compare(policy: PoliciesOpt, policy_opt: Annotated[Optional[list[str]], type
     from kvsched.core.plugins import load_policy
     from kvsched.workloads import build_workload
 
+    if folders:
+        return compare_folders(folders, plot)
+    policy = policy or []
     if len(policy) < 2 or len(set(policy)) != len(policy):
-        fail("compare needs at least two different --policy names")
+        fail("compare needs at least two different --policy names, or result folders")
     if plot is not None:
         check_file(plot, "--plot")
     for name in policy:
@@ -104,6 +108,32 @@ def compare(policy: PoliciesOpt, policy_opt: Annotated[Optional[list[str]], type
         pooled = f"{name} · {first['num_requests']} requests · {seeded}{', pooled' if several else ''} · profile {profile}"
         with publishing_file(plot) as temp:
             plot_cdfs(runs, temp, pooled)
+        console.print(f"wrote {plot}", highlight=False)
+
+
+def compare_folders(folders: list[Path], plot: Path | None) -> None:
+    """``engine compare DIR DIR ...``: finished runs, simulated or measured, side by side."""
+    from rich.table import Table
+
+    from kvsched.cli.common import console
+    from kvsched.experiments.compare import table_rows
+    from kvsched.reporting.comparisons import plot_cdfs
+    from kvsched.reporting.destination import check_file, publishing_file
+    from kvsched.reporting.files import read_compared
+
+    if plot is not None:
+        check_file(plot, "--plot")
+    runs = [read_compared(folder) for folder in folders]
+    table = Table(title="result folders side by side: " + " · ".join(f"{r.policy}: {r.summaries[0].get('profile')}" for r in runs))
+    table.add_column("metric")
+    for run in runs:
+        table.add_column(run.policy, justify="right")
+    for row in table_rows(runs):
+        table.add_row(*row)
+    console.print(table)
+    if plot is not None:
+        with publishing_file(plot) as temp:
+            plot_cdfs(runs, temp, " vs ".join(r.policy for r in runs))
         console.print(f"wrote {plot}", highlight=False)
 
 

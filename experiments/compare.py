@@ -39,7 +39,10 @@ class PolicyRun:
 
 
 def metric(summary: dict, key: str, field: str | None) -> float | None:
-    value = summary[key]
+    """One number of a summary (None where the run could not know it: preemptions, measured from a client)."""
+    value = summary.get(key)
+    if value is None:
+        return None
     if key == "preemptions":
         return value["recompute"] + value["swap"]
     return value if field is None else value[field]

@@ -17,6 +17,7 @@ from kvsched.reporting.destination import SWEEP_FILES, publishing_file, publishi
 if TYPE_CHECKING:
     import pandas as pd
 
+    from kvsched.experiments.compare import PolicyRun
     from kvsched.experiments.simulation import RunResult, SimOutcome
 
 
@@ -137,3 +138,18 @@ def read_run(directory: Path) -> RunFiles:
                                 "(the decision log is on by default)")
     return RunFiles(directory, json.loads((directory / "summary.json").read_text()), pd.read_parquet(directory / "requests.parquet"),
                     pd.read_parquet(directory / "timeseries.parquet"), pd.read_parquet(directory / "decisions.parquet"))
+
+
+def read_compared(directory: Path) -> PolicyRun:
+    """A results folder (``engine run`` or ``engine bench --output``) as one column of ``engine compare``."""
+    from kvsched.experiments.compare import PolicyRun
+
+    directory = Path(directory)
+    summary_path, requests_path = directory / "summary.json", directory / "requests.csv"
+    if not summary_path.is_file() or not requests_path.is_file():
+        raise FileNotFoundError(f"{directory} has no summary.json and requests.csv: give folders written with --output")
+    summary = json.loads(summary_path.read_text())
+    with requests_path.open(newline="") as f:
+        rows = list(csv.DictReader(f))
+    label = f"{directory.name} ({summary.get('policy')})"
+    return PolicyRun(label, [summary], [float(r["ttft"]) for r in rows if r["ttft"]], [float(r["tpot"]) for r in rows if r["tpot"]])

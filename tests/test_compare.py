@@ -47,3 +47,19 @@ def test_engine_compare_over_seeds(tmp_path):
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert "seeds 0–1, mean ± 95% CI" in proc.stdout and " ± " in proc.stdout.split("TTFT p99 (s)")[1].splitlines()[0]
+
+
+def test_compare_puts_result_folders_side_by_side(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    engine = Path(sys.executable).with_name("engine")
+    for policy in ("fcfs", "sjf"):
+        subprocess.run([engine, "run", "--policy", policy, "-n", "30", "-o", tmp_path / policy, "-q"], check=True, capture_output=True)
+    done = subprocess.run([engine, "compare", tmp_path / "fcfs", tmp_path / "sjf", "--plot", tmp_path / "cdf.png"],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert "fcfs (fcfs)" in done.stdout and "sjf (sjf)" in done.stdout and (tmp_path / "cdf.png").stat().st_size > 10_000
+    missing = subprocess.run([engine, "compare", tmp_path / "fcfs", tmp_path / "nowhere"], capture_output=True, text=True)
+    assert missing.returncode == 2 and "has no summary.json" in missing.stderr and "Traceback" not in missing.stderr

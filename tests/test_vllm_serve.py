@@ -142,3 +142,6 @@ def test_engine_bench_writes_a_summary_beside_a_simulated_one(server, tmp_path):
     sim_keys = set(json.loads((simulated / "summary.json").read_text()))
     assert {"ttft_s", "tpot_s", "e2e_s", "finished", "requests_per_s"} <= set(summary) & sim_keys
     assert (out / "requests.csv").read_text().splitlines()[0] == (simulated / "requests.csv").read_text().splitlines()[0]
+    side_by_side = subprocess.run([str(ENGINE), "compare", str(out), str(simulated)], capture_output=True, text=True, timeout=120)
+    assert side_by_side.returncode == 0, side_by_side.stderr
+    assert "bench (served)" in side_by_side.stdout and "sim (vllm-default)" in side_by_side.stdout and "TTFT p99" in side_by_side.stdout
