@@ -4,7 +4,7 @@ PYTHON ?= python3
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.kvsched-installed
 
-.PHONY: setup run test clean
+.PHONY: setup run test browser clean
 
 setup: $(STAMP)
 
@@ -21,8 +21,15 @@ $(STAMP): pyproject.toml plugins_example/pyproject.toml Makefile
 run: setup
 	$(BIN)/engine --policy vllm-default
 
-test: setup
+test: setup browser
 	$(BIN)/python -m pytest
+
+# Headless Chromium for tests/test_report_browser.py, where the machine lets us install it (Debian
+# packages); without it that test is skipped with the reason, and nothing else depends on it.
+browser:
+	@command -v chromium >/dev/null 2>&1 || (SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo -n); \
+		$$SUDO apt-get update -q && $$SUDO apt-get install -y -q chromium chromium-driver) >/dev/null 2>&1 || \
+		echo "note: Chromium could not be installed; tests/test_report_browser.py will be skipped"
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache .hypothesis

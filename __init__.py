@@ -18,12 +18,12 @@ except PackageNotFoundError:  # running from a source tree that was never instal
 
 _HOMES = {
     "kvsched.allocators.alloc_status": ("AllocStatus",),
-    "kvsched.core.clock": ("Clock", "VirtualClock", "WallClock"),
+    "kvsched.executors.clocks": ("VirtualClock", "WallClock"),
     "kvsched.core.config": ("EngineConfig", "PreemptionMode"),
-    "kvsched.core.decisions": ("Outcome", "Preemption"),
+    "kvsched.core.decisions": ("Decision", "Outcome", "Preemption"),
     "kvsched.core.engine": ("Engine",),
     "kvsched.core.errors": ("AuditError", "KvschedError", "PolicyError", "StallError", "UnknownPolicyError"),
-    "kvsched.core.executor": ("Executor", "KnownTokens", "StepResult"),
+    "kvsched.core.executor": ("Clock", "Executor", "KnownTokens", "StepResult"),
     "kvsched.core.hookspecs": ("hookimpl",),
     "kvsched.core.outputs": ("ScheduledGroup", "SchedulerOutput", "StepFeatures"),
     "kvsched.core.plugins": ("PolicyInfo", "available_policies", "load_policy"),
@@ -31,7 +31,7 @@ _HOMES = {
     "kvsched.core.request": ("Request", "SamplingParams"),
     "kvsched.core.sequence": ("SequenceStatus",),
     "kvsched.core.step": ("StepBuilder",),
-    "kvsched.core.view": ("CacheView", "GroupView", "QueueView"),
+    "kvsched.core.view": ("CacheView", "GroupView", "OutputView", "QueueView"),
     "kvsched.executors.cost_model": ("CostProfile",),
     "kvsched.executors.simulated": ("SimulatedExecutor",),
 }

@@ -5,37 +5,19 @@ transaction (``begin``/``commit``/``rollback``) so that the scheduler can undo a
 when a policy raises, leaving the pools exactly as consistent as before.
 
 A leaf: it imports nothing of the engine, and sees sequences and groups only through the two
-small protocols below (the core's ``Sequence`` and ``SequenceGroup`` satisfy them).
+small protocols of ``allocators/shapes.py`` (the core's ``Sequence`` and ``SequenceGroup`` satisfy them).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence as Tokens
-from typing import Protocol
+from typing import TYPE_CHECKING
 
 from kvsched.allocators.alloc_status import AllocStatus
 from kvsched.allocators.block_pool import BlockPool
 
+if TYPE_CHECKING:
+    from kvsched.allocators.shapes import Sequence, SequenceGroup
 
-class Sequence(Protocol):
-    """What the block manager reads of a sequence: its id and its tokens."""
-
-    seq_id: int
-    num_tokens: int
-    prompt: Tokens[int]
-
-    def token_slice(self, start: int, stop: int) -> tuple[int, ...]: ...
-
-
-class SequenceGroup(Protocol):
-    """What it reads of a group: its sequences, and which of them wait or are unfinished."""
-
-    seqs: list[Sequence]
-    num_unfinished_seqs: int
-
-    def waiting_seqs(self) -> list[Sequence]: ...
-
-    def unfinished_seqs(self) -> list[Sequence]: ...
 
 _NO_PARENT = 0x9E3779B97F4A7C15  # root of every prefix-hash chain
 
@@ -50,11 +32,12 @@ class BlockManager:
         num_cpu_blocks: int,
         watermark_blocks: int = 0,
         enable_prefix_caching: bool = False,
+        keep_duplicates: bool = False,
     ) -> None:
         self.block_size = block_size
         self.watermark_blocks = watermark_blocks
         self.enable_prefix_caching = enable_prefix_caching
-        self.gpu = BlockPool("gpu", num_gpu_blocks)
+        self.gpu = BlockPool("gpu", num_gpu_blocks, keep_duplicates)
         self.cpu = BlockPool("cpu", num_cpu_blocks)
         self.gpu_tables: dict[int, list[int]] = {}
         self.cpu_tables: dict[int, list[int]] = {}
@@ -87,10 +70,9 @@ class BlockManager:
         """
         if not self.enable_prefix_caching:
             return []
-        hashes = self._block_hashes(seq)
         hits = []
-        for h in hashes:
-            block = self.gpu.lookup(h)
+        for i in range(seq.num_tokens // self.block_size):  # hashing stops at the first miss: a long prompt costs its hits
+            block = self.gpu.lookup(self._block_hashes(seq, i + 1)[i])
             if block is None:
                 break
             hits.append(block)
@@ -119,15 +101,22 @@ class BlockManager:
             return 0
         return len(seqs[0].prompt) // self.block_size
 
-    def blocks_to_allocate(self, group: SequenceGroup) -> int:
-        """Free GPU blocks that admitting ``group`` would consume (cache hits on held blocks are free)."""
+    def blocks_to_allocate(self, group: SequenceGroup, num_tokens: int | None = None) -> int:
+        """Free GPU blocks that admitting ``group`` would consume (cache hits on held blocks are free).
+
+        ``num_tokens``: only the first waiting sequence's leading tokens get blocks now (vLLM V1
+        allocates a chunked prompt chunk by chunk); None: every token.
+        """
         seqs = group.waiting_seqs()
+        if len(seqs) == 1 and not self.enable_prefix_caching:  # the common case, without a cache to look in
+            return self.num_blocks(seqs[0].num_tokens if num_tokens is None else num_tokens)
         shared = self._shared_prompt_blocks(seqs)
         needed = 0
         for k, seq in enumerate(seqs):
             if k == 0:
                 hits = self.cached_blocks(seq)
-                needed += self.num_blocks(seq.num_tokens) - sum(1 for b in hits if self.gpu.ref_counts[b] > 0)
+                covered = self.num_blocks(seq.num_tokens if num_tokens is None else max(num_tokens, len(hits) * self.block_size))
+                needed += covered - sum(1 for b in hits if self.gpu.ref_counts[b] > 0)
             else:
                 needed += self.num_blocks(seq.num_tokens) - shared
         return needed
@@ -156,19 +145,36 @@ class BlockManager:
                 needed += 1
         return needed
 
+    def blocks_to_grow(self, seq: Sequence, num_tokens: int) -> int:
+        """New blocks the sequence's table needs to hold ``num_tokens`` tokens."""
+        return max(0, self.num_blocks(num_tokens) - len(self.gpu_tables[seq.seq_id]))
+
     def _unique_blocks(self, group: SequenceGroup, tables: dict[int, list[int]]) -> set[int]:
         return {b for s in group.seqs if s.seq_id in tables for b in tables[s.seq_id]}
 
     def can_swap_out(self, group: SequenceGroup) -> bool:
         return len(self._unique_blocks(group, self.gpu_tables)) <= self.cpu.num_free
 
-    def can_swap_in(self, group: SequenceGroup) -> AllocStatus:
-        """Like vLLM: the group's blocks plus one spare per sequence for the decode that follows.
+    def blocks_to_swap_in(self, group: SequenceGroup) -> int:
+        """GPU blocks ``can_swap_in`` asks for (vLLM 0.6.3's count): the group's full blocks, a block
+        shared by its sequences once, plus per sequence the one block its next token touches (its
+        partial last block, or a new one)."""
+        full = set()
+        for seq in group.unfinished_seqs():
+            # A decoding sequence's table holds every token but the newest; a prompt's, all of it.
+            slots = seq.num_tokens - 1 if seq.output and seq.num_computed_tokens == seq.num_tokens - 1 else seq.num_tokens
+            full.update(self.cpu_tables.get(seq.seq_id, ())[: slots // self.block_size])
+        return len(full) + group.num_unfinished_seqs
 
-        NEVER uses the watermark as ``can_allocate`` does (vLLM compares with the bare pool, which
-        leaves a group that fits only into the watermark stuck as LATER forever).
+    def can_swap_in(self, group: SequenceGroup) -> AllocStatus:
+        """vLLM 0.6.3's count: the group's full blocks (a block shared by its sequences once) plus,
+        per sequence, the one block its next token touches (its partial last block, or a new one).
+
+        That is exactly what swapping in and decoding once takes, so the decode after a swap-in
+        never preempts. NEVER uses the watermark as ``can_allocate`` does (vLLM compares with the
+        bare pool, which leaves a group that fits only into the watermark stuck as LATER forever).
         """
-        required = len(self._unique_blocks(group, self.cpu_tables)) + group.num_unfinished_seqs
+        required = self.blocks_to_swap_in(group)
         if self.gpu.num_blocks - required < self.watermark_blocks:
             return AllocStatus.NEVER
         if self.gpu.num_free - required >= self.watermark_blocks:
@@ -176,8 +182,9 @@ class BlockManager:
         return AllocStatus.LATER
 
     # --------------------------------------------------------------------------- mutations
-    def allocate(self, group: SequenceGroup) -> dict[int, int]:
-        """Give every waiting sequence of ``group`` GPU blocks for all its tokens.
+    def allocate(self, group: SequenceGroup, num_tokens: int | None = None) -> dict[int, int]:
+        """Give every waiting sequence of ``group`` GPU blocks for all its tokens (``num_tokens``:
+        the first sequence's leading tokens only, as in ``blocks_to_allocate``).
 
         Returns, per sequence id, how many leading tokens were found in the prefix cache (their
         KV is already there and need not be computed).
@@ -190,7 +197,8 @@ class BlockManager:
             reused = self.cached_blocks(seq) if k == 0 else self.gpu_tables[seqs[0].seq_id][:shared]
             for b in reused:
                 self.gpu.take(b)
-            table = reused + self.gpu.allocate_many(self.num_blocks(seq.num_tokens) - len(reused))
+            tokens = seq.num_tokens if k or num_tokens is None else max(num_tokens, len(reused) * self.block_size)
+            table = reused + self.gpu.allocate_many(self.num_blocks(tokens) - len(reused))
             self.gpu_tables[seq.seq_id] = table
             self._registered[seq.seq_id] = len(reused) if k == 0 else 0
             cached[seq.seq_id] = len(reused) * self.block_size
@@ -213,6 +221,13 @@ class BlockManager:
         if self._journal is not None:
             self._journal.append(("cow", seq.seq_id, last))
         return (last, new)
+
+    def grow(self, seq: Sequence, num_tokens: int) -> None:
+        """Give the sequence's table fresh blocks until it holds ``num_tokens`` tokens (a V1 prefill chunk)."""
+        needed = self.blocks_to_grow(seq, num_tokens)
+        if needed:
+            self._log_tables([seq])
+            self.gpu_tables[seq.seq_id] += self.gpu.allocate_many(needed)
 
     def fork(self, parent: Sequence, child: Sequence) -> None:
         """The child shares every block of the parent (one more reference each); no copy yet."""
@@ -253,30 +268,33 @@ class BlockManager:
     def free(self, seq: Sequence) -> None:
         """Release every block the sequence holds, newest first (so tails are evicted first)."""
         sid = seq.seq_id
+        self._hashes.pop(sid, None)  # also for one that never held a block (ignored, aborted while waiting)
         if sid not in self.gpu_tables and sid not in self.cpu_tables:
             return
         self._log_tables([seq])
         self._release(sid)
-        self._hashes.pop(sid, None)
         self._registered.pop(sid, None)
 
-    def mark_computed(self, seq: Sequence) -> None:
-        """Name the sequence's newly completed full blocks in the prefix cache (after the step ran)."""
+    def mark_computed(self, seq: Sequence, num_tokens: int | None = None) -> None:
+        """Name the sequence's newly completed full blocks in the prefix cache: after the step ran
+        (vLLM v0), or, given ``num_tokens``, those the step being scheduled fills (vLLM V1)."""
         if not self.enable_prefix_caching:
             return
-        done = seq.num_computed_tokens // self.block_size
+        done = (seq.num_computed_tokens if num_tokens is None else num_tokens) // self.block_size
         start = self._registered.get(seq.seq_id, 0)
         if done <= start:
             return
-        table, hashes = self.gpu_tables[seq.seq_id], self._block_hashes(seq)
-        for i in range(start, done):
-            self.gpu.register(table[i], hashes[i])
+        table, hashes = self.gpu_tables[seq.seq_id], self._block_hashes(seq, done)
+        named = [table[i] for i in range(start, done) if self.gpu.register(table[i], hashes[i])]
+        if self._journal is not None:  # naming a block the step has yet to fill is undone with the step
+            self._journal.append(("named", seq.seq_id, start, named))
         self._registered[seq.seq_id] = done
 
-    def _block_hashes(self, seq: Sequence) -> list[int]:
+    def _block_hashes(self, seq: Sequence, n: int) -> list[int]:
+        """The content hashes of the sequence's first ``n`` full blocks (at least; computed once)."""
         hashes = self._hashes.setdefault(seq.seq_id, [])
         bs = self.block_size
-        for i in range(len(hashes), seq.num_tokens // bs):
+        for i in range(len(hashes), n):
             parent = hashes[-1] if hashes else _NO_PARENT
             hashes.append(hash((parent, seq.token_slice(i * bs, (i + 1) * bs))))
         return hashes
@@ -302,6 +320,10 @@ class BlockManager:
             kind, sid = entry[0], entry[1]
             if kind == "append":
                 self.gpu.release(self.gpu_tables[sid].pop())
+            elif kind == "named":
+                for b in entry[3]:
+                    self.gpu.forget(b)
+                self._registered[sid] = entry[2]
             elif kind == "cow":
                 table = self.gpu_tables[sid]
                 self.gpu.take(entry[2])
@@ -344,6 +366,18 @@ class BlockManager:
         both = self.gpu_tables.keys() & self.cpu_tables.keys()
         if both:
             problems.append(f"sequences {sorted(both)} hold blocks on both devices")
+        return problems
+
+    def audit_holders(self, running: dict[int, int], swapped: set[int]) -> list[str]:
+        """Violations of: exactly the ``running`` sequences (id -> computed tokens, which their table
+        must hold) hold GPU blocks, and exactly the ``swapped`` ones CPU blocks."""
+        problems = [f"sequence {sid} holds GPU blocks but is not running" for sid in self.gpu_tables.keys() - running.keys()]
+        problems += [f"sequence {sid} holds CPU blocks but is not swapped" for sid in self.cpu_tables.keys() - swapped]
+        problems += [f"running sequence {sid} holds no GPU blocks" for sid in running.keys() - self.gpu_tables.keys()]
+        problems += [f"swapped sequence {sid} holds no CPU blocks" for sid in swapped - self.cpu_tables.keys()]
+        for sid, computed in running.items():
+            if sid in self.gpu_tables and len(self.gpu_tables[sid]) * self.block_size < computed:
+                problems.append(f"sequence {sid} has {computed} computed tokens in {len(self.gpu_tables[sid])} blocks")
         return problems
 
     @property

@@ -16,12 +16,14 @@ class BlockPool:
     prefix caching, *cached*: ref count 0 but still named by a content hash, kept in an LRU
     evictor so that a later prompt with the same prefix can take it back without recomputing.
     Cached blocks count as free: they are evicted, oldest first, only when no plain free block is
-    left.
+    left. With ``keep_duplicates`` (vLLM V1) a block whose content is already cached is named too,
+    and a lookup finds the oldest of the blocks with that content; otherwise the first writer wins.
     """
 
-    __slots__ = ("device", "num_blocks", "num_free", "ref_counts", "_free", "evictor", "hash_to_block", "block_hash")
+    __slots__ = ("device", "num_blocks", "num_free", "ref_counts", "_free", "evictor", "hash_to_block", "block_hash",
+                 "keep_duplicates", "_duplicates")
 
-    def __init__(self, device: str, num_blocks: int) -> None:
+    def __init__(self, device: str, num_blocks: int, keep_duplicates: bool = False) -> None:
         self.device = device
         self.num_blocks = num_blocks
         self.num_free = num_blocks  # plain free plus cached; kept in step because the scheduler reads it per group
@@ -29,8 +31,10 @@ class BlockPool:
         # A dict used as an insertion-ordered set: O(1) pop of the newest and removal of any block.
         self._free: dict[int, None] = dict.fromkeys(range(num_blocks - 1, -1, -1))
         self.evictor = LRUEvictor()
-        self.hash_to_block: dict[int, int] = {}
+        self.hash_to_block: dict[int, int] = {}  # content hash -> the block a lookup finds
         self.block_hash: dict[int, int] = {}
+        self.keep_duplicates = keep_duplicates
+        self._duplicates: dict[int, list[int]] = {}  # content hash -> younger blocks with it, oldest first
 
     def is_free(self, block: int) -> bool:
         return block in self._free or block in self.evictor
@@ -41,7 +45,7 @@ class BlockPool:
             block = self._free.popitem()[0]
         elif self.evictor:
             block = self.evictor.evict()
-            del self.hash_to_block[self.block_hash.pop(block)]
+            self.forget(block)
         else:
             raise OutOfBlocks(f"{self.device} pool has no free block")
         self.ref_counts[block] = 1
@@ -103,11 +107,33 @@ class BlockPool:
     def lookup(self, content_hash: int) -> int | None:
         return self.hash_to_block.get(content_hash)
 
-    def register(self, block: int, content_hash: int) -> None:
-        """Name a held, fully written block by its content hash (first writer wins)."""
-        if content_hash not in self.hash_to_block and block not in self.block_hash:
+    def register(self, block: int, content_hash: int) -> bool:
+        """Name a held, fully written block by its content hash (see the class docstring); True if named."""
+        if block in self.block_hash:
+            return False
+        if content_hash not in self.hash_to_block:
             self.hash_to_block[content_hash] = block
-            self.block_hash[block] = content_hash
+        elif self.keep_duplicates:
+            self._duplicates.setdefault(content_hash, []).append(block)
+        else:
+            return False
+        self.block_hash[block] = content_hash
+        return True
+
+    def forget(self, block: int) -> None:
+        """The block loses its name (evicted, or its step undone before it was filled); the next
+        oldest block with the same content takes over."""
+        content_hash = self.block_hash.pop(block)
+        younger = self._duplicates.get(content_hash)
+        if self.hash_to_block[content_hash] == block:
+            if younger:
+                self.hash_to_block[content_hash] = younger.pop(0)
+            else:
+                del self.hash_to_block[content_hash]
+        else:
+            younger.remove(block)
+        if younger is not None and not younger:
+            del self._duplicates[content_hash]
 
     def audit(self, holders: list[int]) -> list[str]:
         """Invariant violations, given the number of block tables holding each block."""
@@ -130,7 +156,10 @@ class BlockPool:
         for block in self.evictor:
             if block not in self.block_hash:
                 problems.append(f"{self.device} block {block}: cached without a hash")
-        for h, block in self.hash_to_block.items():
+        named = [(h, b) for h, b in self.hash_to_block.items()] + [(h, b) for h, bs in self._duplicates.items() for b in bs]
+        for h, block in named:
             if self.block_hash.get(block) != h:
                 problems.append(f"{self.device} block {block}: hash index out of sync")
+        if len(named) != len(self.block_hash):
+            problems.append(f"{self.device}: {len(self.block_hash)} named blocks but {len(named)} in the hash index")
         return problems

@@ -10,7 +10,7 @@ Our step is ``Scheduler.schedule()`` (the policy through pluggy, every validatio
 ``Engine._apply`` (computed-token counts, sampled tokens, stop checks); the simulated executor's
 token generation is excluded. The main columns run sequence by sequence (``decode_lane=False``),
 as vLLM's scheduler does; "lane ms" is the same case with the simulator's decode lane
-(``core/decode_lane.py``). When vLLM is installed (the ``vllm`` extra), the same cases run
+(``executors/decode_lane.py``). When vLLM is installed (the ``vllm`` extra), the same cases run
 through vLLM V1's own ``Scheduler`` in the same process, without a model, driven as vLLM's unit
 tests drive it (``tests/v1/core/utils.py``): ``schedule()`` is timed alone ("V1 sched") and with
 ``update_from_output()`` (one sampled token per request: "V1 sched+upd", the like-for-like

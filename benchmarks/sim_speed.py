@@ -15,11 +15,16 @@ A100-80GB), at most 128 sequences and 4,096 tokens a step, no swap space, vLLM-s
 process, alternating over ``--rounds``, timing only its simulation loop. Vidur runs when its
 checkout and interpreter are there (``benchmarks/vidur_setup.py``); otherwise the script says
 so and prints the recorded figure it divides by, with its date, machine and command.
+``--decision-log`` then replays the first Azure scale ``--pairs`` more times without and with the
+decision log written (``metrics/decision_log.py``, as ``engine run --output`` writes it),
+alternating, and prints the ratio of the fastest of each (the neighbours on a shared machine
+only ever slow a run down).
 
     .venv/bin/python benchmarks/sim_speed.py                 # Azure 1×, 2× and the 1M synthetic run
     .venv/bin/python benchmarks/sim_speed.py --synthetic 100000
     .venv/bin/python benchmarks/sim_speed.py --cprofile
     .venv/bin/python benchmarks/sim_speed.py --policy sarathi --synthetic 0
+    .venv/bin/python benchmarks/sim_speed.py --synthetic 0 --no-baseline --scales 1 --decision-log
     .venv/bin/python benchmarks/sim_speed.py --like-vidur --vidur ~/vidur    # Vidur beside us, 5 rounds
 """
 
@@ -34,6 +39,7 @@ import resource
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -56,16 +62,20 @@ RECORDED_VIDUR = {
 }
 
 
-def measure(label: str, workload, policy: str = "vllm-default", decode_lane: bool = True) -> dict:
+def measure(label: str, workload, policy: str = "vllm-default", decode_lane: bool = True, decision_log: Path | None = None) -> dict:
     from kvsched.core.config import EngineConfig
     from kvsched.experiments.simulation import run_simulation
+    from kvsched.metrics.decision_log import DecisionLog
 
     t0 = time.perf_counter()
     requests = workload.requests()
     build_s = time.perf_counter() - t0
     gc.collect()
+    log = DecisionLog(decision_log) if decision_log is not None else None
     t1, c1 = time.perf_counter(), time.process_time()
-    result = run_simulation(requests, policy, EngineConfig(**A100_CONFIG, decode_lane=decode_lane))
+    result = run_simulation(requests, policy, EngineConfig(**A100_CONFIG, decode_lane=decode_lane), on_step=log)
+    if log is not None:
+        log.close()  # the last row group and the rename: part of the cost
     wall, cpu = time.perf_counter() - t1, time.process_time() - c1
     s = result.summary
     simulated = len(requests) - s["ignored"]  # an ignored request is turned away at once: not simulated
@@ -240,6 +250,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--json", help="also write the rows as JSON here")
     parser.add_argument("--policy", default="vllm-default", help="the policy of every run")
     parser.add_argument("--no-baseline", action="store_true", help="skip the sequence-by-sequence baseline replay")
+    parser.add_argument("--decision-log", action="store_true", help="replay the first trace without and with the decision log, alternating")
+    parser.add_argument("--pairs", type=int, default=3, help="off/on pairs for --decision-log")
     parser.add_argument("--like-vidur", action="store_true", help="the like-for-like comparison with Vidur instead")
     parser.add_argument("--rounds", type=int, default=5, help="--like-vidur: alternating rounds")
     parser.add_argument("--vidur", type=Path, default=os.environ.get("VIDUR_SRC"), help="--like-vidur: a microsoft/vidur checkout")
@@ -267,6 +279,19 @@ def main(argv: list[str] | None = None) -> list[dict]:
                             build_workload("azure-conv", rate_scale=scale, num_requests=args.azure_limit), args.policy, decode_lane=False))
         print(table(rows[-1:]).splitlines()[-1], file=sys.stderr, flush=True)
         base = rows[-1]
+    if args.decision_log:
+        import pyarrow.parquet  # noqa: F401 (loaded before any timed run, so that both sides have it)
+
+        scale, pairs = args.scales[0], {False: [], True: []}
+        azure = build_workload("azure-conv", rate_scale=scale, num_requests=args.azure_limit)
+        with tempfile.TemporaryDirectory() as tmp:
+            for _ in range(args.pairs):
+                for on in (False, True):
+                    pairs[on].append(measure(f"Azure conv ×{scale:g}, decision log {'on' if on else 'off'}", azure, args.policy,
+                                             decision_log=Path(tmp) / "decisions.parquet" if on else None))
+                    print(table(pairs[on][-1:]).splitlines()[-1], file=sys.stderr, flush=True)
+        best = {on: max(runs, key=lambda r: r["requests_per_wall_s"]) for on, runs in pairs.items()}
+        rows += [best[False], best[True]]
     if args.synthetic:
         spec = SyntheticSpec(num_requests=args.synthetic, arrivals=Poisson(rate=args.rate))
         rows.append(measure(f"synthetic {args.synthetic:,} (Poisson {args.rate:g}/s)", spec, args.policy))
@@ -277,6 +302,12 @@ def main(argv: list[str] | None = None) -> list[dict]:
         assert (base["steps"], base["simulated_s"]) == (first["steps"], first["simulated_s"]), "the baseline simulated something else"
         print(f"\ndecode lane: {(first['requests'] / first['cpu_s']) / (base['requests'] / base['cpu_s']):.1f}× the "
               f"sequence-by-sequence rate per CPU second on {first['run']} (same steps, same simulated time)")
+    if args.decision_log:
+        off, on = best[False], best[True]
+        assert (on["steps"], on["simulated_s"]) == (off["steps"], off["simulated_s"]), "the log changed the run"
+        cpu = min(r["cpu_s"] for r in pairs[False]) / min(r["cpu_s"] for r in pairs[True])
+        print(f"\ndecision log on: {on['requests_per_wall_s'] / off['requests_per_wall_s']:.3f}× the speed with it off "
+              f"(fastest of {args.pairs} alternating runs each; {cpu:.3f}× in CPU time)")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=2)

@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+import os
+import sys
+
 import typer
 from rich.table import Table
 
+from kvsched.cli import explain as explain_cli
 from kvsched.cli import policies as policy_cli
 from kvsched.cli import real as hf
 from kvsched.cli import simulate as sim
+from kvsched.cli.bench import bench
+from kvsched.cli.serve import serve
 from kvsched.cli.common import (
-    NumOpt, OutputOpt, PolicyOpt, PolicyOptions, ProfileOpt, QuietOpt, RateOpt, SeedOpt, SetOpt, cli_errors, console, fail,
+    DebugOpt, NumOpt, OutputOpt, PolicyOpt, PolicyOptions, ProfileOpt, QuietOpt, RateOpt, SeedOpt, SetOpt, cli_errors, console,
+    error_line, fail,
 )
 
 app = typer.Typer(
@@ -33,8 +40,11 @@ def main_callback(
     output: OutputOpt = None,
     profile: ProfileOpt = "llama2-7b-a100",
     quiet: QuietOpt = False,
+    debug: DebugOpt = False,
 ) -> None:
     """Without a sub-command: run POLICY on the embedded default workload (simulated), as `engine run` does."""
+    if debug:
+        os.environ["KVSCHED_DEBUG"] = "1"
     if ctx.invoked_subcommand is None:
         sim.run_command(policy, policy_opt, set_, seed, num_requests, rate, output, profile, quiet)
 
@@ -60,6 +70,8 @@ def run(
     slo_ttft: sim.SloTtftOpt = None,
     slo_tpot: sim.SloTpotOpt = None,
     plot: sim.PlotOpt = False,
+    decision_log: sim.DecisionLogOpt = True,
+    trace_out: sim.TraceOutOpt = None,
     executor: hf.ExecutorOpt = "sim",
     model: hf.ModelOpt = "smollm2-135m",
     prompt: hf.PromptOpt = None,
@@ -73,7 +85,7 @@ def run(
         hf.run_command(policy, policy_opt, set_, seed, num_requests, rate, output, quiet, model, prompt, max_tokens, temperature)
         return
     sim.run_command(policy, policy_opt, set_, seed, num_requests, rate, output, profile, quiet,
-                    workload, trace, rate_scale, start_offset, arrival, cv, slo_ttft, slo_tpot, plot)
+                    workload, trace, rate_scale, start_offset, arrival, cv, slo_ttft, slo_tpot, plot, decision_log, trace_out)
 
 
 @app.command()
@@ -89,15 +101,32 @@ def policies() -> None:
         try:
             text = describe(load_policy(info.name))
         except Exception as exc:  # a broken third-party plugin must not hide the others
-            text = f"(fails to load: {type(exc).__name__}: {exc})"
+            text = f"(fails to load: {exc})"
         table.add_row(info.name, info.distribution, info.version, text)
     console.print(table)
 
 
 sim.register(app)  # engine sweep, engine calibrate (kvsched.cli.simulate)
+app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(cli_errors(serve))
+app.command()(cli_errors(bench))
 hf.register(app)  # engine verify (kvsched.cli.real)
 policy_cli.register(app)  # engine check, engine compare (kvsched.cli.policies)
+explain_cli.register(app)  # engine explain (kvsched.cli.explain)
 
 
 def main() -> None:
-    app()
+    """The console script: ``--debug`` may come anywhere on the line, and a usage error (an unknown
+    option, a value of the wrong type) is one line, as every other bad input."""
+    args = sys.argv[1:]
+    if "--debug" in args[: args.index("--") if "--" in args else len(args)]:
+        args.remove("--debug")
+        args.insert(0, "--debug")
+    try:
+        code = app(args, standalone_mode=False, prog_name="engine")
+    except typer.Abort:
+        code = 1
+    except typer.TyperException as exc:  # click's UsageError and BadParameter
+        where = f"{exc.ctx.command_path}: " if getattr(exc, "ctx", None) else ""
+        error_line(f"{where}{exc.format_message()} (see --help)")
+        code = 2
+    sys.exit(code or 0)

@@ -22,7 +22,10 @@ def calibrate(
 
     from kvsched.cli.common import console
     from kvsched.executors.calibration import fit_errors, fit_profile, load_records
+    from kvsched.reporting.destination import check_file, publishing_file
 
+    path = output or Path(f"{name}.json")
+    check_file(path, "--output")
     records = load_records(recorded)
     profile = fit_profile(records, name, description=description or f"fitted to {recorded.name}",
                           kv_bytes_per_token=kv_bytes_per_token, swap_gb_per_s=swap_gb_per_s, copy_gb_per_s=copy_gb_per_s)
@@ -35,6 +38,6 @@ def calibrate(
         table.add_row(label, f"{value:.6g}")
     console.print(table)
     console.print(f"relative error: mean {100 * errors['mape']:.2f}%, p95 {100 * errors['p95']:.2f}%, max {100 * errors['max']:.2f}%")
-    path = output or Path(f"{name}.json")
-    path.write_text(profile.model_dump_json(indent=2) + "\n")
+    with publishing_file(path) as temp:
+        temp.write_text(profile.model_dump_json(indent=2) + "\n")
     console.print(f"wrote {path} (use it with --profile {path})", highlight=False)

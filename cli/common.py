@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import functools
+import math
+import os
+import traceback
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
 import typer
 from pydantic import ValidationError
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from kvsched.core.errors import KvschedError
+from kvsched.core.errors import KvschedError, quote, shorten
 
 console = Console()
 err_console = Console(stderr=True)
@@ -26,30 +30,62 @@ RateOpt = Annotated[Optional[float], typer.Option(help="mean arrival rate, reque
 OutputOpt = Annotated[Optional[Path], typer.Option("--output", "-o", help="results folder: summary.json, requests.csv/.parquet, timeseries.parquet")]
 ProfileOpt = Annotated[str, typer.Option(help="simulator cost profile")]
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="no progress bar")]
+DebugOpt = Annotated[bool, typer.Option("--debug", envvar="KVSCHED_DEBUG", help="show the whole traceback of an error (anywhere on the line; or KVSCHED_DEBUG=1)")]
 
 
 def fail(message: str, code: int = 2) -> None:
-    err_console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    error_line(message)
     raise typer.Exit(code)
 
 
+def error_line(message: str) -> None:
+    """``error: message`` on stderr, on one line however long the message (cut at 1,000 characters)."""
+    err_console.print(f"[bold red]error:[/] {escape(shorten(message, 1000))}", highlight=False, soft_wrap=True)
+
+
+def debugging() -> bool:
+    """``engine --debug`` or ``KVSCHED_DEBUG=1``: errors come with their whole traceback."""
+    return os.environ.get("KVSCHED_DEBUG", "") not in ("", "0")
+
+
 def cli_errors(fn):
-    """Turn expected errors into one clear line and exit status 2 (never a traceback)."""
+    """Turn every error into one clear line: exit status 2 for bad input, 1 for anything unforeseen
+    (never a traceback, unless ``debugging()``)."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         try:
             return fn(*args, **kwargs)
-        except ValidationError as exc:
-            first = exc.errors()[0]
-            field = ".".join(str(p) for p in first["loc"]) or exc.title
-            fail(f"invalid {exc.title}: {field}: {first['msg']}" + (f" (got {first['input']!r})" if "input" in first and not isinstance(first["input"], dict) else ""))
-        except KvschedError as exc:
-            fail(str(exc))
-        except (KeyError, ValueError, FileNotFoundError) as exc:
-            fail(str(exc.args[0]) if exc.args else repr(exc))
+        except (typer.Exit, typer.Abort):
+            raise
+        except Exception as exc:
+            if debugging():
+                traceback.print_exception(exc)
+            fail(*_one_line(exc))
 
     return wrapper
+
+
+def _one_line(exc: Exception) -> tuple[str, int]:
+    if isinstance(exc, ValidationError):
+        first = exc.errors()[0]
+        field = ".".join(str(p) for p in first["loc"]) or exc.title
+        given = f" (got {quote(first['input'])})" if "input" in first and not isinstance(first["input"], dict) else ""
+        return f"invalid {exc.title}: {field}: {first['msg']}{given}", 2
+    if isinstance(exc, KvschedError):
+        return str(exc), 2
+    if isinstance(exc, OSError):
+        return f"{exc.filename}: {exc.strerror}" if exc.filename and exc.strerror else str(exc) or repr(exc), 2
+    if isinstance(exc, (KeyError, ValueError)):
+        return str(exc.args[0]) if exc.args else repr(exc), 2
+    return f"unexpected {type(exc).__name__}: {exc} (KVSCHED_DEBUG=1 shows the traceback)", 1
+
+
+def check_finite(**options: float | None) -> None:
+    """Float options (by name, ``slo_ttft=...``) must be finite numbers: typer's bounds let NaN through."""
+    for name, value in options.items():
+        if value is not None and not math.isfinite(value):
+            raise ValueError(f"--{name.replace('_', '-')} must be a finite number, got {value}")
 
 
 def parse_pairs(pairs: list[str] | None, what: str) -> dict[str, Any]:
@@ -69,9 +105,9 @@ def build_config(overrides: list[str] | None):
     return EngineConfig.model_validate(parse_pairs(overrides, "--set"))
 
 
-def progress_bar(quiet: bool) -> Progress:
+def progress_bar(quiet: bool, doing: str = "simulating", counting: str = "requests") -> Progress:
     return Progress(
-        TextColumn("[bold]simulating"), BarColumn(), MofNCompleteColumn(), TextColumn("requests"),
+        TextColumn(f"[bold]{doing}"), BarColumn(), MofNCompleteColumn(), TextColumn(counting),
         TimeElapsedColumn(), console=err_console, disable=quiet,
     )
 
@@ -81,7 +117,8 @@ def summary_table(summary: dict) -> Table:
     table.add_column("metric")
     table.add_column("value", justify="right")
     table.add_row("requests (finished / ignored / aborted)", f"{summary['finished']} / {summary['ignored']} / {summary['aborted']}")
-    table.add_row("simulated duration", f"{summary['duration_s']:.1f} s")
+    simulated = "server" not in summary and summary.get("executor", "sim") == "sim"  # a real run takes wall time
+    table.add_row("simulated duration" if simulated else "wall duration", f"{summary['duration_s']:.1f} s")
     table.add_row("throughput", f"{summary['requests_per_s']:.2f} req/s · {summary['throughput_tokens_per_s']:.0f} tok/s")
     for key, label, scale, unit in (("ttft_s", "TTFT", 1, "s"), ("tpot_s", "TPOT", 1000, "ms"), ("e2e_s", "end-to-end", 1, "s")):
         d = summary[key]
@@ -89,8 +126,12 @@ def summary_table(summary: dict) -> Table:
             table.add_row(label, "-")
         else:
             table.add_row(f"{label} mean / p50 / p99", " / ".join(f"{d[k] * scale:.3g}" for k in ("mean", "p50", "p99")) + f" {unit}")
+    if summary.get("itl_s") and summary["itl_s"]["mean"] is not None:
+        d = summary["itl_s"]
+        table.add_row("ITL mean / p50 / p99", " / ".join(f"{d[k] * 1000:.3g}" for k in ("mean", "p50", "p99")) + " ms")
     p = summary["preemptions"]
-    table.add_row("preemptions (recompute / swap)", f"{p['recompute']} / {p['swap']}")
-    table.add_row("blocks swapped (in / out)", f"{summary['blocks_swapped_in']} / {summary['blocks_swapped_out']}")
-    table.add_row("leaked blocks", str(summary["leaked_blocks"]))
+    if p is not None:  # a client-side measurement cannot see inside the engine
+        table.add_row("preemptions (recompute / swap)", f"{p['recompute']} / {p['swap']}")
+        table.add_row("blocks swapped (in / out)", f"{summary['blocks_swapped_in']} / {summary['blocks_swapped_out']}")
+        table.add_row("leaked blocks", str(summary["leaked_blocks"]))
     return table

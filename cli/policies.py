@@ -10,7 +10,8 @@ from typing import Annotated, Optional
 
 import typer
 
-PoliciesOpt = Annotated[list[str], typer.Option("--policy", "-p", help="policy to compare (repeatable, at least two)")]
+PoliciesOpt = Annotated[Optional[list[str]], typer.Option("--policy", "-p", help="policy to compare (repeatable, at least two)")]
+FoldersArg = Annotated[Optional[list[Path]], typer.Argument(help="result folders (engine run or engine bench --output) to put side by side, instead of --policy")]
 CheckPolicyOpt = Annotated[str, typer.Option("--policy", "-p", help="installed policy name, or file.py:Attr / module:Attr")]
 ExamplesOpt = Annotated[int, typer.Option("--examples", min=1, help="Hypothesis examples for the state machine")]
 StepsOpt = Annotated[int, typer.Option("--steps", min=1, help="rules per state-machine example")]
@@ -57,32 +58,46 @@ def check(policy: CheckPolicyOpt, policy_opt: Annotated[Optional[list[str]], typ
         raise typer.Exit(1)
 
 
-def compare(policy: PoliciesOpt, policy_opt: Annotated[Optional[list[str]], typer.Option("--policy-opt", help="POLICY.KEY=VALUE (repeatable)")] = None,
+def compare(folders: FoldersArg = None, policy: PoliciesOpt = None, policy_opt: Annotated[Optional[list[str]], typer.Option("--policy-opt", help="POLICY.KEY=VALUE (repeatable)")] = None,
             set_: Annotated[Optional[list[str]], typer.Option("--set", "-s", help="engine config KEY=VALUE (repeatable)")] = None,
             workload: Annotated[Optional[str], typer.Option("--workload", "-w", help="default, synthetic, azure-conv, sharegpt or a .json spec")] = None,
             trace: Annotated[Optional[Path], typer.Option("--trace", help="trace CSV")] = None,
-            seed: Annotated[int, typer.Option(help="workload seed")] = 0,
+            seed: Annotated[int, typer.Option(help="first workload seed")] = 0,
+            seeds: Annotated[int, typer.Option("--seeds", min=1, help="run seeds SEED .. SEED+N-1 and show 95% confidence intervals over them")] = 3,
             num_requests: Annotated[Optional[int], typer.Option("--num-requests", "-n")] = None,
             rate: Annotated[Optional[float], typer.Option(help="mean arrival rate, requests/s")] = None,
             profile: Annotated[str, typer.Option(help="simulator cost profile")] = "llama2-7b-a100",
             plot: PlotPathOpt = None) -> None:
-    """Run the same workload (same seed) under each --policy and print the summaries side by side."""
+    """Run the same workloads (same seeds) under each --policy; print each metric's mean and 95% confidence interval side by side."""
     from rich.table import Table
 
     from kvsched.cli.common import build_config, console, fail, parse_pairs
-    from kvsched.experiments.compare import run_policies, split_options, table_rows
+    from kvsched.experiments.compare import distinct_workloads, run_policies, split_options, table_rows
     from kvsched.reporting.comparisons import plot_cdfs
+    from kvsched.reporting.destination import check_file, publishing_file
     from kvsched.core.plugins import load_policy
     from kvsched.workloads import build_workload
 
+    if folders:
+        return compare_folders(folders, plot)
+    policy = policy or []
     if len(policy) < 2 or len(set(policy)) != len(policy):
-        fail("compare needs at least two different --policy names")
+        fail("compare needs at least two different --policy names, or result folders")
+    if plot is not None:
+        check_file(plot, "--plot")
     for name in policy:
         load_policy(name)
     options = split_options(parse_pairs(policy_opt, "--policy-opt"), policy)
-    load = build_workload(workload, trace, num_requests=num_requests, rate=rate, seed=seed)
-    runs = run_policies(policy, load, build_config(set_), profile, options)
-    table = Table(title=f"{runs[0].summary['num_requests']} requests, seed {seed}, profile {profile}")
+    loads = distinct_workloads([build_workload(workload, trace, num_requests=num_requests, rate=rate, seed=s)
+                                for s in range(seed, seed + seeds)])
+    runs = run_policies(policy, loads, build_config(set_), profile, options)
+    first = runs[0].summaries[0]
+    name = first["workload"].get("name") or first["workload"].get("kind", "workload")
+    seeded = f"seeds {seed}–{seed + len(loads) - 1}" if len(loads) > 1 else (
+        f"seed {seed}" + (" (the workload does not depend on its seed: one run)" if seeds > 1 else ""))
+    several = len(loads) > 1
+    title = f"{name} · {first['num_requests']} requests · {seeded}{', mean ± 95% CI' if several else ''} · profile {profile}"
+    table = Table(title=title)
     table.add_column("metric")
     for run in runs:
         table.add_column(run.policy, justify="right")
@@ -90,7 +105,36 @@ def compare(policy: PoliciesOpt, policy_opt: Annotated[Optional[list[str]], type
         table.add_row(*row)
     console.print(table)
     if plot is not None:
-        console.print(f"wrote {plot_cdfs(runs, plot)}", highlight=False)
+        pooled = f"{name} · {first['num_requests']} requests · {seeded}{', pooled' if several else ''} · profile {profile}"
+        with publishing_file(plot) as temp:
+            plot_cdfs(runs, temp, pooled)
+        console.print(f"wrote {plot}", highlight=False)
+
+
+def compare_folders(folders: list[Path], plot: Path | None) -> None:
+    """``engine compare DIR DIR ...``: finished runs, simulated or measured, side by side."""
+    from rich.table import Table
+
+    from kvsched.cli.common import console
+    from kvsched.experiments.compare import table_rows
+    from kvsched.reporting.comparisons import plot_cdfs
+    from kvsched.reporting.destination import check_file, publishing_file
+    from kvsched.reporting.files import read_compared
+
+    if plot is not None:
+        check_file(plot, "--plot")
+    runs = [read_compared(folder) for folder in folders]
+    table = Table(title="result folders side by side: " + " · ".join(f"{r.policy}: {r.summaries[0].get('profile')}" for r in runs))
+    table.add_column("metric")
+    for run in runs:
+        table.add_column(run.policy, justify="right")
+    for row in table_rows(runs):
+        table.add_row(*row)
+    console.print(table)
+    if plot is not None:
+        with publishing_file(plot) as temp:
+            plot_cdfs(runs, temp, " vs ".join(r.policy for r in runs))
+        console.print(f"wrote {plot}", highlight=False)
 
 
 def register(app: typer.Typer) -> None:

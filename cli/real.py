@@ -37,8 +37,15 @@ def run_command(policy, policy_opt, overrides, seed, num_requests, rate, output,
     from kvsched.core.plugins import load_policy
     from kvsched.core.request import Request, SamplingParams
 
+    from kvsched.workloads import check_options
+
+    check_options(num_requests=num_requests, rate=rate)
     load_policy(policy)
     config = build_config(overrides)
+    if output is not None:
+        from kvsched.reporting.destination import check_folder
+
+        check_folder(Path(output))
     err_console.print(f"loading {model} ...", highlight=False)
     loaded = _load(model)
     engine = hf_engine(loaded, config, policy, parse_pairs(policy_opt, "--policy-opt"), backend=backend,

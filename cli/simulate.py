@@ -20,14 +20,19 @@ ArrivalOpt = Annotated[Optional[str], typer.Option("--arrival", help="synthetic 
 CvOpt = Annotated[float, typer.Option("--cv", min=1e-9, help="coefficient of variation of gamma arrival gaps")]
 SloTtftOpt = Annotated[Optional[float], typer.Option("--slo-ttft", min=0, help="TTFT target (s) for SLO goodput")]
 SloTpotOpt = Annotated[Optional[float], typer.Option("--slo-tpot", min=0, help="TPOT target (s) for SLO goodput")]
-PlotOpt = Annotated[bool, typer.Option("--plot", help="also write PNG plots and report.html under --output")]
+PlotOpt = Annotated[bool, typer.Option("--plot", help="also write PNG plots, report.html and trace.json under --output")]
+DecisionLogOpt = Annotated[bool, typer.Option("--decision-log/--no-decision-log", help="with --output: write decisions.parquet, every scheduling decision and its reason (read by engine explain)")]
+TraceOutOpt = Annotated[Optional[Path], typer.Option("--trace-out", help="write a Perfetto / Chrome trace (JSON) here; with --plot it goes beside the results")]
 
 
 def run_command(policy, policy_opt, overrides, seed, num_requests, rate, output, profile, quiet,
                 workload=None, trace=None, rate_scale=1.0, start_offset=0.0, arrival=None, cv=1.0,
-                slo_ttft=None, slo_tpot=None, plot=False) -> dict:
+                slo_ttft=None, slo_tpot=None, plot=False, decision_log=True, trace_out=None) -> dict:
     """``engine run``: build the workload, simulate with a progress bar, print the table, write the files."""
-    from kvsched.cli.common import build_config, console, fail, parse_pairs, progress_bar, summary_table
+    import os
+    import tempfile
+
+    from kvsched.cli.common import build_config, check_finite, console, fail, parse_pairs, progress_bar, summary_table
     from kvsched.executors.profiles import resolve_profile
     from kvsched.core.plugins import load_policy
     from kvsched.experiments.simulation import SimJob
@@ -35,35 +40,54 @@ def run_command(policy, policy_opt, overrides, seed, num_requests, rate, output,
 
     if plot and output is None:
         fail("--plot needs --output DIR (the plots and report.html are written there)")
+    if (plot or trace_out is not None) and not decision_log:
+        fail("--plot and --trace-out read the decision log: drop --no-decision-log")
+    if trace_out is not None and output is None:
+        fail("--trace-out needs --output DIR (the trace is built from the decision log written there)")
+    check_finite(slo_ttft=slo_ttft, slo_tpot=slo_tpot)
+    if output is not None:
+        from kvsched.reporting.destination import check_file, check_folder
+
+        check_folder(output)
+        if trace_out is not None:
+            check_file(trace_out, "--trace-out")
     load_policy(policy)
     resolve_profile(profile)
-    # Records and time series stream to the results folder as the run goes (to a temporary one
-    # without --output), so memory stays bounded by the requests in flight however long the run.
-    spool = tempfile.TemporaryDirectory(prefix="kvsched-run-") if output is None else None
+    # The per-request records, the time series and the decision log are written during the run into
+    # a scratch folder (memory stays bounded by the requests in flight however long the run), then
+    # moved in with the results; without --output they only feed the summary.
+    scratch = tempfile.TemporaryDirectory(prefix="kvsched-run-")
     job = SimJob(
         build_workload(workload, trace, num_requests=num_requests, rate=rate, rate_scale=rate_scale,
                        start_offset=start_offset, arrival=arrival, cv=cv, seed=seed),
         policy, build_config(overrides), profile, parse_pairs(policy_opt, "--policy-opt"), slo_ttft, slo_tpot,
-        stream_to=Path(spool.name) if spool is not None else output,
+        decision_log=Path(scratch.name) / "decisions.parquet" if output is not None and decision_log else None,
+        stream_to=Path(scratch.name),
     )
-    with progress_bar(quiet) as bar:
-        task = bar.add_task("run", total=None)
-        outcome = job.run(on_step=lambda r: r.finished and bar.advance(task, len(r.finished)),
-                          on_start=lambda n: bar.update(task, total=n))
-    if spool is not None:
-        spool.cleanup()
-    console.print(summary_table(outcome.summary))
-    slo = outcome.summary["slo"]
-    if slo_ttft is not None or slo_tpot is not None:
-        console.print(f"SLO goodput: {slo['goodput_requests_per_s']:.3f} req/s ({100 * slo['slo_attainment']:.1f}% of requests)")
-    console.print(f"simulated {outcome.num_requests} requests in {outcome.simulate_s:.2f} s wall "
-                  f"({outcome.num_requests / max(outcome.simulate_s, 1e-9):,.0f} req/s, "
-                  f"{outcome.summary['duration_s'] / max(outcome.simulate_s, 1e-9):,.0f}× real time)", highlight=False)
-    if output is not None:
-        from kvsched.reporting.files import write_outputs
+    try:
+        with progress_bar(quiet) as bar:
+            task = bar.add_task("run", total=None)
+            try:
+                outcome = job.run(on_step=lambda r: r.finished and bar.advance(task, len(r.finished)),
+                                  on_start=lambda n: bar.update(task, total=n))
+            except OSError as exc:  # the decision log is written as the run goes: a full disk shows here
+                from kvsched.reporting.destination import OutputError
 
-        for path in write_outputs(outcome, output, plot=plot):
-            console.print(f"wrote {path}", highlight=False)
+                raise OutputError(f"cannot write results to {output or scratch.name}: {os.strerror(exc.errno) if exc.errno else exc}") from None
+        console.print(summary_table(outcome.summary))
+        slo = outcome.summary["slo"]
+        if slo_ttft is not None or slo_tpot is not None:
+            console.print(f"SLO goodput: {slo['goodput_requests_per_s']:.3f} req/s ({100 * slo['slo_attainment']:.1f}% of requests)")
+        console.print(f"simulated {outcome.num_requests} requests in {outcome.simulate_s:.2f} s wall "
+                      f"({outcome.num_requests / max(outcome.simulate_s, 1e-9):,.0f} req/s, "
+                      f"{outcome.summary['duration_s'] / max(outcome.simulate_s, 1e-9):,.0f}× real time)", highlight=False)
+        if output is not None:
+            from kvsched.reporting.files import write_outputs
+
+            for path in write_outputs(outcome, output, plot=plot, trace=trace_out):
+                console.print(f"wrote {path}", highlight=False)
+    finally:
+        scratch.cleanup()
     return outcome.summary
 
 

@@ -36,15 +36,16 @@ def sweep(
     from rich.console import Console
     from rich.table import Table
 
-    from kvsched.cli.common import console, parse_pairs
-    from kvsched.cli.common import progress_bar
+    from kvsched.cli.common import check_finite, console, parse_pairs, progress_bar
     from kvsched.executors.profiles import resolve_profile
     from kvsched.core.plugins import load_policy
     from kvsched.experiments.sweep import SweepSpec, grid_points, parse_grid, run_sweep
-    from kvsched.reporting.comparisons import tradeoff_plot
-    from kvsched.reporting.files import write_sweep_table
+    from kvsched.reporting.destination import SWEEP_FILES, check_folder
+    from kvsched.reporting.files import write_sweep
     from kvsched.workloads import build_workload
 
+    check_folder(output, SWEEP_FILES)
+    check_finite(slo_ttft=slo_ttft, slo_tpot=slo_tpot)
     for name in policy:
         load_policy(name)
     resolve_profile(profile)
@@ -52,7 +53,11 @@ def sweep(
     wl = dict(workload=workload, trace=trace, num_requests=num_requests, rate=rate, rate_scale=rate_scale,
               start_offset=start_offset, arrival=arrival, cv=cv, seed=seed)
     build_workload(**wl).describe()  # bad workload options fail here, once, not in every worker
-    spec = SweepSpec(wl, parse_pairs(fixed, "--fix"), profile, slo_ttft, slo_tpot)
+    base = parse_pairs(fixed, "--fix")
+    both = sorted(set(base) & set(grid))
+    if both:
+        raise ValueError(f"{', '.join(both)}: both swept (--set) and fixed (--fix); give each setting once")
+    spec = SweepSpec(wl, base, profile, slo_ttft, slo_tpot)
     points = grid_points(list(dict.fromkeys(policy)), grid)
     with progress_bar(quiet) as bar:
         task = bar.add_task("sweep", total=len(points))
@@ -73,5 +78,5 @@ def sweep(
             cells.append(f"{v:.3g}" if isinstance(v, float) else str(v))
         table.add_row(*cells)
     (console if console.is_terminal else Console(width=160)).print(table)  # a piped table needs more than 80 columns
-    for path in write_sweep_table(rows, output) + [tradeoff_plot(rows, output / "tradeoff.png")]:
+    for path in write_sweep(rows, output):
         console.print(f"wrote {path}", highlight=False)

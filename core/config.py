@@ -3,8 +3,14 @@
 from __future__ import annotations
 
 from enum import Enum
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from kvsched.core.request import MAX_INT64
+
+# Each block costs the pools about a hundred bytes: a bound that keeps a typo (1e9 blocks) a clear error, not a MemoryError.
+MAX_BLOCKS = 1 << 22
 
 
 class PreemptionMode(str, Enum):
@@ -15,29 +21,36 @@ class PreemptionMode(str, Enum):
 class EngineConfig(BaseModel):
     """Scheduler and KV-cache settings, named as in vLLM's ``SchedulerConfig``/``CacheConfig``."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
-    block_size: int = Field(16, ge=1, description="tokens per KV block")
-    num_gpu_blocks: int = Field(2048, ge=1, description="KV blocks in the GPU pool")
-    num_cpu_blocks: int = Field(1024, ge=0, description="KV blocks in the CPU swap pool")
+    block_size: int = Field(16, ge=1, le=MAX_INT64, description="tokens per KV block")
+    num_gpu_blocks: int = Field(2048, ge=1, le=MAX_BLOCKS, description="KV blocks in the GPU pool")
+    num_cpu_blocks: int = Field(1024, ge=0, le=MAX_BLOCKS, description="KV blocks in the CPU swap pool")
     watermark: float = Field(0.01, ge=0.0, lt=1.0, description="share of GPU blocks kept free at admission")
     enable_prefix_caching: bool = Field(False, description="reuse full blocks with the same token prefix")
-    max_num_batched_tokens: int = Field(2048, ge=1, description="token budget of one step")
-    max_num_seqs: int = Field(256, ge=1, description="running sequences at most")
+    max_num_batched_tokens: int = Field(2048, ge=1, le=MAX_INT64, description="token budget of one step")
+    max_num_seqs: int = Field(256, ge=1, le=MAX_INT64, description="running sequences at most")
     max_model_len: int | None = Field(
-        None, ge=1, description="longest sequence (prompt + output); defaults to max_num_batched_tokens"
+        None, ge=1, le=MAX_INT64, description="longest sequence (prompt + output); defaults to max_num_batched_tokens"
     )
     delay_factor: float = Field(0.0, ge=0.0, description="prefill delay gate, in units of the last prompt latency")
     preemption_mode: PreemptionMode | None = Field(
         None, description="force swap or recompute for every victim; default: recompute one sequence, swap several"
     )
     audit_every_step: bool = Field(False, description="check every allocator invariant after each step")
+    vllm_engine: Literal["v0", "v1"] = Field(
+        "v0", description="whose mechanics the core follows: vLLM v0 (0.6: whole prompts allocated at admission, "
+        "worst-case decode check, swap, cap at max_model_len + 1 tokens) or V1 (0.32: blocks as tokens are scheduled, "
+        "exact growth, recompute only, cap at max_model_len); docs/vllm-v1.md"
+    )
     decode_lane: bool = Field(
         True, description="advance plain decodes together when the executor knows its tokens (the simulator); same results either way"
     )
 
     @model_validator(mode="after")
     def _check(self) -> EngineConfig:
+        if self.vllm_engine == "v1" and self.num_gpu_blocks < 2:
+            raise ValueError("vllm_engine v1 needs num_gpu_blocks >= 2: V1 keeps one block as its null block")
         if self.max_num_seqs > self.max_num_batched_tokens:
             raise ValueError(
                 f"max_num_seqs ({self.max_num_seqs}) exceeds max_num_batched_tokens "
@@ -48,6 +61,11 @@ class EngineConfig(BaseModel):
     @property
     def model_len(self) -> int:
         return self.max_model_len or self.max_num_batched_tokens
+
+    @property
+    def max_seq_len(self) -> int:
+        """The most tokens a sequence holds: vLLM v0 stops it once longer than max_model_len, V1 once that long."""
+        return self.model_len + (self.vllm_engine == "v0")
 
     @property
     def watermark_blocks(self) -> int:

@@ -6,20 +6,19 @@ from collections.abc import Callable, Iterable
 from itertools import islice
 from typing import Any
 
-from kvsched.core.clock import Clock
 from kvsched.core.config import EngineConfig
-from kvsched.core.decode_lane import DecodeLane
 from kvsched.core.errors import AuditError, StallError
-from kvsched.core.executor import Executor, KnownTokens
+from kvsched.core.executor import Clock, Executor, KnownTokens, StepResult
 from kvsched.core.outputs import SchedulerOutput
 from kvsched.core.plugins import PolicyHooks
 from kvsched.core.report import StepReport
 from kvsched.core.request import Request
 from kvsched.core.scheduler import Scheduler
 from kvsched.core.sequence import Sequence, SequenceGroup, SequenceStatus
-from kvsched.core.view import CacheView, QueueView
+from kvsched.core.view import CacheView, OutputView, QueueView
 
-MAX_IDLE_STEPS = 100_000  # consecutive steps that run nothing before the engine reports a stall
+# A stall: this many steps in a row ran nothing, over this much engine time (a policy may wait, not forever).
+STALL_STEPS, STALL_SECONDS = 1_000, 10.0
 
 
 class Engine:
@@ -28,10 +27,7 @@ class Engine:
     ``policy`` is an installed policy's name or a policy object; ``executor`` runs the steps
     (``kvsched.SimulatedExecutor`` for simulation). The engine keeps the executor's clock unless
     ``clock`` is given: a caller that drives time itself passes any object with ``now()``,
-    ``advance(seconds)`` and ``wait_until(t)``. With ``retain_finished=False`` a finished group
-    leaves ``groups`` (and never enters ``finished``) once its step is reported: ``on_step``
-    observers, which see it in ``StepReport.finished``, are then the only ones to get it, so a
-    run of millions holds only its unfinished requests.
+    ``advance(seconds)`` and ``wait_until(t)``. ``retain_finished=False`` leaves finished groups to ``on_step``.
     """
 
     def __init__(
@@ -47,19 +43,21 @@ class Engine:
     ) -> None:
         if not isinstance(config, EngineConfig):
             raise TypeError(f"config must be an EngineConfig, got {type(config).__name__}")
-        self.config = config
         self.hooks = PolicyHooks(policy, policy_options, observers)
+        self.config = config = self.hooks.configure(config)
         self.scheduler = Scheduler(self.config, self.hooks)
         self.executor = executor
         attach = getattr(executor, "attach", None)
         if attach is not None:  # an executor that reads block tables, or the block size, of this engine
             attach(self.scheduler.block_manager)
         self.clock = clock if clock is not None else executor.make_clock()
-        self._model_len = self.config.model_len
+        self._max_seq_len = self.config.max_seq_len
         self._caching = self.config.enable_prefix_caching
-        # Prefix caching hashes each block as it fills, sequence by sequence: no lane with it.
-        if self.config.decode_lane and isinstance(self.executor, KnownTokens) and not self._caching:
-            self.scheduler.lane = DecodeLane(self.scheduler.block_manager, self.executor)
+        # Prefix caching hashes each block as it fills, sequence by sequence, and V1's exact block
+        # growth is not the rule the lane's one-spare-block check mirrors: no lane with either.
+        if (self.config.decode_lane and isinstance(self.executor, KnownTokens) and not self._caching
+                and self.config.vllm_engine == "v0"):
+            self.scheduler.lane = self.executor.decode_lane(self.scheduler.block_manager)
         self.groups: dict[str, SequenceGroup] = {}
         self.finished: list[SequenceGroup] = []
         self.retain_finished = retain_finished
@@ -69,6 +67,9 @@ class Engine:
         self.num_blocks_swapped_out = 0
         self._next_seq_id = 0
         self._idle_steps = 0
+        self._idle_since = 0.0
+        self._in_flight: SchedulerOutput | None = None  # a step scheduled and not yet completed
+        self._scheduled_at = 0.0
 
     @property
     def policy_name(self) -> str:
@@ -77,30 +78,46 @@ class Engine:
     # ----------------------------------------------------------------------------- requests
     def add_request(self, request: Request | dict) -> SequenceGroup:
         """Queue a request (validated if given as a dict); it waits until the policy admits it."""
+        if self.hooks.in_hook is not None:
+            self._refuse_in_hook("add_request")
         if not isinstance(request, Request):
             request = Request.model_validate(request)
         if request.request_id in self.groups:
             raise ValueError(f"duplicate request id {request.request_id!r}")
-        group = SequenceGroup(request, self.num_requests, self._new_seq_id(), self.executor.eos_token_id, self._model_len)
+        group = SequenceGroup(request, self.num_requests, self._new_seq_id(), self.executor.eos_token_id, self._max_seq_len)
         self.groups[request.request_id] = group
         self.num_requests += 1
         self.scheduler.add(group)
+        self._idle_steps = 0  # new work: a stall is counted afresh
         return group
 
     def abort(self, request_id: str) -> bool:
         """End a request wherever it is, freeing every block it holds; False if it already ended."""
+        return self.finish_request(request_id, SequenceStatus.FINISHED_ABORTED)
+
+    def finish_request(self, request_id: str, status: SequenceStatus) -> bool:
+        """End a request with ``status`` (any finished state), as an engine that embeds this one
+        decides it (a stop string, EOS of a model we do not run); False if it already ended."""
+        self._refuse_in_hook("abort")
+        if not status.is_finished:
+            raise ValueError(f"{status.name} is not a finished state")
         group = self.groups.get(request_id)
         if group is None or group.is_finished:
             return False
-        self.scheduler.abort(group, self.clock.now())
-        if self.retain_finished:
-            self.finished.append(group)
-        else:
-            self._forget([group])
+        if self._in_flight is not None:  # between schedule() and complete(): the step no longer runs it
+            out = self._in_flight
+            out.scheduled[out.lane_decodes:] = [sg for sg in out.scheduled[out.lane_decodes:] if sg.group is not group]
+        self.scheduler.abort(group, self.clock.now(), status)
+        self._retire([group])
         return True
 
     def has_unfinished(self) -> bool:
         return self.scheduler.num_unfinished > 0
+
+    def _refuse_in_hook(self, call: str) -> None:
+        """A hook may read the engine it runs in, never drive it (that would change the step under construction)."""
+        if self.hooks.in_hook is not None:  # tested by the hot callers before calling
+            raise self.hooks.refuse(f"engine.{call}() called inside {self.hooks.in_hook}: a hook may not drive its own engine")
 
     # ------------------------------------------------------------------------ what one can read
     @property
@@ -130,18 +147,36 @@ class Engine:
     # -------------------------------------------------------------------------------- steps
     def step(self) -> StepReport:
         """Schedule, execute and apply one step; then tell ``on_step`` observers."""
+        output = self.schedule()
+        return self.complete(output, self.executor.execute(output))
+
+    def schedule(self, hooks: PolicyHooks | None = None) -> SchedulerOutput:
+        """The first half of ``step``: the policy (or ``hooks``, another one) builds the step, for a
+        caller that runs it elsewhere, as vLLM does."""
+        if self.hooks.in_hook is not None:
+            self._refuse_in_hook("step")
+        self._scheduled_at = self.clock.now()
+        self._in_flight = self.scheduler.schedule(self._scheduled_at, hooks)
+        return self._in_flight
+
+    def complete(self, output: SchedulerOutput, result: StepResult) -> StepReport:
+        """The second half of ``step``: ``output`` ran and took ``result.duration`` (the clock moves by it),
+        sampling ``result.tokens``; apply them and tell ``on_step`` observers."""
         sched = self.scheduler
-        output = sched.schedule(self.clock.now())
+        self._in_flight = None
+        before = self._scheduled_at
         features = output.features  # counted by the step builder, before _apply changes the sequences
-        result = self.executor.execute(output)
         self.clock.advance(result.duration)
         now = self.clock.now()
         finished = self._apply(output, result.tokens, now)
         self.num_blocks_swapped_in += len(output.blocks_to_swap_in)
         self.num_blocks_swapped_out += len(output.blocks_to_swap_out)
-        self._idle_steps = self._idle_steps + 1 if output.is_empty and not finished else 0
+        idle = output.is_empty and not finished
+        if idle and not self._idle_steps:
+            self._idle_since = before
+        self._idle_steps = self._idle_steps + 1 if idle else 0
         report = StepReport(
-            self.num_steps, now, result.duration, output, tuple(finished),
+            self.num_steps, now, result.duration, OutputView(output), tuple([g.view for g in finished]) if finished else (),
             len(sched.waiting), len(sched.running), len(sched.swapped), sched.cache_view, features,
         )
         self.num_steps += 1
@@ -183,15 +218,15 @@ class Engine:
             sched.num_running_seqs += (group.num_unfinished_seqs if single else group.max_running_seqs) - reserved
         if any_finished:
             sched.remove_finished()
-        if self.retain_finished:
-            self.finished += finished
-        else:
-            self._forget(finished)
+        self._retire(finished)
         return finished
 
-    def _forget(self, groups: list[SequenceGroup]) -> None:
-        for group in groups:
-            del self.groups[group.request_id]
+    def _retire(self, groups: list[SequenceGroup]) -> None:
+        if self.retain_finished:
+            self.finished += groups
+        else:  # the step's report has them: nothing else keeps them (nor their tokens)
+            for group in groups:
+                del self.groups[group.request_id]
 
     @staticmethod
     def _end_group(group: SequenceGroup, now: float, finished: list[SequenceGroup]) -> None:
@@ -253,17 +288,13 @@ class Engine:
         self,
         requests: Iterable[Request] = (),
         on_step: Callable[[StepReport], None] | None = None,
-        max_steps: int | None = None,
-        *,
-        in_order: bool = False,
+        max_steps: int | None = None, *, in_order: bool = False,
     ) -> list[SequenceGroup]:
-        """Feed ``requests`` at their arrival times and step until every request has finished.
-
-        ``in_order``: the requests already come in arrival order, so they are taken one at a time
-        as they arrive (a generator of millions is never held whole); one out of order raises.
-        """
-        source = iter(requests if in_order else sorted(requests, key=lambda r: r.arrival_time))
-        upcoming = next(source, None)
+        """Feed ``requests`` at their arrival times and step until every request has finished
+        (``StallError`` after ``STALL_STEPS`` idle steps and ``STALL_SECONDS`` with none left to arrive);
+        ``in_order``: they come in arrival order, read one at a time as they arrive (a stream of millions)."""
+        self._refuse_in_hook("run")
+        upcoming = next(source := iter(requests if in_order else sorted(requests, key=lambda r: r.arrival_time)), None)
         clock = self.clock
         steps = 0
         while upcoming is not None or self.has_unfinished():
@@ -272,7 +303,7 @@ class Engine:
                 self.add_request(upcoming)
                 arrived, upcoming = upcoming, next(source, None)
                 if upcoming is not None and upcoming.arrival_time < arrived.arrival_time:
-                    raise ValueError(f"request {upcoming.request_id!r} arrives before {arrived.request_id!r}, which came first")
+                    raise ValueError(f"request {upcoming.request_id!r} arrives before {arrived.request_id!r}")
             if not self.has_unfinished():
                 clock.wait_until(upcoming.arrival_time)
                 continue
@@ -284,11 +315,12 @@ class Engine:
                 break
             if self._idle_steps and upcoming is not None:
                 clock.wait_until(upcoming.arrival_time)
-            elif self._idle_steps >= MAX_IDLE_STEPS:
+            elif self._idle_steps >= STALL_STEPS and clock.now() - self._idle_since >= STALL_SECONDS:
                 s = self.scheduler
                 raise StallError(
-                    f"policy {self.policy_name!r} scheduled nothing for {self._idle_steps} steps with "
-                    f"{len(s.waiting)} waiting, {len(s.running)} running, {len(s.swapped)} swapped"
+                    f"policy {self.policy_name!r} scheduled nothing for {self._idle_steps} steps "
+                    f"({clock.now() - self._idle_since:.0f} s) with {len(s.waiting)} waiting, {len(s.running)} running, "
+                    f"{len(s.swapped)} swapped; {s.why_stuck()}"
                 )
         return self.finished
 

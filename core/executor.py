@@ -6,8 +6,20 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
+    from kvsched.allocators.block_manager import BlockManager
     from kvsched.core.outputs import ScheduledGroup, SchedulerOutput
     from kvsched.core.sequence import Sequence, SequenceGroup
+
+
+class Clock(Protocol):
+    """What the engine needs of time: read it, charge a step's duration, wait for an arrival
+    (``kvsched.executors.clocks`` has the virtual and the wall clock)."""
+
+    def now(self) -> float: ...
+
+    def advance(self, seconds: float) -> None: ...
+
+    def wait_until(self, t: float) -> None: ...
 
 
 @dataclass
@@ -38,14 +50,19 @@ class Executor(Protocol):
 class KnownTokens(Protocol):
     """An executor whose one-sequence decode tokens are known before it runs (the simulator's).
 
-    The engine then advances plain decodes in a ``DecodeLane``, writing their tokens out only
-    when someone reads them. Implementing these two methods is a promise: ``execute`` must
-    sample exactly ``tokens_at`` for a one-sequence group, and skip (return no tokens for) the
-    first ``output.lane_decodes`` entries of ``output.scheduled``, whose tokens the engine takes
-    from the lane. An executor that cannot promise this (a subclass that changes the tokens) must
-    not implement them, or must run with ``EngineConfig(decode_lane=False)``. Positions count
-    output tokens from 1.
+    The engine then advances plain decodes in the ``DecodeLane`` the executor hands it (the
+    simulator's is ``kvsched.executors.decode_lane``), writing their tokens out only when someone
+    reads them. Implementing these methods is a promise: ``execute`` must sample exactly
+    ``tokens_at`` for a one-sequence group, and skip (return no tokens for) the first
+    ``output.lane_decodes`` entries of ``output.scheduled``, whose tokens the engine takes from
+    the lane. An executor that cannot promise this (a subclass that changes the tokens) must not
+    implement them, or must run with ``EngineConfig(decode_lane=False)``. Positions count output
+    tokens from 1.
     """
+
+    def decode_lane(self, block_manager: BlockManager) -> DecodeLane:
+        """A lane over ``block_manager`` that takes its tokens from this executor."""
+        ...
 
     def tokens_at(self, group: SequenceGroup, start: int, stop: int) -> list[int]:
         """The tokens a one-sequence ``group`` samples at output positions ``start`` .. ``stop - 1``."""
@@ -53,6 +70,33 @@ class KnownTokens(Protocol):
 
     def first_stop(self, group: SequenceGroup, start: int) -> int | None:
         """The first position from ``start`` on whose token is in ``group.stop_tokens`` (None: never)."""
+        ...
+
+
+class DecodeLane(Protocol):
+    """What the core asks of a decode lane (``kvsched.executors.decode_lane`` has the why and how)."""
+
+    scheduled: int  # members in the step being built (0: the step is not a lane step)
+
+    def schedule(self, running: list[SequenceGroup], out: SchedulerOutput, max_tokens: int, touched: dict,
+                 decodes_only: bool = False, cap: int | None = None) -> bool:
+        """Put every running group in ``out`` as one decode if the lane is exact for this step."""
+        ...
+
+    def apply(self) -> list[Sequence]:
+        """The lane step ran; the members that sampled their last token, out of the lane."""
+        ...
+
+    def dissolve(self) -> None:
+        """Every member leaves, its tokens written out."""
+        ...
+
+    def rollback(self) -> None:
+        """The step being built was abandoned."""
+        ...
+
+    def audit(self, running: list[SequenceGroup]) -> list[str]:
+        """Members that are not what the lane assumes."""
         ...
 
 

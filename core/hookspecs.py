@@ -51,10 +51,13 @@ def select_batch(step: StepBuilder) -> object | None:
     - ``step.swap_in(group, max_tokens=None)``: bring a swapped group back and run it in this
       step (a group swapped in the middle of a chunked prefill continues with a chunk).
     - ``step.preempt(group, mode=None)``: evict a running group on the policy's own initiative.
+    - ``step.hold_back(reason, **numbers)``: say why no (more) waiting group is offered in this
+      step (the decision log shows it; the core's own checks note their reasons themselves).
 
     A group may be acted on once per step. Groups the policy does not touch keep their place.
-    If this hook raises, the core undoes every operation of the step and raises ``PolicyError``.
-    The return value is ignored; only one policy builds the batch (firstresult).
+    If this hook raises, or anything it tries is refused (docs/hooks.md lists what), the core
+    undoes every operation of the step and raises ``PolicyError``. The return value is ignored;
+    only one policy builds the batch (firstresult).
     """
 
 
@@ -75,18 +78,20 @@ def choose_preemption(step: StepBuilder, requester: GroupView) -> Preemption | N
 def can_allocate(step: StepBuilder, group: GroupView) -> AllocStatus | None:
     """Answer whether a waiting ``group`` may be admitted now: ``AllocStatus.OK``, ``LATER`` or ``NEVER``.
 
-    Called by ``step.admit`` after the budget check. ``NEVER`` ends the request as
-    FINISHED_IGNORED; ``LATER`` leaves it waiting. ``OK`` for a group whose blocks are not
-    physically free is a ``PolicyError``. Return None for the default, the block manager's
-    watermark rule (``step.cache.can_allocate(group)``): NEVER if the whole pool minus the
-    watermark cannot hold the prompt, OK if it fits above the watermark, else LATER.
+    Called by ``step.admit`` after the length checks and before the budget check (capacity
+    first, as vLLM does). ``NEVER`` ends the request as FINISHED_IGNORED; ``LATER`` leaves it
+    waiting. ``OK`` for a group whose blocks are not physically free is a ``PolicyError``. Return
+    None for the default, the block manager's watermark rule (``step.cache.can_allocate(group)``):
+    NEVER if the whole pool minus the watermark cannot hold the prompt, OK if it fits above the
+    watermark, else LATER.
     """
 
 
 @hookspec
 def on_step(report: StepReport) -> None:
-    """Observe a finished step: ``report.output`` (what was scheduled), ``report.now`` (clock
-    after the step), ``report.duration`` and ``report.finished`` (groups that ended). Every
-    registered implementation is called; use it for metrics, logs or adaptive controllers.
-    Return values are ignored and must not be relied on to change scheduling.
+    """Observe a finished step: ``report.output`` (what was scheduled, an ``OutputView``),
+    ``report.now`` (clock after the step), ``report.duration`` and ``report.finished`` (groups
+    that ended, as ``GroupView``s); the report is read-only. Every registered implementation is
+    called; use it for metrics, logs or adaptive controllers. Return values are ignored. If it
+    raises, the step stands and the engine raises ``PolicyError`` naming ``on_step``.
     """

@@ -95,6 +95,12 @@ class SchedulerOutput:
     # The first ``lane_decodes`` entries of ``scheduled`` are decodes of the engine's decode lane,
     # whose tokens are known in advance: an executor with ``KnownTokens`` need not sample them.
     lane_decodes: int = 0
+    # Under V1 mechanics, the order in which the step took blocks and gave them back: (request id,
+    # tokens its blocks now hold) or (request id, None) for a preemption. An engine that mirrors
+    # this one (vLLM, through kvsched.integrations.vllm) replays them in this order.
+    block_ops: list[tuple[str, int | None]] = field(default_factory=list)
+    # Why, per decision that is not a plain decode (``core.decisions.Decision`` tuples, in the order taken).
+    decisions: list[tuple] = field(default_factory=list)
 
     @property
     def num_prefill_groups(self) -> int:

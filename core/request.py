@@ -2,21 +2,30 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+# Counts and ids must fit a signed 64-bit integer (the results' Parquet and NumPy columns);
+# priorities a 32-bit one, as trace files give them. Floats must be finite.
+MAX_INT64 = 2**63 - 1
+Int64 = Annotated[int, Field(ge=-MAX_INT64 - 1, le=MAX_INT64)]
+Count = Annotated[int, Field(ge=1, le=MAX_INT64)]
+Priority = Annotated[int, Field(ge=-(2**31), lt=2**31, description="lower is more urgent (vLLM convention)")]
 
 
 class SamplingParams(BaseModel):
     """How to sample a request's output sequences (vLLM's names and meanings)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     n: int = Field(1, ge=1, le=64, description="number of output sequences (parallel sampling)")
-    max_tokens: int = Field(16, ge=1, description="upper bound on generated tokens per sequence")
+    max_tokens: Count = Field(16, description="upper bound on generated tokens per sequence")
     temperature: float = Field(0.0, ge=0.0, description="0 means greedy")
     top_p: float = Field(1.0, gt=0.0, le=1.0)
-    top_k: int = Field(0, ge=0, description="0 disables top-k")
-    seed: int | None = None
-    stop_token_ids: tuple[int, ...] = ()
+    top_k: int = Field(0, ge=0, le=MAX_INT64, description="0 disables top-k")
+    seed: Int64 | None = None
+    stop_token_ids: tuple[Int64, ...] = ()
     ignore_eos: bool = False
 
 
@@ -30,16 +39,23 @@ class Request(BaseModel):
     ignores it.
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     request_id: str = Field(min_length=1)
-    prompt_token_ids: tuple[int, ...] = ()
-    prompt_len: int = Field(0, ge=0, description="prompt length; derived from the token ids when given")
+    prompt_token_ids: tuple[Int64, ...] = ()
+    prompt_len: int = Field(0, ge=0, le=MAX_INT64, description="prompt length; derived from the token ids when given")
     sampling: SamplingParams = SamplingParams()
     arrival_time: float = Field(0.0, ge=0.0)
-    priority: int = Field(0, description="lower is more urgent (vLLM convention)")
+    priority: Priority = 0
     tenant: str = "default"
-    output_len: int | None = Field(None, ge=1)
+    output_len: Count | None = None
+
+    @field_validator("tenant")
+    @classmethod
+    def _named(cls, tenant: str) -> str:
+        if not tenant.strip():
+            raise ValueError("a tenant needs a name (it is empty or blank)")
+        return tenant
 
     @model_validator(mode="before")
     @classmethod

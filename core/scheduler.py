@@ -4,16 +4,17 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from kvsched.allocators.alloc_status import AllocStatus
 from kvsched.allocators.block_manager import BlockManager
 from kvsched.core.config import EngineConfig, PreemptionMode
-from kvsched.core.errors import PolicyError
 from kvsched.core.outputs import SchedulerOutput
 from kvsched.core.sequence import SequenceGroup, SequenceStatus
-from kvsched.core.step import StepBuilder
+from kvsched.core.step_state import StepState
+from kvsched.core.step_v1 import V1StepState
 from kvsched.core.view import CacheView
 
 if TYPE_CHECKING:
-    from kvsched.core.decode_lane import DecodeLane
+    from kvsched.core.executor import DecodeLane
     from kvsched.core.plugins import PolicyHooks
 
 _RUNNING, _WAITING, _SWAPPED = SequenceStatus.RUNNING, SequenceStatus.WAITING, SequenceStatus.SWAPPED
@@ -22,17 +23,20 @@ _RUNNING, _WAITING, _SWAPPED = SequenceStatus.RUNNING, SequenceStatus.WAITING, S
 class Scheduler:
     """vLLM's three queues (``waiting``, ``running``, ``swapped``, oldest first) and the block manager.
 
-    ``schedule`` asks the policy to build a step, rolls everything back if the policy fails, and
+    ``schedule`` asks the policy to build a step, rolls everything back if the policy fails (any
+    exception, KeyboardInterrupt and SystemExit included, which then propagate unchanged), and
     otherwise commits the queue and status changes in one place.
     """
 
     def __init__(self, config: EngineConfig, hooks: PolicyHooks) -> None:
         self.config = config
         self.hooks = hooks
-        self.block_manager = BlockManager(
-            config.block_size, config.num_gpu_blocks, config.num_cpu_blocks,
-            config.watermark_blocks, config.enable_prefix_caching,
+        v1 = config.vllm_engine == "v1"
+        self.block_manager = BlockManager(  # V1 keeps one of its blocks as a null block, never allocated
+            config.block_size, config.num_gpu_blocks - v1, config.num_cpu_blocks,
+            config.watermark_blocks, config.enable_prefix_caching, keep_duplicates=v1,
         )
+        self._step_state = V1StepState if v1 else StepState
         self.cache_view = CacheView(self.block_manager)
         self.waiting: list[SequenceGroup] = []
         self.running: list[SequenceGroup] = []
@@ -41,24 +45,27 @@ class Scheduler:
         self.lane: DecodeLane | None = None  # set by the engine when its executor knows its tokens
 
     def add(self, group: SequenceGroup) -> None:
+        group.block_manager = self.block_manager
         self.waiting.append(group)
 
     @property
     def num_unfinished(self) -> int:
         return len(self.waiting) + len(self.running) + len(self.swapped)
 
-    def schedule(self, now: float) -> SchedulerOutput:
-        step = StepBuilder(self, now)
+    def schedule(self, now: float, hooks: PolicyHooks | None = None) -> SchedulerOutput:
+        """Build, validate and commit one step with the policy (or with ``hooks``: another policy
+        deciding on the same state, e.g. a fallback after this one failed)."""
+        hooks = hooks or self.hooks
+        step = self._step_state(self, now, hooks)
         bm = self.block_manager
         bm.begin()
         try:
-            self.hooks.select_batch(step=step)
-        except PolicyError:
+            hooks.select_batch(step.step)  # raises PolicyError for anything refused or raised
+        except BaseException:
             self._rollback()
             raise
-        except Exception as exc:
-            self._rollback()
-            raise PolicyError(self.hooks.name, f"raised {type(exc).__name__}: {exc}") from exc
+        finally:
+            step.close()
         bm.commit()
         self._commit(step)
         return step.output
@@ -68,7 +75,7 @@ class Scheduler:
         if self.lane is not None:
             self.lane.rollback()
 
-    def _commit(self, step: StepBuilder) -> None:
+    def _commit(self, step: StepState) -> None:
         out, now = step.output, step.now
         for g in step.admitted:
             g.status = _RUNNING
@@ -118,8 +125,8 @@ class Scheduler:
     def remove_finished(self) -> None:
         self.running = [g for g in self.running if g.status <= _SWAPPED]  # an int compare: runs every few steps
 
-    def abort(self, group: SequenceGroup, now: float) -> None:
-        """Take ``group`` out of whichever queue holds it and free every block it held."""
+    def abort(self, group: SequenceGroup, now: float, status: SequenceStatus = SequenceStatus.FINISHED_ABORTED) -> None:
+        """Take ``group`` out of whichever queue holds it, free every block it held, and end it with ``status``."""
         if self.lane is not None and any(s.lane is not None for s in group.seqs):
             self.lane.dissolve()
         for name in ("waiting", "running", "swapped"):
@@ -128,15 +135,32 @@ class Scheduler:
                 queue.remove(group)
                 if name == "running":
                     self.num_running_seqs -= group.max_running_seqs
-        self.finish_group(group, SequenceStatus.FINISHED_ABORTED, now)
+        self.finish_group(group, status, now)
+
+    def why_stuck(self) -> str:
+        """The oldest waiting (else swapped, else running) request and why it is not running."""
+        g = min(self.waiting or self.swapped or self.running, key=lambda g: g.index)
+        bm, name = self.block_manager, self.hooks.name
+        head = f"the oldest {g.status.name.lower()} request, {g.request_id} (arrived at {g.arrival_time:.3f} s),"
+        status = AllocStatus.OK if g.status is _RUNNING else bm.can_allocate(g) if g.status is _WAITING else bm.can_swap_in(g)
+        if status is AllocStatus.NEVER or max(s.num_tokens for s in g.seqs) > self.config.model_len:
+            return f"{head} can never run, but policy {name!r} does not try it (which would end it as ignored)"
+        if status is AllocStatus.LATER:
+            return f"{head} needs more GPU blocks than the {bm.gpu.num_free} free (watermark {bm.watermark_blocks})"
+        return f"{head} fits the KV cache and the budgets now, but policy {name!r} does not schedule it"
 
     def audit(self) -> list[str]:
-        """Allocator invariants plus queue/status agreement and the running-sequence count."""
+        """Allocator invariants plus queue/status agreement, who holds blocks, and the running-sequence count:
+        a finished (stopped, capped, aborted, ignored) or waiting sequence holds none."""
         problems = self.block_manager.audit()
         for name, status in (("waiting", _WAITING), ("running", _RUNNING), ("swapped", _SWAPPED)):
             for g in getattr(self, name):
                 if g.status is not status:
                     problems.append(f"{g.request_id} is {g.status.name} but sits in {name}")
+        # Only running sequences hold GPU blocks (enough for their computed tokens), only swapped ones CPU blocks.
+        seqs = [s for queue in (self.waiting, self.running, self.swapped) for g in queue for s in g.seqs]
+        problems += self.block_manager.audit_holders(
+            {s.seq_id: s.num_computed_tokens for s in seqs if s.status is _RUNNING}, {s.seq_id for s in seqs if s.status is _SWAPPED})
         counted = sum(g.max_running_seqs for g in self.running)
         if counted != self.num_running_seqs:
             problems.append(f"running sequence count {self.num_running_seqs} != {counted}")
@@ -145,7 +169,6 @@ class Scheduler:
         if self.num_running_seqs > self.config.max_num_seqs:
             problems.append(f"{self.num_running_seqs} running sequences exceed max_num_seqs {self.config.max_num_seqs}")
         return problems
-
 
 def _without_prefix(waiting: list[SequenceGroup], left: int) -> list[SequenceGroup]:
     """``waiting`` without the ``left`` groups that stopped waiting in this step.

@@ -7,7 +7,7 @@ from enum import IntEnum
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from kvsched.core.decode_lane import DecodeLane
+    from kvsched.core.executor import DecodeLane
     from kvsched.core.request import Request
     from kvsched.core.view import GroupView
 
@@ -97,19 +97,19 @@ class SequenceGroup:
 
     ``status`` is the queue the group sits in (WAITING, RUNNING, SWAPPED) or its final state.
     A group with ``n > 1`` starts as one sequence; the engine forks the others after the prompt
-    step, so they share the prompt's blocks copy-on-write. ``eos_token_id`` and ``max_model_len``
-    are the engine's (None: no EOS, no model limit).
+    step, so they share the prompt's blocks copy-on-write. ``eos_token_id`` and ``max_seq_len`` (the
+    most tokens a sequence may hold) are the engine's (None: no EOS, no limit).
     """
 
     __slots__ = (
         "request", "request_id", "index", "n", "seqs", "status", "finish_detail", "view",
         "arrival_time", "first_scheduled_time", "first_token_time", "finish_time",
         "num_recompute_preemptions", "num_swap_preemptions", "num_generated_tokens", "num_unfinished_seqs",
-        "stop_tokens", "max_seq_tokens",
+        "stop_tokens", "max_seq_tokens", "block_manager",
     )
 
     def __init__(
-        self, request: Request, index: int, first_seq_id: int, eos_token_id: int | None = None, max_model_len: int | None = None
+        self, request: Request, index: int, first_seq_id: int, eos_token_id: int | None = None, max_seq_len: int | None = None
     ) -> None:
         from kvsched.core.view import GroupView
 
@@ -132,12 +132,13 @@ class SequenceGroup:
         self.num_unfinished_seqs = 1  # kept by the engine as sequences fork and finish
         self.view: GroupView = GroupView(self)
         # What ends a sequence, fixed once: a token in ``stop_tokens`` (EOS unless ignored, plus the
-        # request's stop ids), or reaching ``max_seq_tokens`` (max_tokens generated, or max_model_len).
+        # request's stop ids), or reaching ``max_seq_tokens`` (max_tokens generated, or the engine's limit).
         params = request.sampling
         eos = None if params.ignore_eos else eos_token_id
         self.stop_tokens = _stop_set(params.stop_token_ids, eos)
         limit = len(prompt) + params.max_tokens
-        self.max_seq_tokens = limit if max_model_len is None else min(limit, max_model_len)
+        self.max_seq_tokens = limit if max_seq_len is None else min(limit, max_seq_len)
+        self.block_manager = None  # the block manager of the engine it was added to: whose operations may take it
 
     @property
     def is_forked(self) -> bool:

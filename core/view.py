@@ -1,15 +1,31 @@
-"""Read-only windows onto engine state: what a policy may look at but never change."""
+"""Read-only windows onto engine state: what a policy or an observer may look at but never change.
+
+A view keeps what it shows in a *hidden slot*, whose descriptor is taken off the class, so that no
+attribute of a view leads to engine state (code that imports the core or walks the garbage
+collector can reach anything: Python has no private memory).
+"""
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
+
+from kvsched.core.errors import quote
 
 if TYPE_CHECKING:
     from kvsched.allocators.alloc_status import AllocStatus
     from kvsched.allocators.block_manager import BlockManager
+    from kvsched.core.config import PreemptionMode
+    from kvsched.core.outputs import SchedulerOutput
     from kvsched.core.request import Request
     from kvsched.core.sequence import SequenceGroup, SequenceStatus
+
+
+def hidden_slot(cls: type, name: str):
+    """Take slot ``name`` off ``cls``'s attributes; return its (getter, setter) for the core."""
+    slot = cls.__dict__[name]
+    delattr(cls, name)
+    return slot.__get__, slot.__set__
 
 
 class GroupView:
@@ -19,96 +35,160 @@ class GroupView:
     __slots__ = ("_group",)
 
     def __init__(self, group: SequenceGroup) -> None:
-        self._group = group
+        _set_group(self, group)
 
-    request_id = property(lambda self: self._group.request_id, doc="the request's id")
-    request: Request = property(lambda self: self._group.request, doc="the validated request (immutable)")
-    arrival_time = property(lambda self: self._group.arrival_time)
-    priority = property(lambda self: self._group.request.priority, doc="lower is more urgent")
-    tenant = property(lambda self: self._group.request.tenant)
-    prompt_len = property(lambda self: self._group.request.prompt_len)
-    max_tokens = property(lambda self: self._group.request.sampling.max_tokens)
-    status: SequenceStatus = property(lambda self: self._group.status)
-    num_seqs = property(lambda self: self._group.num_unfinished_seqs, doc="unfinished sequences")
-    max_running_seqs = property(lambda self: self._group.max_running_seqs, doc="sequences it needs at once")
-    num_generated_tokens = property(lambda self: self._group.num_generated_tokens)
-    num_uncomputed_tokens = property(lambda self: self._group.num_uncomputed_tokens, doc="tokens its next step computes")
-    num_preemptions = property(lambda self: self._group.num_recompute_preemptions + self._group.num_swap_preemptions)
-    first_scheduled_time = property(lambda self: self._group.first_scheduled_time)
-    first_token_time = property(lambda self: self._group.first_token_time)
+    request_id = property(lambda self: group_of(self).request_id, doc="the request's id")
+    request: Request = property(lambda self: group_of(self).request, doc="the validated request (immutable)")
+    arrival_time = property(lambda self: group_of(self).arrival_time)
+    priority = property(lambda self: group_of(self).request.priority, doc="lower is more urgent")
+    tenant = property(lambda self: group_of(self).request.tenant)
+    prompt_len = property(lambda self: group_of(self).request.prompt_len)
+    max_tokens = property(lambda self: group_of(self).request.sampling.max_tokens)
+    status: SequenceStatus = property(lambda self: group_of(self).status)
+    num_seqs = property(lambda self: group_of(self).num_unfinished_seqs, doc="unfinished sequences")
+    max_running_seqs = property(lambda self: group_of(self).max_running_seqs, doc="sequences it needs at once")
+    num_generated_tokens = property(lambda self: group_of(self).num_generated_tokens)
+    num_uncomputed_tokens = property(lambda self: group_of(self).num_uncomputed_tokens, doc="tokens its next step computes")
+    num_preemptions = property(lambda self: group_of(self).num_recompute_preemptions + group_of(self).num_swap_preemptions)
+    first_scheduled_time = property(lambda self: group_of(self).first_scheduled_time)
+    first_token_time = property(lambda self: group_of(self).first_token_time)
+    finish_time = property(lambda self: group_of(self).finish_time)
 
     @property
     def num_tokens(self) -> int:
         """Tokens of its longest sequence (prompt plus generated)."""
-        return max(s.num_tokens for s in self._group.seqs)
+        return max(s.num_tokens for s in group_of(self).seqs)
 
     @property
     def expected_output_len(self) -> int | None:
         """The workload's true output length (an oracle, known only in simulation)."""
-        return self._group.request.output_len
+        return group_of(self).request.output_len
 
     def __repr__(self) -> str:
-        return f"<{self._group.request_id} {self._group.status.name}>"
+        g = group_of(self)
+        return f"<{g.request_id} {g.status.name}>"
 
 
-class QueueView(Sequence):
-    """One queue as it was when the step began, as ``GroupView``s, front first.
+group_of, _set_group = hidden_slot(GroupView, "_group")
 
-    Lazy: a policy that stops at the first group that does not fit pays for the groups it looked
-    at, not for the whole queue (which can hold many thousands under overload). Valid for the
-    step it was handed out in.
-    """
 
-    __slots__ = ("_groups",)
+class _LazyTuple(Sequence):
+    """A read-only sequence over a core list, converting each item as it is read (``_show``):
+    a policy that stops at the first item that does not fit pays for what it looked at."""
 
-    def __init__(self, groups: list[SequenceGroup]) -> None:
-        self._groups = groups
+    __slots__ = ("_items",)
+
+    def __init__(self, items: list) -> None:
+        _set_items(self, items)
 
     def __len__(self) -> int:
-        return len(self._groups)
+        return len(_items_of(self))
 
     def __getitem__(self, index):
         if isinstance(index, slice):
-            return tuple(g.view for g in self._groups[index])
-        return self._groups[index].view
+            return tuple(map(self._show, _items_of(self)[index]))
+        return self._show(_items_of(self)[index])
 
-    def __iter__(self) -> Iterator[GroupView]:
-        return (g.view for g in self._groups)
+    def __iter__(self) -> Iterator:
+        return map(self._show, _items_of(self))
 
-    def __reversed__(self) -> Iterator[GroupView]:
-        return (g.view for g in reversed(self._groups))
+
+
+_items_of, _set_items = hidden_slot(_LazyTuple, "_items")
+
+
+class QueueView(_LazyTuple):
+    """One queue as it was when the step began, as ``GroupView``s, front first.
+
+    Lazy (a queue under overload holds many thousands). Valid for the step it was handed out in.
+    """
+
+    __slots__ = ()
+    _show = staticmethod(lambda g: g.view)
 
     def __repr__(self) -> str:
-        return f"QueueView({[g.request_id for g in self._groups]})"
+        return f"QueueView({[g.request_id for g in _items_of(self)]})"
+
+
+class Scheduled(NamedTuple):
+    """One batch entry as an observer sees it (``ScheduledGroup`` with the group as a view)."""
+
+    group: GroupView
+    num_tokens: int
+    is_prefill: bool
+    num_cached_tokens: int
+
+
+class BatchView(_LazyTuple):
+    """A step's batch as ``Scheduled`` entries, in batch order."""
+
+    __slots__ = ()
+    _show = staticmethod(lambda s: Scheduled(s.group.view, s.num_tokens, s.is_prefill, s.num_cached_tokens))
+
+
+class OutputView:
+    """A step's ``SchedulerOutput`` as ``on_step`` observers see it: the same names, read-only,
+    groups as ``GroupView``s and block movements as tuples (``num_batched_tokens``,
+    ``prefill_tokens``, ``decode_seqs``, ``kv_tokens_read``, ``lane_decodes``,
+    ``num_prefill_groups``, ``features`` and ``is_empty`` are the output's own)."""
+
+    __slots__ = ("_out",)
+
+    def __init__(self, output: SchedulerOutput) -> None:
+        _set_out(self, output)
+
+    scheduled = property(lambda self: BatchView(_out_of(self).scheduled))
+    swapped_in = property(lambda self: tuple(g.view for g in _out_of(self).swapped_in))
+    preempted: tuple[tuple[GroupView, PreemptionMode], ...] = property(lambda self: tuple((g.view, m) for g, m in _out_of(self).preempted))
+    ignored = property(lambda self: tuple(g.view for g in _out_of(self).ignored))
+    blocks_to_swap_in = property(lambda self: tuple(_out_of(self).blocks_to_swap_in))
+    blocks_to_swap_out = property(lambda self: tuple(_out_of(self).blocks_to_swap_out))
+    blocks_to_copy = property(lambda self: tuple(_out_of(self).blocks_to_copy))
+    decisions = property(lambda self: tuple(_out_of(self).decisions), doc="why: the step's Decision notes, in order")
+
+
+for _name in ("num_batched_tokens", "prefill_tokens", "decode_seqs", "kv_tokens_read", "lane_decodes", "num_prefill_groups", "features", "is_empty"):
+    setattr(OutputView, _name, property(lambda self, _name=_name: getattr(_out_of(self), _name)))
+_out_of, _set_out = hidden_slot(OutputView, "_out")
 
 
 class CacheView:
-    """Read-only questions to the block manager."""
+    """Read-only questions to the block manager (about groups of its own engine only)."""
 
     __slots__ = ("_bm",)
 
     def __init__(self, bm: BlockManager) -> None:
-        self._bm = bm
+        _set_bm(self, bm)
 
-    block_size = property(lambda self: self._bm.block_size)
-    num_gpu_blocks = property(lambda self: self._bm.gpu.num_blocks)
-    num_cpu_blocks = property(lambda self: self._bm.cpu.num_blocks)
-    num_free_gpu_blocks = property(lambda self: self._bm.gpu.num_free)
-    num_free_cpu_blocks = property(lambda self: self._bm.cpu.num_free)
-    num_cached_gpu_blocks = property(lambda self: len(self._bm.gpu.evictor), doc="free blocks that still hold a cached prefix (counted as free)")
-    watermark_blocks = property(lambda self: self._bm.watermark_blocks)
-    enable_prefix_caching = property(lambda self: self._bm.enable_prefix_caching)
+    block_size = property(lambda self: _bm_of(self).block_size)
+    num_gpu_blocks = property(lambda self: _bm_of(self).gpu.num_blocks)
+    num_cpu_blocks = property(lambda self: _bm_of(self).cpu.num_blocks)
+    num_free_gpu_blocks = property(lambda self: _bm_of(self).gpu.num_free)
+    num_free_cpu_blocks = property(lambda self: _bm_of(self).cpu.num_free)
+    num_cached_gpu_blocks = property(lambda self: len(_bm_of(self).gpu.evictor), doc="free blocks that still hold a cached prefix (counted as free)")
+    watermark_blocks = property(lambda self: _bm_of(self).watermark_blocks)
+    enable_prefix_caching = property(lambda self: _bm_of(self).enable_prefix_caching)
 
     def can_allocate(self, group: GroupView) -> AllocStatus:
         """The block manager's own answer (vLLM's watermark rule) for a waiting group."""
-        return self._bm.can_allocate(group._group)
+        return _bm_of(self).can_allocate(self._own(group))
 
     def blocks_to_allocate(self, group: GroupView) -> int:
-        return self._bm.blocks_to_allocate(group._group)
+        return _bm_of(self).blocks_to_allocate(self._own(group))
 
     def num_cached_tokens(self, group: GroupView) -> int:
         """Leading prompt tokens already in the prefix cache (0 without prefix caching)."""
-        return max((self._bm.num_cached_tokens(s) for s in group._group.seqs), default=0)
+        bm = _bm_of(self)
+        return max((bm.num_cached_tokens(s) for s in self._own(group).seqs), default=0)
 
     def can_append_slots(self, group: GroupView) -> bool:
-        return self._bm.can_append_slots(group._group)
+        return _bm_of(self).can_append_slots(self._own(group))
+
+    def _own(self, view: GroupView) -> SequenceGroup:
+        g = group_of(view) if type(view) is GroupView else None
+        if g is None or g.block_manager is not _bm_of(self):
+            raise ValueError(f"the cache was asked about {quote(view)}, which is not a request of its engine")
+        return g
+
+
+_bm_of, _set_bm = hidden_slot(CacheView, "_bm")

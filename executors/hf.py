@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from kvsched.core.clock import WallClock
+from kvsched.executors.clocks import WallClock
 from kvsched.core.executor import StepResult, samplers
 from kvsched.executors.hf_attention import StepMetadata, active_step, register
 from kvsched.executors.hf_models import SUPPORTED_TYPES, LoadedModel, load_model

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from itertools import islice
 
-from kvsched.core.clock import VirtualClock
+from kvsched.executors.clocks import VirtualClock
 from kvsched.core.executor import StepResult, samplers
+from kvsched.executors.decode_lane import DecodeLane
 from kvsched.executors.cost_model import DEFAULT_PROFILE, PROFILES, CostProfile
 from kvsched.core.outputs import SchedulerOutput
 from kvsched.core.sequence import SequenceGroup
@@ -41,6 +42,10 @@ class SimulatedExecutor:
             self.block_size = block_manager.block_size
         elif self.block_size != block_manager.block_size:
             raise ValueError(f"SimulatedExecutor(block_size={self.block_size}) on an engine with block_size {block_manager.block_size}")
+
+    def decode_lane(self, block_manager) -> DecodeLane:
+        """The lane of plain decodes whose tokens ``tokens_at`` knows (``KnownTokens``)."""
+        return DecodeLane(block_manager, self)
 
     def make_clock(self) -> VirtualClock:
         return VirtualClock()

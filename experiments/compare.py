@@ -1,11 +1,17 @@
-"""Policy comparison: the same workload under several policies, side by side (``engine compare``)."""
+"""Policy comparison: the same workloads under several policies, side by side (``engine compare``).
+
+Each policy runs every seed's workload; the table gives each metric's mean over the seeds with
+its 95% confidence interval (Student's t), so a difference smaller than the intervals is not read
+as a win. A workload that does not depend on its seed (a trace replay) runs once.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from kvsched.core.config import EngineConfig
+from kvsched.metrics.confidence import mean_interval
 
 # (label, summary key, field, scale, format): the rows of the comparison table
 ROWS = (
@@ -24,41 +30,61 @@ ROWS = (
 
 @dataclass
 class PolicyRun:
+    """One policy over every seed: a summary per seed, latencies pooled over the seeds."""
+
     policy: str
-    summary: dict[str, Any]
-    ttft: list[float]
-    tpot: list[float]
+    summaries: list[dict[str, Any]] = field(default_factory=list)
+    ttft: list[float] = field(default_factory=list)
+    tpot: list[float] = field(default_factory=list)
 
 
 def metric(summary: dict, key: str, field: str | None) -> float | None:
-    value = summary[key]
+    """One number of a summary (None where the run could not know it: preemptions, measured from a client)."""
+    value = summary.get(key)
+    if value is None:
+        return None
     if key == "preemptions":
         return value["recompute"] + value["swap"]
     return value if field is None else value[field]
 
 
-def run_policies(policies: list[str], workload, config: EngineConfig, profile: str,
+def distinct_workloads(workloads: list) -> list:
+    """``workloads`` (one per seed), or only the first when the seed does not change its requests."""
+    if len(workloads) > 1 and workloads[1].requests() == workloads[0].requests():
+        return workloads[:1]
+    return workloads
+
+
+def run_policies(policies: list[str], workloads: list, config: EngineConfig, profile: str,
                  options: dict[str, dict[str, Any]] | None = None) -> list[PolicyRun]:
-    """Simulate ``workload`` (same requests, same seed) once per policy."""
+    """Simulate each of ``workloads`` (one per seed, the same for every policy) once per policy."""
     from kvsched.experiments.simulation import SimJob
 
     runs = []
     for name in policies:
-        job = SimJob(workload, name, config, profile, (options or {}).get(name), record_timeseries=False)
-        outcome = job.run()
-        done = [r for r in outcome.result.requests if r.ttft is not None]
-        runs.append(PolicyRun(name, outcome.summary, [r.ttft for r in done], [r.tpot for r in done if r.tpot is not None]))
+        run = PolicyRun(name)
+        for workload in workloads:
+            outcome = SimJob(workload, name, config, profile, (options or {}).get(name), record_timeseries=False).run()
+            run.summaries.append(outcome.summary)
+            done = [r for r in outcome.result.requests if r.ttft is not None]
+            run.ttft += [r.ttft for r in done]
+            run.tpot += [r.tpot for r in done if r.tpot is not None]
+        runs.append(run)
     return runs
 
 
 def table_rows(runs: list[PolicyRun]) -> list[list[str]]:
-    """One row per metric; the first column is the label, then one cell per policy."""
+    """One row per metric; the first column is the label, then one cell per policy (mean ± 95% CI over seeds)."""
     rows = []
     for label, key, field, scale, fmt in ROWS:
         cells = [label]
         for run in runs:
-            value = metric(run.summary, key, field)
-            cells.append("-" if value is None else fmt.format(value * scale))
+            values = [metric(s, key, field) for s in run.summaries]
+            if any(v is None for v in values):
+                cells.append("-")
+                continue
+            mean, half = mean_interval([v * scale for v in values])
+            cells.append(fmt.format(mean) + (f" ± {fmt.format(half)}" if len(values) > 1 else ""))
         rows.append(cells)
     return rows
 

@@ -1,8 +1,8 @@
 """One simulation: build the engine, feed the workload, collect metrics and time series.
 
 ``run_simulation`` runs the engine and summarizes it; ``SimJob`` adds what a person looks at: the
-observers (time series, tenant service), the extensions of ``summary.json`` (workload, SLO
-goodput, fairness, KV usage) and the wall-clock cost of the run. The CLI, sweeps and benchmarks
+observers (time series, tenant service, the decision log), the extensions of ``summary.json``
+(workload, SLO goodput, fairness, KV usage) and the wall-clock cost of the run. The CLI, sweeps and benchmarks
 all go through ``SimJob``.
 
 Either keeps every request in memory to the end (the default), or, given a ``stream_to`` folder,
@@ -26,6 +26,7 @@ from kvsched.core.report import StepReport
 from kvsched.core.request import Request
 from kvsched.executors.profiles import resolve_profile
 from kvsched.executors.simulated import SimulatedExecutor
+from kvsched.metrics.decision_log import DecisionLog
 from kvsched.metrics.fairness import TenantService, fairness_summary
 from kvsched.metrics.goodput import goodput_summary
 from kvsched.metrics.records import RequestLog, RequestTable
@@ -98,6 +99,7 @@ class SimOutcome:
     wall_s: float
     simulate_s: float  # engine loop only (no workload building)
     num_requests: int
+    decision_log: Path | None = None  # decisions.parquet, when the job kept one
 
     @property
     def summary(self) -> dict[str, Any]:
@@ -115,6 +117,7 @@ class SimJob:
     slo_tpot: float | None = None
     record_timeseries: bool = True
     stream_to: Path | None = None  # stream records and time series to this folder (bounded memory)
+    decision_log: Path | None = None  # write the decision log (Parquet) here as the run goes
 
     def run(self, on_step: Observer | None = None, on_start: Callable[[int], None] | None = None) -> SimOutcome:
         """Build the requests, tell ``on_start`` how many, simulate, and extend the summary."""
@@ -133,20 +136,24 @@ class SimJob:
         if self.record_timeseries:
             series = TimeSeriesRecorder(Path(self.stream_to) / "timeseries.parquet" if streaming else None)
         service = TenantService()
-        competing = len(self.workload.tenant_names()) > 1
+        tenants = self.workload.tenant_names() if streaming else {r.tenant for r in requests}
+        competing = len(tenants) > 1
         if competing:
             requests = service.watch(requests)
+        log = DecisionLog(self.decision_log) if self.decision_log is not None else None
         sim_start = time.perf_counter()
         description = self.workload.describe()
         try:
             result = run_simulation(
                 requests, self.policy, self.config, resolve_profile(self.profile), self.policy_options,
-                on_step=fan_out([series, service if competing else None, on_step]), stream_to=self.stream_to,
+                on_step=fan_out([series, service if competing else None, log, on_step]), stream_to=self.stream_to,
                 seed=description.get("seed"), workload=description,
             )
         except BaseException:
             if series is not None and series.file is not None:
                 series.file.abandon()
+            if log is not None:
+                log.discard()
             raise
         if series is not None:
             series.close()
@@ -156,4 +163,5 @@ class SimJob:
         s["fairness"] = fairness_summary(result.requests, service)
         if series is not None and len(series):
             s["kv_usage"] = series.kv_usage(self.config.num_gpu_blocks)
-        return SimOutcome(result, series, time.perf_counter() - start, simulate_s, count)
+        log_path = log.close() if log is not None else None
+        return SimOutcome(result, series, time.perf_counter() - start, simulate_s, count, log_path)

@@ -112,7 +112,8 @@ class TenantService:
 
     def backlogged_rates(self) -> dict[str, float]:
         """Service per second while backlogged, for each tenant that was ever backlogged."""
-        return {t: self.backlogged_service[t] / d for t, d in self.backlogged_time.items() if d > 0}
+        times = self.backlogged_time  # filled in set order, which string hashing varies from run to run
+        return {t: self.backlogged_service[t] / times[t] for t in sorted(times) if times[t] > 0}
 
 
 def fairness_summary(metrics: Any, service: TenantService | None = None) -> dict:

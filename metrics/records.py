@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from kvsched.core.view import group_of
 from kvsched.metrics.parquet_rows import ParquetRows, arrow_table
 from kvsched.metrics.requests import FIELDS, RequestMetrics
 
@@ -54,7 +55,8 @@ class RequestLog:
         if not report.finished:
             return
         waiting = self._waiting
-        for group in report.finished:
+        for view in report.finished:  # read-only views; the record is made from the group behind each
+            group = group_of(view)
             waiting[group.index] = _ROW(RequestMetrics.of(group))
         append = self.file.append
         while self._next in waiting:

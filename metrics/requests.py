@@ -128,8 +128,9 @@ def percentile(sorted_values: list[float], q: float) -> float:
     return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
 
 
-def distribution(values: np.ndarray) -> dict[str, float | None]:
-    """mean, p50, p90, p99 of the non-NaN values (None when there are none)."""
+def distribution(values: Any) -> dict[str, float | None]:
+    """mean, p50, p90, p99 of the values that are not missing (None or NaN; None when there are none)."""
+    values = np.asarray(values, dtype=np.float64)  # a list's None becomes NaN
     vals = np.sort(values[~np.isnan(values)])
     if not len(vals):
         return {"mean": None, "p50": None, "p90": None, "p99": None}
@@ -141,10 +142,12 @@ def distribution(values: np.ndarray) -> dict[str, float | None]:
     }
 
 
-def summarize(engine: Engine, requests: Any, **extra) -> dict:
+def summarize(engine: Engine | None, requests: Any, **extra) -> dict:
     """The run summary: counts, throughput, latency distributions, preemptions, block audit.
 
-    ``requests``: the records, as a list of ``RequestMetrics`` or as ``Columns``.
+    ``requests``: the records, as a list of ``RequestMetrics`` or as ``Columns``. Without an engine
+    (a run measured from a client, ``engine bench``) what only the engine knows (policy, steps,
+    preemptions, swaps, leaks, config) is None, unless ``extra`` says it.
     """
     requests = as_columns(requests)
     done = done_mask(requests)
@@ -156,15 +159,18 @@ def summarize(engine: Engine, requests: Any, **extra) -> dict:
     end = float(finish.max()) if len(finish) else start
     duration = end - start
     out_tokens = int(numbers(requests, "output_tokens")[done].sum())
+    known = engine is not None
+    policy = engine.policy_name if known else extra.pop("policy", None)
+    config = engine.config.model_dump(mode="json") if known else extra.pop("config", None)
     return {
-        "policy": engine.policy_name,
+        "policy": policy,
         **extra,
         "num_requests": requests.num_rows,
         "finished": num_done,
         "ignored": int(pc.sum(pc.equal(status, "FINISHED_IGNORED")).as_py() or 0),
         "aborted": int(pc.sum(pc.equal(status, "FINISHED_ABORTED")).as_py() or 0),
         "duration_s": duration,
-        "steps": engine.num_steps,
+        "steps": engine.num_steps if known else None,
         "requests_per_s": num_done / duration if duration > 0 else 0.0,
         "throughput_tokens_per_s": out_tokens / duration if duration > 0 else 0.0,
         "output_tokens": out_tokens,
@@ -175,9 +181,9 @@ def summarize(engine: Engine, requests: Any, **extra) -> dict:
         "preemptions": {
             "recompute": int(numbers(requests, "preemptions_recompute").sum()),
             "swap": int(numbers(requests, "preemptions_swap").sum()),
-        },
-        "blocks_swapped_in": engine.num_blocks_swapped_in,
-        "blocks_swapped_out": engine.num_blocks_swapped_out,
-        "leaked_blocks": engine.leaked_blocks,
-        "config": engine.config.model_dump(mode="json"),
+        } if known else None,
+        "blocks_swapped_in": engine.num_blocks_swapped_in if known else None,
+        "blocks_swapped_out": engine.num_blocks_swapped_out if known else None,
+        "leaked_blocks": engine.leaked_blocks if known else None,
+        "config": config,
     }

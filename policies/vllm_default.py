@@ -39,12 +39,20 @@ class VllmDefault:
         if step.config.delay_factor > 0:  # the scan is O(waiting): skip it when the gate is off
             arrivals = [g.arrival_time for g in step.waiting if not step.was_touched(g)]
             if arrivals:
-                return now - min(arrivals) > step.config.delay_factor * self._last_prompt_latency or not step.running
+                waited, limit = now - min(arrivals), step.config.delay_factor * self._last_prompt_latency
+                if waited > limit or not step.running:
+                    return True
+                step.hold_back("delay gate", waited_s=waited, limit_s=limit, delay_factor=step.config.delay_factor,
+                               last_prompt_latency_s=self._last_prompt_latency)
+                return False
         return True
 
     @hookimpl
     def select_batch(self, step):
-        if not step.swapped:
+        if step.swapped:
+            if step.waiting:
+                step.hold_back("swapped queue not empty", swapped=len(step.swapped))
+        else:
             for group in step.waiting:
                 if not self._passed_delay(step):
                     break

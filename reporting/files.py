@@ -1,27 +1,37 @@
-"""The results folder: summary.json, requests.csv, requests.parquet, timeseries.parquet (and plots)."""
+"""The results folder: summary.json, requests.csv, requests.parquet, timeseries.parquet, decisions.parquet
+(the decision log, written during the run and moved in with the rest), and with ``--plot`` the
+plots, report.html and trace.json; all of it published atomically (``reporting/destination.py``)."""
 
 from __future__ import annotations
 
 import csv
 import json
-from dataclasses import fields
+import shutil
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kvsched.metrics.records import RequestTable
 from kvsched.metrics.requests import FIELDS, RequestMetrics
+from kvsched.reporting.destination import SWEEP_FILES, publishing_file, publishing_folder
 
 if TYPE_CHECKING:
     import pandas as pd
 
+    from kvsched.experiments.compare import PolicyRun
     from kvsched.experiments.simulation import RunResult, SimOutcome
 
 
 def write_results(result: RunResult, directory: Path) -> list[Path]:
-    """``summary.json`` and ``requests.csv`` under ``directory`` (created if needed)."""
-    directory.mkdir(parents=True, exist_ok=True)
+    """``summary.json`` and ``requests.csv`` under ``directory`` (created if needed), atomically."""
+    with publishing_folder(directory) as stage:
+        written = _summary_and_requests(result, stage)
+    return [Path(directory) / p.name for p in written]
+
+
+def _summary_and_requests(result: RunResult, directory: Path) -> list[Path]:
     summary_path = directory / "summary.json"
-    summary_path.write_text(json.dumps(result.summary, indent=2, sort_keys=False) + "\n")
+    summary_path.write_text(json.dumps(result.summary, indent=2, sort_keys=False, allow_nan=False) + "\n")
     requests_path = directory / "requests.csv"
     with requests_path.open("w", newline="") as f:  # row by row: the records may be a streamed RequestTable
         writer = csv.DictWriter(f, fieldnames=list(FIELDS) if len(result.requests) else ["request_id"])
@@ -40,42 +50,115 @@ def requests_frame(metrics: list[RequestMetrics]) -> pd.DataFrame:
     return frame
 
 
-def write_outputs(outcome: SimOutcome, directory: Path, plot: bool = False) -> list[Path]:
-    """Write every result file of ``outcome`` under ``directory``; returns the paths written."""
-    directory = Path(directory)
-    written = write_results(outcome.result, directory)
+def write_outputs(outcome: SimOutcome, directory: Path, plot: bool = False, trace: Path | None = None) -> list[Path]:
+    """Write every result file of ``outcome`` under ``directory``, atomically (the result files of
+    an earlier run there are replaced, not left beside these); returns the paths written.
+
+    With ``plot``: the PNG plots, ``report.html`` and ``trace.json``; with ``trace``, the trace
+    (also) at that path. Both are made from the files, decision log included."""
+    with publishing_folder(directory) as stage:
+        written = [Path(directory) / p.name for p in _outputs(outcome, stage, plot)]
+    if trace is not None:
+        from kvsched.reporting.trace import write_trace
+
+        with publishing_file(trace) as temp:
+            write_trace(read_run(directory), temp)
+        written.append(Path(trace))
+    return written
+
+
+def _outputs(outcome: SimOutcome, directory: Path, plot: bool) -> list[Path]:
+    written = _summary_and_requests(outcome.result, directory)
+    # Records and time series streamed during the run (a RequestTable, a recorder with a file) were
+    # written beside the stage, row group by row group, like the decision log: they join the rest.
     path = directory / "requests.parquet"
     records = outcome.result.requests
-    streamed = isinstance(records, RequestTable) and records.path == path  # already written, row group by row group
-    if not streamed:
+    streamed = isinstance(records, RequestTable)
+    if streamed:
+        shutil.move(records.path, path)
+    else:
         requests_frame(records).to_parquet(path, index=False)
     written.append(path)
     series = outcome.timeseries
     if series is not None:
         path = directory / "timeseries.parquet"
-        if series.file is None or series.file.path != path:
+        if series.file is not None:
+            shutil.move(series.file.path, path)
+        else:
             series.frame().to_parquet(path, index=False)
         written.append(path)
+    if outcome.decision_log is not None:  # written during the run, beside the stage: it joins the rest
+        written.append(Path(shutil.move(outcome.decision_log, directory / "decisions.parquet")))
     if plot:
-        req = records.frame() if streamed else requests_frame(records)
-        ts = series.frame() if series is not None else None
         from kvsched.reporting.html import write_report
         from kvsched.reporting.plots import run_plots
+        from kvsched.reporting.trace import write_trace
 
-        pngs = run_plots(req, ts, outcome.summary, directory)
-        written += pngs
-        written.append(write_report(outcome.summary, pngs, directory / "report.html"))
+        if outcome.decision_log is None:
+            raise ValueError("the report and the trace are made from the decision log: run the job with decision_log set")
+        run = read_run(directory)
+        written.append(write_trace(run, directory / "trace.json"))
+        written += run_plots(run.requests, run.steps, outcome.summary, directory)
+        written.append(write_report(run, directory / "report.html"))
     return written
 
 
+def write_sweep(rows: list[dict[str, Any]], directory: Path) -> list[Path]:
+    """A sweep's rows as ``sweep.csv`` and ``sweep.parquet``, and its trade-off plot, atomically."""
+    from kvsched.reporting.comparisons import tradeoff_plot
+
+    with publishing_folder(directory, SWEEP_FILES) as stage:
+        written = write_sweep_table(rows, stage) + [tradeoff_plot(rows, stage / "tradeoff.png")]
+    return [Path(directory) / Path(p).name for p in written]
+
+
 def write_sweep_table(rows: list[dict[str, Any]], directory: Path) -> list[Path]:
-    """A sweep's rows as ``sweep.csv`` and ``sweep.parquet``."""
+    """A sweep's rows as ``sweep.csv`` and ``sweep.parquet`` (into an existing folder)."""
     import pandas as pd
 
     directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
     frame = pd.DataFrame(rows)
     csv_path, pq_path = directory / "sweep.csv", directory / "sweep.parquet"
     frame.to_csv(csv_path, index=False)
     frame.to_parquet(pq_path, index=False)
     return [csv_path, pq_path]
+
+
+@dataclass
+class RunFiles:
+    """A results folder read back: what ``engine explain``, the trace and the report are made of."""
+
+    directory: Path
+    summary: dict
+    requests: pd.DataFrame
+    steps: pd.DataFrame  # timeseries.parquet
+    events: pd.DataFrame  # decisions.parquet
+
+
+def read_run(directory: Path) -> RunFiles:
+    """Read a folder written by ``engine run --output``; a missing file is one clear error."""
+    import pandas as pd
+
+    directory = Path(directory)
+    names = ("summary.json", "requests.parquet", "timeseries.parquet", "decisions.parquet")
+    missing = [n for n in names if not (directory / n).is_file()]
+    if missing:
+        raise FileNotFoundError(f"{directory} has no {', '.join(missing)}: write it with `engine run ... --output {directory}` "
+                                "(the decision log is on by default)")
+    return RunFiles(directory, json.loads((directory / "summary.json").read_text()), pd.read_parquet(directory / "requests.parquet"),
+                    pd.read_parquet(directory / "timeseries.parquet"), pd.read_parquet(directory / "decisions.parquet"))
+
+
+def read_compared(directory: Path) -> PolicyRun:
+    """A results folder (``engine run`` or ``engine bench --output``) as one column of ``engine compare``."""
+    from kvsched.experiments.compare import PolicyRun
+
+    directory = Path(directory)
+    summary_path, requests_path = directory / "summary.json", directory / "requests.csv"
+    if not summary_path.is_file() or not requests_path.is_file():
+        raise FileNotFoundError(f"{directory} has no summary.json and requests.csv: give folders written with --output")
+    summary = json.loads(summary_path.read_text())
+    with requests_path.open(newline="") as f:
+        rows = list(csv.DictReader(f))
+    label = f"{directory.name} ({summary.get('policy')})"
+    return PolicyRun(label, [summary], [float(r["ttft"]) for r in rows if r["ttft"]], [float(r["tpot"]) for r in rows if r["tpot"]])

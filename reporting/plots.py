@@ -71,10 +71,15 @@ def queues_and_kv(ts: pd.DataFrame, summary: dict, path: Path) -> Path:
     plt = pyplot()
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(9, 5), sharex=True)
     t = ts.time_s
-    for col, label in (("num_waiting", "waiting"), ("num_running", "running"), ("num_swapped", "swapped")):
-        top.plot(t, ts[col], label=label, lw=0.8)
-    top.set(ylabel="requests in queue", title="queues over time")
-    top.legend(loc="upper left", fontsize=8)
+    top.plot(t, ts.num_waiting, label="waiting (left axis)", lw=0.8, color="C0")
+    top.set(ylabel="waiting requests", title="queues over time")
+    right = top.twinx()  # running and swapped have their own axis: the waiting queue can be 100× longer
+    for col, label, colour in (("num_running", "running", "C1"), ("num_swapped", "swapped", "C2")):
+        right.plot(t, ts[col], label=f"{label} (right axis)", lw=0.8, color=colour)
+    right.set_ylabel("running / swapped requests")
+    right.set_ylim(bottom=0)
+    handles = top.get_legend_handles_labels()[0] + right.get_legend_handles_labels()[0]
+    right.legend(handles=handles, loc="upper left", fontsize=8)  # on the twin, which is drawn over the first axes
     total = summary.get("kv_usage", {}).get("gpu_blocks_total") or summary["config"]["num_gpu_blocks"]
     bottom.plot(t, 100 * ts.gpu_blocks_used / total, label="GPU KV blocks used", lw=0.8)
     cpu_total = summary["config"]["num_cpu_blocks"]
@@ -86,7 +91,7 @@ def queues_and_kv(ts: pd.DataFrame, summary: dict, path: Path) -> Path:
 
 
 def batch_composition(ts: pd.DataFrame, summary: dict, path: Path, bins: int = 200) -> Path:
-    """Per time bin: mean decode sequences and prefill tokens per step, and preemptions."""
+    """Per time bin: mean decode sequences and prefill tokens per step (each on its own axis), and preemptions."""
     import numpy as np
 
     plt = pyplot()
@@ -98,10 +103,13 @@ def batch_composition(ts: pd.DataFrame, summary: dict, path: Path, bins: int = 2
     pre = grouped.prefill_tokens.mean().reindex(range(bins))
     share = grouped.prefill_groups.apply(lambda s: (s > 0).mean()).reindex(range(bins))
     fig, (a, b) = plt.subplots(2, 1, figsize=(9, 4.6), sharex=True)
-    a.plot(mid, dec, label="decode sequences / step", lw=0.9)
-    a.plot(mid, pre / 16, label="prefill tokens / step ÷ 16", lw=0.9)
-    a.set(ylabel="per step", title="batch composition")
-    a.legend(loc="upper left", fontsize=8)
+    a.plot(mid, dec, label="decode sequences / step (left axis)", lw=0.9, color="C0")
+    a.set(ylabel="decode sequences / step", title="batch composition")
+    a2 = a.twinx()
+    a2.plot(mid, pre, label="prefill tokens / step (right axis)", lw=0.9, color="C1")
+    a2.set_ylabel("prefill tokens / step")
+    a2.set_ylim(bottom=0)
+    a2.legend(handles=a.get_legend_handles_labels()[0] + a2.get_legend_handles_labels()[0], loc="upper left", fontsize=8)
     b.plot(mid, 100 * share, lw=0.9, color="tab:purple", label="prefill steps (% of steps)")
     pre_r = grouped.preempted_recompute.sum().reindex(range(bins), fill_value=0)
     pre_s = grouped.preempted_swap.sum().reindex(range(bins), fill_value=0)

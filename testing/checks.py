@@ -13,8 +13,10 @@ from typing import Any
 
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis.errors import Unsatisfiable
+from hypothesis.reporting import with_reporter
 from hypothesis.stateful import run_state_machine_as_test
 
+from kvsched.core.errors import shorten
 from kvsched.testing import invariants as inv
 from kvsched.testing.claims import CLAIMS, PRIORITY_PREEMPTION, STARVATION_FREE, declared_claims
 from kvsched.testing.machine import PolicyMachine
@@ -64,15 +66,24 @@ def shrink_budget(seconds: float | None):
     """Cap Hypothesis's shrinking time (its default is 300 s), so that a failing check answers quickly.
 
     Uses the engine's module constant, which Hypothesis reads when shrinking starts; if a future
-    version drops it, shrinking simply keeps Hypothesis's own limit.
+    version drops it, shrinking simply keeps Hypothesis's own limit. Hypothesis's own messages
+    are kept out of the output (its "more than five minutes ... PLEASE REPORT THIS" warning would
+    be wrong about the time and the cause); the yielded list holds the notes of a capped shrink.
     """
     from hypothesis.internal.conjecture import engine
 
     old = getattr(engine, "MAX_SHRINKING_SECONDS", None)
     if seconds is not None and old is not None:
         engine.MAX_SHRINKING_SECONDS = seconds
+    capped: list[str] = []
+
+    def report(text) -> None:
+        if "shrink" in str(text) and not capped:
+            capped.append(f"(shrinking stopped after {seconds if seconds is not None else old:g} s: the counter-example may not be minimal)")
+
     try:
-        yield
+        with with_reporter(report):
+            yield capped
     finally:
         if old is not None:
             engine.MAX_SHRINKING_SECONDS = old
@@ -92,14 +103,18 @@ def check_machine(policy: Any, options: dict | None = None, max_examples: int = 
     while len(results) < len(names):
         machine = PolicyMachine.for_policy(policy, options, skip | set(results))
         try:
-            with shrink_budget(shrink_seconds):
+            with shrink_budget(shrink_seconds) as capped:
                 run_state_machine_as_test(machine, settings=_settings(max_examples, steps, derandomize, shrink))
         except inv.InvariantViolation as exc:
-            results[exc.invariant] = CheckResult(exc.invariant, FAIL, exc.detail, _counterexample(exc))
+            results[exc.invariant] = CheckResult(exc.invariant, FAIL, exc.detail, "\n".join([_counterexample(exc), *capped]).strip())
             continue
         except Unsatisfiable as exc:
             for name in names:
                 results.setdefault(name, CheckResult(name, UNDECIDED, f"every example tripped an earlier failure ({exc})"))
+            break
+        except Exception as exc:  # the suite itself could not run to a verdict: say so in the table
+            for name in names:
+                results.setdefault(name, CheckResult(name, UNDECIDED, f"the check stopped: {type(exc).__name__}: {shorten(str(exc))}"))
             break
         for name in names:
             results.setdefault(name, CheckResult(name, PASS))
@@ -116,13 +131,17 @@ def check_starvation(policy: Any, options: dict | None = None, max_examples: int
     @settings(_settings(max_examples, 1, derandomize, shrink=False))
     @given(scenario=overload_scenarios())
     def starvation_free(scenario):
-        result = run_overload(policy, scenario, options)
+        try:
+            result = run_overload(policy, scenario, options)
+        except Exception as exc:  # a policy that fails under overload does not keep its claim
+            raise inv.InvariantViolation(STARVATION_FREE, f"the policy failed in the overload scenario: {shorten(str(exc), 300)}") from exc
         if result.starved:
             raise inv.InvariantViolation(STARVATION_FREE, f"{', '.join(result.starved_ids)} had not finished after {result.horizon_s:.0f} "
                                          f"simulated seconds of overload, while {result.stream_served} favoured requests were served")
 
     try:
-        starvation_free()
+        with shrink_budget(None):
+            starvation_free()
     except inv.InvariantViolation as exc:
         return CheckResult(STARVATION_FREE, FAIL, exc.detail, _counterexample(exc))
     return CheckResult(STARVATION_FREE, PASS)

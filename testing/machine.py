@@ -19,9 +19,10 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 from kvsched.core.decisions import Preemption
 from kvsched.core.engine import Engine
 from kvsched.executors.simulated import SimulatedExecutor
-from kvsched.core.errors import AuditError, PolicyError
+from kvsched.core.errors import AuditError, PolicyError, shorten
 from kvsched.core.hookspecs import hookimpl
 from kvsched.core.plugins import load_policy
+from kvsched.core.sequence import SequenceStatus
 from kvsched.testing import invariants as inv
 from kvsched.testing.claims import PRIORITY_PREEMPTION, declared_claims
 from kvsched.testing.strategies import engine_configs, request_specs
@@ -124,11 +125,11 @@ class PolicyMachine(RuleBasedStateMachine):
             report = engine.step()
         except PolicyError as exc:
             self._violation(inv.VALID_DECISIONS, str(exc))
-        out, config = report.output, engine.config
-        if out.num_batched_tokens > config.max_num_batched_tokens:
-            self._violation(inv.BUDGETS_RESPECTED, f"step {report.step} batched {out.num_batched_tokens} tokens > max_num_batched_tokens {config.max_num_batched_tokens}")
-        if engine.scheduler.num_running_seqs > config.max_num_seqs:
-            self._violation(inv.BUDGETS_RESPECTED, f"step {report.step} runs {engine.scheduler.num_running_seqs} sequences > max_num_seqs {config.max_num_seqs}")
+        except Exception as exc:  # whatever a policy managed to provoke is judged, not a crash of the suite
+            self._violation(inv.VALID_DECISIONS, f"the engine raised {type(exc).__name__}: {shorten(str(exc))}")
+        problem = budget_violation(engine, report)
+        if problem:
+            self._violation(inv.BUDGETS_RESPECTED, problem)
         if self.watch is not None and self.watch.violations:
             self._violation(PRIORITY_PREEMPTION, self.watch.violations[0])
         return report
@@ -160,12 +161,9 @@ class PolicyMachine(RuleBasedStateMachine):
             if steps >= bound or idle >= STALL_STEPS:
                 s = engine.scheduler
                 why = f"no progress for {idle} steps" if idle >= STALL_STEPS else f"still unfinished after {steps} steps (bound {bound})"
-                left = [g for g in engine.groups.values() if not g.is_finished]
-                head = left[0]
+                left = [g.request_id for g in engine.groups.values() if not g.is_finished]
                 self._violation(inv.FINISHES_WITHIN_BOUND, f"{why}: {len(s.waiting)} waiting, {len(s.running)} running, "
-                                f"{len(s.swapped)} swapped; unfinished {[g.request_id for g in left[:5]]}; "
-                                f"{head.request_id} is {head.status.name} with {head.num_unfinished_seqs} sequence(s), "
-                                f"{head.num_uncomputed_tokens} uncomputed tokens, {s.block_manager.gpu.num_free} free GPU blocks")
+                                f"{len(s.swapped)} swapped; unfinished {left[:5]}; {s.why_stuck()}")
                 return
             report = self._step()
             idle = idle + 1 if report.output.is_empty and not report.finished else 0
@@ -174,3 +172,23 @@ class PolicyMachine(RuleBasedStateMachine):
         if engine.leaked_blocks or bm.gpu.num_free != bm.gpu.num_blocks or bm.cpu.num_free != bm.cpu.num_blocks:
             self._violation(inv.NO_LEAKED_BLOCKS, f"{engine.leaked_blocks} blocks still held after every request finished "
                             f"(gpu free {bm.gpu.num_free}/{bm.gpu.num_blocks}, cpu free {bm.cpu.num_free}/{bm.cpu.num_blocks})")
+
+
+def budget_violation(engine: Engine, report) -> str | None:
+    """What a step broke of the budgets and the KV capacity, recomputed from the batch it scheduled
+    and the block tables it left, never from a counter the policy could have reached."""
+    config, bm = engine.config, engine.scheduler.block_manager
+    tokens = sum(s.num_tokens for s in report.output.scheduled)
+    if tokens > config.max_num_batched_tokens:
+        return f"step {report.step} batched {tokens} tokens > max_num_batched_tokens {config.max_num_batched_tokens}"
+    running = [s for g in engine.groups.values() for s in g.seqs if s.status is SequenceStatus.RUNNING]
+    if len(running) > config.max_num_seqs:
+        return f"step {report.step} left {len(running)} sequences running > max_num_seqs {config.max_num_seqs}"
+    held = {b for table in bm.gpu_tables.values() for b in table}
+    if len(held) > config.num_gpu_blocks or any(b >= config.num_gpu_blocks for b in held):
+        return f"step {report.step} left block tables that name {len(held)} GPU blocks, of a pool of {config.num_gpu_blocks}"
+    for seq in running:
+        table = bm.gpu_tables.get(seq.seq_id, ())
+        if len(table) * config.block_size < seq.num_computed_tokens:
+            return f"step {report.step} left {seq.group.request_id} with {seq.num_computed_tokens} computed tokens in {len(table)} blocks"
+    return None

@@ -45,6 +45,25 @@ class Raises(ContinuousBatching):
         return super().select_batch(step)
 
 
+class RaisesClaimingStarvationFree(Raises):
+    """Claims starvation freedom, and raises as soon as three requests wait (as under any overload)."""
+
+    name = "broken-raises-claiming-starvation-free"
+    claims = frozenset({"starvation-free"})
+
+
+class ChunksByNaN(ContinuousBatching):
+    """Admits every prompt in chunks of NaN tokens (a float where a count belongs)."""
+
+    name = "broken-chunks-by-nan"
+
+    @hookimpl
+    def select_batch(self, step):
+        step.advance_running()
+        for group in step.waiting:
+            step.admit(group, max_tokens=float("nan"))
+
+
 class PreemptsMostUrgent(ContinuousBatching):
     """Claims priority-respecting preemption but evicts the most urgent running group."""
 
@@ -55,4 +74,4 @@ class PreemptsMostUrgent(ContinuousBatching):
         return min(candidates, key=lambda g: g.priority)
 
 
-__all__ = ["AdmitsRunning", "StarvesTenant", "Raises", "PreemptsMostUrgent", "Outcome"]
+__all__ = ["AdmitsRunning", "StarvesTenant", "Raises", "RaisesClaimingStarvationFree", "ChunksByNaN", "PreemptsMostUrgent", "Outcome"]

@@ -114,3 +114,25 @@ def test_a_policy_written_against_the_public_api_runs():
     for rid in "abc":
         engine.add_request(req(rid, 8, 2))
     assert [g.request_id for g in engine.run()] == ["c", "b", "a"]
+
+
+def test_a_step_can_be_split_and_a_request_ended_while_it_runs():
+    """An embedding engine schedules, runs the step elsewhere, and may end a request in between
+    (a client went away): the step then applies without it, and its blocks are free."""
+    from kvsched import SequenceStatus, StepResult
+
+    engine = unit_engine(decode_lane=False)  # the lane is the simulator's; an embedding engine's executor knows no tokens ahead
+    for rid in "ab":
+        engine.add_request(req(rid, 4, 5))
+    engine.step()
+    output = engine.schedule()
+    assert sorted(sg.group.request_id for sg in output.scheduled) == ["a", "b"]
+    assert engine.finish_request("a", SequenceStatus.FINISHED_STOPPED)
+    seq_b = engine.groups["b"].seqs[0].seq_id
+    report = engine.complete(output, StepResult(1.0, {seq_b: [7]}))
+    assert [sg.group.request_id for sg in report.output.scheduled] == ["b"]
+    assert engine.groups["a"].status is SequenceStatus.FINISHED_STOPPED and engine.groups["b"].num_generated_tokens == 2
+    engine.run()
+    assert engine.leaked_blocks == 0
+    with pytest.raises(ValueError, match="not a finished state"):
+        engine.finish_request("b", SequenceStatus.RUNNING)

@@ -59,3 +59,44 @@ def test_starvation_check_catches_sjf_without_its_guard():
     """Shortest-first alone starves long requests under a stream of short ones; the guard is what makes the claim true."""
     assert check_starvation("sjf", {"starvation_s": "1e9"}, max_examples=1).status == FAIL
     assert check_starvation("sjf", max_examples=1).status == PASS
+
+
+def test_a_policy_that_raises_under_overload_fails_its_starvation_claim_with_the_scenario():
+    """It used to escape the check as a bare PolicyError (one line, no table)."""
+    result = check_starvation(bp.RaisesClaimingStarvationFree, max_examples=1)
+    assert result.status == FAIL and "the policy failed in the overload scenario" in result.detail
+    assert "raised RuntimeError: queue too long" in result.detail and "OverloadScenario(" in result.counterexample
+
+
+def test_a_nan_chunk_is_a_failed_decision_not_a_crash_of_the_suite():
+    (result,) = check_machine(bp.ChunksByNaN, max_examples=30, steps=6, only={"valid-decisions"}, shrink=False)
+    assert result.status == FAIL and "max_tokens must be a positive integer or None, got nan" in result.detail
+
+
+def test_budgets_are_judged_from_the_batch_not_from_the_counter_it_carries():
+    """A step whose batch exceeds the budget fails budgets-respected even when its own counter says 0."""
+    from helpers import unit_engine
+
+    from kvsched.core.outputs import ScheduledGroup, SchedulerOutput
+    from kvsched.core.report import StepReport
+    from kvsched.core.view import OutputView
+    from kvsched.testing.invariants import BUDGETS_RESPECTED, InvariantViolation
+    from kvsched.testing.machine import PolicyMachine
+
+    machine = PolicyMachine.for_policy("vllm-default")()
+    machine.engine = engine = unit_engine(max_num_batched_tokens=16, max_num_seqs=4)
+    machine.watch = None
+    group = engine.add_request(Request(request_id="big", prompt_len=40, output_len=2, sampling=SamplingParams(max_tokens=2)))
+    output = SchedulerOutput(scheduled=[ScheduledGroup(group, 40, True)], num_batched_tokens=0)
+    engine.step = lambda: StepReport(0, 1.0, 1.0, OutputView(output), (), 0, 1, 0, engine.cache)
+    with pytest.raises(InvariantViolation, match="batched 40 tokens > max_num_batched_tokens 16") as caught:
+        machine._step()
+    assert caught.value.invariant == BUDGETS_RESPECTED
+
+
+def test_a_capped_shrink_says_so_without_hypothesis_asking_for_a_bug_report(capsys):
+    (result,) = check_machine(bp.AdmitsRunning, max_examples=30, steps=8, only={"valid-decisions"}, shrink_seconds=0)
+    out = capsys.readouterr()
+    assert result.status == FAIL and "state.start(" in result.counterexample
+    assert "shrinking stopped after" in result.counterexample
+    assert "five minutes" not in out.out + out.err and "PLEASE REPORT" not in out.out + out.err

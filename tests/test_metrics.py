@@ -6,6 +6,7 @@ Timeline (vllm-default, every non-empty step costs exactly 1 s, block size 4):
   step 2 (2→3 s): decode r0; r0 ends
 """
 
+import dataclasses
 import json
 import math
 
@@ -25,10 +26,15 @@ CONFIG = EngineConfig(block_size=4, num_gpu_blocks=64, num_cpu_blocks=16, waterm
 
 
 @pytest.fixture(scope="module")
-def outcome(tmp_path_factory):
+def tiny(tmp_path_factory):
     path = tmp_path_factory.mktemp("wl") / "tiny.csv"
     path.write_text("arrival_time_s,prompt_tokens,output_tokens,priority,tenant\n0,4,3,0,a\n0,4,2,0,b\n0,8,1,0,a\n")
-    return SimJob(TraceWorkload(path=path), config=CONFIG, profile=UNIT, slo_ttft=1.0, slo_tpot=0.9).run()
+    return SimJob(TraceWorkload(path=path), config=CONFIG, profile=UNIT, slo_ttft=1.0, slo_tpot=0.9)
+
+
+@pytest.fixture(scope="module")
+def outcome(tiny):
+    return tiny.run()
 
 
 def test_per_request_metrics(outcome):
@@ -81,10 +87,11 @@ def test_time_series(outcome):
     assert kv["batch_seqs_mean"] == pytest.approx((3 + 2 + 1) / 3)
 
 
-def test_output_files(outcome, tmp_path):
+def test_output_files(tiny, tmp_path):
+    outcome = dataclasses.replace(tiny, decision_log=tmp_path / "decisions.parquet").run()
     paths = {p.name for p in write_outputs(outcome, tmp_path, plot=True)}
-    assert {"summary.json", "requests.csv", "requests.parquet", "timeseries.parquet", "report.html",
-            "latency_cdf.png", "queues_kv.png", "batch_composition.png"} <= paths
+    assert {"summary.json", "requests.csv", "requests.parquet", "timeseries.parquet", "decisions.parquet", "trace.json",
+            "report.html", "latency_cdf.png", "queues_kv.png", "batch_composition.png"} <= paths
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["slo"]["requests_meeting_slo"] == 1 and summary["workload"]["kind"] == "trace"
     req = pd.read_parquet(tmp_path / "requests.parquet")
@@ -92,7 +99,8 @@ def test_output_files(outcome, tmp_path):
     assert math.isnan(req.set_index("request_id").tpot["req-2"])
     assert len(pd.read_parquet(tmp_path / "timeseries.parquet")) == 3
     html = (tmp_path / "report.html").read_text()
-    assert html.count("data:image/png;base64,") == 3 and "<script" not in html and "http" not in html.split("<pre>")[0]
+    assert "<script src" not in html and "<link" not in html  # one file: Plotly's JavaScript is inlined
+    assert html.count('class="chart"') == 9 and html.count('class="caption"') >= 9
 
 
 def test_fairness_metrics_tell_vtc_from_fcfs():

@@ -79,7 +79,7 @@ def test_invalid_operation_is_a_policy_error_and_changes_nothing(policy, message
     e = started(policy)
     e.step()  # the first step falls through to vllm-default: everything admitted
     before = state(e)
-    with pytest.raises(PolicyError, match=f"policy '{policy.name}': {message}"):
+    with pytest.raises(PolicyError, match=f"policy '{policy.name}' in select_batch: {message}"):
         e.step()
     assert state(e) == before and e.scheduler.audit() == []
 
@@ -107,7 +107,7 @@ def test_ok_without_free_blocks_is_rejected():
     e.add_request(req("a", prompt_len=12, output_len=4))
     e.add_request(req("b", prompt_len=12, output_len=4))
     before = state(e)
-    with pytest.raises(PolicyError, match=r"can_allocate said OK for 'b', which needs 3 blocks with 1 free"):
+    with pytest.raises(PolicyError, match=r"in can_allocate: said OK for 'b', which needs 3 blocks with 1 free"):
         e.step()
     assert state(e) == before
 
@@ -129,8 +129,8 @@ class JunkAnswers(VllmDefault):
 
 
 @pytest.mark.parametrize("policy, message", [
-    (BadVictim, "choose_preemption picked 'r0', which is scheduled, not an unscheduled running group"),
-    (JunkAnswers, "choose_preemption returned 'the tail please', expected a Preemption"),
+    (BadVictim, "in choose_preemption: picked 'r0', which is scheduled, not an unscheduled running group"),
+    (JunkAnswers, "in choose_preemption: returned 'the tail please', expected a Preemption"),
 ])
 def test_invalid_victims_are_rejected(policy, message):
     e = started(policy, n=3, num_gpu_blocks=6)
@@ -149,7 +149,7 @@ def test_can_allocate_must_answer_an_alloc_status():
             return True
 
     e = started(Junk)
-    with pytest.raises(PolicyError, match="can_allocate returned True, expected an AllocStatus"):
+    with pytest.raises(PolicyError, match="in can_allocate: returned True, expected an AllocStatus"):
         e.step()
 
 

@@ -20,8 +20,8 @@ def test_run_builtin_azure_writes_every_output(tmp_path):
                   "--plot", "--slo-ttft", "2", "--slo-tpot", "0.05", "-q")
     assert proc.returncode == 0, proc.stderr
     assert "SLO goodput" in proc.stdout
-    for name in ("summary.json", "requests.csv", "requests.parquet", "timeseries.parquet", "report.html",
-                 "latency_cdf.png", "queues_kv.png", "batch_composition.png"):
+    for name in ("summary.json", "requests.csv", "requests.parquet", "timeseries.parquet", "decisions.parquet", "trace.json",
+                 "report.html", "latency_cdf.png", "queues_kv.png", "batch_composition.png"):
         assert (out / name).stat().st_size > 0, name
     summary = json.loads((out / "summary.json").read_text())
     assert summary["profile"] == "llama2-7b-a100" and summary["workload"]["name"] == "azure-conv"

@@ -4,8 +4,7 @@ import pandas as pd
 import pytest
 
 from kvsched.experiments.sweep import Point, SweepSpec, grid_points, parse_grid, run_sweep
-from kvsched.reporting.comparisons import tradeoff_plot
-from kvsched.reporting.files import write_sweep_table
+from kvsched.reporting.files import write_sweep
 
 
 @pytest.fixture
@@ -38,9 +37,9 @@ def test_sweep_rows_parallel_equal_sequential(tiny_trace, tmp_path):
     assert all(r["finished"] == 60 and r["profile"] == "llama2-7b-a100" for r in seq)
     # four running sequences at most make requests wait longer than 64 would
     assert seq[0]["ttft_p99_s"] > seq[1]["ttft_p99_s"]
-    paths = write_sweep_table(seq, tmp_path / "out")
+    paths = write_sweep(seq, tmp_path / "out")
     assert len(pd.read_parquet(paths[1])) == 4 and list(pd.read_csv(paths[0]).label)[0] == "vllm-default max_num_batched_tokens=512 max_num_seqs=4"
-    assert tradeoff_plot(seq, tmp_path / "out" / "tradeoff.png").stat().st_size > 10_000
+    assert paths[2] == tmp_path / "out" / "tradeoff.png" and paths[2].stat().st_size > 10_000
 
 
 def test_invalid_configuration_fails_before_running(tiny_trace):

@@ -50,7 +50,7 @@ def test_never_fitting_prompt_is_ignored_and_the_queue_moves_on():
     assert ids(report.output.ignored) == ["huge"] and ids(report.output.scheduled) == ["ok"]
     huge = e.groups["huge"]
     assert huge.status is SequenceStatus.FINISHED_IGNORED and "never fit" in huge.finish_detail
-    assert huge in report.finished
+    assert huge.view in report.finished
 
 
 def test_prompt_longer_than_max_model_len_is_ignored():
@@ -89,6 +89,7 @@ def test_single_sequence_victim_is_recomputed_from_the_tail_to_the_front_of_wait
     assert victim.request_id == "r2" and mode is PreemptionMode.RECOMPUTE  # the newest goes
     assert ids(report.output.scheduled) == ["r0", "r1"]
     assert ids(e.scheduler.waiting)[0] == "r2" and victim.status is SequenceStatus.WAITING
+    victim = e.groups[victim.request_id]
     assert all(s.num_computed_tokens == 0 for s in victim.seqs)
     assert e.scheduler.block_manager.block_table(victim.seqs[0].seq_id) == ()
 
@@ -99,7 +100,7 @@ def test_recomputed_request_reprefills_prompt_plus_generated_tokens():
         e.add_request(req(f"r{i}", prompt_len=7, output_len=12))
     report = fill_until_preemption(e)
     victim = report.output.preempted[0][0]
-    generated = len(victim.seqs[0].output)
+    generated = len(e.groups[victim.request_id].seqs[0].output)
     for _ in range(100):
         r = e.step()
         hit = [s for s in r.output.scheduled if s.group is victim]
@@ -223,5 +224,26 @@ def test_running_loop_ends_when_the_advanced_group_itself_is_preempted():
     assert ids(e.step().output.scheduled) == ["r0", "r1", "r2"]
     report = e.step()  # no free block: r0 gives itself up, which frees one that r1 could use
     assert [g.request_id for g, _ in report.output.preempted] == ["r0"]
-    assert report.output.scheduled == []
+    assert not report.output.scheduled
     assert ids(e.scheduler.running) == ["r1", "r2"]
+
+
+def test_swap_in_needs_the_full_blocks_plus_the_block_each_next_token_touches():
+    """vLLM 0.6.3's count, on the case where it differed from the old "all blocks plus one spare per
+    sequence": with 1 block free, B (one partial block on the CPU) comes back, and A and B decode."""
+    e = unit_engine(block_size=4, num_gpu_blocks=3, num_cpu_blocks=8, preemption_mode="swap")
+    for rid, prompt in (("A", 4), ("C", 4), ("B", 2)):
+        e.add_request(req(rid, prompt, 50))
+    reports = [e.step() for _ in range(3)]
+    assert sorted(ids(g for g, _ in reports[1].output.preempted)) == ["B", "C"] and e.cache.num_free_gpu_blocks == 0
+    assert ids(reports[2].output.swapped_in) == ["B"] and sorted(ids(reports[2].output.scheduled)) == ["A", "B"]
+
+
+def test_a_sequence_is_capped_once_longer_than_max_model_len():
+    """vLLM v0 samples until a sequence is longer than max_model_len: a 4-token prompt with
+    max_model_len 8 gets 5 tokens (V1 stops at 8 tokens, 4 generated)."""
+    for engine, generated in (("v0", 5), ("v1", 4)):
+        e = unit_engine(max_model_len=8, max_num_batched_tokens=8, max_num_seqs=8, vllm_engine=engine)
+        e.add_request(req("a", 4, 16))
+        (group,) = e.run()
+        assert group.num_generated_tokens == generated and group.status is SequenceStatus.FINISHED_LENGTH_CAPPED

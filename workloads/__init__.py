@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
-from pydantic import TypeAdapter
+from pydantic import TypeAdapter, ValidationError
 
 from kvsched.core.request import Request
 from kvsched.workloads.arrivals import Gamma, Poisson, make_arrivals
 from kvsched.workloads.builtin import BUILTIN_TRACES, SHAREGPT_DEFAULT_RATE, builtin_path
-from kvsched.workloads.errors import WorkloadError
+from kvsched.workloads.errors import MAX_REQUESTS, WorkloadError
 from kvsched.workloads.replay import TraceWorkload
 from kvsched.workloads.synthetic import SyntheticSpec
 
@@ -77,6 +78,7 @@ def build_workload(
     a JSON spec file; ``trace`` a CSV in any supported format. ``num_requests`` caps traces;
     ``max_total_tokens`` cuts their prompts as Vidur's trace replay does.
     """
+    check_options(num_requests=num_requests, rate=rate, rate_scale=rate_scale, start_offset=start_offset, cv=cv)
     if trace is not None and workload not in (None, "default"):
         raise WorkloadError("give either --workload or --trace, not both")
     custom_arrivals = rate is not None or arrival not in (None, "poisson") or cv != 1.0
@@ -110,6 +112,18 @@ def build_workload(
     return load_spec(Path(workload), num_requests=num_requests, seed=seed, rate_scale=rate_scale)
 
 
+def check_options(num_requests: int | None = None, rate: float | None = None, **positive: float) -> None:
+    """The CLI's workload numbers, checked before anything is built (``positive``: rate_scale, cv
+    and start_offset by name; start_offset may be 0)."""
+    if num_requests is not None and not 1 <= num_requests <= MAX_REQUESTS:
+        raise WorkloadError(f"--num-requests must be between 1 and {MAX_REQUESTS:,}, got {num_requests:,}")
+    if rate is not None and not (math.isfinite(rate) and rate > 0):
+        raise WorkloadError(f"--rate must be a positive number of requests per second, got {rate}")
+    for name, value in positive.items():
+        if not math.isfinite(value) or value < 0 or (value == 0 and name != "start_offset"):
+            raise WorkloadError(f"--{name.replace('_', '-')} must be a finite {'non-negative' if name == 'start_offset' else 'positive'} number, got {value}")
+
+
 _SPEC = TypeAdapter(SyntheticSpec | TraceWorkload)
 
 
@@ -127,7 +141,12 @@ def load_spec(path: Path, *, num_requests: int | None = None, seed: int = 0, rat
         data.setdefault("seed", seed)
         if data.get("kind") == "trace" and "path" in data:
             data["path"] = str((path.parent / data["path"]).resolve())  # relative to the spec file
-    spec = _SPEC.validate_python(data)
+    try:
+        spec = _SPEC.validate_python(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        field = ".".join(str(p) for p in first["loc"] if p != "")
+        raise WorkloadError(f"invalid workload spec: {field}: {first['msg']}" if field else f"invalid workload spec: {first['msg']}", path) from None
     if num_requests is not None:
         key = "num_requests" if isinstance(spec, SyntheticSpec) else "max_requests"
         spec = spec.model_copy(update={key: num_requests})
@@ -141,5 +160,5 @@ def load_spec(path: Path, *, num_requests: int | None = None, seed: int = 0, rat
 
 __all__ = [
     "WORKLOAD_NAMES", "Workload", "WorkloadError", "SyntheticSpec", "TraceWorkload", "Poisson", "Gamma",
-    "build_workload", "load_spec", "builtin_path",
+    "build_workload", "check_options", "load_spec", "builtin_path",
 ]

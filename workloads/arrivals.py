@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 
 class Poisson(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     kind: Literal["poisson"] = "poisson"
     rate: float = Field(gt=0, description="mean arrivals per second")
@@ -26,7 +26,7 @@ class Poisson(BaseModel):
 
 
 class Gamma(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     kind: Literal["gamma"] = "gamma"
     rate: float = Field(gt=0, description="mean arrivals per second")

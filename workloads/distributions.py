@@ -12,14 +12,16 @@ from typing import Annotated, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from kvsched.core.request import MAX_INT64
+
 
 class _Dist(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class Fixed(_Dist):
     kind: Literal["fixed"] = "fixed"
-    value: int = Field(ge=1)
+    value: int = Field(ge=1, le=MAX_INT64)
 
     def sample(self, rng: random.Random) -> int:
         return self.value
@@ -33,8 +35,8 @@ class Uniform(_Dist):
     """Integers in ``[low, high]``, both included."""
 
     kind: Literal["uniform"] = "uniform"
-    low: int = Field(ge=1)
-    high: int = Field(ge=1)
+    low: int = Field(ge=1, le=MAX_INT64)
+    high: int = Field(ge=1, le=MAX_INT64)
 
     @model_validator(mode="after")
     def _order(self) -> Uniform:
@@ -56,7 +58,7 @@ class LogNormal(_Dist):
     kind: Literal["lognormal"] = "lognormal"
     median: float = Field(gt=0)
     sigma: float = Field(ge=0)
-    max: int = Field(1 << 20, ge=1)
+    max: int = Field(1 << 20, ge=1, le=MAX_INT64)
 
     def sample(self, rng: random.Random) -> int:
         return max(1, min(self.max, round(rng.lognormvariate(math.log(self.median), self.sigma))))

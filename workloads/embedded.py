@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from pydantic import BaseModel, ConfigDict, Field
 
 from kvsched.core.request import Request, SamplingParams
+from kvsched.workloads.errors import MAX_REQUESTS
 
 
 class SyntheticWorkload(BaseModel):
@@ -19,9 +20,9 @@ class SyntheticWorkload(BaseModel):
     that the cache fills, requests are preempted, and the n > 1 share is swapped.
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
-    num_requests: int = Field(400, ge=1)
+    num_requests: int = Field(400, ge=1, le=MAX_REQUESTS)
     rate: float = Field(8.0, gt=0, description="mean arrivals per second (Poisson)")
     prompt_median: int = Field(400, ge=1)
     prompt_sigma: float = Field(0.8, ge=0)

@@ -6,6 +6,8 @@ from pathlib import Path
 
 from kvsched.core.errors import KvschedError
 
+MAX_REQUESTS = 10_000_000  # a workload's requests at most (each costs about a kilobyte or two of memory)
+
 
 class WorkloadError(KvschedError):
     """A workload cannot be built; for files, names the file, the 1-based line and the column."""

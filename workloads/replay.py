@@ -20,19 +20,19 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from kvsched.core.request import Request, SamplingParams
 from kvsched.workloads.arrivals import ArrivalProcess, Gamma, Poisson
-from kvsched.workloads.errors import WorkloadError
+from kvsched.workloads.errors import MAX_REQUESTS, WorkloadError
 from kvsched.workloads.trace_files import TraceRow, read_trace
 
 
 class TraceWorkload(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     kind: Literal["trace"] = "trace"
     path: Path
     name: str | None = Field(None, description="built-in name, when it is one")
     rate_scale: float = Field(1.0, gt=0)
     start_offset: float = Field(0.0, ge=0, description="trace seconds to skip (timed traces)")
-    max_requests: int | None = Field(None, ge=1)
+    max_requests: int | None = Field(None, ge=1, le=MAX_REQUESTS)
     arrivals: ArrivalProcess | None = Field(None, description="for length-only files; default Poisson 1 req/s")
     max_total_tokens: int | None = Field(None, ge=2, description="cut prompts so that prompt + output <= this (Vidur's max_tokens)")
     seed: int = 0

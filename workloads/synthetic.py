@@ -11,13 +11,14 @@ import bisect
 import itertools
 import random
 from collections.abc import Iterator
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from kvsched.core.request import Request, SamplingParams
+from kvsched.core.request import MAX_INT64, Priority, Request, SamplingParams
 from kvsched.workloads.arrivals import ArrivalProcess, Poisson
 from kvsched.workloads.distributions import LengthDist, LogNormal
+from kvsched.workloads.errors import MAX_REQUESTS
 
 
 class _Mix:
@@ -44,17 +45,17 @@ def _check_weights(table: dict) -> dict:
 class SyntheticSpec(BaseModel):
     """A synthetic workload: ``num_requests`` arrivals with sampled lengths, priority, tenant and ``n``."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     kind: Literal["synthetic"] = "synthetic"
-    num_requests: int = Field(1000, ge=1)
+    num_requests: int = Field(1000, ge=1, le=MAX_REQUESTS)
     arrivals: ArrivalProcess = Poisson(rate=4.0)
     prompt: LengthDist = LogNormal(median=400, sigma=0.8, max=1536)
     output: LengthDist = LogNormal(median=180, sigma=0.7, max=480)
-    n: dict[int, float] = Field(default_factory=lambda: {1: 1.0}, description="weights of each n")
-    priorities: dict[int, float] = Field(default_factory=lambda: {0: 1.0})
-    tenants: dict[str, float] = Field(default_factory=lambda: {"default": 1.0})
-    max_tokens: int | None = Field(None, ge=1, description="sampling cap; default: the output length itself")
+    n: dict[Annotated[int, Field(ge=1, le=64)], float] = Field(default_factory=lambda: {1: 1.0}, description="weights of each n")
+    priorities: dict[Priority, float] = Field(default_factory=lambda: {0: 1.0})
+    tenants: dict[Annotated[str, Field(min_length=1)], float] = Field(default_factory=lambda: {"default": 1.0})
+    max_tokens: int | None = Field(None, ge=1, le=MAX_INT64, description="sampling cap; default: the output length itself")
     seed: int = 0
 
     _weights = field_validator("n", "priorities", "tenants")(classmethod(lambda cls, v: _check_weights(v)))

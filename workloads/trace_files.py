@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
+from kvsched.core.errors import quote
+from kvsched.core.request import MAX_INT64
 from kvsched.workloads.errors import WorkloadError
 
 AZURE = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
@@ -62,6 +64,9 @@ def read_trace(path: Path | str) -> tuple[str, list[TraceRow]]:
             raise WorkloadError("empty file: expected a header row", path, 1) from None
         except (csv.Error, UnicodeDecodeError) as exc:
             raise WorkloadError(f"not a CSV file ({exc})", path, 1) from None
+        twice = sorted({h for h in header if header.count(h) > 1})
+        if twice:
+            raise WorkloadError(f"column(s) {', '.join(map(repr, twice))} appear more than once in the header", path, 1)
         try:
             fmt = detect_format(header)
         except ValueError:
@@ -88,7 +93,7 @@ def read_trace(path: Path | str) -> tuple[str, list[TraceRow]]:
     return fmt, rows
 
 
-def _int(row, col, name, path, line, minimum: int) -> int:
+def _int(row, col, name, path, line, minimum: int, maximum: int = MAX_INT64) -> int:
     cell = row[col[name]].strip()
     try:
         value = int(cell)
@@ -96,12 +101,12 @@ def _int(row, col, name, path, line, minimum: int) -> int:
         try:
             f = float(cell)
         except ValueError:
-            raise WorkloadError(f"not an integer: {cell!r}", path, line, name) from None
+            raise WorkloadError(f"not an integer: {quote(cell)}", path, line, name) from None
         if not f.is_integer():
-            raise WorkloadError(f"not an integer: {cell!r}", path, line, name) from None
+            raise WorkloadError(f"not an integer: {quote(cell)}", path, line, name) from None
         value = int(f)
-    if value < minimum:
-        raise WorkloadError(f"must be >= {minimum}, got {cell!r}", path, line, name)
+    if not minimum <= value <= maximum:
+        raise WorkloadError(f"must be >= {minimum}, got {quote(cell)}" if value < minimum else f"must be <= {maximum}, got {quote(cell)}", path, line, name)
     return value
 
 
@@ -114,7 +119,7 @@ def _timestamp(cell: str, path, line) -> datetime:
                 raise ValueError
             t = t.replace(microsecond=int((frac + "000000")[:6]))
     except ValueError:
-        raise WorkloadError(f"not a timestamp YYYY-MM-DD HH:MM:SS.fffffff: {cell!r}", path, line, "TIMESTAMP") from None
+        raise WorkloadError(f"not a timestamp YYYY-MM-DD HH:MM:SS.fffffff: {quote(cell)}", path, line, "TIMESTAMP") from None
     return t
 
 
@@ -135,10 +140,10 @@ def _plain(row, col, path, line, _t0) -> TraceRow:
     try:
         t = float(cell)
     except ValueError:
-        raise WorkloadError(f"not a number: {cell!r}", path, line, "arrival_time_s") from None
+        raise WorkloadError(f"not a number: {quote(cell)}", path, line, "arrival_time_s") from None
     if not math.isfinite(t) or t < 0:
-        raise WorkloadError(f"must be a finite time >= 0, got {cell!r}", path, line, "arrival_time_s")
-    prio = _int(row, col, "priority", path, line, -(1 << 31)) if "priority" in col else 0
+        raise WorkloadError(f"must be a finite time >= 0, got {quote(cell)}", path, line, "arrival_time_s")
+    prio = _int(row, col, "priority", path, line, -(1 << 31), (1 << 31) - 1) if "priority" in col else 0
     tenant = row[col["tenant"]].strip() if "tenant" in col else "default"
     if "tenant" in col and not tenant:
         raise WorkloadError("empty tenant", path, line, "tenant")

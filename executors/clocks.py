@@ -1,19 +1,12 @@
-"""Engine time: virtual for simulation (advanced by the cost model), wall-clock for real execution."""
+"""The executors' clocks: virtual for simulation (advanced by the cost model), wall-clock for real execution.
+
+Each executor hands the engine its clock (``make_clock``); the engine needs only what
+``kvsched.core.executor.Clock`` says of one.
+"""
 
 from __future__ import annotations
 
 import time
-from typing import Protocol
-
-
-class Clock(Protocol):
-    """What the engine needs of time: read it, charge a step's duration, wait for an arrival."""
-
-    def now(self) -> float: ...
-
-    def advance(self, seconds: float) -> None: ...
-
-    def wait_until(self, t: float) -> None: ...
 
 
 class VirtualClock:

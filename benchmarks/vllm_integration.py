@@ -1,0 +1,156 @@
+"""kvsched policies inside real vLLM on this CPU: what they cost, and what a policy buys.
+
+1. Throughput and overhead. The 64-prompt workload of ``benchmarks/real_throughput.py`` (SmolLM2's
+   chat template, output lengths uniform in 32-128, ``ignore_eos``, every request at t=0) through
+   vLLM on SmolLM2-135M, fp32, one torch thread: vLLM's own scheduler against ``vllm-v1`` through
+   ``KvschedScheduler``, alternating, a fresh engine process each run. Prints output tokens/s,
+   the ratio, and the time each scheduler spends per step in ``schedule()`` + ``update_from_output()``
+   (both sides run under the same step log, ``integrations/vllm/steplog.py``).
+2. The seed's case study on a real engine: ``engine bench`` replays a workload with 20% VIP
+   requests, at a rate that makes requests queue, against vLLM's OpenAI server with its own
+   default (fcfs) scheduler and against ``engine serve --policy priority-vip``. Prints each
+   side's VIP and other p99 TTFT and output throughput, and the ratios.
+
+    .venv/bin/python benchmarks/vllm_integration.py                 # both parts, about 15 minutes here
+    .venv/bin/python benchmarks/vllm_integration.py --part throughput --rounds 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import vllm_servers as servers
+
+PY = sys.executable
+VLLM_ARGS = dict(dtype="float32", enforce_eager=True, block_size=32, max_model_len=2048, max_num_seqs=64,
+                 max_num_batched_tokens=512, distributed_executor_backend="uni")
+CASE_WORKLOAD = {"kind": "synthetic", "num_requests": 120, "arrivals": {"kind": "poisson", "rate": 2.0},
+                 "prompt": {"kind": "lognormal", "median": 120, "sigma": 0.6, "max": 600},
+                 "output": {"kind": "lognormal", "median": 48, "sigma": 0.5, "max": 160},
+                 "tenants": {"vip": 0.2, "default": 0.8}, "seed": 7}
+
+
+# ---------------------------------------------------------------------------------- part 1
+def child_throughput(side: str, out: str) -> None:
+    """One run in this process (vLLM's engine core here too): write tokens/s and per-step overhead to ``out``."""
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    from vllm import LLM, SamplingParams
+
+    from transformers import AutoTokenizer
+
+    from kvsched.executors.hf_models import model_folder
+    from kvsched.executors.hf_prompts import benchmark_prompts
+    from kvsched.integrations.vllm.steplog import read_step_log
+
+    folder = model_folder("smollm2-135m")
+    tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+    rng = random.Random(0)
+    prompts = [tokenizer.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True, tokenize=True)
+               for t in benchmark_prompts(64)]
+    prompts = [list(p if isinstance(p, list) else p["input_ids"]) for p in prompts]
+    lengths = [rng.randint(32, 128) for _ in prompts]
+    log = tempfile.mktemp(suffix=".jsonl")
+    cls = ("kvsched.integrations.vllm.steplog.LoggingScheduler" if side == "vllm"
+           else "kvsched.integrations.vllm.scheduler.KvschedScheduler")
+    kvsched = {"step_log": log, **({} if side == "vllm" else {"policy": "vllm-v1"})}
+    llm = LLM(model=str(folder), scheduler_cls=cls, additional_config={"kvsched": kvsched}, **VLLM_ARGS)
+    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in lengths]
+    llm.generate([{"prompt_token_ids": p} for p in prompts[:4]], params[:4], use_tqdm=False)  # warm-up, not timed
+    open(log, "w").close()
+    start = time.perf_counter()
+    outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    elapsed = time.perf_counter() - start
+    steps = read_step_log(log)
+    tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
+    overhead = [s["schedule_s"] + s["update_s"] for s in steps]
+    Path(out).write_text(json.dumps({"tokens": tokens, "seconds": elapsed, "steps": len(steps),
+                                     "sched_ms": 1000 * statistics.median(overhead)}))
+
+
+def part_throughput(rounds: int) -> None:
+    rows = {"vllm": [], "kvsched": []}
+    for r in range(rounds):
+        for side in (("vllm", "kvsched") if r % 2 == 0 else ("kvsched", "vllm")):
+            out = tempfile.mktemp(suffix=".json")
+            subprocess.run([PY, __file__, "--child", side, out], check=True, env=dict(os.environ, OMP_NUM_THREADS="1"),
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            result = json.loads(Path(out).read_text())
+            rows[side].append(result)
+            print(f"round {r + 1} {side:8s} {result['tokens'] / result['seconds']:7.1f} tok/s  "
+                  f"{result['steps']} steps, scheduler {result['sched_ms']:.3f} ms/step (median)", flush=True)
+    rate = {side: statistics.mean(x["tokens"] / x["seconds"] for x in runs) for side, runs in rows.items()}
+    sched = {side: statistics.mean(x["sched_ms"] for x in runs) for side, runs in rows.items()}
+    print(f"\noutput tokens/s: vLLM's scheduler {rate['vllm']:.1f}, kvsched vllm-v1 {rate['kvsched']:.1f}, "
+          f"ratio {rate['kvsched'] / rate['vllm']:.3f}")
+    print(f"scheduler time per step: vLLM {sched['vllm']:.3f} ms, kvsched {sched['kvsched']:.3f} ms, "
+          f"ratio {sched['kvsched'] / sched['vllm']:.2f}")
+
+
+# ---------------------------------------------------------------------------------- part 2
+def vip_p99(run_dir: Path) -> tuple[float, float]:
+    import csv
+
+    rows = list(csv.DictReader((run_dir / "requests.csv").open()))
+    def p99(tenant_is_vip: bool) -> float:
+        values = sorted(float(r["ttft"]) for r in rows if r["ttft"] and (r["tenant"] == "vip") == tenant_is_vip)
+        k = (len(values) - 1) * 0.99
+        lo = int(k)
+        return values[lo] + (values[min(lo + 1, len(values) - 1)] - values[lo]) * (k - lo)
+    return p99(True), p99(False)
+
+
+def part_case_study(workdir: Path) -> None:
+    spec = workdir / "vip.json"
+    spec.write_text(json.dumps(CASE_WORKLOAD))
+    flags = ["--max-model-len", "2048", "--max-num-seqs", "16", "--max-num-batched-tokens", "512"]
+    sides = {
+        "vllm-fcfs": lambda port: servers.vllm_command(port, flags),
+        "priority-vip": lambda port: [str(servers.ENGINE), "serve", "--policy", "priority-vip", "--port", str(port), "--", *flags],
+    }
+    results = {}
+    for name, command in sides.items():
+        port = servers.free_port()
+        proc = servers.start(command(port), port)
+        try:
+            summary = servers.bench(port, name, spec, workdir / name)
+        finally:
+            servers.stop(proc)
+        vip, other = vip_p99(workdir / name)
+        results[name] = (summary, vip, other)
+        print(f"{name:13s} VIP p99 TTFT {vip:6.2f} s · others {other:6.2f} s · "
+              f"{summary['throughput_tokens_per_s']:.1f} output tok/s · {summary['finished']} finished", flush=True)
+    (base, base_vip, _), (ours, our_vip, _) = results["vllm-fcfs"], results["priority-vip"]
+    print(f"\nVIP p99 TTFT priority-vip / vLLM fcfs: {our_vip / base_vip:.2f} (target <= 0.33); "
+          f"output throughput ratio {ours['throughput_tokens_per_s'] / base['throughput_tokens_per_s']:.3f} (target >= 0.95)")
+
+
+def main() -> None:
+    if len(sys.argv) == 4 and sys.argv[1] == "--child":
+        child_throughput(sys.argv[2], sys.argv[3])
+        return
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--part", choices=("throughput", "case-study", "both"), default="both")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--workdir", type=Path, default=None, help="keep the bench result folders here")
+    args = parser.parse_args()
+    if args.part in ("throughput", "both"):
+        part_throughput(args.rounds)
+    if args.part in ("case-study", "both"):
+        workdir = args.workdir or Path(tempfile.mkdtemp(prefix="kvsched-case-"))
+        workdir.mkdir(parents=True, exist_ok=True)
+        part_case_study(workdir)
+
+
+if __name__ == "__main__":
+    main()

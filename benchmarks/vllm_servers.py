@@ -1,0 +1,65 @@
+"""Starting and stopping vLLM's OpenAI server for the benchmarks that measure real vLLM (not a benchmark itself)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+PY = sys.executable
+ENGINE = Path(PY).with_name("engine")
+# What vLLM needs on the CPU backend for SmolLM2 (research/round2-anchors.md §7), as engine serve passes it.
+CPU_FLAGS = ["--dtype", "float32", "--enforce-eager", "--block-size", "32"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def vllm_command(port: int, flags: list[str], scheduler_cls: str | None = None, kvsched: dict | None = None) -> list[str]:
+    """vLLM's own server on SmolLM2 (its own scheduler unless ``scheduler_cls`` is given)."""
+    from kvsched.executors.hf_models import model_folder
+
+    command = [PY, "-m", "kvsched.integrations.vllm.server", "--model", str(model_folder("smollm2-135m")),
+               "--served-model-name", "smollm2-135m", "--port", str(port), *CPU_FLAGS, *flags]
+    if scheduler_cls:
+        command += ["--scheduler-cls", scheduler_cls, "--additional-config", json.dumps({"kvsched": kvsched or {}})]
+    return command
+
+
+def start(command: list[str], port: int, kv_cache_gib: float = 2.0) -> subprocess.Popen:
+    """Start a server with one torch thread and wait for /health."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", VLLM_CPU_KVCACHE_SPACE=f"{kv_cache_gib:g}")
+    proc = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5)
+            return proc
+        except OSError:
+            if proc.poll() is not None:
+                break
+            time.sleep(2)
+    stop(proc)
+    raise SystemExit(f"the server did not start: {' '.join(command)}")
+
+
+def stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=120)
+
+
+def bench(port: int, label: str, workload: Path, out: Path) -> dict:
+    """``engine bench`` against the server; its summary."""
+    subprocess.run([str(ENGINE), "bench", "--url", f"http://127.0.0.1:{port}/v1", "--workload", str(workload),
+                    "--output", str(out), "-q", "--label", label], check=True, stdout=subprocess.DEVNULL)
+    return json.loads((out / "summary.json").read_text())

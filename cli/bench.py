@@ -1,0 +1,62 @@
+"""``engine bench``: replay a workload against any OpenAI-compatible server and write a simulation's result files."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from kvsched.cli.common import NumOpt, OutputOpt, QuietOpt, SeedOpt, console, fail, progress_bar, summary_table
+from kvsched.cli.simulate import RateScaleOpt, TraceOpt, WorkloadOpt
+
+UrlOpt = Annotated[str, typer.Option("--url", help="the server's OpenAI API base, e.g. http://127.0.0.1:8000/v1")]
+BenchModelOpt = Annotated[Optional[str], typer.Option("--model", "-m", help="model name to request (default: the first the server lists)")]
+LabelOpt = Annotated[Optional[str], typer.Option("--label", help="what to call the server's policy in the summary (default: the URL)")]
+ApiKeyOpt = Annotated[str, typer.Option("--api-key", envvar="OPENAI_API_KEY", help="API key, if the server wants one")]
+
+
+def bench(
+    url: UrlOpt,
+    workload: WorkloadOpt = None,
+    trace: TraceOpt = None,
+    num_requests: NumOpt = None,
+    rate_scale: RateScaleOpt = 1.0,
+    seed: SeedOpt = 0,
+    model: BenchModelOpt = None,
+    label: LabelOpt = None,
+    output: OutputOpt = None,
+    api_key: ApiKeyOpt = "EMPTY",
+    quiet: QuietOpt = False,
+) -> None:
+    """Send WORKLOAD's requests at their arrival times to the server at URL (streaming); time them from the client."""
+    from kvsched.experiments.bench import replay, served_model
+    from kvsched.metrics.requests import distribution, summarize
+    from kvsched.workloads import build_workload
+
+    if output is not None and output.exists() and not output.is_dir():
+        fail(f"--output {output} is a file, not a folder")
+    load = build_workload(workload, trace, num_requests=num_requests, rate_scale=rate_scale, seed=seed)
+    requests = load.requests()
+    try:
+        model = model or served_model(url, api_key)
+    except Exception as exc:  # openai's connection errors carry no useful class for a user
+        fail(f"cannot reach an OpenAI-compatible server at {url}: {exc}")
+    with progress_bar(quiet, "benchmarking") as bar:
+        task = bar.add_task("bench", total=len(requests))
+        sent = replay(url, model, requests, api_key, on_done=lambda _: bar.advance(task))
+    metrics = [s.metrics() for s in sent]
+    description = load.describe()
+    summary = summarize(None, metrics, policy=label or url, profile=f"measured at {url}", seed=description.get("seed"),
+                        workload=description, server={"url": url, "model": model},
+                        itl_s=distribution([gap for s in sent for gap in s.itls]))
+    console.print(summary_table(summary))
+    errors = [s.error for s in sent if s.error]
+    if errors:
+        console.print(f"[bold yellow]warning:[/] {len(errors)} of {len(sent)} requests failed; the first: {errors[0]}", highlight=False)
+    if output is not None:
+        from kvsched.experiments.simulation import RunResult
+        from kvsched.reporting.files import write_results
+
+        for path in write_results(RunResult(None, metrics, summary), Path(output)):
+            console.print(f"wrote {path}", highlight=False)

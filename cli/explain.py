@@ -1,0 +1,31 @@
+"""``engine explain RUN_DIR [--request ID | --step N]``: why requests waited, from a run's decision log."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+
+def explain(
+    run_dir: Annotated[Path, typer.Argument(help="a results folder written by `engine run --output`")],
+    request: Annotated[Optional[str], typer.Option("--request", "-r", help="one request's timeline: each wait with its reason and steps")] = None,
+    step: Annotated[Optional[int], typer.Option("--step", help="one step's batch, and who was left out and why")] = None,
+) -> None:
+    """Why requests waited: the top reasons weighted by time, one request's timeline, or one step's batch."""
+    from kvsched.cli.common import console, fail
+    from kvsched.reporting.explain import Explainer
+
+    if request is not None and step is not None:
+        fail("give --request or --step, not both")
+    ex = Explainer.load(run_dir)
+    lines = ex.request(request) if request is not None else ex.step(step) if step is not None else ex.overview()
+    for line in lines:
+        console.print(line, markup=False, highlight=False, soft_wrap=True)
+
+
+def register(app: typer.Typer) -> None:
+    from kvsched.cli.common import cli_errors
+
+    app.command()(cli_errors(explain))

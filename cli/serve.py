@@ -1,0 +1,75 @@
+"""``engine serve``: vLLM's OpenAI-compatible server with a kvsched policy as its scheduler.
+
+The command checks what it can before vLLM starts (vLLM installed, the policy found and its
+options accepted, the engine settings valid, the model folder there), then replaces itself with
+vLLM's server (``integrations/vllm/server.py``; signals and exit codes are then vLLM's), its scheduler class
+``kvsched.integrations.vllm.scheduler.KvschedScheduler`` and the policy in the additional config.
+Arguments after ``--`` go to vLLM unchanged (``engine serve --policy fcfs -- --max-num-seqs 8``).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import sys
+import tempfile
+from typing import Annotated, Optional
+
+import typer
+
+from kvsched.cli.common import PolicyOpt, PolicyOptions, SetOpt, fail, parse_pairs
+
+ServeModelOpt = Annotated[str, typer.Option("--model", "-m", help="smollm2-135m, or a local model folder vLLM can load")]
+HostOpt = Annotated[str, typer.Option("--host", help="address to listen on")]
+PortOpt = Annotated[int, typer.Option("--port", min=1, max=65535, help="port to listen on")]
+KvCacheOpt = Annotated[Optional[float], typer.Option("--kv-cache-gib", min=0.01, help="KV cache size on the CPU backend (default: $VLLM_CPU_KVCACHE_SPACE, else 1)")]
+
+# What vLLM needs on the CPU backend for the models this project ships (research/round2-anchors.md §7).
+CPU_ARGS = ("--dtype", "float32", "--enforce-eager", "--block-size", "32")
+
+
+def vllm_command(policy: str, options: dict, settings: dict, model_dir: str, served_name: str, host: str, port: int,
+                 extra: list[str]) -> list[str]:
+    """The ``vllm serve`` command line that runs ``policy`` as the scheduler."""
+    from kvsched.integrations.vllm import SCHEDULER_CLS
+
+    kvsched = {"policy": policy, "options": options, "config": settings}
+    return [sys.executable, "-m", "kvsched.integrations.vllm.server", "--model", model_dir, "--served-model-name", served_name,
+            "--host", host, "--port", str(port), *CPU_ARGS, "--scheduler-cls", SCHEDULER_CLS,
+            "--additional-config", json.dumps({"kvsched": kvsched}), *extra]
+
+
+def serve(
+    ctx: typer.Context,
+    policy: PolicyOpt = "vllm-v1",
+    policy_opt: PolicyOptions = None,
+    set_: SetOpt = None,
+    model: ServeModelOpt = "smollm2-135m",
+    host: HostOpt = "127.0.0.1",
+    port: PortOpt = 8000,
+    kv_cache_gib: KvCacheOpt = None,
+) -> None:
+    """Serve MODEL over vLLM's OpenAI-compatible API, scheduled by POLICY (any installed kvsched policy)."""
+    from kvsched.core.config import EngineConfig
+    from kvsched.core.plugins import instantiate, load_policy
+
+    if importlib.util.find_spec("vllm") is None:
+        fail("engine serve needs vLLM: pip install 'kvsched[vllm]' (make setup installs it)")
+    options, settings = parse_pairs(policy_opt, "--policy-opt"), parse_pairs(set_, "--set")
+    target, colon, attr = policy.rpartition(":")
+    if colon and target.endswith(".py"):  # vLLM's engine-core process loads it: give it a path that works from anywhere
+        policy = f"{os.path.abspath(target)}:{attr}"
+    instantiate(load_policy(policy), options)  # an unknown policy or a bad option fails here, not in vLLM's engine core
+    EngineConfig.model_validate(settings)
+    from kvsched.executors.hf_models import model_folder
+
+    model_dir = str(model_folder(model))
+    env = dict(os.environ, HF_HUB_OFFLINE="1")
+    if kv_cache_gib is not None or "VLLM_CPU_KVCACHE_SPACE" not in env:
+        env["VLLM_CPU_KVCACHE_SPACE"] = f"{kv_cache_gib or 1:g}"
+    # A fresh multiprocess folder, so that /metrics also shows the counter the engine-core process keeps.
+    env["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="kvsched-metrics-")
+    command = vllm_command(policy, options, settings, model_dir, model, host, port, list(ctx.args))
+    sys.stdout.flush()
+    os.execve(command[0], command, env)

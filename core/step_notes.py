@@ -1,0 +1,50 @@
+"""What the step builder notes for the decision log: why a group did not run, with the numbers compared.
+
+Each check that turns a group away (LATER, a spent budget), and each reason a policy gives for
+holding admission back (``hold_back``), appends one small tuple (``core.decisions.Decision``) to
+the step's ``SchedulerOutput.decisions``. Plain decodes note nothing, so the hot path pays nothing;
+``kvsched.metrics.decision_log`` turns the notes into the decision log, for every policy alike.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from kvsched.core.decisions import Decision, Outcome
+from kvsched.core.errors import quote
+
+if TYPE_CHECKING:
+    from kvsched.core.sequence import SequenceGroup
+
+
+class DecisionNotes:
+    """The part of ``StepState`` that notes decisions (a mixin over its output, budgets and block manager)."""
+
+    __slots__ = ()
+
+    def hold_back(self, reason: str, numbers: dict[str, float]) -> None:
+        if type(reason) is not str or not all(type(k) is str and type(v) in (int, float) for k, v in numbers.items()):
+            self.refuse(f"hold_back: give a reason (a str) and numbers, got {quote(reason)} and {quote(numbers)}")
+        self.output.decisions.append((Decision.HELD, None, reason, dict(numbers)))
+
+    def _note(self, outcome: Outcome | None, *record) -> Outcome | None:
+        self.output.decisions.append(record)
+        return outcome
+
+    def _no_blocks(self, g: SequenceGroup, needed: int) -> Outcome:
+        """LATER, noted with the blocks ``g`` needs and the free ones (of which the watermark stays free)."""
+        return self._note(Outcome.LATER, Decision.NO_BLOCKS, g.request_id, needed, self.bm.gpu.num_free)
+
+    def _no_tokens(self, g: SequenceGroup, needed: int, left: int) -> Outcome:
+        return self._note(Outcome.BUDGET, Decision.TOKEN_BUDGET, g.request_id, needed, left)
+
+    def _over_budget(self, g: SequenceGroup, tokens: int) -> bool:
+        """True (and noted) when ``tokens`` more, or ``g``'s sequences, exceed what is left of the step's budgets."""
+        left, seats = self.max_tokens - self.output.num_batched_tokens, self.max_seqs - self.num_running_seqs
+        if tokens > left:
+            self._no_tokens(g, tokens, left)
+        elif g.max_running_seqs > seats:
+            self._note(None, Decision.SEQ_BUDGET, g.request_id, g.max_running_seqs, seats)
+        else:
+            return False
+        return True

@@ -1,0 +1,370 @@
+"""A step under construction, on the core's side: where every rule is enforced.
+
+A policy holds only the ``StepBuilder``, whose operations land here. Each validates first (a view
+of this engine, right queue, untouched, budgets, capacity, argument types), then performs the
+allocator side at once (so the next operation sees exact capacity) and records the queue changes
+that the scheduler commits after the hook returns, or rolls back if anything failed.
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import TYPE_CHECKING
+
+from kvsched.allocators.alloc_status import AllocStatus
+from kvsched.core.config import PreemptionMode
+from kvsched.core.decisions import Decision, Outcome, Preemption
+from kvsched.core.errors import quote
+from kvsched.core.outputs import ScheduledGroup, SchedulerOutput
+from kvsched.core.sequence import SequenceStatus
+from kvsched.core.step import StepBuilder
+from kvsched.core.step_notes import DecisionNotes
+from kvsched.core.view import GroupView, group_of
+
+if TYPE_CHECKING:
+    from kvsched.core.plugins import PolicyHooks
+    from kvsched.core.scheduler import Scheduler
+    from kvsched.core.sequence import Sequence, SequenceGroup
+
+_WAITING, _RUNNING, _SWAPPED = SequenceStatus.WAITING, SequenceStatus.RUNNING, SequenceStatus.SWAPPED
+
+
+class StepState(DecisionNotes):
+    """The step's batch, budgets and touched groups, and the operations of ``StepBuilder`` (each
+    noting why it turned a group away, ``core/step_notes.py``)."""
+
+    __slots__ = ("sched", "bm", "hooks", "config", "now", "output", "num_running_seqs", "touched", "max_tokens", "max_seqs",
+                 "prompt_limit", "admitted", "swapped_in", "recomputed", "swapped_out", "cached_tokens", "ignore_reasons",
+                 "victim_cursor", "open", "step")
+
+    def __init__(self, scheduler: Scheduler, now: float, hooks: PolicyHooks) -> None:
+        self.sched = scheduler
+        self.bm = scheduler.block_manager
+        self.hooks = hooks
+        self.config = scheduler.config
+        self.now = now
+        self.output = SchedulerOutput()
+        self.num_running_seqs = scheduler.num_running_seqs
+        self.touched: dict[SequenceGroup, str] = {}
+        self.max_tokens = self.config.max_num_batched_tokens
+        self.max_seqs = self.config.max_num_seqs
+        self.prompt_limit = self.config.model_len  # the longest prompt (with any output, if recomputed) admitted
+        self.admitted: list[SequenceGroup] = []
+        self.swapped_in: list[SequenceGroup] = self.output.swapped_in
+        self.recomputed: list[SequenceGroup] = []
+        self.swapped_out: list[SequenceGroup] = []
+        self.cached_tokens: dict[int, int] = {}
+        self.ignore_reasons: dict[SequenceGroup, str] = {}
+        self.victim_cursor = len(scheduler.running) - 1
+        self.open = True  # until the scheduler commits or rolls the step back
+        self.step = StepBuilder(self)  # what the hooks are handed
+
+    def close(self) -> None:
+        """The step is over: its builder refuses every operation from now on."""
+        self.open = False
+        self.step = None  # no cycle with the builder: the step's objects are freed at once, not by the collector
+
+    def refuse(self, message: str, hook: str | None = None):
+        raise self.hooks.refuse(message, hook)
+
+    def newest_unscheduled(self, exclude: GroupView | None) -> GroupView | None:
+        running, touched = self.sched.running, self.touched
+        skip = group_of(exclude) if exclude is not None else None
+        i = self.victim_cursor
+        while i >= 0 and (running[i] in touched or running[i] is skip):
+            if running[i] in touched:
+                self.victim_cursor = i - 1  # touched groups stay touched: never look again
+            i -= 1
+        return running[i].view if i >= 0 else None
+
+    # ------------------------------------------------------------------ operations
+    def admit(self, group: GroupView, max_tokens: int | None) -> Outcome:
+        max_tokens = self._tokens_arg(max_tokens, "admit")
+        g = self._resolve(group, _WAITING, "admit")
+        seqs = [s for s in g.seqs if s.status is _WAITING]
+        longest = max(s.num_tokens for s in seqs)
+        if longest > self.prompt_limit:
+            model_len = self.config.model_len
+            return self._ignore(g, f"{longest} tokens exceed max_model_len ({model_len})" if longest > model_len else
+                                f"{longest} tokens leave no room for an output token within max_model_len ({model_len})")
+        if g.max_running_seqs > self.max_seqs:  # vLLM would keep it forever, blocking the queue
+            return self._ignore(g, f"n={g.max_running_seqs} sequences exceed max_num_seqs ({self.max_seqs})")
+        cached = self.bm.planned_cached_tokens(g)
+        uncomputed = sum(s.num_tokens - cached[s.seq_id] for s in seqs)
+        chunk = self._chunk(g, uncomputed, max_tokens, "admit")
+        if max_tokens is None and uncomputed > self.max_tokens:
+            return self._ignore(g, f"prompt of {uncomputed} tokens exceeds max_num_batched_tokens ({self.max_tokens}) without chunked prefill")
+        # Capacity before budget, as vLLM does: a NEVER group is dropped even when the budget is spent.
+        status = self.hooks.can_allocate(self.step, g.view) if self.hooks.decides_admission else self.bm.can_allocate(g)
+        if type(status) is not AllocStatus:
+            self.refuse(f"returned {quote(status)}, expected an AllocStatus", "can_allocate")
+        if status is AllocStatus.NEVER:
+            return self._ignore(g, "prompt can never fit in the GPU KV cache (can_allocate: NEVER)")
+        tokens = self._admitted_tokens(g, cached, chunk)
+        if status is AllocStatus.LATER:
+            return self._no_blocks(g, self.bm.blocks_to_allocate(g, tokens))
+        if self._over_budget(g, chunk):
+            return Outcome.BUDGET
+        needed = self.bm.blocks_to_allocate(g, tokens)
+        if needed > self.bm.gpu.num_free:
+            self.refuse(f"said OK for {quote(g.request_id)}, which needs {needed} blocks with {self.bm.gpu.num_free} free", "can_allocate")
+        cached = self.bm.allocate(g, tokens)
+        self.cached_tokens.update(cached)
+        self.touched[g] = "admitted"
+        self.admitted.append(g)
+        self.num_running_seqs += g.max_running_seqs
+        hits = sum(cached.values())
+        self._record(g, chunk, True, hits, hits, uncomputed - chunk)
+        return Outcome.SCHEDULED
+
+    def advance(self, group: GroupView, max_tokens: int | None) -> Outcome:
+        max_tokens = self._tokens_arg(max_tokens, "advance")
+        g = self._resolve(group, _RUNNING, "advance")
+        outcome = self._run(g, max_tokens, "advance")
+        if outcome is Outcome.SCHEDULED:
+            self.touched[g] = "scheduled"
+        return outcome
+
+    def swap_in(self, group: GroupView, max_tokens: int | None) -> Outcome:
+        max_tokens = self._tokens_arg(max_tokens, "swap_in")
+        g = self._resolve(group, _SWAPPED, "swap_in")
+        status = self.bm.can_swap_in(g)
+        if status is AllocStatus.NEVER:
+            return self._ignore(g, "swapped group can never fit back in the GPU KV cache")
+        if status is AllocStatus.LATER:
+            return self._no_blocks(g, self.bm.blocks_to_swap_in(g))
+        uncomputed = g.num_uncomputed_tokens
+        chunk = self._chunk(g, uncomputed, max_tokens, "swap_in") if uncomputed > g.num_unfinished_seqs else uncomputed
+        if self._over_budget(g, chunk):
+            return Outcome.BUDGET
+        moved = self.bm.swap_in(g)
+        self.output.blocks_to_swap_in += moved
+        self._note(None, Decision.SWAPPED_IN, g.request_id, len(moved))
+        self.touched[g] = "swapped in"
+        self.swapped_in.append(g)
+        self.num_running_seqs += g.max_running_seqs
+        # can_swap_in counted the block each sequence's next token touches: the decode needs no room made.
+        return self._run(g, max_tokens, "swap_in", room=True)
+
+    def preempt(self, group: GroupView, mode: PreemptionMode | None) -> PreemptionMode:
+        mode = self._mode_arg(mode, "preempt")
+        return self._preempt(self._resolve(group, _RUNNING, "preempt"), mode)
+
+    def advance_running(self, stop_on_preempted: bool) -> Outcome:
+        if self._lane_step(decodes_only=False, max_tokens=None):
+            return Outcome.SCHEDULED
+        touched = self.touched
+        for g in self.sched.running:
+            if g in touched:
+                continue
+            outcome = self._run(g, None, "advance")
+            if outcome is Outcome.SCHEDULED:
+                touched[g] = "scheduled"
+            elif outcome is Outcome.BUDGET or stop_on_preempted:
+                return outcome
+        return Outcome.SCHEDULED
+
+    def advance_decodes(self, max_tokens: int | None) -> Outcome:
+        max_tokens = self._tokens_arg(max_tokens, "advance_decodes", minimum=None)
+        if self._lane_step(decodes_only=True, max_tokens=max_tokens):
+            return Outcome.SCHEDULED
+        touched, out = self.touched, self.output
+        left = self.max_tokens if max_tokens is None else max_tokens
+        for g in self.sched.running:
+            if g in touched or g.num_uncomputed_tokens > g.num_unfinished_seqs:
+                continue
+            before = out.num_batched_tokens
+            if g.num_uncomputed_tokens > left:
+                return self._no_tokens(g, g.num_uncomputed_tokens, left)
+            outcome = self._run(g, None, "advance")
+            if outcome is Outcome.SCHEDULED:
+                touched[g] = "scheduled"
+                left -= out.num_batched_tokens - before
+            elif outcome is Outcome.BUDGET:
+                return outcome
+        return Outcome.SCHEDULED
+
+    def _lane_step(self, decodes_only: bool, max_tokens: int | None) -> bool:
+        """Schedule this call's decodes through the decode lane if it is exact now; else make sure
+        no member is left in the lane, since the loop that follows advances them one by one."""
+        lane = self.sched.lane
+        if lane is None or lane.scheduled:  # a second call: the lane's members are all touched already
+            return False
+        out = self.output
+        if not (out.scheduled or out.preempted) and lane.schedule(self.sched.running, out, self.max_tokens, self.touched, decodes_only, max_tokens):
+            out.lane_decodes = lane.scheduled
+            return True
+        lane.dissolve()
+        return False
+
+    # -------------------------------------------------------------------------- mechanics
+    def _admitted_tokens(self, g: SequenceGroup, cached: dict[int, int], chunk: int) -> int | None:
+        """Tokens of an admitted prompt that get blocks now: all of them (vLLM v0; None)."""
+        return None
+
+    def _run(self, g: SequenceGroup, max_tokens: int | None, op: str, room: bool = False) -> Outcome:
+        """Schedule a running group's next tokens (``room``: its blocks are known to fit)."""
+        seqs = g.seqs
+        if len(seqs) == 1:
+            seq = seqs[0]
+            if seq.num_tokens - seq.num_computed_tokens == 1:
+                return self._decode_one(g, seq, room)
+        out = self.output
+        uncomputed = g.num_uncomputed_tokens
+        is_prefill = uncomputed > g.num_unfinished_seqs
+        chunk = self._chunk(g, uncomputed, max_tokens, op) if is_prefill else uncomputed
+        if out.num_batched_tokens + chunk > self.max_tokens:
+            return self._no_tokens(g, chunk, self.max_tokens - out.num_batched_tokens)
+        running = [s for s in seqs if s.status <= _SWAPPED]
+        if not is_prefill:
+            if not room and self._make_room(g):
+                return Outcome.PREEMPTED
+            for seq in running:
+                cow = self.bm.append_slots(seq)
+                if cow is not None:
+                    out.blocks_to_copy.append(cow)
+        self._record(g, chunk, is_prefill, sum(s.num_computed_tokens for s in running), 0, uncomputed - chunk)
+        return Outcome.SCHEDULED
+
+    def _decode_one(self, g: SequenceGroup, seq: Sequence, room: bool = False) -> Outcome:
+        """``_run`` for the commonest case, one sequence decoding one token (once per running request per step)."""
+        out = self.output
+        if out.num_batched_tokens >= self.max_tokens:
+            return self._no_tokens(g, 1, self.max_tokens - out.num_batched_tokens)
+        if self.bm.gpu.num_free < 1 and not room and self._make_room(g):
+            return Outcome.PREEMPTED
+        cow = self.bm.append_slots(seq)
+        if cow is not None:
+            out.blocks_to_copy.append(cow)
+        out.scheduled.append(ScheduledGroup(g, 1, False))  # _record(g, 1, False, computed), inlined
+        out.num_batched_tokens += 1
+        out.decode_seqs += 1
+        out.kv_tokens_read += seq.num_computed_tokens
+        return Outcome.SCHEDULED
+
+    def _make_room(self, g: SequenceGroup) -> bool:
+        """Preempt until every unfinished sequence of ``g`` could take a new block (vLLM's worst case).
+
+        Returns True if ``g`` itself had to go, False once it can decode.
+        """
+        bm = self.bm
+        while bm.gpu.num_free < g.num_unfinished_seqs:  # bm.can_append_slots, inlined: the hot path
+            victim, mode = self._choose_victim(g)
+            if victim is g:
+                # Deliberate difference from vLLM: do not preempt the last candidate when its
+                # exact need fits (vLLM's worst case makes a lone request thrash).
+                if bm.blocks_to_append(g) <= bm.gpu.num_free:
+                    return False
+                self._preempt(g, mode, g)
+                return True
+            self._preempt(victim, mode, g)
+        return False
+
+    def _record(self, g: SequenceGroup, chunk: int, is_prefill: bool, context: int, cached: int = 0, left: int = 0) -> None:
+        """Add ``g`` to the batch and to the step's cost features (``context``: KV tokens it reads;
+        ``cached``: prompt tokens an admission found in the prefix cache; ``left``: prompt tokens a
+        prefill leaves for later chunks)."""
+        out = self.output
+        out.scheduled.append(ScheduledGroup(g, chunk, is_prefill, cached))
+        out.num_batched_tokens += chunk
+        if is_prefill:
+            out.prefill_tokens += chunk
+            out.decisions.append((Decision.PREFILL, g.request_id, chunk, left, cached))
+        else:
+            out.decode_seqs += chunk
+        out.kv_tokens_read += context
+
+    def _choose_victim(self, requester: SequenceGroup) -> tuple[SequenceGroup, PreemptionMode | None]:
+        choice = self.hooks.choose_preemption(self.step, requester.view)
+        if type(choice) is not Preemption or type(choice.victim) is not GroupView:
+            self.refuse(f"returned {quote(choice)}, expected a Preemption of a GroupView", "choose_preemption")
+        victim = group_of(choice.victim)
+        if victim is not requester:
+            if victim.block_manager is not self.bm:
+                self.refuse(f"picked {quote(choice.victim)}, which is not a request of this engine", "choose_preemption")
+            if not self._accepts_victim(victim):
+                state = self.touched.get(victim, victim.status.name)
+                self.refuse(f"picked {quote(victim.request_id)}, which is {state}, not an unscheduled running group", "choose_preemption")
+        return victim, self._mode_arg(choice.mode, "Preemption", "choose_preemption")
+
+    def _accepts_victim(self, victim: SequenceGroup) -> bool:
+        return victim.status is _RUNNING and victim not in self.touched
+
+    def _preemption_mode(self, g: SequenceGroup, mode: PreemptionMode | None) -> PreemptionMode:
+        """The mode used: forced by the config, else the policy's, else recompute one sequence and swap several."""
+        if self.config.preemption_mode is not None:
+            mode = self.config.preemption_mode
+        elif mode is None:
+            mode = PreemptionMode.RECOMPUTE if g.max_running_seqs == 1 else PreemptionMode.SWAP
+        if mode is PreemptionMode.SWAP and not self.bm.can_swap_out(g):
+            mode = PreemptionMode.RECOMPUTE  # the CPU pool is full: recompute instead of failing
+        return mode
+
+    def _preempt(self, g: SequenceGroup, mode: PreemptionMode | None, requester: SequenceGroup | None = None) -> PreemptionMode:
+        _out_of_lane(g)
+        mode = self._preemption_mode(g, mode)
+        self._note(None, Decision.PREEMPTED, g.request_id, mode, requester.request_id if requester is not None else None)
+        if mode is PreemptionMode.SWAP:
+            self.output.blocks_to_swap_out += self.bm.swap_out(g)
+            self.swapped_out.append(g)
+        else:
+            for seq in g.seqs:
+                self.bm.free(seq)
+            self.recomputed.append(g)
+        self.touched[g] = f"preempted ({mode.value})"
+        self.output.preempted.append((g, mode))
+        self.num_running_seqs -= g.max_running_seqs
+        return mode
+
+    def _chunk(self, g: SequenceGroup, uncomputed: int, max_tokens: int | None, op: str) -> int:
+        if max_tokens is None or max_tokens >= uncomputed:
+            return uncomputed
+        if g.num_unfinished_seqs > 1:
+            self.refuse(f"{op}: chunked prefill of {quote(g.request_id)} with several sequences is not supported")
+        return max_tokens
+
+    def _ignore(self, g: SequenceGroup, reason: str) -> Outcome:
+        self.touched[g] = "ignored"
+        self.ignore_reasons[g] = reason
+        self.output.ignored.append(g)
+        self._note(None, Decision.IGNORED, g.request_id, reason)
+        return Outcome.NEVER
+
+    # --------------------------------------------------------------------- validation
+    def _resolve(self, view: GroupView, expected: SequenceStatus, op: str) -> SequenceGroup:
+        if type(view) is not GroupView:
+            self.refuse(f"{op}: expected a GroupView, got {quote(view)}")
+        g = group_of(view)
+        if g.block_manager is not self.bm:
+            self.refuse(f"{op}: {quote(view)} is not a request of this engine")
+        state = self.touched.get(g)
+        if state is not None:
+            self.refuse(f"{op}: {quote(g.request_id)} was already {state} in this step")
+        if g.status is not expected:
+            self.refuse(f"{op}: {quote(g.request_id)} is {g.status.name}, not {expected.name}")
+        _out_of_lane(g)  # it may change on its own now
+        return g
+
+    def _tokens_arg(self, value, op: str, minimum: int | None = 1) -> int | None:
+        """``max_tokens`` as an int (None stays None): a bool, a float, NaN or a count below ``minimum`` is refused."""
+        if value is None or (type(value) is int and (minimum is None or value >= minimum)):
+            return value
+        try:
+            number = None if isinstance(value, bool) else operator.index(value)  # numpy integers pass
+        except TypeError:
+            number = None
+        if number is None or (minimum is not None and number < minimum):
+            self.refuse(f"{op}: max_tokens must be {'a positive' if minimum else 'an'} integer or None, got {quote(value)}")
+        return number
+
+    def _mode_arg(self, mode, op: str, hook: str | None = None) -> PreemptionMode | None:
+        if mode is not None and type(mode) is not PreemptionMode:
+            self.refuse(f"{op}: mode must be PreemptionMode.SWAP, PreemptionMode.RECOMPUTE or None, got {quote(mode)}", hook)
+        return mode
+
+
+def _out_of_lane(g: SequenceGroup) -> None:
+    """Dissolve the decode lane if ``g`` rides it (members change only together)."""
+    lane = g.seqs[0].lane
+    if lane is not None:
+        lane.dissolve()

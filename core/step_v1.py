@@ -1,0 +1,157 @@
+"""The step builder under vLLM V1's mechanics (``EngineConfig(vllm_engine="v1")``).
+
+The operations, their checks and their outcomes are ``StepBuilder``'s; what differs is how KV
+blocks are taken, as vLLM 0.32's ``KVCacheManager.allocate_slots`` takes them:
+
+- a prompt gets blocks for the tokens this step computes (chunk by chunk), not all at admission;
+- a running request takes exactly the blocks its new tokens need (no worst-case reserve), and
+  while they do not fit the policy is asked for victims;
+- full blocks are named in the prefix cache as they are allocated, so a prompt admitted later in
+  the same step already finds them;
+- a preemption recomputes (V1 has no CPU swap), and a victim scheduled earlier in the step gives
+  its tokens back to the budget;
+- a prompt of ``max_model_len`` tokens or more is ignored (V1 rejects it at the API: no room for
+  even one output token).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from kvsched.core.config import PreemptionMode
+from kvsched.core.decisions import Decision, Outcome
+from kvsched.core.outputs import ScheduledGroup
+from kvsched.core.sequence import SequenceStatus
+from kvsched.core.step_state import StepState
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from kvsched.core.plugins import PolicyHooks
+    from kvsched.core.scheduler import Scheduler
+    from kvsched.core.sequence import Sequence, SequenceGroup
+
+_RUNNING, _SWAPPED = SequenceStatus.RUNNING, SequenceStatus.SWAPPED
+
+
+class V1StepState(StepState):
+    """One step under V1's block rules (see the module docstring); a policy sees no other difference."""
+
+    __slots__ = ("caching",)
+
+    def __init__(self, scheduler: Scheduler, now: float, hooks: PolicyHooks) -> None:
+        super().__init__(scheduler, now, hooks)
+        self.prompt_limit = self.config.model_len - 1
+        self.caching = self.config.enable_prefix_caching
+
+    def admit(self, group, max_tokens: int | None) -> Outcome:
+        outcome = super().admit(group, max_tokens)
+        if outcome is Outcome.SCHEDULED:
+            entry = self.output.scheduled[-1]
+            self.output.block_ops.append((entry.group.request_id, entry.num_cached_tokens + entry.num_tokens))
+        if outcome is Outcome.SCHEDULED and self.caching:
+            seqs = entry.group.waiting_seqs()
+            if len(seqs) == 1:
+                self.bm.mark_computed(seqs[0], entry.num_cached_tokens + entry.num_tokens)
+            else:
+                for seq in seqs:
+                    self.bm.mark_computed(seq, seq.num_tokens)
+        return outcome
+
+    def _admitted_tokens(self, g: SequenceGroup, cached: dict[int, int], chunk: int) -> int | None:
+        seqs = g.waiting_seqs()
+        return cached[seqs[0].seq_id] + chunk if len(seqs) == 1 else None
+
+    def _run(self, g: SequenceGroup, max_tokens: int | None, op: str, room: bool = False) -> Outcome:
+        seqs = g.seqs
+        if len(seqs) == 1 and seqs[0].num_tokens - seqs[0].num_computed_tokens == 1:
+            return self._decode_one(g, seqs[0], room)
+        out, bm = self.output, self.bm
+        uncomputed = g.num_uncomputed_tokens
+        is_prefill = uncomputed > g.num_unfinished_seqs
+        chunk = self._chunk(g, uncomputed, max_tokens, op) if is_prefill else uncomputed
+        if out.num_batched_tokens + chunk > self.max_tokens:
+            return self._no_tokens(g, chunk, self.max_tokens - out.num_batched_tokens)
+        running = [s for s in seqs if s.status <= _SWAPPED]
+        if is_prefill:  # a chunk continues a single-sequence prompt
+            seq, target = running[0], running[0].num_computed_tokens + chunk
+            if self._make_room(g, lambda: bm.blocks_to_grow(seq, target)):
+                return Outcome.PREEMPTED
+            bm.grow(seq, target)
+            self._name(seq, target)
+            out.block_ops.append((g.request_id, target))
+        else:
+            if self._make_room(g, lambda: bm.blocks_to_append(g)):
+                return Outcome.PREEMPTED
+            for seq in running:
+                cow = bm.append_slots(seq)
+                if cow is not None:
+                    out.blocks_to_copy.append(cow)
+                self._name(seq, seq.num_tokens)
+            out.block_ops.append((g.request_id, max(s.num_tokens for s in running)))
+        self._record(g, chunk, is_prefill, sum(s.num_computed_tokens for s in running), 0, uncomputed - chunk)
+        return Outcome.SCHEDULED
+
+    def _decode_one(self, g: SequenceGroup, seq: Sequence, room: bool = False) -> Outcome:
+        out, bm = self.output, self.bm
+        if out.num_batched_tokens >= self.max_tokens:
+            return self._no_tokens(g, 1, self.max_tokens - out.num_batched_tokens)
+        if seq.num_tokens > len(bm.gpu_tables[seq.seq_id]) * bm.block_size:  # its last block is full
+            if self._make_room(g, lambda: 1):
+                return Outcome.PREEMPTED
+            bm.append_slots(seq)
+        self._name(seq, seq.num_tokens)
+        out.block_ops.append((g.request_id, seq.num_tokens))
+        out.scheduled.append(ScheduledGroup(g, 1, False))
+        out.num_batched_tokens += 1
+        out.decode_seqs += 1
+        out.kv_tokens_read += seq.num_computed_tokens
+        return Outcome.SCHEDULED
+
+    def _make_room(self, g: SequenceGroup, needed: Callable[[], int] | None = None) -> bool:
+        """Preempt until the blocks ``g`` needs now are free; True if ``g`` itself had to go."""
+        if needed is None:
+            needed = lambda: self.bm.blocks_to_append(g)  # noqa: E731
+        while needed() > self.bm.gpu.num_free:
+            victim, mode = self._choose_victim(g)
+            self._preempt(victim, mode, g)
+            if victim is g:
+                return True
+        return False
+
+    def _name(self, seq: Sequence, num_tokens: int) -> None:
+        if self.caching:
+            self.bm.mark_computed(seq, num_tokens)
+
+    def _accepts_victim(self, victim: SequenceGroup) -> bool:
+        """Any running group, even one scheduled earlier in this step (V1's priority rule picks those)."""
+        return victim.status is _RUNNING and self.touched.get(victim) in (None, "scheduled")
+
+    def _preemption_mode(self, g: SequenceGroup, mode: PreemptionMode | None) -> PreemptionMode:
+        return PreemptionMode.RECOMPUTE
+
+    def _preempt(self, g: SequenceGroup, mode: PreemptionMode | None, requester: SequenceGroup | None = None) -> PreemptionMode:
+        if self.touched.get(g) == "scheduled":
+            self._unschedule(g)
+        self.output.block_ops.append((g.request_id, None))
+        return super()._preempt(g, mode, requester)
+
+    def _unschedule(self, g: SequenceGroup) -> None:
+        """Take ``g`` out of the batch: its tokens and cost return, its copies are dropped (its blocks go next)."""
+        out = self.output
+        i = next(i for i, sg in enumerate(out.scheduled) if sg.group is g)
+        entry = out.scheduled.pop(i)
+        running = [s for s in g.seqs if s.status <= _SWAPPED]
+        out.num_batched_tokens -= entry.num_tokens
+        if entry.is_prefill:
+            out.prefill_tokens -= entry.num_tokens
+        else:
+            out.decode_seqs -= entry.num_tokens
+        out.kv_tokens_read -= sum(s.num_computed_tokens for s in running)
+        if entry.is_prefill:  # the decision log must not say it prefilled: its note goes with it
+            last = max(i for i, note in enumerate(out.decisions) if note[0] is Decision.PREFILL and note[1] == g.request_id)
+            del out.decisions[last]
+        held = {b for s in running for b in self.bm.gpu_tables.get(s.seq_id, ())}
+        out.blocks_to_copy[:] = [pair for pair in out.blocks_to_copy if pair[1] not in held]
+        del self.touched[g]
+

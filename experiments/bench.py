@@ -1,0 +1,134 @@
+"""A workload replayed against a live OpenAI-compatible server over HTTP, timed from the client (``engine bench``).
+
+Each request is sent at its arrival time (relative to the start) as a streaming completion with
+the official ``openai`` client: its prompt as token ids (the workloads give lengths, so each
+request gets ids of its own, and no two prompts share a prefix by accident), ``max_tokens`` its
+output length and ``ignore_eos`` so that it generates exactly that many, as ``vllm bench serve
+--ignore-eos`` does. The client measures what a user sees: time to the first token, the gaps
+between tokens (ITL), time per output token after the first (TPOT) and end to end. The records
+are ``RequestMetrics``, the simulation's schema; what only a scheduler knows (when it was first
+scheduled, preemptions) stays empty.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvsched.core.request import Request
+from kvsched.metrics.requests import RequestMetrics
+
+VOCAB_START, VOCAB_SPAN = 1000, 30000  # token ids sent for length-only prompts: ordinary words in most vocabularies
+
+
+@dataclass
+class Sent:
+    """One request as the client saw it (seconds from the start of the run)."""
+
+    request: Request
+    sent: float = 0.0
+    token_times: list[float] = field(default_factory=list)
+    finished: float | None = None
+    output_tokens: int = 0
+    finish_reason: str | None = None
+    error: str | None = None
+
+    def metrics(self) -> RequestMetrics:
+        r, times = self.request, self.token_times
+        done = self.error is None and self.finished is not None
+        first = times[0] if times else None
+        tpot = (self.finished - first) / (self.output_tokens - 1) if done and first is not None and self.output_tokens > 1 else None
+        status = "FINISHED_ABORTED" if not done else ("FINISHED_STOPPED" if self.finish_reason == "stop" else "FINISHED_LENGTH_CAPPED")
+        return RequestMetrics(
+            request_id=r.request_id, status=status, finish_reason="abort" if not done else self.finish_reason,
+            detail=self.error, priority=r.priority, tenant=r.tenant, n=r.sampling.n, prompt_tokens=r.prompt_len,
+            output_tokens=self.output_tokens, arrival_time=self.sent, first_scheduled_time=None,
+            first_token_time=first, finish_time=self.finished, queueing_time=None,
+            ttft=None if first is None else first - self.sent, tpot=tpot,
+            e2e=self.finished - self.sent if done else None, preemptions_recompute=0, preemptions_swap=0,
+        )
+
+    @property
+    def itls(self) -> list[float]:
+        t = self.token_times
+        return [b - a for a, b in zip(t, t[1:])]
+
+
+def prompt_of(request: Request) -> list[int]:
+    """The request's token ids, or ids of its own for a prompt given only by length."""
+    if request.prompt_token_ids:
+        return list(request.prompt_token_ids)
+    seed = zlib.crc32(request.request_id.encode()) % VOCAB_SPAN  # the same ids in every run
+    return [VOCAB_START + (seed + 7919 * k) % VOCAB_SPAN for k in range(request.prompt_len)]
+
+
+async def _send(client: Any, model: str, item: Sent, start: float) -> None:
+    r = item.request
+    extra: dict[str, Any] = {"ignore_eos": True}
+    if r.priority:
+        extra["priority"] = r.priority
+    if r.tenant != "default":
+        extra["vllm_xargs"] = {"tenant": r.tenant}
+    max_tokens = r.output_len or r.sampling.max_tokens
+    item.sent = time.perf_counter() - start
+    try:
+        stream = await client.completions.create(
+            model=model, prompt=prompt_of(r), max_tokens=max_tokens, temperature=r.sampling.temperature,
+            stream=True, stream_options={"include_usage": True}, extra_body=extra,
+        )
+        async for chunk in stream:
+            now = time.perf_counter() - start
+            for choice in chunk.choices:
+                if choice.text:
+                    item.token_times.append(now)
+                if choice.finish_reason:
+                    item.finish_reason = choice.finish_reason
+            if chunk.usage is not None:
+                item.output_tokens = chunk.usage.completion_tokens
+        item.finished = time.perf_counter() - start
+        item.output_tokens = item.output_tokens or len(item.token_times)
+    except Exception as exc:  # a request the server failed is a result, not a crash of the benchmark
+        item.error = f"{type(exc).__name__}: {exc}"[:300]
+
+
+async def _replay(url: str, model: str, requests: list[Request], api_key: str, on_done: Callable[[Sent], None] | None) -> list[Sent]:
+    from openai import AsyncOpenAI
+
+    client = AsyncOpenAI(base_url=url, api_key=api_key, max_retries=0, timeout=3600)
+    items = [Sent(r) for r in sorted(requests, key=lambda r: r.arrival_time)]
+    start = time.perf_counter()
+
+    async def one(item: Sent) -> None:
+        delay = item.request.arrival_time - (time.perf_counter() - start)
+        if delay > 0:
+            await asyncio.sleep(delay)
+        await _send(client, model, item, start)
+        if on_done is not None:
+            on_done(item)
+
+    try:
+        await asyncio.gather(*(one(item) for item in items))
+    finally:
+        await client.close()
+    return items
+
+
+def replay(url: str, model: str, requests: list[Request], api_key: str = "EMPTY",
+           on_done: Callable[[Sent], None] | None = None) -> list[Sent]:
+    """Send every request at its arrival time to the server at ``url`` (``.../v1``); the records, in arrival order."""
+    return asyncio.run(_replay(url, model, requests, api_key, on_done))
+
+
+def served_model(url: str, api_key: str = "EMPTY") -> str:
+    """The first model the server lists (what ``--model`` defaults to)."""
+    from openai import OpenAI
+
+    with OpenAI(base_url=url, api_key=api_key, max_retries=0, timeout=30) as client:
+        models = client.models.list().data
+    if not models:
+        raise ValueError(f"the server at {url} lists no model")
+    return models[0].id

@@ -1,0 +1,1 @@
+"""Where kvsched policies run inside other serving engines (vLLM's scheduler seam)."""

@@ -1,0 +1,6 @@
+"""kvsched policies inside vLLM V1: ``--scheduler-cls kvsched.integrations.vllm.scheduler.KvschedScheduler``.
+
+Importing this package needs vLLM (``pip install 'kvsched[vllm]'``); nothing else in kvsched does.
+"""
+
+SCHEDULER_CLS = "kvsched.integrations.vllm.scheduler.KvschedScheduler"

