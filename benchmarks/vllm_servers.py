@@ -58,8 +58,20 @@ def stop(proc: subprocess.Popen) -> None:
         proc.wait(timeout=120)
 
 
-def bench(port: int, label: str, workload: Path, out: Path) -> dict:
-    """``engine bench`` against the server; its summary."""
+def warm_up(port: int, requests: int = 3) -> None:
+    """A few short completions first: a server's first forward passes are slower than the rest."""
+    from openai import OpenAI
+
+    with OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none") as client:
+        for _ in range(requests):
+            client.completions.create(model="smollm2-135m", prompt=[1000 + k for k in range(64)], max_tokens=16,
+                                      extra_body={"ignore_eos": True})
+
+
+def bench(port: int, label: str, workload: Path, out: Path, warm: bool = True) -> dict:
+    """``engine bench`` against the server (after a warm-up, unless ``warm`` is False); its summary."""
+    if warm:
+        warm_up(port)
     subprocess.run([str(ENGINE), "bench", "--url", f"http://127.0.0.1:{port}/v1", "--workload", str(workload),
                     "--output", str(out), "-q", "--label", label], check=True, stdout=subprocess.DEVNULL)
     return json.loads((out / "summary.json").read_text())

@@ -69,12 +69,9 @@ def compare(folders: FoldersArg = None, policy: PoliciesOpt = None, policy_opt: 
             profile: Annotated[str, typer.Option(help="simulator cost profile")] = "llama2-7b-a100",
             plot: PlotPathOpt = None) -> None:
     """Run the same workloads (same seeds) under each --policy; print each metric's mean and 95% confidence interval side by side."""
-    from rich.table import Table
-
-    from kvsched.cli.common import build_config, console, fail, parse_pairs
-    from kvsched.experiments.compare import distinct_workloads, run_policies, split_options, table_rows
-    from kvsched.reporting.comparisons import plot_cdfs
-    from kvsched.reporting.destination import check_file, publishing_file
+    from kvsched.cli.common import build_config, fail, parse_pairs
+    from kvsched.experiments.compare import distinct_workloads, run_policies, split_options
+    from kvsched.reporting.destination import check_file
     from kvsched.core.plugins import load_policy
     from kvsched.workloads import build_workload
 
@@ -97,6 +94,31 @@ def compare(folders: FoldersArg = None, policy: PoliciesOpt = None, policy_opt: 
         f"seed {seed}" + (" (the workload does not depend on its seed: one run)" if seeds > 1 else ""))
     several = len(loads) > 1
     title = f"{name} · {first['num_requests']} requests · {seeded}{', mean ± 95% CI' if several else ''} · profile {profile}"
+    pooled = f"{name} · {first['num_requests']} requests · {seeded}{', pooled' if several else ''} · profile {profile}"
+    show(runs, title, plot, pooled)
+
+
+def compare_folders(folders: list[Path], plot: Path | None) -> None:
+    """``engine compare DIR DIR ...``: finished runs, simulated or measured, side by side."""
+    from kvsched.reporting.destination import check_file
+    from kvsched.reporting.files import read_compared
+
+    if plot is not None:
+        check_file(plot, "--plot")
+    runs = [read_compared(folder) for folder in folders]
+    title = "result folders side by side: " + " · ".join(f"{r.policy}: {r.summaries[0].get('profile')}" for r in runs)
+    show(runs, title, plot, " vs ".join(r.policy for r in runs))
+
+
+def show(runs: list, title: str, plot: Path | None, plot_title: str) -> None:
+    """The comparison table of ``runs`` (one column each), and their CDFs at ``plot``."""
+    from rich.table import Table
+
+    from kvsched.cli.common import console
+    from kvsched.experiments.compare import table_rows
+    from kvsched.reporting.comparisons import plot_cdfs
+    from kvsched.reporting.destination import publishing_file
+
     table = Table(title=title)
     table.add_column("metric")
     for run in runs:
@@ -105,35 +127,8 @@ def compare(folders: FoldersArg = None, policy: PoliciesOpt = None, policy_opt: 
         table.add_row(*row)
     console.print(table)
     if plot is not None:
-        pooled = f"{name} · {first['num_requests']} requests · {seeded}{', pooled' if several else ''} · profile {profile}"
         with publishing_file(plot) as temp:
-            plot_cdfs(runs, temp, pooled)
-        console.print(f"wrote {plot}", highlight=False)
-
-
-def compare_folders(folders: list[Path], plot: Path | None) -> None:
-    """``engine compare DIR DIR ...``: finished runs, simulated or measured, side by side."""
-    from rich.table import Table
-
-    from kvsched.cli.common import console
-    from kvsched.experiments.compare import table_rows
-    from kvsched.reporting.comparisons import plot_cdfs
-    from kvsched.reporting.destination import check_file, publishing_file
-    from kvsched.reporting.files import read_compared
-
-    if plot is not None:
-        check_file(plot, "--plot")
-    runs = [read_compared(folder) for folder in folders]
-    table = Table(title="result folders side by side: " + " · ".join(f"{r.policy}: {r.summaries[0].get('profile')}" for r in runs))
-    table.add_column("metric")
-    for run in runs:
-        table.add_column(run.policy, justify="right")
-    for row in table_rows(runs):
-        table.add_row(*row)
-    console.print(table)
-    if plot is not None:
-        with publishing_file(plot) as temp:
-            plot_cdfs(runs, temp, " vs ".join(r.policy for r in runs))
+            plot_cdfs(runs, temp, plot_title)
         console.print(f"wrote {plot}", highlight=False)
 
 

@@ -30,7 +30,6 @@ def run_command(policy, policy_opt, overrides, seed, num_requests, rate, output,
                 slo_ttft=None, slo_tpot=None, plot=False, decision_log=True, trace_out=None) -> dict:
     """``engine run``: build the workload, simulate with a progress bar, print the table, write the files."""
     import os
-    import tempfile
 
     from kvsched.cli.common import build_config, check_finite, console, fail, parse_pairs, progress_bar, summary_table
     from kvsched.executors.profiles import resolve_profile

@@ -6,7 +6,6 @@ import importlib
 import importlib.util
 import inspect
 import os
-import sys
 import sysconfig
 import traceback
 from dataclasses import dataclass

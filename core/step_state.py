@@ -216,15 +216,25 @@ class StepState(DecisionNotes):
         if out.num_batched_tokens + chunk > self.max_tokens:
             return self._no_tokens(g, chunk, self.max_tokens - out.num_batched_tokens)
         running = [s for s in seqs if s.status <= _SWAPPED]
-        if not is_prefill:
-            if not room and self._make_room(g):
-                return Outcome.PREEMPTED
-            for seq in running:
-                cow = self.bm.append_slots(seq)
-                if cow is not None:
-                    out.blocks_to_copy.append(cow)
+        if self._take_blocks(g, running, chunk if is_prefill else 0, room):
+            return Outcome.PREEMPTED
         self._record(g, chunk, is_prefill, sum(s.num_computed_tokens for s in running), 0, uncomputed - chunk)
         return Outcome.SCHEDULED
+
+    def _take_blocks(self, g: SequenceGroup, running: list[Sequence], chunk: int, room: bool) -> bool:
+        """Give ``g``'s running sequences the blocks this step's tokens need (``chunk``: a prefill
+        chunk's tokens, 0 for a decode); True if ``g`` itself was preempted for want of them. Under
+        vLLM v0 a chunk has its blocks already (a prompt gets all at admission) and a decode makes
+        worst-case room first, unless ``room`` says its blocks are known to fit."""
+        if chunk:
+            return False
+        if not room and self._make_room(g):
+            return True
+        for seq in running:
+            cow = self.bm.append_slots(seq)
+            if cow is not None:
+                self.output.blocks_to_copy.append(cow)
+        return False
 
     def _decode_one(self, g: SequenceGroup, seq: Sequence, room: bool = False) -> Outcome:
         """``_run`` for the commonest case, one sequence decoding one token (once per running request per step)."""

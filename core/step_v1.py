@@ -62,35 +62,25 @@ class V1StepState(StepState):
         seqs = g.waiting_seqs()
         return cached[seqs[0].seq_id] + chunk if len(seqs) == 1 else None
 
-    def _run(self, g: SequenceGroup, max_tokens: int | None, op: str, room: bool = False) -> Outcome:
-        seqs = g.seqs
-        if len(seqs) == 1 and seqs[0].num_tokens - seqs[0].num_computed_tokens == 1:
-            return self._decode_one(g, seqs[0], room)
-        out, bm = self.output, self.bm
-        uncomputed = g.num_uncomputed_tokens
-        is_prefill = uncomputed > g.num_unfinished_seqs
-        chunk = self._chunk(g, uncomputed, max_tokens, op) if is_prefill else uncomputed
-        if out.num_batched_tokens + chunk > self.max_tokens:
-            return self._no_tokens(g, chunk, self.max_tokens - out.num_batched_tokens)
-        running = [s for s in seqs if s.status <= _SWAPPED]
-        if is_prefill:  # a chunk continues a single-sequence prompt
+    def _take_blocks(self, g: SequenceGroup, running: list[Sequence], chunk: int, room: bool) -> bool:
+        bm = self.bm
+        if chunk:  # a chunk continues a single-sequence prompt: its blocks grow to hold it
             seq, target = running[0], running[0].num_computed_tokens + chunk
             if self._make_room(g, lambda: bm.blocks_to_grow(seq, target)):
-                return Outcome.PREEMPTED
+                return True
             bm.grow(seq, target)
             self._name(seq, target)
-            out.block_ops.append((g.request_id, target))
-        else:
-            if self._make_room(g, lambda: bm.blocks_to_append(g)):
-                return Outcome.PREEMPTED
-            for seq in running:
-                cow = bm.append_slots(seq)
-                if cow is not None:
-                    out.blocks_to_copy.append(cow)
-                self._name(seq, seq.num_tokens)
-            out.block_ops.append((g.request_id, max(s.num_tokens for s in running)))
-        self._record(g, chunk, is_prefill, sum(s.num_computed_tokens for s in running), 0, uncomputed - chunk)
-        return Outcome.SCHEDULED
+            self.output.block_ops.append((g.request_id, target))
+            return False
+        if self._make_room(g, lambda: bm.blocks_to_append(g)):
+            return True
+        for seq in running:
+            cow = bm.append_slots(seq)
+            if cow is not None:
+                self.output.blocks_to_copy.append(cow)
+            self._name(seq, seq.num_tokens)
+        self.output.block_ops.append((g.request_id, max(s.num_tokens for s in running)))
+        return False
 
     def _decode_one(self, g: SequenceGroup, seq: Sequence, room: bool = False) -> Outcome:
         out, bm = self.output, self.bm

@@ -76,10 +76,10 @@ def run_policies(policies: list[str], workloads: list, config: EngineConfig, pro
 def table_rows(runs: list[PolicyRun]) -> list[list[str]]:
     """One row per metric; the first column is the label, then one cell per policy (mean ± 95% CI over seeds)."""
     rows = []
-    for label, key, field, scale, fmt in ROWS:
+    for label, key, part, scale, fmt in ROWS:
         cells = [label]
         for run in runs:
-            values = [metric(s, key, field) for s in run.summaries]
+            values = [metric(s, key, part) for s in run.summaries]
             if any(v is None for v in values):
                 cells.append("-")
                 continue
