@@ -25,8 +25,8 @@ PolicyOpt = Annotated[str, typer.Option("--policy", "-p", help="policy name (see
 PolicyOptions = Annotated[Optional[list[str]], typer.Option("--policy-opt", help="policy constructor option KEY=VALUE (repeatable)")]
 SetOpt = Annotated[Optional[list[str]], typer.Option("--set", "-s", help="engine config override KEY=VALUE (repeatable), e.g. delay_factor=0.5")]
 SeedOpt = Annotated[int, typer.Option(help="workload seed")]
-NumOpt = Annotated[Optional[int], typer.Option("--num-requests", "-n", help="requests in the synthetic workload")]
-RateOpt = Annotated[Optional[float], typer.Option(help="mean arrival rate, requests/s")]
+NumOpt = Annotated[Optional[int], typer.Option("--num-requests", "-n", help="requests of the default or synthetic workload, or the first N of a trace")]
+RateOpt = Annotated[Optional[float], typer.Option(help="mean arrival rate, requests/s (Poisson; on a trace it replaces the recorded arrival times)")]
 OutputOpt = Annotated[Optional[Path], typer.Option("--output", "-o", help="results folder: summary.json, requests.csv/.parquet, timeseries.parquet")]
 ProfileOpt = Annotated[str, typer.Option(help="simulator cost profile")]
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="no progress bar")]
@@ -99,10 +99,15 @@ def parse_pairs(pairs: list[str] | None, what: str) -> dict[str, Any]:
     return out
 
 
-def build_config(overrides: list[str] | None):
+def build_config(overrides: list[str] | None, option: str = "--set"):
+    """The ``EngineConfig`` of ``KEY=VALUE`` settings; what they leave unset is not marked as set
+    (``SimJob`` fills it from the profile)."""
     from kvsched.core.config import EngineConfig
+    from kvsched.experiments.settings import check_names
 
-    return EngineConfig.model_validate(parse_pairs(overrides, "--set"))
+    pairs = parse_pairs(overrides, option)
+    check_names(pairs, option)
+    return EngineConfig.model_validate(pairs)
 
 
 def progress_bar(quiet: bool, doing: str = "simulating", counting: str = "requests") -> Progress:
@@ -110,6 +115,17 @@ def progress_bar(quiet: bool, doing: str = "simulating", counting: str = "reques
         TextColumn(f"[bold]{doing}"), BarColumn(), MofNCompleteColumn(), TextColumn(counting),
         TimeElapsedColumn(), console=err_console, disable=quiet,
     )
+
+
+def print_summary(summary: dict) -> None:
+    """The summary table, the SLO goodput when a target was given, then the run's warnings."""
+    console.print(summary_table(summary))
+    slo = summary.get("slo")
+    if slo:
+        console.print(f"SLO goodput: {slo['goodput_requests_per_s']:.3f} req/s ({100 * slo['slo_attainment']:.1f}% of requests)")
+    for warning in summary.get("warnings") or ():
+        console.print(f"[bold yellow]warning:[/] {warning['count']:,} of {summary['num_requests']:,} requests {escape(warning['reason'])}",
+                      highlight=False, soft_wrap=True)
 
 
 def summary_table(summary: dict) -> Table:

@@ -31,7 +31,7 @@ def run_command(policy, policy_opt, overrides, seed, num_requests, rate, output,
     """``engine run``: build the workload, simulate with a progress bar, print the table, write the files."""
     import os
 
-    from kvsched.cli.common import build_config, check_finite, console, fail, parse_pairs, progress_bar, summary_table
+    from kvsched.cli.common import build_config, check_finite, console, fail, parse_pairs, print_summary, progress_bar
     from kvsched.executors.profiles import resolve_profile
     from kvsched.core.plugins import load_policy
     from kvsched.experiments.simulation import SimJob
@@ -73,10 +73,7 @@ def run_command(policy, policy_opt, overrides, seed, num_requests, rate, output,
                 from kvsched.reporting.destination import OutputError
 
                 raise OutputError(f"cannot write results to {output or scratch.name}: {os.strerror(exc.errno) if exc.errno else exc}") from None
-        console.print(summary_table(outcome.summary))
-        slo = outcome.summary["slo"]
-        if slo_ttft is not None or slo_tpot is not None:
-            console.print(f"SLO goodput: {slo['goodput_requests_per_s']:.3f} req/s ({100 * slo['slo_attainment']:.1f}% of requests)")
+        print_summary(outcome.summary)
         console.print(f"simulated {outcome.num_requests} requests in {outcome.simulate_s:.2f} s wall "
                       f"({outcome.num_requests / max(outcome.simulate_s, 1e-9):,.0f} req/s, "
                       f"{outcome.summary['duration_s'] / max(outcome.simulate_s, 1e-9):,.0f}× real time)", highlight=False)

@@ -12,6 +12,15 @@ from kvsched.cli.simulate import (
 )
 
 
+def sweep_warnings(rows: list[dict]) -> list[str]:
+    """Each distinct warning of the sweep's points once, with the points it applies to."""
+    where: dict[str, list[str]] = {}
+    for row in rows:
+        for warning in filter(None, row["warnings"].split("; ")):
+            where.setdefault(warning, []).append(row["label"])
+    return [f"{'every configuration' if len(labels) == len(rows) > 1 else ', '.join(labels)}: {warning}" for warning, labels in where.items()]
+
+
 def sweep(
     policy: Annotated[list[str], typer.Option("--policy", "-p", help="policy to include (repeatable)")] = ["vllm-default"],
     set_: Annotated[Optional[list[str]], typer.Option("--set", "-s", help="KEY=V1,V2,... engine setting to sweep (repeatable)")] = None,
@@ -34,11 +43,13 @@ def sweep(
 ) -> None:
     """Run every policy × setting combination and compare them in one table and a trade-off plot."""
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     from kvsched.cli.common import check_finite, console, parse_pairs, progress_bar
     from kvsched.executors.profiles import resolve_profile
     from kvsched.core.plugins import load_policy
+    from kvsched.experiments.settings import check_names
     from kvsched.experiments.sweep import SweepSpec, grid_points, parse_grid, run_sweep
     from kvsched.reporting.destination import SWEEP_FILES, check_folder
     from kvsched.reporting.files import write_sweep
@@ -54,12 +65,13 @@ def sweep(
               start_offset=start_offset, arrival=arrival, cv=cv, seed=seed)
     build_workload(**wl).describe()  # bad workload options fail here, once, not in every worker
     base = parse_pairs(fixed, "--fix")
+    check_names(base, "--fix")
     both = sorted(set(base) & set(grid))
     if both:
         raise ValueError(f"{', '.join(both)}: both swept (--set) and fixed (--fix); give each setting once")
     spec = SweepSpec(wl, base, profile, slo_ttft, slo_tpot)
     points = grid_points(list(dict.fromkeys(policy)), grid)
-    with progress_bar(quiet) as bar:
+    with progress_bar(quiet, "sweeping", "configurations") as bar:
         task = bar.add_task("sweep", total=len(points))
         rows = run_sweep(spec, points, workers, on_done=lambda _row: bar.advance(task))
     table = Table(title=f"sweep · {len(points)} configurations · profile {profile}")
@@ -78,5 +90,7 @@ def sweep(
             cells.append(f"{v:.3g}" if isinstance(v, float) else str(v))
         table.add_row(*cells)
     (console if console.is_terminal else Console(width=160)).print(table)  # a piped table needs more than 80 columns
+    for line in sweep_warnings(rows):
+        console.print(f"[bold yellow]warning:[/] {escape(line)}", highlight=False, soft_wrap=True)
     for path in write_sweep(rows, output):
         console.print(f"wrote {path}", highlight=False)
