@@ -7,6 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
+from kvsched.cli.common import NumOpt, ProfileOpt, QuietOpt, RateOpt, SeedOpt
 from kvsched.cli.simulate import (
     ArrivalOpt, CvOpt, RateScaleOpt, SloTpotOpt, SloTtftOpt, StartOffsetOpt, TraceOpt, WorkloadOpt,
 )
@@ -27,19 +28,19 @@ def sweep(
     fixed: Annotated[Optional[list[str]], typer.Option("--fix", help="KEY=VALUE engine setting held fixed (repeatable)")] = None,
     workload: WorkloadOpt = None,
     trace: TraceOpt = None,
-    num_requests: Annotated[Optional[int], typer.Option("--num-requests", "-n", help="requests (synthetic) or cap (traces)")] = None,
-    rate: Annotated[Optional[float], typer.Option(help="arrival rate for synthetic arrivals, req/s")] = None,
+    num_requests: NumOpt = None,
+    rate: RateOpt = None,
     rate_scale: RateScaleOpt = 1.0,
     start_offset: StartOffsetOpt = 0.0,
     arrival: ArrivalOpt = None,
     cv: CvOpt = 1.0,
-    seed: Annotated[int, typer.Option(help="workload seed")] = 0,
-    profile: Annotated[str, typer.Option(help="simulator cost profile (name or .json)")] = "llama2-7b-a100",
+    seed: SeedOpt = 0,
+    profile: ProfileOpt = "llama2-7b-a100",
     slo_ttft: SloTtftOpt = None,
     slo_tpot: SloTpotOpt = None,
     workers: Annotated[Optional[int], typer.Option("--workers", "-j", min=1, help="parallel processes (default: CPUs)")] = None,
     output: Annotated[Path, typer.Option("--output", "-o", help="folder for sweep.csv, sweep.parquet, tradeoff.png")] = Path("sweep-out"),
-    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no progress bar")] = False,
+    quiet: QuietOpt = False,
 ) -> None:
     """Run every policy × setting combination and compare them in one table and a trade-off plot."""
     from rich.console import Console

@@ -7,6 +7,7 @@ as a win. A workload that does not depend on its seed (a trace replay) runs once
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -56,8 +57,8 @@ def distinct_workloads(workloads: list) -> list:
 
 
 def run_policies(policies: list[str], workloads: list, config: EngineConfig, profile: str,
-                 options: dict[str, dict[str, Any]] | None = None) -> list[PolicyRun]:
-    """Simulate each of ``workloads`` (one per seed, the same for every policy) once per policy."""
+                 options: dict[str, dict[str, Any]] | None = None, on_done: Callable[[], None] | None = None) -> list[PolicyRun]:
+    """Simulate each of ``workloads`` (one per seed, the same for every policy) once per policy; ``on_done`` after each."""
     from kvsched.experiments.simulation import SimJob
 
     runs = []
@@ -69,6 +70,8 @@ def run_policies(policies: list[str], workloads: list, config: EngineConfig, pro
             done = [r for r in outcome.result.requests if r.ttft is not None]
             run.ttft += [r.ttft for r in done]
             run.tpot += [r.tpot for r in done if r.tpot is not None]
+            if on_done is not None:
+                on_done()
         runs.append(run)
     return runs
 
