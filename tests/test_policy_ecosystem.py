@@ -60,9 +60,9 @@ def test_engine_check_unknown_policy_is_one_line():
 
 
 def test_engine_compare_prints_side_by_side_and_plots(tmp_path):
-    png = tmp_path / "cdf.png"
+    png = tmp_path / "comparison_cdf.png"
     proc = engine("compare", "--policy", "fcfs", "--policy", "sjf", "--policy", "priority-vip", "-n", "80",
-                  "--policy-opt", "sjf.predictor=bucketed", "--plot", png)
+                  "--policy-opt", "sjf.predictor=bucketed", "--output", tmp_path, "--plot")
     assert proc.returncode == 0, proc.stderr
     header = next(line for line in proc.stdout.splitlines() if "metric" in line)
     assert "fcfs" in header and "sjf" in header and "priority-vip" in header
