@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvsched.core.config import EngineConfig
+from kvsched.core.plugins import load_policy, policy_name
 from kvsched.metrics.confidence import mean_interval
 
 # (label, summary key, field, scale, format): the rows of the comparison table
@@ -63,7 +64,7 @@ def run_policies(policies: list[str], workloads: list, config: EngineConfig, pro
 
     runs = []
     for name in policies:
-        run = PolicyRun(name)
+        run = PolicyRun(policy_name(name, load_policy(name)))  # a policy file is shown by its class's name, as engine run shows it
         for workload in workloads:
             outcome = SimJob(workload, name, config, profile, (options or {}).get(name), record_timeseries=False).run()
             run.summaries.append(outcome.summary)
