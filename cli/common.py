@@ -5,7 +5,10 @@ from __future__ import annotations
 import functools
 import math
 import os
+import time
 import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
@@ -13,7 +16,7 @@ import typer
 from pydantic import ValidationError
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from kvsched.core.errors import KvschedError, quote, shorten
@@ -21,16 +24,22 @@ from kvsched.core.errors import KvschedError, quote, shorten
 console = Console()
 err_console = Console(stderr=True)
 
-PolicyOpt = Annotated[str, typer.Option("--policy", "-p", help="policy name (see `engine policies`)")]
+def flag(*names: str, help: str, **options):
+    """A boolean option that is a flag, given or not: shown without a value (``--quiet``, not
+    ``--quiet <bool>``), as it takes none."""
+    return typer.Option(*names, help=help, metavar="", **options)
+
+
+PolicyOpt = Annotated[str, typer.Option("--policy", "-p", help="policy name (see `engine policies`), or path/to/file.py:Class")]
 PolicyOptions = Annotated[Optional[list[str]], typer.Option("--policy-opt", help="policy constructor option KEY=VALUE (repeatable)")]
 SetOpt = Annotated[Optional[list[str]], typer.Option("--set", "-s", help="engine config override KEY=VALUE (repeatable), e.g. delay_factor=0.5")]
 SeedOpt = Annotated[int, typer.Option(help="workload seed")]
-NumOpt = Annotated[Optional[int], typer.Option("--num-requests", "-n", help="requests in the synthetic workload")]
-RateOpt = Annotated[Optional[float], typer.Option(help="mean arrival rate, requests/s")]
+NumOpt = Annotated[Optional[int], typer.Option("--num-requests", "-n", help="requests of the default or synthetic workload, or the first N of a trace")]
+RateOpt = Annotated[Optional[float], typer.Option(help="mean arrival rate, requests/s (Poisson; on a trace it replaces the recorded arrival times)")]
 OutputOpt = Annotated[Optional[Path], typer.Option("--output", "-o", help="results folder: summary.json, requests.csv/.parquet, timeseries.parquet")]
-ProfileOpt = Annotated[str, typer.Option(help="simulator cost profile")]
-QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="no progress bar")]
-DebugOpt = Annotated[bool, typer.Option("--debug", envvar="KVSCHED_DEBUG", help="show the whole traceback of an error (anywhere on the line; or KVSCHED_DEBUG=1)")]
+ProfileOpt = Annotated[str, typer.Option(help="simulator cost profile: a name, or a .json file from engine calibrate")]
+QuietOpt = Annotated[bool, flag("--quiet", "-q", help="no progress (bars and status lines on stderr); results, warnings and errors still print")]
+DebugOpt = Annotated[bool, flag("--debug", envvar="KVSCHED_DEBUG", help="show the whole traceback of an error (anywhere on the line; or KVSCHED_DEBUG=1)")]
 
 
 def fail(message: str, code: int = 2) -> None:
@@ -99,10 +108,66 @@ def parse_pairs(pairs: list[str] | None, what: str) -> dict[str, Any]:
     return out
 
 
-def build_config(overrides: list[str] | None):
-    from kvsched.core.config import EngineConfig
+def policy_options(spec: str, pairs: list[str] | dict[str, str] | None, prefix: str = "") -> dict[str, Any]:
+    """``KEY=VALUE`` options for the policy ``spec`` (loaded: an unknown policy fails here), each
+    checked against its constructor: an option it does not take, or a value its annotation refuses,
+    is named (as ``--policy-opt PREFIX KEY=VALUE``; compare's prefix is ``POLICY.``)."""
+    import inspect
+    import typing
 
-    return EngineConfig.model_validate(parse_pairs(overrides, "--set"))
+    from pydantic import TypeAdapter
+
+    from kvsched.core.plugins import load_policy, policy_name
+
+    policy = load_policy(spec)
+    name = policy_name(spec, policy)
+    options = pairs if isinstance(pairs, dict) else parse_pairs(pairs, "--policy-opt")
+    if not options or not inspect.isclass(policy):
+        return options  # a policy that is not a class takes no options: instantiate says so
+    params = inspect.signature(policy).parameters
+    try:
+        hints = typing.get_type_hints(policy.__init__)
+    except Exception:  # an annotation that does not resolve: the constructor checks what it gets
+        hints = {}
+    for key, value in options.items():
+        if key not in params and not any(p.kind is p.VAR_KEYWORD for p in params.values()):
+            raise ValueError(f"--policy-opt {prefix}{key}={value}: policy {name} has no option {key!r}; "
+                             f"its options: {', '.join(params) or 'none'}")
+        if key in hints:
+            try:
+                TypeAdapter(hints[key]).validate_python(value)
+            except ValidationError as exc:
+                raise ValueError(f"--policy-opt {prefix}{key}={value}: {exc.errors()[0]['msg']} "
+                                 f"(policy {name}'s option {key} is {_type_name(hints[key])})") from None
+    return options
+
+
+def _type_name(hint: Any) -> str:
+    return getattr(hint, "__name__", None) or str(hint).replace("typing.", "")
+
+
+def build_config(overrides: list[str] | None, option: str = "--set"):
+    """The ``EngineConfig`` of ``KEY=VALUE`` settings; what they leave unset is not marked as set
+    (``SimJob`` fills it from the profile)."""
+    from kvsched.core.config import EngineConfig
+    from kvsched.experiments.settings import check_names
+
+    pairs = parse_pairs(overrides, option)
+    check_names(pairs, option)
+    return EngineConfig.model_validate(pairs)
+
+
+@contextmanager
+def working(quiet: bool, doing: str) -> Iterator[None]:
+    """``doing`` with a spinner and the time so far (on a terminal), then one line saying how long it
+    took; nothing with ``quiet``. For a step with no count to show, such as loading a model."""
+    if quiet:
+        yield
+        return
+    start = time.perf_counter()
+    with Progress(SpinnerColumn(), TextColumn(f"[bold]{escape(doing)}"), TimeElapsedColumn(), console=err_console, transient=True):
+        yield
+    err_console.print(f"{doing}: {time.perf_counter() - start:.1f} s", highlight=False)
 
 
 def progress_bar(quiet: bool, doing: str = "simulating", counting: str = "requests") -> Progress:
@@ -110,6 +175,17 @@ def progress_bar(quiet: bool, doing: str = "simulating", counting: str = "reques
         TextColumn(f"[bold]{doing}"), BarColumn(), MofNCompleteColumn(), TextColumn(counting),
         TimeElapsedColumn(), console=err_console, disable=quiet,
     )
+
+
+def print_summary(summary: dict) -> None:
+    """The summary table, the SLO goodput when a target was given, then the run's warnings."""
+    console.print(summary_table(summary))
+    slo = summary.get("slo")
+    if slo:
+        console.print(f"SLO goodput: {slo['goodput_requests_per_s']:.3f} req/s ({100 * slo['slo_attainment']:.1f}% of requests)")
+    for warning in summary.get("warnings") or ():
+        console.print(f"[bold yellow]warning:[/] {warning['count']:,} of {summary['num_requests']:,} requests {escape(warning['reason'])}",
+                      highlight=False, soft_wrap=True)
 
 
 def summary_table(summary: dict) -> Table:

@@ -10,21 +10,26 @@ from typing import Annotated, Optional
 
 import typer
 
+from kvsched.cli.common import NumOpt, ProfileOpt, QuietOpt, RateOpt, flag
+
 PoliciesOpt = Annotated[Optional[list[str]], typer.Option("--policy", "-p", help="policy to compare (repeatable, at least two)")]
 FoldersArg = Annotated[Optional[list[Path]], typer.Argument(help="result folders (engine run or engine bench --output) to put side by side, instead of --policy")]
 CheckPolicyOpt = Annotated[str, typer.Option("--policy", "-p", help="installed policy name, or file.py:Attr / module:Attr")]
 ExamplesOpt = Annotated[int, typer.Option("--examples", min=1, help="Hypothesis examples for the state machine")]
 StepsOpt = Annotated[int, typer.Option("--steps", min=1, help="rules per state-machine example")]
-PlotPathOpt = Annotated[Optional[Path], typer.Option("--plot", help="write TTFT/TPOT CDFs per policy to this PNG")]
+StarvationOpt = Annotated[int, typer.Option(min=1, help="Hypothesis examples for the starvation check (an overload scenario each)")]
+CompareOutputOpt = Annotated[Optional[Path], typer.Option("--output", "-o", help="folder for comparison.csv (the table) and, with --plot, comparison_cdf.png")]
+ComparePlotOpt = Annotated[bool, flag("--plot", help="also write TTFT/TPOT CDFs per policy (comparison_cdf.png) under --output")]
 
 
 def check(policy: CheckPolicyOpt, policy_opt: Annotated[Optional[list[str]], typer.Option("--policy-opt", help="KEY=VALUE (repeatable)")] = None,
-          examples: ExamplesOpt = 40, steps: StepsOpt = 30, starvation_examples: Annotated[int, typer.Option(min=1)] = 4,
-          shrink_seconds: Annotated[float, typer.Option(min=0, help="time allowed to shrink each counter-example")] = 30.0) -> None:
+          examples: ExamplesOpt = 40, steps: StepsOpt = 30, starvation_examples: StarvationOpt = 4,
+          shrink_seconds: Annotated[float, typer.Option(min=0, help="time allowed to shrink each counter-example")] = 30.0,
+          quiet: QuietOpt = False) -> None:
     """Run the conformance suite on POLICY: invariant, result, shrunk counter-example. Exit 1 on any failure."""
     from rich.table import Table
 
-    from kvsched.cli.common import console, fail, parse_pairs
+    from kvsched.cli.common import console, err_console, fail, policy_options
 
     try:
         from kvsched.testing.checks import FAIL, PASS, run_checks
@@ -35,10 +40,11 @@ def check(policy: CheckPolicyOpt, policy_opt: Annotated[Optional[list[str]], typ
     from kvsched.testing.resolve import resolve_policy
 
     name, obj = resolve_policy(policy)
-    console.print(f"checking policy [bold]{name}[/] ({examples} examples × {steps} steps; claims: "
-                  f"{', '.join(sorted(getattr(obj, 'claims', ()) or ())) or 'none'})", highlight=False)
-    results = run_checks(obj, parse_pairs(policy_opt, "--policy-opt") or None, examples, steps, starvation_examples,
-                         shrink_seconds=shrink_seconds)
+    options = policy_options(policy, policy_opt) or None
+    if not quiet:
+        err_console.print(f"checking policy [bold]{name}[/] ({examples} examples × {steps} steps; claims: "
+                          f"{', '.join(sorted(getattr(obj, 'claims', ()) or ())) or 'none'}) ...", highlight=False)
+    results = run_checks(obj, options, examples, steps, starvation_examples, shrink_seconds=shrink_seconds)
     table = Table(title=f"conformance of {name}", show_lines=True)
     for col in ("invariant", "result", "counter-example"):
         table.add_column(col, overflow="fold")
@@ -64,30 +70,32 @@ def compare(folders: FoldersArg = None, policy: PoliciesOpt = None, policy_opt: 
             trace: Annotated[Optional[Path], typer.Option("--trace", help="trace CSV")] = None,
             seed: Annotated[int, typer.Option(help="first workload seed")] = 0,
             seeds: Annotated[int, typer.Option("--seeds", min=1, help="run seeds SEED .. SEED+N-1 and show 95% confidence intervals over them")] = 3,
-            num_requests: Annotated[Optional[int], typer.Option("--num-requests", "-n")] = None,
-            rate: Annotated[Optional[float], typer.Option(help="mean arrival rate, requests/s")] = None,
-            profile: Annotated[str, typer.Option(help="simulator cost profile")] = "llama2-7b-a100",
-            plot: PlotPathOpt = None) -> None:
+            num_requests: NumOpt = None,
+            rate: RateOpt = None,
+            profile: ProfileOpt = "llama2-7b-a100",
+            output: CompareOutputOpt = None,
+            plot: ComparePlotOpt = False,
+            quiet: QuietOpt = False) -> None:
     """Run the same workloads (same seeds) under each --policy; print each metric's mean and 95% confidence interval side by side."""
-    from kvsched.cli.common import build_config, fail, parse_pairs
+    from kvsched.cli.common import build_config, fail, parse_pairs, policy_options, progress_bar
     from kvsched.experiments.compare import distinct_workloads, run_policies, split_options
-    from kvsched.reporting.destination import check_file
-    from kvsched.core.plugins import load_policy
     from kvsched.workloads import build_workload
 
+    _check_output(output, plot)
     if folders:
-        return compare_folders(folders, plot)
+        return compare_folders(folders, output, plot)
     policy = policy or []
     if len(policy) < 2 or len(set(policy)) != len(policy):
         fail("compare needs at least two different --policy names, or result folders")
-    if plot is not None:
-        check_file(plot, "--plot")
-    for name in policy:
-        load_policy(name)
     options = split_options(parse_pairs(policy_opt, "--policy-opt"), policy)
+    for name in policy:
+        options[name] = policy_options(name, options.get(name, {}), prefix=f"{name}.")
     loads = distinct_workloads([build_workload(workload, trace, num_requests=num_requests, rate=rate, seed=s)
                                 for s in range(seed, seed + seeds)])
-    runs = run_policies(policy, loads, build_config(set_), profile, options)
+    config = build_config(set_)
+    with progress_bar(quiet, "comparing", "runs") as bar:
+        task = bar.add_task("compare", total=len(policy) * len(loads))
+        runs = run_policies(policy, loads, config, profile, options, on_done=lambda: bar.advance(task))
     first = runs[0].summaries[0]
     name = first["workload"].get("name") or first["workload"].get("kind", "workload")
     seeded = f"seeds {seed}–{seed + len(loads) - 1}" if len(loads) > 1 else (
@@ -95,41 +103,48 @@ def compare(folders: FoldersArg = None, policy: PoliciesOpt = None, policy_opt: 
     several = len(loads) > 1
     title = f"{name} · {first['num_requests']} requests · {seeded}{', mean ± 95% CI' if several else ''} · profile {profile}"
     pooled = f"{name} · {first['num_requests']} requests · {seeded}{', pooled' if several else ''} · profile {profile}"
-    show(runs, title, plot, pooled)
+    show(runs, title, output, plot, pooled)
 
 
-def compare_folders(folders: list[Path], plot: Path | None) -> None:
+def _check_output(output: Path | None, plot: bool) -> None:
+    """``--plot`` writes under ``--output``, as ``engine run --plot`` does; the folder must be writable."""
+    from kvsched.cli.common import fail
+    from kvsched.reporting.destination import COMPARE_FILES, check_folder
+
+    if plot and output is None:
+        fail("--plot needs --output DIR (comparison.csv and comparison_cdf.png are written there)")
+    if output is not None:
+        check_folder(output, COMPARE_FILES)
+
+
+def compare_folders(folders: list[Path], output: Path | None, plot: bool) -> None:
     """``engine compare DIR DIR ...``: finished runs, simulated or measured, side by side."""
-    from kvsched.reporting.destination import check_file
     from kvsched.reporting.files import read_compared
 
-    if plot is not None:
-        check_file(plot, "--plot")
     runs = [read_compared(folder) for folder in folders]
     title = "result folders side by side: " + " · ".join(f"{r.policy}: {r.summaries[0].get('profile')}" for r in runs)
-    show(runs, title, plot, " vs ".join(r.policy for r in runs))
+    show(runs, title, output, plot, " vs ".join(r.policy for r in runs))
 
 
-def show(runs: list, title: str, plot: Path | None, plot_title: str) -> None:
-    """The comparison table of ``runs`` (one column each), and their CDFs at ``plot``."""
+def show(runs: list, title: str, output: Path | None, plot: bool, plot_title: str) -> None:
+    """The comparison table of ``runs`` (one column each), and under ``output`` the table as CSV and, with ``plot``, their CDFs."""
     from rich.table import Table
 
     from kvsched.cli.common import console
     from kvsched.experiments.compare import table_rows
-    from kvsched.reporting.comparisons import plot_cdfs
-    from kvsched.reporting.destination import publishing_file
+    from kvsched.reporting.files import write_comparison
 
+    rows = table_rows(runs)
     table = Table(title=title)
     table.add_column("metric")
     for run in runs:
         table.add_column(run.policy, justify="right")
-    for row in table_rows(runs):
+    for row in rows:
         table.add_row(*row)
     console.print(table)
-    if plot is not None:
-        with publishing_file(plot) as temp:
-            plot_cdfs(runs, temp, plot_title)
-        console.print(f"wrote {plot}", highlight=False)
+    if output is not None:
+        for path in write_comparison(runs, rows, output, plot_title if plot else None):
+            console.print(f"wrote {path}", highlight=False)
 
 
 def register(app: typer.Typer) -> None:

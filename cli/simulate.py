@@ -12,6 +12,8 @@ from typing import Annotated, Optional
 
 import typer
 
+from kvsched.cli.common import flag
+
 WorkloadOpt = Annotated[Optional[str], typer.Option("--workload", "-w", help="default, synthetic, azure-conv, sharegpt, or a workload .json spec")]
 TraceOpt = Annotated[Optional[Path], typer.Option("--trace", help="trace CSV: Azure (TIMESTAMP,...), plain (arrival_time_s,...) or lengths (num_prefill_tokens,...)")]
 RateScaleOpt = Annotated[float, typer.Option("--rate-scale", min=1e-9, help="multiply the arrival rate (trace times are divided by it)")]
@@ -20,8 +22,8 @@ ArrivalOpt = Annotated[Optional[str], typer.Option("--arrival", help="synthetic 
 CvOpt = Annotated[float, typer.Option("--cv", min=1e-9, help="coefficient of variation of gamma arrival gaps")]
 SloTtftOpt = Annotated[Optional[float], typer.Option("--slo-ttft", min=0, help="TTFT target (s) for SLO goodput")]
 SloTpotOpt = Annotated[Optional[float], typer.Option("--slo-tpot", min=0, help="TPOT target (s) for SLO goodput")]
-PlotOpt = Annotated[bool, typer.Option("--plot", help="also write PNG plots, report.html and trace.json under --output")]
-DecisionLogOpt = Annotated[bool, typer.Option("--decision-log/--no-decision-log", help="with --output: write decisions.parquet, every scheduling decision and its reason (read by engine explain)")]
+PlotOpt = Annotated[bool, flag("--plot", help="also write PNG plots, report.html and trace.json under --output")]
+DecisionLogOpt = Annotated[bool, flag("--decision-log/--no-decision-log", help="with --output: write decisions.parquet, every scheduling decision and its reason (read by engine explain)")]
 TraceOutOpt = Annotated[Optional[Path], typer.Option("--trace-out", help="write a Perfetto / Chrome trace (JSON) here; with --plot it goes beside the results")]
 
 
@@ -31,9 +33,8 @@ def run_command(policy, policy_opt, overrides, seed, num_requests, rate, output,
     """``engine run``: build the workload, simulate with a progress bar, print the table, write the files."""
     import os
 
-    from kvsched.cli.common import build_config, check_finite, console, fail, parse_pairs, progress_bar, summary_table
+    from kvsched.cli.common import build_config, check_finite, console, fail, policy_options, print_summary, progress_bar
     from kvsched.executors.profiles import resolve_profile
-    from kvsched.core.plugins import load_policy
     from kvsched.experiments.simulation import SimJob
     from kvsched.workloads import build_workload
 
@@ -50,7 +51,7 @@ def run_command(policy, policy_opt, overrides, seed, num_requests, rate, output,
         check_folder(output)
         if trace_out is not None:
             check_file(trace_out, "--trace-out")
-    load_policy(policy)
+    options = policy_options(policy, policy_opt)
     resolve_profile(profile)
     # The per-request records, the time series and the decision log are written during the run into
     # a scratch folder (memory stays bounded by the requests in flight however long the run), then
@@ -59,7 +60,7 @@ def run_command(policy, policy_opt, overrides, seed, num_requests, rate, output,
     job = SimJob(
         build_workload(workload, trace, num_requests=num_requests, rate=rate, rate_scale=rate_scale,
                        start_offset=start_offset, arrival=arrival, cv=cv, seed=seed),
-        policy, build_config(overrides), profile, parse_pairs(policy_opt, "--policy-opt"), slo_ttft, slo_tpot,
+        policy, build_config(overrides), profile, options, slo_ttft, slo_tpot,
         decision_log=Path(scratch.name) / "decisions.parquet" if output is not None and decision_log else None,
         stream_to=Path(scratch.name),
     )
@@ -73,10 +74,7 @@ def run_command(policy, policy_opt, overrides, seed, num_requests, rate, output,
                 from kvsched.reporting.destination import OutputError
 
                 raise OutputError(f"cannot write results to {output or scratch.name}: {os.strerror(exc.errno) if exc.errno else exc}") from None
-        console.print(summary_table(outcome.summary))
-        slo = outcome.summary["slo"]
-        if slo_ttft is not None or slo_tpot is not None:
-            console.print(f"SLO goodput: {slo['goodput_requests_per_s']:.3f} req/s ({100 * slo['slo_attainment']:.1f}% of requests)")
+        print_summary(outcome.summary)
         console.print(f"simulated {outcome.num_requests} requests in {outcome.simulate_s:.2f} s wall "
                       f"({outcome.num_requests / max(outcome.simulate_s, 1e-9):,.0f} req/s, "
                       f"{outcome.summary['duration_s'] / max(outcome.simulate_s, 1e-9):,.0f}× real time)", highlight=False)

@@ -7,9 +7,19 @@ from typing import Annotated, Optional
 
 import typer
 
+from kvsched.cli.common import NumOpt, ProfileOpt, QuietOpt, RateOpt, SeedOpt
 from kvsched.cli.simulate import (
     ArrivalOpt, CvOpt, RateScaleOpt, SloTpotOpt, SloTtftOpt, StartOffsetOpt, TraceOpt, WorkloadOpt,
 )
+
+
+def sweep_warnings(rows: list[dict]) -> list[str]:
+    """Each distinct warning of the sweep's points once, with the points it applies to."""
+    where: dict[str, list[str]] = {}
+    for row in rows:
+        for warning in filter(None, row["warnings"].split("; ")):
+            where.setdefault(warning, []).append(row["label"])
+    return [f"{'every configuration' if len(labels) == len(rows) > 1 else ', '.join(labels)}: {warning}" for warning, labels in where.items()]
 
 
 def sweep(
@@ -18,27 +28,29 @@ def sweep(
     fixed: Annotated[Optional[list[str]], typer.Option("--fix", help="KEY=VALUE engine setting held fixed (repeatable)")] = None,
     workload: WorkloadOpt = None,
     trace: TraceOpt = None,
-    num_requests: Annotated[Optional[int], typer.Option("--num-requests", "-n", help="requests (synthetic) or cap (traces)")] = None,
-    rate: Annotated[Optional[float], typer.Option(help="arrival rate for synthetic arrivals, req/s")] = None,
+    num_requests: NumOpt = None,
+    rate: RateOpt = None,
     rate_scale: RateScaleOpt = 1.0,
     start_offset: StartOffsetOpt = 0.0,
     arrival: ArrivalOpt = None,
     cv: CvOpt = 1.0,
-    seed: Annotated[int, typer.Option(help="workload seed")] = 0,
-    profile: Annotated[str, typer.Option(help="simulator cost profile (name or .json)")] = "llama2-7b-a100",
+    seed: SeedOpt = 0,
+    profile: ProfileOpt = "llama2-7b-a100",
     slo_ttft: SloTtftOpt = None,
     slo_tpot: SloTpotOpt = None,
     workers: Annotated[Optional[int], typer.Option("--workers", "-j", min=1, help="parallel processes (default: CPUs)")] = None,
     output: Annotated[Path, typer.Option("--output", "-o", help="folder for sweep.csv, sweep.parquet, tradeoff.png")] = Path("sweep-out"),
-    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no progress bar")] = False,
+    quiet: QuietOpt = False,
 ) -> None:
     """Run every policy × setting combination and compare them in one table and a trade-off plot."""
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     from kvsched.cli.common import check_finite, console, parse_pairs, progress_bar
     from kvsched.executors.profiles import resolve_profile
     from kvsched.core.plugins import load_policy
+    from kvsched.experiments.settings import check_names
     from kvsched.experiments.sweep import SweepSpec, grid_points, parse_grid, run_sweep
     from kvsched.reporting.destination import SWEEP_FILES, check_folder
     from kvsched.reporting.files import write_sweep
@@ -54,12 +66,13 @@ def sweep(
               start_offset=start_offset, arrival=arrival, cv=cv, seed=seed)
     build_workload(**wl).describe()  # bad workload options fail here, once, not in every worker
     base = parse_pairs(fixed, "--fix")
+    check_names(base, "--fix")
     both = sorted(set(base) & set(grid))
     if both:
         raise ValueError(f"{', '.join(both)}: both swept (--set) and fixed (--fix); give each setting once")
     spec = SweepSpec(wl, base, profile, slo_ttft, slo_tpot)
     points = grid_points(list(dict.fromkeys(policy)), grid)
-    with progress_bar(quiet) as bar:
+    with progress_bar(quiet, "sweeping", "configurations") as bar:
         task = bar.add_task("sweep", total=len(points))
         rows = run_sweep(spec, points, workers, on_done=lambda _row: bar.advance(task))
     table = Table(title=f"sweep · {len(points)} configurations · profile {profile}")
@@ -78,5 +91,7 @@ def sweep(
             cells.append(f"{v:.3g}" if isinstance(v, float) else str(v))
         table.add_row(*cells)
     (console if console.is_terminal else Console(width=160)).print(table)  # a piped table needs more than 80 columns
+    for line in sweep_warnings(rows):
+        console.print(f"[bold yellow]warning:[/] {escape(line)}", highlight=False, soft_wrap=True)
     for path in write_sweep(rows, output):
         console.print(f"wrote {path}", highlight=False)

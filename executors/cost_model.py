@@ -1,14 +1,40 @@
 """Step-time model of the simulator: ``t = a + b·prefill_tokens + c·decode_seqs + d·kv_tokens_read``.
 
 Plus block movement: swaps cross PCIe at ``swap_gb_per_s``, copy-on-write copies move through
-HBM at ``copy_gb_per_s``; each block is ``block_size × kv_bytes_per_token`` bytes.
+HBM at ``copy_gb_per_s``; each block is ``block_size × kv_bytes_per_token`` bytes. A profile may
+also say what it models beyond time: the model's context length and the device memory its KV
+cache gets, from which the simulator takes its defaults (``experiments/settings.py``).
 """
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from kvsched.core.outputs import SchedulerOutput
+
+GIB = 1 << 30
+
+
+class KvMemory(BaseModel):
+    """A device's memory as vLLM's profiling run divides it: the KV cache gets what is left of
+    ``gpu_memory_utilization`` × the device's memory once the weights and the activations are in."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    device_gib: float = Field(gt=0, description="device memory, as the runtime reports it")
+    gpu_memory_utilization: float = Field(0.9, gt=0, le=1, description="the share vLLM may use (its default 0.9)")
+    weights_gib: float = Field(ge=0, description="the model's weights")
+    activations_gib: float = Field(ge=0, description="peak activations and non-torch memory of vLLM's profiling run")
+
+    @model_validator(mode="after")
+    def _room(self) -> KvMemory:
+        if self.kv_cache_bytes <= 0:
+            raise ValueError("the weights and activations leave no memory for the KV cache")
+        return self
+
+    @property
+    def kv_cache_bytes(self) -> float:
+        return (self.device_gib * self.gpu_memory_utilization - self.weights_gib - self.activations_gib) * GIB
 
 
 class CostProfile(BaseModel):
@@ -25,6 +51,14 @@ class CostProfile(BaseModel):
     kv_bytes_per_token: int = Field(ge=0, description="KV cache bytes of one token, all layers")
     swap_gb_per_s: float = Field(gt=0, description="effective GPU<->CPU copy bandwidth")
     copy_gb_per_s: float = Field(gt=0, description="effective GPU<->GPU copy bandwidth")
+    max_model_len: int | None = Field(None, ge=1, description="the model's context length, in tokens")
+    kv_memory: KvMemory | None = Field(None, description="the device memory the KV cache gets")
+
+    def num_kv_blocks(self, block_size: int) -> int | None:
+        """GPU blocks of ``block_size`` tokens in ``kv_memory``, as vLLM counts them (None: the profile does not say)."""
+        if self.kv_memory is None or not self.kv_bytes_per_token:
+            return None
+        return int(self.kv_memory.kv_cache_bytes // (block_size * self.kv_bytes_per_token))
 
     def step_seconds(self, out: SchedulerOutput, block_size: int) -> float:
         f = out.features
@@ -41,7 +75,8 @@ LLAMA2_7B_A100 = CostProfile(
     name="llama2-7b-a100",
     description=(
         "Llama-2-7B, one A100-80GB, fp16: a 4-term fit (3.2% mean error) to Vidur's per-operator "
-        "profiles; swap at 12.6 GB/s (vLLM's batched swap kernel, PR #11531)"
+        "profiles; swap at 12.6 GB/s (vLLM's batched swap kernel, PR #11531); 4,096-token context, "
+        "the KV cache what vLLM leaves of the A100's memory at gpu_memory_utilization 0.9"
     ),
     base_ms=9.06,
     prefill_token_ms=0.0666,
@@ -50,6 +85,12 @@ LLAMA2_7B_A100 = CostProfile(
     kv_bytes_per_token=2 * 32 * 4096 * 2,  # K and V, 32 layers, 4096 wide, fp16: 512 KiB
     swap_gb_per_s=12.6,
     copy_gb_per_s=1500.0,
+    max_model_len=4096,
+    kv_memory=KvMemory(
+        device_gib=79.15,  # what CUDA reports for an A100-80GB
+        weights_gib=12.55,  # 6.74 B parameters in fp16
+        activations_gib=1.5,  # an estimate of the profiling run's peak for a 4,096-token batch, with non-torch memory
+    ),
 )
 
 SMOLLM2_135M_CPU = CostProfile(
@@ -67,6 +108,7 @@ SMOLLM2_135M_CPU = CostProfile(
     kv_bytes_per_token=2 * 30 * 3 * 64 * 4,  # K and V, 30 layers, 3 KV heads of 64, fp32: 45 KiB
     swap_gb_per_s=5.0,
     copy_gb_per_s=5.0,
+    max_model_len=8192,  # the GGUF file's llama.context_length; the KV cache is what the executor is given
 )
 
 SMOLLM2_135M_VLLM_CPU = CostProfile(

@@ -12,7 +12,7 @@ there means float noise, not a bug).
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -202,8 +202,9 @@ def run_scenario(loaded: LoadedModel, scenario: Scenario, prompts: list[list[int
 
 
 def verify(loaded: LoadedModel, names: Sequence[str] | None = None, num_prompts: int = 4, max_new_tokens: int = 12,
-           backend: str | None = None, prompts: list[list[int]] | None = None, seed: int = 0) -> list[ScenarioResult]:
-    """Every scenario (or ``names``) for one model; references are computed once per prompt."""
+           backend: str | None = None, prompts: list[list[int]] | None = None, seed: int = 0,
+           on_done: Callable[[ScenarioResult], None] | None = None) -> list[ScenarioResult]:
+    """Every scenario (or ``names``) for one model, ``on_done`` told of each; references are computed once per prompt."""
     plain = prompts or random_prompts(loaded, num_prompts, seed)
     prefixed = prompts or random_prompts(loaded, num_prompts, seed + 1, shared_prefix=True)
     lens = [len(p) for p in plain + prefixed]
@@ -217,4 +218,6 @@ def verify(loaded: LoadedModel, names: Sequence[str] | None = None, num_prompts:
             if tuple(p) not in refs:
                 refs[tuple(p)] = reference(loaded, p, max_new_tokens)
         results.append(run_scenario(loaded, scenario, use, max_new_tokens, refs, backend, seed))
+        if on_done is not None:
+            on_done(results[-1])
     return results

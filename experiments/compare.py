@@ -7,10 +7,12 @@ as a win. A workload that does not depend on its seed (a trace replay) runs once
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from kvsched.core.config import EngineConfig
+from kvsched.core.plugins import load_policy, policy_name
 from kvsched.metrics.confidence import mean_interval
 
 # (label, summary key, field, scale, format): the rows of the comparison table
@@ -56,19 +58,21 @@ def distinct_workloads(workloads: list) -> list:
 
 
 def run_policies(policies: list[str], workloads: list, config: EngineConfig, profile: str,
-                 options: dict[str, dict[str, Any]] | None = None) -> list[PolicyRun]:
-    """Simulate each of ``workloads`` (one per seed, the same for every policy) once per policy."""
+                 options: dict[str, dict[str, Any]] | None = None, on_done: Callable[[], None] | None = None) -> list[PolicyRun]:
+    """Simulate each of ``workloads`` (one per seed, the same for every policy) once per policy; ``on_done`` after each."""
     from kvsched.experiments.simulation import SimJob
 
     runs = []
     for name in policies:
-        run = PolicyRun(name)
+        run = PolicyRun(policy_name(name, load_policy(name)))  # a policy file is shown by its class's name, as engine run shows it
         for workload in workloads:
             outcome = SimJob(workload, name, config, profile, (options or {}).get(name), record_timeseries=False).run()
             run.summaries.append(outcome.summary)
             done = [r for r in outcome.result.requests if r.ttft is not None]
             run.ttft += [r.ttft for r in done]
             run.tpot += [r.tpot for r in done if r.tpot is not None]
+            if on_done is not None:
+                on_done()
         runs.append(run)
     return runs
 

@@ -2,8 +2,9 @@
 
 ``run_simulation`` runs the engine and summarizes it; ``SimJob`` adds what a person looks at: the
 observers (time series, tenant service, the decision log), the extensions of ``summary.json``
-(workload, SLO goodput, fairness, KV usage) and the wall-clock cost of the run. The CLI, sweeps and benchmarks
-all go through ``SimJob``.
+(workload, SLO goodput, fairness, KV usage) and the wall-clock cost of the run, and it fills the engine
+settings its config leaves unset from what the profile models (``experiments/settings.py``), as a
+person running a model on a device would get them. The CLI, sweeps and benchmarks all go through ``SimJob``.
 
 Either keeps every request in memory to the end (the default), or, given a ``stream_to`` folder,
 runs in memory bounded by the requests in flight: requests are made as they arrive, the engine
@@ -22,10 +23,12 @@ from typing import Any
 
 from kvsched.core.config import EngineConfig
 from kvsched.core.engine import Engine
+from kvsched.core.plugins import load_policy
 from kvsched.core.report import StepReport
 from kvsched.core.request import Request
 from kvsched.executors.profiles import resolve_profile
 from kvsched.executors.simulated import SimulatedExecutor
+from kvsched.experiments.settings import fit_to_profile
 from kvsched.metrics.decision_log import DecisionLog
 from kvsched.metrics.fairness import TenantService, fairness_summary
 from kvsched.metrics.goodput import goodput_summary
@@ -141,11 +144,13 @@ class SimJob:
         if competing:
             requests = service.watch(requests)
         log = DecisionLog(self.decision_log) if self.decision_log is not None else None
+        profile = resolve_profile(self.profile)
+        config = fit_to_profile(self.config, profile, load_policy(self.policy) if isinstance(self.policy, str) else self.policy)
         sim_start = time.perf_counter()
         description = self.workload.describe()
         try:
             result = run_simulation(
-                requests, self.policy, self.config, resolve_profile(self.profile), self.policy_options,
+                requests, self.policy, config, profile, self.policy_options,
                 on_step=fan_out([series, service if competing else None, log, on_step]), stream_to=self.stream_to,
                 seed=description.get("seed"), workload=description,
             )
@@ -159,9 +164,10 @@ class SimJob:
             series.close()
         simulate_s = time.perf_counter() - sim_start
         s = result.summary
-        s["slo"] = goodput_summary(result.requests, s["duration_s"], self.slo_ttft, self.slo_tpot)
+        slo = self.slo_ttft is not None or self.slo_tpot is not None  # no target, no goodput to speak of
+        s["slo"] = goodput_summary(result.requests, s["duration_s"], self.slo_ttft, self.slo_tpot) if slo else None
         s["fairness"] = fairness_summary(result.requests, service)
         if series is not None and len(series):
-            s["kv_usage"] = series.kv_usage(self.config.num_gpu_blocks)
+            s["kv_usage"] = series.kv_usage(result.engine.config.num_gpu_blocks)
         log_path = log.close() if log is not None else None
         return SimOutcome(result, series, time.perf_counter() - start, simulate_s, count, log_path)

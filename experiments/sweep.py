@@ -2,7 +2,9 @@
 
 Each grid point is an independent simulation, so points run in a process pool (spawned workers
 re-import kvsched; the workload is built once per worker from its picklable description). The
-table has one row per configuration: its settings, the headline metrics and the wall time.
+table has one row per configuration: its settings, the headline metrics, the run's warnings
+(``metrics/warnings.py``: a point that ignored requests or never drained its queue is not what it
+seems) and the wall time.
 """
 
 from __future__ import annotations
@@ -15,10 +17,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvsched.core.config import EngineConfig
+from kvsched.experiments.settings import check_names
 
 METRICS = (
     ("finished", ("finished",)),
     ("ignored", ("ignored",)),
+    ("aborted", ("aborted",)),
     ("requests_per_s", ("requests_per_s",)),
     ("output_tokens_per_s", ("throughput_tokens_per_s",)),
     ("ttft_mean_s", ("ttft_s", "mean")),
@@ -45,8 +49,7 @@ def parse_grid(settings: list[str] | None) -> dict[str, list[str]]:
         key = key.strip()
         if not sep or not key or not values.strip():
             raise ValueError(f"--set expects KEY=V1,V2,..., got {item!r}")
-        if key not in EngineConfig.model_fields:
-            raise ValueError(f"--set: unknown engine setting {key!r}; known: {', '.join(EngineConfig.model_fields)}")
+        check_names([key])
         grid[key] = [v.strip() for v in values.split(",") if v.strip()]
     return grid
 
@@ -93,6 +96,7 @@ def run_point(spec: SweepSpec, point: Point) -> dict[str, Any]:
         for key in path:
             value = value.get(key) if isinstance(value, dict) else None
         row[name] = value
+    row["warnings"] = "; ".join(f"{w['count']} requests {w['reason']}" for w in outcome.summary["warnings"])
     row["profile"] = outcome.summary["profile"]
     row["wall_s"] = outcome.simulate_s
     return row

@@ -15,6 +15,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from kvsched.core.sequence import SequenceStatus
+from kvsched.metrics.warnings import run_warnings
 
 if TYPE_CHECKING:
     from kvsched.core.engine import Engine
@@ -143,7 +144,7 @@ def distribution(values: Any) -> dict[str, float | None]:
 
 
 def summarize(engine: Engine | None, requests: Any, **extra) -> dict:
-    """The run summary: counts, throughput, latency distributions, preemptions, block audit.
+    """The run summary: counts, throughput, latency distributions, preemptions, block audit, warnings.
 
     ``requests``: the records, as a list of ``RequestMetrics`` or as ``Columns``. Without an engine
     (a run measured from a client, ``engine bench``) what only the engine knows (policy, steps,
@@ -186,4 +187,5 @@ def summarize(engine: Engine | None, requests: Any, **extra) -> dict:
         "blocks_swapped_out": engine.num_blocks_swapped_out if known else None,
         "leaked_blocks": engine.leaked_blocks if known else None,
         "config": config,
+        "warnings": run_warnings(requests),
     }

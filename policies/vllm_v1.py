@@ -32,6 +32,7 @@ class VllmV1:
     name = "vllm-v1"
     claims = frozenset({"starvation-free"})
     engine_defaults = {"vllm_engine": "v1", "watermark": 0.0}  # V1's mechanics and its default watermark
+    chunked_prefill = True  # its budget is a chunk size, not a length limit (experiments/settings.py)
 
     def __init__(self, policy: str = "fcfs", long_prefill_token_threshold: int = 0) -> None:
         if policy not in POLICIES:

@@ -18,7 +18,9 @@ def _short(key: str) -> str:
 
 
 def tradeoff_plot(rows: list[dict[str, Any]], path, title: str = "") -> Any:
-    """Throughput vs p99 TTFT, one numbered point per configuration, one colour per policy.
+    """Throughput vs p99 TTFT, one numbered point per configuration, one colour per policy; hollow
+    where a configuration ignored or aborted more requests than the sweep's best one (its latencies
+    are over fewer, often shorter, requests).
 
     The numbers are keyed to their settings in a panel beside the plot (labels next to the points
     overlapped wherever configurations land close together), and the numbers of spots that are
@@ -26,23 +28,27 @@ def tradeoff_plot(rows: list[dict[str, Any]], path, title: str = "") -> Any:
     ignores) share one number.
     """
     plt = pyplot()
-    keys = [k for k in rows[0] if k not in ("label", "policy") and k not in {m for m, _ in METRICS} | {"profile", "wall_s"}] if rows else []
+    keys = [k for k in rows[0] if k not in ("label", "policy") and k not in {m for m, _ in METRICS} | {"profile", "wall_s", "warnings"}] if rows else []
     policies = list(dict.fromkeys(r["policy"] for r in rows))
+    fewest = min((r["ignored"] + r["aborted"] for r in rows), default=0)
     spots: dict[tuple, list[str]] = {}
     for pol in policies:
         for r in rows:
             if r["policy"] == pol and r["ttft_p99_s"] is not None:
-                spot = (pol, f"{r['ttft_p99_s']:.3g}", f"{r['output_tokens_per_s']:.4g}")
+                spot = (pol, f"{r['ttft_p99_s']:.3g}", f"{r['output_tokens_per_s']:.4g}", r["ignored"] + r["aborted"] > fewest)
                 spots.setdefault(spot, []).append(" ".join(f"{_short(k)}={r[k]:g}" if isinstance(r[k], float) else f"{_short(k)}={r[k]}" for k in keys))
     fig, (ax, key) = plt.subplots(1, 2, figsize=(12, max(5.5, 0.16 * len(spots) + 1)), gridspec_kw={"width_ratios": [3, 1.6]})
     for i, pol in enumerate(policies):
-        mine = [(float(x), float(y)) for (p, x, y) in spots if p == pol]
-        ax.scatter([x for x, _ in mine], [y for _, y in mine], label=pol, color=f"C{i}", s=30)
+        for short in (False, True):  # a point that served fewer requests than the others is hollow: its latencies flatter it
+            mine = [(float(x), float(y)) for (p, x, y, s) in spots if p == pol and s is short]
+            if mine:
+                ax.scatter([x for x, _ in mine], [y for _, y in mine], label=f"{pol}, fewer requests served" if short else pol,
+                           s=30, color="none" if short else f"C{i}", edgecolors=f"C{i}")
     key.axis("off")
     ax.set_xscale("log")
     ax.autoscale_view()
     placed: list[tuple[float, float]] = []  # where the numbers went, in pixels: close spots stack theirs upwards
-    for n, ((pol, x, y), labels) in enumerate(spots.items(), start=1):
+    for n, ((pol, x, y, _), labels) in enumerate(spots.items(), start=1):
         colour = f"C{policies.index(pol)}"
         px, py = ax.transData.transform((float(x), float(y)))
         stacked = sum(1 for qx, qy in placed if abs(qx - px) < 16 and abs(qy - py) < 12)

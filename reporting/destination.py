@@ -21,6 +21,7 @@ from kvsched.core.errors import KvschedError
 RUN_FILES = ("summary.json", "requests.csv", "requests.parquet", "timeseries.parquet", "decisions.parquet", "report.html",
              "trace.json", "latency_cdf.png", "queues_kv.png", "batch_composition.png")
 SWEEP_FILES = ("sweep.csv", "sweep.parquet", "tradeoff.png")
+COMPARE_FILES = ("comparison.csv", "comparison_cdf.png")
 
 
 class OutputError(KvschedError):

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from kvsched.metrics.records import RequestTable
 from kvsched.metrics.requests import FIELDS, RequestMetrics
-from kvsched.reporting.destination import SWEEP_FILES, publishing_file, publishing_folder
+from kvsched.reporting.destination import COMPARE_FILES, SWEEP_FILES, publishing_file, publishing_folder
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -110,6 +110,22 @@ def write_sweep(rows: list[dict[str, Any]], directory: Path) -> list[Path]:
     with publishing_folder(directory, SWEEP_FILES) as stage:
         written = write_sweep_table(rows, stage) + [tradeoff_plot(rows, stage / "tradeoff.png")]
     return [Path(directory) / Path(p).name for p in written]
+
+
+def write_comparison(runs: list[PolicyRun], rows: list[list[str]], directory: Path, plot_title: str | None = None) -> list[Path]:
+    """A comparison's table (``rows``, as printed) as ``comparison.csv`` and, given ``plot_title``,
+    the runs' CDFs as ``comparison_cdf.png``, atomically."""
+    from kvsched.reporting.comparisons import plot_cdfs
+
+    with publishing_folder(directory, COMPARE_FILES) as stage:
+        with (stage / "comparison.csv").open("w", newline="") as f:
+            writer = csv.writer(f)
+            writer.writerow(["metric", *(run.policy for run in runs)])
+            writer.writerows(rows)
+        written = [stage / "comparison.csv"]
+        if plot_title is not None:
+            written.append(plot_cdfs(runs, stage / "comparison_cdf.png", plot_title))
+    return [Path(directory) / p.name for p in written]
 
 
 def write_sweep_table(rows: list[dict[str, Any]], directory: Path) -> list[Path]:

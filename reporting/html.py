@@ -1,6 +1,7 @@
 """``report.html``: one self-contained, interactive page per run (works offline: Plotly's JavaScript is inlined).
 
-The metrics ``vllm bench serve`` prints and those Vidur users read, the charts of
+The run's warnings first (requests it did not serve, a queue that never emptied), the metrics
+``vllm bench serve`` prints and those Vidur users read, the charts of
 ``reporting/charts.py`` with a caption under each, and a table of the requests that waited
 longest, each linked to its ``engine explain --request`` view (on the page, under the table).
 A script notes any JavaScript error in a banner at the top, and marks the page once every chart
@@ -28,7 +29,8 @@ h1{font-size:1.5em;margin-bottom:.2em}.sub{color:#555;margin-top:0}
 table{border-collapse:collapse;margin:1em 0;font-size:14px}td,th{border:1px solid #ccc;padding:3px 9px;text-align:right}
 td:first-child,th:first-child{text-align:left}.chart{margin:1.5em 0 .3em}.caption{color:#444;font-size:14px;margin:0 0 2em;max-width:900px}
 pre{background:#f6f6f6;padding:.8em;overflow:auto;font-size:12px}details{margin:.4em 0}summary{cursor:pointer;font-family:monospace}
-#js-errors{background:#fdd;border:1px solid #c00;padding:.5em 1em}"""
+#js-errors{background:#fdd;border:1px solid #c00;padding:.5em 1em}
+.warnings{background:#fff4d6;border:1px solid #d9a400;padding:.4em 1em;margin:1em 0}.warnings li{margin:.2em 0}"""
 
 SCRIPT = """const specs = JSON.parse(document.getElementById('chart-specs').textContent);
 Promise.all(specs.map(id => {
@@ -97,6 +99,13 @@ def metric_rows(run: RunFiles, itl: tuple[np.ndarray, np.ndarray]) -> list[tuple
     return rows
 
 
+def _warnings(summary: dict) -> str:
+    """The run's warnings (``metrics/warnings.py``) in a box above the table, or nothing."""
+    items = "".join(f"<li>{w['count']:,} of {summary['num_requests']:,} requests {html.escape(w['reason'])}</li>"
+                    for w in summary.get("warnings") or ())
+    return f'<div class="warnings" id="warnings"><strong>Warnings: these results are not all they seem.</strong><ul>{items}</ul></div>' if items else ""
+
+
 def _chart(chart: Chart) -> str:
     spec = chart.figure.to_json().replace("</", "<\\/")
     return (f'<h3>{html.escape(chart.title)}</h3><div class="chart" id="{chart.key}"></div>'
@@ -144,6 +153,7 @@ def write_report(run: RunFiles, path: Path) -> Path:
 <div id="js-errors" hidden></div>
 <h1>kvsched run: {html.escape(s['policy'])}</h1>
 <p class="sub">{html.escape(knobs)}</p>
+{_warnings(s)}
 <table><tr><th>metric</th><th>value</th></tr>{table}</table>
 {body}
 <h2>Requests that waited longest</h2>

@@ -59,7 +59,7 @@ def latency_cdfs(req: pd.DataFrame, summary: dict, path: Path) -> Path:
     axes[0].set(xlabel="time to first token (s)", ylabel="share of requests", xscale="symlog", title="TTFT CDF")
     _cdf(axes[1], done.tpot * 1000, "TPOT")
     axes[1].set(xlabel="time per output token (ms)", title="TPOT CDF")
-    slo = summary.get("slo", {})
+    slo = summary.get("slo") or {}
     if slo.get("slo_ttft_s"):
         axes[0].axvline(slo["slo_ttft_s"], color="red", ls="--", lw=1, label="SLO")
     if slo.get("slo_tpot_s"):

@@ -65,7 +65,8 @@ CASES = {
     "output not writable": (["run", "-n", "5", "-o", "/proc/kvsched-out"], "--output /proc/kvsched-out: cannot write under /proc: No such file or directory", []),
     "summary.json is a folder": (["run", "-n", "5", "-o", "{tmp}/taken"], "summary.json there is a folder", []),
     "disk full": (["run", "-n", "60", "-o", "{tmp}/full"], "cannot write results to {tmp}/full: File too large", ["full"]),
-    "compare plot under a file": (["compare", "-p", "fcfs", "-p", "sjf", "-n", "5", "--plot", "{tmp}/a-file/cdf.png"], "--plot {tmp}/a-file/cdf.png: {tmp}/a-file is a file", []),
+    "compare output under a file": (["compare", "-p", "fcfs", "-p", "sjf", "-n", "5", "-o", "{tmp}/a-file/cmp", "--plot"], "--output {tmp}/a-file/cmp: {tmp}/a-file is a file", []),
+    "compare plot without a folder": (["compare", "-p", "fcfs", "-p", "sjf", "-n", "5", "--plot"], "--plot needs --output DIR", []),
     "calibrate output under a file": (["calibrate", "{tmp}/steps.csv", "-o", "{tmp}/a-file/p.json"], "--output {tmp}/a-file/p.json: {tmp}/a-file is a file", []),
     "prompt of 2**63 tokens": (["run", "--trace", "{tmp}/huge-prompt.csv", "-o", "{tmp}/o1"], "huge-prompt.csv:2: column 'prompt_tokens': must be <= 9223372036854775807", ["o1"]),
     "priority 1e20": (["run", "--trace", "{tmp}/huge-priority.csv", "-o", "{tmp}/o2"], "huge-priority.csv:2: column 'priority': must be <= 2147483647", ["o2"]),
@@ -83,6 +84,12 @@ CASES = {
     "swept and fixed": (["sweep", "--set", "delay_factor=0,1", "--fix", "delay_factor=2", "-o", "{tmp}/o5"], "delay_factor: both swept (--set) and fixed (--fix)", ["o5"]),
     "empty tenant in a spec": (["run", "-w", "{tmp}/empty-tenant.json"], "empty-tenant.json: invalid workload spec: SyntheticSpec.tenants.[key]: String should have at least 1 character", []),
     "a usage error": (["run", "-n", "many"], "engine run: Invalid value for '--num-requests' / '-n'", []),
+    "unknown --set key": (["run", "--set", "delay=1"], "--set: unknown engine setting 'delay'; valid: block_size, num_gpu_blocks, num_cpu_blocks, watermark", []),
+    "bad policy option value": (["run", "-p", "priority-vip", "--policy-opt", "aging_s=abc"], "--policy-opt aging_s=abc: Input should be a valid number, unable to parse string as a number (policy priority-vip's option aging_s is float)", []),
+    "unknown policy option": (["run", "-p", "sarathi", "--policy-opt", "budget=5"], "--policy-opt budget=5: policy sarathi has no option 'budget'; its options: token_budget", []),
+    "bad policy option in compare": (["compare", "-p", "fcfs", "-p", "sjf", "--policy-opt", "sjf.sigma=wide"], "--policy-opt sjf.sigma=wide: Input should be a valid number", []),
+    "--cv without gamma": (["run", "--cv", "2"], "--cv is the burstiness of gamma arrivals: give it with --arrival gamma", []),
+    "gamma on the embedded job": (["run", "--arrival", "gamma", "--cv", "2"], "the embedded default job has Poisson arrivals", []),
 }
 
 

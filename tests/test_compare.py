@@ -57,9 +57,10 @@ def test_compare_puts_result_folders_side_by_side(tmp_path):
     engine = Path(sys.executable).with_name("engine")
     for policy in ("fcfs", "sjf"):
         subprocess.run([engine, "run", "--policy", policy, "-n", "30", "-o", tmp_path / policy, "-q"], check=True, capture_output=True)
-    done = subprocess.run([engine, "compare", tmp_path / "fcfs", tmp_path / "sjf", "--plot", tmp_path / "cdf.png"],
+    done = subprocess.run([engine, "compare", tmp_path / "fcfs", tmp_path / "sjf", "-o", tmp_path / "cmp", "--plot"],
                           capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
-    assert "fcfs (fcfs)" in done.stdout and "sjf (sjf)" in done.stdout and (tmp_path / "cdf.png").stat().st_size > 10_000
+    assert "fcfs (fcfs)" in done.stdout and "sjf (sjf)" in done.stdout
+    assert (tmp_path / "cmp" / "comparison_cdf.png").stat().st_size > 10_000
     missing = subprocess.run([engine, "compare", tmp_path / "fcfs", tmp_path / "nowhere"], capture_output=True, text=True)
     assert missing.returncode == 2 and "has no summary.json" in missing.stderr and "Traceback" not in missing.stderr

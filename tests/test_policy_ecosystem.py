@@ -38,6 +38,42 @@ def test_engine_runs_priority_vip():
     assert "policy priority-vip" in proc.stdout and "60 / 0 / 0" in proc.stdout
 
 
+DRAFT = """
+from kvsched import Outcome, hookimpl
+
+
+class NewestFirst:
+    \"\"\"A draft not yet packaged: admit the newest waiting request first.\"\"\"
+
+    def __init__(self, max_admit: int = 4) -> None:
+        self.max_admit = int(max_admit)
+
+    @hookimpl
+    def select_batch(self, step):
+        for group in list(reversed(step.waiting))[: self.max_admit]:
+            if step.admit(group) is not Outcome.SCHEDULED:
+                break
+        if not step.admitted:
+            step.advance_running()
+"""
+
+
+def test_a_policy_file_runs_in_run_compare_and_sweep_before_it_is_packaged(tmp_path):
+    draft = tmp_path / "draft.py"
+    draft.write_text(DRAFT)
+    spec = f"{draft}:NewestFirst"
+    proc = engine("run", "--policy", spec, "--policy-opt", "max_admit=2", "-n", "30", "-q")
+    assert proc.returncode == 0, proc.stderr
+    assert "policy NewestFirst" in proc.stdout and "30 / 0 / 0" in proc.stdout
+    proc = engine("compare", "-p", "fcfs", "-p", spec, "-n", "30", "--seeds", "1", "-q")
+    assert proc.returncode == 0, proc.stderr
+    assert "NewestFirst" in next(line for line in proc.stdout.splitlines() if "metric" in line)
+    proc = engine("sweep", "-p", spec, "--set", "max_num_seqs=4,16", "-n", "30", "-j", "2", "-q", "-o", tmp_path / "sweep")
+    assert proc.returncode == 0, proc.stderr
+    rows = (tmp_path / "sweep" / "sweep.csv").read_text().splitlines()[1:]
+    assert len(rows) == 2 and all(f",{spec}," in row for row in rows)  # the policy column reruns the draft
+
+
 def test_engine_check_passes_priority_vip():
     proc = engine("check", "--policy", "priority-vip", "--examples", "15", "--steps", "20", "--starvation-examples", "1")
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -60,9 +96,9 @@ def test_engine_check_unknown_policy_is_one_line():
 
 
 def test_engine_compare_prints_side_by_side_and_plots(tmp_path):
-    png = tmp_path / "cdf.png"
+    png = tmp_path / "comparison_cdf.png"
     proc = engine("compare", "--policy", "fcfs", "--policy", "sjf", "--policy", "priority-vip", "-n", "80",
-                  "--policy-opt", "sjf.predictor=bucketed", "--plot", png)
+                  "--policy-opt", "sjf.predictor=bucketed", "--output", tmp_path, "--plot")
     assert proc.returncode == 0, proc.stderr
     header = next(line for line in proc.stdout.splitlines() if "metric" in line)
     assert "fcfs" in header and "sjf" in header and "priority-vip" in header

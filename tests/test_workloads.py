@@ -99,6 +99,23 @@ def test_workloads_stream_the_same_requests_they_list():
         assert list(stream) == workload.requests() and workload.num_requests == 50
 
 
+def test_rate_changes_the_rate_of_the_job_it_is_given_and_nothing_else(tmp_path):
+    """``--rate`` on the embedded job is that job faster or slower (400 requests, n > 1 mix), not another workload."""
+    faster = build_workload(rate=16.0)
+    assert faster.describe() == {**SyntheticWorkload(rate=16.0).model_dump(), "kind": "default"}
+    assert faster.requests() == SyntheticWorkload(rate=16.0).requests()
+    assert build_workload(rate=16.0, rate_scale=0.5).requests() == SyntheticWorkload(rate=8.0).requests()
+    assert len(build_workload("synthetic", rate=16.0).requests()) == 1000  # the synthetic workload keeps its own size
+    with pytest.raises(WorkloadError, match="embedded default job has Poisson arrivals"):
+        build_workload(arrival="gamma", cv=2.0)
+    with pytest.raises(WorkloadError, match="--cv is the burstiness of gamma arrivals"):
+        build_workload("synthetic", cv=2.0)
+    spec = tmp_path / "s.json"
+    spec.write_text('{"kind": "synthetic", "num_requests": 5}')
+    with pytest.raises(WorkloadError, match="sets its own arrivals"):
+        build_workload(str(spec), rate=3.0)
+
+
 def test_plain_format_with_priority_and_tenant(tmp_path):
     p = tmp_path / "plain.csv"
     p.write_text("arrival_time_s,prompt_tokens,output_tokens,priority,tenant\n0.0,5,2,1,alice\n1.5,6,3,0,bob\n")

@@ -81,7 +81,9 @@ def build_workload(
     check_options(num_requests=num_requests, rate=rate, rate_scale=rate_scale, start_offset=start_offset, cv=cv)
     if trace is not None and workload not in (None, "default"):
         raise WorkloadError("give either --workload or --trace, not both")
-    custom_arrivals = rate is not None or arrival not in (None, "poisson") or cv != 1.0
+    if cv != 1.0 and arrival != "gamma":
+        raise WorkloadError("--cv is the burstiness of gamma arrivals: give it with --arrival gamma")
+    custom_arrivals = rate is not None or arrival not in (None, "poisson")
     if trace is not None or workload in BUILTIN_TRACES:
         path = Path(trace) if trace is not None else builtin_path(workload)
         arrivals = None
@@ -96,19 +98,23 @@ def build_workload(
         raise WorkloadError("max_total_tokens (the prompt cut) applies to traces only")
     if start_offset:
         raise WorkloadError("--start-offset applies to traces only")
-    if workload in (None, "default") and not custom_arrivals:
+    if workload in (None, "default"):
+        if arrival not in (None, "poisson"):
+            raise WorkloadError("the embedded default job has Poisson arrivals: use --workload synthetic for --arrival gamma")
         fields: dict[str, Any] = {"seed": seed}
         if num_requests is not None:
             fields["num_requests"] = num_requests
-        if rate_scale != 1.0:
+        if rate is not None or rate_scale != 1.0:
             from kvsched.workloads.embedded import SyntheticWorkload
 
-            fields["rate"] = SyntheticWorkload.model_fields["rate"].default * rate_scale
+            fields["rate"] = (rate or SyntheticWorkload.model_fields["rate"].default) * rate_scale
         return _Embedded(**fields)
-    if workload in (None, "default", "synthetic"):
+    if workload == "synthetic":
         spec = SyntheticSpec(seed=seed, arrivals=make_arrivals((rate or 4.0) * rate_scale, arrival or "poisson", cv),
                              **({"num_requests": num_requests} if num_requests else {}))
         return spec
+    if custom_arrivals and Path(workload).suffix == ".json":
+        raise WorkloadError("a workload .json spec sets its own arrivals: drop --rate and --arrival (--rate-scale scales them)")
     return load_spec(Path(workload), num_requests=num_requests, seed=seed, rate_scale=rate_scale)
 
 

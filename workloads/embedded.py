@@ -16,14 +16,15 @@ class SyntheticWorkload(BaseModel):
     """A reproducible stream of requests; the same fields and seed give the same requests.
 
     The defaults are the embedded main job: a chat-like mix (prompts around 400 tokens, answers
-    around 180) arriving faster than a Llama-2-7B/A100 with a 32k-token KV cache can serve, so
-    that the cache fills, requests are preempted, and the n > 1 share is swapped.
+    around 180) arriving in bursts that fill the 7,319-block KV cache vLLM leaves a Llama-2-7B on
+    an A100-80GB (the default profile), so that requests are preempted and the n > 1 share is
+    swapped, while the queue still drains between bursts.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     num_requests: int = Field(400, ge=1, le=MAX_REQUESTS)
-    rate: float = Field(8.0, gt=0, description="mean arrivals per second (Poisson)")
+    rate: float = Field(16.0, gt=0, description="mean arrivals per second (Poisson)")
     prompt_median: int = Field(400, ge=1)
     prompt_sigma: float = Field(0.8, ge=0)
     prompt_max: int = Field(1536, ge=1)
