@@ -149,11 +149,12 @@ class BlockManager:
         """New blocks the sequence's table needs to hold ``num_tokens`` tokens."""
         return max(0, self.num_blocks(num_tokens) - len(self.gpu_tables[seq.seq_id]))
 
-    def _unique_blocks(self, group: SequenceGroup, tables: dict[int, list[int]]) -> set[int]:
+    def unique_blocks(self, group: SequenceGroup, tables: dict[int, list[int]]) -> set[int]:
+        """The blocks in ``group``'s tables (``gpu_tables`` or ``cpu_tables``), each once."""
         return {b for s in group.seqs if s.seq_id in tables for b in tables[s.seq_id]}
 
     def can_swap_out(self, group: SequenceGroup) -> bool:
-        return len(self._unique_blocks(group, self.gpu_tables)) <= self.cpu.num_free
+        return len(self.unique_blocks(group, self.gpu_tables)) <= self.cpu.num_free
 
     def blocks_to_swap_in(self, group: SequenceGroup) -> int:
         """GPU blocks ``can_swap_in`` asks for (vLLM 0.6.3's count): the group's full blocks, a block

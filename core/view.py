@@ -184,6 +184,11 @@ class CacheView:
     def can_append_slots(self, group: GroupView) -> bool:
         return _bm_of(self).can_append_slots(self._own(group))
 
+    def blocks_held(self, group: GroupView) -> tuple[int, int]:
+        """The ``(gpu, cpu)`` blocks a group's sequences hold, a block they share (after a fork) counted once."""
+        bm, g = _bm_of(self), self._own(group)
+        return len(bm.unique_blocks(g, bm.gpu_tables)), len(bm.unique_blocks(g, bm.cpu_tables))
+
     def _own(self, view: GroupView) -> SequenceGroup:
         g = group_of(view) if type(view) is GroupView else None
         if g is None or g.block_manager is not _bm_of(self):

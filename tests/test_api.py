@@ -136,3 +136,23 @@ def test_a_step_can_be_split_and_a_request_ended_while_it_runs():
     assert engine.leaked_blocks == 0
     with pytest.raises(ValueError, match="not a finished state"):
         engine.finish_request("b", SequenceStatus.RUNNING)
+
+
+def test_a_group_tells_the_blocks_it_holds_counting_shared_ones_once():
+    engine = unit_engine(num_gpu_blocks=8, num_cpu_blocks=8, preemption_mode="swap")
+    engine.add_request(req("forked", 8, 6, n=3))  # three sequences over one 8-token prompt: two shared blocks
+    held = []
+    for _ in range(4):
+        engine.step()
+        (view,) = engine.running
+        gpu, cpu = engine.cache.blocks_held(view)
+        assert (gpu, cpu) == (8 - engine.cache.num_free_gpu_blocks, 0)  # the only group: all that is not free
+        held.append(gpu)
+    assert held == [2, 2 + 3, 5, 5]  # the prompt's blocks once, then a block of its own per sequence
+    engine.add_request(req("late", 4, 8))
+    while not engine.swapped:
+        engine.step()
+    (view,) = engine.swapped
+    assert engine.cache.blocks_held(view) == (0, 8 - engine.cache.num_free_cpu_blocks)
+    with pytest.raises(ValueError, match="not a request of its engine"):
+        unit_engine().cache.blocks_held(view)

@@ -52,3 +52,13 @@ def test_documented_policy_ages_a_long_prompt_past_a_stream_of_short_ones():
     e.run([req("long", prompt_len=40, output_len=2, arrival=0.1), *stream])
     long_start = e.groups["long"].first_scheduled_time
     assert long_start is not None and long_start < 5.0  # the stream goes on until t = 30
+
+
+@pytest.mark.parametrize("cls", ["StepBuilder", "GroupView", "CacheView", "OutputView"])
+def test_hooks_md_names_every_public_member_of_what_a_policy_is_handed(cls):
+    from kvsched.core import step, view
+
+    owner = getattr(step if cls == "StepBuilder" else view, cls)
+    text = (DOCS / "hooks.md").read_text()
+    missing = [n for n in dir(owner) if not n.startswith("_") and not re.search(rf"`{n}\b", text)]
+    assert not missing, f"docs/hooks.md does not mention {cls}.{', '.join(missing)}"
