@@ -83,8 +83,9 @@ async def _send(client: Any, model: str, item: Sent, start: float) -> None:
         async for chunk in stream:
             now = time.perf_counter() - start
             for choice in chunk.choices:
-                if choice.text:
-                    item.token_times.append(now)
+                # a chunk per step's new tokens, counted even when its text is empty (the detokenizer
+                # holds back a partial UTF-8 character), as vllm bench serve counts it
+                item.token_times.append(now)
                 if choice.finish_reason:
                     item.finish_reason = choice.finish_reason
             if chunk.usage is not None:
