@@ -223,6 +223,15 @@ class BlockManager:
             self._journal.append(("cow", seq.seq_id, last))
         return (last, new)
 
+    def append_blocks(self, seqs: list[Sequence]) -> None:
+        """``append_slots`` for sequences whose newest token starts a block and whose tables share
+        nothing (the decode lane's members): one fresh block each, taken in order, in one call."""
+        tables = self.gpu_tables
+        for seq, block in zip(seqs, self.gpu.allocate_many(len(seqs))):
+            tables[seq.seq_id].append(block)
+        if self._journal is not None:
+            self._journal += [("append", seq.seq_id) for seq in seqs]
+
     def grow(self, seq: Sequence, num_tokens: int) -> None:
         """Give the sequence's table fresh blocks until it holds ``num_tokens`` tokens (a V1 prefill chunk)."""
         needed = self.blocks_to_grow(seq, num_tokens)

@@ -27,7 +27,8 @@ class Engine:
     ``policy`` is an installed policy's name or a policy object; ``executor`` runs the steps
     (``kvsched.SimulatedExecutor`` for simulation). The engine keeps the executor's clock unless
     ``clock`` is given: a caller that drives time itself passes any object with ``now()``,
-    ``advance(seconds)`` and ``wait_until(t)``. ``retain_finished=False`` leaves finished groups to ``on_step``.
+    ``advance(seconds)`` and ``wait_until(t)``. ``retain_finished=False`` leaves finished groups to ``on_step``;
+    ``steady_steps=False`` calls the policy even for a step it declared steady (docs/hooks.md; same results).
     """
 
     def __init__(
@@ -40,12 +41,13 @@ class Engine:
         observers: tuple = (),
         clock: Clock | None = None,
         retain_finished: bool = True,
+        steady_steps: bool = True,
     ) -> None:
         if not isinstance(config, EngineConfig):
             raise TypeError(f"config must be an EngineConfig, got {type(config).__name__}")
         self.hooks = PolicyHooks(policy, policy_options, observers)
         self.config = config = self.hooks.configure(config)
-        self.scheduler = Scheduler(self.config, self.hooks)
+        self.scheduler = Scheduler(self.config, self.hooks, steady_steps)
         self.executor = executor
         attach = getattr(executor, "attach", None)
         if attach is not None:  # an executor that reads block tables, or the block size, of this engine

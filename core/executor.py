@@ -78,9 +78,9 @@ class DecodeLane(Protocol):
 
     scheduled: int  # members in the step being built (0: the step is not a lane step)
 
-    def schedule(self, running: list[SequenceGroup], out: SchedulerOutput, max_tokens: int, touched: dict,
+    def schedule(self, running: list[SequenceGroup], out: SchedulerOutput, max_tokens: int, touched: dict | None,
                  decodes_only: bool = False, cap: int | None = None) -> bool:
-        """Put every running group in ``out`` as one decode if the lane is exact for this step."""
+        """Put every running group in ``out`` as one decode if the lane is exact for this step (and mark them in ``touched``)."""
         ...
 
     def apply(self) -> list[Sequence]:

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 from kvsched.allocators.alloc_status import AllocStatus
 from kvsched.allocators.block_manager import BlockManager
 from kvsched.core.config import EngineConfig, PreemptionMode
+from kvsched.core.decisions import Decision
 from kvsched.core.outputs import SchedulerOutput
 from kvsched.core.sequence import SequenceGroup, SequenceStatus
 from kvsched.core.step_state import StepState
@@ -18,6 +19,7 @@ if TYPE_CHECKING:
     from kvsched.core.plugins import PolicyHooks
 
 _RUNNING, _WAITING, _SWAPPED = SequenceStatus.RUNNING, SequenceStatus.WAITING, SequenceStatus.SWAPPED
+_NO_BLOCKS, _HELD = Decision.NO_BLOCKS, Decision.HELD
 
 
 class Scheduler:
@@ -28,7 +30,7 @@ class Scheduler:
     otherwise commits the queue and status changes in one place.
     """
 
-    def __init__(self, config: EngineConfig, hooks: PolicyHooks) -> None:
+    def __init__(self, config: EngineConfig, hooks: PolicyHooks, repeats: bool = True) -> None:
         self.config = config
         self.hooks = hooks
         v1 = config.vllm_engine == "v1"
@@ -43,6 +45,8 @@ class Scheduler:
         self.swapped: list[SequenceGroup] = []
         self.num_running_seqs = 0  # sum of max_running_seqs over running groups
         self.lane: DecodeLane | None = None  # set by the engine when its executor knows its tokens
+        self.repeats = repeats  # steady steps are repeated without the policy (docs/hooks.md); same results either way
+        self._steady: tuple | None = None  # of the last step, if steady: what _repeat needs (no group that may finish)
 
     def add(self, group: SequenceGroup) -> None:
         group.block_manager = self.block_manager
@@ -55,6 +59,10 @@ class Scheduler:
     def schedule(self, now: float, hooks: PolicyHooks | None = None) -> SchedulerOutput:
         """Build, validate and commit one step with the policy (or with ``hooks``: another policy
         deciding on the same state, e.g. a fallback after this one failed)."""
+        out = self._repeat() if self._steady is not None and hooks is None else None
+        if out is not None:
+            return out
+        self._steady = None
         hooks = hooks or self.hooks
         step = self._step_state(self, now, hooks)
         bm = self.block_manager
@@ -68,7 +76,26 @@ class Scheduler:
             step.close()
         bm.commit()
         self._commit(step)
+        if step.declared is not None and self.repeats and hooks is self.hooks and _repeatable(step):
+            self._steady = (*step.declared, step.lane_call, step.refusals, step.output.decisions, len(self.waiting), len(self.running))
         return step.output
+
+    def _repeat(self) -> SchedulerOutput | None:
+        """The last, steady step again if each refused admission is still refused and the lane still exact; else None."""
+        arrivals, finishes, (decodes_only, cap, at), refusals, decisions, waiting, running = self._steady
+        if (arrivals and len(self.waiting) != waiting) or (finishes and len(self.running) != running):  # events for the policy
+            return None
+        bm, out = self.block_manager, SchedulerOutput()
+        free = bm.gpu.num_free  # a refusal noted after the lane saw fewer: the lane's due blocks only confirm it
+        if any(free - g.refused >= bm.watermark_blocks for g in refusals):
+            return None
+        if not self.lane.schedule(self.running, out, self.config.max_num_batched_tokens, None, decodes_only, cap):
+            self.lane.dissolve()  # as the policy's own call of the lane would
+            return None
+        out.lane_decodes, after = self.lane.scheduled, bm.gpu.num_free
+        out.decisions = [(*note[:3], free if i < at else after) if note[0] is _NO_BLOCKS else (*note[:3], dict(note[3]))
+                         for i, note in enumerate(decisions)]
+        return out
 
     def _rollback(self) -> None:
         self.block_manager.rollback()
@@ -127,6 +154,7 @@ class Scheduler:
 
     def abort(self, group: SequenceGroup, now: float, status: SequenceStatus = SequenceStatus.FINISHED_ABORTED) -> None:
         """Take ``group`` out of whichever queue holds it, free every block it held, and end it with ``status``."""
+        self._steady = None
         if self.lane is not None and any(s.lane is not None for s in group.seqs):
             self.lane.dissolve()
         for name in ("waiting", "running", "swapped"):
@@ -169,6 +197,15 @@ class Scheduler:
         if self.num_running_seqs > self.config.max_num_seqs:
             problems.append(f"{self.num_running_seqs} running sequences exceed max_num_seqs {self.config.max_num_seqs}")
         return problems
+
+
+def _repeatable(step: StepState) -> bool:
+    """Whether a steady step is one the core can prove again: the decode lane and refusals for want of blocks, nothing else."""
+    out = step.output
+    return (step.lane_call is not None and out.lane_decodes == len(out.scheduled) and all(g.refused is not None for g in step.refusals)
+            and not (out.preempted or out.ignored or out.blocks_to_swap_in or out.blocks_to_swap_out)
+            and sum(1 for note in out.decisions if note[0] is not _HELD) == len(step.refusals))
+
 
 def _without_prefix(waiting: list[SequenceGroup], left: int) -> list[SequenceGroup]:
     """``waiting`` without the ``left`` groups that stopped waiting in this step.

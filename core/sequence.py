@@ -105,7 +105,7 @@ class SequenceGroup:
         "request", "request_id", "index", "n", "seqs", "status", "finish_detail", "view",
         "arrival_time", "first_scheduled_time", "first_token_time", "finish_time",
         "num_recompute_preemptions", "num_swap_preemptions", "num_generated_tokens", "num_unfinished_seqs",
-        "stop_tokens", "max_seq_tokens", "block_manager",
+        "stop_tokens", "max_seq_tokens", "block_manager", "refused",
     )
 
     def __init__(
@@ -139,6 +139,7 @@ class SequenceGroup:
         limit = len(prompt) + params.max_tokens
         self.max_seq_tokens = limit if max_seq_len is None else min(limit, max_seq_len)
         self.block_manager = None  # the block manager of the engine it was added to: whose operations may take it
+        self.refused: int | None = None  # the blocks its last admission lacked (LATER, StepState.admit), if the core counted them
 
     @property
     def is_forked(self) -> bool:

@@ -35,7 +35,7 @@ class StepState(DecisionNotes):
 
     __slots__ = ("sched", "bm", "hooks", "config", "now", "output", "num_running_seqs", "touched", "max_tokens", "max_seqs",
                  "prompt_limit", "admitted", "swapped_in", "recomputed", "swapped_out", "cached_tokens", "ignore_reasons",
-                 "victim_cursor", "open", "step")
+                 "victim_cursor", "open", "step", "declared", "lane_call", "refusals")
 
     def __init__(self, scheduler: Scheduler, now: float, hooks: PolicyHooks) -> None:
         self.sched = scheduler
@@ -58,6 +58,8 @@ class StepState(DecisionNotes):
         self.victim_cursor = len(scheduler.running) - 1
         self.open = True  # until the scheduler commits or rolls the step back
         self.step = StepBuilder(self)  # what the hooks are handed
+        self.declared = self.lane_call = None  # steady()'s (arrivals, finishes); the lane's call, with the notes before it
+        self.refusals: list[SequenceGroup] = []  # groups refused for want of blocks (LATER), in order
 
     def close(self) -> None:
         """The step is over: its builder refuses every operation from now on."""
@@ -101,7 +103,8 @@ class StepState(DecisionNotes):
         if status is AllocStatus.NEVER:
             return self._ignore(g, "prompt can never fit in the GPU KV cache (can_allocate: NEVER)")
         tokens = self._admitted_tokens(g, cached, chunk)
-        if status is AllocStatus.LATER:
+        if status is AllocStatus.LATER:  # what can_allocate counted: the scheduler proves the refusal again with it
+            g.refused = None if self.hooks.decides_admission or self.bm.enable_prefix_caching else self.bm.blocks_to_allocate(g)
             return self._no_blocks(g, self.bm.blocks_to_allocate(g, tokens))
         if self._over_budget(g, chunk):
             return Outcome.BUDGET
@@ -109,6 +112,7 @@ class StepState(DecisionNotes):
         if needed > self.bm.gpu.num_free:
             self.refuse(f"said OK for {quote(g.request_id)}, which needs {needed} blocks with {self.bm.gpu.num_free} free", "can_allocate")
         cached = self.bm.allocate(g, tokens)
+        g.refused = None
         self.cached_tokens.update(cached)
         self.touched[g] = "admitted"
         self.admitted.append(g)
@@ -145,6 +149,11 @@ class StepState(DecisionNotes):
         self.num_running_seqs += g.max_running_seqs
         # can_swap_in counted the block each sequence's next token touches: the decode needs no room made.
         return self._run(g, max_tokens, "swap_in", room=True)
+
+    def declare_steady(self, arrivals: bool, finishes: bool) -> None:
+        if type(arrivals) is not bool or type(finishes) is not bool:
+            self.refuse(f"steady: arrivals and finishes must be True or False, got {quote(arrivals)} and {quote(finishes)}")
+        self.declared = (arrivals, finishes)
 
     def preempt(self, group: GroupView, mode: PreemptionMode | None) -> PreemptionMode:
         mode = self._mode_arg(mode, "preempt")
@@ -193,6 +202,7 @@ class StepState(DecisionNotes):
         out = self.output
         if not (out.scheduled or out.preempted) and lane.schedule(self.sched.running, out, self.max_tokens, self.touched, decodes_only, max_tokens):
             out.lane_decodes = lane.scheduled
+            self.lane_call = (decodes_only, max_tokens, len(out.decisions))
             return True
         lane.dissolve()
         return False

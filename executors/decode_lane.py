@@ -91,6 +91,13 @@ class LaneGroup(SequenceGroup):
         self.num_generated_tokens = value
 
 
+def _plain_decode(g: SequenceGroup) -> bool:
+    """A running one-sequence decode past its first token (a prompt's last chunk samples a first token: timed per step)."""
+    seqs = g.seqs
+    return (len(seqs) == 1 and g.n == 1 and seqs[0].status is _RUNNING and seqs[0].num_uncomputed_tokens == 1
+            and g.first_token_time is not None)
+
+
 class DecodeLane:
     """The running one-sequence decodes of one engine, advanced together (see the module docstring)."""
 
@@ -103,10 +110,12 @@ class DecodeLane:
         self._decodes_only = False  # built for advance_decodes (groups in a prefill passed over)
         self._exact = False  # every group of that queue is a member, or passed over in a prefill
         self._passed_over: list[SequenceGroup] = []
-        self._batch: list[ScheduledGroup] = []  # one decode entry per member, in running order
+        self._members: list[SequenceGroup] = []  # the members' groups, in running order
+        self._batch: list[ScheduledGroup] = []  # one decode entry per member, in the same order
         self._touched: dict[SequenceGroup, str] = {}  # the same groups, as the step builder marks them
         self._entries: dict[SequenceGroup, ScheduledGroup] = {}
-        self._position: dict[Sequence, int] = {}  # member -> its place among the members in the running queue
+        self._position: dict[Sequence, int] = {}  # member -> a number that orders the members as the running queue does
+        self._next_position = 0
         self._ends: dict[Sequence, int] = {}  # member -> lane step that samples its last token
         self._blocks_due: dict[int, list[Sequence]] = {}  # lane step -> members that need a block in it
         self._finishing: dict[int, list[Sequence]] = {}  # lane step -> members that end in it
@@ -124,7 +133,7 @@ class DecodeLane:
         if running is not self._running or decodes_only != self._decodes_only or any(
             g.num_uncomputed_tokens <= g.num_unfinished_seqs for g in self._passed_over  # a prefill ended
         ):
-            self._rebuild(running, decodes_only)
+            self._follow(running, decodes_only)
         batch = self._batch
         n = len(batch)
         if not self._exact or not n or out.num_batched_tokens + n > max_tokens or (cap is not None and n > cap):
@@ -134,20 +143,42 @@ class DecodeLane:
             return False  # some sequence would meet vLLM's worst-case check with no free block
         if due is not None:
             del self._blocks_due[self.steps]
-            append, ends, again = self._bm.append_slots, self._ends, self.steps + self._block_size
+            ends, again = self._ends, self.steps + self._block_size
             if len(due) > 1:  # the sequence-by-sequence loop takes blocks in running order
                 due.sort(key=self._position.__getitem__)
+            self._bm.append_blocks(due)
             for seq in due:
-                append(seq)
                 if again <= ends[seq]:
                     self._blocks_due.setdefault(again, []).append(seq)
         out.scheduled += batch
         out.num_batched_tokens += n
         out.decode_seqs += n
         out.kv_tokens_read += self._kv_tokens
-        touched.update(self._touched)
+        if touched is not None:  # None: nobody asks in this step
+            touched.update(self._touched)
         self.scheduled = n
         return True
+
+    def _follow(self, running: list[SequenceGroup], decodes_only: bool) -> None:
+        """Catch up with a changed running queue. Usually it holds the members in their order (some
+        left), then groups appended since (admitted, swapped in), which join if they are plain
+        decodes: the batch is updated in place. Anything else rebuilds it."""
+        members = self._members
+        m = len(members)
+        if not (self._exact and decodes_only == self._decodes_only and not self._passed_over and running[:m] == members):
+            return self._rebuild(running, decodes_only)
+        newcomers = running[m:]
+        self._running = running
+        if not newcomers:
+            return
+        self._exact = all(map(_plain_decode, newcomers)) and all([self._join(g, g.seqs[0]) for g in newcomers])
+        if self._exact:  # else the lane dissolves before the step runs
+            entries, position = self._entries, self._position
+            members += newcomers
+            self._batch += [entries[g] for g in newcomers]
+            self._touched.update(dict.fromkeys(newcomers, "scheduled"))
+            position.update(zip([g.seqs[0] for g in newcomers], range(self._next_position, self._next_position + len(newcomers))))
+            self._next_position += len(newcomers)
 
     def _rebuild(self, running: list[SequenceGroup], decodes_only: bool) -> None:
         """Take in the running groups that became plain decodes; note whether the lane is exact:
@@ -158,9 +189,7 @@ class DecodeLane:
         for g in running:  # none joins unless the lane can run: a lane that cannot is dissolved
             if g in entries:
                 continue
-            seqs = g.seqs
-            if (len(seqs) == 1 and g.n == 1 and seqs[0].status is _RUNNING and seqs[0].num_uncomputed_tokens == 1
-                    and g.first_token_time is not None):  # a prompt's last chunk samples a first token: timed per step
+            if _plain_decode(g):
                 newcomers.append(g)
             elif decodes_only and g.num_uncomputed_tokens > g.num_unfinished_seqs:
                 passed_over.append(g)
@@ -169,11 +198,13 @@ class DecodeLane:
         if all([self._join(g, g.seqs[0]) for g in newcomers]):
             self._exact = True
             self._passed_over = passed_over
-            members = [g for g in running if g in entries] if passed_over else running
+            members = [g for g in running if g in entries] if passed_over else list(running)
+            self._members = members
             self._batch = [entries[g] for g in members]
             self._touched = dict.fromkeys(members, "scheduled")
             # Members join out of running order when a group ahead of them was still in a prefill.
             self._position = {g.seqs[0]: i for i, g in enumerate(members)}
+            self._next_position = len(members)
 
     def _join(self, g: SequenceGroup, seq: Sequence) -> bool:
         steps = self.steps
@@ -235,6 +266,8 @@ class DecodeLane:
                 problems.append(f"{name} is not due for a block at lane step {due}")
             if end < steps or seq not in self._finishing.get(end, ()):
                 problems.append(f"{name} is not due to finish at lane step {end}")
+        if self._members and [g for g in running if g in self._entries] != self._members:
+            problems.append("the lane's members are not in running order")
         kv = sum(seq.num_computed_tokens for seq in self._ends)
         if kv != self._kv_tokens:
             problems.append(f"lane counts {self._kv_tokens} computed tokens, its members hold {kv}")
@@ -256,11 +289,15 @@ class DecodeLane:
             seq.__class__, group.__class__ = LaneSequence, LaneGroup
 
     def _leave(self, seq: Sequence) -> None:
+        """``seq`` finished: out of the lane, and out of the batch, which stays in running order."""
         self._unlink(seq)
+        group = seq.group
         self._kv_tokens -= seq.num_computed_tokens
         del self._ends[seq]
-        del self._entries[seq.group]
-        self._running = None  # the batch lists a group that is gone
+        self._batch.remove(self._entries.pop(group))
+        self._members.remove(group)
+        del self._touched[group], self._position[seq]
+        self._running = None  # the engine drops it from the running queue, a new list
 
     def _unlink(self, seq: Sequence) -> None:
         """Write out ``seq``'s tokens and make it a plain sequence again."""
@@ -283,6 +320,7 @@ class DecodeLane:
         for seq in self._ends:
             self._unlink(seq)
         self._ends.clear()
+        self._members, self._batch = [], []
         self._position.clear()
         self._entries.clear()
         self._blocks_due.clear()

@@ -54,9 +54,13 @@ class ContinuousBatching:
     def select_batch(self, step):
         if not decode_then_resume(step):
             return True
+        stopped = False
         for group in self.order_waiting(step):
             if not step.was_touched(group) and step.admit(group) in STOP:
+                stopped = True
                 break
+        if type(self).order_waiting is ContinuousBatching.order_waiting:  # first come, first served: nothing here reads the clock
+            step.steady(arrivals=not stopped, finishes=False)  # behind the group it stopped at, arrivals change nothing
         return True
 
     @hookimpl

@@ -57,9 +57,12 @@ class VllmDefault:
                 if not self._passed_delay(step):
                     break
                 if step.admit(group) in _STOP_ADMITTING:
+                    # Until blocks are freed enough: FCFS never looks behind the group it stopped at, and the gate stays open.
+                    step.steady(arrivals=False, finishes=False)
                     break
             else:
                 self._passed_delay(step)  # vLLM evaluates the gate once more on an empty queue
+                step.steady(finishes=False)  # until a request arrives
             if step.admitted:
                 self._prev_prompt = True
                 return True

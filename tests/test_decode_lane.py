@@ -280,7 +280,8 @@ class _RaisesAfterDecoding(VllmDefault):
 
 
 def test_a_policy_failing_after_a_lane_step_leaves_the_engine_as_before_the_step():
-    engine = Engine(EngineConfig(block_size=4, num_gpu_blocks=200), _RaisesAfterDecoding, SimulatedExecutor())
+    # Every call counts: a steady step would be repeated without calling the policy.
+    engine = Engine(EngineConfig(block_size=4, num_gpu_blocks=200), _RaisesAfterDecoding, SimulatedExecutor(), steady_steps=False)
     for i in range(4):
         engine.add_request(req(f"r{i}", 10, 50))
     engine.step()  # the prompts
