@@ -153,6 +153,10 @@ class BlockManager:
         """The blocks in ``group``'s tables (``gpu_tables`` or ``cpu_tables``), each once."""
         return {b for s in group.seqs if s.seq_id in tables for b in tables[s.seq_id]}
 
+    def blocks_held(self, group: SequenceGroup) -> tuple[int, int]:
+        """The ``(gpu, cpu)`` blocks in ``group``'s tables, each once."""
+        return len(self.unique_blocks(group, self.gpu_tables)), len(self.unique_blocks(group, self.cpu_tables))
+
     def can_swap_out(self, group: SequenceGroup) -> bool:
         return len(self.unique_blocks(group, self.gpu_tables)) <= self.cpu.num_free
 

@@ -59,8 +59,7 @@ class Scheduler:
     def schedule(self, now: float, hooks: PolicyHooks | None = None) -> SchedulerOutput:
         """Build, validate and commit one step with the policy (or with ``hooks``: another policy
         deciding on the same state, e.g. a fallback after this one failed)."""
-        out = self._repeat() if self._steady is not None and hooks is None else None
-        if out is not None:
+        if self._steady is not None and hooks is None and (out := self._repeat()) is not None:
             return out
         self._steady = None
         hooks = hooks or self.hooks

@@ -186,8 +186,7 @@ class CacheView:
 
     def blocks_held(self, group: GroupView) -> tuple[int, int]:
         """The ``(gpu, cpu)`` blocks a group's sequences hold, a block they share (after a fork) counted once."""
-        bm, g = _bm_of(self), self._own(group)
-        return len(bm.unique_blocks(g, bm.gpu_tables)), len(bm.unique_blocks(g, bm.cpu_tables))
+        return _bm_of(self).blocks_held(self._own(group))
 
     def _own(self, view: GroupView) -> SequenceGroup:
         g = group_of(view) if type(view) is GroupView else None
