@@ -166,7 +166,6 @@ class Engine:
         sampling ``result.tokens``; apply them and tell ``on_step`` observers."""
         sched = self.scheduler
         self._in_flight = None
-        before = self._scheduled_at
         features = output.features  # counted by the step builder, before _apply changes the sequences
         self.clock.advance(result.duration)
         now = self.clock.now()
@@ -175,11 +174,11 @@ class Engine:
         self.num_blocks_swapped_out += len(output.blocks_to_swap_out)
         idle = output.is_empty and not finished
         if idle and not self._idle_steps:
-            self._idle_since = before
+            self._idle_since = self._scheduled_at
         self._idle_steps = self._idle_steps + 1 if idle else 0
         report = StepReport(
             self.num_steps, now, result.duration, OutputView(output), tuple([g.view for g in finished]) if finished else (),
-            len(sched.waiting), len(sched.running), len(sched.swapped), sched.cache_view, features,
+            len(sched.waiting), len(sched.running), len(sched.swapped), sched.cache_view, features, self._scheduled_at,
         )
         self.num_steps += 1
         if self.config.audit_every_step:

@@ -23,12 +23,12 @@ if TYPE_CHECKING:
     from kvsched.core.report import StepReport
 
 COLUMNS = (
-    "step", "time_s", "duration_s", "num_waiting", "num_running", "num_swapped",
+    "step", "time_s", "duration_s", "start_s", "num_waiting", "num_running", "num_swapped",
     "batch_groups", "batch_seqs", "prefill_groups", "prefill_tokens", "decode_seqs", "kv_tokens_read",
     "gpu_blocks_used", "cpu_blocks_used", "blocks_swapped_in", "blocks_swapped_out", "blocks_copied",
     "preempted_recompute", "preempted_swap", "finished",
 )
-SCHEMA = pa.schema([(c, pa.float64() if c in ("time_s", "duration_s") else pa.int64()) for c in COLUMNS])
+SCHEMA = pa.schema([(c, pa.float64() if c in ("time_s", "duration_s", "start_s") else pa.int64()) for c in COLUMNS])
 
 
 class TimeSeriesRecorder:
@@ -52,7 +52,7 @@ class TimeSeriesRecorder:
             if mode.value == "swap":
                 swap_preempt += 1
         row = (
-            r.step, r.now, r.duration, r.num_waiting, r.num_running, r.num_swapped,
+            r.step, r.now, r.duration, r.now - r.duration if r.started is None else r.started, r.num_waiting, r.num_running, r.num_swapped,
             len(out.scheduled), f.decode_seqs + prefill_groups, prefill_groups, f.prefill_tokens, f.decode_seqs,
             f.kv_tokens_read, cache.num_gpu_blocks - cache.num_free_gpu_blocks,
             cache.num_cpu_blocks - cache.num_free_cpu_blocks, len(out.blocks_to_swap_in), len(out.blocks_to_swap_out),
@@ -104,3 +104,11 @@ class TimeSeriesRecorder:
 
             return pd.read_parquet(self.file.path)
         return arrow_table(self._rows, SCHEMA).to_pandas()
+
+
+def step_starts(steps: pd.DataFrame) -> np.ndarray:
+    """When each step of a time series began: the engine's own clock (``start_s``), so that a request
+    arriving at that instant is placed as the engine placed it; end minus duration for older files."""
+    if "start_s" in steps:
+        return steps.start_s.to_numpy()
+    return (steps.time_s - steps.duration_s).to_numpy()

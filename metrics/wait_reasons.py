@@ -19,7 +19,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-EPS = 1e-9  # step starts are recomputed as end - duration: allow for the rounding
+from kvsched.metrics.timeseries import step_starts
+
+EPS = 1e-9  # a file without start_s: step starts recomputed as end - duration, allow for the rounding
 ARRIVAL = "arrival"
 
 # What each reason key means, for people; "held:<reason>" is the policy's own.
@@ -73,11 +75,12 @@ class WaitReasons:
 
     def __init__(self, events: pd.DataFrame, steps: pd.DataFrame, requests: pd.DataFrame) -> None:
         self.events, self.steps, self.requests = events, steps, requests
-        self.start = (steps.time_s - steps.duration_s).to_numpy()
+        self.start = step_starts(steps)
+        self.eps = 0.0 if "start_s" in steps else EPS  # the engine's own start: a request arriving then was seen by it
         self.end = steps.time_s.to_numpy()
         self.interval = np.append(self.start[1:], self.end[-1:]) - self.start
         arrivals = np.sort(requests.arrival_time.to_numpy())
-        arrived = np.diff(np.concatenate(([0], np.searchsorted(arrivals, self.start + EPS, side="right"))))
+        arrived = np.diff(np.concatenate(([0], np.searchsorted(arrivals, self.start + self.eps, side="right"))))
         before = {q: np.concatenate(([0], steps[f"num_{q}"].to_numpy()[:-1])) for q in ("waiting", "running", "swapped")}
         self.at_start = {**before, "waiting": before["waiting"] + arrived}  # queue lengths as each step began
         self._context = {q: self._step_context(q) for q in ("waiting", "swapped")}
@@ -145,7 +148,7 @@ class WaitReasons:
             add(queue, own.reason.to_numpy(), iv[own.step.to_numpy()])
             add(queue, self._context[queue].key.to_numpy(), self.not_offered(queue) * iv)
         arrival = self.requests.arrival_time.to_numpy()
-        first = np.searchsorted(self.start + EPS, arrival, side="left")
+        first = np.searchsorted(self.start + self.eps, arrival, side="left")
         seen = first < len(self.start)
         add("waiting", ARRIVAL, np.clip(self.start[first[seen]] - arrival[seen], 0, None))
         pre = ev[ev.event == "preempted"]

@@ -17,6 +17,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from kvsched.metrics.phases import all_phases
+from kvsched.metrics.timeseries import step_starts
 from kvsched.reporting.files import RunFiles
 
 ENGINE, REQUESTS = 1, 2
@@ -37,7 +38,7 @@ def step_name(prefill_tokens: int, decode_seqs: int) -> str:
 def trace_events(run: RunFiles):
     """Every event of the trace, metadata first (a generator: a long run's trace is never one list)."""
     steps, events, requests = run.steps, run.events, run.requests
-    start = (steps.time_s - steps.duration_s).to_numpy()
+    start = step_starts(steps)
     end = steps.time_s.to_numpy()
     for pid, name in ((ENGINE, "engine"), (REQUESTS, "requests")):
         yield {"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": name}}

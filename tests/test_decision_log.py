@@ -202,3 +202,16 @@ def test_the_log_adds_up(tmp_path_factory, case):
     if (done.n == 1).all():  # one stream per request: a gap before each token after the first
         assert counts.sum() == (done.output_tokens - 1).sum()
     assert (gaps >= 0).all() and np.all(np.diff(gaps) > 0)
+
+
+def test_a_request_arriving_as_a_step_starts_is_placed_as_the_engine_placed_it(tmp_path):
+    """Steps of one second from 0.69 s start at 4.6899999999999995 s by the engine's float clock, so a
+    request arriving at 4.69 s waits for the next step; a start recomputed as end - duration (5.69 - 1)
+    cannot tell, and lost that second of its wait. The time series keeps the engine's own start."""
+    requests = [req("r2", 1, 6, arrival=0.69), req("r0", 1, 1, arrival=1.0), req("r1", 1, 1, arrival=4.69)]
+    log = run(tmp_path, requests, max_num_seqs=1, delay_factor=0.0)
+    assert log.steps.start_s[4] == 0.69 + 1.0 + 1.0 + 1.0 + 1.0 < 4.69
+    why = WaitReasons(log.events, log.steps, log.requests)
+    table = why.time_by_reason().set_index("key").request_s
+    assert table["arrival"] == pytest.approx(0.69 + 1.0)  # r0 arrived 0.69 s before step 1, r1 a second before step 5
+    assert table.sum() == pytest.approx((6.69 - 1.0) + (7.69 - 4.69))  # every second r0 and r1 spent queued
