@@ -90,7 +90,7 @@ def can_allocate(step: StepBuilder, group: GroupView) -> AllocStatus | None:
 @hookspec
 def on_step(report: StepReport) -> None:
     """Observe a finished step: ``report.output`` (what was scheduled, an ``OutputView``),
-    ``report.now`` (clock after the step), ``report.duration`` and ``report.finished`` (groups
+    ``report.started`` and ``report.now`` (clock before and after), ``report.duration``, ``report.finished`` (groups
     that ended, as ``GroupView``s); the report is read-only. Every registered implementation is
     called; use it for metrics, logs or adaptive controllers. Return values are ignored. If it
     raises, the step stands and the engine raises ``PolicyError`` naming ``on_step``.
