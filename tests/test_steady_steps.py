@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 from helpers import engine_configs, req
-from hypothesis import event, given, note
+from hypothesis import given, note
 from hypothesis import strategies as st
 
 from kvsched import Engine, EngineConfig
