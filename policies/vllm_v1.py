@@ -7,7 +7,7 @@ it step by step against vLLM's own scheduler.
 from __future__ import annotations
 
 from kvsched.allocators.alloc_status import AllocStatus
-from kvsched.core.decisions import Outcome, Preemption
+from kvsched.core.decisions import Outcome, Preemption, PreemptionMode
 from kvsched.core.hookspecs import hookimpl
 
 POLICIES = ("fcfs", "priority")
@@ -83,9 +83,11 @@ class VllmV1:
 
     @hookimpl
     def choose_preemption(self, step, requester):
-        """The last running request, or under ``priority`` the least urgent (latest) of all running ones."""
+        """The last running request, or under ``priority`` the least urgent (latest) of all running ones,
+        by recompute: V1 has no swap, and under v0 mechanics a swapped group would never come back."""
         if not self.priority:
-            return None  # the core's default: the newest unscheduled running group, else the requester
+            victim = step.newest_unscheduled(exclude=requester)  # the core's default victim
+            return Preemption(victim if victim is not None else requester, PreemptionMode.RECOMPUTE)
         preempted = set(step.preempted)
         running = [g for g in step.running if g not in preempted]
-        return Preemption(max(running, key=lambda g: (g.priority, g.arrival_time)))
+        return Preemption(max(running, key=lambda g: (g.priority, g.arrival_time)), PreemptionMode.RECOMPUTE)

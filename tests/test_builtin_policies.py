@@ -238,3 +238,16 @@ def test_every_policy_has_a_docs_page_with_its_rule_and_source(name):
     page = (Path(__file__).resolve().parents[1] / "docs" / "policies" / f"{name}.md").read_text()
     assert "## Rule" in page and "## Source" in page and f"engine --policy {name}" in page
     assert f"`{name}`" in (Path(__file__).resolve().parents[1] / "docs" / "policies" / "README.md").read_text()
+
+
+def test_vllm_v1_preempts_by_recompute_even_on_v0_mechanics():
+    """V1 has no swap: on v0 mechanics (asked for explicitly) a swapped group would never be swapped
+    back in by vllm-v1, and the run would stall; its victims are recomputed instead."""
+    e = unit_engine("vllm-v1", vllm_engine="v0", num_gpu_blocks=8, preemption_mode=None)
+    for i in range(4):
+        e.add_request(req(f"r{i}", 4, 12, n=2))  # n > 1: the v0 default mode would be swap
+    e.run()
+    groups = e.groups.values()
+    assert all(g.status.name in ("FINISHED_LENGTH_CAPPED", "FINISHED_STOPPED") for g in groups)
+    assert sum(g.num_recompute_preemptions for g in groups) > 0 and not any(g.num_swap_preemptions for g in groups)
+    assert e.leaked_blocks == 0
