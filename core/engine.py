@@ -80,8 +80,7 @@ class Engine:
     # ----------------------------------------------------------------------------- requests
     def add_request(self, request: Request | dict) -> SequenceGroup:
         """Queue a request (validated if given as a dict); it waits until the policy admits it."""
-        if self.hooks.in_hook is not None:
-            self._refuse_in_hook("add_request")
+        self._refuse_in_hook("add_request")
         if not isinstance(request, Request):
             request = Request.model_validate(request)
         if request.request_id in self.groups:

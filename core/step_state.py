@@ -103,9 +103,10 @@ class StepState(DecisionNotes):
         if status is AllocStatus.NEVER:
             return self._ignore(g, "prompt can never fit in the GPU KV cache (can_allocate: NEVER)")
         tokens = self._admitted_tokens(g, cached, chunk)
-        if status is AllocStatus.LATER:  # what can_allocate counted: the scheduler proves the refusal again with it
-            g.refused = None if self.hooks.decides_admission or self.bm.enable_prefix_caching else self.bm.blocks_to_allocate(g)
-            return self._no_blocks(g, self.bm.blocks_to_allocate(g, tokens))
+        if status is AllocStatus.LATER:  # g.refused: what can_allocate counted, for the scheduler to prove the refusal again
+            needed = self.bm.blocks_to_allocate(g, tokens)
+            g.refused = None if self.hooks.decides_admission or self.bm.enable_prefix_caching else needed if tokens is None else self.bm.blocks_to_allocate(g)
+            return self._no_blocks(g, needed)
         if self._over_budget(g, chunk):
             return Outcome.BUDGET
         needed = self.bm.blocks_to_allocate(g, tokens)
