@@ -38,10 +38,13 @@ def fit_to_profile(config: EngineConfig, profile: CostProfile, policy: Any) -> E
     blocks = profile.num_kv_blocks(config.block_size)
     if blocks is not None:
         fitted["num_gpu_blocks"] = blocks
-    given = config.model_fields_set | set(getattr(policy, "engine_defaults", None) or ())
+    defaults = getattr(policy, "engine_defaults", None) or {}
+    given = config.model_fields_set | set(defaults)
     fitted = {k: v for k, v in fitted.items() if k not in given}
     if not getattr(policy, "chunked_prefill", False) and "max_num_batched_tokens" not in given:
-        fitted["max_num_batched_tokens"] = max(fitted.get("max_model_len", config.model_len), V0_MIN_BATCHED_TOKENS)
+        # the model length the engine will run with: the caller's, else the policy's, else the profile's
+        model_len = EngineConfig.model_validate({**defaults, **fitted, **config.model_dump(exclude_unset=True)}).model_len
+        fitted["max_num_batched_tokens"] = max(model_len, V0_MIN_BATCHED_TOKENS)
     fitted = {k: v for k, v in fitted.items() if v != getattr(config, k)}
     if not fitted:
         return config

@@ -60,6 +60,11 @@ def test_explicit_settings_and_a_policys_engine_defaults_win():
 
     config = fit_to_profile(EngineConfig(), LLAMA2_7B_A100, PinsItsLength)
     assert config.max_model_len is None and "max_model_len" not in config.model_fields_set
+
+    class PinsALongContext:
+        engine_defaults = {"max_model_len": 8192}
+
+    assert fit_to_profile(EngineConfig(), LLAMA2_7B_A100, PinsALongContext).max_num_batched_tokens == 8192  # its length fits a step
     unknown = CostProfile(name="fitted", base_ms=1, prefill_token_ms=0, decode_seq_ms=0, kv_token_ms=0,
                           kv_bytes_per_token=0, swap_gb_per_s=1, copy_gb_per_s=1)  # what engine calibrate writes
     plain = EngineConfig()
