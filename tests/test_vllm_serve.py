@@ -109,6 +109,7 @@ def test_a_raising_policy_does_not_stop_the_server_and_is_counted(server):
 def test_a_client_that_disconnects_aborts_its_request_and_frees_its_blocks(server):
     base, _ = server
     client = OpenAI(base_url=f"{base}/v1", api_key="none")
+    generated = metric(metrics(base), "vllm:generation_tokens_total")
     stream = client.completions.create(model="smollm2-135m", prompt="Count slowly to one thousand", max_tokens=900,
                                        extra_body={"ignore_eos": True}, stream=True)
     for i, _ in enumerate(stream):
@@ -122,6 +123,8 @@ def test_a_client_that_disconnects_aborts_its_request_and_frees_its_blocks(serve
             break
         assert time.monotonic() < deadline, "the aborted request still holds blocks"
         time.sleep(0.5)
+    # ended by the abort, not by running on to its 900 tokens (which also frees its blocks)
+    assert metric(metrics(base), "vllm:generation_tokens_total") - generated < 450
 
 
 def test_engine_bench_writes_a_summary_beside_a_simulated_one(server, tmp_path):
