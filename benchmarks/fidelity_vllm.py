@@ -10,7 +10,7 @@
 3. Prints, same run, the error of the mean, p50 and p90 of TTFT, TPOT and E2E (target: within 10%
    on means, 15% on p90), and writes the fitted profile as JSON.
 
-    .venv/bin/python benchmarks/fidelity_vllm.py --profile-out executors/profiles/smollm2-135m-vllm-cpu.json   # ~12 min here
+    .venv/bin/python benchmarks/fidelity_vllm.py --profile-out /tmp/smollm2-135m-vllm-cpu.json   # ~12 min here
 """
 
 from __future__ import annotations
@@ -108,6 +108,7 @@ def main() -> None:
     parser.add_argument("--workdir", type=Path, help="keep the step log and the result folders here")
     args = parser.parse_args()
     from kvsched.executors.calibration import fit_errors, fit_profile
+    from kvsched.executors.cost_model import SMOLLM2_KV_BYTES_PER_TOKEN
 
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="kvsched-fidelity-"))
     workdir.mkdir(parents=True, exist_ok=True)
@@ -115,7 +116,7 @@ def main() -> None:
     records = step_records(steps)
     profile = fit_profile(records, name="smollm2-135m-vllm-cpu", description=(
         f"SmolLM2-135M-Instruct (fp32) served by vLLM 0.32 (vllm-cpu) on one CPU thread of the project machine: "
-        f"fitted by benchmarks/fidelity_vllm.py to {len(records)} measured steps"), kv_bytes_per_token=2 * 30 * 3 * 64 * 4)
+        f"fitted by benchmarks/fidelity_vllm.py to {len(records)} measured steps"), kv_bytes_per_token=SMOLLM2_KV_BYTES_PER_TOKEN)
     errors = fit_errors(profile, records)
     print(f"fitted to {len(records)} steps: a={profile.base_ms:.2f} ms, b={profile.prefill_token_ms:.4f} ms/prefill token, "
           f"c={profile.decode_seq_ms:.3f} ms/decode, d={profile.kv_token_ms:.2e} ms/KV token; "

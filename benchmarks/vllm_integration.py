@@ -32,6 +32,8 @@ from pathlib import Path
 
 import vllm_servers as servers
 
+from kvsched.metrics.requests import percentile
+
 PY = sys.executable
 VLLM_ARGS = dict(dtype="float32", enforce_eager=True, block_size=32, max_model_len=2048, max_num_seqs=64,
                  max_num_batched_tokens=512, distributed_executor_backend="uni")
@@ -101,25 +103,16 @@ def part_throughput(rounds: int) -> None:
 
 
 # ---------------------------------------------------------------------------------- part 2
-def vip_p99(run_dir: Path) -> tuple[float, float]:
+def case_figures(run_dir: Path) -> tuple[float, float, int]:
+    """VIP and other requests' p99 TTFT, and how many requests reached the client in one burst
+    (more than 5 tokens, every one within 50 ms: the machine stalled the server or the client,
+    which inflates the TTFT of the requests it holds)."""
     import csv
 
-    rows = list(csv.DictReader((run_dir / "requests.csv").open()))
-    def p99(tenant_is_vip: bool) -> float:
-        values = sorted(float(r["ttft"]) for r in rows if r["ttft"] and (r["tenant"] == "vip") == tenant_is_vip)
-        k = (len(values) - 1) * 0.99
-        lo = int(k)
-        return values[lo] + (values[min(lo + 1, len(values) - 1)] - values[lo]) * (k - lo)
-    return p99(True), p99(False)
-
-
-def bursts(run_dir: Path) -> int:
-    """Requests of more than 5 tokens whose every token reached the client within 50 ms: a stall of
-    the machine (server or client starved of CPU), which inflates the TTFT of the requests it holds."""
-    import csv
-
-    return sum(1 for r in csv.DictReader((run_dir / "requests.csv").open())
-               if r["e2e"] and int(r["output_tokens"]) > 5 and float(r["e2e"]) - float(r["ttft"]) < 0.05)
+    rows = [r for r in csv.DictReader((run_dir / "requests.csv").open()) if r["ttft"]]
+    vip, other = (sorted(float(r["ttft"]) for r in rows if (r["tenant"] == "vip") == tenant_is_vip) for tenant_is_vip in (True, False))
+    burst = sum(1 for r in rows if r["e2e"] and int(r["output_tokens"]) > 5 and float(r["e2e"]) - float(r["ttft"]) < 0.05)
+    return percentile(vip, 99), percentile(other, 99), burst
 
 
 def part_case_study(workdir: Path, rounds: int) -> None:
@@ -141,11 +134,11 @@ def part_case_study(workdir: Path, rounds: int) -> None:
                 summary = servers.bench(port, name, spec, run_dir)
             finally:
                 servers.stop(proc)
-            vip, other = vip_p99(run_dir)
+            vip, other, burst = case_figures(run_dir)
             results[name].append((vip, summary["throughput_tokens_per_s"]))
             print(f"round {r + 1} {name:13s} VIP p99 TTFT {vip:6.2f} s · others {other:6.2f} s · "
                   f"{summary['throughput_tokens_per_s']:.1f} output tok/s · {summary['finished']} finished · "
-                  f"{bursts(run_dir)} delivered in one burst", flush=True)
+                  f"{burst} delivered in one burst", flush=True)
     base, ours = results["vllm-fcfs"], results["priority-vip"]
     vip_ratio = statistics.mean(o[0] / b[0] for o, b in zip(ours, base))
     tput_ratio = statistics.mean(o[1] / b[1] for o, b in zip(ours, base))

@@ -14,8 +14,6 @@ from pathlib import Path
 
 PY = sys.executable
 ENGINE = Path(PY).with_name("engine")
-# What vLLM needs on the CPU backend for SmolLM2 (research/round2-anchors.md §7), as engine serve passes it.
-CPU_FLAGS = ["--dtype", "float32", "--enforce-eager", "--block-size", "32"]
 
 
 def free_port() -> int:
@@ -25,19 +23,19 @@ def free_port() -> int:
 
 
 def vllm_command(port: int, flags: list[str], scheduler_cls: str | None = None, kvsched: dict | None = None) -> list[str]:
-    """vLLM's own server on SmolLM2 (its own scheduler unless ``scheduler_cls`` is given)."""
+    """vLLM's server on SmolLM2 as ``engine serve`` starts it (its own scheduler unless ``scheduler_cls`` is given)."""
+    from kvsched.cli.serve import vllm_command
     from kvsched.executors.hf_models import model_folder
 
-    command = [PY, "-m", "kvsched.integrations.vllm.server", "--model", str(model_folder("smollm2-135m")),
-               "--served-model-name", "smollm2-135m", "--port", str(port), *CPU_FLAGS, *flags]
-    if scheduler_cls:
-        command += ["--scheduler-cls", scheduler_cls, "--additional-config", json.dumps({"kvsched": kvsched or {}})]
-    return command
+    return vllm_command(str(model_folder("smollm2-135m")), "smollm2-135m", "127.0.0.1", port, flags,
+                        (kvsched or {}) if scheduler_cls else None, scheduler_cls)
 
 
 def start(command: list[str], port: int, kv_cache_gib: float = 2.0) -> subprocess.Popen:
-    """Start a server with one torch thread and wait for /health."""
-    env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", VLLM_CPU_KVCACHE_SPACE=f"{kv_cache_gib:g}")
+    """Start a server with one torch thread, in the environment ``engine serve`` gives it, and wait for /health."""
+    from kvsched.cli.serve import server_env
+
+    env = server_env(dict(os.environ, OMP_NUM_THREADS="1"), kv_cache_gib)
     proc = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline:

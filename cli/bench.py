@@ -9,6 +9,7 @@ import typer
 
 from kvsched.cli.common import NumOpt, OutputOpt, QuietOpt, SeedOpt, console, fail, print_summary, progress_bar
 from kvsched.cli.simulate import RateScaleOpt, TraceOpt, WorkloadOpt
+from kvsched.reporting.destination import check_folder
 
 UrlOpt = Annotated[str, typer.Option("--url", help="the server's OpenAI API base, e.g. http://127.0.0.1:8000/v1")]
 BenchModelOpt = Annotated[Optional[str], typer.Option("--model", "-m", help="model name to request (default: the first the server lists)")]
@@ -34,8 +35,8 @@ def bench(
     from kvsched.metrics.requests import distribution, summarize
     from kvsched.workloads import build_workload
 
-    if output is not None and output.exists() and not output.is_dir():
-        fail(f"--output {output} is a file, not a folder")
+    if output is not None:
+        check_folder(output)  # before the replay: a long run must not fail only when it writes
     load = build_workload(workload, trace, num_requests=num_requests, rate_scale=rate_scale, seed=seed)
     requests = load.requests()
     try:

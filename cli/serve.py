@@ -29,15 +29,27 @@ KvCacheOpt = Annotated[Optional[float], typer.Option("--kv-cache-gib", min=0.01,
 CPU_ARGS = ("--dtype", "float32", "--enforce-eager", "--block-size", "32")
 
 
-def vllm_command(policy: str, options: dict, settings: dict, model_dir: str, served_name: str, host: str, port: int,
-                 extra: list[str]) -> list[str]:
-    """The ``vllm serve`` command line that runs ``policy`` as the scheduler."""
-    from kvsched.integrations.vllm import SCHEDULER_CLS
+def vllm_command(model_dir: str, served_name: str, host: str, port: int, extra: list[str],
+                 kvsched: dict | None = None, scheduler_cls: str | None = None) -> list[str]:
+    """The ``vllm serve`` command line: vLLM's own scheduler, or with ``kvsched`` (the additional config)
+    ``scheduler_cls`` (``KvschedScheduler`` unless given)."""
+    command = [sys.executable, "-m", "kvsched.integrations.vllm.server", "--model", model_dir, "--served-model-name", served_name,
+               "--host", host, "--port", str(port), *CPU_ARGS]
+    if kvsched is not None:
+        from kvsched.integrations.vllm import SCHEDULER_CLS
 
-    kvsched = {"policy": policy, "options": options, "config": settings}
-    return [sys.executable, "-m", "kvsched.integrations.vllm.server", "--model", model_dir, "--served-model-name", served_name,
-            "--host", host, "--port", str(port), *CPU_ARGS, "--scheduler-cls", SCHEDULER_CLS,
-            "--additional-config", json.dumps({"kvsched": kvsched}), *extra]
+        command += ["--scheduler-cls", scheduler_cls or SCHEDULER_CLS, "--additional-config", json.dumps({"kvsched": kvsched})]
+    return command + list(extra)
+
+
+def server_env(base: dict[str, str], kv_cache_gib: float | None = None) -> dict[str, str]:
+    """``base`` as vLLM's server needs it: offline, a CPU KV cache (``kv_cache_gib``, else
+    $VLLM_CPU_KVCACHE_SPACE, else 1 GiB), and a fresh Prometheus multiprocess folder, so that
+    /metrics also shows the counter the engine-core process keeps."""
+    env = dict(base, HF_HUB_OFFLINE="1", PROMETHEUS_MULTIPROC_DIR=tempfile.mkdtemp(prefix="kvsched-metrics-"))
+    if kv_cache_gib is not None or "VLLM_CPU_KVCACHE_SPACE" not in env:
+        env["VLLM_CPU_KVCACHE_SPACE"] = f"{kv_cache_gib or 1:g}"
+    return env
 
 
 def serve(
@@ -65,11 +77,8 @@ def serve(
     from kvsched.executors.hf_models import model_folder
 
     model_dir = str(model_folder(model))
-    env = dict(os.environ, HF_HUB_OFFLINE="1")
-    if kv_cache_gib is not None or "VLLM_CPU_KVCACHE_SPACE" not in env:
-        env["VLLM_CPU_KVCACHE_SPACE"] = f"{kv_cache_gib or 1:g}"
-    # A fresh multiprocess folder, so that /metrics also shows the counter the engine-core process keeps.
-    env["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="kvsched-metrics-")
-    command = vllm_command(policy, options, settings, model_dir, model, host, port, list(ctx.args))
+    env = server_env(os.environ, kv_cache_gib)
+    kvsched = {"policy": policy, "options": options, "config": settings}
+    command = vllm_command(model_dir, model, host, port, ctx.args, kvsched)
     sys.stdout.flush()
     os.execve(command[0], command, env)

@@ -93,6 +93,8 @@ LLAMA2_7B_A100 = CostProfile(
     ),
 )
 
+SMOLLM2_KV_BYTES_PER_TOKEN = 2 * 30 * 3 * 64 * 4  # K and V, 30 layers, 3 KV heads of 64, fp32: 45 KiB
+
 SMOLLM2_135M_CPU = CostProfile(
     name="smollm2-135m-cpu",
     description=(
@@ -105,7 +107,7 @@ SMOLLM2_135M_CPU = CostProfile(
     prefill_token_ms=2.56,
     decode_seq_ms=3.264,
     kv_token_ms=0.01137,
-    kv_bytes_per_token=2 * 30 * 3 * 64 * 4,  # K and V, 30 layers, 3 KV heads of 64, fp32: 45 KiB
+    kv_bytes_per_token=SMOLLM2_KV_BYTES_PER_TOKEN,
     swap_gb_per_s=5.0,
     copy_gb_per_s=5.0,
     max_model_len=8192,  # the GGUF file's llama.context_length; the KV cache is what the executor is given
@@ -123,7 +125,7 @@ SMOLLM2_135M_VLLM_CPU = CostProfile(
     prefill_token_ms=0.9966,
     decode_seq_ms=1.269,
     kv_token_ms=0.003495,
-    kv_bytes_per_token=2 * 30 * 3 * 64 * 4,  # K and V, 30 layers, 3 KV heads of 64, fp32: 45 KiB
+    kv_bytes_per_token=SMOLLM2_KV_BYTES_PER_TOKEN,
     swap_gb_per_s=16.0,
     copy_gb_per_s=100.0,
 )
