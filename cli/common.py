@@ -179,12 +179,14 @@ def progress_bar(quiet: bool, doing: str = "simulating", counting: str = "reques
 
 def print_summary(summary: dict) -> None:
     """The summary table, the SLO goodput when a target was given, then the run's warnings."""
+    from kvsched.metrics.warnings import warning_text
+
     console.print(summary_table(summary))
     slo = summary.get("slo")
     if slo:
         console.print(f"SLO goodput: {slo['goodput_requests_per_s']:.3f} req/s ({100 * slo['slo_attainment']:.1f}% of requests)")
     for warning in summary.get("warnings") or ():
-        console.print(f"[bold yellow]warning:[/] {warning['count']:,} of {summary['num_requests']:,} requests {escape(warning['reason'])}",
+        console.print(f"[bold yellow]warning:[/] {escape(warning_text(warning, summary['num_requests']))}",
                       highlight=False, soft_wrap=True)
 
 

@@ -18,6 +18,7 @@ from typing import Any
 
 from kvsched.core.config import EngineConfig
 from kvsched.experiments.settings import check_names
+from kvsched.metrics.warnings import warning_text
 
 METRICS = (
     ("finished", ("finished",)),
@@ -96,7 +97,7 @@ def run_point(spec: SweepSpec, point: Point) -> dict[str, Any]:
         for key in path:
             value = value.get(key) if isinstance(value, dict) else None
         row[name] = value
-    row["warnings"] = "; ".join(f"{w['count']} requests {w['reason']}" for w in outcome.summary["warnings"])
+    row["warnings"] = "; ".join(map(warning_text, outcome.summary["warnings"]))
     row["profile"] = outcome.summary["profile"]
     row["wall_s"] = outcome.simulate_s
     return row

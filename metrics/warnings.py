@@ -22,6 +22,12 @@ OVERLOAD_SHARE = 0.5  # the queue never emptied over at least this share of the 
 _NUMBER = re.compile(r"\(\d+\)|\d+")  # a number in parentheses is a setting, shown as it is; the others vary
 
 
+def warning_text(warning: dict[str, Any], num_requests: int | None = None) -> str:
+    """One warning as a line: "N [of M] requests <reason>"."""
+    of = "" if num_requests is None else f" of {num_requests:,}"
+    return f"{warning['count']:,}{of} requests {warning['reason']}"
+
+
 def run_warnings(records: Any) -> list[dict[str, Any]]:
     """The warnings of a run, from its per-request records as columns (``metrics.requests.Columns``)."""
     status = records.column("status")

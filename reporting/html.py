@@ -18,6 +18,7 @@ import numpy as np
 
 from kvsched.metrics.inter_token import inter_token_latencies, weighted_percentiles
 from kvsched.metrics.requests import distribution
+from kvsched.metrics.warnings import warning_text
 from kvsched.reporting.charts import DONE, Chart, all_charts
 from kvsched.reporting.explain import Explainer
 from kvsched.reporting.files import RunFiles
@@ -101,7 +102,7 @@ def metric_rows(run: RunFiles, itl: tuple[np.ndarray, np.ndarray]) -> list[tuple
 
 def _warnings(summary: dict) -> str:
     """The run's warnings (``metrics/warnings.py``) in a box above the table, or nothing."""
-    items = "".join(f"<li>{w['count']:,} of {summary['num_requests']:,} requests {html.escape(w['reason'])}</li>"
+    items = "".join(f"<li>{html.escape(warning_text(w, summary['num_requests']))}</li>"
                     for w in summary.get("warnings") or ())
     return f'<div class="warnings" id="warnings"><strong>Warnings: these results are not all they seem.</strong><ul>{items}</ul></div>' if items else ""
 
