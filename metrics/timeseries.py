@@ -16,6 +16,7 @@ import numpy as np
 import pyarrow as pa
 
 from kvsched.metrics.parquet_rows import ParquetRows, arrow_table
+from kvsched.metrics.requests import ordered_sum
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -72,7 +73,7 @@ class TimeSeriesRecorder:
         duration = table.column("duration_s").to_numpy()
         for name in self._sums:
             weighted = duration if name == "duration_s" else table.column(name).to_numpy() * duration
-            self._sums[name] = float(np.add.accumulate(np.concatenate(([self._sums[name]], weighted)))[-1])
+            self._sums[name] = ordered_sum(np.concatenate(([self._sums[name]], weighted)))
 
     def __len__(self) -> int:
         return len(self._rows) if self.file is None else self.file.num_rows + len(self.file.rows)

@@ -17,12 +17,12 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from kvsched.metrics.requests import DONE
 from kvsched.metrics.wait_reasons import WaitReasons
 
 BINS = 600
 STEPS_PER_BIN = 20
 POINTS = 400
-DONE = ("FINISHED_STOPPED", "FINISHED_LENGTH_CAPPED")
 QUEUE_COLOURS = {"waiting": "#1f77b4", "swapped": "#9467bd", "running": "#d62728"}
 
 

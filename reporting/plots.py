@@ -52,9 +52,11 @@ def _save(plt, fig, axes, summary: dict, path: Path) -> Path:
 
 
 def latency_cdfs(req: pd.DataFrame, summary: dict, path: Path) -> Path:
+    from kvsched.metrics.requests import DONE
+
     plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.4))
-    done = req[req.status.isin(["FINISHED_STOPPED", "FINISHED_LENGTH_CAPPED"])]
+    done = req[req.status.isin(DONE)]
     _cdf(axes[0], done.ttft, "TTFT")
     axes[0].set(xlabel="time to first token (s)", ylabel="share of requests", xscale="symlog", title="TTFT CDF")
     _cdf(axes[1], done.tpot * 1000, "TPOT")
