@@ -87,6 +87,8 @@ class BlockManager:
         """Per waiting sequence, the leading tokens ``allocate`` will find already computed (or
         computed by the group's first sequence in the same step): what the step need not count."""
         seqs = group.waiting_seqs()
+        if len(seqs) == 1 and not self.enable_prefix_caching:  # the common case: nothing cached, nothing shared
+            return {seqs[0].seq_id: 0}
         shared = self._shared_prompt_blocks(seqs) * self.block_size
         return {s.seq_id: self.num_cached_tokens(s) if k == 0 else shared for k, s in enumerate(seqs)}
 
@@ -124,10 +126,14 @@ class BlockManager:
     def can_allocate(self, group: SequenceGroup) -> AllocStatus:
         """vLLM's watermark rule: NEVER if even an empty pool minus the watermark cannot hold it."""
         seqs = group.waiting_seqs()
-        total = sum(self.num_blocks(s.num_tokens) for s in seqs) - self._shared_prompt_blocks(seqs) * (len(seqs) - 1)
+        if len(seqs) == 1 and not self.enable_prefix_caching:  # the common case: the prompt's blocks, all to allocate
+            total = needed = self.num_blocks(seqs[0].num_tokens)
+        else:
+            total = sum(self.num_blocks(s.num_tokens) for s in seqs) - self._shared_prompt_blocks(seqs) * (len(seqs) - 1)
+            needed = None
         if self.gpu.num_blocks - total < self.watermark_blocks:
             return AllocStatus.NEVER
-        if self.gpu.num_free - self.blocks_to_allocate(group) >= self.watermark_blocks:
+        if self.gpu.num_free - (self.blocks_to_allocate(group) if needed is None else needed) >= self.watermark_blocks:
             return AllocStatus.OK
         return AllocStatus.LATER
 
@@ -196,6 +202,11 @@ class BlockManager:
         """
         seqs = group.waiting_seqs()
         self._log_tables(seqs)
+        if len(seqs) == 1 and not self.enable_prefix_caching:  # the common case: nothing to reuse
+            sid = seqs[0].seq_id
+            self.gpu_tables[sid] = self.gpu.allocate_many(self.num_blocks(seqs[0].num_tokens if num_tokens is None else num_tokens))
+            self._registered[sid] = 0
+            return {sid: 0}
         shared = self._shared_prompt_blocks(seqs)
         cached: dict[int, int] = {}
         for k, seq in enumerate(seqs):
@@ -318,7 +329,7 @@ class BlockManager:
         pool = self.gpu
         if table is None:
             table, pool = self.cpu_tables.pop(sid), self.cpu
-        pool.release_many(reversed(table))
+        pool.release_many(table[::-1])
 
     # ------------------------------------------------------------------------ transactions
     def begin(self) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from operator import itemgetter
+
 from kvsched.allocators.evictor import LRUEvictor
 
 
@@ -28,8 +30,9 @@ class BlockPool:
         self.num_blocks = num_blocks
         self.num_free = num_blocks  # plain free plus cached; kept in step because the scheduler reads it per group
         self.ref_counts = [0] * num_blocks
-        # A dict used as an insertion-ordered set: O(1) pop of the newest and removal of any block.
-        self._free: dict[int, None] = dict.fromkeys(range(num_blocks - 1, -1, -1))
+        # A stack: the newest freed block is taken first, and a table comes and goes by slices. Only
+        # an undone step takes a particular free block back (``take``), a search of the stack.
+        self._free: list[int] = list(range(num_blocks - 1, -1, -1))
         self.evictor = LRUEvictor()
         self.hash_to_block: dict[int, int] = {}  # content hash -> the block a lookup finds
         self.block_hash: dict[int, int] = {}
@@ -37,12 +40,12 @@ class BlockPool:
         self._duplicates: dict[int, list[int]] = {}  # content hash -> younger blocks with it, oldest first
 
     def is_free(self, block: int) -> bool:
-        return block in self._free or block in self.evictor
+        return block in self.evictor or block in self._free
 
     def allocate(self) -> int:
         """Take a free block (uncached first, else evict the least recently used cached one)."""
         if self._free:
-            block = self._free.popitem()[0]
+            block = self._free.pop()
         elif self.evictor:
             block = self.evictor.evict()
             self.forget(block)
@@ -57,7 +60,9 @@ class BlockPool:
         free = self._free
         if len(free) < n:
             return [self.allocate() for _ in range(n)]
-        blocks = [free.popitem()[0] for _ in range(n)]
+        blocks = free[-n:] if n else []
+        blocks.reverse()  # the newest first, as n calls of allocate() take them
+        del free[len(free) - n:]
         ref_counts = self.ref_counts
         for block in blocks:
             ref_counts[block] = 1
@@ -70,7 +75,7 @@ class BlockPool:
             if block in self.evictor:
                 self.evictor.remove(block)
             else:
-                del self._free[block]
+                self._free.remove(block)
             self.num_free -= 1
         self.ref_counts[block] += 1
 
@@ -85,22 +90,28 @@ class BlockPool:
             if block in self.block_hash:
                 self.evictor.add(block)
             else:
-                self._free[block] = None
+                self._free.append(block)
 
-    def release_many(self, blocks) -> None:
+    def release_many(self, blocks: list[int]) -> None:
         """``release`` each of ``blocks`` in order (a finished sequence gives back its whole table)."""
         if self.block_hash:  # some block may carry a hash: the general path decides cached or free
             for block in blocks:
                 self.release(block)
             return
         ref_counts, free, freed = self.ref_counts, self._free, 0
+        if len(blocks) > 1 and itemgetter(*blocks)(ref_counts).count(1) == len(blocks):  # no other table holds any: all free
+            for block in blocks:
+                ref_counts[block] = 0
+            free += blocks
+            self.num_free += len(blocks)
+            return
         for block in blocks:
             count = ref_counts[block] - 1
             if count < 0:
                 raise RuntimeError(f"double free of {self.device} block {block}")
             ref_counts[block] = count
             if count == 0:
-                free[block] = None
+                free.append(block)
                 freed += 1
         self.num_free += freed
 
@@ -138,6 +149,9 @@ class BlockPool:
     def audit(self, holders: list[int]) -> list[str]:
         """Invariant violations, given the number of block tables holding each block."""
         problems = []
+        free_set = set(self._free)
+        if len(free_set) != len(self._free):
+            problems.append(f"{self.device}: a block is free twice")
         free = len(self._free) + len(self.evictor)
         if free != self.num_free:
             problems.append(f"{self.device}: free count {self.num_free} but {free} blocks free")
@@ -149,9 +163,9 @@ class BlockPool:
                 problems.append(f"{self.device} block {block}: ref count {count} < 0")
             if count != n:
                 problems.append(f"{self.device} block {block}: ref count {count} but {n} holders")
-            if count > 0 and self.is_free(block):
+            if count > 0 and (block in free_set or block in self.evictor):
                 problems.append(f"{self.device} block {block}: held and free at once")
-        if set(self._free) & set(self.evictor):
+        if free_set & set(self.evictor):
             problems.append(f"{self.device}: a block is both free and cached")
         for block in self.evictor:
             if block not in self.block_hash:

@@ -149,7 +149,10 @@ class SequenceGroup:
         return [s for s in self.seqs if s.status <= _LAST_ACTIVE]
 
     def waiting_seqs(self) -> list[Sequence]:
-        return [s for s in self.seqs if s.status is SequenceStatus.WAITING]
+        seqs = self.seqs
+        if len(seqs) == 1:  # the common case, asked several times per admission
+            return [seqs[0]] if seqs[0].status is SequenceStatus.WAITING else []
+        return [s for s in seqs if s.status is SequenceStatus.WAITING]
 
     @property
     def max_running_seqs(self) -> int:

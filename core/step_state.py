@@ -83,8 +83,11 @@ class StepState(DecisionNotes):
     def admit(self, group: GroupView, max_tokens: int | None) -> Outcome:
         max_tokens = self._tokens_arg(max_tokens, "admit")
         g = self._resolve(group, _WAITING, "admit")
-        seqs = [s for s in g.seqs if s.status is _WAITING]
-        longest = max(s.num_tokens for s in seqs)
+        if g.refused is not None and max_tokens is None and self.bm.gpu.num_free - g.refused < self.bm.watermark_blocks:
+            # Refused before for as many blocks and still short: every check ahead of capacity is about the group alone.
+            return self._no_blocks(g, g.refused)
+        seqs = g.waiting_seqs()
+        longest = seqs[0].num_tokens if len(seqs) == 1 else max(s.num_tokens for s in seqs)
         if longest > self.prompt_limit:
             model_len = self.config.model_len
             return self._ignore(g, f"{longest} tokens exceed max_model_len ({model_len})" if longest > model_len else
@@ -92,7 +95,7 @@ class StepState(DecisionNotes):
         if g.max_running_seqs > self.max_seqs:  # vLLM would keep it forever, blocking the queue
             return self._ignore(g, f"n={g.max_running_seqs} sequences exceed max_num_seqs ({self.max_seqs})")
         cached = self.bm.planned_cached_tokens(g)
-        uncomputed = sum(s.num_tokens - cached[s.seq_id] for s in seqs)
+        uncomputed = longest - cached[seqs[0].seq_id] if len(seqs) == 1 else sum(s.num_tokens - cached[s.seq_id] for s in seqs)
         chunk = self._chunk(g, uncomputed, max_tokens, "admit")
         if max_tokens is None and uncomputed > self.max_tokens:
             return self._ignore(g, f"prompt of {uncomputed} tokens exceeds max_num_batched_tokens ({self.max_tokens}) without chunked prefill")

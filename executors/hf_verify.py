@@ -134,9 +134,7 @@ def reference(loaded: LoadedModel, prompt: Sequence[int], max_new_tokens: int) -
 def _shuffle_free_blocks(engine, seed: int) -> None:
     """Randomise the GPU pool's free order so block tables are scattered (test harness only)."""
     pool = engine.scheduler.block_manager.gpu
-    free = list(pool._free)
-    random.Random(seed).shuffle(free)
-    pool._free = dict.fromkeys(free)
+    random.Random(seed).shuffle(pool._free)
 
 
 def random_prompts(loaded: LoadedModel, num: int = 4, seed: int = 0, shared_prefix: bool = False, lengths=(3, 11, 17, 26)) -> list[list[int]]:
