@@ -98,7 +98,7 @@ def run_command(policy, policy_opt, overrides, seed, num_requests, rate, output,
     from kvsched.core.request import Request, SamplingParams
     from kvsched.executors.hf import hf_engine
     from kvsched.executors.hf_prompts import all_prompts
-    from kvsched.experiments.simulation import fan_out
+    from kvsched.experiments.simulation import FinishedCount, fan_out
     from kvsched.metrics.requests import RequestMetrics, summarize
     from kvsched.workloads import check_options
 
@@ -125,7 +125,7 @@ def run_command(policy, policy_opt, overrides, seed, num_requests, rate, output,
                           highlight=False)
     with progress_bar(quiet or bool(prompts), "generating") as bar:  # given prompts show their text instead
         task = bar.add_task("run", total=len(requests))
-        counted = lambda report: report.finished and bar.advance(task, len(report.finished))  # noqa: E731
+        counted = FinishedCount(lambda n: bar.advance(task, n))
         engine.run(requests, on_step=fan_out([Streamer(engine, loaded, requests) if prompts else None, counted]))
     metrics = [RequestMetrics.of(g) for g in engine.groups.values()]
     summary = summarize(engine, metrics, profile=f"real: {model}", executor="hf", model=model)

@@ -35,7 +35,7 @@ def run_command(policy, policy_opt, overrides, seed, num_requests, rate, output,
 
     from kvsched.cli.common import build_config, check_finite, console, fail, policy_options, print_summary, progress_bar
     from kvsched.executors.profiles import resolve_profile
-    from kvsched.experiments.simulation import SimJob
+    from kvsched.experiments.simulation import FinishedCount, SimJob
     from kvsched.workloads import build_workload
 
     if plot and output is None:
@@ -68,7 +68,7 @@ def run_command(policy, policy_opt, overrides, seed, num_requests, rate, output,
         with progress_bar(quiet) as bar:
             task = bar.add_task("run", total=None)
             try:
-                outcome = job.run(on_step=lambda r: r.finished and bar.advance(task, len(r.finished)),
+                outcome = job.run(on_step=FinishedCount(lambda n: bar.advance(task, n)),
                                   on_start=lambda n: bar.update(task, total=n))
             except OSError as exc:  # the decision log is written as the run goes: a full disk shows here
                 from kvsched.reporting.destination import OutputError

@@ -8,10 +8,10 @@ from typing import Any
 
 from kvsched.core.config import EngineConfig
 from kvsched.core.errors import AuditError, StallError
-from kvsched.core.executor import Clock, Executor, KnownTokens, StepResult
+from kvsched.core.executor import Clock, Executor, KnownDurations, KnownTokens, StepResult
 from kvsched.core.outputs import SchedulerOutput
 from kvsched.core.plugins import PolicyHooks
-from kvsched.core.report import StepReport
+from kvsched.core.report import StepReport, StepRun
 from kvsched.core.request import Request
 from kvsched.core.scheduler import Scheduler
 from kvsched.core.sequence import Sequence, SequenceGroup, SequenceStatus
@@ -189,14 +189,7 @@ class Engine:
         sched = self.scheduler
         bm, caching = sched.block_manager, self._caching
         finished = list(output.ignored)
-        any_finished = False
-        if output.lane_decodes:
-            for seq in sched.lane.apply():  # members that sampled their last token
-                if not self._stop_if_done(seq, seq.output[-1]):  # the executor's first_stop and tokens_at disagree
-                    raise RuntimeError(f"the decode lane ended {seq!r}, but its tokens do not stop it")
-                self._end_group(seq.group, now, finished)
-                sched.num_running_seqs -= 1
-                any_finished = True
+        any_finished = self._apply_lane(now, finished) if output.lane_decodes else False
         for sg in islice(output.scheduled, output.lane_decodes, None):
             group = sg.group
             seqs = group.seqs
@@ -220,6 +213,17 @@ class Engine:
             sched.remove_finished()
         self._retire(finished)
         return finished
+
+    def _apply_lane(self, now: float, finished: list[SequenceGroup]) -> bool:
+        """The lane's step ran: end the members that sampled their last token (into ``finished``); True if any did."""
+        sched = self.scheduler
+        ended = sched.lane.apply()
+        for seq in ended:
+            if not self._stop_if_done(seq, seq.output[-1]):  # the executor's first_stop and tokens_at disagree
+                raise RuntimeError(f"the decode lane ended {seq!r}, but its tokens do not stop it")
+            self._end_group(seq.group, now, finished)
+            sched.num_running_seqs -= 1
+        return bool(ended)
 
     def _retire(self, groups: list[SequenceGroup]) -> None:
         if self.retain_finished:
@@ -292,18 +296,18 @@ class Engine:
     ) -> list[SequenceGroup]:
         """Feed ``requests`` at their arrival times and step until every request has finished
         (``StallError`` after ``STALL_STEPS`` idle steps and ``STALL_SECONDS`` with none left to arrive);
-        ``in_order``: they come in arrival order, read one at a time as they arrive (a stream of millions)."""
+        ``in_order``: they come in arrival order, read one at a time as they arrive (a stream of millions).
+        An ``on_step`` with an ``on_steps`` method lets the engine advance steady runs at once (``StepRun``)."""
         self._refuse_in_hook("run")
         upcoming = next(source := iter(requests if in_order else sorted(requests, key=lambda r: r.arrival_time)), None)
-        clock = self.clock
+        clock, sched = self.clock, self.scheduler
         steps = 0
+        runs = (sched.repeats and sched.lane is not None and isinstance(self.executor, KnownDurations) and not self.hooks.observes_steps
+                and (on_step is None or hasattr(on_step, "on_steps")))
         while upcoming is not None or self.has_unfinished():
             now = clock.now()
-            while upcoming is not None and upcoming.arrival_time <= now:
-                self.add_request(upcoming)
-                arrived, upcoming = upcoming, next(source, None)
-                if upcoming is not None and upcoming.arrival_time < arrived.arrival_time:
-                    raise ValueError(f"request {upcoming.request_id!r} arrives before {arrived.request_id!r}")
+            if upcoming is not None and upcoming.arrival_time <= now:
+                upcoming = self._arrive(upcoming, source, now)
             if not self.has_unfinished():
                 clock.wait_until(upcoming.arrival_time)
                 continue
@@ -311,6 +315,11 @@ class Engine:
             if on_step is not None:
                 on_step(report)
             steps += 1
+            taken = 1
+            while runs and taken and sched._steady is not None and steps != max_steps:  # a finish ends a run; the next may follow
+                upcoming, taken = self._steady_run(upcoming, source, -1 if max_steps is None else max_steps - steps,
+                                                   on_step and on_step.on_steps)
+                steps += taken
             if max_steps is not None and steps >= max_steps:
                 break
             if self._idle_steps and upcoming is not None:
@@ -323,6 +332,78 @@ class Engine:
                     f"{len(s.swapped)} swapped; {s.why_stuck()}"
                 )
         return self.finished
+
+    def _arrive(self, upcoming: Request, source, now: float) -> Request | None:
+        """Queue ``upcoming`` and every later request of ``source`` that has arrived by ``now``; the next one."""
+        while upcoming is not None and upcoming.arrival_time <= now:
+            self.add_request(upcoming)
+            arrived, upcoming = upcoming, next(source, None)
+            if upcoming is not None and upcoming.arrival_time < arrived.arrival_time:
+                raise ValueError(f"request {upcoming.request_id!r} arrives before {arrived.request_id!r}")
+        return upcoming
+
+    def _steady_run(self, upcoming: Request | None, source, limit: int, observe) -> tuple[Request | None, int]:
+        """Repeat the steady step the scheduler holds while it repeats unchanged, up to ``limit`` steps
+        (-1: no limit) and the step that finishes a group: each step only its due blocks, its duration
+        and its counters, with no output, report or observer call; then ``observe`` (``on_steps``)
+        gets the whole run (docs/hooks.md "Steady runs"). Returns the next request to arrive and the steps taken."""
+        sched, clock, seconds = self.scheduler, self.clock, self.executor.lane_seconds
+        lane, gpu, audit = sched.lane, sched.block_manager.gpu, self.config.audit_every_step
+        arrivals = sched._steady[0]
+        started, durations, kv, waiting, free = [], [], [], [], []
+        finished: list[SequenceGroup] = []
+        batch, n = None, 0
+        while len(durations) != limit:
+            now = clock.now()
+            if upcoming is not None and upcoming.arrival_time <= now:
+                if arrivals:  # the policy decides again
+                    break
+                upcoming = self._arrive(upcoming, source, now)
+            before, k = gpu.num_free, lane.kv_tokens
+            # A step in which no member finishes changes nothing the repeat checks (its due blocks only
+            # lower the free count, which keeps every refusal refused): the lane coasts through it.
+            coasting = n and lane.coast()
+            if not coasting:
+                if not sched.repeat_into(None):
+                    break
+                n = lane.scheduled
+                if batch is None and observe is not None:  # the members, before any leaves in the last step
+                    batch = lane.batch
+            duration = seconds(n, k)
+            clock.advance(duration)
+            started.append(now)
+            durations.append(duration)
+            kv.append(k)
+            waiting.append(len(sched.waiting))
+            free.append((before, gpu.num_free))
+            self.num_steps += 1
+            if not coasting and self._apply_lane(clock.now(), finished):
+                sched.remove_finished()
+                self._retire(finished)
+            if audit:
+                self.check()
+            if finished:
+                break
+        if durations:
+            self._scheduled_at = started[-1]
+            if observe is not None:
+                self._report_run(batch, started, durations, kv, waiting, free, finished, observe)
+        return upcoming, len(durations)
+
+    def _report_run(self, batch, started, durations, kv, waiting, free, finished, observe) -> None:
+        """Tell the observers a steady run (``StepRun``), as ``complete`` tells them a step."""
+        sched, n, steps = self.scheduler, len(batch), len(durations)
+        steady = sched._steady
+        notes = (steady[4], steady[2][2], free)
+        out = SchedulerOutput(scheduled=batch, num_batched_tokens=n, decode_seqs=n, kv_tokens_read=kv[0], lane_decodes=n)
+        run = StepRun(
+            self.num_steps - steps, OutputView(out), started, started[1:] + [self.clock.now()], durations, kv, waiting,
+            [len(sched.running) + len(finished)] * (steps - 1) + [len(sched.running)],
+            [after for _, after in free[:-1]] + [sched.block_manager.gpu.num_free], len(sched.swapped),
+            tuple([g.view for g in finished]), sched.cache_view, notes,
+        )
+        out.decisions = run.decisions(0)
+        observe(run)
 
     def check(self) -> None:
         """Raise ``AuditError`` if any allocator or queue invariant is broken."""

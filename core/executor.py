@@ -73,14 +73,29 @@ class KnownTokens(Protocol):
         ...
 
 
+@runtime_checkable
+class KnownDurations(Protocol):
+    """An executor that can say what a step of nothing but decode-lane decodes takes without running
+    it: exactly what ``execute`` would charge. The engine then advances a steady run of such steps at
+    once (docs/hooks.md "Steady runs"). A promise, like ``KnownTokens``: an executor whose ``execute``
+    charges such a step anything else must not implement it."""
+
+    def lane_seconds(self, num_seqs: int, kv_tokens: int) -> float:
+        """The duration of a lane step of ``num_seqs`` decodes reading ``kv_tokens`` context tokens."""
+        ...
+
+
 class DecodeLane(Protocol):
     """What the core asks of a decode lane (``kvsched.executors.decode_lane`` has the why and how)."""
 
     scheduled: int  # members in the step being built (0: the step is not a lane step)
+    kv_tokens: int  # context tokens the members' next decodes read
+    batch: list[ScheduledGroup]  # the members' decode entries, in running order
 
-    def schedule(self, running: list[SequenceGroup], out: SchedulerOutput, max_tokens: int, touched: dict | None,
+    def schedule(self, running: list[SequenceGroup], out: SchedulerOutput | None, max_tokens: int, touched: dict | None,
                  decodes_only: bool = False, cap: int | None = None) -> bool:
-        """Put every running group in ``out`` as one decode if the lane is exact for this step (and mark them in ``touched``)."""
+        """Put every running group in ``out`` (None: in no output) as one decode if the lane is exact for
+        this step (and mark them in ``touched``)."""
         ...
 
     def apply(self) -> list[Sequence]:

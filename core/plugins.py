@@ -178,6 +178,11 @@ class PolicyHooks:
     def can_allocate(self, step, group):
         return self._call(CAN_ALLOCATE, self._can_allocate, step, group)
 
+    @property
+    def observes_steps(self) -> bool:
+        """Whether a plugin implements ``on_step`` (then every step gets its report: no steady runs)."""
+        return self._on_step is not None
+
     def on_step(self, report) -> None:
         if self._on_step is not None:
             self._call(ON_STEP, self._on_step, report)

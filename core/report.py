@@ -4,10 +4,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, NamedTuple
 
+from kvsched.core.outputs import StepFeatures
+from kvsched.core.step_notes import repeated_notes
+
 if TYPE_CHECKING:
-    from kvsched.core.outputs import SchedulerOutput, StepFeatures
+    from kvsched.core.outputs import SchedulerOutput
     from kvsched.core.sequence import SequenceGroup
-    from kvsched.core.view import CacheView
+    from kvsched.core.view import CacheView, OutputView
 
 
 class StepReport(NamedTuple):
@@ -24,3 +27,34 @@ class StepReport(NamedTuple):
     cache: CacheView
     features: StepFeatures | None = None  # P, D, K and blocks moved, as of before the step applied
     started: float | None = None  # engine clock as the step was scheduled: requests that arrived by then were in its queues
+
+
+class StepRun(NamedTuple):
+    """Steps ``first`` .. ``first + len(duration) - 1``: one steady step repeated, which the engine
+    advanced at once (docs/hooks.md "Steady runs"), as ``on_steps`` observers see them. Every step ran
+    the batch of ``output``, the first step's (plain decodes of every running group, nothing else: no
+    prefill, block movement or preemption); what each step's own report would say that changes from
+    step to step is a list with one entry per step, and methods give its features and notes."""
+
+    first: int  # the first step's counter
+    output: OutputView  # the first step's
+    started: list[float]  # clock as each step was scheduled
+    now: list[float]  # clock after each step
+    duration: list[float]
+    kv_tokens_read: list[int]  # each step's K (its features: no prefill, D = len(output.scheduled), no block moved)
+    num_waiting: list[int]  # after each step: a group arriving that the policy declared would not change its calls joins during a run
+    num_running: list[int]  # after each step (the last may have finished groups)
+    free_gpu_blocks: list[int]  # after each step (blocks fall due as the sequences grow, and the last may free some)
+    num_swapped: int
+    finished: tuple[SequenceGroup, ...]  # groups (GroupViews) that ended in the last step
+    cache: CacheView  # as of after the last step
+    notes: tuple  # what decisions() needs: the steady step's notes, where the lane call came in them, each step's free blocks
+
+    def features(self, i: int) -> StepFeatures:
+        """Step ``first + i``'s features, as its report would have them."""
+        return StepFeatures(0, self.output.decode_seqs, self.kv_tokens_read[i], 0, 0)
+
+    def decisions(self, i: int) -> list[tuple]:
+        """Step ``first + i``'s ``Decision`` notes (the refusals' free blocks as of that step)."""
+        decisions, at, free = self.notes
+        return repeated_notes(decisions, at, *free[i]) if decisions else []

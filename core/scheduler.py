@@ -10,6 +10,7 @@ from kvsched.core.config import EngineConfig, PreemptionMode
 from kvsched.core.decisions import Decision
 from kvsched.core.outputs import SchedulerOutput
 from kvsched.core.sequence import SequenceGroup, SequenceStatus
+from kvsched.core.step_notes import repeated_notes
 from kvsched.core.step_state import StepState
 from kvsched.core.step_v1 import V1StepState
 from kvsched.core.view import CacheView
@@ -19,7 +20,7 @@ if TYPE_CHECKING:
     from kvsched.core.plugins import PolicyHooks
 
 _RUNNING, _WAITING, _SWAPPED = SequenceStatus.RUNNING, SequenceStatus.WAITING, SequenceStatus.SWAPPED
-_NO_BLOCKS, _HELD = Decision.NO_BLOCKS, Decision.HELD
+_HELD = Decision.HELD
 
 
 class Scheduler:
@@ -81,20 +82,30 @@ class Scheduler:
 
     def _repeat(self) -> SchedulerOutput | None:
         """The last, steady step again if each refused admission is still refused and the lane still exact; else None."""
-        arrivals, finishes, (decodes_only, cap, at), refusals, decisions, waiting, running = self._steady
-        if (arrivals and len(self.waiting) != waiting) or (finishes and len(self.running) != running):  # events for the policy
-            return None
         bm, out = self.block_manager, SchedulerOutput()
         free = bm.gpu.num_free  # a refusal noted after the lane saw fewer: the lane's due blocks only confirm it
-        if any(free - g.refused >= bm.watermark_blocks for g in refusals):
+        if not self.repeat_into(out):
             return None
-        if not self.lane.schedule(self.running, out, self.config.max_num_batched_tokens, None, decodes_only, cap):
-            self.lane.dissolve()  # as the policy's own call of the lane would
-            return None
-        out.lane_decodes, after = self.lane.scheduled, bm.gpu.num_free
-        out.decisions = [(*note[:3], free if i < at else after) if note[0] is _NO_BLOCKS else (*note[:3], dict(note[3]))
-                         for i, note in enumerate(decisions)]
+        out.lane_decodes = self.lane.scheduled
+        out.decisions = repeated_notes(self._steady[4], self._steady[2][2], free, bm.gpu.num_free)
         return out
+
+    def repeat_into(self, out: SchedulerOutput | None) -> bool:
+        """Whether the last, steady step repeats now; if so it is scheduled in the lane (into ``out``, unless None).
+        Given an ``out``, a lane no longer exact is dissolved, as the policy's own call of the lane would."""
+        arrivals, finishes, (decodes_only, cap, _), refusals, _, waiting, running = self._steady
+        if (arrivals and len(self.waiting) != waiting) or (finishes and len(self.running) != running):  # events for the policy
+            return False
+        bm = self.block_manager
+        free = bm.gpu.num_free
+        for g in refusals:
+            if free - g.refused >= bm.watermark_blocks:
+                return False
+        if not self.lane.schedule(self.running, out, self.config.max_num_batched_tokens, None, decodes_only, cap):
+            if out is not None:
+                self.lane.dissolve()
+            return False
+        return True
 
     def _rollback(self) -> None:
         self.block_manager.rollback()

@@ -49,3 +49,10 @@ class DecisionNotes:
         else:
             return False
         return True
+
+
+def repeated_notes(decisions: list[tuple], at: int, free: int, after: int) -> list[tuple]:
+    """A steady step's notes as its repeat takes them: a refusal's free blocks as of the repeat (``after``
+    the lane's due blocks for those noted after the lane call, the ``at``-th note on), ``hold_back``'s numbers as declared."""
+    return [(*note[:3], free if i < at else after) if note[0] is Decision.NO_BLOCKS else (*note[:3], dict(note[3]))
+            for i, note in enumerate(decisions)]

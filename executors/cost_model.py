@@ -61,13 +61,17 @@ class CostProfile(BaseModel):
         return int(self.kv_memory.kv_cache_bytes // (block_size * self.kv_bytes_per_token))
 
     def step_seconds(self, out: SchedulerOutput, block_size: int) -> float:
-        f = out.features
-        if not (f.prefill_tokens or f.decode_seqs or f.blocks_swapped):
+        return self.seconds(*out.features, block_size)
+
+    def seconds(self, prefill_tokens: int, decode_seqs: int, kv_tokens_read: int, blocks_swapped: int, blocks_copied: int,
+                block_size: int) -> float:
+        """The model's time for a step with these features (``StepFeatures``, in order)."""
+        if not (prefill_tokens or decode_seqs or blocks_swapped):
             return 0.0
-        ms = self.base_ms + self.prefill_token_ms * f.prefill_tokens + self.decode_seq_ms * f.decode_seqs + self.kv_token_ms * f.kv_tokens_read
+        ms = self.base_ms + self.prefill_token_ms * prefill_tokens + self.decode_seq_ms * decode_seqs + self.kv_token_ms * kv_tokens_read
         block_bytes = block_size * self.kv_bytes_per_token
-        ms += f.blocks_swapped * block_bytes / (self.swap_gb_per_s * 1e6)
-        ms += f.blocks_copied * 2 * block_bytes / (self.copy_gb_per_s * 1e6)
+        ms += blocks_swapped * block_bytes / (self.swap_gb_per_s * 1e6)
+        ms += blocks_copied * 2 * block_bytes / (self.copy_gb_per_s * 1e6)
         return ms / 1000.0
 
 

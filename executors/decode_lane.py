@@ -124,7 +124,7 @@ class DecodeLane:
 
     # ----------------------------------------------------------------------------- scheduling
     def schedule(
-        self, running: list[SequenceGroup], out: SchedulerOutput, max_tokens: int, touched: dict,
+        self, running: list[SequenceGroup], out: SchedulerOutput | None, max_tokens: int, touched: dict | None,
         decodes_only: bool = False, cap: int | None = None,
     ) -> bool:
         """Put every running group (``decodes_only``: every decoding one, passing over those in the
@@ -136,8 +136,22 @@ class DecodeLane:
             self._follow(running, decodes_only)
         batch = self._batch
         n = len(batch)
-        if not self._exact or not n or out.num_batched_tokens + n > max_tokens or (cap is not None and n > cap):
+        if not self._exact or not n or (out.num_batched_tokens if out is not None else 0) + n > max_tokens or (cap is not None and n > cap):
             return False
+        if not self._take_due():
+            return False
+        if out is not None:  # None: a step of a steady run (the engine advances it without an output)
+            out.scheduled += batch
+            out.num_batched_tokens += n
+            out.decode_seqs += n
+            out.kv_tokens_read += self._kv_tokens
+        if touched is not None:  # None: nobody asks in this step
+            touched.update(self._touched)
+        self.scheduled = n
+        return True
+
+    def _take_due(self) -> bool:
+        """Append the blocks that fall due in this lane step, if one is left to spare after them."""
         due = self._blocks_due.get(self.steps)
         if self._bm.gpu.num_free - (len(due) if due else 0) < 1:
             return False  # some sequence would meet vLLM's worst-case check with no free block
@@ -150,13 +164,6 @@ class DecodeLane:
             for seq in due:
                 if again <= ends[seq]:
                     self._blocks_due.setdefault(again, []).append(seq)
-        out.scheduled += batch
-        out.num_batched_tokens += n
-        out.decode_seqs += n
-        out.kv_tokens_read += self._kv_tokens
-        if touched is not None:  # None: nobody asks in this step
-            touched.update(self._touched)
-        self.scheduled = n
         return True
 
     def _follow(self, running: list[SequenceGroup], decodes_only: bool) -> None:
@@ -232,6 +239,16 @@ class DecodeLane:
         ``block_size`` steps), given its ``num_tokens`` now."""
         return self.steps + max(0, len(self._bm.gpu_tables[seq.seq_id]) * self._block_size - num_tokens + 1)
 
+    @property
+    def kv_tokens(self) -> int:
+        """Context tokens the members' next decodes read (a lane step's ``kv_tokens_read``)."""
+        return self._kv_tokens
+
+    @property
+    def batch(self) -> list[ScheduledGroup]:
+        """The members' decode entries, in running order (a copy)."""
+        return list(self._batch)
+
     # ------------------------------------------------------------------------------- applying
     def apply(self) -> list[Sequence]:
         """The lane step ran: every member is one token further. Returns the members that sampled
@@ -248,6 +265,17 @@ class DecodeLane:
         for seq in ending:
             self._leave(seq)
         return ending
+
+    def coast(self) -> bool:
+        """Take the next lane step of a steady run at once, if no member finishes in it and a block is
+        left to spare after the due ones: the step ``schedule`` and ``apply`` would run, with nothing
+        but its due blocks and the counts to change (the run's first step went through ``schedule``)."""
+        step = self.steps
+        if step in self._finishing or not self._take_due():
+            return False
+        self.steps = step + 1
+        self._kv_tokens += len(self._batch)
+        return True
 
     def audit(self, running: list[SequenceGroup]) -> list[str]:
         """Members that are not what the lane assumes (plain running decodes, blocks and end where predicted)."""

@@ -75,8 +75,11 @@ class SimulatedExecutor:
             for seq, n in samplers(sg):
                 position = len(seq.output) + 1
                 tokens[seq.seq_id] = [EOS if position >= target else self._placeholder(position) - (i << 24) for i in range(n)]
-        duration = self.profile.step_seconds(output, self.block_size)
-        return StepResult(duration if duration > 0 else IDLE_SECONDS, tokens)
+        return StepResult(_charged(self.profile.step_seconds(output, self.block_size)), tokens)
+
+    def lane_seconds(self, num_seqs: int, kv_tokens: int) -> float:
+        """What ``execute`` charges a step of ``num_seqs`` lane decodes reading ``kv_tokens`` (``KnownDurations``)."""
+        return _charged(self.profile.seconds(0, num_seqs, kv_tokens, 0, 0, self.block_size))
 
     def tokens_at(self, group: SequenceGroup, start: int, stop: int) -> list[int]:
         """What ``execute`` samples for a one-sequence group at output positions ``start`` .. ``stop - 1``."""
@@ -108,3 +111,8 @@ class SimulatedExecutor:
         if position >= len(table):
             table.extend(range(-2 - len(table), -3 - position, -1))
         return table[position]
+
+
+def _charged(seconds: float) -> float:
+    """A step's time as charged: a step that ran nothing still takes ``IDLE_SECONDS``."""
+    return seconds if seconds > 0 else IDLE_SECONDS

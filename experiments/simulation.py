@@ -24,7 +24,7 @@ from typing import Any
 from kvsched.core.config import EngineConfig
 from kvsched.core.engine import Engine
 from kvsched.core.plugins import load_policy
-from kvsched.core.report import StepReport
+from kvsched.core.report import StepReport, StepRun
 from kvsched.core.request import Request
 from kvsched.executors.profiles import resolve_profile
 from kvsched.executors.simulated import SimulatedExecutor
@@ -82,7 +82,8 @@ def run_simulation(
 
 
 def fan_out(observers: list[Observer | None]) -> Observer | None:
-    """One ``on_step`` callable for several observers (None for none; one made by ``fan_out`` is opened up)."""
+    """One ``on_step`` callable for several observers (None for none; one made by ``fan_out`` is opened
+    up); it takes steady runs (``on_steps``) if every one of them does."""
     flat = [inner for o in observers if o is not None for inner in getattr(o, "observers", (o,))]
     if len(flat) < 2:
         return flat[0] if flat else None
@@ -92,7 +93,26 @@ def fan_out(observers: list[Observer | None]) -> Observer | None:
             o(report)
 
     observe.observers = flat
+    if all(hasattr(o, "on_steps") for o in flat):
+        def on_steps(run: StepRun) -> None:
+            for o in flat:
+                o.on_steps(run)
+
+        observe.on_steps = on_steps
     return observe
+
+
+class FinishedCount:
+    """Tells ``callback`` how many requests each step (or steady run) finished: what a progress bar counts."""
+
+    def __init__(self, callback: Callable[[int], object]) -> None:
+        self.callback = callback
+
+    def __call__(self, report: StepReport | StepRun) -> None:
+        if report.finished:
+            self.callback(len(report.finished))
+
+    on_steps = __call__
 
 
 @dataclass

@@ -44,7 +44,7 @@ from kvsched.core.decisions import Decision
 from kvsched.core.sequence import SequenceStatus
 
 if TYPE_CHECKING:
-    from kvsched.core.report import StepReport
+    from kvsched.core.report import StepReport, StepRun
 
 COLUMNS = ("step", "time_s", "event", "request_id", "reason", "queue", "tokens", "cached_tokens", "tokens_left",
            "needed", "available", "other_request", "detail")
@@ -87,8 +87,20 @@ class DecisionLog:
         self._swapped: set[str] = set()
 
     def __call__(self, r: StepReport) -> None:
-        out, prefilling = r.output, self._prefilling
-        step, start, notes, lane = r.step, r.now - r.duration, out.decisions, out.lane_decodes
+        out = r.output
+        self._step(r.step, r.now - r.duration, out.decisions, out.lane_decodes, out.scheduled, r.finished)
+
+    def on_steps(self, run: StepRun) -> None:
+        """A steady run, step by step as its reports would say it (lane decodes of every running request)."""
+        lane, last = run.output.lane_decodes, len(run.duration) - 1
+        if not run.notes[0] and not self._prefilling:  # no notes, nobody left out: only the last step's finishes
+            self._step(run.first + last, run.now[last] - run.duration[last], [], lane, (), run.finished)
+            return
+        for i, (now, duration) in enumerate(zip(run.now, run.duration)):
+            self._step(run.first + i, now - duration, run.decisions(i), lane, (), run.finished if i == last else ())
+
+    def _step(self, step: int, start: float, notes, lane: int, scheduled, finished) -> None:
+        prefilling = self._prefilling
         if lane and not prefilling and len(notes) == 1 and notes[0][0] in _WAITS:
             # the commonest step under load: the decode lane, and admission stopped at the head of the queue
             code, rid, needed, available = notes[0]
@@ -98,8 +110,8 @@ class DecisionLog:
             prefilling_before, had_running = tuple(prefilling.items()) if prefilling else (), bool(self._running)
             touched, joined = self._notes(step, start, notes)
             if prefilling_before or not lane:
-                self._batch(step, start, lane, out.scheduled[lane:], prefilling_before, had_running, touched, joined)
-        for g in r.finished:
+                self._batch(step, start, lane, scheduled[lane:], prefilling_before, had_running, touched, joined)
+        for g in finished:
             rid = g.request_id
             self._running.pop(rid, None)
             prefilling.pop(rid, None)

@@ -11,21 +11,12 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 
 def arrow_table(rows: list[tuple], schema: pa.Schema) -> pa.Table:
-    """``rows`` (tuples in column order) as an Arrow table of ``schema``.
-
-    An all-numeric table (a time series) goes through one 2-D float64 array, several times
-    faster than column by column from Python objects; its integers must stay below 2**53.
-    """
-    if rows and all(pa.types.is_integer(f.type) or pa.types.is_floating(f.type) for f in schema):
-        block = np.array(rows, dtype=np.float64)
-        return pa.Table.from_arrays([pa.array(block[:, i].astype(f.type.to_pandas_dtype())) for i, f in enumerate(schema)],
-                                    schema=schema)
+    """``rows`` (tuples in column order) as an Arrow table of ``schema``."""
     columns = zip(*rows) if rows else ([] for _ in schema)
     return pa.Table.from_arrays([pa.array(c, type=f.type) for c, f in zip(columns, schema)], schema=schema)
 
@@ -56,13 +47,16 @@ class ParquetRows:
 
     def flush(self) -> None:
         if self.rows:
-            table = arrow_table(self.rows, self.schema)
-            self._writer.write_table(table)
-            if self.on_write is not None:
-                self.on_write(table)
-            self.num_rows += len(self.rows)
-            self.num_row_groups += 1
+            self.write(arrow_table(self.rows, self.schema))
             self.rows = []
+
+    def write(self, table: pa.Table) -> None:
+        """Write ``table`` (of this schema) as the next row group."""
+        self._writer.write_table(table)
+        if self.on_write is not None:
+            self.on_write(table)
+        self.num_rows += table.num_rows
+        self.num_row_groups += 1
 
     def close(self) -> Path:
         self.flush()

@@ -63,6 +63,8 @@ class RequestLog:
             append(waiting.pop(self._next))
             self._next += 1
 
+    on_steps = __call__  # a steady run's finished groups, ended in its last step, as a step report's
+
     def close(self) -> RequestTable:
         """Write what is left (requests still waiting for an earlier one, in order) and name the file."""
         for i in sorted(self._waiting):

@@ -15,13 +15,13 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pyarrow as pa
 
-from kvsched.metrics.parquet_rows import ParquetRows, arrow_table
+from kvsched.metrics.parquet_rows import ParquetRows
 from kvsched.metrics.requests import ordered_sum
 
 if TYPE_CHECKING:
     import pandas as pd
 
-    from kvsched.core.report import StepReport
+    from kvsched.core.report import StepReport, StepRun
 
 COLUMNS = (
     "step", "time_s", "duration_s", "start_s", "num_waiting", "num_running", "num_swapped",
@@ -33,11 +33,16 @@ SCHEMA = pa.schema([(c, pa.float64() if c in ("time_s", "duration_s", "start_s")
 
 
 class TimeSeriesRecorder:
-    """One row per engine step, kept (``path=None``) or streamed to ``path`` (then call ``close()``)."""
+    """One row per engine step, kept (``path=None``) or streamed to ``path`` (then call ``close()``).
 
-    def __init__(self, path: Path | None = None) -> None:
+    Rows are kept as columns (a steady run's steps arrive as lists, one per column: they are
+    appended as they are); a step's row waits as a tuple until the next run or the next write."""
+
+    def __init__(self, path: Path | None = None, row_group_size: int = 65_536) -> None:
         self.file = ParquetRows(path, SCHEMA, on_write=self._tally, dictionary=False) if path is not None else None
-        self._rows: list[tuple] = []  # kept rows (without a path)
+        self.row_group_size = row_group_size
+        self._columns: list[list] = [[] for _ in COLUMNS]  # kept rows (all of them, without a path)
+        self._rows: list[tuple] = []  # rows of single steps, not yet in the columns
         self._peaks = {"gpu_blocks_used": 0, "cpu_blocks_used": 0, "num_waiting": 0}
         # time-weighted sums, added step by step in order (as sum() over the columns would add them)
         self._sums = {"duration_s": 0.0, "gpu_blocks_used": 0.0, "batch_seqs": 0.0}
@@ -52,17 +57,56 @@ class TimeSeriesRecorder:
         for _g, mode in out.preempted:
             if mode.value == "swap":
                 swap_preempt += 1
-        row = (
+        self._rows.append((
             r.step, r.now, r.duration, r.now - r.duration if r.started is None else r.started, r.num_waiting, r.num_running, r.num_swapped,
             len(out.scheduled), f.decode_seqs + prefill_groups, prefill_groups, f.prefill_tokens, f.decode_seqs,
             f.kv_tokens_read, cache.num_gpu_blocks - cache.num_free_gpu_blocks,
             cache.num_cpu_blocks - cache.num_free_cpu_blocks, len(out.blocks_to_swap_in), len(out.blocks_to_swap_out),
             len(out.blocks_to_copy), len(out.preempted) - swap_preempt, swap_preempt, len(r.finished),
-        )
-        if self.file is None:
-            self._rows.append(row)
-        else:
-            self.file.append(row)
+        ))
+        if self.file is not None and len(self._rows) >= 1024:
+            self._settle()
+
+    def on_steps(self, run: StepRun) -> None:
+        """A steady run's rows, as its steps' reports would give them (plain decodes: no prefill, block move or preemption)."""
+        self._settle(flush=False)
+        k, n, cache, gpu = len(run.duration), len(run.output.scheduled), run.cache, run.cache.num_gpu_blocks
+        (step, time_s, duration, start, waiting, running, swapped, groups, seqs, prefill_groups, prefill_tokens, decodes, kv, gpu_used,
+         cpu_used, *moves, finished) = self._columns
+        step += range(run.first, run.first + k)
+        time_s += run.now
+        duration += run.duration
+        start += run.started
+        waiting += run.num_waiting
+        running += run.num_running
+        kv += run.kv_tokens_read
+        gpu_used += [gpu - free for free in run.free_gpu_blocks]
+        for column, value in ((swapped, run.num_swapped), (groups, n), (seqs, n), (decodes, n),
+                              (cpu_used, cache.num_cpu_blocks - cache.num_free_cpu_blocks), (prefill_groups, 0), (prefill_tokens, 0),
+                              *((moved, 0) for moved in moves)):
+            column += [value] * k
+        finished += [0] * (k - 1)
+        finished.append(len(run.finished))
+        self._settle()
+
+    def _settle(self, flush: bool = True) -> None:
+        """Move the single steps' rows into the columns; streaming, write a row group once there are enough."""
+        if self._rows:
+            for column, values in zip(self._columns, zip(*self._rows)):
+                column += values
+            self._rows = []
+        if flush and self.file is not None and len(self._columns[0]) >= self.row_group_size:
+            self._write()
+
+    def _table(self) -> pa.Table:
+        self._settle(flush=False)
+        return pa.Table.from_arrays([pa.array(c, type=f.type) for c, f in zip(self._columns, SCHEMA)], schema=SCHEMA)
+
+    def _write(self) -> None:
+        table = self._table()
+        if table.num_rows:
+            self.file.write(table)
+        self._columns = [[] for _ in COLUMNS]
 
     def _tally(self, table: pa.Table) -> None:
         """Fold the next rows (in step order) into the peaks and the time-weighted sums."""
@@ -76,12 +120,12 @@ class TimeSeriesRecorder:
             self._sums[name] = ordered_sum(np.concatenate(([self._sums[name]], weighted)))
 
     def __len__(self) -> int:
-        return len(self._rows) if self.file is None else self.file.num_rows + len(self.file.rows)
+        return (self.file.num_rows if self.file is not None else 0) + len(self._columns[0]) + len(self._rows)
 
     def kv_usage(self, total_gpu_blocks: int) -> dict:
         """The summary's ``kv_usage``: peaks and time-weighted means over the run (after ``close()`` if streamed)."""
         if not self._tallied:
-            self._tally(arrow_table(self._rows, SCHEMA))
+            self._tally(self._table())
             self._tallied = True
         peaks, sums = self._peaks, self._sums
         t = sums["duration_s"]
@@ -97,6 +141,7 @@ class TimeSeriesRecorder:
     def close(self) -> None:
         """A streaming recorder: write the last rows and name the file."""
         if self.file is not None:
+            self._write()
             self.file.close()
 
     def frame(self) -> pd.DataFrame:
@@ -104,7 +149,7 @@ class TimeSeriesRecorder:
             import pandas as pd
 
             return pd.read_parquet(self.file.path)
-        return arrow_table(self._rows, SCHEMA).to_pandas()
+        return self._table().to_pandas()
 
 
 def step_starts(steps: pd.DataFrame) -> np.ndarray:
