@@ -25,15 +25,8 @@ _NO_PARENT = 0x9E3779B97F4A7C15  # root of every prefix-hash chain
 class BlockManager:
     """Block tables for every sequence that holds KV blocks, on the GPU or (swapped) on the CPU."""
 
-    def __init__(
-        self,
-        block_size: int,
-        num_gpu_blocks: int,
-        num_cpu_blocks: int,
-        watermark_blocks: int = 0,
-        enable_prefix_caching: bool = False,
-        keep_duplicates: bool = False,
-    ) -> None:
+    def __init__(self, block_size: int, num_gpu_blocks: int, num_cpu_blocks: int, watermark_blocks: int = 0,
+                 enable_prefix_caching: bool = False, keep_duplicates: bool = False) -> None:
         self.block_size = block_size
         self.watermark_blocks = watermark_blocks
         self.enable_prefix_caching = enable_prefix_caching
@@ -126,14 +119,10 @@ class BlockManager:
     def can_allocate(self, group: SequenceGroup) -> AllocStatus:
         """vLLM's watermark rule: NEVER if even an empty pool minus the watermark cannot hold it."""
         seqs = group.waiting_seqs()
-        if len(seqs) == 1 and not self.enable_prefix_caching:  # the common case: the prompt's blocks, all to allocate
-            total = needed = self.num_blocks(seqs[0].num_tokens)
-        else:
-            total = sum(self.num_blocks(s.num_tokens) for s in seqs) - self._shared_prompt_blocks(seqs) * (len(seqs) - 1)
-            needed = None
+        total = sum(self.num_blocks(s.num_tokens) for s in seqs) - self._shared_prompt_blocks(seqs) * (len(seqs) - 1)
         if self.gpu.num_blocks - total < self.watermark_blocks:
             return AllocStatus.NEVER
-        if self.gpu.num_free - (self.blocks_to_allocate(group) if needed is None else needed) >= self.watermark_blocks:
+        if self.gpu.num_free - self.blocks_to_allocate(group) >= self.watermark_blocks:
             return AllocStatus.OK
         return AllocStatus.LATER
 

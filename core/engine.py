@@ -11,9 +11,10 @@ from kvsched.core.errors import AuditError, StallError
 from kvsched.core.executor import Clock, Executor, KnownDurations, KnownTokens, StepResult
 from kvsched.core.outputs import SchedulerOutput
 from kvsched.core.plugins import PolicyHooks
-from kvsched.core.report import StepReport, StepRun
+from kvsched.core.report import StepReport
 from kvsched.core.request import Request
 from kvsched.core.scheduler import Scheduler
+from kvsched.core.steady_run import SteadyRuns
 from kvsched.core.sequence import Sequence, SequenceGroup, SequenceStatus
 from kvsched.core.view import CacheView, OutputView, QueueView
 
@@ -21,7 +22,7 @@ from kvsched.core.view import CacheView, OutputView, QueueView
 STALL_STEPS, STALL_SECONDS = 1_000, 10.0
 
 
-class Engine:
+class Engine(SteadyRuns):
     """``add_request``, ``abort``, ``step`` and ``run``, over a scheduler and an executor.
 
     ``policy`` is an installed policy's name or a policy object; ``executor`` runs the steps
@@ -341,69 +342,6 @@ class Engine:
             if upcoming is not None and upcoming.arrival_time < arrived.arrival_time:
                 raise ValueError(f"request {upcoming.request_id!r} arrives before {arrived.request_id!r}")
         return upcoming
-
-    def _steady_run(self, upcoming: Request | None, source, limit: int, observe) -> tuple[Request | None, int]:
-        """Repeat the steady step the scheduler holds while it repeats unchanged, up to ``limit`` steps
-        (-1: no limit) and the step that finishes a group: each step only its due blocks, its duration
-        and its counters, with no output, report or observer call; then ``observe`` (``on_steps``)
-        gets the whole run (docs/hooks.md "Steady runs"). Returns the next request to arrive and the steps taken."""
-        sched, clock, seconds = self.scheduler, self.clock, self.executor.lane_seconds
-        lane, gpu, audit = sched.lane, sched.block_manager.gpu, self.config.audit_every_step
-        arrivals = sched._steady[0]
-        started, durations, kv, waiting, free = [], [], [], [], []
-        finished: list[SequenceGroup] = []
-        batch, n = None, 0
-        while len(durations) != limit:
-            now = clock.now()
-            if upcoming is not None and upcoming.arrival_time <= now:
-                if arrivals:  # the policy decides again
-                    break
-                upcoming = self._arrive(upcoming, source, now)
-            before, k = gpu.num_free, lane.kv_tokens
-            # A step in which no member finishes changes nothing the repeat checks (its due blocks only
-            # lower the free count, which keeps every refusal refused): the lane coasts through it.
-            coasting = n and lane.coast()
-            if not coasting:
-                if not sched.repeat_into(None):
-                    break
-                n = lane.scheduled
-                if batch is None and observe is not None:  # the members, before any leaves in the last step
-                    batch = lane.batch
-            duration = seconds(n, k)
-            clock.advance(duration)
-            started.append(now)
-            durations.append(duration)
-            kv.append(k)
-            waiting.append(len(sched.waiting))
-            free.append((before, gpu.num_free))
-            self.num_steps += 1
-            if not coasting and self._apply_lane(clock.now(), finished):
-                sched.remove_finished()
-                self._retire(finished)
-            if audit:
-                self.check()
-            if finished:
-                break
-        if durations:
-            self._scheduled_at = started[-1]
-            if observe is not None:
-                self._report_run(batch, started, durations, kv, waiting, free, finished, observe)
-        return upcoming, len(durations)
-
-    def _report_run(self, batch, started, durations, kv, waiting, free, finished, observe) -> None:
-        """Tell the observers a steady run (``StepRun``), as ``complete`` tells them a step."""
-        sched, n, steps = self.scheduler, len(batch), len(durations)
-        steady = sched._steady
-        notes = (steady[4], steady[2][2], free)
-        out = SchedulerOutput(scheduled=batch, num_batched_tokens=n, decode_seqs=n, kv_tokens_read=kv[0], lane_decodes=n)
-        run = StepRun(
-            self.num_steps - steps, OutputView(out), started, started[1:] + [self.clock.now()], durations, kv, waiting,
-            [len(sched.running) + len(finished)] * (steps - 1) + [len(sched.running)],
-            [after for _, after in free[:-1]] + [sched.block_manager.gpu.num_free], len(sched.swapped),
-            tuple([g.view for g in finished]), sched.cache_view, notes,
-        )
-        out.decisions = run.decisions(0)
-        observe(run)
 
     def check(self) -> None:
         """Raise ``AuditError`` if any allocator or queue invariant is broken."""

@@ -75,10 +75,8 @@ class KnownTokens(Protocol):
 
 @runtime_checkable
 class KnownDurations(Protocol):
-    """An executor that can say what a step of nothing but decode-lane decodes takes without running
-    it: exactly what ``execute`` would charge. The engine then advances a steady run of such steps at
-    once (docs/hooks.md "Steady runs"). A promise, like ``KnownTokens``: an executor whose ``execute``
-    charges such a step anything else must not implement it."""
+    """An executor that says what a step of only decode-lane decodes costs, exactly as ``execute`` would
+    charge it: the engine then advances steady runs at once (docs/hooks.md). A promise, like ``KnownTokens``."""
 
     def lane_seconds(self, num_seqs: int, kv_tokens: int) -> float:
         """The duration of a lane step of ``num_seqs`` decodes reading ``kv_tokens`` context tokens."""
@@ -100,6 +98,10 @@ class DecodeLane(Protocol):
 
     def apply(self) -> list[Sequence]:
         """The lane step ran; the members that sampled their last token, out of the lane."""
+        ...
+
+    def coast(self) -> bool:
+        """Take the next step of a steady run at once if nobody finishes in it and a block is left to spare."""
         ...
 
     def dissolve(self) -> None:

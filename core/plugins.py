@@ -155,6 +155,7 @@ class PolicyHooks:
         self.decides_admission = len(hook.can_allocate.get_hookimpls()) > 1
         # Everything is registered above, once: a run with no on_step implementation skips the hook call.
         self._on_step = _dispatch(hook.on_step, ("report",), firstresult=False) if hook.on_step.get_hookimpls() else None
+        self.observes_steps = self._on_step is not None  # then every step gets its report: no steady runs
         self.in_hook: str | None = None
         self._first_error: PolicyError | None = None
 
@@ -177,11 +178,6 @@ class PolicyHooks:
 
     def can_allocate(self, step, group):
         return self._call(CAN_ALLOCATE, self._can_allocate, step, group)
-
-    @property
-    def observes_steps(self) -> bool:
-        """Whether a plugin implements ``on_step`` (then every step gets its report: no steady runs)."""
-        return self._on_step is not None
 
     def on_step(self, report) -> None:
         if self._on_step is not None:

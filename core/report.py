@@ -30,11 +30,9 @@ class StepReport(NamedTuple):
 
 
 class StepRun(NamedTuple):
-    """Steps ``first`` .. ``first + len(duration) - 1``: one steady step repeated, which the engine
-    advanced at once (docs/hooks.md "Steady runs"), as ``on_steps`` observers see them. Every step ran
-    the batch of ``output``, the first step's (plain decodes of every running group, nothing else: no
-    prefill, block movement or preemption); what each step's own report would say that changes from
-    step to step is a list with one entry per step, and methods give its features and notes."""
+    """Steps ``first`` .. ``first + len(duration) - 1``: a steady step repeated, advanced at once
+    (docs/hooks.md "Steady runs"), as ``on_steps`` observers see them. Every step ran the batch of
+    ``output`` (plain decodes of every running group); what changes from step to step is a list."""
 
     first: int  # the first step's counter
     output: OutputView  # the first step's

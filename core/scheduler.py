@@ -91,8 +91,8 @@ class Scheduler:
         return out
 
     def repeat_into(self, out: SchedulerOutput | None) -> bool:
-        """Whether the last, steady step repeats now; if so it is scheduled in the lane (into ``out``, unless None).
-        Given an ``out``, a lane no longer exact is dissolved, as the policy's own call of the lane would."""
+        """Whether the last, steady step repeats now, then scheduled in the lane (into ``out``, unless None;
+        given one, a lane no longer exact is dissolved, as the policy's own call of the lane would)."""
         arrivals, finishes, (decodes_only, cap, _), refusals, _, waiting, running = self._steady
         if (arrivals and len(self.waiting) != waiting) or (finishes and len(self.running) != running):  # events for the policy
             return False

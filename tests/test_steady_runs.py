@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 from helpers import req
 from hypothesis import given, note
 from hypothesis import strategies as st
-from test_steady_steps import POLICIES, STEADY, SteadyEverywhere, _request, configs, pressure_configs, pressure_requests, requests
+from test_steady_steps import POLICIES, STEADY, _request, configs, finals, fitted, pressure_configs, pressure_requests, requests
 
 from kvsched import Engine, EngineConfig, hookimpl
 from kvsched.executors.simulated import SimulatedExecutor
@@ -72,23 +72,14 @@ def _trace(policy, config, reqs, aborts, abort_at, runs):
     engine = Engine(EngineConfig(**config, audit_every_step=True), policy, SimulatedExecutor(), steady_steps=runs)
     recorder = _Recorder(engine, runs, abort_at, aborts)
     engine.run(reqs, on_step=recorder)
-    finals = {
-        g.request_id: (g.status, g.finish_detail, g.first_scheduled_time, g.first_token_time, g.finish_time, g.num_generated_tokens,
-                       [list(s.output) for s in g.seqs], g.num_recompute_preemptions, g.num_swap_preemptions)
-        for g in engine.groups.values()
-    }
-    assert engine.leaked_blocks == 0
     assert [s[0] for s in recorder.steps] == list(range(engine.num_steps))
-    return recorder, finals
+    return recorder, finals(engine)
 
 
 @given(policy=st.sampled_from(POLICIES), config=configs, spec=requests,
        aborts=st.lists(st.integers(0, 15), max_size=3), abort_step=st.integers(0, 60))
 def test_steady_runs_change_nothing_observable(policy, config, spec, aborts, abort_step):
-    if policy is SteadyEverywhere:
-        config = {**config, "delay_factor": 0.0}
-    if policy == "vllm-v1":
-        config = {**config, "vllm_engine": "v1"}
+    config = fitted(policy, config)
     reqs = [_request(i, *row) for i, row in enumerate(spec)]
     runs, run_finals = _trace(policy, config, reqs, aborts, abort_step, runs=True)
     # The runs side aborts after the first report at or past abort_step; the reference aborts after that very step.

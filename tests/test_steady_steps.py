@@ -175,22 +175,32 @@ def _trace(policy, config, reqs, aborts, abort_step, steady):
                 engine.abort(f"r{i}")
 
     engine.run(reqs, on_step=record)
-    finals = {
+    return steps, finals(engine)
+
+
+def finals(engine) -> dict:
+    """Every request as it ended (and no block leaked)."""
+    assert engine.leaked_blocks == 0
+    return {
         g.request_id: (g.status, g.finish_detail, g.first_scheduled_time, g.first_token_time, g.finish_time, g.num_generated_tokens,
                        [list(s.output) for s in g.seqs], g.num_recompute_preemptions, g.num_swap_preemptions)
         for g in engine.groups.values()
     }
-    assert engine.leaked_blocks == 0
-    return steps, finals
+
+
+def fitted(policy, config: dict) -> dict:
+    """``config`` with what the policy's declarations need: no delay gate for steady-everywhere, V1 mechanics for vllm-v1."""
+    if policy is SteadyEverywhere:
+        config = {**config, "delay_factor": 0.0}
+    if policy == "vllm-v1":  # V1 has no swap: on v0 mechanics with preemption_mode=swap its swapped groups stay there (a stall)
+        config = {**config, "vllm_engine": "v1"}
+    return config
 
 
 @given(policy=st.sampled_from(POLICIES), config=configs, spec=requests,
        aborts=st.lists(st.integers(0, 15), max_size=3), abort_step=st.integers(0, 60))
 def test_repeating_steady_steps_changes_nothing_observable(policy, config, spec, aborts, abort_step):
-    if policy is SteadyEverywhere:
-        config = {**config, "delay_factor": 0.0}
-    if policy == "vllm-v1":  # V1 has no swap: on v0 mechanics with preemption_mode=swap its swapped groups stay there (a stall)
-        config = {**config, "vllm_engine": "v1"}
+    config = fitted(policy, config)
     reqs = [_request(i, *row) for i, row in enumerate(spec)]
     repeated = _trace(policy, config, reqs, aborts, abort_step, steady=True)
     called = _trace(policy, config, reqs, aborts, abort_step, steady=False)
