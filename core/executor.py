@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
@@ -78,8 +80,8 @@ class KnownDurations(Protocol):
     """An executor that says what a step of only decode-lane decodes costs, exactly as ``execute`` would
     charge it: the engine then advances steady runs at once (docs/hooks.md). A promise, like ``KnownTokens``."""
 
-    def lane_seconds(self, num_seqs: int, kv_tokens: int) -> float:
-        """The duration of a lane step of ``num_seqs`` decodes reading ``kv_tokens`` context tokens."""
+    def lane_seconds(self, num_seqs: int) -> Callable[[int], float]:
+        """The duration of a lane step of ``num_seqs`` decodes, as a function of the context tokens they read."""
         ...
 
 

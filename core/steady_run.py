@@ -22,7 +22,7 @@ class SteadyRuns:
         """Repeat the steady step while it repeats unchanged, up to ``limit`` steps (-1: no limit) and the
         step that finishes a group, with no output, report or observer call; then tell ``observe``
         (``on_steps``) the run. Returns the next request to arrive and the steps taken."""
-        sched, clock, seconds = self.scheduler, self.clock, self.executor.lane_seconds
+        sched, clock, seconds = self.scheduler, self.clock, None
         lane, gpu, audit = sched.lane, sched.block_manager.gpu, self.config.audit_every_step
         arrivals = sched._steady[0]
         started, durations, kv, waiting, free = [], [], [], [], []
@@ -40,10 +40,11 @@ class SteadyRuns:
             if not coasting:
                 if not sched.repeat_into(None):
                     break
-                n = lane.scheduled
+                if n != lane.scheduled:  # the run's first step (later ones keep the batch)
+                    n, seconds = lane.scheduled, self.executor.lane_seconds(lane.scheduled)
                 if batch is None and observe is not None:  # the members, before any leaves in the last step
                     batch = lane.batch
-            duration = seconds(n, k)
+            duration = seconds(k)
             clock.advance(duration)
             started.append(now)
             durations.append(duration)

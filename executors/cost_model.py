@@ -8,6 +8,8 @@ cache gets, from which the simulator takes its defaults (``experiments/settings.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from kvsched.core.outputs import SchedulerOutput
@@ -68,11 +70,22 @@ class CostProfile(BaseModel):
         """The model's time for a step with these features (``StepFeatures``, in order)."""
         if not (prefill_tokens or decode_seqs or blocks_swapped):
             return 0.0
-        ms = self.base_ms + self.prefill_token_ms * prefill_tokens + self.decode_seq_ms * decode_seqs + self.kv_token_ms * kv_tokens_read
+        ms = self._batch_ms(prefill_tokens, decode_seqs) + self.kv_token_ms * kv_tokens_read
         block_bytes = block_size * self.kv_bytes_per_token
         ms += blocks_swapped * block_bytes / (self.swap_gb_per_s * 1e6)
         ms += blocks_copied * 2 * block_bytes / (self.copy_gb_per_s * 1e6)
         return ms / 1000.0
+
+    def decode_seconds(self, decode_seqs: int) -> Callable[[int], float]:
+        """``seconds(0, decode_seqs, K, 0, 0, ·)`` as a function of K, for the steps of a steady run: the
+        same operations in the same order (adding the zero block-move terms changes no bit)."""
+        if not decode_seqs:
+            return lambda kv_tokens_read: 0.0
+        batch_ms, kv_ms = self._batch_ms(0, decode_seqs), self.kv_token_ms
+        return lambda kv_tokens_read: (batch_ms + kv_ms * kv_tokens_read) / 1000.0
+
+    def _batch_ms(self, prefill_tokens: int, decode_seqs: int) -> float:
+        return self.base_ms + self.prefill_token_ms * prefill_tokens + self.decode_seq_ms * decode_seqs
 
 
 LLAMA2_7B_A100 = CostProfile(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from itertools import islice
 
 from kvsched.executors.clocks import VirtualClock
@@ -77,9 +78,10 @@ class SimulatedExecutor:
                 tokens[seq.seq_id] = [EOS if position >= target else self._placeholder(position) - (i << 24) for i in range(n)]
         return StepResult(_charged(self.profile.step_seconds(output, self.block_size)), tokens)
 
-    def lane_seconds(self, num_seqs: int, kv_tokens: int) -> float:
-        """What ``execute`` charges a step of ``num_seqs`` lane decodes reading ``kv_tokens`` (``KnownDurations``)."""
-        return _charged(self.profile.seconds(0, num_seqs, kv_tokens, 0, 0, self.block_size))
+    def lane_seconds(self, num_seqs: int) -> Callable[[int], float]:
+        """What ``execute`` charges a step of ``num_seqs`` lane decodes, by the context tokens they read (``KnownDurations``)."""
+        seconds = self.profile.decode_seconds(num_seqs)
+        return seconds if seconds(0) > 0 else lambda kv_tokens: _charged(seconds(kv_tokens))  # more tokens never cost less
 
     def tokens_at(self, group: SequenceGroup, start: int, stop: int) -> list[int]:
         """What ``execute`` samples for a one-sequence group at output positions ``start`` .. ``stop - 1``."""

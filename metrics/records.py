@@ -94,6 +94,11 @@ class RequestTable:
             for row in batch.to_pylist():
                 yield RequestMetrics(**row)
 
+    def rows(self) -> Iterator[tuple]:
+        """Every record's fields as a tuple in ``FIELDS`` order, a row group's columns at a time (what a CSV writes)."""
+        for batch in self._file.iter_batches(columns=list(FIELDS)):
+            yield from zip(*[column.to_pylist() for column in batch.columns])
+
     def column(self, name: str) -> pa.ChunkedArray:
         """One column; a label column (status, tenant, ...) dictionary-encoded, so ten million rows stay small."""
         labels = [name] if name in _LABELS else None
@@ -101,3 +106,8 @@ class RequestTable:
 
     def frame(self) -> pd.DataFrame:
         return self._file.read().to_pandas()
+
+
+def record_rows(records: list[RequestMetrics] | RequestTable) -> Iterator[tuple]:
+    """The records' fields as tuples in ``FIELDS`` order, kept in memory or read from their file."""
+    return records.rows() if isinstance(records, RequestTable) else map(_ROW, records)

@@ -30,6 +30,7 @@ COLUMNS = (
     "preempted_recompute", "preempted_swap", "finished",
 )
 SCHEMA = pa.schema([(c, pa.float64() if c in ("time_s", "duration_s", "start_s") else pa.int64()) for c in COLUMNS])
+_DTYPES = {f.name: f.type.to_pandas_dtype() for f in SCHEMA}  # numpy reads a column of Python numbers faster than Arrow
 
 
 class TimeSeriesRecorder:
@@ -81,12 +82,14 @@ class TimeSeriesRecorder:
         running += run.num_running
         kv += run.kv_tokens_read
         gpu_used += [gpu - free for free in run.free_gpu_blocks]
-        for column, value in ((swapped, run.num_swapped), (groups, n), (seqs, n), (decodes, n),
-                              (cpu_used, cache.num_cpu_blocks - cache.num_free_cpu_blocks), (prefill_groups, 0), (prefill_tokens, 0),
-                              *((moved, 0) for moved in moves)):
-            column += [value] * k
-        finished += [0] * (k - 1)
-        finished.append(len(run.finished))
+        swapped += [run.num_swapped] * k
+        cpu_used += [cache.num_cpu_blocks - cache.num_free_cpu_blocks] * k
+        zeros, ns = [0] * k, [n] * k
+        for column in (prefill_groups, prefill_tokens, *moves, finished):
+            column += zeros
+        for column in (groups, seqs, decodes):
+            column += ns
+        finished[-1] = len(run.finished)
         self._settle()
 
     def _settle(self, flush: bool = True) -> None:
@@ -100,7 +103,8 @@ class TimeSeriesRecorder:
 
     def _table(self) -> pa.Table:
         self._settle(flush=False)
-        return pa.Table.from_arrays([pa.array(c, type=f.type) for c, f in zip(self._columns, SCHEMA)], schema=SCHEMA)
+        return pa.Table.from_arrays([pa.array(np.fromiter(c, _DTYPES[f.name], len(c))) for c, f in zip(self._columns, SCHEMA)],
+                                    schema=SCHEMA)
 
     def _write(self) -> None:
         table = self._table()

@@ -11,7 +11,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kvsched.metrics.records import RequestTable
+from kvsched.metrics.records import RequestTable, record_rows
 from kvsched.metrics.requests import FIELDS, RequestMetrics
 from kvsched.reporting.destination import COMPARE_FILES, SWEEP_FILES, publishing_file, publishing_folder
 
@@ -34,9 +34,9 @@ def _summary_and_requests(result: RunResult, directory: Path) -> list[Path]:
     summary_path.write_text(json.dumps(result.summary, indent=2, sort_keys=False, allow_nan=False) + "\n")
     requests_path = directory / "requests.csv"
     with requests_path.open("w", newline="") as f:  # row by row: the records may be a streamed RequestTable
-        writer = csv.DictWriter(f, fieldnames=list(FIELDS) if len(result.requests) else ["request_id"])
-        writer.writeheader()
-        writer.writerows(m.as_dict() for m in result.requests)
+        writer = csv.writer(f)
+        writer.writerow(FIELDS if len(result.requests) else ["request_id"])
+        writer.writerows(record_rows(result.requests))
     return [summary_path, requests_path]
 
 

@@ -4,6 +4,8 @@ import importlib.util
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from kvsched.core.config import EngineConfig
 from kvsched.core.engine import Engine
@@ -146,3 +148,20 @@ def test_simulated_tokens_are_the_output_position_shared_across_requests():
     a, b = (engine.groups[r].seqs[0].output for r in ("r0", "r1"))
     assert a[:3] == [-3, -4, -5] and a[-1] == -1 and len(a) == 300 and len(b) == 301
     assert all(x is y for x, y in zip(a[:299], b[:299]))
+
+
+_coefficient = st.floats(0, 1e3, allow_nan=False, allow_infinity=False)
+
+
+@given(base=_coefficient, prefill=_coefficient, decode=_coefficient, kv=_coefficient, n=st.integers(0, 1024),
+       k=st.lists(st.integers(0, 1 << 30), min_size=1, max_size=8))
+def test_a_steady_runs_step_durations_are_the_cost_models_to_the_bit(base, prefill, decode, kv, n, k):
+    """What the engine charges a step of a steady run (decode_seconds, lane_seconds) is what execute charges it."""
+    profile = CostProfile(name="p", base_ms=base, prefill_token_ms=prefill, decode_seq_ms=decode, kv_token_ms=kv,
+                          kv_bytes_per_token=1024, swap_gb_per_s=10, copy_gb_per_s=100)
+    executor = SimulatedExecutor(profile, block_size=16)
+    for tokens in k:
+        assert profile.decode_seconds(n)(tokens) == profile.seconds(0, n, tokens, 0, 0, 16)
+        if n:
+            out = SchedulerOutput(decode_seqs=n, kv_tokens_read=tokens)
+            assert executor.lane_seconds(n)(tokens) == executor.execute(out).duration
