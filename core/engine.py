@@ -316,10 +316,10 @@ class Engine(SteadyRuns):
             if on_step is not None:
                 on_step(report)
             steps += 1
-            taken = 1
-            while runs and taken and sched._steady is not None and steps != max_steps:  # a finish ends a run; the next may follow
-                upcoming, taken = self._steady_run(upcoming, source, -1 if max_steps is None else max_steps - steps,
-                                                   on_step and on_step.on_steps)
+            more = runs
+            while more and sched._steady is not None and steps != max_steps:  # a finish ends a run; the next may follow
+                upcoming, taken, more = self._steady_run(upcoming, source, -1 if max_steps is None else max_steps - steps,
+                                                         on_step and on_step.on_steps)
                 steps += taken
             if max_steps is not None and steps >= max_steps:
                 break

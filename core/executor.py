@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from kvsched.allocators.block_manager import BlockManager
     from kvsched.core.outputs import ScheduledGroup, SchedulerOutput
     from kvsched.core.sequence import Sequence, SequenceGroup

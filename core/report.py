@@ -40,7 +40,7 @@ class StepRun(NamedTuple):
     now: list[float]  # clock after each step
     duration: list[float]
     kv_tokens_read: list[int]  # each step's K (its features: no prefill, D = len(output.scheduled), no block moved)
-    num_waiting: list[int]  # after each step: a group arriving that the policy declared would not change its calls joins during a run
+    num_waiting: list[int]  # after each step (a group whose arrival the policy said changes nothing joins during a run)
     num_running: list[int]  # after each step (the last may have finished groups)
     free_gpu_blocks: list[int]  # after each step (blocks fall due as the sequences grow, and the last may free some)
     num_swapped: int

@@ -12,21 +12,18 @@ from kvsched.core.view import OutputView
 
 if TYPE_CHECKING:
     from kvsched.core.request import Request
-    from kvsched.core.sequence import SequenceGroup
 
 
 class SteadyRuns:
     """The part of ``Engine`` that advances steady runs (a mixin: it works on the engine's own state)."""
 
-    def _steady_run(self, upcoming: Request | None, source, limit: int, observe) -> tuple[Request | None, int]:
-        """Repeat the steady step while it repeats unchanged, up to ``limit`` steps (-1: no limit) and the
-        step that finishes a group, with no output, report or observer call; then tell ``observe``
-        (``on_steps``) the run. Returns the next request to arrive and the steps taken."""
-        sched, clock, seconds = self.scheduler, self.clock, None
+    def _steady_run(self, upcoming: Request | None, source, limit: int, observe) -> tuple[Request | None, int, bool]:
+        """Repeat the steady step while it repeats unchanged, up to ``limit`` steps (-1: no limit) and one that
+        finishes a group, with no output, report or observer call; then tell ``observe`` (``on_steps``) the
+        run. Returns the next request to arrive, the steps taken, whether a group finished (a run may follow)."""
+        sched, clock, seconds, arrivals = self.scheduler, self.clock, None, self.scheduler._steady[0]
         lane, gpu, audit = sched.lane, sched.block_manager.gpu, self.config.audit_every_step
-        arrivals = sched._steady[0]
-        started, durations, kv, waiting, free = [], [], [], [], []
-        finished: list[SequenceGroup] = []
+        started, durations, kv, waiting, free, finished = [], [], [], [], [], []  # per step; the groups that finished
         batch, n = None, 0
         while len(durations) != limit:
             now = clock.now()
@@ -63,7 +60,7 @@ class SteadyRuns:
             self._scheduled_at = started[-1]
             if observe is not None:
                 self._report_run(batch, started, durations, kv, waiting, free, finished, observe)
-        return upcoming, len(durations)
+        return upcoming, len(durations), bool(finished)
 
     def _report_run(self, batch, started, durations, kv, waiting, free, finished, observe) -> None:
         """Tell the observers a steady run (``StepRun``), as ``complete`` tells them a step."""
