@@ -159,8 +159,12 @@ class Scheduler:
         group.num_unfinished_seqs = 0
         group.finish_time = now
 
-    def remove_finished(self) -> None:
-        self.running = [g for g in self.running if g.status <= _SWAPPED]  # an int compare: runs every few steps
+    def remove_finished(self, ended: list[SequenceGroup] | None = None) -> None:
+        """A new running queue without the finished groups (``ended``: exactly those, when the caller knows them)."""
+        running = self.running.copy() if ended is not None else [g for g in self.running if g.status <= _SWAPPED]
+        for g in ended or ():
+            running.remove(g)
+        self.running = running
 
     def abort(self, group: SequenceGroup, now: float, status: SequenceStatus = SequenceStatus.FINISHED_ABORTED) -> None:
         """Take ``group`` out of whichever queue holds it, free every block it held, and end it with ``status``."""

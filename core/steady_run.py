@@ -50,7 +50,7 @@ class SteadyRuns:
             free.append((before, gpu.num_free))
             self.num_steps += 1
             if not coasting and self._apply_lane(clock.now(), finished):
-                sched.remove_finished()
+                sched.remove_finished(finished)
                 self._retire(finished)
             if audit:
                 self.check()
@@ -65,14 +65,10 @@ class SteadyRuns:
     def _report_run(self, batch, started, durations, kv, waiting, free, finished, observe) -> None:
         """Tell the observers a steady run (``StepRun``), as ``complete`` tells them a step."""
         sched, n, steps = self.scheduler, len(batch), len(durations)
-        steady = sched._steady
-        notes = (steady[4], steady[2][2], free)
         out = SchedulerOutput(scheduled=batch, num_batched_tokens=n, decode_seqs=n, kv_tokens_read=kv[0], lane_decodes=n)
-        run = StepRun(
-            self.num_steps - steps, OutputView(out), started, started[1:] + [self.clock.now()], durations, kv, waiting,
-            [len(sched.running) + len(finished)] * (steps - 1) + [len(sched.running)],
-            [after for _, after in free[:-1]] + [sched.block_manager.gpu.num_free], len(sched.swapped),
-            tuple([g.view for g in finished]), sched.cache_view, notes,
-        )
+        run = StepRun(self.num_steps - steps, OutputView(out), started, started[1:] + [self.clock.now()], durations, kv, waiting,
+                      [len(sched.running) + len(finished)] * (steps - 1) + [len(sched.running)],
+                      [after for _, after in free[:-1]] + [sched.block_manager.gpu.num_free], len(sched.swapped),
+                      tuple([g.view for g in finished]), sched.cache_view, (sched._steady[4], sched._steady[2][2], free))
         out.decisions = run.decisions(0)
         observe(run)
