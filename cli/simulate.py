@@ -68,7 +68,7 @@ def run_command(policy, policy_opt, overrides, seed, num_requests, rate, output,
         with progress_bar(quiet) as bar:
             task = bar.add_task("run", total=None)
             try:
-                outcome = job.run(on_step=FinishedCount(lambda n: bar.advance(task, n)),
+                outcome = job.run(on_step=None if quiet else FinishedCount(lambda n: bar.advance(task, n)),
                                   on_start=lambda n: bar.update(task, total=n))
             except OSError as exc:  # the decision log is written as the run goes: a full disk shows here
                 from kvsched.reporting.destination import OutputError

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Callable, Iterable
 from itertools import islice
 from typing import Any
@@ -300,6 +301,18 @@ class Engine(SteadyRuns):
         ``in_order``: they come in arrival order, read one at a time as they arrive (a stream of millions).
         An ``on_step`` with an ``on_steps`` method lets the engine advance steady runs at once (``StepRun``)."""
         self._refuse_in_hook("run")
+        # What exists as the run starts (its requests, the engine) is frozen out of the collector's passes, as
+        # vLLM freezes its heap once started; a caller that froze objects itself is left alone.
+        freeze = gc.isenabled() and not gc.get_freeze_count()
+        if freeze:
+            gc.freeze()
+        try:
+            return self._run(requests, on_step, max_steps, in_order)
+        finally:
+            if freeze:
+                gc.unfreeze()
+
+    def _run(self, requests, on_step, max_steps, in_order) -> list[SequenceGroup]:
         upcoming = next(source := iter(requests if in_order else sorted(requests, key=lambda r: r.arrival_time)), None)
         clock, sched = self.clock, self.scheduler
         steps = 0

@@ -56,10 +56,8 @@ class SteadyRuns:
                 self.check()
             if finished:
                 break
-        if durations:
-            self._scheduled_at = started[-1]
-            if observe is not None:
-                self._report_run(batch, started, durations, kv, waiting, free, finished, observe)
+        if durations and observe is not None:
+            self._report_run(batch, started, durations, kv, waiting, free, finished, observe)
         return upcoming, len(durations), bool(finished)
 
     def _report_run(self, batch, started, durations, kv, waiting, free, finished, observe) -> None:

@@ -80,8 +80,8 @@ def test_the_core_is_small_and_light():
         heavy = {n.split(".")[0] for n in _imports(path)} & HEAVY
         assert not heavy, f"{path.relative_to(ROOT)} imports {sorted(heavy)}"
     # About 2,000 was the aim of the layout (issue 10); issue 16's steady runs (the engine advancing
-    # many repeats at once, and the record observers get of them) added about 140.
-    assert lines <= 2200, f"core/ has {lines} non-blank lines (about 2,000 is the aim)"
+    # many repeats at once, and the record observers get of them) and its fast paths added about 160.
+    assert lines <= 2220, f"core/ has {lines} non-blank lines (about 2,000 is the aim)"
 
 
 def test_no_module_is_over_400_lines():
