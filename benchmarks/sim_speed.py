@@ -54,9 +54,9 @@ VIDUR_MAX_TOKENS = 4096  # Vidur's trace replay cuts prompts so that prompt + ou
 REPO = Path(__file__).resolve().parents[1]
 # The figure divided by when Vidur cannot run here, as measured by this script's --like-vidur.
 RECORDED_VIDUR = {
-    "req_per_s": 851, "steps_per_s": 2607, "req_per_cpu_s": 1476, "steps_per_cpu_s": 4519, "steps": 59307,
-    "max_rss_mb": 455, "rounds": 7,
-    "date": "2026-12-01", "machine": "shared 2-core AMD EPYC VM (this project's machine type, load 3-5), Python 3.11",
+    "req_per_s": 1412, "steps_per_s": 4325, "req_per_cpu_s": 1413, "steps_per_cpu_s": 4326, "steps": 59307,
+    "max_rss_mb": 456, "rounds": 7,
+    "date": "2026-12-01", "machine": "2-core AMD EPYC VM (this project's machine type, quiet: load 0.7-0.9), Python 3.11",
     "command": "benchmarks/sim_speed.py --like-vidur --vidur CHECKOUT --rounds 7",
     "source": "microsoft/vidur @7d47513, timing-only attention profile from benchmarks/vidur_setup.py",
 }
@@ -126,11 +126,13 @@ def split_profile(scale: float = 1.0, limit: int | None = None, like_vidur: bool
         cum[(file.rsplit("/", 2)[-2:] and "/".join(file.rsplit("/", 2)[-2:]), name)] = ct
     total = sum(ct for (f, n), ct in cum.items() if n == "run" and f.endswith("core/engine.py"))
     parts = {
+        "steady runs: SteadyRuns._steady_run (repeats advanced at once, with their StepRun to the observer)": ("core/steady_run.py", "_steady_run"),
         "scheduler: Scheduler.schedule (policy hook, step builder, decode lane, block manager, commit)": ("core/scheduler.py", "schedule"),
         "executor: SimulatedExecutor.execute (cost model, tokens outside the lane)": ("executors/simulated.py", "execute"),
         "bookkeeping: Engine._apply (lane step, finishing, tokens outside the lane)": ("core/engine.py", "_apply"),
         "step features (computed once per step)": ("core/outputs.py", "features"),
-        "observer: TimeSeriesRecorder": ("metrics/timeseries.py", "__call__"),
+        "observer: TimeSeriesRecorder, single steps": ("metrics/timeseries.py", "__call__"),
+        "observer: TimeSeriesRecorder, steady runs": ("metrics/timeseries.py", "on_steps"),
     }
     setup = "like Vidur" if like_vidur else "A100_CONFIG"
     lines = [f"cProfile of one Azure conv replay ({len(requests):,} requests, ×{scale:g}, {setup}); share of Engine.run:", "",
