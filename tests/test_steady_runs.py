@@ -14,7 +14,8 @@ import pyarrow.parquet as pq
 from helpers import req
 from hypothesis import given, note
 from hypothesis import strategies as st
-from test_steady_steps import POLICIES, STEADY, _request, configs, finals, fitted, pressure_configs, pressure_requests, requests
+from test_steady_steps import (POLICIES, STEADY, _request, configs, finals, fitted, observed, pressure_configs, pressure_requests,
+                               requests)
 
 from kvsched import Engine, EngineConfig, hookimpl
 from kvsched.executors.simulated import SimulatedExecutor
@@ -36,15 +37,7 @@ class _Recorder:
             self.on_steps = self._run
 
     def __call__(self, r) -> None:
-        out = r.output
-        self.steps.append((
-            r.step, r.now, r.duration, r.features, out.lane_decodes, out.num_batched_tokens,
-            [(s.group.request_id, s.num_tokens, s.is_prefill, s.num_cached_tokens) for s in out.scheduled],
-            [(g.request_id, mode.value) for g, mode in out.preempted], [g.request_id for g in out.ignored],
-            out.blocks_to_swap_in, out.blocks_to_swap_out, out.blocks_to_copy, out.decisions,
-            [g.request_id for g in r.finished], r.num_waiting, r.num_running, r.num_swapped,
-            r.cache.num_free_gpu_blocks, r.cache.num_free_cpu_blocks,
-        ))
+        self.steps.append(observed(r))
         self._reported(r.step)
 
     def _run(self, run) -> None:

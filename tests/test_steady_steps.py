@@ -160,22 +160,27 @@ def _trace(policy, config, reqs, aborts, abort_step, steady):
     bm, steps = engine.scheduler.block_manager, []
 
     def record(report):
-        out = report.output
-        steps.append((
-            report.step, report.now, report.duration, report.features, out.lane_decodes, out.num_batched_tokens,
-            [(s.group.request_id, s.num_tokens, s.is_prefill, s.num_cached_tokens) for s in out.scheduled],
-            [(g.request_id, mode.value) for g, mode in out.preempted], [g.request_id for g in out.ignored],
-            out.blocks_to_swap_in, out.blocks_to_swap_out, out.blocks_to_copy, out.decisions,
-            [g.request_id for g in report.finished], report.num_waiting, report.num_running, report.num_swapped,
-            report.cache.num_free_gpu_blocks, report.cache.num_free_cpu_blocks,
-            {sid: tuple(t) for sid, t in bm.gpu_tables.items()}, {sid: tuple(t) for sid, t in bm.cpu_tables.items()},
-        ))
+        steps.append((*observed(report), {sid: tuple(t) for sid, t in bm.gpu_tables.items()},
+                      {sid: tuple(t) for sid, t in bm.cpu_tables.items()}))
         if report.step == abort_step:
             for i in aborts:
                 engine.abort(f"r{i}")
 
     engine.run(reqs, on_step=record)
     return steps, finals(engine)
+
+
+def observed(report) -> tuple:
+    """What a step's report says: batch, notes, preemptions, block movements, features, duration, finishes, queues."""
+    out = report.output
+    return (
+        report.step, report.now, report.duration, report.features, out.lane_decodes, out.num_batched_tokens,
+        [(s.group.request_id, s.num_tokens, s.is_prefill, s.num_cached_tokens) for s in out.scheduled],
+        [(g.request_id, mode.value) for g, mode in out.preempted], [g.request_id for g in out.ignored],
+        out.blocks_to_swap_in, out.blocks_to_swap_out, out.blocks_to_copy, out.decisions,
+        [g.request_id for g in report.finished], report.num_waiting, report.num_running, report.num_swapped,
+        report.cache.num_free_gpu_blocks, report.cache.num_free_cpu_blocks,
+    )
 
 
 def finals(engine) -> dict:
