@@ -23,7 +23,9 @@ prefill: passed over, and checked each step for the end of its prefill), the who
 the token budget and the call's cap, and at
 least one block to spare after the due ones (so that vLLM's worst-case check, which preempts once
 no block is free, would have passed for every sequence). Otherwise the lane dissolves (each member
-gets its tokens written out) and the step runs sequence by sequence.
+gets its tokens written out) and the step runs sequence by sequence. In a steady run
+(``core/steady_run.py``) the engine repeats a lane step without an output: ``coast`` takes such a
+step whole when nobody finishes in it and a block is left to spare after the due ones.
 """
 
 from __future__ import annotations
