@@ -6,10 +6,11 @@ import functools
 from enum import IntEnum
 from typing import TYPE_CHECKING
 
+from kvsched.core.view import GroupView
+
 if TYPE_CHECKING:
     from kvsched.core.executor import DecodeLane
     from kvsched.core.request import Request
-    from kvsched.core.view import GroupView
 
 
 class SequenceStatus(IntEnum):
@@ -111,8 +112,6 @@ class SequenceGroup:
     def __init__(
         self, request: Request, index: int, first_seq_id: int, eos_token_id: int | None = None, max_seq_len: int | None = None
     ) -> None:
-        from kvsched.core.view import GroupView
-
         self.request = request
         self.request_id = request.request_id
         self.index = index
