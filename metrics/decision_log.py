@@ -93,7 +93,7 @@ class DecisionLog:
     def on_steps(self, run: StepRun) -> None:
         """A steady run, step by step as its reports would say it (lane decodes of every running request)."""
         lane, last = run.output.lane_decodes, len(run.duration) - 1
-        if not run.notes[0] and not self._prefilling:  # no notes, nobody left out: only the last step's finishes
+        if not run.output.decisions and not self._prefilling:  # no step has notes, nobody left out: only the last step's finishes
             self._step(run.first + last, run.now[last] - run.duration[last], [], lane, (), run.finished)
             return
         for i, (now, duration) in enumerate(zip(run.now, run.duration)):

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from kvsched.core.hookspecs import hookimpl
 from kvsched.core.request import Request, SamplingParams
 from kvsched.core.sequence import SequenceGroup
+from kvsched.policies.vllm_default import VllmDefault
 
 _counter = iter(range(10**9))
 
@@ -61,3 +63,18 @@ def unit_engine(policy="vllm-default", **config):
 
 def ids(groups) -> list[str]:
     return [getattr(g, "request_id", None) or g.group.request_id for g in groups]
+
+
+class CountingPolicy(VllmDefault):
+    """vllm-default, counting the calls of its select_batch (a steady step repeated is not a call)."""
+
+    name = "counting"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+
+    @hookimpl
+    def select_batch(self, step):
+        self.calls += 1
+        return super().select_batch(step)

@@ -9,7 +9,7 @@ audited, the lane's own bookkeeping included.
 from __future__ import annotations
 
 import pytest
-from helpers import engine_configs, req
+from helpers import CountingPolicy, engine_configs, req
 from hypothesis import event, given, note
 from hypothesis import strategies as st
 
@@ -264,16 +264,11 @@ def test_prefix_caching_and_executors_without_known_tokens_do_not_use_the_lane()
     assert Engine(EngineConfig(), "vllm-default", SimulatedExecutor()).scheduler.lane is not None
 
 
-class _RaisesAfterDecoding(VllmDefault):
+class _RaisesAfterDecoding(CountingPolicy):
     name = "raises-after-decoding"
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.calls = 0
 
     @hookimpl
     def select_batch(self, step):
-        self.calls += 1
         super().select_batch(step)
         if self.calls == 12:
             raise RuntimeError("boom")

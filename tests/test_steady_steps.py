@@ -11,7 +11,7 @@ movements and tables, features, durations, finishes, queues) and the same reques
 from __future__ import annotations
 
 import pytest
-from helpers import engine_configs, req
+from helpers import CountingPolicy, engine_configs, req
 from hypothesis import given, note
 from hypothesis import strategies as st
 
@@ -33,21 +33,6 @@ def _swapped_in(step) -> bool:
         if step.swap_in(group) in STOP:
             return False
     return True
-
-
-class Counting(VllmDefault):
-    """vllm-default, counting the calls of its select_batch."""
-
-    name = "counting"
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.calls = 0
-
-    @hookimpl
-    def select_batch(self, step):
-        self.calls += 1
-        return super().select_batch(step)
 
 
 class SteadyEverywhere(VllmDefault):
@@ -221,7 +206,7 @@ def test_repeating_steady_steps_under_kv_pressure_changes_nothing_observable(pol
 
 
 def _calls(steady: bool, reqs, **config) -> int:
-    engine = Engine(EngineConfig(block_size=4, **config), Counting, SimulatedExecutor(), steady_steps=steady)
+    engine = Engine(EngineConfig(block_size=4, **config), CountingPolicy, SimulatedExecutor(), steady_steps=steady)
     engine.run(reqs)
     return engine.hooks.policy.calls, engine.num_steps
 
