@@ -1,5 +1,10 @@
 """Scheduler overhead per step: schedule + apply the step's result, no model; vLLM V1's beside it.
 
+The headline is like for like: our ``vllm-v1`` (V1's rules: recompute preemption, one token budget)
+against vLLM V1's own ``Scheduler`` doing ``schedule()`` + ``update_from_output()`` on the same
+case. ``vllm-default`` (v0's rules: swapping, the delay gate, prefill-only steps) is timed in the
+same run and labelled as what it is: another algorithm, not a speed comparison with V1.
+
 Steady decode at 16, 64, 256 and 1,024 running requests (128-token prompts, block size 16,
 ample blocks), and a KV-pressure case (256 requests, 10 blocks each, preemptions every few
 steps). Each row also times a bare loop doing the unavoidable part of the same work (one
@@ -31,13 +36,13 @@ from kvsched.executors.simulated import SimulatedExecutor
 
 
 
-def build(n: int, blocks_per_request: int | None, lane: bool, prompt: int = 128, output: int = 100_000) -> Engine:
+def build(n: int, blocks_per_request: int | None, lane: bool, policy: str, prompt: int = 128, output: int = 100_000) -> Engine:
     blocks = n * (blocks_per_request or 64)
     config = EngineConfig(
         block_size=16, num_gpu_blocks=blocks, num_cpu_blocks=blocks, watermark=0.0,
         max_num_seqs=n, max_num_batched_tokens=max(prompt * n, n), max_model_len=10**6, decode_lane=lane,
     )
-    engine = Engine(config, "vllm-default", SimulatedExecutor())
+    engine = Engine(config, policy, SimulatedExecutor())
     for i in range(n):
         engine.add_request(Request(request_id=f"r{i}", prompt_len=prompt, output_len=output,
                                    sampling=SamplingParams(max_tokens=output)))
@@ -159,6 +164,13 @@ def vllm_version() -> str | None:
     return vllm.__version__
 
 
+def measure(label: str, n: int, blocks: int | None, steps: int, policy: str) -> tuple[list[float], list[float], int]:
+    """(per-step seconds sequence by sequence, the same with the decode lane, preemptions) for one policy."""
+    engine = (lambda lane: steady(n, lane, policy)) if blocks is None else (lambda lane: build(n, blocks, lane, policy))
+    (times, preempted), (lane, _) = (time_steps(engine(on), steps) for on in (False, True))
+    return times, lane, preempted
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=200)
@@ -166,28 +178,28 @@ def main() -> None:
     args = ap.parse_args()
     version = None if args.no_vllm else vllm_version()
     print("vLLM V1: " + (f"{version}, its Scheduler in this process" if version else "not measured (not installed or --no-vllm)"))
+    print("ours: vllm-v1 (V1's rules, like for like with V1); last column: vllm-default (v0's rules, another algorithm)")
     head = f"{'case':>22} {'median ms':>10} {'p99 ms':>8} {'µs/req':>7} {'× bare loop':>12} {'lane ms':>8}"
-    print(head + (f" {'V1 sched ms':>12} {'V1 sched+upd':>13} {'V1 / ours':>10}" if version else ""))
+    print(head + (f" {'V1 sched ms':>12} {'V1 sched+upd':>13} {'V1 / ours':>10}" if version else "") + f" {'v0 rules ms':>12}")
     cases = [(f"decode, {n} running", n, None, args.steps) for n in (16, 64, 256, 1024)] + [("KV pressure, 256", 256, 10, 300)]
     for label, n, blocks, steps in cases:
-        if blocks is None:
-            (times, _), (lane, _) = (time_steps(steady(n, on), steps) for on in (False, True))
-        else:
-            (times, preempted), (lane, _) = (time_steps(build(n, blocks, on), steps) for on in (False, True))
+        times, lane, preempted = measure(label, n, blocks, steps, "vllm-v1")
+        v0_times, _, v0_preempted = measure(label, n, blocks, steps, "vllm-default")
         med = statistics.median(times)
         ratio = f"{med / bare_loop(n, steps):12.1f}" if blocks is None else f"{'':>12}"
         line = f"{label:>22} {med * 1e3:10.3f} {p99(times) * 1e3:8.3f} {med / n * 1e6:7.2f} {ratio} {statistics.median(lane) * 1e3:8.3f}"
         if version:
             sched, both, v1_preempted = time_v1(n, blocks, steps)
             line += f" {statistics.median(sched) * 1e3:12.3f} {statistics.median(both) * 1e3:13.3f} {statistics.median(both) / med:9.1f}×"
+        line += f" {statistics.median(v0_times) * 1e3:12.3f}"
         if blocks is not None:
-            line += f"   ({preempted} preemptions in {steps} steps" + (f"; V1: {v1_preempted})" if version else ")")
+            line += f"   (preemptions in {steps} steps: vllm-v1 {preempted}" + (f", V1 {v1_preempted}" if version else "") + f", vllm-default {v0_preempted})"
         print(line, flush=True)
 
 
-def steady(n: int, lane: bool) -> Engine:
+def steady(n: int, lane: bool, policy: str) -> Engine:
     """``n`` requests admitted and all decoding."""
-    engine = build(n, None, lane)
+    engine = build(n, None, lane, policy)
     while len(engine.scheduler.running) < n or any(g.num_uncomputed_tokens > 1 for g in engine.scheduler.running):
         engine.step()
     return engine
