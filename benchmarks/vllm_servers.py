@@ -66,10 +66,11 @@ def warm_up(port: int, requests: int = 3) -> None:
                                       extra_body={"ignore_eos": True})
 
 
-def bench(port: int, label: str, workload: Path, out: Path, warm: bool = True) -> dict:
-    """``engine bench`` against the server (after a warm-up, unless ``warm`` is False); its summary."""
+def bench(port: int, label: str, workload: Path, out: Path, warm: bool = True, trace: bool = False) -> dict:
+    """``engine bench`` against the server (after a warm-up, unless ``warm`` is False); its summary.
+    ``workload`` is a JSON spec, or with ``trace`` a trace CSV."""
     if warm:
         warm_up(port)
-    subprocess.run([str(ENGINE), "bench", "--url", f"http://127.0.0.1:{port}/v1", "--workload", str(workload),
+    subprocess.run([str(ENGINE), "bench", "--url", f"http://127.0.0.1:{port}/v1", "--trace" if trace else "--workload", str(workload),
                     "--output", str(out), "-q", "--label", label], check=True, stdout=subprocess.DEVNULL)
     return json.loads((out / "summary.json").read_text())
