@@ -12,6 +12,7 @@ MAX_INT64 = 2**63 - 1
 Int64 = Annotated[int, Field(ge=-MAX_INT64 - 1, le=MAX_INT64)]
 Count = Annotated[int, Field(ge=1, le=MAX_INT64)]
 Priority = Annotated[int, Field(ge=-(2**31), lt=2**31, description="lower is more urgent (vLLM convention)")]
+Label = Annotated[str, Field(min_length=1, max_length=256)]  # a name a policy groups requests by
 
 
 class SamplingParams(BaseModel):
@@ -49,13 +50,15 @@ class Request(BaseModel):
     priority: Priority = 0
     tenant: str = "default"
     output_len: Count | None = None
+    session_id: Label | None = Field(None, description="the conversation it continues (session affinity)")
+    slo_class: Label | None = Field(None, description="its service class, e.g. interactive or batch (SLO-aware policies)")
 
-    @field_validator("tenant")
+    @field_validator("tenant", "session_id", "slo_class")
     @classmethod
-    def _named(cls, tenant: str) -> str:
-        if not tenant.strip():
-            raise ValueError("a tenant needs a name (it is empty or blank)")
-        return tenant
+    def _named(cls, name: str | None, info) -> str | None:
+        if name is not None and not name.strip():
+            raise ValueError(f"a {info.field_name} needs a name (it is empty or blank)")
+        return name
 
     @model_validator(mode="before")
     @classmethod

@@ -131,6 +131,7 @@ class Scheduler:
                     if s.status is _WAITING:
                         s.num_computed_tokens = 0
                 g.num_recompute_preemptions += 1
+                g.last_queued_time = now
             else:
                 _set_status(g, _SWAPPED)
                 g.num_swap_preemptions += 1

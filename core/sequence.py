@@ -104,7 +104,7 @@ class SequenceGroup:
 
     __slots__ = (
         "request", "request_id", "index", "n", "seqs", "status", "finish_detail", "view",
-        "arrival_time", "first_scheduled_time", "first_token_time", "finish_time",
+        "arrival_time", "last_queued_time", "first_scheduled_time", "first_token_time", "finish_time",
         "num_recompute_preemptions", "num_swap_preemptions", "num_generated_tokens", "num_unfinished_seqs",
         "stop_tokens", "max_seq_tokens", "block_manager", "refused",
     )
@@ -121,7 +121,7 @@ class SequenceGroup:
         self.seqs = [Sequence(first_seq_id, self, prompt)]
         self.status = SequenceStatus.WAITING
         self.finish_detail: str | None = None
-        self.arrival_time = request.arrival_time
+        self.arrival_time = self.last_queued_time = request.arrival_time  # the latter moves on at each recompute (Scheduler._commit)
         self.first_scheduled_time: float | None = None
         self.first_token_time: float | None = None
         self.finish_time: float | None = None

@@ -42,6 +42,10 @@ class GroupView:
     arrival_time = property(lambda self: group_of(self).arrival_time)
     priority = property(lambda self: group_of(self).request.priority, doc="lower is more urgent")
     tenant = property(lambda self: group_of(self).request.tenant)
+    session_id = property(lambda self: group_of(self).request.session_id, doc="the conversation it continues, or None")
+    slo_class = property(lambda self: group_of(self).request.slo_class, doc="its service class, or None")
+    last_queued_time = property(lambda self: group_of(self).last_queued_time, doc="when it last joined the waiting queue: "
+                                "its arrival, or its last preemption by recompute")
     prompt_len = property(lambda self: group_of(self).request.prompt_len)
     max_tokens = property(lambda self: group_of(self).request.sampling.max_tokens)
     status: SequenceStatus = property(lambda self: group_of(self).status)
@@ -58,6 +62,11 @@ class GroupView:
     def num_tokens(self) -> int:
         """Tokens of its longest sequence (prompt plus generated)."""
         return max(s.num_tokens for s in group_of(self).seqs)
+
+    @property
+    def num_computed_tokens(self) -> int:
+        """KV-computed tokens of its furthest sequence (0 while waiting): what a preemption by recompute throws away."""
+        return max(s.num_computed_tokens for s in group_of(self).seqs)
 
     @property
     def expected_output_len(self) -> int | None:

@@ -156,3 +156,31 @@ def test_a_group_tells_the_blocks_it_holds_counting_shared_ones_once():
     assert engine.cache.blocks_held(view) == (0, 8 - engine.cache.num_free_cpu_blocks)
     with pytest.raises(ValueError, match="not a request of its engine"):
         unit_engine().cache.blocks_held(view)
+
+
+def test_a_view_tells_session_slo_class_computed_tokens_and_when_it_last_queued():
+    """What new policies need (issue 23) comes from the view: session and SLO class from the request,
+    the KV tokens a recompute would lose, and when the group last joined the waiting queue."""
+    from pydantic import ValidationError
+
+    engine = unit_engine(num_gpu_blocks=4, preemption_mode="recompute")
+    engine.add_request(req("a", 4, 8, session_id="chat-1", slo_class="interactive"))
+    engine.add_request(req("b", 4, 8, arrival=0.0))
+    a, b = engine.groups["a"].view, engine.groups["b"].view
+    assert (a.session_id, a.slo_class, b.session_id, b.slo_class) == ("chat-1", "interactive", None, None)
+    assert a.num_computed_tokens == 0 and a.last_queued_time == 0.0
+    computed, queued = [], []
+    while engine.has_unfinished():
+        report = engine.step()
+        computed.append(a.num_computed_tokens)
+        if not a.status.is_finished:
+            assert a.num_computed_tokens == a.num_tokens - a.num_uncomputed_tokens
+        for g, _ in report.output.preempted:
+            queued.append((g.request_id, g.last_queued_time, report.started))
+    assert computed[0] == 4 and max(computed) > 4
+    assert queued and all(t == started for _, t, started in queued)  # a recompute victim queued again as its step began
+    for bad in ("", "  ", "x" * 257):
+        with pytest.raises(ValidationError):
+            req("c", 4, 1, slo_class=bad)
+        with pytest.raises(ValidationError):
+            req("c", 4, 1, session_id=bad)
