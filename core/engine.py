@@ -10,6 +10,7 @@ from typing import Any
 from kvsched.core.config import EngineConfig
 from kvsched.core.errors import AuditError, StallError
 from kvsched.core.executor import Clock, Executor, KnownDurations, KnownTokens, StepResult
+from kvsched.core.fanout import FanOut
 from kvsched.core.outputs import SchedulerOutput
 from kvsched.core.plugins import PolicyHooks
 from kvsched.core.report import StepReport
@@ -70,6 +71,8 @@ class Engine(SteadyRuns):
         self.num_blocks_swapped_in = 0
         self.num_blocks_swapped_out = 0
         self._next_seq_id = 0
+        # V1 fans a request with n > 1 out into n requests (core/fanout.py); v0 schedules it as one group.
+        self.fan_out = FanOut(self.scheduler, self._new_seq_id, executor.eos_token_id, self._max_seq_len) if self.config.vllm_engine == "v1" else None
         self._idle_steps = 0
         self._idle_since = 0.0
         self._in_flight: SchedulerOutput | None = None  # a step scheduled and not yet completed
@@ -90,7 +93,10 @@ class Engine(SteadyRuns):
         group = SequenceGroup(request, self.num_requests, self._new_seq_id(), self.executor.eos_token_id, self._max_seq_len)
         self.groups[request.request_id] = group
         self.num_requests += 1
-        self.scheduler.add(group)
+        if group.n > 1 and self.fan_out is not None:
+            self.fan_out.add(group)
+        else:
+            self.scheduler.add(group)
         self._idle_steps = 0  # new work: a stall is counted afresh
         return group
 
@@ -107,11 +113,13 @@ class Engine(SteadyRuns):
         group = self.groups.get(request_id)
         if group is None or group.is_finished:
             return False
+        members = self.fan_out.members(group) if self.fan_out is not None else [group]
         if self._in_flight is not None:  # between schedule() and complete(): the step no longer runs it
             out = self._in_flight
-            out.scheduled[out.lane_decodes:] = [sg for sg in out.scheduled[out.lane_decodes:] if sg.group is not group]
-        self.scheduler.abort(group, self.clock.now(), status)
-        self._retire([group])
+            out.scheduled[out.lane_decodes:] = [sg for sg in out.scheduled[out.lane_decodes:] if sg.group not in members]
+        for member in members:
+            self.scheduler.abort(member, self.clock.now(), status)
+        self._retire(self.fan_out.ended(members) if self.fan_out is not None else members)
         return True
 
     def has_unfinished(self) -> bool:
@@ -213,6 +221,8 @@ class Engine(SteadyRuns):
             sched.num_running_seqs += (group.num_unfinished_seqs if single else group.max_running_seqs) - reserved
         if any_finished:
             sched.remove_finished()
+        if finished and self.fan_out is not None:
+            finished = self.fan_out.ended(finished)
         self._retire(finished)
         return finished
 

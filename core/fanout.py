@@ -1,0 +1,91 @@
+"""``n > 1`` under vLLM V1's mechanics: one request fans out into ``n`` separate requests.
+
+V1's engine core knows no sequence groups: its front end (0.32 ``vllm/v1/engine/llm_engine.py``
+``add_request``, ``parallel_sampling.ParentRequest``) turns a request with ``n`` samples into
+``n`` child requests ``"{i}_{request_id}"`` with ``n = 1`` (and ``seed + i`` when seeded), added
+in order, each scheduled, preempted and finished on its own; they share the prompt, so with prefix
+caching the later ones find its blocks. The parent is done when its last child is. ``FanOut`` does
+the same under ``EngineConfig(vllm_engine="v1")``: the engine keeps the parent (what
+``engine.groups``, the step reports' ``finished`` and the metrics see: one request with its ``n``
+outputs, as a v0 group gives them) and queues the children.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from kvsched.core.sequence import SequenceGroup
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from kvsched.core.scheduler import Scheduler
+
+
+class FanOut:
+    """The parents of fanned-out requests and their children (``parent_of``: child group -> parent group)."""
+
+    __slots__ = ("sched", "new_seq_id", "eos_token_id", "max_seq_len", "parent_of", "children")
+
+    def __init__(self, scheduler: Scheduler, new_seq_id: Callable[[], int], eos_token_id: int | None, max_seq_len: int) -> None:
+        self.sched = scheduler
+        self.new_seq_id = new_seq_id
+        self.eos_token_id, self.max_seq_len = eos_token_id, max_seq_len
+        self.parent_of: dict[SequenceGroup, SequenceGroup] = {}
+        self.children: dict[SequenceGroup, list[SequenceGroup]] = {}
+
+    def add(self, parent: SequenceGroup) -> None:
+        """Queue ``parent``'s ``n`` children, in order; the parent's sequences become theirs.
+
+        A child keeps the parent's index, so a prompt given only by length has the same token ids
+        in every child (their shared prefix) and the results keep the parent's place.
+        """
+        request = parent.request
+        params = request.sampling
+        children = []
+        for i in range(parent.n):
+            sampling = params.model_copy(update={"n": 1, "seed": None if params.seed is None else params.seed + i})
+            child_request = request.model_copy(update={"request_id": f"{i}_{request.request_id}", "sampling": sampling})
+            child = SequenceGroup(child_request, parent.index, self.new_seq_id(), self.eos_token_id, self.max_seq_len)
+            self.parent_of[child] = parent
+            children.append(child)
+            self.sched.add(child)
+        self.children[parent] = children
+        parent.seqs = [c.seqs[0] for c in children]
+        parent.num_unfinished_seqs = parent.n
+
+    def members(self, group: SequenceGroup) -> list[SequenceGroup]:
+        """What ending ``group`` ends: its unfinished children if it fanned out, else itself."""
+        children = self.children.get(group)
+        return [group] if children is None else [c for c in children if not c.is_finished]
+
+    def ended(self, groups: list[SequenceGroup]) -> list[SequenceGroup]:
+        """``groups`` (ended in one step) as the engine reports them: a child by its parent, once the last one ended."""
+        if not self.parent_of:
+            return groups
+        reported = []
+        for g in groups:
+            parent = self.parent_of.pop(g, None)
+            if parent is None:
+                reported.append(g)
+                continue
+            parent.num_unfinished_seqs -= 1
+            if parent.num_unfinished_seqs == 0:
+                self._close(parent)
+                reported.append(parent)
+        return reported
+
+    def _close(self, parent: SequenceGroup) -> None:
+        """The parent's results from its children's: the earliest start and first token, the last finish,
+        tokens and preemptions summed, the final state as a group's (the highest of its sequences')."""
+        children = self.children.pop(parent)
+        started = [c.first_scheduled_time for c in children if c.first_scheduled_time is not None]
+        first = [c.first_token_time for c in children if c.first_token_time is not None]
+        parent.first_scheduled_time = min(started) if started else None
+        parent.first_token_time = min(first) if first else None
+        parent.finish_time = max(c.finish_time for c in children)
+        parent.num_generated_tokens = sum(c.num_generated_tokens for c in children)
+        parent.num_recompute_preemptions = sum(c.num_recompute_preemptions for c in children)
+        parent.num_swap_preemptions = sum(c.num_swap_preemptions for c in children)
+        parent.status = max(c.status for c in children)
+        parent.finish_detail = next((c.finish_detail for c in children if c.finish_detail is not None), None)

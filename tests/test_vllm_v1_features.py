@@ -1,0 +1,74 @@
+"""vLLM V1's scheduling features in kvsched, beyond the step-by-step comparison with vLLM
+(tests/test_vllm_v1_differential.py): what the engine reports for them and how a run ends."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from kvsched import Engine, EngineConfig, Request, SamplingParams
+from kvsched.core.sequence import SequenceStatus
+from kvsched.executors.simulated import SimulatedExecutor
+from kvsched.metrics.requests import RequestMetrics
+
+ENGINE = str(Path(sys.executable).with_name("engine"))
+
+
+def _engine(vllm_engine: str, policy: str = "vllm-v1", **config) -> Engine:
+    base = dict(block_size=4, num_gpu_blocks=64, max_model_len=64, max_num_batched_tokens=64, max_num_seqs=16,
+                enable_prefix_caching=True)
+    return Engine(EngineConfig(**{**base, **config}, vllm_engine=vllm_engine, audit_every_step=True), policy, SimulatedExecutor())
+
+
+def _n3(rid: str = "a", output_len: int = 5) -> Request:
+    return Request(request_id=rid, prompt_len=14, output_len=output_len, sampling=SamplingParams(n=3, max_tokens=8))
+
+
+def test_n_above_one_is_one_request_with_n_outputs_under_v1_as_under_v0():
+    """V1 runs the three samples as three requests; the engine still reports one request with
+    three outputs, as a v0 group does: same tokens, state and counts."""
+    records = {}
+    for mechanics, policy in (("v0", "vllm-default"), ("v1", "vllm-v1")):
+        engine = _engine(mechanics, policy)
+        seen = set()
+        finished = []
+        engine.run([_n3(), Request(request_id="b", prompt_len=6, output_len=3)],
+                   on_step=lambda r: (seen.update(sg.group.request_id for sg in r.output.scheduled),
+                                      finished.extend(g.request_id for g in r.finished)))
+        assert sorted(engine.groups) == ["a", "b"] and sorted(finished) == ["a", "b"] and engine.leaked_blocks == 0
+        parent = engine.groups["a"]
+        assert [len(s.output) for s in parent.seqs] == [5, 5, 5]
+        records[mechanics] = RequestMetrics.of(parent)
+        if mechanics == "v1":
+            assert seen == {"0_a", "1_a", "2_a", "b"}  # vLLM's child ids
+    for field in ("request_id", "status", "finish_reason", "n", "prompt_tokens", "output_tokens"):
+        assert getattr(records["v0"], field) == getattr(records["v1"], field), field
+    assert records["v1"].output_tokens == 15 and records["v1"].ttft is not None and records["v1"].e2e is not None
+
+
+def test_the_children_share_the_prompt_through_the_prefix_cache():
+    engine = _engine("v1")
+    engine.add_request(_n3())
+    report = engine.step()  # the three prompts run in one step; the later two find the first's full blocks
+    assert [(sg.group.request_id, sg.num_cached_tokens) for sg in report.output.scheduled] == [("0_a", 0), ("1_a", 12), ("2_a", 12)]
+
+
+def test_aborting_a_fanned_out_request_ends_every_child_and_frees_their_blocks():
+    engine = _engine("v1")
+    engine.add_request(_n3(output_len=8))
+    engine.step()
+    engine.step()
+    assert engine.abort("a") and not engine.abort("a")
+    assert engine.groups["a"].status is SequenceStatus.FINISHED_ABORTED and not engine.has_unfinished()
+    assert engine.leaked_blocks == 0 and engine.finished == [engine.groups["a"]]
+    engine.check()
+
+
+def test_engine_run_with_vllm_v1_runs_the_embedded_workload_to_the_end(tmp_path):
+    """Issue 21: its n > 1 requests made the run stop ('chunked prefill ... with several sequences')."""
+    res = subprocess.run([ENGINE, "run", "--policy", "vllm-v1", "-o", str(tmp_path), "-q"], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["finished"] + summary["ignored"] == summary["num_requests"] == 400 and summary["leaked_blocks"] == 0
