@@ -11,7 +11,7 @@ from kvsched.cli.common import NumOpt, OutputOpt, QuietOpt, SeedOpt, console, fa
 from kvsched.cli.simulate import RateScaleOpt, TraceOpt, WorkloadOpt
 from kvsched.reporting.destination import check_folder
 
-UrlOpt = Annotated[str, typer.Option("--url", help="the server's OpenAI API base, e.g. http://127.0.0.1:8000/v1")]
+UrlOpt = Annotated[str, typer.Option("--url", help="the server, as its root (http://127.0.0.1:8000, as vllm bench serve --base-url) or its OpenAI API base (.../v1)")]
 BenchModelOpt = Annotated[Optional[str], typer.Option("--model", "-m", help="model name to request (default: the first the server lists)")]
 LabelOpt = Annotated[Optional[str], typer.Option("--label", help="what to call the server's policy in the summary (default: the URL)")]
 ApiKeyOpt = Annotated[str, typer.Option("--api-key", envvar="OPENAI_API_KEY", help="API key, if the server wants one")]

@@ -19,10 +19,19 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from kvsched.core.errors import quote
 from kvsched.core.request import Request
 from kvsched.metrics.requests import RequestMetrics
 
 VOCAB_START, VOCAB_SPAN = 1000, 30000  # token ids sent for length-only prompts: ordinary words in most vocabularies
+FINISHED = ("stop", "length")  # the finish reasons of a request the server completed
+
+
+def api_base(url: str) -> str:
+    """The OpenAI API base of the server at ``url``, given as the base (``http://HOST:PORT/v1``) or, as
+    ``vllm bench serve --base-url`` takes it, as the server's root (``http://HOST:PORT``)."""
+    url = url.rstrip("/")
+    return url if url.endswith("/v1") else f"{url}/v1"
 
 
 @dataclass
@@ -75,6 +84,7 @@ async def _send(client: Any, model: str, item: Sent, start: float) -> None:
         extra["vllm_xargs"] = {"tenant": r.tenant}
     max_tokens = r.output_len or r.sampling.max_tokens
     item.sent = time.perf_counter() - start
+    reported = None
     try:
         stream = await client.completions.create(
             model=model, prompt=prompt_of(r), max_tokens=max_tokens, temperature=r.sampling.temperature,
@@ -89,17 +99,31 @@ async def _send(client: Any, model: str, item: Sent, start: float) -> None:
                 if choice.finish_reason:
                     item.finish_reason = choice.finish_reason
             if chunk.usage is not None:
-                item.output_tokens = chunk.usage.completion_tokens
+                reported = chunk.usage.completion_tokens
         item.finished = time.perf_counter() - start
-        item.output_tokens = item.output_tokens or len(item.token_times)
+        item.error = _refused(item, reported, max_tokens)
     except Exception as exc:  # a request the server failed is a result, not a crash of the benchmark
         item.error = f"{type(exc).__name__}: {exc}"[:300]
+
+
+def _refused(item: Sent, reported: object, max_tokens: int) -> str | None:
+    """Take the server's token count (else the chunks streamed) if it can be true; else why the request counts
+    as failed: a figure the server made up must not reach the results (a negative throughput, an overflow)."""
+    count = len(item.token_times) if reported is None else reported
+    if item.finish_reason not in FINISHED:
+        return f"the stream ended with finish reason {item.finish_reason!r}, not {' or '.join(FINISHED)}"
+    least = 1 if item.token_times else 0  # a streamed chunk carries a token
+    if type(count) is not int or not least <= count <= max_tokens:
+        return (f"the server reported {quote(count)} completion tokens for a request of at most {max_tokens} "
+                f"({len(item.token_times)} chunks streamed)")
+    item.output_tokens = count
+    return None
 
 
 async def _replay(url: str, model: str, requests: list[Request], api_key: str, on_done: Callable[[Sent], None] | None) -> list[Sent]:
     from openai import AsyncOpenAI
 
-    client = AsyncOpenAI(base_url=url, api_key=api_key, max_retries=0, timeout=3600)
+    client = AsyncOpenAI(base_url=api_base(url), api_key=api_key, max_retries=0, timeout=3600)
     items = [Sent(r) for r in sorted(requests, key=lambda r: r.arrival_time)]
     start = time.perf_counter()
 
@@ -120,7 +144,7 @@ async def _replay(url: str, model: str, requests: list[Request], api_key: str, o
 
 def replay(url: str, model: str, requests: list[Request], api_key: str = "EMPTY",
            on_done: Callable[[Sent], None] | None = None) -> list[Sent]:
-    """Send every request at its arrival time to the server at ``url`` (``.../v1``); the records, in arrival order."""
+    """Send every request at its arrival time to the server at ``url`` (``api_base``); the records, in arrival order."""
     return asyncio.run(_replay(url, model, requests, api_key, on_done))
 
 
@@ -128,7 +152,7 @@ def served_model(url: str, api_key: str = "EMPTY") -> str:
     """The first model the server lists (what ``--model`` defaults to)."""
     from openai import OpenAI
 
-    with OpenAI(base_url=url, api_key=api_key, max_retries=0, timeout=30) as client:
+    with OpenAI(base_url=api_base(url), api_key=api_key, max_retries=0, timeout=30) as client:
         models = client.models.list().data
     if not models:
         raise ValueError(f"the server at {url} lists no model")

@@ -1,0 +1,114 @@
+"""``engine bench`` against a server that lies: a real HTTP server (the standard library's) speaking the
+OpenAI streaming protocol, whose usage figures and finish reasons are made up. No bogus figure may
+reach the results, and the server may be given as its root or as its ``/v1`` base."""
+
+from __future__ import annotations
+
+import csv
+import itertools
+import json
+import subprocess
+import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+ENGINE = Path(sys.executable).with_name("engine")
+MODEL = "liar"
+
+
+class Liar(BaseHTTPRequestHandler):
+    """Streams ``max_tokens`` one-token chunks, then reports ``Liar.counts`` (in turn) as the completion tokens
+    and ``Liar.reasons`` (in turn) as the finish reason; only ``/v1/...`` exists, as on vLLM."""
+
+    counts = itertools.cycle([None])
+    reasons = itertools.cycle(["length"])
+    lock = threading.Lock()
+
+    def log_message(self, *args) -> None:  # quiet
+        pass
+
+    def _json(self, body: dict) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self) -> None:
+        if self.path != "/v1/models":
+            return self.send_error(404)
+        self._json({"object": "list", "data": [{"id": MODEL, "object": "model", "created": 0, "owned_by": "test"}]})
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        if self.path != "/v1/completions":
+            return self.send_error(404)
+        with Liar.lock:
+            usage, finish = next(Liar.counts), next(Liar.reasons)
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.end_headers()
+        n = body["max_tokens"]
+        for i in range(n):
+            choice = {"index": 0, "text": " x", "logprobs": None, "finish_reason": finish if i == n - 1 else None}
+            self._event({"id": "c", "object": "text_completion", "created": 0, "model": MODEL, "choices": [choice]})
+        tokens = n if usage is None else usage
+        self._event({"id": "c", "object": "text_completion", "created": 0, "model": MODEL, "choices": [],
+                     "usage": {"prompt_tokens": 1, "completion_tokens": tokens, "total_tokens": 1}})
+        self.wfile.write(b"data: [DONE]\n\n")
+
+    def _event(self, data: dict) -> None:
+        self.wfile.write(b"data: " + json.dumps(data).encode() + b"\n\n")
+        self.wfile.flush()
+
+
+@pytest.fixture
+def liar():
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Liar)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.fixture
+def workload(tmp_path):
+    spec = tmp_path / "six.json"
+    spec.write_text(json.dumps({"kind": "synthetic", "num_requests": 6, "arrivals": {"kind": "poisson", "rate": 200.0},
+                                "prompt": {"kind": "lognormal", "median": 8, "sigma": 0.1, "max": 16},
+                                "output": {"kind": "lognormal", "median": 8, "sigma": 0.1, "max": 12}}))
+    return spec
+
+
+def bench(url: str, workload: Path, out: Path) -> tuple[dict, list[dict]]:
+    done = subprocess.run([str(ENGINE), "bench", "--url", url, "--workload", str(workload), "--output", str(out), "-q"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    with open(out / "requests.csv") as f:
+        return json.loads((out / "summary.json").read_text()), list(csv.DictReader(f))
+
+
+def test_made_up_token_counts_and_finish_reasons_fail_their_requests_and_reach_no_figure(liar, workload, tmp_path):
+    # negative, beyond any float, more than asked for, not a number; two honest requests; and "abort" on one
+    Liar.counts = itertools.cycle([-5, 10**400, None, 10**6, "seven", None])
+    Liar.reasons = itertools.cycle(["length", "length", "length", "length", "length", "abort"])
+    summary, rows = bench(f"{liar}/v1", workload, tmp_path / "out")
+    assert summary["finished"] == 1 and summary["output_tokens"] >= 1
+    assert summary["throughput_tokens_per_s"] > 0 and summary["requests_per_s"] > 0
+    failed = [r["detail"] for r in rows if r["status"] == "FINISHED_ABORTED"]
+    assert len(failed) == 5, rows
+    assert sum("completion tokens for a request of at most" in d for d in failed) == 4, failed
+    assert sum("finish reason 'abort'" in d for d in failed) == 1, failed
+    assert all(int(r["output_tokens"]) >= 0 for r in rows)
+
+
+def test_the_server_may_be_given_by_its_root_as_vllm_bench_serve_takes_it(liar, workload, tmp_path):
+    Liar.counts, Liar.reasons = itertools.cycle([None]), itertools.cycle(["length"])
+    summary, rows = bench(liar, workload, tmp_path / "root")  # no /v1: the liar answers 404 outside it
+    assert summary["finished"] == 6 and summary["server"]["url"] == liar
+    assert all(r["status"] == "FINISHED_LENGTH_CAPPED" for r in rows)
