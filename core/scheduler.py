@@ -120,6 +120,7 @@ class Scheduler:
                 if s.status is _WAITING:
                     s.status = _RUNNING
                     s.num_computed_tokens = step.cached_tokens.get(s.seq_id, 0)
+            g.note_admission(sum(step.cached_tokens.get(s.seq_id, 0) for s in g.seqs))
             if g.first_scheduled_time is None:
                 g.first_scheduled_time = now
         for g in step.swapped_in:
@@ -127,6 +128,7 @@ class Scheduler:
         for g, mode in out.preempted:
             if mode is PreemptionMode.RECOMPUTE:
                 _set_status(g, _WAITING)
+                g.note_recompute(sum(s.num_computed_tokens for s in g.seqs if s.status is _WAITING))
                 for s in g.seqs:
                     if s.status is _WAITING:
                         s.num_computed_tokens = 0

@@ -107,6 +107,7 @@ class SequenceGroup:
         "arrival_time", "last_queued_time", "first_scheduled_time", "first_token_time", "finish_time",
         "num_recompute_preemptions", "num_swap_preemptions", "num_generated_tokens", "num_unfinished_seqs",
         "stop_tokens", "max_seq_tokens", "block_manager", "refused",
+        "num_discarded_tokens", "num_recomputed_tokens", "num_prefix_hit_tokens", "recompute_frontier", "life_start",
     )
 
     def __init__(
@@ -127,6 +128,11 @@ class SequenceGroup:
         self.finish_time: float | None = None
         self.num_recompute_preemptions = 0
         self.num_swap_preemptions = 0
+        # The recompute tax (metrics/recompute.py): tokens thrown away by preemptions by recompute, those
+        # computed again, prefix-cache hits at admission; the furthest point computed before a preemption
+        # and the hit the current admission started from (counted over its sequences).
+        self.num_discarded_tokens = self.num_recomputed_tokens = self.num_prefix_hit_tokens = 0
+        self.recompute_frontier = self.life_start = 0
         self.num_generated_tokens = 0
         self.num_unfinished_seqs = 1  # kept by the engine as sequences fork and finish
         self.view: GroupView = GroupView(self)
@@ -169,6 +175,21 @@ class SequenceGroup:
     @property
     def is_finished(self) -> bool:
         return self.status.is_finished
+
+    def note_admission(self, cached: int) -> None:
+        """Admitted with ``cached`` tokens found in the prefix cache: after a recompute, all it had computed
+        beyond them will be computed again (``note_recompute`` takes back what a new preemption spares)."""
+        self.num_prefix_hit_tokens += cached
+        self.life_start = cached
+        if self.recompute_frontier > cached:
+            self.num_recomputed_tokens += self.recompute_frontier - cached
+
+    def note_recompute(self, computed: int) -> None:
+        """Preempted by recompute with ``computed`` tokens in the KV cache, which are thrown away."""
+        self.num_discarded_tokens += computed
+        if computed < self.recompute_frontier:  # preempted again before it had recomputed all it had lost
+            self.num_recomputed_tokens -= self.recompute_frontier - max(computed, self.life_start)
+        self.recompute_frontier = max(self.recompute_frontier, computed)
 
     def __repr__(self) -> str:
         return f"SequenceGroup({self.request_id!r}, {self.status.name}, seqs={len(self.seqs)})"

@@ -47,9 +47,14 @@ class RequestMetrics:
     e2e: float | None
     preemptions_recompute: int
     preemptions_swap: int
+    recomputed_tokens: int = 0  # the recompute tax's counts (metrics/recompute.py)
+    discarded_tokens: int = 0
+    computed_tokens: int = 0
 
     @classmethod
     def of(cls, g: SequenceGroup) -> RequestMetrics:
+        from kvsched.metrics.recompute import request_counts
+
         arrival = g.arrival_time
         longest = max(len(s.output) for s in g.seqs)
         ttft = None if g.first_token_time is None else g.first_token_time - arrival
@@ -76,6 +81,7 @@ class RequestMetrics:
             e2e=None if g.finish_time is None or g.status is SequenceStatus.FINISHED_IGNORED else g.finish_time - arrival,
             preemptions_recompute=g.num_recompute_preemptions,
             preemptions_swap=g.num_swap_preemptions,
+            **request_counts(g),
         )
 
     def as_dict(self) -> dict:
@@ -150,6 +156,8 @@ def summarize(engine: Engine | None, requests: Any, **extra) -> dict:
     (a run measured from a client, ``engine bench``) what only the engine knows (policy, steps,
     preemptions, swaps, leaks, config) is None, unless ``extra`` says it.
     """
+    from kvsched.metrics.recompute import recompute_summary
+
     requests = as_columns(requests)
     done = done_mask(requests)
     num_done = int(done.sum())
@@ -183,6 +191,7 @@ def summarize(engine: Engine | None, requests: Any, **extra) -> dict:
             "recompute": int(numbers(requests, "preemptions_recompute").sum()),
             "swap": int(numbers(requests, "preemptions_swap").sum()),
         } if known else None,
+        "recompute": recompute_summary(requests) if known else None,
         "blocks_swapped_in": engine.num_blocks_swapped_in if known else None,
         "blocks_swapped_out": engine.num_blocks_swapped_out if known else None,
         "leaked_blocks": engine.leaked_blocks if known else None,
