@@ -61,14 +61,17 @@ class VllmV1:
                 break
         if step.num_preempted:
             return True
-        waiting = sorted(step.waiting, key=self._urgency) if self.priority else step.waiting
-        for group in waiting:
+        for group in self.order_waiting(step):
             if step.remaining_tokens <= 0 or step.remaining_seqs <= 0:
                 break
             chunk = step.remaining_tokens if threshold <= 0 else min(threshold, step.remaining_tokens)
             if step.admit(group, max_tokens=chunk) in (Outcome.LATER, Outcome.BUDGET):
                 break
         return True
+
+    def order_waiting(self, step):
+        """The order waiting requests are offered in (V1's request queue); a subclass's own ordering rule."""
+        return sorted(step.waiting, key=self._urgency) if self.priority else step.waiting
 
     @hookimpl
     def can_allocate(self, step, group):
