@@ -32,17 +32,17 @@ class StepReport(NamedTuple):
 class StepRun(NamedTuple):
     """Steps ``first`` .. ``first + len(duration) - 1``: a steady step repeated, advanced at once
     (docs/hooks.md "Steady runs"), as ``on_steps`` observers see them. Every step ran the batch of
-    ``output`` (plain decodes of every running group); what changes from step to step is a list."""
+    ``output`` (plain decodes of every running group); what changes from step to step is a tuple."""
 
     first: int  # the first step's counter
     output: OutputView  # the first step's
-    started: list[float]  # clock as each step was scheduled
-    now: list[float]  # clock after each step
-    duration: list[float]
-    kv_tokens_read: list[int]  # each step's K (its features: no prefill, D = len(output.scheduled), no block moved)
-    num_waiting: list[int]  # after each step (a group whose arrival the policy said changes nothing joins during a run)
-    num_running: list[int]  # after each step (the last may have finished groups)
-    free_gpu_blocks: list[int]  # after each step (blocks fall due as the sequences grow, and the last may free some)
+    started: tuple[float, ...]  # clock as each step was scheduled
+    now: tuple[float, ...]  # clock after each step
+    duration: tuple[float, ...]
+    kv_tokens_read: tuple[int, ...]  # each step's K (its features: no prefill, D = len(output.scheduled), no block moved)
+    num_waiting: tuple[int, ...]  # after each step (a group whose arrival the policy said changes nothing joins during a run)
+    num_running: tuple[int, ...]  # after each step (the last may have finished groups)
+    free_gpu_blocks: tuple[int, ...]  # after each step (blocks fall due as the sequences grow, and the last may free some)
     num_swapped: int
     finished: tuple[SequenceGroup, ...]  # groups (GroupViews) that ended in the last step
     cache: CacheView  # as of after the last step

@@ -13,7 +13,7 @@ from kvsched.core.sequence import SequenceGroup, SequenceStatus
 from kvsched.core.step_notes import repeated_notes
 from kvsched.core.step_state import StepState
 from kvsched.core.step_v1 import V1StepState
-from kvsched.core.view import CacheView
+from kvsched.core.view import CacheView, frozen
 
 if TYPE_CHECKING:
     from kvsched.core.executor import DecodeLane
@@ -41,6 +41,7 @@ class Scheduler:
         )
         self._step_state = V1StepState if v1 else StepState
         self.cache_view = CacheView(self.block_manager)
+        self.config_view = frozen(config)  # what hooks read as step.config: the engine's own config is not handed out
         self.waiting: list[SequenceGroup] = []
         self.running: list[SequenceGroup] = []
         self.swapped: list[SequenceGroup] = []

@@ -64,9 +64,10 @@ class SteadyRuns:
         """Tell the observers a steady run (``StepRun``), as ``complete`` tells them a step."""
         sched, n, steps = self.scheduler, len(batch), len(durations)
         out = SchedulerOutput(scheduled=batch, num_batched_tokens=n, decode_seqs=n, kv_tokens_read=kv[0], lane_decodes=n)
-        run = StepRun(self.num_steps - steps, OutputView(out), started, started[1:] + [self.clock.now()], durations, kv, waiting,
-                      [len(sched.running) + len(finished)] * (steps - 1) + [len(sched.running)],
-                      [after for _, after in free[:-1]] + [sched.block_manager.gpu.num_free], len(sched.swapped),
-                      tuple([g.view for g in finished]), sched.cache_view, (sched._steady[4], sched._steady[2][2], free))
+        # Tuples, not lists: what the observers share (the steady step's notes among them) is read-only.
+        run = StepRun(self.num_steps - steps, OutputView(out), tuple(started), (*started[1:], self.clock.now()), tuple(durations),
+                      tuple(kv), tuple(waiting), (len(sched.running) + len(finished),) * (steps - 1) + (len(sched.running),),
+                      (*[after for _, after in free[:-1]], sched.block_manager.gpu.num_free), len(sched.swapped),
+                      tuple([g.view for g in finished]), sched.cache_view, (tuple(sched._steady[4]), sched._steady[2][2], tuple(free)))
         out.decisions = run.decisions(0)
         observe(run)

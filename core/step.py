@@ -30,7 +30,7 @@ class StepBuilder:
     running = property(lambda self: QueueView(_state_of(self).sched.running), doc="running groups, oldest first")
     swapped = property(lambda self: QueueView(_state_of(self).sched.swapped), doc="swapped groups, oldest first")
     now: float = property(lambda self: _state_of(self).now, doc="the engine clock")
-    config: EngineConfig = property(lambda self: _state_of(self).config, doc="the engine config (frozen)")
+    config: EngineConfig = property(lambda self: _state_of(self).sched.config_view, doc="the engine config (a read-only copy, ``frozen``)")
     cache: CacheView = property(lambda self: _state_of(self).sched.cache_view)
     policy_name = property(lambda self: _state_of(self).hooks.name)
     num_batched_tokens = property(lambda self: _state_of(self).output.num_batched_tokens)

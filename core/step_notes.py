@@ -8,9 +8,10 @@ the step's ``SchedulerOutput.decisions``. Plain decodes note nothing, so the hot
 
 from __future__ import annotations
 
+from types import MappingProxyType
 from typing import TYPE_CHECKING
 
-from kvsched.core.decisions import Decision, Outcome
+from kvsched.core.decisions import Decision, Outcome, held_problem
 from kvsched.core.errors import quote
 
 if TYPE_CHECKING:
@@ -23,9 +24,10 @@ class DecisionNotes:
     __slots__ = ()
 
     def hold_back(self, reason: str, numbers: dict[str, float]) -> None:
-        if type(reason) is not str or not all(type(k) is str and type(v) in (int, float) for k, v in numbers.items()):
-            self.refuse(f"hold_back: give a reason (a str) and numbers, got {quote(reason)} and {quote(numbers)}")
-        self.output.decisions.append((Decision.HELD, None, reason, dict(numbers)))
+        problem = held_problem(reason, numbers)
+        if problem is not None:
+            self.refuse(f"hold_back: {problem}; got {quote(reason)} and {quote(numbers)}")
+        self.output.decisions.append((Decision.HELD, None, reason, MappingProxyType(dict(numbers))))  # read-only: observers see it
 
     def _note(self, outcome: Outcome | None, *record) -> Outcome | None:
         self.output.decisions.append(record)
@@ -54,5 +56,4 @@ class DecisionNotes:
 def repeated_notes(decisions: list[tuple], at: int, free: int, after: int) -> list[tuple]:
     """A steady step's notes as its repeat takes them: a refusal's free blocks as of the repeat (``after``
     the lane's due blocks for those noted after the lane call, the ``at``-th note on), ``hold_back``'s numbers as declared."""
-    return [(*note[:3], free if i < at else after) if note[0] is Decision.NO_BLOCKS else (*note[:3], dict(note[3]))
-            for i, note in enumerate(decisions)]
+    return [(*note[:3], free if i < at else after) if note[0] is Decision.NO_BLOCKS else note for i, note in enumerate(decisions)]

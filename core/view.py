@@ -7,8 +7,12 @@ collector can reach anything: Python has no private memory).
 
 from __future__ import annotations
 
+import functools
+from collections import namedtuple
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, NamedTuple
+
+from pydantic import BaseModel
 
 from kvsched.core.errors import quote
 
@@ -28,17 +32,45 @@ def hidden_slot(cls: type, name: str):
     return slot.__get__, slot.__set__
 
 
+def frozen(model: BaseModel) -> tuple:
+    """A read-only copy of a frozen pydantic model (a ``Request``, its ``SamplingParams``, the ``EngineConfig``) as hooks
+    are handed it: a named tuple of its fields (nested models likewise) with its properties. A frozen pydantic object
+    is still writable through ``__dict__`` or ``object.__setattr__``; a tuple is not, by any path."""
+    return _record_type(type(model))._make([frozen(v) if isinstance(v, BaseModel) else v for v in map(model.__dict__.get, type(model).model_fields)])
+
+
+@functools.cache
+def _record_type(cls: type) -> type:
+    record = namedtuple(cls.__name__, cls.model_fields, module=cls.__module__)
+    for klass in cls.__mro__[cls.__mro__.index(BaseModel) - 1::-1]:
+        for name, attr in vars(klass).items():
+            if isinstance(attr, property):
+                setattr(record, name, attr)
+    record.__doc__ = f"A read-only copy of a {cls.__name__} (core.view.frozen): its fields and properties, in a named tuple"
+    return record
+
+
 class GroupView:
     """A request as a policy sees it. Every attribute is read-only; pass the view back to the
     step's operations (``admit``, ``advance``, ``swap_in``, ``preempt``) to act on it."""
 
-    __slots__ = ("_group",)
+    __slots__ = ("_group", "_request")
 
     def __init__(self, group: SequenceGroup) -> None:
         _set_group(self, group)
+        _set_request(self, None)
 
     request_id = property(lambda self: group_of(self).request_id, doc="the request's id")
-    request: Request = property(lambda self: group_of(self).request, doc="the validated request (immutable)")
+
+    @property
+    def request(self) -> Request:
+        """The validated request as a read-only copy (``frozen``: the engine's own is not handed out), made on first use."""
+        request = _request_of(self)
+        if request is None:
+            request = frozen(group_of(self).request)
+            _set_request(self, request)
+        return request
+
     arrival_time = property(lambda self: group_of(self).arrival_time)
     priority = property(lambda self: group_of(self).request.priority, doc="lower is more urgent")
     tenant = property(lambda self: group_of(self).request.tenant)
@@ -79,6 +111,7 @@ class GroupView:
 
 
 group_of, _set_group = hidden_slot(GroupView, "_group")
+_request_of, _set_request = hidden_slot(GroupView, "_request")
 
 
 class _LazyTuple(Sequence):

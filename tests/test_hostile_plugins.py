@@ -13,15 +13,20 @@ must be clean; and both engines must then finish every request identically, with
 
 from __future__ import annotations
 
+import gc
 import math
-from collections.abc import Sequence
+from array import array
+from collections import deque
+from collections.abc import Mapping, Sequence, Set
 from enum import Enum
+from types import BuiltinFunctionType, FunctionType, MappingProxyType, MemberDescriptorType, MethodType, ModuleType
+
+import numpy as np
 
 import pytest
 from helpers import req
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
-from pydantic import BaseModel
 
 from kvsched import AllocStatus, Engine, EngineConfig, PolicyError, Preemption, SimulatedExecutor, hookimpl
 from kvsched.core.sequence import SequenceStatus
@@ -126,6 +131,12 @@ ACTS = {
     "rewind the clock": ("select_batch", lambda p, s: _setattr(s, "now", 0.0), PolicyError),
     "append to admitted": ("select_batch", lambda p, s: s.admitted.append(_any_view(s)), PolicyError),
     "write a view's status": ("select_batch", lambda p, s: _setattr(_any_view(s), "status", SequenceStatus.WAITING), PolicyError),
+    # 3b: writes to the frozen objects a view reaches, past their frozen __setattr__ (issue 21)
+    "raise the token budget through the config's __dict__": ("select_batch", lambda p, s: s.config.__dict__.update(max_num_batched_tokens=10**6), PolicyError),
+    "raise the sequence budget with object.__setattr__": ("select_batch", lambda p, s: object.__setattr__(s.config, "max_num_seqs", 10**6), PolicyError),
+    "shorten a request through its __dict__": ("select_batch", lambda p, s: _any_view(s).request.__dict__.update(output_len=1), PolicyError),
+    "cap a request's tokens through its sampling's __dict__": ("can_allocate", lambda p, s, g: g.request.sampling.__dict__.update(max_tokens=1), PolicyError),
+    "raise a priority with object.__setattr__": ("on_step", lambda p, r: object.__setattr__(next(iter(r.output.scheduled)).group.request, "priority", -9), PolicyError),
     # 4: a step kept after it was built
     "admit on a kept step": ("select_batch", lambda p, s: p.kept_step.admit(_first(s, "waiting")), PolicyError),
     "advance on a kept step in on_step": ("on_step", lambda p, r: p.kept_step.advance_running(), PolicyError),
@@ -261,58 +272,162 @@ def test_random_hostile_acts_never_corrupt_the_engine(act_name, warmup, work_fir
     event(f"fired: {fired}")
 
 
-def _reachable(root, depth: int = 4):
-    """Every object reachable from ``root`` through attributes (as a plugin would type them, dunders
-    aside) and through the items of what it can iterate, with the path that reached it."""
+CONSTANTS = (int, float, complex, str, bytes, bool, type(None), Enum, type, ModuleType, FunctionType, BuiltinFunctionType, MethodType,
+             property, range)  # values, and the class-level constants every engine shares (enum members, classes, code)
+MUTABLE = (list, dict, set, bytearray, deque, array, np.ndarray)
+
+
+def writable(obj) -> bool:
+    """Whether ``obj`` has a path that writes it: a mutable container, an instance ``__dict__``, or a slot whose
+    descriptor is on its class (``type(obj).slot.__set__``, ``object.__setattr__``); a named tuple, a view, a
+    ``mappingproxy`` has none."""
+    if isinstance(obj, CONSTANTS):
+        return False
+    if isinstance(obj, MUTABLE):
+        return not isinstance(obj, np.ndarray) or obj.flags.writeable
+    if isinstance(obj, tuple):
+        return False
+    try:
+        object.__getattribute__(obj, "__dict__")
+        return True
+    except AttributeError:
+        pass
+    return any(isinstance(klass.__dict__.get(slot), MemberDescriptorType)
+               for klass in type(obj).__mro__ for slot in getattr(klass, "__slots__", ()))
+
+
+def engine_owned(engine: Engine) -> dict[int, object]:
+    """Every writable object the engine holds (what ``gc.get_referents`` finds from it), the policy's own side
+    (``engine.hooks``) aside: what no hook may reach."""
+    seen, todo, owned = {id(engine.hooks)}, [engine], {}
+    while todo:
+        obj = todo.pop()
+        if id(obj) in seen or isinstance(obj, CONSTANTS):
+            continue
+        seen.add(id(obj))
+        if writable(obj):
+            owned[id(obj)] = obj
+        todo += gc.get_referents(obj)
+    return owned
+
+
+def reachable(root, depth: int = 7):
+    """Every object a plugin reaches from ``root`` without importing anything: attributes (dunders such as
+    ``__dict__`` included), ``__dict__`` entries, slots, mapping keys and values, the items of what it iterates;
+    with the path that reached it. Methods and classes are not followed (code, not state)."""
     seen, todo = {}, [(root, "root", depth)]
     while todo:
         obj, path, left = todo.pop()
         if id(obj) in seen or left < 0:
             continue
         seen[id(obj)] = (obj, path)
-        if isinstance(obj, (int, float, str, bool, type(None), Enum, BaseModel)) or callable(obj):
-            continue  # leaves: values, frozen pydantic models, methods (not followed to __self__)
-        if isinstance(obj, (tuple, Sequence)):
-            todo += [(item, f"{path}[{i}]", left - 1) for i, item in enumerate(list(obj)[:3])]
+        if isinstance(obj, CONSTANTS) or callable(obj):
+            continue
+        if isinstance(obj, (Mapping, MappingProxyType)):
+            todo += [(v, f"{path}[{k!r}]", left - 1) for k, v in obj.items()] + [(k, f"{path}.keys()", left - 1) for k in obj]
+        elif isinstance(obj, (tuple, Sequence, Set, np.ndarray)):
+            todo += [(item, f"{path}[{i}]", left - 1) for i, item in enumerate(obj)]
         for name in dir(obj):
-            value = getattr(obj, name)
-            if not name.startswith("__") and value is not getattr(type(obj), name, None):  # class-level data is no engine state
+            try:
+                value = getattr(obj, name)
+            except AttributeError:
+                continue
+            if value is not getattr(type(obj), name, None):  # class-level data is no engine state
                 todo.append((value, f"{path}.{name}", left - 1))
+        for klass in type(obj).__mro__:
+            for slot in getattr(klass, "__slots__", ()):
+                if hasattr(obj, slot):
+                    todo.append((getattr(obj, slot), f"{path}.{slot}", left - 1))
     return seen.values()
 
 
-IMMUTABLE = (int, float, str, bool, type(None), Enum, BaseModel, tuple, frozenset)
+class Looks(VllmDefault):
+    """vllm-default that keeps what every hook is handed, deciding admission itself (so that ``can_allocate`` is
+    called) and holding prompts back now and then (notes with numbers)."""
+
+    name = "looks"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.handed = []
+
+    @hookimpl
+    def select_batch(self, step):
+        super().select_batch(step)
+        if step.waiting:
+            step.hold_back("looking", waited_s=0.5, limit_s=1)
+        self.handed.append(("select_batch", step))
+
+    @hookimpl
+    def choose_preemption(self, step, requester):
+        self.handed.append(("choose_preemption", (step, requester)))
+
+    @hookimpl
+    def can_allocate(self, step, group):
+        self.handed.append(("can_allocate", (step, group)))
+        return step.cache.can_allocate(group)
+
+    @hookimpl
+    def on_step(self, report):
+        self.handed.append(("on_step", report))
+
+
+def assert_nothing_writable_of(engine: Engine, handed) -> set[str]:
+    """No object reachable from what the hooks were ``handed`` is writable; none of the engine's own, above all."""
+    owned, kinds = engine_owned(engine), set()
+    for hook, args in handed:
+        kinds.add(hook)
+        for obj, path in reachable(args):
+            assert id(obj) not in owned, f"{hook}: {path} is the engine's own {type(obj).__name__}"
+            assert not writable(obj), f"{hook}: {path} is a writable {type(obj).__name__}"
+    return kinds
 
 
 def test_nothing_a_hook_is_handed_leads_to_mutable_engine_state():
-    from kvsched import CacheView, OutputView, QueueView, StepBuilder
-    from kvsched.core.view import BatchView
-
-    handed = []
-
-    class Looks(VllmDefault):
-        name = "looks"
-
-        @hookimpl
-        def select_batch(self, step):
-            super().select_batch(step)
-            handed.append(step)
-
-        @hookimpl
-        def on_step(self, report):
-            handed.append(report)
-
+    """Walked like a plugin would (``__dict__``, slots, mappings, sequences), from every hook's arguments after each
+    step: the config, the requests and their sampling parameters, the decision notes, all read-only copies or views."""
     engine = Engine(EngineConfig(**CONFIG), Looks, SimulatedExecutor())
     for i, (prompt, output, n) in enumerate(SPECS):
-        engine.add_request(req(f"r{i}", prompt, output, n=n))
-    for _ in range(12):
+        engine.add_request(req(f"r{i}", prompt, output, n=n, session_id=f"s{i % 2}", slo_class="batch"))
+    kinds = set()
+    for _ in range(14):
         engine.step()
-        step, report = handed[-2:]
-        views = (GroupView, QueueView, BatchView, CacheView, OutputView, StepBuilder)
-        for obj, path in [*_reachable(step), *_reachable(report)]:
-            assert isinstance(obj, IMMUTABLE + views) or callable(obj), f"{path} is a {type(obj).__name__}"
-            for name in (n for n in dir(obj) if not n.startswith("__") and not isinstance(obj, IMMUTABLE)):
-                with pytest.raises(AttributeError):
-                    setattr(obj, name, 0)
-        assert all(not hasattr(v, "_group") and not hasattr(v, "_groups") and not hasattr(v, "_bm") and not hasattr(v, "_state")
-                   for v in (step, step.waiting, step.cache, report.output, report.output.scheduled, *step.running))
+        handed = engine.hooks.policy.handed
+        kinds |= assert_nothing_writable_of(engine, handed)
+        handed.clear()
+    assert kinds == {"select_batch", "choose_preemption", "can_allocate", "on_step"}
+    engine.run()
+
+
+def test_a_steady_run_hands_its_observers_nothing_writable():
+    """``StepRun`` (``run.notes`` once was the scheduler's own list of the steady step's notes)."""
+    runs = []
+
+    class Runs:
+        def __call__(self, report):
+            pass
+
+        def on_steps(self, run):
+            runs.append(("on_steps", run))
+
+    engine = Engine(EngineConfig(block_size=4, num_gpu_blocks=60), "vllm-default", SimulatedExecutor())
+    engine.run([req(f"r{i}", 40, 30 + 7 * i, arrival=0.01 * i) for i in range(12)], on_step=Runs())
+    assert runs and any(run.notes[0] for _, run in runs)
+    engine.add_request(req("late", 4, 2))  # an engine with state to protect
+    assert_nothing_writable_of(engine, runs)
+
+
+def test_an_observer_cannot_clear_the_notes_a_steady_step_repeats():
+    """``StepRun.notes`` once handed observers the scheduler's own list: clearing it changed the decision notes of
+    every later repeat of the step."""
+
+    class Clears:
+        def __call__(self, report):
+            pass
+
+        def on_steps(self, run):
+            run.notes[0].clear()
+
+    engine = Engine(EngineConfig(block_size=4, num_gpu_blocks=60), "vllm-default", SimulatedExecutor())
+    with pytest.raises(AttributeError):
+        engine.run([req(f"r{i}", 40, 30 + 7 * i, arrival=0.01 * i) for i in range(12)], on_step=Clears())
