@@ -84,6 +84,10 @@ def build_workload(
     if cv != 1.0 and arrival != "gamma":
         raise WorkloadError("--cv is the burstiness of gamma arrivals: give it with --arrival gamma")
     custom_arrivals = rate is not None or arrival not in (None, "poisson")
+    if trace is not None and Path(trace).suffix == ".jsonl":  # hash ids: a trace with prefix structure
+        from kvsched.workloads.prefix_trace import prefix_trace
+
+        return prefix_trace(Path(trace), num_requests, rate_scale, seed, custom_arrivals or start_offset or max_total_tokens)
     if trace is not None or workload in BUILTIN_TRACES:
         path = Path(trace) if trace is not None else builtin_path(workload)
         arrivals = None
@@ -143,6 +147,10 @@ def load_spec(path: Path, *, num_requests: int | None = None, seed: int = 0, rat
         raise WorkloadError(f"cannot read workload spec: {exc.strerror}", path) from exc
     except json.JSONDecodeError as exc:
         raise WorkloadError(f"invalid JSON: {exc.msg}", path, exc.lineno) from None
+    if isinstance(data, dict) and data.get("kind") == "prefix-trace":
+        from kvsched.workloads.prefix_trace import prefix_spec
+
+        return prefix_spec(data, path, num_requests, rate_scale)
     if isinstance(data, dict):
         data.setdefault("seed", seed)
         if data.get("kind") == "trace" and "path" in data:
