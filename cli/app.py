@@ -8,9 +8,11 @@ import sys
 import typer
 from rich.table import Table
 
+from kvsched.cli import cluster as fleet
 from kvsched.cli import explain as explain_cli
 from kvsched.cli import policies as policy_cli
 from kvsched.cli import real as hf
+from kvsched.cli import routers as router_cli
 from kvsched.cli import simulate as sim
 from kvsched.cli.bench import bench
 from kvsched.cli.serve import serve
@@ -77,8 +79,26 @@ def run(
     prompt: hf.PromptOpt = None,
     max_tokens: hf.MaxTokensOpt = 64,
     temperature: hf.TemperatureOpt = 0.0,
+    replicas: fleet.ReplicasOpt = None,
+    router: fleet.RouterOpt = None,
+    router_opt: fleet.RouterOptOpt = None,
+    staleness: fleet.StalenessOpt = None,
+    prefill_replicas: fleet.PrefillOpt = None,
+    decode_replicas: fleet.DecodeOpt = None,
+    fleet_spec: fleet.FleetOpt = None,
+    transfer_gbps: fleet.BandwidthOpt = None,
 ) -> None:
-    """Run a policy on a workload with every option (simulated executor, or a real model with --executor hf)."""
+    """Run a policy on a workload with every option (simulated executor, or a real model with --executor hf; a fleet with --replicas)."""
+    if fleet.wanted(replicas, prefill_replicas, decode_replicas, fleet_spec):
+        from kvsched.workloads import build_workload
+
+        spec = fleet.fleet_spec(policy, policy_opt, set_, profile, replicas, router, router_opt, staleness,
+                                prefill_replicas, decode_replicas, fleet_spec, transfer_gbps)
+        fleet.run_command(spec, build_workload(workload, trace, num_requests=num_requests, rate=rate, rate_scale=rate_scale,
+                                               start_offset=start_offset, arrival=arrival, cv=cv, seed=seed), output, quiet)
+        return
+    if router is not None or staleness is not None:
+        fail("--router and --staleness route a fleet: give --replicas N (or --prefill-replicas and --decode-replicas)")
     if executor != "sim":
         if executor != "hf":
             fail(f"unknown executor {executor!r}: use sim or hf")
@@ -91,19 +111,24 @@ def run(
 @app.command()
 @cli_errors
 def policies() -> None:
-    """List installed policies: name, distribution, version, description."""
-    from kvsched.core.plugins import available_policies, describe, load_policy
+    """List installed policies: name, distribution, version, description (a name that several distributions register, as DIST:NAME)."""
+    from kvsched.core.errors import KvschedError
+    from kvsched.core.plugins import describe, installed_policies, load_policy
 
     table = Table(title="installed policies (entry-point group kvsched.policies)")
     for col in ("name", "distribution", "version", "description"):
         table.add_column(col, overflow="fold")
-    for info in available_policies().values():
+    infos = installed_policies()
+    for info in infos:
         try:
-            text = describe(load_policy(info.name))
-        except Exception as exc:  # a broken third-party plugin must not hide the others
+            text = describe(load_policy(info.spec))
+        except KvschedError as exc:  # a broken third-party plugin must not hide the others
             text = f"(fails to load: {exc})"
-        table.add_row(info.name, info.distribution, info.version, text)
+        table.add_row(info.spec, info.distribution, info.version, text)
     console.print(table)
+    for name in sorted({i.name for i in infos if i.ambiguous}):
+        dists = " and ".join(i.distribution for i in infos if i.name == name)
+        console.print(f"[bold yellow]warning:[/] {name} is registered by {dists}: choose one with --policy DIST:{name}", highlight=False)
 
 
 sim.register(app)  # engine sweep, engine calibrate (kvsched.cli.simulate)
@@ -112,6 +137,7 @@ app.command()(cli_errors(bench))
 hf.register(app)  # engine verify (kvsched.cli.real)
 policy_cli.register(app)  # engine check, engine compare (kvsched.cli.policies)
 explain_cli.register(app)  # engine explain (kvsched.cli.explain)
+router_cli.register(app)  # engine routers (kvsched.cli.routers)
 
 
 def main() -> None:

@@ -19,6 +19,12 @@ def explain(
 
     if request is not None and step is not None:
         fail("give --request or --step, not both")
+    if (run_dir / "routes.csv").is_file():  # a fleet's folder (engine run --replicas): where each request went and why
+        from kvsched.cli.cluster import explain_fleet
+
+        for line in explain_fleet(run_dir, request):
+            console.print(line, markup=False, highlight=False, soft_wrap=True)
+        return
     ex = Explainer.load(run_dir)
     lines = ex.request(request) if request is not None else ex.step(step) if step is not None else ex.overview()
     for line in lines:

@@ -23,9 +23,11 @@ MAY_IMPORT = {
     "metrics": {"core"},
     "experiments": {"core", "executors", "metrics", "workloads"},
     "reporting": {"core", "metrics", "experiments"},
-    "testing": {"core", "allocators", "executors", "policies"},
+    "testing": {"core", "allocators", "executors", "policies", "cluster"},
     "integrations": {"core", "allocators", "policies"},
-    "cli": {"core", "allocators", "executors", "workloads", "metrics", "experiments", "reporting", "testing", "policies", "integrations"},
+    "routers": {"core", "allocators"},
+    "cluster": {"core", "executors", "experiments", "metrics", "routers"},
+    "cli": {"core", "allocators", "executors", "workloads", "metrics", "experiments", "reporting", "testing", "policies", "integrations", "routers", "cluster"},
 }
 HEAVY = {"typer", "rich", "matplotlib", "pandas", "pyarrow", "torch", "numpy"}
 

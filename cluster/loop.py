@@ -1,0 +1,145 @@
+"""The cluster loop: one global virtual clock over replica engines, in time order.
+
+A heap holds each replica's next event: the end of its step under way, or a step due. Requests
+arrive at their times and are routed then, with each replica's view as of ``now − staleness``;
+a replica whose step ends applies it at that moment, and one that has work starts its next step
+as soon as the requests arriving at that same instant are in its queue (as ``Engine.run`` does).
+Under P/D disaggregation a request is routed to the prefill pool on arrival, runs its prompt
+there (one token), and is routed to the decode pool once its KV has been transferred.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Callable, Iterable
+from itertools import count
+from typing import Any
+
+from kvsched.cluster.records import FleetRecords
+from kvsched.cluster.replica import DECODE, PREFILL, Replica
+from kvsched.cluster.spec import FleetError, FleetSpec
+from kvsched.core.engine import STALL_SECONDS, STALL_STEPS
+from kvsched.core.errors import StallError
+from kvsched.core.request import Request
+from kvsched.routers.plugins import RouterHooks
+
+END, SCHEDULE = 0, 2  # heap event kinds; at one instant: steps end, then requests arrive (1), then steps start
+
+
+class Cluster:
+    """A fleet behind a router, built from a ``FleetSpec``; ``run(requests)`` replays them."""
+
+    def __init__(self, spec: FleetSpec, router: RouterHooks | None = None) -> None:
+        self.spec = spec
+        self.router = router if router is not None else RouterHooks(spec.router, spec.router_options)
+        self.replicas: list[Replica] = spec.build()
+        self.staleness = spec.staleness_s
+        self.disaggregated = spec.disaggregated
+        self.prefill_pool = [r for r in self.replicas if r.role == PREFILL] if self.disaggregated else self.replicas
+        self.decode_pool = [r for r in self.replicas if r.role == DECODE]
+        self.records = FleetRecords(self.replicas)
+        self.now = 0.0
+
+    def run(self, requests: Iterable[Request], on_finished: Callable[[int], Any] | None = None) -> FleetRecords:
+        """Route and serve ``requests`` (in arrival order, read as they arrive) until every one has ended."""
+        heap: list[tuple] = []
+        tick = self._tick = count()
+        source = iter(requests)
+        upcoming = next(source, None)
+        handoffs: list[tuple] = []  # P/D: (time, seq, request for the decode pool)
+        router, replicas, records = self.router, self.replicas, self.records
+        push, pop = heapq.heappush, heapq.heappop
+        inf = math.inf
+
+        def wake(r: Replica, t: float) -> None:
+            r.generation += 1
+            r.busy = True
+            push(heap, (t, SCHEDULE, next(tick), r.index, r.generation))
+
+        while True:
+            ta = upcoming.arrival_time if upcoming is not None else inf
+            if handoffs and handoffs[0][0] < ta:
+                ta = handoffs[0][0]
+            if heap and (heap[0][0] < ta or (heap[0][0] == ta and heap[0][1] == END)):
+                t, kind, _, i, generation = pop(heap)
+                r = replicas[i]
+                if generation != r.generation:
+                    continue
+                self.now = t
+                if kind == END:
+                    finished, idle, started = r.end_step()
+                    if finished:
+                        self._finished(r, finished, t, handoffs, on_finished)
+                    if not r.engine.has_unfinished():
+                        r.busy = False
+                        r.idle_steps = 0
+                        continue
+                    if idle:
+                        if not r.idle_steps:
+                            r.idle_since = started
+                        r.idle_steps += 1
+                        if ta == inf and r.idle_steps >= STALL_STEPS and t - r.idle_since >= STALL_SECONDS:
+                            raise StallError(f"replica {r.name} (policy {r.engine.policy_name!r}) scheduled nothing for {r.idle_steps} steps "
+                                             f"with {len(r.engine.scheduler.waiting)} waiting; {r.engine.scheduler.why_stuck()}")
+                    else:
+                        r.idle_steps = 0
+                    if idle and ta != inf:  # nothing it can run: as Engine.run, wait for the next arrival
+                        push(heap, (ta, SCHEDULE, next(tick), i, r.generation))
+                        continue
+                    if ta <= t:  # requests arriving now join its queue first
+                        push(heap, (t, SCHEDULE, next(tick), i, r.generation))
+                        continue
+                horizon = upcoming.arrival_time if upcoming is not None else inf
+                push(heap, (r.begin_step(t, horizon), END, next(tick), i, r.generation))
+            elif ta != inf:
+                self.now = ta
+                if handoffs and handoffs[0][0] == ta and (upcoming is None or upcoming.arrival_time >= ta):
+                    request = pop(handoffs)[2]
+                    pool = self.decode_pool
+                else:
+                    request, previous = upcoming, upcoming
+                    upcoming = next(source, None)
+                    if upcoming is not None and upcoming.arrival_time < previous.arrival_time:
+                        raise ValueError(f"request {upcoming.request_id!r} arrives before {previous.request_id!r}")
+                    records.arrived(request)
+                    pool = self.prefill_pool
+                    if self.disaggregated:
+                        request = records.prefill_part(request)
+                r, reason = router.route(request, pool, ta, self.staleness)
+                records.routed(request, r, ta, reason)
+                r.add(request)
+                router.routed(request, r, ta)
+                if not r.busy:
+                    wake(r, ta)
+            else:
+                break
+        records.close()
+        return records
+
+    def _finished(self, r: Replica, groups: list, t: float, handoffs: list, on_finished) -> None:
+        """Requests that ended on ``r`` at ``t``: recorded, told to the router; under P/D a finished
+        prompt is sent on to the decode pool once its KV has moved."""
+        records, router, ended = self.records, self.router, 0
+        for group in groups:
+            request = group.request
+            r.release(request)
+            router.finished(request, r, t)
+            if r.role == PREFILL:
+                follow = records.prefill_done(group, r)
+                if follow is not None:
+                    moved = self.spec.transfer.seconds(request.prompt_len, r.engine.executor.profile.kv_bytes_per_token)
+                    heapq.heappush(handoffs, (t + moved, next(self._tick), follow))
+                    continue
+            else:
+                records.done(group, r)
+            ended += 1
+        if ended and on_finished is not None:
+            on_finished(ended)
+
+
+def run_cluster(requests: Iterable[Request], spec: FleetSpec, on_finished: Callable[[int], Any] | None = None) -> FleetRecords:
+    """Build the fleet of ``spec`` and replay ``requests`` through it (the Python API of ``engine run --replicas``)."""
+    if not isinstance(spec, FleetSpec):
+        raise FleetError(f"a fleet is a FleetSpec, got {type(spec).__name__}")
+    return Cluster(spec).run(requests, on_finished)

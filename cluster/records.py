@@ -1,0 +1,107 @@
+"""What a fleet run measured, request by request: each request's timeline across the replicas that
+served it (one, or a prefill and a decode replica), where the router sent it and why.
+
+Rows are ``RequestMetrics`` field tuples (what ``metrics.requests.summarize`` reads) with three
+columns more: the replica that finished the request, the one that ran its prompt, and the prompt
+tokens its first admission found in that replica's prefix cache.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+from kvsched.core.request import Request
+from kvsched.metrics.records import _ROW
+from kvsched.metrics.requests import RequestMetrics
+
+if TYPE_CHECKING:
+    from kvsched.cluster.replica import Replica
+    from kvsched.core.sequence import SequenceGroup
+
+
+class FleetRecords:
+    """Rows of finished requests and the router's decisions, appended as the run goes."""
+
+    def __init__(self, replicas: list[Replica]) -> None:
+        self.replicas = replicas
+        self.rows: list[tuple] = []  # RequestMetrics fields, in order
+        self.replica: list[int] = []  # the replica that finished it
+        self.prompt_replica: list[int] = []  # the one that ran its prompt (the same unless P/D)
+        self.cached_tokens: list[int] = []
+        self.routes: list[tuple[str, str, float, int, str]] = []  # (request, pool role, time, replica, reason)
+        self.num_arrived = 0
+        self._prefills: dict[str, tuple] = {}  # P/D: request id -> (original request, its prefill's record, replica)
+
+    def arrived(self, request: Request) -> None:
+        self.num_arrived += 1
+
+    def routed(self, request: Request, replica: Replica, t: float, reason: str) -> None:
+        self.routes.append((request.request_id, replica.role, t, replica.index, reason))
+
+    def done(self, group: SequenceGroup, replica: Replica) -> None:
+        """``group`` ended on ``replica``: its row (merged with its prefill's under P/D)."""
+        cached = replica.cached_by_request.pop(group.request_id, 0)
+        prefill = self._prefills.pop(group.request_id, None)
+        if prefill is None:
+            self._append(RequestMetrics.of(group), replica.index, replica.index, cached)
+            return
+        original, first, prompt_replica, cached = prefill
+        m = RequestMetrics.of(group)
+        output = 1 + m.output_tokens
+        tpot = (m.finish_time - first.first_token_time) / (output - 1) if m.finish_time is not None and output > 1 else None
+        merged = RequestMetrics(
+            request_id=m.request_id, status=m.status, finish_reason=m.finish_reason, detail=m.detail,
+            priority=original.priority, tenant=original.tenant, n=original.sampling.n, prompt_tokens=original.prompt_len,
+            output_tokens=output, arrival_time=original.arrival_time, first_scheduled_time=first.first_scheduled_time,
+            first_token_time=first.first_token_time, finish_time=m.finish_time, queueing_time=first.queueing_time,
+            ttft=first.ttft, tpot=tpot,
+            e2e=None if m.finish_time is None else m.finish_time - original.arrival_time,
+            preemptions_recompute=first.preemptions_recompute + m.preemptions_recompute,
+            preemptions_swap=first.preemptions_swap + m.preemptions_swap,
+        )
+        self._append(merged, replica.index, prompt_replica, cached)
+
+    def _append(self, m: RequestMetrics, replica: int, prompt_replica: int, cached: int) -> None:
+        self.rows.append(_ROW(m))
+        self.replica.append(replica)
+        self.prompt_replica.append(prompt_replica)
+        self.cached_tokens.append(cached)
+
+    # ------------------------------------------------------------------ P/D disaggregation
+    def prefill_part(self, request: Request) -> Request:
+        """What the prefill pool runs of ``request``: its prompt and first token."""
+        if request.sampling.n != 1:
+            from kvsched.cluster.spec import FleetError
+
+            raise FleetError(f"request {request.request_id!r}: P/D disaggregation runs one sequence per request (n=1), not n={request.sampling.n}")
+        self._prefills[request.request_id] = (request, None, -1, 0)
+        if request.output_len == 1:  # its one token is all it has: it runs whole in the prefill pool
+            return request
+        return request.model_copy(update={"sampling": request.sampling.model_copy(update={"max_tokens": 1}), "output_len": None})
+
+    def prefill_done(self, group: SequenceGroup, replica: Replica) -> Request | None:
+        """The prompt of ``group`` ran on ``replica``: the request for the decode pool (None if nothing
+        is left to decode: its one token was all, or the prompt was ignored or aborted). A prefill part
+        that goes on ends length-capped at its one token."""
+        original = self._prefills[group.request_id][0]
+        first = RequestMetrics.of(group)
+        cached = replica.cached_by_request.pop(group.request_id, 0)
+        left = original.sampling.max_tokens - 1 if original.output_len is None else original.output_len - 1
+        if first.first_token_time is None or left < 1 or group.status.name != "FINISHED_LENGTH_CAPPED":
+            del self._prefills[group.request_id]
+            self._append(replace(first, n=original.sampling.n), replica.index, replica.index, cached)
+            return None
+        self._prefills[group.request_id] = (original, first, replica.index, cached)
+        seq = group.seqs[0]
+        prompt = {"prompt_token_ids": original.prompt_token_ids + (seq.output[0],)} if original.prompt_token_ids else {"prompt_len": original.prompt_len + 1}
+        return Request(
+            request_id=original.request_id, **prompt, arrival_time=group.finish_time,
+            sampling=original.sampling.model_copy(update={"max_tokens": original.sampling.max_tokens - 1}),
+            output_len=None if original.output_len is None else original.output_len - 1,
+            priority=original.priority, tenant=original.tenant,
+        )
+
+    def close(self) -> None:
+        """The run is over: every request has a row (``testing/cluster.py`` checks it)."""
+

@@ -1,0 +1,149 @@
+"""One replica of a fleet: its own engine, driven a step at a time by the cluster's clock, and what a
+router may know of it (its step reports, kept as long as a stale view may still show them, and
+the router's own in-flight counts)."""
+
+from __future__ import annotations
+
+from collections import deque
+
+from kvsched.core.engine import Engine
+from kvsched.core.executor import KnownDurations
+from kvsched.core.request import Request
+from kvsched.routers.view import Signals
+
+MIXED, PREFILL, DECODE = "mixed", "prefill", "decode"
+
+
+class Replica:
+    """An engine behind the router. ``begin_step`` schedules and executes a step (returning when it
+    ends); ``end_step`` applies it at that time, as ``Engine.step`` does in one call. Its reports are
+    kept (time-stamped) for as long as a view ``staleness`` old may still show them.
+
+    The engine retains its finished groups (``retain_finished``) until ``end_step`` takes them, so
+    that a steady run, which reports to no observer, loses none."""
+
+    def __init__(self, name: str, role: str, engine: Engine, profile_name: str, staleness: float, steady_runs: bool = True) -> None:
+        self.name, self.role, self.engine, self.profile_name = name, role, engine, profile_name
+        self.staleness = staleness
+        self.index = 0  # its place in the fleet, set by the cluster
+        self.in_flight_requests = 0
+        self.in_flight_tokens = 0
+        sched = engine.scheduler
+        # Steady runs, when Engine.run would take them (a decode replica of P/D takes none: a prompt
+        # handed over from the prefill pool may arrive at any moment, and would wait for the run's end).
+        self._runs = (steady_runs and sched.repeats and sched.lane is not None and isinstance(engine.executor, KnownDurations)
+                      and not engine.hooks.observes_steps)
+        self._reports = deque([Signals(0.0, 0, 0, 0, engine.cache.num_free_gpu_blocks)])
+        self._pending = None  # (output, result) of the step under way
+        self._gpu = engine.scheduler.block_manager.gpu if engine.config.enable_prefix_caching else None
+        self.busy = False  # a step under way or one due: an event of this replica is on the cluster's heap
+        self.generation = 0  # events of older generations on the heap are void
+        self.idle_steps, self.idle_since = 0, 0.0
+        # Measured while it runs.
+        self.steps = 0
+        self.busy_s = 0.0
+        self.requests = 0
+        self.cached_by_request: dict[str, int] = {}  # with prefix caching: per request in flight
+
+    # ---------------------------------------------------------------- what a router may read
+    def signals_as_of(self, t: float) -> Signals:
+        """The newest report true at ``t`` or before (the first report if none; times asked never go back)."""
+        reports = self._reports
+        while len(reports) > 1 and reports[1].time <= t:
+            reports.popleft()
+        return reports[0]
+
+    def cached_prefix_blocks(self, hashes: list[int]) -> int:
+        """Leading blocks of ``hashes`` that its GPU prefix cache holds now."""
+        gpu = self._gpu
+        if gpu is None:
+            return 0
+        n = 0
+        for h in hashes:
+            if gpu.lookup(h) is None:
+                break
+            n += 1
+        return n
+
+    # --------------------------------------------------------------------------- driving it
+    def add(self, request: Request) -> None:
+        self.engine.add_request(request)
+        self.in_flight_requests += 1
+        self.in_flight_tokens += request.prompt_len
+        self.requests += 1
+
+    def release(self, request: Request) -> None:
+        """The router learns that ``request`` left this replica."""
+        self.in_flight_requests -= 1
+        self.in_flight_tokens -= request.prompt_len
+
+    def begin_step(self, t: float, horizon: float) -> float:
+        """Start the replica's next step at ``t`` (the cluster's now); the time it ends. While the last
+        step is steady and nothing can arrive before ``horizon``, advance its repeats at once, as
+        ``Engine.run`` does (the engine's steady run: same results, a fraction of the cost)."""
+        engine = self.engine
+        engine.clock.wait_until(t)
+        self._trim(t)
+        steady = engine.scheduler._steady
+        if self._runs and steady is not None and steady[0] and t < horizon:  # arrivals end it: it stops at the horizon
+            _, taken, _ = engine._steady_run(_Horizon(horizon), _NOTHING, -1, None)
+            if taken:
+                self._pending = None
+                self.steps += taken
+                self.busy_s += engine.clock.now() - t
+                return engine.clock.now()
+        output = engine.schedule()
+        result = engine.executor.execute(output)
+        self._pending = (output, result)
+        if self._gpu is not None:  # what each request's first admission found in the prefix cache
+            found = self.cached_by_request
+            for sg in output.scheduled[output.lane_decodes:]:
+                if sg.is_prefill and sg.group.request_id not in found:
+                    found[sg.group.request_id] = sg.num_cached_tokens
+        return engine.clock.now() + result.duration
+
+    def end_step(self) -> tuple[list, bool, float]:
+        """Apply the step under way (the clock moves to its end; a steady run was applied as it ran), keep
+        its report for the router, and take the groups that ended out of the engine (they are the
+        cluster's records now): those groups, whether the step ran nothing, and when it started."""
+        engine = self.engine
+        pending, self._pending = self._pending, None
+        if pending is None:  # a steady run: its counts held through it, its last step may have finished some
+            sched = engine.scheduler
+            self._reports.append(Signals(engine.clock.now(), len(sched.waiting), len(sched.running), len(sched.swapped),
+                                         sched.block_manager.gpu.num_free))
+            idle, started = False, 0.0
+        else:
+            output, result = pending
+            report = engine.complete(output, result)
+            self.steps += 1
+            self.busy_s += result.duration
+            self._reports.append(Signals(report.now, report.num_waiting, report.num_running, report.num_swapped,
+                                         report.cache.num_free_gpu_blocks))
+            idle, started = output.is_empty and not report.finished, report.started
+        finished = engine.finished
+        if not finished:
+            return finished, idle, started
+        engine.finished = []
+        groups = engine.groups
+        for g in finished:
+            del groups[g.request_id]
+        return finished, idle, started
+
+    def _trim(self, t: float) -> None:
+        """Forget the reports no view can show any more (views ask at ``t − staleness`` or later)."""
+        reports, oldest = self._reports, t - self.staleness
+        while len(reports) > 1 and reports[1].time <= oldest:
+            reports.popleft()
+
+
+_NOTHING = iter(())  # no request arrives during a steady run: the horizon ends it first
+
+
+class _Horizon:
+    """What ``Engine._steady_run`` takes for the next request: only its arrival time, when the run must stop."""
+
+    __slots__ = ("arrival_time",)
+
+    def __init__(self, t: float) -> None:
+        self.arrival_time = t

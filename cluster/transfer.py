@@ -1,0 +1,44 @@
+"""P/D disaggregation's two costs: moving a prompt's KV from a prefill replica to a decode replica,
+and the decode replica not computing what it received.
+
+The transfer takes ``base_latency_s + prompt_tokens × kv_bytes_per_token / bandwidth`` (BLIS's
+model: a fixed set-up plus bytes over bandwidth; the bytes per token come from the prefill
+replica's cost profile). On the decode replica the request arrives as a prompt whose KV is
+already there: ``DecodeExecutor`` allocates its blocks like any admission but charges no prefill
+compute for them, only for prompts it recomputes after a preemption.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from kvsched.core.outputs import SchedulerOutput
+from kvsched.core.executor import StepResult
+from kvsched.executors.simulated import SimulatedExecutor, _charged
+
+
+class KvTransfer(BaseModel):
+    """What moving one request's KV costs: ``base_latency_s + bytes / (bandwidth_gb_per_s × 1e9)``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    bandwidth_gb_per_s: float = Field(25.0, gt=0, description="effective transfer bandwidth (25 GB/s: a 200 Gb/s RDMA link, as NIXL uses)")
+    base_latency_s: float = Field(0.0005, ge=0, description="fixed cost of one transfer (set-up, handshake)")
+
+    def seconds(self, prompt_tokens: int, kv_bytes_per_token: int) -> float:
+        return self.base_latency_s + prompt_tokens * kv_bytes_per_token / (self.bandwidth_gb_per_s * 1e9)
+
+
+class DecodeExecutor(SimulatedExecutor):
+    """The simulator on a decode replica: a received prompt's KV is loaded, not computed."""
+
+    def execute(self, output: SchedulerOutput) -> StepResult:
+        result = super().execute(output)
+        received = 0
+        for sg in output.scheduled[output.lane_decodes:]:
+            if sg.is_prefill and not sg.group.num_recompute_preemptions:
+                received += sg.num_tokens - 1  # the first token it samples there is computed there
+        if not received:
+            return result
+        p, d, k, swapped, copied = output.features
+        return StepResult(_charged(self.profile.seconds(p - received, d, k, swapped, copied, self.block_size)), result.tokens)

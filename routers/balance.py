@@ -1,0 +1,82 @@
+"""Load-balancing routers: round-robin, least-outstanding, power-of-two-choices and vLLM's DP balancer.
+
+They read no cache: only the replicas' load, as the router knows it (its own in-flight counts,
+fresh) or as the replicas report it (waiting and running counts, ``staleness`` old).
+"""
+
+from __future__ import annotations
+
+import random
+
+from kvsched.routers.hookspecs import hookimpl
+from kvsched.routers.view import Route
+
+
+class RoundRobin:
+    """Each replica in turn, whatever its load (Kubernetes' default Service routing)."""
+
+    name = "round-robin"
+
+    def __init__(self) -> None:
+        self.next = 0
+
+    @hookimpl
+    def route_request(self, request, replicas):
+        choice = replicas[self.next % len(replicas)]
+        self.next += 1
+        return choice
+
+
+class LeastOutstanding:
+    """The replica with the fewest requests in flight (the router's own count), the first on ties."""
+
+    name = "least-outstanding"
+
+    @hookimpl
+    def route_request(self, request, replicas):
+        best = min(replicas, key=lambda r: r.in_flight_requests)
+        return Route(best, f"fewest in flight: {best.in_flight_requests}")
+
+
+class PowerOfTwo:
+    """Two replicas drawn at random, the one with fewer requests in flight (Ray Serve's default router)."""
+
+    name = "power-of-two"
+
+    def __init__(self, seed: int = 0) -> None:
+        self.rng = random.Random(seed)
+
+    @hookimpl
+    def route_request(self, request, replicas):
+        if len(replicas) == 1:
+            return replicas[0]
+        a, b = self.rng.sample(range(len(replicas)), 2)
+        first, second = replicas[a], replicas[b]
+        best = first if first.in_flight_requests <= second.in_flight_requests else second
+        return Route(best, f"of {first.name} ({first.in_flight_requests} in flight) and {second.name} ({second.in_flight_requests})")
+
+
+class VllmDp:
+    """vLLM's data-parallel balancer (``DPLBAsyncMPClient``): the least ``waiting × 4 + running`` as
+    reported, counting the requests sent since that report as waiting (vLLM's local increment)."""
+
+    name = "vllm-dp"
+
+    def __init__(self) -> None:
+        self.sent: dict[str, tuple[float, int]] = {}  # replica -> (report time, requests sent since)
+
+    @hookimpl
+    def route_request(self, request, replicas):
+        best, best_score = None, None
+        for r in replicas:
+            reported, sent = r.reported_at, 0
+            seen = self.sent.get(r.name)
+            if seen is not None and seen[0] == reported:
+                sent = seen[1]
+            score = (r.num_waiting + sent) * 4 + r.num_running
+            if best_score is None or score < best_score:
+                best, best_score = r, score
+        reported = best.reported_at
+        seen = self.sent.get(best.name)
+        self.sent[best.name] = (reported, (seen[1] if seen is not None and seen[0] == reported else 0) + 1)
+        return Route(best, f"least waiting×4+running: {best_score}")

@@ -1,0 +1,77 @@
+"""llm-d's endpoint picker as a router: weighted scorers in [0, 1], summed, the highest total wins.
+
+Defaults are llm-d's (and BLIS's "llm-d parity"): ``precise-prefix-cache:2, queue-depth:1,
+kv-utilization:1``. A prefix scorer plus load scorers is the "prefix plus load" configuration that
+does not collapse under load where a prefix scorer alone does.
+"""
+
+from __future__ import annotations
+
+import random
+
+from kvsched.routers.hookspecs import hookimpl
+from kvsched.routers.prefix_index import PrefixIndex, prefix_hashes
+from kvsched.routers.view import Route
+
+
+def _min_max(values: list[float], higher_is_better: bool) -> list[float]:
+    """Each value scaled to [0, 1] across the replicas (1 for all when they are equal)."""
+    lo, hi = min(values), max(values)
+    if hi == lo:
+        return [1.0] * len(values)
+    return [(v - lo) / (hi - lo) if higher_is_better else (hi - v) / (hi - lo) for v in values]
+
+
+class Weighted:
+    """llm-d-style weighted scorers (``weights="precise-prefix-cache:2,queue-depth:1,kv-utilization:1"``):
+    precise-prefix-cache, prefix-affinity, queue-depth, kv-utilization, active-requests."""
+
+    name = "weighted"
+    SCORERS = ("precise-prefix-cache", "prefix-affinity", "queue-depth", "kv-utilization", "active-requests")
+
+    def __init__(self, weights: str = "precise-prefix-cache:2,queue-depth:1,kv-utilization:1", block_size: int = 16,
+                 capacity: int = 31_250, seed: int = 0) -> None:
+        self.weights = {}
+        for item in filter(None, (p.strip() for p in weights.split(","))):
+            scorer, _, weight = item.partition(":")
+            if scorer not in self.SCORERS:
+                raise ValueError(f"unknown scorer {scorer!r}; scorers: {', '.join(self.SCORERS)}")
+            try:
+                self.weights[scorer] = float(weight or 1)
+            except ValueError:
+                raise ValueError(f"scorer {scorer}: weight {weight!r} is not a number") from None
+        if not self.weights:
+            raise ValueError("weights names no scorer")
+        self.block_size, self.rng = block_size, random.Random(seed)
+        self.index = PrefixIndex(capacity) if "prefix-affinity" in self.weights else None
+
+    def _scores(self, scorer: str, request, replicas) -> list[float]:
+        if scorer == "precise-prefix-cache":
+            return _min_max([r.cached_prefix_tokens(request) for r in replicas], True)
+        if scorer == "prefix-affinity":
+            hashes = prefix_hashes(request.prompt_token_ids, self.block_size)
+            depth = self.index.matches(hashes)
+            return [depth.get(r.name, 0) / len(hashes) if hashes else 0.0 for r in replicas]
+        if scorer == "queue-depth":
+            return _min_max([r.num_waiting for r in replicas], False)
+        if scorer == "kv-utilization":
+            return [1.0 - r.kv_usage for r in replicas]
+        return [1.0 / (1 + r.in_flight_requests) for r in replicas]
+
+    @hookimpl
+    def route_request(self, request, replicas):
+        totals = [0.0] * len(replicas)
+        parts = {}
+        for scorer, weight in self.weights.items():
+            scores = parts[scorer] = self._scores(scorer, request, replicas)
+            totals = [t + weight * s for t, s in zip(totals, scores)]
+        top = max(totals)
+        tied = [i for i, t in enumerate(totals) if t == top]
+        i = tied[0] if len(tied) == 1 else tied[self.rng.randrange(len(tied))]
+        why = ", ".join(f"{s} {parts[s][i]:.2f}×{w:g}" for s, w in self.weights.items())
+        return Route(replicas[i], f"score {top:.2f} ({why})")
+
+    @hookimpl
+    def on_routed(self, request, replica):
+        if self.index is not None:
+            self.index.insert(replica.name, prefix_hashes(request.prompt_token_ids, self.block_size))
