@@ -7,6 +7,7 @@ from enum import Enum, IntEnum
 from typing import TYPE_CHECKING
 
 from kvsched.core.config import PreemptionMode
+from kvsched.core.errors import quote
 
 if TYPE_CHECKING:
     from kvsched.core.view import GroupView
@@ -40,6 +41,36 @@ class Decision(IntEnum):
     HELD = 7  # (HELD, None, the policy's reason, {name: number it compared}): ``StepBuilder.hold_back``
 
 
+MAX_REASON_CHARS = 200  # a ``hold_back`` reason at most: one cell of the decision log, written every step it holds
+_INT64 = 1 << 63
+
+
+def held_problem(reason: object, numbers: dict) -> str | None:
+    """What keeps a ``hold_back`` reason and its numbers out of the decision log (None: nothing).
+
+    The reason and each name must be a str that UTF-8 can carry (no lone surrogate), the reason at
+    most ``MAX_REASON_CHARS`` long; each number an int of the log's int64 range or a float: so that
+    the log never fails on a policy's values, the policy is refused as it gives them."""
+    if type(reason) is not str:
+        return "the reason must be a str"
+    if len(reason) > MAX_REASON_CHARS:
+        return f"the reason must be at most {MAX_REASON_CHARS} characters, got {len(reason):,}"
+    for name, value in numbers.items():
+        if type(value) is float:
+            continue
+        if type(value) is not int:
+            return f"{quote(name)} must be an int or a float number"
+        if not -_INT64 <= value < _INT64:
+            return f"{quote(name)} must be within the int64 range, or a float"
+    if not (reason.isascii() and all(name.isascii() for name in numbers)):
+        try:
+            reason.encode()
+            "".join(numbers).encode()
+        except UnicodeEncodeError:
+            return "the reason and the names must be valid UTF-8 (no lone surrogate)"
+    return None
+
+
 @dataclass(frozen=True, slots=True)
 class Preemption:
     """A policy's answer to ``choose_preemption``: evict ``victim``, by ``mode`` (None: the default rule)."""
@@ -48,4 +79,4 @@ class Preemption:
     mode: PreemptionMode | None = None
 
 
-__all__ = ["Decision", "Outcome", "Preemption", "PreemptionMode"]
+__all__ = ["Decision", "Outcome", "Preemption", "PreemptionMode", "held_problem"]
