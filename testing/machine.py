@@ -23,6 +23,7 @@ from kvsched.core.errors import AuditError, PolicyError, shorten
 from kvsched.core.hookspecs import hookimpl
 from kvsched.core.plugins import load_policy
 from kvsched.core.sequence import SequenceStatus
+from kvsched.core.view import frozen
 from kvsched.testing import invariants as inv
 from kvsched.testing.claims import PRIORITY_PREEMPTION, declared_claims
 from kvsched.testing.strategies import engine_configs, request_specs
@@ -95,6 +96,7 @@ class PolicyMachine(RuleBasedStateMachine):
             self.engine = Engine(config, policy, SimulatedExecutor(), policy_options=self.policy_options, observers=(self.watch,) if watching else ())
         except PolicyError as exc:
             self._violation(inv.VALID_DECISIONS, str(exc))
+        self.limits = frozen(self.engine.config)  # what the budgets are judged by: taken before any hook ran, out of every hook's reach
         if watching:  # judge by this engine's own policy instance
             self.watch.urgency = getattr(self.engine.hooks.policy, "urgency", None) or (lambda step, g: g.priority)
 
@@ -127,7 +129,7 @@ class PolicyMachine(RuleBasedStateMachine):
             self._violation(inv.VALID_DECISIONS, str(exc))
         except Exception as exc:  # whatever a policy managed to provoke is judged, not a crash of the suite
             self._violation(inv.VALID_DECISIONS, f"the engine raised {type(exc).__name__}: {shorten(str(exc))}")
-        problem = budget_violation(engine, report)
+        problem = budget_violation(engine, report, self.limits)
         if problem:
             self._violation(inv.BUDGETS_RESPECTED, problem)
         if self.watch is not None and self.watch.violations:
@@ -174,10 +176,11 @@ class PolicyMachine(RuleBasedStateMachine):
                             f"(gpu free {bm.gpu.num_free}/{bm.gpu.num_blocks}, cpu free {bm.cpu.num_free}/{bm.cpu.num_blocks})")
 
 
-def budget_violation(engine: Engine, report) -> str | None:
+def budget_violation(engine: Engine, report, config=None) -> str | None:
     """What a step broke of the budgets and the KV capacity, recomputed from the batch it scheduled
-    and the block tables it left, never from a counter the policy could have reached."""
-    config, bm = engine.config, engine.scheduler.block_manager
+    and the block tables it left, never from a counter the policy could have reached; against ``config``
+    (a copy of the engine's, taken as it was built), else the engine's own."""
+    config, bm = config or engine.config, engine.scheduler.block_manager
     tokens = sum(s.num_tokens for s in report.output.scheduled)
     if tokens > config.max_num_batched_tokens:
         return f"step {report.step} batched {tokens} tokens > max_num_batched_tokens {config.max_num_batched_tokens}"

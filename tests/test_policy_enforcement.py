@@ -300,3 +300,24 @@ def test_queue_views_are_lazy_read_only_sequences():
     e.step()
     assert seen == {"len": 3, "first": "r0", "last": "r2", "ids": ["r0", "r1", "r2"], "sliced": ["r1", "r2"],
                     "reversed": ["r2", "r1", "r0"]}
+
+
+class Loosens(VllmDefault):
+    """Loosens its budgets through the config's ``__dict__``, past its frozen ``__setattr__``, then admits what they let in."""
+
+    name = "loosens"
+
+    @hookimpl
+    def select_batch(self, step):
+        vars(step.config).update(max_num_batched_tokens=10**6, max_num_seqs=10**6)
+        super().select_batch(step)
+
+
+def test_engine_check_fails_a_policy_that_loosens_the_config():
+    """Issue 21: the core once enforced the budgets of the config it handed the policy, and the check compared with
+    the same changed object, so that such a policy passed budgets-respected with steps 16 times over budget."""
+    from kvsched.testing.checks import FAIL, check_machine
+    from kvsched.testing.invariants import BUDGETS_RESPECTED, VALID_DECISIONS
+
+    results = {r.invariant: r for r in check_machine(Loosens, max_examples=8, steps=12, only={VALID_DECISIONS, BUDGETS_RESPECTED}, shrink=False)}
+    assert results[VALID_DECISIONS].status == FAIL and "__dict__" in results[VALID_DECISIONS].detail, results[VALID_DECISIONS]
