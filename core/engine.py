@@ -8,7 +8,7 @@ from itertools import islice
 from typing import Any
 
 from kvsched.core.config import EngineConfig
-from kvsched.core.errors import AuditError, StallError
+from kvsched.core.errors import AuditError, StallError, quote
 from kvsched.core.executor import Clock, Executor, KnownDurations, KnownTokens, StepResult
 from kvsched.core.fanout import FanOut
 from kvsched.core.outputs import SchedulerOutput
@@ -309,8 +309,11 @@ class Engine(SteadyRuns):
         """Feed ``requests`` at their arrival times and step until every request has finished
         (``StallError`` after ``STALL_STEPS`` idle steps and ``STALL_SECONDS`` with none left to arrive);
         ``in_order``: they come in arrival order, read one at a time as they arrive (a stream of millions).
-        An ``on_step`` with an ``on_steps`` method lets the engine advance steady runs at once (``StepRun``)."""
+        An ``on_step`` with an ``on_steps`` method lets the engine advance steady runs at once (``StepRun``).
+        ``max_steps``: stop after this many steps (a positive int), or None to run to the end."""
         self._refuse_in_hook("run")
+        if max_steps is not None:
+            _check_max_steps(max_steps)
         # What exists as the run starts (its requests, the engine) is frozen out of the collector's passes, as
         # vLLM freezes its heap once started; a caller that froze objects itself is left alone.
         freeze = gc.isenabled() and not gc.get_freeze_count()
@@ -376,3 +379,11 @@ class Engine(SteadyRuns):
     def leaked_blocks(self) -> int:
         """Blocks still held although no request is unfinished (0 unless something is wrong)."""
         return 0 if self.has_unfinished() else self.scheduler.block_manager.num_held_blocks
+
+
+def _check_max_steps(max_steps: object) -> None:
+    """``max_steps`` must be a positive int: a float, a bool or a NaN would stop the loop where no one meant."""
+    if type(max_steps) is bool or not isinstance(max_steps, int):
+        raise TypeError(f"max_steps must be a positive int or None, got {type(max_steps).__name__} {quote(max_steps)}")
+    if max_steps < 1:
+        raise ValueError(f"max_steps must be a positive int or None, got {quote(max_steps)}")
