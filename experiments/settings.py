@@ -17,6 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 from kvsched.core.config import EngineConfig
+from kvsched.core.plugins import engine_defaults, policy_attribute
 from kvsched.executors.cost_model import CostProfile
 
 V0_MIN_BATCHED_TOKENS = 2048  # vLLM v0: max_num_batched_tokens = max(max_model_len, 2048) without chunked prefill
@@ -38,10 +39,10 @@ def fit_to_profile(config: EngineConfig, profile: CostProfile, policy: Any) -> E
     blocks = profile.num_kv_blocks(config.block_size)
     if blocks is not None:
         fitted["num_gpu_blocks"] = blocks
-    defaults = getattr(policy, "engine_defaults", None) or {}
+    defaults = engine_defaults(policy)
     given = config.model_fields_set | set(defaults)
     fitted = {k: v for k, v in fitted.items() if k not in given}
-    if not getattr(policy, "chunked_prefill", False) and "max_num_batched_tokens" not in given:
+    if not policy_attribute(policy, "chunked_prefill", False) and "max_num_batched_tokens" not in given:
         # the model length the engine will run with: the caller's, else the policy's, else the profile's
         model_len = EngineConfig.model_validate({**defaults, **fitted, **config.model_dump(exclude_unset=True)}).model_len
         fitted["max_num_batched_tokens"] = max(model_len, V0_MIN_BATCHED_TOKENS)

@@ -21,7 +21,9 @@ CLAIMS = {
 
 def declared_claims(policy: Any) -> frozenset[str]:
     """The claims of a policy object (class, instance or module); raises on unknown names."""
-    claims = getattr(policy, "claims", None) or ()
+    from kvsched.core.plugins import policy_attribute  # a raising property is the policy's error, named
+
+    claims = policy_attribute(policy, "claims", None) or ()
     if isinstance(claims, str):
         claims = (claims,)
     claims = frozenset(claims)

@@ -1,0 +1,325 @@
+"""Loading a policy trusts no plugin: whatever its import, attributes, constructor or hook markers
+raise (SystemExit and GeneratorExit included, KeyboardInterrupt excepted) is one PolicyError that
+names the policy and where it comes from; a name two distributions register is refused until one
+is chosen as DIST:NAME; a bad hook signature is blamed on the class that defines it.
+
+The policies come from throw-away distributions (``plugin_dists.make_dist``: a module and a
+``.dist-info`` folder), found through ``importlib.metadata`` entry points like any installed one.
+"""
+
+from __future__ import annotations
+
+import itertools
+import sys
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from plugin_dists import engine, make_dist
+
+from kvsched import Engine, EngineConfig, SimulatedExecutor, hookimpl
+from kvsched.core.errors import PolicyError
+from kvsched.core.plugins import AmbiguousPolicyError, PolicyHooks, available_policies, load_policy
+from kvsched.experiments.settings import fit_to_profile
+from kvsched.executors.profiles import resolve_profile
+from kvsched.policies.vllm_default import VllmDefault
+
+_COUNT = itertools.count()
+
+HEADER = """
+from kvsched import hookimpl
+from kvsched.policies.vllm_default import VllmDefault
+"""
+
+
+@pytest.fixture
+def install(tmp_path, monkeypatch):
+    """``install(source, entry_points)``: a distribution ``hostile-N`` whose module (a fresh name each
+    time) holds ``source``; entry points map names to attributes of it. Returns the module name."""
+
+    def install(source: str, policies: dict[str, str], dist: str | None = None) -> str:
+        n = next(_COUNT)
+        module = f"hostile_loading_{n}"
+        folder = make_dist(tmp_path / f"d{n}", dist or f"hostile-{n}", {k: f"{module}:{v}" for k, v in policies.items()},
+                           {module: HEADER + source})
+        monkeypatch.syspath_prepend(str(folder))
+        monkeypatch.delitem(sys.modules, module, raising=False)
+        return module
+
+    return install
+
+
+def load_error(spec: str) -> str:
+    with pytest.raises(PolicyError) as caught:
+        Engine(EngineConfig(), spec, SimulatedExecutor())
+    return str(caught.value)
+
+
+@pytest.mark.parametrize("raised, shown", [
+    ("SystemExit(0)", "SystemExit: 0"), ("SystemExit()", "SystemExit"), ("GeneratorExit('gone')", "GeneratorExit: gone"),
+    ("type('Odd', (BaseException,), {})('odd')", "Odd: odd"), ("RuntimeError('no GPU here')", "RuntimeError: no GPU here"),
+])
+def test_whatever_an_import_raises_names_the_entry_point_and_its_distribution(install, raised, shown):
+    install(f"raise {raised}\n", {"leaves": "Policy"}, dist="leaving-dist")
+    text = load_error("leaves")
+    assert text.startswith("policy 'leaves': its entry point hostile_loading_") and "fails to load: " + shown in text
+    assert "(from distribution leaving-dist 0.1)" in text and "\n" not in text
+
+
+def test_keyboard_interrupt_on_import_is_not_swallowed(install):
+    install("raise KeyboardInterrupt\n", {"interrupted": "Policy"})
+    with pytest.raises(KeyboardInterrupt):
+        load_policy("interrupted")
+
+
+def test_a_policy_file_or_module_that_exits_on_import_is_named_by_its_path(install, tmp_path):
+    draft = tmp_path / "exits_draft.py"
+    draft.write_text("raise SystemExit(3)\n")
+    with pytest.raises(PolicyError, match=rf"policy '{draft}:Policy': the file fails to load: SystemExit: 3 \(at .*exits_draft.py:1\)"):
+        load_policy(f"{draft}:Policy")
+    module = install("raise SystemExit('bye')\n", {})
+    with pytest.raises(PolicyError, match=rf"policy '{module}:Policy': the module fails to load: SystemExit: bye"):
+        load_policy(f"{module}:Policy")
+
+
+CONSTRUCTORS = """
+class Exits(VllmDefault):
+    def __init__(self):
+        raise SystemExit(1)
+
+
+class Breaks(VllmDefault):
+    def __init__(self):
+        raise OSError("no such device")
+
+
+class Meta(type):
+    def __call__(cls, *args, **kwargs):
+        raise LookupError("not today")
+
+
+class MetaCall(VllmDefault, metaclass=Meta):
+    pass
+"""
+
+
+@pytest.mark.parametrize("name, shown", [("exits", "SystemExit: 1"), ("breaks", "OSError: no such device"), ("meta-call", "LookupError: not today")])
+def test_a_constructor_that_raises_anything_names_the_policy_and_its_line(install, name, shown):
+    install(CONSTRUCTORS, {"exits": "Exits", "breaks": "Breaks", "meta-call": "MetaCall"}, dist="ctor-dist")
+    text = load_error(name)
+    assert text.startswith(f"policy '{name}': its constructor fails: {shown} (at ")
+    assert text.endswith("(from distribution ctor-dist 0.1)")
+
+
+ATTRIBUTES = """
+class NumberName(VllmDefault):
+    name = 42
+
+
+class NumberDefaults(VllmDefault):
+    engine_defaults = 7
+
+
+class ListDefaults(VllmDefault):
+    engine_defaults = ["watermark"]
+
+
+class NumberKeys(VllmDefault):
+    engine_defaults = {1: 2}
+
+
+class RaisingDefaults(VllmDefault):
+    @property
+    def engine_defaults(self):
+        raise SystemExit("defaults")
+
+
+class Meta(type):
+    def __getattr__(cls, attr):
+        raise OSError(f"no {attr}")
+
+
+class MetaGetattr(VllmDefault, metaclass=Meta):
+    pass
+
+
+class InstanceGetattr(VllmDefault):
+    def __getattr__(self, attr):
+        raise RuntimeError(f"no {attr}")
+
+
+class RaisingDir(VllmDefault):
+    def __dir__(self):  # pluggy lists a plugin's attributes to find its hooks
+        raise SystemExit("no listing")
+
+
+def __getattr__(attr):
+    raise SystemExit(f"module has no {attr}")
+"""
+
+
+@pytest.mark.parametrize("name, message", [
+    ("number-name", "its name is 42, not a non-empty string"),
+    ("number-defaults", "its engine_defaults is 7, not a dict of engine settings"),
+    ("list-defaults", "its engine_defaults is ['watermark'], not a dict of engine settings"),
+    ("number-keys", "its engine_defaults has 1 as a setting name, not a string"),
+    ("raising-defaults", "reading its 'engine_defaults' fails: SystemExit: defaults (at "),
+    ("instance-getattr", "reading its 'engine_defaults' fails: RuntimeError: no engine_defaults (at "),
+    ("raising-dir", "registering it fails: SystemExit: no listing (at "),
+    ("module-getattr", "its entry point hostile_loading_"),
+])
+def test_an_attribute_read_that_fails_or_has_the_wrong_type_names_the_policy(install, name, message):
+    install(ATTRIBUTES, {"number-name": "NumberName", "number-defaults": "NumberDefaults", "list-defaults": "ListDefaults",
+                         "number-keys": "NumberKeys", "raising-defaults": "RaisingDefaults", "meta-getattr": "MetaGetattr",
+                         "instance-getattr": "InstanceGetattr", "raising-dir": "RaisingDir",
+                         "module-getattr": "NoSuchAttribute"}, dist="attr-dist")
+    text = load_error(name)
+    assert text.startswith(f"policy '{name}': {message}") and text.endswith("(from distribution attr-dist 0.1)"), text
+
+
+@pytest.mark.parametrize("name, message", [
+    ("number-defaults", "its engine_defaults is 7, not a dict"),
+    ("meta-getattr", "reading its 'engine_defaults' fails: OSError: no engine_defaults"),
+])
+def test_engine_defaults_that_fail_name_the_policy_when_a_job_fits_its_profile(install, name, message):
+    """SimJob reads them from the class before any engine exists (``fit_to_profile``)."""
+    install(ATTRIBUTES, {"number-defaults": "NumberDefaults", "meta-getattr": "MetaGetattr"}, dist="attr-dist")
+    with pytest.raises(PolicyError, match=rf"policy '{name}': {message}.*\(from distribution attr-dist 0.1\)$"):
+        fit_to_profile(EngineConfig(), resolve_profile("llama2-7b-a100"), load_policy(name))
+
+
+class WrongSignature(VllmDefault):
+    """Inherits vllm-default's name; its own select_batch takes an argument no hook passes."""
+
+    @hookimpl
+    def select_batch(self, step, budget):
+        return None
+
+
+class Misspelt(VllmDefault):
+    @hookimpl
+    def select_btach(self, step):
+        return None
+
+
+def test_a_wrong_hook_signature_is_blamed_on_the_class_that_defines_it_not_the_inherited_name():
+    with pytest.raises(PolicyError) as caught:
+        PolicyHooks(WrongSignature)
+    text = str(caught.value)
+    line = WrongSignature.select_batch.__code__.co_firstlineno
+    assert text.startswith("policy 'WrongSignature': invalid plugin: WrongSignature.select_batch(step, budget) "
+                           f"(at tests/test_plugin_loading.py:{line}): Argument(s) {{'budget'}} are declared")
+    assert "vllm-default" not in text and "\n" not in text
+    with pytest.raises(PolicyError, match=r"policy 'Misspelt': invalid plugin: Misspelt.select_btach\(step\) .*"
+                                          r"kvsched has no hook 'select_btach' \(hooks: select_batch, "):
+        PolicyHooks(Misspelt)
+
+
+def test_a_wrong_hook_signature_of_an_installed_policy_is_named_by_its_entry_point(install):
+    install("class Child(VllmDefault):\n    @hookimpl\n    def choose_preemption(self, step, victim):\n        return None\n",
+            {"child": "Child"}, dist="child-dist")
+    assert load_error("child").startswith("policy 'child': invalid plugin: Child.choose_preemption(step, victim) (at ")
+
+
+IMPOSTOR = '''
+class Impostor(VllmDefault):
+    """Not the real vllm-default."""
+'''
+
+
+def test_a_name_two_distributions_register_is_refused_naming_both_until_one_is_chosen(install):
+    module = install(IMPOSTOR, {"vllm-default": "Impostor"}, dist="Impostor_Dist")
+    with pytest.raises(AmbiguousPolicyError) as caught:
+        load_policy("vllm-default")
+    assert str(caught.value) == (
+        f"policy name 'vllm-default' is registered by 2 distributions: Impostor_Dist 0.1 ({module}:Impostor), "
+        "kvsched 0.1.0 (kvsched.policies.vllm_default:VllmDefault); "
+        "choose one with --policy Impostor_Dist:vllm-default or --policy kvsched:vllm-default")
+    assert load_policy("kvsched:vllm-default") is VllmDefault
+    assert load_policy("impostor-dist:vllm-default").__name__ == "Impostor"  # as pip compares names
+    assert Engine(EngineConfig(), "kvsched:vllm-default", SimulatedExecutor()).hooks.name == "kvsched:vllm-default"
+    specs = available_policies()
+    assert "vllm-default" not in specs and specs["kvsched:vllm-default"].distribution == "kvsched"
+    assert specs["Impostor_Dist:vllm-default"].target.endswith(":Impostor")
+
+
+def test_the_fallback_batching_is_the_builtin_vllm_default_even_when_another_registers_the_name(install):
+    install(IMPOSTOR, {"vllm-default": "Impostor"}, dist="impostor-dist")
+
+    class VictimsOnly:
+        name = "victims-only"
+
+        @hookimpl
+        def choose_preemption(self, step, requester):
+            return None
+
+    hooks = PolicyHooks(VictimsOnly)
+    assert isinstance(hooks.pm.get_plugin("vllm-default-fallback"), VllmDefault)
+    assert type(hooks.pm.get_plugin("vllm-default-fallback")).__name__ == "VllmDefault"
+
+
+CLI_POLICIES = '''
+raise_on_import = False
+
+
+class Breaks(VllmDefault):
+    """Its constructor raises."""
+
+    def __init__(self):
+        raise RuntimeError("constructor broke")
+
+
+class Impostor(VllmDefault):
+    """Not the real vllm-default."""
+'''
+
+# name: (arguments, what the one error line on stderr must contain)
+CLI_CASES = {
+    "SystemExit on import": (["run", "-p", "exits", "-n", "5", "-q"],
+                             ["policy 'exits': its entry point cli_exits:Policy fails to load: SystemExit: 0", "cli-dist 0.1"]),
+    "SystemExit on import, serve": (["serve", "-p", "exits"], ["policy 'exits': its entry point cli_exits:Policy fails to load: SystemExit: 0"]),
+    "a raising constructor": (["run", "-p", "breaks", "-n", "5", "-q"],
+                              ["policy 'breaks': its constructor fails: RuntimeError: constructor broke (at ", "cli-dist 0.1"]),
+    "a raising constructor, compare": (["compare", "-p", "fcfs", "-p", "breaks", "-n", "5", "--seeds", "1", "-q"],
+                                       ["policy 'breaks': its constructor fails: RuntimeError: constructor broke"]),
+    "the duplicate name": (["run", "-n", "5", "-q"],
+                           ["policy name 'vllm-default' is registered by 2 distributions: cli-dist 0.1 (cli_policies:Impostor), kvsched 0.1.0",
+                            "--policy cli-dist:vllm-default or --policy kvsched:vllm-default"]),
+}
+
+
+@pytest.fixture(scope="module")
+def cli(tmp_path_factory):
+    folder = make_dist(tmp_path_factory.mktemp("cli-dists"), "cli-dist",
+                       {"exits": "cli_exits:Policy", "breaks": "cli_policies:Breaks", "vllm-default": "cli_policies:Impostor"},
+                       {"cli_exits": "raise SystemExit(0)\n", "cli_policies": HEADER + CLI_POLICIES})
+    runs = {**{name: args for name, (args, _) in CLI_CASES.items()}, "chosen": ["run", "-p", "kvsched:vllm-default", "-n", "5", "-q"],
+            "policies": ["policies"]}
+    with ThreadPoolExecutor(3) as pool:
+        return dict(zip(runs, pool.map(lambda args: engine(folder, *args), runs.values())))
+
+
+@pytest.mark.parametrize("case", list(CLI_CASES))
+def test_the_console_script_says_what_broke_in_one_line_and_exits_2(cli, case):
+    proc, expected = cli[case], CLI_CASES[case][1]
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("error: ") and "Traceback" not in proc.stderr
+    for text in expected:
+        assert text in proc.stderr
+    assert proc.stdout == ""
+
+
+def test_the_console_script_runs_the_policy_chosen_as_dist_name(cli):
+    proc = cli["chosen"]
+    assert proc.returncode == 0, proc.stderr
+    assert "policy kvsched:vllm-default" in proc.stdout and "5 / 0 / 0" in proc.stdout
+
+
+def test_engine_policies_lists_both_distributions_and_shows_what_fails_to_load(cli):
+    proc = cli["policies"]
+    assert proc.returncode == 0, proc.stderr
+    rows = [line.split("│")[1:3] for line in proc.stdout.splitlines() if line.startswith("│") and line.split("│")[1].strip()]
+    rows = {name.strip(): dist.strip() for name, dist in rows}
+    assert rows["kvsched:vllm-default"] == "kvsched" and rows["cli-dist:vllm-default"] == "cli-dist"
+    assert "vllm-default" not in rows and rows["fcfs"] == "kvsched" and rows["exits"] == "cli-dist"
+    assert "(fails to load: policy 'exits': its entry point" in proc.stdout
+    assert "warning: vllm-default is registered by cli-dist and kvsched: choose one with --policy DIST:vllm-default" in proc.stdout
