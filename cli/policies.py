@@ -36,14 +36,14 @@ def check(policy: CheckPolicyOpt, policy_opt: Annotated[Optional[list[str]], typ
     except ImportError as exc:  # hypothesis comes with the testing extra
         fail(f"engine check needs the testing extra (pip install 'kvsched[testing]'): {exc}")
     from kvsched.testing.invariants import INVARIANTS
-    from kvsched.testing.claims import CLAIMS
+    from kvsched.testing.claims import CLAIMS, declared_claims
     from kvsched.testing.resolve import resolve_policy
 
     name, obj = resolve_policy(policy)
     options = policy_options(policy, policy_opt) or None
     if not quiet:
         err_console.print(f"checking policy [bold]{name}[/] ({examples} examples × {steps} steps; claims: "
-                          f"{', '.join(sorted(getattr(obj, 'claims', ()) or ())) or 'none'}) ...", highlight=False)
+                          f"{', '.join(sorted(declared_claims(obj))) or 'none'}) ...", highlight=False)
     results = run_checks(obj, options, examples, steps, starvation_examples, shrink_seconds=shrink_seconds)
     table = Table(title=f"conformance of {name}", show_lines=True)
     for col in ("invariant", "result", "counter-example"):
