@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from kvsched.core.request import MAX_INT64
+from kvsched.core.request import MAX_TOKENS
 
 # Each block costs the pools about a hundred bytes: a bound that keeps a typo (1e9 blocks) a clear error, not a MemoryError.
 MAX_BLOCKS = 1 << 22
@@ -23,15 +23,15 @@ class EngineConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
-    block_size: int = Field(16, ge=1, le=MAX_INT64, description="tokens per KV block")
+    block_size: int = Field(16, ge=1, le=MAX_TOKENS, description="tokens per KV block")
     num_gpu_blocks: int = Field(2048, ge=1, le=MAX_BLOCKS, description="KV blocks in the GPU pool")
     num_cpu_blocks: int = Field(1024, ge=0, le=MAX_BLOCKS, description="KV blocks in the CPU swap pool")
     watermark: float = Field(0.01, ge=0.0, lt=1.0, description="share of GPU blocks kept free at admission")
     enable_prefix_caching: bool = Field(False, description="reuse full blocks with the same token prefix")
-    max_num_batched_tokens: int = Field(2048, ge=1, le=MAX_INT64, description="token budget of one step")
-    max_num_seqs: int = Field(256, ge=1, le=MAX_INT64, description="running sequences at most")
+    max_num_batched_tokens: int = Field(2048, ge=1, le=MAX_TOKENS, description="token budget of one step")
+    max_num_seqs: int = Field(256, ge=1, le=MAX_TOKENS, description="running sequences at most")
     max_model_len: int | None = Field(
-        None, ge=1, le=MAX_INT64, description="longest sequence (prompt + output); defaults to max_num_batched_tokens"
+        None, ge=1, le=MAX_TOKENS, description="longest sequence (prompt + output); defaults to max_num_batched_tokens"
     )
     delay_factor: float = Field(0.0, ge=0.0, description="prefill delay gate, in units of the last prompt latency")
     preemption_mode: PreemptionMode | None = Field(

@@ -10,7 +10,11 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 # priorities a 32-bit one, as trace files give them. Floats must be finite.
 MAX_INT64 = 2**63 - 1
 Int64 = Annotated[int, Field(ge=-MAX_INT64 - 1, le=MAX_INT64)]
-Count = Annotated[int, Field(ge=1, le=MAX_INT64)]
+# One request's tokens (its prompt, its max_tokens) at most, and the engine's token settings: a bound
+# vLLM's int32 token positions share, and one that keeps every sum a run takes (tokens per step, per
+# request, per run: at most 64 sequences × 2**31 tokens per request) far inside int64.
+MAX_TOKENS = 1 << 31
+Tokens = Annotated[int, Field(ge=1, le=MAX_TOKENS)]
 Priority = Annotated[int, Field(ge=-(2**31), lt=2**31, description="lower is more urgent (vLLM convention)")]
 Label = Annotated[str, Field(min_length=1, max_length=256)]  # a name a policy groups requests by
 
@@ -21,7 +25,7 @@ class SamplingParams(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     n: int = Field(1, ge=1, le=64, description="number of output sequences (parallel sampling)")
-    max_tokens: Count = Field(16, description="upper bound on generated tokens per sequence")
+    max_tokens: Tokens = Field(16, description="upper bound on generated tokens per sequence")
     temperature: float = Field(0.0, ge=0.0, description="0 means greedy")
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     top_k: int = Field(0, ge=0, le=MAX_INT64, description="0 disables top-k")
@@ -43,13 +47,13 @@ class Request(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     request_id: str = Field(min_length=1)
-    prompt_token_ids: tuple[Int64, ...] = ()
-    prompt_len: int = Field(0, ge=0, le=MAX_INT64, description="prompt length; derived from the token ids when given")
+    prompt_token_ids: tuple[Int64, ...] = Field((), max_length=MAX_TOKENS)
+    prompt_len: int = Field(0, ge=0, le=MAX_TOKENS, description="prompt length; derived from the token ids when given")
     sampling: SamplingParams = SamplingParams()
     arrival_time: float = Field(0.0, ge=0.0)
     priority: Priority = 0
     tenant: str = "default"
-    output_len: Count | None = None
+    output_len: Tokens | None = None
     session_id: Label | None = Field(None, description="the conversation it continues (session affinity)")
     slo_class: Label | None = Field(None, description="its service class, e.g. interactive or batch (SLO-aware policies)")
 

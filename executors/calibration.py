@@ -18,7 +18,9 @@ from dataclasses import astuple, dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from kvsched.core.errors import KvschedError
+from pydantic import ValidationError
+
+from kvsched.core.errors import KvschedError, quote
 from kvsched.executors.cost_model import CostProfile
 
 if TYPE_CHECKING:
@@ -195,10 +197,15 @@ def fit_profile(
     errors = fit_errors_of(records, (a, b, c, d))
     text = description or f"fitted to {errors['n']} measured steps"
     text += f" (mean error {errors['mape'] * 100:.1f}%, p95 {errors['p95'] * 100:.1f}%)"
-    return CostProfile(
-        name=name, description=text, base_ms=a, prefill_token_ms=b, decode_seq_ms=c, kv_token_ms=d,
-        kv_bytes_per_token=kv_bytes_per_token, swap_gb_per_s=swap_gb_per_s, copy_gb_per_s=copy_gb_per_s,
-    )
+    try:
+        return CostProfile(
+            name=name, description=text, base_ms=a, prefill_token_ms=b, decode_seq_ms=c, kv_token_ms=d,
+            kv_bytes_per_token=kv_bytes_per_token, swap_gb_per_s=swap_gb_per_s, copy_gb_per_s=copy_gb_per_s,
+        )
+    except ValidationError as exc:  # a coefficient past the profile's bounds (MAX_MS), or a bandwidth given out of them
+        first = exc.errors()[0]
+        raise CalibrationError(f"the fitted profile is invalid: {'.'.join(map(str, first['loc']))}: {first['msg']}"
+                               f" (got {quote(first.get('input'))})") from None
 
 
 def fit_errors_of(records: Sequence[StepRecord], coef: tuple[float, float, float, float]) -> dict[str, float]:

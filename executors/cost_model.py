@@ -9,12 +9,28 @@ cache gets, from which the simulator takes its defaults (``experiments/settings.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from kvsched.core.outputs import SchedulerOutput
+from kvsched.core.request import MAX_TOKENS
 
 GIB = 1 << 30
+
+# Bounds of a profile's numbers, checked as it loads (a profile file is input like any other): every one
+# finite, and none so large (or a bandwidth so small) that a run's times could leave the floats. A step's
+# time is then at most MAX_MS × (1 + its prefill tokens + its sequences + its KV tokens read) plus its
+# block moves at MIN_GB_PER_S; with every count below 2**63 (EngineConfig and Request bound them far
+# lower) that is below 1e40 ms, and any run's sum of steps stays finite in float64 (summary.json, Parquet).
+MAX_MS = 3.6e6  # one hour per step, per token or per sequence: no device comes near it
+MAX_KV_BYTES_PER_TOKEN = 1 << 32  # 4 GiB per token, all layers (a 405B model in fp32 needs about 1 MiB)
+MIN_GB_PER_S, MAX_GB_PER_S = 1e-6, 1e12  # a kilobyte per second to a zettabyte per second
+MAX_GIB = float(1 << 20)  # a pebibyte of device memory
+
+Ms = Annotated[float, Field(ge=0, le=MAX_MS, allow_inf_nan=False)]
+GbPerS = Annotated[float, Field(ge=MIN_GB_PER_S, le=MAX_GB_PER_S, allow_inf_nan=False)]
+Gib = Annotated[float, Field(ge=0, le=MAX_GIB, allow_inf_nan=False)]
 
 
 class KvMemory(BaseModel):
@@ -23,10 +39,10 @@ class KvMemory(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    device_gib: float = Field(gt=0, description="device memory, as the runtime reports it")
+    device_gib: Gib = Field(gt=0, description="device memory, as the runtime reports it")
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1, description="the share vLLM may use (its default 0.9)")
-    weights_gib: float = Field(ge=0, description="the model's weights")
-    activations_gib: float = Field(ge=0, description="peak activations and non-torch memory of vLLM's profiling run")
+    weights_gib: Gib = Field(description="the model's weights")
+    activations_gib: Gib = Field(description="peak activations and non-torch memory of vLLM's profiling run")
 
     @model_validator(mode="after")
     def _room(self) -> KvMemory:
@@ -46,14 +62,14 @@ class CostProfile(BaseModel):
 
     name: str
     description: str = ""
-    base_ms: float = Field(ge=0, description="a: per-step floor (weights read once per step)")
-    prefill_token_ms: float = Field(ge=0, description="b: per prefill (or chunk) token")
-    decode_seq_ms: float = Field(ge=0, description="c: per decoding sequence")
-    kv_token_ms: float = Field(ge=0, description="d: per KV token read by attention")
-    kv_bytes_per_token: int = Field(ge=0, description="KV cache bytes of one token, all layers")
-    swap_gb_per_s: float = Field(gt=0, description="effective GPU<->CPU copy bandwidth")
-    copy_gb_per_s: float = Field(gt=0, description="effective GPU<->GPU copy bandwidth")
-    max_model_len: int | None = Field(None, ge=1, description="the model's context length, in tokens")
+    base_ms: Ms = Field(description="a: per-step floor (weights read once per step)")
+    prefill_token_ms: Ms = Field(description="b: per prefill (or chunk) token")
+    decode_seq_ms: Ms = Field(description="c: per decoding sequence")
+    kv_token_ms: Ms = Field(description="d: per KV token read by attention")
+    kv_bytes_per_token: int = Field(ge=0, le=MAX_KV_BYTES_PER_TOKEN, description="KV cache bytes of one token, all layers")
+    swap_gb_per_s: GbPerS = Field(description="effective GPU<->CPU copy bandwidth")
+    copy_gb_per_s: GbPerS = Field(description="effective GPU<->GPU copy bandwidth")
+    max_model_len: int | None = Field(None, ge=1, le=MAX_TOKENS, description="the model's context length, in tokens")
     kv_memory: KvMemory | None = Field(None, description="the device memory the KV cache gets")
 
     def num_kv_blocks(self, block_size: int) -> int | None:
