@@ -120,7 +120,5 @@ class DecodeLane(Protocol):
 
 
 def samplers(scheduled: ScheduledGroup) -> list[tuple[Sequence, int]]:
-    """(sequence, number of tokens to sample) for the sequences that finish computing this step."""
-    group = scheduled.group
-    samples = 1 if group.is_forked else group.n
-    return [(seq, samples) for seq, n in scheduled.seq_chunks() if seq.num_computed_tokens + n == seq.num_tokens]
+    """``scheduled.samples()``, by its older name."""
+    return scheduled.samples()

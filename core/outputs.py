@@ -66,6 +66,13 @@ class ScheduledGroup:
             self._chunks = chunks
         return chunks
 
+    def samples(self) -> list[tuple[Sequence, int]]:
+        """(sequence, tokens to sample) for each sequence that finishes computing in this step, what an executor
+        samples: ``n`` for the prompt of a group not yet forked (the engine forks one sequence per extra token), else one.
+        Like ``seq_chunks``, call it before the engine applies the step."""
+        samples = 1 if self.group.is_forked else self.group.n
+        return [(seq, samples) for seq, n in self.seq_chunks() if seq.num_computed_tokens + n == seq.num_tokens]
+
     def __repr__(self) -> str:
         kind = "prefill" if self.is_prefill else "decode"
         return f"ScheduledGroup({self.group.request_id!r}, {kind}, tokens={self.num_tokens})"

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from kvsched.executors.clocks import WallClock
-from kvsched.core.executor import StepResult, samplers
+from kvsched.core.executor import StepResult
 from kvsched.executors.hf_attention import StepMetadata, active_step, register
 from kvsched.executors.hf_models import SUPPORTED_TYPES, LoadedModel, load_model
 from kvsched.executors.sampler import sample_rows
@@ -126,7 +126,7 @@ class HFExecutor:
         keep: list[int] = []  # packed index of each sampling sequence's last token
         sampling = []  # (seq, count) per kept row
         for sg in output.scheduled:
-            wanted = dict((s.seq_id, n) for s, n in samplers(sg))
+            wanted = dict((s.seq_id, n) for s, n in sg.samples())
             for seq, n in sg.seq_chunks():
                 begin = seq.num_computed_tokens
                 end = begin + n

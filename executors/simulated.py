@@ -6,7 +6,7 @@ from collections.abc import Callable
 from itertools import islice
 
 from kvsched.executors.clocks import VirtualClock
-from kvsched.core.executor import StepResult, samplers
+from kvsched.core.executor import StepResult
 from kvsched.executors.decode_lane import DecodeLane
 from kvsched.executors.cost_model import DEFAULT_PROFILE, PROFILES, CostProfile
 from kvsched.core.outputs import SchedulerOutput
@@ -73,7 +73,7 @@ class SimulatedExecutor:
                     else:
                         tokens[seq.seq_id] = [self._placeholder(position)]
                 continue
-            for seq, n in samplers(sg):
+            for seq, n in sg.samples():
                 position = len(seq.output) + 1
                 tokens[seq.seq_id] = [EOS if position >= target else self._placeholder(position) - (i << 24) for i in range(n)]
         return StepResult(_charged(self.profile.step_seconds(output, self.block_size)), tokens)

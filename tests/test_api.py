@@ -184,3 +184,21 @@ def test_a_view_tells_session_slo_class_computed_tokens_and_when_it_last_queued(
             req("c", 4, 1, slo_class=bad)
         with pytest.raises(ValidationError):
             req("c", 4, 1, session_id=bad)
+
+
+def test_a_batch_entry_tells_which_sequences_sample_and_how_many_tokens():
+    """What an executor samples (issue 21): ``n`` tokens at the prompt of a group not yet forked, then one per sequence;
+    nothing for a prefill chunk that leaves prompt tokens uncomputed."""
+    engine = unit_engine("sarathi", decode_lane=False, max_num_batched_tokens=8, max_num_seqs=8, max_model_len=64)
+    engine.add_request(req("forked", 4, 3, n=2))
+    engine.add_request(req("chunked", 12, 2))
+    seen = []
+    while engine.has_unfinished():
+        output = engine.schedule()
+        samples = {sg.group.request_id: [(s.seq_id, n) for s, n in sg.samples()] for sg in output.scheduled}
+        seen.append(samples)
+        tokens = {seq_id: [7] * n for entry in samples.values() for seq_id, n in entry}
+        engine.complete(output, kvsched.StepResult(1.0, tokens))
+    first = engine.groups["forked"].seqs[0].seq_id
+    assert seen[0]["forked"] == [(first, 2)] and all(len(s.get("forked", [])) in (0, 2) for s in seen[1:])
+    assert any(s.get("chunked") == [] for s in seen) and sum(bool(s.get("chunked")) for s in seen) == 2
