@@ -34,6 +34,7 @@ _HOMES = {
     "kvsched.core.view": ("CacheView", "GroupView", "OutputView", "QueueView"),
     "kvsched.executors.cost_model": ("CostProfile",),
     "kvsched.executors.simulated": ("SimulatedExecutor",),
+    "kvsched.policies.continuous": ("ContinuousBatching",),
 }
 _MODULE_OF = {name: module for module, names in _HOMES.items() for name in names}
 __all__ = sorted(_MODULE_OF)

@@ -202,3 +202,19 @@ def test_a_batch_entry_tells_which_sequences_sample_and_how_many_tokens():
     first = engine.groups["forked"].seqs[0].seq_id
     assert seen[0]["forked"] == [(first, 2)] and all(len(s.get("forked", [])) in (0, 2) for s in seen[1:])
     assert any(s.get("chunked") == [] for s in seen) and sum(bool(s.get("chunked")) for s in seen) == 2
+
+
+def test_an_order_only_policy_subclasses_the_public_base():
+    """The waiting order a policy considers is public (issue 21): ``kvsched.ContinuousBatching.order_waiting``."""
+    from kvsched import ContinuousBatching
+
+    class LongestFirst(ContinuousBatching):
+        name = "longest-first"
+
+        def order_waiting(self, step):
+            return sorted(step.waiting, key=lambda g: -g.prompt_len)
+
+    engine = Engine(EngineConfig(max_num_seqs=1), LongestFirst, SimulatedExecutor())
+    for rid, prompt in (("a", 8), ("b", 30), ("c", 16)):
+        engine.add_request(req(rid, prompt, 2))
+    assert [g.request_id for g in engine.run()] == ["b", "c", "a"]
