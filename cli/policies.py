@@ -78,7 +78,7 @@ def compare(folders: FoldersArg = None, policy: PoliciesOpt = None, policy_opt: 
             quiet: QuietOpt = False) -> None:
     """Run the same workloads (same seeds) under each --policy; print each metric's mean and 95% confidence interval side by side."""
     from kvsched.cli.common import build_config, fail, parse_pairs, policy_options, progress_bar
-    from kvsched.experiments.compare import distinct_workloads, run_policies, split_options
+    from kvsched.experiments.compare import run_policies, seed_workloads, split_options
     from kvsched.workloads import build_workload
 
     _check_output(output, plot)
@@ -90,8 +90,7 @@ def compare(folders: FoldersArg = None, policy: PoliciesOpt = None, policy_opt: 
     options = split_options(parse_pairs(policy_opt, "--policy-opt"), policy)
     for name in policy:
         options[name] = policy_options(name, options.get(name, {}), prefix=f"{name}.")
-    loads = distinct_workloads([build_workload(workload, trace, num_requests=num_requests, rate=rate, seed=s)
-                                for s in range(seed, seed + seeds)])
+    loads = seed_workloads(lambda s: build_workload(workload, trace, num_requests=num_requests, rate=rate, seed=s), seed, seeds)
     config = build_config(set_)
     with progress_bar(quiet, "comparing", "runs") as bar:
         task = bar.add_task("compare", total=len(policy) * len(loads))

@@ -57,6 +57,18 @@ def distinct_workloads(workloads: list) -> list:
     return workloads
 
 
+MAX_SEEDS = 1_000  # seeds a comparison runs at most: each one a run per policy
+
+
+def seed_workloads(build: Callable[[int], Any], seed: int, seeds: int) -> list:
+    """The workloads of seeds ``seed`` .. ``seed + seeds - 1`` built by ``build(seed)``, or only the
+    first when the seed does not change its requests; ``seeds`` is checked before any is built."""
+    if not 1 <= seeds <= MAX_SEEDS:
+        raise ValueError(f"--seeds must be between 1 and {MAX_SEEDS:,}, got {seeds:,}")
+    first = distinct_workloads([build(s) for s in range(seed, seed + min(seeds, 2))])
+    return first if len(first) < 2 else first + [build(s) for s in range(seed + 2, seed + seeds)]
+
+
 def run_policies(policies: list[str], workloads: list, config: EngineConfig, profile: str,
                  options: dict[str, dict[str, Any]] | None = None, on_done: Callable[[], None] | None = None) -> list[PolicyRun]:
     """Simulate each of ``workloads`` (one per seed, the same for every policy) once per policy; ``on_done`` after each."""

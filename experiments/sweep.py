@@ -10,6 +10,7 @@ seems) and the wall time.
 from __future__ import annotations
 
 import itertools
+import math
 import os
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -65,8 +66,14 @@ class Point:
         return " ".join([self.policy] + [f"{k}={v}" for k, v in self.settings.items()])
 
 
+MAX_POINTS = 10_000  # grid points a sweep runs at most (each a simulation): counted before any is made
+
+
 def grid_points(policies: list[str], grid: dict[str, list[str]]) -> list[Point]:
     keys = list(grid)
+    count = len(policies) * math.prod(len(v) for v in grid.values())
+    if count > MAX_POINTS:
+        raise ValueError(f"the sweep has {count:,} points (policies × values of each --set); at most {MAX_POINTS:,}")
     return [Point(p, dict(zip(keys, combo))) for p in policies for combo in itertools.product(*(grid[k] for k in keys))]
 
 

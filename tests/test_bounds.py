@@ -1,0 +1,246 @@
+"""Numbers with bounds at every edge where one enters (issue 21, item 6).
+
+A cost profile's numbers are finite and bounded so that a run's sums stay finite; token counts are
+bounded so that no sum a run takes leaves int64; ``Engine.run(max_steps=...)`` is a positive int;
+the CLI's counts are bounded before anything is built; and formatting an error never fails, whatever
+a plugin hands over (an int too long for ``str()``, a ``__repr__`` that raises, a lone surrogate).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from pydantic import ValidationError
+
+from helpers import req
+from kvsched.core.config import EngineConfig, PreemptionMode
+from kvsched.core.engine import Engine
+from kvsched.core.errors import PolicyError, error_text, quote
+from kvsched.core.hookspecs import hookimpl
+from kvsched.core.request import MAX_TOKENS, Request, SamplingParams
+from kvsched.executors.calibration import CalibrationError, StepRecord, fit_profile
+from kvsched.executors.cost_model import LLAMA2_7B_A100, CostProfile
+from kvsched.executors.simulated import SimulatedExecutor
+from kvsched.experiments.compare import MAX_SEEDS, seed_workloads
+from kvsched.experiments.simulation import run_simulation
+from kvsched.metrics.decision_log import DecisionLog
+from kvsched.policies.vllm_default import VllmDefault
+from kvsched.workloads.embedded import SyntheticWorkload
+
+ENGINE = str(Path(sys.executable).parent / "engine")
+FIELDS = ("base_ms", "prefill_token_ms", "decode_seq_ms", "kv_token_ms", "swap_gb_per_s", "copy_gb_per_s")
+REQUESTS = [req(f"r{i}", 40, 6, arrival=0.01 * i) for i in range(6)]
+SMALL = EngineConfig(num_gpu_blocks=8, num_cpu_blocks=8, block_size=16, max_num_batched_tokens=64, max_num_seqs=8, max_model_len=64)
+
+
+def _line(proc: subprocess.CompletedProcess) -> str:
+    """The one line a bad input gets: exit 2, no traceback."""
+    assert proc.returncode == 2, (proc.returncode, proc.stderr[-2000:])
+    assert "Traceback" not in proc.stderr and proc.stderr.count("\n") == 1, proc.stderr
+    return proc.stderr
+
+
+def _engine(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run([ENGINE, *args], capture_output=True, text=True, timeout=timeout)
+
+
+# ---------------------------------------------------------------------------------------- cost profiles
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(field=st.sampled_from(FIELDS), value=st.floats())
+def test_any_float_in_a_profile_is_refused_or_gives_a_summary_that_is_valid_json(field, value):
+    """inf, NaN, 1e306, a subnormal bandwidth: refused as the profile loads, or the whole run's summary is JSON."""
+    fields = {**LLAMA2_7B_A100.model_dump(exclude={"kv_memory"}), "kv_memory": None, field: value}
+    try:
+        profile = CostProfile.model_validate(fields)
+    except ValidationError:
+        return
+    config = SMALL.model_copy(update={"preemption_mode": PreemptionMode.SWAP})  # swaps, so that the bandwidths count too
+    summary = run_simulation(REQUESTS, config=config, profile=profile).summary
+    json.dumps(summary, allow_nan=False)
+
+
+def test_a_profile_past_its_bounds_is_one_line_before_the_run(tmp_path):
+    fields = {**LLAMA2_7B_A100.model_dump(exclude={"kv_memory"}), "prefill_token_ms": 1e306}
+    (tmp_path / "p.json").write_text(json.dumps(fields))
+    assert "prefill_token_ms: Input should be less than or equal to" in _line(
+        _engine("run", "--profile", str(tmp_path / "p.json"), "-n", "20", "-q", "-o", str(tmp_path / "out")))
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_profile_s_device_memory_is_finite():
+    memory = LLAMA2_7B_A100.kv_memory.model_dump()
+    with pytest.raises(ValidationError, match="device_gib"):
+        CostProfile.model_validate({**LLAMA2_7B_A100.model_dump(), "kv_memory": {**memory, "device_gib": math.inf}})
+
+
+def test_a_fit_beyond_the_profile_bounds_is_a_calibration_error():
+    records = [StepRecord(p, d, 10 * d, 0, 0, 1e4 * (1 + p + d)) for p, d in ((1, 1), (10, 2), (100, 3), (5, 7), (50, 1))]
+    with pytest.raises(CalibrationError, match="the fitted profile is invalid: base_ms: .* less than or equal to 3600000"):
+        fit_profile(records, "huge")
+
+
+# ---------------------------------------------------------------------------------------- token counts
+@pytest.mark.parametrize("fields", [{"prompt_len": 2**62}, {"prompt_len": 4, "output_len": MAX_TOKENS + 1,
+                                                              "sampling": {"max_tokens": MAX_TOKENS + 1}}])
+def test_a_request_holds_at_most_max_tokens(fields):
+    with pytest.raises(ValidationError):
+        Request.model_validate({"request_id": "x", **fields})
+    Request(request_id="x", prompt_len=MAX_TOKENS, sampling=SamplingParams(max_tokens=MAX_TOKENS))
+
+
+@pytest.mark.parametrize("name", ["block_size", "max_num_batched_tokens", "max_num_seqs", "max_model_len"])
+def test_the_engine_s_token_settings_are_at_most_max_tokens(name):
+    with pytest.raises(ValidationError, match=name):
+        EngineConfig.model_validate({name: 2**62})
+
+
+def test_a_trace_of_huge_prompts_is_one_line_not_an_overflowed_column(tmp_path):
+    """Three 2**62-token prompts, with settings that once let them run: refused, never summed into a wrapped int64."""
+    trace = tmp_path / "big.csv"
+    trace.write_text("arrival_time_s,prompt_tokens,output_tokens\n" + "".join(f"0,{2**62},1\n" for _ in range(3)))
+    m = str(2**63 - 1)
+    proc = _engine("run", "--trace", str(trace), "-q", "--set", f"block_size={2**62}", "--set", "num_gpu_blocks=16",
+                   "--set", f"max_num_batched_tokens={m}", "--set", f"max_model_len={m}")
+    assert "less than or equal to 2147483648" in _line(proc)
+
+
+# ---------------------------------------------------------------------------------------- Engine.run
+@pytest.mark.parametrize("bad, error", [(2.5, TypeError), (math.nan, TypeError), (True, TypeError), ("3", TypeError),
+                                        (0, ValueError), (-1, ValueError)])
+def test_max_steps_is_a_positive_int_or_none(bad, error):
+    engine = Engine(SMALL, "vllm-default", SimulatedExecutor())
+    with pytest.raises(error, match="max_steps must be a positive int or None"):
+        engine.run(REQUESTS, max_steps=bad)
+    assert engine.num_steps == 0
+    engine.run(REQUESTS, max_steps=3)
+    assert engine.num_steps == 3
+
+
+# ---------------------------------------------------------------------------------------- the CLI's counts
+def test_compare_refuses_a_trillion_seeds_at_once():
+    start = time.perf_counter()
+    assert "--seeds must be between 1 and 1,000" in _line(
+        _engine("compare", "-p", "vllm-default", "-p", "fcfs", "--seeds", "1000000000000", timeout=30))
+    assert time.perf_counter() - start < 20
+
+
+def test_seed_workloads_are_built_only_as_far_as_they_differ():
+    built = []
+
+    def build(seed):
+        built.append(seed)
+        return SyntheticWorkload(num_requests=5, seed=0)  # a workload that ignores its seed
+
+    assert len(seed_workloads(build, 7, MAX_SEEDS)) == 1 and built == [7, 8]
+    with pytest.raises(ValueError, match="--seeds must be between 1 and 1,000, got 1,001"):
+        seed_workloads(build, 0, MAX_SEEDS + 1)
+    assert len(built) == 2
+
+
+def test_a_sweep_s_grid_is_counted_before_it_is_built():
+    values = ",".join(str(v) for v in range(1, 101))
+    sets = [a for key in ("delay_factor", "max_num_seqs", "watermark", "num_gpu_blocks", "block_size", "num_cpu_blocks")
+            for a in ("--set", f"{key}={values}")]
+    assert "the sweep has 1,000,000,000,000 points" in _line(_engine("sweep", "-p", "vllm-default", *sets, timeout=30))
+
+
+# ---------------------------------------------------------------------------------------- error formatting
+class _BadRepr:
+    def __repr__(self):
+        raise RuntimeError("no repr")
+
+
+class _SurrogateRepr:
+    def __repr__(self):
+        return "\udc80" * 10
+
+
+class _BadStr(Exception):
+    def __str__(self):
+        raise RuntimeError("no str")
+
+
+_HUGE = st.integers(4000, 6000).map(lambda digits: 7 * 10**digits + digits)  # around str()'s 4,300-digit limit
+ODD = st.one_of(
+    st.integers(), _HUGE, _HUGE.map(lambda n: -n), st.floats(), st.text(max_size=300), st.just("\udc80\ud800"),
+    st.builds(_BadRepr), st.builds(_SurrogateRepr), st.lists(_HUGE, max_size=3), st.just({"\udcff": 10**5000}),
+)
+
+
+@settings(max_examples=60)
+@given(value=ODD)
+def test_quote_and_error_text_never_fail_and_stay_short(value):
+    for text in (quote(value), error_text(RuntimeError(value)), error_text(RuntimeError(value, value))):
+        assert type(text) is str and len(text) < 400
+        text.encode("utf-8")
+    assert error_text(_BadStr()) == "<_BadStr whose str() raised>"
+
+
+class _Answers(VllmDefault):
+    """Answers can_allocate with ``value``, or raises it from select_batch."""
+
+    name = "answers-oddly"
+
+    def __init__(self, value, raises: bool) -> None:
+        super().__init__()
+        self.value, self.raises = value, raises
+
+    @hookimpl
+    def can_allocate(self, step, group):
+        return self.value
+
+    @hookimpl
+    def select_batch(self, step):
+        if self.raises:
+            raise RuntimeError(self.value)
+        return super().select_batch(step)
+
+
+@settings(max_examples=60, deadline=None)
+@given(value=ODD, raises=st.booleans())
+def test_any_hook_value_gives_a_short_printable_error_naming_the_policy(value, raises):
+    engine = Engine(SMALL, _Answers(value, raises), SimulatedExecutor())
+    engine.add_request(req("a", 8, 2))
+    with pytest.raises(PolicyError) as caught:
+        engine.step()
+    message = str(caught.value)
+    assert message.startswith("policy 'answers-oddly' in ") and len(message) < 600
+    message.encode("utf-8")
+
+
+class _HoldsBack(VllmDefault):
+    name = "holds-back"
+
+    def __init__(self, reason, numbers) -> None:
+        super().__init__()
+        self.reason, self.numbers = reason, numbers
+
+    @hookimpl
+    def select_batch(self, step):
+        step.hold_back(self.reason, **self.numbers)
+        return super().select_batch(step)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(reason=st.one_of(st.text(max_size=20), st.just("gate\udc80"), st.just("x" * 300), st.integers()),
+       numbers=st.dictionaries(st.one_of(st.text(max_size=5), st.just("\udc80")),
+                               st.one_of(st.floats(), st.integers(), st.just(10**5000), st.just(-(2**63) - 1)), max_size=3))
+def test_a_hold_back_the_log_cannot_write_is_refused_naming_the_policy(tmp_path, reason, numbers):
+    """The decision log takes any hold_back the policy could make, or the policy is named as it makes it."""
+    log = DecisionLog(tmp_path / "d.parquet")
+    try:
+        run_simulation(REQUESTS[:2], _HoldsBack(reason, numbers), SMALL, on_step=log)
+    except PolicyError as exc:
+        log.discard()
+        assert str(exc).startswith("policy 'holds-back' in select_batch: hold_back: ") and len(str(exc)) < 600
+        str(exc).encode("utf-8")
+        return
+    log.close()
