@@ -14,6 +14,7 @@ import os
 import re
 import sysconfig
 import traceback
+import typing
 from collections.abc import Mapping
 from dataclasses import dataclass
 from importlib.metadata import EntryPoint, entry_points
@@ -257,6 +258,18 @@ def describe(policy: Any) -> str:
     name, origin = _identity(policy)
     doc = _guarded(name, origin, "reading its docstring fails", inspect.getdoc, policy) or ""
     return doc.strip().splitlines()[0] if isinstance(doc, str) and doc.strip() else ""
+
+
+def constructor_signature(policy: Any, who: str | None = None) -> tuple[dict[str, inspect.Parameter], dict[str, Any]]:
+    """A policy class's constructor parameters and their type hints (none where an annotation does
+    not resolve: the constructor checks what it gets), for checking options before an engine exists."""
+    name, origin = _identity(policy, who)
+    params = _guarded(name, origin, "reading its constructor's signature fails", inspect.signature, policy).parameters
+    try:
+        hints = _guarded(name, origin, "", lambda: typing.get_type_hints(policy.__init__))
+    except PolicyError:
+        hints = {}
+    return dict(params), hints
 
 
 def instantiate(policy: Any, options: dict[str, Any] | None = None, who: str | None = None) -> Any:

@@ -152,6 +152,16 @@ class RaisingDir(VllmDefault):
         raise SystemExit("no listing")
 
 
+class SignatureMeta(type):
+    @property
+    def __signature__(cls):  # what inspect.signature asks first
+        raise SystemExit("no signature")
+
+
+class RaisingSignature(VllmDefault, metaclass=SignatureMeta):
+    pass
+
+
 def __getattr__(attr):
     raise SystemExit(f"module has no {attr}")
 """
@@ -185,6 +195,15 @@ def test_engine_defaults_that_fail_name_the_policy_when_a_job_fits_its_profile(i
     install(ATTRIBUTES, {"number-defaults": "NumberDefaults", "meta-getattr": "MetaGetattr"}, dist="attr-dist")
     with pytest.raises(PolicyError, match=rf"policy '{name}': {message}.*\(from distribution attr-dist 0.1\)$"):
         fit_to_profile(EngineConfig(), resolve_profile("llama2-7b-a100"), load_policy(name))
+
+
+def test_policy_options_checked_against_a_constructor_whose_signature_raises_name_the_policy(install):
+    from kvsched.cli.common import policy_options
+
+    install(ATTRIBUTES, {"raising-signature": "RaisingSignature"}, dist="attr-dist")
+    with pytest.raises(PolicyError, match=r"^policy 'raising-signature': reading its constructor's signature fails: "
+                                          r"SystemExit: no signature \(at .*\(from distribution attr-dist 0.1\)$"):
+        policy_options("raising-signature", ["budget=1"])
 
 
 class WrongSignature(VllmDefault):
