@@ -113,22 +113,17 @@ def policy_options(spec: str, pairs: list[str] | dict[str, str] | None, prefix: 
     checked against its constructor: an option it does not take, or a value its annotation refuses,
     is named (as ``--policy-opt PREFIX KEY=VALUE``; compare's prefix is ``POLICY.``)."""
     import inspect
-    import typing
 
     from pydantic import TypeAdapter
 
-    from kvsched.core.plugins import load_policy, policy_name
+    from kvsched.core.plugins import constructor_signature, load_policy, policy_name
 
     policy = load_policy(spec)
     name = policy_name(spec, policy)
     options = pairs if isinstance(pairs, dict) else parse_pairs(pairs, "--policy-opt")
     if not options or not inspect.isclass(policy):
         return options  # a policy that is not a class takes no options: instantiate says so
-    params = inspect.signature(policy).parameters
-    try:
-        hints = typing.get_type_hints(policy.__init__)
-    except Exception:  # an annotation that does not resolve: the constructor checks what it gets
-        hints = {}
+    params, hints = constructor_signature(policy, name)
     for key, value in options.items():
         if key not in params and not any(p.kind is p.VAR_KEYWORD for p in params.values()):
             raise ValueError(f"--policy-opt {prefix}{key}={value}: policy {name} has no option {key!r}; "
