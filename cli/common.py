@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import math
 import os
+import re
 import time
 import traceback
 from collections.abc import Iterator
@@ -49,7 +50,19 @@ def fail(message: str, code: int = 2) -> None:
 
 def error_line(message: str) -> None:
     """``error: message`` on stderr, on one line however long the message (cut at 1,000 characters)."""
-    err_console.print(f"[bold red]error:[/] {escape(shorten(message, 1000))}", highlight=False, soft_wrap=True)
+    err_console.print(f"[bold red]error:[/] {escape(shorten(one_line(message), 1000))}", highlight=False, soft_wrap=True)
+
+
+_LINE_BREAKS = re.compile(r"\s*[\n\r\v\f\x1c-\x1e\x85\u2028\u2029]+\s*")
+
+
+def one_line(text: str) -> str:
+    """``text`` as one printable line: line breaks (a pydantic error's, a traceback's) become `` · ``,
+    other control characters and lone surrogates ``\\x..`` escapes, so no terminal or encoding
+    can make the error printer itself fail or the message span lines."""
+    text = _LINE_BREAKS.sub(" · ", str(text).strip())
+    text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return "".join(c if c.isprintable() or c == " " else c.encode("unicode_escape").decode("ascii") for c in text)
 
 
 def debugging() -> bool:

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 from pydantic import ValidationError
 
 from kvsched.core.errors import KvschedError, quote
+from kvsched.core.files import text_lines
 from kvsched.executors.cost_model import CostProfile
 
 if TYPE_CHECKING:
@@ -95,33 +96,28 @@ def save_records(records: Iterable[StepRecord], path: Path) -> Path:
 def load_records(path: Path) -> list[StepRecord]:
     """Read a recorded run; a bad cell raises ``CalibrationError`` naming file, line and column."""
     path = Path(path)
-    try:
-        handle = path.open(newline="")
-    except OSError as exc:
-        raise CalibrationError(f"{path}: cannot read recorded run ({exc.strerror})") from exc
-    with handle as f:
-        reader = csv.reader(f)
-        header = [h.strip() for h in next(reader, [])]
-        missing = [c for c in COLUMNS if c not in header]
-        if missing:
-            raise CalibrationError(f"{path}:1: missing column(s) {', '.join(missing)}; expected {','.join(COLUMNS)}")
-        index = {c: header.index(c) for c in COLUMNS}
-        out = []
-        for line, row in enumerate(reader, start=2):
-            if not row:
-                continue
-            values = []
-            for col in COLUMNS:
-                cell = row[index[col]].strip() if index[col] < len(row) else ""
-                try:
-                    value = float(cell) if col == "duration_s" else int(cell)
-                except ValueError:
-                    kind = "a number" if col == "duration_s" else "an integer"
-                    raise CalibrationError(f"{path}:{line}: column {col!r}: not {kind}: {cell!r}") from None
-                if value < 0 or (col == "duration_s" and not math.isfinite(value)):
-                    raise CalibrationError(f"{path}:{line}: column {col!r}: must be a finite value >= 0, got {cell!r}")
-                values.append(value)
-            out.append(StepRecord(*values))
+    reader = csv.reader(text_lines(path, "recorded run"))  # a line that is not UTF-8: a FileError naming it
+    header = [h.strip() for h in next(reader, [])]
+    missing = [c for c in COLUMNS if c not in header]
+    if missing:
+        raise CalibrationError(f"{path}:1: missing column(s) {', '.join(missing)}; expected {','.join(COLUMNS)}")
+    index = {c: header.index(c) for c in COLUMNS}
+    out = []
+    for line, row in enumerate(reader, start=2):
+        if not row:
+            continue
+        values = []
+        for col in COLUMNS:
+            cell = row[index[col]].strip() if index[col] < len(row) else ""
+            try:
+                value = float(cell) if col == "duration_s" else int(cell)
+            except ValueError:
+                kind = "a number" if col == "duration_s" else "an integer"
+                raise CalibrationError(f"{path}:{line}: column {col!r}: not {kind}: {cell!r}") from None
+            if value < 0 or (col == "duration_s" and not math.isfinite(value)):
+                raise CalibrationError(f"{path}:{line}: column {col!r}: must be a finite value >= 0, got {cell!r}")
+            values.append(value)
+        out.append(StepRecord(*values))
     return out
 
 

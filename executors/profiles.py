@@ -7,6 +7,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from kvsched.core.errors import KvschedError
+from kvsched.core.files import read_json
 from kvsched.executors.cost_model import PROFILES, CostProfile
 
 
@@ -23,10 +24,8 @@ def resolve_profile(profile: str | Path | CostProfile) -> CostProfile:
     path = Path(text)
     if path.suffix == ".json":
         try:
-            return CostProfile.model_validate_json(path.read_text())
-        except OSError as exc:
-            raise ProfileError(f"{path}: cannot read cost profile ({exc.strerror})") from exc
+            return CostProfile.model_validate(read_json(path, "cost profile"))
         except ValidationError as exc:
             first = exc.errors()[0]
-            raise ProfileError(f"{path}: invalid cost profile: {'.'.join(map(str, first['loc']))}: {first['msg']}") from None
+            raise ProfileError(f"{path}: invalid cost profile: {'.'.join(map(str, first['loc'])) or 'the whole file'}: {first['msg']}") from None
     raise ProfileError(f"unknown cost profile {text!r}; available: {', '.join(PROFILES)}, or a .json file from `engine calibrate`")

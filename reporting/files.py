@@ -11,6 +11,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from kvsched.core.errors import quote
 from kvsched.metrics.records import RequestTable, record_rows
 from kvsched.metrics.requests import FIELDS, RequestMetrics
 from kvsched.reporting.destination import COMPARE_FILES, SWEEP_FILES, publishing_file, publishing_folder
@@ -151,9 +152,20 @@ class RunFiles:
     events: pd.DataFrame  # decisions.parquet
 
 
+# What of summary.json the explanation reads (a folder's summary has more).
+RUN_SUMMARY = {"policy": str, "num_requests": int, "duration_s": float, "steps": int, "workload": (dict, None),
+               "config": {"watermark": float, "num_gpu_blocks": int, "num_cpu_blocks": int}}
+_DISTRIBUTION = ({"mean": (float, None), "p50": (float, None), "p99": (float, None)}, None)
+# What of summary.json the comparison reads: its rows (experiments.compare.ROWS), null where a run could not know.
+COMPARED_SUMMARY = {"policy": (str, None), "finished": int, "requests_per_s": float, "throughput_tokens_per_s": float,
+                    "ttft_s": _DISTRIBUTION, "tpot_s": _DISTRIBUTION, "e2e_s": _DISTRIBUTION,
+                    "preemptions": ({"recompute": int, "swap": int}, None)}
+
+
 def read_run(directory: Path) -> RunFiles:
-    """Read a folder written by ``engine run --output``; a missing file is one clear error."""
-    import pandas as pd
+    """Read a folder written by ``engine run --output``; a missing or damaged file is one clear error."""
+    from kvsched.metrics import decision_log, records, timeseries
+    from kvsched.reporting.reading import read_summary, read_table
 
     directory = Path(directory)
     names = ("summary.json", "requests.parquet", "timeseries.parquet", "decisions.parquet")
@@ -161,20 +173,44 @@ def read_run(directory: Path) -> RunFiles:
     if missing:
         raise FileNotFoundError(f"{directory} has no {', '.join(missing)}: write it with `engine run ... --output {directory}` "
                                 "(the decision log is on by default)")
-    return RunFiles(directory, json.loads((directory / "summary.json").read_text()), pd.read_parquet(directory / "requests.parquet"),
-                    pd.read_parquet(directory / "timeseries.parquet"), pd.read_parquet(directory / "decisions.parquet"))
+    run = RunFiles(directory, read_summary(directory / "summary.json", RUN_SUMMARY),
+                   read_table(directory / "requests.parquet", records.SCHEMA),
+                   read_table(directory / "timeseries.parquet", timeseries.SCHEMA),
+                   read_table(directory / "decisions.parquet", decision_log._schema()))
+    _check_together(run)
+    return run
+
+
+def _check_together(run: RunFiles) -> None:
+    """The files of one run: a row per step 0, 1, 2, ... in the time series, decisions of those steps
+    and of the requests in the records (what the explanation indexes by)."""
+    import numpy as np
+
+    from kvsched.core.files import FileError
+
+    steps, events, where = run.steps.step.to_numpy(), run.events, run.directory
+    if not np.array_equal(steps, np.arange(len(steps))):
+        raise FileError("the steps are not 0, 1, 2, ... in order, one row each", where / "timeseries.parquet", column="step")
+    outside = events.step[~events.step.between(0, len(steps) - 1)]
+    if len(outside):
+        raise FileError(f"step {outside.tolist()[0]}, but timeseries.parquet has steps 0-{len(steps) - 1}",
+                        where / "decisions.parquet", column="step")
+    unknown = events.request_id[events.request_id.notna() & ~events.request_id.isin(run.requests.request_id)]
+    if len(unknown):
+        raise FileError(f"request {quote(unknown.iloc[0])}, which requests.parquet has no row for", where / "decisions.parquet",
+                        column="request_id")
 
 
 def read_compared(directory: Path) -> PolicyRun:
     """A results folder (``engine run`` or ``engine bench --output``) as one column of ``engine compare``."""
     from kvsched.experiments.compare import PolicyRun
+    from kvsched.reporting.reading import read_numbers, read_summary
 
     directory = Path(directory)
     summary_path, requests_path = directory / "summary.json", directory / "requests.csv"
     if not summary_path.is_file() or not requests_path.is_file():
         raise FileNotFoundError(f"{directory} has no summary.json and requests.csv: give folders written with --output")
-    summary = json.loads(summary_path.read_text())
-    with requests_path.open(newline="") as f:
-        rows = list(csv.DictReader(f))
+    summary = read_summary(summary_path, COMPARED_SUMMARY)
+    latencies = read_numbers(requests_path, ("ttft", "tpot"))
     label = f"{directory.name} ({summary.get('policy')})"
-    return PolicyRun(label, [summary], [float(r["ttft"]) for r in rows if r["ttft"]], [float(r["tpot"]) for r in rows if r["tpot"]])
+    return PolicyRun(label, [summary], latencies["ttft"], latencies["tpot"])

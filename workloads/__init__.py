@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Iterator
 from pathlib import Path
@@ -10,6 +9,7 @@ from typing import Any, Protocol
 
 from pydantic import TypeAdapter, ValidationError
 
+from kvsched.core.files import read_json
 from kvsched.core.request import Request
 from kvsched.workloads.arrivals import Gamma, Poisson, make_arrivals
 from kvsched.workloads.builtin import BUILTIN_TRACES, SHAREGPT_DEFAULT_RATE, builtin_path
@@ -141,12 +141,11 @@ def load_spec(path: Path, *, num_requests: int | None = None, seed: int = 0, rat
     """A workload from a JSON spec (``{"kind": "synthetic", ...}`` or ``{"kind": "trace", "path": ...}``)."""
     if path.suffix != ".json":
         raise WorkloadError(f"unknown workload {str(path)!r}; use one of {', '.join(WORKLOAD_NAMES)}, or a .json spec file")
-    try:
-        data = json.loads(path.read_text())
-    except OSError as exc:
-        raise WorkloadError(f"cannot read workload spec: {exc.strerror}", path) from exc
-    except json.JSONDecodeError as exc:
-        raise WorkloadError(f"invalid JSON: {exc.msg}", path, exc.lineno) from None
+    data = read_json(path, "workload spec")
+    if isinstance(data, dict) and data.get("kind") == "sessions":  # multi-turn chat sessions (workloads/sessions.py)
+        from kvsched.workloads.sessions import session_spec
+
+        return session_spec(data, path, num_requests, seed, rate_scale)
     if isinstance(data, dict) and data.get("kind") == "prefix-trace":
         from kvsched.workloads.prefix_trace import prefix_spec
 

@@ -20,6 +20,7 @@ from datetime import datetime
 from pathlib import Path
 
 from kvsched.core.errors import quote
+from kvsched.core.files import text_lines
 from kvsched.core.request import MAX_INT64
 from kvsched.workloads.errors import WorkloadError
 
@@ -52,42 +53,37 @@ def detect_format(header: list[str]) -> str:
 def read_trace(path: Path | str) -> tuple[str, list[TraceRow]]:
     """``(format, rows)`` of a trace CSV, in file order."""
     path = Path(path)
+    reader = csv.reader(text_lines(path, "trace"))  # a line that is not UTF-8 is a FileError naming it
     try:
-        handle = path.open(newline="", encoding="utf-8-sig")  # tolerate the BOM that spreadsheet exports add
-    except OSError as exc:
-        raise WorkloadError(f"cannot open trace: {exc.strerror}", path) from exc
-    with handle as f:
-        reader = csv.reader(f)
-        try:
-            header = [h.strip() for h in next(reader)]
-        except StopIteration:
-            raise WorkloadError("empty file: expected a header row", path, 1) from None
-        except (csv.Error, UnicodeDecodeError) as exc:
-            raise WorkloadError(f"not a CSV file ({exc})", path, 1) from None
-        twice = sorted({h for h in header if header.count(h) > 1})
-        if twice:
-            raise WorkloadError(f"column(s) {', '.join(map(repr, twice))} appear more than once in the header", path, 1)
-        try:
-            fmt = detect_format(header)
-        except ValueError:
-            raise WorkloadError(
-                f"unknown header {','.join(header)!r}; expected {','.join(AZURE)} (Azure), "
-                f"{','.join(PLAIN)}[,priority,tenant] (plain) or {','.join(LENGTHS)} (lengths)", path, 1,
-            ) from None
-        parse = _ROW_PARSERS[fmt]
-        col = {name: i for i, name in enumerate(header)}
-        rows: list[TraceRow] = []
-        t0: list[datetime] = []
-        line = 1
-        try:
-            for line, row in enumerate(reader, start=2):
-                if not row or (len(row) == 1 and not row[0].strip()):
-                    raise WorkloadError("empty row", path, line)
-                if len(row) != len(header):
-                    raise WorkloadError(f"expected {len(header)} fields, got {len(row)}", path, line)
-                rows.append(parse(row, col, path, line, t0))
-        except (csv.Error, UnicodeDecodeError) as exc:
-            raise WorkloadError(f"unreadable row ({exc})", path, line + 1) from None
+        header = [h.strip() for h in next(reader)]
+    except StopIteration:
+        raise WorkloadError("empty file: expected a header row", path, 1) from None
+    except csv.Error as exc:
+        raise WorkloadError(f"not a CSV file ({exc})", path, 1) from None
+    twice = sorted({h for h in header if header.count(h) > 1})
+    if twice:
+        raise WorkloadError(f"column(s) {', '.join(map(repr, twice))} appear more than once in the header", path, 1)
+    try:
+        fmt = detect_format(header)
+    except ValueError:
+        raise WorkloadError(
+            f"unknown header {','.join(header)!r}; expected {','.join(AZURE)} (Azure), "
+            f"{','.join(PLAIN)}[,priority,tenant] (plain) or {','.join(LENGTHS)} (lengths)", path, 1,
+        ) from None
+    parse = _ROW_PARSERS[fmt]
+    col = {name: i for i, name in enumerate(header)}
+    rows: list[TraceRow] = []
+    t0: list[datetime] = []
+    line = 1
+    try:
+        for line, row in enumerate(reader, start=2):
+            if not row or (len(row) == 1 and not row[0].strip()):
+                raise WorkloadError("empty row", path, line)
+            if len(row) != len(header):
+                raise WorkloadError(f"expected {len(header)} fields, got {len(row)}", path, line)
+            rows.append(parse(row, col, path, line, t0))
+    except csv.Error as exc:
+        raise WorkloadError(f"unreadable row ({exc})", path, line + 1) from None
     if not rows:
         raise WorkloadError("no requests: the file has a header but no rows", path, 2)
     return fmt, rows

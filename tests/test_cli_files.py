@@ -1,0 +1,153 @@
+"""Files the CLI reads and writes, through the console script: a file that is not UTF-8, JSON nested
+too deeply, a damaged results folder given to ``engine explain`` or ``engine compare`` is one line
+naming the file (exit 2, no traceback); an output that would overwrite an input or another output
+is refused before the run; a multi-line error prints as one line. Publishing a results folder
+over an old one, killed at any point, leaves one of them whole."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ENGINE = str(Path(sys.executable).parent / "engine")
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def engine(*args, cwd=ROOT):
+    return subprocess.run([ENGINE, *map(str, args)], capture_output=True, text=True, timeout=300, cwd=cwd)
+
+
+def one_error_line(proc) -> str:
+    """The one line on stderr of a command refused as bad input."""
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == 2, (proc.returncode, proc.stderr[-2000:])
+    assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr and "unexpected" not in lines[0]
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def good(tmp_path_factory) -> Path:
+    """A small results folder, written once, copied by each test that damages it."""
+    out = tmp_path_factory.mktemp("results") / "good"
+    proc = engine("run", "-n", "20", "-o", out, "-q")
+    assert proc.returncode == 0, proc.stderr
+    return out
+
+
+# ------------------------------------------------------------------ files read as input
+
+DEEP = "[" * 100_000 + "]" * 100_000
+
+
+@pytest.mark.parametrize("option, name, content, expected", [
+    ("-w", "latin1.json", b'{"kind": "synthetic", "tenants": {"caf\xe9": 1.0}}', "latin1.json:1: not UTF-8 text: byte 0xe9"),
+    ("-w", "deep.json", DEEP.encode(), "deep.json: not valid JSON: nested too deeply"),
+    ("-w", "nan.json", b'{"kind": "synthetic", "num_requests": NaN}', "nan.json: not valid JSON: NaN is not a JSON number"),
+    ("--profile", "latin1-profile.json", b'{"name": "m\xfcde"}', "latin1-profile.json:1: not UTF-8 text: byte 0xfc"),
+    ("--profile", "deep-profile.json", DEEP.encode(), "deep-profile.json: not valid JSON: nested too deeply"),
+    ("--trace", "latin1.csv", b"arrival_time_s,prompt_tokens,output_tokens\n0,5,1\n1,5,\xff\n", "latin1.csv:3: not UTF-8 text: byte 0xff"),
+])
+def test_an_unreadable_input_file_is_one_line_naming_it(tmp_path, option, name, content, expected):
+    (tmp_path / name).write_bytes(content)
+    line = one_error_line(engine("run", "-n", "5", "-q", option, tmp_path / name))
+    assert f"{tmp_path / name}" in line and expected in line, line
+
+
+def _rewrite_json(path: Path, change) -> None:
+    data = json.loads(path.read_text())
+    change(data)
+    path.write_text(json.dumps(data))
+
+
+def _rewrite_parquet(path: Path, change) -> None:
+    import pandas as pd
+
+    change(pd.read_parquet(path)).to_parquet(path, index=False)
+
+
+def _set(frame, column, row, value):
+    frame.loc[row, column] = value
+    return frame
+
+
+# (name, command, file, how it is damaged, what the line must say)
+DAMAGE = [
+    ("summary not JSON", "explain", "summary.json", lambda p: p.write_text("{broken"), "summary.json:1: not valid JSON"),
+    ("summary not UTF-8", "compare", "summary.json", lambda p: p.write_bytes(b'{"policy": "\xff"}'), "summary.json:1: not UTF-8 text"),
+    ("summary a list", "explain", "summary.json", lambda p: p.write_text("[1, 2]"), "summary.json: the file holds [1, 2], expected an object"),
+    ("summary a list (compare)", "compare", "summary.json", lambda p: p.write_text("[1, 2]"), "summary.json: the file holds [1, 2]"),
+    ("summary without config", "explain", "summary.json", lambda p: _rewrite_json(p, lambda d: d.pop("config")), "summary.json: no key 'config'"),
+    ("watermark a string", "explain", "summary.json", lambda p: _rewrite_json(p, lambda d: d["config"].update(watermark="1%")),
+     "summary.json: key 'config.watermark' holds '1%', expected a number"),
+    ("ttft a string", "compare", "summary.json", lambda p: _rewrite_json(p, lambda d: d["ttft_s"].update(p99="slow")),
+     "summary.json: key 'ttft_s.p99' holds 'slow', expected a number or null"),
+    ("requests.csv without ttft", "compare", "requests.csv", lambda p: p.write_text("request_id,tpot\nr1,0.1\n"), "requests.csv:1: no column 'ttft'"),
+    ("requests.csv with a word", "compare", "requests.csv", lambda p: p.write_text("request_id,ttft,tpot\nr0,0.5,0.1\nr1,abc,0.1\n"),
+     "requests.csv:3: column 'ttft': not a finite number: 'abc'"),
+    ("requests.csv with inf", "compare", "requests.csv", lambda p: p.write_text("request_id,ttft,tpot\nr0,0.5,inf\n"),
+     "requests.csv:2: column 'tpot': not a finite number: 'inf'"),
+    ("requests.csv not UTF-8", "compare", "requests.csv", lambda p: p.write_bytes(b"request_id,ttft\nr\xe91,1\n"), "requests.csv:2: not UTF-8 text"),
+    ("requests.parquet garbage", "explain", "requests.parquet", lambda p: p.write_text("garbage"), "requests.parquet: not a readable Parquet file"),
+    ("requests.parquet without its columns", "explain", "requests.parquet", lambda p: _rewrite_parquet(p, lambda f: f[["request_id"]]),
+     "requests.parquet: no column 'status'"),
+    ("ttft as text", "explain", "requests.parquet", lambda p: _rewrite_parquet(p, lambda f: f.assign(ttft=f.ttft.astype(str))),
+     "requests.parquet: column 'ttft': holds"),
+    ("timeseries without its columns", "explain", "timeseries.parquet", lambda p: _rewrite_parquet(p, lambda f: f.drop(columns="time_s")),
+     "timeseries.parquet: no column 'time_s'"),
+    ("decisions without steps", "explain", "decisions.parquet", lambda p: _rewrite_parquet(p, lambda f: f.drop(columns="step")),
+     "decisions.parquet: no column 'step'"),
+    ("a step that is not in the run", "explain", "decisions.parquet", lambda p: _rewrite_parquet(p, lambda f: _set(f, "step", 0, 10**6)),
+     "decisions.parquet: column 'step': step 1000000, but timeseries.parquet has steps 0-"),
+    ("a request that is not in the run", "explain", "decisions.parquet",
+     lambda p: _rewrite_parquet(p, lambda f: _set(f, "request_id", f.request_id.first_valid_index(), "ghost")),
+     "decisions.parquet: column 'request_id': request 'ghost'"),
+    ("time series cut short", "explain", "timeseries.parquet", lambda p: _rewrite_parquet(p, lambda f: f.iloc[:3]),
+     "decisions.parquet: column 'step': step"),
+]
+
+
+@pytest.mark.parametrize("name, command, file, damage, expected", DAMAGE, ids=[d[0] for d in DAMAGE])
+def test_a_damaged_results_folder_is_one_line_naming_the_file(good, tmp_path, name, command, file, damage, expected):
+    folder = tmp_path / "damaged"
+    shutil.copytree(good, folder)
+    damage(folder / file)
+    proc = engine("explain", folder) if command == "explain" else engine("compare", folder, good)
+    line = one_error_line(proc)
+    assert str(folder) in line and expected in line, line
+
+
+# -------------------------------------------------------------------------- messages
+
+MULTI_LINE = '''
+from pydantic import BaseModel
+
+from kvsched import hookimpl
+from kvsched.policies.vllm_default import VllmDefault
+
+
+class Settings(BaseModel):
+    x: int
+    y: int
+
+
+class ValidatesBadly(VllmDefault):
+    name = "validates-badly"
+
+    @hookimpl
+    def on_step(self, report):
+        Settings(x="a", y="b\\udcff\\x1b[31m")  # a multi-line ValidationError, with a lone surrogate and an escape
+'''
+
+
+def test_a_multi_line_policy_error_prints_as_one_printable_line(tmp_path):
+    (tmp_path / "multi_line.py").write_text(MULTI_LINE)
+    line = one_error_line(engine("run", "-n", "5", "-q", "-p", f"{tmp_path / 'multi_line.py'}:ValidatesBadly"))
+    assert "policy 'validates-badly' in on_step: raised ValidationError: 2 validation errors for Settings · x · " in line, line
+    assert "\x1b" not in line and len(line) < 1100
