@@ -46,11 +46,20 @@ class EngineConfig(BaseModel):
     decode_lane: bool = Field(
         True, description="advance plain decodes together when the executor knows its tokens (the simulator); same results either way"
     )
+    enable_chunked_prefill: bool = Field(
+        True, description="vLLM V1's knob, read by vllm-v1: off, a prompt is scheduled whole or waits (head of line), and under "
+        "v1 mechanics max_num_batched_tokens must hold max_model_len (docs/vllm-v1.md)"
+    )
 
     @model_validator(mode="after")
     def _check(self) -> EngineConfig:
         if self.vllm_engine == "v1" and self.num_gpu_blocks < 2:
             raise ValueError("vllm_engine v1 needs num_gpu_blocks >= 2: V1 keeps one block as its null block")
+        if self.vllm_engine == "v1" and not self.enable_chunked_prefill and self.max_num_batched_tokens < self.model_len:
+            raise ValueError(  # vLLM's SchedulerConfig.verify_max_model_len
+                f"max_num_batched_tokens ({self.max_num_batched_tokens}) is smaller than max_model_len ({self.model_len}) "
+                "with chunked prefill off: no longer prompt could ever be scheduled"
+            )
         if self.max_num_seqs > self.max_num_batched_tokens:
             raise ValueError(
                 f"max_num_seqs ({self.max_num_seqs}) exceeds max_num_batched_tokens "

@@ -42,9 +42,10 @@ def fit_to_profile(config: EngineConfig, profile: CostProfile, policy: Any) -> E
     defaults = engine_defaults(policy)
     given = config.model_fields_set | set(defaults)
     fitted = {k: v for k, v in fitted.items() if k not in given}
-    if not policy_attribute(policy, "chunked_prefill", False) and "max_num_batched_tokens" not in given:
+    chunks = policy_attribute(policy, "chunked_prefill", False) and config.enable_chunked_prefill  # off: as vLLM V1 raises it too
+    if not chunks and "max_num_batched_tokens" not in given:
         # the model length the engine will run with: the caller's, else the policy's, else the profile's
-        model_len = EngineConfig.model_validate({**defaults, **fitted, **config.model_dump(exclude_unset=True)}).model_len
+        model_len = EngineConfig.model_construct(**{**defaults, **fitted, **config.model_dump(exclude_unset=True)}).model_len
         fitted["max_num_batched_tokens"] = max(model_len, V0_MIN_BATCHED_TOKENS)
     fitted = {k: v for k, v in fitted.items() if v != getattr(config, k)}
     if not fitted:

@@ -25,8 +25,9 @@ class VllmV1:
        request fits or is itself the victim, which ends this loop.
     2. Only in a step that preempted nothing, waiting requests are admitted in queue order
        (``priority``: by priority, arrival, id) while budget and ``max_num_seqs`` allow, each with a
-       chunk of what is left of the budget, until one does not fit: admission needs blocks for
-       the whole prompt (less prefix-cache hits) plus, once anything runs, the watermark.
+       chunk of what is left of the budget (``enable_chunked_prefill=False``: the whole prompt, or
+       admission stops), until one does not fit: admission needs blocks for the whole prompt (less
+       prefix-cache hits) plus, once anything runs, the watermark.
     """
 
     name = "vllm-v1"
@@ -61,10 +62,14 @@ class VllmV1:
                 break
         if step.num_preempted:
             return True
+        chunked = step.config.enable_chunked_prefill
         for group in self.order_waiting(step):
             if step.remaining_tokens <= 0 or step.remaining_seqs <= 0:
                 break
-            chunk = step.remaining_tokens if threshold <= 0 else min(threshold, step.remaining_tokens)
+            if chunked and group.max_running_seqs == 1:  # a group of several (v0 mechanics; V1 fans n > 1 out) runs whole
+                chunk = step.remaining_tokens if threshold <= 0 else min(threshold, step.remaining_tokens)
+            else:  # the whole prompt, or a threshold's cut, as vLLM still makes it; BUDGET if it does not fit what is left
+                chunk = threshold if threshold > 0 and group.max_running_seqs == 1 else None
             if step.admit(group, max_tokens=chunk) in (Outcome.LATER, Outcome.BUDGET):
                 break
         return True

@@ -2,7 +2,7 @@
 
 Both sides get the same requests at the same steps (prompts drawn from a few shared prefixes, so
 that prefix caching has something to find), the same aborts and the same sampled tokens, under
-random budgets, ``max_num_seqs``, block counts, block sizes, prefix caching on and off, ``fcfs``
+random budgets, ``max_num_seqs``, block counts, block sizes, prefix caching and chunked prefill on and off, ``fcfs``
 and ``priority``, ``long_prefill_token_threshold`` and watermarks. Every step must agree on which
 requests run with how many tokens, which are preempted, which finish and how, and how many KV
 blocks are free. A request with ``n > 1`` goes to vLLM as its front end sends it, ``n`` child
@@ -51,10 +51,13 @@ def scenarios(draw):
     max_model_len = draw(st.integers(2, min(96, (num_gpu_blocks - 1) * block_size)))
     max_num_seqs = draw(st.integers(1, 8))
     budget = draw(st.integers(max(max_num_seqs, 4), 64))
+    chunked = draw(st.booleans())
+    if not chunked:  # vLLM refuses a budget below max_model_len then (SchedulerConfig.verify_max_model_len)
+        budget = max(budget, max_model_len)
     config = dict(
         block_size=block_size, num_gpu_blocks=num_gpu_blocks, max_model_len=max_model_len, max_num_seqs=max_num_seqs,
         max_num_batched_tokens=budget, enable_prefix_caching=draw(st.booleans()),
-        watermark=draw(st.sampled_from([0.0, 0.0, 0.05, 0.2])),
+        watermark=draw(st.sampled_from([0.0, 0.0, 0.05, 0.2])), enable_chunked_prefill=chunked,
     )
     policy = draw(st.sampled_from(["fcfs", "priority"]))
     threshold = min(draw(st.sampled_from([0, 0, 1, 3, 8])), max_model_len)  # vLLM requires <= max_model_len
@@ -143,3 +146,16 @@ def test_the_watermark_binds_only_once_something_runs():
     config = dict(block_size=4, num_gpu_blocks=11, max_model_len=40, max_num_seqs=4, max_num_batched_tokens=64,
                   enable_prefix_caching=False, watermark=0.2)
     assert run_both(config, "fcfs", 0, requests)["steps"] >= 4
+
+
+def test_without_chunked_prefill_a_prompt_runs_whole_or_waits_at_the_head_of_the_line():
+    """``enable_chunked_prefill=False``: the second prompt does not fit what the first leaves of the
+    budget, so it waits whole (and the short third one behind it waits too), where chunked prefill
+    would have run a chunk of it."""
+    requests = [dict(rid="r0", prompt=list(range(20)), max_tokens=4, priority=0, step=0, stop=(), abort=None),
+                dict(rid="r1", prompt=list(range(30, 50)), max_tokens=4, priority=0, step=0, stop=(), abort=None),
+                dict(rid="r2", prompt=[7, 7], max_tokens=2, priority=0, step=0, stop=(), abort=None, n=2)]
+    config = dict(block_size=4, num_gpu_blocks=40, max_model_len=32, max_num_seqs=4, max_num_batched_tokens=32,
+                  enable_prefix_caching=True, watermark=0.0)
+    assert run_both({**config, "enable_chunked_prefill": False}, "fcfs", 0, requests)["chunks"] == 0
+    assert run_both(config, "fcfs", 0, requests)["chunks"] > 0

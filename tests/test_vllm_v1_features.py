@@ -8,10 +8,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from kvsched import Engine, EngineConfig, Request, SamplingParams
 from kvsched.core.sequence import SequenceStatus
+from kvsched.executors.cost_model import LLAMA2_7B_A100
 from kvsched.executors.simulated import SimulatedExecutor
+from kvsched.experiments.settings import fit_to_profile
 from kvsched.metrics.requests import RequestMetrics
+from kvsched.policies.vllm_v1 import VllmV1
 
 ENGINE = str(Path(sys.executable).with_name("engine"))
 
@@ -72,3 +77,14 @@ def test_engine_run_with_vllm_v1_runs_the_embedded_workload_to_the_end(tmp_path)
     assert res.returncode == 0, res.stderr
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["finished"] + summary["ignored"] == summary["num_requests"] == 400 and summary["leaked_blocks"] == 0
+
+
+def test_without_chunked_prefill_the_budget_holds_the_model_length_as_vllm_sets_it():
+    """vLLM raises an unset max_num_batched_tokens to max_model_len when chunked prefill is off,
+    and refuses a smaller one it is given (``SchedulerConfig.verify_max_model_len``)."""
+    assert fit_to_profile(EngineConfig(), LLAMA2_7B_A100, VllmV1).max_num_batched_tokens == 2048
+    config = fit_to_profile(EngineConfig(enable_chunked_prefill=False), LLAMA2_7B_A100, VllmV1)
+    assert (config.max_model_len, config.max_num_batched_tokens) == (4096, 4096)
+    with pytest.raises(ValueError, match="smaller than max_model_len"):
+        EngineConfig(vllm_engine="v1", enable_chunked_prefill=False, max_num_batched_tokens=512, max_num_seqs=8, max_model_len=1024)
+    EngineConfig(vllm_engine="v0", enable_chunked_prefill=False, max_num_batched_tokens=512, max_num_seqs=8, max_model_len=1024)

@@ -45,7 +45,7 @@ class V1Reference:
 
     def __init__(self, *, block_size: int, num_gpu_blocks: int, max_num_batched_tokens: int, max_num_seqs: int,
                  max_model_len: int, enable_prefix_caching: bool, policy: str = "fcfs",
-                 long_prefill_token_threshold: int = 0, watermark: float = 0.0) -> None:
+                 long_prefill_token_threshold: int = 0, watermark: float = 0.0, enable_chunked_prefill: bool = True) -> None:
         import torch
         from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
         from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
@@ -56,7 +56,7 @@ class V1Reference:
 
         scheduler_config = SchedulerConfig(
             max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len,
-            long_prefill_token_threshold=long_prefill_token_threshold, enable_chunked_prefill=True, policy=policy,
+            long_prefill_token_threshold=long_prefill_token_threshold, enable_chunked_prefill=enable_chunked_prefill, policy=policy,
             watermark=watermark, is_encoder_decoder=False,
         )
         model_config = ModelConfig(model=_model_dir(), dtype="float32", seed=0, skip_tokenizer_init=True, max_model_len=max_model_len)
