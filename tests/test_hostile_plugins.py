@@ -278,11 +278,13 @@ MUTABLE = (list, dict, set, bytearray, deque, array, np.ndarray)
 
 
 def writable(obj) -> bool:
-    """Whether ``obj`` has a path that writes it: a mutable container, an instance ``__dict__``, or a slot whose
-    descriptor is on its class (``type(obj).slot.__set__``, ``object.__setattr__``); a named tuple, a view, a
-    ``mappingproxy`` has none."""
+    """Whether ``obj`` has a path that writes it: a mutable container, an instance ``__dict__``, a slot whose
+    descriptor is on its class (``type(obj).slot.__set__``, ``object.__setattr__``), or a property with a setter;
+    a named tuple, a view, a ``mappingproxy`` has none."""
     if isinstance(obj, CONSTANTS):
         return False
+    if any(isinstance(a, property) and a.fset is not None for klass in type(obj).__mro__ for a in vars(klass).values()):
+        return True
     if isinstance(obj, MUTABLE):
         return not isinstance(obj, np.ndarray) or obj.flags.writeable
     if isinstance(obj, tuple):
