@@ -90,7 +90,7 @@ def replica_table(summary: dict):
 
     table = Table(title=f"{summary['fleet']['replicas']} replicas · router {summary['fleet']['router']}")
     for col in ("replica", "policy", "routed", "finished", "busy", "TTFT p50 / p99 (s)", "e2e p50 / p99 (s)", "prefix hits"):
-        table.add_column(col, justify="left" if col in ("replica", "policy") else "right")
+        table.add_column(col, justify="left" if col in ("replica", "policy") else "right", no_wrap=col == "replica")
     for row in summary["replicas"]:
         def pair(d):
             return "-" if d["p50"] is None else f"{d['p50']:.3g} / {d['p99']:.3g}"

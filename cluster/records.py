@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from kvsched.core.request import Request
 from kvsched.metrics.records import _ROW
-from kvsched.metrics.requests import RequestMetrics
+from kvsched.metrics.requests import FIELDS, RequestMetrics  # noqa: F401  (FIELDS: the order of a row, for testing/cluster.py)
 
 if TYPE_CHECKING:
     from kvsched.cluster.replica import Replica

@@ -45,7 +45,7 @@ class FleetSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     replicas: list[ReplicaGroup] = Field(min_length=1)
-    router: str = "round-robin"
+    router: Any = Field("round-robin", description="an installed router's name, path/to/file.py:Class, or (in Python) a router object")
     router_options: dict[str, Any] = Field(default_factory=dict)
     staleness_s: float = Field(0.0, ge=0, description="a view shows the newest report at least this old (0: the newest)")
     transfer: KvTransfer = KvTransfer()

@@ -1,0 +1,59 @@
+"""How fast the cluster simulator is: a fleet of replica engines behind a router, one core.
+
+The issue 24 target: 64 replicas replaying 1,000,000 requests in under 10 minutes on one core, in
+under 2 GB. The workload is the synthetic one (``SyntheticSpec``'s lengths) with Poisson arrivals at
+``--rate-per-replica`` × replicas (4 requests/s per replica by default, the load of the
+single-engine million in docs/performance.md), made one at a time as they arrive; each replica runs
+``vllm-default`` on the A100 profile; the router reads every replica's stale report per request
+(``vllm-dp`` with 50 ms staleness by default). Prints one JSON line: wall and CPU seconds, requests
+per wall second, simulated steps, peak RSS, and the fleet's summary numbers.
+
+    .venv/bin/python benchmarks/cluster_speed.py                          # 64 replicas, 1,000,000 requests
+    .venv/bin/python benchmarks/cluster_speed.py --replicas 8 -n 20000    # a quick look
+    .venv/bin/python benchmarks/cluster_speed.py --router round-robin --staleness 0
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import sys
+import time
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--replicas", type=int, default=64)
+    parser.add_argument("-n", "--num-requests", type=int, default=1_000_000)
+    parser.add_argument("--rate-per-replica", type=float, default=4.0)
+    parser.add_argument("--router", default="vllm-dp")
+    parser.add_argument("--staleness", type=float, default=0.05)
+    parser.add_argument("--policy", default="vllm-default")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+
+    from kvsched.cluster import Cluster, FleetSpec, ReplicaGroup
+    from kvsched.cluster.summary import fleet_summary
+    from kvsched.workloads.arrivals import Poisson
+    from kvsched.workloads.synthetic import SyntheticSpec
+
+    workload = SyntheticSpec(num_requests=args.num_requests, arrivals=Poisson(rate=args.rate_per_replica * args.replicas), seed=args.seed)
+    spec = FleetSpec(replicas=[ReplicaGroup(count=args.replicas, policy=args.policy)], router=args.router, staleness_s=args.staleness)
+    wall, cpu = time.perf_counter(), time.process_time()
+    cluster = Cluster(spec)
+    cluster.run(workload.iter_requests())
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    summary = fleet_summary(cluster)
+    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(json.dumps({
+        "replicas": args.replicas, "requests": args.num_requests, "router": args.router, "staleness_s": args.staleness,
+        "wall_s": round(wall, 1), "cpu_s": round(cpu, 1), "requests_per_wall_s": round(args.num_requests / wall),
+        "steps": summary["steps"], "peak_rss_mb": round(peak_mb), "simulated_s": round(summary["duration_s"], 1),
+        "finished": summary["finished"], "ttft_p99_s": summary["ttft_s"]["p99"], "leaked_blocks": summary["leaked_blocks"],
+        "python": sys.version.split()[0],
+    }))
+
+
+if __name__ == "__main__":
+    main()

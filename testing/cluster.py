@@ -1,0 +1,95 @@
+"""The invariants a fleet keeps, whatever its router, replicas and staleness (issue 24): no request
+is lost or served twice across replicas, none leaks a block anywhere, and each timeline is in order.
+
+``check_cluster(cluster, requests)`` returns the violations after a run (empty if none);
+``assert_cluster`` raises ``InvariantViolation`` for the first. ``tests/test_cluster.py`` runs them
+on random fleets, routers and workloads with Hypothesis.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import TYPE_CHECKING
+
+from kvsched.core.errors import AuditError
+from kvsched.cluster.records import FIELDS
+from kvsched.testing.invariants import InvariantViolation
+
+if TYPE_CHECKING:
+    from kvsched.cluster.loop import Cluster
+    from kvsched.core.request import Request
+
+NO_REQUEST_LOST = "no-request-lost"
+NO_REQUEST_DUPLICATED = "no-request-duplicated"
+NO_LEAK_ANYWHERE = "no-leak-anywhere"
+ROUTES_IN_POOL = "routes-in-pool"
+TIMELINES_IN_ORDER = "timelines-in-order"
+
+CLUSTER_INVARIANTS = {
+    NO_REQUEST_LOST: "every request that arrived has exactly one record, and no replica still holds one",
+    NO_REQUEST_DUPLICATED: "no request is recorded twice, or routed twice to one pool, or run by two replicas of a pool",
+    NO_LEAK_ANYWHERE: "every replica's blocks are free and its allocator audit passes; the router's in-flight counts are back to 0",
+    ROUTES_IN_POOL: "each request was routed into the pool of its phase: mixed, or prefill then decode",
+    TIMELINES_IN_ORDER: "arrival <= first scheduled <= first token <= finish, in the fleet's one clock",
+}
+
+_ID, _ARRIVAL, _SCHEDULED, _FIRST, _FINISH = (FIELDS.index(f) for f in ("request_id", "arrival_time", "first_scheduled_time",
+                                                                        "first_token_time", "finish_time"))
+
+
+def check_cluster(cluster: Cluster, requests: list[Request]) -> list[tuple[str, str]]:
+    """Every violation of ``CLUSTER_INVARIANTS`` after ``cluster`` ran ``requests``: (invariant, what)."""
+    problems: list[tuple[str, str]] = []
+    rec = cluster.records
+    ids = [row[_ID] for row in rec.rows]
+    counts = Counter(ids)
+    expected = {r.request_id for r in requests}
+    lost = expected - set(counts)
+    if lost or rec.num_arrived != len(requests):
+        problems.append((NO_REQUEST_LOST, f"{len(lost)} of {len(requests)} requests have no record (e.g. {sorted(lost)[:3]}); arrived {rec.num_arrived}"))
+    for r in cluster.replicas:
+        if r.engine.has_unfinished() or r.engine.groups:
+            problems.append((NO_REQUEST_LOST, f"{r.name} still holds {len(r.engine.groups)} requests after the run"))
+    twice = [i for i, n in counts.items() if n > 1]
+    if twice:
+        problems.append((NO_REQUEST_DUPLICATED, f"{len(twice)} requests recorded more than once, e.g. {twice[:3]}"))
+    routed = Counter((request_id, pool) for request_id, pool, *_ in rec.routes)
+    again = [k for k, n in routed.items() if n > 1]
+    if again:
+        problems.append((NO_REQUEST_DUPLICATED, f"routed twice into one pool: {again[:3]}"))
+    if sum(r.requests for r in cluster.replicas) != len(rec.routes):
+        problems.append((NO_REQUEST_DUPLICATED, "the replicas were sent more requests than the router routed"))
+    for r in cluster.replicas:
+        if r.engine.leaked_blocks:
+            problems.append((NO_LEAK_ANYWHERE, f"{r.name} holds {r.engine.leaked_blocks} blocks with no request left"))
+        try:
+            r.engine.check()
+        except AuditError as exc:
+            problems.append((NO_LEAK_ANYWHERE, f"{r.name}: {exc}"))
+        if r.in_flight_requests or r.in_flight_tokens:
+            problems.append((NO_LEAK_ANYWHERE, f"{r.name}: {r.in_flight_requests} requests ({r.in_flight_tokens} tokens) still in flight"))
+        if r.cached_by_request:
+            problems.append((NO_LEAK_ANYWHERE, f"{r.name}: cache-hit notes of {len(r.cached_by_request)} requests left behind"))
+    pools = {"mixed"} if not cluster.disaggregated else {"prefill", "decode"}
+    for request_id, pool, _, index, _ in rec.routes:
+        if pool not in pools or cluster.replicas[index].role != pool:
+            problems.append((ROUTES_IN_POOL, f"{request_id} routed to {cluster.replicas[index].name} in the {pool} pool"))
+            break
+    if cluster.disaggregated:
+        decoded = {request_id for request_id, pool in routed if pool == "decode"}
+        prefilled = {request_id for request_id, pool in routed if pool == "prefill"}
+        if decoded - prefilled:
+            problems.append((ROUTES_IN_POOL, f"decoded without a prefill: {sorted(decoded - prefilled)[:3]}"))
+    for row in rec.rows:
+        times = [t for t in (row[_ARRIVAL], row[_SCHEDULED], row[_FIRST], row[_FINISH]) if t is not None]
+        if times != sorted(times):
+            problems.append((TIMELINES_IN_ORDER, f"{row[_ID]}: arrival, first scheduled, first token, finish = {times}"))
+            break
+    return problems
+
+
+def assert_cluster(cluster: Cluster, requests: list[Request]) -> None:
+    """Raise ``InvariantViolation`` for the first broken fleet invariant."""
+    problems = check_cluster(cluster, requests)
+    if problems:
+        raise InvariantViolation(*problems[0])

@@ -1,0 +1,215 @@
+"""The cluster simulator: one replica behind a router is the engine itself; any fleet, router,
+staleness and P/D split keeps the fleet's invariants (Hypothesis); P/D charges the KV transfer and
+takes TTFT from the prefill pool; heterogeneous fleets from a spec; ``engine run --replicas`` end to end."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kvsched.cluster import Cluster, FleetError, FleetSpec, KvTransfer, ReplicaGroup, load_fleet, run_cluster
+from kvsched.core.request import Request, SamplingParams
+from kvsched.experiments.simulation import run_simulation
+from kvsched.metrics.requests import RequestMetrics
+from kvsched.testing.cluster import assert_cluster, check_cluster
+from kvsched.workloads.sessions import SessionSpec
+from tests.test_routers import BUILT_INS, registered  # noqa: F401  (the routers by name, installed or declared)
+
+ROOT = Path(__file__).resolve().parents[1]
+ENGINE = str(ROOT / ".venv/bin/engine")
+WIDE = {**__import__("os").environ, "COLUMNS": "200"}  # the tables unwrapped
+SMALL = {"num_gpu_blocks": 64, "block_size": 16, "max_num_batched_tokens": 1024, "max_model_len": 1024, "audit_every_step": True}
+
+
+def req(rid: str, prompt_len: int, output_len: int, arrival: float, tokens=None) -> Request:
+    prompt = {"prompt_token_ids": tuple(tokens)} if tokens is not None else {"prompt_len": prompt_len}
+    return Request(request_id=rid, **prompt, output_len=output_len, arrival_time=arrival, sampling=SamplingParams(max_tokens=output_len))
+
+
+def test_one_replica_behind_a_router_is_the_engine_itself():
+    """Same requests, same records, whether Engine.run replays them or a one-replica fleet does
+    (steady runs taken in both)."""
+    from kvsched.core.config import EngineConfig
+
+    requests = [req(f"r{i}", 50 + 37 * i % 400, 5 + 11 * i % 90, 0.02 * i) for i in range(120)]
+    alone = run_simulation(requests, "vllm-default", EngineConfig(num_gpu_blocks=128))
+    fleet = run_cluster(requests, FleetSpec(replicas=[ReplicaGroup(settings={"num_gpu_blocks": 128})]))
+    by_id = {row[0]: row for row in fleet.rows}
+    for m in alone.requests:
+        assert by_id[m.request_id] == tuple(getattr(m, f) for f in RequestMetrics.__dataclass_fields__), m.request_id
+
+
+requests_strategy = st.lists(
+    st.tuples(st.integers(1, 700), st.integers(1, 120), st.floats(0, 0.3), st.integers(0, 3), st.integers(0, 40)),
+    min_size=1, max_size=40,
+)
+
+
+@settings(max_examples=25)
+@given(specs=requests_strategy, router=st.sampled_from(BUILT_INS), replicas=st.integers(1, 4),
+       staleness=st.sampled_from([0.0, 0.01, 0.05, 0.2]), split=st.one_of(st.none(), st.tuples(st.integers(1, 2), st.integers(1, 2))),
+       caching=st.booleans(), policy=st.sampled_from(["vllm-default", "vllm-v1", "sarathi"]))
+def test_any_fleet_loses_no_request_duplicates_none_and_leaks_nothing(specs, router, replicas, staleness, split, caching, policy):
+    """Random arrivals (some sharing prefixes, some too long to ever fit), every built-in router, 1-4
+    replicas or P/D pools, every staleness; each replica audits its allocator every step."""
+    t, requests = 0.0, []
+    for i, (prompt, output, gap, family, extra) in enumerate(specs):
+        t += gap
+        tokens = list(range(family * 10_000, family * 10_000 + prompt)) + list(range(9_000_000 + 100 * i, 9_000_000 + 100 * i + extra))
+        requests.append(req(f"r{i}", 0, output, t, tokens=tokens))
+    settings_ = {**SMALL, "enable_prefix_caching": caching}
+    groups = ([ReplicaGroup(count=replicas, policy=policy, settings=settings_)] if split is None else
+              [ReplicaGroup(count=split[0], role="prefill", policy=policy, settings=settings_),
+               ReplicaGroup(count=split[1], role="decode", policy=policy, settings=settings_)])
+    cluster = Cluster(FleetSpec(replicas=groups, router=router, staleness_s=staleness))
+    cluster.run(requests)
+    assert_cluster(cluster, requests)
+
+
+def test_the_invariants_catch_a_lost_request():
+    requests = [req("a", 30, 4, 0.0), req("b", 30, 4, 0.1)]
+    cluster = Cluster(FleetSpec(replicas=[ReplicaGroup(count=2)]))
+    cluster.run(requests)
+    cluster.records.rows.pop()
+    assert [name for name, _ in check_cluster(cluster, requests)] == ["no-request-lost"]
+
+
+def test_pd_takes_ttft_from_the_prefill_pool_and_charges_the_transfer():
+    """A request's first token comes from its prefill replica; its KV reaches the decode replica after
+    base latency + bytes / bandwidth; the decode replica computes no prefill for it."""
+    requests = [req("a", 1000, 20, 0.0)]
+    slow = KvTransfer(bandwidth_gb_per_s=0.5, base_latency_s=0.25)
+    cluster = Cluster(FleetSpec(replicas=[ReplicaGroup(role="prefill"), ReplicaGroup(role="decode")], transfer=slow))
+    cluster.run(requests)
+    assert_cluster(cluster, requests)
+    row = dict(zip(RequestMetrics.__dataclass_fields__, cluster.records.rows[0]))
+    prefill = cluster.replicas[0]
+    moved = 0.25 + 1000 * prefill.engine.executor.profile.kv_bytes_per_token / 0.5e9
+    assert row["output_tokens"] == 20 and row["status"] == "FINISHED_STOPPED"
+    routes = cluster.records.routes
+    assert [(pool, cluster.replicas[i].name) for _, pool, _, i, _ in routes] == [("prefill", "prefill-0"), ("decode", "decode-0")]
+    assert routes[1][2] == pytest.approx(row["first_token_time"] + moved)
+    assert row["ttft"] == pytest.approx(row["first_token_time"])
+
+
+def test_a_decode_replica_computes_no_prefill_for_a_received_prompt():
+    """The step that takes in a prompt handed over from the prefill pool costs what a step without
+    its prompt costs (the KV is there); the same step on a co-located replica pays the prefill."""
+    from kvsched.cluster.transfer import DecodeExecutor
+    from kvsched.core.config import EngineConfig
+    from kvsched.core.engine import Engine
+    from kvsched.executors.simulated import SimulatedExecutor
+
+    durations = {}
+    for executor in (SimulatedExecutor("llama2-7b-a100"), DecodeExecutor("llama2-7b-a100")):
+        engine = Engine(EngineConfig(num_gpu_blocks=200), "vllm-default", executor)
+        engine.add_request(req("a", 1001, 5, 0.0))
+        durations[type(executor).__name__] = engine.step().duration
+    profile = SimulatedExecutor("llama2-7b-a100").profile
+    assert durations["SimulatedExecutor"] - durations["DecodeExecutor"] == pytest.approx(1000 * profile.prefill_token_ms / 1000)
+
+
+def test_a_one_token_request_under_pd_ends_in_the_prefill_pool():
+    requests = [req("a", 100, 1, 0.0), req("b", 100, 3, 0.0)]
+    cluster = Cluster(FleetSpec(replicas=[ReplicaGroup(role="prefill"), ReplicaGroup(role="decode")]))
+    cluster.run(requests)
+    assert_cluster(cluster, requests)
+    assert sorted(pool for _, pool, *_ in cluster.records.routes) == ["decode", "prefill", "prefill"]
+
+
+def test_a_heterogeneous_fleet_from_a_spec(tmp_path):
+    spec = {"replicas": [{"count": 2, "policy": "vllm-default", "settings": {"num_gpu_blocks": 100}},
+                         {"count": 1, "policy": "sarathi", "profile": "llama2-7b-a100", "settings": {"num_gpu_blocks": 300}}],
+            "router": "least-outstanding", "staleness_s": 0.02}
+    path = tmp_path / "fleet.json"
+    path.write_text(json.dumps(spec))
+    cluster = Cluster(load_fleet(path))
+    assert [(r.name, r.engine.policy_name, r.engine.config.num_gpu_blocks) for r in cluster.replicas] == [
+        ("replica-0", "vllm-default", 100), ("replica-1", "vllm-default", 100), ("replica-2", "sarathi", 300)]
+    requests = [req(f"r{i}", 200, 30, 0.05 * i) for i in range(30)]
+    cluster.run(requests)
+    assert_cluster(cluster, requests)
+    path.write_text(json.dumps({"replicas": [{"role": "prefill"}]}))
+    with pytest.raises(FleetError, match="prefill and decode pools"):
+        load_fleet(path)
+
+
+def test_sessions_come_in_arrival_order_and_grow_their_prompts():
+    spec = SessionSpec(num_sessions=30, rate=2.0, seed=3)
+    requests = spec.requests()
+    assert [r.arrival_time for r in requests] == sorted(r.arrival_time for r in requests)
+    assert spec.num_requests == len(requests)
+    turns: dict[str, list[Request]] = {}
+    for r in requests:
+        turns.setdefault(r.request_id.split("-")[0], []).append(r)
+    for session in turns.values():
+        for before, after in zip(session, session[1:]):
+            assert after.prompt_token_ids[:before.prompt_len] == before.prompt_token_ids
+            assert after.arrival_time >= before.arrival_time
+
+
+def test_prefix_affinity_keeps_a_sessions_turns_together():
+    """Multi-turn sessions on 4 replicas with prefix caching: prefix-affinity finds more of each prompt cached than round-robin."""
+    from kvsched.cluster.summary import fleet_summary
+
+    workload = SessionSpec(num_sessions=40, rate=2.0, think_time_s=2.0, seed=1).requests()
+    rates = {}
+    for router in ("round-robin", "prefix-affinity"):
+        cluster = Cluster(FleetSpec(replicas=[ReplicaGroup(count=4, settings={"enable_prefix_caching": True})], router=router))
+        cluster.run(workload)
+        rates[router] = fleet_summary(cluster)["prefix_hit_rate"]
+    assert rates["prefix-affinity"] > rates["round-robin"] + 0.15
+
+
+# ------------------------------------------------------------------------- end to end
+def _router(name: str) -> str:
+    """The router's name if the installed metadata has it, else its module:Class (before a reinstall)."""
+    from importlib.metadata import entry_points
+
+    if list(entry_points(group="kvsched.routers", name=name)):
+        return name
+    from tests.test_routers import _declared
+
+    return next(ep.value for ep in _declared() if ep.name == name)
+
+
+def test_engine_run_replicas_end_to_end(tmp_path):
+    out = tmp_path / "fleet"
+    run = subprocess.run([ENGINE, "run", "--replicas", "3", "--router", _router("vllm-dp"), "--staleness", "0.05", "--workload", "synthetic",
+                          "-n", "60", "--rate", "10", "-q", "--output", str(out)], capture_output=True, text=True, timeout=300, env=WIDE)
+    assert run.returncode == 0, run.stderr
+    assert "3 replicas" in run.stdout and "replica-2" in run.stdout
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["finished"] == 60 and summary["fleet"]["replicas"] == 3 and summary["fleet"]["staleness_s"] == 0.05
+    assert sum(r["routed"] for r in summary["replicas"]) == 60 and summary["leaked_blocks"] == 0
+    lines = (out / "routes.csv").read_text().splitlines()
+    assert len(lines) == 61 and "least waiting×4+running" in lines[1]
+    explained = subprocess.run([ENGINE, "explain", str(out), "--request", "req-5"], capture_output=True, text=True, timeout=120)
+    assert explained.returncode == 0 and "mixed pool → replica-" in explained.stdout
+
+
+def test_engine_run_pd_end_to_end(tmp_path):
+    run = subprocess.run([ENGINE, "run", "--prefill-replicas", "1", "--decode-replicas", "2", "--workload", "synthetic", "-n", "30",
+                          "--transfer-gbps", "10", "-q", "--output", str(tmp_path / "pd")], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    summary = json.loads((tmp_path / "pd" / "summary.json").read_text())
+    assert summary["fleet"]["disaggregated"] and summary["fleet"]["transfer"]["bandwidth_gb_per_s"] == 10
+    assert [r["role"] for r in summary["replicas"]] == ["prefill", "decode", "decode"] and summary["finished"] == 30
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--replicas", "2", "--router", "nope"], "unknown router 'nope'"),
+    (["--prefill-replicas", "2"], "needs both --prefill-replicas and --decode-replicas"),
+    (["--router", "round-robin"], "--router and --staleness route a fleet"),
+    (["--replicas", "2", "--router-opt", "x=1"], "has no option 'x'"),
+    (["--replicas", "0"], "--replicas"),
+])
+def test_bad_fleet_options_are_one_line_and_exit_2(args, message):
+    run = subprocess.run([ENGINE, "run", "-n", "5", "-q", *args], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2, (run.stdout, run.stderr)
+    assert message in run.stderr and len(run.stderr.strip().splitlines()) == 1 and "Traceback" not in run.stderr

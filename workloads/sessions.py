@@ -1,0 +1,126 @@
+"""Multi-turn chat sessions: each turn's prompt is the whole conversation so far, so a replica that
+served a session's last turn holds most of its next prompt in its prefix cache.
+
+A session starts at Poisson times (``rate`` sessions per second), picks one of
+``system_prompts`` shared system prompts, and sends ``turns`` requests, each ``think_time_s``
+(exponential, mean) after the previous one was sent (open loop: a turn does not wait for the
+answer, so the replay is deterministic). Turn k's prompt is turn k−1's prompt, then the answer and
+the new user message as fresh token ids (the simulator's answer tokens are placeholders, so the
+answer's own KV blocks are not shared: only the previous prompt is), and a session ends early once
+its prompt would pass ``max_context``. Requests are made one at a time, in arrival order.
+"""
+
+from __future__ import annotations
+
+import heapq
+import random
+from collections.abc import Iterator
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from kvsched.core.request import Request, SamplingParams
+from kvsched.workloads.distributions import LengthDist, LogNormal, Uniform
+from kvsched.workloads.errors import WorkloadError
+
+_FRESH = 1 << 40  # token ids of answers and user messages start here (system prompts use ids below)
+
+
+class SessionSpec(BaseModel):
+    """Multi-turn sessions sharing a few system prompts (``{"kind": "sessions", ...}`` as JSON)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    kind: Literal["sessions"] = "sessions"
+    num_sessions: int = Field(200, ge=1, le=1_000_000)
+    rate: float = Field(1.0, gt=0, description="sessions started per second (Poisson)")
+    turns: LengthDist = Uniform(low=2, high=8)
+    think_time_s: float = Field(5.0, gt=0, description="mean time between a session's turns (exponential)")
+    system_prompts: int = Field(4, ge=1, le=10_000, description="distinct system prompts the sessions share")
+    system_len: int = Field(512, ge=1, le=1_000_000)
+    user: LengthDist = LogNormal(median=120, sigma=0.6, max=1024)
+    output: LengthDist = LogNormal(median=150, sigma=0.6, max=512)
+    max_context: int = Field(3584, ge=2, description="a session ends before its prompt would pass this many tokens")
+    seed: int = 0
+
+    def requests(self) -> list[Request]:
+        return list(self.iter_requests())
+
+    def iter_requests(self) -> Iterator[Request]:
+        """Every turn of every session, in arrival order (sessions in flight are merged on a heap)."""
+        rng = random.Random(self.seed)
+        heap: list[tuple[float, int, Iterator]] = []
+        start, fresh = 0.0, _FRESH
+        for s in range(self.num_sessions):
+            start += rng.expovariate(self.rate)
+            while heap and heap[0][0] <= start:
+                yield from self._next(heap)
+            turns = self.turns.sample(rng)
+            system = rng.randrange(self.system_prompts)
+            session = self._session(s, start, turns, system, random.Random(rng.getrandbits(64)), fresh)
+            fresh += 1 << 24  # each session's own ids
+            first = next(session, None)
+            if first is not None:
+                heapq.heappush(heap, (first.arrival_time, s, _Ahead(first, session)))
+        while heap:
+            yield from self._next(heap)
+
+    @staticmethod
+    def _next(heap) -> Iterator[Request]:
+        _, s, ahead = heapq.heappop(heap)
+        yield ahead.request
+        following = next(ahead.rest, None)
+        if following is not None:
+            heapq.heappush(heap, (following.arrival_time, s, _Ahead(following, ahead.rest)))
+
+    def _session(self, s: int, t: float, turns: int, system: int, rng: random.Random, fresh: int) -> Iterator[Request]:
+        prompt = tuple(range(system * self.system_len, (system + 1) * self.system_len))
+        answer: tuple[int, ...] = ()
+        for k in range(turns):
+            user = self.user.sample(rng)
+            longer = prompt + answer + tuple(range(fresh, fresh + user))
+            fresh += user
+            output = self.output.sample(rng)
+            if len(longer) + output > self.max_context:
+                return
+            prompt = longer
+            yield Request(request_id=f"s{s}-t{k}", prompt_token_ids=prompt, output_len=output, arrival_time=round(t, 6),
+                          sampling=SamplingParams(max_tokens=output), tenant="default")
+            answer = tuple(range(fresh, fresh + output))
+            fresh += output
+            t += rng.expovariate(1.0 / self.think_time_s)
+
+    @property
+    def num_requests(self) -> int:
+        """How many turns the sessions send (counted by making them: a session's length depends on its draws)."""
+        return sum(1 for _ in self.iter_requests())
+
+    def tenant_names(self) -> set[str]:
+        return {"default"}
+
+    def describe(self) -> dict[str, Any]:
+        return self.model_dump(mode="json")
+
+
+class _Ahead:
+    """A session's next request, and the rest of it."""
+
+    __slots__ = ("request", "rest")
+
+    def __init__(self, request: Request, rest: Iterator[Request]) -> None:
+        self.request, self.rest = request, rest
+
+
+def session_spec(data: dict, path, num_requests: int | None, seed: int, rate_scale: float) -> SessionSpec:
+    """A ``{"kind": "sessions"}`` workload spec (``num_requests`` caps the sessions, ``rate_scale`` their rate)."""
+    data = {"seed": seed, **data}
+    try:
+        spec = SessionSpec.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        raise WorkloadError(f"invalid sessions spec: {'.'.join(map(str, first['loc']))}: {first['msg']}", path) from None
+    if num_requests is not None:
+        spec = spec.model_copy(update={"num_sessions": num_requests})
+    if rate_scale != 1.0:
+        spec = spec.model_copy(update={"rate": spec.rate * rate_scale})
+    return spec
