@@ -218,6 +218,9 @@ def summary_table(summary: dict) -> Table:
     p = summary["preemptions"]
     if p is not None:  # a client-side measurement cannot see inside the engine
         table.add_row("preemptions (recompute / swap)", f"{p['recompute']} / {p['swap']}")
+        if summary.get("recompute"):  # the recompute tax (metrics/recompute.py)
+            t = summary["recompute"]
+            table.add_row("recompute tax", f"{100 * t['tax']:.1f} % ({t['recomputed_tokens']:,} of {t['computed_tokens']:,} tokens)")
         table.add_row("blocks swapped (in / out)", f"{summary['blocks_swapped_in']} / {summary['blocks_swapped_out']}")
         table.add_row("leaked blocks", str(summary["leaked_blocks"]))
     return table

@@ -90,6 +90,10 @@ def metric_rows(run: RunFiles, itl: tuple[np.ndarray, np.ndarray]) -> list[tuple
         ("latency per output token (ms): mean / p50 / p90 / p99", _dist(distribution([v for v in per_token if v == v]), 1000)),
         ("preemptions: recompute / swap", f"{s['preemptions']['recompute']:,} / {s['preemptions']['swap']:,}"),
     ]
+    tax = s.get("recompute")
+    if tax:  # metrics/recompute.py
+        rows.append(("recompute tax: recomputed / computed tokens", f"{100 * tax['tax']:.1f}% · {tax['recomputed_tokens']:,} of "
+                     f"{tax['computed_tokens']:,} ({tax['discarded_tokens']:,} thrown away by preemptions)"))
     kv = s.get("kv_usage")
     if kv:
         rows.append(("GPU KV blocks: peak · mean use", f"{kv['gpu_blocks_peak']:,} of {kv['gpu_blocks_total']:,} · {100 * kv['gpu_utilization_mean']:.1f}%"))
