@@ -196,9 +196,10 @@ def _exception_text(exc: BaseException) -> str:
 def _identity(policy: Any, fallback: str | None = None) -> tuple[str, str]:
     """``(name, origin)`` of ``policy`` for messages: as ``load_policy`` loaded it, else ``fallback``
     or what the object calls itself; never raises (it is used to report what did)."""
-    if id(policy) in _ORIGINS and _ORIGINS[id(policy)][0] is policy:
-        _, name, origin = _ORIGINS[id(policy)]
-        return fallback or name, origin
+    for loaded in (policy, type(policy)):  # an instance of a loaded class is known by the class
+        entry = _ORIGINS.get(id(loaded))
+        if entry is not None and entry[0] is loaded:
+            return fallback or entry[1], entry[2]
     try:
         declared = inspect.getattr_static(policy, "name", None)
         own = declared if isinstance(declared, str) and declared else None
@@ -280,14 +281,11 @@ def instantiate(policy: Any, options: dict[str, Any] | None = None, who: str | N
             raise PolicyError(name, "options given, but the policy is not a class")
         return policy
     try:
-        instance = _guarded(name, origin, "its constructor fails", policy, **(options or {}))
+        return _guarded(name, origin, "its constructor fails", policy, **(options or {}))
     except PolicyError as exc:
         if options and isinstance(exc.__cause__, (TypeError, ValueError)):
             raise PolicyError(name, f"bad policy options {options}: {error_text(exc.__cause__)}") from exc.__cause__
         raise
-    if origin:
-        _remember(instance, name, origin)
-    return instance
 
 
 class PolicyHooks:
