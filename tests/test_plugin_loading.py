@@ -17,11 +17,12 @@ import pytest
 from plugin_dists import engine, make_dist
 
 from kvsched import Engine, EngineConfig, SimulatedExecutor, hookimpl
-from kvsched.core.errors import PolicyError
+from kvsched.core.errors import PolicyError, UnknownPolicyError
 from kvsched.core.plugins import AmbiguousPolicyError, PolicyHooks, available_policies, load_policy
 from kvsched.experiments.settings import fit_to_profile
 from kvsched.executors.profiles import resolve_profile
 from kvsched.policies.vllm_default import VllmDefault
+from kvsched.testing.resolve import resolve_policy
 
 _COUNT = itertools.count()
 
@@ -259,6 +260,10 @@ def test_a_name_two_distributions_register_is_refused_naming_both_until_one_is_c
     specs = available_policies()
     assert "vllm-default" not in specs and specs["kvsched:vllm-default"].distribution == "kvsched"
     assert specs["Impostor_Dist:vllm-default"].target.endswith(":Impostor")
+    assert resolve_policy("kvsched:vllm-default") == ("kvsched:vllm-default", VllmDefault)  # engine check, compare
+    assert resolve_policy("kvsched.policies.vllm_default:VllmDefault") == ("vllm-default", VllmDefault)  # module:Attr as before
+    with pytest.raises(UnknownPolicyError, match=r"^distribution 'impostor-dist' registers no policy 'nope'; its policies: vllm-default$"):
+        load_policy("impostor-dist:nope")
 
 
 def test_the_fallback_batching_is_the_builtin_vllm_default_even_when_another_registers_the_name(install):
