@@ -22,10 +22,11 @@ def calibrate(
 
     from kvsched.cli.common import console
     from kvsched.executors.calibration import fit_errors, fit_profile, load_records
-    from kvsched.reporting.destination import check_file, publishing_file
+    from kvsched.reporting.destination import check_apart, check_file, publishing_file
 
     path = output or Path(f"{name}.json")
     check_file(path, "--output")
+    check_apart({"--output": (path, None)}, {"RECORDED": recorded})
     records = load_records(recorded)
     profile = fit_profile(records, name, description=description or f"fitted to {recorded.name}",
                           kv_bytes_per_token=kv_bytes_per_token, swap_gb_per_s=swap_gb_per_s, copy_gb_per_s=copy_gb_per_s)

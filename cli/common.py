@@ -103,6 +103,19 @@ def _one_line(exc: Exception) -> tuple[str, int]:
     return f"unexpected {type(exc).__name__}: {exc} (KVSCHED_DEBUG=1 shows the traceback)", 1
 
 
+def input_files(workload=None, trace=None, profile=None, policies=(), built=None) -> dict[str, Path | None]:
+    """The files a command reads, by option (for ``check_apart``): a ``.json`` workload spec or cost
+    profile, the trace, a policy's ``file.py``, and the trace a built workload replays (a spec's, a
+    built-in's)."""
+    files: dict[str, Path | None] = {"--trace": trace, "--workload": Path(workload) if str(workload).endswith(".json") else None,
+                                     "--profile": Path(profile) if str(profile).endswith(".json") else None,
+                                     "the workload's trace": getattr(built, "path", None)}
+    for spec in policies:
+        source = str(spec).split(":", 1)[0]
+        files[f"--policy {spec}"] = Path(source) if source.endswith(".py") else None
+    return files
+
+
 def check_finite(**options: float | None) -> None:
     """Float options (by name, ``slo_ttft=...``) must be finite numbers: typer's bounds let NaN through."""
     for name, value in options.items():

@@ -106,9 +106,11 @@ def run_command(policy, policy_opt, overrides, seed, num_requests, rate, output,
     options = policy_options(policy, policy_opt)
     config = build_config(overrides)
     if output is not None:
-        from kvsched.reporting.destination import check_folder
+        from kvsched.cli.common import input_files
+        from kvsched.reporting.destination import RUN_FILES, check_apart, check_folder
 
         check_folder(Path(output))
+        check_apart({"--output": (Path(output), RUN_FILES)}, input_files(policies=[policy]))
     loaded = _load(model, quiet)
 
     engine = hf_engine(loaded, config, policy, options, backend=backend, num_threads=threads or None, seed=seed)

@@ -33,7 +33,7 @@ def run_command(policy, policy_opt, overrides, seed, num_requests, rate, output,
     """``engine run``: build the workload, simulate with a progress bar, print the table, write the files."""
     import os
 
-    from kvsched.cli.common import build_config, check_finite, console, fail, policy_options, print_summary, progress_bar
+    from kvsched.cli.common import build_config, check_finite, console, fail, input_files, policy_options, print_summary, progress_bar
     from kvsched.executors.profiles import resolve_profile
     from kvsched.experiments.simulation import FinishedCount, SimJob
     from kvsched.workloads import build_workload
@@ -45,22 +45,24 @@ def run_command(policy, policy_opt, overrides, seed, num_requests, rate, output,
     if trace_out is not None and output is None:
         fail("--trace-out needs --output DIR (the trace is built from the decision log written there)")
     check_finite(slo_ttft=slo_ttft, slo_tpot=slo_tpot)
+    options = policy_options(policy, policy_opt)
+    resolve_profile(profile)
+    built = build_workload(workload, trace, num_requests=num_requests, rate=rate, rate_scale=rate_scale,
+                           start_offset=start_offset, arrival=arrival, cv=cv, seed=seed)
     if output is not None:
-        from kvsched.reporting.destination import check_file, check_folder
+        from kvsched.reporting.destination import RUN_FILES, check_apart, check_file, check_folder
 
         check_folder(output)
         if trace_out is not None:
             check_file(trace_out, "--trace-out")
-    options = policy_options(policy, policy_opt)
-    resolve_profile(profile)
+        check_apart({"--output": (output, RUN_FILES), "--trace-out": (trace_out, None)},
+                    input_files(workload, trace, profile, [policy], built))
     # The per-request records, the time series and the decision log are written during the run into
     # a scratch folder (memory stays bounded by the requests in flight however long the run), then
     # moved in with the results; without --output they only feed the summary.
     scratch = tempfile.TemporaryDirectory(prefix="kvsched-run-")
     job = SimJob(
-        build_workload(workload, trace, num_requests=num_requests, rate=rate, rate_scale=rate_scale,
-                       start_offset=start_offset, arrival=arrival, cv=cv, seed=seed),
-        policy, build_config(overrides), profile, options, slo_ttft, slo_tpot,
+        built, policy, build_config(overrides), profile, options, slo_ttft, slo_tpot,
         decision_log=Path(scratch.name) / "decisions.parquet" if output is not None and decision_log else None,
         stream_to=Path(scratch.name),
     )

@@ -47,12 +47,12 @@ def sweep(
     from rich.markup import escape
     from rich.table import Table
 
-    from kvsched.cli.common import check_finite, console, parse_pairs, progress_bar
+    from kvsched.cli.common import check_finite, console, input_files, parse_pairs, progress_bar
     from kvsched.executors.profiles import resolve_profile
     from kvsched.core.plugins import load_policy
     from kvsched.experiments.settings import check_names
     from kvsched.experiments.sweep import SweepSpec, grid_points, parse_grid, run_sweep
-    from kvsched.reporting.destination import SWEEP_FILES, check_folder
+    from kvsched.reporting.destination import SWEEP_FILES, check_apart, check_folder
     from kvsched.reporting.files import write_sweep
     from kvsched.workloads import build_workload
 
@@ -64,7 +64,9 @@ def sweep(
     grid = parse_grid(set_)
     wl = dict(workload=workload, trace=trace, num_requests=num_requests, rate=rate, rate_scale=rate_scale,
               start_offset=start_offset, arrival=arrival, cv=cv, seed=seed)
-    build_workload(**wl).describe()  # bad workload options fail here, once, not in every worker
+    built = build_workload(**wl)
+    built.describe()  # bad workload options fail here, once, not in every worker
+    check_apart({"--output": (output, SWEEP_FILES)}, input_files(workload, trace, profile, policy, built))
     base = parse_pairs(fixed, "--fix")
     check_names(base, "--fix")
     both = sorted(set(base) & set(grid))

@@ -151,3 +151,103 @@ def test_a_multi_line_policy_error_prints_as_one_printable_line(tmp_path):
     line = one_error_line(engine("run", "-n", "5", "-q", "-p", f"{tmp_path / 'multi_line.py'}:ValidatesBadly"))
     assert "policy 'validates-badly' in on_step: raised ValidationError: 2 validation errors for Settings · x · " in line, line
     assert "\x1b" not in line and len(line) < 1100
+
+
+# --------------------------------------------------------------------------- outputs
+
+def test_an_output_over_an_input_or_another_output_is_refused_before_the_run(tmp_path):
+    trace = tmp_path / "trace.csv"
+    trace.write_text("arrival_time_s,prompt_tokens,output_tokens\n0,5,2\n1,6,3\n")
+    os.link(trace, tmp_path / "same-trace.csv")
+    (tmp_path / "in-results").mkdir()
+    shutil.copy(trace, tmp_path / "in-results" / "requests.csv")
+    (tmp_path / "spec.json").write_text(json.dumps({"kind": "trace", "path": "trace.csv"}))
+    os.symlink("/nonexistent/kvsched-out", tmp_path / "dangling")
+    cases = [
+        (["-n", "5", "-o", "out", "--trace-out", "out/requests.csv"], "--trace-out out/requests.csv: is where --output out writes requests.csv"),
+        (["--trace", "trace.csv", "-o", "out", "--trace-out", "trace.csv"], "--trace-out trace.csv: would overwrite --trace trace.csv"),
+        (["--trace", "same-trace.csv", "-o", "out", "--trace-out", "trace.csv"], "--trace-out trace.csv: would overwrite --trace same-trace.csv"),
+        (["-w", "spec.json", "-o", "out", "--trace-out", "trace.csv"], f"would overwrite the workload's trace {trace}"),
+        (["--trace", "in-results/requests.csv", "-o", "in-results"], "--output in-results: its requests.csv would overwrite --trace"),
+        (["-n", "5", "-o", "dangling"], "--output dangling: dangling is a symbolic link to /nonexistent/kvsched-out, which does not exist"),
+        (["-n", "5", "-o", "dangling/sub"], "dangling is a symbolic link to /nonexistent/kvsched-out"),
+    ]
+    for args, expected in cases:
+        proc = engine("run", "-q", *args, cwd=tmp_path)
+        line = one_error_line(proc)
+        assert expected in line and "simulated" not in proc.stdout, (args, line)
+    assert not (tmp_path / "out").exists() and trace.read_text().startswith("arrival_time_s")
+    assert (tmp_path / "in-results" / "requests.csv").read_text() == trace.read_text()
+    line = one_error_line(engine("calibrate", "steps.csv", "-o", "steps.csv", cwd=tmp_path))
+    assert "--output steps.csv: would overwrite RECORDED steps.csv" in line
+
+
+OLD = {"summary.json": "old", "requests.csv": "old", "report.html": "old"}
+NEW = {"summary.json": "new", "requests.csv": "new"}
+
+
+def _results(folder: Path) -> dict[str, str]:
+    from kvsched.reporting.destination import RUN_FILES
+
+    return {name: (folder / name).read_text() for name in RUN_FILES if (folder / name).exists()}
+
+
+def _publish_and_stop_at(out: Path, k: int, how: str) -> int:
+    """In a child process, publish NEW over ``out`` and stop at its ``k``-th file-system call: killed
+    (``how="kill"``) or failing with ENOSPC (``"fail"``); the child's exit status (0: it got through)."""
+    pid = os.fork()
+    if pid:
+        return os.waitpid(pid, 0)[1] >> 8
+    try:  # the child: never returns to pytest
+        from kvsched.reporting import destination
+        from kvsched.reporting.destination import OutputError, publishing_folder
+
+        calls = [0]
+
+        def stopping(fn):
+            def call(*args, **kwargs):
+                calls[0] += 1
+                if calls[0] == k:
+                    if how == "kill":
+                        os._exit(9)
+                    raise OSError(28, "No space left on device")
+                return fn(*args, **kwargs)
+            return call
+
+        for name in ("rename", "replace", "unlink", "link", "rmdir", "chmod"):
+            setattr(os, name, stopping(getattr(os, name)))
+        if hasattr(destination, "_renameat2") and destination._renameat2() is not None:
+            exchange = stopping(destination._renameat2())
+            destination._renameat2 = lambda: exchange
+        try:
+            with publishing_folder(out) as stage:
+                for name, text in NEW.items():
+                    (stage / name).write_text(text)
+        except OutputError:
+            os._exit(3)
+        os._exit(0)
+    except BaseException:
+        os._exit(4)
+
+
+@pytest.mark.parametrize("how", ["kill", "fail"])
+def test_publishing_over_old_results_stopped_anywhere_leaves_the_old_or_the_new_whole(tmp_path, how):
+    for k in range(1, 60):
+        out = tmp_path / f"out-{k}"
+        (out / "sub").mkdir(parents=True)
+        for name, text in OLD.items():
+            (out / name).write_text(text)
+        (out / "notes.txt").write_text("mine")
+        (out / "sub" / "kept.txt").write_text("mine too")
+        status = _publish_and_stop_at(out, k, how)
+        assert status in (0, 3, 9), status
+        assert _results(out) in (OLD, NEW), (k, how, _results(out))  # never a mix, never neither
+        assert (out / "notes.txt").read_text() == "mine", k
+        kept = [p for p in [out / "sub" / "kept.txt", *tmp_path.glob(f".out-{k}.*/sub/kept.txt")] if p.exists()]
+        assert kept, f"{k}: sub/kept.txt is gone"  # in the new folder, or (killed just after the swap) in the old one beside it
+        if status == 0:
+            assert _results(out) == NEW and (out / "sub" / "kept.txt").exists()
+            assert not list(tmp_path.glob(f".out-{k}.*")), "a staging folder was left behind"
+            break
+    else:
+        pytest.fail("publishing never got through")
