@@ -56,6 +56,10 @@ class Request(BaseModel):
     output_len: Tokens | None = None
     session_id: Label | None = Field(None, description="the conversation it continues (session affinity)")
     slo_class: Label | None = Field(None, description="its service class, e.g. interactive or batch (SLO-aware policies)")
+    grammar_compile_s: float | None = Field(
+        None, ge=0.0, description="a structured-output request: its grammar is ready this many seconds after arrival; "
+        "until then V1 mechanics keep it waiting, skipped by vllm-v1 (docs/vllm-v1.md)"
+    )
 
     @field_validator("tenant", "session_id", "slo_class")
     @classmethod

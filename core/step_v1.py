@@ -11,7 +11,9 @@ blocks are taken, as vLLM 0.32's ``KVCacheManager.allocate_slots`` takes them:
 - a preemption recomputes (V1 has no CPU swap), and a victim scheduled earlier in the step gives
   its tokens back to the budget;
 - a prompt of ``max_model_len`` tokens or more is ignored (V1 rejects it at the API: no room for
-  even one output token).
+  even one output token);
+- a structured-output request (``Request.grammar_compile_s``) cannot be admitted before its
+  grammar is ready (``grammar_ready``): LATER, as V1 keeps it WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from kvsched.core.decisions import Decision, Outcome
 from kvsched.core.outputs import ScheduledGroup
 from kvsched.core.sequence import SequenceStatus
 from kvsched.core.step_state import StepState
+from kvsched.core.view import GroupView, group_of
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -32,6 +35,13 @@ if TYPE_CHECKING:
     from kvsched.core.sequence import Sequence, SequenceGroup
 
 _RUNNING, _SWAPPED = SequenceStatus.RUNNING, SequenceStatus.SWAPPED
+
+
+def grammar_ready(group: SequenceGroup | GroupView, now: float) -> bool:
+    """Whether ``group``'s structured-output grammar is compiled at ``now`` (or it has none): V1
+    compiles it in the background from the request's arrival (``StructuredOutputManager.grammar_init``)."""
+    compile_s = group.request.grammar_compile_s
+    return compile_s is None or now >= group.arrival_time + compile_s
 
 
 class V1StepState(StepState):
@@ -45,6 +55,9 @@ class V1StepState(StepState):
         self.caching = self.config.enable_prefix_caching
 
     def admit(self, group, max_tokens: int | None) -> Outcome:
+        if type(group) is GroupView and not grammar_ready(group_of(group), self.now):  # V1's WAITING_FOR_..._GRAMMAR
+            self._resolve(group, SequenceStatus.WAITING, "admit")  # still one of this engine's waiting groups, untouched
+            return Outcome.LATER
         outcome = super().admit(group, max_tokens)
         if outcome is Outcome.SCHEDULED:
             entry = self.output.scheduled[-1]

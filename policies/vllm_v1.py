@@ -9,6 +9,7 @@ from __future__ import annotations
 from kvsched.allocators.alloc_status import AllocStatus
 from kvsched.core.decisions import Outcome, Preemption, PreemptionMode
 from kvsched.core.hookspecs import hookimpl
+from kvsched.core.step_v1 import grammar_ready
 
 POLICIES = ("fcfs", "priority")
 
@@ -24,7 +25,8 @@ class VllmV1:
        is preempted by recompute (``policy="priority"``: the least urgent, latest arrival), until the
        request fits or is itself the victim, which ends this loop.
     2. Only in a step that preempted nothing, waiting requests are admitted in queue order
-       (``priority``: by priority, arrival, id) while budget and ``max_num_seqs`` allow, each with a
+       (``priority``: by priority, arrival, id), passing over structured-output requests whose
+       grammar is not compiled yet, while budget and ``max_num_seqs`` allow, each with a
        chunk of what is left of the budget (``enable_chunked_prefill=False``: the whole prompt, or
        admission stops), until one does not fit: admission needs blocks for the whole prompt (less
        prefix-cache hits) plus, once anything runs, the watermark.
@@ -66,6 +68,8 @@ class VllmV1:
         for group in self.order_waiting(step):
             if step.remaining_tokens <= 0 or step.remaining_seqs <= 0:
                 break
+            if not grammar_ready(group, step.now):  # skipped, keeping its place (WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR)
+                continue
             if chunked and group.max_running_seqs == 1:  # a group of several (v0 mechanics; V1 fans n > 1 out) runs whole
                 chunk = step.remaining_tokens if threshold <= 0 else min(threshold, step.remaining_tokens)
             else:  # the whole prompt, or a threshold's cut, as vLLM still makes it; BUDGET if it does not fit what is left

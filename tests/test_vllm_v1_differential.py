@@ -41,7 +41,7 @@ class SameTokens:
         for sg in output.scheduled:
             for seq, _ in samplers(sg):
                 tokens[seq.seq_id] = [token_at(len(seq.output) + 1)]
-        return StepResult(0.001, tokens)
+        return StepResult(1.0, tokens)  # step k starts at time k: the time a request arrives at, in both schedulers
 
 
 @st.composite
@@ -71,14 +71,14 @@ def scenarios(draw):
         requests.append(dict(
             rid=f"r{i}", prompt=prompt, max_tokens=draw(st.integers(1, 32)), priority=draw(st.integers(0, 2)),
             step=draw(st.integers(0, 20)), stop=stop, abort=draw(st.one_of(st.none(), st.integers(0, 40))),
-            n=draw(st.sampled_from([1, 1, 1, 2, 3])),
+            n=draw(st.sampled_from([1, 1, 1, 2, 3])), grammar=draw(st.sampled_from([None, None, None, 0, 1, 3, 8])),
         ))
     return config, policy, threshold, requests
 
 
 def run_both(config, policy, threshold, requests, max_steps=400) -> dict[str, int]:
     """Drive both schedulers to the end; returns counts of what the run exercised."""
-    seen = dict(steps=0, preemptions=0, chunks=0, prefix_hits=0, aborts=0, stopped=0, capped=0, fanned_out=0)
+    seen = dict(steps=0, preemptions=0, chunks=0, prefix_hits=0, aborts=0, stopped=0, capped=0, fanned_out=0, grammars=0)
     ours = Engine(EngineConfig(**config, vllm_engine="v1", audit_every_step=True), "vllm-v1", SameTokens(),
                   policy_options={"policy": policy, "long_prefill_token_threshold": threshold})
     theirs = V1Reference(**{**config, "long_prefill_token_threshold": threshold}, policy=policy)
@@ -88,9 +88,11 @@ def run_both(config, policy, threshold, requests, max_steps=400) -> dict[str, in
             if r["step"] == k:
                 ours.add_request(Request(request_id=r["rid"], prompt_token_ids=tuple(r["prompt"]), priority=r["priority"],
                                          arrival_time=float(k), sampling=SamplingParams(
-                                             max_tokens=r["max_tokens"], stop_token_ids=r["stop"], ignore_eos=True, n=r.get("n", 1))))
+                                             max_tokens=r["max_tokens"], stop_token_ids=r["stop"], ignore_eos=True, n=r.get("n", 1)),
+                                         grammar_compile_s=None if r.get("grammar") is None else float(r["grammar"])))
                 theirs.add(r["rid"], r["prompt"], r["max_tokens"], priority=r["priority"], arrival_time=float(k),
-                           stop_token_ids=r["stop"], n=r.get("n", 1))
+                           stop_token_ids=r["stop"], n=r.get("n", 1), grammar_steps=r.get("grammar"))
+                seen["grammars"] += r.get("grammar") is not None
                 seen["fanned_out"] += r.get("n", 1) > 1
             if r["abort"] == k and r["step"] <= k:
                 seen["aborts"] += ours.abort(r["rid"])
@@ -159,3 +161,15 @@ def test_without_chunked_prefill_a_prompt_runs_whole_or_waits_at_the_head_of_the
                   enable_prefix_caching=True, watermark=0.0)
     assert run_both({**config, "enable_chunked_prefill": False}, "fcfs", 0, requests)["chunks"] == 0
     assert run_both(config, "fcfs", 0, requests)["chunks"] > 0
+
+
+def test_a_request_waits_for_its_grammar_and_the_ones_behind_it_do_not():
+    """A structured-output request at the head of the queue is passed over until its grammar is
+    compiled (three steps); the request behind it runs at once, then the first keeps its place."""
+    requests = [dict(rid="json", prompt=[1, 2, 3, 4, 5], max_tokens=4, priority=0, step=0, stop=(), abort=None, grammar=3),
+                dict(rid="plain", prompt=[6, 7], max_tokens=6, priority=0, step=0, stop=(), abort=None),
+                dict(rid="late", prompt=[8, 9, 9], max_tokens=2, priority=0, step=2, stop=(), abort=None)]
+    config = dict(block_size=4, num_gpu_blocks=12, max_model_len=16, max_num_seqs=4, max_num_batched_tokens=16,
+                  enable_prefix_caching=False, watermark=0.0)
+    for policy in ("fcfs", "priority"):
+        assert run_both(config, policy, 0, requests)["grammars"] == 1

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from kvsched import Engine, EngineConfig, Request, SamplingParams
+from kvsched import Engine, EngineConfig, Request, SamplingParams, hookimpl
+from kvsched.core.decisions import Outcome
 from kvsched.core.sequence import SequenceStatus
 from kvsched.executors.cost_model import LLAMA2_7B_A100
 from kvsched.executors.simulated import SimulatedExecutor
@@ -88,3 +89,34 @@ def test_without_chunked_prefill_the_budget_holds_the_model_length_as_vllm_sets_
     with pytest.raises(ValueError, match="smaller than max_model_len"):
         EngineConfig(vllm_engine="v1", enable_chunked_prefill=False, max_num_batched_tokens=512, max_num_seqs=8, max_model_len=1024)
     EngineConfig(vllm_engine="v0", enable_chunked_prefill=False, max_num_batched_tokens=512, max_num_seqs=8, max_model_len=1024)
+
+
+class AdmitsEveryone:
+    """Offers every waiting request, whatever its state, and records what the core answered."""
+
+    name = "admits-everyone"
+
+    def __init__(self) -> None:
+        self.answers = []
+
+    @hookimpl
+    def select_batch(self, step):
+        step.advance_running()
+        self.answers.append({g.request_id: step.admit(g).value for g in step.waiting})
+        return True
+
+
+def test_under_v1_the_core_refuses_a_request_whose_grammar_is_not_ready():
+    """The core enforces what vllm-v1 decides: a policy that offers a structured-output request too
+    early gets LATER (V1's WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR), and the request keeps its place."""
+    policy = AdmitsEveryone()
+    config = EngineConfig(block_size=4, num_gpu_blocks=32, max_model_len=64, max_num_batched_tokens=64, max_num_seqs=8, vllm_engine="v1")
+    engine = Engine(config, policy, SimulatedExecutor())
+    engine.add_request(Request(request_id="json", prompt_len=5, output_len=2, grammar_compile_s=0.05))
+    engine.add_request(Request(request_id="plain", prompt_len=5, output_len=2))
+    engine.step()
+    assert policy.answers[0] == {"json": Outcome.LATER.value, "plain": Outcome.SCHEDULED.value}
+    assert [v.request_id for v in engine.waiting] == ["json"]
+    engine.run()
+    assert engine.groups["json"].status is SequenceStatus.FINISHED_STOPPED
+    assert engine.groups["json"].first_scheduled_time >= 0.05

@@ -73,17 +73,24 @@ class V1Reference:
         self._parent_of: dict[str, str] = {}  # child request id -> the request id it was fanned out of
         self._left: dict[str, int] = {}  # parent request id -> children not yet finished
         self._reasons: dict[str, str] = {}  # parent request id -> the reason its finished children give so far
+        self.scheduler.structured_output_manager = _AnyTokens()
+        self._compiling: dict[str, tuple[int, object]] = {}  # request id -> (step its grammar is ready at, its request)
+        self.num_steps = 0
 
 
     def add(self, request_id: str, prompt_token_ids: list[int], max_tokens: int, *, priority: int = 0,
-            arrival_time: float = 0.0, stop_token_ids: tuple[int, ...] = (), n: int = 1) -> None:
+            arrival_time: float = 0.0, stop_token_ids: tuple[int, ...] = (), n: int = 1,
+            grammar_steps: int | None = None) -> None:
         """Add a request; with ``n > 1``, its children ``"{i}_{request_id}"`` in order, as
-        ``LLMEngine.add_request`` fans it out (``ParentRequest.get_child_info``)."""
-        from vllm.sampling_params import SamplingParams
+        ``LLMEngine.add_request`` fans it out (``ParentRequest.get_child_info``); with
+        ``grammar_steps``, a structured-output request whose grammar is ready ``grammar_steps``
+        steps from now (until then vLLM keeps it WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR)."""
+        from vllm.sampling_params import SamplingParams, StructuredOutputsParams
         from vllm.v1.engine.parallel_sampling import ParentRequest
         from vllm.v1.request import Request
 
-        params = SamplingParams(max_tokens=max_tokens, ignore_eos=True, stop_token_ids=list(stop_token_ids), n=n)
+        params = SamplingParams(max_tokens=max_tokens, ignore_eos=True, stop_token_ids=list(stop_token_ids), n=n,
+                                structured_outputs=None if grammar_steps is None else StructuredOutputsParams(regex="[0-9]*"))
         ids = [(request_id, params)]
         if n > 1:
             parent = ParentRequest(_FrontEndRequest(request_id, params))
@@ -91,10 +98,13 @@ class V1Reference:
             self._parent_of.update((child, request_id) for child, _ in ids)
             self._left[request_id] = n
         for rid, child_params in ids:
-            self.scheduler.add_request(Request(
+            request = Request(
                 request_id=rid, prompt_token_ids=list(prompt_token_ids), sampling_params=child_params, pooling_params=None,
                 arrival_time=arrival_time, priority=priority, block_hasher=self._hasher,
-            ))
+            )
+            if grammar_steps is not None:
+                self._compiling[rid] = (self.num_steps + grammar_steps, request)
+            self.scheduler.add_request(request)
 
     def abort(self, request_id: str) -> None:
         """Abort a request: all its unfinished children if it fanned out (the front end's ``abort``)."""
@@ -133,6 +143,11 @@ class V1Reference:
         from vllm.v1.outputs import ModelRunnerOutput
 
         sched = self.scheduler
+        for rid, (ready, request) in list(self._compiling.items()):
+            if ready <= self.num_steps:  # the background compilation is done: the grammar is there
+                request.structured_output_request._grammar = object()
+                del self._compiling[rid]
+        self.num_steps += 1
         out = sched.schedule()
         ids = list(out.num_scheduled_tokens)
         sampled = []
@@ -156,3 +171,13 @@ class _FrontEndRequest:
     request_id: str
     params: object
     external_req_id: str = ""
+
+
+class _AnyTokens:
+    """The structured-output manager's part the scheduler calls without a model: every token is grammatical."""
+
+    def accept_tokens(self, request, new_token_ids) -> bool:
+        return True
+
+    def validate_tokens(self, request, token_ids):
+        return token_ids
