@@ -33,7 +33,10 @@ from kvsched.experiments.compare import MAX_SEEDS, seed_workloads
 from kvsched.experiments.simulation import run_simulation
 from kvsched.metrics.decision_log import DecisionLog
 from kvsched.policies.vllm_default import VllmDefault
+from kvsched.workloads import build_workload
 from kvsched.workloads.embedded import SyntheticWorkload
+from kvsched.workloads.errors import WorkloadError
+from kvsched.workloads.synthetic import SyntheticSpec
 
 ENGINE = str(Path(sys.executable).parent / "engine")
 FIELDS = ("base_ms", "prefill_token_ms", "decode_seq_ms", "kv_token_ms", "swap_gb_per_s", "copy_gb_per_s")
@@ -108,13 +111,26 @@ def test_the_engine_s_token_settings_are_at_most_max_tokens(name):
 
 
 def test_a_trace_of_huge_prompts_is_one_line_not_an_overflowed_column(tmp_path):
-    """Three 2**62-token prompts, with settings that once let them run: refused, never summed into a wrapped int64."""
+    """Three 2**62-token prompts (with a 2**62-token block they once ran, and their sums wrapped int64): refused as read."""
     trace = tmp_path / "big.csv"
     trace.write_text("arrival_time_s,prompt_tokens,output_tokens\n" + "".join(f"0,{2**62},1\n" for _ in range(3)))
-    m = str(2**63 - 1)
-    proc = _engine("run", "--trace", str(trace), "-q", "--set", f"block_size={2**62}", "--set", "num_gpu_blocks=16",
-                   "--set", f"max_num_batched_tokens={m}", "--set", f"max_model_len={m}")
-    assert "less than or equal to 2147483648" in _line(proc)
+    assert "big.csv:2: column 'prompt_tokens': must be <= 2147483648" in _line(_engine("run", "--trace", str(trace), "-q"))
+
+
+@pytest.mark.parametrize("length", [{"kind": "fixed", "value": MAX_TOKENS + 1}, {"kind": "uniform", "low": 1, "high": 2**62},
+                                    {"kind": "lognormal", "median": 1e300, "sigma": 1}, {"kind": "lognormal", "median": 100, "sigma": 1e3},
+                                    {"kind": "empirical", "values": [5, 2**62]}])
+def test_a_synthetic_length_is_bounded_as_the_spec_loads(length):
+    """Refused with the spec, not as a request is made in the middle of the run (or an overflow in exp)."""
+    with pytest.raises(ValidationError):
+        SyntheticSpec.model_validate({"prompt": length})
+
+
+def test_a_prefix_trace_s_lengths_are_at_most_max_tokens(tmp_path):
+    trace = tmp_path / "t.jsonl"
+    trace.write_text(json.dumps({"timestamp": 0, "input_length": 2**40, "output_length": 1, "hash_ids": [1]}) + "\n")
+    with pytest.raises(WorkloadError, match="t.jsonl:1: column 'input_length': must be an integer from 1 to 2,147,483,648"):
+        build_workload(None, trace).requests()
 
 
 # ---------------------------------------------------------------------------------------- Engine.run

@@ -12,7 +12,7 @@ from typing import Annotated, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from kvsched.core.request import MAX_INT64
+from kvsched.core.request import MAX_TOKENS  # a length is a request's tokens: at most 2**31
 
 
 class _Dist(BaseModel):
@@ -21,7 +21,7 @@ class _Dist(BaseModel):
 
 class Fixed(_Dist):
     kind: Literal["fixed"] = "fixed"
-    value: int = Field(ge=1, le=MAX_INT64)
+    value: int = Field(ge=1, le=MAX_TOKENS)
 
     def sample(self, rng: random.Random) -> int:
         return self.value
@@ -35,8 +35,8 @@ class Uniform(_Dist):
     """Integers in ``[low, high]``, both included."""
 
     kind: Literal["uniform"] = "uniform"
-    low: int = Field(ge=1, le=MAX_INT64)
-    high: int = Field(ge=1, le=MAX_INT64)
+    low: int = Field(ge=1, le=MAX_TOKENS)
+    high: int = Field(ge=1, le=MAX_TOKENS)
 
     @model_validator(mode="after")
     def _order(self) -> Uniform:
@@ -56,9 +56,9 @@ class LogNormal(_Dist):
     """Log-normal with the given median and log-space sigma, rounded and clipped to ``[1, max]``."""
 
     kind: Literal["lognormal"] = "lognormal"
-    median: float = Field(gt=0)
-    sigma: float = Field(ge=0)
-    max: int = Field(1 << 20, ge=1, le=MAX_INT64)
+    median: float = Field(gt=0, le=MAX_TOKENS)
+    sigma: float = Field(ge=0, le=10)  # exp() of a draw then stays far from overflowing
+    max: int = Field(1 << 20, ge=1, le=MAX_TOKENS)
 
     def sample(self, rng: random.Random) -> int:
         return max(1, min(self.max, round(rng.lognormvariate(math.log(self.median), self.sigma))))
@@ -72,7 +72,7 @@ class Empirical(_Dist):
     """Draws uniformly from observed values (e.g. a column of a trace)."""
 
     kind: Literal["empirical"] = "empirical"
-    values: tuple[int, ...] = Field(min_length=1)
+    values: tuple[Annotated[int, Field(le=MAX_TOKENS)], ...] = Field(min_length=1)
 
     @model_validator(mode="after")
     def _positive(self) -> Empirical:

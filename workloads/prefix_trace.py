@@ -23,15 +23,15 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from kvsched.core.errors import quote
-from kvsched.core.request import MAX_INT64, Request, SamplingParams
+from kvsched.core.request import MAX_INT64, MAX_TOKENS, Request, SamplingParams
 from kvsched.workloads.errors import MAX_REQUESTS, WorkloadError
 
 KEYS = ("timestamp", "input_length", "output_length", "hash_ids")
 
 
-def _count(value, key: str, path, line: int, minimum: int = 1, maximum: int = MAX_INT64) -> int:
+def _count(value, key: str, path, line: int, minimum: int = 1, maximum: int = MAX_TOKENS) -> int:
     if type(value) is not int or not minimum <= value <= maximum:
-        raise WorkloadError(f"must be an integer >= {minimum}, got {quote(value)}", path, line, key)
+        raise WorkloadError(f"must be an integer from {minimum} to {maximum:,}, got {quote(value)}", path, line, key)
     return value
 
 

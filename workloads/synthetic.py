@@ -15,7 +15,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from kvsched.core.request import MAX_INT64, Priority, Request, SamplingParams
+from kvsched.core.request import MAX_TOKENS, Priority, Request, SamplingParams
 from kvsched.workloads.arrivals import ArrivalProcess, Poisson
 from kvsched.workloads.distributions import LengthDist, LogNormal
 from kvsched.workloads.errors import MAX_REQUESTS
@@ -55,7 +55,7 @@ class SyntheticSpec(BaseModel):
     n: dict[Annotated[int, Field(ge=1, le=64)], float] = Field(default_factory=lambda: {1: 1.0}, description="weights of each n")
     priorities: dict[Priority, float] = Field(default_factory=lambda: {0: 1.0})
     tenants: dict[Annotated[str, Field(min_length=1)], float] = Field(default_factory=lambda: {"default": 1.0})
-    max_tokens: int | None = Field(None, ge=1, le=MAX_INT64, description="sampling cap; default: the output length itself")
+    max_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS, description="sampling cap; default: the output length itself")
     seed: int = 0
 
     _weights = field_validator("n", "priorities", "tenants")(classmethod(lambda cls, v: _check_weights(v)))

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from kvsched.core.errors import quote
 from kvsched.core.files import text_lines
-from kvsched.core.request import MAX_INT64
+from kvsched.core.request import MAX_TOKENS
 from kvsched.workloads.errors import WorkloadError
 
 AZURE = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
@@ -89,7 +89,7 @@ def read_trace(path: Path | str) -> tuple[str, list[TraceRow]]:
     return fmt, rows
 
 
-def _int(row, col, name, path, line, minimum: int, maximum: int = MAX_INT64) -> int:
+def _int(row, col, name, path, line, minimum: int, maximum: int = MAX_TOKENS) -> int:
     cell = row[col[name]].strip()
     try:
         value = int(cell)
