@@ -3,7 +3,8 @@
 The command checks what it can before vLLM starts (vLLM installed, the policy found and its
 options accepted, the engine settings valid, the model folder there), then replaces itself with
 vLLM's server (``integrations/vllm/server.py``; signals and exit codes are then vLLM's), its scheduler class
-``kvsched.integrations.vllm.scheduler.KvschedScheduler`` and the policy in the additional config.
+``kvsched.integrations.vllm.scheduler.KvschedScheduler``, the policy in the additional config, and the
+front-end middleware that answers HTTP 400 to a request the policy's mirror would refuse (``frontend.py``).
 Arguments after ``--`` go to vLLM unchanged (``engine serve --policy fcfs -- --max-num-seqs 8``).
 """
 
@@ -36,9 +37,12 @@ def vllm_command(model_dir: str, served_name: str, host: str, port: int, extra: 
     command = [sys.executable, "-m", "kvsched.integrations.vllm.server", "--model", model_dir, "--served-model-name", served_name,
                "--host", host, "--port", str(port), *CPU_ARGS]
     if kvsched is not None:
-        from kvsched.integrations.vllm import SCHEDULER_CLS
+        from kvsched.integrations.vllm import FRONTEND_MIDDLEWARE, SCHEDULER_CLS
 
-        command += ["--scheduler-cls", scheduler_cls or SCHEDULER_CLS, "--additional-config", json.dumps({"kvsched": kvsched})]
+        scheduler_cls = scheduler_cls or SCHEDULER_CLS
+        command += ["--scheduler-cls", scheduler_cls, "--additional-config", json.dumps({"kvsched": kvsched})]
+        if scheduler_cls == SCHEDULER_CLS:  # a request the mirror would refuse gets a 400 from the front end
+            command += ["--middleware", FRONTEND_MIDDLEWARE]
     return command + list(extra)
 
 
@@ -65,6 +69,7 @@ def serve(
     """Serve MODEL over vLLM's OpenAI-compatible API, scheduled by POLICY (any installed kvsched policy)."""
     from kvsched.core.config import EngineConfig
     from kvsched.core.plugins import instantiate, load_policy
+    from kvsched.integrations.vllm.mirror import check_settings
 
     if importlib.util.find_spec("vllm") is None:
         fail("engine serve needs vLLM: pip install 'kvsched[vllm]' (make setup installs it)")
@@ -73,6 +78,7 @@ def serve(
     if colon and target.endswith(".py"):  # vLLM's engine-core process loads it: give it a path that works from anywhere
         policy = f"{os.path.abspath(target)}:{attr}"
     instantiate(load_policy(policy), options)  # an unknown policy or a bad option fails here, not in vLLM's engine core
+    check_settings(settings)  # what vLLM owns (block_size, ...) would only fail in vLLM's engine core
     EngineConfig.model_validate(settings)
     from kvsched.executors.hf_models import model_folder
 

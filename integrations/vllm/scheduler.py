@@ -10,7 +10,10 @@ kvsched's own core, with V1's mechanics, holding the same requests and the same 
 decision is replayed on vLLM's state (``realize.py``), where vLLM's KV-cache manager allocates
 and its model runner executes. A policy that raises or decides something invalid gets a
 ``PolicyError`` and nothing of its step is applied: that step falls back to ``vllm-v1`` (vLLM's
-own rule), the cause is logged once and counted (``faults.py``). docs/vllm-integration.md maps
+own rule), the cause is logged once and counted (``faults.py``). Every other call from vLLM is
+guarded too: a request the mirror refuses fails alone, a policy's ``on_step`` that raises is
+counted, and a failure that leaves the mirror unlike vLLM's state gives the mirror up (vLLM's own
+scheduler decides from then on), so nothing stops the engine core. docs/vllm-integration.md maps
 each hook and operation onto vLLM.
 """
 
@@ -31,6 +34,13 @@ from kvsched.integrations.vllm.realize import MirrorDrift, realize
 from kvsched.integrations.vllm.steplog import StepLogging
 
 FALLBACK_POLICY = "vllm-v1"
+
+
+def _pass_exits(exc: BaseException) -> None:
+    """Re-raise what stops the process (vLLM shuts its engine core down with ``SystemExit``); anything
+    else raised in a call from vLLM, a policy's own ``BaseException`` subclass included, is contained."""
+    if isinstance(exc, (SystemExit, KeyboardInterrupt)):
+        raise exc
 
 
 def settings_of(vllm_config: Any) -> tuple[str, dict[str, Any], dict[str, Any]]:
@@ -67,29 +77,71 @@ class PolicyScheduler(Scheduler):
         self._step = None  # the mirror's step that vLLM is running
         self._started = 0.0
         self._stopped: list[tuple[str, str]] | None = None  # requests vLLM ends while it applies a step
-        self._ignored: list[Any] = []  # requests the policy ignored, told to their clients at the next update
+        self._tell: list[tuple[Any, FinishReason]] = []  # requests ended here (ignored, failed), told to their clients at the next update
+        self.abandoned: str | None = None  # why the mirror was given up; then vLLM's own scheduler decides
 
     # ------------------------------------------------------------------------------ requests
     def add_request(self, request: Any) -> None:
         super().add_request(request)
-        self.mirror.add(request)
+        if self.abandoned is not None:
+            return
+        try:
+            self.mirror.add(request)
+        except Exception as exc:  # a request the mirror refuses (engine serve's front end answers 400 first) fails alone
+            self.faults.record(exc, "add_request", "that request fails (its client gets an error), the others run on")
+            self.finish_requests(request.request_id, RequestStatus.FINISHED_ERROR)
+            self._tell.append((request, FinishReason.ERROR))
 
     def _free_request(self, request: Any, delay_free_blocks: bool = False):
         """Every way a request ends in vLLM passes here (stops, aborts): the mirror ends it too."""
         if self._stopped is not None:
             self._stopped.append((request.request_id, request.status.name))
-        else:
-            self.mirror.finish(request.request_id, request.status.name)
+        elif self.abandoned is None:
+            try:
+                self.mirror.finish(request.request_id, request.status.name)
+            except Exception as exc:
+                self._abandon("finish", exc)
         return super()._free_request(request, delay_free_blocks)
 
     def reset_prefix_cache(self, *args: Any, **kwargs: Any) -> bool:
-        """Refused: the mirror would still find the evicted blocks."""
-        return False
+        """Refused while the mirror runs: it would still find the evicted blocks."""
+        return super().reset_prefix_cache(*args, **kwargs) if self.abandoned is not None else False
+
+    def _abandon(self, where: str, error: Exception) -> None:
+        """kvsched's side failed in a way that leaves the mirror unlike vLLM's state (a bug of ours, or a
+        policy raising what no hook call catches): vLLM's own scheduler decides every later step."""
+        self.abandoned, self._step = f"{where}: {type(error).__name__}: {error}", None
+        self.faults.record(error, where, "kvsched's mirror is given up: vLLM's own scheduler decides from now on")
 
     # --------------------------------------------------------------------------------- steps
     def schedule(self, throttle_prefills: bool = False) -> Any:
-        self.current_step += 1
-        self.kv_cache_manager.new_step_starts()
+        if self.abandoned is None:
+            self.current_step += 1
+            self.kv_cache_manager.new_step_starts()
+            step = None
+            try:
+                step = self._decide()
+                output = realize(self, step)
+            except BaseException as exc:  # nothing of a step the mirror could not decide or vLLM not carry out may run
+                _pass_exits(exc)
+                self._abandon("schedule", exc)
+                self.current_step -= 1  # vLLM's schedule() counts this step itself
+                if step is not None:  # realize may have moved these requests half-way: they fail, the others run on
+                    touched = {rid for rid, _ in step.block_ops} & set(self.requests)
+                    for request in [self.requests[rid] for rid in touched]:
+                        self.finish_requests(request.request_id, RequestStatus.FINISHED_ERROR)
+                        self._tell.append((request, FinishReason.ERROR))
+            else:
+                free = self.kv_cache_manager.block_pool.get_num_free_blocks()
+                if free != self.mirror.num_free_blocks:  # vLLM's state is its own and whole: run this step, then vLLM decides
+                    self._abandon("schedule", MirrorDrift(f"vLLM has {free} free blocks, the mirror {self.mirror.num_free_blocks}"))
+                else:
+                    self._step, self._started = step, time.perf_counter()
+                return output
+        return super().schedule(throttle_prefills)
+
+    def _decide(self) -> Any:
+        """The policy's step on the mirror (``vllm-v1``'s if the policy fails: counted, logged once); ignored requests ended."""
         try:
             step = self.mirror.schedule()
         except PolicyError as exc:
@@ -97,39 +149,43 @@ class PolicyScheduler(Scheduler):
             step = self.mirror.schedule(self._fallback)
         for group in step.ignored:
             self._ignore(self.requests[group.request_id])
-        output = realize(self, step)
-        if self.kv_cache_manager.block_pool.get_num_free_blocks() != self.mirror.num_free_blocks:
-            raise MirrorDrift(f"vLLM has {self.kv_cache_manager.block_pool.get_num_free_blocks()} free blocks, "
-                              f"the mirror {self.mirror.num_free_blocks}")
-        self._step, self._started = step, time.perf_counter()
-        return output
+        return step
 
     def _ignore(self, request: Any) -> None:
         """The policy can never run ``request`` (too long for the cache): it ends as vLLM ends an over-long prompt."""
         self.finish_requests(request.request_id, RequestStatus.FINISHED_IGNORED)
-        self._ignored.append(request)
+        self._tell.append((request, FinishReason.LENGTH))
 
     def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> dict[int, EngineCoreOutputs]:
-        scheduled = [self.requests[rid] for rid in scheduler_output.num_scheduled_tokens if rid in self.requests]
-        before = {r.request_id: r.num_output_tokens for r in scheduled}
-        self._stopped = []
-        try:
-            outputs = super().update_from_output(scheduler_output, model_runner_output)
-        finally:
-            stopped, self._stopped = self._stopped, None
         step, self._step = self._step, None
-        if step is not None:
-            sampled = {r.request_id: r.output_token_ids[before[r.request_id]:] for r in scheduled}
-            self.mirror.complete(step, sampled, time.perf_counter() - self._started)
-        for request_id, status in stopped:
-            self.mirror.finish(request_id, status)
-        for request in self._ignored:
-            finished = EngineCoreOutput(request_id=request.request_id, new_token_ids=[], finish_reason=FinishReason.LENGTH)
+        if self.abandoned is not None:
+            outputs = super().update_from_output(scheduler_output, model_runner_output)
+        else:
+            scheduled = [self.requests[rid] for rid in scheduler_output.num_scheduled_tokens if rid in self.requests]
+            before = {r.request_id: r.num_output_tokens for r in scheduled}
+            self._stopped = []
+            try:
+                outputs = super().update_from_output(scheduler_output, model_runner_output)
+            finally:
+                stopped, self._stopped = self._stopped, None
+            try:
+                if step is not None:
+                    sampled = {r.request_id: r.output_token_ids[before[r.request_id]:] for r in scheduled}
+                    try:
+                        self.mirror.complete(step, sampled, time.perf_counter() - self._started)
+                    except PolicyError as exc:  # on_step raised after the core applied the whole step: nothing to undo
+                        self.faults.record(exc, "on_step", "the step stands; only the policy's report of it failed")
+                for request_id, status in stopped:
+                    self.mirror.finish(request_id, status)
+            except BaseException as exc:
+                _pass_exits(exc)
+                self._abandon("update_from_output", exc)
+        for request, reason in self._tell:
+            finished = EngineCoreOutput(request_id=request.request_id, new_token_ids=[], finish_reason=reason)
             outputs.setdefault(request.client_index, EngineCoreOutputs()).outputs.append(finished)
-        self._ignored.clear()
+        self._tell.clear()
         return outputs
 
 
 class KvschedScheduler(StepLogging, PolicyScheduler):
     """The class to give vLLM: ``PolicyScheduler`` with the optional step log (``steplog.py``)."""
-

@@ -14,6 +14,7 @@ tokens), ``computed`` (request id → tokens computed before the step), ``preemp
 from __future__ import annotations
 
 import json
+import logging
 import time
 from typing import Any
 
@@ -60,7 +61,12 @@ class StepLogging:
         outputs = super().update_from_output(scheduler_output, model_runner_output)
         line["update_s"] = time.perf_counter() - started
         line["finished"] = sorted(o.request_id for eco in outputs.values() for o in eco.outputs if o.finish_reason is not None)
-        self._log.write(json.dumps(line) + "\n")
+        try:
+            self._log.write(json.dumps(line) + "\n")
+        except OSError as exc:  # a full disk ends the log, never the engine core
+            logging.getLogger("kvsched.integrations.vllm").error("kvsched: the step log stops: %s", exc)
+            self._log.close()
+            self._log = None
         return outputs
 
     def shutdown(self) -> None:
