@@ -385,10 +385,11 @@ def assert_nothing_writable_of(engine: Engine, handed) -> set[str]:
     return kinds
 
 
-def test_nothing_a_hook_is_handed_leads_to_mutable_engine_state():
+@pytest.mark.parametrize("mechanics", [{}, {"vllm_engine": "v1", "enable_prefix_caching": True, "preemption_mode": "recompute"}])
+def test_nothing_a_hook_is_handed_leads_to_mutable_engine_state(mechanics):
     """Walked like a plugin would (``__dict__``, slots, mappings, sequences), from every hook's arguments after each
     step: the config, the requests and their sampling parameters, the decision notes, all read-only copies or views."""
-    engine = Engine(EngineConfig(**CONFIG), Looks, SimulatedExecutor())
+    engine = Engine(EngineConfig(**CONFIG, **mechanics), Looks, SimulatedExecutor())
     for i, (prompt, output, n) in enumerate(SPECS):
         engine.add_request(req(f"r{i}", prompt, output, n=n, session_id=f"s{i % 2}", slo_class="batch"))
     kinds = set()
