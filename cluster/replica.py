@@ -26,6 +26,7 @@ class Replica:
         self.name, self.role, self.engine, self.profile_name = name, role, engine, profile_name
         self.staleness = staleness
         self.index = 0  # its place in the fleet, set by the cluster
+        self.num_gpu_blocks = engine.config.num_gpu_blocks
         self.in_flight_requests = 0
         self.in_flight_tokens = 0
         sched = engine.scheduler

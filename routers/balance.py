@@ -67,16 +67,15 @@ class VllmDp:
 
     @hookimpl
     def route_request(self, request, replicas):
-        best, best_score = None, None
+        best, best_score, sent = None, None, self.sent
         for r in replicas:
-            reported, sent = r.reported_at, 0
-            seen = self.sent.get(r.name)
+            reported, waiting = r.reported_at, r.num_waiting
+            seen = sent.get(r.name)
             if seen is not None and seen[0] == reported:
-                sent = seen[1]
-            score = (r.num_waiting + sent) * 4 + r.num_running
+                waiting += seen[1]
+            score = waiting * 4 + r.num_running
             if best_score is None or score < best_score:
-                best, best_score = r, score
+                best, best_score, best_seen = r, score, seen
         reported = best.reported_at
-        seen = self.sent.get(best.name)
-        self.sent[best.name] = (reported, (seen[1] if seen is not None and seen[0] == reported else 0) + 1)
+        sent[best.name] = (reported, (best_seen[1] if best_seen is not None and best_seen[0] == reported else 0) + 1)
         return Route(best, f"least waiting×4+running: {best_score}")

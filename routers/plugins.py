@@ -9,6 +9,7 @@ earlier call), or that raises, gets a ``RouterError`` naming the router, the hoo
 from __future__ import annotations
 
 import inspect
+from itertools import repeat
 import traceback
 import typing
 from dataclasses import dataclass
@@ -21,7 +22,7 @@ from pydantic import TypeAdapter, ValidationError
 from kvsched.core.errors import PolicyError, UnknownPolicyError, quote, shorten
 from kvsched.core.plugins import _dispatch, _load_target, _plugin_line, describe
 from kvsched.routers import hookspecs
-from kvsched.routers.view import ReplicaView, Route, RoutingCall
+from kvsched.routers.view import ReplicaView, Route, RoutingCall, _replica_of
 
 ENTRY_POINT_GROUP = "kvsched.routers"
 DEFAULT_ROUTER = "round-robin"
@@ -139,7 +140,7 @@ class RouterHooks:
         """Ask the router for ``request`` among ``replicas`` (the cluster's ``Replica`` objects) at ``now``;
         the chosen replica and the router's reason. Views show reports at least ``staleness`` old."""
         call = RoutingCall(now, staleness, self.name)
-        views = tuple([ReplicaView(r, call, i) for i, r in enumerate(replicas)])
+        views = tuple(map(ReplicaView, replicas, repeat(call), range(len(replicas))))
         try:
             answer = self._call(ROUTE, self._route, request, views)
         finally:
@@ -156,7 +157,7 @@ class RouterHooks:
         if answer._call is not call:
             raise RouterError(self.name, f"returned {'a view kept from an earlier call' if not answer._call.open else 'a view it was not given'}"
                               f" for request {request.request_id!r}: return one of the replicas given in this call", ROUTE)
-        return replicas[answer.index], reason
+        return _replica_of(answer), reason
 
     def routed(self, request, replica, now: float) -> None:
         if self._on_routed is not None:

@@ -54,29 +54,42 @@ class RoutingCall:
         return found
 
 
+def _reported_field(i: int, doc: str) -> property:
+    """A field of the report a view shows, read without a call more once the report is looked up."""
+
+    def get(view: ReplicaView):
+        signals = view._signals
+        if signals is None or not view._call.open:
+            signals = view._reported()
+        return signals[i]
+
+    return property(get, doc=doc)
+
+
 class ReplicaView:
     """One replica as a router sees it during one call. Every attribute is read-only."""
 
-    __slots__ = ("_replica", "_call", "index", "_signals")
+    __slots__ = ("_replica", "_call", "_index", "_signals")
 
     def __init__(self, replica, call: RoutingCall, index: int) -> None:
         _set_replica(self, replica)
-        self._call, self.index, self._signals = call, index, None
+        self._call, self._index, self._signals = call, index, None
+
+    index = property(lambda self: self._index, doc="its place among the replicas of this call")
 
     def _open(self):
-        call = self._call
-        if not call.open:
+        if not self._call.open:
             from kvsched.routers.plugins import RouterError
 
-            raise RouterError(call.router, "read a ReplicaView after its call returned: a view is valid only during the call that received it")
+            raise RouterError(self._call.router, "read a ReplicaView after its call returned: a view is valid only during the call that received it")
         return _replica_of(self)
 
     def _reported(self) -> Signals:
-        if self._signals is None:
-            self._signals = self._open().signals_as_of(self._call.as_of)
-        elif not self._call.open:
-            self._open()
-        return self._signals
+        """The report this view shows (looked up once per view, on the first read)."""
+        signals = self._signals
+        if signals is None or not self._call.open:
+            signals = self._signals = self._open().signals_as_of(self._call.as_of)
+        return signals
 
     name = property(lambda self: self._open().name, doc="the replica's name (replica-0, prefill-1, ...)")
     role = property(lambda self: self._open().role, doc="mixed, prefill or decode")
@@ -84,19 +97,31 @@ class ReplicaView:
     profile = property(lambda self: self._open().profile_name, doc="its cost profile")
     block_size = property(lambda self: self._open().engine.config.block_size)
     num_gpu_blocks = property(lambda self: self._open().engine.config.num_gpu_blocks)
-    reported_at = property(lambda self: self._reported().time, doc="when the report it shows was true (engine seconds)")
-    num_waiting = property(lambda self: self._reported().num_waiting, doc="waiting requests, as reported")
-    num_running = property(lambda self: self._reported().num_running, doc="running requests, as reported")
-    num_swapped = property(lambda self: self._reported().num_swapped, doc="swapped requests, as reported")
-    num_free_gpu_blocks = property(lambda self: self._reported().num_free_gpu_blocks, doc="free GPU blocks, as reported")
-    in_flight_requests = property(lambda self: self._open().in_flight_requests, doc="requests the router sent it that have not finished (fresh)")
-    in_flight_tokens = property(lambda self: self._open().in_flight_tokens, doc="prompt tokens of those requests (fresh)")
+    # The reads every router makes for every replica of every request (one call each, not two).
+    reported_at = _reported_field(0, "when the report it shows was true (engine seconds)")
+    num_waiting = _reported_field(1, "waiting requests, as reported")
+    num_running = _reported_field(2, "running requests, as reported")
+    num_swapped = _reported_field(3, "swapped requests, as reported")
+    num_free_gpu_blocks = _reported_field(4, "free GPU blocks, as reported")
+
+    @property
+    def in_flight_requests(self) -> int:
+        """Requests the router sent it that have not finished (its own count: fresh)."""
+        if self._call.open:
+            return _replica_of(self).in_flight_requests
+        return self._open()
+
+    @property
+    def in_flight_tokens(self) -> int:
+        """Prompt tokens of those requests (fresh)."""
+        if self._call.open:
+            return _replica_of(self).in_flight_tokens
+        return self._open()
 
     @property
     def kv_usage(self) -> float:
         """Used GPU blocks over all of them, as reported (0 to 1; cached free blocks count as free)."""
-        total = self.num_gpu_blocks
-        return 1.0 - self._reported().num_free_gpu_blocks / total
+        return 1.0 - self._reported()[4] / _replica_of(self).num_gpu_blocks
 
     def cached_prefix_tokens(self, request: Request) -> int:
         """Leading prompt tokens of ``request`` (in full blocks) that the replica's GPU prefix cache
