@@ -153,6 +153,14 @@ def test_compare_refuses_a_trillion_seeds_at_once():
     assert time.perf_counter() - start < 20
 
 
+@pytest.mark.parametrize("args, said", [(["--rate", "1e-300"], "rate: Input should be greater than or equal to"),
+                                        (["--rate", "1e300"], "rate: Input should be less than or equal to"),
+                                        (["-w", "synthetic", "--arrival", "gamma", "--cv", "1e200"], "cv: Input should be less than or equal to 100")])
+def test_arrival_numbers_are_bounded_before_the_run(args, said):
+    """A rate or burstiness whose arrival times leave the floats (inf, or a gamma shape of 0) is refused at once."""
+    assert said in _line(_engine("run", "-q", *args))
+
+
 def test_seed_workloads_are_built_only_as_far_as_they_differ():
     built = []
 

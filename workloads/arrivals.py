@@ -12,12 +12,16 @@ from typing import Annotated, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field
 
+# A request every 11.6 days to a billion a second: the arrival times of any workload stay finite.
+MIN_RATE, MAX_RATE = 1e-6, 1e9
+Rate = Annotated[float, Field(ge=MIN_RATE, le=MAX_RATE, description="mean arrivals per second")]
+
 
 class Poisson(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     kind: Literal["poisson"] = "poisson"
-    rate: float = Field(gt=0, description="mean arrivals per second")
+    rate: Rate
 
     def gaps(self, rng: random.Random):
         rate = self.rate
@@ -29,8 +33,8 @@ class Gamma(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     kind: Literal["gamma"] = "gamma"
-    rate: float = Field(gt=0, description="mean arrivals per second")
-    cv: float = Field(gt=0, description="coefficient of variation of the gaps (1 = Poisson)")
+    rate: Rate
+    cv: float = Field(gt=0, le=100, description="coefficient of variation of the gaps (1 = Poisson; at most 100, a gamma shape of 1e-4)")
 
     def gaps(self, rng: random.Random):
         shape = 1.0 / (self.cv * self.cv)

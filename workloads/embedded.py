@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from pydantic import BaseModel, ConfigDict, Field
 
 from kvsched.core.request import Request, SamplingParams
+from kvsched.workloads.arrivals import Rate
 from kvsched.workloads.errors import MAX_REQUESTS
 
 
@@ -24,7 +25,7 @@ class SyntheticWorkload(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     num_requests: int = Field(400, ge=1, le=MAX_REQUESTS)
-    rate: float = Field(16.0, gt=0, description="mean arrivals per second (Poisson)")
+    rate: Rate = 16.0
     prompt_median: int = Field(400, ge=1)
     prompt_sigma: float = Field(0.8, ge=0)
     prompt_max: int = Field(1536, ge=1)

@@ -30,7 +30,7 @@ class TraceWorkload(BaseModel):
     kind: Literal["trace"] = "trace"
     path: Path
     name: str | None = Field(None, description="built-in name, when it is one")
-    rate_scale: float = Field(1.0, gt=0)
+    rate_scale: float = Field(1.0, ge=1e-9, le=1e9, description="trace times are divided by it (the times stay finite)")
     start_offset: float = Field(0.0, ge=0, description="trace seconds to skip (timed traces)")
     max_requests: int | None = Field(None, ge=1, le=MAX_REQUESTS)
     arrivals: ArrivalProcess | None = Field(None, description="for length-only files; default Poisson 1 req/s")
