@@ -1,8 +1,9 @@
 """Read-only windows onto engine state: what a policy or an observer may look at but never change.
 
 A view keeps what it shows in a *hidden slot*, whose descriptor is taken off the class, so that no
-attribute of a view leads to engine state (code that imports the core or walks the garbage
-collector can reach anything: Python has no private memory).
+attribute of a view leads to engine state, and hands out the engine's pydantic objects (config,
+requests) as named-tuple copies (``frozen``), which nothing can write (code that imports the core or
+walks the garbage collector can reach anything: Python has no private memory).
 """
 
 from __future__ import annotations
