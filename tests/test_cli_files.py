@@ -11,6 +11,7 @@ import os
 import shutil
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -46,18 +47,32 @@ def good(tmp_path_factory) -> Path:
 DEEP = "[" * 100_000 + "]" * 100_000
 
 
-@pytest.mark.parametrize("option, name, content, expected", [
+INPUTS = [  # (option, file name, content, what the line must say)
     ("-w", "latin1.json", b'{"kind": "synthetic", "tenants": {"caf\xe9": 1.0}}', "latin1.json:1: not UTF-8 text: byte 0xe9"),
     ("-w", "deep.json", DEEP.encode(), "deep.json: not valid JSON: nested too deeply"),
     ("-w", "nan.json", b'{"kind": "synthetic", "num_requests": NaN}', "nan.json: not valid JSON: NaN is not a JSON number"),
     ("--profile", "latin1-profile.json", b'{"name": "m\xfcde"}', "latin1-profile.json:1: not UTF-8 text: byte 0xfc"),
     ("--profile", "deep-profile.json", DEEP.encode(), "deep-profile.json: not valid JSON: nested too deeply"),
     ("--trace", "latin1.csv", b"arrival_time_s,prompt_tokens,output_tokens\n0,5,1\n1,5,\xff\n", "latin1.csv:3: not UTF-8 text: byte 0xff"),
-])
-def test_an_unreadable_input_file_is_one_line_naming_it(tmp_path, option, name, content, expected):
-    (tmp_path / name).write_bytes(content)
-    line = one_error_line(engine("run", "-n", "5", "-q", option, tmp_path / name))
-    assert f"{tmp_path / name}" in line and expected in line, line
+]
+
+
+@pytest.fixture(scope="module")
+def input_runs(tmp_path_factory) -> tuple[Path, dict]:
+    """Every case of INPUTS, run concurrently (each is a second or two of starting Python)."""
+    tmp = tmp_path_factory.mktemp("inputs")
+    for _, name, content, _ in INPUTS:
+        (tmp / name).write_bytes(content)
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        procs = list(pool.map(lambda case: engine("run", "-n", "5", "-q", case[0], tmp / case[1]), INPUTS))
+    return tmp, dict(zip((case[1] for case in INPUTS), procs))
+
+
+@pytest.mark.parametrize("option, name, content, expected", INPUTS, ids=[case[1] for case in INPUTS])
+def test_an_unreadable_input_file_is_one_line_naming_it(input_runs, option, name, content, expected):
+    tmp, procs = input_runs
+    line = one_error_line(procs[name])
+    assert f"{tmp / name}" in line and expected in line, line
 
 
 def _rewrite_json(path: Path, change) -> None:
@@ -113,12 +128,25 @@ DAMAGE = [
 ]
 
 
+@pytest.fixture(scope="module")
+def damaged_runs(good, tmp_path_factory) -> dict:
+    """Every case of DAMAGE: a copy of the good folder, damaged, given to its command; run concurrently."""
+    tmp = tmp_path_factory.mktemp("damaged")
+
+    def run(case):
+        name, command, file, damage, _ = case
+        folder = tmp / name.replace(" ", "-")
+        shutil.copytree(good, folder)
+        damage(folder / file)
+        return folder, engine("explain", folder) if command == "explain" else engine("compare", folder, good)
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        return dict(zip((case[0] for case in DAMAGE), pool.map(run, DAMAGE)))
+
+
 @pytest.mark.parametrize("name, command, file, damage, expected", DAMAGE, ids=[d[0] for d in DAMAGE])
-def test_a_damaged_results_folder_is_one_line_naming_the_file(good, tmp_path, name, command, file, damage, expected):
-    folder = tmp_path / "damaged"
-    shutil.copytree(good, folder)
-    damage(folder / file)
-    proc = engine("explain", folder) if command == "explain" else engine("compare", folder, good)
+def test_a_damaged_results_folder_is_one_line_naming_the_file(damaged_runs, name, command, file, damage, expected):
+    folder, proc = damaged_runs[name]
     line = one_error_line(proc)
     assert str(folder) in line and expected in line, line
 
