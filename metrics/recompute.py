@@ -12,7 +12,9 @@ admitted and preempted; a request of ``n`` sequences adds them up):
 - ``computed_tokens``: every token it computed, first time or again (prefill chunks and decodes,
   cache hits excluded).
 
-The run's tax is ``recomputed_tokens / computed_tokens``, summed over requests.
+The run's tax is ``recomputed_tokens / computed_tokens``, summed over requests. ``discarded_share``
+is what the tax would be if every discarded token were computed again (no prefix cache to find
+them in): ``discarded / (first-time compute + discarded)``, the RFC's accounting.
 """
 
 from __future__ import annotations
@@ -43,9 +45,10 @@ def recompute_summary(records: Any) -> dict[str, float | int | None]:
     totals = {name: int(numbers(records, name).sum()) for name in FIELDS}
     preemptions = int(numbers(records, "preemptions_recompute").sum())
     computed = totals["computed_tokens"]
+    uncached = computed - totals["recomputed_tokens"] + totals["discarded_tokens"]
     return {
         **totals,
         "tax": totals["recomputed_tokens"] / computed if computed else 0.0,
-        "discarded_share": totals["discarded_tokens"] / computed if computed else 0.0,
+        "discarded_share": totals["discarded_tokens"] / uncached if uncached else 0.0,
         "discarded_per_preemption": totals["discarded_tokens"] / preemptions if preemptions else None,
     }
