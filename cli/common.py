@@ -20,7 +20,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from kvsched.core.errors import KvschedError, quote, shorten
+from kvsched.core.errors import KvschedError, error_text, quote, shorten
 
 console = Console()
 err_console = Console(stderr=True)
@@ -98,9 +98,10 @@ def _one_line(exc: Exception) -> tuple[str, int]:
         return str(exc), 2
     if isinstance(exc, OSError):
         return f"{exc.filename}: {exc.strerror}" if exc.filename and exc.strerror else str(exc) or repr(exc), 2
-    if isinstance(exc, (KeyError, ValueError)):
-        return str(exc.args[0]) if exc.args else repr(exc), 2
-    return f"unexpected {type(exc).__name__}: {exc} (KVSCHED_DEBUG=1 shows the traceback)", 1
+    if isinstance(exc, (KeyError, ValueError)):  # a KeyError's str() quotes its message; a UnicodeError's first argument is a codec's name
+        plain = isinstance(exc, KeyError) and len(exc.args) == 1
+        return error_text(Exception(exc.args[0]) if plain else exc, 1000) if exc.args else repr(exc), 2
+    return f"unexpected {type(exc).__name__}: {error_text(exc, 1000)} (KVSCHED_DEBUG=1 shows the traceback)", 1
 
 
 def input_files(workload=None, trace=None, profile=None, policies=(), built=None) -> dict[str, Path | None]:

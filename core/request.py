@@ -87,5 +87,18 @@ class Request(BaseModel):
             raise ValueError(
                 f"output_len ({self.output_len}) exceeds sampling.max_tokens ({self.sampling.max_tokens})"
             )
+        if not (self.request_id.isascii() and self.tenant.isascii()) or self.session_id or self.slo_class:
+            _check_utf8(self)
         return self
+
+
+def _check_utf8(request: Request) -> None:
+    """The names go into UTF-8 results (Parquet, CSV, JSON): a lone surrogate would fail them at the end of the run."""
+    for name in ("request_id", "tenant", "session_id", "slo_class"):
+        text = getattr(request, name)
+        if text is not None and not text.isascii():
+            try:
+                text.encode()
+            except UnicodeEncodeError:
+                raise ValueError(f"{name} is not valid UTF-8 (it holds a lone surrogate)") from None
 

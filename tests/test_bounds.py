@@ -213,6 +213,23 @@ def test_quote_and_error_text_never_fail_and_stay_short(value):
     assert error_text(_BadStr()) == "<_BadStr whose str() raised>"
 
 
+@pytest.mark.parametrize("name", ["request_id", "tenant", "session_id", "slo_class"])
+def test_a_request_s_names_are_valid_utf8(name):
+    """A lone surrogate in a name would fail the results' Parquet at the end of the run ("error: utf-8")."""
+    with pytest.raises(ValidationError, match=name):
+        Request.model_validate({"request_id": "r", "prompt_len": 4, name: "a\ud800"})
+    Request.model_validate({"request_id": "r", "prompt_len": 4, name: "ünïcode"})
+
+
+def test_the_cli_line_of_a_unicode_error_says_what_failed():
+    from kvsched.cli.common import _one_line
+
+    assert _one_line(UnicodeEncodeError("utf-8", "a\udc80", 1, 2, "surrogates not allowed")) == (
+        "'utf-8' codec can't encode character '\\udc80' in position 1: surrogates not allowed", 2)
+    assert _one_line(KeyError("no such profile")) == ("no such profile", 2)
+    assert _one_line(ValueError(10**5000)) == ("<int of 5,001 digits>", 2)
+
+
 class _Answers(VllmDefault):
     """Answers can_allocate with ``value``, or raises it from select_batch."""
 
