@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from importlib.metadata import EntryPoint, entry_points
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pluggy
@@ -130,9 +131,9 @@ def load_policy(spec: str) -> Any:
     if policy is None or isinstance(policy, (bool, int, float, str, bytes)):
         raise PolicyError(spec, f"is {quote(policy)}, not a policy class, instance or module{_from(origin)}")
     _remember(policy, spec, origin)
-    declared = declared_name(policy)  # a name of the wrong type is refused however the policy is chosen
+    declared_name(policy)  # a name of the wrong type is refused however the policy is chosen
     if found is None:
-        _remember(policy, declared or attr, origin)
+        _remember(policy, policy_name(spec, policy), origin)
     return policy
 
 
@@ -247,11 +248,12 @@ def engine_defaults(policy: Any, who: str | None = None) -> dict[str, Any]:
 
 def policy_name(spec: str, policy: Any) -> str:
     """How a policy given as ``spec`` is named in messages: an installed policy by what the user typed
-    (``NAME`` or ``DIST:NAME``), a file's or module's by its ``name``, else by the attribute's."""
+    (``NAME`` or ``DIST:NAME``), a file's or module's by the ``name`` it declares itself, else by the
+    attribute's (a draft subclass of ``vllm-default`` is not ``vllm-default``)."""
     target, colon, attr = spec.rpartition(":")
     if not colon or (not target.endswith(".py") and _of_distribution(target, attr) is not None):
         return spec
-    return declared_name(policy, spec) or attr
+    return _own_name(policy) or attr
 
 
 def describe(policy: Any) -> str:
@@ -481,10 +483,20 @@ def _defining_class(plugin: Any, function: Any) -> type | None:
     return None
 
 
-def _own_name(cls: type) -> str | None:
-    """The ``name`` a class declares in its own body (not one inherited)."""
-    name = vars(cls).get("name")
-    return name if isinstance(name, str) and name else None
+def _own_name(obj: Any) -> str | None:
+    """The ``name`` ``obj`` declares itself: in a class's own body (not one it inherits), a module's,
+    an instance's or its class's body; None where it declares none, or cannot be read."""
+    try:
+        owners = (obj,) if isinstance(obj, (type, ModuleType)) else (obj, type(obj))
+        for owner in owners:
+            name = vars(owner).get("name", None) if hasattr(owner, "__dict__") else None
+            if isinstance(name, str) and name:
+                return name
+    except KeyboardInterrupt:
+        raise
+    except BaseException:  # a __dict__ that raises: fall back to what the user typed
+        return None
+    return None
 
 
 def _signature(function: Any) -> str:

@@ -82,6 +82,13 @@ def test_a_policy_file_or_module_that_exits_on_import_is_named_by_its_path(insta
         load_policy(f"{module}:Policy")
 
 
+def test_a_draft_subclass_in_a_file_is_named_by_its_class_not_the_name_it_inherits(tmp_path):
+    draft = tmp_path / "draft_exits.py"
+    draft.write_text(HEADER + "class Draft(VllmDefault):\n    def __init__(self):\n        raise SystemExit(5)\n")
+    text = load_error(f"{draft}:Draft")
+    assert text == f"policy 'Draft': its constructor fails: SystemExit: 5 (at {draft}:6) (from file {draft})"
+
+
 CONSTRUCTORS = """
 class Exits(VllmDefault):
     def __init__(self):
