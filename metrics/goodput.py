@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from kvsched.metrics.requests import as_columns, done_mask, numbers
+from kvsched.metrics.requests import as_columns, done_mask, exact_sum, numbers
 
 
 def meets_slo(records: Any, ttft: float | None, tpot: float | None) -> np.ndarray:
@@ -35,5 +35,5 @@ def goodput_summary(metrics: Any, duration_s: float, ttft: float | None, tpot: f
         "requests_meeting_slo": num_good,
         "slo_attainment": num_good / metrics.num_rows if metrics.num_rows else 0.0,
         "goodput_requests_per_s": num_good / duration_s if duration_s > 0 else 0.0,
-        "goodput_tokens_per_s": int(numbers(metrics, "output_tokens")[good].sum()) / duration_s if duration_s > 0 else 0.0,
+        "goodput_tokens_per_s": exact_sum(numbers(metrics, "output_tokens")[good]) / duration_s if duration_s > 0 else 0.0,
     }

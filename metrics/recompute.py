@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from kvsched.metrics.requests import as_columns, numbers
+from kvsched.metrics.requests import as_columns, exact_sum, numbers
 
 if TYPE_CHECKING:
     from kvsched.core.sequence import SequenceGroup
@@ -42,8 +42,8 @@ def request_counts(g: SequenceGroup) -> dict[str, int]:
 def recompute_summary(records: Any) -> dict[str, float | int | None]:
     """The run's totals, its tax, and what one preemption by recompute threw away on average."""
     records = as_columns(records)
-    totals = {name: int(numbers(records, name).sum()) for name in FIELDS}
-    preemptions = int(numbers(records, "preemptions_recompute").sum())
+    totals = {name: exact_sum(numbers(records, name)) for name in FIELDS}
+    preemptions = exact_sum(numbers(records, "preemptions_recompute"))
     computed = totals["computed_tokens"]
     uncached = computed - totals["recomputed_tokens"] + totals["discarded_tokens"]
     return {

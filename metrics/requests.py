@@ -120,6 +120,18 @@ def done_mask(records: Columns) -> np.ndarray:
     return pc.is_in(records.column("status"), value_set=pa.array(DONE)).to_numpy(zero_copy_only=False)
 
 
+def exact_sum(values: np.ndarray) -> int | float:
+    """The sum of a column, exact however many rows: numpy adds int64 in int64 and would wrap past 2**63
+    unnoticed, so an int column too long for that is added in chunks that cannot wrap, as Python ints.
+    (The bounds on tokens and requests keep every real run inside one chunk: this is the proof of it.)"""
+    if values.dtype.kind not in "iu" or not len(values):
+        return values.sum().item() if len(values) else 0
+    rows = (1 << 63) // max(1, int(np.abs(values).max()) + 1)  # rows whose sum fits int64
+    if rows >= len(values):
+        return int(values.sum())
+    return sum(int(values[i:i + rows].sum()) for i in range(0, len(values), rows))
+
+
 def ordered_sum(values: np.ndarray) -> float:
     """Left-to-right sum, as Python's ``sum`` adds floats (numpy's own sum pairs them, so its last bits differ)."""
     return float(np.add.accumulate(values)[-1]) if len(values) else 0
@@ -167,7 +179,7 @@ def summarize(engine: Engine | None, requests: Any, **extra) -> dict:
     start = float(arrival.min()) if len(arrival) else 0.0
     end = float(finish.max()) if len(finish) else start
     duration = end - start
-    out_tokens = int(numbers(requests, "output_tokens")[done].sum())
+    out_tokens = exact_sum(numbers(requests, "output_tokens")[done])
     known = engine is not None
     policy = engine.policy_name if known else extra.pop("policy", None)
     config = engine.config.model_dump(mode="json") if known else extra.pop("config", None)
@@ -188,8 +200,8 @@ def summarize(engine: Engine | None, requests: Any, **extra) -> dict:
         "e2e_s": distribution(numbers(requests, "e2e")[done]),
         "queueing_s": distribution(numbers(requests, "queueing_time")[done]),
         "preemptions": {
-            "recompute": int(numbers(requests, "preemptions_recompute").sum()),
-            "swap": int(numbers(requests, "preemptions_swap").sum()),
+            "recompute": exact_sum(numbers(requests, "preemptions_recompute")),
+            "swap": exact_sum(numbers(requests, "preemptions_swap")),
         } if known else None,
         "recompute": recompute_summary(requests) if known else None,
         "blocks_swapped_in": engine.num_blocks_swapped_in if known else None,

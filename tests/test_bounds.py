@@ -15,6 +15,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
@@ -32,6 +33,7 @@ from kvsched.executors.simulated import SimulatedExecutor
 from kvsched.experiments.compare import MAX_SEEDS, seed_workloads
 from kvsched.experiments.simulation import run_simulation
 from kvsched.metrics.decision_log import DecisionLog
+from kvsched.metrics.requests import RequestMetrics, exact_sum, summarize
 from kvsched.policies.vllm_default import VllmDefault
 from kvsched.workloads import build_workload
 from kvsched.workloads.embedded import SyntheticWorkload
@@ -131,6 +133,18 @@ def test_a_prefix_trace_s_lengths_are_at_most_max_tokens(tmp_path):
     trace.write_text(json.dumps({"timestamp": 0, "input_length": 2**40, "output_length": 1, "hash_ids": [1]}) + "\n")
     with pytest.raises(WorkloadError, match="t.jsonl:1: column 'input_length': must be an integer from 1 to 2,147,483,648"):
         build_workload(None, trace).requests()
+
+
+@given(values=st.lists(st.integers(0, 2**63 - 1), max_size=40))
+def test_a_column_s_sum_is_exact_however_it_adds_up(values):
+    """numpy's int64 sum wraps past 2**63 without a word; the summaries' sums do not."""
+    assert exact_sum(np.array(values, dtype=np.int64)) == sum(values)
+
+
+def test_a_summary_s_token_total_does_not_wrap():
+    rows = [RequestMetrics(f"r{i}", "FINISHED_STOPPED", "stop", None, 0, "default", 1, 4, 2**62, 0.0, 0.0, 1.0, 2.0,
+                           0.0, 1.0, 0.5, 2.0, 0, 0) for i in range(3)]
+    assert summarize(None, rows)["output_tokens"] == 3 * 2**62
 
 
 # ---------------------------------------------------------------------------------------- Engine.run
