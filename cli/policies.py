@@ -15,16 +15,16 @@ from kvsched.cli.common import NumOpt, ProfileOpt, QuietOpt, RateOpt, flag
 PoliciesOpt = Annotated[Optional[list[str]], typer.Option("--policy", "-p", help="policy to compare (repeatable, at least two)")]
 FoldersArg = Annotated[Optional[list[Path]], typer.Argument(help="result folders (engine run or engine bench --output) to put side by side, instead of --policy")]
 CheckPolicyOpt = Annotated[str, typer.Option("--policy", "-p", help="installed policy name, or file.py:Attr / module:Attr")]
-ExamplesOpt = Annotated[int, typer.Option("--examples", min=1, help="Hypothesis examples for the state machine")]
-StepsOpt = Annotated[int, typer.Option("--steps", min=1, help="rules per state-machine example")]
-StarvationOpt = Annotated[int, typer.Option(min=1, help="Hypothesis examples for the starvation check (an overload scenario each)")]
+ExamplesOpt = Annotated[int, typer.Option("--examples", min=1, max=100_000, help="Hypothesis examples for the state machine")]
+StepsOpt = Annotated[int, typer.Option("--steps", min=1, max=10_000, help="rules per state-machine example")]
+StarvationOpt = Annotated[int, typer.Option(min=1, max=10_000, help="Hypothesis examples for the starvation check (an overload scenario each)")]
 CompareOutputOpt = Annotated[Optional[Path], typer.Option("--output", "-o", help="folder for comparison.csv (the table) and, with --plot, comparison_cdf.png")]
 ComparePlotOpt = Annotated[bool, flag("--plot", help="also write TTFT/TPOT CDFs per policy (comparison_cdf.png) under --output")]
 
 
 def check(policy: CheckPolicyOpt, policy_opt: Annotated[Optional[list[str]], typer.Option("--policy-opt", help="KEY=VALUE (repeatable)")] = None,
           examples: ExamplesOpt = 40, steps: StepsOpt = 30, starvation_examples: StarvationOpt = 4,
-          shrink_seconds: Annotated[float, typer.Option(min=0, help="time allowed to shrink each counter-example")] = 30.0,
+          shrink_seconds: Annotated[float, typer.Option(min=0, max=3600, help="time allowed to shrink each counter-example, in seconds")] = 30.0,
           quiet: QuietOpt = False) -> None:
     """Run the conformance suite on POLICY: invariant, result, shrunk counter-example. Exit 1 on any failure."""
     from rich.table import Table

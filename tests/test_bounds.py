@@ -188,6 +188,11 @@ def test_seed_workloads_are_built_only_as_far_as_they_differ():
     assert len(built) == 2
 
 
+@pytest.mark.parametrize("option", [["--examples", "1000000000000"], ["--steps", "100000000"], ["--shrink-seconds", "inf"]])
+def test_engine_check_s_counts_are_bounded(option):
+    assert "Input should be less than or equal to" in _line(_engine("check", "-p", "vllm-default", "-q", *option, timeout=30))
+
+
 def test_a_sweep_s_grid_is_counted_before_it_is_built():
     values = ",".join(str(v) for v in range(1, 101))
     sets = [a for key in ("delay_factor", "max_num_seqs", "watermark", "num_gpu_blocks", "block_size", "num_cpu_blocks")
