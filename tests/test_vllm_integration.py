@@ -133,3 +133,39 @@ def test_a_raising_policy_falls_back_and_the_engine_finishes_every_request(tmp_p
     assert "select_batch" in cause or "RuntimeError" in cause, cause
     assert count >= 3 and sched.kv_cache_manager.block_pool.get_num_free_blocks() == 13
     close(llm)
+
+
+def test_a_failure_of_ours_half_way_through_a_step_fails_its_requests_and_vllm_serves_on(monkeypatch):
+    """A bug injected into the replay of one step (it raises after carrying the step out on vLLM's state):
+    the requests of that step end with an error, the engine does not stop, vLLM's own scheduler serves
+    the next request, and every block comes back."""
+    import kvsched.integrations.vllm.scheduler as module
+    from vllm import SamplingParams
+
+    llm = make_llm(SCHEDULER_CLS, {"policy": "vllm-v1"})
+    engine, sched, params = llm.llm_engine, scheduler_of(llm), SamplingParams(max_tokens=6, ignore_eos=True)
+    finished = {}
+
+    def run() -> None:
+        for out in engine.step():
+            if out.finished:
+                finished[out.request_id] = (out.outputs[0].finish_reason, len(out.outputs[0].token_ids))
+
+    engine.add_request("x", {"prompt_token_ids": [31] * 20}, params)
+    run()  # x is running
+
+    def broken(vllm_sched, step):
+        monkeypatch.undo()
+        module.realize(vllm_sched, step)
+        raise RuntimeError("a bug of ours")
+
+    monkeypatch.setattr(module, "realize", broken)
+    engine.add_request("y", {"prompt_token_ids": [32] * 20}, params)
+    run()
+    assert sched.abandoned.startswith("schedule: RuntimeError: a bug of ours")
+    engine.add_request("z", {"prompt_token_ids": [33] * 20}, params)
+    while engine.has_unfinished_requests():
+        run()
+    assert finished == {"x": ("error", 1), "y": ("error", 0), "z": ("length", 6)}, finished
+    assert sched.kv_cache_manager.block_pool.get_num_free_blocks() == 13
+    close(llm)
