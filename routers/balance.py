@@ -57,8 +57,10 @@ class PowerOfTwo:
 
 
 class VllmDp:
-    """vLLM's data-parallel balancer (``DPLBAsyncMPClient``): the least ``waiting × 4 + running`` as
-    reported, counting the requests sent since that report as waiting (vLLM's local increment)."""
+    """vLLM's data-parallel balancer: the least waiting × 4 + running, as reported.
+
+    As ``DPLBAsyncMPClient`` does, the requests it sent since a replica's report count as waiting
+    there until the next report (vLLM's local increment between coordinator updates)."""
 
     name = "vllm-dp"
 

@@ -23,8 +23,10 @@ def _best(replicas, score, rng: random.Random):
 
 
 class PrefixAffinity:
-    """The replica the router sent the longest prefix of this prompt to (its own LRU table of block
-    hashes per replica); ties, and prompts it never saw, at random."""
+    """The replica the router sent the longest prefix of this prompt to (its own table), else at random.
+
+    The table is an LRU of block hashes per replica (llm-d's prefix-cache scorer used alone); ties,
+    and prompts it never saw, go at random."""
 
     name = "prefix-affinity"
 
@@ -57,11 +59,12 @@ class PrecisePrefix:
 
 
 class CacheAware:
-    """SGLang's and vllm-router's ``cache_aware``: if the busiest replica has more than
-    ``balance_abs_threshold`` requests in flight beyond the idlest and more than
-    ``balance_rel_threshold`` times as many, the least loaded; else the longest prefix match in the
-    router's table if it covers more than ``cache_threshold`` of the prompt, else the replica with
-    the smallest table."""
+    """SGLang's and vllm-router's cache_aware: the longest prefix match, the least loaded when imbalanced.
+
+    If the busiest replica has more than ``balance_abs_threshold`` requests in flight beyond the
+    idlest and more than ``balance_rel_threshold`` times as many, the least loaded; else the longest
+    prefix match in the router's table if it covers more than ``cache_threshold`` of the prompt,
+    else the replica with the smallest table."""
 
     name = "cache-aware"
 

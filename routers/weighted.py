@@ -23,7 +23,9 @@ def _min_max(values: list[float], higher_is_better: bool) -> list[float]:
 
 
 class Weighted:
-    """llm-d-style weighted scorers (``weights="precise-prefix-cache:2,queue-depth:1,kv-utilization:1"``):
+    """llm-d's endpoint picker: weighted scorers summed, the highest total wins (ties at random).
+
+    ``weights="precise-prefix-cache:2,queue-depth:1,kv-utilization:1"`` (the default); scorers
     precise-prefix-cache, prefix-affinity, queue-depth, kv-utilization, active-requests."""
 
     name = "weighted"

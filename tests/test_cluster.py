@@ -213,3 +213,14 @@ def test_bad_fleet_options_are_one_line_and_exit_2(args, message):
     run = subprocess.run([ENGINE, "run", "-n", "5", "-q", *args], capture_output=True, text=True, timeout=120)
     assert run.returncode == 2, (run.stdout, run.stderr)
     assert message in run.stderr and len(run.stderr.strip().splitlines()) == 1 and "Traceback" not in run.stderr
+
+
+def test_engine_run_a_session_workload_on_a_fleet(tmp_path):
+    """The documented example: multi-turn sessions from a JSON spec, prefix-affinity over prefix-caching replicas."""
+    run = subprocess.run([ENGINE, "run", "--replicas", "2", "--router", _router("prefix-affinity"), "--set", "enable_prefix_caching=true",
+                          "--workload", str(ROOT / "docs/examples/sessions.json"), "-n", "6", "-q", "--output", str(tmp_path / "s")],
+                         capture_output=True, text=True, timeout=300, env=WIDE)
+    assert run.returncode == 0, run.stderr
+    summary = json.loads((tmp_path / "s" / "summary.json").read_text())
+    assert summary["workload"]["kind"] == "sessions" and summary["workload"]["num_sessions"] == 6
+    assert summary["finished"] == summary["num_requests"] > 6 and summary["prefix_hit_rate"] > 0.3
