@@ -179,7 +179,7 @@ def _renameat2():
     """Linux's ``renameat2``, which exchanges two paths in one step, or None where the C library has none."""
     try:
         return ctypes.CDLL(None, use_errno=True).renameat2
-    except (OSError, AttributeError):
+    except (OSError, AttributeError, TypeError):  # TypeError: Windows loads no library by None
         return None
 
 

@@ -111,13 +111,15 @@ def read_numbers(path: Path, columns: tuple[str, ...]) -> dict[str, list[float]]
         header = [h.strip() for h in next(reader, [])]
         index: dict[str, int] = {}
         for row in reader:
+            if len(row) != len(header):
+                raise FileError(f"expected {len(header)} fields, got {len(row)}", path, reader.line_num)
             if not index:
                 missing = [c for c in columns if c not in header]
                 if missing:
                     raise FileError(f"no column {missing[0]!r}: not written by engine run or engine bench", path, 1)
                 index = {c: header.index(c) for c in columns}
             for column, i in index.items():
-                cell = row[i].strip() if i < len(row) else ""
+                cell = row[i].strip()
                 if cell:
                     out[column].append(_finite(cell, path, reader.line_num, column))
     except csv.Error as exc:

@@ -108,6 +108,8 @@ DAMAGE = [
      "requests.csv:3: column 'ttft': not a finite number: 'abc'"),
     ("requests.csv with inf", "compare", "requests.csv", lambda p: p.write_text("request_id,ttft,tpot\nr0,0.5,inf\n"),
      "requests.csv:2: column 'tpot': not a finite number: 'inf'"),
+    ("requests.csv cut short", "compare", "requests.csv", lambda p: p.write_text("request_id,ttft,tpot\nr0,0.5,0.1\nr1,0.5\n"),
+     "requests.csv:3: expected 3 fields, got 2"),
     ("requests.csv not UTF-8", "compare", "requests.csv", lambda p: p.write_bytes(b"request_id,ttft\nr\xe91,1\n"), "requests.csv:2: not UTF-8 text"),
     ("requests.parquet garbage", "explain", "requests.parquet", lambda p: p.write_text("garbage"), "requests.parquet: not a readable Parquet file"),
     ("requests.parquet without its columns", "explain", "requests.parquet", lambda p: _rewrite_parquet(p, lambda f: f[["request_id"]]),
