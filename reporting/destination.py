@@ -4,7 +4,9 @@ simulation), and written atomically after it (so that a failed write leaves noth
 A results folder is built in a hidden folder beside it and moved in when complete: a new folder
 appears whole, and an existing one is swapped for the new one in one step (``renameat2``'s
 exchange, or two renames where the file system has none), so that a failure or a kill at any
-point leaves the old results or the new ones, whole, never a mix or neither. Files in the folder
+point leaves the old results or the new ones, whole, never a mix or neither. (The folder the
+command runs in, ``-o .``, is not swapped, which would leave the shell in a removed folder: each
+new file replaces its old one instead, so none is ever missing.) Files in the folder
 that are not results of an earlier run (``names``) are kept: linked into the new folder before the
 swap (moved after it, what cannot be linked). A single file is written beside its destination
 and renamed over it. Symbolic links are followed: the results go where the link points.
@@ -129,8 +131,11 @@ def publishing_folder(folder: Path, names: Iterable[str] = RUN_FILES) -> Iterato
             os.rename(stage, folder)
             return
         os.chmod(stage, stat.S_IMODE(folder.stat().st_mode))
+        if _runs_in(folder):  # swapped, the folder the user's shell is in would be a removed one: file by file
+            _replace_files(stage, folder, set(names))
+            return
         later = _link_others(folder, stage, set(names))
-        if not _swap(stage, folder):
+        if not _swap(stage, folder):  # a mount point
             _replace_files(stage, folder, set(names))
             return
         remove = False  # the stage is now the old folder: what could not be linked moves to the new one
@@ -146,13 +151,23 @@ def publishing_folder(folder: Path, names: Iterable[str] = RUN_FILES) -> Iterato
 
 
 def _replace_files(stage: Path, folder: Path, names: set[str]) -> None:
-    """Where ``folder`` cannot be swapped (a mount point): each new file over its old one, so that no
-    result is ever missing, then the old results the new run did not write are removed."""
+    """Where ``folder`` is not swapped (a mount point, the folder the command runs in): each new file
+    over its old one, so that no result is ever missing, then the old results the new run did not
+    write are removed."""
     new = {p.name for p in stage.iterdir()}
     for name in new:
         os.replace(stage / name, folder / name)
     for name in names - new:
         (folder / name).unlink(missing_ok=True)
+
+
+def _runs_in(folder: Path) -> bool:
+    """Whether this process (so, most likely, the shell that started it) is in ``folder`` or below it."""
+    try:
+        here = os.getcwd()
+    except OSError:
+        return False
+    return os.path.commonpath([here, folder]) == str(folder)
 
 
 def _link_others(folder: Path, stage: Path, names: set[str]) -> list[str]:

@@ -281,3 +281,18 @@ def test_publishing_over_old_results_stopped_anywhere_leaves_the_old_or_the_new_
             break
     else:
         pytest.fail("publishing never got through")
+
+
+def test_the_folder_the_command_runs_in_is_replaced_in_place_not_swapped(tmp_path, monkeypatch):
+    from kvsched.reporting.destination import publishing_folder
+
+    out = tmp_path / "out"
+    out.mkdir()
+    for name, text in OLD.items():
+        (out / name).write_text(text)
+    inode = out.stat().st_ino
+    monkeypatch.chdir(out)  # engine run -o . : a swap would leave the user's shell in a removed folder
+    with publishing_folder(Path(".")) as stage:
+        for name, text in NEW.items():
+            (stage / name).write_text(text)
+    assert os.getcwd() == str(out) and out.stat().st_ino == inode and _results(out) == NEW
