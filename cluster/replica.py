@@ -126,7 +126,7 @@ class Replica:
         if not finished:
             return finished, idle, started
         engine.finished = []
-        groups = engine.groups
+        groups = engine._groups
         for g in finished:
             del groups[g.request_id]
         return finished, idle, started

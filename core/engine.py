@@ -18,7 +18,7 @@ from kvsched.core.request import Request
 from kvsched.core.scheduler import Scheduler
 from kvsched.core.steady_run import SteadyRuns
 from kvsched.core.sequence import Sequence, SequenceGroup, SequenceStatus
-from kvsched.core.view import CacheView, OutputView, QueueView
+from kvsched.core.view import CacheView, GroupMap, OutputView, QueueView
 
 # A stall: this many steps in a row ran nothing, over this much engine time (a policy may wait, not forever).
 STALL_STEPS, STALL_SECONDS = 1_000, 10.0
@@ -63,7 +63,7 @@ class Engine(SteadyRuns):
         if (self.config.decode_lane and isinstance(self.executor, KnownTokens) and not self._caching
                 and self.config.vllm_engine == "v0"):
             self.scheduler.lane = self.executor.decode_lane(self.scheduler.block_manager)
-        self.groups: dict[str, SequenceGroup] = {}
+        self._groups: dict[str, SequenceGroup] = {}  # the engine's own; ``groups`` shows them as views
         self.finished: list[SequenceGroup] = []
         self.retain_finished = retain_finished
         self.num_requests = 0  # added so far; a group's index
@@ -88,10 +88,10 @@ class Engine(SteadyRuns):
         self._refuse_in_hook("add_request")
         if not isinstance(request, Request):
             request = Request.model_validate(request)
-        if request.request_id in self.groups:
+        if request.request_id in self._groups:
             raise ValueError(f"duplicate request id {request.request_id!r}")
         group = SequenceGroup(request, self.num_requests, self._new_seq_id(), self.executor.eos_token_id, self._max_seq_len)
-        self.groups[request.request_id] = group
+        self._groups[request.request_id] = group
         self.num_requests += 1
         if group.n > 1 and self.fan_out is not None:
             self.fan_out.add(group)
@@ -110,7 +110,7 @@ class Engine(SteadyRuns):
         self._refuse_in_hook("abort")
         if not status.is_finished:
             raise ValueError(f"{status.name} is not a finished state")
-        group = self.groups.get(request_id)
+        group = self._groups.get(request_id)
         if group is None or group.is_finished:
             return False
         members = self.fan_out.members(group) if self.fan_out is not None else [group]
@@ -134,6 +134,11 @@ class Engine(SteadyRuns):
     @property
     def now(self) -> float:
         return self.clock.now()
+
+    @property
+    def groups(self) -> GroupMap:
+        """Every request by id (a finished one too, unless ``retain_finished=False``), as read-only ``GroupView``s (live)."""
+        return GroupMap(self._groups)
 
     @property
     def waiting(self) -> QueueView:
@@ -242,7 +247,7 @@ class Engine(SteadyRuns):
             self.finished += groups
         else:  # the step's report has them: nothing else keeps them (nor their tokens)
             for group in groups:
-                del self.groups[group.request_id]
+                del self._groups[group.request_id]
 
     @staticmethod
     def _end_group(group: SequenceGroup, now: float, finished: list[SequenceGroup]) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 from collections import namedtuple
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, NamedTuple
 
 from pydantic import BaseModel
@@ -151,6 +151,34 @@ class QueueView(_LazyTuple):
 
     def __repr__(self) -> str:
         return f"QueueView({[g.request_id for g in _items_of(self)]})"
+
+
+class GroupMap(Mapping):
+    """The engine's requests by id as ``GroupView``s (``Engine.groups``): read-only, and live (a request added or
+    retired shows at once)."""
+
+    __slots__ = ("_groups",)
+
+    def __init__(self, groups: dict[str, SequenceGroup]) -> None:
+        _set_groups(self, groups)
+
+    def __getitem__(self, request_id: str) -> GroupView:
+        return _groups_of(self)[request_id].view
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(_groups_of(self))
+
+    def __len__(self) -> int:
+        return len(_groups_of(self))
+
+    def __contains__(self, request_id: object) -> bool:
+        return request_id in _groups_of(self)
+
+    def __repr__(self) -> str:
+        return f"GroupMap({list(_groups_of(self))})"
+
+
+_groups_of, _set_groups = hidden_slot(GroupMap, "_groups")
 
 
 class Scheduled(NamedTuple):

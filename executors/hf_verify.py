@@ -177,7 +177,7 @@ def run_scenario(loaded: LoadedModel, scenario: Scenario, prompts: list[list[int
         if step > 10_000:
             raise RuntimeError(f"scenario {scenario.name} did not finish")
     for req in requests:
-        group = engine.groups[req.request_id]
+        group = engine._groups[req.request_id]
         result.preemptions = (result.preemptions[0] + group.num_recompute_preemptions, result.preemptions[1] + group.num_swap_preemptions)
         expected, ref_logits = refs[req.prompt_token_ids]
         for k, seq in enumerate(group.seqs):

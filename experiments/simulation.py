@@ -67,7 +67,7 @@ def run_simulation(
     if stream_to is None:
         engine = Engine(config, policy, executor, policy_options=policy_options)
         engine.run(requests, on_step=on_step)
-        records: list[RequestMetrics] | RequestTable = [RequestMetrics.of(g) for g in engine.groups.values()]
+        records: list[RequestMetrics] | RequestTable = [RequestMetrics.of(g) for g in engine._groups.values()]
     else:
         engine = Engine(config, policy, executor, policy_options=policy_options, retain_finished=False)
         log = RequestLog(Path(stream_to) / "requests.parquet")

@@ -156,14 +156,14 @@ class PolicyMachine(RuleBasedStateMachine):
 
     def _drain(self) -> None:
         engine = self.engine
-        groups = [g for g in engine.groups.values() if not g.is_finished]
+        groups = [g for g in engine._groups.values() if not g.is_finished]
         bound = 200 + 8 * sum((g.request.prompt_len + g.request.sampling.max_tokens) * g.request.sampling.n for g in groups)
         steps = idle = 0
         while engine.has_unfinished():
             if steps >= bound or idle >= STALL_STEPS:
                 s = engine.scheduler
                 why = f"no progress for {idle} steps" if idle >= STALL_STEPS else f"still unfinished after {steps} steps (bound {bound})"
-                left = [g.request_id for g in engine.groups.values() if not g.is_finished]
+                left = [g.request_id for g in engine._groups.values() if not g.is_finished]
                 self._violation(inv.FINISHES_WITHIN_BOUND, f"{why}: {len(s.waiting)} waiting, {len(s.running)} running, "
                                 f"{len(s.swapped)} swapped; unfinished {left[:5]}; {s.why_stuck()}")
                 return
@@ -184,7 +184,7 @@ def budget_violation(engine: Engine, report, config=None) -> str | None:
     tokens = sum(s.num_tokens for s in report.output.scheduled)
     if tokens > config.max_num_batched_tokens:
         return f"step {report.step} batched {tokens} tokens > max_num_batched_tokens {config.max_num_batched_tokens}"
-    running = [s for g in engine.groups.values() for s in g.seqs if s.status is SequenceStatus.RUNNING]
+    running = [s for g in engine._groups.values() for s in g.seqs if s.status is SequenceStatus.RUNNING]
     if len(running) > config.max_num_seqs:
         return f"step {report.step} left {len(running)} sequences running > max_num_seqs {config.max_num_seqs}"
     held = {b for table in bm.gpu_tables.values() for b in table}

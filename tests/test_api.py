@@ -76,7 +76,7 @@ def test_a_prefix_hit_reports_the_full_prompt_next_to_its_uncached_part():
     engine.add_request(Request(request_id="second", prompt_token_ids=prompt + (99,), output_len=1, sampling={"max_tokens": 1}))
     (entry,) = engine.step().output.scheduled
     assert entry.is_prefill and entry.num_cached_tokens == 20 and entry.num_tokens == 1
-    assert entry.num_cached_tokens + entry.num_tokens == engine.groups["second"].view.prompt_len
+    assert entry.num_cached_tokens + entry.num_tokens == engine._groups["second"].view.prompt_len
 
 
 def test_a_caller_drives_the_clock():
@@ -128,10 +128,10 @@ def test_a_step_can_be_split_and_a_request_ended_while_it_runs():
     output = engine.schedule()
     assert sorted(sg.group.request_id for sg in output.scheduled) == ["a", "b"]
     assert engine.finish_request("a", SequenceStatus.FINISHED_STOPPED)
-    seq_b = engine.groups["b"].seqs[0].seq_id
+    seq_b = engine._groups["b"].seqs[0].seq_id
     report = engine.complete(output, StepResult(1.0, {seq_b: [7]}))
     assert [sg.group.request_id for sg in report.output.scheduled] == ["b"]
-    assert engine.groups["a"].status is SequenceStatus.FINISHED_STOPPED and engine.groups["b"].num_generated_tokens == 2
+    assert engine._groups["a"].status is SequenceStatus.FINISHED_STOPPED and engine._groups["b"].num_generated_tokens == 2
     engine.run()
     assert engine.leaked_blocks == 0
     with pytest.raises(ValueError, match="not a finished state"):
@@ -166,7 +166,7 @@ def test_a_view_tells_session_slo_class_computed_tokens_and_when_it_last_queued(
     engine = unit_engine(num_gpu_blocks=4, preemption_mode="recompute")
     engine.add_request(req("a", 4, 8, session_id="chat-1", slo_class="interactive"))
     engine.add_request(req("b", 4, 8, arrival=0.0))
-    a, b = engine.groups["a"].view, engine.groups["b"].view
+    a, b = engine.groups["a"], engine.groups["b"]
     assert (a.session_id, a.slo_class, b.session_id, b.slo_class) == ("chat-1", "interactive", None, None)
     assert a.num_computed_tokens == 0 and a.last_queued_time == 0.0
     computed, queued = [], []
@@ -199,7 +199,7 @@ def test_a_batch_entry_tells_which_sequences_sample_and_how_many_tokens():
         seen.append(samples)
         tokens = {seq_id: [7] * n for entry in samples.values() for seq_id, n in entry}
         engine.complete(output, kvsched.StepResult(1.0, tokens))
-    first = engine.groups["forked"].seqs[0].seq_id
+    first = engine._groups["forked"].seqs[0].seq_id
     assert seen[0]["forked"] == [(first, 2)] and all(len(s.get("forked", [])) in (0, 2) for s in seen[1:])
     assert any(s.get("chunked") == [] for s in seen) and sum(bool(s.get("chunked")) for s in seen) == 2
 
@@ -218,3 +218,20 @@ def test_an_order_only_policy_subclasses_the_public_base():
     for rid, prompt in (("a", 8), ("b", 30), ("c", 16)):
         engine.add_request(req(rid, prompt, 2))
     assert [g.request_id for g in engine.run()] == ["b", "c", "a"]
+
+
+def test_the_engine_gives_its_requests_by_id_as_read_only_views():
+    """``Engine.groups`` once handed out the engine's own groups, and its own dict (issue 21)."""
+    engine = unit_engine()
+    engine.add_request(req("a", 4, 2))
+    groups = engine.groups
+    assert isinstance(groups["a"], GroupView) and list(groups) == ["a"] and "b" not in groups
+    engine.add_request(req("b", 4, 2))
+    assert [v.request_id for v in groups.values()] == ["a", "b"]  # live
+    with pytest.raises(TypeError):
+        groups["c"] = groups["a"]
+    with pytest.raises(TypeError):
+        del groups["a"]
+    assert not hasattr(groups, "__dict__") and not hasattr(groups, "_groups")
+    engine.run()
+    assert all(v.status.is_finished for v in engine.groups.values()) and len(engine.groups) == 2

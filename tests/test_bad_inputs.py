@@ -104,7 +104,7 @@ def test_a_policy_that_waits_for_time_to_pass_is_not_a_stall():
 
     engine = Engine(EngineConfig(), AdmitsAfter5s, SimulatedExecutor())
     engine.run([req("a", 40, 4)])
-    assert engine.groups["a"].status.name == "FINISHED_STOPPED"
+    assert engine._groups["a"].status.name == "FINISHED_STOPPED"
 
 
 def test_a_long_prompt_with_prefix_caching_is_hashed_only_up_to_its_first_miss(monkeypatch):
@@ -115,14 +115,14 @@ def test_a_long_prompt_with_prefix_caching_is_hashed_only_up_to_its_first_miss(m
     engine.add_request(req("huge", 10**6, 4))
     engine.add_request(req("small", 40, 4))
     engine.step()
-    assert engine.groups["huge"].status.name == "FINISHED_IGNORED" and len(calls) < 10
+    assert engine._groups["huge"].status.name == "FINISHED_IGNORED" and len(calls) < 10
 
 
 def test_the_audit_finds_blocks_held_by_a_finished_sequence():
     engine = unit_engine()
     engine.add_request(req("a", 6, 2))
     engine.run()
-    bm, seq = engine.scheduler.block_manager, engine.groups["a"].seqs[0]
+    bm, seq = engine.scheduler.block_manager, engine._groups["a"].seqs[0]
     assert engine.scheduler.audit() == []
     bm.gpu_tables[seq.seq_id] = [bm.gpu.allocate()]  # what a rollback across an abort once did
     assert any(f"sequence {seq.seq_id} holds GPU blocks but is not running" in p for p in engine.scheduler.audit())

@@ -247,7 +247,7 @@ def test_vllm_v1_preempts_by_recompute_even_on_v0_mechanics():
     for i in range(4):
         e.add_request(req(f"r{i}", 4, 12, n=2))  # n > 1: the v0 default mode would be swap
     e.run()
-    groups = e.groups.values()
+    groups = e._groups.values()
     assert all(g.status.name in ("FINISHED_LENGTH_CAPPED", "FINISHED_STOPPED") for g in groups)
     assert sum(g.num_recompute_preemptions for g in groups) > 0 and not any(g.num_swap_preemptions for g in groups)
     assert e.leaked_blocks == 0

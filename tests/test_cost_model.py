@@ -145,7 +145,7 @@ def test_simulated_tokens_are_the_output_position_shared_across_requests():
     engine = Engine(EngineConfig(block_size=4, num_gpu_blocks=256, max_num_batched_tokens=512, max_num_seqs=8), "vllm-default", SimulatedExecutor())
     engine.run([Request(request_id=f"r{i}", prompt_len=5, output_len=300 + i, arrival_time=0.0,
                         sampling=SamplingParams(max_tokens=400)) for i in range(2)])
-    a, b = (engine.groups[r].seqs[0].output for r in ("r0", "r1"))
+    a, b = (engine._groups[r].seqs[0].output for r in ("r0", "r1"))
     assert a[:3] == [-3, -4, -5] and a[-1] == -1 and len(a) == 300 and len(b) == 301
     assert all(x is y for x, y in zip(a[:299], b[:299]))
 

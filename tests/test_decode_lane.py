@@ -117,7 +117,7 @@ def _trace(policy, config, reqs, aborts, abort_step, lane):
     finals = {
         g.request_id: (g.status, g.finish_time, g.first_token_time, g.num_generated_tokens,
                        [list(s.output) for s in g.seqs], g.num_recompute_preemptions, g.num_swap_preemptions)
-        for g in engine.groups.values()
+        for g in engine._groups.values()
     }
     assert engine.leaked_blocks == 0
     return steps, finals, lane_steps[0]
@@ -166,13 +166,13 @@ def test_a_prompt_finished_by_its_last_chunk_gets_its_first_token_time():
     for lane in (True, False):
         engine = Engine(EngineConfig(block_size=4, num_gpu_blocks=100, decode_lane=lane), ChunkedAfterDecoding, SimulatedExecutor())
         engine.run(reqs)
-        assert all(g.first_token_time is not None and g.first_token_time < g.finish_time for g in engine.groups.values())
+        assert all(g.first_token_time is not None and g.first_token_time < g.finish_time for g in engine._groups.values())
 
 
 def test_a_second_advance_running_in_a_lane_step_is_a_no_op():
     engine = Engine(EngineConfig(block_size=4, num_gpu_blocks=200), DecodesTwice, SimulatedExecutor())
     engine.run([req(f"r{i}", 10, 30) for i in range(4)])
-    assert all(g.status.name == "FINISHED_STOPPED" for g in engine.groups.values())
+    assert all(g.status.name == "FINISHED_STOPPED" for g in engine._groups.values())
     assert engine.leaked_blocks == 0
 
 

@@ -40,7 +40,7 @@ def test_documented_policy_serves_shorter_prompts_first():
     for i, length in enumerate((60, 40, 20, 10)):
         e.add_request(req(f"len{length}", prompt_len=length, output_len=3))
     e.run()
-    first = {rid: g.first_token_time for rid, g in e.groups.items()}
+    first = {rid: g.first_token_time for rid, g in e._groups.items()}
     assert first["len10"] <= first["len20"] <= first["len40"] <= first["len60"]
     assert first["len10"] < first["len60"] and e.leaked_blocks == 0
 
@@ -50,7 +50,7 @@ def test_documented_policy_ages_a_long_prompt_past_a_stream_of_short_ones():
     e = unit_engine(policy, max_num_batched_tokens=64, max_num_seqs=8)
     stream = [req(f"short{i}", prompt_len=8, output_len=4, arrival=i * 0.25) for i in range(120)]
     e.run([req("long", prompt_len=40, output_len=2, arrival=0.1), *stream])
-    long_start = e.groups["long"].first_scheduled_time
+    long_start = e._groups["long"].first_scheduled_time
     assert long_start is not None and long_start < 5.0  # the stream goes on until t = 30
 
 

@@ -57,8 +57,8 @@ def test_random_runs_finish_every_request_and_leak_nothing(config, spec, aborts,
     engine.run(reqs, on_step=check)
     note(f"{seen['steps']} steps")
     assert not engine.has_unfinished()
-    assert all(g.is_finished for g in engine.groups.values())
+    assert all(g.is_finished for g in engine._groups.values())
     assert engine.leaked_blocks == 0 and engine.scheduler.block_manager.audit() == []
-    for g in engine.groups.values():
+    for g in engine._groups.values():
         if g.status.name in ("FINISHED_STOPPED", "FINISHED_LENGTH_CAPPED"):
             assert all(len(s.output) >= 1 for s in g.seqs) and len(g.seqs) == g.request.sampling.n

@@ -37,7 +37,7 @@ def test_run_hf_streams_one_prompts_text_as_it_is_generated():
     out = Console(file=io.StringIO())
     streamer, shown = Streamer(engine, loaded, [request], out), []
     engine.run([request], on_step=lambda report: (streamer(report), shown.append(out.file.getvalue())))
-    assert shown[-1] == loaded.tokenizer.decode(engine.groups["p0"].seqs[0].output).strip() + "\n"
+    assert shown[-1] == loaded.tokenizer.decode(engine._groups["p0"].seqs[0].output).strip() + "\n"
     assert len(set(shown)) > 2  # the text grew step by step, not once at the end
 
 

@@ -31,7 +31,7 @@ def _run(loaded, config, sampling, prompts=PROMPTS, **kw):
     engine = hf_engine(loaded, config, **kw)
     reqs = [Request(request_id=f"r{i}", prompt_token_ids=p, sampling=sampling) for i, p in enumerate(prompts)]
     engine.run(reqs)
-    return engine, {r.request_id: [list(s.output) for s in engine.groups[r.request_id].seqs] for r in reqs}
+    return engine, {r.request_id: [list(s.output) for s in engine._groups[r.request_id].seqs] for r in reqs}
 
 
 def test_filters():
@@ -51,7 +51,7 @@ def test_seeded_sampling_does_not_depend_on_scheduling(loaded):
     params = SamplingParams(max_tokens=14, temperature=0.9, top_p=0.95, top_k=50, seed=1234, ignore_eos=True)
     _, roomy = _run(loaded, ROOMY, params)
     tight_engine, tight = _run(loaded, TIGHT, params)
-    assert sum(g.num_swap_preemptions for g in tight_engine.groups.values()) > 0
+    assert sum(g.num_swap_preemptions for g in tight_engine._groups.values()) > 0
     assert roomy == tight
     _, other_seed = _run(loaded, ROOMY, params.model_copy(update={"seed": 99}))
     assert other_seed != roomy
@@ -81,21 +81,21 @@ def test_stop_tokens_and_eos(loaded):
     cut = tokens.index(stop) + 1
     engine, out = _run(loaded, ROOMY, SamplingParams(max_tokens=8, stop_token_ids=(stop,)), prompts=[PROMPTS[0]])
     assert out["r0"][0] == tokens[:cut]
-    assert engine.groups["r0"].status is SequenceStatus.FINISHED_STOPPED
+    assert engine._groups["r0"].status is SequenceStatus.FINISHED_STOPPED
 
     engine = hf_engine(loaded, ROOMY)
     engine.executor.eos_token_id = stop  # pretend the model's EOS is that token
     engine.run([Request(request_id="e", prompt_token_ids=PROMPTS[0], sampling=SamplingParams(max_tokens=8))])
-    assert engine.groups["e"].seqs[0].output == tokens[:cut]
+    assert engine._groups["e"].seqs[0].output == tokens[:cut]
     engine = hf_engine(loaded, ROOMY)
     engine.executor.eos_token_id = stop
     engine.run([Request(request_id="e", prompt_token_ids=PROMPTS[0], sampling=SamplingParams(max_tokens=8, ignore_eos=True))])
-    assert engine.groups["e"].seqs[0].output == tokens
+    assert engine._groups["e"].seqs[0].output == tokens
 
 
 def test_wall_clock_drives_metrics(loaded):
     engine, _ = _run(loaded, ROOMY, SamplingParams(max_tokens=4, ignore_eos=True))
-    for g in engine.groups.values():
+    for g in engine._groups.values():
         assert 0 < g.first_token_time <= g.finish_time
 
 
@@ -110,7 +110,7 @@ def test_engine_attaches_the_executor_which_must_match_its_pools(loaded):
     assert executor.block_manager is engine.scheduler.block_manager
     engine.add_request(Request(request_id="x", prompt_token_ids=(1, 2), sampling=SamplingParams(max_tokens=2)))
     engine.run()
-    assert len(engine.groups["x"].seqs[0].output) == 2
+    assert len(engine._groups["x"].seqs[0].output) == 2
     with pytest.raises(ValueError, match="block size"):
         Engine(EngineConfig(block_size=8, num_gpu_blocks=64), "vllm-default", HFExecutor(loaded, ROOMY))
 

@@ -37,5 +37,5 @@ def test_smollm2_writes_text(smollm2):
     engine = hf_engine(smollm2)
     ids = smollm2.encode_prompt("What is the capital of France?")
     engine.run([Request(request_id="q", prompt_token_ids=tuple(ids), sampling=SamplingParams(max_tokens=12))])
-    text = smollm2.tokenizer.decode(engine.groups["q"].seqs[0].output, skip_special_tokens=True)
+    text = smollm2.tokenizer.decode(engine._groups["q"].seqs[0].output, skip_special_tokens=True)
     assert "Paris" in text

@@ -79,7 +79,7 @@ class Hostile(VllmDefault):
 
 def _foreign(policy, status: str) -> GroupView:
     """A view of the other engine, in the queue the operation expects when it has one (the real attack)."""
-    groups = list(policy.foreign.groups.values())
+    groups = list(policy.foreign._groups.values())
     return next((g.view for g in groups if g.status.name == status), groups[0].view)
 
 
@@ -144,7 +144,7 @@ ACTS = {
     "engine.step() inside select_batch": ("select_batch", lambda p, s: p.engine.step(), PolicyError),
     "engine.abort() inside select_batch": ("select_batch", lambda p, s: p.engine.abort(_any_view(s).request_id), PolicyError),
     "engine.add_request() inside select_batch": ("select_batch", lambda p, s: p.engine.add_request(req("late", 4, 2)), PolicyError),
-    "engine.abort() inside on_step": ("on_step", lambda p, r: p.engine.abort(next(iter(p.engine.groups))), PolicyError),
+    "engine.abort() inside on_step": ("on_step", lambda p, r: p.engine.abort(next(iter(p.engine._groups))), PolicyError),
     "advance the requester inside choose_preemption": ("choose_preemption", lambda p, s, r: (s.advance(r), Preemption(r))[1], PolicyError),
     "admit inside can_allocate": ("can_allocate", lambda p, s, g: (s.admit(g), AllocStatus.OK)[1], PolicyError),
     "a refusal caught by the policy": ("select_batch", _caught, PolicyError),
@@ -155,7 +155,7 @@ ACTS = {
     "raise in can_allocate": ("can_allocate", lambda p, s, g: 1 / 0, PolicyError),
     "raise in on_step": ("on_step", lambda p, r: 1 / 0, PolicyError),
     # 7: the report is read-only
-    "rewrite a finished status": ("on_step", lambda p, r: _setattr((r.finished or [p.engine.groups["r0"].view])[0], "status", SequenceStatus.WAITING), PolicyError),
+    "rewrite a finished status": ("on_step", lambda p, r: _setattr((r.finished or [p.engine._groups["r0"].view])[0], "status", SequenceStatus.WAITING), PolicyError),
     "shrink a batch entry": ("on_step", lambda p, r: _setattr(next(iter(r.output.scheduled)), "num_tokens", 0), PolicyError),
     "append a block copy": ("on_step", lambda p, r: r.output.blocks_to_copy.append((0, 10**9)), PolicyError),
     # 8: private state one attribute away
@@ -189,7 +189,7 @@ def snapshot(e: Engine):
         [[g.request_id for g in q] for q in (s.waiting, s.running, s.swapped)],
         [(g.request_id, g.status, g.num_generated_tokens, g.num_unfinished_seqs, g.first_scheduled_time, g.first_token_time,
           g.finish_time, g.num_recompute_preemptions, g.num_swap_preemptions,
-          [(x.seq_id, x.status, x.num_tokens, x.num_computed_tokens, tuple(x.output)) for x in g.seqs]) for g in e.groups.values()],
+          [(x.seq_id, x.status, x.num_tokens, x.num_computed_tokens, tuple(x.output)) for x in g.seqs]) for g in e._groups.values()],
         {k: tuple(v) for k, v in bm.gpu_tables.items()}, {k: tuple(v) for k, v in bm.cpu_tables.items()},
         tuple(bm.gpu.ref_counts), tuple(bm.cpu.ref_counts), tuple(bm.gpu._free), tuple(bm.cpu._free),
         tuple(bm.gpu.evictor), tuple(bm.cpu.evictor), dict(bm.gpu.block_hash),
@@ -236,7 +236,7 @@ def play(act_name: str, config: dict, specs, warmup: int, work_first: bool) -> b
         engine.run()
         assert engine.leaked_blocks == 0 and engine.scheduler.audit() == []
         assert all(g.status in (SequenceStatus.FINISHED_STOPPED, SequenceStatus.FINISHED_LENGTH_CAPPED, SequenceStatus.FINISHED_IGNORED)
-                   for g in engine.groups.values())
+                   for g in engine._groups.values())
     assert [(g.request_id, g.status, g.finish_time) for g in armed.finished] == [(g.request_id, g.status, g.finish_time) for g in twin.finished]
     return fired
 

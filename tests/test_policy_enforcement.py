@@ -16,7 +16,7 @@ def state(e: Engine):
     s, bm = e.scheduler, e.scheduler.block_manager
     return ([g.request_id for g in s.waiting], [g.request_id for g in s.running], [g.request_id for g in s.swapped],
             {k: list(v) for k, v in bm.gpu_tables.items()}, list(bm.gpu.ref_counts), s.num_running_seqs,
-            [(g.status, [x.status for x in g.seqs]) for g in e.groups.values()])
+            [(g.status, [x.status for x in g.seqs]) for g in e._groups.values()])
 
 
 def started(policy, n=3, **config):
@@ -91,7 +91,7 @@ def test_a_policy_that_raises_is_rolled_back_and_the_engine_carries_on():
         e.step()
     assert state(e) == before and e.scheduler.block_manager.num_free_gpu_blocks == 64
     e.run()
-    assert all(g.status is SequenceStatus.FINISHED_STOPPED for g in e.groups.values()) and e.leaked_blocks == 0
+    assert all(g.status is SequenceStatus.FINISHED_STOPPED for g in e._groups.values()) and e.leaked_blocks == 0
 
 
 class LiesAboutCapacity(VllmDefault):
@@ -192,12 +192,12 @@ def test_a_policy_with_only_a_victim_rule_inherits_vllm_default_batching():
 
     e = started(OldestFirst, n=3, num_gpu_blocks=6)
     e.run()
-    assert e.leaked_blocks == 0 and all(g.is_finished for g in e.groups.values())
+    assert e.leaked_blocks == 0 and all(g.is_finished for g in e._groups.values())
 
 
 def test_views_are_read_only():
     e = started("vllm-default")
-    view = e.groups["r0"].view
+    view = e._groups["r0"].view
     assert isinstance(view, GroupView)
     with pytest.raises(AttributeError):
         view.priority = -5
@@ -218,7 +218,7 @@ def test_abort_frees_blocks_in_every_queue():
     assert e.scheduler.swapped and e.scheduler.running and e.scheduler.waiting
     for rid in ("pair", "solo", "waiting"):
         assert e.abort(rid)
-        assert e.groups[rid].status is SequenceStatus.FINISHED_ABORTED
+        assert e._groups[rid].status is SequenceStatus.FINISHED_ABORTED
     assert not e.abort("pair")  # already ended
     assert e.scheduler.block_manager.num_held_blocks == 0 and e.scheduler.audit() == []
 
@@ -241,7 +241,7 @@ def test_chunked_prefill_through_the_step_operations():
     e.add_request(req("a", prompt_len=12, output_len=3))
     chunks = [e.step().output.scheduled[0].num_tokens for _ in range(3)]
     assert chunks == [5, 5, 2]
-    g = e.groups["a"]
+    g = e._groups["a"]
     assert g.first_token_time == 3.0 and len(g.seqs[0].output) == 1
     e.run()
     assert g.status is SequenceStatus.FINISHED_STOPPED and e.leaked_blocks == 0
@@ -278,7 +278,7 @@ def test_a_group_swapped_mid_prefill_resumes_in_chunks():
     chunk = e.step()
     assert chunk.output.blocks_to_swap_in and [s.num_tokens for s in chunk.output.scheduled] == [8]
     e.run()
-    assert e.groups["long"].status is SequenceStatus.FINISHED_STOPPED and e.leaked_blocks == 0
+    assert e._groups["long"].status is SequenceStatus.FINISHED_STOPPED and e.leaked_blocks == 0
 
 
 def test_queue_views_are_lazy_read_only_sequences():

@@ -174,7 +174,7 @@ def finals(engine) -> dict:
     return {
         g.request_id: (g.status, g.finish_detail, g.first_scheduled_time, g.first_token_time, g.finish_time, g.num_generated_tokens,
                        [list(s.output) for s in g.seqs], g.num_recompute_preemptions, g.num_swap_preemptions)
-        for g in engine.groups.values()
+        for g in engine._groups.values()
     }
 
 

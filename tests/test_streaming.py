@@ -39,7 +39,7 @@ def test_streamed_run_equals_the_in_memory_run(workload, tmp_path):
     assert list(streamed.result.requests) == kept.result.requests  # same rows, same (arrival) order
     assert streamed.timeseries.frame().equals(kept.timeseries.frame())
     assert {p.name for p in tmp_path.iterdir()} == {"requests.parquet", "timeseries.parquet"}
-    assert streamed.result.engine.groups == {} and streamed.result.engine.finished == []
+    assert streamed.result.engine._groups == {} and streamed.result.engine.finished == []
 
 
 def test_ignored_requests_are_recorded_in_order(tmp_path):
@@ -89,12 +89,12 @@ def test_an_engine_that_retains_no_finished_group_holds_only_unfinished_ones():
 
     def observe(report):
         s = engine.scheduler
-        assert len(engine.groups) == len(s.waiting) + len(s.running) + len(s.swapped)
+        assert len(engine._groups) == len(s.waiting) + len(s.running) + len(s.swapped)
         assert len(pulled) <= engine.num_requests + 1  # requests are read as they arrive, one ahead at most
         finished.append([g.request_id for g in report.finished])
 
     assert engine.run(requests(), on_step=observe, in_order=True) == []
-    assert engine.groups == {} and engine.finished == [] and engine.num_requests == 150 == sum(map(len, finished))
+    assert engine._groups == {} and engine.finished == [] and engine.num_requests == 150 == sum(map(len, finished))
     # nothing keeps a finished group (nor its tokens) alive, but for the last step's, which its report still names
     assert live_groups() - before <= set(finished[-1])
 
@@ -102,7 +102,7 @@ def test_an_engine_that_retains_no_finished_group_holds_only_unfinished_ones():
 def test_retaining_is_the_default_and_ids_stay_unique():
     engine = Engine(EngineConfig(), "vllm-default", SimulatedExecutor())
     done = engine.run(build_workload(num_requests=20).requests())
-    assert len(done) == len(engine.groups) == 20 and engine.num_requests == 20
+    assert len(done) == len(engine._groups) == 20 and engine.num_requests == 20
     with pytest.raises(ValueError, match="duplicate request id"):
         engine.add_request(Request(request_id="req-3", prompt_len=4, sampling=SamplingParams(max_tokens=2)))
 

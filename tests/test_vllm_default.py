@@ -48,7 +48,7 @@ def test_never_fitting_prompt_is_ignored_and_the_queue_moves_on():
     e.add_request(req("ok", prompt_len=4, output_len=2))
     report = e.step()
     assert ids(report.output.ignored) == ["huge"] and ids(report.output.scheduled) == ["ok"]
-    huge = e.groups["huge"]
+    huge = e._groups["huge"]
     assert huge.status is SequenceStatus.FINISHED_IGNORED and "never fit" in huge.finish_detail
     assert huge.view in report.finished
 
@@ -57,7 +57,7 @@ def test_prompt_longer_than_max_model_len_is_ignored():
     e = unit_engine(max_model_len=16)
     e.add_request(req("long", prompt_len=17, output_len=2))
     assert ids(e.step().output.ignored) == ["long"]
-    assert "max_model_len" in e.groups["long"].finish_detail
+    assert "max_model_len" in e._groups["long"].finish_detail
 
 
 def test_later_blocks_admission_head_of_line_above_the_watermark():
@@ -89,7 +89,7 @@ def test_single_sequence_victim_is_recomputed_from_the_tail_to_the_front_of_wait
     assert victim.request_id == "r2" and mode is PreemptionMode.RECOMPUTE  # the newest goes
     assert ids(report.output.scheduled) == ["r0", "r1"]
     assert ids(e.scheduler.waiting)[0] == "r2" and victim.status is SequenceStatus.WAITING
-    victim = e.groups[victim.request_id]
+    victim = e._groups[victim.request_id]
     assert all(s.num_computed_tokens == 0 for s in victim.seqs)
     assert e.scheduler.block_manager.block_table(victim.seqs[0].seq_id) == ()
 
@@ -100,7 +100,7 @@ def test_recomputed_request_reprefills_prompt_plus_generated_tokens():
         e.add_request(req(f"r{i}", prompt_len=7, output_len=12))
     report = fill_until_preemption(e)
     victim = report.output.preempted[0][0]
-    generated = len(e.groups[victim.request_id].seqs[0].output)
+    generated = len(e._groups[victim.request_id].seqs[0].output)
     for _ in range(100):
         r = e.step()
         hit = [s for s in r.output.scheduled if s.group is victim]
@@ -152,7 +152,7 @@ def test_swap_that_the_cpu_pool_cannot_hold_becomes_recompute():
     report = fill_until_preemption(e)
     assert report.output.preempted[0][1] is PreemptionMode.RECOMPUTE
     e.run()
-    assert all(g.status is SequenceStatus.FINISHED_STOPPED for g in e.groups.values()) and e.leaked_blocks == 0
+    assert all(g.status is SequenceStatus.FINISHED_STOPPED for g in e._groups.values()) and e.leaked_blocks == 0
 
 
 def test_delay_gate_holds_prompts_until_the_oldest_waited_long_enough():
@@ -183,7 +183,7 @@ def test_lone_request_decodes_when_its_exact_need_fits():
     e = unit_engine(num_gpu_blocks=2)
     e.add_request(req("lone", prompt_len=6, output_len=3))  # 2 blocks: pool full, 2 free slots in the last
     e.run()
-    g = e.groups["lone"]
+    g = e._groups["lone"]
     assert g.status is SequenceStatus.FINISHED_STOPPED and g.num_recompute_preemptions == 0
 
 
@@ -193,8 +193,8 @@ def test_everything_finishes_and_frees_every_block():
         e.add_request(req(f"r{i}", prompt_len=3 + i, output_len=4 + (i * 7) % 11, n=1 + i % 3, arrival=i * 0.3))
     e.run()
     assert e.leaked_blocks == 0 and not e.has_unfinished()
-    assert sum(g.num_swap_preemptions for g in e.groups.values()) > 0
-    assert sum(g.num_recompute_preemptions for g in e.groups.values()) > 0
+    assert sum(g.num_swap_preemptions for g in e._groups.values()) > 0
+    assert sum(g.num_recompute_preemptions for g in e._groups.values()) > 0
 
 
 def test_request_with_more_sequences_than_max_num_seqs_is_ignored_not_stuck():
@@ -204,7 +204,7 @@ def test_request_with_more_sequences_than_max_num_seqs_is_ignored_not_stuck():
     e.add_request(req("next", prompt_len=4, output_len=2))
     report = e.step()
     assert ids(report.output.ignored) == ["wide"] and ids(report.output.scheduled) == ["next"]
-    assert "max_num_seqs" in e.groups["wide"].finish_detail
+    assert "max_num_seqs" in e._groups["wide"].finish_detail
 
 
 def test_running_loop_ends_when_the_advanced_group_itself_is_preempted():

@@ -43,8 +43,8 @@ def test_n_above_one_is_one_request_with_n_outputs_under_v1_as_under_v0():
         engine.run([_n3(), Request(request_id="b", prompt_len=6, output_len=3)],
                    on_step=lambda r: (seen.update(sg.group.request_id for sg in r.output.scheduled),
                                       finished.extend(g.request_id for g in r.finished)))
-        assert sorted(engine.groups) == ["a", "b"] and sorted(finished) == ["a", "b"] and engine.leaked_blocks == 0
-        parent = engine.groups["a"]
+        assert sorted(engine._groups) == ["a", "b"] and sorted(finished) == ["a", "b"] and engine.leaked_blocks == 0
+        parent = engine._groups["a"]
         assert [len(s.output) for s in parent.seqs] == [5, 5, 5]
         records[mechanics] = RequestMetrics.of(parent)
         if mechanics == "v1":
@@ -67,8 +67,8 @@ def test_aborting_a_fanned_out_request_ends_every_child_and_frees_their_blocks()
     engine.step()
     engine.step()
     assert engine.abort("a") and not engine.abort("a")
-    assert engine.groups["a"].status is SequenceStatus.FINISHED_ABORTED and not engine.has_unfinished()
-    assert engine.leaked_blocks == 0 and engine.finished == [engine.groups["a"]]
+    assert engine._groups["a"].status is SequenceStatus.FINISHED_ABORTED and not engine.has_unfinished()
+    assert engine.leaked_blocks == 0 and engine.finished == [engine._groups["a"]]
     engine.check()
 
 
@@ -118,5 +118,5 @@ def test_under_v1_the_core_refuses_a_request_whose_grammar_is_not_ready():
     assert policy.answers[0] == {"json": Outcome.LATER.value, "plain": Outcome.SCHEDULED.value}
     assert [v.request_id for v in engine.waiting] == ["json"]
     engine.run()
-    assert engine.groups["json"].status is SequenceStatus.FINISHED_STOPPED
-    assert engine.groups["json"].first_scheduled_time >= 0.05
+    assert engine._groups["json"].status is SequenceStatus.FINISHED_STOPPED
+    assert engine._groups["json"].first_scheduled_time >= 0.05
