@@ -75,6 +75,13 @@ def test_an_unreadable_input_file_is_one_line_naming_it(input_runs, option, name
     assert f"{tmp / name}" in line and expected in line, line
 
 
+def test_a_recorded_run_that_is_not_utf8_is_one_line_naming_its_line(tmp_path):
+    (tmp_path / "steps.csv").write_bytes(b"prefill_tokens,decode_seqs,kv_tokens_read,blocks_swapped,blocks_copied,duration_s\n"
+                                         b"1,2,3,0,0,0.01\n1,2,3,0,0,0.0\xb51\n")
+    line = one_error_line(engine("calibrate", tmp_path / "steps.csv", "-o", tmp_path / "p.json"))
+    assert f"{tmp_path / 'steps.csv'}:3: not UTF-8 text: byte 0xb5 at column 14" in line, line
+
+
 def _rewrite_json(path: Path, change) -> None:
     data = json.loads(path.read_text())
     change(data)
