@@ -22,7 +22,8 @@ from pydantic import ValidationError
 
 from kvsched.core.errors import KvschedError, quote
 from kvsched.core.files import text_lines
-from kvsched.executors.cost_model import CostProfile
+from kvsched.core.request import MAX_TOKENS
+from kvsched.executors.cost_model import MAX_MS, CostProfile
 
 if TYPE_CHECKING:
     from kvsched.core.report import StepReport
@@ -152,8 +153,21 @@ def _lstsq(rows: Sequence[Sequence[float]], targets: Sequence[float], weights: S
     return [m[i][k] / m[i][i] / scale[i] for i in range(k)]
 
 
+def _check_bounds(records: Sequence[StepRecord]) -> None:
+    """Every measured step within what a profile can model (a step's time at most MAX_MS, its counts at
+    most a step's: MAX_TOKENS tokens and sequences), so that the fit's sums of squares stay finite."""
+    for i, r in enumerate(records, start=1):
+        if not 0 <= r.duration_s <= MAX_MS / 1000:
+            raise CalibrationError(f"recorded step {i:,}: a duration of {r.duration_s:.6g} s is beyond any profile "
+                                   f"(a finite value from 0 to {MAX_MS / 1000:,.0f} s)")
+        if max(r.prefill_tokens, r.decode_seqs, r.kv_tokens_read // MAX_TOKENS) > MAX_TOKENS:
+            raise CalibrationError(f"recorded step {i:,}: more tokens or sequences than any step holds "
+                                   f"(at most {MAX_TOKENS:,} each, {MAX_TOKENS**2:,} KV tokens read)")
+
+
 def fit_coefficients(records: Sequence[StepRecord], relative: bool = True) -> tuple[float, float, float, float]:
     """Non-negative (a, b, c, d) in ms minimising the squared (relative) error over steps without block moves."""
+    _check_bounds(records)
     usable = [r for r in records if not r.moves_blocks and r.duration_s > 0]
     if len(usable) < len(TERMS):
         raise CalibrationError(f"need at least {len(TERMS)} measured steps without swaps or copies, got {len(usable)}")

@@ -91,9 +91,22 @@ def test_a_profile_s_device_memory_is_finite():
         CostProfile.model_validate({**LLAMA2_7B_A100.model_dump(), "kv_memory": {**memory, "device_gib": math.inf}})
 
 
+_STEPS = [(1, 1), (10, 2), (100, 3), (5, 7), (50, 1)]
+
+
 def test_a_fit_beyond_the_profile_bounds_is_a_calibration_error():
-    records = [StepRecord(p, d, 10 * d, 0, 0, 1e4 * (1 + p + d)) for p, d in ((1, 1), (10, 2), (100, 3), (5, 7), (50, 1))]
-    with pytest.raises(CalibrationError, match="the fitted profile is invalid: base_ms: .* less than or equal to 3600000"):
+    records = [StepRecord(p, d, 10 * d, 0, 0, 0.01 * (1 + p + d)) for p, d in _STEPS]
+    with pytest.raises(CalibrationError, match="the fitted profile is invalid: swap_gb_per_s: .* greater than or equal to"):
+        fit_profile(records, "no-bandwidth", swap_gb_per_s=0.0)
+    fit_profile(records, "fine")
+
+
+@pytest.mark.parametrize("step", [(1, 1, 10, 1e300), (2**40, 1, 10, 1.0), (1, 1, 2**63, 1.0)])
+def test_a_recorded_step_beyond_any_profile_is_named(step):
+    """A duration of 1e300 s (whose squares overflow the fit) or a count no step holds: the step is named."""
+    p, d, k, seconds = step
+    records = [StepRecord(p, d, k, 0, 0, seconds)] + [StepRecord(p, d, 10 * d, 0, 0, 0.01 * (1 + p + d)) for p, d in _STEPS]
+    with pytest.raises(CalibrationError, match="recorded step 1: .* beyond any profile|recorded step 1: more tokens"):
         fit_profile(records, "huge")
 
 
