@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import csv
 import math
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -21,7 +22,7 @@ if TYPE_CHECKING:
     import pandas as pd
     import pyarrow as pa
 
-_NAMES = {float: "a number", int: "an integer", str: "a string", dict: "an object", None: "null"}
+_NAMES = {float: "a finite number", int: "an integer below 2**63", str: "a string", dict: "an object", None: "null"}
 
 
 def read_summary(path: Path, shape: dict[str, Any]) -> dict:
@@ -53,7 +54,9 @@ def _is(value: Any, kind: type | None) -> bool:
     if isinstance(value, bool):
         return False
     if kind is float:
-        return isinstance(value, (int, float)) and math.isfinite(value)
+        return isinstance(value, (int, float)) and abs(value) <= sys.float_info.max  # finite, and a float can hold it
+    if kind is int:
+        return isinstance(value, int) and -(2**63) <= value < 2**63  # a count, as the run's int64 columns hold them
     return isinstance(value, kind)
 
 
