@@ -240,22 +240,37 @@ def like_vidur(rounds: int, policy: str, vidur: Path | None, vidur_python: Path)
     return result
 
 
+def bounded(kind: type, low: float, high: float):
+    """An argparse type: a number of ``kind`` from ``low`` to ``high`` (a count a run could never finish is a usage error)."""
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+        if not low <= value <= high:  # NaN fails too
+            raise argparse.ArgumentTypeError(f"must be from {low:,} to {high:,}, got {text}")
+        return value
+    return parse
+
+
 def main(argv: list[str] | None = None) -> list[dict]:
     from kvsched.workloads import Poisson, SyntheticSpec, build_workload
+    from kvsched.workloads.arrivals import MAX_RATE, MIN_RATE
+    from kvsched.workloads.errors import MAX_REQUESTS
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--synthetic", type=int, default=1_000_000, help="requests in the synthetic run (0: skip it)")
-    parser.add_argument("--rate", type=float, default=8.0, help="synthetic arrival rate (req/s)")
-    parser.add_argument("--azure-limit", type=int, default=None, help="replay only the first N Azure requests")
-    parser.add_argument("--scales", type=float, nargs="+", default=[1.0, 2.0])
+    parser.add_argument("--synthetic", type=bounded(int, 0, MAX_REQUESTS), default=1_000_000, help="requests in the synthetic run (0: skip it)")
+    parser.add_argument("--rate", type=bounded(float, MIN_RATE, MAX_RATE), default=8.0, help="synthetic arrival rate (req/s)")
+    parser.add_argument("--azure-limit", type=bounded(int, 1, MAX_REQUESTS), default=None, help="replay only the first N Azure requests")
+    parser.add_argument("--scales", type=bounded(float, 1e-3, 1e3), nargs="+", default=[1.0, 2.0])
     parser.add_argument("--cprofile", action="store_true", help="profile one Azure replay instead")
     parser.add_argument("--json", help="also write the rows as JSON here")
     parser.add_argument("--policy", default="vllm-default", help="the policy of every run")
     parser.add_argument("--no-baseline", action="store_true", help="skip the sequence-by-sequence baseline replay")
     parser.add_argument("--decision-log", action="store_true", help="replay the first trace without and with the decision log, alternating")
-    parser.add_argument("--pairs", type=int, default=3, help="off/on pairs for --decision-log")
+    parser.add_argument("--pairs", type=bounded(int, 1, 100), default=3, help="off/on pairs for --decision-log")
     parser.add_argument("--like-vidur", action="store_true", help="the like-for-like comparison with Vidur instead")
-    parser.add_argument("--rounds", type=int, default=5, help="--like-vidur: alternating rounds")
+    parser.add_argument("--rounds", type=bounded(int, 1, 100), default=5, help="--like-vidur: alternating rounds")
     parser.add_argument("--vidur", type=Path, default=os.environ.get("VIDUR_SRC"), help="--like-vidur: a microsoft/vidur checkout")
     parser.add_argument("--vidur-python", type=Path, default=REPO / ".venv-vidur" / "bin" / "python", help="Vidur's interpreter")
     parser.add_argument("--one-like-vidur", action="store_true", help=argparse.SUPPRESS)  # one of our rounds, in a child process

@@ -206,6 +206,13 @@ def test_engine_check_s_counts_are_bounded(option):
     assert "Input should be less than or equal to" in _line(_engine("check", "-p", "vllm-default", "-q", *option, timeout=30))
 
 
+@pytest.mark.parametrize("option", [["--rounds", "1000000000000"], ["--synthetic", "-1"], ["--rate", "nan"]])
+def test_sim_speed_s_counts_are_bounded(option):
+    proc = subprocess.run([sys.executable, str(Path(__file__).parents[1] / "benchmarks" / "sim_speed.py"), *option],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and f"argument {option[0]}: must be from" in proc.stderr and "Traceback" not in proc.stderr
+
+
 def test_a_sweep_s_grid_is_counted_before_it_is_built():
     values = ",".join(str(v) for v in range(1, 101))
     sets = [a for key in ("delay_factor", "max_num_seqs", "watermark", "num_gpu_blocks", "block_size", "num_cpu_blocks")
