@@ -11,12 +11,12 @@ Prints a Markdown table per workload (deltas against vllm-v1) and writes the row
 from __future__ import annotations
 
 import argparse
-import csv
 import sys
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from recompute_tax import write_rows  # noqa: E402
 from sim_speed import A100_CONFIG  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -70,11 +70,7 @@ def main(argv=None) -> None:
             print(f"| {name} | {d('ttft_mean_s')} | {d('ttft_p90_s')} | {d('ttft_p99_s')} | {d('tokens_per_s')} | "
                   f"{d('goodput_req_s')} | {r['preemptions']} | {r['tax_pct']} % |")
     if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        with args.out.open("w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-            writer.writeheader()
-            writer.writerows(rows)
+        write_rows(args.out, rows)
 
 
 if __name__ == "__main__":

@@ -64,6 +64,15 @@ def no_preemption_size(workload: str, num: int, seed: int, caching: bool, cut: i
     return hi
 
 
+def write_rows(path: Path, rows: list[dict]) -> None:
+    """The rows as a CSV file (its folder made if need be)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workload", default="sharegpt", help="a built-in trace: sharegpt or azure-conv")
@@ -97,11 +106,7 @@ def main(argv=None) -> None:
         print(f"| {rfc} | {sizes[rfc]} | {RFC_TAX[rfc]} % | " + " | ".join(f"{by[v]['tax_pct']} % ({by[v]['discarded_share_pct']} %)" for v in VICTIMS)
               + f" | {cut} | {lifo['discarded_per_preemption']} → {lcf['discarded_per_preemption']} |")
     if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        with args.out.open("w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-            writer.writeheader()
-            writer.writerows(rows)
+        write_rows(args.out, rows)
 
 
 if __name__ == "__main__":
