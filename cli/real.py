@@ -21,11 +21,11 @@ ExecutorOpt = Annotated[str, typer.Option("--executor", "-e", help="sim (cost-mo
 DEFAULT_MODEL = "smollm2-135m"  # the real pretrained model, for engine run --executor hf and engine verify alike
 ModelOpt = Annotated[str, typer.Option("--model", "-m", help="smollm2-135m, tiny-llama, tiny-qwen2, tiny-gpt2 (seeded random, fast), or a local model folder / .gguf file")]
 PromptOpt = Annotated[Optional[list[str]], typer.Option("--prompt", help="hf executor: a prompt to complete (repeatable); without it, a workload of built-in real prompts")]
-MaxTokensOpt = Annotated[int, typer.Option("--max-tokens", min=1, help="hf executor: tokens to generate per request at most")]
-TemperatureOpt = Annotated[float, typer.Option("--temperature", min=0.0, help="hf executor: 0 is greedy")]
+MaxTokensOpt = Annotated[int, typer.Option("--max-tokens", min=1, max=1 << 31, help="hf executor: tokens to generate per request at most")]
+TemperatureOpt = Annotated[float, typer.Option("--temperature", min=0.0, max=100.0, help="hf executor: 0 is greedy")]
 RawOpt = Annotated[bool, flag("--raw", help="hf executor: do not wrap prompts in the model's chat template")]
 BackendOpt = Annotated[Optional[str], typer.Option("--attention", help="attention backend: torch, triton or loop (default: triton on CUDA, torch otherwise)")]
-ThreadsOpt = Annotated[int, typer.Option("--threads", min=0, help="torch CPU threads (0: torch's default)")]
+ThreadsOpt = Annotated[int, typer.Option("--threads", min=0, max=1024, help="torch CPU threads (0: torch's default)")]
 
 
 def _keep_tqdm_out() -> None:
@@ -157,7 +157,7 @@ def _arrivals(n: int, rate: float | None, seed: int) -> list[float]:
 def verify(
     model: ModelOpt = DEFAULT_MODEL,
     scenario: Annotated[Optional[list[str]], typer.Option("--scenario", help="only these scenarios (repeatable)")] = None,
-    num_prompts: Annotated[int, typer.Option("--num-prompts", min=1, help="prompts per scenario")] = 4,
+    num_prompts: Annotated[int, typer.Option("--num-prompts", min=1, max=10_000, help="prompts per scenario")] = 4,
     max_tokens: MaxTokensOpt = 12,
     backend: BackendOpt = None,
     threads: ThreadsOpt = 1,

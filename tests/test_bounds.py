@@ -206,6 +206,12 @@ def test_engine_check_s_counts_are_bounded(option):
     assert "Input should be less than or equal to" in _line(_engine("check", "-p", "vllm-default", "-q", *option, timeout=30))
 
 
+@pytest.mark.parametrize("args", [["verify", "--num-prompts", "1000000000"], ["verify", "--threads", "100000"],
+                                  ["run", "--executor", "hf", "--max-tokens", "100000000000"], ["run", "--executor", "hf", "--temperature", "inf"]])
+def test_the_real_model_s_counts_are_bounded_before_a_model_loads(args):
+    assert "Input should be less than or equal to" in _line(_engine(*args, "-q", timeout=30))
+
+
 @pytest.mark.parametrize("option", [["--rounds", "1000000000000"], ["--synthetic", "-1"], ["--rate", "nan"]])
 def test_sim_speed_s_counts_are_bounded(option):
     proc = subprocess.run([sys.executable, str(Path(__file__).parents[1] / "benchmarks" / "sim_speed.py"), *option],
