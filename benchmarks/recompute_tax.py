@@ -12,6 +12,9 @@ workload runs without a preemption (found by bisection, as the RFC's 2,800 is), 
 the RFC's ratios to it (1,600 / 2,800, 800 / 2,800, 400 / 2,800). Writes a CSV and prints a table.
 
     .venv/bin/python benchmarks/recompute_tax.py --workload sharegpt --out docs/figures/recompute-tax-sharegpt.csv
+
+``--fixed-input 512 --rate 4 --blocks 1500,700`` runs the RFC's other set-up instead: online (Poisson
+arrivals), every prompt 512 tokens, LIFO against LCF at each pool size.
 """
 
 from __future__ import annotations
@@ -28,20 +31,26 @@ VICTIMS = ("lifo", "lcf", "random", "mcf")
 CONFIG = dict(block_size=16, max_num_seqs=256, max_num_batched_tokens=8192, vllm_engine="v1", watermark=0.0)
 
 
-def requests(workload: str, num: int, seed: int, cut: int | None = None):
+def requests(workload: str, num: int, seed: int, cut: int | None = None, online: tuple[int, float] | None = None):
+    """Offline: the trace's lengths, all at once. ``online`` = (prompt length, rate): every prompt that
+    long (the trace's outputs), Poisson arrivals at that rate (the RFC's fixed-512-input runs)."""
     from kvsched.workloads import build_workload
 
+    if online is not None:
+        load = build_workload(workload, rate=online[1], num_requests=num, seed=seed)
+        return [r.model_copy(update={"prompt_len": online[0]}) for r in load.requests()]
     load = build_workload(workload, num_requests=num, seed=seed, max_total_tokens=cut)
     return [r.model_copy(update={"arrival_time": 0.0}) for r in load.requests()]
 
 
-def run(workload: str, num: int, seed: int, blocks: int, victim: str, caching: bool = True, cut: int | None = None) -> dict:
+def run(workload: str, num: int, seed: int, blocks: int, victim: str, caching: bool = True, cut: int | None = None,
+        online: tuple[int, float] | None = None) -> dict:
     from kvsched import Engine, EngineConfig, SimulatedExecutor
     from kvsched.metrics.requests import RequestMetrics, summarize
     from kvsched.policies.lcf import Lcf
 
     engine = Engine(EngineConfig(num_gpu_blocks=blocks, enable_prefix_caching=caching, **CONFIG), Lcf(victim=victim, seed=seed), SimulatedExecutor())
-    engine.run(requests(workload, num, seed, cut))
+    engine.run(requests(workload, num, seed, cut, online))
     summary = summarize(engine, [RequestMetrics.of(g) for g in engine.finished])
     tax = summary["recompute"]
     return {"workload": workload, "blocks": blocks, "victim": victim, "finished": summary["finished"],
@@ -50,7 +59,8 @@ def run(workload: str, num: int, seed: int, blocks: int, victim: str, caching: b
             "recomputed_tokens": tax["recomputed_tokens"], "discarded_tokens": tax["discarded_tokens"],
             "computed_tokens": tax["computed_tokens"],
             "discarded_per_preemption": None if tax["discarded_per_preemption"] is None else round(tax["discarded_per_preemption"]),
-            "mean_ttft_s": round(summary["ttft_s"]["mean"], 3), "duration_s": round(summary["duration_s"], 2)}
+            "mean_ttft_s": round(summary["ttft_s"]["mean"], 3), "p99_ttft_s": round(summary["ttft_s"]["p99"], 3),
+            "duration_s": round(summary["duration_s"], 2)}
 
 
 def no_preemption_size(workload: str, num: int, seed: int, caching: bool, cut: int | None, hi: int = 1 << 17) -> int:
@@ -73,6 +83,21 @@ def write_rows(path: Path, rows: list[dict]) -> None:
         writer.writerows(rows)
 
 
+def fixed_input(args, caching: bool) -> None:
+    """LIFO against LCF online, every prompt ``--fixed-input`` tokens long, at each pool size of ``--blocks``."""
+    online = (args.fixed_input, args.rate)
+    jobs = [(args.workload, args.requests, args.seed, int(b), v, caching, None, online) for b in args.blocks.split(",") for v in ("lifo", "lcf")]
+    with ProcessPoolExecutor(args.workers) as pool:
+        rows = list(pool.map(run, *zip(*jobs)))
+    print(f"{args.workload} outputs, every prompt {args.fixed_input} tokens, {args.requests} requests at {args.rate} req/s Poisson (seed {args.seed})")
+    print("| blocks | victim | preemptions | discarded tokens | discarded share | mean TTFT (s) | p99 TTFT (s) |")
+    print("|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['blocks']} | {r['victim']} | {r['preemptions']} | {r['discarded_tokens']:,} | {r['discarded_share_pct']} % | {r['mean_ttft_s']} | {r['p99_ttft_s']} |")
+    if args.out:
+        write_rows(args.out, rows)
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workload", default="sharegpt", help="a built-in trace: sharegpt or azure-conv")
@@ -83,8 +108,13 @@ def main(argv=None) -> None:
     parser.add_argument("--max-total-tokens", type=int, default=None, help="cut prompts so that prompt + output <= this (Vidur's cut)")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--fixed-input", type=int, default=None, help="online instead: every prompt this long, arrivals at --rate, pools --blocks")
+    parser.add_argument("--rate", type=float, default=4.0)
+    parser.add_argument("--blocks", default="1500,700")
     args = parser.parse_args(argv)
     caching = not args.no_prefix_caching
+    if args.fixed_input:
+        return fixed_input(args, caching)
     cut = args.max_total_tokens
     full = args.full or no_preemption_size(args.workload, args.requests, args.seed, caching, cut)
     sizes = {rfc: max(1, round(full * rfc / RFC_BLOCKS[0])) for rfc in RFC_BLOCKS}
