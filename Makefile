@@ -4,7 +4,7 @@ PYTHON ?= python3
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.kvsched-installed
 
-.PHONY: setup run test browser clean
+.PHONY: setup run test test-vllm-matrix browser clean
 
 setup: $(STAMP)
 
@@ -28,6 +28,23 @@ run: setup
 test: setup browser
 	$(BIN)/python -m pytest
 
+# Every supported vLLM release, each in its own venv (.ci/vllm-venv builds them): the tests that run
+# vLLM's scheduler or engine. 0.32 is the main venv's; 0.33 is scheduler-only (no CPU build: its tests
+# that need vLLM's engine skip, saying so).
+VLLM_RELEASES ?= 0.30 0.31 0.32 0.33
+VLLM_TESTS ?= tests/test_vllm_v1_differential.py tests/test_vllm_integration.py
+MAIN_VLLM := 0.32
+
+.venv-vllm-%/.kvsched-installed: .ci/vllm-venv pyproject.toml
+	PYTHON=$(PYTHON) .ci/vllm-venv $* .venv-vllm-$*
+
+test-vllm-matrix: setup $(foreach r,$(filter-out $(MAIN_VLLM),$(VLLM_RELEASES)),.venv-vllm-$(r)/.kvsched-installed)
+	@for r in $(VLLM_RELEASES); do \
+		py=$$([ $$r = $(MAIN_VLLM) ] && echo $(BIN)/python || echo .venv-vllm-$$r/bin/python); \
+		echo "== vLLM $$r ($$py)"; \
+		$$py -m pytest -q -p no:cacheprovider $(VLLM_TESTS) || exit 1; \
+	done
+
 # Headless Chromium for tests/test_report_browser.py, where the machine lets us install it (Debian
 # packages); without it that test is skipped with the reason, and nothing else depends on it.
 browser:
@@ -36,4 +53,4 @@ browser:
 		echo "note: Chromium could not be installed; tests/test_report_browser.py will be skipped"
 
 clean:
-	rm -rf $(VENV) *.egg-info .pytest_cache .hypothesis
+	rm -rf $(VENV) .venv-vllm-* *.egg-info .pytest_cache .hypothesis

