@@ -81,7 +81,7 @@ def compare(folders: FoldersArg = None, policy: PoliciesOpt = None, policy_opt: 
     from kvsched.experiments.compare import run_policies, seed_workloads, split_options
     from kvsched.workloads import build_workload
 
-    _check_output(output, plot)
+    _check_output(output, plot, trace)
     if folders:
         return compare_folders(folders, output, plot)
     policy = policy or []
@@ -105,15 +105,17 @@ def compare(folders: FoldersArg = None, policy: PoliciesOpt = None, policy_opt: 
     show(runs, title, output, plot, pooled)
 
 
-def _check_output(output: Path | None, plot: bool) -> None:
-    """``--plot`` writes under ``--output``, as ``engine run --plot`` does; the folder must be writable."""
+def _check_output(output: Path | None, plot: bool, trace: Path | None) -> None:
+    """``--plot`` writes under ``--output``, as ``engine run --plot`` does; the folder must be writable
+    and must not overwrite the trace the comparison replays."""
     from kvsched.cli.common import fail
-    from kvsched.reporting.destination import COMPARE_FILES, check_folder
+    from kvsched.reporting.destination import COMPARE_FILES, check_apart, check_folder
 
     if plot and output is None:
         fail("--plot needs --output DIR (comparison.csv and comparison_cdf.png are written there)")
     if output is not None:
         check_folder(output, COMPARE_FILES)
+        check_apart({"--output": (output, COMPARE_FILES)}, {"--trace": trace})
 
 
 def compare_folders(folders: list[Path], output: Path | None, plot: bool) -> None:

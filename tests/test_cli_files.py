@@ -219,6 +219,10 @@ def test_an_output_over_an_input_or_another_output_is_refused_before_the_run(tmp
     assert (tmp_path / "in-results" / "requests.csv").read_text() == trace.read_text()
     line = one_error_line(engine("calibrate", "steps.csv", "-o", "steps.csv", cwd=tmp_path))
     assert "--output steps.csv: would overwrite RECORDED steps.csv" in line
+    shutil.copy(trace, tmp_path / "comparison.csv")
+    line = one_error_line(engine("compare", "--policy", "fcfs", "--policy", "sjf", "--trace", "comparison.csv", "-o", ".", cwd=tmp_path))
+    assert "its comparison.csv would overwrite --trace comparison.csv" in line
+    assert (tmp_path / "comparison.csv").read_text() == trace.read_text()
 
 
 OLD = {"summary.json": "old", "requests.csv": "old", "report.html": "old"}
