@@ -23,6 +23,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from kvsched.core.errors import quote
+from kvsched.core.files import text_lines
 from kvsched.core.request import MAX_INT64, MAX_TOKENS, Request, SamplingParams
 from kvsched.workloads.errors import MAX_REQUESTS, WorkloadError
 
@@ -35,25 +36,11 @@ def _count(value, key: str, path, line: int, minimum: int = 1, maximum: int = MA
     return value
 
 
-def _lines(path: Path | str) -> Iterator[str]:
-    """The file's lines, decoded one at a time (a long trace is never all in memory as text)."""
-    try:
-        handle = Path(path).open("rb")
-    except OSError as exc:
-        raise WorkloadError(f"cannot read trace: {exc.strerror or exc}", path) from None
-    with handle:
-        for n, raw in enumerate(handle, start=1):
-            try:
-                yield raw.decode("utf-8-sig" if n == 1 else "utf-8")
-            except UnicodeDecodeError as exc:
-                raise WorkloadError(f"not UTF-8 text: byte 0x{raw[exc.start]:02x} at column {exc.start + 1}", path, n) from None
-
-
 def read_prefix_trace(path: Path | str, hash_block_size: int = 512) -> Iterator[tuple[float, int, int, list[int], str | None]]:
     """``(arrival ms, input length, output length, hash ids, session id)`` per line, in file order."""
     last = -math.inf
     seen = False
-    for line, text in enumerate(_lines(path), start=1):
+    for line, text in enumerate(text_lines(path, "trace"), start=1):
         if not text.strip():
             raise WorkloadError("empty line", path, line)
         try:
