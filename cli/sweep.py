@@ -39,6 +39,8 @@ def sweep(
     slo_ttft: SloTtftOpt = None,
     slo_tpot: SloTpotOpt = None,
     workers: Annotated[Optional[int], typer.Option("--workers", "-j", min=1, help="parallel processes (default: CPUs)")] = None,
+    ray: Annotated[bool, typer.Option("--ray", help="run the points as Ray tasks on a local Ray of --workers CPUs, started and stopped here (the ray extra)")] = False,
+    ray_address: Annotated[Optional[str], typer.Option("--ray-address", metavar="ADDRESS", help="run the points as Ray tasks on this running Ray cluster (auto, host:port, ray://host:10001); implies --ray")] = None,
     output: Annotated[Path, typer.Option("--output", "-o", help="folder for sweep.csv, sweep.parquet, tradeoff.png")] = Path("sweep-out"),
     quiet: QuietOpt = False,
 ) -> None:
@@ -76,7 +78,7 @@ def sweep(
     points = grid_points(list(dict.fromkeys(policy)), grid)
     with progress_bar(quiet, "sweeping", "configurations") as bar:
         task = bar.add_task("sweep", total=len(points))
-        rows = run_sweep(spec, points, workers, on_done=lambda _row: bar.advance(task))
+        rows = run_sweep(spec, points, workers, on_done=lambda _row: bar.advance(task), ray_address=ray_address or ("local" if ray else None))
     table = Table(title=f"sweep · {len(points)} configurations · profile {profile}")
     cols = [("policy", "policy")] + [(k, k) for k in grid]
     cols += [("requests_per_s", "req/s"), ("output_tokens_per_s", "tok/s"), ("ttft_p50_s", "TTFT p50 s"),

@@ -1,0 +1,81 @@
+"""A sweep's grid points as Ray tasks, for a grid that outgrows one machine's process pool.
+
+The same ``run_point`` runs each point, on the same picklable ``SweepSpec``, so a row is the same
+whichever backend ran it (only ``wall_s``, the point's own wall time, differs from run to run, as it
+does between two process-pool runs). Without an address the sweep starts a local Ray of ``workers``
+CPUs and stops it at the end; with one (``ray://host:10001``, ``auto`` or a GCS ``host:port``) it
+connects to that cluster, whose nodes must have the same kvsched installed, and leaves it running.
+An already initialized Ray (a test's, a notebook's) is used as it is.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+LOCAL = "local"  # the address that means "start a Ray of our own on this machine"
+
+
+def _ray():
+    try:
+        import ray
+    except ImportError:
+        raise ValueError("--ray needs the ray package: pip install 'kvsched[ray]' (or make setup)") from None
+    return ray
+
+
+def _init(ray, address: str, options: dict[str, Any], attempts: int = 3) -> None:
+    """``ray.init``, tried again when a local node misses Ray's fixed 30 s startup wait (a loaded
+    machine: the raylet registers late); any other failure is one line naming the address."""
+    for attempt in range(attempts):
+        try:
+            with warnings.catch_warnings():  # Ray Client's own timeout warning: the error line says it
+                warnings.simplefilter("ignore", UserWarning)
+                ray.init(address=address, **options)
+            return
+        except Exception as exc:  # Ray raises a bare Exception for the startup timeout
+            ray.shutdown()
+            if "timed out during startup" in str(exc) and address == LOCAL and attempt + 1 < attempts:
+                continue
+            where = "a local Ray" if address == LOCAL else address
+            raise ValueError(f"--ray: {where}: Ray could not start or connect: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None
+
+
+def run_points_on_ray(spec, points: list, run_point: Callable, address: str | None = None, workers: int | None = None,
+                      on_done: Callable[[dict], None] | None = None) -> list[dict[str, Any]]:
+    """``run_point(spec, point)`` for every point as one Ray task each; rows in grid order."""
+    ray = _ray()
+    started = not ray.is_initialized()
+    if started:
+        local = address in (None, "", LOCAL)
+        options: dict[str, Any] = dict(include_dashboard=False, logging_level=logging.WARNING, log_to_driver=False)
+        if local:
+            options["num_cpus"] = max(1, min(workers or os.cpu_count() or 1, len(points)))
+        _init(ray, LOCAL if local else address, options)
+    pending: list = []
+    try:
+        task = ray.remote(num_cpus=1, max_retries=0)(run_point)
+        spec_ref = ray.put(spec)  # one copy of the workload's description in the object store, not one per task
+        refs = {task.remote(spec_ref, point): i for i, point in enumerate(points)}
+        rows: dict[int, dict] = {}
+        pending = list(refs)
+        while pending:  # rows as they finish (the progress bar), never one ray.get per task in order
+            done, pending = ray.wait(pending, num_returns=1)
+            for ref in done:
+                try:
+                    row = ray.get(ref)
+                except ray.exceptions.RayTaskError as exc:  # the point's own error, as the process pool raises it
+                    raise exc.cause if isinstance(exc.cause, BaseException) else exc from None
+                rows[refs[ref]] = row
+                if on_done:
+                    on_done(row)
+        return [rows[i] for i in range(len(points))]
+    finally:
+        if started:
+            ray.shutdown()  # stops our local Ray, and with it any task still running
+        else:
+            for ref in pending:  # a cluster we joined keeps running: what we leave behind is cancelled
+                ray.cancel(ref)
