@@ -15,6 +15,7 @@ from kvsched.cli import real as hf
 from kvsched.cli import routers as router_cli
 from kvsched.cli import simulate as sim
 from kvsched.cli.bench import bench
+from kvsched.cli.leaderboard import leaderboard
 from kvsched.cli.serve import serve
 from kvsched.cli.common import (
     DebugOpt, NumOpt, OutputOpt, PolicyOpt, PolicyOptions, ProfileOpt, QuietOpt, RateOpt, SeedOpt, SetOpt, cli_errors, console,
@@ -138,6 +139,7 @@ hf.register(app)  # engine verify (kvsched.cli.real)
 policy_cli.register(app)  # engine check, engine compare (kvsched.cli.policies)
 explain_cli.register(app)  # engine explain (kvsched.cli.explain)
 router_cli.register(app)  # engine routers (kvsched.cli.routers)
+app.command()(cli_errors(leaderboard))
 
 
 def main() -> None:

@@ -31,8 +31,7 @@ def bench(
     quiet: QuietOpt = False,
 ) -> None:
     """Send WORKLOAD's requests at their arrival times to the server at URL (streaming); time them from the client."""
-    from kvsched.experiments.bench import replay, served_model
-    from kvsched.metrics.requests import distribution, summarize
+    from kvsched.experiments.bench import measured, replay, served_model
     from kvsched.workloads import build_workload
 
     if output is not None:
@@ -46,11 +45,7 @@ def bench(
     with progress_bar(quiet, "benchmarking") as bar:
         task = bar.add_task("bench", total=len(requests))
         sent = replay(url, model, requests, api_key, on_done=lambda _: bar.advance(task))
-    metrics = [s.metrics() for s in sent]
-    description = load.describe()
-    summary = summarize(None, metrics, policy=label or url, profile=f"measured at {url}", seed=description.get("seed"),
-                        workload=description, server={"url": url, "model": model},
-                        itl_s=distribution([gap for s in sent for gap in s.itls]))
+    metrics, summary = measured(url, model, load, sent, label)
     print_summary(summary)  # a failed request is aborted, its error the reason its warning gives
     if output is not None:
         from kvsched.experiments.simulation import RunResult

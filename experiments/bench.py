@@ -157,3 +157,16 @@ def served_model(url: str, api_key: str = "EMPTY") -> str:
     if not models:
         raise ValueError(f"the server at {url} lists no model")
     return models[0].id
+
+
+def measured(url: str, model: str, load: Any, sent: list[Sent], label: str | None = None) -> tuple[list[RequestMetrics], dict]:
+    """The records and summary of ``load`` replayed (``sent``), as a simulation's: what ``engine bench``
+    writes and ``engine leaderboard --real`` ranks beside the simulated policies."""
+    from kvsched.metrics.requests import distribution, summarize
+
+    metrics = [s.metrics() for s in sent]
+    description = load.describe()
+    summary = summarize(None, metrics, policy=label or url, profile=f"measured at {url}", seed=description.get("seed"),
+                        workload=description, server={"url": url, "model": model},
+                        itl_s=distribution([gap for s in sent for gap in s.itls]))
+    return metrics, summary

@@ -32,7 +32,9 @@ METRICS = (
     ("ttft_p99_s", ("ttft_s", "p99")),
     ("tpot_mean_s", ("tpot_s", "mean")),
     ("tpot_p99_s", ("tpot_s", "p99")),
+    ("e2e_p50_s", ("e2e_s", "p50")),
     ("e2e_p99_s", ("e2e_s", "p99")),
+    ("recompute_tax", ("recompute", "tax")),
     ("preempt_recompute", ("preemptions", "recompute")),
     ("preempt_swap", ("preemptions", "swap")),
     ("goodput_req_per_s", ("slo", "goodput_requests_per_s")),
@@ -99,14 +101,21 @@ def run_point(spec: SweepSpec, point: Point) -> dict[str, Any]:
     outcome = job.run()
     row: dict[str, Any] = {"label": point.label, "policy": point.policy}
     row.update({k: config.model_dump()[k] for k in point.settings})
-    for name, path in METRICS:
-        value: Any = outcome.summary
-        for key in path:
-            value = value.get(key) if isinstance(value, dict) else None
-        row[name] = value
+    row.update(summary_metrics(outcome.summary))
     row["warnings"] = "; ".join(map(warning_text, outcome.summary["warnings"]))
     row["profile"] = outcome.summary["profile"]
     row["wall_s"] = outcome.simulate_s
+    return row
+
+
+def summary_metrics(summary: dict[str, Any]) -> dict[str, Any]:
+    """The ``METRICS`` of a summary (a run's or a measured one), None where it has no such number."""
+    row: dict[str, Any] = {}
+    for name, path in METRICS:
+        value: Any = summary
+        for key in path:
+            value = value.get(key) if isinstance(value, dict) else None
+        row[name] = value
     return row
 
 

@@ -1,0 +1,78 @@
+"""``engine leaderboard``: policies × workloads × seeds in simulation (and a served engine with ``--real``),
+ranked, written as leaderboard.json, leaderboard.md and leaderboard.html."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from kvsched.cli.bench import ApiKeyOpt, LabelOpt
+from kvsched.cli.common import ProfileOpt, QuietOpt, RateOpt
+from kvsched.experiments.leaderboard import DEFAULT_METRICS, DEFAULT_POLICIES, DEFAULT_REQUESTS, DEFAULT_WORKLOADS
+
+BoardPolicyOpt = Annotated[Optional[list[str]], typer.Option("--policy", "-p", help=f"policy to rank (repeatable; default: {', '.join(DEFAULT_POLICIES)})")]
+BoardWorkloadOpt = Annotated[Optional[list[str]], typer.Option("--workload", "-w", help="workload, NAME or NAME@RATE (Poisson req/s) (repeatable; "
+                                                                f"default: {', '.join(DEFAULT_WORKLOADS)})")]
+MetricOpt = Annotated[Optional[list[str]], typer.Option("--metric", help=f"metric column (repeatable; default: {', '.join(DEFAULT_METRICS)})")]
+
+
+def leaderboard(
+    policy: BoardPolicyOpt = None,
+    workload: BoardWorkloadOpt = None,
+    metric: MetricOpt = None,
+    rank_by: Annotated[Optional[str], typer.Option("--rank-by", help="the metric that ranks the policies (default: the first --metric)")] = None,
+    seed: Annotated[int, typer.Option(help="first workload seed")] = 0,
+    seeds: Annotated[int, typer.Option("--seeds", min=1, help="seeds SEED .. SEED+N-1 per workload: each cell's 95% interval is over them")] = 3,
+    num_requests: Annotated[Optional[int], typer.Option("--num-requests", "-n", help=f"requests per workload (default: the first {DEFAULT_REQUESTS} of a built-in trace, a spec's own)")] = None,
+    rate: RateOpt = None,
+    profile: ProfileOpt = "llama2-7b-a100",
+    workers: Annotated[Optional[int], typer.Option("--workers", "-j", min=1, help="parallel processes (default: CPUs)")] = None,
+    real: Annotated[Optional[str], typer.Option("--real", metavar="URL", help="also replay each workload once against this served engine (engine bench's client)")] = None,
+    label: LabelOpt = None,
+    model: Annotated[Optional[str], typer.Option("--model", help="with --real: the model to request (default: the first the server lists)")] = None,
+    api_key: ApiKeyOpt = "EMPTY",
+    output: Annotated[Path, typer.Option("--output", "-o", help="folder for leaderboard.json, leaderboard.md, leaderboard.html")] = Path("leaderboard"),
+    quiet: QuietOpt = False,
+) -> None:
+    """Rank policies on workloads: every policy × workload × seed simulated, each metric's mean and 95% interval, best in bold."""
+    from rich.console import Console
+
+    from kvsched.cli.common import check_finite, console, err_console, fail, progress_bar
+    from kvsched.experiments.leaderboard import Board, BoardWorkload, board_json, check_metrics, command_line, measure, plan, run_board
+    from kvsched.reporting.destination import check_folder
+    from kvsched.reporting.leaderboard import BOARD_FILES, markdown, write_board
+
+    check_folder(output, BOARD_FILES)
+    check_finite(rate=rate)
+    metrics = check_metrics(list(metric or DEFAULT_METRICS))
+    primary = check_metrics([rank_by])[0] if rank_by else metrics[0]
+    if primary not in metrics:
+        fail(f"--rank-by {rank_by}: rank by one of the board's --metric columns ({', '.join(m.key for m in metrics)})")
+    if real is None and (label or model):
+        fail("--label and --model name the served engine: give it with --real URL")
+    policies = list(policy or DEFAULT_POLICIES)
+    loads = [BoardWorkload.parse(w, rate) for w in workload or DEFAULT_WORKLOADS]
+    seed_lists, described = plan(policies, loads, num_requests, seed, seeds, profile)
+    board = Board(policies, loads, metrics, primary, seed_lists, described)
+    start = time.perf_counter()
+    with progress_bar(quiet, "ranking", "runs") as bar:
+        task = bar.add_task("board", total=len(policies) * sum(map(len, seed_lists.values())))
+        run_board(board, num_requests, profile, workers, on_done=lambda _row: bar.advance(task))
+    if real is not None:
+        with progress_bar(quiet, "measuring", "requests") as bar:
+            task = bar.add_task("real", total=None)
+            try:
+                measure(board, real, num_requests, label, model, api_key, on_done=lambda _sent: bar.advance(task))
+            except Exception as exc:  # openai's connection errors carry no useful class for a user
+                if "connect" not in type(exc).__name__.lower() and "connection" not in str(exc).lower():
+                    raise
+                fail(f"cannot reach an OpenAI-compatible server at {real}: {exc}")
+    doc = board_json(board, command_line(), profile, num_requests)
+    (console if console.is_terminal else Console(width=200)).print(markdown(doc), markup=False, highlight=False, soft_wrap=True)
+    for path in write_board(doc, output):
+        console.print(f"wrote {path}", highlight=False)
+    if not quiet:
+        err_console.print(f"{sum(map(len, seed_lists.values())) * len(policies)} runs in {time.perf_counter() - start:.1f} s", highlight=False)

@@ -1,0 +1,198 @@
+"""The leaderboard's files: ``leaderboard.json``, ``leaderboard.md`` and ``leaderboard.html``, all made from
+the one JSON document (``experiments.leaderboard.board_json``) and published together, atomically.
+
+The page is one file that works offline: the document inlined, a few lines of JavaScript that draw
+the table, sort it by any column (click a heading) and show one metric or all. The state is also
+read from the address (``#metric=KEY&sort=COLUMN&dir=asc``), so that a link (and the browser test,
+which cannot click) opens the board as someone left it. Like ``report.html`` it notes a JavaScript
+error in a banner, and marks ``<body data-rendered=N>`` once the N rows are drawn.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+from pathlib import Path
+from typing import Any
+
+from kvsched.reporting.destination import publishing_folder
+from kvsched.reporting.html import CATCH, STYLE
+
+BOARD_FILES = ("leaderboard.json", "leaderboard.md", "leaderboard.html")
+
+
+def cell_text(cell: dict[str, Any], metric: dict[str, Any]) -> str:
+    """``mean ± half-width`` in the metric's unit (the half-width only over several seeds); – for no number."""
+    if cell.get("mean") is None:
+        return "–"
+    d, scale = metric["decimals"], metric["scale"]
+    text = f"{cell['mean'] * scale:.{d}f}"
+    return text + (f" ± {cell['half_width'] * scale:.{d}f}" if cell["n"] > 1 else "")
+
+
+def heading(metric: dict[str, Any]) -> str:
+    return f"{metric['label']} ({metric['unit']})" if metric["unit"] else metric["label"]
+
+
+def _cells(doc: dict) -> dict[tuple[str, str, str], dict]:
+    return {(c["workload"], c["policy"], c["metric"]): c for c in doc["cells"]}
+
+
+def markdown(doc: dict) -> str:
+    """Rows the policies, columns each workload's rank and metrics; the best of each column in bold."""
+    cells, metrics = _cells(doc), doc["metrics"]
+    primary = next(m for m in metrics if m["key"] == doc["primary"])
+    head = ["policy"]
+    for w in doc["workloads"]:
+        head += [f"{w['key']} rank"] + [f"{w['key']} {heading(m)}" for m in metrics]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for p in doc["policies"]:
+        row = [f"`{p}`"]
+        for w in doc["workloads"]:
+            row.append(str(doc["ranks"][w["key"]][p]))
+            for m in metrics:
+                text = cell_text(cells[(w["key"], p, m["key"])], m)
+                row.append(f"**{text}**" if p in doc["best"][w["key"]][m["key"]] else text)
+        lines.append("| " + " | ".join(row) + " |")
+    for entry in doc["measured"]:
+        row = [f"{entry['label']} (measured)"]
+        for w in doc["workloads"]:
+            got = entry["metrics"] if entry["workload"] == w["key"] else {}
+            row.append("–")
+            row += [cell_text({"mean": got.get(m["key"]), "n": 1}, m) for m in metrics]
+        lines.append("| " + " | ".join(row) + " |")
+    seeds = "; ".join(f"{w['key']}: seeds {', '.join(map(str, w['seeds']))}" for w in doc["workloads"])
+    notes = [f"Each cell: the mean over the seeds ± the half-width of its {round(100 * doc['level'])}% confidence interval "
+             f"(Student's t); rank by {heading(primary)}, {primary['better']} is better; the best of each column in bold. "
+             f"{seeds}. Profile {doc['profile']}.", "", f"`{doc['command']}`"]
+    if doc["measured"]:
+        notes.insert(1, "A measured row is one replay against the served engine, timed from the client (engine bench); it is not ranked.")
+    return "\n".join(lines) + "\n\n" + "\n".join(notes) + "\n"
+
+
+PAGE_STYLE = """th{cursor:pointer;user-select:none}th[aria-sort=ascending]::after{content:" ▲"}th[aria-sort=descending]::after{content:" ▼"}
+td.best{font-weight:bold}tr.measured td{font-style:italic;background:#f4f8ff}.controls{margin:1em 0}"""
+
+# Draws the table from the inlined document; sorting and the metric shown come from the address or the
+# controls, and every change is written back to the address.
+PAGE_SCRIPT = """const doc = JSON.parse(document.getElementById('board').textContent);
+const byKey = new Map(doc.cells.map(c => [c.workload + '\\u0000' + c.policy + '\\u0000' + c.metric, c]));
+const metricOf = new Map(doc.metrics.map(m => [m.key, m]));
+const state = Object.assign({metric: '', sort: 'rank:' + doc.workloads[0].key, dir: 'asc'},
+  Object.fromEntries(new URLSearchParams(location.hash.slice(1))));
+function text(cell, m) {
+  if (!cell || cell.mean === null || cell.mean === undefined) return '\\u2013';
+  const t = (cell.mean * m.scale).toFixed(m.decimals);
+  return cell.n > 1 ? t + ' \\u00b1 ' + (cell.half_width * m.scale).toFixed(m.decimals) : t;
+}
+function columns() {
+  const cols = [{id: 'policy', head: 'policy'}];
+  for (const w of doc.workloads) {
+    cols.push({id: 'rank:' + w.key, head: w.key + ' rank', workload: w.key});
+    for (const m of doc.metrics) if (!state.metric || state.metric === m.key)
+      cols.push({id: w.key + '|' + m.key, head: w.key + ' ' + m.label + (m.unit ? ' (' + m.unit + ')' : ''), workload: w.key, metric: m});
+  }
+  return cols;
+}
+function rows() {
+  const out = doc.policies.map(p => ({policy: p, measured: false, cells: {}}));
+  for (const r of out) for (const w of doc.workloads) {
+    r.cells['rank:' + w.key] = {value: doc.ranks[w.key][r.policy], text: String(doc.ranks[w.key][r.policy])};
+    for (const m of doc.metrics) {
+      const c = byKey.get(w.key + '\\u0000' + r.policy + '\\u0000' + m.key);
+      r.cells[w.key + '|' + m.key] = {value: c ? c.mean : null, text: text(c, m), best: doc.best[w.key][m.key].includes(r.policy)};
+    }
+  }
+  for (const e of doc.measured) {
+    const r = {policy: e.label + ' (measured)', measured: true, cells: {}};
+    for (const m of doc.metrics) {
+      const v = e.metrics[m.key];
+      r.cells[e.workload + '|' + m.key] = {value: v, text: text({mean: v, n: 1}, m)};
+    }
+    out.push(r);
+  }
+  return out;
+}
+function value(r, id) { return id === 'policy' ? r.policy : (r.cells[id] ? r.cells[id].value : null); }
+function draw() {
+  const cols = columns();
+  if (!cols.some(c => c.id === state.sort)) state.sort = 'policy';
+  const sign = state.dir === 'desc' ? -1 : 1;
+  const list = rows().sort((a, b) => {
+    const x = value(a, state.sort), y = value(b, state.sort);
+    if (x === null || x === undefined) return (y === null || y === undefined) ? 0 : 1;  // no number: last either way
+    if (y === null || y === undefined) return -1;
+    return sign * (typeof x === 'string' ? x.localeCompare(y) : x - y);
+  });
+  const table = document.getElementById('leaderboard');
+  table.replaceChildren();
+  const head = table.insertRow();
+  for (const c of cols) {
+    const th = document.createElement('th');
+    th.textContent = c.head;
+    th.dataset.column = c.id;
+    if (c.id === state.sort) th.setAttribute('aria-sort', state.dir === 'desc' ? 'descending' : 'ascending');
+    th.addEventListener('click', () => {
+      state.dir = state.sort === c.id && state.dir === 'asc' ? 'desc' : 'asc';
+      state.sort = c.id;
+      update();
+    });
+    head.appendChild(th);
+  }
+  for (const r of list) {
+    const tr = table.insertRow();
+    tr.dataset.policy = r.policy;
+    if (r.measured) tr.className = 'measured';
+    for (const c of cols) {
+      const td = tr.insertCell();
+      const cell = c.id === 'policy' ? {text: r.policy} : (r.cells[c.id] || {text: '\\u2013'});
+      td.textContent = cell.text;
+      if (cell.best) td.className = 'best';
+    }
+  }
+  document.body.dataset.rendered = String(list.length);
+  document.body.dataset.sorted = state.sort + ':' + state.dir;
+}
+function update() {
+  history.replaceState(null, '', '#' + new URLSearchParams(state).toString());
+  draw();
+}
+const pick = document.getElementById('metric');
+for (const m of doc.metrics) pick.add(new Option(m.label + (m.unit ? ' (' + m.unit + ')' : ''), m.key));
+pick.value = state.metric;
+pick.addEventListener('change', () => { state.metric = pick.value; update(); });
+draw();"""
+
+
+def page(doc: dict) -> str:
+    """``leaderboard.html``: the document inlined, drawn and sorted by ``PAGE_SCRIPT``."""
+    data = json.dumps(doc, allow_nan=False).replace("</", "<\\/")
+    primary = next(m for m in doc["metrics"] if m["key"] == doc["primary"])
+    seeds = "; ".join(f"{html.escape(w['key'])}: seeds {', '.join(map(str, w['seeds']))}" for w in doc["workloads"])
+    return f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>kvsched leaderboard</title>
+<style>{STYLE}
+{PAGE_STYLE}</style><script>{CATCH}</script></head><body>
+<div id="js-errors" hidden></div>
+<h1>kvsched leaderboard</h1>
+<p class="sub">{len(doc['policies'])} policies × {len(doc['workloads'])} workloads · {seeds} · profile {html.escape(doc['profile'])}
+· ranked by {html.escape(heading(primary))} ({primary['better']} is better)</p>
+<div class="controls"><label>metric <select id="metric"><option value="">all</option></select></label>
+(click a heading to sort by it; again to reverse)</div>
+<table id="leaderboard"></table>
+<p class="caption">Each cell: the mean over the seeds ± the half-width of its {round(100 * doc['level'])}% confidence interval
+(Student's t); the best of each column in bold{'; a measured row is one replay against the served engine, not ranked' if doc['measured'] else ''}.</p>
+<p class="caption">Made by <code>{html.escape(doc['command'])}</code> (kvsched {html.escape(doc['versions']['kvsched'])}).</p>
+<script type="application/json" id="board">{data}</script>
+<script>{PAGE_SCRIPT}</script>
+</body></html>
+"""
+
+
+def write_board(doc: dict, directory: Path) -> list[Path]:
+    """The three files under ``directory``, published together (``reporting/destination.py``)."""
+    with publishing_folder(directory, BOARD_FILES) as stage:
+        (stage / "leaderboard.json").write_text(json.dumps(doc, indent=1, allow_nan=False) + "\n", encoding="utf-8")
+        (stage / "leaderboard.md").write_text(markdown(doc), encoding="utf-8")
+        (stage / "leaderboard.html").write_text(page(doc), encoding="utf-8")
+    return [Path(directory) / name for name in BOARD_FILES]

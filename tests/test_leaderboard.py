@@ -1,0 +1,140 @@
+"""``engine leaderboard`` end to end: a tiny board's three files, its cells and ranking equal to what
+``engine compare`` says for the same runs, measured rows from a served engine, bad input as one line
+and exit 2, and the page in headless Chromium (drawn, sorted from its address)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import re
+import subprocess
+import sys
+import threading
+from http.server import ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from test_bench_hostile import Liar
+from test_report_browser import CHROMIUM, chromium
+
+ENGINE = str(Path(sys.executable).parent / "engine")
+TINY = ["-p", "vllm-default", "-p", "vllm-v1", "-w", "sharegpt@6", "--seeds", "2", "-n", "30", "-j", "1"]
+
+
+def engine(*args, timeout=300) -> subprocess.CompletedProcess:
+    return subprocess.run([ENGINE, *map(str, args)], capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def board(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("board") / "out"
+    done = engine("leaderboard", "-q", *TINY, "-o", out)
+    assert done.returncode == 0, done.stderr
+    return out
+
+
+def test_the_three_files_and_every_cell(board):
+    assert sorted(p.name for p in board.iterdir()) == ["leaderboard.html", "leaderboard.json", "leaderboard.md"]
+    doc = json.loads((board / "leaderboard.json").read_text())
+    assert doc["command"].startswith("engine leaderboard -q -p vllm-default") and doc["versions"]["kvsched"]
+    assert doc["workloads"][0]["seeds"] == [0, 1] and doc["primary"] == "ttft_mean_s"
+    assert len(doc["cells"]) == 2 * 6  # policies × metrics, one workload
+    for cell in doc["cells"]:
+        if cell["mean"] is not None:
+            assert cell["n"] == 2 and len(cell["values"]) == 2
+            assert cell["low"] <= cell["mean"] <= cell["high"] and cell["high"] - cell["mean"] == pytest.approx(cell["half_width"])
+    md = (board / "leaderboard.md").read_text().splitlines()
+    assert md[0].startswith("| policy | sharegpt@6 rank | sharegpt@6 TTFT mean (s) |")
+    rows = {line.split(" | ")[0].strip("| `"): line for line in md if line.startswith("| `")}
+    assert set(rows) == {"vllm-default", "vllm-v1"}
+    best = doc["best"]["sharegpt@6"]["ttft_mean_s"]
+    assert rows[best[0]].split(" | ")[2].startswith("**")  # the best of the column in bold
+
+
+def test_cells_and_ranking_are_what_compare_says_for_the_same_runs(board, tmp_path):
+    done = engine("compare", "-q", "-p", "vllm-default", "-p", "vllm-v1", "-w", "sharegpt", "--rate", "6", "--seeds", "2",
+                  "-n", "30", "-o", tmp_path / "cmp")
+    assert done.returncode == 0, done.stderr
+    with open(tmp_path / "cmp" / "comparison.csv") as f:
+        compared = {row["metric"]: row for row in csv.DictReader(f)}
+    md = (board / "leaderboard.md").read_text().splitlines()
+    head = md[0].strip("|").split(" | ")
+    rows = {line.strip("|").split(" | ")[0].strip(" `"): [c.strip(" *") for c in line.strip("|").split(" | ")] for line in md if line.startswith("| `")}
+    for label, column in (("TTFT mean (s)", "TTFT mean (s)"), ("TTFT p99 (s)", "TTFT p99 (s)"),
+                          ("e2e p99 (s)", "E2E p99 (s)"), ("throughput (tok/s)", "throughput (tok/s)")):
+        i = [h.strip() for h in head].index(f"sharegpt@6 {column}")
+        for policy in ("vllm-default", "vllm-v1"):
+            assert rows[policy][i] == compared[label][policy], (label, policy)
+    doc = json.loads((board / "leaderboard.json").read_text())
+    mean = {p: float(compared["TTFT mean (s)"][p].split(" ± ")[0]) for p in ("vllm-default", "vllm-v1")}
+    assert mean["vllm-default"] != mean["vllm-v1"]
+    assert sorted(doc["ranks"]["sharegpt@6"], key=doc["ranks"]["sharegpt@6"].get) == sorted(mean, key=mean.get)
+
+
+BAD = [
+    (["-w", "no-such-workload"], "no-such-workload"),
+    (["--metric", "ttft_p42_s"], "unknown --metric 'ttft_p42_s'"),
+    (["--rank-by", "tpot_p99_s"], "--rank-by tpot_p99_s: rank by one of the board's --metric columns"),
+    (["-w", "sharegpt@fast"], "after @ comes a rate"),
+    (["-p", "vllm-v1", "-p", "vllm-v1"], "--policy vllm-v1 given twice"),
+    (["-o", "{file}"], "is a file, not a folder"),
+    (["-o", "{file}/below"], "is a file, so nothing can be written under it"),
+]
+
+
+def test_bad_input_is_one_line_and_exit_2_before_any_run(tmp_path):
+    """Through the installed command once; the other cases in this process (each start of the CLI costs seconds)."""
+    from typer.testing import CliRunner
+
+    from kvsched.cli.app import app
+
+    done = engine("leaderboard", "-q", "-p", "no-such-policy", "-o", tmp_path / "out", timeout=120)
+    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1 and "no-such-policy" in done.stderr, done.stderr
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    for args, message in BAD:
+        out = [] if "-o" in args else ["-o", str(tmp_path / "out")]
+        result = CliRunner().invoke(app, ["leaderboard", "-q", "-n", "5", "--seeds", "1", *[a.format(file=afile) for a in args], *out])
+        assert result.exit_code == 2, (args, result.output)
+        assert len(result.stderr.strip().splitlines()) == 1 and message in result.stderr, (args, result.stderr)
+    assert [p.name for p in tmp_path.iterdir()] == ["afile"]  # nothing written
+
+
+def test_real_adds_a_measured_row_from_a_served_engine(tmp_path):
+    Liar.counts, Liar.reasons = iter(lambda: None, 0), iter(lambda: "length", 0)  # honest: every token it streams
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Liar)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    spec = tmp_path / "six.json"
+    spec.write_text(json.dumps({"kind": "synthetic", "num_requests": 6, "arrivals": {"kind": "poisson", "rate": 200.0},
+                                "prompt": {"kind": "lognormal", "median": 8, "sigma": 0.1, "max": 16},
+                                "output": {"kind": "lognormal", "median": 8, "sigma": 0.1, "max": 12}}))
+    try:
+        done = engine("leaderboard", "-q", "-p", "vllm-v1", "-w", spec, "--seeds", "1", "-j", "1", "-o", tmp_path / "out",
+                      "--real", f"http://127.0.0.1:{server.server_address[1]}", "--label", "served-v1")
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert done.returncode == 0, done.stderr
+    doc = json.loads((tmp_path / "out" / "leaderboard.json").read_text())
+    (measured,) = doc["measured"]
+    assert measured["label"] == "served-v1" and measured["finished"] == 6 and measured["metrics"]["ttft_mean_s"] > 0
+    assert measured["metrics"]["recompute_tax"] is None  # a client cannot see inside the engine
+    assert "| served-v1 (measured) | – |" in (tmp_path / "out" / "leaderboard.md").read_text()
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="Chromium is not installed (Debian: apt-get install chromium)")
+def test_the_page_renders_the_table_and_sorts_in_headless_chromium(board, tmp_path):
+    page = board / "leaderboard.html"
+    markup = re.sub(r"<script[^>]*>.*?</script>", "", page.read_text(), flags=re.S)
+    assert "<script src" not in page.read_text() and not re.search(r"""(src|href)=["']https?:""", markup)
+    order = {}
+    for direction in ("asc", "desc"):
+        proc = chromium(tmp_path, "--dump-dom", page.as_uri() + f"#metric=ttft_mean_s&sort=sharegpt%406%7Cttft_mean_s&dir={direction}")
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        dom = proc.stdout
+        assert 'data-rendered="2"' in dom and f'data-sorted="sharegpt@6|ttft_mean_s:{direction}"' in dom
+        assert re.search(r'<div id="js-errors" hidden="">\s*</div>', dom), "the page caught a JavaScript error"
+        assert "E2E p99" not in dom.split('id="leaderboard"')[1].split("</table>")[0]  # one metric chosen
+        order[direction] = re.findall(r'<tr data-policy="([^"]+)"', dom)
+    assert sorted(order["asc"]) == ["vllm-default", "vllm-v1"] and order["desc"] == order["asc"][::-1]
