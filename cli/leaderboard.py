@@ -14,7 +14,7 @@ from kvsched.cli.common import ProfileOpt, QuietOpt, RateOpt
 from kvsched.experiments.leaderboard import DEFAULT_METRICS, DEFAULT_POLICIES, DEFAULT_REQUESTS, DEFAULT_WORKLOADS
 
 BoardPolicyOpt = Annotated[Optional[list[str]], typer.Option("--policy", "-p", help=f"policy to rank (repeatable; default: {', '.join(DEFAULT_POLICIES)})")]
-BoardWorkloadOpt = Annotated[Optional[list[str]], typer.Option("--workload", "-w", help="workload, NAME or NAME@RATE (Poisson req/s) (repeatable; "
+BoardWorkloadOpt = Annotated[Optional[list[str]], typer.Option("--workload", "-w", help="workload: NAME, NAME@RATE (Poisson, req/s) or NAME@xSCALE (its recorded rate scaled) (repeatable; "
                                                                 f"default: {', '.join(DEFAULT_WORKLOADS)})")]
 MetricOpt = Annotated[Optional[list[str]], typer.Option("--metric", help=f"metric column (repeatable; default: {', '.join(DEFAULT_METRICS)})")]
 

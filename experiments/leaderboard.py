@@ -54,9 +54,10 @@ METRICS = {m.key: m for m in (
 )}
 DEFAULT_METRICS = ("ttft_mean_s", "ttft_p99_s", "e2e_p50_s", "e2e_p99_s", "output_tokens_per_s", "recompute_tax")
 DEFAULT_POLICIES = ("vllm-v1", "lcf", "residual-sjf", "session-affinity", "cache-affinity", "ewsjf", "sjf-aging", "sla-tiers", "hrrn")
-# ShareGPT at 6 req/s and the Azure conversation lengths at 2 req/s, both Poisson (so each seed is its own
-# arrivals): queues build on both, which is where the orderings differ (docs/policies: at 1.5-3 req/s nothing queues)
-DEFAULT_WORKLOADS = ("azure-conv@2", "sharegpt@6")
+# The Azure conversation trace at 3x its recorded rate (its own arrival times: one run, whatever the seeds) and
+# ShareGPT's lengths at 6 req/s Poisson (a run per seed): queues build on both, which is where orderings differ
+# (docs/policies: ShareGPT at 1.5-3 req/s never queues)
+DEFAULT_WORKLOADS = ("azure-conv@x3", "sharegpt@6")
 DEFAULT_REQUESTS = 200  # of a built-in trace, without -n: a board of the defaults in a few minutes on two cores
 MAX_RUNS = 10_000  # simulations a board runs at most, counted before any
 
@@ -73,25 +74,29 @@ def check_metrics(names: list[str]) -> list[Metric]:
 
 @dataclass(frozen=True)
 class BoardWorkload:
-    """A column group: a workload (built-in name or .json spec) and, after ``@``, its Poisson rate in req/s."""
+    """A column group: a workload (built-in name or .json spec) and, after ``@``, its Poisson rate in req/s
+    (``sharegpt@6``) or, after ``@x``, a scale of its recorded arrival times (``azure-conv@x1.5``)."""
 
     text: str
     name: str
     rate: float | None
+    rate_scale: float = 1.0
 
     @classmethod
     def parse(cls, text: str, rate: float | None = None) -> BoardWorkload:
         name, sep, given = text.rpartition("@") if "@" in text else (text, "", "")
+        scale = 1.0
         if sep:
             try:
-                rate = float(given)
+                number = float(given[1:] if given.startswith("x") else given)
             except ValueError:
-                raise ValueError(f"--workload {text!r}: after @ comes a rate in req/s, got {given!r}") from None
-            if not (math.isfinite(rate) and rate > 0):
-                raise ValueError(f"--workload {text!r}: the rate after @ must be a positive number")
+                raise ValueError(f"--workload {text!r}: after @ comes a rate in req/s (@6) or a rate scale (@x1.5), got {given!r}") from None
+            if not (math.isfinite(number) and number > 0):
+                raise ValueError(f"--workload {text!r}: the number after @ must be positive")
+            rate, scale = (rate, number) if given.startswith("x") else (number, 1.0)
         if not name:
             raise ValueError(f"--workload {text!r}: give a workload name before @")
-        return cls(text, name, rate)
+        return cls(text, name, rate, scale)
 
     def options(self, num_requests: int | None, seed: int) -> dict[str, Any]:
         """``build_workload``'s keyword arguments for one seed (a sweep spec's workload); without
@@ -100,7 +105,7 @@ class BoardWorkload:
 
         if num_requests is None and self.name in BUILTIN_TRACES:
             num_requests = DEFAULT_REQUESTS
-        return {"workload": self.name, "num_requests": num_requests, "rate": self.rate, "seed": seed}
+        return {"workload": self.name, "num_requests": num_requests, "rate": self.rate, "rate_scale": self.rate_scale, "seed": seed}
 
 
 @dataclass
@@ -233,7 +238,7 @@ def board_json(board: Board, command: str, profile: str, num_requests: int | Non
         "metrics": [{"key": m.key, "label": m.label, "unit": m.unit, "scale": m.scale, "decimals": int(m.fmt[-3]),
                      "better": "lower" if m.lower_is_better else "higher"} for m in board.metrics],
         "policies": board.policies,
-        "workloads": [{"key": w.text, "name": w.name, "rate": w.rate, "seeds": board.seeds[w.text],
+        "workloads": [{"key": w.text, "name": w.name, "rate": w.rate, "rate_scale": w.rate_scale, "seeds": board.seeds[w.text],
                        "description": board.described[w.text]} for w in board.workloads],
         "ranks": {w.text: board.ranks(w.text) for w in board.workloads},
         "best": {w.text: {m.key: board.best(w.text, m) for m in board.metrics} for w in board.workloads},

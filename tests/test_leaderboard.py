@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 import json
 import re
+import shutil
 import subprocess
 import sys
 import threading
@@ -138,3 +139,62 @@ def test_the_page_renders_the_table_and_sorts_in_headless_chromium(board, tmp_pa
         assert "E2E p99" not in dom.split('id="leaderboard"')[1].split("</table>")[0]  # one metric chosen
         order[direction] = re.findall(r'<tr data-policy="([^"]+)"', dom)
     assert sorted(order["asc"]) == ["vllm-default", "vllm-v1"] and order["desc"] == order["asc"][::-1]
+
+
+def test_a_workload_names_its_rate_or_its_rate_scale():
+    from kvsched.experiments.leaderboard import BoardWorkload
+
+    assert BoardWorkload.parse("sharegpt@6").options(None, 3) == {"workload": "sharegpt", "num_requests": 200, "rate": 6.0,
+                                                                   "rate_scale": 1.0, "seed": 3}
+    assert BoardWorkload.parse("azure-conv@x1.5", rate=None).options(50, 0)["rate_scale"] == 1.5
+    assert BoardWorkload.parse("spec.json").options(None, 0)["num_requests"] is None  # a spec keeps its own count
+    for bad in ("sharegpt@0", "sharegpt@xinf", "@6"):
+        with pytest.raises(ValueError, match="--workload"):
+            BoardWorkload.parse(bad)
+
+
+# A DOM just large enough for the page's script: what it draws, and what a click on a heading does.
+FAKE_DOM = r"""
+const fs = require('fs');
+const page = fs.readFileSync(process.argv[2], 'utf8');
+const data = page.match(/<script type="application\/json" id="board">([\s\S]*?)<\/script>/)[1];
+const scripts = [...page.matchAll(/<script>([\s\S]*?)<\/script>/g)].map(m => m[1]);
+function el(tag) {
+  return {tag, children: [], dataset: {}, attrs: {}, className: '', textContent: '', listeners: {}, value: '',
+    replaceChildren() { this.children = []; }, insertRow() { const r = el('tr'); this.children.push(r); return r; },
+    insertCell() { const c = el('td'); this.children.push(c); return c; }, appendChild(c) { this.children.push(c); },
+    setAttribute(k, v) { this.attrs[k] = v; }, addEventListener(k, f) { this.listeners[k] = f; }, add(o) { this.children.push(o); }};
+}
+const els = {board: {textContent: data}, leaderboard: el('table'), metric: el('select')};
+global.document = {getElementById: id => els[id], createElement: el, body: {dataset: {}}};
+global.location = {hash: process.argv[3]};
+global.history = {replaceState(a, b, h) { location.hash = h; }};
+global.Option = function (t, v) { this.text = t; this.value = v; };
+eval(scripts[scripts.length - 1]);
+const table = () => els.leaderboard.children.map(r => r.children.map(c => c.textContent));
+const out = {first: table(), sorted: document.body.dataset.sorted};
+els.leaderboard.children[0].children.find(c => c.dataset.column === process.argv[4]).listeners.click();
+out.clicked = table(); out.hash = location.hash;
+console.log(JSON.stringify(out));
+"""
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="Node.js is not installed")
+def test_the_page_script_draws_and_sorts_under_node(board, tmp_path):
+    """Where Chromium is absent: the page's own script run under Node on a minimal DOM."""
+    script = tmp_path / "dom.js"
+    script.write_text(FAKE_DOM)
+    column = "sharegpt@6|ttft_mean_s"
+    done = subprocess.run(["node", str(script), str(board / "leaderboard.html"), "#metric=ttft_mean_s&sort=rank%3Asharegpt%406&dir=asc", column],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    got = json.loads(done.stdout)
+    doc = json.loads((board / "leaderboard.json").read_text())
+    assert got["first"][0] == ["policy", "sharegpt@6 rank", "sharegpt@6 TTFT mean (s)"] and got["sorted"] == "rank:sharegpt@6:asc"
+    ranks = doc["ranks"]["sharegpt@6"]
+    assert [row[0] for row in got["first"][1:]] == sorted(ranks, key=ranks.get)
+    md = {line.split(" | ")[0].strip("| `"): line.split(" | ")[2].strip(" *") for line in (board / "leaderboard.md").read_text().splitlines()
+          if line.startswith("| `")}
+    assert {row[0]: row[2] for row in got["first"][1:]} == md  # the page shows the Markdown's numbers
+    means = [float(row[2].split(" ± ")[0]) for row in got["clicked"][1:]]
+    assert means == sorted(means) and "sort=sharegpt%406%7Cttft_mean_s" in got["hash"] and "dir=asc" in got["hash"]
