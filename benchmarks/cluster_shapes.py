@@ -62,6 +62,7 @@ def collapse(scale: float) -> list[dict]:
                                user=LogNormal(median=60, sigma=0.5, max=400), output=LogNormal(median=120, sigma=0.6, max=400), seed=0).requests()
         for label, router, options in (("prefix only (precise-prefix)", "precise-prefix", None),
                                        ("prefix + load (weighted 2:1:1)", "weighted", None),
+                                       ("prefix, load fallback (cache-aware)", "cache-aware", None),
                                        ("round-robin", "round-robin", None)):
             rows.append(row(label, run(workload, 8, router, settings=CACHING, router_options=options), rate=rate))
     return rows
