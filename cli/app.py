@@ -6,7 +6,6 @@ import os
 import sys
 
 import typer
-from rich.table import Table
 
 from kvsched.cli import cluster as fleet
 from kvsched.cli import explain as explain_cli
@@ -113,20 +112,12 @@ def run(
 @cli_errors
 def policies() -> None:
     """List installed policies: name, distribution, version, description (a name that several distributions register, as DIST:NAME)."""
-    from kvsched.core.errors import KvschedError
-    from kvsched.core.plugins import describe, installed_policies, load_policy
+    from kvsched.cli.common import print_plugins
+    from kvsched.core.plugins import installed_policies, load_policy
 
-    table = Table(title="installed policies (entry-point group kvsched.policies)")
-    for col in ("name", "distribution", "version", "description"):
-        table.add_column(col, overflow="fold")
     infos = installed_policies()
-    for info in infos:
-        try:
-            text = describe(load_policy(info.spec))
-        except KvschedError as exc:  # a broken third-party plugin must not hide the others
-            text = f"(fails to load: {exc})"
-        table.add_row(info.spec, info.distribution, info.version, text)
-    console.print(table)
+    print_plugins("installed policies (entry-point group kvsched.policies)",
+                  ((i.spec, i.distribution, i.version, lambda i=i: load_policy(i.spec)) for i in infos))
     for name in sorted({i.name for i in infos if i.ambiguous}):
         dists = " and ".join(i.distribution for i in infos if i.name == name)
         console.print(f"[bold yellow]warning:[/] {name} is registered by {dists}: choose one with --policy DIST:{name}", highlight=False)

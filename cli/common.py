@@ -8,7 +8,7 @@ import os
 import re
 import time
 import traceback
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any, Optional
@@ -197,6 +197,23 @@ def progress_bar(quiet: bool, doing: str = "simulating", counting: str = "reques
         TextColumn(f"[bold]{doing}"), BarColumn(), MofNCompleteColumn(), TextColumn(counting),
         TimeElapsedColumn(), console=err_console, disable=quiet,
     )
+
+
+def print_plugins(title: str, rows: Iterable[tuple[str, str, str, Callable[[], Any]]]) -> None:
+    """A table of installed plugins from ``(name, distribution, version, load)`` rows; one that fails to
+    load says why in its row, so that a broken third-party plugin does not hide the others."""
+    from kvsched.core.plugins import describe
+
+    table = Table(title=title)
+    for col in ("name", "distribution", "version", "description"):
+        table.add_column(col, overflow="fold")
+    for name, distribution, version, load in rows:
+        try:
+            text = describe(load())
+        except KvschedError as exc:
+            text = f"(fails to load: {exc})"
+        table.add_row(name, distribution, version, text)
+    console.print(table)
 
 
 def print_summary(summary: dict) -> None:
