@@ -50,11 +50,29 @@ class EngineConfig(BaseModel):
         True, description="vLLM V1's knob, read by vllm-v1: off, a prompt is scheduled whole or waits (head of line), and under "
         "v1 mechanics max_num_batched_tokens must hold max_model_len (docs/vllm-v1.md)"
     )
+    async_scheduling: bool = Field(
+        False, description="model vLLM's AsyncScheduler: step N+1 scheduled while step N runs, its scheduler time hidden, "
+        "step N's stops and arrivals seen one step late (core/async_lag.py; docs/simulation.md)"
+    )
+    scheduler_ms: float | None = Field(
+        None, ge=0, le=3.6e6, description="the scheduler's CPU time per step, added to a sync step, hidden in an async one; "
+        "unset: vLLM V1's 0.16 ms with async_scheduling, else 0 (the cost profile's time alone)"
+    )
+    scheduler_request_ms: float | None = Field(
+        None, ge=0, le=3.6e6, description="the scheduler's CPU time per request a step runs, beside scheduler_ms; "
+        "unset: vLLM V1's 0.0266 ms with async_scheduling, else 0"
+    )
+    num_speculative_tokens: int = Field(
+        0, ge=0, le=64, description="V1 speculative decoding at the scheduler level: draft tokens a decoding request is "
+        "scheduled with, verified in the step, the rejected ones rolled back (v1 mechanics only; docs/vllm-v1.md)"
+    )
 
     @model_validator(mode="after")
     def _check(self) -> EngineConfig:
         if self.vllm_engine == "v1" and self.num_gpu_blocks < 2:
             raise ValueError("vllm_engine v1 needs num_gpu_blocks >= 2: V1 keeps one block as its null block")
+        if self.num_speculative_tokens and self.vllm_engine != "v1":
+            raise ValueError("num_speculative_tokens needs vllm_engine v1: speculative decoding is modelled on V1's scheduler")
         if self.vllm_engine == "v1" and not self.enable_chunked_prefill and self.max_num_batched_tokens < self.model_len:
             raise ValueError(  # vLLM's SchedulerConfig.verify_max_model_len
                 f"max_num_batched_tokens ({self.max_num_batched_tokens}) is smaller than max_model_len ({self.model_len}) "

@@ -213,10 +213,13 @@ class Engine(SteadyRuns):
             if single and len(seqs) == 1:  # the common case, _compute inlined: no fork, no chunk list
                 seq = seqs[0]
                 computed = seq.num_computed_tokens = seq.num_computed_tokens + sg.num_tokens
-                if caching:
-                    bm.mark_computed(seq)
-                if computed == seq.num_tokens:
-                    self._append(seq, tokens[seq.seq_id][0], now)
+                if computed > seq.num_tokens:  # a decode with draft tokens (V1 speculative decoding)
+                    self._verify(seq, sg.num_tokens, tokens[seq.seq_id], now)
+                else:
+                    if caching:
+                        bm.mark_computed(seq)
+                    if computed == seq.num_tokens:
+                        self._append(seq, tokens[seq.seq_id][0], now)
             else:  # seq_chunks() is fixed here, before an n > 1 prompt step forks children into seqs
                 for seq, n in sg.seq_chunks():
                     self._compute(seq, n, tokens, now)
@@ -267,6 +270,19 @@ class Engine(SteadyRuns):
             for token in sampled[1:]:
                 self._append(self._fork(seq), token, now)
         self._append(seq, sampled[0], now)
+
+    def _verify(self, seq: Sequence, scheduled: int, sampled: list[int], now: float) -> None:
+        """The step ran ``seq``'s last token and ``scheduled - 1`` drafts and sampled the accepted drafts
+        plus one token: the rejected drafts are rolled back (V1's ``num_computed_tokens -= num_rejected``),
+        the tokens appended until one stops the sequence (an executor that samples one rejects them all)."""
+        accepted = len(sampled) - 1
+        if not 0 <= accepted < scheduled:
+            raise RuntimeError(f"{seq!r} ran {scheduled - 1} draft tokens, and the executor sampled {len(sampled)} tokens")
+        seq.num_computed_tokens -= scheduled - 1 - accepted
+        for token in sampled:
+            self._append(seq, token, now)
+            if seq.status > SequenceStatus.SWAPPED:
+                break
 
     def _fork(self, parent: Sequence) -> Sequence:
         group = parent.group

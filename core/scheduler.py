@@ -12,7 +12,7 @@ from kvsched.core.outputs import SchedulerOutput
 from kvsched.core.sequence import SequenceGroup, SequenceStatus
 from kvsched.core.step_notes import repeated_notes
 from kvsched.core.step_state import StepState
-from kvsched.core.step_v1 import V1StepState
+from kvsched.core.step_v1 import V1StepState, remember_drafts
 from kvsched.core.view import CacheView, frozen
 
 if TYPE_CHECKING:
@@ -40,6 +40,9 @@ class Scheduler:
             config.watermark_blocks, config.enable_prefix_caching, keep_duplicates=v1,
         )
         self._step_state = V1StepState if v1 else StepState
+        # V1 speculative decoding: the sequences that sampled the last time they ran, and were not preempted since:
+        # the drafter gave them draft tokens for their next step (core/step_v1.py remember_drafts).
+        self.drafting: set[int] | None = set() if v1 and config.num_speculative_tokens else None
         self.cache_view = CacheView(self.block_manager)
         self.config_view = frozen(config)  # what hooks read as step.config: the engine's own config is not handed out
         self.waiting: list[SequenceGroup] = []
@@ -77,6 +80,8 @@ class Scheduler:
             step.close()
         bm.commit()
         self._commit(step)
+        if self.drafting is not None:
+            remember_drafts(self.drafting, step.output, self.running)
         if step.declared is not None and self.repeats and hooks is self.hooks and _repeatable(step):
             self._steady = (*step.declared, step.lane_call, step.refusals, step.output.decisions, len(self.waiting), len(self.running))
         return step.output

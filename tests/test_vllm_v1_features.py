@@ -13,6 +13,7 @@ import pytest
 from kvsched import Engine, EngineConfig, Request, SamplingParams, hookimpl
 from kvsched.core.decisions import Outcome
 from kvsched.core.sequence import SequenceStatus
+from kvsched.core.view import GroupView, group_of
 from kvsched.executors.cost_model import LLAMA2_7B_A100
 from kvsched.executors.simulated import SimulatedExecutor
 from kvsched.experiments.settings import fit_to_profile
@@ -20,6 +21,12 @@ from kvsched.metrics.requests import RequestMetrics
 from kvsched.policies.vllm_v1 import VllmV1
 
 ENGINE = str(Path(sys.executable).with_name("engine"))
+
+
+def _group(engine: Engine, request_id: str):
+    """The engine's own group behind ``engine.groups[request_id]`` (a view there, or the group itself)."""
+    g = engine.groups[request_id]
+    return group_of(g) if isinstance(g, GroupView) else g
 
 
 def _engine(vllm_engine: str, policy: str = "vllm-v1", **config) -> Engine:
@@ -120,3 +127,19 @@ def test_under_v1_the_core_refuses_a_request_whose_grammar_is_not_ready():
     engine.run()
     assert engine._groups["json"].status is SequenceStatus.FINISHED_STOPPED
     assert engine._groups["json"].first_scheduled_time >= 0.05
+
+
+def test_speculative_decoding_with_an_executor_that_rejects_every_draft_changes_only_the_steps():
+    """The simulator samples one token per decode, so every draft is rejected and rolled back: the
+    requests end with the same tokens as without drafts, after steps that ran ``1 + k`` tokens each."""
+    runs = {}
+    for k in (0, 3):
+        engine = _engine("v1", num_speculative_tokens=k)
+        widths = []
+        engine.run([Request(request_id=f"r{i}", prompt_len=5 + i, output_len=6) for i in range(4)],
+                   on_step=lambda r: widths.extend(sg.num_tokens for sg in r.output.scheduled if not sg.is_prefill))
+        assert engine.leaked_blocks == 0
+        runs[k] = ({rid: [len(s.output) for s in _group(engine, rid).seqs] for rid in engine.groups}, set(widths))
+    assert runs[0][0] == runs[3][0] and runs[0][1] == {1} and runs[3][1] == {4}
+    with pytest.raises(ValueError, match="needs vllm_engine v1"):
+        EngineConfig(num_speculative_tokens=2)

@@ -23,6 +23,12 @@ def token_at(position: int) -> int:
     return FIRST_TOKEN + position
 
 
+def accepted_drafts(request_id: str, position: int, num_drafts: int, salt: int) -> int:
+    """How many of the ``num_drafts`` draft tokens a request ran at output ``position`` the fake
+    model accepts: the same on both sides, spread over 0 .. num_drafts."""
+    return (sum(map(ord, request_id)) * 31 + position * 17 + salt) % (num_drafts + 1)
+
+
 @dataclass(frozen=True)
 class StepSeen:
     """One step as both sides are compared on."""
@@ -45,9 +51,10 @@ class V1Reference:
 
     def __init__(self, *, block_size: int, num_gpu_blocks: int, max_num_batched_tokens: int, max_num_seqs: int,
                  max_model_len: int, enable_prefix_caching: bool, policy: str = "fcfs",
-                 long_prefill_token_threshold: int = 0, watermark: float = 0.0, enable_chunked_prefill: bool = True) -> None:
+                 long_prefill_token_threshold: int = 0, watermark: float = 0.0, enable_chunked_prefill: bool = True,
+                 num_speculative_tokens: int = 0, acceptance_salt: int = 0) -> None:
         import torch
-        from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
+        from vllm.config import CacheConfig, ModelConfig, ParallelConfig, SchedulerConfig, SpeculativeConfig, VllmConfig
         from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
         from vllm.v1.core.sched.scheduler import Scheduler
         from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
@@ -62,7 +69,12 @@ class V1Reference:
         model_config = ModelConfig(model=_model_dir(), dtype="float32", seed=0, skip_tokenizer_init=True, max_model_len=max_model_len)
         cache_config = CacheConfig(block_size=block_size, enable_prefix_caching=enable_prefix_caching)
         cache_config.num_gpu_blocks = num_gpu_blocks
-        vllm_config = VllmConfig(scheduler_config=scheduler_config, model_config=model_config, cache_config=cache_config)
+        speculative = None if not num_speculative_tokens else SpeculativeConfig(  # ngram: no draft model, no lookahead slots
+            method="ngram", num_speculative_tokens=num_speculative_tokens, prompt_lookup_max=3, prompt_lookup_min=1,
+            target_model_config=model_config, target_parallel_config=ParallelConfig())
+        vllm_config = VllmConfig(scheduler_config=scheduler_config, model_config=model_config, cache_config=cache_config,
+                                 speculative_config=speculative)
+        self.num_speculative_tokens, self.acceptance_salt = num_speculative_tokens, acceptance_salt
         spec = FullAttentionSpec(block_size=block_size, num_kv_heads=1, head_size=1, dtype=torch.float32)
         kv_config = KVCacheConfig(num_blocks=num_gpu_blocks, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(["layer"], spec)])
         self.scheduler = Scheduler(vllm_config=vllm_config, kv_cache_config=kv_config, block_size=block_size,
@@ -154,13 +166,23 @@ class V1Reference:
         for rid in ids:
             request = sched.requests[rid]
             done = request.num_computed_tokens >= request.num_tokens  # the step computes its last token
-            sampled.append([token_at(len(request.output_token_ids) + 1)] if done else [])
+            first = len(request.output_token_ids) + 1
+            drafts = len(out.scheduled_spec_decode_tokens.get(rid, ()))
+            accepted = accepted_drafts(rid, first, drafts, self.acceptance_salt) if drafts else 0
+            sampled.append([token_at(first + i) for i in range(accepted + 1)] if done else [])
         runner = ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)}, sampled_token_ids=sampled)
         finished = {}
         for outputs in sched.update_from_output(out, runner).values():
             for o in outputs.outputs:
                 if o.finish_reason is not None:
                     self._finished(o.request_id, str(o.finish_reason), finished)
+        if self.num_speculative_tokens:  # the drafter proposes k tokens for each request that sampled (prefill chunks are skipped)
+            from vllm.v1.outputs import DraftTokenIds
+
+            proposing = [r for r, s in zip(ids, sampled) if s and r in sched.requests and not sched.requests[r].is_finished()]
+            drafts = [[token_at(len(sched.requests[r].output_token_ids) + 1 + i) for i in range(self.num_speculative_tokens)]
+                      for r in proposing]
+            sched.update_draft_token_ids(DraftTokenIds(proposing, drafts))
         return StepSeen(dict(out.num_scheduled_tokens), frozenset(out.preempted_req_ids or ()), finished, self.free_blocks)
 
 
