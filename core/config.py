@@ -64,15 +64,13 @@ class EngineConfig(BaseModel):
     )
     num_speculative_tokens: int = Field(
         0, ge=0, le=64, description="V1 speculative decoding at the scheduler level: draft tokens a decoding request is "
-        "scheduled with, verified in the step, the rejected ones rolled back (v1 mechanics only; docs/vllm-v1.md)"
+        "scheduled with, verified in the step, the rejected ones rolled back (under v1 mechanics; v0 ignores it; docs/vllm-v1.md)"
     )
 
     @model_validator(mode="after")
     def _check(self) -> EngineConfig:
         if self.vllm_engine == "v1" and self.num_gpu_blocks < 2:
             raise ValueError("vllm_engine v1 needs num_gpu_blocks >= 2: V1 keeps one block as its null block")
-        if self.num_speculative_tokens and self.vllm_engine != "v1":
-            raise ValueError("num_speculative_tokens needs vllm_engine v1: speculative decoding is modelled on V1's scheduler")
         if self.vllm_engine == "v1" and not self.enable_chunked_prefill and self.max_num_batched_tokens < self.model_len:
             raise ValueError(  # vLLM's SchedulerConfig.verify_max_model_len
                 f"max_num_batched_tokens ({self.max_num_batched_tokens}) is smaller than max_model_len ({self.model_len}) "

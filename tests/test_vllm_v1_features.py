@@ -141,5 +141,13 @@ def test_speculative_decoding_with_an_executor_that_rejects_every_draft_changes_
         assert engine.leaked_blocks == 0
         runs[k] = ({rid: [len(s.output) for s in _group(engine, rid).seqs] for rid in engine.groups}, set(widths))
     assert runs[0][0] == runs[3][0] and runs[0][1] == {1} and runs[3][1] == {4}
-    with pytest.raises(ValueError, match="needs vllm_engine v1"):
-        EngineConfig(num_speculative_tokens=2)
+    assert _engine("v0", "vllm-default", num_speculative_tokens=3).scheduler.drafting is None  # modelled on V1 only
+
+
+def test_engine_run_takes_the_v1_knobs_from_the_command_line(tmp_path):
+    """``--set`` gives them before the policy's engine defaults (vllm_engine v1) apply."""
+    res = subprocess.run([ENGINE, "run", "--policy", "vllm-v1", "-n", "40", "--set", "num_speculative_tokens=2",
+                          "--set", "enable_chunked_prefill=false", "-o", str(tmp_path), "-q"], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["config"]["num_speculative_tokens"] == 2 and summary["leaked_blocks"] == 0
