@@ -38,6 +38,23 @@ def _cells(doc: dict) -> dict[tuple[str, str, str], dict]:
     return {(c["workload"], c["policy"], c["metric"]): c for c in doc["cells"]}
 
 
+def seeds_text(doc: dict) -> str:
+    """Each workload's seeds; one seed is one run (a trace at its own arrival times runs once, whatever ``--seeds``)."""
+    return "; ".join(f"{w['key']}: " + (f"seeds {', '.join(map(str, w['seeds']))}" if len(w["seeds"]) > 1 else
+                                         f"seed {w['seeds'][0]} (one run, so no interval)") for w in doc["workloads"])
+
+
+def warnings(doc: dict) -> list[str]:
+    """One line per workload whose runs warned (``metrics/warnings.py``: requests ignored, a queue that
+    never emptied): each distinct warning once, whichever policies and seeds it came from."""
+    lines = []
+    for w in doc["workloads"]:
+        seen = sorted({text for c in doc["cells"] if c["workload"] == w["key"] for text in c["warnings"]})
+        if seen:
+            lines.append(f"Warnings on {w['key']} (over its runs): {'; '.join(seen)}.")
+    return lines
+
+
 def markdown(doc: dict) -> str:
     """Rows the policies, columns each workload's rank and metrics; the best of each column in bold."""
     cells, metrics = _cells(doc), doc["metrics"]
@@ -61,10 +78,11 @@ def markdown(doc: dict) -> str:
             row.append("–")
             row += [cell_text({"mean": got.get(m["key"]), "n": 1}, m) for m in metrics]
         lines.append("| " + " | ".join(row) + " |")
-    seeds = "; ".join(f"{w['key']}: seeds {', '.join(map(str, w['seeds']))}" for w in doc["workloads"])
+    seeds = seeds_text(doc)
     notes = [f"Each cell: the mean over the seeds ± the half-width of its {round(100 * doc['level'])}% confidence interval "
              f"(Student's t); rank by {heading(primary)}, {primary['better']} is better; the best of each column in bold. "
              f"{seeds}. Profile {doc['profile']}.", "", f"`{doc['command']}`"]
+    notes[1:1] = [line for text in warnings(doc) for line in ("", text)]
     if doc["measured"]:
         notes.insert(1, "A measured row is one replay against the served engine, timed from the client (engine bench); it is not ranked.")
     return "\n".join(lines) + "\n\n" + "\n".join(notes) + "\n"
@@ -168,7 +186,7 @@ def page(doc: dict) -> str:
     """``leaderboard.html``: the document inlined, drawn and sorted by ``PAGE_SCRIPT``."""
     data = json.dumps(doc, allow_nan=False).replace("</", "<\\/")
     primary = next(m for m in doc["metrics"] if m["key"] == doc["primary"])
-    seeds = "; ".join(f"{html.escape(w['key'])}: seeds {', '.join(map(str, w['seeds']))}" for w in doc["workloads"])
+    seeds = html.escape(seeds_text(doc))
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>kvsched leaderboard</title>
 <style>{STYLE}
@@ -182,6 +200,7 @@ def page(doc: dict) -> str:
 <table id="leaderboard"></table>
 <p class="caption">Each cell: the mean over the seeds ± the half-width of its {round(100 * doc['level'])}% confidence interval
 (Student's t); the best of each column in bold{'; a measured row is one replay against the served engine, not ranked' if doc['measured'] else ''}.</p>
+{''.join(f'<p class="caption warnings">{html.escape(text)}</p>' for text in warnings(doc))}
 <p class="caption">Made by <code>{html.escape(doc['command'])}</code> (kvsched {html.escape(doc['versions']['kvsched'])}).</p>
 <script type="application/json" id="board">{data}</script>
 <script>{PAGE_SCRIPT}</script>
