@@ -20,6 +20,7 @@ from kvsched.core.errors import KvschedError, quote
 from kvsched.core.executor import StepResult
 from kvsched.core.request import Request, SamplingParams
 from kvsched.core.sequence import SequenceStatus
+from kvsched.integrations.vllm.inflight import PLACEHOLDER, InFlightV1StepState, num_placeholders
 
 if TYPE_CHECKING:
     from kvsched.core.outputs import SchedulerOutput
@@ -119,11 +120,23 @@ def mirror_config(vllm_config: Any, num_blocks: int, settings: dict[str, Any] | 
 
 
 class Mirror:
-    """The kvsched side: requests added and finished as vLLM adds and finishes them."""
+    """The kvsched side: requests added and finished as vLLM adds and finishes them.
 
-    def __init__(self, config: EngineConfig, policy: str, options: dict[str, Any] | None = None) -> None:
+    ``in_flight``: vLLM schedules with a step in flight (async scheduling, ``inflight.py``): a step
+    is applied when it is dispatched (``dispatch``), with placeholders for the tokens it samples,
+    and those are replaced by vLLM's when they arrive (``sampled``); else a step is applied when its
+    tokens arrive (``complete``).
+    """
+
+    def __init__(self, config: EngineConfig, policy: str, options: dict[str, Any] | None = None, in_flight: bool = False) -> None:
         self.engine = Engine(config, policy, TokensFromVllm(), policy_options=options)
         self._seq_of: dict[str, int] = {}  # request id -> the mirror sequence's id
+        self.in_flight = in_flight
+        if in_flight:
+            self.engine.scheduler._step_state = InFlightV1StepState
+            # V1 names blocks as the step is built (InFlightV1StepState, known tokens only) and when tokens
+            # arrive (sampled); the engine's naming once a step is applied would hash placeholders.
+            self.engine._caching = False
 
     @property
     def policy_name(self) -> str:
@@ -143,6 +156,8 @@ class Mirror:
             tenant=tenant,
         ))
         self._seq_of[request.request_id] = group.seqs[0].seq_id
+        if self.in_flight:  # a placeholder may go one past the limit: vLLM ends the request when its last token arrives
+            self.engine._groups[request.request_id].max_seq_tokens += 1
 
     def schedule(self, fallback: PolicyHooks | None = None) -> SchedulerOutput:
         """The policy's step (or ``fallback``'s, on the same state)."""
@@ -152,6 +167,28 @@ class Mirror:
         """vLLM ran ``output`` and sampled ``sampled`` (request id -> new tokens); apply it here."""
         tokens = {self._seq_of[rid]: list(ids) for rid, ids in sampled.items() if ids}
         return self.engine.complete(output, StepResult(duration, tokens))
+
+    def dispatch(self, output: SchedulerOutput, duration: float) -> StepReport:
+        """vLLM dispatched ``output`` with a step in flight: apply it now, a placeholder for each token it samples."""
+        tokens = {seq.seq_id: [PLACEHOLDER] for sg in output.scheduled for seq in sg.group.seqs}
+        return self.engine.complete(output, StepResult(duration, tokens))
+
+    def sampled(self, sampled: dict[str, list[int]]) -> None:
+        """The tokens of the oldest step in flight arrived (request id -> new tokens; vLLM ended some already):
+        they replace its placeholders, and the blocks they complete are named (vLLM's ``cache_blocks``)."""
+        bm = self.engine.scheduler.block_manager
+        for rid, ids in sampled.items():
+            group = self.engine._groups.get(rid)
+            if not ids or group is None or group.is_finished:
+                continue
+            seq = group.seqs[0]
+            pending = num_placeholders(seq)
+            if len(ids) > pending:
+                raise KvschedError(f"vLLM sampled {len(ids)} tokens for {rid!r}, the mirror holds {pending} placeholders")
+            start = len(seq.output) - pending
+            seq.output[start:start + len(ids)] = ids
+            if seq.status is SequenceStatus.RUNNING:
+                bm.mark_computed(seq, seq.num_computed_tokens - (pending - len(ids)))
 
     def finish(self, request_id: str, vllm_status: str) -> None:
         """vLLM ended the request (a stop token, EOS, a client abort): end it here too."""

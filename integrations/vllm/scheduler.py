@@ -20,8 +20,10 @@ each hook and operation onto vLLM.
 from __future__ import annotations
 
 import time
+from collections import deque
 from typing import Any
 
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.engine import EngineCoreOutput, EngineCoreOutputs, FinishReason
 from vllm.v1.request import RequestStatus
@@ -33,7 +35,7 @@ from kvsched.integrations.vllm.mirror import Mirror, mirror_config
 from kvsched.integrations.vllm.realize import MirrorDrift, realize
 from kvsched.integrations.vllm.steplog import StepLogging
 
-FALLBACK_POLICY = "vllm-v1"
+FALLBACK_POLICY = "kvsched:vllm-v1"  # kvsched's own, whatever other distribution registers a vllm-v1
 
 
 def _pass_exits(exc: BaseException) -> None:
@@ -53,29 +55,38 @@ def settings_of(vllm_config: Any) -> tuple[str, dict[str, Any], dict[str, Any]]:
         raise KvschedError(f'additional_config "kvsched" must be an object, got {kvsched!r}')
     policy = kvsched.get("policy", FALLBACK_POLICY)
     options = dict(kvsched.get("options") or {})
-    if policy == FALLBACK_POLICY:
-        options.setdefault("policy", vllm_config.scheduler_config.policy)
+    if policy in (FALLBACK_POLICY, "vllm-v1"):
+        options = {**vllm_v1_options(vllm_config), **options}
     return policy, options, dict(kvsched.get("config") or {})
 
 
+def vllm_v1_options(vllm_config: Any) -> dict[str, Any]:
+    """``vllm-v1``'s options that mean what vLLM is configured with: its queue policy and long-prefill threshold."""
+    sched = vllm_config.scheduler_config
+    return {"policy": sched.policy, "long_prefill_token_threshold": sched.long_prefill_token_threshold}
+
+
 class PolicyScheduler(Scheduler):
-    """vLLM's ``Scheduler`` whose ``schedule()`` is a kvsched policy's step (see the module docstring)."""
+    """vLLM's ``Scheduler`` whose ``schedule()`` is a kvsched policy's step (see the module docstring); over
+    ``AsyncScheduler`` (``KvschedAsyncScheduler``) the same code schedules with a step in flight."""
 
     def __init__(self, vllm_config: Any, kv_cache_config: Any, *args: Any, **kwargs: Any) -> None:
         super().__init__(vllm_config, kv_cache_config, *args, **kwargs)
+        self.in_flight = isinstance(self, AsyncScheduler)  # vLLM schedules step N+1 before step N's tokens arrive
         unsupported = [name for name, on in (
-            ("async scheduling", self.scheduler_config.async_scheduling), ("speculative decoding", self.num_spec_tokens),
+            ("speculative decoding", self.num_spec_tokens),
             ("KV connectors", self.connector is not None), ("LoRA", self.lora_config is not None),
             ("multimodal inputs", self.max_num_encoder_input_tokens), ("pipeline parallelism", self.use_pp),
         ) if on]
         if unsupported:
             raise KvschedError(f"kvsched policies inside vLLM do not support {', '.join(unsupported)} yet")
         policy, options, settings = settings_of(vllm_config)
-        self.mirror = Mirror(mirror_config(vllm_config, kv_cache_config.num_blocks, settings), policy, options)
-        self._fallback = PolicyHooks(FALLBACK_POLICY, {"policy": self.scheduler_config.policy})
+        config = mirror_config(vllm_config, kv_cache_config.num_blocks, settings)
+        self.mirror = Mirror(config, policy, options, in_flight=self.in_flight)
+        self._fallback = PolicyHooks(FALLBACK_POLICY, vllm_v1_options(vllm_config))
         self.faults = PolicyFaults(self.mirror.policy_name)
-        self._step = None  # the mirror's step that vLLM is running
-        self._started = 0.0
+        self._dispatched: deque[tuple[Any, Any]] = deque()  # (vLLM's output, the mirror's step) of each step vLLM runs, oldest first
+        self._started = 0.0  # when the last step was dispatched
         self._stopped: list[tuple[str, str]] | None = None  # requests vLLM ends while it applies a step
         self._tell: list[tuple[Any, FinishReason]] = []  # requests ended here (ignored, failed), told to their clients at the next update
         self.abandoned: str | None = None  # why the mirror was given up; then vLLM's own scheduler decides
@@ -110,7 +121,8 @@ class PolicyScheduler(Scheduler):
     def _abandon(self, where: str, error: Exception) -> None:
         """kvsched's side failed in a way that leaves the mirror unlike vLLM's state (a bug of ours, or a
         policy raising what no hook call catches): vLLM's own scheduler decides every later step."""
-        self.abandoned, self._step = f"{where}: {type(error).__name__}: {error}", None
+        self.abandoned = f"{where}: {type(error).__name__}: {error}"
+        self._dispatched.clear()
         self.faults.record(error, where, "kvsched's mirror is given up: vLLM's own scheduler decides from now on")
 
     # --------------------------------------------------------------------------------- steps
@@ -136,9 +148,23 @@ class PolicyScheduler(Scheduler):
                 if free != self.mirror.num_free_blocks:  # vLLM's state is its own and whole: run this step, then vLLM decides
                     self._abandon("schedule", MirrorDrift(f"vLLM has {free} free blocks, the mirror {self.mirror.num_free_blocks}"))
                 else:
-                    self._step, self._started = step, time.perf_counter()
+                    self._dispatch(output, step)
                 return output
         return super().schedule(throttle_prefills)
+
+    def _dispatch(self, output: Any, step: Any) -> None:
+        """vLLM runs ``output`` now; with a step in flight the mirror applies it at once, with placeholders
+        (``inflight.py``), and its ``on_step`` is told now, with the time since the previous dispatch."""
+        started, self._started = self._started, time.perf_counter()
+        self._dispatched.append((output, step))
+        if self.in_flight:
+            try:
+                self.mirror.dispatch(step, self._started - started if started else 0.0)
+            except PolicyError as exc:  # on_step raised after the core applied the whole step: nothing to undo
+                self.faults.record(exc, "on_step", "the step stands; only the policy's report of it failed")
+            except BaseException as exc:
+                _pass_exits(exc)
+                self._abandon("schedule", exc)
 
     def _decide(self) -> Any:
         """The policy's step on the mirror (``vllm-v1``'s if the policy fails: counted, logged once); ignored requests ended."""
@@ -157,7 +183,9 @@ class PolicyScheduler(Scheduler):
         self._tell.append((request, FinishReason.LENGTH))
 
     def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> dict[int, EngineCoreOutputs]:
-        step, self._step = self._step, None
+        step = None
+        if self._dispatched and self._dispatched[0][0] is scheduler_output:
+            step = self._dispatched.popleft()[1]
         if self.abandoned is not None:
             outputs = super().update_from_output(scheduler_output, model_runner_output)
         else:
@@ -171,10 +199,13 @@ class PolicyScheduler(Scheduler):
             try:
                 if step is not None:
                     sampled = {r.request_id: r.output_token_ids[before[r.request_id]:] for r in scheduled}
-                    try:
-                        self.mirror.complete(step, sampled, time.perf_counter() - self._started)
-                    except PolicyError as exc:  # on_step raised after the core applied the whole step: nothing to undo
-                        self.faults.record(exc, "on_step", "the step stands; only the policy's report of it failed")
+                    if self.in_flight:
+                        self.mirror.sampled(sampled)
+                    else:
+                        try:
+                            self.mirror.complete(step, sampled, time.perf_counter() - self._started)
+                        except PolicyError as exc:  # on_step raised after the core applied the whole step: nothing to undo
+                            self.faults.record(exc, "on_step", "the step stands; only the policy's report of it failed")
                 for request_id, status in stopped:
                     self.mirror.finish(request_id, status)
             except BaseException as exc:
@@ -188,4 +219,16 @@ class PolicyScheduler(Scheduler):
 
 
 class KvschedScheduler(StepLogging, PolicyScheduler):
-    """The class to give vLLM: ``PolicyScheduler`` with the optional step log (``steplog.py``)."""
+    """The class to give vLLM: ``PolicyScheduler`` with the optional step log (``steplog.py``). With async
+    scheduling on (vLLM's default on a GPU) it makes itself a ``KvschedAsyncScheduler``, as vLLM's own
+    ``SchedulerConfig.get_scheduler_cls`` picks ``AsyncScheduler``: one ``--scheduler-cls`` for both."""
+
+    def __new__(cls, vllm_config: Any = None, *args: Any, **kwargs: Any) -> KvschedScheduler:
+        if cls is KvschedScheduler and vllm_config is not None and vllm_config.scheduler_config.async_scheduling:
+            cls = KvschedAsyncScheduler
+        return super().__new__(cls)
+
+
+class KvschedAsyncScheduler(KvschedScheduler, AsyncScheduler):
+    """``KvschedScheduler`` over vLLM's ``AsyncScheduler``: the same policy code, scheduling step N+1
+    while step N runs (``inflight.py``)."""

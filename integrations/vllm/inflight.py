@@ -1,0 +1,65 @@
+"""A step in flight, in the mirror's terms: vLLM's async scheduling (``AsyncScheduler``) for kvsched's core.
+
+Under async scheduling vLLM schedules step N+1 while step N runs, so at every ``schedule()`` one
+step may still be unsampled. vLLM counts that step's tokens as computed and the tokens it will
+sample as ``num_output_placeholders``. The mirror does the same with its own core: a dispatched
+step is applied at once (``Mirror.dispatch``), each sampling sequence taking a ``PLACEHOLDER``
+token, which ``Mirror.sampled`` replaces by the token vLLM sampled. So the policy decides step
+N+1 on what vLLM's scheduler holds then: the same computed tokens, the same blocks, the same
+requests running. Two of vLLM's rules read the placeholders, and ``InFlightV1StepState`` keeps
+them:
+
+- a request whose in-flight step samples its last token (``max_tokens`` or ``max_model_len``) is
+  not scheduled again (vLLM: ``num_computed_tokens + 2 - num_output_placeholders >= num_prompt_tokens
+  + max_tokens``, and ``max_model_len - num_computed_tokens - 1`` tokens at most): the step
+  passes over it (LATER), it keeps its blocks and stays a preemption candidate until vLLM ends it
+  when the token arrives (the mirror's groups may take one placeholder past their limit for
+  this: vLLM, not the placeholder, ends them);
+- a block is named in the prefix cache only once its tokens are known: vLLM's ``allocate_slots``
+  caches up to ``num_tokens`` (without placeholders) and names the rest when the tokens arrive
+  (``cache_blocks(request, num_computed_tokens - num_output_placeholders)``), as ``Mirror.sampled``
+  does;
+- short of blocks, vLLM preempts the last running request (``running.pop()``), which may now be
+  the one asking: requests before it may have been passed over (their last token in flight), so
+  ``newest_unscheduled(exclude=requester)`` answers None when the requester is the newest
+  untouched one, rather than an older request passed over.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from kvsched.core.decisions import Outcome
+from kvsched.core.step_v1 import V1StepState
+
+if TYPE_CHECKING:
+    from kvsched.core.sequence import Sequence, SequenceGroup
+
+PLACEHOLDER = -1  # a token the model has not sampled yet (no vocabulary has id -1)
+
+
+def num_placeholders(seq: Sequence) -> int:
+    """How many of ``seq``'s last tokens are still in flight (they are always its last ones)."""
+    n, output = 0, seq.output
+    while n < len(output) and output[-1 - n] == PLACEHOLDER:
+        n += 1
+    return n
+
+
+class InFlightV1StepState(V1StepState):
+    """V1's step with a step in flight: a last token in flight is not scheduled again; unknown tokens are not named."""
+
+    __slots__ = ()
+
+    def _run(self, g: SequenceGroup, max_tokens: int | None, op: str, room: bool = False) -> Outcome:
+        seqs = g.seqs
+        if len(seqs) == 1 and seqs[0].num_tokens >= g.max_seq_tokens - 1 and num_placeholders(seqs[0]):
+            return Outcome.LATER  # its in-flight step samples its last token: vLLM passes over it
+        return super()._run(g, max_tokens, op, room)
+
+    def newest_unscheduled(self, exclude):
+        newest = super().newest_unscheduled(None)
+        return None if newest is not None and exclude is not None and newest.request_id == exclude.request_id else newest
+
+    def _name(self, seq: Sequence, num_tokens: int) -> None:
+        super()._name(seq, min(num_tokens, seq.num_tokens - num_placeholders(seq)))
