@@ -3,6 +3,7 @@ kvsched policy, driven by the official ``openai`` client over real HTTP."""
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import re
@@ -61,10 +62,10 @@ def contained(base: str, where: str) -> float:
 def start(command: list[str], log_path: Path, env: dict | None = None):
     """Start a server and wait for its /health; its base URL and process."""
     port = command[command.index("--port") + 1]
-    log = open(log_path, "w")
-    proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
+    with open(log_path, "w") as log:  # the server keeps its own copy of the file
+        proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
     base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 300
+    deadline = time.monotonic() + 600  # about 4 minutes on two busy cores
     while True:
         try:
             urllib.request.urlopen(f"{base}/health", timeout=5)
@@ -77,9 +78,16 @@ def start(command: list[str], log_path: Path, env: dict | None = None):
 
 
 def stop(proc) -> None:
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-    proc.wait(timeout=60)
+    """End the server's whole process group (vLLM's engine core too): SIGTERM, then SIGKILL if it lingers."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+            proc.wait(timeout=60)
+            return
+        except ProcessLookupError:
+            return
+        except subprocess.TimeoutExpired:
+            continue
 
 
 def healthy_and_idle(base: str) -> None:
@@ -173,6 +181,10 @@ def test_a_request_the_policy_would_refuse_gets_a_400_and_the_server_serves_on(s
             with pytest.raises(BadRequestError) as refused:
                 call()
             assert f"kvsched refuses this request: {field}:" in refused.value.message, refused.value.message
+    bare = http.client.HTTPConnection(base.removeprefix("http://"), timeout=60)  # no content type: FastAPI reads JSON anyway
+    bare.request("POST", "/v1/completions", json.dumps({"model": MODEL, "prompt": "Hi", "max_tokens": 2, "priority": 2**40}))
+    assert bare.getresponse().status == 400
+    bare.close()
     out = client.completions.create(model=MODEL, prompt="Hi", max_tokens=3,
                                     extra_body={"priority": 2**31 - 1, "vllm_xargs": {"tenant": "gold"}, "ignore_eos": True})
     assert out.usage.completion_tokens == 3 and contained(base, "add_request") == 0  # none reached the engine core

@@ -37,8 +37,8 @@ class CheckKvschedFields:
         self.app = app
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
-        headers = dict(scope.get("headers") or ()) if scope["type"] == "http" else {}
-        if scope.get("method") != "POST" or b"json" not in headers.get(b"content-type", b""):
+        kind = dict(scope.get("headers") or ()).get(b"content-type", b"json")  # FastAPI reads a body without one as JSON
+        if scope["type"] != "http" or scope.get("method") != "POST" or b"json" not in kind:
             return await self.app(scope, receive, send)
         chunks, more = [], True
         while more:
