@@ -56,6 +56,13 @@ def leaderboard(
     policies = list(policy or DEFAULT_POLICIES)
     loads = [BoardWorkload.parse(w, rate) for w in workload or DEFAULT_WORKLOADS]
     seed_lists, described = plan(policies, loads, num_requests, seed, seeds, profile)
+    if real is not None:  # before the simulations: a server that is not there fails in a second, not after them
+        from kvsched.experiments.bench import served_model
+
+        try:
+            model = model or served_model(real, api_key)
+        except Exception as exc:  # openai's connection errors carry no useful class for a user
+            fail(f"cannot reach an OpenAI-compatible server at {real}: {exc}")
     board = Board(policies, loads, metrics, primary, seed_lists, described)
     start = time.perf_counter()
     with progress_bar(quiet, "ranking", "runs") as bar:
@@ -64,12 +71,7 @@ def leaderboard(
     if real is not None:
         with progress_bar(quiet, "measuring", "requests") as bar:
             task = bar.add_task("real", total=None)
-            try:
-                measure(board, real, num_requests, label, model, api_key, on_done=lambda _sent: bar.advance(task))
-            except Exception as exc:  # openai's connection errors carry no useful class for a user
-                if "connect" not in type(exc).__name__.lower() and "connection" not in str(exc).lower():
-                    raise
-                fail(f"cannot reach an OpenAI-compatible server at {real}: {exc}")
+            measure(board, real, num_requests, label, model, api_key, on_done=lambda _sent: bar.advance(task))
     doc = board_json(board, command_line(), profile, num_requests)
     (console if console.is_terminal else Console(width=200)).print(markdown(doc), markup=False, highlight=False, soft_wrap=True)
     for path in write_board(doc, output):

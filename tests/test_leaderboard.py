@@ -81,6 +81,7 @@ BAD = [
     (["-p", "vllm-v1", "-p", "vllm-v1"], "--policy vllm-v1 given twice"),
     (["-o", "{file}"], "is a file, not a folder"),
     (["-o", "{file}/below"], "is a file, so nothing can be written under it"),
+    (["-p", "vllm-v1", "--real", "http://127.0.0.1:9"], "cannot reach an OpenAI-compatible server at http://127.0.0.1:9"),
 ]
 
 
