@@ -7,6 +7,7 @@ from collections.abc import Callable, Iterable
 from itertools import islice
 from typing import Any
 
+from kvsched.core import async_lag
 from kvsched.core.config import EngineConfig
 from kvsched.core.errors import AuditError, StallError, quote
 from kvsched.core.executor import Clock, Executor, KnownDurations, KnownTokens, StepResult
@@ -59,8 +60,8 @@ class Engine(SteadyRuns):
         self._max_seq_len = self.config.max_seq_len
         self._caching = self.config.enable_prefix_caching
         # Prefix caching hashes each block as it fills, sequence by sequence, and V1's exact block
-        # growth is not the rule the lane's one-spare-block check mirrors: no lane with either.
-        if (self.config.decode_lane and isinstance(self.executor, KnownTokens) and not self._caching
+        # growth is not the rule the lane's one-spare-block check mirrors: no lane with either (nor with timed steps).
+        if (not async_lag.install(self) and self.config.decode_lane and isinstance(self.executor, KnownTokens) and not self._caching
                 and self.config.vllm_engine == "v0"):
             self.scheduler.lane = self.executor.decode_lane(self.scheduler.block_manager)
         self._groups: dict[str, SequenceGroup] = {}  # the engine's own; ``groups`` shows them as views
