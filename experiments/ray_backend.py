@@ -27,9 +27,10 @@ def _ray():
     return ray
 
 
-def _init(ray, address: str, options: dict[str, Any], attempts: int = 3) -> None:
+def start_ray(address: str = "local", attempts: int = 3, **options: Any) -> None:
     """``ray.init``, tried again when a local node misses Ray's fixed 30 s startup wait (a loaded
     machine: the raylet registers late); any other failure is one line naming the address."""
+    ray = _ray()
     for attempt in range(attempts):
         try:
             with warnings.catch_warnings():  # Ray Client's own timeout warning: the error line says it
@@ -54,7 +55,7 @@ def run_points_on_ray(spec, points: list, run_point: Callable, address: str | No
         options: dict[str, Any] = dict(include_dashboard=False, logging_level=logging.WARNING, log_to_driver=False)
         if local:
             options["num_cpus"] = max(1, min(workers or os.cpu_count() or 1, len(points)))
-        _init(ray, LOCAL if local else address, options)
+        start_ray(LOCAL if local else address, **options)
     pending: list = []
     try:
         task = ray.remote(num_cpus=1, max_retries=0)(run_point)

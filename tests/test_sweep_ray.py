@@ -79,7 +79,9 @@ def test_cli_bad_ray_address_is_one_line(tiny_trace, tmp_path):
 
 @pytest.fixture(scope="module")
 def ray_session():
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    from kvsched.experiments.ray_backend import start_ray
+
+    start_ray(num_cpus=2, include_dashboard=False, log_to_driver=False)
     yield ray
     ray.shutdown()
 
