@@ -1,293 +1,28 @@
-"""Finding, loading and calling policies (entry-point group ``kvsched.policies``).
+"""Running a policy's hooks (``PolicyHooks``): the chosen policy plus the core defaults, on pluggy.
 
-Loading a policy runs its code (the import, attribute reads, the constructor, pluggy's look at its
-methods): each step goes through ``_guarded``, so that whatever a plugin raises there, SystemExit
-included, becomes a one-line ``PolicyError`` naming the policy and where it comes from.
+Finding and loading a policy is ``loading.py``'s; its public names are re-exported here, where
+callers have always imported them.
 """
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import inspect
 import os
 import re
-import sysconfig
 import traceback
-import typing
-from collections.abc import Mapping
-from dataclasses import dataclass
-from importlib.metadata import EntryPoint, entry_points
-from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pluggy
 
-from kvsched import allocators
 from kvsched.core import hookspecs
 from kvsched.core.defaults import CoreDefaults
-from kvsched.core.errors import KvschedError, PolicyError, UnknownPolicyError, error_text, quote
-
-ENTRY_POINT_GROUP = "kvsched.policies"
-DEFAULT_POLICY = "vllm-default"
-BUILTIN_DISTRIBUTION = "kvsched"
-SELECT_BATCH, CHOOSE_PREEMPTION, CAN_ALLOCATE, ON_STEP = "select_batch", "choose_preemption", "can_allocate", "on_step"
-HOOKS = (SELECT_BATCH, CHOOSE_PREEMPTION, CAN_ALLOCATE, ON_STEP)
-# Frames in these files are the engine's, pluggy's or Python's own, never a plugin's.
-_ENGINE_FILES = tuple(os.path.dirname(m.__file__) + os.sep for m in (pluggy, hookspecs, allocators))
-_STDLIB, _SITE = sysconfig.get_paths()["stdlib"], (sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"])
-
-
-class AmbiguousPolicyError(KvschedError, LookupError):
-    """Several installed distributions register the requested policy name; ``DIST:NAME`` picks one."""
-
-
-@dataclass(frozen=True)
-class PolicyInfo:
-    """An installed policy as its package metadata describes it (nothing is imported)."""
-
-    name: str
-    distribution: str
-    version: str
-    target: str  # "module:attr" the entry point loads
-    ambiguous: bool = False  # another distribution registers the same name
-
-    @property
-    def spec(self) -> str:
-        """What ``--policy`` takes to choose this one: its name, or ``DIST:NAME`` when the name is ambiguous."""
-        return f"{self.distribution}:{self.name}" if self.ambiguous else self.name
-
-    @property
-    def origin(self) -> str:
-        return f"distribution {self.distribution} {self.version}"
-
-
-def installed_policies() -> list[PolicyInfo]:
-    """Every policy registered under ``kvsched.policies`` by (name, distribution), read from metadata only."""
-    infos = sorted((_info(ep) for ep in entry_points(group=ENTRY_POINT_GROUP)), key=lambda i: (i.name, i.distribution))
-    names = [i.name for i in infos]
-    return [PolicyInfo(i.name, i.distribution, i.version, i.target, names.count(i.name) > 1) for i in infos]
-
-
-def available_policies() -> dict[str, PolicyInfo]:
-    """Every installed policy by the spec that chooses it (``PolicyInfo.spec``)."""
-    return {info.spec: info for info in installed_policies()}
-
-
-def _info(ep: EntryPoint) -> PolicyInfo:
-    dist = ep.dist
-    return PolicyInfo(ep.name, (dist and dist.name) or "?", (dist and dist.version) or "?", ep.value)
-
-
-def _normalized(distribution: str) -> str:
-    """A distribution name as PyPI compares them (``Kvsched_Priority.VIP`` is ``kvsched-priority-vip``)."""
-    return re.sub(r"[-_.]+", "-", distribution).lower()
-
-
-def _registered(name: str) -> list[tuple[EntryPoint, PolicyInfo]]:
-    return sorted(((ep, _info(ep)) for ep in entry_points(group=ENTRY_POINT_GROUP, name=name)), key=lambda pair: pair[1].distribution)
-
-
-def _of_distribution(distribution: str, name: str) -> tuple[EntryPoint, PolicyInfo] | None:
-    """The entry point ``name`` of ``distribution`` (``DIST:NAME``), if it registers one."""
-    return next(((ep, i) for ep, i in _registered(name) if _normalized(i.distribution) == _normalized(distribution)), None)
-
-
-def _entry_point(spec: str) -> tuple[EntryPoint, PolicyInfo] | None:
-    """The entry point ``spec`` names: ``NAME`` (refused when several distributions register it) or
-    ``DIST:NAME``; None for a ``file.py:Attr`` or ``module:Attr`` spec."""
-    if ":" in spec:
-        distribution, _, name = spec.rpartition(":")
-        return None if distribution.endswith(".py") else _of_distribution(distribution, name)
-    found = _registered(spec)
-    if not found:
-        names = ", ".join(available_policies()) or "none installed"
-        raise UnknownPolicyError(f"unknown policy {spec!r}; available: {names} (or path/to/file.py:Class)")
-    if len(found) > 1:
-        which = ", ".join(f"{i.distribution} {i.version} ({i.target})" for _, i in found)
-        choices = " or ".join(f"--policy {i.distribution}:{spec}" for _, i in found)
-        raise AmbiguousPolicyError(f"policy name {spec!r} is registered by {len(found)} distributions: {which}; choose one with {choices}")
-    return found[0]
-
-
-# id(policy) -> (policy, name, origin) of the latest policies load_policy returned, so that an error
-# in a later step (its constructor, an attribute) names it as it was loaded
-_ORIGINS: dict[int, tuple[Any, str, str]] = {}
-_KEEP_ORIGINS = 64
-
-
-def load_policy(spec: str) -> Any:
-    """Import the object behind ``spec`` (a class, an instance or a module): an installed policy's
-    name (``DIST:NAME`` when several distributions register it), or ``path/to/file.py:Attr`` /
-    ``package.module:Attr``, so that a draft runs before it is packaged."""
-    found = _entry_point(spec)
-    if found is None:
-        target, _, attr = spec.rpartition(":")
-        policy, origin = _load_target(spec), f"file {target}" if target.endswith(".py") else f"module {target}"
-    else:
-        ep, info = found
-        policy, origin = _guarded(spec, info.origin, f"its entry point {ep.value} fails to load", ep.load), info.origin
-    if policy is None or isinstance(policy, (bool, int, float, str, bytes)):
-        raise PolicyError(spec, f"is {quote(policy)}, not a policy class, instance or module{_from(origin)}")
-    _remember(policy, spec, origin)
-    declared_name(policy)  # a name of the wrong type is refused however the policy is chosen
-    if found is None:
-        _remember(policy, policy_name(spec, policy), origin)
-    return policy
-
-
-def _remember(policy: Any, name: str, origin: str) -> None:
-    _ORIGINS.pop(id(policy), None)
-    while len(_ORIGINS) >= _KEEP_ORIGINS:
-        del _ORIGINS[next(iter(_ORIGINS))]
-    _ORIGINS[id(policy)] = (policy, name, origin)
-
-
-def _load_target(spec: str) -> Any:
-    target, _, attr = spec.rpartition(":")
-    if target.endswith(".py"):
-        path = Path(target).resolve()
-        if not path.is_file():
-            raise UnknownPolicyError(f"policy file {target!r} does not exist")
-        loader = importlib.util.spec_from_file_location(f"kvsched_policy_file_{path.stem}", path)
-        module = importlib.util.module_from_spec(loader)
-        _guarded(spec, "", "the file fails to load", loader.loader.exec_module, module)
-    else:
-        try:
-            module = _guarded(spec, "", "the module fails to load", importlib.import_module, target)
-        except PolicyError as exc:
-            if not isinstance(exc.__cause__, ImportError):
-                raise
-            registered = [i.name for i in installed_policies() if _normalized(i.distribution) == _normalized(target)]
-            if registered:
-                raise UnknownPolicyError(f"distribution {target!r} registers no policy {attr!r}; its policies: {', '.join(registered)}") from None
-            raise UnknownPolicyError(f"cannot import policy module {target!r}: {exc.__cause__}") from None
-    try:
-        return _guarded(spec, "", f"reading {attr!r} of it fails", getattr, module, attr)
-    except PolicyError as exc:
-        if isinstance(exc.__cause__, AttributeError):
-            raise UnknownPolicyError(f"{target!r} has no attribute {attr!r}") from None
-        raise
-
-
-def _guarded(who: str, origin: str, doing: str, call, *args, **kwargs) -> Any:
-    """``call(*args, **kwargs)``: plugin code. Anything it raises but KeyboardInterrupt (SystemExit,
-    GeneratorExit, a PolicyError of its own too) becomes one ``PolicyError`` naming the plugin
-    (``who``, from ``origin``), what failed (``doing``) and the plugin's line."""
-    try:
-        return call(*args, **kwargs)
-    except KeyboardInterrupt:
-        raise
-    except BaseException as exc:
-        raise PolicyError(who, f"{doing}: {_exception_text(exc)}{_from(origin)}") from exc
-
-
-def _from(origin: str) -> str:
-    return f" (from {origin})" if origin else ""
-
-
-def _exception_text(exc: BaseException) -> str:
-    """``Type: message (at file:line)`` on one line, even when the exception's own ``__str__`` raises."""
-    text = " ".join(error_text(exc).split())
-    frames = list(traceback.walk_tb(exc.__traceback__))[::-1]
-    return f"{type(exc).__name__}: {text}{_plugin_line(frames)}" if text else f"{type(exc).__name__}{_plugin_line(frames)}"
-
-
-def _identity(policy: Any, fallback: str | None = None) -> tuple[str, str]:
-    """``(name, origin)`` of ``policy`` for messages: as ``load_policy`` loaded it, else ``fallback``
-    or what the object calls itself; never raises (it is used to report what did)."""
-    for loaded in (policy, type(policy)):  # an instance of a loaded class is known by the class
-        entry = _ORIGINS.get(id(loaded))
-        if entry is not None and entry[0] is loaded:
-            return fallback or entry[1], entry[2]
-    try:
-        declared = inspect.getattr_static(policy, "name", None)
-        own = declared if isinstance(declared, str) and declared else None
-        return fallback or own or str(inspect.getattr_static(policy, "__name__", None) or type(policy).__name__), ""
-    except Exception:
-        return fallback or type(policy).__name__, ""
-
-
-def policy_attribute(policy: Any, attr: str, default: Any = None, who: str | None = None) -> Any:
-    """``getattr(policy, attr, default)``, where a failing read (a raising property or ``__getattr__``)
-    is a ``PolicyError`` naming the policy, not the caller's crash."""
-    name, origin = _identity(policy, who)
-    try:
-        return _guarded(name, origin, f"reading its {attr!r} fails", getattr, policy, attr)
-    except PolicyError as exc:
-        if isinstance(exc.__cause__, AttributeError):
-            return default
-        raise
-
-
-def declared_name(policy: Any, who: str | None = None) -> str | None:
-    """The policy's own ``name`` attribute: a non-empty string, or None when it declares none."""
-    name = policy_attribute(policy, "name", None, who)
-    if name is None or (isinstance(name, str) and name):
-        return name
-    who, origin = _identity(policy, who)
-    raise PolicyError(who, f"its name is {quote(name)}, not a non-empty string{_from(origin)}")
-
-
-def engine_defaults(policy: Any, who: str | None = None) -> dict[str, Any]:
-    """The policy's ``engine_defaults`` (the settings it is meant to run with) as a plain dict:
-    a mapping of setting names, else a ``PolicyError`` naming the policy."""
-    defaults = policy_attribute(policy, "engine_defaults", None, who)
-    if defaults is None:
-        return {}
-    name, origin = _identity(policy, who)
-    if not isinstance(defaults, Mapping):
-        raise PolicyError(name, f"its engine_defaults is {quote(defaults)}, not a dict of engine settings{_from(origin)}")
-    copied = _guarded(name, origin, "reading its engine_defaults fails", dict, defaults)
-    bad = [key for key in copied if not isinstance(key, str)]
-    if bad:
-        raise PolicyError(name, f"its engine_defaults has {quote(bad[0])} as a setting name, not a string{_from(origin)}")
-    return copied
-
-
-def policy_name(spec: str, policy: Any) -> str:
-    """How a policy given as ``spec`` is named in messages: an installed policy by what the user typed
-    (``NAME`` or ``DIST:NAME``), a file's or module's by the ``name`` it declares itself, else by the
-    attribute's (a draft subclass of ``vllm-default`` is not ``vllm-default``)."""
-    target, colon, attr = spec.rpartition(":")
-    if not colon or (not target.endswith(".py") and _of_distribution(target, attr) is not None):
-        return spec
-    return _own_name(policy) or attr
-
-
-def describe(policy: Any) -> str:
-    """The first line of a policy's docstring (what ``engine policies`` prints)."""
-    name, origin = _identity(policy)
-    doc = _guarded(name, origin, "reading its docstring fails", inspect.getdoc, policy) or ""
-    return doc.strip().splitlines()[0] if isinstance(doc, str) and doc.strip() else ""
-
-
-def constructor_signature(policy: Any, who: str | None = None) -> tuple[dict[str, inspect.Parameter], dict[str, Any]]:
-    """A policy class's constructor parameters and their type hints (none where an annotation does
-    not resolve: the constructor checks what it gets), for checking options before an engine exists."""
-    name, origin = _identity(policy, who)
-    params = _guarded(name, origin, "reading its constructor's signature fails", inspect.signature, policy).parameters
-    try:
-        hints = _guarded(name, origin, "", lambda: typing.get_type_hints(policy.__init__))
-    except PolicyError:
-        hints = {}
-    return dict(params), hints
-
-
-def instantiate(policy: Any, options: dict[str, Any] | None = None, who: str | None = None) -> Any:
-    """A class becomes a fresh instance (per engine, so policy state is never shared)."""
-    name, origin = _identity(policy, who)
-    if not _guarded(name, origin, "inspecting it fails", inspect.isclass, policy):
-        if options:
-            raise PolicyError(name, "options given, but the policy is not a class")
-        return policy
-    try:
-        return _guarded(name, origin, "its constructor fails", policy, **(options or {}))
-    except PolicyError as exc:
-        if options and isinstance(exc.__cause__, (TypeError, ValueError)):
-            raise PolicyError(name, f"bad policy options {options}: {error_text(exc.__cause__)}") from exc.__cause__
-        raise
+from kvsched.core.errors import PolicyError, error_text, quote
+from kvsched.core.loading import (  # noqa: F401  (re-exported: the loading API callers import from here)
+    BUILTIN_DISTRIBUTION, CAN_ALLOCATE, CHOOSE_PREEMPTION, DEFAULT_POLICY, ENTRY_POINT_GROUP, HOOKS, ON_STEP, SELECT_BATCH,
+    AmbiguousPolicyError, PolicyInfo, _guarded, _identity, _load_target, _own_name, _plugin_line, available_policies,
+    constructor_signature, declared_name, describe, engine_defaults, installed_policies, instantiate, load_policy,
+    policy_attribute, policy_name,
+)
 
 
 class PolicyHooks:
@@ -464,15 +199,6 @@ def _dispatch(caller: pluggy.HookCaller, names: tuple[str, ...], firstresult: bo
     return call
 
 
-def _plugin_line(frames) -> str:
-    """`` (at file:line)`` of the innermost frame of plugin code: not the engine's, pluggy's or Python's own."""
-    for frame, line in frames:
-        path = frame.f_code.co_filename
-        if not path.startswith((*_ENGINE_FILES, "<frozen ")) and (not path.startswith(_STDLIB) or path.startswith(_SITE)):
-            return f" (at {path.removeprefix(os.getcwd() + os.sep)}:{line})"
-    return ""
-
-
 def _defining_class(plugin: Any, function: Any) -> type | None:
     """The class in ``plugin``'s MRO whose own body defines ``function``."""
     classes = plugin.__mro__ if inspect.isclass(plugin) else type(plugin).__mro__
@@ -480,22 +206,6 @@ def _defining_class(plugin: Any, function: Any) -> type | None:
         for value in vars(cls).values():
             if inspect.unwrap(getattr(value, "__func__", value)) is function:
                 return cls
-    return None
-
-
-def _own_name(obj: Any) -> str | None:
-    """The ``name`` ``obj`` declares itself: in a class's own body (not one it inherits), a module's,
-    an instance's or its class's body; None where it declares none, or cannot be read."""
-    try:
-        owners = (obj,) if isinstance(obj, (type, ModuleType)) else (obj, type(obj))
-        for owner in owners:
-            name = vars(owner).get("name", None) if hasattr(owner, "__dict__") else None
-            if isinstance(name, str) and name:
-                return name
-    except KeyboardInterrupt:
-        raise
-    except BaseException:  # a __dict__ that raises: fall back to what the user typed
-        return None
     return None
 
 

@@ -79,12 +79,13 @@ def test_budgets_are_judged_from_the_batch_not_from_the_counter_it_carries():
 
     from kvsched.core.outputs import ScheduledGroup, SchedulerOutput
     from kvsched.core.report import StepReport
-    from kvsched.core.view import OutputView
+    from kvsched.core.view import OutputView, frozen
     from kvsched.testing.invariants import BUDGETS_RESPECTED, InvariantViolation
     from kvsched.testing.machine import PolicyMachine
 
     machine = PolicyMachine.for_policy("vllm-default")()
     machine.engine = engine = unit_engine(max_num_batched_tokens=16, max_num_seqs=4)
+    machine.limits = frozen(engine.config)  # as start() takes them
     machine.watch = None
     group = engine.add_request(Request(request_id="big", prompt_len=40, output_len=2, sampling=SamplingParams(max_tokens=2)))
     output = SchedulerOutput(scheduled=[ScheduledGroup(group, 40, True)], num_batched_tokens=0)
