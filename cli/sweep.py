@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from kvsched.cli.common import NumOpt, ProfileOpt, QuietOpt, RateOpt, SeedOpt
+from kvsched.cli.common import NumOpt, ProfileOpt, QuietOpt, RateOpt, SeedOpt, flag
 from kvsched.cli.simulate import (
     ArrivalOpt, CvOpt, RateScaleOpt, SloTpotOpt, SloTtftOpt, StartOffsetOpt, TraceOpt, WorkloadOpt,
 )
@@ -39,7 +39,7 @@ def sweep(
     slo_ttft: SloTtftOpt = None,
     slo_tpot: SloTpotOpt = None,
     workers: Annotated[Optional[int], typer.Option("--workers", "-j", min=1, help="parallel processes (default: CPUs)")] = None,
-    ray: Annotated[bool, typer.Option("--ray", help="run the points as Ray tasks on a local Ray of --workers CPUs, started and stopped here (the ray extra)")] = False,
+    ray: Annotated[bool, flag("--ray", help="run the points as Ray tasks on a local Ray of --workers CPUs, started and stopped here (the ray extra)")] = False,
     ray_address: Annotated[Optional[str], typer.Option("--ray-address", metavar="ADDRESS", help="run the points as Ray tasks on this running Ray cluster (auto, host:port, ray://host:10001); implies --ray")] = None,
     output: Annotated[Path, typer.Option("--output", "-o", help="folder for sweep.csv, sweep.parquet, tradeoff.png")] = Path("sweep-out"),
     quiet: QuietOpt = False,
