@@ -59,8 +59,7 @@ class Engine(SteadyRuns):
         self.clock = clock if clock is not None else executor.make_clock()
         self._max_seq_len = self.config.max_seq_len
         self._caching = self.config.enable_prefix_caching
-        # Prefix caching hashes each block as it fills, sequence by sequence, and V1's exact block
-        # growth is not the rule the lane's one-spare-block check mirrors: no lane with either (nor with timed steps).
+        # No lane with prefix caching (blocks hashed as they fill), V1 (exact block growth, not the lane's rule) or timed steps.
         if (not async_lag.install(self) and self.config.decode_lane and isinstance(self.executor, KnownTokens) and not self._caching
                 and self.config.vllm_engine == "v0"):
             self.scheduler.lane = self.executor.decode_lane(self.scheduler.block_manager)
