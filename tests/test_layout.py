@@ -24,7 +24,7 @@ MAY_IMPORT = {
     "experiments": {"core", "executors", "metrics", "workloads"},
     "reporting": {"core", "metrics", "experiments"},
     "testing": {"core", "allocators", "executors", "policies", "cluster"},
-    "integrations": {"core", "allocators", "policies"},
+    "integrations": {"core", "allocators", "policies", "routers"},
     "routers": {"core", "allocators"},
     "cluster": {"core", "executors", "experiments", "metrics", "routers"},
     "cli": {"core", "allocators", "executors", "workloads", "metrics", "experiments", "reporting", "testing", "policies", "integrations", "routers", "cluster"},
