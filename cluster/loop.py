@@ -81,7 +81,7 @@ class Cluster:
                         r.idle_steps += 1
                         if ta == inf and r.idle_steps >= STALL_STEPS and t - r.idle_since >= STALL_SECONDS:
                             raise StallError(f"replica {r.name} (policy {r.engine.policy_name!r}) scheduled nothing for {r.idle_steps} steps "
-                                             f"with {len(r.engine.scheduler.waiting)} waiting; {r.engine.scheduler.why_stuck()}")
+                                             f"with {r.engine.scheduler.stuck_report()}")
                     else:
                         r.idle_steps = 0
                     if idle and ta != inf:  # nothing it can run: as Engine.run, wait for the next arrival

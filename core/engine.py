@@ -333,8 +333,9 @@ class Engine(SteadyRuns):
         An ``on_step`` with an ``on_steps`` method lets the engine advance steady runs at once (``StepRun``).
         ``max_steps``: stop after this many steps (a positive int), or None to run to the end."""
         self._refuse_in_hook("run")
-        if max_steps is not None:
-            _check_max_steps(max_steps)
+        if max_steps is not None and (type(max_steps) is bool or not isinstance(max_steps, int) or max_steps < 1):
+            wrong = TypeError if type(max_steps) is bool or not isinstance(max_steps, int) else ValueError  # a float or NaN would stop oddly
+            raise wrong(f"max_steps must be a positive int or None, got {type(max_steps).__name__} {quote(max_steps)}")
         # What exists as the run starts (its requests, the engine) is frozen out of the collector's passes, as
         # vLLM freezes its heap once started; a caller that froze objects itself is left alone.
         freeze = gc.isenabled() and not gc.get_freeze_count()
@@ -373,12 +374,8 @@ class Engine(SteadyRuns):
             if self._idle_steps and upcoming is not None:
                 clock.wait_until(upcoming.arrival_time)
             elif self._idle_steps >= STALL_STEPS and clock.now() - self._idle_since >= STALL_SECONDS:
-                s = self.scheduler
-                raise StallError(
-                    f"policy {self.policy_name!r} scheduled nothing for {self._idle_steps} steps "
-                    f"({clock.now() - self._idle_since:.0f} s) with {len(s.waiting)} waiting, {len(s.running)} running, "
-                    f"{len(s.swapped)} swapped; {s.why_stuck()}"
-                )
+                raise StallError(f"policy {self.policy_name!r} scheduled nothing for {self._idle_steps} steps "
+                                 f"({clock.now() - self._idle_since:.0f} s) with {sched.stuck_report()}")
         return self.finished
 
     def _arrive(self, upcoming: Request, source, now: float) -> Request | None:
@@ -401,10 +398,3 @@ class Engine(SteadyRuns):
         """Blocks still held although no request is unfinished (0 unless something is wrong)."""
         return 0 if self.has_unfinished() else self.scheduler.block_manager.num_held_blocks
 
-
-def _check_max_steps(max_steps: object) -> None:
-    """``max_steps`` must be a positive int: a float, a bool or a NaN would stop the loop where no one meant."""
-    if type(max_steps) is bool or not isinstance(max_steps, int):
-        raise TypeError(f"max_steps must be a positive int or None, got {type(max_steps).__name__} {quote(max_steps)}")
-    if max_steps < 1:
-        raise ValueError(f"max_steps must be a positive int or None, got {quote(max_steps)}")

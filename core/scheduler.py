@@ -188,6 +188,10 @@ class Scheduler:
                     self.num_running_seqs -= group.max_running_seqs
         self.finish_group(group, status, now)
 
+    def stuck_report(self) -> str:
+        """The queues' lengths and ``why_stuck``: what a stall error says."""
+        return f"{len(self.waiting)} waiting, {len(self.running)} running, {len(self.swapped)} swapped; {self.why_stuck()}"
+
     def why_stuck(self) -> str:
         """The oldest waiting (else swapped, else running) request and why it is not running."""
         g = min(self.waiting or self.swapped or self.running, key=lambda g: g.index)

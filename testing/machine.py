@@ -161,11 +161,9 @@ class PolicyMachine(RuleBasedStateMachine):
         steps = idle = 0
         while engine.has_unfinished():
             if steps >= bound or idle >= STALL_STEPS:
-                s = engine.scheduler
                 why = f"no progress for {idle} steps" if idle >= STALL_STEPS else f"still unfinished after {steps} steps (bound {bound})"
                 left = [g.request_id for g in engine._groups.values() if not g.is_finished]
-                self._violation(inv.FINISHES_WITHIN_BOUND, f"{why}: {len(s.waiting)} waiting, {len(s.running)} running, "
-                                f"{len(s.swapped)} swapped; unfinished {left[:5]}; {s.why_stuck()}")
+                self._violation(inv.FINISHES_WITHIN_BOUND, f"{why}: unfinished {left[:5]}; {engine.scheduler.stuck_report()}")
                 return
             report = self._step()
             idle = idle + 1 if report.output.is_empty and not report.finished else 0
