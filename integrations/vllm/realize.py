@@ -74,6 +74,17 @@ def _admit(sched: Any, kv: Any, request: Any, tokens: int) -> Any:
     return kv.get_blocks(request.request_id)
 
 
+def _common_prefix_shim(sched: Any) -> dict[str, Any]:
+    """vLLM 0.31's ``SchedulerOutput`` takes ``num_common_prefix_blocks`` (for cascade attention), computed as
+    its ``schedule()`` does; 0.32 dropped the field."""
+    if "num_common_prefix_blocks" not in SchedulerOutput.__dataclass_fields__:
+        return {}
+    common = [0] * len(sched.kv_cache_config.kv_cache_groups)
+    if sched.running:
+        common = sched.kv_cache_manager.get_num_common_prefix_blocks(sched.running[0].request_id)
+    return {"num_common_prefix_blocks": common}
+
+
 def _output(sched: Any, new_reqs: list, resumed: list, running: list, scheduled: dict[str, int], blocks: dict) -> SchedulerOutput:
     kv = sched.kv_cache_manager
     new_data = [NewRequestData.from_request(r, blocks[r.request_id].get_block_ids(), uses_mrope=sched.model_uses_mrope)
@@ -96,6 +107,7 @@ def _output(sched: Any, new_reqs: list, resumed: list, running: list, scheduled:
         new_block_ids_to_zero=sched._get_new_block_ids_to_zero(),
         kv_cache_block_copies=copies or None,
         ec_manager_metadata=sched.encoder_cache_manager.get_manager_metadata(),
+        **_common_prefix_shim(sched),
     )
     sched._update_after_schedule(output)
     return output

@@ -35,7 +35,7 @@ class StepLogging:
         path = step_log_path(vllm_config)
         self._log = open(path, "a", buffering=1) if path else None  # line-buffered: a killed server loses no step
         self._logged_steps = 0
-        self._line: dict[str, Any] | None = None
+        self._lines: dict[int, dict[str, Any]] = {}  # id of each step's output vLLM has yet to update -> its line (two under async scheduling)
 
     def schedule(self, *args: Any, **kwargs: Any) -> Any:
         if self._log is None:
@@ -45,7 +45,7 @@ class StepLogging:
         output = super().schedule(*args, **kwargs)
         took = time.perf_counter() - started
         scheduled = dict(output.num_scheduled_tokens)
-        self._line = {
+        self._lines[id(output)] = {
             "step": self._logged_steps, "t_schedule": started, "schedule_s": took, "scheduled": scheduled,
             "computed": {rid: computed[rid] for rid in scheduled}, "preempted": sorted(output.preempted_req_ids or ()),
             "free_blocks": self.kv_cache_manager.block_pool.get_num_free_blocks(),
@@ -54,9 +54,12 @@ class StepLogging:
         return output
 
     def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:
-        if self._log is None or self._line is None:
+        line = self._lines.pop(id(scheduler_output), None)
+        if line is not None:  # older steps scheduled nothing: vLLM's batch queue never updates those
+            for older in [k for k, v in self._lines.items() if v["step"] < line["step"]]:
+                del self._lines[older]
+        if self._log is None or line is None:
             return super().update_from_output(scheduler_output, model_runner_output)
-        line, self._line = self._line, None
         line["t_update"] = started = time.perf_counter()
         outputs = super().update_from_output(scheduler_output, model_runner_output)
         line["update_s"] = time.perf_counter() - started
