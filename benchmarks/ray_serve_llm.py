@@ -49,7 +49,7 @@ def main() -> None:
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": port})
         serve.run(build_openai_app({"llm_configs": [config]}), blocking=False)
-        with openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0) as client:
+        with openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0, timeout=30) as client:
             while True:
                 try:
                     reply = client.completions.create(model="smollm2-135m", prompt="The capital of France is", max_tokens=8)
