@@ -8,6 +8,7 @@ the prefix cache) are defined once, here.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from itertools import chain
 
 from kvsched.policies.vllm_v1 import VllmV1
@@ -28,7 +29,7 @@ def recovering(group) -> bool:
     return group.num_preemptions > 0
 
 
-class WindowedV1(VllmV1):
+class WindowedV1(VllmV1, ABC):
     """``vllm-v1`` whose first ``window`` waiting requests are offered in the order of ``key`` (lowest
     first, FCFS among equals), the rest in queue order behind them.
 
@@ -42,8 +43,9 @@ class WindowedV1(VllmV1):
         if self.window < 1:
             raise ValueError(f"window must be >= 1, got {window}")
 
+    @abstractmethod
     def key(self, step, group):
-        raise NotImplementedError
+        """The request's rank in the window: lower is offered first (each proposal defines its own)."""
 
     def order_waiting(self, step):
         waiting = step.waiting
