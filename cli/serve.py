@@ -24,7 +24,7 @@ from kvsched.cli.common import PolicyOpt, PolicyOptions, SetOpt, fail, parse_pai
 ServeModelOpt = Annotated[str, typer.Option("--model", "-m", help="smollm2-135m, or a local model folder vLLM can load")]
 HostOpt = Annotated[str, typer.Option("--host", help="address to listen on")]
 PortOpt = Annotated[int, typer.Option("--port", min=1, max=65535, help="port to listen on")]
-KvCacheOpt = Annotated[Optional[float], typer.Option("--kv-cache-gib", min=0.01, help="KV cache size on the CPU backend (default: $VLLM_CPU_KVCACHE_SPACE, else 1)")]
+KvCacheOpt = Annotated[Optional[float], typer.Option("--kv-cache-gib", min=0.01, max=1_048_576, help="KV cache size on the CPU backend (default: $VLLM_CPU_KVCACHE_SPACE, else 1)")]
 
 # What vLLM needs on the CPU backend for the models this project ships (research/round2-anchors.md §7).
 CPU_ARGS = ("--dtype", "float32", "--enforce-eager", "--block-size", "32")

@@ -66,6 +66,7 @@ CASES = {
     "summary.json is a folder": (["run", "-n", "5", "-o", "{tmp}/taken"], "summary.json there is a folder", []),
     "disk full": (["run", "-n", "60", "-o", "{tmp}/full"], "cannot write results to {tmp}/full: File too large", ["full"]),
     "compare output under a file": (["compare", "-p", "fcfs", "-p", "sjf", "-n", "5", "-o", "{tmp}/a-file/cmp", "--plot"], "--output {tmp}/a-file/cmp: {tmp}/a-file is a file", []),
+    "serve KV cache past any machine": (["serve", "--kv-cache-gib", "inf"], "Invalid value for '--kv-cache-gib'", []),
     "compare plot without a folder": (["compare", "-p", "fcfs", "-p", "sjf", "-n", "5", "--plot"], "--plot needs --output DIR", []),
     "calibrate output under a file": (["calibrate", "{tmp}/steps.csv", "-o", "{tmp}/a-file/p.json"], "--output {tmp}/a-file/p.json: {tmp}/a-file is a file", []),
     "prompt of 2**63 tokens": (["run", "--trace", "{tmp}/huge-prompt.csv", "-o", "{tmp}/o1"], "huge-prompt.csv:2: column 'prompt_tokens': must be <= 2147483648", ["o1"]),
