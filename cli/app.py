@@ -18,7 +18,7 @@ from kvsched.cli.leaderboard import leaderboard
 from kvsched.cli.serve import serve
 from kvsched.cli.common import (
     DebugOpt, NumOpt, OutputOpt, PolicyOpt, PolicyOptions, ProfileOpt, QuietOpt, RateOpt, SeedOpt, SetOpt, cli_errors, console,
-    error_line, fail,
+    error_line, fail, input_files,
 )
 
 app = typer.Typer(
@@ -94,8 +94,11 @@ def run(
 
         spec = fleet.fleet_spec(policy, policy_opt, set_, profile, replicas, router, router_opt, staleness,
                                 prefill_replicas, decode_replicas, fleet_spec, transfer_gbps)
-        fleet.run_command(spec, build_workload(workload, trace, num_requests=num_requests, rate=rate, rate_scale=rate_scale,
-                                               start_offset=start_offset, arrival=arrival, cv=cv, seed=seed), output, quiet)
+        if trace_out is not None:
+            fail("--trace-out writes one engine's Chrome trace; a fleet's requests, replicas and routes are in --output")
+        built = build_workload(workload, trace, num_requests=num_requests, rate=rate, rate_scale=rate_scale,
+                               start_offset=start_offset, arrival=arrival, cv=cv, seed=seed)
+        fleet.run_command(spec, built, output, quiet, input_files(workload, trace, profile, [policy], built))
         return
     if router is not None or staleness is not None:
         fail("--router and --staleness route a fleet: give --replicas N (or --prefill-replicas and --decode-replicas)")

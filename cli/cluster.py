@@ -55,16 +55,21 @@ def fleet_spec(policy, policy_opt, overrides, profile, replicas, router, router_
     return FleetSpec(replicas=groups, **{k: v for k, v in fields.items() if v is not None})
 
 
-def run_command(spec, workload, output, quiet) -> dict:
-    """Simulate the fleet on the workload with a progress bar; print the fleet and its replicas; write the files."""
+FLEET_FILES = ("summary.json", "requests.csv", "routes.csv")
+
+
+def run_command(spec, workload, output, quiet, inputs: dict | None = None) -> dict:
+    """Simulate the fleet on the workload with a progress bar; print the fleet and its replicas; write the
+    files (checked first against ``inputs``, the files the command reads, by option)."""
     from kvsched.cli.common import console, print_summary, progress_bar
     from kvsched.cluster import Cluster
     from kvsched.cluster.summary import fleet_summary, fleet_table
 
     if output is not None:
-        from kvsched.reporting.destination import check_folder
+        from kvsched.reporting.destination import check_apart, check_folder
 
-        check_folder(output)
+        check_folder(output, FLEET_FILES)
+        check_apart({"--output": (output, FLEET_FILES)}, inputs or {})
     cluster = Cluster(spec)
     start = time.perf_counter()
     with progress_bar(quiet) as bar:
@@ -105,12 +110,13 @@ def write_fleet(cluster, summary: dict, table, output: Path) -> list[Path]:
 
     from kvsched.cluster.summary import route_table
 
-    output.mkdir(parents=True, exist_ok=True)
-    paths = [output / "summary.json", output / "requests.csv", output / "routes.csv"]
-    paths[0].write_text(json.dumps(summary, indent=2, default=str) + "\n")
-    pacsv.write_csv(table, paths[1])
-    pacsv.write_csv(route_table(cluster), paths[2])
-    return paths
+    from kvsched.reporting.destination import publishing_folder
+
+    with publishing_folder(output, FLEET_FILES) as stage:  # the folder is replaced whole, as a run's is
+        (stage / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
+        pacsv.write_csv(table, stage / "requests.csv")
+        pacsv.write_csv(route_table(cluster), stage / "routes.csv")
+    return [output / name for name in FLEET_FILES]
 
 
 def explain_fleet(run_dir: Path, request: str | None) -> list[str]:

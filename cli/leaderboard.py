@@ -40,9 +40,9 @@ def leaderboard(
     """Rank policies on workloads: every policy × workload × seed simulated, each metric's mean and 95% interval, best in bold."""
     from rich.console import Console
 
-    from kvsched.cli.common import check_finite, console, err_console, fail, progress_bar
+    from kvsched.cli.common import check_finite, console, err_console, fail, input_files, progress_bar
     from kvsched.experiments.leaderboard import Board, BoardWorkload, board_json, check_metrics, command_line, measure, plan, run_board
-    from kvsched.reporting.destination import check_folder
+    from kvsched.reporting.destination import check_apart, check_folder
     from kvsched.reporting.leaderboard import BOARD_FILES, markdown, write_board
 
     check_folder(output, BOARD_FILES)
@@ -55,6 +55,8 @@ def leaderboard(
         fail("--label and --model name the served engine: give it with --real URL")
     policies = list(policy or DEFAULT_POLICIES)
     loads = [BoardWorkload.parse(w, rate) for w in workload or DEFAULT_WORKLOADS]
+    specs = {"--workload" + (f" #{i + 1}" if i else ""): input_files(w.name)["--workload"] for i, w in enumerate(loads)}
+    check_apart({"--output": (output, BOARD_FILES)}, {**input_files(profile=profile, policies=policies), **specs})
     seed_lists, described = plan(policies, loads, num_requests, seed, seeds, profile)
     if real is not None:  # before the simulations: a server that is not there fails in a second, not after them
         from kvsched.experiments.bench import served_model

@@ -223,6 +223,16 @@ def test_an_output_over_an_input_or_another_output_is_refused_before_the_run(tmp
     line = one_error_line(engine("compare", "--policy", "fcfs", "--policy", "sjf", "--trace", "comparison.csv", "-o", ".", cwd=tmp_path))
     assert "its comparison.csv would overwrite --trace comparison.csv" in line
     assert (tmp_path / "comparison.csv").read_text() == trace.read_text()
+    spec = '{"kind": "synthetic", "num_requests": 5}'
+    (tmp_path / "board").mkdir()
+    (tmp_path / "board" / "leaderboard.json").write_text(spec)
+    line = one_error_line(engine("leaderboard", "-p", "fcfs", "-p", "sjf", "-w", "board/leaderboard.json", "--seeds", "1", "-o", "board", cwd=tmp_path))
+    assert "its leaderboard.json would overwrite --workload board/leaderboard.json" in line
+    assert (tmp_path / "board" / "leaderboard.json").read_text() == spec
+    shutil.copy(trace, tmp_path / "in-results" / "requests.csv")
+    line = one_error_line(engine("run", "--replicas", "2", "--trace", "in-results/requests.csv", "-o", "in-results", cwd=tmp_path))
+    assert "--output in-results: its requests.csv would overwrite --trace" in line
+    assert (tmp_path / "in-results" / "requests.csv").read_text() == trace.read_text()
 
 
 OLD = {"summary.json": "old", "requests.csv": "old", "report.html": "old"}
