@@ -12,6 +12,15 @@ from kvsched.core.hookspecs import hookimpl
 from kvsched.core.step_v1 import grammar_ready
 
 POLICIES = ("fcfs", "priority")
+RELEASES = ("0.30", "0.31", "0.32", "0.33")  # the vLLM releases tests/test_vllm_v1_differential.py runs against
+
+
+def release_key(release: str) -> tuple[int, int]:
+    """``"0.33"`` (or ``"0.33.1"``, a version vLLM reports) as ``(0, 33)``: releases compare in order."""
+    parts = str(release).split(".")
+    if len(parts) < 2 or not all(p.isdigit() for p in parts[:2]):
+        raise ValueError(f"vllm_release must be a vLLM release like {RELEASES[-1]!r}, got {release!r}")
+    return int(parts[0]), int(parts[1])
 
 
 class VllmV1:
@@ -24,7 +33,9 @@ class VllmV1:
        ``long_prefill_token_threshold`` when more than one request is eligible, and what is left of
        the shared budget); short of blocks, the last running request
        is preempted by recompute (``policy="priority"``: the least urgent, latest arrival), until the
-       request fits or is itself the victim, which ends this loop.
+       request fits or is itself the victim, which ends this loop (``vllm_release="0.33"`` and later,
+       under ``priority``: the loop goes on to the more urgent requests after the one that preempted
+       itself, as vLLM 0.33's does).
     2. Only in a step that preempted nothing, waiting requests are admitted in queue order
        (``priority``: by priority, arrival, id), passing over structured-output requests whose
        grammar is not compiled yet, while budget and ``max_num_seqs`` allow, each with a
@@ -38,13 +49,16 @@ class VllmV1:
     engine_defaults = {"vllm_engine": "v1", "watermark": 0.0}  # V1's mechanics and its default watermark
     chunked_prefill = True  # its budget is a chunk size, not a length limit (experiments/settings.py)
 
-    def __init__(self, policy: str = "fcfs", long_prefill_token_threshold: int = 0) -> None:
+    def __init__(self, policy: str = "fcfs", long_prefill_token_threshold: int = 0, vllm_release: str = "0.32") -> None:
         if policy not in POLICIES:
             raise ValueError(f"policy must be one of {', '.join(POLICIES)}, got {policy!r}")
         self.priority = policy == "priority"
         self.long_prefill_token_threshold = int(long_prefill_token_threshold)
         if self.long_prefill_token_threshold < 0:
             raise ValueError(f"long_prefill_token_threshold must be >= 0, got {long_prefill_token_threshold}")
+        self.vllm_release = str(vllm_release)
+        # vLLM 0.33: the least urgent running request, having preempted itself, freed its blocks for the ones after it
+        self.past_self_preemption = self.priority and release_key(vllm_release) >= (0, 33)
 
     @staticmethod
     def _urgency(group) -> tuple:
@@ -60,6 +74,8 @@ class VllmV1:
                 continue
             cap = step.remaining_tokens if threshold <= 0 else min(threshold, step.remaining_tokens)  # of its tokens and drafts
             if step.advance(group, max_tokens=cap) is Outcome.PREEMPTED:
+                if self.past_self_preemption:
+                    continue
                 break
         if step.num_preempted:
             return True

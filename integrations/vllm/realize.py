@@ -74,6 +74,14 @@ def _admit(sched: Any, kv: Any, request: Any, tokens: int) -> Any:
     return kv.get_blocks(request.request_id)
 
 
+def installed_release() -> str:
+    """The installed vLLM's release (``"0.33"`` for 0.33.0), the ``vllm_release`` whose rules ``vllm-v1``
+    mirrors inside it: the scheduling rules themselves differ between releases (policies/vllm_v1.py)."""
+    import vllm
+
+    return ".".join(vllm.__version__.split(".")[:2])
+
+
 def _common_prefix_shim(sched: Any) -> dict[str, Any]:
     """vLLM 0.31's ``SchedulerOutput`` takes ``num_common_prefix_blocks`` (for cascade attention), computed as
     its ``schedule()`` does; 0.32 dropped the field."""

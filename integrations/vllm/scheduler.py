@@ -32,7 +32,7 @@ from kvsched.core.errors import KvschedError, PolicyError
 from kvsched.core.plugins import PolicyHooks
 from kvsched.integrations.vllm.faults import PolicyFaults
 from kvsched.integrations.vllm.mirror import Mirror, mirror_config
-from kvsched.integrations.vllm.realize import MirrorDrift, realize
+from kvsched.integrations.vllm.realize import MirrorDrift, installed_release, realize
 from kvsched.integrations.vllm.steplog import StepLogging
 
 FALLBACK_POLICY = "kvsched:vllm-v1"  # kvsched's own, whatever other distribution registers a vllm-v1
@@ -61,9 +61,10 @@ def settings_of(vllm_config: Any) -> tuple[str, dict[str, Any], dict[str, Any]]:
 
 
 def vllm_v1_options(vllm_config: Any) -> dict[str, Any]:
-    """``vllm-v1``'s options that mean what vLLM is configured with: its queue policy and long-prefill threshold."""
+    """``vllm-v1``'s options that mean what vLLM is configured with: its queue policy, long-prefill threshold and release."""
     sched = vllm_config.scheduler_config
-    return {"policy": sched.policy, "long_prefill_token_threshold": sched.long_prefill_token_threshold}
+    return {"policy": sched.policy, "long_prefill_token_threshold": sched.long_prefill_token_threshold,
+            "vllm_release": installed_release()}
 
 
 class PolicyScheduler(Scheduler):
