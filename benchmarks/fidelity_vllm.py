@@ -84,16 +84,20 @@ def serve_and_bench(name: str, workdir: Path) -> tuple[dict, list[dict]]:
 
 
 def simulate(name: str, workdir: Path, profile) -> dict:
+    return simulate_run(workdir / f"{name}.json", BLOCKS[name], profile).summary
+
+
+def simulate_run(spec: Path, blocks: int, profile, policy: str = "vllm-v1"):
+    """The workload ``spec`` simulated by ``policy`` on vLLM's settings of these runs (``FLAGS``, ``blocks`` KV blocks)."""
     from kvsched.core.config import EngineConfig
     from kvsched.experiments.simulation import SimJob
     from kvsched.workloads import build_workload
 
     # vLLM's own settings for these runs; V1 caches prefixes by default, so a preempted request finds
     # its own blocks again (without it, the heavy run's recomputes cost a fifth more than vLLM's).
-    config = EngineConfig(vllm_engine="v1", block_size=32, num_gpu_blocks=BLOCKS[name], num_cpu_blocks=0, watermark=0.0,
+    config = EngineConfig(vllm_engine="v1", block_size=32, num_gpu_blocks=blocks, num_cpu_blocks=0, watermark=0.0,
                           max_model_len=1024, max_num_seqs=32, max_num_batched_tokens=512, enable_prefix_caching=True)
-    job = SimJob(build_workload(str(workdir / f"{name}.json")), "vllm-v1", config, profile, record_timeseries=False)
-    return job.run().summary
+    return SimJob(build_workload(str(spec)), policy, config, profile, record_timeseries=False).run().result
 
 
 def error(predicted: float | None, measured: float | None) -> str:

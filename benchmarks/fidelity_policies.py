@@ -1,0 +1,121 @@
+"""Does the simulator predict the engine, policy by policy? Each policy simulated and served by real vLLM, same workload.
+
+For ``vllm-v1`` and the issue-23 proposals, one workload (the same requests and arrival times) is
+simulated with the built-in ``smollm2-135m-vllm-cpu`` profile and served for real by ``engine serve
+--policy NAME`` (vLLM 0.32 on SmolLM2-135M, fp32, one CPU thread, the engine settings of
+``fidelity_vllm.py``), measured by ``engine bench``. The baseline is served ``--repeats`` times
+(first, in the middle, last) to measure the machine's noise. Writes ``fidelity-policies.json`` and
+``.md`` under ``--out``: each policy's simulated and measured gain against vllm-v1 side by side, and
+each run's simulation error (``kvsched.experiments.fidelity``). The next server starts while one is
+measured (a start takes minutes on this machine); ``--sequential`` starts each after the last ends.
+
+    .venv/bin/python benchmarks/fidelity_policies.py --out docs/figures   # ~1 h on the 2-core machine
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import vllm_servers as servers  # noqa: E402
+from fidelity_vllm import FLAGS, simulate_run  # noqa: E402
+
+PROFILE = "smollm2-135m-vllm-cpu"
+PROPOSALS = ("lcf", "residual-sjf", "session-affinity", "cache-affinity", "ewsjf", "sjf-aging", "sla-tiers", "hrrn")
+# A queue builds (order matters) and 60 KV blocks of 32 tokens preempt (the victim matters); ~40 s of arrivals.
+WORKLOAD = {"kind": "synthetic", "num_requests": 64, "arrivals": {"kind": "poisson", "rate": 2.5},
+            "prompt": {"kind": "lognormal", "median": 200, "sigma": 0.9, "max": 700},
+            "output": {"kind": "lognormal", "median": 40, "sigma": 0.6, "max": 160}, "seed": 23}
+BLOCKS = 60
+KEEP = ("finished", "duration_s", "ttft_s", "tpot_s", "e2e_s", "preemptions")
+
+
+def schedule(policies: list[str], repeats: int, baseline: str = "vllm-v1") -> list[str]:
+    """The serving order: the baseline first, again at even intervals among the others, and last."""
+    others = [p for p in policies if p != baseline]
+    if repeats < 2:
+        return [baseline, *others]
+    order, cut = [baseline], len(others) / (repeats - 1)
+    for k in range(repeats - 1):
+        order += [*others[round(k * cut):round((k + 1) * cut)], baseline]
+    return order
+
+
+def serve_command(policy: str, port: int) -> list[str]:
+    return [str(servers.ENGINE), "serve", "--policy", policy, "--port", str(port), "--",
+            *FLAGS, "--num-gpu-blocks-override", str(BLOCKS)]
+
+
+def start(policy: str):
+    port = servers.free_port()
+    return port, servers.start(serve_command(policy, port), port)
+
+
+def main(argv=None) -> None:
+    from kvsched.experiments import fidelity
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True, help="folder for fidelity-policies.json and .md")
+    parser.add_argument("--workdir", type=Path, default=Path("/tmp/kvsched-fidelity-policies"), help="bench result folders")
+    parser.add_argument("--policies", default=",".join(("vllm-v1", *PROPOSALS)))
+    parser.add_argument("--repeats", type=int, default=3, help="times the baseline is served")
+    parser.add_argument("--requests", type=int, default=WORKLOAD["num_requests"])
+    parser.add_argument("--sequential", action="store_true", help="start each server only after the last one stopped")
+    args = parser.parse_args(argv)
+    args.workdir.mkdir(parents=True, exist_ok=True)
+    args.out.mkdir(parents=True, exist_ok=True)
+    spec = args.workdir / "workload.json"
+    spec.write_text(json.dumps(dict(WORKLOAD, num_requests=args.requests)))
+    order = schedule(args.policies.split(","), args.repeats)
+    sims = {}
+    for policy in dict.fromkeys(order):
+        result = simulate_run(spec, BLOCKS, PROFILE, policy)
+        sims[policy] = ({k: result.summary[k] for k in KEEP}, {r.request_id: r.e2e for r in result.requests if r.e2e is not None})
+    result = {"workload": json.loads(spec.read_text()), "kv_blocks": BLOCKS, "vllm_flags": FLAGS, "profile": PROFILE,
+              "pipelined": not args.sequential, "command": "benchmarks/fidelity_policies.py " + " ".join(argv or sys.argv[1:]),
+              "runs": [], "gains": []}
+    with ThreadPoolExecutor(1) as pool:
+        pending = pool.submit(start, order[0])
+        for i, policy in enumerate(order):
+            label = f"{policy} #{order[:i + 1].count(policy)}" if order.count(policy) > 1 else policy
+            try:
+                port, proc = pending.result()
+            except (Exception, SystemExit) as exc:  # a server that did not start is reported, and the run goes on
+                result["failed"] = [*result.get("failed", []), {"label": label, "error": str(exc)[:300]}]
+                print(f"{label}: {exc}", flush=True)
+                if i + 1 < len(order):
+                    pending = pool.submit(start, order[i + 1])
+                continue
+            try:
+                if not args.sequential and i + 1 < len(order):
+                    pending = pool.submit(start, order[i + 1])
+                began = time.strftime("%H:%M:%S", time.gmtime())
+                real = servers.bench(port, label, spec, args.workdir / label.replace(" #", "-"))
+            except Exception as exc:  # a failed bench is reported, and the run goes on
+                real = None
+                result["failed"] = [*result.get("failed", []), {"label": label, "error": str(exc)[:300]}]
+            finally:
+                servers.stop(proc)
+            if args.sequential and i + 1 < len(order):
+                pending = pool.submit(start, order[i + 1])
+            if real is None:
+                continue
+            sim, sim_e2e = sims[policy]
+            errors = fidelity.sim_errors(sim, real, sim_e2e, fidelity.e2e_by_request(args.workdir / label.replace(" #", "-")))
+            result["runs"].append({"policy": policy, "label": label, "started_utc": began,
+                                   "sim": sim, "real": {k: real[k] for k in KEEP if k != "preemptions"}, "errors": errors})
+            result["gains"] = fidelity.build(result["runs"])
+            (args.out / "fidelity-policies.json").write_text(json.dumps(result, indent=1) + "\n")  # after every run: a partial table survives
+            (args.out / "fidelity-policies.md").write_text(fidelity.markdown(result))
+            print(f"{label}: measured mean TTFT {fidelity.metric(real, 'ttft_mean'):.2f} s, simulated "
+                  f"{fidelity.metric(sim, 'ttft_mean'):.2f} s", flush=True)
+    print(fidelity.markdown(result))
+
+
+if __name__ == "__main__":
+    main()
