@@ -29,22 +29,26 @@ pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
 
 def make_scheduler(cls, *, block_size, num_gpu_blocks, max_num_batched_tokens, max_num_seqs, max_model_len,
-                   enable_prefix_caching, policy="fcfs", long_prefill_token_threshold=0, watermark=0.0, kvsched=None):
+                   enable_prefix_caching, policy="fcfs", long_prefill_token_threshold=0, watermark=0.0, kvsched=None,
+                   async_scheduling=True, enable_chunked_prefill=True, num_speculative_tokens=0):
     import torch
-    from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
+    from vllm.config import CacheConfig, ModelConfig, ParallelConfig, SchedulerConfig, SpeculativeConfig, VllmConfig
     from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
 
     scheduler_config = SchedulerConfig(
         max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len,
-        long_prefill_token_threshold=long_prefill_token_threshold, enable_chunked_prefill=True, policy=policy,
-        watermark=watermark, is_encoder_decoder=False, async_scheduling=True,
+        long_prefill_token_threshold=long_prefill_token_threshold, enable_chunked_prefill=enable_chunked_prefill, policy=policy,
+        watermark=watermark, is_encoder_decoder=False, async_scheduling=async_scheduling,
     )
     model_config = ModelConfig(model=_model_dir(), dtype="float32", seed=0, skip_tokenizer_init=True, max_model_len=max_model_len)
     cache_config = CacheConfig(block_size=block_size, enable_prefix_caching=enable_prefix_caching)
     cache_config.num_gpu_blocks = num_gpu_blocks
+    speculative = None if not num_speculative_tokens else SpeculativeConfig(  # ngram: no draft model
+        method="ngram", num_speculative_tokens=num_speculative_tokens, prompt_lookup_max=3, prompt_lookup_min=1,
+        target_model_config=model_config, target_parallel_config=ParallelConfig())
     vllm_config = VllmConfig(scheduler_config=scheduler_config, model_config=model_config, cache_config=cache_config,
-                             additional_config={"kvsched": kvsched} if kvsched else {})
-    scheduler_config.async_scheduling = True  # VllmConfig may settle it for the platform (the CPU one turns it off)
+                             speculative_config=speculative, additional_config={"kvsched": kvsched} if kvsched else {})
+    scheduler_config.async_scheduling = async_scheduling  # VllmConfig may settle it for the platform (the CPU one turns it off)
     spec = FullAttentionSpec(block_size=block_size, num_kv_heads=1, head_size=1, dtype=torch.float32)
     kv_config = KVCacheConfig(num_blocks=num_gpu_blocks, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(["layer"], spec)])
     sched = cls(vllm_config=vllm_config, kv_cache_config=kv_config, block_size=block_size,
@@ -54,13 +58,14 @@ def make_scheduler(cls, *, block_size, num_gpu_blocks, max_num_batched_tokens, m
 
 class AsyncDriver:
     """One scheduler, driven as vLLM's engine core drives it with async scheduling: ``schedule()``, then
-    the older step's ``update_from_output()`` once two are in flight (or nothing more was scheduled)."""
+    the older step's ``update_from_output()`` once two are in flight (or nothing more was scheduled);
+    a sync scheduler's step is updated before the next ``schedule()`` (``depth`` 1, ``EngineCore.step``)."""
 
-    def __init__(self, sched) -> None:
+    def __init__(self, sched, depth: int = 2) -> None:
         from vllm.utils.hashing import get_hash_fn_by_name
         from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
 
-        self.sched = sched
+        self.sched, self.depth = sched, depth
         hash_fn = get_hash_fn_by_name("sha256")
         init_none_hash(hash_fn)
         self._hasher = get_request_block_hasher(sched.block_size, hash_fn)
@@ -86,10 +91,13 @@ class AsyncDriver:
     def schedule(self) -> dict:
         out = self.sched.schedule()
         samples = {}  # a request whose step ends its prompt (or decodes) samples the token at its next output position
+        self.chunks = 0  # prefills with prompt left after this step
         for rid in out.num_scheduled_tokens:
             request = self.sched.requests[rid]
             if not request.is_prefill_chunk:
                 samples[rid] = request.num_output_tokens + request.num_output_placeholders
+            else:
+                self.chunks += 1
         if out.total_num_scheduled_tokens > 0:
             self.in_flight.append((out, samples))
         cached = out.scheduled_cached_reqs
@@ -99,7 +107,7 @@ class AsyncDriver:
                 "free_blocks": self.free_blocks}
 
     def should_update(self, scheduled_nothing: bool) -> bool:
-        return len(self.in_flight) >= 2 or (scheduled_nothing and bool(self.in_flight))
+        return len(self.in_flight) >= self.depth or (scheduled_nothing and bool(self.in_flight))
 
     def update(self) -> dict:
         from vllm.v1.outputs import ModelRunnerOutput
@@ -141,17 +149,20 @@ def scenarios(draw):
 
 
 def run_both(config, requests, max_steps=300) -> dict[str, int]:
-    """Drive vLLM's ``AsyncScheduler`` and ours alike to the end, comparing every half-step; counts of what it exercised."""
+    """Drive vLLM's ``AsyncScheduler`` and ours alike to the end, comparing every half-step; counts of what it
+    exercised. ``async_scheduling=False`` in ``config``: vLLM's sync ``Scheduler`` against ours, one step at a time."""
     from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+    from vllm.v1.core.sched.scheduler import Scheduler
 
     from kvsched.integrations.vllm.scheduler import KvschedAsyncScheduler, KvschedScheduler
 
-    theirs = AsyncDriver(make_scheduler(AsyncScheduler, **config))
-    ours = AsyncDriver(make_scheduler(KvschedScheduler, **config))
-    assert type(ours.sched) is KvschedAsyncScheduler
+    in_flight = config.get("async_scheduling", True)
+    theirs = AsyncDriver(make_scheduler(AsyncScheduler if in_flight else Scheduler, **config), depth=2 if in_flight else 1)
+    ours = AsyncDriver(make_scheduler(KvschedScheduler, **config), depth=theirs.depth)
+    assert type(ours.sched) is (KvschedAsyncScheduler if in_flight else KvschedScheduler)
     both = (theirs, ours)
     epoch = time.time()  # vLLM stamps arrivals with time.time(); the mirror counts from its own start, before this
-    seen = dict(steps=0, preempted_in_flight=0, aborted_in_flight=0, stopped=0, prefix_hits=0)
+    seen = dict(steps=0, chunks=0, preempted=0, preempted_in_flight=0, aborted=0, aborted_in_flight=0, stopped=0, prefix_hits=0)
     last_arrival = max(r["step"] for r in requests)
 
     def same(what: str, k: int, a: dict, b: dict) -> None:
@@ -163,6 +174,7 @@ def run_both(config, requests, max_steps=300) -> dict[str, int]:
                 for d in both:
                     d.add(r["rid"], r["prompt"], r["max_tokens"], r["priority"], epoch + k, r["stop"])
             if r["abort"] == k and r["step"] <= k and not r["abort_in_flight"]:
+                seen["aborted"] += r["rid"] in theirs.sched.requests
                 for d in both:
                     d.abort(r["rid"])
         same("free blocks after arrivals and aborts", k, {"free": theirs.free_blocks}, {"free": ours.free_blocks})
@@ -172,8 +184,10 @@ def run_both(config, requests, max_steps=300) -> dict[str, int]:
         in_flight = {rid for out, _ in theirs.in_flight for rid in out.num_scheduled_tokens}
         a, b = theirs.schedule(), ours.schedule()
         same("schedule", k, a, b)
+        seen["preempted"] += len(a["preempted"])
         seen["preempted_in_flight"] += len(set(a["preempted"]) & in_flight)
         seen["prefix_hits"] += theirs.prefix_hits
+        seen["chunks"] += theirs.chunks
         for r in requests:  # an abort between this schedule() and the older step's update
             if r["abort"] == k and r["step"] <= k and r["abort_in_flight"]:
                 seen["aborted_in_flight"] += r["rid"] in theirs.sched.requests and r["rid"] in a["scheduled"]

@@ -217,3 +217,17 @@ def test_a_request_that_preempts_itself_leaves_its_blocks_to_the_next_from_vllm_
     config = dict(block_size=2, num_gpu_blocks=5, max_model_len=8, max_num_seqs=4, max_num_batched_tokens=8,
                   enable_prefix_caching=False, watermark=0.0, enable_chunked_prefill=False)
     assert run_both(config, "priority", 1, requests)["preemptions"] == 1
+
+
+def test_aborts_of_waiting_running_and_half_prefilled_requests_free_the_same_blocks():
+    """Three aborts, one waiting, one in its first chunks, one decoding or preempted: the free blocks
+    agree after each, and the rest run on alike."""
+    requests = [dict(rid=f"r{i}", prompt=[1, 2, 3, 4, 5, 6, 7, 8] + [i] * 6, max_tokens=10, priority=i % 2, step=i,
+                     stop=(), abort=None) for i in range(5)]
+    requests[1].update(abort=1)
+    requests[3].update(abort=9)
+    requests[4].update(step=2, abort=2)
+    config = dict(block_size=4, num_gpu_blocks=12, max_model_len=40, max_num_seqs=4, max_num_batched_tokens=8,
+                  enable_prefix_caching=True, watermark=0.0)
+    for policy in ("fcfs", "priority"):
+        assert run_both(config, policy, 0, requests)["aborts"] == 3

@@ -113,6 +113,7 @@ def mirror_config(vllm_config: Any, num_blocks: int, settings: dict[str, Any] | 
         enable_prefix_caching=bool(cache.enable_prefix_caching),
         max_num_batched_tokens=sched.max_num_batched_tokens,
         max_num_seqs=sched.max_num_seqs,
+        enable_chunked_prefill=bool(sched.enable_chunked_prefill),  # off: whole prompts, head of line (vLLM's --no-enable-chunked-prefill)
         max_model_len=vllm_config.model_config.max_model_len,
         decode_lane=False,
     )
@@ -145,6 +146,8 @@ class Mirror:
     def add(self, request: Any) -> None:
         """Mirror a vLLM ``Request``: its prompt, output budget, priority and tenant (``vllm_xargs``)."""
         params = request.sampling_params
+        if request.use_structured_output:  # vLLM holds it until its grammar compiles; the mirror would run it at once
+            raise RefusedField("structured_outputs", "grammar-constrained requests are not mirrored inside vLLM yet")
         priority, tenant = request_fields(request.priority, getattr(params, "extra_args", None))
         arrival = max(0.0, request.arrival_time - self.engine.clock.start)
         group = self.engine.add_request(Request(
