@@ -58,7 +58,7 @@ class VllmV1:
             raise ValueError(f"long_prefill_token_threshold must be >= 0, got {long_prefill_token_threshold}")
         self.vllm_release = str(vllm_release)
         # vLLM 0.33: the least urgent running request, having preempted itself, freed its blocks for the ones after it
-        self.past_self_preemption = self.priority and release_key(vllm_release) >= (0, 33)
+        self.past_self_preemption = release_key(vllm_release) >= (0, 33) and self.priority
 
     @staticmethod
     def _urgency(group) -> tuple:

@@ -151,3 +151,25 @@ def test_engine_run_takes_the_v1_knobs_from_the_command_line(tmp_path):
     assert res.returncode == 0, res.stderr
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["config"]["num_speculative_tokens"] == 2 and summary["leaked_blocks"] == 0
+
+
+def test_vllm_release_033_lets_the_requests_after_a_self_preempted_one_run_in_its_step():
+    """``vllm_release``: two prompts in one-token chunks fill the cache; r0 (the least urgent, first of
+    a tie) preempts itself. From 0.33 the step goes on and runs r1; up to 0.32 it ends there."""
+    def step_of_the_preemption(release: str) -> dict[str, int]:
+        engine = Engine(EngineConfig(vllm_engine="v1", block_size=2, num_gpu_blocks=5, max_model_len=8, max_num_seqs=4,
+                                     max_num_batched_tokens=8, enable_chunked_prefill=False, watermark=0.0,
+                                     audit_every_step=True), "vllm-v1", SimulatedExecutor(),
+                        policy_options={"policy": "priority", "long_prefill_token_threshold": 1, "vllm_release": release})
+        for i in range(2):
+            engine.add_request(Request(request_id=f"r{i}", prompt_token_ids=(i + 1,) * 5, output_len=1,
+                                       sampling=SamplingParams(max_tokens=1)))
+        while True:
+            report = engine.step()
+            if report.output.preempted:
+                return {sg.group.request_id: sg.num_tokens for sg in report.output.scheduled}
+
+    assert step_of_the_preemption("0.32") == step_of_the_preemption("0.30") == {}
+    assert step_of_the_preemption("0.33") == step_of_the_preemption("0.34.1") == {"r1": 1}
+    with pytest.raises(ValueError, match="vllm_release must be a vLLM release"):
+        VllmV1(vllm_release="latest")
