@@ -68,7 +68,7 @@ def _admit(sched: Any, kv: Any, request: Any, tokens: int) -> Any:
         raise MirrorDrift(f"vLLM has no blocks to admit {request.request_id} ({tokens} tokens) where the mirror had")
     kv.record_prefix_cache_stats(request, num_hits)
     sched.waiting.remove_request(request)
-    sched.deferred_waiting.discard(request)
+    _deferred_waiting_shim(sched).discard(request)
     sched.running.append(request)
     request.num_computed_tokens = num_hits
     return kv.get_blocks(request.request_id)
@@ -80,6 +80,12 @@ def installed_release() -> str:
     import vllm
 
     return ".".join(vllm.__version__.split(".")[:2])
+
+
+def _deferred_waiting_shim(sched: Any) -> set:
+    """vLLM 0.31 added ``Scheduler.deferred_waiting`` (waiting requests held back a step), which an admitted
+    request leaves; 0.30 has none."""
+    return getattr(sched, "deferred_waiting", set())
 
 
 def _common_prefix_shim(sched: Any) -> dict[str, Any]:
