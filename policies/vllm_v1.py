@@ -30,8 +30,8 @@ class VllmV1:
 
     1. Every running request, in running order, gets its next tokens (one to decode, with its draft
        tokens under ``num_speculative_tokens``, or the next prefill chunk: at most
-       ``long_prefill_token_threshold`` when more than one request is eligible, and what is left of
-       the shared budget); short of blocks, the last running request
+       ``long_prefill_token_threshold`` when more than one request is eligible (``vllm_release="0.30"``:
+       always), and what is left of the shared budget); short of blocks, the last running request
        is preempted by recompute (``policy="priority"``: the least urgent, latest arrival), until the
        request fits or is itself the victim, which ends this loop (``vllm_release="0.33"`` and later,
        under ``priority``: the loop goes on to the more urgent requests after the one that preempted
@@ -57,8 +57,11 @@ class VllmV1:
         if self.long_prefill_token_threshold < 0:
             raise ValueError(f"long_prefill_token_threshold must be >= 0, got {long_prefill_token_threshold}")
         self.vllm_release = str(vllm_release)
+        release = release_key(vllm_release)
+        # vLLM 0.30 cuts a long prefill to the threshold even when it is the only request; 0.31 only among others
+        self.threshold_alone = release < (0, 31)
         # vLLM 0.33: the least urgent running request, having preempted itself, freed its blocks for the ones after it
-        self.past_self_preemption = release_key(vllm_release) >= (0, 33) and self.priority
+        self.past_self_preemption = release >= (0, 33) and self.priority
 
     @staticmethod
     def _urgency(group) -> tuple:
@@ -66,7 +69,8 @@ class VllmV1:
 
     @hookimpl
     def select_batch(self, step):
-        threshold = self.long_prefill_token_threshold if len(step.running) + len(step.waiting) > 1 else 0
+        alone = len(step.running) + len(step.waiting) <= 1
+        threshold = 0 if alone and not self.threshold_alone else self.long_prefill_token_threshold
         for group in step.running:
             if step.remaining_tokens <= 0:
                 break

@@ -173,3 +173,14 @@ def test_vllm_release_033_lets_the_requests_after_a_self_preempted_one_run_in_it
     assert step_of_the_preemption("0.33") == step_of_the_preemption("0.34.1") == {"r1": 1}
     with pytest.raises(ValueError, match="vllm_release must be a vLLM release"):
         VllmV1(vllm_release="latest")
+
+
+@pytest.mark.parametrize(("release", "chunk"), [("0.30", 2), ("0.31", 7)])
+def test_vllm_release_030_cuts_a_lone_prompt_to_the_threshold_and_later_ones_do_not(release, chunk):
+    """vLLM 0.30 applies ``long_prefill_token_threshold`` to every prefill; from 0.31 only when more than
+    one request is eligible, so a request alone runs its prompt whole."""
+    engine = Engine(EngineConfig(vllm_engine="v1", block_size=4, num_gpu_blocks=16, max_model_len=16, max_num_seqs=4,
+                                 max_num_batched_tokens=16, watermark=0.0, audit_every_step=True), "vllm-v1",
+                    SimulatedExecutor(), policy_options={"long_prefill_token_threshold": 2, "vllm_release": release})
+    engine.add_request(Request(request_id="alone", prompt_len=7, output_len=2, sampling=SamplingParams(max_tokens=2)))
+    assert [sg.num_tokens for sg in engine.step().output.scheduled] == [chunk]
