@@ -51,9 +51,9 @@ def serve_command(policy: str, port: int) -> list[str]:
             *FLAGS, "--num-gpu-blocks-override", str(BLOCKS)]
 
 
-def start(policy: str):
+def start(policy: str, log: Path):
     port = servers.free_port()
-    return port, servers.start(serve_command(policy, port), port)
+    return port, servers.start(serve_command(policy, port), port, log=log)
 
 
 def main(argv=None) -> None:
@@ -66,12 +66,15 @@ def main(argv=None) -> None:
     parser.add_argument("--repeats", type=int, default=3, help="times the baseline is served")
     parser.add_argument("--requests", type=int, default=WORKLOAD["num_requests"])
     parser.add_argument("--sequential", action="store_true", help="start each server only after the last one stopped")
+    parser.add_argument("--order", help="the serving order, comma-separated (default: the baseline first, --repeats times in all)")
+    parser.add_argument("--resume", action="store_true", help="keep --out's runs and serve only the ones it lacks")
     args = parser.parse_args(argv)
     args.workdir.mkdir(parents=True, exist_ok=True)
     args.out.mkdir(parents=True, exist_ok=True)
     spec = args.workdir / "workload.json"
     spec.write_text(json.dumps(dict(WORKLOAD, num_requests=args.requests)))
-    order = schedule(args.policies.split(","), args.repeats)
+    order = args.order.split(",") if args.order else schedule(args.policies.split(","), args.repeats)
+    labels = [f"{p} #{order[:i + 1].count(p)}" if order.count(p) > 1 else p for i, p in enumerate(order)]
     sims = {}
     for policy in dict.fromkeys(order):
         result = simulate_run(spec, BLOCKS, PROFILE, policy)
@@ -79,21 +82,26 @@ def main(argv=None) -> None:
     result = {"workload": json.loads(spec.read_text()), "kv_blocks": BLOCKS, "vllm_flags": FLAGS, "profile": PROFILE,
               "pipelined": not args.sequential, "command": "benchmarks/fidelity_policies.py " + " ".join(argv or sys.argv[1:]),
               "runs": [], "gains": []}
+    saved = args.out / "fidelity-policies.json"
+    if args.resume and saved.exists():
+        result["runs"] = [r for r in json.loads(saved.read_text())["runs"] if r["label"] in labels]
+    done = {r["label"] for r in result["runs"]}
+    order, labels = [p for p, lab in zip(order, labels) if lab not in done], [lab for lab in labels if lab not in done]
     with ThreadPoolExecutor(1) as pool:
-        pending = pool.submit(start, order[0])
+        pending = pool.submit(start, order[0], args.workdir / "server-0.log")
         for i, policy in enumerate(order):
-            label = f"{policy} #{order[:i + 1].count(policy)}" if order.count(policy) > 1 else policy
+            label = labels[i]
             try:
                 port, proc = pending.result()
             except (Exception, SystemExit) as exc:  # a server that did not start is reported, and the run goes on
                 result["failed"] = [*result.get("failed", []), {"label": label, "error": str(exc)[:300]}]
                 print(f"{label}: {exc}", flush=True)
                 if i + 1 < len(order):
-                    pending = pool.submit(start, order[i + 1])
+                    pending = pool.submit(start, order[i + 1], args.workdir / f"server-{i + 1}.log")
                 continue
             try:
                 if not args.sequential and i + 1 < len(order):
-                    pending = pool.submit(start, order[i + 1])
+                    pending = pool.submit(start, order[i + 1], args.workdir / f"server-{i + 1}.log")
                 began = time.strftime("%H:%M:%S", time.gmtime())
                 real = servers.bench(port, label, spec, args.workdir / label.replace(" #", "-"))
             except Exception as exc:  # a failed bench is reported, and the run goes on
@@ -102,7 +110,7 @@ def main(argv=None) -> None:
             finally:
                 servers.stop(proc)
             if args.sequential and i + 1 < len(order):
-                pending = pool.submit(start, order[i + 1])
+                pending = pool.submit(start, order[i + 1], args.workdir / f"server-{i + 1}.log")
             if real is None:
                 continue
             sim, sim_e2e = sims[policy]
@@ -110,7 +118,7 @@ def main(argv=None) -> None:
             result["runs"].append({"policy": policy, "label": label, "started_utc": began,
                                    "sim": sim, "real": {k: real[k] for k in KEEP if k != "preemptions"}, "errors": errors})
             result["gains"] = fidelity.build(result["runs"])
-            (args.out / "fidelity-policies.json").write_text(json.dumps(result, indent=1) + "\n")  # after every run: a partial table survives
+            saved.write_text(json.dumps(result, indent=1) + "\n")  # after every run: a partial table survives
             (args.out / "fidelity-policies.md").write_text(fidelity.markdown(result))
             print(f"{label}: measured mean TTFT {fidelity.metric(real, 'ttft_mean'):.2f} s, simulated "
                   f"{fidelity.metric(sim, 'ttft_mean'):.2f} s", flush=True)

@@ -31,12 +31,14 @@ def vllm_command(port: int, flags: list[str], scheduler_cls: str | None = None, 
                         (kvsched or {}) if scheduler_cls else None, scheduler_cls)
 
 
-def start(command: list[str], port: int, kv_cache_gib: float = 2.0) -> subprocess.Popen:
-    """Start a server with one torch thread, in the environment ``engine serve`` gives it, and wait for /health."""
+def start(command: list[str], port: int, kv_cache_gib: float = 2.0, log: Path | None = None) -> subprocess.Popen:
+    """Start a server with one torch thread, in the environment ``engine serve`` gives it, and wait for /health
+    (its output to ``log``, if given: why a server did not start)."""
     from kvsched.cli.serve import server_env
 
     env = server_env(dict(os.environ, OMP_NUM_THREADS="1"), kv_cache_gib)
-    proc = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    with open(log or os.devnull, "w") as out:  # the server keeps its own copy of the file
+        proc = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline:
         try:
@@ -47,7 +49,7 @@ def start(command: list[str], port: int, kv_cache_gib: float = 2.0) -> subproces
                 break
             time.sleep(2)
     stop(proc)
-    raise SystemExit(f"the server did not start: {' '.join(command)}")
+    raise SystemExit(f"the server did not start: {' '.join(command)}" + (f" (its output: {log})" if log else ""))
 
 
 def stop(proc: subprocess.Popen) -> None:

@@ -18,8 +18,9 @@ ROOT = Path(__file__).resolve().parents[1]
 RECORDED = ROOT / "docs" / "figures" / "fidelity-policies.json"
 
 
-def summary(ttft_mean: float, ttft_p99: float | None = None, e2e_mean: float = 10.0) -> dict:
-    return {"ttft_s": {"mean": ttft_mean, "p99": ttft_p99 or 2 * ttft_mean}, "e2e_s": {"mean": e2e_mean}}
+def summary(ttft_mean: float, ttft_p99: float | None = None, e2e_mean: float = 10.0, duration: float = 100.0) -> dict:
+    return {"ttft_s": {"mean": ttft_mean, "p99": ttft_p99 or 2 * ttft_mean}, "e2e_s": {"mean": e2e_mean},
+            "tpot_s": {"mean": 0.1}, "duration_s": duration}
 
 
 def runs(sim: dict[str, float], real: dict[str, list[float]]) -> list[dict]:
@@ -64,6 +65,16 @@ def test_the_errors_are_the_median_per_request_e2e_and_the_ttft_mean_and_p99(tmp
     assert got["e2e_median"] == pytest.approx(0.1)  # of 10 %, 25 % and 0 %
     assert got["ttft_mean"] == pytest.approx(0.1) and got["ttft_p99"] == pytest.approx(0.2)
     assert got["matched_requests"] == 3
+
+
+def test_a_run_slower_throughout_has_the_same_ttft_in_makespans():
+    sim = {"vllm-v1": summary(10.0, duration=100.0), "a": summary(8.0, duration=100.0)}
+    real = {"vllm-v1": [summary(20.0, duration=200.0)], "a": [summary(24.0, duration=300.0)]}  # a's run: a machine 1.5× slower
+    board = fidelity.build([{"policy": p, "label": p, "sim": sim[p], "real": r, "errors": {}} for p in real for r in real[p]])
+    raw, per_makespan = board[0]["policies"]["a"], board[-1]["policies"]["a"]
+    assert board[-1]["metric"] == "ttft_mean/makespan"
+    assert raw["measured"] == pytest.approx(0.2) and not raw["sign_agrees"]
+    assert per_makespan["measured"] == pytest.approx(-0.2) and per_makespan["sign_agrees"] and per_makespan["size_agrees"]
 
 
 def test_misses_are_bold_in_the_errors_table():
