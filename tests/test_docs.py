@@ -1,4 +1,5 @@
-"""The docs stay true: every hook is documented, and the policy in writing-a-policy.md works."""
+"""The docs stay true: every hook is documented, the policy in writing-a-policy.md works, and the tests the
+vLLM release × feature table names exist."""
 
 from __future__ import annotations
 
@@ -62,3 +63,28 @@ def test_hooks_md_names_every_public_member_of_what_a_policy_is_handed(cls):
     text = (DOCS / "hooks.md").read_text()
     missing = [n for n in dir(owner) if not n.startswith("_") and not re.search(rf"`{n}\b", text)]
     assert not missing, f"docs/hooks.md does not mention {cls}.{', '.join(missing)}"
+
+
+def _section(text: str, heading: str) -> str:
+    start = text.index(f"\n## {heading}\n")
+    end = text.find("\n## ", start + 1)
+    return text[start:end if end >= 0 else None]
+
+
+def test_the_release_feature_table_names_tests_that_exist():
+    """docs/vllm-integration.md backs each cell of its release × feature table with a test: each named
+    ``tests/FILE.py::FUNCTION`` must be a module-level test function of that file."""
+    import ast
+
+    table = _section((DOCS / "vllm-integration.md").read_text(), "Releases × features")
+    for release in ("0.30", "0.31", "0.32", "0.33"):
+        assert table.count(f"\n| {release} |") == 2, f"release {release} is not a row of both tables"
+    named = set(re.findall(r"`(tests/[\w/]+\.py)::(\w+)`", table))
+    assert len(named) >= 15, named
+    missing = []
+    for path, function in sorted(named):
+        file = DOCS.parent / path
+        tree = ast.parse(file.read_text()) if file.is_file() else ast.Module(body=[])
+        if not any(isinstance(node, ast.FunctionDef) and node.name == function for node in tree.body):
+            missing.append(f"{path}::{function}")
+    assert not missing, f"docs/vllm-integration.md names tests that do not exist: {missing}"
