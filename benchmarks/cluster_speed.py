@@ -6,7 +6,9 @@ under 2 GB. The workload is the synthetic one (``SyntheticSpec``'s lengths) with
 single-engine million in docs/performance.md), made one at a time as they arrive; each replica runs
 ``vllm-default`` on the A100 profile; the router reads every replica's stale report per request
 (``vllm-dp`` with 50 ms staleness by default). Prints one JSON line: wall and CPU seconds, requests
-per wall second, simulated steps, peak RSS, and the fleet's summary numbers.
+per wall second, simulated steps, peak RSS, and the fleet's summary numbers. ``--progress N`` also
+prints a line to stderr each N finished requests (CPU and wall seconds, RSS so far), so that a run
+cut short on a shared machine still says how far it got and at what cost.
 
     .venv/bin/python benchmarks/cluster_speed.py                          # 64 replicas, 1,000,000 requests
     .venv/bin/python benchmarks/cluster_speed.py --replicas 8 -n 20000    # a quick look
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import sys
 import time
@@ -31,6 +34,7 @@ def main() -> None:
     parser.add_argument("--staleness", type=float, default=0.05)
     parser.add_argument("--policy", default="vllm-default")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--progress", type=int, default=0, metavar="N", help="a line to stderr each N finished requests")
     args = parser.parse_args()
 
     from kvsched.cluster import Cluster, FleetSpec, ReplicaGroup
@@ -42,7 +46,7 @@ def main() -> None:
     spec = FleetSpec(replicas=[ReplicaGroup(count=args.replicas, policy=args.policy)], router=args.router, staleness_s=args.staleness)
     wall, cpu = time.perf_counter(), time.process_time()
     cluster = Cluster(spec)
-    cluster.run(workload.iter_requests())
+    cluster.run(workload.iter_requests(), _progress(args.progress, wall, cpu) if args.progress else None)
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
     summary = fleet_summary(cluster)
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
@@ -53,6 +57,22 @@ def main() -> None:
         "finished": summary["finished"], "ttft_p99_s": summary["ttft_s"]["p99"], "leaked_blocks": summary["leaked_blocks"],
         "python": sys.version.split()[0],
     }))
+
+
+def _progress(every: int, wall: float, cpu: float):
+    """An ``on_finished`` callback printing, each ``every`` finished requests, the cost so far."""
+    done, mark = 0, every
+
+    def on_finished(ended: int) -> None:
+        nonlocal done, mark
+        done += ended
+        if done >= mark:
+            mark += every
+            rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+            print(json.dumps({"finished": done, "cpu_s": round(time.process_time() - cpu, 1), "wall_s": round(time.perf_counter() - wall, 1),
+                              "peak_rss_mb": round(rss), "load": round(os.getloadavg()[0], 1)}), file=sys.stderr, flush=True)
+
+    return on_finished
 
 
 if __name__ == "__main__":

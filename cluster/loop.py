@@ -67,7 +67,13 @@ class Cluster:
                 if generation != r.generation:
                     continue
                 self.now = t
-                if kind == END:
+                if kind == END and r.resumable:  # most of a fleet's steps: a steady run an arrival stopped goes on
+                    r.report_steady(t)
+                    r.idle_steps = 0
+                    if ta <= t:  # requests arriving now join its queue first
+                        push(heap, (t, SCHEDULE, next(tick), i, r.generation))
+                        continue
+                elif kind == END:
                     finished, idle, started = r.end_step()
                     if finished:
                         self._finished(r, finished, t, handoffs, on_finished)

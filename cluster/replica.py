@@ -36,6 +36,8 @@ class Replica:
                       and not engine.hooks.observes_steps)
         self._reports = deque([Signals(0.0, 0, 0, 0, engine.cache.num_free_gpu_blocks)])
         self._pending = None  # (output, result) of the step under way
+        self.resumable = False  # its last step a steady run stopped by an arrival, nothing added since: it goes on coasting
+        self._horizon = _Horizon(0.0)
         self._gpu = engine.scheduler.block_manager.gpu if engine.config.enable_prefix_caching else None
         self.busy = False  # a step under way or one due: an event of this replica is on the cluster's heap
         self.generation = 0  # events of older generations on the heap are void
@@ -68,6 +70,7 @@ class Replica:
 
     # --------------------------------------------------------------------------- driving it
     def add(self, request: Request) -> None:
+        self.resumable = False
         self.engine.add_request(request)
         self.in_flight_requests += 1
         self.in_flight_tokens += request.prompt_len
@@ -83,16 +86,20 @@ class Replica:
         step is steady and nothing can arrive before ``horizon``, advance its repeats at once, as
         ``Engine.run`` does (the engine's steady run: same results, a fraction of the cost)."""
         engine = self.engine
-        engine.clock.wait_until(t)
-        self._trim(t)
+        if not self.resumable:  # else its clock is at t, its reports trimmed (report_steady)
+            engine.clock.wait_until(t)
+            self._trim(t)
         steady = engine.scheduler._steady
         if self._runs and steady is not None and steady[0] and t < horizon:  # arrivals end it: it stops at the horizon
-            _, taken, _ = engine._steady_run(_Horizon(horizon), _NOTHING, -1, None)
+            self._horizon.arrival_time = horizon
+            _, taken, finished = engine._steady_run(self._horizon, _NOTHING, -1, None, self.resumable)
+            now = engine.clock.now()
+            self.resumable = bool(taken) and not finished and now >= horizon
             if taken:
                 self._pending = None
                 self.steps += taken
-                self.busy_s += engine.clock.now() - t
-                return engine.clock.now()
+                self.busy_s += now - t
+                return now
         output = engine.schedule()
         result = engine.executor.execute(output)
         self._pending = (output, result)
@@ -102,6 +109,15 @@ class Replica:
                 if sg.is_prefill and sg.group.request_id not in found:
                     found[sg.group.request_id] = sg.num_cached_tokens
         return engine.clock.now() + result.duration
+
+    def report_steady(self, t: float) -> None:
+        """The end, at ``t``, of a steady run an arrival stopped (``resumable``: nothing ended in it and
+        nothing was added since): its report, as ``end_step`` keeps it, without the rest of ``end_step``."""
+        sched = self.engine.scheduler
+        reports, oldest = self._reports, t - self.staleness
+        reports.append(Signals(t, len(sched.waiting), len(sched.running), len(sched.swapped), sched.block_manager.gpu.num_free))
+        while len(reports) > 1 and reports[1].time <= oldest:
+            reports.popleft()
 
     def end_step(self) -> tuple[list, bool, float]:
         """Apply the step under way (the clock moves to its end; a steady run was applied as it ran), keep

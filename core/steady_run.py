@@ -17,14 +17,15 @@ if TYPE_CHECKING:
 class SteadyRuns:
     """The part of ``Engine`` that advances steady runs (a mixin: it works on the engine's own state)."""
 
-    def _steady_run(self, upcoming: Request | None, source, limit: int, observe) -> tuple[Request | None, int, bool]:
+    def _steady_run(self, upcoming: Request | None, source, limit: int, observe, resume: bool = False) -> tuple[Request | None, int, bool]:
         """Repeat the steady step while it repeats unchanged, up to ``limit`` steps (-1: no limit) and one that
         finishes a group, with no output, report or observer call; then tell ``observe`` (``on_steps``) the
-        run. Returns the next request to arrive, the steps taken, whether a group finished (a run may follow)."""
+        run. Returns the next request to arrive, the steps taken, whether a group finished (a run may follow).
+        ``resume``: the last run, stopped by an arrival and nothing done to the engine since, goes on coasting."""
         sched, clock, seconds, arrivals = self.scheduler, self.clock, None, self.scheduler._steady[0]
         lane, gpu, audit = sched.lane, sched.block_manager.gpu, self.config.audit_every_step
         started, durations, kv, waiting, free, finished = [], [], [], [], [], []  # per step; the groups that finished
-        batch, n = None, 0
+        batch, (n, seconds) = None, (self._coasting if resume else (0, None))
         while len(durations) != limit:
             now = clock.now()
             if upcoming is not None and upcoming.arrival_time <= now:
@@ -56,6 +57,7 @@ class SteadyRuns:
                 self.check()
             if finished:
                 break
+        self._coasting = (n, seconds)
         if durations and observe is not None:
             self._report_run(batch, started, durations, kv, waiting, free, finished, observe)
         return upcoming, len(durations), bool(finished)

@@ -55,13 +55,26 @@ class RoutingCall:
 
 
 def _reported_field(i: int, doc: str) -> property:
-    """A field of the report a view shows, read without a call more once the report is looked up."""
+    """A field of the report a view shows: the report looked up on the view's first read, no call more after."""
 
     def get(view: ReplicaView):
-        signals = view._signals
-        if signals is None or not view._call.open:
-            signals = view._reported()
+        signals, call = view._signals, view._call
+        if not call.open:
+            view._open()  # raises
+        if signals is None:
+            signals = view._signals = _replica_of(view).signals_as_of(call.as_of)
         return signals[i]
+
+    return property(get, doc=doc)
+
+
+def _replica_field(name: str, doc: str) -> property:
+    """An attribute of the replica itself (its name, role, ...), read while the call is open."""
+
+    def get(view: ReplicaView):
+        if view._call.open:
+            return getattr(_replica_of(view), name)
+        return view._open()  # raises
 
     return property(get, doc=doc)
 
@@ -84,15 +97,8 @@ class ReplicaView:
             raise RouterError(self._call.router, "read a ReplicaView after its call returned: a view is valid only during the call that received it")
         return _replica_of(self)
 
-    def _reported(self) -> Signals:
-        """The report this view shows (looked up once per view, on the first read)."""
-        signals = self._signals
-        if signals is None or not self._call.open:
-            signals = self._signals = self._open().signals_as_of(self._call.as_of)
-        return signals
-
-    name = property(lambda self: self._open().name, doc="the replica's name (replica-0, prefill-1, ...)")
-    role = property(lambda self: self._open().role, doc="mixed, prefill or decode")
+    name = _replica_field("name", "the replica's name (replica-0, prefill-1, ...)")
+    role = _replica_field("role", "mixed, prefill or decode")
     policy = property(lambda self: self._open().engine.policy_name, doc="its scheduling policy")
     profile = property(lambda self: self._open().profile_name, doc="its cost profile")
     block_size = property(lambda self: self._open().engine.config.block_size)
@@ -121,7 +127,7 @@ class ReplicaView:
     @property
     def kv_usage(self) -> float:
         """Used GPU blocks over all of them, as reported (0 to 1; cached free blocks count as free)."""
-        return 1.0 - self._reported()[4] / _replica_of(self).num_gpu_blocks
+        return 1.0 - self.num_free_gpu_blocks / _replica_of(self).num_gpu_blocks
 
     def cached_prefix_tokens(self, request: Request) -> int:
         """Leading prompt tokens of ``request`` (in full blocks) that the replica's GPU prefix cache
