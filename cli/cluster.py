@@ -131,7 +131,8 @@ def explain_fleet(run_dir: Path, request: str | None) -> list[str]:
         mine = [r for r in routes if r["request_id"] == request]
         if not mine:
             fail(f"request {request!r} is not in {run_dir / 'routes.csv'}")
-        return [f"{r['time']:.4f} s  {r['pool']} pool → {r['replica']}: {r['reason'] or '(the router gave no reason)'}" for r in mine]
+        lines = [f"{r['time']:.4f} s  {r['pool']} pool → {r['replica']}: {r['reason'] or '(the router gave no reason)'}" for r in mine]
+        return lines + _fleet_outcome(run_dir, request)
     counts: dict[str, int] = {}
     reasons: dict[str, int] = {}
     for r in routes:
@@ -143,3 +144,21 @@ def explain_fleet(run_dir: Path, request: str | None) -> list[str]:
     lines.append("commonest reasons:")
     lines += [f"  {n:>8}  {kind}" for kind, n in sorted(reasons.items(), key=lambda kv: -kv[1])[:8]]
     return lines
+
+
+def _fleet_outcome(run_dir: Path, request: str) -> list[str]:
+    """How the request ended, from the fleet's requests.csv: where it finished, its latencies, its cache hits."""
+    import pyarrow.compute as pc
+    import pyarrow.csv as pacsv
+
+    table = pacsv.read_csv(run_dir / "requests.csv")
+    rows = table.filter(pc.equal(table["request_id"], request)).to_pylist()
+    if not rows:
+        return []
+    names = [r["replica"] for r in json.loads((run_dir / "summary.json").read_text()).get("replicas", [])]
+    row, name = rows[0], lambda i: names[i] if 0 <= i < len(names) else f"replica #{i}"
+    where = name(row["replica"]) + ("" if row["prompt_replica"] == row["replica"] else f" (its prompt ran on {name(row['prompt_replica'])})")
+    seconds = lambda v: "–" if v is None else f"{v:.4f} s"
+    return [f"ended {row['status']} on {where}: queued {seconds(row['queueing_time'])}, TTFT {seconds(row['ttft'])}, "
+            f"e2e {seconds(row['e2e'])}; {row['cached_tokens']} of its {row['prompt_tokens']} prompt tokens found in that replica's prefix cache"]
+
