@@ -37,24 +37,25 @@ def test_a_gain_both_sides_see_agrees_in_sign_and_size():
     assert got["a"]["simulated"] == pytest.approx(-0.2)
     assert got["a"]["measured"] == pytest.approx(4.0 / 5.05 - 1)
     assert got["a"]["measured_range"] == pytest.approx([4.0 / 5.1 - 1, 4.0 / 5.0 - 1])
-    assert got["a"]["sign_agrees"] and got["a"]["size_agrees"]
+    assert got["a"]["sign"] == "agrees" and got["a"]["size_agrees"]
 
 
 def test_an_opposite_measured_gain_disagrees_and_a_far_one_is_outside_the_tolerance():
     got = ttft_gains({"vllm-v1": 10.0, "up": 8.0, "far": 5.0}, {"vllm-v1": [5.0], "up": [6.0], "far": [4.5]})
-    assert not got["up"]["sign_agrees"] and not got["up"]["size_agrees"]
-    assert got["far"]["sign_agrees"]  # both lower
+    assert got["up"]["sign"] == "disagrees" and not got["up"]["size_agrees"]
+    assert got["far"]["sign"] == "agrees"  # both lower
     assert not got["far"]["size_agrees"]  # -10 % measured against -50 % simulated: more than 25 % of 50 points off
     assert got["far"]["tolerance"] == pytest.approx(0.125)
 
 
-def test_a_gain_inside_the_baselines_spread_is_no_effect():
-    # the baseline's repeats differ by 10 %: a measured -6 % is noise, and agrees with a simulated 0
-    board = fidelity.build(runs({"vllm-v1": 10.0, "same": 10.0, "better": 7.0},
-                                {"vllm-v1": [5.0, 5.5], "same": [5.0], "better": [5.0]}))[0]
+def test_a_measured_gain_inside_the_baselines_spread_is_no_effect():
+    # the baseline's repeats differ by 10 %: a measured -5 % is noise, and agrees with a simulated 0
+    board = fidelity.build(runs({"vllm-v1": 10.0, "same": 10.0, "better": 7.0, "worse": 10.1},
+                                {"vllm-v1": [5.0, 5.5], "same": [5.0], "better": [5.0], "worse": [7.0]}))[0]
     assert board["baseline_spread"] == pytest.approx(0.1)
-    assert board["policies"]["same"]["sign_agrees"]
-    assert not board["policies"]["better"]["sign_agrees"]  # the simulation's -30 % is an effect, the measured one is not
+    assert board["policies"]["same"]["sign"] == "agrees"
+    assert board["policies"]["better"]["sign"] == "noise"  # the simulation's -30 % is an effect the measurement cannot confirm
+    assert board["policies"]["worse"]["sign"] == "disagrees"  # +33 % measured where the simulation sees none (+1 %)
 
 
 def test_the_errors_are_the_median_per_request_e2e_and_the_ttft_mean_and_p99(tmp_path):
@@ -73,8 +74,8 @@ def test_a_run_slower_throughout_has_the_same_ttft_in_makespans():
     board = fidelity.build([{"policy": p, "label": p, "sim": sim[p], "real": r, "errors": {}} for p in real for r in real[p]])
     raw, per_makespan = board[0]["policies"]["a"], board[-1]["policies"]["a"]
     assert board[-1]["metric"] == "ttft_mean/makespan"
-    assert raw["measured"] == pytest.approx(0.2) and not raw["sign_agrees"]
-    assert per_makespan["measured"] == pytest.approx(-0.2) and per_makespan["sign_agrees"] and per_makespan["size_agrees"]
+    assert raw["measured"] == pytest.approx(0.2) and raw["sign"] == "disagrees"
+    assert per_makespan["measured"] == pytest.approx(-0.2) and per_makespan["sign"] == "agrees" and per_makespan["size_agrees"]
 
 
 def test_misses_are_bold_in_the_errors_table():
