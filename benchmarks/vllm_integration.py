@@ -161,19 +161,21 @@ def print_case_round(name: str, r: int, f: dict) -> None:
           f"{f['finished']} finished · {f['burst']} delivered in one burst", flush=True)
 
 
-def print_case_summary(results: dict[str, list[dict]]) -> None:
+def print_case_summary(results: dict[str, dict[int, dict]]) -> None:
     """priority-vip against each of vLLM's policies, and vLLM's priority against its fcfs: per-round
-    ratios of VIP p99 TTFT, others' p99 TTFT and output throughput, their mean and range."""
+    ratios of VIP p99 TTFT, others' p99 TTFT and output throughput over the rounds both sides ran, their mean and range."""
     for side, base in (("priority-vip", "vllm-fcfs"), ("priority-vip", "vllm-priority"), ("vllm-priority", "vllm-fcfs")):
         cells = []
         for key, label in (("vip", "VIP p99 TTFT"), ("other", "others' p99 TTFT"), ("tput", "output throughput")):
-            ratios = [o[key] / b[key] for o, b in zip(results[side], results[base])]
+            both = sorted(results[side].keys() & results[base].keys())
+            ratios = [results[side][r][key] / results[base][r][key] for r in both]
             cells.append(f"{label} {statistics.mean(ratios):.3f} ({min(ratios):.3f}-{max(ratios):.3f})")
-        print(f"{side} / {base}: " + ", ".join(cells) + f" (mean and range of {len(results[side])} rounds)")
+        print(f"{side} / {base}: " + ", ".join(cells) + f" (mean and range of rounds {', '.join(map(str, both))})")
 
 
 def part_case_study(workdir: Path, rounds: int, run: bool = True) -> None:
-    """Run the three sides for ``rounds`` alternating rounds (or, without ``run``, summarize the rounds kept in ``workdir``)."""
+    """Run the three sides for ``rounds`` alternating rounds (or, without ``run``, summarize the rounds kept in ``workdir``,
+    skipping those that are not there)."""
     traces = case_traces(workdir) if run else {}
     flags = ["--max-model-len", "2048", "--max-num-seqs", "8", "--max-num-batched-tokens", "512"]  # requests queue
     sides = {  # name: (server command, the trace it is sent)
@@ -182,7 +184,7 @@ def part_case_study(workdir: Path, rounds: int, run: bool = True) -> None:
         "priority-vip": (lambda port: [str(servers.ENGINE), "serve", "--policy", "priority-vip", "--policy-opt", f"aging_s={AGING_S}",
                                         "--port", str(port), "--", *flags], "tenants"),
     }
-    results: dict[str, list[dict]] = {name: [] for name in CASE_SIDES}
+    results: dict[str, dict[int, dict]] = {name: {} for name in CASE_SIDES}  # side: round: figures
     for r in range(1, rounds + 1):
         for name in (CASE_SIDES if r % 2 else CASE_SIDES[::-1]):
             if run:
@@ -193,8 +195,11 @@ def part_case_study(workdir: Path, rounds: int, run: bool = True) -> None:
                     servers.bench(port, name, traces[trace], workdir / f"{name}-{r}", trace=True)
                 finally:
                     servers.stop(proc)
-            results[name].append(case_round(workdir, name, r))
-            print_case_round(name, r, results[name][-1])
+            elif not (workdir / f"{name}-{r}").is_dir():
+                print(f"round {r} {name:13s} not in {workdir}")
+                continue
+            results[name][r] = case_round(workdir, name, r)
+            print_case_round(name, r, results[name][r])
     print_case_summary(results)
 
 

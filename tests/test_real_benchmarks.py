@@ -70,3 +70,12 @@ def test_the_case_study_summary_reads_the_kept_rounds_and_gives_each_ratios_rang
     assert "priority-vip / vllm-fcfs: VIP p99 TTFT 0.113 (0.100-0.125), others' p99 TTFT 1.000 (1.000-1.000)" in out
     assert "priority-vip / vllm-priority: VIP p99 TTFT 0.375 (0.250-0.500)" in out
     assert "vllm-priority / vllm-fcfs: VIP p99 TTFT 0.350 (0.200-0.500)" in out
+
+    for f in (tmp_path / "vllm-fcfs-1").iterdir():  # a round that was not run: the ratios against it use the others
+        f.unlink()
+    (tmp_path / "vllm-fcfs-1").rmdir()
+    vllm_integration.part_case_study(tmp_path, 2, run=False)
+    out = capsys.readouterr().out
+    assert "round 1 vllm-fcfs     not in" in out
+    assert "priority-vip / vllm-fcfs: VIP p99 TTFT 0.125 (0.125-0.125)" in out and "(mean and range of rounds 2)" in out
+    assert "priority-vip / vllm-priority: VIP p99 TTFT 0.375 (0.250-0.500)" in out and "(mean and range of rounds 1, 2)" in out
