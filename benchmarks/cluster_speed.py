@@ -8,11 +8,15 @@ single-engine million in docs/performance.md), made one at a time as they arrive
 (``vllm-dp`` with 50 ms staleness by default). Prints one JSON line: wall and CPU seconds, requests
 per wall second, simulated steps, peak RSS, and the fleet's summary numbers. ``--progress N`` also
 prints a line to stderr each N finished requests (CPU and wall seconds, RSS so far), so that a run
-cut short on a shared machine still says how far it got and at what cost.
+cut short on a shared machine still says how far it got and at what cost. ``--one-engine N`` first
+times one replica alone at the per-replica rate for N requests (CPU microseconds a request): on a
+shared machine, the fleet's CPU time over it says what the fleet costs beyond its engines' own
+steps, and that engine's unloaded figure in docs/performance.md scales the fleet's to an unloaded one.
 
     .venv/bin/python benchmarks/cluster_speed.py                          # 64 replicas, 1,000,000 requests
     .venv/bin/python benchmarks/cluster_speed.py --replicas 8 -n 20000    # a quick look
     .venv/bin/python benchmarks/cluster_speed.py --router round-robin --staleness 0
+    .venv/bin/python benchmarks/cluster_speed.py -n 4000 --one-engine 10000   # the fleet against one engine, same load
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ def main() -> None:
     parser.add_argument("--policy", default="vllm-default")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--progress", type=int, default=0, metavar="N", help="a line to stderr each N finished requests")
+    parser.add_argument("--one-engine", type=int, default=0, metavar="N", help="first time one replica alone on N requests at the per-replica rate")
     args = parser.parse_args()
 
     from kvsched.cluster import Cluster, FleetSpec, ReplicaGroup
@@ -42,6 +47,13 @@ def main() -> None:
     from kvsched.workloads.arrivals import Poisson
     from kvsched.workloads.synthetic import SyntheticSpec
 
+    one_engine_us = None
+    if args.one_engine:
+        alone = SyntheticSpec(num_requests=args.one_engine, arrivals=Poisson(rate=args.rate_per_replica), seed=args.seed)
+        one = Cluster(FleetSpec(replicas=[ReplicaGroup(count=1, policy=args.policy)], router=args.router, staleness_s=args.staleness))
+        cpu = time.process_time()
+        one.run(alone.iter_requests())
+        one_engine_us = round(1e6 * (time.process_time() - cpu) / args.one_engine)
     workload = SyntheticSpec(num_requests=args.num_requests, arrivals=Poisson(rate=args.rate_per_replica * args.replicas), seed=args.seed)
     spec = FleetSpec(replicas=[ReplicaGroup(count=args.replicas, policy=args.policy)], router=args.router, staleness_s=args.staleness)
     wall, cpu = time.perf_counter(), time.process_time()
@@ -55,7 +67,8 @@ def main() -> None:
         "wall_s": round(wall, 1), "cpu_s": round(cpu, 1), "requests_per_wall_s": round(args.num_requests / wall),
         "steps": summary["steps"], "peak_rss_mb": round(peak_mb), "simulated_s": round(summary["duration_s"], 1),
         "finished": summary["finished"], "ttft_p99_s": summary["ttft_s"]["p99"], "leaked_blocks": summary["leaked_blocks"],
-        "python": sys.version.split()[0],
+        "cpu_us_per_request": round(1e6 * cpu / args.num_requests), "one_engine_cpu_us_per_request": one_engine_us,
+        "load": round(os.getloadavg()[0], 1), "python": sys.version.split()[0],
     }))
 
 
