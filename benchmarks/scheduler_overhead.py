@@ -91,8 +91,10 @@ def p99(values: list[float]) -> float:
     return sorted(values)[int(0.99 * (len(values) - 1))]
 
 
-def v1_scheduler(n: int, blocks_per_request: int | None, prompt: int = 128, output: int = 100_000):
-    """vLLM V1's ``Scheduler`` with ``n`` requests added, configured as ``build`` configures ours."""
+def v1_scheduler(n: int, blocks_per_request: int | None, prompt: int = 128, output: int = 100_000, cls=None,
+                 additional_config: dict | None = None):
+    """vLLM V1's ``Scheduler`` (or its subclass ``cls``, given ``additional_config``) with ``n`` requests added,
+    configured as ``build`` configures ours."""
     import torch
     from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
     from vllm.sampling_params import SamplingParams as V1Sampling
@@ -109,10 +111,10 @@ def v1_scheduler(n: int, blocks_per_request: int | None, prompt: int = 128, outp
                             enable_chunked_prefill=True, is_encoder_decoder=False)
     cache = CacheConfig(block_size=16, gpu_memory_utilization=0.9, enable_prefix_caching=False)
     cache.num_gpu_blocks = blocks
-    config = VllmConfig(scheduler_config=sched, model_config=model, cache_config=cache)
+    config = VllmConfig(scheduler_config=sched, model_config=model, cache_config=cache, additional_config=additional_config or {})
     kv = KVCacheConfig(num_blocks=blocks, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(
         ["layer"], FullAttentionSpec(block_size=16, num_kv_heads=1, head_size=1, dtype=torch.float32))])
-    scheduler = V1Scheduler(vllm_config=config, kv_cache_config=kv, block_size=16, log_stats=False,
+    scheduler = (cls or V1Scheduler)(vllm_config=config, kv_cache_config=kv, block_size=16, log_stats=False,
                             structured_output_manager=StructuredOutputManager(config))
     params = V1Sampling(ignore_eos=True, max_tokens=output)
     for i in range(n):
@@ -121,36 +123,43 @@ def v1_scheduler(n: int, blocks_per_request: int | None, prompt: int = 128, outp
     return scheduler
 
 
-def v1_step(scheduler) -> tuple[float, float, int]:
-    """(schedule seconds, update_from_output seconds, requests preempted) of one V1 step; one token per finished chunk."""
+def v1_step(scheduler, clock=time.perf_counter) -> tuple[float, float, object]:
+    """(schedule seconds, update_from_output seconds, the step's ``SchedulerOutput``) of one V1 step on ``clock``;
+    one token per finished chunk."""
     from vllm.v1.outputs import ModelRunnerOutput
 
-    t0 = time.perf_counter()
+    t0 = clock()
     out = scheduler.schedule()
-    t1 = time.perf_counter()
+    t1 = clock()
     ids = list(out.num_scheduled_tokens)
     result = ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)}, sampled_token_ids=[[1]] * len(ids))
-    t2 = time.perf_counter()
+    t2 = clock()
     scheduler.update_from_output(out, result)
-    t3 = time.perf_counter()
-    return t1 - t0, t3 - t2, len(out.preempted_req_ids or ())
+    t3 = clock()
+    return t1 - t0, t3 - t2, out
+
+
+def v1_steady(scheduler) -> None:
+    """Step ``scheduler`` until every request it holds runs and decodes (as ``steady`` does for ours)."""
+    n = len(scheduler.requests)
+    while len(scheduler.running) < n or any(r.num_computed_tokens < r.num_prompt_tokens for r in scheduler.running):
+        v1_step(scheduler)
+    v1_step(scheduler)
 
 
 def time_v1(n: int, blocks_per_request: int | None, steps: int) -> tuple[list[float], list[float], int]:
-    """V1 per-step times after warm-up to steady decode (as ``steady`` does for ours), or under KV pressure from the start."""
+    """V1 per-step times after warm-up to steady decode, or under KV pressure from the start."""
     scheduler = v1_scheduler(n, blocks_per_request)
     if blocks_per_request is None:
-        while len(scheduler.running) < n or any(r.num_computed_tokens < r.num_prompt_tokens for r in scheduler.running):
-            v1_step(scheduler)
-        v1_step(scheduler)
+        v1_steady(scheduler)
     sched, both, preempted = [], [], 0
     gc.disable()
     try:
         for _ in range(steps):
-            s, u, p = v1_step(scheduler)
+            s, u, out = v1_step(scheduler)
             sched.append(s)
             both.append(s + u)
-            preempted += p
+            preempted += len(out.preempted_req_ids or ())
     finally:
         gc.enable()
     return sched, both, preempted

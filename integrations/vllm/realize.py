@@ -25,33 +25,38 @@ class MirrorDrift(RuntimeError):
 
 
 def realize(sched: Any, step: KvschedOutput) -> SchedulerOutput:
-    """Carry out ``step`` on the vLLM ``Scheduler`` ``sched`` and return what its model runner runs."""
-    kv = sched.kv_cache_manager
+    """Carry out ``step`` on the vLLM ``Scheduler`` ``sched`` and return what its model runner runs; its
+    ``steady_slots`` (``slots.py``) says which running requests' steps leave vLLM's KV-cache manager as it
+    is: no call is made for those."""
+    kv, slots = sched.kv_cache_manager, sched.steady_slots
     now = time.monotonic()
     new_reqs, resumed, running = [], [], []
+    placed: dict[str, list] = {}  # request id -> which of the three lists holds it
     blocks: dict[str, Any] = {}
     for rid, tokens in step.block_ops:
         request = sched.requests[rid]
         if tokens is None:
             sched.running.remove(request)
             sched._preempt_request(request, now)
-            for group in (new_reqs, resumed, running):
-                if request in group:
-                    group.remove(request)
+            group = placed.pop(rid, None)
+            if group is not None:
+                group.remove(request)
             blocks.pop(rid, None)
         elif request.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED):
             blocks[rid] = _admit(sched, kv, request, tokens)
-            (resumed if request.status is RequestStatus.PREEMPTED else new_reqs).append(request)
+            group = placed[rid] = resumed if request.status is RequestStatus.PREEMPTED else new_reqs
+            group.append(request)
             request.status = RequestStatus.RUNNING
         else:
-            new = kv.allocate_slots(request, tokens - request.num_computed_tokens)
+            new = slots.empty if slots.unchanged(request, tokens) else kv.allocate_slots(request, tokens - request.num_computed_tokens)
             if new is None:
                 raise MirrorDrift(f"vLLM has no blocks for {rid} ({tokens} tokens) where the mirror had")
             blocks[rid] = new
-            if request not in running:
+            if rid not in placed:
+                placed[rid] = running
                 running.append(request)
     scheduled = {sg.group.request_id: sg.num_tokens for sg in step.scheduled}
-    if set(scheduled) != {r.request_id for r in (*new_reqs, *resumed, *running)}:
+    if scheduled.keys() != placed.keys():
         raise MirrorDrift(f"the mirror scheduled {sorted(scheduled)}, vLLM took blocks for others")
     return _output(sched, new_reqs, resumed, running, scheduled, blocks)
 

@@ -33,6 +33,7 @@ from kvsched.core.plugins import PolicyHooks
 from kvsched.integrations.vllm.faults import PolicyFaults
 from kvsched.integrations.vllm.mirror import Mirror, mirror_config
 from kvsched.integrations.vllm.realize import MirrorDrift, installed_release, realize
+from kvsched.integrations.vllm.slots import SteadySlots
 from kvsched.integrations.vllm.steplog import StepLogging
 
 FALLBACK_POLICY = "kvsched:vllm-v1"  # kvsched's own, whatever other distribution registers a vllm-v1
@@ -84,6 +85,7 @@ class PolicyScheduler(Scheduler):
         policy, options, settings = settings_of(vllm_config)
         config = mirror_config(vllm_config, kv_cache_config.num_blocks, settings)
         self.mirror = Mirror(config, policy, options, in_flight=self.in_flight)
+        self.steady_slots = SteadySlots(self.kv_cache_manager)  # the steps realize() need not ask vLLM's KV-cache manager for
         self._fallback = PolicyHooks(FALLBACK_POLICY, vllm_v1_options(vllm_config))
         self.faults = PolicyFaults(self.mirror.policy_name)
         self._dispatched: deque[tuple[Any, Any]] = deque()  # (vLLM's output, the mirror's step) of each step vLLM runs, oldest first
@@ -192,8 +194,6 @@ class PolicyScheduler(Scheduler):
         if self.abandoned is not None:
             outputs = super().update_from_output(scheduler_output, model_runner_output)
         else:
-            scheduled = [self.requests[rid] for rid in scheduler_output.num_scheduled_tokens if rid in self.requests]
-            before = {r.request_id: r.num_output_tokens for r in scheduled}
             self._stopped = []
             try:
                 outputs = super().update_from_output(scheduler_output, model_runner_output)
@@ -201,7 +201,8 @@ class PolicyScheduler(Scheduler):
                 stopped, self._stopped = self._stopped, None
             try:
                 if step is not None:
-                    sampled = {r.request_id: r.output_token_ids[before[r.request_id]:] for r in scheduled}
+                    # What vLLM appended to each request (after its stop checks) is what it reports to the client.
+                    sampled = {o.request_id: o.new_token_ids for eco in outputs.values() for o in eco.outputs if o.new_token_ids}
                     if self.in_flight:
                         self.mirror.sampled(sampled)
                     else:
