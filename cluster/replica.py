@@ -86,9 +86,9 @@ class Replica:
         step is steady and nothing can arrive before ``horizon``, advance its repeats at once, as
         ``Engine.run`` does (the engine's steady run: same results, a fraction of the cost)."""
         engine = self.engine
-        if not self.resumable:  # else its clock is at t, its reports trimmed (report_steady)
+        if not self.resumable:  # else its clock is at t already
             engine.clock.wait_until(t)
-            self._trim(t)
+        self._trim(t)  # here, not when a report is kept: arrivals up to t, which read older ones, have been routed
         steady = engine.scheduler._steady
         if self._runs and steady is not None and steady[0] and t < horizon:  # arrivals end it: it stops at the horizon
             self._horizon.arrival_time = horizon
@@ -114,10 +114,7 @@ class Replica:
         """The end, at ``t``, of a steady run an arrival stopped (``resumable``: nothing ended in it and
         nothing was added since): its report, as ``end_step`` keeps it, without the rest of ``end_step``."""
         sched = self.engine.scheduler
-        reports, oldest = self._reports, t - self.staleness
-        reports.append(Signals(t, len(sched.waiting), len(sched.running), len(sched.swapped), sched.block_manager.gpu.num_free))
-        while len(reports) > 1 and reports[1].time <= oldest:
-            reports.popleft()
+        self._reports.append(Signals(t, len(sched.waiting), len(sched.running), len(sched.swapped), sched.block_manager.gpu.num_free))
 
     def end_step(self) -> tuple[list, bool, float]:
         """Apply the step under way (the clock moves to its end; a steady run was applied as it ran), keep
