@@ -9,7 +9,7 @@ simulated with the built-in ``smollm2-135m-vllm-cpu`` profile and served for rea
 each run's simulation error (``kvsched.experiments.fidelity``). The next server starts while one is
 measured (a start takes minutes on this machine); ``--sequential`` starts each after the last ends.
 
-    .venv/bin/python benchmarks/fidelity_policies.py --out docs/figures   # ~1 h on the 2-core machine
+    .venv/bin/python benchmarks/fidelity_policies.py --out docs/figures   # 11 servers: 8 took 70 min on the loaded 2-core machine
 """
 
 from __future__ import annotations
