@@ -37,7 +37,8 @@ class VllmV1:
        under ``priority``: the loop goes on to the more urgent requests after the one that preempted
        itself, as vLLM 0.33's does).
     2. Only in a step that preempted nothing, waiting requests are admitted in queue order
-       (``priority``: by priority, arrival, id), passing over structured-output requests whose
+       (``priority``: by priority, arrival, id; ``vllm_release="0.30"`` under ``fcfs``: structured-output
+       requests not preempted yet first, from their own queue), passing over structured-output requests whose
        grammar is not compiled yet, while budget and ``max_num_seqs`` allow, each with a
        chunk of what is left of the budget (``enable_chunked_prefill=False``: the whole prompt, or
        admission stops), until one does not fit: admission needs blocks for the whole prompt (less
@@ -60,6 +61,8 @@ class VllmV1:
         release = release_key(vllm_release)
         # vLLM 0.30 cuts a long prefill to the threshold even when it is the only request; 0.31 only among others
         self.threshold_alone = release < (0, 31)
+        # vLLM 0.30 queues a request that arrives waiting for its grammar apart (skipped_waiting), served first under fcfs
+        self.grammar_queue_first = release < (0, 31) and not self.priority
         # vLLM 0.33: the least urgent running request, having preempted itself, freed its blocks for the ones after it
         self.past_self_preemption = release >= (0, 33) and self.priority
 
@@ -99,7 +102,12 @@ class VllmV1:
 
     def order_waiting(self, step):
         """The order waiting requests are offered in (V1's request queue); a subclass's own ordering rule."""
-        return sorted(step.waiting, key=self._urgency) if self.priority else step.waiting
+        if self.priority:
+            return sorted(step.waiting, key=self._urgency)
+        if self.grammar_queue_first:  # until preempted: vLLM puts a preempted request back in its main queue
+            first = [g for g in step.waiting if g.request.grammar_compile_s is not None and not g.num_preemptions]
+            return first + [g for g in step.waiting if g not in first] if first else step.waiting
+        return step.waiting
 
     @hookimpl
     def can_allocate(self, step, group):
