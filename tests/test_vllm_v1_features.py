@@ -184,3 +184,16 @@ def test_vllm_release_030_cuts_a_lone_prompt_to_the_threshold_and_later_ones_do_
                     SimulatedExecutor(), policy_options={"long_prefill_token_threshold": 2, "vllm_release": release})
     engine.add_request(Request(request_id="alone", prompt_len=7, output_len=2, sampling=SamplingParams(max_tokens=2)))
     assert [sg.num_tokens for sg in engine.step().output.scheduled] == [chunk]
+
+
+@pytest.mark.parametrize(("release", "first"), [("0.30", "json"), ("0.31", "plain")])
+def test_vllm_release_030_offers_a_structured_output_request_first_under_fcfs(release, first):
+    """vLLM 0.30 keeps a request that arrives waiting for its grammar in a queue of its own, which fcfs
+    serves first once the grammar is ready; from 0.31 it keeps its place in the one waiting queue."""
+    engine = Engine(EngineConfig(vllm_engine="v1", block_size=4, num_gpu_blocks=16, max_model_len=16, max_num_seqs=1,
+                                 max_num_batched_tokens=16, watermark=0.0, audit_every_step=True), "vllm-v1",
+                    SimulatedExecutor(), policy_options={"vllm_release": release})
+    engine.add_request(Request(request_id="plain", prompt_len=3, output_len=2, sampling=SamplingParams(max_tokens=2)))
+    engine.add_request(Request(request_id="json", prompt_len=3, output_len=2, sampling=SamplingParams(max_tokens=2),
+                               grammar_compile_s=0.0))
+    assert [sg.group.request_id for sg in engine.step().output.scheduled] == [first]
