@@ -18,6 +18,11 @@ from typing import Any
 
 LOCAL = "local"  # the address that means "start a Ray of our own on this machine"
 
+# A local node's raylet aborts when its agents have not written their ports within Ray's default
+# (seen at load 40 on 2 cores: "Timed out waiting for file .../metrics_agent_port"); a node we
+# start waits up to five minutes instead. A value the user set in the environment is kept.
+AGENT_WAIT_ENV = ("RAY_agent_register_timeout_ms", "300000")
+
 
 def _ray():
     try:
@@ -31,6 +36,8 @@ def start_ray(address: str = "local", attempts: int = 3, **options: Any) -> None
     """``ray.init``, tried again when a local node misses Ray's fixed 30 s startup wait (a loaded
     machine: the raylet registers late); any other failure is one line naming the address."""
     ray = _ray()
+    if address == LOCAL:
+        os.environ.setdefault(*AGENT_WAIT_ENV)  # the raylet ray.init spawns reads it
     for attempt in range(attempts):
         try:
             with warnings.catch_warnings():  # Ray Client's own timeout warning: the error line says it
