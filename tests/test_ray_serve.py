@@ -121,3 +121,22 @@ def test_engine_bench_measures_the_fleet(fleet, tmp_path):
     assert out.returncode == 0, out.stderr
     summary = json.loads((tmp_path / "b" / "summary.json").read_text())
     assert summary["finished"] == 6 and summary["ttft_s"]["p50"] > 0
+
+
+def test_a_proxy_slower_than_serves_fixed_wait_is_left_to_the_health_check(monkeypatch):
+    """Serve's own 60 s wait for its HTTP proxy ran out at load 40 (a fresh-clone ``make test``):
+    the fleet connects to the controller it made instead of failing."""
+    from kvsched.integrations.ray import fleet as fleet_module
+
+    calls: list[dict] = []
+
+    def start(**options):
+        calls.append(options)
+        if len(calls) == 1:
+            raise TimeoutError("HTTP proxies not available after 60s.")
+
+    monkeypatch.setattr(fleet_module.serve, "start", start)
+    monkeypatch.setattr(fleet_module.serve, "run", lambda *args, **kwargs: None)
+    monkeypatch.setattr(fleet_module, "build_fleet", lambda **kwargs: None)
+    assert fleet_module.start_fleet(8123, replicas=2) == "http://127.0.0.1:8123/v1"
+    assert [c["http_options"]["port"] for c in calls] == [8123, 8123]

@@ -157,8 +157,15 @@ def build_fleet(replicas: int = 2, router: str = "prefix-affinity", router_optio
 
 
 def start_fleet(port: int, **fleet: Any) -> str:
-    """Run the fleet on Serve's HTTP proxy at ``port`` (on the Ray ``ray.init`` started or joined); its base URL."""
-    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    """Run the fleet on Serve's HTTP proxy at ``port`` (on the Ray ``ray.init`` started or joined); its base URL.
+
+    Serve gives its proxy a fixed 60 s to start; on a loaded machine it starts later, so a timeout
+    there connects to the controller already made and the proxy is waited for by the caller's
+    health check (the base URL answers once it is up)."""
+    try:
+        serve.start(http_options={"host": "127.0.0.1", "port": port})
+    except TimeoutError:
+        serve.start(http_options={"host": "127.0.0.1", "port": port})
     serve.run(build_fleet(**fleet), name=APP, route_prefix="/", blocking=False)
     return f"http://127.0.0.1:{port}/v1"
 
