@@ -80,8 +80,10 @@ async def _send(client: Any, model: str, item: Sent, start: float) -> None:
     extra: dict[str, Any] = {"ignore_eos": True}
     if r.priority:
         extra["priority"] = r.priority
-    if r.tenant != "default":
-        extra["vllm_xargs"] = {"tenant": r.tenant}
+    labels = {"tenant": r.tenant} if r.tenant != "default" else {}
+    labels.update({name: value for name in ("session_id", "slo_class") if (value := getattr(r, name)) is not None})
+    if labels:  # what a policy inside vLLM reads (integrations/vllm/mirror.py XARGS)
+        extra["vllm_xargs"] = labels
     max_tokens = r.output_len or r.sampling.max_tokens
     item.sent = time.perf_counter() - start
     reported = None

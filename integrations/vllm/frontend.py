@@ -1,7 +1,7 @@
 """vLLM front-end middleware: a request kvsched's mirror would refuse gets HTTP 400 before it reaches the engine core.
 
 Give it to vLLM's server as ``--middleware kvsched.integrations.vllm.frontend.CheckKvschedFields``
-(``engine serve`` does). A client's ``priority`` and ``vllm_xargs.tenant`` are checked by the same
+(``engine serve`` does). A client's ``priority`` and ``vllm_xargs`` labels (tenant, session_id, slo_class) are checked by the same
 rule the mirror applies (``mirror.request_fields``). Without the middleware such a request still
 cannot stop the server: the scheduler fails it alone (its client gets an HTTP 500).
 """

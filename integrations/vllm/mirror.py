@@ -86,17 +86,21 @@ class RefusedField(ValueError):
         self.field = field
 
 
-def request_fields(priority: Any, extra_args: dict[str, Any] | None) -> tuple[int, str]:
-    """A vLLM request's priority and tenant (``vllm_xargs``) as the mirror takes them, checked by kvsched's
-    ``Request`` itself; ``RefusedField`` (one line) for one the mirror would refuse."""
-    tenant = (extra_args or {}).get("tenant", "default")
+XARGS = ("tenant", "session_id", "slo_class")  # the labels a client passes a policy in ``vllm_xargs``
+
+
+def request_fields(priority: Any, extra_args: dict[str, Any] | None) -> dict[str, Any]:
+    """A vLLM request's priority and labels (``vllm_xargs``: tenant, session, SLO class) as the mirror
+    takes them, checked by kvsched's ``Request`` itself; ``RefusedField`` (one line) for one it would refuse."""
+    labels = {name: value for name, value in (extra_args or {}).items() if name in XARGS}
     try:
-        probe = Request(request_id="probe", prompt_len=1, priority=priority, tenant=tenant)
+        probe = Request(request_id="probe", prompt_len=1, priority=priority, **labels)
     except ValidationError as exc:
         error = exc.errors()[0]
-        field = {"tenant": "vllm_xargs.tenant"}.get(str(error["loc"][0]), str(error["loc"][0]))
+        name = str(error["loc"][0])
+        field = f"vllm_xargs.{name}" if name in XARGS else name
         raise RefusedField(field, f"{error['msg'].removeprefix('Value error, ')} (got {quote(error.get('input'))})") from None
-    return probe.priority, probe.tenant
+    return {"priority": probe.priority, **{name: getattr(probe, name) for name in XARGS}}
 
 
 def mirror_config(vllm_config: Any, num_blocks: int, settings: dict[str, Any] | None = None) -> EngineConfig:
@@ -144,19 +148,18 @@ class Mirror:
         return self.engine.policy_name
 
     def add(self, request: Any) -> None:
-        """Mirror a vLLM ``Request``: its prompt, output budget, priority and tenant (``vllm_xargs``)."""
+        """Mirror a vLLM ``Request``: its prompt, output budget, priority and labels (``vllm_xargs``)."""
         params = request.sampling_params
         if request.use_structured_output:  # vLLM holds it until its grammar compiles; the mirror would run it at once
             raise RefusedField("structured_outputs", "grammar-constrained requests are not mirrored inside vLLM yet")
-        priority, tenant = request_fields(request.priority, getattr(params, "extra_args", None))
+        fields = request_fields(request.priority, getattr(params, "extra_args", None))
         arrival = max(0.0, request.arrival_time - self.engine.clock.start)
         group = self.engine.add_request(Request(
             request_id=request.request_id,
             prompt_token_ids=tuple(request.prompt_token_ids),
             sampling=SamplingParams(max_tokens=max(1, params.max_tokens or 1), ignore_eos=True),
             arrival_time=arrival,
-            priority=priority,
-            tenant=tenant,
+            **fields,
         ))
         self._seq_of[request.request_id] = group.seqs[0].seq_id
         if self.in_flight:  # a placeholder may go one past the limit: vLLM ends the request when its last token arrives
