@@ -18,10 +18,11 @@ from typing import Any
 
 LOCAL = "local"  # the address that means "start a Ray of our own on this machine"
 
-# A local node's raylet aborts when its agents have not written their ports within Ray's default
-# (seen at load 40 on 2 cores: "Timed out waiting for file .../metrics_agent_port"); a node we
-# start waits up to five minutes instead. A value the user set in the environment is kept.
-AGENT_WAIT_ENV = ("RAY_agent_register_timeout_ms", "300000")
+# Waits a node we start gives its own processes, longer than Ray's defaults, for a loaded machine
+# (seen at load 5-40 on 2 cores): the raylet aborted when its agents had not written their ports
+# ("Timed out waiting for file .../metrics_agent_port"), and Serve's controller killed an HTTP proxy
+# that had not answered its 5 s ready check three times. A value the user set is kept.
+LOADED_MACHINE_ENV = {"RAY_agent_register_timeout_ms": "300000", "RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "60"}
 
 
 def _ray():
@@ -37,7 +38,8 @@ def start_ray(address: str = "local", attempts: int = 3, **options: Any) -> None
     machine: the raylet registers late); any other failure is one line naming the address."""
     ray = _ray()
     if address == LOCAL:
-        os.environ.setdefault(*AGENT_WAIT_ENV)  # the raylet ray.init spawns reads it
+        for name, value in LOADED_MACHINE_ENV.items():  # the processes ray.init spawns read them
+            os.environ.setdefault(name, value)
     for attempt in range(attempts):
         try:
             with warnings.catch_warnings():  # Ray Client's own timeout warning: the error line says it

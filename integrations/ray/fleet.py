@@ -29,6 +29,7 @@ from typing import Any
 from fastapi import FastAPI, Request as HttpRequest
 from fastapi.responses import JSONResponse, StreamingResponse
 from ray import serve
+from ray.exceptions import RayActorError
 from ray.serve.config import RequestRouterConfig
 
 ROUTER_CLASS = "kvsched.integrations.ray.router:KvschedRequestRouter"
@@ -159,12 +160,13 @@ def build_fleet(replicas: int = 2, router: str = "prefix-affinity", router_optio
 def start_fleet(port: int, **fleet: Any) -> str:
     """Run the fleet on Serve's HTTP proxy at ``port`` (on the Ray ``ray.init`` started or joined); its base URL.
 
-    Serve gives its proxy a fixed 60 s to start; on a loaded machine it starts later, so a timeout
-    there connects to the controller already made and the proxy is waited for by the caller's
-    health check (the base URL answers once it is up)."""
+    Serve waits a fixed 60 s for its first proxy, and its controller replaces a proxy slow to
+    answer (the first one's wait then fails); on a loaded machine either happens, so it connects
+    to the controller already made, which keeps a proxy running, and the proxy is waited for by
+    the caller's health check (the base URL answers once it is up)."""
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": port})
-    except TimeoutError:
+    except (TimeoutError, RayActorError):
         serve.start(http_options={"host": "127.0.0.1", "port": port})
     serve.run(build_fleet(**fleet), name=APP, route_prefix="/", blocking=False)
     return f"http://127.0.0.1:{port}/v1"
