@@ -34,6 +34,9 @@ class SamplingParams(BaseModel):
     ignore_eos: bool = False
 
 
+LABELS = ("tenant", "session_id", "slo_class")  # the names a request carries for policies (and clients send vLLM in vllm_xargs)
+
+
 class Request(BaseModel):
     """One user request: a prompt (token ids) plus how to sample it and scheduling metadata.
 
@@ -61,7 +64,7 @@ class Request(BaseModel):
         "until then V1 mechanics keep it waiting, skipped by vllm-v1 (docs/vllm-v1.md)"
     )
 
-    @field_validator("tenant", "session_id", "slo_class")
+    @field_validator(*LABELS)
     @classmethod
     def _named(cls, name: str | None, info) -> str | None:
         if name is not None and not name.strip():
@@ -94,7 +97,7 @@ class Request(BaseModel):
 
 def _check_utf8(request: Request) -> None:
     """The names go into UTF-8 results (Parquet, CSV, JSON): a lone surrogate would fail them at the end of the run."""
-    for name in ("request_id", "tenant", "session_id", "slo_class"):
+    for name in ("request_id", *LABELS):
         text = getattr(request, name)
         if text is not None and not text.isascii():
             try:

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvsched.core.errors import quote
-from kvsched.core.request import Request
+from kvsched.core.request import LABELS, Request
 from kvsched.metrics.requests import RequestMetrics
 
 VOCAB_START, VOCAB_SPAN = 1000, 30000  # token ids sent for length-only prompts: ordinary words in most vocabularies
@@ -80,9 +80,8 @@ async def _send(client: Any, model: str, item: Sent, start: float) -> None:
     extra: dict[str, Any] = {"ignore_eos": True}
     if r.priority:
         extra["priority"] = r.priority
-    labels = {"tenant": r.tenant} if r.tenant != "default" else {}
-    labels.update({name: value for name in ("session_id", "slo_class") if (value := getattr(r, name)) is not None})
-    if labels:  # what a policy inside vLLM reads (integrations/vllm/mirror.py XARGS)
+    labels = {name: value for name in LABELS if (value := getattr(r, name)) != Request.model_fields[name].default}
+    if labels:  # what a policy inside vLLM reads (integrations/vllm/mirror.py request_fields)
         extra["vllm_xargs"] = labels
     max_tokens = r.output_len or r.sampling.max_tokens
     item.sent = time.perf_counter() - start

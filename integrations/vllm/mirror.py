@@ -18,7 +18,7 @@ from kvsched.core.config import EngineConfig
 from kvsched.core.engine import Engine
 from kvsched.core.errors import KvschedError, quote
 from kvsched.core.executor import StepResult
-from kvsched.core.request import Request, SamplingParams
+from kvsched.core.request import LABELS, Request, SamplingParams
 from kvsched.core.sequence import SequenceStatus
 from kvsched.integrations.vllm.inflight import PLACEHOLDER, InFlightV1StepState, num_placeholders
 
@@ -86,7 +86,7 @@ class RefusedField(ValueError):
         self.field = field
 
 
-XARGS = ("tenant", "session_id", "slo_class")  # the labels a client passes a policy in ``vllm_xargs``
+XARGS = LABELS  # the labels a client passes a policy in ``vllm_xargs`` (core.request)
 
 
 def request_fields(priority: Any, extra_args: dict[str, Any] | None) -> dict[str, Any]:
