@@ -106,7 +106,7 @@ class SequenceGroup:
         "request", "request_id", "index", "n", "seqs", "status", "finish_detail", "view",
         "arrival_time", "last_queued_time", "first_scheduled_time", "first_token_time", "finish_time",
         "num_recompute_preemptions", "num_swap_preemptions", "num_generated_tokens", "num_unfinished_seqs",
-        "stop_tokens", "max_seq_tokens", "block_manager", "refused",
+        "stop_tokens", "max_seq_tokens", "block_manager", "refused", "grammar_ready_at",
         "num_discarded_tokens", "num_recomputed_tokens", "num_prefix_hit_tokens", "recompute_frontier", "life_start",
     )
 
@@ -123,6 +123,8 @@ class SequenceGroup:
         self.status = SequenceStatus.WAITING
         self.finish_detail: str | None = None
         self.arrival_time = self.last_queued_time = request.arrival_time  # the latter moves on at each recompute (Scheduler._commit)
+        # When its structured-output grammar is compiled (None: it has none); inside vLLM the mirror learns it as vLLM does.
+        self.grammar_ready_at = None if request.grammar_compile_s is None else request.arrival_time + request.grammar_compile_s
         self.first_scheduled_time: float | None = None
         self.first_token_time: float | None = None
         self.finish_time: float | None = None

@@ -43,8 +43,8 @@ _RUNNING, _SWAPPED = SequenceStatus.RUNNING, SequenceStatus.SWAPPED
 def grammar_ready(group: SequenceGroup | GroupView, now: float) -> bool:
     """Whether ``group``'s structured-output grammar is compiled at ``now`` (or it has none): V1
     compiles it in the background from the request's arrival (``StructuredOutputManager.grammar_init``)."""
-    compile_s = group.request.grammar_compile_s
-    return compile_s is None or now >= group.arrival_time + compile_s
+    ready_at = group.grammar_ready_at
+    return ready_at is None or now >= ready_at
 
 
 def remember_drafts(drafting: set[int], output, running: list[SequenceGroup]) -> None:

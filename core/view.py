@@ -77,6 +77,7 @@ class GroupView:
     tenant = property(lambda self: group_of(self).request.tenant)
     session_id = property(lambda self: group_of(self).request.session_id, doc="the conversation it continues, or None")
     slo_class = property(lambda self: group_of(self).request.slo_class, doc="its service class, or None")
+    grammar_ready_at = property(lambda self: group_of(self).grammar_ready_at, doc="when its structured-output grammar is compiled, or None")
     last_queued_time = property(lambda self: group_of(self).last_queued_time, doc="when it last joined the waiting queue: "
                                 "its arrival, or its last preemption by recompute")
     prompt_len = property(lambda self: group_of(self).request.prompt_len)

@@ -105,7 +105,7 @@ class VllmV1:
         if self.priority:
             return sorted(step.waiting, key=self._urgency)
         if self.grammar_queue_first:  # until preempted: vLLM puts a preempted request back in its main queue
-            first = [g for g in step.waiting if g.request.grammar_compile_s is not None and not g.num_preemptions]
+            first = [g for g in step.waiting if g.grammar_ready_at is not None and not g.num_preemptions]
             return first + [g for g in step.waiting if g not in first] if first else step.waiting
         return step.waiting
 

@@ -70,14 +70,24 @@ class AsyncDriver:
         init_none_hash(hash_fn)
         self._hasher = get_request_block_hasher(sched.block_size, hash_fn)
         self.in_flight: deque[tuple[object, dict[str, int]]] = deque()  # (output, request id -> output position it samples)
+        self.compiling: dict[str, tuple[int, object]] = {}  # request id -> (schedule() calls until its grammar is ready, request)
 
-    def add(self, rid: str, prompt: list[int], max_tokens: int, priority: int, arrival: float, stop: tuple[int, ...]) -> None:
-        from vllm.sampling_params import SamplingParams
+    def add(self, rid: str, prompt: list[int], max_tokens: int, priority: int, arrival: float, stop: tuple[int, ...],
+            grammar: int | None = None) -> None:
+        """With ``grammar``, a structured-output request whose grammar vLLM finds compiled that many ``schedule()``
+        calls from now (-1: it fails to compile at once)."""
+        from vllm.sampling_params import SamplingParams, StructuredOutputsParams
         from vllm.v1.request import Request
 
-        params = SamplingParams(max_tokens=max_tokens, ignore_eos=True, stop_token_ids=list(stop))
-        self.sched.add_request(Request(request_id=rid, prompt_token_ids=list(prompt), sampling_params=params, pooling_params=None,
-                                       arrival_time=arrival, priority=priority, block_hasher=self._hasher))
+        params = SamplingParams(max_tokens=max_tokens, ignore_eos=True, stop_token_ids=list(stop),
+                                structured_outputs=None if grammar is None else StructuredOutputsParams(regex="[0-9]*"))
+        request = Request(request_id=rid, prompt_token_ids=list(prompt), sampling_params=params, pooling_params=None,
+                          arrival_time=arrival, priority=priority, block_hasher=self._hasher)
+        if grammar is not None:
+            self.compiling[rid] = (grammar, request)
+            if grammar < 0:
+                request.structured_output_request._grammar = ValueError("the grammar does not compile")
+        self.sched.add_request(request)
 
     def abort(self, rid: str) -> None:
         from vllm.v1.request import RequestStatus
@@ -89,6 +99,15 @@ class AsyncDriver:
         return self.sched.kv_cache_manager.block_pool.get_num_free_blocks()
 
     def schedule(self) -> dict:
+        self.grammar_waits = 0  # structured-output requests still waiting for their grammar at this schedule()
+        for rid, (steps, request) in list(self.compiling.items()):
+            if steps == 0:  # the background compilation is done
+                request.structured_output_request._grammar = object()
+            if steps <= 0:
+                del self.compiling[rid]
+            else:
+                self.compiling[rid] = (steps - 1, request)
+                self.grammar_waits += not request.is_finished()
         out = self.sched.schedule()
         samples = {}  # a request whose step ends its prompt (or decodes) samples the token at its next output position
         self.chunks = 0  # prefills with prompt left after this step
@@ -144,6 +163,7 @@ def scenarios(draw):
             rid=f"r{i}", prompt=prompt, max_tokens=draw(st.integers(1, 16)), priority=draw(st.integers(0, 2)),
             step=draw(st.integers(0, 12)), stop=draw(st.sampled_from([(), (), (token_at(draw(st.integers(1, 5))),)])),
             abort=draw(st.one_of(st.none(), st.integers(0, 30))), abort_in_flight=draw(st.booleans()),
+            grammar=draw(st.sampled_from([None, None, None, 0, 1, 3])),  # structured outputs: schedule() calls until compiled
         ))
     return config, requests
 
@@ -162,7 +182,8 @@ def run_both(config, requests, max_steps=300) -> dict[str, int]:
     assert type(ours.sched) is (KvschedAsyncScheduler if in_flight else KvschedScheduler)
     both = (theirs, ours)
     epoch = time.time()  # vLLM stamps arrivals with time.time(); the mirror counts from its own start, before this
-    seen = dict(steps=0, chunks=0, preempted=0, preempted_in_flight=0, aborted=0, aborted_in_flight=0, stopped=0, prefix_hits=0)
+    seen = dict(steps=0, chunks=0, preempted=0, preempted_in_flight=0, aborted=0, aborted_in_flight=0, stopped=0, prefix_hits=0,
+                grammar_waits=0, grammar_errors=0)
     last_arrival = max(r["step"] for r in requests)
 
     def same(what: str, k: int, a: dict, b: dict) -> None:
@@ -172,7 +193,7 @@ def run_both(config, requests, max_steps=300) -> dict[str, int]:
         for r in requests:
             if r["step"] == k:
                 for d in both:
-                    d.add(r["rid"], r["prompt"], r["max_tokens"], r["priority"], epoch + k, r["stop"])
+                    d.add(r["rid"], r["prompt"], r["max_tokens"], r["priority"], epoch + k, r["stop"], r.get("grammar"))
             if r["abort"] == k and r["step"] <= k and not r["abort_in_flight"]:
                 seen["aborted"] += r["rid"] in theirs.sched.requests
                 for d in both:
@@ -188,6 +209,7 @@ def run_both(config, requests, max_steps=300) -> dict[str, int]:
         seen["preempted_in_flight"] += len(set(a["preempted"]) & in_flight)
         seen["prefix_hits"] += theirs.prefix_hits
         seen["chunks"] += theirs.chunks
+        seen["grammar_waits"] += bool(theirs.grammar_waits and a["scheduled"])  # others ran while one waited
         for r in requests:  # an abort between this schedule() and the older step's update
             if r["abort"] == k and r["step"] <= k and r["abort_in_flight"]:
                 seen["aborted_in_flight"] += r["rid"] in theirs.sched.requests and r["rid"] in a["scheduled"]
@@ -198,6 +220,7 @@ def run_both(config, requests, max_steps=300) -> dict[str, int]:
             a, b = theirs.update(), ours.update()
             same("update", k, a, b)
             seen["stopped"] += sum(1 for reason in a["finished"].values() if reason == "stop")
+            seen["grammar_errors"] += sum(1 for reason in a["finished"].values() if reason == "error")
         seen["steps"] += 1
     raise AssertionError(f"not finished after {max_steps} steps")
 

@@ -170,3 +170,29 @@ def test_a_failure_of_ours_half_way_through_a_step_fails_its_requests_and_vllm_s
     assert finished == {"x": ("error", 1), "y": ("error", 0), "z": ("length", 6)}, finished
     assert sched.kv_cache_manager.block_pool.get_num_free_blocks() == 13
     close(llm)
+
+
+def test_structured_output_requests_wait_for_their_grammar_and_match_it_as_with_vllms_own_scheduler(tmp_path):
+    """vLLM compiles each grammar in the background (xgrammar) and keeps its request waiting until then; under
+    ``vllm-v1`` our scheduler learns it when vLLM's does: the constrained texts match their pattern, and every
+    text is vLLM's own scheduler's."""
+    import re
+
+    from vllm import SamplingParams
+    from vllm.sampling_params import StructuredOutputsParams
+
+    pattern = r"[0-9]{3}-[a-z]{4}"
+    constrained = SamplingParams(temperature=0, max_tokens=12, structured_outputs=StructuredOutputsParams(regex=pattern))
+    free = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    texts = {}
+    for name, cls, policy in (("vllm", LOGGING_CLS, None), ("kvsched", SCHEDULER_CLS, "vllm-v1")):
+        llm = make_llm(cls, {"policy": policy} if policy else {})
+        outputs = llm.chat(CHATS[:4], [constrained, free, constrained, free])
+        sched = scheduler_of(llm)
+        texts[name] = [o.outputs[0].text for o in outputs]
+        assert sched.kv_cache_manager.block_pool.get_num_free_blocks() == 13
+        if policy:
+            assert not sched.faults.counts and sched.abandoned is None and not sched._compiling
+        close(llm)
+    assert texts["kvsched"] == texts["vllm"]
+    assert all(re.fullmatch(pattern, text) for text in texts["vllm"][::2]), texts["vllm"]

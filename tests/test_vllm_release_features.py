@@ -75,23 +75,12 @@ def test_speculative_decoding_is_refused_in_one_line():
         inside.make_scheduler(KvschedScheduler, **SMALL, async_scheduling=False, num_speculative_tokens=2)
 
 
-def test_a_structured_output_request_is_refused_alone_and_the_others_run():
-    """vLLM keeps a grammar-constrained request waiting for its grammar; the mirror does not model that
-    wait (the simulator's ``vllm-v1`` does), so the request fails alone with one line and the next runs."""
-    from vllm.sampling_params import SamplingParams, StructuredOutputsParams
-    from vllm.v1.request import Request
-
-    from kvsched.integrations.vllm.scheduler import KvschedScheduler
-
-    driver = inside.AsyncDriver(inside.make_scheduler(KvschedScheduler, **SMALL, async_scheduling=False), depth=1)
-    params = SamplingParams(max_tokens=3, structured_outputs=StructuredOutputsParams(regex="[0-9]*"))
-    driver.sched.add_request(Request(request_id="json", prompt_token_ids=[1, 2, 3], sampling_params=params,
-                                     pooling_params=None, arrival_time=0.0, block_hasher=driver._hasher))
-    driver.add("plain", [4, 5, 6], 2, 0, 0.0, ())
-    assert any("structured_outputs" in cause for cause in driver.sched.faults.counts), driver.sched.faults.counts
-    finished = {}
-    for _ in range(4):
-        driver.schedule()
-        if driver.in_flight:
-            finished.update(driver.update()["finished"])
-    assert "json" not in driver.sched.requests and finished.get("plain") == "length", finished
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_a_structured_output_request_waits_for_its_grammar_as_vllm_does(async_scheduling):
+    """r0's grammar is compiled three ``schedule()`` calls after it arrives: vLLM passes it over, keeping its
+    place, and runs the requests behind it; r2's grammar fails to compile: vLLM ends it with an error, so do we."""
+    requests = shared_prefix_requests(4)
+    requests[0].update(grammar=3)
+    requests[2].update(grammar=-1)
+    seen = inside.run_both({**SMALL, "async_scheduling": async_scheduling}, requests)
+    assert seen["grammar_waits"] and seen["grammar_errors"] == 1, seen

@@ -9,6 +9,7 @@ every step both caches hold the same number of free blocks (checked).
 
 from __future__ import annotations
 
+import math
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -150,8 +151,6 @@ class Mirror:
     def add(self, request: Any) -> None:
         """Mirror a vLLM ``Request``: its prompt, output budget, priority and labels (``vllm_xargs``)."""
         params = request.sampling_params
-        if request.use_structured_output:  # vLLM holds it until its grammar compiles; the mirror would run it at once
-            raise RefusedField("structured_outputs", "grammar-constrained requests are not mirrored inside vLLM yet")
         fields = request_fields(request.priority, getattr(params, "extra_args", None))
         arrival = max(0.0, request.arrival_time - self.engine.clock.start)
         group = self.engine.add_request(Request(
@@ -162,6 +161,8 @@ class Mirror:
             **fields,
         ))
         self._seq_of[request.request_id] = group.seqs[0].seq_id
+        if request.use_structured_output:  # vLLM compiles its grammar in the background: not ready until vLLM says so
+            self.engine._groups[request.request_id].grammar_ready_at = math.inf
         if self.in_flight:  # a placeholder may go one past the limit: vLLM ends the request when its last token arrives
             self.engine._groups[request.request_id].max_seq_tokens += 1
 
@@ -195,6 +196,10 @@ class Mirror:
             seq.output[start:start + len(ids)] = ids
             if seq.status is SequenceStatus.RUNNING:
                 bm.mark_computed(seq, seq.num_computed_tokens - (pending - len(ids)))
+
+    def grammar_compiled(self, request_id: str) -> None:
+        """vLLM found the structured-output request's grammar compiled: from this step on it may be admitted."""
+        self.engine._groups[request_id].grammar_ready_at = self.engine.now
 
     def finish(self, request_id: str, vllm_status: str) -> None:
         """vLLM ended the request (a stop token, EOS, a client abort): end it here too."""

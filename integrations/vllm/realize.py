@@ -72,7 +72,7 @@ def _admit(sched: Any, kv: Any, request: Any, tokens: int) -> Any:
     if new is None:
         raise MirrorDrift(f"vLLM has no blocks to admit {request.request_id} ({tokens} tokens) where the mirror had")
     kv.record_prefix_cache_stats(request, num_hits)
-    sched.waiting.remove_request(request)
+    _waiting_queue_shim(sched, request).remove_request(request)
     _deferred_waiting_shim(sched).discard(request)
     sched.running.append(request)
     request.num_computed_tokens = num_hits
@@ -91,6 +91,21 @@ def _deferred_waiting_shim(sched: Any) -> set:
     """vLLM 0.31 added ``Scheduler.deferred_waiting`` (waiting requests held back a step), which an admitted
     request leaves; 0.30 has none."""
     return getattr(sched, "deferred_waiting", set())
+
+
+def _waiting_queue_shim(sched: Any, request: Any) -> Any:
+    """The queue holding a waiting ``request``: vLLM 0.30 keeps one that arrived waiting for its grammar in a
+    queue of its own (``skipped_waiting``) until it runs; 0.31 on keep every waiting request in ``waiting``."""
+    skipped = getattr(sched, "skipped_waiting", None)
+    return skipped if skipped and request.use_structured_output and request in skipped else sched.waiting
+
+
+def grammar_compiled(sched: Any, request: Any) -> bool:
+    """Whether vLLM finds the grammar of ``request`` (WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR) compiled, with vLLM's
+    own check: it is then WAITING; one that failed to compile is noted for vLLM to end at its next update.
+    The check is ``_handle_blocked_waiting_request`` from 0.31, ``_try_promote_blocked_waiting_request`` in 0.30."""
+    check = getattr(sched, "_handle_blocked_waiting_request", None) or sched._try_promote_blocked_waiting_request
+    return check(request)
 
 
 def _common_prefix_shim(sched: Any) -> dict[str, Any]:

@@ -32,7 +32,7 @@ from kvsched.core.errors import KvschedError, PolicyError
 from kvsched.core.plugins import PolicyHooks
 from kvsched.integrations.vllm.faults import PolicyFaults
 from kvsched.integrations.vllm.mirror import Mirror, mirror_config
-from kvsched.integrations.vllm.realize import MirrorDrift, installed_release, realize
+from kvsched.integrations.vllm.realize import MirrorDrift, grammar_compiled, installed_release, realize
 from kvsched.integrations.vllm.slots import SteadySlots
 from kvsched.integrations.vllm.steplog import StepLogging
 
@@ -93,6 +93,7 @@ class PolicyScheduler(Scheduler):
         self._stopped: list[tuple[str, str]] | None = None  # requests vLLM ends while it applies a step
         self._tell: list[tuple[Any, FinishReason]] = []  # requests ended here (ignored, failed), told to their clients at the next update
         self.abandoned: str | None = None  # why the mirror was given up; then vLLM's own scheduler decides
+        self._compiling: dict[str, Any] = {}  # structured-output requests whose grammar vLLM compiles, by id
 
     # ------------------------------------------------------------------------------ requests
     def add_request(self, request: Any) -> None:
@@ -101,6 +102,8 @@ class PolicyScheduler(Scheduler):
             return
         try:
             self.mirror.add(request)
+            if request.status is RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR:
+                self._compiling[request.request_id] = request
         except Exception as exc:  # a request the mirror refuses (engine serve's front end answers 400 first) fails alone
             self.faults.record(exc, "add_request", "that request fails (its client gets an error), the others run on")
             self.finish_requests(request.request_id, RequestStatus.FINISHED_ERROR)
@@ -171,6 +174,13 @@ class PolicyScheduler(Scheduler):
 
     def _decide(self) -> Any:
         """The policy's step on the mirror (``vllm-v1``'s if the policy fails: counted, logged once); ignored requests ended."""
+        for rid, request in list(self._compiling.items()):  # what vLLM's waiting loop checks as it meets them
+            if request.status is not RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR or grammar_compiled(self, request):
+                del self._compiling[rid]
+                if not request.is_finished():
+                    self.mirror.grammar_compiled(rid)
+            elif isinstance(request.structured_output_request.grammar, Exception):
+                del self._compiling[rid]  # vLLM ends it at the next update
         try:
             step = self.mirror.schedule()
         except PolicyError as exc:
