@@ -26,6 +26,7 @@ class Liar(BaseHTTPRequestHandler):
     counts = itertools.cycle([None])
     reasons = itertools.cycle(["length"])
     lock = threading.Lock()
+    prompts: list[tuple[int, ...]] = []  # every prompt received
 
     def log_message(self, *args) -> None:  # quiet
         pass
@@ -49,6 +50,7 @@ class Liar(BaseHTTPRequestHandler):
             return self.send_error(404)
         with Liar.lock:
             usage, finish = next(Liar.counts), next(Liar.reasons)
+            Liar.prompts.append(tuple(body["prompt"]))
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.end_headers()
@@ -112,3 +114,29 @@ def test_the_server_may_be_given_by_its_root_as_vllm_bench_serve_takes_it(liar, 
     summary, rows = bench(liar, workload, tmp_path / "root")  # no /v1: the liar answers 404 outside it
     assert summary["finished"] == 6 and summary["server"]["url"] == liar
     assert all(r["status"] == "FINISHED_LENGTH_CAPPED" for r in rows)
+
+
+def test_a_sessions_workloads_ids_reach_the_server_within_a_vocabulary_and_still_share_their_prefixes(liar, tmp_path):
+    """A sessions workload's answer and user ids start at 2**40, which no model's vocabulary holds (vLLM
+    refuses them): engine bench folds them into ordinary ids, equal ids alike, so each turn's prompt
+    still extends the last and sessions on one system prompt still share it, as the workload records."""
+    from kvsched.experiments.bench import VOCAB_SPAN, VOCAB_START, prompt_of
+    from kvsched.workloads.sessions import SessionSpec
+
+    spec = {"kind": "sessions", "num_sessions": 4, "rate": 50.0, "turns": {"kind": "fixed", "value": 3}, "think_time_s": 0.01,
+            "system_prompts": 2, "system_len": 24, "user": {"kind": "fixed", "value": 8}, "output": {"kind": "fixed", "value": 4}}
+    (tmp_path / "sessions.json").write_text(json.dumps(spec))
+    Liar.counts, Liar.reasons, Liar.prompts = itertools.cycle([None]), itertools.cycle(["length"]), []
+    summary, _ = bench(liar, tmp_path / "sessions.json", tmp_path / "out")
+    assert summary["finished"] == 12
+    assert max(t for p in Liar.prompts for t in p) >= VOCAB_START and all(t < VOCAB_START + VOCAB_SPAN for p in Liar.prompts for t in p)
+    workload = SessionSpec(**spec).requests()
+    assert max(t for r in workload for t in r.prompt_token_ids) >= 1 << 40  # what would have been sent
+    pairs = [(a, b) for a in workload for b in workload if a is not b]
+    extends = {(a.request_id, b.request_id) for a, b in pairs if b.prompt_token_ids[:a.prompt_len] == a.prompt_token_ids}
+    sent = {r.request_id: tuple(prompt_of(r)) for r in workload}
+    assert sorted(Liar.prompts) == sorted(sent.values())
+    assert len(extends) == 4 * 3  # each session's three turns
+    assert {(a.request_id, b.request_id) for a, b in pairs if sent[b.request_id][:a.prompt_len] == sent[a.request_id]} == extends
+    system = {r.prompt_token_ids[:24] for r in workload}
+    assert len(system) == len({p[:24] for p in Liar.prompts}) == 2  # the two system prompts, shared, stay two

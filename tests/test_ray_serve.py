@@ -110,8 +110,7 @@ def test_a_sessions_turns_go_to_one_replica(fleet):
 
 def test_engine_bench_measures_the_fleet(fleet, tmp_path):
     url, _ = fleet
-    # a synthetic workload: its prompts are given by length, so engine bench sends token ids within
-    # the model's vocabulary (the sessions workload's own ids are not, and vLLM refuses them)
+    # a synthetic workload (prompts given by length: engine bench sends ids of its own)
     workload = tmp_path / "small.json"
     fixed = lambda n: {"kind": "fixed", "value": n}  # noqa: E731
     workload.write_text(json.dumps({"kind": "synthetic", "num_requests": 6, "arrivals": {"kind": "poisson", "rate": 4.0},
