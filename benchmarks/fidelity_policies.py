@@ -116,7 +116,9 @@ def main(argv=None) -> None:
             sim, sim_e2e = sims[policy]
             errors = fidelity.sim_errors(sim, real, sim_e2e, fidelity.e2e_by_request(args.workdir / label.replace(" #", "-")))
             result["runs"].append({"policy": policy, "label": label, "started_utc": began,
-                                   "sim": sim, "real": {k: real[k] for k in KEEP if k != "preemptions"}, "errors": errors})
+                                   "sim": sim, "real": {**{k: real[k] for k in KEEP if k != "preemptions"},
+                                                            "preemptions": {"recompute": int(real["server_counters"]["preemptions"]), "swap": 0}},
+                                   "errors": errors})
             result["gains"] = fidelity.build(result["runs"])
             saved.write_text(json.dumps(result, indent=1) + "\n")  # after every run: a partial table survives
             (args.out / "fidelity-policies.md").write_text(fidelity.markdown(result))

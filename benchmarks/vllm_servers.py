@@ -68,11 +68,32 @@ def warm_up(port: int, requests: int = 3) -> None:
                                       extra_body={"ignore_eos": True})
 
 
+COUNTERS = {"preemptions": "vllm:num_preemptions_total", "prefix_cache_hits": "vllm:prefix_cache_hits_total",
+            "prefix_cache_queries": "vllm:prefix_cache_queries_total"}  # tokens, for the two prefix-cache counters
+
+
+def counters(url: str) -> dict[str, float]:
+    """vLLM's own counters from its Prometheus ``/metrics`` at ``url`` (the server's root), summed over their labels."""
+    text = urllib.request.urlopen(f"{url}/metrics", timeout=30).read().decode()
+    found = dict.fromkeys(COUNTERS, 0.0)
+    for line in text.splitlines():
+        name, _, value = line.rpartition(" ")
+        for key, metric in COUNTERS.items():
+            if name.split("{")[0] == metric:
+                found[key] += float(value)
+    return found
+
+
 def bench(port: int, label: str, workload: Path, out: Path, warm: bool = True, trace: bool = False) -> dict:
-    """``engine bench`` against the server (after a warm-up, unless ``warm`` is False); its summary.
+    """``engine bench`` against the server (after a warm-up, unless ``warm`` is False); its summary, with what
+    vLLM's own counters say the run took (``server_counters``: preemptions, prefix-cache hit and queried tokens).
     ``workload`` is a JSON spec, or with ``trace`` a trace CSV."""
     if warm:
         warm_up(port)
-    subprocess.run([str(ENGINE), "bench", "--url", f"http://127.0.0.1:{port}/v1", "--trace" if trace else "--workload", str(workload),
+    root = f"http://127.0.0.1:{port}"
+    before = counters(root)
+    subprocess.run([str(ENGINE), "bench", "--url", f"{root}/v1", "--trace" if trace else "--workload", str(workload),
                     "--output", str(out), "-q", "--label", label], check=True, stdout=subprocess.DEVNULL)
-    return json.loads((out / "summary.json").read_text())
+    summary = json.loads((out / "summary.json").read_text())
+    summary["server_counters"] = {k: v - before[k] for k, v in counters(root).items()}
+    return summary

@@ -112,7 +112,7 @@ def gains_table(gains: dict) -> list[str]:
 
 def errors_table(runs: list[dict]) -> list[str]:
     lines = ["| run | median per-request E2E error | TTFT mean error | TTFT p99 error | mean TTFT measured / simulated (s) | "
-             "measured TPOT ÷ simulated |", "|---|---|---|---|---|---|"]
+             "measured TPOT ÷ simulated | preemptions measured / simulated |", "|---|---|---|---|---|---|---|"]
     for run in runs:
         e = run["errors"]
 
@@ -122,8 +122,14 @@ def errors_table(runs: list[dict]) -> list[str]:
             return f"**{pct(value, signed)}**" if miss else pct(value, signed)
         lines.append(f"| {run['label']} | {cell('e2e_median', False)} | {cell('ttft_mean')} | {cell('ttft_p99')} | "
                      f"{metric(run['real'], 'ttft_mean'):.2f} / {metric(run['sim'], 'ttft_mean'):.2f} | "
-                     f"{run['real']['tpot_s']['mean'] / run['sim']['tpot_s']['mean']:.2f}× |")
+                     f"{run['real']['tpot_s']['mean'] / run['sim']['tpot_s']['mean']:.2f}× | {preemptions(run['real'])} / {preemptions(run['sim'])} |")
     return lines
+
+
+def preemptions(summary: dict) -> str:
+    """A run's preemptions (vLLM's counter on the measured side), or "?" where it was not recorded."""
+    count = summary.get("preemptions")
+    return "?" if count is None else str(sum(count.values()))
 
 
 def markdown(result: dict) -> str:
