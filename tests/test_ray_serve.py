@@ -142,3 +142,21 @@ def test_a_proxy_slower_than_serves_fixed_waits_is_left_to_the_health_check(monk
     monkeypatch.setattr(fleet_module, "build_fleet", lambda **kwargs: None)
     assert fleet_module.start_fleet(8123, replicas=2) == "http://127.0.0.1:8123/v1"
     assert [c["http_options"]["port"] for c in calls] == [8123, 8123]
+
+
+def test_rays_own_prefix_router_sees_a_token_id_prompt_as_text_and_ours_its_ids():
+    """Ray's PrefixCacheAffinityRouter compares characters and reads a list of ids as no text at all: the
+    fleet's request body gives it one character per token id, so turns that extend a prompt extend its text."""
+    from types import SimpleNamespace
+
+    from ray.serve.llm.request_router import PrefixCacheAffinityRouter
+
+    from kvsched.integrations.ray.fleet import CompletionBody
+    from kvsched.integrations.ray.router import prompt_ids
+
+    ray_router = object.__new__(PrefixCacheAffinityRouter)  # only its text extraction is used
+    first, longer = [1000, 1001, 1002], [1000, 1001, 1002, 2000, 2001]
+    texts = [ray_router._extract_text_from_request(SimpleNamespace(args=[CompletionBody({"prompt": p})])) for p in (first, longer)]
+    assert texts[0] and texts[1].startswith(texts[0]) and len(texts[1]) == 5
+    assert prompt_ids(SimpleNamespace(args=[CompletionBody({"prompt": longer})], kwargs={})) == longer
+    assert ray_router._extract_text_from_request(SimpleNamespace(args=[CompletionBody({"prompt": "a text"})])) == "a text"

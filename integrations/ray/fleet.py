@@ -38,10 +38,14 @@ _PR_SET_PDEATHSIG = 1
 
 
 class CompletionBody:
-    """A completion request's JSON body, with ``prompt`` as an attribute too (Ray's own prefix router reads it so)."""
+    """A completion request's JSON body, with ``prompt`` as an attribute too, as text: Ray's own prefix router
+    reads it so and compares characters, so a token-id prompt is given to it one character per token id
+    (it would read a list of ids as no text at all); kvsched's router reads the body's ids themselves."""
 
     def __init__(self, body: dict[str, Any]) -> None:
         self.body, self.prompt = body, body.get("prompt")
+        if isinstance(self.prompt, list) and all(isinstance(t, int) and 0 <= t < 0x110000 for t in self.prompt):
+            self.prompt = "".join(map(chr, self.prompt))
 
 
 def _free_port() -> int:

@@ -56,7 +56,9 @@ class ServeReplica:
 def prompt_ids(pending: PendingRequest) -> list[int]:
     """The token ids of a pending request's prompt (see the module's note); empty if it has none."""
     for arg in list(pending.args) + list(pending.kwargs.values()):
-        body = arg if isinstance(arg, dict) else getattr(arg, "__dict__", {})
+        body = arg if isinstance(arg, dict) else getattr(arg, "body", None)  # the fleet's CompletionBody: the JSON body itself
+        if not isinstance(body, dict):
+            body = getattr(arg, "__dict__", {})
         prompt = body.get("prompt", getattr(arg, "prompt", None))
         if prompt is None and body.get("messages", getattr(arg, "messages", None)):
             prompt = "".join(str(m.get("content", "")) if isinstance(m, dict) else str(getattr(m, "content", "")) for m in body.get("messages") or arg.messages)
