@@ -58,29 +58,14 @@ def replica_servers() -> list[str]:
     return sorted(set(urls))
 
 
-def wait_healthy(url: str, timeout: float = 900) -> None:
-    import openai
-
-    deadline = time.monotonic() + timeout
-    with openai.OpenAI(base_url=url, api_key="none", max_retries=0) as client:
-        while True:
-            try:
-                client.completions.create(model="smollm2-135m", prompt=[1000, 1001, 1002], max_tokens=1)
-                return
-            except openai.APIError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(5)
-
-
 def measure(name: str, fleet: dict, spec: Path, workdir: Path) -> dict:
     """One fleet behind one router: start it, bench the workload through it, read the replicas' counters."""
-    from kvsched.integrations.ray.fleet import start_fleet, stop_fleet
+    from kvsched.integrations.ray.fleet import start_fleet, stop_fleet, wait_ready
 
     started = time.monotonic()
     url = start_fleet(free_port(), replicas=2, policy="vllm-v1", kv_cache_gib=KV_CACHE_GIB, vllm_args=VLLM_ARGS, **fleet)
     try:
-        wait_healthy(url)
+        wait_ready(url)
         startup_s = time.monotonic() - started
         servers = replica_servers()
         before = [counters(s) for s in servers]

@@ -16,7 +16,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -37,7 +36,7 @@ def fleet():
         model_folder("smollm2-135m")
     except Exception as exc:  # noqa: BLE001 - the reason is the skip's
         pytest.skip(f"SmolLM2-135M is not available here: {exc}")
-    from kvsched.integrations.ray.fleet import start_fleet, stop_fleet
+    from kvsched.integrations.ray.fleet import start_fleet, stop_fleet, wait_ready
 
     from kvsched.experiments.ray_backend import start_ray
 
@@ -46,7 +45,7 @@ def fleet():
     try:
         port = _free_port()
         url = start_fleet(port, replicas=2, router="prefix-affinity", policy="vllm-v1")
-        _wait_healthy(url, timeout=900)
+        wait_ready(url, timeout=900)
         handle = ray.serve.get_deployment_handle("EngineServe", app_name="kvsched-fleet")
         for _ in range(16):  # each call goes to some replica: until both have said their server's pid
             pids.append(handle.server_pid.remote().result())
@@ -76,20 +75,6 @@ def _alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     return True
-
-
-def _wait_healthy(url: str, timeout: float) -> None:
-    """Until a completion comes back through the fleet (Serve deploys the replicas in the background)."""
-    deadline = time.monotonic() + timeout
-    with openai.OpenAI(base_url=url, api_key="none", max_retries=0) as client:
-        while True:
-            try:
-                client.completions.create(model="smollm2-135m", prompt=[1000, 1001, 1002], max_tokens=1)
-                return
-            except openai.APIError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(5)
 
 
 def test_a_sessions_turns_go_to_one_replica(fleet):

@@ -179,6 +179,22 @@ def start_fleet(port: int, **fleet: Any) -> str:
     return f"http://127.0.0.1:{port}/v1"
 
 
+def wait_ready(url: str, timeout: float = 900.0, model: str = "smollm2-135m") -> None:
+    """Until a completion comes back through the fleet at ``url`` (Serve deploys the replicas in the background)."""
+    import openai
+
+    deadline = time.monotonic() + timeout
+    with openai.OpenAI(base_url=url, api_key="none", max_retries=0) as client:
+        while True:
+            try:
+                client.completions.create(model=model, prompt=[1000, 1001, 1002], max_tokens=1)
+                return
+            except openai.APIError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(5)
+
+
 def stop_fleet() -> None:
     """Stop the application and Serve: each replica's ``__del__`` (Serve calls it on a graceful
     shutdown) stops its server; a replica killed outright takes its server down by the parent-death signal."""
