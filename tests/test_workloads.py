@@ -171,3 +171,16 @@ def test_spreadsheet_export_with_bom_and_crlf(tmp_path):
     p = tmp_path / "excel.csv"
     p.write_bytes("\ufeffarrival_time_s,prompt_tokens,output_tokens\r\n0,5,2\r\n1.5,6,3\r\n".encode("utf-8"))
     assert [(r.arrival_time, r.prompt_len) for r in TraceWorkload(path=p).requests()] == [(0.0, 5), (1.5, 6)]
+
+
+def test_a_sessions_turns_carry_their_sessions_id_for_session_aware_policies():
+    from kvsched.workloads.sessions import SessionSpec
+
+    requests = SessionSpec(num_sessions=5, seed=3).requests()
+    by_session: dict[str, list] = {}
+    for r in requests:
+        by_session.setdefault(r.session_id, []).append(r)
+    assert len(by_session) == 5
+    for sid, turns in by_session.items():
+        assert {t.request_id.split("-")[0] for t in turns} == {sid}  # s3-t0, s3-t1, ... all s3
+        assert all(b.prompt_token_ids[:a.prompt_len] == a.prompt_token_ids for a, b in zip(turns, turns[1:]))

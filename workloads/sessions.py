@@ -7,7 +7,8 @@ A session starts at Poisson times (``rate`` sessions per second), picks one of
 answer, so the replay is deterministic). Turn k's prompt is turn k−1's prompt, then the answer and
 the new user message as fresh token ids (the simulator's answer tokens are placeholders, so the
 answer's own KV blocks are not shared: only the previous prompt is), and a session ends early once
-its prompt would pass ``max_context``. Requests are made one at a time, in arrival order.
+its prompt would pass ``max_context``. Each turn carries its session's id (``session_id``, e.g.
+``s3``), which session-aware policies and ``engine bench`` read. Requests are made one at a time, in arrival order.
 """
 
 from __future__ import annotations
@@ -85,7 +86,7 @@ class SessionSpec(BaseModel):
                 return
             prompt = longer
             yield Request(request_id=f"s{s}-t{k}", prompt_token_ids=prompt, output_len=output, arrival_time=round(t, 6),
-                          sampling=SamplingParams(max_tokens=output), tenant="default")
+                          sampling=SamplingParams(max_tokens=output), tenant="default", session_id=f"s{s}")
             answer = tuple(range(fresh, fresh + output))
             fresh += output
             t += rng.expovariate(1.0 / self.think_time_s)
