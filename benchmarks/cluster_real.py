@@ -2,7 +2,7 @@
 multi-turn sessions, two SmolLM2-135M replicas behind Ray Serve, with the cluster simulator beside it.
 
 Each router gets a fresh fleet (``integrations/ray/fleet.py``: two ``engine serve --policy vllm-v1``
-replicas, vLLM 0.32 on the CPU, one torch thread each) and the same sessions workload, replayed by
+replicas, vLLM 0.32 on the CPU, one torch thread each; at least 2 idle cores) and the same sessions workload, replayed by
 ``engine bench`` through the fleet's one URL (a sessions workload's ids are folded into the model's
 vocabulary with their sharing kept). Measured: TTFT and E2E from the client, and prefix-cache hits
 from each replica's own ``vllm:prefix_cache_hits`` / ``queries`` counters (tokens). Simulated: the same
@@ -30,9 +30,9 @@ PROFILE = "smollm2-135m-vllm-cpu"
 SETTINGS = {"block_size": 32, "max_model_len": 2048, "max_num_seqs": 32, "max_num_batched_tokens": 512}
 VLLM_ARGS = ("--max-model-len", "2048", "--max-num-seqs", "32", "--max-num-batched-tokens", "512")
 KV_CACHE_GIB = 1
-# 16 sessions of 3-5 turns on 4 system prompts of 256 tokens, a turn every 8 s on average: ~64 requests.
-WORKLOAD = {"kind": "sessions", "num_sessions": 16, "rate": 0.5, "turns": {"kind": "uniform", "low": 3, "high": 5},
-            "think_time_s": 8.0, "system_prompts": 4, "system_len": 256,
+# 16 sessions of 3-5 turns on 4 system prompts of 256 tokens, a turn every 12 s on average: ~68 requests.
+WORKLOAD = {"kind": "sessions", "num_sessions": 16, "rate": 0.2, "turns": {"kind": "uniform", "low": 3, "high": 5},
+            "think_time_s": 12.0, "system_prompts": 4, "system_len": 256,
             "user": {"kind": "lognormal", "median": 48, "sigma": 0.5, "max": 128},
             "output": {"kind": "lognormal", "median": 24, "sigma": 0.4, "max": 48}, "max_context": 1536, "seed": 0}
 RAY_ROUTER = "ray.serve.llm.request_router:PrefixCacheAffinityRouter"
@@ -47,13 +47,14 @@ def free_port() -> int:
 
 
 def replica_servers() -> list[str]:
-    """The URLs of the fleet's ``engine serve`` processes (children of Serve's replica actors)."""
+    """The URLs of the fleet's vLLM servers (``engine serve`` execs into ``kvsched.integrations.vllm.server``;
+    each is a child of a Serve replica actor)."""
     import psutil
 
     urls = []
     for proc in psutil.process_iter(["cmdline"]):
         cmd = proc.info["cmdline"] or []
-        if "serve" in cmd and "--kv-cache-gib" in cmd and proc.parent() and proc.parent().name().startswith("ray::"):
+        if "kvsched.integrations.vllm.server" in cmd and proc.parent() and proc.parent().name().startswith("ray::"):
             urls.append(f"http://127.0.0.1:{cmd[cmd.index('--port') + 1]}")
     return sorted(set(urls))
 
@@ -68,6 +69,8 @@ def measure(name: str, fleet: dict, spec: Path, workdir: Path) -> dict:
         wait_ready(url)
         startup_s = time.monotonic() - started
         servers = replica_servers()
+        if len(servers) != 2:
+            raise RuntimeError(f"found {len(servers)} replica servers, not 2: their counters cannot be read")
         before = [counters(s) for s in servers]
         out = workdir / name.replace(" ", "-")
         subprocess.run([str(ENGINE), "bench", "--url", url, "--workload", str(spec), "--output", str(out), "-q", "--label", name],
