@@ -87,21 +87,18 @@ class RefusedField(ValueError):
         self.field = field
 
 
-XARGS = LABELS  # the labels a client passes a policy in ``vllm_xargs`` (core.request)
-
-
 def request_fields(priority: Any, extra_args: dict[str, Any] | None) -> dict[str, Any]:
     """A vLLM request's priority and labels (``vllm_xargs``: tenant, session, SLO class) as the mirror
     takes them, checked by kvsched's ``Request`` itself; ``RefusedField`` (one line) for one it would refuse."""
-    labels = {name: value for name, value in (extra_args or {}).items() if name in XARGS}
+    labels = {name: value for name, value in (extra_args or {}).items() if name in LABELS}
     try:
         probe = Request(request_id="probe", prompt_len=1, priority=priority, **labels)
     except ValidationError as exc:
         error = exc.errors()[0]
         name = str(error["loc"][0])
-        field = f"vllm_xargs.{name}" if name in XARGS else name
+        field = f"vllm_xargs.{name}" if name in LABELS else name
         raise RefusedField(field, f"{error['msg'].removeprefix('Value error, ')} (got {quote(error.get('input'))})") from None
-    return {"priority": probe.priority, **{name: getattr(probe, name) for name in XARGS}}
+    return {"priority": probe.priority, **{name: getattr(probe, name) for name in LABELS}}
 
 
 def mirror_config(vllm_config: Any, num_blocks: int, settings: dict[str, Any] | None = None) -> EngineConfig:
@@ -162,9 +159,9 @@ class Mirror:
         ))
         self._seq_of[request.request_id] = group.seqs[0].seq_id
         if request.use_structured_output:  # vLLM compiles its grammar in the background: not ready until vLLM says so
-            self.engine._groups[request.request_id].grammar_ready_at = math.inf
+            group.grammar_ready_at = math.inf
         if self.in_flight:  # a placeholder may go one past the limit: vLLM ends the request when its last token arrives
-            self.engine._groups[request.request_id].max_seq_tokens += 1
+            group.max_seq_tokens += 1
 
     def schedule(self, fallback: PolicyHooks | None = None) -> SchedulerOutput:
         """The policy's step (or ``fallback``'s, on the same state)."""

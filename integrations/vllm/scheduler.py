@@ -174,7 +174,7 @@ class PolicyScheduler(Scheduler):
 
     def _decide(self) -> Any:
         """The policy's step on the mirror (``vllm-v1``'s if the policy fails: counted, logged once); ignored requests ended."""
-        for rid, request in list(self._compiling.items()):  # what vLLM's waiting loop checks as it meets them
+        for rid, request in list(self._compiling.items()) if self._compiling else ():  # what vLLM's waiting loop checks
             if request.status is not RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR or grammar_compiled(self, request):
                 del self._compiling[rid]
                 if not request.is_finished():
