@@ -70,11 +70,11 @@ class Sent:
 def prompt_of(request: Request) -> list[int]:
     """The request's token ids, or ids of its own for a prompt given only by length. Ids no vocabulary
     need hold (``VOCAB_START + VOCAB_SPAN`` and up: a sessions workload's fresh ids, a hash-id trace's
-    blocks) are folded into the span, equal ids alike, so the prefix sharing the workload records is
+    blocks; and negative ones, which ``Request`` takes and no server does) are folded into the span, equal ids alike, so the prefix sharing the workload records is
     what the server's cache sees (two different ids may meet; a whole shared block by chance hardly)."""
     if request.prompt_token_ids:
         end = VOCAB_START + VOCAB_SPAN
-        return [t if t < end else VOCAB_START + (t * 2654435761 >> 7) % VOCAB_SPAN for t in request.prompt_token_ids]
+        return [t if 0 <= t < end else VOCAB_START + (t * 2654435761 >> 7) % VOCAB_SPAN for t in request.prompt_token_ids]
     seed = zlib.crc32(request.request_id.encode()) % VOCAB_SPAN  # the same ids in every run
     return [VOCAB_START + (seed + 7919 * k) % VOCAB_SPAN for k in range(request.prompt_len)]
 

@@ -140,3 +140,11 @@ def test_a_sessions_workloads_ids_reach_the_server_within_a_vocabulary_and_still
     assert {(a.request_id, b.request_id) for a, b in pairs if sent[b.request_id][:a.prompt_len] == sent[a.request_id]} == extends
     system = {r.prompt_token_ids[:24] for r in workload}
     assert len(system) == len({p[:24] for p in Liar.prompts}) == 2  # the two system prompts, shared, stay two
+
+
+def test_ids_no_server_takes_are_folded_into_the_span_equal_ids_alike():
+    from kvsched.core.request import Request
+    from kvsched.experiments.bench import VOCAB_SPAN, VOCAB_START, prompt_of
+
+    sent = prompt_of(Request(request_id="x", prompt_token_ids=(-1, 2**63 - 1, 5, -1, 31000)))
+    assert sent[2] == 5 and sent[0] == sent[3] and all(VOCAB_START <= t < VOCAB_START + VOCAB_SPAN for t in sent[:2] + sent[3:])
