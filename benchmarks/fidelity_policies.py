@@ -1,15 +1,18 @@
 """Does the simulator predict the engine, policy by policy? Each policy simulated and served by real vLLM, same workload.
 
 For ``vllm-v1`` and the issue-23 proposals, one workload (the same requests and arrival times) is
-simulated with the built-in ``smollm2-135m-vllm-cpu`` profile and served for real by ``engine serve
+simulated with the ``smollm2-135m-vllm-cpu`` cost model and served for real by ``engine serve
 --policy NAME`` (vLLM 0.32 on SmolLM2-135M, fp32, one CPU thread, the engine settings of
-``fidelity_vllm.py``), measured by ``engine bench``. The baseline is served ``--repeats`` times
+``fidelity_vllm.py``), measured by ``engine bench``. By default the profile is fitted first, in the same run, to vLLM's own
+steps (``fidelity_vllm.calibrate``: this machine's speed has moved 4-5x from one day to the next,
+so a profile fitted on another day predicts another machine); ``--profile`` names the built-in
+one or a JSON file instead. The baseline is served ``--repeats`` times
 (first, in the middle, last) to measure the machine's noise. Writes ``fidelity-policies.json`` and
 ``.md`` under ``--out``: each policy's simulated and measured gain against vllm-v1 side by side, and
 each run's simulation error (``kvsched.experiments.fidelity``). The next server starts while one is
 measured (a start takes minutes on this machine); ``--sequential`` starts each after the last ends.
 
-    .venv/bin/python benchmarks/fidelity_policies.py --out docs/figures   # 11 servers: 8 took 70 min on the loaded 2-core machine
+    .venv/bin/python benchmarks/fidelity_policies.py --out docs/figures   # 12 servers: 9 took 45 min on the idle 2-core machine
 """
 
 from __future__ import annotations
@@ -23,9 +26,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import vllm_servers as servers  # noqa: E402
-from fidelity_vllm import FLAGS, simulate_run  # noqa: E402
+from fidelity_vllm import FLAGS, calibrate, simulate_run  # noqa: E402
 
-PROFILE = "smollm2-135m-vllm-cpu"
 PROPOSALS = ("lcf", "residual-sjf", "session-affinity", "cache-affinity", "ewsjf", "sjf-aging", "sla-tiers", "hrrn")
 # A queue builds (order matters) and 60 KV blocks of 32 tokens preempt (the victim matters); ~40 s of arrivals.
 WORKLOAD = {"kind": "synthetic", "num_requests": 64, "arrivals": {"kind": "poisson", "rate": 2.5},
@@ -67,6 +69,7 @@ def main(argv=None) -> None:
     parser.add_argument("--requests", type=int, default=WORKLOAD["num_requests"])
     parser.add_argument("--sequential", action="store_true", help="start each server only after the last one stopped")
     parser.add_argument("--order", help="the serving order, comma-separated (default: the baseline first, --repeats times in all)")
+    parser.add_argument("--profile", default="fit", help="fit (to vLLM's steps, first, in this run), a built-in profile's name or a JSON file")
     parser.add_argument("--resume", action="store_true", help="keep --out's runs and serve only the ones it lacks")
     args = parser.parse_args(argv)
     args.workdir.mkdir(parents=True, exist_ok=True)
@@ -75,11 +78,15 @@ def main(argv=None) -> None:
     spec.write_text(json.dumps(dict(WORKLOAD, num_requests=args.requests)))
     order = args.order.split(",") if args.order else schedule(args.policies.split(","), args.repeats)
     labels = [f"{p} #{order[:i + 1].count(p)}" if order.count(p) > 1 else p for i, p in enumerate(order)]
+    from kvsched.executors.profiles import resolve_profile
+
+    profile = calibrate(args.workdir / "calibration") if args.profile == "fit" else resolve_profile(args.profile)
     sims = {}
     for policy in dict.fromkeys(order):
-        result = simulate_run(spec, BLOCKS, PROFILE, policy)
+        result = simulate_run(spec, BLOCKS, profile, policy)
         sims[policy] = ({k: result.summary[k] for k in KEEP}, {r.request_id: r.e2e for r in result.requests if r.e2e is not None})
-    result = {"workload": json.loads(spec.read_text()), "kv_blocks": BLOCKS, "vllm_flags": FLAGS, "profile": PROFILE,
+    result = {"workload": json.loads(spec.read_text()), "kv_blocks": BLOCKS, "vllm_flags": FLAGS,
+              "profile": {"source": args.profile, **profile.model_dump(include={"name", "base_ms", "prefill_token_ms", "decode_seq_ms", "kv_token_ms"})},
               "pipelined": not args.sequential, "command": "benchmarks/fidelity_policies.py " + " ".join(argv or sys.argv[1:]),
               "runs": [], "gains": []}
     saved = args.out / "fidelity-policies.json"

@@ -106,15 +106,11 @@ def error(predicted: float | None, measured: float | None) -> str:
     return f"{100 * (predicted - measured) / measured:+6.1f}%"
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--profile-out", type=Path, help="write the fitted profile here (JSON)")
-    parser.add_argument("--workdir", type=Path, help="keep the step log and the result folders here")
-    args = parser.parse_args()
+def calibrate(workdir: Path):
+    """Serve the calibration workload with vLLM's own scheduler and fit the cost profile to its steps."""
     from kvsched.executors.calibration import fit_errors, fit_profile
     from kvsched.executors.cost_model import SMOLLM2_KV_BYTES_PER_TOKEN
 
-    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="kvsched-fidelity-"))
     workdir.mkdir(parents=True, exist_ok=True)
     _, steps = serve_and_bench("calibration", workdir)
     records = step_records(steps)
@@ -125,6 +121,17 @@ def main() -> None:
     print(f"fitted to {len(records)} steps: a={profile.base_ms:.2f} ms, b={profile.prefill_token_ms:.4f} ms/prefill token, "
           f"c={profile.decode_seq_ms:.3f} ms/decode, d={profile.kv_token_ms:.2e} ms/KV token; "
           f"mean step error {100 * errors['mape']:.1f}%", flush=True)
+    return profile
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--profile-out", type=Path, help="write the fitted profile here (JSON)")
+    parser.add_argument("--workdir", type=Path, help="keep the step log and the result folders here")
+    args = parser.parse_args()
+
+    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="kvsched-fidelity-"))
+    profile = calibrate(workdir)
     if args.profile_out:
         args.profile_out.parent.mkdir(parents=True, exist_ok=True)
         args.profile_out.write_text(profile.model_dump_json(indent=2) + "\n")
