@@ -11,12 +11,15 @@ prints a line to stderr each N finished requests (CPU and wall seconds, RSS so f
 cut short on a shared machine still says how far it got and at what cost. ``--one-engine N`` first
 times one replica alone at the per-replica rate for N requests (CPU microseconds a request): on a
 shared machine, the fleet's CPU time over it says what the fleet costs beyond its engines' own
-steps, and that engine's unloaded figure in docs/performance.md scales the fleet's to an unloaded one.
+steps. ``--pair N`` times the fleet routed ahead (the default for a router that reads only reports)
+against the loop that routes each request at its arrival, same requests, twice each, N requests a
+run; ``--no-lookahead`` runs the main measurement with the second loop.
 
     .venv/bin/python benchmarks/cluster_speed.py                          # 64 replicas, 1,000,000 requests
     .venv/bin/python benchmarks/cluster_speed.py --replicas 8 -n 20000    # a quick look
     .venv/bin/python benchmarks/cluster_speed.py --router round-robin --staleness 0
     .venv/bin/python benchmarks/cluster_speed.py -n 4000 --one-engine 10000   # the fleet against one engine, same load
+    .venv/bin/python benchmarks/cluster_speed.py -n 0 --pair 20000            # routed ahead against routed at arrival
 """
 
 from __future__ import annotations
@@ -40,6 +43,8 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--progress", type=int, default=0, metavar="N", help="a line to stderr each N finished requests")
     parser.add_argument("--one-engine", type=int, default=0, metavar="N", help="first time one replica alone on N requests at the per-replica rate")
+    parser.add_argument("--pair", type=int, default=0, metavar="N", help="first time routed ahead against routed at arrival, N requests each, twice")
+    parser.add_argument("--no-lookahead", action="store_true", help="route each request at its arrival (the loop before routing ahead)")
     args = parser.parse_args()
 
     from kvsched.cluster import Cluster, FleetSpec, ReplicaGroup
@@ -54,10 +59,26 @@ def main() -> None:
         cpu = time.process_time()
         one.run(alone.iter_requests())
         one_engine_us = round(1e6 * (time.process_time() - cpu) / args.one_engine)
+    if args.pair:
+        pairs = []
+        for _ in range(2):
+            cost = {}
+            for ahead in (False, True):
+                requests = SyntheticSpec(num_requests=args.pair, arrivals=Poisson(rate=args.rate_per_replica * args.replicas), seed=args.seed)
+                fleet = Cluster(FleetSpec(replicas=[ReplicaGroup(count=args.replicas, policy=args.policy)], router=args.router,
+                                          staleness_s=args.staleness), lookahead=ahead)
+                cpu = time.process_time()
+                fleet.run(requests.iter_requests())
+                cost[ahead] = 1e6 * (time.process_time() - cpu) / args.pair
+            pairs.append({"at_arrival_us": round(cost[False]), "ahead_us": round(cost[True]), "ratio": round(cost[True] / cost[False], 3)})
+        print(json.dumps({"pair": pairs, "requests": args.pair, "replicas": args.replicas, "router": args.router,
+                          "staleness_s": args.staleness, "load": round(os.getloadavg()[0], 1)}), flush=True)
+        if not args.num_requests:
+            return
     workload = SyntheticSpec(num_requests=args.num_requests, arrivals=Poisson(rate=args.rate_per_replica * args.replicas), seed=args.seed)
     spec = FleetSpec(replicas=[ReplicaGroup(count=args.replicas, policy=args.policy)], router=args.router, staleness_s=args.staleness)
     wall, cpu = time.perf_counter(), time.process_time()
-    cluster = Cluster(spec)
+    cluster = Cluster(spec, lookahead=not args.no_lookahead)
     cluster.run(workload.iter_requests(), _progress(args.progress, wall, cpu) if args.progress else None)
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
     summary = fleet_summary(cluster)

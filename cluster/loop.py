@@ -1,9 +1,11 @@
 """The cluster loop: one global virtual clock over replica engines, in time order.
 
-A heap holds each replica's next event: the end of its step under way, or a step due. Requests
-arrive at their times and are routed then, with each replica's view as of ``now − staleness``;
-a replica whose step ends applies it at that moment, and one that has work starts its next step
-as soon as the requests arriving at that same instant are in its queue (as ``Engine.run`` does).
+A heap holds each replica's next event: the end of its step under way, a step due, or a request
+routed to it arriving. A request is routed, with each replica's view as of its arrival time t −
+staleness, once nothing before that is left to run: at t for a router that reads fresh signals,
+up to a staleness ahead for one that reads only reports. A replica whose step ends applies it at
+that moment, and one that has work starts its next step as soon as the requests arriving at that
+same instant are in its queue (as ``Engine.run`` does).
 Under P/D disaggregation a request is routed to the prefill pool on arrival, runs its prompt
 there (one token), and is routed to the decode pool once its KV has been transferred.
 """
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import heapq
 import math
+from collections import deque
 from collections.abc import Callable, Iterable
 from itertools import count
 from typing import Any
@@ -24,13 +27,13 @@ from kvsched.core.errors import StallError
 from kvsched.core.request import Request
 from kvsched.routers.plugins import RouterHooks
 
-END, SCHEDULE = 0, 2  # heap event kinds; at one instant: steps end, then requests arrive (1), then steps start
+END, ARRIVE, SCHEDULE = 0, 1, 2  # heap event kinds; at one instant: steps end, then requests arrive, then steps start
 
 
 class Cluster:
     """A fleet behind a router, built from a ``FleetSpec``; ``run(requests)`` replays them."""
 
-    def __init__(self, spec: FleetSpec, router: RouterHooks | None = None) -> None:
+    def __init__(self, spec: FleetSpec, router: RouterHooks | None = None, lookahead: bool = True) -> None:
         self.spec = spec
         self.router = router if router is not None else RouterHooks(spec.router, spec.router_options)
         self.replicas: list[Replica] = spec.build()
@@ -40,6 +43,10 @@ class Cluster:
         self.decode_pool = [r for r in self.replicas if r.role == DECODE]
         self.records = FleetRecords(self.replicas)
         self.now = 0.0
+        # Routed ahead: a router that reads only reports (``reads_reports_only``) can choose for a request
+        # arriving at t once every report true at t − staleness is known, before the replicas reach t;
+        # each replica's steady run then stops only at the requests routed to it (same results).
+        self.ahead: float = self.staleness if lookahead and self.router.reads_reports_only and not self.disaggregated else 0.0
 
     def run(self, requests: Iterable[Request], on_finished: Callable[[int], Any] | None = None) -> FleetRecords:
         """Route and serve ``requests`` (in arrival order, read as they arrive) until every one has ended."""
@@ -48,7 +55,10 @@ class Cluster:
         source = iter(requests)
         upcoming = next(source, None)
         handoffs: list[tuple] = []  # P/D: (time, seq, request for the decode pool)
+        pending: deque[float] = deque()  # times of the requests routed that have not arrived yet (routed ahead)
         router, replicas, records = self.router, self.replicas, self.records
+        staleness, ahead = self.staleness, self.ahead
+        reports_only = ahead > 0
         push, pop = heapq.heappush, heapq.heappop
         inf = math.inf
 
@@ -59,48 +69,11 @@ class Cluster:
 
         while True:
             ta = upcoming.arrival_time if upcoming is not None else inf
-            if handoffs and handoffs[0][0] < ta:
-                ta = handoffs[0][0]
-            if heap and (heap[0][0] < ta or (heap[0][0] == ta and heap[0][1] == END)):
-                t, kind, _, i, generation = pop(heap)
-                r = replicas[i]
-                if generation != r.generation:
-                    continue
-                self.now = t
-                if kind == END and r.resumable:  # most of a fleet's steps: a steady run an arrival stopped goes on
-                    r.report_steady(t)
-                    r.idle_steps = 0
-                    if ta <= t:  # requests arriving now join its queue first
-                        push(heap, (t, SCHEDULE, next(tick), i, r.generation))
-                        continue
-                elif kind == END:
-                    finished, idle, started = r.end_step()
-                    if finished:
-                        self._finished(r, finished, t, handoffs, on_finished)
-                    if not r.engine.has_unfinished():
-                        r.busy = False
-                        r.idle_steps = 0
-                        continue
-                    if idle:
-                        if not r.idle_steps:
-                            r.idle_since = started
-                        r.idle_steps += 1
-                        if ta == inf and r.idle_steps >= STALL_STEPS and t - r.idle_since >= STALL_SECONDS:
-                            raise StallError(f"replica {r.name} (policy {r.engine.policy_name!r}) scheduled nothing for {r.idle_steps} steps "
-                                             f"with {r.engine.scheduler.stuck_report()}")
-                    else:
-                        r.idle_steps = 0
-                    if idle and ta != inf:  # nothing it can run: as Engine.run, wait for the next arrival
-                        push(heap, (ta, SCHEDULE, next(tick), i, r.generation))
-                        continue
-                    if ta <= t:  # requests arriving now join its queue first
-                        push(heap, (t, SCHEDULE, next(tick), i, r.generation))
-                        continue
-                horizon = upcoming.arrival_time if upcoming is not None else inf
-                push(heap, (r.begin_step(t, horizon), END, next(tick), i, r.generation))
-            elif ta != inf:
-                self.now = ta
-                if handoffs and handoffs[0][0] == ta and (upcoming is None or upcoming.arrival_time >= ta):
+            handoff = handoffs and handoffs[0][0] <= ta  # P/D: a prompt done is routed before an arrival at its time
+            tr = handoffs[0][0] if handoff else ta  # the next request to route
+            # Route it once nothing before its view's time (steps ending then included) is left to run.
+            if tr != inf and (not heap or heap[0][0] > tr - ahead or (heap[0][0] == tr - ahead and heap[0][1] != END)):
+                if handoff:
                     request = pop(handoffs)[2]
                     pool = self.decode_pool
                 else:
@@ -112,14 +85,61 @@ class Cluster:
                     pool = self.prefill_pool
                     if self.disaggregated:
                         request = records.prefill_part(request)
-                r, reason = router.route(request, pool, ta, self.staleness)
-                records.routed(request, r, ta, reason)
-                r.add(request)
-                router.routed(request, r, ta)
-                if not r.busy:
-                    wake(r, ta)
-            else:
+                r, reason = router.route(request, pool, tr, staleness, reports_only)
+                records.routed(request, r, tr, reason)
+                r.sent(request)
+                router.routed(request, r, tr, staleness, reports_only)
+                pending.append(tr)
+                r.arrivals.append(tr)
+                push(heap, (tr, ARRIVE, next(tick), r.index, request))
+                continue
+            if not heap:
                 break
+            t, kind, _, i, event = pop(heap)
+            r = replicas[i]
+            self.now = t
+            if kind == ARRIVE:  # a request routed to r arrives: it joins r's queue
+                pending.popleft()
+                r.arrivals.popleft()
+                r.add(event)
+                if not r.busy:
+                    wake(r, t)
+                continue
+            if event != r.generation:
+                continue
+            tn = pending[0] if pending else tr  # the next request to arrive anywhere
+            if kind == END and r.resumable:  # most of a fleet's steps: a steady run an arrival stopped goes on
+                r.report_steady(t)
+                r.idle_steps = 0
+                if tn <= t:  # requests arriving now join its queue first
+                    push(heap, (t, SCHEDULE, next(tick), i, r.generation))
+                    continue
+            elif kind == END:
+                finished, idle, started = r.end_step()
+                if finished:
+                    self._finished(r, finished, t, handoffs, on_finished)
+                if not r.engine.has_unfinished():
+                    r.busy = False
+                    r.idle_steps = 0
+                    continue
+                if idle:
+                    if not r.idle_steps:
+                        r.idle_since = started
+                    r.idle_steps += 1
+                    if tn == inf and r.idle_steps >= STALL_STEPS and t - r.idle_since >= STALL_SECONDS:
+                        raise StallError(f"replica {r.name} (policy {r.engine.policy_name!r}) scheduled nothing for {r.idle_steps} steps "
+                                         f"with {r.engine.scheduler.stuck_report()}")
+                else:
+                    r.idle_steps = 0
+                if idle and tn != inf:  # nothing it can run: as Engine.run, wait for the next arrival
+                    push(heap, (tn, SCHEDULE, next(tick), i, r.generation))
+                    continue
+                if tn <= t:  # requests arriving now join its queue first
+                    push(heap, (t, SCHEDULE, next(tick), i, r.generation))
+                    continue
+            # A steady run stops at the next request that may be routed here: its own, or the next unrouted one.
+            horizon = r.arrivals[0] if r.arrivals else ta
+            push(heap, (r.begin_step(t, horizon, pending), END, next(tick), i, r.generation))
         records.close()
         return records
 
@@ -130,7 +150,7 @@ class Cluster:
         for group in groups:
             request = group.request
             r.release(request)
-            router.finished(request, r, t)
+            router.finished(request, r, t, self.staleness)
             if r.role == PREFILL:
                 follow = records.prefill_done(group, r)
                 if follow is not None:

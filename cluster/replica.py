@@ -4,6 +4,7 @@ the router's own in-flight counts)."""
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections import deque
 
 from kvsched.core.engine import Engine
@@ -29,6 +30,7 @@ class Replica:
         self.num_gpu_blocks = engine.config.num_gpu_blocks
         self.in_flight_requests = 0
         self.in_flight_tokens = 0
+        self.arrivals: deque[float] = deque()  # times of the requests routed to it that have not arrived yet
         sched = engine.scheduler
         # Steady runs, when Engine.run would take them (a decode replica of P/D takes none: a prompt
         # handed over from the prefill pool may arrive at any moment, and would wait for the run's end).
@@ -69,22 +71,31 @@ class Replica:
         return n
 
     # --------------------------------------------------------------------------- driving it
-    def add(self, request: Request) -> None:
-        self.resumable = False
-        self.engine.add_request(request)
+    def sent(self, request: Request) -> None:
+        """The router chose it for ``request`` (its in-flight counts are the router's, kept as it sends)."""
         self.in_flight_requests += 1
         self.in_flight_tokens += request.prompt_len
         self.requests += 1
+
+    def add(self, request: Request) -> None:
+        """``request`` arrives: it joins the engine's queue."""
+        self.resumable = False
+        self.engine.add_request(request)
 
     def release(self, request: Request) -> None:
         """The router learns that ``request`` left this replica."""
         self.in_flight_requests -= 1
         self.in_flight_tokens -= request.prompt_len
 
-    def begin_step(self, t: float, horizon: float) -> float:
+    def begin_step(self, t: float, horizon: float, cuts=()) -> float:
         """Start the replica's next step at ``t`` (the cluster's now); the time it ends. While the last
         step is steady and nothing can arrive before ``horizon``, advance its repeats at once, as
-        ``Engine.run`` does (the engine's steady run: same results, a fraction of the cost)."""
+        ``Engine.run`` does (the engine's steady run: same results, a fraction of the cost).
+
+        ``cuts`` (ascending) are the times of requests routed ahead to other replicas: the run goes on
+        through them, keeping, at the first step end at or after each one in (t, horizon), the report
+        that an arrival stopping the run there would have kept (so a fleet routed ahead reports as one
+        routed at each arrival)."""
         engine = self.engine
         if not self.resumable:  # else its clock is at t already
             engine.clock.wait_until(t)
@@ -92,10 +103,14 @@ class Replica:
         steady = engine.scheduler._steady
         if self._runs and steady is not None and steady[0] and t < horizon:  # arrivals end it: it stops at the horizon
             self._horizon.arrival_time = horizon
+            sched = engine.scheduler
+            counts = len(sched.waiting), len(sched.running), len(sched.swapped)  # they hold until its last step
             _, taken, finished = engine._steady_run(self._horizon, _NOTHING, -1, None, self.resumable)
             now = engine.clock.now()
             self.resumable = bool(taken) and not finished and now >= horizon
             if taken:
+                if cuts:
+                    self._report_cuts(cuts, t, now, counts)
                 self._pending = None
                 self.steps += taken
                 self.busy_s += now - t
@@ -109,6 +124,22 @@ class Replica:
                 if sg.is_prefill and sg.group.request_id not in found:
                     found[sg.group.request_id] = sg.num_cached_tokens
         return engine.clock.now() + result.duration
+
+    def _report_cuts(self, cuts, t: float, end: float, counts: tuple[int, int, int]) -> None:
+        """The reports of the steady run just taken (from ``t`` to ``end``) at the first step end at or
+        after each cut in (t, end): what it would have kept had an arrival at each stopped it there.
+        The run's last step end is not one: the END event there keeps that report, arrivals included."""
+        started, _, free = self.engine.last_run
+        ends, reports, last = started[1:], self._reports, -1  # the steps' ends but the last (end)
+        for cut in cuts:
+            if cut <= t:
+                continue
+            j = bisect_left(ends, cut)
+            if j == len(ends):
+                break
+            if j != last:
+                reports.append(Signals(ends[j], *counts, free[j][1]))
+                last = j
 
     def report_steady(self, t: float) -> None:
         """The end, at ``t``, of a steady run an arrival stopped (``resumable``: nothing ended in it and

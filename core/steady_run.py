@@ -21,7 +21,8 @@ class SteadyRuns:
         """Repeat the steady step while it repeats unchanged, up to ``limit`` steps (-1: no limit) and one that
         finishes a group, with no output, report or observer call; then tell ``observe`` (``on_steps``) the
         run. Returns the next request to arrive, the steps taken, whether a group finished (a run may follow).
-        ``resume``: the last run, stopped by an arrival and nothing done to the engine since, goes on coasting."""
+        ``resume``: the last run, stopped by an arrival and nothing done to the engine since, goes on coasting.
+        ``last_run`` keeps the run's step start times, durations and free blocks (before, after) of each step."""
         sched, clock, seconds, arrivals = self.scheduler, self.clock, None, self.scheduler._steady[0]
         lane, gpu, audit = sched.lane, sched.block_manager.gpu, self.config.audit_every_step
         started, durations, kv, waiting, free, finished = [], [], [], [], [], []  # per step; the groups that finished
@@ -57,7 +58,7 @@ class SteadyRuns:
                 self.check()
             if finished:
                 break
-        self._coasting = (n, seconds)
+        self._coasting, self.last_run = (n, seconds), (started, durations, free)
         if durations and observe is not None:
             self._report_run(batch, started, durations, kv, waiting, free, finished, observe)
         return upcoming, len(durations), bool(finished)

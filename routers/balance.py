@@ -16,6 +16,7 @@ class RoundRobin:
     """Each replica in turn, whatever its load (Kubernetes' default Service routing)."""
 
     name = "round-robin"
+    reads_reports_only = True  # it reads nothing at all
 
     def __init__(self) -> None:
         self.next = 0
@@ -63,6 +64,7 @@ class VllmDp:
     there until the next report (vLLM's local increment between coordinator updates)."""
 
     name = "vllm-dp"
+    reads_reports_only = True
 
     def __init__(self) -> None:
         self.sent: dict[str, tuple[float, int]] = {}  # replica -> (report time, requests sent since)
@@ -71,13 +73,13 @@ class VllmDp:
     def route_request(self, request, replicas):
         best, best_score, sent = None, None, self.sent
         for r in replicas:
-            reported, waiting = r.reported_at, r.num_waiting
+            report = r.report  # one read for the three fields (this loop runs for every replica of every request)
+            waiting = report.num_waiting
             seen = sent.get(r.name)
-            if seen is not None and seen[0] == reported:
+            if seen is not None and seen[0] == report.time:
                 waiting += seen[1]
-            score = waiting * 4 + r.num_running
+            score = waiting * 4 + report.num_running
             if best_score is None or score < best_score:
-                best, best_score, best_seen = r, score, seen
-        reported = best.reported_at
+                best, best_score, best_seen, reported = r, score, seen, report.time
         sent[best.name] = (reported, (best_seen[1] if best_seen is not None and best_seen[0] == reported else 0) + 1)
         return Route(best, f"least waiting×4+running: {best_score}")

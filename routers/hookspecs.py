@@ -7,6 +7,10 @@ router would see it: counts and KV usage reported a configurable staleness ago, 
 in-flight counts (fresh), and the replica's prefix cache. Routers decide; the cluster enforces: a
 choice that is not one of the replicas given in the call, None, or an exception is a
 ``RouterError`` naming the router, and the request is never lost or sent twice.
+
+A router whose choices depend only on reported fields, its own past choices and fixed attributes
+may declare ``reads_reports_only = True``: the cluster then routes it ahead of the replicas (as
+far as the staleness allows) and its views refuse the fresh signals (docs/cluster.md).
 """
 
 from __future__ import annotations

@@ -135,11 +135,18 @@ class RouterHooks:
         self._route = _dispatch(hook.route_request, ("request", "replicas"))
         self._on_routed = _dispatch(hook.on_routed, ("request", "replica"), False) if hook.on_routed.get_hookimpls() else None
         self._on_finished = _dispatch(hook.on_finished, ("request", "replica"), False) if hook.on_finished.get_hookimpls() else None
+        # A router whose choices depend on nothing but stale reports, its own past choices and fixed
+        # attributes may be routed ahead of the replicas (cluster/loop.py); its views refuse fresh reads.
+        self.reads_reports_only = getattr(router, "reads_reports_only", False) is True
+        if self.reads_reports_only and self._on_finished is not None:
+            raise RouterError(self.name, "declares reads_reports_only and implements on_finished: a router routed ahead "
+                                         "learns of finishes after later choices; drop one of the two")
 
-    def route(self, request, replicas: list, now: float, staleness: float) -> tuple[Any, str]:
+    def route(self, request, replicas: list, now: float, staleness: float, reports_only: bool = False) -> tuple[Any, str]:
         """Ask the router for ``request`` among ``replicas`` (the cluster's ``Replica`` objects) at ``now``;
-        the chosen replica and the router's reason. Views show reports at least ``staleness`` old."""
-        call = RoutingCall(now, staleness, self.name)
+        the chosen replica and the router's reason. Views show reports at least ``staleness`` old, and
+        only those if ``reports_only``."""
+        call = RoutingCall(now, staleness, self.name, reports_only)
         views = tuple(map(ReplicaView, replicas, repeat(call), range(len(replicas))))
         try:
             answer = self._call(ROUTE, self._route, request, views)
@@ -159,16 +166,16 @@ class RouterHooks:
                               f" for request {request.request_id!r}: return one of the replicas given in this call", ROUTE)
         return _replica_of(answer), reason
 
-    def routed(self, request, replica, now: float) -> None:
+    def routed(self, request, replica, now: float, staleness: float = 0.0, reports_only: bool = False) -> None:
         if self._on_routed is not None:
-            self._notify(ON_ROUTED, self._on_routed, request, replica, now)
+            self._notify(ON_ROUTED, self._on_routed, request, replica, RoutingCall(now, staleness, self.name, reports_only))
 
-    def finished(self, request, replica, now: float) -> None:
+    def finished(self, request, replica, now: float, staleness: float = 0.0) -> None:
         if self._on_finished is not None:
-            self._notify(ON_FINISHED, self._on_finished, request, replica, now)
+            self._notify(ON_FINISHED, self._on_finished, request, replica, RoutingCall(now, staleness, self.name))
 
-    def _notify(self, name: str, hook, request, replica, now: float) -> None:
-        call = RoutingCall(now, 0.0, self.name)
+    def _notify(self, name: str, hook, request, replica, call: RoutingCall) -> None:
+        """An observing hook's call: its view as stale as a routing call's (the router knows no more then)."""
         try:
             self._call(name, hook, request, ReplicaView(replica, call, 0))
         finally:

@@ -35,12 +35,13 @@ class Route(NamedTuple):
 
 
 class RoutingCall:
-    """One hook call: when it runs, the staleness of the reports it shows, and whether it is still open."""
+    """One hook call: when it runs, the staleness of the reports it shows, whether it is still open, and
+    whether it may read only reports (a router that declares ``reads_reports_only``, routed ahead)."""
 
-    __slots__ = ("now", "as_of", "router", "open", "_hashes")
+    __slots__ = ("now", "as_of", "router", "open", "reports_only", "_hashes")
 
-    def __init__(self, now: float, staleness: float, router: str) -> None:
-        self.now, self.as_of, self.router, self.open = now, now - staleness, router, True
+    def __init__(self, now: float, staleness: float, router: str, reports_only: bool = False) -> None:
+        self.now, self.as_of, self.router, self.open, self.reports_only = now, now - staleness, router, True, reports_only
         self._hashes: dict[tuple[int, int], list[int]] = {}  # (id of request, block size) -> prefix hashes
 
     def hashes(self, request: Request, block_size: int) -> list[int]:
@@ -54,8 +55,9 @@ class RoutingCall:
         return found
 
 
-def _reported_field(i: int, doc: str) -> property:
-    """A field of the report a view shows: the report looked up on the view's first read, no call more after."""
+def _reported_field(i: int | None, doc: str) -> property:
+    """A field of the report a view shows (``None``: the whole report): looked up on the view's first
+    read, no call more after."""
 
     def get(view: ReplicaView):
         signals, call = view._signals, view._call
@@ -63,7 +65,7 @@ def _reported_field(i: int, doc: str) -> property:
             view._open()  # raises
         if signals is None:
             signals = view._signals = _replica_of(view).signals_as_of(call.as_of)
-        return signals[i]
+        return signals if i is None else signals[i]
 
     return property(get, doc=doc)
 
@@ -97,6 +99,16 @@ class ReplicaView:
             raise RouterError(self._call.router, "read a ReplicaView after its call returned: a view is valid only during the call that received it")
         return _replica_of(self)
 
+    def _fresh(self, name: str):
+        """A fresh signal, refused to a router that declared it reads only reports (it is routed ahead of them)."""
+        replica = self._open()
+        if self._call.reports_only:
+            from kvsched.routers.plugins import RouterError
+
+            raise RouterError(self._call.router, f"declares reads_reports_only but read {name}, which is fresh: "
+                                                 "drop the declaration, or read only reported fields")
+        return replica
+
     name = _replica_field("name", "the replica's name (replica-0, prefill-1, ...)")
     role = _replica_field("role", "mixed, prefill or decode")
     policy = property(lambda self: self._open().engine.policy_name, doc="its scheduling policy")
@@ -109,20 +121,24 @@ class ReplicaView:
     num_running = _reported_field(2, "running requests, as reported")
     num_swapped = _reported_field(3, "swapped requests, as reported")
     num_free_gpu_blocks = _reported_field(4, "free GPU blocks, as reported")
+    report = _reported_field(None, "the whole report those fields come from, a read-only ``Signals(time, num_waiting, "
+                                   "num_running, num_swapped, num_free_gpu_blocks)``: one read for a router that reads several")
 
     @property
     def in_flight_requests(self) -> int:
         """Requests the router sent it that have not finished (its own count: fresh)."""
-        if self._call.open:
+        call = self._call
+        if call.open and not call.reports_only:
             return _replica_of(self).in_flight_requests
-        return self._open()
+        return self._fresh("in_flight_requests").in_flight_requests
 
     @property
     def in_flight_tokens(self) -> int:
         """Prompt tokens of those requests (fresh)."""
-        if self._call.open:
+        call = self._call
+        if call.open and not call.reports_only:
             return _replica_of(self).in_flight_tokens
-        return self._open()
+        return self._fresh("in_flight_tokens").in_flight_tokens
 
     @property
     def kv_usage(self) -> float:
@@ -132,7 +148,7 @@ class ReplicaView:
     def cached_prefix_tokens(self, request: Request) -> int:
         """Leading prompt tokens of ``request`` (in full blocks) that the replica's GPU prefix cache
         holds now; 0 without prefix caching or without prompt token ids."""
-        replica = self._open()
+        replica = self._fresh("cached_prefix_tokens")
         return replica.cached_prefix_blocks(self._call.hashes(request, replica.engine.config.block_size)) * replica.engine.config.block_size
 
     def __repr__(self) -> str:

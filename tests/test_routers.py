@@ -211,9 +211,13 @@ def test_in_flight_counts_are_the_routers_own_and_fresh():
 def views(*loads, **fields):
     """Duck-typed replica views: each load a dict of view attributes."""
     base = {"reported_at": 0.0, "num_waiting": 0, "num_running": 0, "in_flight_requests": 0, "kv_usage": 0.0}
-    return tuple(SimpleNamespace(name=f"replica-{i}", index=i, **{**base, **load},
-                                 cached_prefix_tokens=lambda request, c=load.pop("cached", 0): c)
-                 for i, load in enumerate(loads))
+    out = []
+    for i, load in enumerate(loads):
+        cached = load.pop("cached", 0)
+        f = {**base, **load}
+        report = Signals(f["reported_at"], f["num_waiting"], f["num_running"], 0, 0)
+        out.append(SimpleNamespace(name=f"replica-{i}", index=i, **f, report=report, cached_prefix_tokens=lambda request, c=cached: c))
+    return tuple(out)
 
 
 def chosen(answer):
