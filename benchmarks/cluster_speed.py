@@ -34,52 +34,53 @@ import time
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--replicas", type=int, default=64)
-    parser.add_argument("-n", "--num-requests", type=int, default=1_000_000)
+    parser.add_argument("--replicas", type=lambda text: _count(text, 1), default=64)
+    parser.add_argument("-n", "--num-requests", type=_count, default=1_000_000, help="0: only what --pair or --one-engine time")
     parser.add_argument("--rate-per-replica", type=float, default=4.0)
     parser.add_argument("--router", default="vllm-dp")
     parser.add_argument("--staleness", type=float, default=0.05)
     parser.add_argument("--policy", default="vllm-default")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--progress", type=int, default=0, metavar="N", help="a line to stderr each N finished requests")
-    parser.add_argument("--one-engine", type=int, default=0, metavar="N", help="first time one replica alone on N requests at the per-replica rate")
-    parser.add_argument("--pair", type=int, default=0, metavar="N", help="first time routed ahead against routed at arrival, N requests each, twice")
+    parser.add_argument("--one-engine", type=_count, default=0, metavar="N", help="first time one replica alone on N requests at the per-replica rate")
+    parser.add_argument("--pair", type=_count, default=0, metavar="N", help="first time routed ahead against routed at arrival, N requests each, twice")
     parser.add_argument("--no-lookahead", action="store_true", help="route each request at its arrival (the loop before routing ahead)")
     args = parser.parse_args()
 
-    from kvsched.cluster import Cluster, FleetSpec, ReplicaGroup
     from kvsched.cluster.summary import fleet_summary
-    from kvsched.workloads.arrivals import Poisson
-    from kvsched.workloads.synthetic import SyntheticSpec
 
-    one_engine_us = None
-    if args.one_engine:
-        alone = SyntheticSpec(num_requests=args.one_engine, arrivals=Poisson(rate=args.rate_per_replica), seed=args.seed)
-        one = Cluster(FleetSpec(replicas=[ReplicaGroup(count=1, policy=args.policy)], router=args.router, staleness_s=args.staleness))
-        cpu = time.process_time()
-        one.run(alone.iter_requests())
-        one_engine_us = round(1e6 * (time.process_time() - cpu) / args.one_engine)
+    def fleet(replicas: int, lookahead: bool = True):
+        from kvsched.cluster import Cluster, FleetSpec, ReplicaGroup
+
+        spec = FleetSpec(replicas=[ReplicaGroup(count=replicas, policy=args.policy)], router=args.router, staleness_s=args.staleness)
+        return Cluster(spec, lookahead=lookahead)
+
+    def requests(n: int, replicas: int):
+        from kvsched.workloads.arrivals import Poisson
+        from kvsched.workloads.synthetic import SyntheticSpec
+
+        return SyntheticSpec(num_requests=n, arrivals=Poisson(rate=args.rate_per_replica * replicas), seed=args.seed).iter_requests()
+
+    def cpu_us_per_request(n: int, replicas: int, lookahead: bool = True) -> float:
+        cluster, cpu = fleet(replicas, lookahead), time.process_time()
+        cluster.run(requests(n, replicas))
+        return 1e6 * (time.process_time() - cpu) / n
+
+    one_engine_us = round(cpu_us_per_request(args.one_engine, 1)) if args.one_engine else None
     if args.pair:
         pairs = []
         for _ in range(2):
-            cost = {}
-            for ahead in (False, True):
-                requests = SyntheticSpec(num_requests=args.pair, arrivals=Poisson(rate=args.rate_per_replica * args.replicas), seed=args.seed)
-                fleet = Cluster(FleetSpec(replicas=[ReplicaGroup(count=args.replicas, policy=args.policy)], router=args.router,
-                                          staleness_s=args.staleness), lookahead=ahead)
-                cpu = time.process_time()
-                fleet.run(requests.iter_requests())
-                cost[ahead] = 1e6 * (time.process_time() - cpu) / args.pair
-            pairs.append({"at_arrival_us": round(cost[False]), "ahead_us": round(cost[True]), "ratio": round(cost[True] / cost[False], 3)})
+            at_arrival, ahead = cpu_us_per_request(args.pair, args.replicas, False), cpu_us_per_request(args.pair, args.replicas, True)
+            pairs.append({"at_arrival_us": round(at_arrival), "ahead_us": round(ahead), "ratio": round(ahead / at_arrival, 3)})
         print(json.dumps({"pair": pairs, "requests": args.pair, "replicas": args.replicas, "router": args.router,
                           "staleness_s": args.staleness, "load": round(os.getloadavg()[0], 1)}), flush=True)
-        if not args.num_requests:
-            return
-    workload = SyntheticSpec(num_requests=args.num_requests, arrivals=Poisson(rate=args.rate_per_replica * args.replicas), seed=args.seed)
-    spec = FleetSpec(replicas=[ReplicaGroup(count=args.replicas, policy=args.policy)], router=args.router, staleness_s=args.staleness)
+    if not args.num_requests:
+        if one_engine_us is not None:
+            print(json.dumps({"one_engine_cpu_us_per_request": one_engine_us, "load": round(os.getloadavg()[0], 1)}))
+        return
     wall, cpu = time.perf_counter(), time.process_time()
-    cluster = Cluster(spec, lookahead=not args.no_lookahead)
-    cluster.run(workload.iter_requests(), _progress(args.progress, wall, cpu) if args.progress else None)
+    cluster = fleet(args.replicas, lookahead=not args.no_lookahead)
+    cluster.run(requests(args.num_requests, args.replicas), _progress(args.progress, wall, cpu) if args.progress else None)
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
     summary = fleet_summary(cluster)
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
@@ -91,6 +92,14 @@ def main() -> None:
         "cpu_us_per_request": round(1e6 * cpu / args.num_requests), "one_engine_cpu_us_per_request": one_engine_us,
         "load": round(os.getloadavg()[0], 1), "python": sys.version.split()[0],
     }))
+
+
+def _count(text: str, least: int = 0) -> int:
+    """A count for the command line: a whole number, ``least`` or more."""
+    n = int(text)
+    if n < least:
+        raise argparse.ArgumentTypeError(f"must be {least} or more, got {n}")
+    return n
 
 
 def _progress(every: int, wall: float, cpu: float):

@@ -3,16 +3,16 @@
 For ``vllm-v1`` and the issue-23 proposals, one workload (the same requests and arrival times) is
 simulated with the ``smollm2-135m-vllm-cpu`` cost model and served for real by ``engine serve
 --policy NAME`` (vLLM 0.32 on SmolLM2-135M, fp32, one CPU thread, the engine settings of
-``fidelity_vllm.py``), measured by ``engine bench``. By default the profile is fitted first, in the same run, to vLLM's own
-steps (``fidelity_vllm.calibrate``: this machine's speed has moved 4-5x from one day to the next,
-so a profile fitted on another day predicts another machine); ``--profile`` names the built-in
-one or a JSON file instead. The baseline is served ``--repeats`` times
-(first, in the middle, last) to measure the machine's noise. Writes ``fidelity-policies.json`` and
-``.md`` under ``--out``: each policy's simulated and measured gain against vllm-v1 side by side, and
-each run's simulation error (``kvsched.experiments.fidelity``). The next server starts while one is
-measured (a start takes minutes on this machine); ``--sequential`` starts each after the last ends.
+``fidelity_vllm.py``), measured by ``engine bench``. By default the profile is fitted first, in
+the same run, to vLLM's own steps (``--profile fit``: ``fidelity_vllm.calibrate``; the fitted step
+cost on this machine moved from 22 ms to 89-110 ms between two days), else ``--profile`` names a
+built-in profile or a JSON file. The baseline is served ``--repeats`` times (first, in the middle,
+last) to measure the machine's noise. Writes ``fidelity-policies.json`` and ``.md`` under
+``--out``: each policy's simulated and measured gain against vllm-v1 side by side, and each run's
+simulation error (``kvsched.experiments.fidelity``). The next server starts while one is measured
+(a start takes minutes on this machine); ``--sequential`` starts each after the last ends.
 
-    .venv/bin/python benchmarks/fidelity_policies.py --out docs/figures   # 12 servers: 9 took 45 min on the idle 2-core machine
+    .venv/bin/python benchmarks/fidelity_policies.py --out docs/figures   # 11 servers (8, --sequential, took 33 min on the idle machine)
 """
 
 from __future__ import annotations

@@ -28,6 +28,9 @@ from kvsched.core.request import Request
 from kvsched.routers.plugins import RouterHooks
 
 END, ARRIVE, SCHEDULE = 0, 1, 2  # heap event kinds; at one instant: steps end, then requests arrive, then steps start
+# How far ahead a request may be routed, at most: any window up to the staleness gives the same results,
+# and one as long as a trace (a staleness of 1e300) would hold every request of a stream in memory.
+MAX_AHEAD_S = 1.0
 
 
 class Cluster:
@@ -46,7 +49,7 @@ class Cluster:
         # Routed ahead: a router that reads only reports (``reads_reports_only``) can choose for a request
         # arriving at t once every report true at t − staleness is known, before the replicas reach t;
         # each replica's steady run then stops only at the requests routed to it (same results).
-        self.ahead: float = self.staleness if lookahead and self.router.reads_reports_only and not self.disaggregated else 0.0
+        self.ahead = min(self.staleness, MAX_AHEAD_S) if lookahead and self.router.reads_reports_only and not self.disaggregated else 0.0
 
     def run(self, requests: Iterable[Request], on_finished: Callable[[int], Any] | None = None) -> FleetRecords:
         """Route and serve ``requests`` (in arrival order, read as they arrive) until every one has ended."""

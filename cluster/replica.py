@@ -103,14 +103,14 @@ class Replica:
         steady = engine.scheduler._steady
         if self._runs and steady is not None and steady[0] and t < horizon:  # arrivals end it: it stops at the horizon
             self._horizon.arrival_time = horizon
-            sched = engine.scheduler
-            counts = len(sched.waiting), len(sched.running), len(sched.swapped)  # they hold until its last step
+            sched = engine.scheduler  # the counts hold until the run's last step: the cut reports show them
+            counts = (len(sched.waiting), len(sched.running), len(sched.swapped)) if cuts else None
             _, taken, finished = engine._steady_run(self._horizon, _NOTHING, -1, None, self.resumable)
             now = engine.clock.now()
             self.resumable = bool(taken) and not finished and now >= horizon
             if taken:
                 if cuts:
-                    self._report_cuts(cuts, t, now, counts)
+                    self._report_cuts(cuts, t, counts)
                 self._pending = None
                 self.steps += taken
                 self.busy_s += now - t
@@ -125,21 +125,21 @@ class Replica:
                     found[sg.group.request_id] = sg.num_cached_tokens
         return engine.clock.now() + result.duration
 
-    def _report_cuts(self, cuts, t: float, end: float, counts: tuple[int, int, int]) -> None:
-        """The reports of the steady run just taken (from ``t`` to ``end``) at the first step end at or
-        after each cut in (t, end): what it would have kept had an arrival at each stopped it there.
-        The run's last step end is not one: the END event there keeps that report, arrivals included."""
-        started, _, free = self.engine.last_run
-        ends, reports, last = started[1:], self._reports, -1  # the steps' ends but the last (end)
+    def _report_cuts(self, cuts, t: float, counts: tuple[int, int, int]) -> None:
+        """The reports of the steady run just taken from ``t``, at the first step end at or after each cut
+        past ``t``: what it would have kept had an arrival at each stopped it there. The run's last step
+        end is not one: the END event there keeps that report, arrivals until then included."""
+        started, _, free = self.engine.last_run  # step j ends where step j + 1 starts
+        reports, last, k, kept = self._reports, len(started), 1, 0
         for cut in cuts:
             if cut <= t:
                 continue
-            j = bisect_left(ends, cut)
-            if j == len(ends):
+            k = bisect_left(started, cut, k)
+            if k == last:
                 break
-            if j != last:
-                reports.append(Signals(ends[j], *counts, free[j][1]))
-                last = j
+            if k != kept:  # several arrivals in one step: one report
+                reports.append(Signals(started[k], *counts, free[k - 1][1]))
+                kept = k
 
     def report_steady(self, t: float) -> None:
         """The end, at ``t``, of a steady run an arrival stopped (``resumable``: nothing ended in it and
