@@ -184,3 +184,29 @@ def test_a_sessions_turns_carry_their_sessions_id_for_session_aware_policies():
     for sid, turns in by_session.items():
         assert {t.request_id.split("-")[0] for t in turns} == {sid}  # s3-t0, s3-t1, ... all s3
         assert all(b.prompt_token_ids[:a.prompt_len] == a.prompt_token_ids for a, b in zip(turns, turns[1:]))
+
+
+def test_slo_class_mixes_label_requests_and_sessions_and_leave_unlabelled_workloads_unchanged():
+    from collections import Counter
+
+    from kvsched.workloads.sessions import SessionSpec
+
+    plain = SyntheticSpec(num_requests=300, seed=4).requests()
+    tiered = SyntheticSpec(num_requests=300, seed=4, slo_classes={"interactive": 1, "batch": 3}).requests()
+    assert {r.slo_class for r in plain} == {None}
+    counts = Counter(r.slo_class for r in tiered)
+    assert set(counts) == {"interactive", "batch"} and 45 <= counts["interactive"] <= 105  # a quarter of 300
+    one = SyntheticSpec(num_requests=300, seed=4, slo_classes={"batch": 1}).requests()  # no choice, no draw: same lengths
+    assert [r.slo_class for r in one] == ["batch"] * 300
+    assert [(r.prompt_len, r.arrival_time) for r in one] == [(r.prompt_len, r.arrival_time) for r in plain]
+    turns = SessionSpec(num_sessions=40, seed=1, slo_classes={"interactive": 1, "background": 1}).requests()
+    by_session = {}
+    for r in turns:
+        by_session.setdefault(r.session_id, set()).add(r.slo_class)
+    assert all(len(classes) == 1 for classes in by_session.values())  # a session keeps its class
+    assert set().union(*by_session.values()) == {"interactive", "background"}
+    assert {r.slo_class for r in SessionSpec(num_sessions=5).requests()} == {None}
+    with pytest.raises(ValueError, match="at least one entry"):
+        SyntheticSpec(slo_classes={})
+    with pytest.raises(ValueError, match="weights must be >= 0"):
+        SessionSpec(slo_classes={"interactive": -1})

@@ -8,7 +8,8 @@ answer, so the replay is deterministic). Turn k's prompt is turn k−1's prompt,
 the new user message as fresh token ids (the simulator's answer tokens are placeholders, so the
 answer's own KV blocks are not shared: only the previous prompt is), and a session ends early once
 its prompt would pass ``max_context``. Each turn carries its session's id (``session_id``, e.g.
-``s3``), which session-aware policies and ``engine bench`` read. Requests are made one at a time, in arrival order.
+``s3``), which session-aware policies and ``engine bench`` read, and its session's SLO class when
+``slo_classes`` gives a mix (one class a session, as a chat product's tier is the user's). Requests are made one at a time, in arrival order.
 """
 
 from __future__ import annotations
@@ -18,11 +19,12 @@ import random
 from collections.abc import Iterator
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from kvsched.core.request import Request, SamplingParams
+from kvsched.core.request import Label, Request, SamplingParams
 from kvsched.workloads.distributions import LengthDist, LogNormal, Uniform
 from kvsched.workloads.errors import WorkloadError
+from kvsched.workloads.synthetic import Mix, check_weights
 
 _FRESH = 1 << 40  # token ids of answers and user messages start here (system prompts use ids below)
 
@@ -42,7 +44,10 @@ class SessionSpec(BaseModel):
     user: LengthDist = LogNormal(median=120, sigma=0.6, max=1024)
     output: LengthDist = LogNormal(median=150, sigma=0.6, max=512)
     max_context: int = Field(3584, ge=2, description="a session ends before its prompt would pass this many tokens")
+    slo_classes: dict[Label, float] | None = Field(None, description="weights of each session's SLO class; none: no class")
     seed: int = 0
+
+    _weights = field_validator("slo_classes")(classmethod(lambda cls, v: check_weights(v)))
 
     def requests(self) -> list[Request]:
         return list(self.iter_requests())
@@ -52,13 +57,14 @@ class SessionSpec(BaseModel):
         rng = random.Random(self.seed)
         heap: list[tuple[float, int, Iterator]] = []
         start, fresh = 0.0, _FRESH
+        slo_mix = Mix(self.slo_classes or {None: 1.0})  # drawn from only when it has a choice: no class, same stream
         for s in range(self.num_sessions):
             start += rng.expovariate(self.rate)
             while heap and heap[0][0] <= start:
                 yield from self._next(heap)
             turns = self.turns.sample(rng)
             system = rng.randrange(self.system_prompts)
-            session = self._session(s, start, turns, system, random.Random(rng.getrandbits(64)), fresh)
+            session = self._session(s, start, turns, system, random.Random(rng.getrandbits(64)), fresh, slo_mix.pick(rng))
             fresh += 1 << 24  # each session's own ids
             first = next(session, None)
             if first is not None:
@@ -74,7 +80,7 @@ class SessionSpec(BaseModel):
         if following is not None:
             heapq.heappush(heap, (following.arrival_time, s, _Ahead(following, ahead.rest)))
 
-    def _session(self, s: int, t: float, turns: int, system: int, rng: random.Random, fresh: int) -> Iterator[Request]:
+    def _session(self, s: int, t: float, turns: int, system: int, rng: random.Random, fresh: int, slo_class: str | None) -> Iterator[Request]:
         prompt = tuple(range(system * self.system_len, (system + 1) * self.system_len))
         answer: tuple[int, ...] = ()
         for k in range(turns):
@@ -86,7 +92,8 @@ class SessionSpec(BaseModel):
                 return
             prompt = longer
             yield Request(request_id=f"s{s}-t{k}", prompt_token_ids=prompt, output_len=output, arrival_time=round(t, 6),
-                          sampling=SamplingParams(max_tokens=output), tenant="default", session_id=f"s{s}")
+                          sampling=SamplingParams(max_tokens=output), tenant="default", session_id=f"s{s}",
+                          slo_class=slo_class)
             answer = tuple(range(fresh, fresh + output))
             fresh += output
             t += rng.expovariate(1.0 / self.think_time_s)

@@ -2,7 +2,8 @@
 
 Written as JSON (``engine run --workload spec.json``) or built in code. The mixes are weight
 tables: ``{"0": 1, "1": 3}`` for priorities, ``{"free": 0.8, "paid": 0.2}`` for tenants,
-``{"1": 0.85, "4": 0.15}`` for ``n``. Same spec, same seed, same requests.
+``{"1": 0.85, "4": 0.15}`` for ``n``, ``{"interactive": 0.3, "batch": 0.7}`` for SLO classes (none by
+default). Same spec, same seed, same requests.
 """
 
 from __future__ import annotations
@@ -15,13 +16,13 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from kvsched.core.request import MAX_TOKENS, Priority, Request, SamplingParams
+from kvsched.core.request import MAX_TOKENS, Label, Priority, Request, SamplingParams
 from kvsched.workloads.arrivals import ArrivalProcess, Poisson
 from kvsched.workloads.distributions import LengthDist, LogNormal
 from kvsched.workloads.errors import MAX_REQUESTS
 
 
-class _Mix:
+class Mix:
     """Weighted choice over a small table, in one ``random()`` call."""
 
     def __init__(self, table: dict) -> None:
@@ -34,7 +35,9 @@ class _Mix:
         return self.keys[bisect.bisect_right(self.cum, rng.random() * self.cum[-1])]
 
 
-def _check_weights(table: dict) -> dict:
+def check_weights(table: dict | None) -> dict | None:
+    if table is None:  # an optional mix not given
+        return None
     if not table:
         raise ValueError("a mix needs at least one entry")
     if any(w < 0 for w in table.values()) or sum(table.values()) <= 0:
@@ -55,10 +58,11 @@ class SyntheticSpec(BaseModel):
     n: dict[Annotated[int, Field(ge=1, le=64)], float] = Field(default_factory=lambda: {1: 1.0}, description="weights of each n")
     priorities: dict[Priority, float] = Field(default_factory=lambda: {0: 1.0})
     tenants: dict[Annotated[str, Field(min_length=1)], float] = Field(default_factory=lambda: {"default": 1.0})
+    slo_classes: dict[Label, float] | None = Field(None, description="weights of each SLO class (sla-tiers' tiers); none: no class")
     max_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS, description="sampling cap; default: the output length itself")
     seed: int = 0
 
-    _weights = field_validator("n", "priorities", "tenants")(classmethod(lambda cls, v: _check_weights(v)))
+    _weights = field_validator("n", "priorities", "tenants", "slo_classes")(classmethod(lambda cls, v: check_weights(v)))
 
     def requests(self) -> list[Request]:
         return list(self.iter_requests())
@@ -67,7 +71,8 @@ class SyntheticSpec(BaseModel):
         """The requests in arrival order, made one at a time (a million need not be held at once)."""
         rng = random.Random(self.seed)
         gaps = self.arrivals.gaps(rng)
-        n_mix, prio_mix, tenant_mix = _Mix(self.n), _Mix(self.priorities), _Mix(self.tenants)
+        n_mix, prio_mix, tenant_mix = Mix(self.n), Mix(self.priorities), Mix(self.tenants)
+        slo_mix = Mix(self.slo_classes or {None: 1.0})  # drawn from only when it has a choice: no class, same stream
         params: dict[tuple[int, int], SamplingParams] = {}
         t = 0.0
         for i in range(self.num_requests):
@@ -81,7 +86,7 @@ class SyntheticSpec(BaseModel):
                 sp = params[(n, cap)] = SamplingParams(n=n, max_tokens=cap)
             yield Request(
                 request_id=f"req-{i}", prompt_len=prompt, output_len=output, arrival_time=round(t, 6),
-                sampling=sp, priority=prio_mix.pick(rng), tenant=tenant_mix.pick(rng),
+                sampling=sp, priority=prio_mix.pick(rng), tenant=tenant_mix.pick(rng), slo_class=slo_mix.pick(rng),
             )
 
     def tenant_names(self) -> set[str]:
