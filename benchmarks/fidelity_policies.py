@@ -11,8 +11,12 @@ last) to measure the machine's noise. Writes ``fidelity-policies.json`` and ``.m
 ``--out``: each policy's simulated and measured gain against vllm-v1 side by side, and each run's
 simulation error (``kvsched.experiments.fidelity``). The next server starts while one is measured
 (a start takes minutes on this machine); ``--sequential`` starts each after the last ends.
+``--workload tiered-sessions`` serves multi-turn sessions with SLO classes instead (the prefix-aware
+and tiered proposals' workload): each class's mean TTFT is compared as well.
 
     .venv/bin/python benchmarks/fidelity_policies.py --out docs/figures   # 11 servers (8, --sequential, took 33 min on the idle machine)
+    .venv/bin/python benchmarks/fidelity_policies.py --out OUT --workload tiered-sessions --sequential \
+        --order vllm-v1,sla-tiers,cache-affinity,vllm-v1,session-affinity,hrrn,vllm-v1
 """
 
 from __future__ import annotations
@@ -33,6 +37,14 @@ PROPOSALS = ("lcf", "residual-sjf", "session-affinity", "cache-affinity", "ewsjf
 WORKLOAD = {"kind": "synthetic", "num_requests": 64, "arrivals": {"kind": "poisson", "rate": 2.5},
             "prompt": {"kind": "lognormal", "median": 200, "sigma": 0.9, "max": 700},
             "output": {"kind": "lognormal", "median": 40, "sigma": 0.6, "max": 160}, "seed": 23}
+# The prefix-aware and tiered proposals' workload: multi-turn sessions on 4 shared system prompts, each
+# session interactive, batch or background (sla-tiers' tiers); same engine settings, ~30 s of sessions starting.
+TIERED_SESSIONS = {"kind": "sessions", "num_sessions": 24, "rate": 0.8, "turns": {"kind": "uniform", "low": 2, "high": 4},
+                   "think_time_s": 4.0, "system_prompts": 4, "system_len": 192,
+                   "user": {"kind": "lognormal", "median": 40, "sigma": 0.6, "max": 160},
+                   "output": {"kind": "lognormal", "median": 30, "sigma": 0.6, "max": 100}, "max_context": 900,
+                   "slo_classes": {"interactive": 0.3, "batch": 0.4, "background": 0.3}, "seed": 23}
+WORKLOADS = {"default": WORKLOAD, "tiered-sessions": TIERED_SESSIONS}
 BLOCKS = 60
 KEEP = ("finished", "duration_s", "ttft_s", "tpot_s", "e2e_s", "preemptions")
 
@@ -48,14 +60,14 @@ def schedule(policies: list[str], repeats: int, baseline: str = "vllm-v1") -> li
     return order
 
 
-def serve_command(policy: str, port: int) -> list[str]:
+def serve_command(policy: str, port: int, blocks: int = BLOCKS) -> list[str]:
     return [str(servers.ENGINE), "serve", "--policy", policy, "--port", str(port), "--",
-            *FLAGS, "--num-gpu-blocks-override", str(BLOCKS)]
+            *FLAGS, "--num-gpu-blocks-override", str(blocks)]
 
 
-def start(policy: str, log: Path):
+def start(policy: str, log: Path, blocks: int = BLOCKS):
     port = servers.free_port()
-    return port, servers.start(serve_command(policy, port), port, log=log)
+    return port, servers.start(serve_command(policy, port, blocks), port, log=log)
 
 
 def main(argv=None) -> None:
@@ -66,7 +78,10 @@ def main(argv=None) -> None:
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/kvsched-fidelity-policies"), help="bench result folders")
     parser.add_argument("--policies", default=",".join(("vllm-v1", *PROPOSALS)))
     parser.add_argument("--repeats", type=int, default=3, help="times the baseline is served")
-    parser.add_argument("--requests", type=int, default=WORKLOAD["num_requests"])
+    parser.add_argument("--requests", type=int, default=WORKLOAD["num_requests"], help="requests of the default workload")
+    parser.add_argument("--workload", default="default", help=f"{' or '.join(WORKLOADS)}, or a workload spec (JSON file); "
+                                                                "with SLO classes, each class's mean TTFT is compared too")
+    parser.add_argument("--kv-blocks", type=int, default=BLOCKS, help="vLLM's KV blocks of 32 tokens, both sides")
     parser.add_argument("--sequential", action="store_true", help="start each server only after the last one stopped")
     parser.add_argument("--order", help="the serving order, comma-separated (default: the baseline first, --repeats times in all)")
     parser.add_argument("--profile", default="fit", help="fit (to vLLM's steps, first, in this run), a built-in profile's name or a JSON file")
@@ -75,7 +90,14 @@ def main(argv=None) -> None:
     args.workdir.mkdir(parents=True, exist_ok=True)
     args.out.mkdir(parents=True, exist_ok=True)
     spec = args.workdir / "workload.json"
-    spec.write_text(json.dumps(dict(WORKLOAD, num_requests=args.requests)))
+    if args.workload in WORKLOADS:
+        workload = WORKLOADS[args.workload]
+        spec.write_text(json.dumps(dict(workload, num_requests=args.requests) if workload is WORKLOAD else workload))
+    else:
+        spec.write_text(Path(args.workload).read_text())
+    from kvsched.workloads import build_workload
+
+    classes = {r.request_id: r.slo_class for r in build_workload(str(spec)).iter_requests()}
     order = args.order.split(",") if args.order else schedule(args.policies.split(","), args.repeats)
     labels = [f"{p} #{order[:i + 1].count(p)}" if order.count(p) > 1 else p for i, p in enumerate(order)]
     from kvsched.executors.profiles import resolve_profile
@@ -83,9 +105,11 @@ def main(argv=None) -> None:
     profile = calibrate(args.workdir / "calibration") if args.profile == "fit" else resolve_profile(args.profile)
     sims = {}
     for policy in dict.fromkeys(order):
-        result = simulate_run(spec, BLOCKS, profile, policy)
-        sims[policy] = ({k: result.summary[k] for k in KEEP}, {r.request_id: r.e2e for r in result.requests if r.e2e is not None})
-    result = {"workload": json.loads(spec.read_text()), "kv_blocks": BLOCKS, "vllm_flags": FLAGS,
+        result = simulate_run(spec, args.kv_blocks, profile, policy)
+        ttft = {r.request_id: r.ttft for r in result.requests if r.ttft is not None}
+        sims[policy] = ({**{k: result.summary[k] for k in KEEP}, **fidelity.class_means(ttft, classes)},
+                        {r.request_id: r.e2e for r in result.requests if r.e2e is not None})
+    result = {"workload": json.loads(spec.read_text()), "kv_blocks": args.kv_blocks, "vllm_flags": FLAGS,
               "profile": {"source": args.profile, **profile.model_dump(include={"name", "base_ms", "prefill_token_ms", "decode_seq_ms", "kv_token_ms"})},
               "pipelined": not args.sequential, "command": "benchmarks/fidelity_policies.py " + " ".join(argv or sys.argv[1:]),
               "runs": [], "gains": []}
@@ -95,36 +119,38 @@ def main(argv=None) -> None:
     done = {r["label"] for r in result["runs"]}
     order, labels = [p for p, lab in zip(order, labels) if lab not in done], [lab for lab in labels if lab not in done]
     with ThreadPoolExecutor(1) as pool:
-        pending = pool.submit(start, order[0], args.workdir / "server-0.log")
+        pending = pool.submit(start, order[0], args.workdir / "server-0.log", args.kv_blocks)
         for i, policy in enumerate(order):
             label = labels[i]
+            folder = args.workdir / label.replace(" #", "-")
             try:
                 port, proc = pending.result()
             except (Exception, SystemExit) as exc:  # a server that did not start is reported, and the run goes on
                 result["failed"] = [*result.get("failed", []), {"label": label, "error": str(exc)[:300]}]
                 print(f"{label}: {exc}", flush=True)
                 if i + 1 < len(order):
-                    pending = pool.submit(start, order[i + 1], args.workdir / f"server-{i + 1}.log")
+                    pending = pool.submit(start, order[i + 1], args.workdir / f"server-{i + 1}.log", args.kv_blocks)
                 continue
             try:
                 if not args.sequential and i + 1 < len(order):
-                    pending = pool.submit(start, order[i + 1], args.workdir / f"server-{i + 1}.log")
+                    pending = pool.submit(start, order[i + 1], args.workdir / f"server-{i + 1}.log", args.kv_blocks)
                 began = time.strftime("%H:%M:%S", time.gmtime())
-                real = servers.bench(port, label, spec, args.workdir / label.replace(" #", "-"))
+                real = servers.bench(port, label, spec, folder)
             except Exception as exc:  # a failed bench is reported, and the run goes on
                 real = None
                 result["failed"] = [*result.get("failed", []), {"label": label, "error": str(exc)[:300]}]
             finally:
                 servers.stop(proc)
             if args.sequential and i + 1 < len(order):
-                pending = pool.submit(start, order[i + 1], args.workdir / f"server-{i + 1}.log")
+                pending = pool.submit(start, order[i + 1], args.workdir / f"server-{i + 1}.log", args.kv_blocks)
             if real is None:
                 continue
             sim, sim_e2e = sims[policy]
-            errors = fidelity.sim_errors(sim, real, sim_e2e, fidelity.e2e_by_request(args.workdir / label.replace(" #", "-")))
+            errors = fidelity.sim_errors(sim, real, sim_e2e, fidelity.by_request(folder))
             result["runs"].append({"policy": policy, "label": label, "started_utc": began,
                                    "sim": sim, "real": {**{k: real[k] for k in KEEP if k != "preemptions"},
-                                                            "preemptions": {"recompute": int(real["server_counters"]["preemptions"]), "swap": 0}},
+                                                        "preemptions": {"recompute": int(real["server_counters"]["preemptions"]), "swap": 0},
+                                                        **fidelity.class_means(fidelity.by_request(folder, "ttft"), classes)},
                                    "errors": errors})
             result["gains"] = fidelity.build(result["runs"])
             saved.write_text(json.dumps(result, indent=1) + "\n")  # after every run: a partial table survives

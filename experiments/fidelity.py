@@ -20,7 +20,9 @@ from pathlib import Path
 TARGETS = {"e2e_median": 0.07, "ttft_mean": 0.10, "ttft_p99": 0.20}
 GAIN_METRICS = {"ttft_mean": ("ttft_s", "mean"), "ttft_p99": ("ttft_s", "p99"), "e2e_mean": ("e2e_s", "mean"),
                 # mean TTFT in makespans: a machine uniformly slower during one run (other jobs) scales both alike
-                "ttft_mean/makespan": ("ttft_s", "mean", "duration_s")}
+                "ttft_mean/makespan": ("ttft_s", "mean", "duration_s"),
+                # a tiered workload's: what sla-tiers claims (kept only where the summaries have it: class_means)
+                "interactive ttft_mean": ("ttft_interactive_s", "mean")}
 TOLERANCE = {"points": 0.05, "relative": 0.25}  # size agrees: |measured - simulated| <= max(5 points, 25 % of simulated)
 MIN_EFFECT = 0.02  # a gain under 2 % (or under the baseline's spread, if larger) is no effect
 
@@ -34,10 +36,19 @@ def relative(value: float, reference: float) -> float | None:
     return None if not reference else value / reference - 1
 
 
-def e2e_by_request(path: Path) -> dict[str, float]:
-    """``request_id -> e2e`` from a results folder's ``requests.csv`` (finished requests only)."""
+def by_request(path: Path, column: str = "e2e") -> dict[str, float]:
+    """``request_id -> value`` of one column of a results folder's ``requests.csv`` (requests that have one)."""
     with open(path / "requests.csv", newline="") as f:
-        return {row["request_id"]: float(row["e2e"]) for row in csv.DictReader(f) if row["e2e"] not in ("", "None")}
+        return {row["request_id"]: float(row[column]) for row in csv.DictReader(f) if row[column] not in ("", "None")}
+
+
+def class_means(ttft: dict[str, float], classes: dict[str, str | None]) -> dict[str, dict[str, float]]:
+    """Mean TTFT per SLO class (``ttft_<class>_s``, a summary group ``metric`` reads) from ``request_id -> ttft``."""
+    groups: dict[str, list[float]] = {}
+    for rid, value in ttft.items():
+        if classes.get(rid) is not None:
+            groups.setdefault(f"ttft_{classes[rid]}_s", []).append(value)
+    return {name: {"mean": statistics.fmean(values)} for name, values in sorted(groups.items())}
 
 
 def sim_errors(sim: dict, real: dict, sim_e2e: dict[str, float], real_e2e: dict[str, float]) -> dict[str, float | None]:
@@ -144,11 +155,13 @@ def markdown(result: dict) -> str:
 
 
 def build(result_runs: list[dict], baseline: str = "vllm-v1") -> dict:
-    """The gains of every metric in ``GAIN_METRICS`` from runs ``{policy, label, sim, real, errors}``."""
+    """The gains of every metric in ``GAIN_METRICS`` that every run's summaries have, from runs ``{policy, label, sim, real, errors}``."""
     sim = {r["policy"]: r["sim"] for r in result_runs}
     real: dict[str, list[dict]] = {}
     for r in result_runs:
         real.setdefault(r["policy"], []).append(r["real"])
     if baseline not in real:
         return []
-    return [compare_gains(baseline, sim, real, name) for name in GAIN_METRICS]
+    present = [name for name, (group, *_) in GAIN_METRICS.items()
+               if all(group in r["sim"] and group in r["real"] for r in result_runs)]
+    return [compare_gains(baseline, sim, real, name) for name in present]

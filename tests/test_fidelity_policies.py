@@ -61,12 +61,28 @@ def test_a_measured_gain_inside_the_baselines_spread_is_no_effect():
 
 def test_the_errors_are_the_median_per_request_e2e_and_the_ttft_mean_and_p99(tmp_path):
     (tmp_path / "requests.csv").write_text("request_id,e2e,ttft\nr0,2.0,0.1\nr1,4.0,0.2\nr2,,\nr3,1.0,0.1\n")
-    real = fidelity.e2e_by_request(tmp_path)
+    real = fidelity.by_request(tmp_path)
     assert real == {"r0": 2.0, "r1": 4.0, "r3": 1.0}  # an unfinished request has no E2E
     got = fidelity.sim_errors(summary(1.1, 2.4), summary(1.0, 2.0), {"r0": 2.2, "r1": 3.0, "r3": 1.0, "x": 9.0}, real)
     assert got["e2e_median"] == pytest.approx(0.1)  # of 10 %, 25 % and 0 %
     assert got["ttft_mean"] == pytest.approx(0.1) and got["ttft_p99"] == pytest.approx(0.2)
     assert got["matched_requests"] == 3
+
+
+def test_a_tiered_workload_compares_each_class_mean_ttft_and_an_untiered_one_does_not(tmp_path):
+    (tmp_path / "requests.csv").write_text("request_id,e2e,ttft\na,3,1.0\nb,3,3.0\nc,9,8.0\nd,,\n")
+    classes = {"a": "interactive", "b": "interactive", "c": "batch", "d": "interactive"}
+    got = fidelity.class_means(fidelity.by_request(tmp_path, "ttft"), classes)
+    assert got == {"ttft_batch_s": {"mean": 8.0}, "ttft_interactive_s": {"mean": 2.0}}  # d never started: not counted
+    assert fidelity.class_means({"a": 1.0}, {"a": None}) == {}  # no class, no group
+    tiered = runs({"vllm-v1": 10.0, "sla-tiers": 11.0}, {"vllm-v1": [5.0], "sla-tiers": [5.5]})
+    for run, (sim, real) in zip(tiered, [(4.0, 2.0), (1.0, 0.6)]):
+        run["sim"]["ttft_interactive_s"], run["real"]["ttft_interactive_s"] = {"mean": sim}, {"mean": real}
+    board = {gains["metric"]: gains["policies"]["sla-tiers"] for gains in fidelity.build(tiered)}
+    assert board["interactive ttft_mean"]["simulated"] == pytest.approx(-0.75)
+    assert board["interactive ttft_mean"]["measured"] == pytest.approx(-0.7) and board["interactive ttft_mean"]["sign"] == "agrees"
+    assert board["ttft_mean"]["simulated"] == pytest.approx(0.1)  # worse overall: the classes' trade
+    assert "interactive ttft_mean" not in {g["metric"] for g in fidelity.build(runs({"vllm-v1": 1.0}, {"vllm-v1": [1.0]}))}
 
 
 def test_a_run_slower_throughout_has_the_same_ttft_in_makespans():
@@ -96,9 +112,13 @@ def test_the_baseline_is_served_first_in_the_middle_and_last():
 
 
 @pytest.mark.parametrize("recorded", RECORDED, ids=lambda p: p.stem)
-def test_the_recorded_table_is_rebuilt_from_its_runs(recorded):
+def test_the_recorded_table_is_rebuilt_from_its_runs(recorded, tmp_path):
+    from kvsched.workloads import build_workload
+
     result = json.loads(recorded.read_text())
     assert fidelity.build(result["runs"]) == result["gains"]
     assert fidelity.markdown(result) == recorded.with_suffix(".md").read_text()
+    (tmp_path / "workload.json").write_text(json.dumps(result["workload"]))
+    count = sum(1 for _ in build_workload(str(tmp_path / "workload.json")).iter_requests())
     for run in result["runs"]:  # every run measured the whole workload
-        assert run["real"]["finished"] == run["sim"]["finished"] == result["workload"]["num_requests"]
+        assert run["real"]["finished"] == run["sim"]["finished"] == count
