@@ -162,6 +162,21 @@ def test_a_hand_built_workload_preempts_and_resumes_identically():
         assert seen["steps"] > 10 and seen["preemptions"] and seen["prefix_hits"], seen
 
 
+@pytest.mark.parametrize("fill", [22, 26])
+def test_a_cached_prefix_is_evicted_only_as_vllm_evicts_it(fill):
+    """A finished prompt's cached prefix, then an unrelated request that fills the cache: with 22 tokens
+    (6 blocks) the plain free blocks hold it and the prefix survives whole; with 26 (7 blocks) one of
+    its blocks must go. The same prefix again then finds what vLLM's own free queue kept."""
+    prefix = [1, 2, 3, 4, 5, 6, 7, 8]
+    requests = [dict(rid="a", prompt=prefix + [9], max_tokens=1, priority=0, step=0, stop=(), abort=None),
+                dict(rid="d", prompt=[20, 21], max_tokens=1, priority=0, step=1, stop=(), abort=None),
+                dict(rid="fill", prompt=list(range(30, 30 + fill)), max_tokens=1, priority=0, step=2, stop=(), abort=None),
+                dict(rid="again", prompt=prefix + [40], max_tokens=1, priority=0, step=3, stop=(), abort=None)]
+    config = dict(block_size=4, num_gpu_blocks=9, max_model_len=64, max_num_seqs=4, max_num_batched_tokens=64,
+                  enable_prefix_caching=True, watermark=0.0)
+    assert run_both(config, "fcfs", 0, requests)["prefix_hits"] == 1
+
+
 def test_the_watermark_binds_only_once_something_runs():
     """V1 leaves the watermark out while nothing runs: a prompt that needs every free block is
     admitted into an empty cache, and the next one waits for the watermark."""
