@@ -210,3 +210,11 @@ def test_slo_class_mixes_label_requests_and_sessions_and_leave_unlabelled_worklo
         SyntheticSpec(slo_classes={})
     with pytest.raises(ValueError, match="weights must be >= 0"):
         SessionSpec(slo_classes={"interactive": -1})
+
+
+@pytest.mark.parametrize("mix", ["tenants", "priorities", "slo_classes"])
+def test_mix_weights_whose_sum_overflows_are_refused_as_they_load(mix):
+    # each weight is finite, but together they sum to inf, and a draw would land past the table's end
+    keys = {"priorities": (0, 1)}.get(mix, ("a", "b"))
+    with pytest.raises(ValueError, match="positive, finite sum"):
+        SyntheticSpec(num_requests=5, **{mix: dict.fromkeys(keys, 1e308)})

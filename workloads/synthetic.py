@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
+import math
 import random
 from collections.abc import Iterator
 from typing import Annotated, Literal
@@ -40,8 +41,9 @@ def check_weights(table: dict | None) -> dict | None:
         return None
     if not table:
         raise ValueError("a mix needs at least one entry")
-    if any(w < 0 for w in table.values()) or sum(table.values()) <= 0:
-        raise ValueError("mix weights must be >= 0 with a positive sum")
+    total = sum(table.values())
+    if any(w < 0 for w in table.values()) or not 0 < total < math.inf:  # an infinite sum would draw past the table's end
+        raise ValueError("mix weights must be >= 0 with a positive, finite sum")
     return table
 
 
