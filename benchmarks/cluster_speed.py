@@ -13,38 +13,50 @@ times one replica alone at the per-replica rate for N requests (CPU microseconds
 shared machine, the fleet's CPU time over it says what the fleet costs beyond its engines' own
 steps. ``--pair N`` times the fleet routed ahead (the default for a router that reads only reports)
 against the loop that routes each request at its arrival, same requests, twice each, N requests a
-run; ``--no-lookahead`` runs the main measurement with the second loop.
+run; ``--no-lookahead`` runs the main measurement with the second loop. ``gc_cpu_s`` is the CPU time
+of the collector's passes in the main measurement; ``--gc freeze|off`` freezes the heap before it
+(as ``Engine.run`` does) or turns the collector off.
 
     .venv/bin/python benchmarks/cluster_speed.py                          # 64 replicas, 1,000,000 requests
     .venv/bin/python benchmarks/cluster_speed.py --replicas 8 -n 20000    # a quick look
     .venv/bin/python benchmarks/cluster_speed.py --router round-robin --staleness 0
     .venv/bin/python benchmarks/cluster_speed.py -n 4000 --one-engine 10000   # the fleet against one engine, same load
     .venv/bin/python benchmarks/cluster_speed.py -n 0 --pair 20000            # routed ahead against routed at arrival
+    .venv/bin/python benchmarks/cluster_speed.py -n 60000 --gc freeze         # the collector's share (gc_cpu_s), frozen or off
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import resource
 import sys
 import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_args import bounded  # noqa: E402
+
+COUNT = bounded(int, 0, 10**9)  # requests: none (skip that part) up to a billion
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--replicas", type=lambda text: _count(text, 1), default=64)
-    parser.add_argument("-n", "--num-requests", type=_count, default=1_000_000, help="0: only what --pair or --one-engine time")
+    parser.add_argument("--replicas", type=bounded(int, 1, 100_000), default=64)
+    parser.add_argument("-n", "--num-requests", type=COUNT, default=1_000_000, help="0: only what --pair or --one-engine time")
     parser.add_argument("--rate-per-replica", type=float, default=4.0)
     parser.add_argument("--router", default="vllm-dp")
     parser.add_argument("--staleness", type=float, default=0.05)
     parser.add_argument("--policy", default="vllm-default")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--progress", type=int, default=0, metavar="N", help="a line to stderr each N finished requests")
-    parser.add_argument("--one-engine", type=_count, default=0, metavar="N", help="first time one replica alone on N requests at the per-replica rate")
-    parser.add_argument("--pair", type=_count, default=0, metavar="N", help="first time routed ahead against routed at arrival, N requests each, twice")
+    parser.add_argument("--progress", type=COUNT, default=0, metavar="N", help="a line to stderr each N finished requests")
+    parser.add_argument("--one-engine", type=COUNT, default=0, metavar="N", help="first time one replica alone on N requests at the per-replica rate")
+    parser.add_argument("--pair", type=COUNT, default=0, metavar="N", help="first time routed ahead against routed at arrival, N requests each, twice")
     parser.add_argument("--no-lookahead", action="store_true", help="route each request at its arrival (the loop before routing ahead)")
+    parser.add_argument("--gc", choices=("on", "freeze", "off"), default="on",
+                        help="the collector in the main measurement: as it is, the heap before it frozen, or disabled")
     args = parser.parse_args()
 
     from kvsched.cluster.summary import fleet_summary
@@ -78,8 +90,9 @@ def main() -> None:
         if one_engine_us is not None:
             print(json.dumps({"one_engine_cpu_us_per_request": one_engine_us, "load": round(os.getloadavg()[0], 1)}))
         return
-    wall, cpu = time.perf_counter(), time.process_time()
     cluster = fleet(args.replicas, lookahead=not args.no_lookahead)
+    collecting = _collector_time(args.gc)
+    wall, cpu = time.perf_counter(), time.process_time()
     cluster.run(requests(args.num_requests, args.replicas), _progress(args.progress, wall, cpu) if args.progress else None)
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
     summary = fleet_summary(cluster)
@@ -90,16 +103,27 @@ def main() -> None:
         "steps": summary["steps"], "peak_rss_mb": round(peak_mb), "simulated_s": round(summary["duration_s"], 1),
         "finished": summary["finished"], "ttft_p99_s": summary["ttft_s"]["p99"], "leaked_blocks": summary["leaked_blocks"],
         "cpu_us_per_request": round(1e6 * cpu / args.num_requests), "one_engine_cpu_us_per_request": one_engine_us,
+        "gc": args.gc, "gc_cpu_s": round(collecting[0], 1),
         "load": round(os.getloadavg()[0], 1), "python": sys.version.split()[0],
     }))
 
 
-def _count(text: str, least: int = 0) -> int:
-    """A count for the command line: a whole number, ``least`` or more."""
-    n = int(text)
-    if n < least:
-        raise argparse.ArgumentTypeError(f"must be {least} or more, got {n}")
-    return n
+def _collector_time(mode: str) -> list[float]:
+    """Set the collector as ``mode`` says; the CPU seconds its passes take from now on (``[0]``, kept up to date)."""
+    spent, began = [0.0], [0.0]
+
+    def timed(phase: str, _info) -> None:
+        if phase == "start":
+            began[0] = time.process_time()
+        else:
+            spent[0] += time.process_time() - began[0]
+
+    gc.callbacks.append(timed)
+    if mode == "freeze":
+        gc.freeze()
+    elif mode == "off":
+        gc.disable()
+    return spent
 
 
 def _progress(every: int, wall: float, cpu: float):

@@ -30,6 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import vllm_servers as servers  # noqa: E402
+from bench_args import bounded  # noqa: E402
 from fidelity_vllm import FLAGS, calibrate, simulate_run  # noqa: E402
 
 PROPOSALS = ("lcf", "residual-sjf", "session-affinity", "cache-affinity", "ewsjf", "sjf-aging", "sla-tiers", "hrrn")
@@ -78,26 +79,34 @@ def main(argv=None) -> None:
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/kvsched-fidelity-policies"), help="bench result folders")
     parser.add_argument("--policies", default=",".join(("vllm-v1", *PROPOSALS)))
     parser.add_argument("--repeats", type=int, default=3, help="times the baseline is served")
-    parser.add_argument("--requests", type=int, default=WORKLOAD["num_requests"], help="requests of the default workload")
+    parser.add_argument("--requests", type=bounded(int, 1, 100_000), help=f"requests of the default workload ({WORKLOAD['num_requests']})")
     parser.add_argument("--workload", default="default", help=f"{' or '.join(WORKLOADS)}, or a workload spec (JSON file); "
                                                                 "with SLO classes, each class's mean TTFT is compared too")
-    parser.add_argument("--kv-blocks", type=int, default=BLOCKS, help="vLLM's KV blocks of 32 tokens, both sides")
+    parser.add_argument("--kv-blocks", type=bounded(int, 1, 1_000_000), default=BLOCKS, help="vLLM's KV blocks of 32 tokens, both sides")
     parser.add_argument("--sequential", action="store_true", help="start each server only after the last one stopped")
     parser.add_argument("--order", help="the serving order, comma-separated (default: the baseline first, --repeats times in all)")
     parser.add_argument("--profile", default="fit", help="fit (to vLLM's steps, first, in this run), a built-in profile's name or a JSON file")
     parser.add_argument("--resume", action="store_true", help="keep --out's runs and serve only the ones it lacks")
     args = parser.parse_args(argv)
+    if args.requests is not None and args.workload != "default":
+        parser.error("--requests sizes the default workload only; give the size in the workload's own spec")
     args.workdir.mkdir(parents=True, exist_ok=True)
     args.out.mkdir(parents=True, exist_ok=True)
     spec = args.workdir / "workload.json"
-    if args.workload in WORKLOADS:
-        workload = WORKLOADS[args.workload]
-        spec.write_text(json.dumps(dict(workload, num_requests=args.requests) if workload is WORKLOAD else workload))
-    else:
-        spec.write_text(Path(args.workload).read_text())
     from kvsched.workloads import build_workload
 
-    classes = {r.request_id: r.slo_class for r in build_workload(str(spec)).iter_requests()}
+    from kvsched.core.files import FileError
+
+    workload = WORKLOADS.get(args.workload)
+    try:  # the workload checked before a server starts; a file's errors name the file
+        source = spec if workload is not None else Path(args.workload)
+        if workload is not None:
+            spec.write_text(json.dumps(dict(workload, num_requests=args.requests or workload["num_requests"]) if workload is WORKLOAD else workload))
+        classes = {r.request_id: r.slo_class for r in build_workload(str(source)).iter_requests()}
+        if workload is None:
+            spec.write_text(source.read_text())
+    except (OSError, ValueError, FileError) as exc:  # a missing or unreadable file, or a spec the workload reader refuses
+        parser.error(f"--workload {args.workload}: {exc}")
     order = args.order.split(",") if args.order else schedule(args.policies.split(","), args.repeats)
     labels = [f"{p} #{order[:i + 1].count(p)}" if order.count(p) > 1 else p for i, p in enumerate(order)]
     from kvsched.executors.profiles import resolve_profile

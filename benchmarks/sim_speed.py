@@ -43,6 +43,9 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_args import bounded  # noqa: E402
+
 # Llama-2-7B fp16 on one A100-80GB as vLLM sizes it: ~110k KV tokens (7,000 blocks of 16), 4 GiB
 # of swap (512 blocks), max_model_len 4096 and the matching token budget.
 A100_CONFIG = dict(num_gpu_blocks=7000, num_cpu_blocks=512, max_num_batched_tokens=4096, max_model_len=4096)
@@ -238,19 +241,6 @@ def like_vidur(rounds: int, policy: str, vidur: Path | None, vidur_python: Path)
         result[key] = median(ours, key) / rec[key]
         print(f"RECORDED Vidur {rec[key]:,.0f} {label}: kvsched {result[key]:.1f}× Vidur")
     return result
-
-
-def bounded(kind: type, low: float, high: float):
-    """An argparse type: a number of ``kind`` from ``low`` to ``high`` (a count a run could never finish is a usage error)."""
-    def parse(text: str):
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-        if not low <= value <= high:  # NaN fails too
-            raise argparse.ArgumentTypeError(f"must be from {low:,} to {high:,}, got {text}")
-        return value
-    return parse
 
 
 def main(argv: list[str] | None = None) -> list[dict]:

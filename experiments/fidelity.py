@@ -46,8 +46,9 @@ def class_means(ttft: dict[str, float], classes: dict[str, str | None]) -> dict[
     """Mean TTFT per SLO class (``ttft_<class>_s``, a summary group ``metric`` reads) from ``request_id -> ttft``."""
     groups: dict[str, list[float]] = {}
     for rid, value in ttft.items():
-        if classes.get(rid) is not None:
-            groups.setdefault(f"ttft_{classes[rid]}_s", []).append(value)
+        slo_class = classes.get(rid)
+        if slo_class is not None:
+            groups.setdefault(f"ttft_{slo_class}_s", []).append(value)
     return {name: {"mean": statistics.fmean(values)} for name, values in sorted(groups.items())}
 
 
