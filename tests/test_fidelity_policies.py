@@ -122,3 +122,68 @@ def test_the_recorded_table_is_rebuilt_from_its_runs(recorded, tmp_path):
     count = sum(1 for _ in build_workload(str(tmp_path / "workload.json")).iter_requests())
     for run in result["runs"]:  # every run measured the whole workload
         assert run["real"]["finished"] == run["sim"]["finished"] == count
+
+
+def test_the_sessions_tables_simulated_side_is_what_the_simulator_gives_today(tmp_path, monkeypatch):
+    """The recorded tiered-sessions run re-simulated with its profile: the same summaries, and session-affinity
+    the same as vllm-v1 request by request (its rule never fires there: the head has always waited too long,
+    or no warm turn stands behind it), as docs/policies/session-affinity.md says."""
+    spec = importlib.util.spec_from_file_location("fidelity_policies", ROOT / "benchmarks" / "fidelity_policies.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    from kvsched.executors.profiles import resolve_profile
+
+    recorded = json.loads((FIGURES / "fidelity-policies-sessions.json").read_text())
+    assert recorded["workload"] == module.TIERED_SESSIONS
+    profile = resolve_profile(str(FIGURES / "fidelity-sessions-profile.json"))
+    assert {k: getattr(profile, k) for k in ("base_ms", "prefill_token_ms", "decode_seq_ms", "kv_token_ms")} == \
+        {k: recorded["profile"][k] for k in ("base_ms", "prefill_token_ms", "decode_seq_ms", "kv_token_ms")}
+    workload = tmp_path / "workload.json"
+    workload.write_text(json.dumps(module.TIERED_SESSIONS))
+    from itertools import chain
+
+    from kvsched.policies import proposals
+    from kvsched.policies.session_affinity import SessionAffinity
+
+    seen = {"queued": 0, "head_waited_too_long": 0, "promoted": 0}
+    order_waiting = SessionAffinity.order_waiting
+
+    def counted(self, step):  # what docs/fidelity.md counts: steps with a queue, and why none promotes
+        waiting = step.waiting
+        if waiting:
+            seen["queued"] += 1
+            seen["head_waited_too_long"] += proposals.waited(step, waiting[0]) > self.max_head_wait_s
+        order = order_waiting(self, step)
+        seen["promoted"] += isinstance(order, chain)
+        return order
+
+    monkeypatch.setattr(SessionAffinity, "order_waiting", counted)
+    sims = {policy: module.simulate_run(workload, recorded["kv_blocks"], profile, policy) for policy in
+            dict.fromkeys(run["policy"] for run in recorded["runs"])}
+    for run in recorded["runs"]:
+        assert sims[run["policy"]].summary["ttft_s"] == pytest.approx(run["sim"]["ttft_s"], rel=1e-9)
+        assert sims[run["policy"]].summary["duration_s"] == pytest.approx(run["sim"]["duration_s"], rel=1e-9)
+
+    def ttfts(policy):
+        return {r.request_id: r.ttft for r in sims[policy].requests}
+
+    assert ttfts("session-affinity") == ttfts("vllm-v1")
+    assert seen == {"queued": 308, "head_waited_too_long": 283, "promoted": 0}
+    assert ttfts("hrrn") != ttfts("vllm-v1")  # the workload has a queue to reorder
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--workload", "missing.json"], "missing.json: cannot read workload spec"),
+    (["--workload", "bad.json"], "bad.json:1: not UTF-8 text"),
+    (["--workload", "tiered-sessions", "--requests", "5"], "--requests sizes the default workload only"),
+    (["--kv-blocks", "0"], "must be from 1 to 1,000,000, got 0"),
+])
+def test_a_bad_fidelity_run_is_a_usage_error_before_any_server_starts(tmp_path, args, says):
+    import subprocess
+    import sys
+
+    (tmp_path / "bad.json").write_bytes(b"\xff\xfe")
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "fidelity_policies.py"), "--out", str(tmp_path / "out"),
+                           "--workdir", str(tmp_path / "work"), *args], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and says in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    assert not (tmp_path / "work" / "calibration").exists()  # no server was started
