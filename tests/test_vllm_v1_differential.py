@@ -94,8 +94,13 @@ def scenarios(draw):
     return config, policy, threshold, requests
 
 
-def run_both(config, policy, threshold, requests, max_steps=400) -> dict[str, int]:
-    """Drive both schedulers to the end; returns counts of what the run exercised."""
+def run_both(config, policy, threshold, requests, max_steps=None) -> dict[str, int]:
+    """Drive both schedulers to the end; returns counts of what the run exercised. ``max_steps``, by default 400
+    plus four per token the workload asks for (a step computes at least one while anything runs; the rest is room
+    for idle steps and recomputation), is reached only by a run that does not end: a fixed 400 was too few for
+    a workload of one-token chunks, one sequence at a time."""
+    if max_steps is None:
+        max_steps = 400 + 4 * sum(r.get("n", 1) * (len(r["prompt"]) + r["max_tokens"]) for r in requests)
     seen = dict(steps=0, preemptions=0, chunks=0, prefix_hits=0, aborts=0, stopped=0, capped=0, fanned_out=0, grammars=0,
                 drafts=0)
     config = dict(config)
