@@ -116,14 +116,9 @@ def run(
 def policies() -> None:
     """List installed policies: name, distribution, version, description (a name that several distributions register, as DIST:NAME)."""
     from kvsched.cli.common import print_plugins
-    from kvsched.core.plugins import installed_policies, load_policy
+    from kvsched.core.plugins import describe, installed_policies, load_policy
 
-    infos = installed_policies()
-    print_plugins("installed policies (entry-point group kvsched.policies)",
-                  ((i.spec, i.distribution, i.version, lambda i=i: load_policy(i.spec)) for i in infos))
-    for name in sorted({i.name for i in infos if i.ambiguous}):
-        dists = " and ".join(i.distribution for i in infos if i.name == name)
-        console.print(f"[bold yellow]warning:[/] {name} is registered by {dists}: choose one with --policy DIST:{name}", highlight=False)
+    print_plugins("policy", installed_policies(), lambda spec: describe(load_policy(spec)))
 
 
 sim.register(app)  # engine sweep, engine calibrate (kvsched.cli.simulate)

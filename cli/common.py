@@ -125,13 +125,17 @@ def check_finite(**options: float | None) -> None:
 
 
 def parse_pairs(pairs: list[str] | None, what: str) -> dict[str, Any]:
-    """``KEY=VALUE`` strings to a dict; values stay strings for pydantic to validate and coerce."""
+    """``KEY=VALUE`` strings to a dict; values stay strings for pydantic to validate and coerce. A key
+    given twice is refused: one of its values would be dropped without a word."""
     out: dict[str, Any] = {}
     for pair in pairs or []:
         key, sep, value = pair.partition("=")
         if not sep or not key:
             raise ValueError(f"{what} expects KEY=VALUE, got {pair!r}")
-        out[key.strip()] = value.strip()
+        key, value = key.strip(), value.strip()
+        if key in out:
+            raise ValueError(f"{what} {key} is given twice ({out[key]!r}, then {value!r}): give it once")
+        out[key] = value
     return out
 
 
@@ -199,21 +203,29 @@ def progress_bar(quiet: bool, doing: str = "simulating", counting: str = "reques
     )
 
 
-def print_plugins(title: str, rows: Iterable[tuple[str, str, str, Callable[[], Any]]]) -> None:
-    """A table of installed plugins from ``(name, distribution, version, load)`` rows; one that fails to
-    load says why in its row, so that a broken third-party plugin does not hide the others."""
-    from kvsched.core.plugins import describe
+def print_plugins(kind: str, infos: Iterable[Any], describe: Callable[[str], str]) -> None:
+    """``engine policies`` or ``engine routers``: a table of the installed plugins of ``kind`` (their
+    ``PolicyInfo``s), each described by ``describe(spec)``; one that fails to load says why in its row,
+    so that a broken third-party plugin does not hide the others. A name that several distributions
+    register is listed as DIST:NAME, each, with a warning that says how to choose."""
+    from kvsched.core.loading import GROUPS
 
-    table = Table(title=title)
+    group = GROUPS[kind]
+    table = Table(title=f"installed {group.removeprefix('kvsched.')} (entry-point group {group})")
     for col in ("name", "distribution", "version", "description"):
         table.add_column(col, overflow="fold")
-    for name, distribution, version, load in rows:
+    infos = list(infos)
+    for info in infos:
         try:
-            text = describe(load())
+            text = describe(info.spec)
         except KvschedError as exc:
             text = f"(fails to load: {exc})"
-        table.add_row(name, distribution, version, text)
+        table.add_row(info.spec, info.distribution, info.version, text)
     console.print(table)
+    for name in sorted({i.name for i in infos if i.ambiguous}):
+        dists = " and ".join(i.distribution for i in infos if i.name == name)
+        console.print(f"[bold yellow]warning:[/] {name} is registered by {dists}: choose one with --{kind} DIST:{name}",
+                      highlight=False)
 
 
 def print_summary(summary: dict) -> None:

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 
 def routers() -> None:
-    """List installed routers: name, distribution, version, description."""
+    """List installed routers: name, distribution, version, description (DIST:NAME where two register a name)."""
     from kvsched.cli.common import print_plugins
-    from kvsched.routers.plugins import available_routers, load_router
+    from kvsched.routers.plugins import describe_router, installed_routers
 
-    print_plugins("installed routers (entry-point group kvsched.routers)",
-                  ((i.name, i.distribution, i.version, lambda i=i: load_router(i.name)) for i in available_routers().values()))
+    print_plugins("router", installed_routers(), describe_router)
 
 
 def register(app) -> None:

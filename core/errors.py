@@ -78,11 +78,11 @@ class KvschedError(Exception):
 
 class PolicyError(KvschedError):
     """A plugin decided something invalid, misused the engine or raised; the step it was building left no trace.
-    ``policy`` names the plugin, ``hook`` the hook it was running in (None outside hooks)."""
+    ``policy`` names the plugin, ``hook`` the hook it was running in (None outside hooks), ``message`` says what."""
 
     def __init__(self, policy: str, message: str, hook: str | None = None, role: str = "policy") -> None:
         super().__init__(f"{role} {shorten(repr(policy), 300)}" + (f" in {hook}" if hook else "") + f": {printable(message)}")
-        self.policy, self.hook = policy, hook
+        self.policy, self.hook, self.message = policy, hook, message
 
 
 class UnknownPolicyError(KvschedError, LookupError):

@@ -26,9 +26,10 @@ import pluggy
 
 from kvsched import allocators
 from kvsched.core import hookspecs
-from kvsched.core.errors import KvschedError, PolicyError, UnknownPolicyError, error_text, quote
+from kvsched.core.errors import KvschedError, PolicyError, UnknownPolicyError, _type_name, error_text, quote
 
 ENTRY_POINT_GROUP = "kvsched.policies"
+GROUPS = {"policy": ENTRY_POINT_GROUP, "router": "kvsched.routers"}  # the kinds of plugin, and where each is registered
 DEFAULT_POLICY = "vllm-default"
 BUILTIN_DISTRIBUTION = "kvsched"
 SELECT_BATCH, CHOOSE_PREEMPTION, CAN_ALLOCATE, ON_STEP = "select_batch", "choose_preemption", "can_allocate", "on_step"
@@ -62,16 +63,16 @@ class PolicyInfo:
         return f"distribution {self.distribution} {self.version}"
 
 
-def installed_policies() -> list[PolicyInfo]:
-    """Every policy registered under ``kvsched.policies`` by (name, distribution), read from metadata only."""
-    infos = sorted((_info(ep) for ep in entry_points(group=ENTRY_POINT_GROUP)), key=lambda i: (i.name, i.distribution))
+def installed_policies(kind: str = "policy") -> list[PolicyInfo]:
+    """Every policy (or plugin of ``kind``) registered by (name, distribution), read from metadata only."""
+    infos = sorted((_info(ep) for ep in entry_points(group=GROUPS[kind])), key=lambda i: (i.name, i.distribution))
     names = [i.name for i in infos]
     return [PolicyInfo(i.name, i.distribution, i.version, i.target, names.count(i.name) > 1) for i in infos]
 
 
-def available_policies() -> dict[str, PolicyInfo]:
-    """Every installed policy by the spec that chooses it (``PolicyInfo.spec``)."""
-    return {info.spec: info for info in installed_policies()}
+def available_policies(kind: str = "policy") -> dict[str, PolicyInfo]:
+    """Every installed policy (or plugin of ``kind``) by the spec that chooses it (``PolicyInfo.spec``)."""
+    return {info.spec: info for info in installed_policies(kind)}
 
 
 def _info(ep: EntryPoint) -> PolicyInfo:
@@ -84,29 +85,29 @@ def _normalized(distribution: str) -> str:
     return re.sub(r"[-_.]+", "-", distribution).lower()
 
 
-def _registered(name: str) -> list[tuple[EntryPoint, PolicyInfo]]:
-    return sorted(((ep, _info(ep)) for ep in entry_points(group=ENTRY_POINT_GROUP, name=name)), key=lambda pair: pair[1].distribution)
+def _registered(name: str, kind: str) -> list[tuple[EntryPoint, PolicyInfo]]:
+    return sorted(((ep, _info(ep)) for ep in entry_points(group=GROUPS[kind], name=name)), key=lambda pair: pair[1].distribution)
 
 
-def _of_distribution(distribution: str, name: str) -> tuple[EntryPoint, PolicyInfo] | None:
+def _of_distribution(distribution: str, name: str, kind: str) -> tuple[EntryPoint, PolicyInfo] | None:
     """The entry point ``name`` of ``distribution`` (``DIST:NAME``), if it registers one."""
-    return next(((ep, i) for ep, i in _registered(name) if _normalized(i.distribution) == _normalized(distribution)), None)
+    return next(((ep, i) for ep, i in _registered(name, kind) if _normalized(i.distribution) == _normalized(distribution)), None)
 
 
-def _entry_point(spec: str) -> tuple[EntryPoint, PolicyInfo] | None:
+def _entry_point(spec: str, kind: str) -> tuple[EntryPoint, PolicyInfo] | None:
     """The entry point ``spec`` names: ``NAME`` (refused when several distributions register it) or
     ``DIST:NAME``; None for a ``file.py:Attr`` or ``module:Attr`` spec."""
     if ":" in spec:
         distribution, _, name = spec.rpartition(":")
-        return None if distribution.endswith(".py") else _of_distribution(distribution, name)
-    found = _registered(spec)
+        return None if distribution.endswith(".py") else _of_distribution(distribution, name, kind)
+    found = _registered(spec, kind)
     if not found:
-        names = ", ".join(available_policies()) or "none installed"
-        raise UnknownPolicyError(f"unknown policy {spec!r}; available: {names} (or path/to/file.py:Class)")
+        names = ", ".join(available_policies(kind)) or "none installed"
+        raise UnknownPolicyError(f"unknown {kind} {spec!r}; available: {names} (or path/to/file.py:Class)")
     if len(found) > 1:
         which = ", ".join(f"{i.distribution} {i.version} ({i.target})" for _, i in found)
-        choices = " or ".join(f"--policy {i.distribution}:{spec}" for _, i in found)
-        raise AmbiguousPolicyError(f"policy name {spec!r} is registered by {len(found)} distributions: {which}; choose one with {choices}")
+        choices = " or ".join(f"--{kind} {i.distribution}:{spec}" for _, i in found)
+        raise AmbiguousPolicyError(f"{kind} name {spec!r} is registered by {len(found)} distributions: {which}; choose one with {choices}")
     return found[0]
 
 
@@ -116,23 +117,23 @@ _ORIGINS: dict[int, tuple[Any, str, str]] = {}
 _KEEP_ORIGINS = 64
 
 
-def load_policy(spec: str) -> Any:
-    """Import the object behind ``spec`` (a class, an instance or a module): an installed policy's
-    name (``DIST:NAME`` when several distributions register it), or ``path/to/file.py:Attr`` /
-    ``package.module:Attr``, so that a draft runs before it is packaged."""
-    found = _entry_point(spec)
+def load_policy(spec: str, kind: str = "policy") -> Any:
+    """Import the object behind ``spec`` (a class, an instance or a module): an installed policy's (or
+    plugin of ``kind``'s) name (``DIST:NAME`` when several distributions register it), or
+    ``path/to/file.py:Attr`` / ``package.module:Attr``, so that a draft runs before it is packaged."""
+    found = _entry_point(spec, kind)
     if found is None:
         target, _, attr = spec.rpartition(":")
-        policy, origin = _load_target(spec), f"file {target}" if target.endswith(".py") else f"module {target}"
+        policy, origin = _load_target(spec, kind), f"file {target}" if target.endswith(".py") else f"module {target}"
     else:
         ep, info = found
         policy, origin = _guarded(spec, info.origin, f"its entry point {ep.value} fails to load", ep.load), info.origin
     if policy is None or isinstance(policy, (bool, int, float, str, bytes)):
-        raise PolicyError(spec, f"is {quote(policy)}, not a policy class, instance or module{_from(origin)}")
+        raise PolicyError(spec, f"is {quote(policy)}, not a {kind} class, instance or module{_from(origin)}")
     _remember(policy, spec, origin)
     declared_name(policy)  # a name of the wrong type is refused however the policy is chosen
     if found is None:
-        _remember(policy, policy_name(spec, policy), origin)
+        _remember(policy, policy_name(spec, policy, kind), origin)
     return policy
 
 
@@ -143,12 +144,12 @@ def _remember(policy: Any, name: str, origin: str) -> None:
     _ORIGINS[id(policy)] = (policy, name, origin)
 
 
-def _load_target(spec: str) -> Any:
+def _load_target(spec: str, kind: str) -> Any:
     target, _, attr = spec.rpartition(":")
     if target.endswith(".py"):
         path = Path(target).resolve()
         if not path.is_file():
-            raise UnknownPolicyError(f"policy file {target!r} does not exist")
+            raise UnknownPolicyError(f"{kind} file {target!r} does not exist")
         loader = importlib.util.spec_from_file_location(f"kvsched_policy_file_{path.stem}", path)
         module = importlib.util.module_from_spec(loader)
         _guarded(spec, "", "the file fails to load", loader.loader.exec_module, module)
@@ -158,10 +159,11 @@ def _load_target(spec: str) -> Any:
         except PolicyError as exc:
             if not isinstance(exc.__cause__, ImportError):
                 raise
-            registered = [i.name for i in installed_policies() if _normalized(i.distribution) == _normalized(target)]
+            registered = [i.name for i in installed_policies(kind) if _normalized(i.distribution) == _normalized(target)]
             if registered:
-                raise UnknownPolicyError(f"distribution {target!r} registers no policy {attr!r}; its policies: {', '.join(registered)}") from None
-            raise UnknownPolicyError(f"cannot import policy module {target!r}: {exc.__cause__}") from None
+                raise UnknownPolicyError(f"distribution {target!r} registers no {kind} {attr!r}; its "
+                                         f"{GROUPS[kind].removeprefix('kvsched.')}: {', '.join(registered)}") from None
+            raise UnknownPolicyError(f"cannot import {kind} module {target!r}: {exc.__cause__}") from None
     try:
         return _guarded(spec, "", f"reading {attr!r} of it fails", getattr, module, attr)
     except PolicyError as exc:
@@ -186,11 +188,12 @@ def _from(origin: str) -> str:
     return f" (from {origin})" if origin else ""
 
 
-def _exception_text(exc: BaseException) -> str:
-    """``Type: message (at file:line)`` on one line, even when the exception's own ``__str__`` raises."""
-    text = " ".join(error_text(exc).split())
-    frames = list(traceback.walk_tb(exc.__traceback__))[::-1]
-    return f"{type(exc).__name__}: {text}{_plugin_line(frames)}" if text else f"{type(exc).__name__}{_plugin_line(frames)}"
+def _exception_text(exc: BaseException, skip: tuple[str, ...] = ()) -> str:
+    """``Type: message (at file:line)`` on one line, even when the exception's own ``__str__`` raises
+    (the line: of the innermost frame of plugin code, files in ``skip`` aside)."""
+    text, name = " ".join(error_text(exc).split()), _type_name(exc)
+    frames = [frame for frame in traceback.walk_tb(exc.__traceback__) if frame[0].f_code.co_filename not in skip][::-1]
+    return f"{name}: {text}{_plugin_line(frames)}" if text else f"{name}{_plugin_line(frames)}"
 
 
 def _identity(policy: Any, fallback: str | None = None) -> tuple[str, str]:
@@ -203,7 +206,9 @@ def _identity(policy: Any, fallback: str | None = None) -> tuple[str, str]:
     try:
         declared = inspect.getattr_static(policy, "name", None)
         own = declared if isinstance(declared, str) and declared else None
-        return fallback or own or str(inspect.getattr_static(policy, "__name__", None) or type(policy).__name__), ""
+        label = type.__dict__["__name__"].__get__(policy) if issubclass(type(policy), type) else (
+            inspect.getattr_static(policy, "__name__", None) if issubclass(type(policy), ModuleType) else None)
+        return fallback or own or str(label or _type_name(policy)), ""
     except Exception:
         return fallback or type(policy).__name__, ""
 
@@ -245,12 +250,12 @@ def engine_defaults(policy: Any, who: str | None = None) -> dict[str, Any]:
     return copied
 
 
-def policy_name(spec: str, policy: Any) -> str:
+def policy_name(spec: str, policy: Any, kind: str = "policy") -> str:
     """How a policy given as ``spec`` is named in messages: an installed policy by what the user typed
     (``NAME`` or ``DIST:NAME``), a file's or module's by the ``name`` it declares itself, else by the
     attribute's (a draft subclass of ``vllm-default`` is not ``vllm-default``)."""
     target, colon, attr = spec.rpartition(":")
-    if not colon or (not target.endswith(".py") and _of_distribution(target, attr) is not None):
+    if not colon or (not target.endswith(".py") and _of_distribution(target, attr, kind) is not None):
         return spec
     return _own_name(policy) or attr
 
@@ -279,13 +284,13 @@ def instantiate(policy: Any, options: dict[str, Any] | None = None, who: str | N
     name, origin = _identity(policy, who)
     if not _guarded(name, origin, "inspecting it fails", inspect.isclass, policy):
         if options:
-            raise PolicyError(name, "options given, but the policy is not a class")
+            raise PolicyError(name, "options given, but it is not a class")
         return policy
     try:
         return _guarded(name, origin, "its constructor fails", policy, **(options or {}))
     except PolicyError as exc:
         if options and isinstance(exc.__cause__, (TypeError, ValueError)):
-            raise PolicyError(name, f"bad policy options {options}: {error_text(exc.__cause__)}") from exc.__cause__
+            raise PolicyError(name, f"bad options {options}: {error_text(exc.__cause__)}") from exc.__cause__
         raise
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import random
 
+from kvsched.routers import options
 from kvsched.routers.hookspecs import hookimpl
 from kvsched.routers.view import Route
 
@@ -45,7 +46,7 @@ class PowerOfTwo:
     name = "power-of-two"
 
     def __init__(self, seed: int = 0) -> None:
-        self.rng = random.Random(seed)
+        self.rng = random.Random(options.seed(seed))
 
     @hookimpl
     def route_request(self, request, replicas):

@@ -1,32 +1,41 @@
-"""Finding, loading and calling routers (entry-point group ``kvsched.routers``), as core/plugins.py
-does for scheduling policies, with its own plugin manager and three hooks.
+"""Finding, loading and calling routers (entry-point group ``kvsched.routers``).
 
-``RouterHooks`` validates every choice: a router that returns None, something that is not a
-replica view, or a view it was not given in this call (a foreign pool's, or one kept from an
-earlier call), or that raises, gets a ``RouterError`` naming the router, the hook and its line.
+A router is loaded by the policies' own loading (``core/loading.py``, plugins of kind ``router``):
+whatever its import, attributes, constructor or hook markers raise, SystemExit included, is one
+``RouterError`` naming it and where it comes from, and a name that two distributions register is
+refused until one is chosen as ``DIST:NAME``. ``RouterHooks`` calls it with its own plugin manager
+and three hooks, hands it read-only views of each request and of the replicas, with no path to what they show, and
+validates every answer: a router that returns None, something that is not a replica view, or a
+view it was not given in this call (a foreign pool's, one kept from an earlier call, a copy), a
+reason that cannot be recorded, or that raises anything, gets a ``RouterError`` naming the router,
+the hook and its line.
 """
 
 from __future__ import annotations
 
 import inspect
-from itertools import repeat
-import traceback
-import typing
-from dataclasses import dataclass
-from importlib.metadata import entry_points
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pluggy
 from pydantic import TypeAdapter, ValidationError
 
-from kvsched.core.errors import PolicyError, UnknownPolicyError, quote, shorten
-from kvsched.core.plugins import _dispatch, _load_target, _plugin_line, describe
-from kvsched.routers import hookspecs
-from kvsched.routers.view import ReplicaView, Route, RoutingCall, _replica_of
+from kvsched.core.decisions import held_problem
+from kvsched.core.errors import PolicyError, UnknownPolicyError, _type_name, quote
+from kvsched.core.loading import (
+    GROUPS, PolicyInfo, _exception_text, _guarded, _identity, available_policies, constructor_signature, declared_name,
+    describe, installed_policies, instantiate, load_policy, policy_attribute, policy_name,
+)
+from kvsched.core.plugins import _dispatch
+from kvsched.routers import hookspecs, view
+from kvsched.routers.view import ReplicaView, RequestView, Route, RoutingCall, chosen, views
 
-ENTRY_POINT_GROUP = "kvsched.routers"
+KIND = "router"
+ENTRY_POINT_GROUP = GROUPS[KIND]
 DEFAULT_ROUTER = "round-robin"
 ROUTE, ON_ROUTED, ON_FINISHED = "route_request", "on_routed", "on_finished"
+_OWN_FILES = (view.__file__, __file__)  # the cluster's side of a hook call: an error's line is the router's, not these
 
 
 class RouterError(PolicyError):
@@ -40,43 +49,41 @@ class UnknownRouterError(UnknownPolicyError):
     """No installed router has the requested name."""
 
 
-@dataclass(frozen=True)
-class RouterInfo:
-    """An installed router as its package metadata describes it (nothing is imported)."""
+@contextmanager
+def said_of_a_router() -> Iterator[None]:
+    """What the policies' loading raises while it loads a router, said of the router."""
+    try:
+        yield
+    except RouterError:
+        raise
+    except UnknownPolicyError as exc:
+        raise UnknownRouterError(str(exc)) from None
+    except PolicyError as exc:
+        raise RouterError(exc.policy, exc.message, exc.hook) from exc.__cause__
 
-    name: str
-    distribution: str
-    version: str
-    target: str
+
+def installed_routers() -> list[PolicyInfo]:
+    """Every router registered under ``kvsched.routers`` by (name, distribution), read from metadata only."""
+    return installed_policies(KIND)
 
 
-def available_routers() -> dict[str, RouterInfo]:
-    """Every router registered under ``kvsched.routers``, by name, read from metadata only."""
-    found = {}
-    for ep in entry_points(group=ENTRY_POINT_GROUP):
-        dist = ep.dist
-        found.setdefault(ep.name, RouterInfo(ep.name, dist.name if dist else "?", dist.version if dist else "?", ep.value))
-    return dict(sorted(found.items()))
+def available_routers() -> dict[str, PolicyInfo]:
+    """Every installed router by the spec that chooses it: its name, or ``DIST:NAME`` where several
+    distributions register the name."""
+    return available_policies(KIND)
 
 
 def load_router(spec: str) -> Any:
-    """The object behind ``spec``: an installed router's name, or ``path/to/file.py:Attr`` / ``module:Attr``."""
-    if ":" in spec:
-        try:
-            return _load_target(spec)
-        except UnknownPolicyError as exc:
-            raise UnknownRouterError(str(exc).replace("policy", "router")) from None
-        except PolicyError as exc:
-            raise RouterError(spec, str(exc).split(": ", 1)[1]) from None
-    matches = entry_points(group=ENTRY_POINT_GROUP, name=spec)
-    if not matches:
-        names = ", ".join(available_routers()) or "none installed"
-        raise UnknownRouterError(f"unknown router {spec!r}; available: {names} (or path/to/file.py:Class)")
-    ep = next(iter(matches))
-    try:
-        return ep.load()
-    except Exception as exc:
-        raise RouterError(spec, f"its entry point {ep.value} fails to load: {type(exc).__name__}: {shorten(str(exc))}") from exc
+    """The object behind ``spec``: an installed router's name (``DIST:NAME`` where the name is
+    ambiguous), or ``path/to/file.py:Attr`` / ``module:Attr``."""
+    with said_of_a_router():
+        return load_policy(spec, KIND)
+
+
+def describe_router(spec: str) -> str:
+    """The first line of the docstring of the router ``spec`` (what ``engine routers`` prints)."""
+    with said_of_a_router():
+        return describe(load_policy(spec, KIND))
 
 
 def router_options(router: Any, name: str, options: dict[str, Any] | None) -> dict[str, Any]:
@@ -84,22 +91,36 @@ def router_options(router: Any, name: str, options: dict[str, Any] | None) -> di
     router class's constructor: an unknown key or a value its annotation refuses is named."""
     if not options:
         return {}
-    if not inspect.isclass(router):
-        raise RouterError(name, f"options {options} given, but the router is not a class")
-    params = inspect.signature(router).parameters
-    try:
-        hints = typing.get_type_hints(router.__init__)
-    except Exception:
-        hints = {}
+    _, origin = _identity(router, name)
+    if not _guarded(name, origin, "inspecting it fails", inspect.isclass, router):
+        raise RouterError(name, f"options {quote(options)} given, but the router is not a class")
+    params, hints = constructor_signature(router, name)
+    any_key = any(p.kind is p.VAR_KEYWORD for p in params.values())
     out = {}
     for key, value in options.items():
-        if key not in params:
-            raise RouterError(name, f"has no option {key!r}; its options: {', '.join(params) or 'none'}")
+        if key not in params and not any_key:
+            raise RouterError(name, f"has no option {quote(key)}; its options: {', '.join(params) or 'none'}")
         try:
-            out[key] = TypeAdapter(hints[key]).validate_python(value, strict=False) if key in hints else value
-        except ValidationError as exc:
-            raise RouterError(name, f"option {key}={quote(value)}: {exc.errors()[0]['msg']}") from None
+            check = TypeAdapter(hints[key]).validate_python if key in hints else None
+        except Exception:  # an annotation pydantic cannot check: the constructor checks the value
+            check = None
+        try:
+            out[key] = value if check is None else _guarded(name, origin, f"checking option {key}", check, value,
+                                                            strict=False)
+        except PolicyError as exc:
+            if not isinstance(exc.__cause__, ValidationError):
+                raise
+            raise RouterError(name, f"option {key}={quote(value)}: {exc.__cause__.errors()[0]['msg']}") from None
     return out
+
+
+def _unrecordable(reason: object) -> str | None:
+    """What keeps a router's reason out of ``routes.csv`` or off a terminal (None: nothing): what keeps a
+    policy's ``hold_back`` reason out of its decision log, or more than one printable line."""
+    problem = held_problem(reason, {})
+    if problem is None and not reason.isprintable():
+        return "the reason must be one printable line (no line break or control character)"
+    return problem
 
 
 class RouterHooks:
@@ -107,85 +128,104 @@ class RouterHooks:
     validated wrappers. ``router`` is an installed router's name or a router object."""
 
     def __init__(self, router: str | Any = DEFAULT_ROUTER, options: dict[str, Any] | None = None) -> None:
-        if isinstance(router, str):
-            spec, router = router, load_router(router)
-            self.name = spec if ":" not in spec else (getattr(router, "name", None) or spec.rpartition(":")[2])
-        else:
-            self.name = getattr(router, "name", None) or getattr(router, "__name__", type(router).__name__)
-        if router is None or isinstance(router, (bool, int, float, str, bytes)):
-            raise RouterError(str(self.name), f"is {quote(router)}, not a router class, instance or module")
-        options = router_options(router, self.name, options)
-        if inspect.isclass(router):
-            try:
-                router = router(**options)
-            except (TypeError, ValueError) as exc:
-                raise RouterError(self.name, f"bad router options {options}: {exc}") from exc
-        self.router = router
-        self.description = describe(router)
-        self.pm = pluggy.PluginManager(hookspecs.PROJECT)
-        self.pm.add_hookspecs(hookspecs)
-        try:
-            self.pm.register(router, name=self.name)
-            self.pm.check_pending()
-        except (pluggy.PluginValidationError, ValueError) as exc:
-            raise RouterError(self.name, f"invalid plugin: {exc}") from exc
+        with said_of_a_router():
+            if issubclass(type(router), str):
+                spec, router = router, load_policy(router, KIND)
+                self.name = policy_name(spec, router, KIND)
+            elif router is None or issubclass(type(router), (bool, int, float, bytes)):
+                raise RouterError(_type_name(router), f"is {quote(router)}, not a router class, instance or module")
+            else:
+                self.name = declared_name(router) or _identity(router)[0]
+            router = self.router = instantiate(router, router_options(router, self.name, options), self.name)
+            self.description = describe(router)
+            self.pm = pluggy.PluginManager(hookspecs.PROJECT)
+            self.pm.add_hookspecs(hookspecs)
+            self._register(router)
+            # A router whose choices depend on nothing but stale reports, its own past choices and fixed
+            # attributes may be routed ahead of the replicas (cluster/loop.py); its views refuse fresh reads.
+            self.reads_reports_only = policy_attribute(router, "reads_reports_only", False, self.name) is True
         hook = self.pm.hook
         if not hook.route_request.get_hookimpls():
             raise RouterError(self.name, "implements no route_request: mark it with @kvsched.routers.hookimpl")
         self._route = _dispatch(hook.route_request, ("request", "replicas"))
         self._on_routed = _dispatch(hook.on_routed, ("request", "replica"), False) if hook.on_routed.get_hookimpls() else None
         self._on_finished = _dispatch(hook.on_finished, ("request", "replica"), False) if hook.on_finished.get_hookimpls() else None
-        # A router whose choices depend on nothing but stale reports, its own past choices and fixed
-        # attributes may be routed ahead of the replicas (cluster/loop.py); its views refuse fresh reads.
-        self.reads_reports_only = getattr(router, "reads_reports_only", False) is True
         if self.reads_reports_only and self._on_finished is not None:
             raise RouterError(self.name, "declares reads_reports_only and implements on_finished: a router routed ahead "
                                          "learns of finishes after later choices; drop one of the two")
+        self._shown: tuple[Any, Any] = (None, None)  # the last request handed to the router, and the view it was handed
+
+    def _register(self, router: Any) -> None:
+        """Register it with pluggy, which reads its attributes and markers (plugin code) and checks
+        each hook implementation's signature: what fails names the router."""
+        def register() -> None:
+            self.pm.register(router, name=self.name)
+            self.pm.check_pending()
+
+        try:
+            _guarded(self.name, _identity(router, self.name)[1], "registering it fails", register)
+        except PolicyError as exc:
+            if isinstance(exc.__cause__, pluggy.PluginValidationError):
+                raise RouterError(self.name, "invalid plugin: " + "; ".join(str(exc.__cause__).splitlines())) from None
+            raise
 
     def route(self, request, replicas: list, now: float, staleness: float, reports_only: bool = False) -> tuple[Any, str]:
         """Ask the router for ``request`` among ``replicas`` (the cluster's ``Replica`` objects) at ``now``;
         the chosen replica and the router's reason. Views show reports at least ``staleness`` old, and
         only those if ``reports_only``."""
-        call = RoutingCall(now, staleness, self.name, reports_only)
-        views = tuple(map(ReplicaView, replicas, repeat(call), range(len(replicas))))
-        try:
-            answer = self._call(ROUTE, self._route, request, views)
-        finally:
-            call.open = False
+        call = RoutingCall(now, staleness, self.name, reports_only, ROUTE)
+        answer = self._call(ROUTE, self._route, call, self._view(request), views(replicas, call))
         reason = ""
-        if isinstance(answer, Route):
-            answer, reason = answer.replica, answer.reason
-            if not isinstance(reason, str):
-                raise RouterError(self.name, f"gave the reason {quote(reason)}, not a string", ROUTE)
-        if answer is None:
-            raise RouterError(self.name, f"returned None for request {request.request_id!r}: return one of the replicas it was given", ROUTE)
-        if not isinstance(answer, ReplicaView):
-            raise RouterError(self.name, f"returned {quote(answer)}, not one of the ReplicaViews it was given", ROUTE)
-        if answer._call is not call:
-            raise RouterError(self.name, f"returned {'a view kept from an earlier call' if not answer._call.open else 'a view it was not given'}"
-                              f" for request {request.request_id!r}: return one of the replicas given in this call", ROUTE)
-        return _replica_of(answer), reason
+        if type(answer) is Route and len(answer) == 2:
+            answer, reason = answer
+            problem = _unrecordable(reason)
+            if problem is not None:
+                raise RouterError(self.name, f"gave the reason {quote(reason)}: {problem}", ROUTE)
+        replica, wrong = chosen(answer, call)
+        if replica is None:
+            raise RouterError(self.name, f"returned {wrong} for request {request.request_id!r}: "
+                                         "return one of the replicas given in this call", ROUTE)
+        return replica, reason
 
     def routed(self, request, replica, now: float, staleness: float = 0.0, reports_only: bool = False) -> None:
         if self._on_routed is not None:
-            self._notify(ON_ROUTED, self._on_routed, request, replica, RoutingCall(now, staleness, self.name, reports_only))
+            call = RoutingCall(now, staleness, self.name, reports_only, ON_ROUTED)
+            self._notify(self._on_routed, request, replica, call)
 
     def finished(self, request, replica, now: float, staleness: float = 0.0) -> None:
         if self._on_finished is not None:
-            self._notify(ON_FINISHED, self._on_finished, request, replica, RoutingCall(now, staleness, self.name))
+            call = RoutingCall(now, staleness, self.name, False, ON_FINISHED)
+            self._notify(self._on_finished, request, replica, call)
 
-    def _notify(self, name: str, hook, request, replica, call: RoutingCall) -> None:
+    def _notify(self, hook, request, replica, call: RoutingCall) -> None:
         """An observing hook's call: its view as stale as a routing call's (the router knows no more then)."""
+        self._call(call.hook, hook, call, self._view(request), ReplicaView(replica, call, 0))
+
+    def _view(self, request) -> RequestView:
+        """The read-only view of ``request`` a hook is handed (the engine's own request is never handed
+        out), one for a routing call and the ``on_routed`` call after it."""
+        last, shown = self._shown
+        if last is not request:
+            shown = RequestView(request)
+            self._shown = (request, shown)
+        return shown
+
+    def _call(self, name: str, hook, call: RoutingCall, *args):
+        """A hook call: anything it raises but KeyboardInterrupt (SystemExit too) is a ``RouterError``
+        naming the router, the hook and its line; a read its views refused is raised even if the
+        router caught it; the views close when it returns."""
         try:
-            self._call(name, hook, request, ReplicaView(replica, call, 0))
+            result = hook(*args)
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:
+            error = call.refused or (exc if issubclass(type(exc), RouterError) else
+                                     RouterError(self.name, f"raised {_exception_text(exc, _OWN_FILES)}", name))
+            if error is exc:
+                raise
+            raise error from exc
         finally:
             call.open = False
-
-    def _call(self, name: str, hook, *args):
-        try:
-            return hook(*args)
-        except RouterError:
-            raise
-        except Exception as exc:
-            frames = list(traceback.walk_tb(exc.__traceback__))[::-1]
-            raise RouterError(self.name, f"raised {type(exc).__name__}: {shorten(str(exc))}{_plugin_line(frames)}", name) from exc
+        if call.refused is not None:
+            raise call.refused
+        return result

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import random
 
+from kvsched.core.request import MAX_INT64
+from kvsched.routers import options
 from kvsched.routers.hookspecs import hookimpl
 from kvsched.routers.prefix_index import PrefixIndex, prefix_hashes
 from kvsched.routers.view import Route
@@ -31,7 +33,8 @@ class PrefixAffinity:
     name = "prefix-affinity"
 
     def __init__(self, block_size: int = 16, capacity: int = 31_250, seed: int = 0) -> None:
-        self.block_size, self.index, self.rng = block_size, PrefixIndex(capacity), random.Random(seed)
+        self.block_size, self.rng = options.block_size(block_size), random.Random(options.seed(seed))
+        self.index = PrefixIndex(options.capacity(capacity))
 
     @hookimpl
     def route_request(self, request, replicas):
@@ -50,7 +53,7 @@ class PrecisePrefix:
     name = "precise-prefix"
 
     def __init__(self, seed: int = 0) -> None:
-        self.rng = random.Random(seed)
+        self.rng = random.Random(options.seed(seed))
 
     @hookimpl
     def route_request(self, request, replicas):
@@ -70,8 +73,10 @@ class CacheAware:
 
     def __init__(self, cache_threshold: float = 0.3, balance_abs_threshold: int = 64, balance_rel_threshold: float = 1.5,
                  block_size: int = 16, capacity: int = 31_250) -> None:
-        self.cache_threshold, self.abs, self.rel = cache_threshold, balance_abs_threshold, balance_rel_threshold
-        self.block_size, self.index = block_size, PrefixIndex(capacity)
+        self.cache_threshold = options.number("cache_threshold", cache_threshold, 0.0, 1.0)
+        self.abs = options.integer("balance_abs_threshold", balance_abs_threshold, 0, MAX_INT64)
+        self.rel = options.number("balance_rel_threshold", balance_rel_threshold, 0.0)
+        self.block_size, self.index = options.block_size(block_size), PrefixIndex(options.capacity(capacity))
 
     @hookimpl
     def route_request(self, request, replicas):

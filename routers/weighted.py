@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import random
 
+from kvsched.core.errors import quote
+from kvsched.routers import options
 from kvsched.routers.hookspecs import hookimpl
 from kvsched.routers.prefix_index import PrefixIndex, prefix_hashes
 from kvsched.routers.view import Route
@@ -33,18 +35,24 @@ class Weighted:
 
     def __init__(self, weights: str = "precise-prefix-cache:2,queue-depth:1,kv-utilization:1", block_size: int = 16,
                  capacity: int = 31_250, seed: int = 0) -> None:
+        if type(weights) is not str:
+            raise ValueError(f"weights must be a string such as 'queue-depth:1,kv-utilization:1', got {quote(weights)}")
         self.weights = {}
         for item in filter(None, (p.strip() for p in weights.split(","))):
-            scorer, _, weight = item.partition(":")
+            scorer, _, weight = (part.strip() for part in item.partition(":"))
             if scorer not in self.SCORERS:
-                raise ValueError(f"unknown scorer {scorer!r}; scorers: {', '.join(self.SCORERS)}")
+                raise ValueError(f"unknown scorer {quote(scorer)}; scorers: {', '.join(self.SCORERS)}")
+            if scorer in self.weights:
+                raise ValueError(f"scorer {scorer} is weighted twice")
             try:
-                self.weights[scorer] = float(weight or 1)
+                value: object = float(weight or 1)
             except ValueError:
-                raise ValueError(f"scorer {scorer}: weight {weight!r} is not a number") from None
-        if not self.weights:
-            raise ValueError("weights names no scorer")
-        self.block_size, self.rng = block_size, random.Random(seed)
+                value = weight  # not a number: refused, quoted, below
+            self.weights[scorer] = options.number(f"the weight of {scorer}", value, 0.0)
+        if not any(self.weights.values()):
+            raise ValueError("weights names no scorer of a weight above 0")
+        self.block_size, self.rng = options.block_size(block_size), random.Random(options.seed(seed))
+        capacity = options.capacity(capacity)
         self.index = PrefixIndex(capacity) if "prefix-affinity" in self.weights else None
 
     def _scores(self, scorer: str, request, replicas) -> list[float]:

@@ -2,7 +2,7 @@
 and entry_points.txt) in one folder, which ``importlib.metadata`` finds like any pip-installed
 package once the folder is on ``sys.path`` (in process) or ``PYTHONPATH`` (for ``engine``).
 
-Not a test module; imported by tests/test_plugin_loading.py.
+Not a test module; imported by tests/test_plugin_loading.py and tests/test_router_plugins.py.
 """
 
 from __future__ import annotations
@@ -17,9 +17,10 @@ ENGINE = str(Path(sys.executable).parent / "engine")
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def make_dist(folder: Path, dist: str, policies: dict[str, str], modules: dict[str, str], version: str = "0.1") -> Path:
+def make_dist(folder: Path, dist: str, policies: dict[str, str], modules: dict[str, str], version: str = "0.1",
+              group: str = "kvsched.policies") -> Path:
     """Write ``modules`` (module name → source) and a distribution ``dist`` registering ``policies``
-    (entry-point name → ``module:attr``) under ``kvsched.policies``, into ``folder``."""
+    (entry-point name → ``module:attr``) under ``group`` (``kvsched.policies``, or ``kvsched.routers``), into ``folder``."""
     folder.mkdir(parents=True, exist_ok=True)
     for module, source in modules.items():
         (folder / f"{module}.py").write_text(textwrap.dedent(source))
@@ -27,7 +28,7 @@ def make_dist(folder: Path, dist: str, policies: dict[str, str], modules: dict[s
     info.mkdir()
     (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n")
     lines = "".join(f"{name} = {target}\n" for name, target in policies.items())
-    (info / "entry_points.txt").write_text(f"[kvsched.policies]\n{lines}")
+    (info / "entry_points.txt").write_text(f"[{group}]\n{lines}")
     return folder
 
 

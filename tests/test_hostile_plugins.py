@@ -29,9 +29,11 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from kvsched import AllocStatus, Engine, EngineConfig, PolicyError, Preemption, SimulatedExecutor, hookimpl
+from kvsched.cluster import Cluster, FleetSpec, ReplicaGroup
 from kvsched.core.sequence import SequenceStatus
 from kvsched.core.view import GroupView
 from kvsched.policies.vllm_default import VllmDefault
+from kvsched.routers import hookimpl as router_hookimpl
 
 
 class Hostile(VllmDefault):
@@ -298,10 +300,10 @@ def writable(obj) -> bool:
                for klass in type(obj).__mro__ for slot in getattr(klass, "__slots__", ()))
 
 
-def engine_owned(engine: Engine) -> dict[int, object]:
-    """Every writable object the engine holds (what ``gc.get_referents`` finds from it), the policy's own side
-    (``engine.hooks``) aside: what no hook may reach."""
-    seen, todo, owned = {id(engine.hooks)}, [engine], {}
+def engine_owned(engine, *aside) -> dict[int, object]:
+    """Every writable object the engine (or a fleet) holds (what ``gc.get_referents`` finds from it), the plugin's
+    own side (``engine.hooks``, or ``aside``) excepted: what no hook may reach."""
+    seen, todo, owned = {id(a) for a in aside or (engine.hooks,)}, [engine], {}
     while todo:
         obj = todo.pop()
         if id(obj) in seen or isinstance(obj, CONSTANTS):
@@ -434,3 +436,48 @@ def test_an_observer_cannot_clear_the_notes_a_steady_step_repeats():
     engine = Engine(EngineConfig(block_size=4, num_gpu_blocks=60), "vllm-default", SimulatedExecutor())
     with pytest.raises(AttributeError):
         engine.run([req(f"r{i}", 40, 30 + 7 * i, arrival=0.01 * i) for i in range(12)], on_step=Clears())
+
+
+class LooksAround:
+    """A router that walks what each of its hooks is handed, as the hook runs (a view refuses every read after its
+    call), checking that nothing it reaches is writable or the fleet's own; it routes round-robin."""
+
+    name = "looks-around"
+
+    def __init__(self) -> None:
+        self.cluster, self.kinds, self.walked = None, set(), 0
+
+    def look(self, hook: str, args) -> None:
+        owned = engine_owned(self.cluster, self.cluster.router)
+        self.kinds.add(hook)
+        for obj, path in reachable(args):
+            self.walked += 1
+            assert id(obj) not in owned, f"{hook}: {path} is the fleet's own {type(obj).__name__}"
+            assert not writable(obj), f"{hook}: {path} is a writable {type(obj).__name__}"
+
+    @router_hookimpl
+    def route_request(self, request, replicas):
+        self.look("route_request", (request, replicas))
+        return replicas[self.walked % len(replicas)]
+
+    @router_hookimpl
+    def on_routed(self, request, replica):
+        self.look("on_routed", (request, replica))
+
+    @router_hookimpl
+    def on_finished(self, request, replica):
+        self.look("on_finished", (request, replica))
+
+
+@pytest.mark.parametrize("roles", [("mixed",), ("prefill", "decode")])
+def test_nothing_a_router_hook_is_handed_leads_to_mutable_fleet_state(roles):
+    """The reachability walk above, from every router hook's arguments (the request, the replica views, what a view
+    reads: reports, cached prefixes, the sampling parameters), in a co-located fleet and under P/D: read-only copies
+    and views only. (A router was once handed the engine's own Request, and a view its writable call.)"""
+    looks = LooksAround()
+    settings = {**CONFIG, "enable_prefix_caching": True, "num_gpu_blocks": 64}
+    cluster = Cluster(FleetSpec(replicas=[ReplicaGroup(count=2, role=role, settings=settings) for role in roles],
+                                router=looks, staleness_s=0.01))
+    looks.cluster = cluster
+    cluster.run([req(f"r{i}", prompt, output, arrival=0.002 * i, session_id=f"s{i % 2}") for i, (prompt, output, _) in enumerate(SPECS)])
+    assert looks.kinds == {"route_request", "on_routed", "on_finished"} and looks.walked > 100

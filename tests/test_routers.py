@@ -4,7 +4,11 @@ built-in's rule."""
 
 from __future__ import annotations
 
+import copy
+import pickle
+import re
 import subprocess
+import sys
 from importlib.metadata import EntryPoint, EntryPoints
 from pathlib import Path
 from types import SimpleNamespace
@@ -12,13 +16,14 @@ from types import SimpleNamespace
 import pytest
 
 from kvsched.cluster import Cluster, FleetSpec, ReplicaGroup
+from kvsched.core import loading
 from kvsched.core.request import Request, SamplingParams
 from kvsched.routers import RouterError, UnknownRouterError, hookimpl, plugins
 from kvsched.routers.balance import LeastOutstanding, PowerOfTwo, RoundRobin, VllmDp
 from kvsched.routers.plugins import RouterHooks, available_routers, load_router
 from kvsched.routers.prefix import CacheAware, PrefixAffinity
 from kvsched.routers.prefix_index import PrefixIndex, prefix_hashes
-from kvsched.routers.view import ReplicaView, Route, Signals
+from kvsched.routers.view import ReplicaView, Route, RoutingCall, Signals
 from kvsched.routers.weighted import Weighted
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -38,9 +43,14 @@ def registered(monkeypatch):
     """The built-in routers by name: from the installed metadata, or, in a checkout installed before
     they were declared, from pyproject.toml's declaration (the same entry points)."""
     if set(BUILT_INS) - set(available_routers()):
-        declared = _declared()
-        monkeypatch.setattr(plugins, "entry_points", lambda group, name=None: EntryPoints(
-            ep for ep in declared if ep.group == group and (name is None or ep.name == name)))
+        declared, installed = _declared(), loading.entry_points
+
+        def entry_points(group, name=None):
+            if group != plugins.ENTRY_POINT_GROUP:
+                return installed(group=group) if name is None else installed(group=group, name=name)
+            return EntryPoints(ep for ep in declared if name is None or ep.name == name)
+
+        monkeypatch.setattr(loading, "entry_points", entry_points)
 
 
 def req(rid: str, tokens=None, prompt_len: int = 40, output_len: int = 8, arrival: float = 0.0) -> Request:
@@ -100,7 +110,7 @@ class Kept:
 @pytest.mark.parametrize("answer, message", [
     (lambda rs: None, "returned None for request 'r0'"),
     (lambda rs: 0, "returned 0, not one of the ReplicaViews"),
-    (lambda rs: Route(rs[0], 5), "gave the reason 5, not a string"),
+    (lambda rs: Route(rs[0], 5), "gave the reason 5: the reason must be a str"),
     (lambda rs: 1 / 0, r"in route_request: raised ZeroDivisionError: division by zero \(at .*test_routers.py:\d+\)"),
 ])
 def test_a_bad_choice_is_an_error_naming_the_router(answer, message):
@@ -155,6 +165,174 @@ def test_views_are_read_only():
 
     fleet(router=Writer).run([req("r0")])
     assert seen and "num_waiting" in seen[0]
+
+
+# ----------------------------------------------------------- nothing a router is handed can be written
+# Each way a router might change the request it is handed: through ``__dict__``, ``object.__setattr__``, ``vars()``,
+# plain assignment, or its sampling parameters.
+REQUEST_WRITES = {
+    "__dict__": lambda r: r.__dict__.__setitem__("output_len", 1),
+    "object.__setattr__": lambda r: object.__setattr__(r, "prompt_len", 1),
+    "vars": lambda r: vars(r).update(priority=-7, arrival_time=0.0),
+    "setattr": lambda r: setattr(r, "output_len", 1),
+    "sampling.__dict__": lambda r: r.sampling.__dict__.__setitem__("max_tokens", 1),
+    "object.__setattr__ on sampling": lambda r: object.__setattr__(r.sampling, "max_tokens", 1),
+}
+# Each way a router might reach past a replica view: its slots, by name or through ``object.__setattr__``.
+VIEW_WRITES = {
+    "_call": lambda v: v._call.__setattr__("reports_only", False),
+    "_state": lambda v: v._state.clear(),
+    "set _call": lambda v: object.__setattr__(v, "_call", None),
+    "set _state": lambda v: object.__setattr__(v, "_state", None),
+    "_signals": lambda v: object.__setattr__(v, "_signals", Signals(0.0, 0, 0, 0, 0)),
+    "__dict__": lambda v: v.__dict__.clear(),
+}
+
+
+class TriesEverything:
+    """Round-robin, after trying every write above in every hook; counts what got through."""
+
+    name = "tries-everything"
+
+    def __init__(self):
+        self.n, self.wrote = 0, []
+
+    def attempt(self, request, views):
+        for name, write in REQUEST_WRITES.items():
+            try:
+                write(request)
+                self.wrote.append(name)
+            except Exception:  # refused: what it should be
+                pass
+        for view in views:
+            for name, write in VIEW_WRITES.items():
+                try:
+                    write(view)
+                    self.wrote.append(f"view {name}")
+                except Exception:
+                    pass
+
+    @hookimpl
+    def route_request(self, request, replicas):
+        self.attempt(request, replicas)
+        self.n += 1
+        return replicas[self.n % len(replicas)]
+
+    @hookimpl
+    def on_routed(self, request, replica):
+        self.attempt(request, [replica])
+
+    @hookimpl
+    def on_finished(self, request, replica):
+        self.attempt(request, [replica])
+
+
+def test_no_router_hook_can_write_the_request_or_reach_past_a_view():
+    """Before: ``request.__dict__["output_len"] = 1`` from a router hook changed the run (every output one token long)."""
+    requests = [req(f"r{i}", prompt_len=30 + i, output_len=20, arrival=0.01 * i) for i in range(12)]
+    honest = TriesEverything()
+    honest.attempt = lambda request, views: None
+    tried, plain = fleet(3, TriesEverything()), fleet(3, honest)
+    tried.run(requests)
+    plain.run(requests)
+    assert tried.router.router.wrote == []
+    assert tried.records.rows == plain.records.rows and tried.records.routes == plain.records.routes
+
+
+class ReportsOnly:
+    """Declares it reads only reports, then tries to read a fresh signal anyway, catching the refusal."""
+
+    name = "reports-only"
+    reads_reports_only = True
+
+    def __init__(self, write):
+        self.write = write
+
+    @hookimpl
+    def route_request(self, request, replicas):
+        try:
+            self.write(replicas[0])
+        except (AttributeError, TypeError):
+            pass
+        try:
+            replicas[0].in_flight_requests
+        except RouterError:
+            pass
+        return replicas[0]
+
+
+@pytest.mark.parametrize("write", list(VIEW_WRITES))
+def test_a_router_cannot_defeat_its_reads_reports_only_declaration(write):
+    """Before: ``replicas[0]._call.reports_only = False`` let it read fresh signals while routed ahead of them. A
+    refused read is the run's error even if the router catches it."""
+    with pytest.raises(RouterError, match="router 'reports-only' in route_request: declares reads_reports_only but read in_flight_requests"):
+        fleet(2, ReportsOnly(VIEW_WRITES[write]), staleness_s=0.05).run([req("r0"), req("r1", arrival=0.01)])
+
+
+class Stale:
+    """vllm-dp's reading (the least waiting reported), after trying to see past its staleness."""
+
+    name = "stale"
+
+    def __init__(self, cheat: bool):
+        self.cheat = cheat
+
+    @hookimpl
+    def route_request(self, request, replicas):
+        if self.cheat:
+            for view in replicas:
+                try:
+                    view._call.as_of = view._call.now
+                except AttributeError:
+                    pass
+        best = min(replicas, key=lambda r: (r.num_waiting + r.num_running, r.index))
+        return Route(best, f"{best.num_waiting} waiting")
+
+
+def test_a_router_cannot_see_past_its_staleness():
+    requests = [req(f"r{i}", prompt_len=300, output_len=40, arrival=0.01 * i) for i in range(30)]
+    cheat, honest = fleet(3, Stale(True), staleness_s=1.0), fleet(3, Stale(False), staleness_s=1.0)
+    cheat.run(requests)
+    honest.run(requests)
+    assert cheat.records.routes == honest.records.routes
+
+
+def _forged(replicas):
+    return ReplicaView.__new__(ReplicaView)
+
+
+@pytest.mark.parametrize("make, message", [
+    (_forged, "returned a ReplicaView the cluster did not make (a copy, or one made by hand)"),
+    (lambda rs: copy.copy(rs[0]), "returned a ReplicaView the cluster did not make"),
+    (lambda rs: copy.deepcopy(rs[0]), "returned a ReplicaView the cluster did not make"),
+    (lambda rs: pickle.loads(pickle.dumps(rs[0])), "returned a ReplicaView the cluster did not make"),
+    (lambda rs: ReplicaView(SimpleNamespace(name="mine"), RoutingCall(0.0, 0.0, "x"), 0), "returned a view it was not given in this call"),
+    (lambda rs: (rs[0], "a plain tuple"), "returned (<ReplicaView replica-0>, 'a plain tuple'), not one of the ReplicaViews"),
+])
+def test_a_forged_copied_or_made_view_is_refused_as_the_routers_error(make, message):
+    """Before: each of these ended in ``unexpected AttributeError`` (exit 1), naming no router."""
+    class Forger:
+        name = "forger"
+
+        @hookimpl
+        def route_request(self, request, replicas):
+            return make(replicas)
+
+    with pytest.raises(RouterError, match=re.escape(f"router 'forger' in route_request: {message}")):
+        fleet(router=Forger).run([req("r0")])
+
+
+def test_reading_a_forged_or_copied_view_is_the_routers_error_at_its_line():
+    class Reader:
+        name = "reader"
+
+        @hookimpl
+        def route_request(self, request, replicas):
+            copy.copy(replicas[0]).num_waiting
+            return replicas[0]
+
+    with pytest.raises(RouterError, match=r"router 'reader' in route_request: raised AttributeError: .* \(at .*test_routers.py:\d+\)"):
+        fleet(router=Reader).run([req("r0")])
 
 
 # -------------------------------------------------------------------------- the views
@@ -297,7 +475,7 @@ def test_engine_routers_lists_the_built_ins():
 
     if not list(entry_points(group="kvsched.routers")):
         pytest.skip("the installed metadata predates kvsched.routers: reinstall (make setup) to list them")
-    out = subprocess.run([str(ROOT / ".venv/bin/engine"), "routers"], capture_output=True, text=True, timeout=120)
+    out = subprocess.run([str(Path(sys.executable).parent / "engine"), "routers"], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     for name in BUILT_INS:
         assert name in out.stdout
