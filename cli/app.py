@@ -98,7 +98,8 @@ def run(
             fail("--trace-out writes one engine's Chrome trace; a fleet's requests, replicas and routes are in --output")
         built = build_workload(workload, trace, num_requests=num_requests, rate=rate, rate_scale=rate_scale,
                                start_offset=start_offset, arrival=arrival, cv=cv, seed=seed)
-        fleet.run_command(spec, built, output, quiet, input_files(workload, trace, profile, [policy], built))
+        inputs = {**input_files(workload, trace, profile, [policy], built), "--fleet": fleet_spec}
+        fleet.run_command(spec, built, output, quiet, inputs)
         return
     if router is not None or staleness is not None:
         fail("--router and --staleness route a fleet: give --replicas N (or --prefill-replicas and --decode-replicas)")

@@ -18,7 +18,8 @@ StalenessOpt = Annotated[Optional[float], typer.Option("--staleness", min=0, hel
 PrefillOpt = Annotated[Optional[int], typer.Option("--prefill-replicas", min=1, max=4096, help="P/D disaggregation: replicas in the prefill pool (with --decode-replicas)")]
 DecodeOpt = Annotated[Optional[int], typer.Option("--decode-replicas", min=1, max=4096, help="P/D disaggregation: replicas in the decode pool (with --prefill-replicas)")]
 FleetOpt = Annotated[Optional[Path], typer.Option("--fleet", help="fleet spec JSON: replica groups (count, role, policy, profile, settings), router, staleness_s, transfer")]
-BandwidthOpt = Annotated[Optional[float], typer.Option("--transfer-gbps", min=1e-9, help="P/D: KV transfer bandwidth, GB/s (default 25)")]
+BandwidthOpt = Annotated[Optional[float], typer.Option(
+    "--transfer-gbps", help="P/D: KV transfer bandwidth, GB/s (default 25; at least 1e-6)")]
 
 
 def wanted(replicas, prefill, decode, fleet) -> bool:
@@ -58,9 +59,23 @@ def fleet_spec(policy, policy_opt, overrides, profile, replicas, router, router_
 FLEET_FILES = ("summary.json", "requests.csv", "routes.csv")
 
 
+def spec_files(spec) -> dict[str, Path | None]:
+    """The files a fleet spec's replicas and router read (a cost profile's ``.json``, a policy's or the
+    router's ``file.py``), by where the spec names them, for ``check_apart``."""
+    def source(plugin) -> Path | None:
+        target = plugin.split(":", 1)[0] if isinstance(plugin, str) else ""
+        return Path(target) if target.endswith(".py") else None
+
+    files: dict[str, Path | None] = {"the fleet's router": source(spec.router)}
+    for i, group in enumerate(spec.replicas):
+        files[f"the profile of replica group {i}"] = Path(group.profile) if group.profile.endswith(".json") else None
+        files[f"the policy of replica group {i}"] = source(group.policy)
+    return files
+
+
 def run_command(spec, workload, output, quiet, inputs: dict | None = None) -> dict:
     """Simulate the fleet on the workload with a progress bar; print the fleet and its replicas; write the
-    files (checked first against ``inputs``, the files the command reads, by option)."""
+    files (checked first against ``inputs``, the files the command reads, by option, and the spec's own)."""
     from kvsched.cli.common import console, print_summary, progress_bar
     from kvsched.cluster import Cluster
     from kvsched.cluster.summary import fleet_summary, fleet_table
@@ -69,7 +84,7 @@ def run_command(spec, workload, output, quiet, inputs: dict | None = None) -> di
         from kvsched.reporting.destination import check_apart, check_folder
 
         check_folder(output, FLEET_FILES)
-        check_apart({"--output": (output, FLEET_FILES)}, inputs or {})
+        check_apart({"--output": (output, FLEET_FILES)}, {**(inputs or {}), **spec_files(spec)})
     cluster = Cluster(spec)
     start = time.perf_counter()
     with progress_bar(quiet) as bar:
@@ -113,52 +128,8 @@ def write_fleet(cluster, summary: dict, table, output: Path) -> list[Path]:
     from kvsched.reporting.destination import publishing_folder
 
     with publishing_folder(output, FLEET_FILES) as stage:  # the folder is replaced whole, as a run's is
-        (stage / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
+        (stage / "summary.json").write_text(json.dumps(summary, indent=2, default=str, allow_nan=False) + "\n")
         pacsv.write_csv(table, stage / "requests.csv")
         pacsv.write_csv(route_table(cluster), stage / "routes.csv")
     return [output / name for name in FLEET_FILES]
-
-
-def explain_fleet(run_dir: Path, request: str | None) -> list[str]:
-    """``engine explain DIR`` on a fleet's folder: where the router sent each request and why (one
-    request with ``--request``; else how the requests spread over the replicas and the commonest reasons)."""
-    import pyarrow.csv as pacsv
-
-    from kvsched.cli.common import fail
-
-    routes = pacsv.read_csv(run_dir / "routes.csv").to_pylist()
-    if request is not None:
-        mine = [r for r in routes if r["request_id"] == request]
-        if not mine:
-            fail(f"request {request!r} is not in {run_dir / 'routes.csv'}")
-        lines = [f"{r['time']:.4f} s  {r['pool']} pool → {r['replica']}: {r['reason'] or '(the router gave no reason)'}" for r in mine]
-        return lines + _fleet_outcome(run_dir, request)
-    counts: dict[str, int] = {}
-    reasons: dict[str, int] = {}
-    for r in routes:
-        counts[r["replica"]] = counts.get(r["replica"], 0) + 1
-        kind = (r["reason"] or "(no reason given)").split(":")[0]
-        reasons[kind] = reasons.get(kind, 0) + 1
-    lines = [f"{len(routes)} routing decisions over {len(counts)} replicas"]
-    lines += [f"  {name}: {n} ({n / len(routes):.1%})" for name, n in sorted(counts.items(), key=lambda kv: -kv[1])]
-    lines.append("commonest reasons:")
-    lines += [f"  {n:>8}  {kind}" for kind, n in sorted(reasons.items(), key=lambda kv: -kv[1])[:8]]
-    return lines
-
-
-def _fleet_outcome(run_dir: Path, request: str) -> list[str]:
-    """How the request ended, from the fleet's requests.csv: where it finished, its latencies, its cache hits."""
-    import pyarrow.compute as pc
-    import pyarrow.csv as pacsv
-
-    table = pacsv.read_csv(run_dir / "requests.csv")
-    rows = table.filter(pc.equal(table["request_id"], request)).to_pylist()
-    if not rows:
-        return []
-    names = [r["replica"] for r in json.loads((run_dir / "summary.json").read_text()).get("replicas", [])]
-    row, name = rows[0], lambda i: names[i] if 0 <= i < len(names) else f"replica #{i}"
-    where = name(row["replica"]) + ("" if row["prompt_replica"] == row["replica"] else f" (its prompt ran on {name(row['prompt_replica'])})")
-    seconds = lambda v: "–" if v is None else f"{v:.4f} s"
-    return [f"ended {row['status']} on {where}: queued {seconds(row['queueing_time'])}, TTFT {seconds(row['ttft'])}, "
-            f"e2e {seconds(row['e2e'])}; {row['cached_tokens']} of its {row['prompt_tokens']} prompt tokens found in that replica's prefix cache"]
 

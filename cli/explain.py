@@ -20,8 +20,10 @@ def explain(
     if request is not None and step is not None:
         fail("give --request or --step, not both")
     if (run_dir / "routes.csv").is_file():  # a fleet's folder (engine run --replicas): where each request went and why
-        from kvsched.cli.cluster import explain_fleet
+        from kvsched.reporting.explain import explain_fleet
 
+        if step is not None:
+            fail("a fleet's folder has no steps to explain: give --request ID, or nothing")
         for line in explain_fleet(run_dir, request):
             console.print(line, markup=False, highlight=False, soft_wrap=True)
         return

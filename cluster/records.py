@@ -31,9 +31,16 @@ class FleetRecords:
         self.cached_tokens: list[int] = []
         self.routes: list[tuple[str, str, float, int, str]] = []  # (request, pool role, time, replica, reason)
         self.num_arrived = 0
+        self._ids: set[str] = set()  # every request id that arrived: a fleet, like one engine, serves each id once
         self._prefills: dict[str, tuple] = {}  # P/D: request id -> (original request, its prefill's record, replica)
 
     def arrived(self, request: Request) -> None:
+        """``request`` arrived at the fleet: refused if its id did before (it would be recorded twice,
+        and the replicas, each knowing only its own requests, cannot tell)."""
+        ids = self._ids
+        if request.request_id in ids:
+            raise ValueError(f"duplicate request id {request.request_id!r}")
+        ids.add(request.request_id)
         self.num_arrived += 1
 
     def routed(self, request: Request, replica: Replica, t: float, reason: str) -> None:

@@ -4,7 +4,6 @@ staleness of what it sees, and the KV transfer between pools. Written as JSON fo
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Literal
 
@@ -15,10 +14,14 @@ from kvsched.cluster.transfer import DecodeExecutor, KvTransfer
 from kvsched.core.config import EngineConfig
 from kvsched.core.engine import Engine
 from kvsched.core.errors import KvschedError
+from kvsched.core.files import read_json
 from kvsched.core.plugins import load_policy
 from kvsched.executors.profiles import resolve_profile
 from kvsched.executors.simulated import SimulatedExecutor
 from kvsched.experiments.settings import check_names, fit_to_profile
+
+
+MAX_REPLICAS = 4096  # replicas in a fleet, all groups together (--replicas takes as many)
 
 
 class FleetError(KvschedError):
@@ -30,7 +33,7 @@ class ReplicaGroup(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    count: int = Field(1, ge=1, le=4096)
+    count: int = Field(1, ge=1, le=MAX_REPLICAS)
     role: Literal["mixed", "prefill", "decode"] = MIXED
     policy: str = "vllm-default"
     policy_options: dict[str, Any] = Field(default_factory=dict)
@@ -44,7 +47,7 @@ class FleetSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
-    replicas: list[ReplicaGroup] = Field(min_length=1)
+    replicas: list[ReplicaGroup] = Field(min_length=1, max_length=MAX_REPLICAS)
     router: Any = Field("round-robin", description="an installed router's name, path/to/file.py:Class, or (in Python) a router object")
     router_options: dict[str, Any] = Field(default_factory=dict)
     staleness_s: float = Field(0.0, ge=0, description="a view shows the newest report at least this old (0: the newest)")
@@ -55,6 +58,10 @@ class FleetSpec(BaseModel):
         roles = {g.role for g in self.replicas}
         if roles != {MIXED} and roles != {PREFILL, DECODE}:
             raise ValueError("a fleet is all mixed replicas, or prefill and decode pools (both, and no mixed)")
+        total = sum(g.count for g in self.replicas)
+        if total > MAX_REPLICAS:
+            raise ValueError(f"a fleet has at most {MAX_REPLICAS:,} replicas, all groups together; "
+                             f"this one has {total:,}")
         return self
 
     @property
@@ -89,13 +96,9 @@ def _replica(name: str, group: ReplicaGroup, staleness: float) -> Replica:
 
 
 def load_fleet(path: Path, **overrides: Any) -> FleetSpec:
-    """A fleet spec from a JSON file; ``overrides`` (router, staleness_s, ...) replace its fields when not None."""
-    try:
-        data = json.loads(Path(path).read_text())
-    except OSError as exc:
-        raise FleetError(f"{path}: cannot read the fleet spec: {exc.strerror}") from None
-    except json.JSONDecodeError as exc:
-        raise FleetError(f"{path}:{exc.lineno}: invalid JSON: {exc.msg}") from None
+    """A fleet spec from a JSON file (read as every file a user gives is: ``core/files.py``);
+    ``overrides`` (router, staleness_s, ...) replace its fields when not None."""
+    data = read_json(path, "the fleet spec")
     if not isinstance(data, dict):
         raise FleetError(f"{path}: a fleet spec is a JSON object with a 'replicas' list")
     data.update({k: v for k, v in overrides.items() if v is not None})
@@ -103,4 +106,6 @@ def load_fleet(path: Path, **overrides: Any) -> FleetSpec:
         return FleetSpec.model_validate(data)
     except ValidationError as exc:
         first = exc.errors()[0]
-        raise FleetError(f"{path}: invalid fleet spec: {'.'.join(map(str, first['loc']))}: {first['msg']}") from None
+        where = "".join(f".{part}" if isinstance(part, str) else f"[{part}]" for part in first["loc"])
+        raise FleetError(f"{path}: invalid fleet spec: {where.lstrip('.') + ': ' if where else ''}"
+                         f"{first['msg'].removeprefix('Value error, ')}") from None

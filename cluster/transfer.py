@@ -18,12 +18,17 @@ from kvsched.executors.simulated import SimulatedExecutor, _charged
 
 
 class KvTransfer(BaseModel):
-    """What moving one request's KV costs: ``base_latency_s + bytes / (bandwidth_gb_per_s × 1e9)``."""
+    """What moving one request's KV costs: ``base_latency_s + bytes / (bandwidth_gb_per_s × 1e9)``.
+
+    Bounded so that every transfer takes a finite time a run can add up: at least a kilobyte a
+    second, at most an hour of set-up (a bandwidth of 1e-320 GB/s once made every transfer take
+    forever, so no request reached the decode pool)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
-    bandwidth_gb_per_s: float = Field(25.0, gt=0, description="effective transfer bandwidth (25 GB/s: a 200 Gb/s RDMA link, as NIXL uses)")
-    base_latency_s: float = Field(0.0005, ge=0, description="fixed cost of one transfer (set-up, handshake)")
+    bandwidth_gb_per_s: float = Field(25.0, ge=1e-6, description="effective transfer bandwidth "
+                                                                 "(25 GB/s: a 200 Gb/s RDMA link, as NIXL uses)")
+    base_latency_s: float = Field(0.0005, ge=0, le=3600, description="fixed cost of one transfer (set-up, handshake)")
 
     def seconds(self, prompt_tokens: int, kv_bytes_per_token: int) -> float:
         return self.base_latency_s + prompt_tokens * kv_bytes_per_token / (self.bandwidth_gb_per_s * 1e9)

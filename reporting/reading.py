@@ -4,7 +4,8 @@ is not a number, is one ``FileError`` naming the file and the key, column or lin
 file is read, so that nothing later trips over it with a bare ``KeyError``.
 
 Shapes of JSON are dicts of key -> what the value must be: ``float`` (any finite number), ``int``,
-``str``, ``dict``, a nested shape, or a tuple of these (``None`` in it: the value may be null).
+``str``, ``dict``, a nested shape, a list of one shape (``[shape]``: a list of such objects), or a
+tuple of these (``None`` in it: the value may be null).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import csv
 import math
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -41,10 +43,15 @@ def check_shape(data: Any, shape: dict[str, Any], path: Path, where: str = "") -
             raise FileError(f"no key {name!r}: not a summary written by engine run or engine bench", path)
         value, kinds = data[key], kind if isinstance(kind, tuple) else (kind,)
         nested = next((k for k in kinds if isinstance(k, dict)), None)
+        items = next((k[0] for k in kinds if isinstance(k, list)), None)
         if nested is not None and isinstance(value, dict):
             check_shape(value, nested, path, name)
-        elif not any(_is(value, k) for k in kinds if not isinstance(k, dict)):
-            wanted = " or ".join("an object" if isinstance(k, dict) else _NAMES[k] for k in kinds)
+        elif items is not None and isinstance(value, list):
+            for i, item in enumerate(value):
+                check_shape(item, items, path, f"{name}[{i}]")
+        elif not any(_is(value, k) for k in kinds if not isinstance(k, (dict, list))):
+            wanted = " or ".join("an object" if isinstance(k, dict) else "a list" if isinstance(k, list) else _NAMES[k]
+                                 for k in kinds)
             raise FileError(f"key {name!r} holds {quote(value)}, expected {wanted}", path)
 
 
@@ -108,11 +115,22 @@ def _fits(got: pa.DataType, wanted: pa.DataType) -> bool:
 def read_numbers(path: Path, columns: tuple[str, ...]) -> dict[str, list[float]]:
     """The finite numbers in ``columns`` of a CSV file (empty cells skipped: a request that never
     got that far); a file with no rows may lack the columns (an empty run writes only a header)."""
-    reader = csv.reader(text_lines(path, "results table"))
     out: dict[str, list[float]] = {c: [] for c in columns}
+    for line, cells in _rows(path, columns):
+        for column, cell in zip(columns, cells):
+            if cell:
+                out[column].append(_finite(cell, path, line, column))
+    return out
+
+
+def _rows(path: Path, columns: tuple[str, ...]) -> Iterator[tuple[int, list[str]]]:
+    """Each row of a CSV file as (its line, its stripped cells of ``columns``), checked as it is read:
+    as many fields as the header, which names every column (asked at the first row: a file with no
+    rows may lack them)."""
+    reader = csv.reader(text_lines(path, "results table"))
     try:
         header = [h.strip() for h in next(reader, [])]
-        index: dict[str, int] = {}
+        index: list[int] = []
         for row in reader:
             if len(row) != len(header):
                 raise FileError(f"expected {len(header)} fields, got {len(row)}", path, reader.line_num)
@@ -120,14 +138,50 @@ def read_numbers(path: Path, columns: tuple[str, ...]) -> dict[str, list[float]]
                 missing = [c for c in columns if c not in header]
                 if missing:
                     raise FileError(f"no column {missing[0]!r}: not written by engine run or engine bench", path, 1)
-                index = {c: header.index(c) for c in columns}
-            for column, i in index.items():
-                cell = row[i].strip()
-                if cell:
-                    out[column].append(_finite(cell, path, reader.line_num, column))
+                index = [header.index(c) for c in columns]
+            yield reader.line_num, [row[i].strip() for i in index]
     except csv.Error as exc:
         raise FileError(f"not a CSV file ({exc})", path, reader.line_num) from None
-    return out
+
+
+def read_csv(path: Path, schema: pa.Schema, required: tuple[str, ...] = ()) -> pa.Table:
+    """``schema``'s columns of a CSV file of the results, each of its type, the ``required`` ones
+    without an empty cell. pyarrow reads it; a file it cannot read is read again line by line, to
+    say where: file, line and column."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.csv as pacsv
+
+    try:
+        options = pacsv.ConvertOptions(column_types=schema, include_columns=schema.names)
+        table = pacsv.read_csv(path, convert_options=options)
+    except (OSError, pa.ArrowException) as exc:  # what is wrong, and where (the reading raises it, or says it)
+        said = str(exc).strip() or type(exc).__name__
+        raise _misfit(path, schema) or FileError(f"not a readable CSV file ({said})", path) from None
+    for name in required:
+        if table[name].null_count:
+            line = 2 + pc.index(pc.is_null(table[name]), True).as_py()  # one line a row, after the header
+            raise FileError("an empty cell, where engine run writes a value", path, line, name)
+    return table
+
+
+def _misfit(path: Path, schema: pa.Schema) -> FileError | None:
+    """The first cell of a CSV file that is not of its column's type in ``schema`` (None if there is none)."""
+    import pyarrow as pa
+
+    for line, cells in _rows(path, tuple(schema.names)):
+        for field, cell in zip(schema, cells):
+            if not cell or not _numeric(field.type):
+                continue
+            integer = pa.types.is_integer(field.type)
+            try:
+                number = int(cell) if integer else float(cell)
+            except ValueError:
+                number = None
+            if number is None or (integer and not -(2**63) <= number < 2**63):
+                wanted = "an integer" if integer else "a number"
+                return FileError(f"{quote(cell)} is not {wanted}", path, line, field.name)
+    return None
 
 
 def _finite(cell: str, path: Path, line: int, column: str) -> float:

@@ -5,15 +5,20 @@ takes TTFT from the prefill pool; heterogeneous fleets from a spec; ``engine run
 from __future__ import annotations
 
 import json
+import math
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from pydantic import ValidationError
 
 from kvsched.cluster import Cluster, FleetError, FleetSpec, KvTransfer, ReplicaGroup, load_fleet, run_cluster
-from kvsched.core.request import Request, SamplingParams
+from kvsched.cluster.summary import fleet_summary
+from kvsched.core.request import MAX_TOKENS, Request, SamplingParams
+from kvsched.executors.cost_model import MAX_KV_BYTES_PER_TOKEN
 from kvsched.experiments.simulation import run_simulation
 from kvsched.metrics.requests import RequestMetrics
 from kvsched.testing.cluster import assert_cluster, check_cluster
@@ -21,7 +26,7 @@ from kvsched.workloads.sessions import SessionSpec
 from tests.test_routers import BUILT_INS, registered  # noqa: F401  (the routers by name, installed or declared)
 
 ROOT = Path(__file__).resolve().parents[1]
-ENGINE = str(ROOT / ".venv/bin/engine")
+ENGINE = str(Path(sys.executable).parent / "engine")  # the console script beside the interpreter running the tests
 WIDE = {**__import__("os").environ, "COLUMNS": "200"}  # the tables unwrapped
 SMALL = {"num_gpu_blocks": 64, "block_size": 16, "max_num_batched_tokens": 1024, "max_model_len": 1024, "audit_every_step": True}
 
@@ -97,6 +102,44 @@ def test_pd_takes_ttft_from_the_prefill_pool_and_charges_the_transfer():
     assert row["ttft"] == pytest.approx(row["first_token_time"])
 
 
+@settings(max_examples=60)
+@given(bandwidth=st.floats(1e-6, 1e300), latency=st.floats(0, 3600), tokens=st.integers(1, MAX_TOKENS),
+       per_token=st.integers(0, MAX_KV_BYTES_PER_TOKEN))
+def test_every_transfer_a_spec_allows_takes_a_finite_time(bandwidth, latency, tokens, per_token):
+    """Before: a bandwidth of 1e-320 GB/s made each transfer infinite (no request reached the decode pool, exit 0)
+    and a set-up of 1e308 s wrote Infinity into summary.json."""
+    assert math.isfinite(KvTransfer(bandwidth_gb_per_s=bandwidth, base_latency_s=latency).seconds(tokens, per_token))
+
+
+@pytest.mark.parametrize("fields", [{"bandwidth_gb_per_s": 1e-320}, {"bandwidth_gb_per_s": 0.0}, {"bandwidth_gb_per_s": math.nan},
+                                    {"base_latency_s": 1e308}, {"base_latency_s": -1.0}, {"base_latency_s": math.inf}])
+def test_a_transfer_that_would_never_end_is_refused(fields):
+    with pytest.raises(ValidationError):
+        KvTransfer(**fields)
+
+
+def test_the_slowest_transfer_allowed_still_records_every_request_in_a_finite_summary():
+    requests = [req(f"r{i}", 200, 5, 0.1 * i) for i in range(4)]
+    slowest = KvTransfer(bandwidth_gb_per_s=1e-6, base_latency_s=3600)
+    cluster = Cluster(FleetSpec(replicas=[ReplicaGroup(role="prefill"), ReplicaGroup(role="decode")], transfer=slowest))
+    cluster.run(requests)
+    assert_cluster(cluster, requests)
+    summary = fleet_summary(cluster)
+    assert summary["finished"] == 4 and json.loads(json.dumps(summary, allow_nan=False, default=str))["e2e_s"]["mean"] > 3600
+
+
+@pytest.mark.parametrize("requests", [
+    [req("a", 30, 4, 0.0), req("a", 30, 4, 0.1)],  # round-robin: the second to the other replica
+    [req("a", 30, 4, 0.0), req("b", 30, 4, 0.0), req("a", 30, 4, 50.0)],  # the same replica, long after the first ended
+], ids=["to another replica", "after it ended"])
+@pytest.mark.parametrize("roles", [("mixed", "mixed"), ("prefill", "decode")])
+def test_a_request_id_the_fleet_saw_before_is_refused(requests, roles):
+    """Before: each replica knew only its own requests, took the second, and the id was recorded twice."""
+    cluster = Cluster(FleetSpec(replicas=[ReplicaGroup(role=role) for role in roles], router="round-robin"))
+    with pytest.raises(ValueError, match="duplicate request id 'a'"):
+        cluster.run(requests)
+
+
 def test_a_decode_replica_computes_no_prefill_for_a_received_prompt():
     """The step that takes in a prompt handed over from the prefill pool costs what a step without
     its prompt costs (the KV is there); the same step on a co-located replica pays the prefill."""
@@ -155,8 +198,6 @@ def test_sessions_come_in_arrival_order_and_grow_their_prompts():
 
 def test_prefix_affinity_keeps_a_sessions_turns_together():
     """Multi-turn sessions on 4 replicas with prefix caching: prefix-affinity finds more of each prompt cached than round-robin."""
-    from kvsched.cluster.summary import fleet_summary
-
     workload = SessionSpec(num_sessions=40, rate=2.0, think_time_s=2.0, seed=1).requests()
     rates = {}
     for router in ("round-robin", "prefix-affinity"):
