@@ -142,7 +142,14 @@ class Fleet:
 
     @api.post("/v1/completions")
     async def completions(self, request: HttpRequest):
-        body = CompletionBody(await request.json())
+        try:
+            payload = await request.json()
+        except (ValueError, RecursionError):  # not JSON, or nested past what the parser takes
+            payload = None
+        if not isinstance(payload, dict):  # refused here, as a server refuses it, not a 500 from a replica's call
+            refusal = {"object": "error", "message": "the body must be a JSON object", "type": "BadRequestError"}
+            return JSONResponse({**refusal, "param": None, "code": 400}, status_code=400)
+        body = CompletionBody(payload)
         if body.body.get("stream"):
             chunks = self.replicas.options(stream=True, method_name="stream").remote(body)
             return StreamingResponse(chunks, media_type="text/event-stream")

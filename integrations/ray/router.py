@@ -12,7 +12,13 @@ only if the choice is full). What a Serve replica can report differs from a simu
 - in-flight counts are this router's own (requests it routed whose response has not ended);
 - the prompt is the request's token ids when it gives a token list, else the UTF-8 bytes of its
   text (or of its messages' contents), so that prefix tables compare characters, as Ray's own
-  ``PrefixCacheAffinityRouter`` does.
+  ``PrefixCacheAffinityRouter`` does. A body with no prompt a ``Request`` can hold (none, one of
+  another shape, token ids past int64) goes in Serve's own order, to a server that answers it in
+  its own words; the router itself never fails on a body.
+
+What it remembers of a request lasts while Serve routes it: one cancelled before a replica took it
+is forgotten (Serve tells a router nothing then: the table is swept of them as it grows), one
+dispatched is forgotten when Serve says it completed.
 
 Configured as a deployment's ``RequestRouterConfig(request_router_class=
 "kvsched.integrations.ray.router:KvschedRequestRouter", request_router_kwargs={"router": NAME,
@@ -22,12 +28,14 @@ Configured as a deployment's ``RequestRouterConfig(request_router_class=
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
 
+from pydantic import ValidationError
 from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, RunningReplica
 
-from kvsched.core.request import Request
+from kvsched.core.request import MAX_INT64, Request
 from kvsched.routers.plugins import RouterHooks
 from kvsched.routers.view import Signals
 
@@ -55,20 +63,34 @@ class ServeReplica:
 
 def prompt_ids(pending: PendingRequest) -> list[int]:
     """The token ids of a pending request's prompt (see the module's note); empty if it has none."""
-    for arg in list(pending.args) + list(pending.kwargs.values()):
-        body = arg if isinstance(arg, dict) else getattr(arg, "body", None)  # the fleet's CompletionBody: the JSON body itself
-        if not isinstance(body, dict):
-            body = getattr(arg, "__dict__", {})
-        prompt = body.get("prompt", getattr(arg, "prompt", None))
-        if prompt is None and body.get("messages", getattr(arg, "messages", None)):
-            prompt = "".join(str(m.get("content", "")) if isinstance(m, dict) else str(getattr(m, "content", "")) for m in body.get("messages") or arg.messages)
-        if isinstance(prompt, list) and prompt and isinstance(prompt[0], list):
-            prompt = prompt[0]  # a batch of prompts: its first decides
-        if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
-            return prompt
-        if isinstance(prompt, str):
-            return list(prompt.encode())
+    for arg in (*pending.args, *pending.kwargs.values()):
+        try:
+            body = arg if isinstance(arg, dict) else getattr(arg, "body", None)  # a CompletionBody: the body itself
+            if not isinstance(body, dict):
+                body = vars(arg) if hasattr(arg, "__dict__") else {}
+            prompt = body.get("prompt")
+            if prompt is None and isinstance(body.get("messages"), list):
+                prompt = "".join(_texts(body["messages"]))
+            if isinstance(prompt, list) and prompt and isinstance(prompt[0], (list, str)):
+                prompt = prompt[0]  # a batch of prompts: its first decides
+            if isinstance(prompt, list) and all(type(t) is int and -MAX_INT64 - 1 <= t <= MAX_INT64 for t in prompt):
+                return prompt
+            if isinstance(prompt, str):
+                return list(prompt.encode("utf-8", "surrogatepass"))
+        except Exception:  # an argument that is no body: the next one may be
+            continue
     return []
+
+
+def _texts(messages: list) -> Iterator[str]:
+    """The text of chat messages: each one's ``content``, a string or a list of parts (OpenAI's ``{"type":
+    "text", "text": ...}``); what is neither adds nothing."""
+    for message in messages:
+        content = message.get("content") if isinstance(message, dict) else None
+        if isinstance(content, str):
+            yield content
+        elif isinstance(content, list):
+            yield from (p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
 
 
 class KvschedRequestRouter(RequestRouter):
@@ -78,8 +100,9 @@ class KvschedRequestRouter(RequestRouter):
         self.hooks = RouterHooks(router, router_options)
         self.block_size = block_size
         self.replicas: dict[ReplicaID, ServeReplica] = {}
-        self.asked: dict[str, Request] = {}  # internal request id -> the request as the router saw it
+        self.asked: dict[str, tuple[Request, PendingRequest]] = {}  # internal request id -> (as routed, as Serve has it)
         self.routed: dict[str, tuple[Request, ServeReplica]] = {}  # internal request id -> what it was and where it went
+        self.sweep_at = 64  # the size of ``asked`` at which cancelled requests are swept from it
         self.start = time.monotonic()
 
     def _replica(self, replica: RunningReplica) -> ServeReplica:
@@ -92,16 +115,25 @@ class KvschedRequestRouter(RequestRouter):
         if pending_request is None or not candidate_replicas:
             return [candidate_replicas]
         ids = prompt_ids(pending_request)
-        if not ids:  # a call with no prompt (a health check, a method of the deployment): Serve's order
+        try:
+            request = Request(request_id=pending_request.metadata.internal_request_id, prompt_token_ids=tuple(ids))
+        except ValidationError:  # no prompt (a health check, a method), or none a Request holds: Serve's order
             return [candidate_replicas]
-        request = Request(request_id=pending_request.metadata.internal_request_id, prompt_token_ids=tuple(ids))
         replicas = [self._replica(r) for r in candidate_replicas]
         chosen, _reason = self.hooks.route(request, replicas, time.monotonic() - self.start, 0.0)
-        self.asked[request.request_id] = request  # what on_request_routed records, once Serve sends it
+        self._forget_cancelled()
+        self.asked[request.request_id] = (request, pending_request)  # on_request_routed records it, once Serve sends it
         return [[chosen.replica], [r.replica for r in replicas if r is not chosen]]
 
+    def _forget_cancelled(self) -> None:
+        """Sweep the requests cancelled before Serve sent them from ``asked``, once it has grown to
+        twice what the last sweep left (or 64): it holds about the requests being routed, no more."""
+        if len(self.asked) >= self.sweep_at:
+            self.asked = {rid: entry for rid, entry in self.asked.items() if not entry[1].future.cancelled()}
+            self.sweep_at = max(64, 2 * len(self.asked))
+
     def on_request_routed(self, pending_request: PendingRequest, replica_id: ReplicaID, result) -> None:
-        request = self.asked.pop(pending_request.metadata.internal_request_id, None)
+        request, _ = self.asked.pop(pending_request.metadata.internal_request_id, (None, None))
         replica = self.replicas.get(replica_id)
         if request is None or replica is None:
             return
@@ -112,7 +144,8 @@ class KvschedRequestRouter(RequestRouter):
 
     def on_request_completed(self, replica_id: ReplicaID, internal_request_id: str) -> None:
         found = self.routed.pop(internal_request_id, None)
-        if found is None:
+        if found is None:  # dispatched but never routed (a replica that refused it: asked again if retried)
+            self.asked.pop(internal_request_id, None)
             return
         request, replica = found
         replica.in_flight_requests -= 1
