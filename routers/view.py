@@ -124,12 +124,12 @@ def _reported_field(i: int | None, doc: str) -> property:
 
     def get(view: ReplicaView):
         state = _state_of(view)
-        call = state[_CALL]
+        call = state[1]  # _CALL, as a constant: this runs for every replica of every request
         if not call.open:
             raise _closed(call)
-        signals = state[_SIGNALS]
+        signals = state[3]  # _SIGNALS
         if signals is None:
-            signals = state[_SIGNALS] = state[_REPLICA].signals_as_of(call.as_of)
+            signals = state[3] = state[0].signals_as_of(call.as_of)  # _REPLICA's
         return signals if i is None else signals[i]
 
     return property(get, doc=doc)
@@ -141,9 +141,9 @@ def _replica_field(name: str, doc: str) -> property:
 
     def get(view: ReplicaView):
         state = _state_of(view)
-        if not state[_CALL].open:
-            raise _closed(state[_CALL])
-        return read(state[_REPLICA])
+        if not state[1].open:  # _CALL's (a constant, as above)
+            raise _closed(state[1])
+        return read(state[0])  # _REPLICA
 
     return property(get, doc=doc)
 
