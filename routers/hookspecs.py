@@ -34,8 +34,8 @@ def route_request(request: Request, replicas: tuple[ReplicaView, ...]) -> Replic
 
     Return one of the views, or ``Route(view, reason)`` to say why (``engine explain`` shows it).
     Called once per request at its arrival time (under P/D disaggregation, once in the prefill
-    pool at arrival and once in the decode pool when its prefill is done). The views are valid only
-    during this call. Required.
+    pool at arrival and once in the decode pool when its prefill is done). ``request`` is a read-only
+    ``RequestView`` of it; it and the replica views are valid only during this call. Required.
     """
 
 

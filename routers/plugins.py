@@ -29,7 +29,7 @@ from kvsched.core.loading import (
 )
 from kvsched.core.plugins import _dispatch
 from kvsched.routers import hookspecs, view
-from kvsched.routers.view import ReplicaView, RequestView, Route, RoutingCall, chosen, views
+from kvsched.routers.view import Route, RoutingCall, chosen
 
 KIND = "router"
 ENTRY_POINT_GROUP = GROUPS[KIND]
@@ -153,7 +153,6 @@ class RouterHooks:
         if self.reads_reports_only and self._on_finished is not None:
             raise RouterError(self.name, "declares reads_reports_only and implements on_finished: a router routed ahead "
                                          "learns of finishes after later choices; drop one of the two")
-        self._shown: tuple[Any, Any] = (None, None)  # the last request handed to the router, and the view it was handed
 
     def _register(self, router: Any) -> None:
         """Register it with pluggy, which reads its attributes and markers (plugin code) and checks
@@ -173,8 +172,8 @@ class RouterHooks:
         """Ask the router for ``request`` among ``replicas`` (the cluster's ``Replica`` objects) at ``now``;
         the chosen replica and the router's reason. Views show reports at least ``staleness`` old, and
         only those if ``reports_only``."""
-        call = RoutingCall(now, staleness, self.name, reports_only, ROUTE)
-        answer = self._call(ROUTE, self._route, call, self._view(request), views(replicas, call))
+        call = RoutingCall(now, staleness, self.name, reports_only, ROUTE, request, replicas)
+        answer = self._call(self._route, call)
         reason = ""
         if type(answer) is Route and len(answer) == 2:
             answer, reason = answer
@@ -188,44 +187,33 @@ class RouterHooks:
         return replica, reason
 
     def routed(self, request, replica, now: float, staleness: float = 0.0, reports_only: bool = False) -> None:
+        """Tell the router where ``request`` went (its view as stale as a routing call's: the router knows no more then)."""
         if self._on_routed is not None:
-            call = RoutingCall(now, staleness, self.name, reports_only, ON_ROUTED)
-            self._notify(self._on_routed, request, replica, call)
+            self._call(self._on_routed, RoutingCall(now, staleness, self.name, reports_only, ON_ROUTED, request, [replica]))
 
     def finished(self, request, replica, now: float, staleness: float = 0.0) -> None:
+        """Tell the router that ``request`` finished on ``replica``."""
         if self._on_finished is not None:
-            call = RoutingCall(now, staleness, self.name, False, ON_FINISHED)
-            self._notify(self._on_finished, request, replica, call)
+            self._call(self._on_finished, RoutingCall(now, staleness, self.name, False, ON_FINISHED, request, [replica]))
 
-    def _notify(self, hook, request, replica, call: RoutingCall) -> None:
-        """An observing hook's call: its view as stale as a routing call's (the router knows no more then)."""
-        self._call(call.hook, hook, call, self._view(request), ReplicaView(replica, call, 0))
-
-    def _view(self, request) -> RequestView:
-        """The read-only view of ``request`` a hook is handed (the engine's own request is never handed
-        out), one for a routing call and the ``on_routed`` call after it."""
-        last, shown = self._shown
-        if last is not request:
-            shown = RequestView(request)
-            self._shown = (request, shown)
-        return shown
-
-    def _call(self, name: str, hook, call: RoutingCall, *args):
-        """A hook call: anything it raises but KeyboardInterrupt (SystemExit too) is a ``RouterError``
-        naming the router, the hook and its line; a read its views refused is raised even if the
-        router caught it; the views close when it returns."""
+    def _call(self, hook, call: RoutingCall):
+        """A hook call, with the views ``call`` makes (the replicas for ``route_request``, the one replica
+        otherwise): anything it raises but KeyboardInterrupt (SystemExit too) is a ``RouterError``
+        naming the router, the hook and its line; a read its views refused is raised even if the router
+        caught it; the views close when it returns."""
+        request, views = call.begin()
         try:
-            result = hook(*args)
+            result = hook(request, views if call.hook == ROUTE else views[0])
         except KeyboardInterrupt:
             raise
         except BaseException as exc:
             error = call.refused or (exc if issubclass(type(exc), RouterError) else
-                                     RouterError(self.name, f"raised {_exception_text(exc, _OWN_FILES)}", name))
+                                     RouterError(self.name, f"raised {_exception_text(exc, _OWN_FILES)}", call.hook))
             if error is exc:
                 raise
             raise error from exc
         finally:
-            call.open = False
+            call.end()
         if call.refused is not None:
             raise call.refused
         return result

@@ -1,16 +1,20 @@
-"""What a router sees of one replica: a read-only window, as of a stale report, valid for one call.
+"""What a router's hooks see: the request and each replica, through read-only windows valid for one call.
 
 Counts and KV usage come from the replica's step reports (as vLLM's scheduler stats do), the latest
 one at least ``staleness`` seconds old; in-flight counts are the router's own bookkeeping (fresh);
-prefix-cache hits are read from the replica's real cache. The view keeps its replica and its call
-in a hidden slot (no attribute leads to them, and a copy of the view does not carry them) and
-refuses every read once its call has returned, so a router can neither reach the cluster through
-one nor keep one and act on what it no longer shows.
+prefix-cache hits are read from the replica's real cache.
+
+A view holds no reference to what it shows: only its call's number (and its place, its replica's
+name, its router's name), in a hidden slot. What it shows is found through the calls under way
+(``_OPEN``), which nothing a router is handed leads to; a call leaves them when it returns, so a
+view kept past its call shows nothing. A hidden slot alone would not do: a router can switch an
+object's ``__class__`` to a class of its own with the same ``__slots__`` and read the slot through
+that class's descriptor (``tests/test_routers.py``); here it would find only those numbers and names.
 """
 
 from __future__ import annotations
 
-from operator import attrgetter
+from itertools import count
 from typing import TYPE_CHECKING, NamedTuple
 
 from kvsched.core.errors import quote
@@ -40,47 +44,44 @@ class Route(NamedTuple):
     reason: str = ""
 
 
-class RequestView:
-    """A request as a router's hooks see it: the request's fields, read-only, ``sampling`` as a read-only
-    copy (``frozen``). The engine's own request is in a hidden slot: a frozen pydantic object is still
-    writable through ``__dict__`` or ``object.__setattr__``, so it is never handed to a router (one
-    that set ``output_len`` through it once changed the run)."""
-
-    __slots__ = ("_request",)
-
-    def __init__(self, request: Request) -> None:
-        _set_request(self, request)
-
-    sampling = property(lambda self: frozen(_request_of(self).sampling), doc="how it samples (a read-only copy)")
-
-    def __repr__(self) -> str:
-        return f"<RequestView {_request_of(self).request_id!r}>"
-
-
-_request_of, _set_request = hidden_slot(RequestView, "_request")
-
-
-def _request_field(name: str) -> property:
-    return property(lambda view: getattr(_request_of(view), name), doc=f"the request's {name}")
-
-
-for _name in FIELDS:
-    if _name != "sampling":
-        setattr(RequestView, _name, _request_field(_name))
-
-
 class RoutingCall:
-    """One hook call: when it runs, the staleness of the reports it shows, whether it is still open,
-    whether it may read only reports (a router that declares ``reads_reports_only``, routed ahead),
-    the hook, and the first read it refused (raised at the call's end even if the router caught it)."""
+    """One hook call: its number, when it runs, the staleness of the reports it shows, whether it may
+    read only reports (a router that declares ``reads_reports_only``, routed ahead), the hook, the
+    request and replicas it shows, the views it handed out, and the first read it refused (raised at
+    the call's end even if the router caught it). Open from ``begin`` to ``end``."""
 
-    __slots__ = ("now", "as_of", "router", "open", "reports_only", "hook", "refused", "_hashes")
+    __slots__ = ("number", "now", "as_of", "router", "reports_only", "hook", "refused", "request", "replicas", "views",
+                 "signals", "_hashes")
 
-    def __init__(self, now: float, staleness: float, router: str, reports_only: bool = False,
-                 hook: str | None = None) -> None:
-        self.now, self.as_of, self.router, self.open, self.reports_only = now, now - staleness, router, True, reports_only
-        self.hook, self.refused = hook, None
+    def __init__(self, now: float, staleness: float, router: str, reports_only: bool = False, hook: str | None = None,
+                 request: Request | None = None, replicas: list = ()) -> None:
+        self.number, self.now, self.as_of, self.router = next(_NUMBERS), now, now - staleness, router
+        self.reports_only, self.hook, self.refused, self.request, self.replicas = reports_only, hook, None, request, replicas
+        self.views: tuple[ReplicaView, ...] = ()
+        self.signals: list[Signals | None] = [None] * len(replicas)  # each replica's report, once a view has read it
         self._hashes: dict[tuple[int, int], tuple[object, list[int]]] = {}  # (id, block size) -> (request, hashes)
+
+    def begin(self) -> tuple[RequestView, tuple[ReplicaView, ...]]:
+        """Open the call: the request's view and a view of each replica, in order (made without
+        ``__init__``: one a replica a request)."""
+        _OPEN[self.number] = self
+        new, put, number, router = object.__new__, _set_at, self.number, self.router
+        views = []
+        for i, replica in enumerate(self.replicas):
+            view = new(ReplicaView)
+            put(view, (number, i, replica.name, router))
+            views.append(view)
+        self.views = tuple(views)
+        request = new(RequestView)
+        _set_request_at(request, (number, router))
+        return request, self.views
+
+    def end(self) -> None:
+        del _OPEN[self.number]
+
+    @property
+    def open(self) -> bool:
+        return self.number in _OPEN
 
     def hashes(self, request: Request, block_size: int) -> list[int]:
         """The request's full-block prefix hashes, computed once per call and block size."""
@@ -92,7 +93,7 @@ class RoutingCall:
             found = self._hashes[key] = (request, prefix_hashes(request.prompt_token_ids, block_size))
         return found[1]
 
-    def refuse(self, message: str):
+    def refuse(self, message: str) -> RouterError:
         """The ``RouterError`` for a read this call may not make (kept as the call's, if it is still open)."""
         from kvsched.routers.plugins import RouterError
 
@@ -102,48 +103,48 @@ class RoutingCall:
         return error
 
 
-_REPLICA, _CALL, _INDEX, _SIGNALS = range(4)  # a view's state: [replica, call, index, report read (None until read)]
+_OPEN: dict[int, RoutingCall] = {}  # the calls under way, by number
+_NUMBERS = count()
 
 
-def _closed(call: RoutingCall) -> RouterError:
-    return call.refuse("read a ReplicaView after its call returned: "
-                       "a view is valid only during the call that received it")
+def _closed(what: str, router: str) -> RouterError:
+    from kvsched.routers.plugins import RouterError
+
+    return RouterError(router, f"read a {what} after its call returned: a view is valid only during the call that received it")
 
 
-def _live(view: ReplicaView) -> list:
-    """The view's state while its call is open."""
-    state = _state_of(view)
-    if not state[_CALL].open:
-        raise _closed(state[_CALL])
-    return state
+def _call_of(view: ReplicaView) -> tuple[RoutingCall, int]:
+    """The open call of ``view``, and its place in it."""
+    number, index, _, router = _at_of(view)
+    call = _OPEN.get(number)
+    if call is None:
+        raise _closed("ReplicaView", router)
+    return call, index
 
 
 def _reported_field(i: int | None, doc: str) -> property:
     """A field of the report a view shows (``None``: the whole report): looked up on the view's first
-    read, no call more after (``_live`` inlined: these are read for every replica of every request)."""
+    read, no call more after (``_call_of`` inlined: this runs for every replica of every request)."""
 
     def get(view: ReplicaView):
-        state = _state_of(view)
-        call = state[1]  # _CALL, as a constant: this runs for every replica of every request
-        if not call.open:
-            raise _closed(call)
-        signals = state[3]  # _SIGNALS
+        number, index, _, router = _at_of(view)
+        call = _OPEN.get(number)
+        if call is None:
+            raise _closed("ReplicaView", router)
+        signals = call.signals[index]
         if signals is None:
-            signals = state[3] = state[0].signals_as_of(call.as_of)  # _REPLICA's
+            signals = call.signals[index] = call.replicas[index].signals_as_of(call.as_of)
         return signals if i is None else signals[i]
 
     return property(get, doc=doc)
 
 
-def _replica_field(name: str, doc: str) -> property:
-    """An attribute of the replica itself (its name, role, ...), read while the call is open."""
-    read = attrgetter(name)
+def _replica_field(read, doc: str) -> property:
+    """What ``read`` reads of the replica itself (its role, its policy, ...), while the call is open."""
 
     def get(view: ReplicaView):
-        state = _state_of(view)
-        if not state[1].open:  # _CALL's (a constant, as above)
-            raise _closed(state[1])
-        return read(state[0])  # _REPLICA
+        call, index = _call_of(view)
+        return read(call.replicas[index])
 
     return property(get, doc=doc)
 
@@ -151,30 +152,26 @@ def _replica_field(name: str, doc: str) -> property:
 def _fresh(view: ReplicaView, name: str):
     """The replica, for a fresh signal: refused to a router that declared it reads only reports (it is
     routed ahead of them)."""
-    state = _live(view)
-    if state[_CALL].reports_only:
-        raise state[_CALL].refuse(f"declares reads_reports_only but read {name}, which is fresh: "
-                                  "drop the declaration, or read only reported fields")
-    return state[_REPLICA]
+    call, index = _call_of(view)
+    if call.reports_only:
+        raise call.refuse(f"declares reads_reports_only but read {name}, which is fresh: "
+                          "drop the declaration, or read only reported fields")
+    return call.replicas[index]
 
 
 class ReplicaView:
-    """One replica as a router sees it during one call. Every attribute is read-only, and none leads
-    to the replica, the call or anything else of the cluster's: what the view shows is in one hidden
-    slot (``hidden_slot``), which a copy of the view does not carry."""
+    """One replica as a router sees it during one call. Every attribute is read-only; ``name`` and
+    ``index`` say which replica (they stay readable), the rest is refused once the call returns."""
 
-    __slots__ = ("_state",)
+    __slots__ = ("_at",)
 
-    def __init__(self, replica, call: RoutingCall, index: int) -> None:
-        _set_state(self, [replica, call, index, None])
-
-    index = property(lambda self: _state_of(self)[_INDEX], doc="its place among the replicas of this call")
-    name = _replica_field("name", "the replica's name (replica-0, prefill-1, ...)")
-    role = _replica_field("role", "mixed, prefill or decode")
-    profile = _replica_field("profile_name", "its cost profile")
-    num_gpu_blocks = _replica_field("num_gpu_blocks", "its KV blocks")
-    policy = property(lambda self: _live(self)[_REPLICA].engine.policy_name, doc="its scheduling policy")
-    block_size = property(lambda self: _live(self)[_REPLICA].engine.config.block_size, doc="tokens per KV block")
+    index = property(lambda self: _at_of(self)[1], doc="its place among the replicas of this call")
+    name = property(lambda self: _at_of(self)[2], doc="the replica's name (replica-0, prefill-1, ...)")
+    role = _replica_field(lambda r: r.role, "mixed, prefill or decode")
+    profile = _replica_field(lambda r: r.profile_name, "its cost profile")
+    num_gpu_blocks = _replica_field(lambda r: r.num_gpu_blocks, "its KV blocks")
+    policy = _replica_field(lambda r: r.engine.policy_name, "its scheduling policy")
+    block_size = _replica_field(lambda r: r.engine.config.block_size, "tokens per KV block")
     # The reads every router makes for every replica of every request (one call each, not two).
     reported_at = _reported_field(0, "when the report it shows was true (engine seconds)")
     num_waiting = _reported_field(1, "waiting requests, as reported")
@@ -191,45 +188,76 @@ class ReplicaView:
     @property
     def kv_usage(self) -> float:
         """Used GPU blocks over all of them, as reported (0 to 1; cached free blocks count as free)."""
-        return 1.0 - self.num_free_gpu_blocks / _state_of(self)[_REPLICA].num_gpu_blocks
+        return 1.0 - self.num_free_gpu_blocks / self.num_gpu_blocks
 
     def cached_prefix_tokens(self, request: Request) -> int:
         """Leading prompt tokens of ``request`` (in full blocks) that the replica's GPU prefix cache
         holds now; 0 without prefix caching or without prompt token ids."""
         replica = _fresh(self, "cached_prefix_tokens")
         block_size = replica.engine.config.block_size
-        return replica.cached_prefix_blocks(_state_of(self)[_CALL].hashes(request, block_size)) * block_size
+        return replica.cached_prefix_blocks(_call_of(self)[0].hashes(request, block_size)) * block_size
 
     def __repr__(self) -> str:
         try:
-            return f"<ReplicaView {_state_of(self)[_REPLICA].name}>"
-        except AttributeError:
+            return f"<ReplicaView {_at_of(self)[2]}>"
+        except (AttributeError, TypeError, IndexError):
             return "<ReplicaView not made by the cluster>"
 
 
-_state_of, _set_state = hidden_slot(ReplicaView, "_state")
+_at_of, _set_at = hidden_slot(ReplicaView, "_at")  # (call number, place, replica name, router name)
 
 
-def views(replicas: list, call: RoutingCall) -> tuple[ReplicaView, ...]:
-    """A view of each of ``replicas`` for ``call``, in order (made without ``__init__``: one a replica a request)."""
-    new, put, out = object.__new__, _set_state, []
-    for i, replica in enumerate(replicas):
-        view = new(ReplicaView)
-        put(view, [replica, call, i, None])
-        out.append(view)
-    return tuple(out)
+class RequestView:
+    """A request as a router's hooks see it during one call: the request's fields, read-only,
+    ``sampling`` as a read-only copy (``frozen``). The engine's own request is never handed to a
+    router: a frozen pydantic object is still writable through ``__dict__`` or ``object.__setattr__``
+    (a router that set ``output_len`` through it once changed the run)."""
+
+    __slots__ = ("_at",)
+
+    sampling = property(lambda self: frozen(_request(self).sampling), doc="how it samples (a read-only copy)")
+
+    def __repr__(self) -> str:
+        try:
+            return f"<RequestView {_request(self).request_id!r}>"
+        except Exception:
+            return "<RequestView of a call that returned>"
+
+
+_request_at, _set_request_at = hidden_slot(RequestView, "_at")  # (call number, router name)
+
+
+def _request(view: RequestView) -> Request:
+    number, router = _request_at(view)
+    call = _OPEN.get(number)
+    if call is None:
+        raise _closed("RequestView", router)
+    return call.request
+
+
+def _request_field(name: str) -> property:
+    return property(lambda view: getattr(_request(view), name), doc=f"the request's {name}")
+
+
+for _name in FIELDS:
+    if _name != "sampling":
+        setattr(RequestView, _name, _request_field(_name))
 
 
 def chosen(answer: object, call: RoutingCall) -> tuple[object, str]:
     """``(replica, "")``: the replica behind ``answer`` if it is a view the cluster made for ``call``;
     else ``(None, what it is instead)``: nothing, a foreign object, a view kept from an earlier call
-    (another pool's included), one made by hand, or a copy."""
+    (another pool's included), or a view the cluster did not make (a copy, one made by hand).
+    Identity only: nothing of ``answer``'s own runs."""
     if type(answer) is not ReplicaView:
         return None, "None" if answer is None else f"{quote(answer)}, not one of the ReplicaViews it was given,"
+    views = call.views
+    if answer in views:  # a tuple of ReplicaViews, which compare by identity
+        return call.replicas[views.index(answer)], ""
     try:
-        state = _state_of(answer)
+        at = _at_of(answer)
     except AttributeError:  # made without its state: ReplicaView.__new__, copy.copy
-        return None, "a ReplicaView the cluster did not make (a copy, or one made by hand)"
-    if state[_CALL] is call:
-        return state[_REPLICA], ""
-    return None, "a view it was not given in this call" if state[_CALL].open else "a view kept from an earlier call"
+        at = None
+    if type(at) is tuple and len(at) == 4 and type(at[0]) is int and at[0] < call.number:
+        return None, "a view kept from an earlier call"
+    return None, "a ReplicaView the cluster did not make (a copy, or one made by hand)"

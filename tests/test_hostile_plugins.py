@@ -438,6 +438,26 @@ def test_an_observer_cannot_clear_the_notes_a_steady_step_repeats():
         engine.run([req(f"r{i}", 40, 30 + 7 * i, arrival=0.01 * i) for i in range(12)], on_step=Clears())
 
 
+def behind_slots(handed) -> tuple:
+    """What a plugin reads from the slots of what it is handed, hidden ones included, by switching each object's
+    ``__class__`` to a class of its own with the same ``__slots__`` (a layout Python lets it assign), and back."""
+    found = []
+    for obj in (handed if isinstance(handed, tuple) else (handed,)):
+        if isinstance(obj, tuple):
+            found += behind_slots(obj)
+            continue
+        cls = type(obj)
+        slots = [s for klass in cls.__mro__ for s in vars(klass).get("__slots__", ())]
+        if not slots:
+            continue
+        obj.__class__ = type("Same", (), {"__slots__": tuple(slots)})
+        try:
+            found += [getattr(obj, s) for s in slots if hasattr(obj, s)]
+        finally:
+            obj.__class__ = cls
+    return tuple(found)  # the walk's own container, not what it reached
+
+
 class LooksAround:
     """A router that walks what each of its hooks is handed, as the hook runs (a view refuses every read after its
     call), checking that nothing it reaches is writable or the fleet's own; it routes round-robin."""
@@ -450,7 +470,7 @@ class LooksAround:
     def look(self, hook: str, args) -> None:
         owned = engine_owned(self.cluster, self.cluster.router)
         self.kinds.add(hook)
-        for obj, path in reachable(args):
+        for obj, path in [*reachable(args), *reachable(behind_slots(args))]:
             self.walked += 1
             assert id(obj) not in owned, f"{hook}: {path} is the fleet's own {type(obj).__name__}"
             assert not writable(obj), f"{hook}: {path} is a writable {type(obj).__name__}"
@@ -472,8 +492,10 @@ class LooksAround:
 @pytest.mark.parametrize("roles", [("mixed",), ("prefill", "decode")])
 def test_nothing_a_router_hook_is_handed_leads_to_mutable_fleet_state(roles):
     """The reachability walk above, from every router hook's arguments (the request, the replica views, what a view
-    reads: reports, cached prefixes, the sampling parameters), in a co-located fleet and under P/D: read-only copies
-    and views only. (A router was once handed the engine's own Request, and a view its writable call.)"""
+    reads: reports, cached prefixes, the sampling parameters) and from what their slots hold, read by switching their
+    class to one with the same slots: read-only views and copies, numbers and names only, in a co-located fleet and
+    under P/D. (A router was once handed the engine's own Request; a view's call was writable, and its hidden slot
+    held the replica itself.)"""
     looks = LooksAround()
     settings = {**CONFIG, "enable_prefix_caching": True, "num_gpu_blocks": 64}
     cluster = Cluster(FleetSpec(replicas=[ReplicaGroup(count=2, role=role, settings=settings) for role in roles],

@@ -23,7 +23,7 @@ from kvsched.routers.balance import LeastOutstanding, PowerOfTwo, RoundRobin, Vl
 from kvsched.routers.plugins import RouterHooks, available_routers, load_router
 from kvsched.routers.prefix import CacheAware, PrefixAffinity
 from kvsched.routers.prefix_index import PrefixIndex, prefix_hashes
-from kvsched.routers.view import ReplicaView, Route, RoutingCall, Signals
+from kvsched.routers.view import ReplicaView, Route, Signals
 from kvsched.routers.weighted import Weighted
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -301,12 +301,23 @@ def _forged(replicas):
     return ReplicaView.__new__(ReplicaView)
 
 
+def _switched(view):
+    """A view made by hand with ``view``'s hidden state, written through a class of the same ``__slots__``."""
+    same = type("Same", (), {"__slots__": ReplicaView.__slots__})
+    view.__class__ = same
+    made = object.__new__(same)
+    for slot in ReplicaView.__slots__:
+        setattr(made, slot, getattr(view, slot))
+    view.__class__ = made.__class__ = ReplicaView
+    return made
+
+
 @pytest.mark.parametrize("make, message", [
     (_forged, "returned a ReplicaView the cluster did not make (a copy, or one made by hand)"),
     (lambda rs: copy.copy(rs[0]), "returned a ReplicaView the cluster did not make"),
     (lambda rs: copy.deepcopy(rs[0]), "returned a ReplicaView the cluster did not make"),
     (lambda rs: pickle.loads(pickle.dumps(rs[0])), "returned a ReplicaView the cluster did not make"),
-    (lambda rs: ReplicaView(SimpleNamespace(name="mine"), RoutingCall(0.0, 0.0, "x"), 0), "returned a view it was not given in this call"),
+    (lambda rs: _switched(rs[0]), "returned a ReplicaView the cluster did not make"),
     (lambda rs: (rs[0], "a plain tuple"), "returned (<ReplicaView replica-0>, 'a plain tuple'), not one of the ReplicaViews"),
 ])
 def test_a_forged_copied_or_made_view_is_refused_as_the_routers_error(make, message):
