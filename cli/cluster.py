@@ -14,7 +14,8 @@ import typer
 ReplicasOpt = Annotated[Optional[int], typer.Option("--replicas", min=1, max=4096, help="simulate a fleet of N replicas (each its own engine) behind --router")]
 RouterOpt = Annotated[Optional[str], typer.Option("--router", help="routing policy for the fleet (see `engine routers`; default round-robin), or path/to/file.py:Class")]
 RouterOptOpt = Annotated[Optional[list[str]], typer.Option("--router-opt", help="router option KEY=VALUE (repeatable)")]
-StalenessOpt = Annotated[Optional[float], typer.Option("--staleness", min=0, help="seconds: the router sees each replica's report at least this old (llm-d: 0.05)")]
+StalenessOpt = Annotated[Optional[float], typer.Option(
+    "--staleness", min=0, max=3600, help="seconds: the router sees each replica's report at least this old (llm-d: 0.05)")]
 PrefillOpt = Annotated[Optional[int], typer.Option("--prefill-replicas", min=1, max=4096, help="P/D disaggregation: replicas in the prefill pool (with --decode-replicas)")]
 DecodeOpt = Annotated[Optional[int], typer.Option("--decode-replicas", min=1, max=4096, help="P/D disaggregation: replicas in the decode pool (with --prefill-replicas)")]
 FleetOpt = Annotated[Optional[Path], typer.Option("--fleet", help="fleet spec JSON: replica groups (count, role, policy, profile, settings), router, staleness_s, transfer")]

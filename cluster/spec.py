@@ -50,7 +50,8 @@ class FleetSpec(BaseModel):
     replicas: list[ReplicaGroup] = Field(min_length=1, max_length=MAX_REPLICAS)
     router: Any = Field("round-robin", description="an installed router's name, path/to/file.py:Class, or (in Python) a router object")
     router_options: dict[str, Any] = Field(default_factory=dict)
-    staleness_s: float = Field(0.0, ge=0, description="a view shows the newest report at least this old (0: the newest)")
+    staleness_s: float = Field(0.0, ge=0, le=3600,
+                               description="a view shows the newest report at least this old (0: the newest; an hour at most)")
     transfer: KvTransfer = KvTransfer()
 
     @model_validator(mode="after")

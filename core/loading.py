@@ -226,9 +226,9 @@ def policy_attribute(policy: Any, attr: str, default: Any = None, who: str | Non
 
 
 def declared_name(policy: Any, who: str | None = None) -> str | None:
-    """The policy's own ``name`` attribute: a non-empty string, or None when it declares none."""
+    """The policy's own ``name`` attribute: a non-empty ``str`` (no subclass, whose methods are plugin code), or None."""
     name = policy_attribute(policy, "name", None, who)
-    if name is None or (isinstance(name, str) and name):
+    if name is None or (type(name) is str and name):
         return name
     who, origin = _identity(policy, who)
     raise PolicyError(who, f"its name is {quote(name)}, not a non-empty string{_from(origin)}")

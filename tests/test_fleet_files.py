@@ -46,6 +46,8 @@ SPECS = {  # name: (the file's bytes, what the error says)
                                         "invalid fleet spec: a fleet has at most 4,096 replicas, all groups together; this one has 4,097"),
     "a transfer that never ends": (b'{"replicas": [{"role": "prefill"}, {"role": "decode"}], "transfer": {"bandwidth_gb_per_s": 1e-320}}',
                                    "invalid fleet spec: transfer.bandwidth_gb_per_s: Input should be greater than or equal to 0.000001"),
+    "a staleness past any run": (b'{"replicas": [{"count": 2}], "staleness_s": 1e308}',
+                                  "invalid fleet spec: staleness_s: Input should be less than or equal to 3600"),
     "a set-up that never ends": (b'{"replicas": [{"role": "prefill"}, {"role": "decode"}], "transfer": {"base_latency_s": 1e308}}',
                                  "invalid fleet spec: transfer.base_latency_s: Input should be less than or equal to 3600"),
 }

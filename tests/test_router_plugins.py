@@ -116,6 +116,15 @@ class EmptyName(First):
     name = ""
 
 
+class Sly(str):
+    def __len__(self):
+        raise RuntimeError("no length")
+
+
+class SlyName(First):
+    name = Sly("sly")  # a str whose methods are plugin code
+
+
 class RaisingName(First):
     @property
     def name(self):
@@ -167,6 +176,7 @@ class Misspelt(First):
     ("Exits", "its constructor fails: SystemExit: 0 (at "),
     ("NumberName", "its name is 5, not a non-empty string"),
     ("EmptyName", "its name is '', not a non-empty string"),
+    ("SlyName", "its name is 'sly', not a non-empty string"),
     ("RaisingName", "its name is <property object at "),  # read on the class, where it is a property
     ("RaisingDeclaration", "reading its 'reads_reports_only' fails: RuntimeError: undecided"),
     ("RaisingDir", "registering it fails: RuntimeError: nothing to see"),
