@@ -33,7 +33,7 @@ REPLICAS = [SimpleNamespace(replica_id=ReplicaID(unique_id=f"r{i}", deployment_i
 _ids = iter(range(10**9))
 
 
-def router(name: str = "round-robin") -> KvschedRequestRouter:
+def router(name="round-robin") -> KvschedRequestRouter:
     made = KvschedRequestRouter(deployment_id=DEPLOYMENT, handle_source=DeploymentHandleSource.UNKNOWN)
     made.initialize_state(router=name)
     return made
@@ -135,3 +135,24 @@ def test_the_fleets_front_refuses_a_body_that_is_not_a_json_object(body):
     request = HttpRequest({"type": "http", "method": "POST", "path": "/v1/completions", "headers": []}, receive)
     reply = asyncio.run(ray_fleet.Fleet.completions(None, request))  # refused before the replicas are used
     assert reply.status_code == 400 and json.loads(reply.body)["message"] == "the body must be a JSON object"
+
+
+def test_a_router_that_fails_fails_the_request_with_its_error():
+    """Not a routing task that dies (Serve logs it and goes on) and a request left waiting forever."""
+    from kvsched.routers import RouterError, hookimpl
+
+    class Breaks:
+        name = "breaks"
+
+        @hookimpl
+        def route_request(self, request, replicas):
+            raise SystemExit(0)
+
+    async def route():
+        request = pending({"prompt": [1, 2, 3]})
+        answer = await router(Breaks).choose_replicas(REPLICAS, request)
+        return answer, request.future.exception()
+
+    answer, error = asyncio.run(route())
+    assert ranks(answer) == SERVES_ORDER and isinstance(error, RouterError)
+    assert str(error).startswith("router 'breaks' in route_request: raised SystemExit: 0 (at ")

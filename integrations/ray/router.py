@@ -16,7 +16,9 @@ only if the choice is full). What a Serve replica can report differs from a simu
   another shape, token ids past int64) goes in Serve's own order, to a server that answers it in
   its own words; the router itself never fails on a body.
 
-What it remembers of a request lasts while Serve routes it: one cancelled before a replica took it
+A router that fails (a ``RouterError``: it raised, or chose what it was not given) fails the request
+it was asked about, with that error; Serve's routing task would otherwise die and leave the
+request waiting forever. What it remembers of a request lasts while Serve routes it: one cancelled before a replica took it
 is forgotten (Serve tells a router nothing then: the table is swept of them as it grows), one
 dispatched is forgotten when Serve says it completed.
 
@@ -36,7 +38,7 @@ from pydantic import ValidationError
 from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, RunningReplica
 
 from kvsched.core.request import MAX_INT64, Request
-from kvsched.routers.plugins import RouterHooks
+from kvsched.routers.plugins import RouterError, RouterHooks
 from kvsched.routers.view import Signals
 
 
@@ -120,7 +122,12 @@ class KvschedRequestRouter(RequestRouter):
         except ValidationError:  # no prompt (a health check, a method), or none a Request holds: Serve's order
             return [candidate_replicas]
         replicas = [self._replica(r) for r in candidate_replicas]
-        chosen, _reason = self.hooks.route(request, replicas, time.monotonic() - self.start, 0.0)
+        try:
+            chosen, _reason = self.hooks.route(request, replicas, time.monotonic() - self.start, 0.0)
+        except RouterError as exc:  # the request's answer, not a routing task that dies and leaves it waiting forever
+            if not pending_request.future.done():
+                pending_request.future.set_exception(exc)
+            return [candidate_replicas]
         self._forget_cancelled()
         self.asked[request.request_id] = (request, pending_request)  # on_request_routed records it, once Serve sends it
         return [[chosen.replica], [r.replica for r in replicas if r is not chosen]]
