@@ -29,7 +29,7 @@ from kvsched.routers.plugins import RouterHooks
 
 END, ARRIVE, SCHEDULE = 0, 1, 2  # heap event kinds; at one instant: steps end, then requests arrive, then steps start
 # How far ahead a request may be routed, at most: any window up to the staleness gives the same results,
-# and one as long as a trace (a staleness of 1e300) would hold every request of a stream in memory.
+# and one as long as a trace (an hour of staleness, the most a spec takes) would hold all of a stream in memory.
 MAX_AHEAD_S = 1.0
 
 
