@@ -22,8 +22,17 @@ from rich.table import Table
 
 from kvsched.core.errors import KvschedError, error_text, quote, shorten
 
-console = Console()
-err_console = Console(stderr=True)
+PIPED_WIDTH = 1_000  # columns of output that is not a terminal's: rich would cut a table at 80 and fold its cells
+
+
+def _console(stderr: bool = False) -> Console:
+    """A console as wide as the terminal, or, writing to a pipe or a file, wide enough for any table."""
+    shown = Console(stderr=stderr)
+    return shown if shown.is_terminal else Console(stderr=stderr, width=PIPED_WIDTH)
+
+
+console = _console()
+err_console = _console(stderr=True)
 
 def flag(*names: str, help: str, **options):
     """A boolean option that is a flag, given or not: shown without a value (``--quiet``, not
@@ -236,9 +245,19 @@ def print_summary(summary: dict) -> None:
     slo = summary.get("slo")
     if slo:
         console.print(f"SLO goodput: {slo['goodput_requests_per_s']:.3f} req/s ({100 * slo['slo_attainment']:.1f}% of requests)")
+    if summary.get("defaults"):
+        console.print(f"settings filled in: {escape(defaults_text(summary['defaults']))}", highlight=False, soft_wrap=True)
     for warning in summary.get("warnings") or ():
         console.print(f"[bold yellow]warning:[/] {escape(warning_text(warning, summary['num_requests']))}",
                       highlight=False, soft_wrap=True)
+
+
+def defaults_text(defaults: dict[str, dict]) -> str:
+    """``summary.json``'s ``defaults`` as one line: each setting the run filled, grouped by where it came from."""
+    by_source: dict[str, list[str]] = {}
+    for name, filled in defaults.items():
+        by_source.setdefault(filled["from"], []).append(f"{name}={filled['value']}")
+    return "; ".join(f"{', '.join(names)} ({source})" for source, names in by_source.items())
 
 
 def summary_table(summary: dict) -> Table:

@@ -10,10 +10,13 @@ from typing import Annotated, Optional
 import typer
 
 from kvsched.cli.bench import ApiKeyOpt, LabelOpt
-from kvsched.cli.common import ProfileOpt, QuietOpt, RateOpt
+from kvsched.cli.common import ProfileOpt, QuietOpt, RateOpt, SetOpt
+from kvsched.cli.policies import BaselineOpt
 from kvsched.experiments.leaderboard import DEFAULT_METRICS, DEFAULT_POLICIES, DEFAULT_REQUESTS, DEFAULT_WORKLOADS
 
-BoardPolicyOpt = Annotated[Optional[list[str]], typer.Option("--policy", "-p", help=f"policy to rank (repeatable; default: {', '.join(DEFAULT_POLICIES)})")]
+BoardPolicyOpt = Annotated[Optional[list[str]], typer.Option("--policy", "-p", help="policy to rank, NAME or NAME:KEY=VALUE,... (repeatable; "
+                                                             f"default: {', '.join(DEFAULT_POLICIES)})")]
+BoardPolicyOptOpt = Annotated[Optional[list[str]], typer.Option("--policy-opt", help="POLICY.KEY=VALUE: an option of a ranked policy (repeatable)")]
 BoardWorkloadOpt = Annotated[Optional[list[str]], typer.Option("--workload", "-w", help="workload: NAME, NAME@RATE (Poisson, req/s) or NAME@xSCALE (its recorded rate scaled) (repeatable; "
                                                                 f"default: {', '.join(DEFAULT_WORKLOADS)})")]
 MetricOpt = Annotated[Optional[list[str]], typer.Option("--metric", help=f"metric column (repeatable; default: {', '.join(DEFAULT_METRICS)})")]
@@ -21,6 +24,9 @@ MetricOpt = Annotated[Optional[list[str]], typer.Option("--metric", help=f"metri
 
 def leaderboard(
     policy: BoardPolicyOpt = None,
+    policy_opt: BoardPolicyOptOpt = None,
+    set_: SetOpt = None,
+    baseline: BaselineOpt = None,
     workload: BoardWorkloadOpt = None,
     metric: MetricOpt = None,
     rank_by: Annotated[Optional[str], typer.Option("--rank-by", help="the metric that ranks the policies (default: the first --metric)")] = None,
@@ -37,11 +43,12 @@ def leaderboard(
     output: Annotated[Path, typer.Option("--output", "-o", help="folder for leaderboard.json, leaderboard.md, leaderboard.html")] = Path("leaderboard"),
     quiet: QuietOpt = False,
 ) -> None:
-    """Rank policies on workloads: every policy × workload × seed simulated, each metric's mean and 95% interval, best in bold."""
-    from rich.console import Console
-
-    from kvsched.cli.common import check_finite, console, err_console, fail, input_files, progress_bar
-    from kvsched.experiments.leaderboard import Board, BoardWorkload, board_json, check_metrics, command_line, measure, plan, run_board
+    """Rank policies on workloads: every policy × workload × seed simulated, each metric's mean and 95% interval, each
+    policy's paired change against the baseline, rank ranges."""
+    from kvsched.cli.common import build_config, check_finite, console, err_console, fail, input_files, progress_bar
+    from kvsched.cli.policies import baseline_label, policy_contenders
+    from kvsched.experiments.evidence import check_metrics
+    from kvsched.experiments.leaderboard import Board, BoardWorkload, board_json, command_line, measure, plan, run_board
     from kvsched.reporting.destination import check_apart, check_folder
     from kvsched.reporting.leaderboard import BOARD_FILES, markdown, write_board
 
@@ -53,11 +60,13 @@ def leaderboard(
         fail(f"--rank-by {rank_by}: rank by one of the board's --metric columns ({', '.join(m.key for m in metrics)})")
     if real is None and (label or model):
         fail("--label and --model name the served engine: give it with --real URL")
-    policies = list(policy or DEFAULT_POLICIES)
+    contenders, labels = policy_contenders(list(policy or DEFAULT_POLICIES), policy_opt, at_least=1)
+    base = baseline_label(labels, contenders, baseline)
+    settings = build_config(set_).model_dump(mode="json", exclude_unset=True)
     loads = [BoardWorkload.parse(w, rate) for w in workload or DEFAULT_WORKLOADS]
     specs = {"--workload" + (f" #{i + 1}" if i else ""): input_files(w.name)["--workload"] for i, w in enumerate(loads)}
-    check_apart({"--output": (output, BOARD_FILES)}, {**input_files(profile=profile, policies=policies), **specs})
-    seed_lists, described = plan(policies, loads, num_requests, seed, seeds, profile)
+    check_apart({"--output": (output, BOARD_FILES)}, {**input_files(profile=profile, policies=[c.spec for c in contenders]), **specs})
+    seed_lists, described = plan(contenders, loads, num_requests, seed, seeds, profile)
     if real is not None:  # before the simulations: a server that is not there fails in a second, not after them
         from kvsched.experiments.bench import served_model
 
@@ -65,18 +74,18 @@ def leaderboard(
             model = model or served_model(real, api_key)
         except Exception as exc:  # openai's connection errors carry no useful class for a user
             fail(f"cannot reach an OpenAI-compatible server at {real}: {exc}")
-    board = Board(policies, loads, metrics, primary, seed_lists, described)
+    board = Board(contenders, labels, loads, metrics, primary, base, seed_lists, described, {k: str(v) for k, v in settings.items()})
     start = time.perf_counter()
     with progress_bar(quiet, "ranking", "runs") as bar:
-        task = bar.add_task("board", total=len(policies) * sum(map(len, seed_lists.values())))
+        task = bar.add_task("board", total=len(labels) * sum(map(len, seed_lists.values())))
         run_board(board, num_requests, profile, workers, on_done=lambda _row: bar.advance(task))
     if real is not None:
         with progress_bar(quiet, "measuring", "requests") as bar:
             task = bar.add_task("real", total=None)
             measure(board, real, num_requests, label, model, api_key, on_done=lambda _sent: bar.advance(task))
     doc = board_json(board, command_line(), profile, num_requests)
-    (console if console.is_terminal else Console(width=200)).print(markdown(doc), markup=False, highlight=False, soft_wrap=True)
+    console.print(markdown(doc), markup=False, highlight=False, soft_wrap=True)
     for path in write_board(doc, output):
         console.print(f"wrote {path}", highlight=False)
     if not quiet:
-        err_console.print(f"{sum(map(len, seed_lists.values())) * len(policies)} runs in {time.perf_counter() - start:.1f} s", highlight=False)
+        err_console.print(f"{sum(map(len, seed_lists.values())) * len(labels)} runs in {time.perf_counter() - start:.1f} s", highlight=False)

@@ -18,6 +18,7 @@ CheckPolicyOpt = Annotated[str, typer.Option("--policy", "-p", help="installed p
 ExamplesOpt = Annotated[int, typer.Option("--examples", min=1, max=100_000, help="Hypothesis examples for the state machine")]
 StepsOpt = Annotated[int, typer.Option("--steps", min=1, max=10_000, help="rules per state-machine example")]
 StarvationOpt = Annotated[int, typer.Option(min=1, max=10_000, help="Hypothesis examples for the starvation check (an overload scenario each)")]
+BaselineOpt = Annotated[Optional[str], typer.Option("--baseline", help="the contender every other is compared with, paired (default: vllm-v1 when compared, else the first)")]
 CompareOutputOpt = Annotated[Optional[Path], typer.Option("--output", "-o", help="folder for comparison.csv (the table) and, with --plot, comparison_cdf.png")]
 ComparePlotOpt = Annotated[bool, flag("--plot", help="also write TTFT/TPOT CDFs per policy (comparison_cdf.png) under --output")]
 
@@ -64,45 +65,140 @@ def check(policy: CheckPolicyOpt, policy_opt: Annotated[Optional[list[str]], typ
         raise typer.Exit(1)
 
 
-def compare(folders: FoldersArg = None, policy: PoliciesOpt = None, policy_opt: Annotated[Optional[list[str]], typer.Option("--policy-opt", help="POLICY.KEY=VALUE (repeatable)")] = None,
+def compare(ctx: typer.Context, folders: FoldersArg = None, policy: PoliciesOpt = None,
+            policy_opt: Annotated[Optional[list[str]], typer.Option("--policy-opt", help="POLICY.KEY=VALUE (repeatable; or inline: --policy NAME:KEY=VALUE)")] = None,
             set_: Annotated[Optional[list[str]], typer.Option("--set", "-s", help="engine config KEY=VALUE (repeatable)")] = None,
             workload: Annotated[Optional[str], typer.Option("--workload", "-w", help="default, synthetic, azure-conv, sharegpt or a .json spec")] = None,
             trace: Annotated[Optional[Path], typer.Option("--trace", help="trace CSV")] = None,
             seed: Annotated[int, typer.Option(help="first workload seed")] = 0,
-            seeds: Annotated[int, typer.Option("--seeds", min=1, help="run seeds SEED .. SEED+N-1 and show 95% confidence intervals over them")] = 3,
+            seeds: Annotated[int, typer.Option("--seeds", min=1, help="run seeds SEED .. SEED+N-1 and show 95% intervals and paired changes over them")] = 3,
             num_requests: NumOpt = None,
             rate: RateOpt = None,
             profile: ProfileOpt = "llama2-7b-a100",
+            baseline: BaselineOpt = None,
+            router: Annotated[Optional[list[str]], typer.Option("--router", help="compare routers instead of policies: a router to run the fleet behind "
+                                                                "(repeatable, at least two; NAME or NAME:KEY=VALUE,...)")] = None,
+            replicas: Annotated[int, typer.Option("--replicas", min=1, max=4096, help="with --router: replicas in the fleet")] = 4,
+            staleness: Annotated[Optional[float], typer.Option("--staleness", min=0, help="with --router: seconds the router's view of each replica lags")] = None,
             output: CompareOutputOpt = None,
             plot: ComparePlotOpt = False,
             quiet: QuietOpt = False) -> None:
-    """Run the same workloads (same seeds) under each --policy; print each metric's mean and 95% confidence interval side by side."""
-    from kvsched.cli.common import build_config, fail, parse_pairs, policy_options, progress_bar
-    from kvsched.experiments.compare import run_policies, seed_workloads, split_options
+    """Run the same workloads (same seeds) under each --policy (or each --router); print each metric's mean and interval,
+    each one's paired change against the baseline, and ranks."""
+    from kvsched.cli.common import build_config, check_finite, fail, progress_bar
+    from kvsched.experiments.compare import seed_workloads
     from kvsched.workloads import build_workload
 
     _check_output(output, plot, trace)
+    check_finite(staleness=staleness)
+    given = _given(ctx)
     if folders:
-        return compare_folders(folders, output, plot)
-    policy = policy or []
-    if len(policy) < 2 or len(set(policy)) != len(policy):
-        fail("compare needs at least two different --policy names, or result folders")
-    options = split_options(parse_pairs(policy_opt, "--policy-opt"), policy)
-    for name in policy:
-        options[name] = policy_options(name, options.get(name, {}), prefix=f"{name}.")
+        refused = sorted(given & {"policy", "policy_opt", "set_", "workload", "trace", "seed", "seeds", "num_requests", "rate",
+                                  "profile", "router", "replicas", "staleness"})
+        if refused:
+            fail(f"result folders are compared as they are: drop {', '.join(_option(n) for n in refused)}")
+        return compare_folders(folders, output, plot, baseline)
+    if router:
+        if len(policy or []) > 1 or policy_opt:
+            fail("with --router the fleet's replicas run one --policy (inline options: --policy NAME:KEY=VALUE)")
+    elif given & {"replicas", "staleness"}:
+        fail("--replicas and --staleness describe the fleet of a router comparison: give two or more --router")
+    contenders, labels = _routers(router) if router else policy_contenders(policy or [], policy_opt)
+    base = baseline_label(labels, contenders, baseline)
     loads = seed_workloads(lambda s: build_workload(workload, trace, num_requests=num_requests, rate=rate, seed=s), seed, seeds)
     config = build_config(set_)
     with progress_bar(quiet, "comparing", "runs") as bar:
-        task = bar.add_task("compare", total=len(policy) * len(loads))
-        runs = run_policies(policy, loads, config, profile, options, on_done=lambda: bar.advance(task))
+        task = bar.add_task("compare", total=len(contenders) * len(loads))
+        if router:
+            from kvsched.cluster.compare import run_routers
+
+            fleet = _fleet(policy[0] if policy else "vllm-v1", config, profile, replicas, staleness)
+            runs = run_routers(contenders, labels, fleet, loads, on_done=lambda: bar.advance(task))
+        else:
+            from kvsched.experiments.compare import run_policies
+
+            runs = run_policies(contenders, labels, loads, config, profile, on_done=lambda: bar.advance(task))
     first = runs[0].summaries[0]
     name = first["workload"].get("name") or first["workload"].get("kind", "workload")
     seeded = f"seeds {seed}–{seed + len(loads) - 1}" if len(loads) > 1 else (
         f"seed {seed}" + (" (the workload does not depend on its seed: one run)" if seeds > 1 else ""))
     several = len(loads) > 1
-    title = f"{name} · {first['num_requests']} requests · {seeded}{', mean ± 95% CI' if several else ''} · profile {profile}"
-    pooled = f"{name} · {first['num_requests']} requests · {seeded}{', pooled' if several else ''} · profile {profile}"
-    show(runs, title, output, plot, pooled)
+    fleet_text = f" · {replicas} replicas of {policy[0] if policy else 'vllm-v1'}" if router else ""
+    title = f"{name} · {first['num_requests']} requests · {seeded}{', mean (95% interval)' if several else ''}{fleet_text} · profile {profile}"
+    pooled = f"{name} · {first['num_requests']} requests · {seeded}{', pooled' if several else ''}{fleet_text} · profile {profile}"
+    show(runs, title, output, plot, pooled, base)
+
+
+def _given(ctx: typer.Context) -> set[str]:
+    """The parameters given on the command line (not left at their defaults)."""
+    sources = {name: ctx.get_parameter_source(name) for name in ctx.params}  # typer's own click: compared by name
+    return {name for name, source in sources.items() if source is not None and source.name not in ("DEFAULT", "DEFAULT_MAP")}
+
+
+def _option(name: str) -> str:
+    return "--" + name.rstrip("_").replace("_", "-")
+
+
+def policy_contenders(policy: list[str], policy_opt: list[str] | None, at_least: int = 2) -> tuple[list, list[str]]:
+    """The compared policies as ``Contender``s with their options checked, and their column labels."""
+    from kvsched.cli.common import fail, parse_pairs, policy_options
+    from kvsched.core.plugins import load_policy, policy_name
+    from kvsched.experiments.compare import Contender, split_options
+
+    contenders = [Contender.parse(p) for p in policy]
+    extra = split_options(parse_pairs(policy_opt, "--policy-opt"), sorted({c.spec for c in contenders}))
+    checked, labels = [], []
+    for c in contenders:
+        both = set(c.options) & set(extra.get(c.spec, {}))
+        if both:
+            fail(f"--policy {c.text}: option {sorted(both)[0]!r} is also given by --policy-opt")
+        options = policy_options(c.spec, {**c.options, **extra.get(c.spec, {})}, prefix=f"{c.spec}.")
+        checked.append(Contender(c.text, c.spec, options))
+        labels.append(checked[-1].label(policy_name(c.spec, load_policy(c.spec))))
+    if len(set(labels)) != len(labels):
+        fail(f"--policy {', '.join(sorted({x for x in labels if labels.count(x) > 1}))} given twice (a policy under other options "
+             "is another: NAME:KEY=VALUE)")
+    if len(labels) < at_least:
+        fail("compare needs at least two different --policy (a policy under other options counts: NAME:KEY=VALUE), or result folders")
+    return checked, labels
+
+
+def _routers(router: list[str]) -> tuple[list, list[str]]:
+    """The compared routers as ``Contender``s (each loads, or fails here), and their column labels."""
+    from kvsched.cli.common import fail
+    from kvsched.experiments.compare import Contender
+    from kvsched.routers.plugins import load_router
+
+    contenders = [Contender.parse(r) for r in router]
+    for c in contenders:
+        load_router(c.spec)
+    labels = [c.text for c in contenders]
+    if len(labels) < 2 or len(set(labels)) != len(labels):
+        fail("a router comparison needs at least two different --router")
+    return contenders, labels
+
+
+def baseline_label(labels: list[str], contenders: list, given: str | None) -> str:
+    """The baseline's label: ``--baseline`` names a contender by its label or as given on the command line."""
+    from kvsched.experiments.evidence import choose_baseline
+
+    if given is not None:
+        for label, c in zip(labels, contenders):
+            if given in (label, c.text):
+                return label
+    return choose_baseline(labels, given)
+
+
+def _fleet(policy: str, config, profile: str, replicas: int, staleness: float | None):
+    """The fleet a router comparison runs: ``replicas`` of ``policy`` (inline options allowed), its settings and profile."""
+    from kvsched.cli.common import policy_options
+    from kvsched.cluster import FleetSpec, ReplicaGroup
+    from kvsched.experiments.compare import Contender
+
+    c = Contender.parse(policy)
+    group = ReplicaGroup(count=replicas, policy=c.spec, policy_options=policy_options(c.spec, c.options) or {}, profile=profile,
+                         settings=config.model_dump(exclude_unset=True))
+    return FleetSpec(replicas=[group], **({"staleness_s": staleness} if staleness is not None else {}))
 
 
 def _check_output(output: Path | None, plot: bool, trace: Path | None) -> None:
@@ -118,33 +214,50 @@ def _check_output(output: Path | None, plot: bool, trace: Path | None) -> None:
         check_apart({"--output": (output, COMPARE_FILES)}, {"--trace": trace})
 
 
-def compare_folders(folders: list[Path], output: Path | None, plot: bool) -> None:
-    """``engine compare DIR DIR ...``: finished runs, simulated or measured, side by side."""
+def compare_folders(folders: list[Path], output: Path | None, plot: bool, baseline: str | None = None) -> None:
+    """``engine compare DIR DIR ...``: finished runs, simulated or measured, side by side (a fleet's by its router)."""
+    from kvsched.cli.common import fail
     from kvsched.reporting.files import read_compared
 
     runs = [read_compared(folder) for folder in folders]
+    labels = [r.policy for r in runs]
+    if len(set(labels)) != len(labels):
+        fail(f"two result folders have the same name: {', '.join(sorted({x for x in labels if labels.count(x) > 1}))}")
+    base = baseline if baseline in labels else next((r.policy for r, f in zip(runs, folders) if baseline in (f.name, str(f))), baseline)
+    if base is not None and base not in labels:
+        fail(f"--baseline {baseline!r} is not one of the folders: {', '.join(labels)}")
     title = "result folders side by side: " + " · ".join(f"{r.policy}: {r.summaries[0].get('profile')}" for r in runs)
-    show(runs, title, output, plot, " vs ".join(r.policy for r in runs))
+    show(runs, title, output, plot, " vs ".join(r.policy for r in runs), base or labels[0])
 
 
-def show(runs: list, title: str, output: Path | None, plot: bool, plot_title: str) -> None:
-    """The comparison table of ``runs`` (one column each), and under ``output`` the table as CSV and, with ``plot``, their CDFs."""
+def show(runs: list, title: str, output: Path | None, plot: bool, plot_title: str, baseline: str) -> None:
+    """The comparison table of ``runs`` (a column each, and each one's change against ``baseline``), the
+    statistics note and the runs' warnings; under ``output`` the table as CSV and, with ``plot``, their CDFs."""
+    from rich.markup import escape
     from rich.table import Table
 
     from kvsched.cli.common import console
-    from kvsched.experiments.compare import table_rows
+    from kvsched.experiments.compare import table, warnings_of
+    from kvsched.experiments.evidence import statistics_note
     from kvsched.reporting.files import write_comparison
 
-    rows = table_rows(runs)
-    table = Table(title=title)
-    table.add_column("metric")
-    for run in runs:
-        table.add_column(run.policy, justify="right")
+    head, rows = table(runs, baseline)
+    grid = Table(title=title)
+    for i, name in enumerate(head):
+        grid.add_column(name, justify="left" if i == 0 else "right")
     for row in rows:
-        table.add_row(*row)
-    console.print(table)
+        grid.add_row(*row)
+    console.print(grid)
+    console.print(f"baseline {baseline}. {statistics_note()}", highlight=False, soft_wrap=True)
+    seen: dict[str, list[str]] = {}
+    for run in runs:
+        for text in warnings_of(runs, run.policy):
+            seen.setdefault(text, []).append(run.policy)
+    for text, who in seen.items():
+        whose = "every contender" if len(who) == len(runs) else ", ".join(who)
+        console.print(f"[bold yellow]warning:[/] {escape(text)} ({escape(whose)})", highlight=False, soft_wrap=True)
     if output is not None:
-        for path in write_comparison(runs, rows, output, plot_title if plot else None):
+        for path in write_comparison(runs, head, rows, output, plot_title if plot else None):
             console.print(f"wrote {path}", highlight=False)
 
 

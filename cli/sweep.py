@@ -45,7 +45,6 @@ def sweep(
     quiet: QuietOpt = False,
 ) -> None:
     """Run every policy × setting combination and compare them in one table and a trade-off plot."""
-    from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
 
@@ -94,7 +93,7 @@ def sweep(
             v = v * 1000 if key == "tpot_mean_s" and v is not None else v
             cells.append(f"{v:.3g}" if isinstance(v, float) else str(v))
         table.add_row(*cells)
-    (console if console.is_terminal else Console(width=160)).print(table)  # a piped table needs more than 80 columns
+    console.print(table)
     for line in sweep_warnings(rows):
         console.print(f"[bold yellow]warning:[/] {escape(line)}", highlight=False, soft_wrap=True)
     for path in write_sweep(rows, output):

@@ -1,8 +1,10 @@
 """Policy comparison: the same workloads under several policies, side by side (``engine compare``).
 
-Each policy runs every seed's workload; the table gives each metric's mean over the seeds with
-its 95% confidence interval (Student's t), so a difference smaller than the intervals is not read
-as a win. A workload that does not depend on its seed (a trace replay) runs once.
+Each contender (a policy, or a policy under its own options: ``lcf:victim=mcf``) runs every seed's
+workload; the table gives each metric's mean over the seeds with its interval and each contender's
+paired change against the baseline (``experiments/evidence.py``), so a difference the seeds do not
+support is not read as a win, and one they do is not missed. A workload that does not depend on its
+seed (a trace replay at its own times) runs once.
 """
 
 from __future__ import annotations
@@ -12,27 +14,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvsched.core.config import EngineConfig
-from kvsched.core.plugins import load_policy, policy_name
-from kvsched.metrics.confidence import mean_interval
+from kvsched.experiments.evidence import METRICS, Contest, cell_text, change_text, rank_cell, unit_row
 
-# (label, summary key, field, scale, format): the rows of the comparison table
-ROWS = (
-    ("finished", "finished", None, 1, "{:.0f}"),
-    ("throughput (req/s)", "requests_per_s", None, 1, "{:.3f}"),
-    ("throughput (tok/s)", "throughput_tokens_per_s", None, 1, "{:.0f}"),
-    ("TTFT mean (s)", "ttft_s", "mean", 1, "{:.3f}"),
-    ("TTFT p50 (s)", "ttft_s", "p50", 1, "{:.3f}"),
-    ("TTFT p99 (s)", "ttft_s", "p99", 1, "{:.3f}"),
-    ("TPOT mean (ms)", "tpot_s", "mean", 1000, "{:.1f}"),
-    ("TPOT p99 (ms)", "tpot_s", "p99", 1000, "{:.1f}"),
-    ("e2e p99 (s)", "e2e_s", "p99", 1, "{:.2f}"),
-    ("preemptions", "preemptions", None, 1, "{:.0f}"),
-)
+# The rows of the comparison table, by experiments.evidence.METRICS key
+ROWS = ("finished", "ignored", "aborted", "dropped_share", "requests_per_s", "output_tokens_per_s", "ttft_mean_s", "ttft_p50_s",
+        "ttft_p99_s", "tpot_mean_s", "tpot_p99_s", "e2e_p50_s", "e2e_p99_s", "preempt_recompute", "recompute_tax", "prefix_hit_rate")
+PRIMARY = "ttft_mean_s"  # what the rank row ranks by
 
 
 @dataclass
 class PolicyRun:
-    """One policy over every seed: a summary per seed, latencies pooled over the seeds."""
+    """One contender over every seed: a summary per seed, latencies pooled over the seeds."""
 
     policy: str
     summaries: list[dict[str, Any]] = field(default_factory=list)
@@ -40,14 +32,39 @@ class PolicyRun:
     tpot: list[float] = field(default_factory=list)
 
 
-def metric(summary: dict, key: str, field: str | None) -> float | None:
-    """One number of a summary (None where the run could not know it: preemptions, measured from a client)."""
-    value = summary.get(key)
-    if value is None:
-        return None
-    if key == "preemptions":
-        return value["recompute"] + value["swap"]
-    return value if field is None else value[field]
+@dataclass(frozen=True)
+class Contender:
+    """A policy under its options, as given on the command line (``lcf``, ``lcf:victim=mcf,seed=2``)."""
+
+    text: str
+    spec: str
+    options: dict[str, str]
+
+    @classmethod
+    def parse(cls, text: str) -> Contender:
+        """``SPEC`` or ``SPEC:KEY=VALUE,KEY=VALUE`` (a value may hold commas: ``ewsjf:edges=256,1024``); SPEC is
+        any policy spec (a name, ``DIST:NAME``, ``file.py:Class``), told from options by the ``=`` after its last colon."""
+        head, colon, tail = text.rpartition(":")
+        if not (colon and head and "=" in tail):
+            return cls(text, text, {})
+        options: dict[str, str] = {}
+        last = None
+        for piece in tail.split(","):
+            key, eq, value = piece.partition("=")
+            if eq and key.strip():
+                last = key.strip()
+                if last in options:
+                    raise ValueError(f"--policy {text!r}: option {last!r} given twice")
+                options[last] = value.strip()
+            elif last is not None:  # a comma inside a value
+                options[last] += "," + piece.strip()
+            else:
+                raise ValueError(f"--policy {text!r}: after the policy come options KEY=VALUE,KEY=VALUE")
+        return cls(text, head, options)
+
+    def label(self, shown_name: str) -> str:
+        """How its column is headed: the policy's name, and its options when it has any."""
+        return shown_name + (":" + ",".join(f"{k}={v}" for k, v in self.options.items()) if self.options else "")
 
 
 def distinct_workloads(workloads: list) -> list:
@@ -69,16 +86,16 @@ def seed_workloads(build: Callable[[int], Any], seed: int, seeds: int) -> list:
     return first if len(first) < 2 else first + [build(s) for s in range(seed + 2, seed + seeds)]
 
 
-def run_policies(policies: list[str], workloads: list, config: EngineConfig, profile: str,
-                 options: dict[str, dict[str, Any]] | None = None, on_done: Callable[[], None] | None = None) -> list[PolicyRun]:
-    """Simulate each of ``workloads`` (one per seed, the same for every policy) once per policy; ``on_done`` after each."""
+def run_policies(contenders: list[Contender], labels: list[str], workloads: list, config: EngineConfig, profile: str,
+                 on_done: Callable[[], None] | None = None) -> list[PolicyRun]:
+    """Simulate each of ``workloads`` (one per seed, the same for every contender) once per contender; ``on_done`` after each."""
     from kvsched.experiments.simulation import SimJob
 
     runs = []
-    for name in policies:
-        run = PolicyRun(policy_name(name, load_policy(name)))  # a policy file is shown by its class's name, as engine run shows it
+    for contender, label in zip(contenders, labels):
+        run = PolicyRun(label)
         for workload in workloads:
-            outcome = SimJob(workload, name, config, profile, (options or {}).get(name), record_timeseries=False).run()
+            outcome = SimJob(workload, contender.spec, config, profile, contender.options or None, record_timeseries=False).run()
             run.summaries.append(outcome.summary)
             done = [r for r in outcome.result.requests if r.ttft is not None]
             run.ttft += [r.ttft for r in done]
@@ -89,28 +106,52 @@ def run_policies(policies: list[str], workloads: list, config: EngineConfig, pro
     return runs
 
 
-def table_rows(runs: list[PolicyRun]) -> list[list[str]]:
-    """One row per metric; the first column is the label, then one cell per policy (mean ± 95% CI over seeds)."""
-    rows = []
-    for label, key, part, scale, fmt in ROWS:
-        cells = [label]
-        for run in runs:
-            values = [metric(s, key, part) for s in run.summaries]
-            if any(v is None for v in values):
-                cells.append("-")
-                continue
-            mean, half = mean_interval([v * scale for v in values])
-            cells.append(fmt.format(mean) + (f" ± {fmt.format(half)}" if len(values) > 1 else ""))
-        rows.append(cells)
-    return rows
+def contest(runs: list[PolicyRun], baseline: str) -> Contest:
+    """The runs as a ``Contest``: one unit per seed."""
+    return Contest({run.policy: [unit_row(s) for s in run.summaries] for run in runs}, baseline)
+
+
+def table(runs: list[PolicyRun], baseline: str) -> tuple[list[str], list[list[str]]]:
+    """The comparison table: a heading, then a rank row and one row per metric; a column per contender
+    (mean and interval over the seeds) and, after each but the baseline, its paired change against it."""
+    game = contest(runs, baseline)
+    head = ["metric"]
+    for c in game.contenders:
+        head += [c] if c == baseline else [c, f"{c} vs {baseline}"]
+    primary = METRICS[PRIMARY]
+    ranks = game.ranks(primary)
+    rows = [_row(game, f"rank by {primary.heading}", lambda c: rank_cell(ranks, c), lambda c: "")]
+    for key in ROWS:
+        m = METRICS[key]
+        if key == "prefix_hit_rate" and all(game.values(c, m) is None for c in game.contenders):
+            continue  # a single engine reports no prefix hits: a fleet does
+        rows.append(_row(game, m.heading, lambda c, m=m: cell_text(game.cell(c, m), m), lambda c, m=m: change_text(game.change(c, m), m)))
+    rows.append(_row(game, "warnings", lambda c: str(len(warnings_of(runs, c))), lambda c: ""))
+    return head, rows
+
+
+def _row(game: Contest, label: str, cell: Callable[[str], str], change: Callable[[str], str]) -> list[str]:
+    row = [label]
+    for c in game.contenders:
+        row += [cell(c)] if c == game.baseline else [cell(c), change(c)]
+    return row
+
+
+def warnings_of(runs: list[PolicyRun], contender: str) -> list[str]:
+    """The distinct warnings of a contender's runs (``metrics/warnings.py``), each once."""
+    from kvsched.metrics.warnings import warning_text
+
+    run = next(r for r in runs if r.policy == contender)
+    return sorted({warning_text(w, s.get("num_requests")) for s in run.summaries for w in s.get("warnings") or ()})
 
 
 def split_options(pairs: dict[str, str], policies: list[str]) -> dict[str, dict[str, str]]:
-    """``POLICY.KEY=VALUE`` options to ``{policy: {key: value}}``; the policy must be one of those compared."""
+    """``POLICY.KEY=VALUE`` options to ``{policy: {key: value}}``: POLICY is the longest of ``policies`` the
+    dotted name starts with (a file policy's path holds dots of its own)."""
     out: dict[str, dict[str, str]] = {}
     for dotted, value in pairs.items():
-        name, sep, key = dotted.partition(".")
-        if not sep or name not in policies:
-            raise ValueError(f"--policy-opt for compare is POLICY.KEY=VALUE with POLICY one of {policies}, got {dotted!r}")
-        out.setdefault(name, {})[key] = value
+        name = max((p for p in policies if dotted.startswith(p + ".") and len(dotted) > len(p) + 1), key=len, default=None)
+        if name is None:
+            raise ValueError(f"--policy-opt is POLICY.KEY=VALUE with POLICY one of {policies}, got {dotted!r}")
+        out.setdefault(name, {})[dotted[len(name) + 1:]] = value
     return out

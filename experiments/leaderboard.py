@@ -1,12 +1,13 @@
-"""The leaderboard: policies × workloads × seeds, each cell a metric's mean with its 95% interval (``engine leaderboard``).
+"""The leaderboard: policies × workloads × seeds, each cell a metric's mean with its 95% interval, each policy's
+paired change against a baseline, and ranks that say when they are resolved (``engine leaderboard``).
 
 The runs are a sweep's (``experiments/sweep.py``: one process pool per workload and seed, a point
-per policy), the seeds and the intervals a comparison's (``experiments/compare.py``: a workload that
-does not depend on its seed runs once; Student's t over the seeds), so a cell says what ``engine
-compare`` says for the same runs. Each workload ranks the policies by a primary metric. With a
-served engine (``--real``) each workload is also replayed once through ``engine bench``'s client, and
-its measured numbers sit beside the simulated ones, unranked: the simulator's prediction against
-what the engine did.
+per policy), the seeds and the statistics a comparison's (``experiments/compare.py``: a workload that
+does not depend on its seed runs once; ``experiments/evidence.py``'s paired statistics), so a cell says
+what ``engine compare`` says for the same runs. Each workload ranks the policies by a primary metric,
+and so does every workload together (every workload and seed a paired unit). With a served engine
+(``--real``) each workload is also replayed once through ``engine bench``'s client, and its measured
+numbers sit beside the simulated ones, unranked: the simulator's prediction against what the engine did.
 """
 
 from __future__ import annotations
@@ -18,59 +19,18 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvsched.metrics.confidence import mean_interval
+from kvsched.experiments.compare import Contender
+from kvsched.experiments.evidence import Contest, Metric, cell_text, change_text, rank_text
+from kvsched.metrics.confidence import LEVEL
 
-LEVEL = 0.95  # the confidence of every interval
-
-
-@dataclass(frozen=True)
-class Metric:
-    """A column of the board: a ``experiments.sweep.METRICS`` name, shown scaled, with the better direction."""
-
-    key: str
-    label: str
-    unit: str
-    scale: float
-    fmt: str
-    lower_is_better: bool = True
-
-    def show(self, value: float) -> str:
-        return self.fmt.format(value * self.scale)
-
-
-METRICS = {m.key: m for m in (
-    Metric("ttft_mean_s", "TTFT mean", "s", 1, "{:.3f}"),
-    Metric("ttft_p50_s", "TTFT p50", "s", 1, "{:.3f}"),
-    Metric("ttft_p99_s", "TTFT p99", "s", 1, "{:.3f}"),
-    Metric("tpot_mean_s", "TPOT mean", "ms", 1000, "{:.1f}"),
-    Metric("tpot_p99_s", "TPOT p99", "ms", 1000, "{:.1f}"),
-    Metric("e2e_p50_s", "E2E p50", "s", 1, "{:.2f}"),
-    Metric("e2e_p99_s", "E2E p99", "s", 1, "{:.2f}"),
-    Metric("output_tokens_per_s", "throughput", "tok/s", 1, "{:.0f}", lower_is_better=False),
-    Metric("requests_per_s", "throughput", "req/s", 1, "{:.3f}", lower_is_better=False),
-    Metric("recompute_tax", "recompute tax", "%", 100, "{:.1f}"),
-    Metric("preempt_recompute", "preemptions", "", 1, "{:.0f}"),
-    Metric("finished", "finished", "", 1, "{:.0f}", lower_is_better=False),
-)}
-DEFAULT_METRICS = ("ttft_mean_s", "ttft_p99_s", "e2e_p50_s", "e2e_p99_s", "output_tokens_per_s", "recompute_tax")
+DEFAULT_METRICS = ("ttft_mean_s", "ttft_p99_s", "e2e_p50_s", "e2e_p99_s", "output_tokens_per_s", "recompute_tax", "dropped_share")
 DEFAULT_POLICIES = ("vllm-v1", "lcf", "residual-sjf", "session-affinity", "cache-affinity", "ewsjf", "sjf-aging", "sla-tiers", "hrrn")
-# The Azure conversation trace at 3x its recorded rate (its own arrival times: one run, whatever the seeds) and
-# ShareGPT's lengths at 6 req/s Poisson (a run per seed): queues build on both, which is where orderings differ
-# (docs/policies: ShareGPT at 1.5-3 req/s never queues)
-DEFAULT_WORKLOADS = ("azure-conv@x3", "sharegpt@6")
+# ShareGPT's lengths cut to the model's context (nothing ignored) at 2.5 req/s Poisson, where KV blocks run short and
+# requests are preempted; multi-turn sessions on shared system prompts in three SLO tiers (the prefix-aware and the
+# tiered proposals' workload), KV pressure on both. Queues build on both, which is where orderings differ.
+DEFAULT_WORKLOADS = ("sharegpt-4k@2.5", "tiered-sessions")
 DEFAULT_REQUESTS = 200  # of a built-in trace, without -n: a board of the defaults in a few minutes on two cores
 MAX_RUNS = 10_000  # simulations a board runs at most, counted before any
-
-
-def check_metrics(names: list[str]) -> list[Metric]:
-    """The board's metrics by name; an unknown name is a ``ValueError`` listing the known ones."""
-    unknown = [n for n in names if n not in METRICS]
-    if unknown:
-        raise ValueError(f"unknown --metric {unknown[0]!r}: choose from {', '.join(METRICS)}")
-    if len(set(names)) != len(names):
-        raise ValueError(f"--metric {', '.join(sorted({n for n in names if names.count(n) > 1}))} given twice")
-    return [METRICS[n] for n in names]
-
 
 @dataclass(frozen=True)
 class BoardWorkload:
@@ -110,50 +70,32 @@ class BoardWorkload:
 
 @dataclass
 class Board:
-    """Every run's metrics: ``rows[workload][policy]`` is one sweep row per seed."""
+    """Every run's metrics: ``rows[workload][policy]`` is one sweep row per seed; a policy is told by its label
+    (its name, and its options: ``lcf:victim=mcf``)."""
 
-    policies: list[str]
+    contenders: list[Contender]
+    labels: list[str]
     workloads: list[BoardWorkload]
     metrics: list[Metric]
     primary: Metric
+    baseline: str
     seeds: dict[str, list[int]] = field(default_factory=dict)  # by workload: the seeds run (one for a seedless one)
     described: dict[str, dict] = field(default_factory=dict)  # by workload: its description
+    settings: dict[str, str] = field(default_factory=dict)  # --set, on every run
     rows: dict[str, dict[str, list[dict]]] = field(default_factory=dict)
     measured: dict[str, dict[str, Any]] = field(default_factory=dict)  # by workload: the served engine's metrics
 
-    def cell(self, workload: str, policy: str, metric: Metric) -> dict[str, Any] | None:
-        """Mean, 95% interval and n of ``metric`` over the seeds, as ``engine compare`` computes it; None
-        where a run has no such number (no preemption, so no tax: a tax of 0 is a number)."""
-        values = [row[metric.key] for row in self.rows[workload][policy]]
-        if any(v is None or not math.isfinite(v) for v in values):
-            return None
-        mean, half = mean_interval(values, LEVEL)
-        return {"mean": mean, "low": mean - half, "high": mean + half, "half_width": half, "n": len(values), "values": values}
+    @property
+    def policies(self) -> list[str]:
+        return self.labels
 
-    def _score(self, workload: str, policy: str, metric: Metric) -> float | None:
-        """The mean of ``metric`` signed so that smaller is better, or None."""
-        c = self.cell(workload, policy, metric)
-        return None if c is None else (c["mean"] if metric.lower_is_better else -c["mean"])
-
-    def ranks(self, workload: str) -> dict[str, int]:
-        """Each policy's rank by the primary metric's mean, 1 the best, equal means equal ranks (1, 1, 3);
-        the policies without the number after all the others, in the order given."""
-        scores = {p: self._score(workload, p, self.primary) for p in self.policies}
-        order = sorted(self.policies, key=lambda p: (scores[p] is None, scores[p] or 0.0))
-        ranks: dict[str, int] = {}
-        for i, p in enumerate(order):
-            before = order[i - 1] if i else None
-            ranks[p] = ranks[before] if before is not None and scores[p] is not None and scores[p] == scores[before] else i + 1
-        return ranks
-
-    def best(self, workload: str, metric: Metric) -> list[str]:
-        """The policies with the best mean of ``metric`` on ``workload`` (several where they tie)."""
-        scores = {p: self._score(workload, p, metric) for p in self.policies}
-        known = [v for v in scores.values() if v is not None]
-        return [p for p, v in scores.items() if known and v == min(known)]
+    def contest(self, workload: str | None = None) -> Contest:
+        """One workload's runs as a ``Contest`` (its seeds the units), or, with None, every workload's together."""
+        keys = [workload] if workload is not None else [w.text for w in self.workloads]
+        return Contest({p: [row for k in keys for row in self.rows[k][p]] for p in self.labels}, self.baseline)
 
 
-def plan(policies: list[str], workloads: list[BoardWorkload], num_requests: int | None, seed: int, seeds: int,
+def plan(policies: list[Contender], workloads: list[BoardWorkload], num_requests: int | None, seed: int, seeds: int,
          profile: str) -> tuple[dict[str, list[int]], dict[str, dict]]:
     """Check every policy, workload and the profile, and find each workload's seeds (one where the seed
     does not change its requests), before anything runs."""
@@ -162,12 +104,13 @@ def plan(policies: list[str], workloads: list[BoardWorkload], num_requests: int 
     from kvsched.experiments.compare import seed_workloads
     from kvsched.workloads import build_workload
 
-    if len(set(policies)) != len(policies):
-        raise ValueError(f"--policy {', '.join(sorted({p for p in policies if policies.count(p) > 1}))} given twice")
+    texts = [p.text for p in policies]
+    if len(set(texts)) != len(texts):
+        raise ValueError(f"--policy {', '.join(sorted({p for p in texts if texts.count(p) > 1}))} given twice")
     if len({w.text for w in workloads}) != len(workloads):
         raise ValueError("a --workload is given twice")
-    for name in policies:
-        load_policy(name)
+    for p in policies:
+        load_policy(p.spec)
     resolve_profile(profile)
     seed_lists, described = {}, {}
     for w in workloads:
@@ -183,14 +126,16 @@ def plan(policies: list[str], workloads: list[BoardWorkload], num_requests: int 
 def run_board(board: Board, num_requests: int | None, profile: str, workers: int | None = None,
               on_done: Callable[[dict], None] | None = None) -> Board:
     """Simulate every policy on every workload and seed of ``board`` (``plan``'s seeds), a sweep per workload and seed."""
+    from kvsched.experiments.evidence import dropped_share
     from kvsched.experiments.sweep import Point, SweepSpec, run_sweep
 
-    points = [Point(p, {}) for p in board.policies]
+    points = [Point(c.spec, {}, c.options) for c in board.contenders]
     for w in board.workloads:
-        runs: dict[str, list[dict]] = {p: [] for p in board.policies}
+        runs: dict[str, list[dict]] = {p: [] for p in board.labels}
         for s in board.seeds[w.text]:
-            for row in run_sweep(SweepSpec(w.options(num_requests, s), profile=profile), points, workers, on_done):
-                runs[row["policy"]].append(row)
+            rows = run_sweep(SweepSpec(w.options(num_requests, s), base_settings=board.settings, profile=profile), points, workers, on_done)
+            for label, row in zip(board.labels, rows):  # a sweep's rows come back in the order of its points
+                runs[label].append({**row, "dropped_share": dropped_share(row, row.get("num_requests"))})
         board.rows[w.text] = runs
     return board
 
@@ -222,29 +167,50 @@ def versions() -> dict[str, str]:
 
 
 def board_json(board: Board, command: str, profile: str, num_requests: int | None) -> dict[str, Any]:
-    """``leaderboard.json``: every cell with its mean, 95% interval, n and per-seed values, the ranking per
-    workload, and the command and versions that produced them all."""
+    """``leaderboard.json``: every cell with its mean, 95% interval, n and per-seed values, each policy's paired change
+    against the baseline, the rank ranges per workload and over every workload, and the command and versions."""
     cells = []
     for w in board.workloads:
-        for p in board.policies:
+        game = board.contest(w.text)
+        for p in board.labels:
             warnings = sorted({x for row in board.rows[w.text][p] for x in filter(None, row["warnings"].split("; "))})
             for m in board.metrics:
-                c = board.cell(w.text, p, m)
-                cells.append({"workload": w.text, "policy": p, "metric": m.key, **(c or {"mean": None, "n": 0}),
+                c, change = game.cell(p, m), game.change(p, m)
+                cells.append({"workload": w.text, "policy": p, "metric": m.key,
+                              **(c.as_dict() if c else {"mean": None, "n": 0}), "values": game.values(p, m), "text": cell_text(c, m),
+                              "change": change.as_dict() | {"text": change_text(change, m)} if change else None,
                               "seeds": board.seeds[w.text], "warnings": warnings})
+    pooled = board.contest()
     return {
         "command": command, "versions": versions(), "level": LEVEL, "profile": profile, "num_requests": num_requests,
-        "primary": board.primary.key,
-        "metrics": [{"key": m.key, "label": m.label, "unit": m.unit, "scale": m.scale, "decimals": int(m.fmt[-3]),
+        "settings": board.settings, "primary": board.primary.key, "baseline": board.baseline,
+        "metrics": [{"key": m.key, "label": m.label, "unit": m.unit, "scale": m.scale, "decimals": m.decimals,
                      "better": "lower" if m.lower_is_better else "higher"} for m in board.metrics],
-        "policies": board.policies,
+        "policies": board.labels,
+        "options": {label: c.options for label, c in zip(board.labels, board.contenders)},
         "workloads": [{"key": w.text, "name": w.name, "rate": w.rate, "rate_scale": w.rate_scale, "seeds": board.seeds[w.text],
                        "description": board.described[w.text]} for w in board.workloads],
-        "ranks": {w.text: board.ranks(w.text) for w in board.workloads},
-        "best": {w.text: {m.key: board.best(w.text, m) for m in board.metrics} for w in board.workloads},
+        "ranks": {w.text: _ranks(board.contest(w.text), board.primary) for w in board.workloads},
+        "best": {w.text: {m.key: board.contest(w.text).best(m) for m in board.metrics} for w in board.workloads},
         "cells": cells,
-        "measured": [{"workload": w, **m} for w, m in board.measured.items()],
+        "overall": {"ranks": _ranks(pooled, board.primary), "units": pooled.units,
+                    "changes": {p: {m.key: ch.as_dict() | {"text": change_text(ch, m)} if (ch := pooled.change(p, m)) else None
+                                    for m in board.metrics} for p in board.labels}},
+        "measured": [{"workload": w, **m, "texts": {x.key: _one_run(m["metrics"].get(x.key), x) for x in board.metrics}}
+                     for w, m in board.measured.items()],
     }
+
+
+def _one_run(value: float | None, metric: Metric) -> str:
+    """A measured number as a cell shows it (– for what a client cannot see)."""
+    from kvsched.metrics.confidence import Estimate
+
+    return cell_text(None if value is None else Estimate(value, value, value, 1), metric)
+
+
+def _ranks(game: Contest, metric: Metric) -> dict[str, dict[str, Any]]:
+    """Each policy's rank range by ``metric``: best and worst it could hold, and as text (``3``, ``2–5``)."""
+    return {p: {"best": best, "worst": worst, "text": rank_text(best, worst)} for p, (best, worst) in game.ranks(metric).items()}
 
 
 def command_line(argv: list[str] | None = None) -> str:

@@ -28,7 +28,7 @@ from kvsched.core.report import StepReport, StepRun
 from kvsched.core.request import Request
 from kvsched.executors.profiles import resolve_profile
 from kvsched.executors.simulated import SimulatedExecutor
-from kvsched.experiments.settings import fit_to_profile
+from kvsched.experiments.settings import filled_settings, fit_to_profile
 from kvsched.metrics.decision_log import DecisionLog
 from kvsched.metrics.fairness import TenantService, fairness_summary
 from kvsched.metrics.goodput import goodput_summary
@@ -165,7 +165,8 @@ class SimJob:
             requests = service.watch(requests)
         log = DecisionLog(self.decision_log) if self.decision_log is not None else None
         profile = resolve_profile(self.profile)
-        config = fit_to_profile(self.config, profile, load_policy(self.policy) if isinstance(self.policy, str) else self.policy)
+        policy = load_policy(self.policy) if isinstance(self.policy, str) else self.policy
+        config = fit_to_profile(self.config, profile, policy)
         sim_start = time.perf_counter()
         description = self.workload.describe()
         try:
@@ -184,6 +185,7 @@ class SimJob:
             series.close()
         simulate_s = time.perf_counter() - sim_start
         s = result.summary
+        s["defaults"] = filled_settings(self.config, profile, policy)
         slo = self.slo_ttft is not None or self.slo_tpot is not None  # no target, no goodput to speak of
         s["slo"] = goodput_summary(result.requests, s["duration_s"], self.slo_ttft, self.slo_tpot) if slo else None
         s["fairness"] = fairness_summary(result.requests, service)

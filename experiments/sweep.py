@@ -22,6 +22,7 @@ from kvsched.experiments.settings import check_names
 from kvsched.metrics.warnings import warning_text
 
 METRICS = (
+    ("num_requests", ("num_requests",)),
     ("finished", ("finished",)),
     ("ignored", ("ignored",)),
     ("aborted", ("aborted",)),
@@ -62,10 +63,12 @@ def parse_grid(settings: list[str] | None) -> dict[str, list[str]]:
 class Point:
     policy: str
     settings: dict[str, str]
+    options: dict[str, Any] = field(default_factory=dict)  # the policy's constructor options
 
     @property
     def label(self) -> str:
-        return " ".join([self.policy] + [f"{k}={v}" for k, v in self.settings.items()])
+        name = self.policy + (":" + ",".join(f"{k}={v}" for k, v in self.options.items()) if self.options else "")
+        return " ".join([name] + [f"{k}={v}" for k, v in self.settings.items()])
 
 
 MAX_POINTS = 10_000  # grid points a sweep runs at most (each a simulation): counted before any is made
@@ -96,7 +99,7 @@ def run_point(spec: SweepSpec, point: Point) -> dict[str, Any]:
     from kvsched.workloads import build_workload
 
     config = EngineConfig.model_validate({**spec.base_settings, **point.settings})
-    job = SimJob(build_workload(**spec.workload), point.policy, config, spec.profile,
+    job = SimJob(build_workload(**spec.workload), point.policy, config, spec.profile, point.options or None,
                  slo_ttft=spec.slo_ttft, slo_tpot=spec.slo_tpot, record_timeseries=False)
     outcome = job.run()
     row: dict[str, Any] = {"label": point.label, "policy": point.policy}

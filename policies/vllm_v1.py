@@ -47,7 +47,8 @@ class VllmV1:
 
     name = "vllm-v1"
     claims = frozenset({"starvation-free"})
-    engine_defaults = {"vllm_engine": "v1", "watermark": 0.0}  # V1's mechanics and its default watermark
+    # V1's mechanics, its default watermark and its prefix caching (on in vLLM V1 unless a model cannot use it)
+    engine_defaults = {"vllm_engine": "v1", "watermark": 0.0, "enable_prefix_caching": True}
     chunked_prefill = True  # its budget is a chunk size, not a length limit (experiments/settings.py)
 
     def __init__(self, policy: str = "fcfs", long_prefill_token_threshold: int = 0, vllm_release: str = "0.32") -> None:

@@ -113,15 +113,16 @@ def write_sweep(rows: list[dict[str, Any]], directory: Path) -> list[Path]:
     return [Path(directory) / Path(p).name for p in written]
 
 
-def write_comparison(runs: list[PolicyRun], rows: list[list[str]], directory: Path, plot_title: str | None = None) -> list[Path]:
-    """A comparison's table (``rows``, as printed) as ``comparison.csv`` and, given ``plot_title``,
+def write_comparison(runs: list[PolicyRun], head: list[str], rows: list[list[str]], directory: Path,
+                     plot_title: str | None = None) -> list[Path]:
+    """A comparison's table (``head`` and ``rows``, as printed) as ``comparison.csv`` and, given ``plot_title``,
     the runs' CDFs as ``comparison_cdf.png``, atomically."""
     from kvsched.reporting.comparisons import plot_cdfs
 
     with publishing_folder(directory, COMPARE_FILES) as stage:
         with (stage / "comparison.csv").open("w", newline="") as f:
             writer = csv.writer(f)
-            writer.writerow(["metric", *(run.policy for run in runs)])
+            writer.writerow(head)
             writer.writerows(rows)
         written = [stage / "comparison.csv"]
         if plot_title is not None:
@@ -157,7 +158,8 @@ RUN_SUMMARY = {"policy": str, "num_requests": int, "duration_s": float, "steps":
                "config": {"watermark": float, "num_gpu_blocks": int, "num_cpu_blocks": int}}
 _DISTRIBUTION = ({"mean": (float, None), "p50": (float, None), "p99": (float, None)}, None)
 # What of summary.json the comparison reads: its rows (experiments.compare.ROWS), null where a run could not know.
-COMPARED_SUMMARY = {"policy": (str, None), "finished": int, "requests_per_s": float, "throughput_tokens_per_s": float,
+COMPARED_SUMMARY = {"policy": (str, None), "num_requests": int, "finished": int, "ignored": int, "aborted": int,
+                    "requests_per_s": float, "throughput_tokens_per_s": float,
                     "ttft_s": _DISTRIBUTION, "tpot_s": _DISTRIBUTION, "e2e_s": _DISTRIBUTION,
                     "preemptions": ({"recompute": int, "swap": int}, None)}
 
@@ -212,5 +214,7 @@ def read_compared(directory: Path) -> PolicyRun:
         raise FileNotFoundError(f"{directory} has no summary.json and requests.csv: give folders written with --output")
     summary = read_summary(summary_path, COMPARED_SUMMARY)
     latencies = read_numbers(requests_path, ("ttft", "tpot"))
-    label = f"{directory.name} ({summary.get('policy')})"
+    fleet = summary.get("fleet")
+    who = f"router {fleet.get('router')}" if isinstance(fleet, dict) else summary.get("policy")  # a fleet is told by its router
+    label = f"{directory.name} ({who})"
     return PolicyRun(label, [summary], latencies["ttft"], latencies["tpot"])

@@ -15,19 +15,11 @@ import json
 from pathlib import Path
 from typing import Any
 
+from kvsched.experiments.evidence import statistics_note
 from kvsched.reporting.destination import publishing_folder
 from kvsched.reporting.html import CATCH, STYLE
 
 BOARD_FILES = ("leaderboard.json", "leaderboard.md", "leaderboard.html")
-
-
-def cell_text(cell: dict[str, Any], metric: dict[str, Any]) -> str:
-    """``mean ± half-width`` in the metric's unit (the half-width only over several seeds); – for no number."""
-    if cell.get("mean") is None:
-        return "–"
-    d, scale = metric["decimals"], metric["scale"]
-    text = f"{cell['mean'] * scale:.{d}f}"
-    return text + (f" ± {cell['half_width'] * scale:.{d}f}" if cell["n"] > 1 else "")
 
 
 def heading(metric: dict[str, Any]) -> str:
@@ -55,37 +47,58 @@ def warnings(doc: dict) -> list[str]:
     return lines
 
 
+def _table(head: list[str], rows: list[list[str]]) -> list[str]:
+    return ["| " + " | ".join(head) + " |", "|" + "---|" * len(head), *("| " + " | ".join(r) + " |" for r in rows)]
+
+
+def _by_rank(ranks: dict[str, dict], policies: list[str]) -> list[str]:
+    return sorted(policies, key=lambda p: (ranks[p]["best"], ranks[p]["worst"]))
+
+
 def markdown(doc: dict) -> str:
-    """Rows the policies, columns each workload's rank and metrics; the best of each column in bold."""
-    cells, metrics = _cells(doc), doc["metrics"]
+    """A table per workload (rows the policies by rank: rank, the primary metric's paired change against the
+    baseline, each metric's mean and interval, the best of each column in bold), then every workload together."""
+    cells, metrics, base = _cells(doc), doc["metrics"], doc["baseline"]
     primary = next(m for m in metrics if m["key"] == doc["primary"])
-    head = ["policy"]
+    lines: list[str] = []
     for w in doc["workloads"]:
-        head += [f"{w['key']} rank"] + [f"{w['key']} {heading(m)}" for m in metrics]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for p in doc["policies"]:
-        row = [f"`{p}`"]
-        for w in doc["workloads"]:
-            row.append(str(doc["ranks"][w["key"]][p]))
+        key, ranks = w["key"], doc["ranks"][w["key"]]
+        head = ["policy", "rank", f"{primary['label']} vs {base}", *map(heading, metrics)]
+        rows = []
+        for p in _by_rank(ranks, doc["policies"]):
+            change = cells[(key, p, primary["key"])]["change"]
+            row = [f"`{p}`", ranks[p]["text"], change["text"] if change else "baseline"]
             for m in metrics:
-                text = cell_text(cells[(w["key"], p, m["key"])], m)
-                row.append(f"**{text}**" if p in doc["best"][w["key"]][m["key"]] else text)
-        lines.append("| " + " | ".join(row) + " |")
-    for entry in doc["measured"]:
-        row = [f"{entry['label']} (measured)"]
-        for w in doc["workloads"]:
-            got = entry["metrics"] if entry["workload"] == w["key"] else {}
-            row.append("–")
-            row += [cell_text({"mean": got.get(m["key"]), "n": 1}, m) for m in metrics]
-        lines.append("| " + " | ".join(row) + " |")
+                text = cells[(key, p, m["key"])]["text"]
+                row.append(f"**{text}**" if p in doc["best"][key][m["key"]] else text)
+            rows.append(row)
+        for entry in (e for e in doc["measured"] if e["workload"] == key):
+            rows.append([f"{entry['label']} (measured)", "–", "–", *(entry["texts"][m["key"]] for m in metrics)])
+        lines += [f"**{key}** ({_seeds(w)})", "", *_table(head, rows), ""]
+    if len(doc["workloads"]) > 1:
+        ranks = doc["overall"]["ranks"]
+        head = ["policy", "rank", *(f"{heading(m)} vs {base}" for m in metrics)]
+        rows = [[f"`{p}`", ranks[p]["text"], *(_change_text(doc["overall"]["changes"][p][m["key"]]) for m in metrics)]
+                for p in _by_rank(ranks, doc["policies"])]
+        lines += [f"**every workload** (paired over {doc['overall']['units']} runs: each workload at each seed)", "", *_table(head, rows), ""]
     seeds = seeds_text(doc)
-    notes = [f"Each cell: the mean over the seeds ± the half-width of its {round(100 * doc['level'])}% confidence interval "
-             f"(Student's t); rank by {heading(primary)}, {primary['better']} is better; the best of each column in bold. "
-             f"{seeds}. Profile {doc['profile']}.", "", f"`{doc['command']}`"]
+    settings = ", ".join(f"{k}={v}" for k, v in doc["settings"].items())
+    notes = [f"Each cell: the mean over the seeds and its {round(100 * doc['level'])}% interval; rank by {heading(primary)}, "
+             f"{primary['better']} is better; the best of each column in bold. {statistics_note(doc['level'])} {seeds}. "
+             f"Profile {doc['profile']}{f'; settings {settings}' if settings else ''}.", "", f"`{doc['command']}`"]
     notes[1:1] = [line for text in warnings(doc) for line in ("", text)]
     if doc["measured"]:
         notes.insert(1, "A measured row is one replay against the served engine, timed from the client (engine bench); it is not ranked.")
-    return "\n".join(lines) + "\n\n" + "\n".join(notes) + "\n"
+    return "\n".join(lines) + "\n" + "\n".join(notes) + "\n"
+
+
+def _seeds(workload: dict) -> str:
+    seeds = workload["seeds"]
+    return f"seeds {seeds[0]}–{seeds[-1]}" if len(seeds) > 1 else f"seed {seeds[0]}: one run, no interval"
+
+
+def _change_text(change: dict | None) -> str:
+    return change["text"] if change else "baseline"
 
 
 PAGE_STYLE = """th{cursor:pointer;user-select:none}th[aria-sort=ascending]::after{content:" ▲"}th[aria-sort=descending]::after{content:" ▼"}
@@ -95,38 +108,49 @@ td.best{font-weight:bold}tr.measured td{font-style:italic;background:#f4f8ff}.co
 # controls, and every change is written back to the address.
 PAGE_SCRIPT = """const doc = JSON.parse(document.getElementById('board').textContent);
 const byKey = new Map(doc.cells.map(c => [c.workload + '\\u0000' + c.policy + '\\u0000' + c.metric, c]));
-const metricOf = new Map(doc.metrics.map(m => [m.key, m]));
-const state = Object.assign({metric: '', sort: 'rank:' + doc.workloads[0].key, dir: 'asc'},
+const primary = doc.metrics.find(m => m.key === doc.primary);
+const several = doc.workloads.length > 1;
+const state = Object.assign({metric: '', sort: 'rank:' + (several ? '*' : doc.workloads[0].key), dir: 'asc'},
   Object.fromEntries(new URLSearchParams(location.hash.slice(1))));
-function text(cell, m) {
-  if (!cell || cell.mean === null || cell.mean === undefined) return '\\u2013';
-  const t = (cell.mean * m.scale).toFixed(m.decimals);
-  return cell.n > 1 ? t + ' \\u00b1 ' + (cell.half_width * m.scale).toFixed(m.decimals) : t;
-}
+const rankValue = r => r.best + r.worst / 1000;
 function columns() {
   const cols = [{id: 'policy', head: 'policy'}];
   for (const w of doc.workloads) {
-    cols.push({id: 'rank:' + w.key, head: w.key + ' rank', workload: w.key});
+    cols.push({id: 'rank:' + w.key, head: w.key + ' rank'});
+    cols.push({id: 'change:' + w.key, head: w.key + ' ' + primary.label + ' vs ' + doc.baseline});
     for (const m of doc.metrics) if (!state.metric || state.metric === m.key)
-      cols.push({id: w.key + '|' + m.key, head: w.key + ' ' + m.label + (m.unit ? ' (' + m.unit + ')' : ''), workload: w.key, metric: m});
+      cols.push({id: w.key + '|' + m.key, head: w.key + ' ' + m.label + (m.unit ? ' (' + m.unit + ')' : '')});
+  }
+  if (several) {
+    cols.push({id: 'rank:*', head: 'every workload rank'});
+    cols.push({id: 'change:*', head: 'every workload ' + primary.label + ' vs ' + doc.baseline});
   }
   return cols;
 }
+function changeCell(change) {
+  return change ? {value: change.value, text: change.text} : {value: null, text: 'baseline'};
+}
 function rows() {
   const out = doc.policies.map(p => ({policy: p, measured: false, cells: {}}));
-  for (const r of out) for (const w of doc.workloads) {
-    r.cells['rank:' + w.key] = {value: doc.ranks[w.key][r.policy], text: String(doc.ranks[w.key][r.policy])};
-    for (const m of doc.metrics) {
-      const c = byKey.get(w.key + '\\u0000' + r.policy + '\\u0000' + m.key);
-      r.cells[w.key + '|' + m.key] = {value: c ? c.mean : null, text: text(c, m), best: doc.best[w.key][m.key].includes(r.policy)};
+  for (const r of out) {
+    for (const w of doc.workloads) {
+      const rank = doc.ranks[w.key][r.policy];
+      r.cells['rank:' + w.key] = {value: rankValue(rank), text: rank.text};
+      r.cells['change:' + w.key] = changeCell(byKey.get(w.key + '\\u0000' + r.policy + '\\u0000' + doc.primary).change);
+      for (const m of doc.metrics) {
+        const c = byKey.get(w.key + '\\u0000' + r.policy + '\\u0000' + m.key);
+        r.cells[w.key + '|' + m.key] = {value: c ? c.mean : null, text: c ? c.text : '\\u2013', best: doc.best[w.key][m.key].includes(r.policy)};
+      }
+    }
+    if (several) {
+      const rank = doc.overall.ranks[r.policy];
+      r.cells['rank:*'] = {value: rankValue(rank), text: rank.text};
+      r.cells['change:*'] = changeCell(doc.overall.changes[r.policy][doc.primary]);
     }
   }
   for (const e of doc.measured) {
     const r = {policy: e.label + ' (measured)', measured: true, cells: {}};
-    for (const m of doc.metrics) {
-      const v = e.metrics[m.key];
-      r.cells[e.workload + '|' + m.key] = {value: v, text: text({mean: v, n: 1}, m)};
-    }
+    for (const m of doc.metrics) r.cells[e.workload + '|' + m.key] = {value: e.metrics[m.key], text: e.texts[m.key]};
     out.push(r);
   }
   return out;
@@ -198,8 +222,8 @@ def page(doc: dict) -> str:
 <div class="controls"><label>metric <select id="metric"><option value="">all</option></select></label>
 (click a heading to sort by it; again to reverse)</div>
 <table id="leaderboard"></table>
-<p class="caption">Each cell: the mean over the seeds ± the half-width of its {round(100 * doc['level'])}% confidence interval
-(Student's t); the best of each column in bold{'; a measured row is one replay against the served engine, not ranked' if doc['measured'] else ''}.</p>
+<p class="caption">Each cell: the mean over the seeds and its {round(100 * doc['level'])}% interval; the best of each column in bold;
+baseline {html.escape(doc['baseline'])}. {html.escape(statistics_note(doc['level']))}{' A measured row is one replay against the served engine, not ranked.' if doc['measured'] else ''}</p>
 {''.join(f'<p class="caption warnings">{html.escape(text)}</p>' for text in warnings(doc))}
 <p class="caption">Made by <code>{html.escape(doc['command'])}</code> (kvsched {html.escape(doc['versions']['kvsched'])}).</p>
 <script type="application/json" id="board">{data}</script>

@@ -52,7 +52,7 @@ def test_plot_is_a_flag_that_writes_under_output_in_run_and_compare(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr == ""  # -q: no progress bar
     csv = (tmp_path / "cmp" / "comparison.csv").read_text().splitlines()
-    assert csv[0] == "metric,fcfs,sjf" and csv[1].startswith("finished,30,30")
+    assert csv[0] == "metric,fcfs,sjf,sjf vs fcfs" and csv[2] == "finished,30,30,same"  # the first row ranks
     assert (tmp_path / "cmp" / "comparison_cdf.png").stat().st_size > 10_000
 
 

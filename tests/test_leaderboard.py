@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import re
 import shutil
 import subprocess
@@ -20,7 +21,8 @@ from test_bench_hostile import Liar
 from test_report_browser import CHROMIUM, chromium
 
 ENGINE = str(Path(sys.executable).parent / "engine")
-TINY = ["-p", "vllm-default", "-p", "vllm-v1", "-w", "sharegpt@6", "--seeds", "2", "-n", "30", "-j", "1"]
+TINY = ["-p", "vllm-default", "-p", "vllm-v1", "-p", "vllm-v1:policy=priority", "-w", "sharegpt@6", "--seeds", "2", "-n", "30", "-j", "1",
+        "--baseline", "vllm-v1", "--set", "max_num_seqs=32"]
 
 
 def engine(*args, timeout=300) -> subprocess.CompletedProcess:
@@ -35,42 +37,80 @@ def board(tmp_path_factory) -> Path:
     return out
 
 
+def _tables(md: str) -> dict[str, dict[str, list[str]]]:
+    """The Markdown's tables by the bold line before each: {title: {column heading: [cells, top to bottom]}}."""
+    tables, title, head = {}, None, None
+    for line in md.splitlines():
+        if line.startswith("**"):
+            title, head = line.split("**")[1], None
+        elif line.startswith("| ") and title is not None:
+            cells = [c.strip(" `*") for c in line.strip("|").split(" | ")]
+            if head is None:
+                head = cells
+                tables[title] = {h: [] for h in head}
+            else:
+                for h, c in zip(head, cells):
+                    tables[title][h].append(c)
+    return tables
+
+
 def test_the_three_files_and_every_cell(board):
     assert sorted(p.name for p in board.iterdir()) == ["leaderboard.html", "leaderboard.json", "leaderboard.md"]
     doc = json.loads((board / "leaderboard.json").read_text())
     assert doc["command"].startswith("engine leaderboard -q -p vllm-default") and doc["versions"]["kvsched"]
-    assert doc["workloads"][0]["seeds"] == [0, 1] and doc["primary"] == "ttft_mean_s"
-    assert len(doc["cells"]) == 2 * 6  # policies × metrics, one workload
+    assert doc["workloads"][0]["seeds"] == [0, 1] and doc["primary"] == "ttft_mean_s" and doc["baseline"] == "vllm-v1"
+    assert doc["policies"] == ["vllm-default", "vllm-v1", "vllm-v1:policy=priority"] and doc["settings"] == {"max_num_seqs": "32"}
+    assert doc["options"]["vllm-v1:policy=priority"] == {"policy": "priority"}
+    assert len(doc["cells"]) == 3 * 7  # policies × metrics, one workload
     for cell in doc["cells"]:
         if cell["mean"] is not None:
             assert cell["n"] == 2 and len(cell["values"]) == 2
-            assert cell["low"] <= cell["mean"] <= cell["high"] and cell["high"] - cell["mean"] == pytest.approx(cell["half_width"])
-    md = (board / "leaderboard.md").read_text().splitlines()
-    assert md[0].startswith("| policy | sharegpt@6 rank | sharegpt@6 TTFT mean (s) |")
-    rows = {line.split(" | ")[0].strip("| `"): line for line in md if line.startswith("| `")}
-    assert set(rows) == {"vllm-default", "vllm-v1"}
+            assert 0 <= cell["low"] <= cell["mean"] <= cell["high"]  # log-transformed: never below zero
+        assert (cell["change"] is None) == (cell["policy"] == "vllm-v1" or cell["mean"] is None)
+    tables = _tables((board / "leaderboard.md").read_text())
+    table = tables["sharegpt@6"]
+    assert list(table)[:3] == ["policy", "rank", "TTFT mean vs vllm-v1"] and "not served (%)" in table
+    assert set(table["policy"]) == {"vllm-default", "vllm-v1", "vllm-v1:policy=priority"}
+    assert table["TTFT mean vs vllm-v1"][table["policy"].index("vllm-v1")] == "baseline"
     best = doc["best"]["sharegpt@6"]["ttft_mean_s"]
-    assert rows[best[0]].split(" | ")[2].startswith("**")  # the best of the column in bold
+    line = next(x for x in (board / "leaderboard.md").read_text().splitlines() if x.startswith(f"| `{best[0]}` |"))
+    assert line.split(" | ")[3].startswith("**")  # the best of the column in bold
 
 
-def test_cells_and_ranking_are_what_compare_says_for_the_same_runs(board, tmp_path):
-    done = engine("compare", "-q", "-p", "vllm-default", "-p", "vllm-v1", "-w", "sharegpt", "--rate", "6", "--seeds", "2",
-                  "-n", "30", "-o", tmp_path / "cmp")
+def test_cells_changes_and_ranking_are_what_compare_says_for_the_same_runs(board, tmp_path):
+    done = engine("compare", "-q", "-p", "vllm-default", "-p", "vllm-v1", "-p", "vllm-v1:policy=priority", "-w", "sharegpt",
+                  "--rate", "6", "--seeds", "2", "-n", "30", "--set", "max_num_seqs=32", "-o", tmp_path / "cmp")
     assert done.returncode == 0, done.stderr
     with open(tmp_path / "cmp" / "comparison.csv") as f:
         compared = {row["metric"]: row for row in csv.DictReader(f)}
-    md = (board / "leaderboard.md").read_text().splitlines()
-    head = md[0].strip("|").split(" | ")
-    rows = {line.strip("|").split(" | ")[0].strip(" `"): [c.strip(" *") for c in line.strip("|").split(" | ")] for line in md if line.startswith("| `")}
-    for label, column in (("TTFT mean (s)", "TTFT mean (s)"), ("TTFT p99 (s)", "TTFT p99 (s)"),
-                          ("e2e p99 (s)", "E2E p99 (s)"), ("throughput (tok/s)", "throughput (tok/s)")):
-        i = [h.strip() for h in head].index(f"sharegpt@6 {column}")
-        for policy in ("vllm-default", "vllm-v1"):
-            assert rows[policy][i] == compared[label][policy], (label, policy)
+    table = _tables((board / "leaderboard.md").read_text())["sharegpt@6"]
+    at = {p: i for i, p in enumerate(table["policy"])}
+    for label in ("TTFT mean (s)", "TTFT p99 (s)", "E2E p99 (s)", "throughput (tok/s)", "recompute tax (%)", "not served (%)"):
+        for policy in at:
+            assert table[label][at[policy]] == compared[label][policy], (label, policy)
+    for policy in ("vllm-default", "vllm-v1:policy=priority"):
+        assert table["TTFT mean vs vllm-v1"][at[policy]] == compared["TTFT mean (s)"][f"{policy} vs vllm-v1"]
+        assert table["rank"][at[policy]] == compared["rank by TTFT mean (s)"][policy]
     doc = json.loads((board / "leaderboard.json").read_text())
-    mean = {p: float(compared["TTFT mean (s)"][p].split(" ± ")[0]) for p in ("vllm-default", "vllm-v1")}
+    mean = {p: float(compared["TTFT mean (s)"][p].split(" ")[0]) for p in at}
     assert mean["vllm-default"] != mean["vllm-v1"]
-    assert sorted(doc["ranks"]["sharegpt@6"], key=doc["ranks"]["sharegpt@6"].get) == sorted(mean, key=mean.get)
+    ranks = doc["ranks"]["sharegpt@6"]
+    assert table["policy"] == sorted(at, key=lambda p: (ranks[p]["best"], ranks[p]["worst"]))
+
+
+def test_every_workload_together_is_paired_over_each_workload_and_seed(tmp_path):
+    out = tmp_path / "two"
+    done = engine("leaderboard", "-q", "-p", "vllm-v1", "-p", "sjf-aging", "-w", "sharegpt@6", "-w", "synthetic@30", "--seeds", "2",
+                  "-n", "40", "-j", "1", "-o", out)
+    assert done.returncode == 0, done.stderr
+    doc = json.loads((out / "leaderboard.json").read_text())
+    assert doc["overall"]["units"] == 4 and doc["baseline"] == "vllm-v1"
+    pooled = doc["overall"]["changes"]["sjf-aging"]["ttft_mean_s"]
+    per_seed = [c for c in doc["cells"] if c["policy"] == "sjf-aging" and c["metric"] == "ttft_mean_s"]
+    base = [c for c in doc["cells"] if c["policy"] == "vllm-v1" and c["metric"] == "ttft_mean_s"]
+    ratios = [v / b for c, d in zip(per_seed, base) for v, b in zip(c["values"], d["values"])]
+    assert pooled["n"] == 4 and pooled["value"] == pytest.approx(math.prod(ratios) ** 0.25)
+    assert "**every workload** (paired over 4 runs" in (out / "leaderboard.md").read_text()
 
 
 BAD = [
@@ -79,6 +119,10 @@ BAD = [
     (["--rank-by", "tpot_p99_s"], "--rank-by tpot_p99_s: rank by one of the board's --metric columns"),
     (["-w", "sharegpt@fast"], "after @ comes a rate"),
     (["-p", "vllm-v1", "-p", "vllm-v1"], "--policy vllm-v1 given twice"),
+    (["-p", "lcf:victim=nobody"], "victim must be one of"),
+    (["-p", "lcf", "--policy-opt", "lcf.nothing=1"], "unexpected keyword argument 'nothing'"),
+    (["-p", "lcf", "--baseline", "hrrn"], "--baseline 'hrrn' is not one of the contenders"),
+    (["--set", "max_num_seqs=many"], "max_num_seqs"),
     (["-o", "{file}"], "is a file, not a folder"),
     (["-o", "{file}/below"], "is a file, so nothing can be written under it"),
     (["-p", "vllm-v1", "--real", "http://127.0.0.1:9"], "cannot reach an OpenAI-compatible server at http://127.0.0.1:9"),
@@ -135,11 +179,11 @@ def test_the_page_renders_the_table_and_sorts_in_headless_chromium(board, tmp_pa
         proc = chromium(tmp_path, "--dump-dom", page.as_uri() + f"#metric=ttft_mean_s&sort=sharegpt%406%7Cttft_mean_s&dir={direction}")
         assert proc.returncode == 0, proc.stderr[-2000:]
         dom = proc.stdout
-        assert 'data-rendered="2"' in dom and f'data-sorted="sharegpt@6|ttft_mean_s:{direction}"' in dom
+        assert 'data-rendered="3"' in dom and f'data-sorted="sharegpt@6|ttft_mean_s:{direction}"' in dom
         assert re.search(r'<div id="js-errors" hidden="">\s*</div>', dom), "the page caught a JavaScript error"
         assert "E2E p99" not in dom.split('id="leaderboard"')[1].split("</table>")[0]  # one metric chosen
         order[direction] = re.findall(r'<tr data-policy="([^"]+)"', dom)
-    assert sorted(order["asc"]) == ["vllm-default", "vllm-v1"] and order["desc"] == order["asc"][::-1]
+    assert sorted(order["asc"]) == ["vllm-default", "vllm-v1", "vllm-v1:policy=priority"] and order["desc"] == order["asc"][::-1]
 
 
 def test_a_workload_names_its_rate_or_its_rate_scale():
@@ -191,11 +235,12 @@ def test_the_page_script_draws_and_sorts_under_node(board, tmp_path):
     assert done.returncode == 0, done.stderr
     got = json.loads(done.stdout)
     doc = json.loads((board / "leaderboard.json").read_text())
-    assert got["first"][0] == ["policy", "sharegpt@6 rank", "sharegpt@6 TTFT mean (s)"] and got["sorted"] == "rank:sharegpt@6:asc"
+    assert got["first"][0] == ["policy", "sharegpt@6 rank", "sharegpt@6 TTFT mean vs vllm-v1", "sharegpt@6 TTFT mean (s)"]
+    assert got["sorted"] == "rank:sharegpt@6:asc"
     ranks = doc["ranks"]["sharegpt@6"]
-    assert [row[0] for row in got["first"][1:]] == sorted(ranks, key=ranks.get)
-    md = {line.split(" | ")[0].strip("| `"): line.split(" | ")[2].strip(" *") for line in (board / "leaderboard.md").read_text().splitlines()
-          if line.startswith("| `")}
-    assert {row[0]: row[2] for row in got["first"][1:]} == md  # the page shows the Markdown's numbers
-    means = [float(row[2].split(" ± ")[0]) for row in got["clicked"][1:]]
+    assert [row[0] for row in got["first"][1:]] == sorted(ranks, key=lambda p: (ranks[p]["best"], ranks[p]["worst"]))
+    table = _tables((board / "leaderboard.md").read_text())["sharegpt@6"]
+    md = dict(zip(table["policy"], zip(table["rank"], table["TTFT mean vs vllm-v1"], table["TTFT mean (s)"])))
+    assert {row[0]: tuple(row[1:]) for row in got["first"][1:]} == md  # the page shows the Markdown's numbers
+    means = [float(row[3].split(" ")[0]) for row in got["clicked"][1:]]
     assert means == sorted(means) and "sort=sharegpt%406%7Cttft_mean_s" in got["hash"] and "dir=asc" in got["hash"]

@@ -12,8 +12,9 @@ from kvsched.policies.vllm_v1 import VllmV1
 
 
 def _run(policy=None, **config):
-    """a (40 tokens), b (5) and c (21) fill 19 blocks; a's first decode needs one, so V1 preempts c (the tail)."""
-    eng = unit_engine(policy or VllmV1(), num_gpu_blocks=19, **config)
+    """a (40 tokens), b (5) and c (21) fill 19 blocks; a's first decode needs one, so V1 preempts c (the tail).
+    Without prefix caching unless asked (vllm-v1 turns it on, as vLLM V1 does): the tax it saves is tested apart."""
+    eng = unit_engine(policy or VllmV1(), num_gpu_blocks=19, **{"enable_prefix_caching": False, **config})
     for rid, n in (("a", 40), ("b", 5), ("c", 21)):
         eng.add_request(req(rid, n, 6))
     eng.run([])

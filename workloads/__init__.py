@@ -12,12 +12,12 @@ from pydantic import TypeAdapter, ValidationError
 from kvsched.core.files import read_json
 from kvsched.core.request import Request
 from kvsched.workloads.arrivals import Gamma, Poisson, make_arrivals
-from kvsched.workloads.builtin import BUILTIN_TRACES, SHAREGPT_DEFAULT_RATE, builtin_path
+from kvsched.workloads.builtin import BUILTIN_SPECS, BUILTIN_TRACES, SHAREGPT_DEFAULT_RATE, builtin_path
 from kvsched.workloads.errors import MAX_REQUESTS, WorkloadError
 from kvsched.workloads.replay import TraceWorkload
 from kvsched.workloads.synthetic import SyntheticSpec
 
-WORKLOAD_NAMES = ("default", "synthetic", *BUILTIN_TRACES)
+WORKLOAD_NAMES = ("default", "synthetic", *BUILTIN_TRACES, *BUILTIN_SPECS)
 
 
 class Workload(Protocol):
@@ -74,9 +74,10 @@ def build_workload(
 ) -> Workload:
     """Resolve the CLI's workload options to one workload.
 
-    ``workload`` is a built-in name (``default``, ``synthetic``, ``azure-conv``, ``sharegpt``) or
-    a JSON spec file; ``trace`` a CSV in any supported format. ``num_requests`` caps traces;
-    ``max_total_tokens`` cuts their prompts as Vidur's trace replay does.
+    ``workload`` is a built-in name (``default``, ``synthetic``, ``azure-conv``, ``sharegpt``, or a named
+    spec: ``sharegpt-4k``, ``tiered-sessions``) or a JSON spec file; ``trace`` a CSV in any supported
+    format. ``num_requests`` caps traces; ``max_total_tokens`` cuts their prompts as Vidur's trace replay does.
+    ``rate`` replaces a named spec's Poisson rate (its requests', not a sessions spec's: scale those by ``rate_scale``).
     """
     check_options(num_requests=num_requests, rate=rate, rate_scale=rate_scale, start_offset=start_offset, cv=cv)
     if trace is not None and workload not in (None, "default"):
@@ -88,6 +89,10 @@ def build_workload(
         from kvsched.workloads.prefix_trace import prefix_trace
 
         return prefix_trace(Path(trace), num_requests, rate_scale, seed, custom_arrivals or start_offset or max_total_tokens)
+    if trace is None and workload in BUILTIN_SPECS:
+        if arrival not in (None, "poisson") or start_offset or max_total_tokens is not None:
+            raise WorkloadError(f"{workload} is a named spec: --arrival, --start-offset and max_total_tokens are its own")
+        return _named_spec(workload, num_requests, seed, rate, rate_scale)
     if trace is not None or workload in BUILTIN_TRACES:
         path = Path(trace) if trace is not None else builtin_path(workload)
         arrivals = None
@@ -120,6 +125,17 @@ def build_workload(
     if custom_arrivals and Path(workload).suffix == ".json":
         raise WorkloadError("a workload .json spec sets its own arrivals: drop --rate and --arrival (--rate-scale scales them)")
     return load_spec(Path(workload), num_requests=num_requests, seed=seed, rate_scale=rate_scale)
+
+
+def _named_spec(name: str, num_requests: int | None, seed: int, rate: float | None, rate_scale: float) -> Workload:
+    """A built-in spec (``BUILTIN_SPECS``), with ``rate`` as its requests' Poisson rate where it has one."""
+    spec = load_spec(builtin_path(name), num_requests=num_requests, seed=seed, rate_scale=rate_scale)
+    if rate is None:
+        return spec
+    arrivals = getattr(spec, "arrivals", None)
+    if arrivals is None:
+        raise WorkloadError(f"{name} starts sessions at its own rate: scale it with --rate-scale (or {name}@xSCALE on a board)")
+    return spec.model_copy(update={"arrivals": arrivals.model_copy(update={"rate": rate * rate_scale})})
 
 
 def check_options(num_requests: int | None = None, rate: float | None = None, **positive: float) -> None:

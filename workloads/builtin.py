@@ -10,10 +10,15 @@ BUILTIN_TRACES = {
     "azure-conv": "azure_conv_2023.csv",  # Azure LLM inference 2023, conversation; CC-BY 4.0
     "sharegpt": "sharegpt_8k_lengths.csv",  # ShareGPT length stats (Sarathi-Serve); Apache-2.0
 }
+# Named workload specs (JSON beside the traces): what the leaderboard's default workloads are made of.
+BUILTIN_SPECS = {
+    "sharegpt-4k": "sharegpt_4k.json",  # ShareGPT's lengths, prompts cut to fit a 4,096-token context (Vidur's cut): none ignored
+    "tiered-sessions": "tiered_sessions.json",  # multi-turn sessions on 8 shared system prompts, each session an SLO tier
+}
 SHAREGPT_DEFAULT_RATE = 1.0  # req/s; ShareGPT requests are long (2.3k prompt, 440 output on average)
 
 
 def builtin_path(name: str) -> Path:
-    """Where the named trace is installed (inside the package, so it survives a wheel install)."""
-    resource = files("kvsched.workloads").joinpath(DATA, BUILTIN_TRACES[name])
+    """Where the named trace or spec is installed (inside the package, so it survives a wheel install)."""
+    resource = files("kvsched.workloads").joinpath(DATA, BUILTIN_TRACES.get(name) or BUILTIN_SPECS[name])
     return Path(str(resource))
