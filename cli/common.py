@@ -245,6 +245,9 @@ def print_summary(summary: dict) -> None:
     slo = summary.get("slo")
     if slo:
         console.print(f"SLO goodput: {slo['goodput_requests_per_s']:.3f} req/s ({100 * slo['slo_attainment']:.1f}% of requests)")
+    if summary.get("length_predictor"):
+        console.print(f"output lengths: the policy predicts them with {escape(summary['length_predictor'])}"
+                      + (" (it knows the workload's true lengths)" if "oracle" in summary["length_predictor"] else ""), highlight=False)
     if summary.get("defaults"):
         console.print(f"settings filled in: {escape(defaults_text(summary['defaults']))}", highlight=False, soft_wrap=True)
     for warning in summary.get("warnings") or ():

@@ -33,16 +33,30 @@ def hidden_slot(cls: type, name: str):
     return slot.__get__, slot.__set__
 
 
+# What no scheduler knows: how many tokens a request will really generate (the simulator ends it there). A hook sees
+# the cap the client sent (``max_tokens``); a policy that wants a predicted length asks a named predictor
+# (policies/length_predictors.py), chosen explicitly and shown in the run's results.
+UNKNOWABLE = ("output_len",)
+
+
 def frozen(model: BaseModel) -> tuple:
     """A read-only copy of a frozen pydantic model (a ``Request``, its ``SamplingParams``, the ``EngineConfig``) as hooks
-    are handed it: a named tuple of its fields (nested models likewise) with its properties. A frozen pydantic object
-    is still writable through ``__dict__`` or ``object.__setattr__``; a tuple is not, by any path."""
-    return _record_type(type(model))._make([frozen(v) if isinstance(v, BaseModel) else v for v in map(model.__dict__.get, type(model).model_fields)])
+    are handed it: a named tuple of its fields (nested models likewise; ``UNKNOWABLE`` ones left out) with its properties.
+    A frozen pydantic object is still writable through ``__dict__`` or ``object.__setattr__``; a tuple is not, by any path."""
+    record = _record_type(type(model))
+    return record._make([frozen(v) if isinstance(v, BaseModel) else v for v in map(model.__dict__.get, record._fields)])
+
+
+def true_output_len(view: GroupView) -> int | None:
+    """The workload's true output length (None where nobody knows it: a real model's run). Not on the view: the one way
+    to it is a named predictor (policies/length_predictors.py: ``oracle``, ``noisy``), so that a policy knowing the
+    future says so."""
+    return group_of(view).request.output_len
 
 
 @functools.cache
 def _record_type(cls: type) -> type:
-    record = namedtuple(cls.__name__, cls.model_fields, module=cls.__module__)
+    record = namedtuple(cls.__name__, [f for f in cls.model_fields if f not in UNKNOWABLE], module=cls.__module__)
     for klass in cls.__mro__[cls.__mro__.index(BaseModel) - 1::-1]:
         for name, attr in vars(klass).items():
             if isinstance(attr, property):
@@ -101,11 +115,6 @@ class GroupView:
     def num_computed_tokens(self) -> int:
         """KV-computed tokens of its furthest sequence (0 while waiting): what a preemption by recompute throws away."""
         return max(s.num_computed_tokens for s in group_of(self).seqs)
-
-    @property
-    def expected_output_len(self) -> int | None:
-        """The workload's true output length (an oracle, known only in simulation)."""
-        return group_of(self).request.output_len
 
     def __repr__(self) -> str:
         g = group_of(self)

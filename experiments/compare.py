@@ -127,6 +127,9 @@ def table(runs: list[PolicyRun], baseline: str) -> tuple[list[str], list[list[st
             continue  # a single engine reports no prefix hits: a fleet does
         rows.append(_row(game, m.heading, lambda c, m=m: cell_text(game.cell(c, m), m), lambda c, m=m: change_text(game.change(c, m), m)))
     rows.append(_row(game, "warnings", lambda c: str(len(warnings_of(runs, c))), lambda c: ""))
+    predictors = {run.policy: sorted({s.get("length_predictor") or "–" for s in run.summaries}) for run in runs}
+    if any(p != ["–"] for p in predictors.values()):  # what a policy knew of output lengths (policies/length_predictors.py)
+        rows.append(_row(game, "length predictor", lambda c: ", ".join(predictors[c]), lambda c: ""))
     return head, rows
 
 

@@ -43,6 +43,7 @@ METRICS = (
     ("jain_index", ("fairness", "jain_index")),
     ("max_service_gap", ("fairness", "max_service_gap")),
     ("duration_s", ("duration_s",)),
+    ("length_predictor", ("length_predictor",)),
 )
 
 

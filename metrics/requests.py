@@ -14,6 +14,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from kvsched.core.plugins import policy_attribute
 from kvsched.core.sequence import SequenceStatus
 from kvsched.metrics.warnings import run_warnings
 
@@ -182,9 +183,11 @@ def summarize(engine: Engine | None, requests: Any, **extra) -> dict:
     out_tokens = exact_sum(numbers(requests, "output_tokens")[done])
     known = engine is not None
     policy = engine.policy_name if known else extra.pop("policy", None)
+    predictor = policy_attribute(engine.hooks.policy, "length_predictor", None) if known else extra.pop("length_predictor", None)
     config = engine.config.model_dump(mode="json") if known else extra.pop("config", None)
     return {
         "policy": policy,
+        "length_predictor": predictor if isinstance(predictor, str) else None,  # how the policy knew output lengths, if it did
         **extra,
         "num_requests": requests.num_rows,
         "finished": num_done,

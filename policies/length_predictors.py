@@ -1,10 +1,22 @@
 """Output-length predictors for length-aware policies (``sjf``): what a scheduler believes a job's size is.
 
-A predictor is any object with ``predict(group) -> float`` (predicted output tokens in total).
-In simulation the workload knows the true length (``GroupView.expected_output_len``), so the
-predictors here are the oracle and two degraded versions of it, the ones the learning-to-rank
-SJF work (Fu et al., NeurIPS'24) argues are enough to study ordering quality: a noisy oracle and
-a coarse bucket classifier. Requests without a known length fall back to ``max_tokens``.
+vLLM's scheduler does not know how long an answer will be: a view shows the cap the client sent
+(``max_tokens``, workloads/caps.py), not the answer's length. A policy that wants a length asks a
+predictor, chosen by name, and the run's summary names it (``length_predictor``), so a result
+obtained by knowing the future says so:
+
+- ``history`` (realistic): the mean output of the last ``window`` finished requests, never more
+  than the request's cap; the cap itself until a request has finished. It learns only what a
+  server learns: finished answers (``observe``).
+- ``oracle``: the true length, known in simulation only (``core.view.true_output_len``): the
+  upper bound of what any predictor can do.
+- ``noisy``: the true length times log-normal noise, and ``bucketed``: the upper edge of the
+  bucket the true length falls in, the degraded oracles the learning-to-rank SJF work (Fu et al.,
+  NeurIPS'24) argues are enough to study ordering quality.
+
+Where no true length exists (a real model's run) the oracles fall back on ``max_tokens``.
+A predictor is any object with ``predict(group) -> float`` (predicted output tokens in total) and a
+``name``; ``observe(group)``, if it has one, is told of each finished request.
 """
 
 from __future__ import annotations
@@ -12,18 +24,41 @@ from __future__ import annotations
 import hashlib
 import math
 import random
+from collections import deque
 from typing import Protocol
 
-from kvsched.core.view import GroupView
+from kvsched.core.view import GroupView, true_output_len
 
 
 class LengthPredictor(Protocol):
+    name: str
+
     def predict(self, group: GroupView) -> float: ...
 
 
 def _true_len(group: GroupView) -> int:
-    known = group.expected_output_len
+    known = true_output_len(group)
     return known if known is not None else group.max_tokens
+
+
+class HistoryPredictor:
+    """The mean output length of the last ``window`` finished requests, at most the request's cap."""
+
+    def __init__(self, window: int = 64) -> None:
+        self.window = int(window)
+        if self.window < 1:
+            raise ValueError(f"window must be >= 1, got {window}")
+        self.recent: deque[int] = deque(maxlen=self.window)
+        self.name = f"history(window={self.window})"
+
+    def observe(self, group: GroupView) -> None:
+        """A finished request's answer: what each of its sequences generated, on average."""
+        self.recent.append(group.num_generated_tokens // group.request.sampling.n)
+
+    def predict(self, group: GroupView) -> float:
+        if not self.recent:
+            return float(group.max_tokens)
+        return float(min(sum(self.recent) / len(self.recent), group.max_tokens))
 
 
 class OraclePredictor:
@@ -42,13 +77,12 @@ class NoisyOraclePredictor:
     across steps and runs are reproducible.
     """
 
-    name = "noisy"
-
     def __init__(self, sigma: float = 0.5, seed: int = 0) -> None:
         self.sigma = float(sigma)  # options from the CLI arrive as strings
         if self.sigma < 0:
             raise ValueError(f"sigma must be >= 0, got {sigma}")
         self.seed = int(seed)
+        self.name = f"noisy oracle(sigma={self.sigma:g})"
 
     def predict(self, group: GroupView) -> float:
         digest = hashlib.blake2b(f"{self.seed}:{group.request_id}".encode(), digest_size=8).digest()
@@ -59,8 +93,6 @@ class NoisyOraclePredictor:
 class BucketedPredictor:
     """A classifier into length buckets: predicts the upper edge of the bucket the true length falls in."""
 
-    name = "bucketed"
-
     def __init__(self, edges: tuple[int, ...] | str = (64, 256, 1024)) -> None:
         if isinstance(edges, str):  # from the CLI: --policy-opt edges=64,256,1024
             edges = tuple(int(e) for e in edges.split(",") if e.strip())
@@ -68,6 +100,7 @@ class BucketedPredictor:
         if not edges or edges[0] < 1:
             raise ValueError(f"bucket edges must be positive integers, got {edges}")
         self.edges = edges
+        self.name = f"bucketed oracle(edges={','.join(map(str, edges))})"
 
     def predict(self, group: GroupView) -> float:
         n = _true_len(group)
@@ -77,14 +110,16 @@ class BucketedPredictor:
         return float(self.edges[-1] * 2)  # the open top bucket: known only to be long
 
 
-PREDICTORS = {"oracle": OraclePredictor, "noisy": NoisyOraclePredictor, "bucketed": BucketedPredictor}
+PREDICTORS = {"history": HistoryPredictor, "oracle": OraclePredictor, "noisy": NoisyOraclePredictor, "bucketed": BucketedPredictor}
 
 
 def make_predictor(spec: str | LengthPredictor, **options) -> LengthPredictor:
-    """A predictor from its name (with options) or an object that already has ``predict``."""
+    """A predictor from its name (with options) or an object that already has ``predict`` (and a ``name``)."""
     if not isinstance(spec, str):
         if not callable(getattr(spec, "predict", None)):
             raise TypeError(f"a length predictor needs a predict(group) method, got {spec!r}")
+        if not isinstance(getattr(spec, "name", None), str):
+            raise TypeError(f"a length predictor needs a name (a string: the results show it), got {spec!r}")
         return spec
     if spec not in PREDICTORS:
         raise ValueError(f"unknown length predictor {spec!r}; available: {', '.join(PREDICTORS)}")

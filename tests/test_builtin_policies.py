@@ -8,7 +8,9 @@ from helpers import ids, req, unit_engine
 from kvsched import Engine, EngineConfig, PolicyError, SimulatedExecutor
 from kvsched.core.plugins import available_policies
 from kvsched.core.request import Request, SamplingParams
-from kvsched.policies.length_predictors import BucketedPredictor, NoisyOraclePredictor, OraclePredictor, make_predictor
+from kvsched.policies.length_predictors import (
+    BucketedPredictor, HistoryPredictor, NoisyOraclePredictor, OraclePredictor, make_predictor,
+)
 from kvsched.policies.sjf import Sjf
 from kvsched.policies.vtc import Vtc
 
@@ -91,7 +93,7 @@ def test_sarathi_rejects_a_bad_budget():
 
 # ------------------------------------------------------------------------------------------ sjf
 def test_sjf_admits_the_shortest_predicted_output_first():
-    eng = unit_engine("sjf", max_num_seqs=1)
+    eng = unit_engine(Sjf(predictor="oracle"), max_num_seqs=1)
     for rid, out in (("long", 50), ("mid", 10), ("short", 3)):
         eng.add_request(req(rid, 4, out))
     assert ids(eng.step().output.scheduled) == ["short"]
@@ -101,7 +103,7 @@ def test_sjf_admits_the_shortest_predicted_output_first():
 
 
 def test_sjf_starvation_guard_puts_old_requests_first():
-    eng = unit_engine("sjf", max_num_seqs=1)
+    eng = unit_engine(Sjf(predictor="oracle"), max_num_seqs=1)
     eng.hooks.policy.starvation_s = 2.5
     eng.add_request(req("long", 4, 40))
     eng.add_request(req("s0", 4, 3))
@@ -138,13 +140,51 @@ def test_length_predictors():
         make_predictor(object())
 
 
-def test_sjf_accepts_a_predictor_object_and_cli_strings():
-    class Reverse:
-        def predict(self, group):
-            return -group.expected_output_len
+def test_a_view_does_not_know_the_output_length():
+    """The view exposed the workload's true length (``expected_output_len``), and so did its request copy: a policy
+    reading either knew the future. Now only a named predictor reaches it."""
+    view = unit_engine().add_request(req("x", 4, 100, max_tokens=200)).view
+    assert not hasattr(view, "expected_output_len") and not hasattr(view.request, "output_len")
+    assert view.max_tokens == 200 and view.request.sampling.max_tokens == 200  # the cap the client sent: known
 
-    assert Sjf(predictor=Reverse()).predictor.__class__ is Reverse
+
+def test_the_history_predictor_learns_only_from_finished_requests():
+    history = HistoryPredictor(window=2)
+    eng = unit_engine("fcfs")
+    first = eng.add_request(req("a", 4, 10, max_tokens=200)).view
+    assert history.predict(first) == 200  # nothing finished yet: the cap
+    eng.add_request(req("b", 4, 30, max_tokens=200))
+    eng.run()
+    for group in eng.finished:
+        history.observe(group.view)
+    late = eng.add_request(req("c", 4, 40, max_tokens=50)).view
+    assert history.predict(late) == 20 and history.predict(eng.add_request(req("d", 4, 1, max_tokens=8)).view) == 8
+    assert history.name == "history(window=2)"
+
+
+def test_sjf_accepts_a_predictor_object_and_cli_strings_and_names_it():
+    class Reverse:
+        name = "reverse"
+
+        def predict(self, group):
+            return -group.max_tokens
+
+    assert Sjf(predictor=Reverse()).predictor.__class__ is Reverse and Sjf(predictor=Reverse()).length_predictor == "reverse"
     assert isinstance(Sjf(predictor="noisy", sigma="0.3").predictor, NoisyOraclePredictor)
+    assert Sjf().length_predictor == "history(window=64)"  # the oracle is never the default
+    with pytest.raises(TypeError, match="needs a name"):
+        Sjf(predictor=type("Nameless", (), {"predict": lambda self, g: 1.0})())
+
+
+def test_a_run_says_which_predictor_its_policy_used():
+    from kvsched.experiments.simulation import SimJob
+    from kvsched.workloads import build_workload
+
+    load = build_workload(None, num_requests=30)
+    assert SimJob(load, "sjf", record_timeseries=False).run().summary["length_predictor"] == "history(window=64)"
+    oracle = SimJob(load, "sjf", policy_options={"predictor": "oracle"}, record_timeseries=False).run().summary
+    assert oracle["length_predictor"] == "oracle"
+    assert SimJob(load, "fcfs", record_timeseries=False).run().summary["length_predictor"] is None
 
 
 # ------------------------------------------------------------------------------------------ vtc

@@ -82,10 +82,12 @@ def test_every_bad_line_is_named_with_its_file_line_and_key(tmp_path, row, where
 
 def test_it_is_streamed_a_bad_line_is_met_when_it_is_reached(tmp_path):
     f = write(tmp_path / "t.jsonl", line(0, 4, 1, [1]), "not json")
-    requests = PrefixTraceWorkload(path=f).iter_requests()
+    requests = PrefixTraceWorkload(path=f, cap={"kind": "fixed", "tokens": 8}).iter_requests()
     assert next(requests).request_id == "req-0"
     with pytest.raises(WorkloadError, match=":2"):
         next(requests)
+    with pytest.raises(WorkloadError, match=":2"):  # the default cap, the file's longest answer, reads it whole first
+        next(PrefixTraceWorkload(path=f).iter_requests())
 
 
 def test_an_empty_file_and_options_that_do_not_apply_are_refused(tmp_path):

@@ -1,5 +1,6 @@
 """Workloads: synthetic processes and mixes, trace replay windows and scaling, built-ins."""
 
+import json
 import statistics
 
 import pytest
@@ -61,7 +62,7 @@ def azure(tmp_path):
 def test_azure_replay_times_scale_offset_and_cap(azure):
     reqs = TraceWorkload(path=azure).requests()
     assert [r.arrival_time for r in reqs] == [0.0, 0.5, 3.0, 60.0]
-    assert [(r.prompt_len, r.output_len, r.sampling.max_tokens) for r in reqs][1] == (200, 20, 20)
+    assert [(r.prompt_len, r.output_len, r.sampling.max_tokens) for r in reqs][1] == (200, 20, 40)  # the cap: the longest answer
     fast = TraceWorkload(path=azure, rate_scale=2).requests()
     assert [r.arrival_time for r in fast] == [0.0, 0.25, 1.5, 30.0]
     window = TraceWorkload(path=azure, start_offset=0.5, max_requests=2).requests()
@@ -218,3 +219,34 @@ def test_mix_weights_whose_sum_overflows_are_refused_as_they_load(mix):
     keys = {"priorities": (0, 1)}.get(mix, ("a", "b"))
     with pytest.raises(ValueError, match="positive, finite sum"):
         SyntheticSpec(num_requests=5, **{mix: dict.fromkeys(keys, 1e308)})
+
+
+def test_a_request_is_sent_with_a_cap_not_with_its_answer_s_length(azure):
+    """Every workload sent max_tokens = the true output, so a policy reading the cap knew the future (issue 32)."""
+    from kvsched.workloads.sessions import SessionSpec
+
+    plain = SyntheticSpec(num_requests=300, seed=4).requests()
+    assert {r.sampling.max_tokens for r in plain} == {480}  # the output distribution's maximum: the same for every request
+    assert len({r.output_len for r in plain}) > 100
+    exact = SyntheticSpec(num_requests=300, seed=4, cap={"kind": "exact"}).requests()
+    assert all(r.sampling.max_tokens == r.output_len for r in exact)  # the oracle cap, only when asked for
+    assert [(r.prompt_len, r.arrival_time, r.output_len) for r in exact] == [(r.prompt_len, r.arrival_time, r.output_len) for r in plain]
+    drawn = SyntheticSpec(num_requests=300, seed=4, cap={"kind": "drawn", "caps": {"64": 1, "1024": 1}}).requests()
+    assert {r.sampling.max_tokens for r in drawn} == {64, 1024} and all(r.output_len <= r.sampling.max_tokens for r in drawn)
+    cut = [(p.output_len, d.output_len) for p, d in zip(plain, drawn) if d.sampling.max_tokens == 64]
+    assert all(d == min(o, 64) for o, d in cut) and any(o > 64 for o, _ in cut)  # an answer past its cap ends there
+    assert [r.prompt_len for r in drawn] == [r.prompt_len for r in plain]  # the caps draw from a stream of their own
+    assert {r.sampling.max_tokens for r in TraceWorkload(path=azure).requests()} == {40}  # the trace's longest answer
+    assert [r.output_len for r in TraceWorkload(path=azure, cap={"kind": "fixed", "tokens": 25}).requests()] == [10, 20, 25, 25]
+    sessions = SessionSpec(num_sessions=5).requests()
+    assert {r.sampling.max_tokens for r in sessions} == {512} and SessionSpec().describe()["cap"] == {"kind": "fixed", "tokens": None}
+
+
+def test_a_bad_cap_model_is_refused_by_name(tmp_path):
+    spec = tmp_path / "bad.json"
+    spec.write_text(json.dumps({"kind": "synthetic", "cap": {"kind": "drawn", "caps": {"0": 1}}}))
+    with pytest.raises(WorkloadError, match="cap.drawn.caps"):
+        build_workload(str(spec))
+    spec.write_text(json.dumps({"kind": "synthetic", "cap": {"kind": "psychic"}}))
+    with pytest.raises(WorkloadError, match="cap"):
+        build_workload(str(spec))

@@ -30,6 +30,11 @@ class Fixed(_Dist):
     def mean(self) -> float:
         return float(self.value)
 
+    @property
+    def upper(self) -> int:
+        """The largest length it draws."""
+        return self.value
+
 
 class Uniform(_Dist):
     """Integers in ``[low, high]``, both included."""
@@ -51,6 +56,10 @@ class Uniform(_Dist):
     def mean(self) -> float:
         return (self.low + self.high) / 2
 
+    @property
+    def upper(self) -> int:
+        return self.high
+
 
 class LogNormal(_Dist):
     """Log-normal with the given median and log-space sigma, rounded and clipped to ``[1, max]``."""
@@ -66,6 +75,10 @@ class LogNormal(_Dist):
     @property
     def mean(self) -> float:
         return min(float(self.max), self.median * math.exp(self.sigma**2 / 2))
+
+    @property
+    def upper(self) -> int:
+        return self.max
 
 
 class Empirical(_Dist):
@@ -86,6 +99,10 @@ class Empirical(_Dist):
     @property
     def mean(self) -> float:
         return sum(self.values) / len(self.values)
+
+    @property
+    def upper(self) -> int:
+        return max(self.values)
 
 
 LengthDist = Annotated[Union[Fixed, Uniform, LogNormal, Empirical], Field(discriminator="kind")]

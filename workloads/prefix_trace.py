@@ -25,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from kvsched.core.errors import quote
 from kvsched.core.files import text_lines
 from kvsched.core.request import MAX_INT64, MAX_TOKENS, Request, SamplingParams
+from kvsched.workloads.caps import CapModel, Capper, FixedCap
 from kvsched.workloads.errors import MAX_REQUESTS, WorkloadError
 
 KEYS = ("timestamp", "input_length", "output_length", "hash_ids")
@@ -94,6 +95,7 @@ class PrefixTraceWorkload(BaseModel):
     hash_block_size: int = Field(512, ge=1, le=1 << 20, description="prompt tokens per hash id (Mooncake: 512)")
     rate_scale: float = Field(1.0, gt=0)
     max_requests: int | None = Field(None, ge=1, le=MAX_REQUESTS)
+    cap: CapModel = Field(FixedCap(), description="the max_tokens a client sends (workloads/caps.py); default: the longest answer")
     seed: int = 0
 
     def _rows(self):
@@ -105,9 +107,13 @@ class PrefixTraceWorkload(BaseModel):
     def iter_requests(self) -> Iterator[Request]:
         start = None
         params: dict[int, SamplingParams] = {}
+        # the default cap is the whole file's longest answer: a pass of its own, made only for it (a given cap streams at once)
+        default = isinstance(self.cap, FixedCap) and self.cap.tokens is None
+        capper = Capper(self.cap, max(row[2] for row in read_prefix_trace(self.path, self.hash_block_size)) if default else 0, self.seed)
         for i, (t, prompt, output, ids, session) in enumerate(self._rows()):
             start = t if start is None else start
-            sp = params.get(output) or params.setdefault(output, SamplingParams(max_tokens=output))
+            cap, output = capper(output)
+            sp = params.get(cap) or params.setdefault(cap, SamplingParams(max_tokens=cap))
             yield Request(request_id=f"req-{i}", prompt_token_ids=prompt_tokens(ids, prompt, self.hash_block_size),
                           output_len=output, sampling=sp, arrival_time=round((t - start) / 1000.0 / self.rate_scale, 6),
                           session_id=session)

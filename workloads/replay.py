@@ -6,7 +6,9 @@ before it and re-bases time there; ``max_requests`` keeps the first that many af
 A length-only file has no times: its rows, in a seeded random order, get arrivals from
 ``arrivals`` (Poisson by default), whose rate ``rate_scale`` also multiplies.
 ``max_total_tokens`` is Vidur's cut (its trace replay's ``max_tokens``): a request whose prompt
-plus output exceeds it keeps its output and loses the excess from its prompt.
+plus output exceeds it keeps its output and loses the excess from its prompt. Each request is sent
+with the cap of ``cap`` (``workloads/caps.py``; by default the trace's longest recorded answer), not
+its recorded answer's length.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from kvsched.core.request import Request, SamplingParams
 from kvsched.workloads.arrivals import ArrivalProcess, Gamma, Poisson
+from kvsched.workloads.caps import CapModel, Capper, FixedCap
 from kvsched.workloads.errors import MAX_REQUESTS, WorkloadError
 from kvsched.workloads.trace_files import TraceRow, read_trace
 
@@ -35,10 +38,12 @@ class TraceWorkload(BaseModel):
     max_requests: int | None = Field(None, ge=1, le=MAX_REQUESTS)
     arrivals: ArrivalProcess | None = Field(None, description="for length-only files; default Poisson 1 req/s")
     max_total_tokens: int | None = Field(None, ge=2, description="cut prompts so that prompt + output <= this (Vidur's max_tokens)")
+    cap: CapModel = Field(FixedCap(), description="the max_tokens a client sends (workloads/caps.py); default: the longest answer")
     seed: int = 0
 
-    def rows(self) -> tuple[str, list[TraceRow]]:
-        fmt, rows = read_trace(self.path)
+    def rows(self, read: tuple[str, list[TraceRow]] | None = None) -> tuple[str, list[TraceRow]]:
+        """The rows replayed (``read``: the file as ``read_trace`` gives it, if already read)."""
+        fmt, rows = read or read_trace(self.path)
         if fmt == "lengths":
             rows = list(rows)
             random.Random(self.seed).shuffle(rows)
@@ -58,7 +63,8 @@ class TraceWorkload(BaseModel):
 
     def iter_requests(self) -> Iterator[Request]:
         """The requests in arrival order, made one at a time (the rows are read first)."""
-        fmt, rows = self.rows()
+        read = read_trace(self.path)
+        fmt, rows = self.rows(read)
         if fmt == "lengths":
             process = self.arrivals or Poisson(rate=1.0)
             process = process.model_copy(update={"rate": process.rate * self.rate_scale})
@@ -75,16 +81,18 @@ class TraceWorkload(BaseModel):
         if too_long is not None:
             raise WorkloadError(f"request {too_long}: its {rows[too_long].output_tokens} output tokens alone reach "
                                 f"max_total_tokens {cap}", self.path)
+        capper = Capper(self.cap, max(r.output_tokens for r in read[1]), self.seed)
         cache: dict[int, SamplingParams] = {}
         for i, (row, t) in enumerate(zip(rows, times)):
-            sp = cache.get(row.output_tokens)
+            limit, output = capper(row.output_tokens)
+            sp = cache.get(limit)
             if sp is None:
-                sp = cache[row.output_tokens] = SamplingParams(max_tokens=row.output_tokens)
+                sp = cache[limit] = SamplingParams(max_tokens=limit)
             prompt = row.prompt_tokens
-            if cap is not None and prompt + row.output_tokens > cap:
-                prompt = cap - row.output_tokens
+            if cap is not None and prompt + output > cap:
+                prompt = cap - output
             yield Request(
-                request_id=f"req-{i}", prompt_len=prompt, output_len=row.output_tokens,
+                request_id=f"req-{i}", prompt_len=prompt, output_len=output,
                 arrival_time=round(t, 6), sampling=sp, priority=row.priority, tenant=row.tenant,
             )
 

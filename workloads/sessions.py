@@ -22,6 +22,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from kvsched.core.request import Label, Request, SamplingParams
+from kvsched.workloads.caps import CapModel, Capper, FixedCap
 from kvsched.workloads.distributions import LengthDist, LogNormal, Uniform
 from kvsched.workloads.errors import WorkloadError
 from kvsched.workloads.synthetic import Mix, check_weights
@@ -45,6 +46,7 @@ class SessionSpec(BaseModel):
     output: LengthDist = LogNormal(median=150, sigma=0.6, max=512)
     max_context: int = Field(3584, ge=2, description="a session ends before its prompt would pass this many tokens")
     slo_classes: dict[Label, float] | None = Field(None, description="weights of each session's SLO class; none: no class")
+    cap: CapModel = Field(FixedCap(), description="the max_tokens a client sends (workloads/caps.py); default: the longest output")
     seed: int = 0
 
     _weights = field_validator("slo_classes")(classmethod(lambda cls, v: check_weights(v)))
@@ -58,13 +60,14 @@ class SessionSpec(BaseModel):
         heap: list[tuple[float, int, Iterator]] = []
         start, fresh = 0.0, _FRESH
         slo_mix = Mix(self.slo_classes or {None: 1.0})  # drawn from only when it has a choice: no class, same stream
+        capper = Capper(self.cap, self.output.upper, self.seed)
         for s in range(self.num_sessions):
             start += rng.expovariate(self.rate)
             while heap and heap[0][0] <= start:
                 yield from self._next(heap)
             turns = self.turns.sample(rng)
             system = rng.randrange(self.system_prompts)
-            session = self._session(s, start, turns, system, random.Random(rng.getrandbits(64)), fresh, slo_mix.pick(rng))
+            session = self._session(s, start, turns, system, random.Random(rng.getrandbits(64)), fresh, slo_mix.pick(rng), capper)
             fresh += 1 << 24  # each session's own ids
             first = next(session, None)
             if first is not None:
@@ -80,7 +83,8 @@ class SessionSpec(BaseModel):
         if following is not None:
             heapq.heappush(heap, (following.arrival_time, s, _Ahead(following, ahead.rest)))
 
-    def _session(self, s: int, t: float, turns: int, system: int, rng: random.Random, fresh: int, slo_class: str | None) -> Iterator[Request]:
+    def _session(self, s: int, t: float, turns: int, system: int, rng: random.Random, fresh: int, slo_class: str | None,
+                 capper: Capper) -> Iterator[Request]:
         prompt = tuple(range(system * self.system_len, (system + 1) * self.system_len))
         answer: tuple[int, ...] = ()
         for k in range(turns):
@@ -90,9 +94,10 @@ class SessionSpec(BaseModel):
             output = self.output.sample(rng)
             if len(longer) + output > self.max_context:
                 return
+            cap, output = capper(output)
             prompt = longer
             yield Request(request_id=f"s{s}-t{k}", prompt_token_ids=prompt, output_len=output, arrival_time=round(t, 6),
-                          sampling=SamplingParams(max_tokens=output), tenant="default", session_id=f"s{s}",
+                          sampling=SamplingParams(max_tokens=cap), tenant="default", session_id=f"s{s}",
                           slo_class=slo_class)
             answer = tuple(range(fresh, fresh + output))
             fresh += output

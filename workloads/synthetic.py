@@ -17,8 +17,9 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from kvsched.core.request import MAX_TOKENS, Label, Priority, Request, SamplingParams
+from kvsched.core.request import Label, Priority, Request, SamplingParams
 from kvsched.workloads.arrivals import ArrivalProcess, Poisson
+from kvsched.workloads.caps import CapModel, Capper, FixedCap
 from kvsched.workloads.distributions import LengthDist, LogNormal
 from kvsched.workloads.errors import MAX_REQUESTS
 
@@ -61,7 +62,7 @@ class SyntheticSpec(BaseModel):
     priorities: dict[Priority, float] = Field(default_factory=lambda: {0: 1.0})
     tenants: dict[Annotated[str, Field(min_length=1)], float] = Field(default_factory=lambda: {"default": 1.0})
     slo_classes: dict[Label, float] | None = Field(None, description="weights of each SLO class (sla-tiers' tiers); none: no class")
-    max_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS, description="sampling cap; default: the output length itself")
+    cap: CapModel = Field(FixedCap(), description="the max_tokens a client sends (workloads/caps.py); default: the longest output")
     seed: int = 0
 
     _weights = field_validator("n", "priorities", "tenants", "slo_classes")(classmethod(lambda cls, v: check_weights(v)))
@@ -75,14 +76,14 @@ class SyntheticSpec(BaseModel):
         gaps = self.arrivals.gaps(rng)
         n_mix, prio_mix, tenant_mix = Mix(self.n), Mix(self.priorities), Mix(self.tenants)
         slo_mix = Mix(self.slo_classes or {None: 1.0})  # drawn from only when it has a choice: no class, same stream
+        capper = Capper(self.cap, self.output.upper, self.seed)
         params: dict[tuple[int, int], SamplingParams] = {}
         t = 0.0
         for i in range(self.num_requests):
             t += next(gaps)
             prompt = self.prompt.sample(rng)
-            output = self.output.sample(rng)
+            cap, output = capper(self.output.sample(rng))
             n = n_mix.pick(rng)
-            cap = max(output, self.max_tokens or output)
             sp = params.get((n, cap))
             if sp is None:
                 sp = params[(n, cap)] = SamplingParams(n=n, max_tokens=cap)
