@@ -241,7 +241,17 @@ def print_summary(summary: dict) -> None:
     """The summary table, the SLO goodput when a target was given, then the run's warnings."""
     from kvsched.metrics.warnings import warning_text
 
+    from kvsched.metrics.classes import class_table
+
     console.print(summary_table(summary))
+    head, rows = class_table(summary)
+    if rows:  # per SLO class, tenant, priority and over sessions (metrics/classes.py)
+        table = Table(title="per class")
+        for i, name in enumerate(head):
+            table.add_column(name, justify="left" if i == 0 else "right")
+        for row in rows:
+            table.add_row(*row)
+        console.print(table)
     slo = summary.get("slo")
     if slo:
         console.print(f"SLO goodput: {slo['goodput_requests_per_s']:.3f} req/s ({100 * slo['slo_attainment']:.1f}% of requests)")

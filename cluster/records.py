@@ -66,6 +66,7 @@ class FleetRecords:
             e2e=None if m.finish_time is None else m.finish_time - original.arrival_time,
             preemptions_recompute=first.preemptions_recompute + m.preemptions_recompute,
             preemptions_swap=first.preemptions_swap + m.preemptions_swap,
+            slo_class=original.slo_class, session_id=original.session_id,
         )
         self._append(merged, replica.index, prompt_replica, cached)
 
@@ -106,7 +107,7 @@ class FleetRecords:
             request_id=original.request_id, **prompt, arrival_time=group.finish_time,
             sampling=original.sampling.model_copy(update={"max_tokens": original.sampling.max_tokens - 1}),
             output_len=None if original.output_len is None else original.output_len - 1,
-            priority=original.priority, tenant=original.tenant,
+            priority=original.priority, tenant=original.tenant, session_id=original.session_id, slo_class=original.slo_class,
         )
 
     def close(self) -> None:

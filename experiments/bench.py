@@ -59,6 +59,7 @@ class Sent:
             first_token_time=first, finish_time=self.finished, queueing_time=None,
             ttft=None if first is None else first - self.sent, tpot=tpot,
             e2e=self.finished - self.sent if done else None, preemptions_recompute=0, preemptions_swap=0,
+            slo_class=r.slo_class, session_id=r.session_id,
         )
 
     @property

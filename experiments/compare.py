@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvsched.core.config import EngineConfig
-from kvsched.experiments.evidence import METRICS, Contest, cell_text, change_text, rank_cell, unit_row
+from kvsched.experiments.evidence import METRICS, Contest, cell_text, change_text, class_metric, rank_cell, unit_row
 
 # The rows of the comparison table, by experiments.evidence.METRICS key
 ROWS = ("finished", "ignored", "aborted", "dropped_share", "requests_per_s", "output_tokens_per_s", "ttft_mean_s", "ttft_p50_s",
@@ -125,6 +125,10 @@ def table(runs: list[PolicyRun], baseline: str) -> tuple[list[str], list[list[st
         m = METRICS[key]
         if key == "prefix_hit_rate" and all(game.values(c, m) is None for c in game.contenders):
             continue  # a single engine reports no prefix hits: a fleet does
+        rows.append(_row(game, m.heading, lambda c, m=m: cell_text(game.cell(c, m), m), lambda c, m=m: change_text(game.change(c, m), m)))
+    classes = dict.fromkeys(k for unit in game.rows[baseline] for k in unit if "|" in k)  # per class, in the order met
+    for key in classes:
+        m = class_metric(key)
         rows.append(_row(game, m.heading, lambda c, m=m: cell_text(game.cell(c, m), m), lambda c, m=m: change_text(game.change(c, m), m)))
     rows.append(_row(game, "warnings", lambda c: str(len(warnings_of(runs, c))), lambda c: ""))
     predictors = {run.policy: sorted({s.get("length_predictor") or "–" for s in run.summaries}) for run in runs}

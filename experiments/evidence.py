@@ -75,11 +75,21 @@ def check_metrics(names: list[str]) -> list[Metric]:
 
 
 def unit_row(summary: dict[str, Any]) -> dict[str, Any]:
-    """The metrics of one run's summary (simulated, measured or a fleet's), by ``METRICS`` key."""
+    """The metrics of one run's summary (simulated, measured or a fleet's), by ``METRICS`` key, and its classes'
+    (``metrics.classes.class_rows``: ``CLASS|METRIC``)."""
     from kvsched.experiments.sweep import summary_metrics
+    from kvsched.metrics.classes import class_rows
 
     row = summary_metrics(summary)
-    return {**row, "dropped_share": dropped_share(row, summary.get("num_requests")), "prefix_hit_rate": summary.get("prefix_hit_rate")}
+    return {**row, "dropped_share": dropped_share(row, summary.get("num_requests")), "prefix_hit_rate": summary.get("prefix_hit_rate"),
+            **class_rows(summary)}
+
+
+def class_metric(key: str) -> Metric:
+    """The metric of a per-class key (``slo_class=interactive|ttft_mean_s``): its base metric, labelled with the class."""
+    name, _, base = key.rpartition("|")
+    m = METRICS[base]
+    return Metric(key, f"{m.label} · {name}", m.unit, m.scale, m.fmt, m.lower_is_better)
 
 
 def dropped_share(row: dict[str, Any], num_requests: int | None) -> float | None:

@@ -31,11 +31,11 @@ _TYPES = {"priority": pa.int64(), "n": pa.int64(), "prompt_tokens": pa.int64(), 
           "preemptions_recompute": pa.int64(), "preemptions_swap": pa.int64(),
           "recomputed_tokens": pa.int64(), "discarded_tokens": pa.int64(), "computed_tokens": pa.int64(),
           "request_id": pa.string(), "status": pa.string(), "finish_reason": pa.string(), "detail": pa.string(),
-          "tenant": pa.string()}
+          "tenant": pa.string(), "slo_class": pa.string(), "session_id": pa.string()}
 SCHEMA = pa.schema([(name, _TYPES.get(name, pa.float64())) for name in FIELDS])  # the rest are times (s): float64
 
 
-_LABELS = ("status", "finish_reason", "detail", "tenant")  # few distinct values
+_LABELS = ("status", "finish_reason", "detail", "tenant", "slo_class")  # few distinct values
 _ROW = attrgetter(*FIELDS)  # a record's fields as a tuple, in column order
 
 

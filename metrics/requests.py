@@ -51,6 +51,8 @@ class RequestMetrics:
     recomputed_tokens: int = 0  # the recompute tax's counts (metrics/recompute.py)
     discarded_tokens: int = 0
     computed_tokens: int = 0
+    slo_class: str | None = None  # the request's labels, what per-class results group by (metrics/classes.py)
+    session_id: str | None = None
 
     @classmethod
     def of(cls, g: SequenceGroup) -> RequestMetrics:
@@ -83,6 +85,8 @@ class RequestMetrics:
             preemptions_recompute=g.num_recompute_preemptions,
             preemptions_swap=g.num_swap_preemptions,
             **request_counts(g),
+            slo_class=g.request.slo_class,
+            session_id=g.request.session_id,
         )
 
     def as_dict(self) -> dict:
@@ -169,6 +173,7 @@ def summarize(engine: Engine | None, requests: Any, **extra) -> dict:
     (a run measured from a client, ``engine bench``) what only the engine knows (policy, steps,
     preemptions, swaps, leaks, config) is None, unless ``extra`` says it.
     """
+    from kvsched.metrics.classes import class_summary
     from kvsched.metrics.recompute import recompute_summary
 
     requests = as_columns(requests)
@@ -211,5 +216,6 @@ def summarize(engine: Engine | None, requests: Any, **extra) -> dict:
         "blocks_swapped_out": engine.num_blocks_swapped_out if known else None,
         "leaked_blocks": engine.leaked_blocks if known else None,
         "config": config,
+        "classes": class_summary(requests),
         "warnings": run_warnings(requests),
     }

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from kvsched.metrics.classes import class_table
 from kvsched.metrics.inter_token import inter_token_latencies, weighted_percentiles
 from kvsched.metrics.requests import distribution
 from kvsched.metrics.warnings import warning_text
@@ -104,6 +105,17 @@ def metric_rows(run: RunFiles, itl: tuple[np.ndarray, np.ndarray]) -> list[tuple
     return rows
 
 
+def _classes(summary: dict) -> str:
+    """The per-class table (``metrics/classes.py``: per SLO class, tenant, priority, over sessions), or nothing."""
+    head, rows = class_table(summary)
+    if not rows:
+        return ""
+    cells = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in rows)
+    return (f'<h2>Per class</h2><table id="classes"><tr>{"".join(f"<th>{html.escape(h)}</th>" for h in head)}</tr>{cells}</table>'
+            '<p class="caption">Each SLO class, tenant and priority of the run (where it has more than one), and over its '
+            "sessions the distribution of each session's mean TTFT: a tiered or session-aware policy moves each its own way.</p>")
+
+
 def _warnings(summary: dict) -> str:
     """The run's warnings (``metrics/warnings.py``) in a box above the table, or nothing."""
     items = "".join(f"<li>{html.escape(warning_text(w, summary['num_requests']))}</li>"
@@ -160,6 +172,7 @@ def write_report(run: RunFiles, path: Path) -> Path:
 <p class="sub">{html.escape(knobs)}</p>
 {_warnings(s)}
 <table><tr><th>metric</th><th>value</th></tr>{table}</table>
+{_classes(s)}
 {body}
 <h2>Requests that waited longest</h2>
 {_request_table(ex)}

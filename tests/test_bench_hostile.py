@@ -124,11 +124,14 @@ def test_a_sessions_workloads_ids_reach_the_server_within_a_vocabulary_and_still
     from kvsched.workloads.sessions import SessionSpec
 
     spec = {"kind": "sessions", "num_sessions": 4, "rate": 50.0, "turns": {"kind": "fixed", "value": 3}, "think_time_s": 0.01,
-            "system_prompts": 2, "system_len": 24, "user": {"kind": "fixed", "value": 8}, "output": {"kind": "fixed", "value": 4}}
+            "system_prompts": 2, "system_len": 24, "user": {"kind": "fixed", "value": 8}, "output": {"kind": "fixed", "value": 4},
+            "slo_classes": {"interactive": 1, "batch": 1}}
     (tmp_path / "sessions.json").write_text(json.dumps(spec))
     Liar.counts, Liar.reasons, Liar.prompts = itertools.cycle([None]), itertools.cycle(["length"]), []
     summary, _ = bench(liar, tmp_path / "sessions.json", tmp_path / "out")
     assert summary["finished"] == 12
+    # measured per class, as a simulation is (metrics/classes.py)
+    assert sum(c["requests"] for c in summary["classes"]["slo_class"].values()) == 12 and summary["classes"]["session"]["sessions"] == 4
     assert max(t for p in Liar.prompts for t in p) >= VOCAB_START and all(t < VOCAB_START + VOCAB_SPAN for p in Liar.prompts for t in p)
     workload = SessionSpec(**spec).requests()
     assert max(t for r in workload for t in r.prompt_token_ids) >= 1 << 40  # what would have been sent
