@@ -99,7 +99,7 @@ def run(
         built = build_workload(workload, trace, num_requests=num_requests, rate=rate, rate_scale=rate_scale,
                                start_offset=start_offset, arrival=arrival, cv=cv, seed=seed)
         inputs = {**input_files(workload, trace, profile, [policy], built), "--fleet": fleet_spec}
-        fleet.run_command(spec, built, output, quiet, inputs)
+        fleet.run_command(spec, built, output, quiet, inputs, plot=plot)
         return
     if router is not None or staleness is not None:
         fail("--router and --staleness route a fleet: give --replicas N (or --prefill-replicas and --decode-replicas)")

@@ -57,7 +57,7 @@ def fleet_spec(policy, policy_opt, overrides, profile, replicas, router, router_
     return FleetSpec(replicas=groups, **{k: v for k, v in fields.items() if v is not None})
 
 
-FLEET_FILES = ("summary.json", "requests.csv", "routes.csv")
+FLEET_FILES = ("summary.json", "requests.csv", "routes.csv", "report.html")
 
 
 def spec_files(spec) -> dict[str, Path | None]:
@@ -74,13 +74,16 @@ def spec_files(spec) -> dict[str, Path | None]:
     return files
 
 
-def run_command(spec, workload, output, quiet, inputs: dict | None = None) -> dict:
+def run_command(spec, workload, output, quiet, inputs: dict | None = None, plot: bool = False) -> dict:
     """Simulate the fleet on the workload with a progress bar; print the fleet and its replicas; write the
-    files (checked first against ``inputs``, the files the command reads, by option, and the spec's own)."""
-    from kvsched.cli.common import console, print_summary, progress_bar
+    files (checked first against ``inputs``, the files the command reads, by option, and the spec's own), and with
+    ``plot`` its report.html."""
+    from kvsched.cli.common import console, fail, print_summary, progress_bar
     from kvsched.cluster import Cluster
     from kvsched.cluster.summary import fleet_summary, fleet_table
 
+    if plot and output is None:
+        fail("--plot needs --output DIR (the fleet's report.html is written there)")
     if output is not None:
         from kvsched.reporting.destination import check_apart, check_folder
 
@@ -99,8 +102,12 @@ def run_command(spec, workload, output, quiet, inputs: dict | None = None) -> di
     console.print(f"simulated {table.num_rows} requests on {len(cluster.replicas)} replicas in {wall:.2f} s wall "
                   f"({table.num_rows / max(wall, 1e-9):,.0f} req/s); router {cluster.router.name}, staleness {cluster.staleness * 1000:g} ms, "
                   f"prefix-cache hits {summary['prefix_hit_rate']:.1%} of prompt tokens", highlight=False)
+    if not any(r.engine.config.enable_prefix_caching for r in cluster.replicas):
+        console.print("[bold yellow]warning:[/] prefix caching is off on every replica, so no prompt finds a cached prefix and a "
+                      "prefix-aware router has nothing to aim for (vLLM V1 serves with it on: --policy vllm-v1, or --set "
+                      "enable_prefix_caching=true)", highlight=False, soft_wrap=True)
     if output is not None:
-        for path in write_fleet(cluster, summary, table, output):
+        for path in write_fleet(cluster, summary, table, output, plot):
             console.print(f"wrote {path}", highlight=False)
     return summary
 
@@ -120,17 +127,22 @@ def replica_table(summary: dict):
     return table
 
 
-def write_fleet(cluster, summary: dict, table, output: Path) -> list[Path]:
-    """``summary.json`` (fleet and replicas), ``requests.csv`` (with each request's replicas), ``routes.csv`` (where and why)."""
+def write_fleet(cluster, summary: dict, table, output: Path, plot: bool = False) -> list[Path]:
+    """``summary.json`` (fleet and replicas), ``requests.csv`` (with each request's replicas), ``routes.csv`` (where and why),
+    and with ``plot`` ``report.html`` (load, prefix hits and latency per replica: reporting/fleet.py)."""
     import pyarrow.csv as pacsv
 
     from kvsched.cluster.summary import route_table
-
     from kvsched.reporting.destination import publishing_folder
 
+    names = FLEET_FILES if plot else FLEET_FILES[:-1]
     with publishing_folder(output, FLEET_FILES) as stage:  # the folder is replaced whole, as a run's is
         (stage / "summary.json").write_text(json.dumps(summary, indent=2, default=str, allow_nan=False) + "\n")
         pacsv.write_csv(table, stage / "requests.csv")
         pacsv.write_csv(route_table(cluster), stage / "routes.csv")
-    return [output / name for name in FLEET_FILES]
+        if plot:
+            from kvsched.reporting.fleet import write_fleet_report
+
+            write_fleet_report(stage, stage / "report.html")
+    return [output / name for name in names]
 

@@ -274,7 +274,9 @@ def defaults_text(defaults: dict[str, dict]) -> str:
 
 
 def summary_table(summary: dict) -> Table:
-    table = Table(title=f"policy {summary['policy']} · profile {summary.get('profile', '?')}", show_header=True)
+    fleet = summary.get("fleet")
+    who = f"router {fleet['router']} · {fleet['replicas']} replicas of {summary['policy']}" if fleet else f"policy {summary['policy']}"
+    table = Table(title=f"{who} · profile {summary.get('profile', '?')}", show_header=True)
     table.add_column("metric")
     table.add_column("value", justify="right")
     table.add_row("requests (finished / ignored / aborted)", f"{summary['finished']} / {summary['ignored']} / {summary['aborted']}")

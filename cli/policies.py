@@ -14,7 +14,7 @@ from kvsched.cli.common import NumOpt, ProfileOpt, QuietOpt, RateOpt, flag
 
 PoliciesOpt = Annotated[Optional[list[str]], typer.Option("--policy", "-p", help="policy to compare (repeatable, at least two)")]
 FoldersArg = Annotated[Optional[list[Path]], typer.Argument(help="result folders (engine run or engine bench --output) to put side by side, instead of --policy")]
-CheckPolicyOpt = Annotated[str, typer.Option("--policy", "-p", help="installed policy name, or file.py:Attr / module:Attr")]
+CheckPolicyOpt = Annotated[Optional[str], typer.Option("--policy", "-p", help="installed policy name, or file.py:Attr / module:Attr")]
 ExamplesOpt = Annotated[int, typer.Option("--examples", min=1, max=100_000, help="Hypothesis examples for the state machine")]
 StepsOpt = Annotated[int, typer.Option("--steps", min=1, max=10_000, help="rules per state-machine example")]
 StarvationOpt = Annotated[int, typer.Option(min=1, max=10_000, help="Hypothesis examples for the starvation check (an overload scenario each)")]
@@ -23,21 +23,41 @@ CompareOutputOpt = Annotated[Optional[Path], typer.Option("--output", "-o", help
 ComparePlotOpt = Annotated[bool, flag("--plot", help="also write TTFT/TPOT CDFs per policy (comparison_cdf.png) under --output")]
 
 
-def check(policy: CheckPolicyOpt, policy_opt: Annotated[Optional[list[str]], typer.Option("--policy-opt", help="KEY=VALUE (repeatable)")] = None,
+def check(ctx: typer.Context, policy: CheckPolicyOpt = None,
+          policy_opt: Annotated[Optional[list[str]], typer.Option("--policy-opt", help="KEY=VALUE (repeatable)")] = None,
+          router: Annotated[Optional[str], typer.Option("--router", help="check a router instead: an installed router's name, "
+                                                        "or file.py:Class (the router conformance suite)")] = None,
+          router_opt: Annotated[Optional[list[str]], typer.Option("--router-opt", help="with --router: KEY=VALUE (repeatable)")] = None,
           examples: ExamplesOpt = 40, steps: StepsOpt = 30, starvation_examples: StarvationOpt = 4,
           shrink_seconds: Annotated[float, typer.Option(min=0, max=3600, help="time allowed to shrink each counter-example, in seconds")] = 30.0,
           quiet: QuietOpt = False) -> None:
-    """Run the conformance suite on POLICY: invariant, result, shrunk counter-example. Exit 1 on any failure."""
-    from rich.table import Table
-
-    from kvsched.cli.common import console, err_console, fail, policy_options
+    """Run the conformance suite on POLICY (or ROUTER): invariant, result, shrunk counter-example. Exit 1 on any failure."""
+    from kvsched.cli.common import err_console, fail, parse_pairs, policy_options
 
     try:
-        from kvsched.testing.checks import FAIL, PASS, run_checks
+        from kvsched.testing.checks import run_checks
     except ImportError as exc:  # hypothesis comes with the testing extra
         fail(f"engine check needs the testing extra (pip install 'kvsched[testing]'): {exc}")
-    from kvsched.testing.invariants import INVARIANTS
+    if (policy is None) == (router is None):
+        fail("give --policy NAME (the policy conformance suite) or --router NAME (the router's), one of them")
+    given = _given(ctx)
+    if router is not None:
+        refused = sorted(given & {"policy_opt", "steps", "starvation_examples", "shrink_seconds"})
+        if refused:
+            fail(f"{', '.join(_option(n) for n in refused)}: a policy's checks; a router's take --router-opt and --examples")
+        from kvsched.routers.plugins import load_router
+        from kvsched.testing.routers import ROUTER_CHECKS, run_router_checks
+
+        load_router(router)  # an unknown name or a file that fails to load: one line, before any fleet runs
+        options = parse_pairs(router_opt, "--router-opt") or None
+        if not quiet:
+            err_console.print(f"checking router [bold]{router}[/] ({examples} fleets a check) ...", highlight=False)
+        _verdict(f"router conformance of {router}", run_router_checks(router, options, examples), ROUTER_CHECKS)
+        return
+    if router_opt:
+        fail("--router-opt is the option of a router: give it with --router")
     from kvsched.testing.claims import CLAIMS, declared_claims
+    from kvsched.testing.invariants import INVARIANTS
     from kvsched.testing.resolve import resolve_policy
 
     name, obj = resolve_policy(policy)
@@ -46,14 +66,24 @@ def check(policy: CheckPolicyOpt, policy_opt: Annotated[Optional[list[str]], typ
         err_console.print(f"checking policy [bold]{name}[/] ({examples} examples × {steps} steps; claims: "
                           f"{', '.join(sorted(declared_claims(obj))) or 'none'}) ...", highlight=False)
     results = run_checks(obj, options, examples, steps, starvation_examples, shrink_seconds=shrink_seconds)
-    table = Table(title=f"conformance of {name}", show_lines=True)
+    _verdict(f"conformance of {name}", results, {**INVARIANTS, **CLAIMS})
+
+
+def _verdict(title: str, results: list, meanings: dict[str, str]) -> None:
+    """The results as a table (each check, its meaning, its result and counter-example), the counter-examples
+    unwrapped, and exit status 1 if any failed."""
+    from rich.table import Table
+
+    from kvsched.cli.common import console
+    from kvsched.testing.checks import FAIL, PASS
+
+    table = Table(title=title, show_lines=True)
     for col in ("invariant", "result", "counter-example"):
         table.add_column(col, overflow="fold")
     styles = {PASS: "green", FAIL: "bold red"}
     for r in results:
-        meaning = INVARIANTS.get(r.invariant) or CLAIMS.get(r.invariant, "")
         example = (r.detail + ("\n(shrunk counter-example below)" if r.counterexample else "")) if r.detail else ""
-        table.add_row(f"{r.invariant}\n[dim]{meaning}[/]", f"[{styles.get(r.status, 'yellow')}]{r.status}[/]", example)
+        table.add_row(f"{r.invariant}\n[dim]{meanings.get(r.invariant, '')}[/]", f"[{styles.get(r.status, 'yellow')}]{r.status}[/]", example)
     console.print(table)
     failed = [r.invariant for r in results if r.failed]
     for r in results:

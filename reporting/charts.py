@@ -34,7 +34,7 @@ class Chart:
     figure: go.Figure
 
 
-def _layout(fig: go.Figure, height: int = 360, **kw) -> go.Figure:
+def figure_layout(fig: go.Figure, height: int = 360, **kw) -> go.Figure:
     fig.update_layout(**{"height": height, "margin": dict(l=60, r=60, t=30, b=50), "template": "plotly_white",
                          "legend": dict(orientation="h", y=-0.2), "hovermode": "x unified", **kw})
     fig.update_traces(connectgaps=True, selector=dict(type="scatter"))  # a time bin in which no step ended
@@ -99,7 +99,7 @@ def latency(requests: pd.DataFrame, itl: tuple[np.ndarray, np.ndarray]) -> Chart
         "Cumulative distributions over finished requests (left, seconds): TTFT is arrival to first token, E2E arrival to "
         "last token. Right (milliseconds, log scale): TPOT is a request's mean gap between output tokens after the "
         "first; ITL is every such gap, over all tokens of all requests, so stalls (prefill-only steps, preemptions) "
-        "show in its tail. These are vllm bench serve's four latency metrics."), _layout(fig, hovermode="closest"))
+        "show in its tail. These are vllm bench serve's four latency metrics."), figure_layout(fig, hovermode="closest"))
 
 
 def vidur_latency(requests: pd.DataFrame) -> Chart:
@@ -115,7 +115,7 @@ def vidur_latency(requests: pd.DataFrame) -> Chart:
     return Chart("vidur-latency", "Scheduling delay and normalised latency", (
         "Vidur's two per-request views. Left: scheduling delay, from arrival until the request is first scheduled "
         "(its time in the waiting queue). Right: end-to-end latency divided by the request's output tokens, which "
-        "puts long and short answers on one scale."), _layout(fig, hovermode="closest"))
+        "puts long and short answers on one scale."), figure_layout(fig, hovermode="closest"))
 
 
 def queues(steps: pd.DataFrame) -> Chart:
@@ -126,7 +126,7 @@ def queues(steps: pd.DataFrame) -> Chart:
     return Chart("queues", "Queues over time", (
         "Requests in each queue after each step, time-weighted means per time bin. The waiting queue has its own axis "
         "(left) because under overload it is orders of magnitude longer than the running and swapped queues (right)."),
-        _layout(fig))
+        figure_layout(fig))
 
 
 def kv_usage(steps: pd.DataFrame, summary: dict) -> Chart:
@@ -144,7 +144,7 @@ def kv_usage(steps: pd.DataFrame, summary: dict) -> Chart:
     return Chart("kv", "KV-cache usage", (
         f"Share of the {config['num_gpu_blocks']:,} GPU KV blocks (and of the {config['num_cpu_blocks']:,} CPU swap blocks) "
         f"held after each step, time-weighted per bin. Admission keeps the watermark ({watermark:g}% of the GPU pool) free, "
-        "so a pool that stays near the top means prompts wait for blocks."), _layout(fig))
+        "so a pool that stays near the top means prompts wait for blocks."), figure_layout(fig))
 
 
 def throughput(steps: pd.DataFrame, requests: pd.DataFrame, events: pd.DataFrame) -> Chart:
@@ -160,7 +160,7 @@ def throughput(steps: pd.DataFrame, requests: pd.DataFrame, events: pd.DataFrame
                      "requests per second", "output tokens per second")
     return Chart("throughput", "Throughput and arrivals over time", (
         f"Requests arriving and finishing per second, and output tokens generated per second, in bins of {width:,.1f} s. "
-        "Arrivals above finishes for long stretches mean the waiting queue grows."), _layout(fig))
+        "Arrivals above finishes for long stretches mean the waiting queue grows."), figure_layout(fig))
 
 
 def batch_over_time(steps: pd.DataFrame) -> Chart:
@@ -170,7 +170,7 @@ def batch_over_time(steps: pd.DataFrame) -> Chart:
     return Chart("batch-time", "Batch composition over time", (
         "Mean per step within each time bin: sequences that decode one token (left axis) and prompt tokens prefilled "
         "(right axis, its own scale: a prompt step computes hundreds of tokens where a decode computes one per sequence)."),
-        _layout(fig))
+        figure_layout(fig))
 
 
 def batch_distributions(steps: pd.DataFrame) -> Chart:
@@ -188,7 +188,7 @@ def batch_distributions(steps: pd.DataFrame) -> Chart:
         "Vidur's batch distributions, over the steps that ran something: sequences per step (prefills plus decodes) "
         "and tokens computed per step (prompt tokens plus one per decoding sequence, at most max_num_batched_tokens; "
         "log scale, so that the few prompt-heavy steps show beside the many decode steps)."),
-        _layout(fig, hovermode="closest", bargap=0))
+        figure_layout(fig, hovermode="closest", bargap=0))
 
 
 def wait_reasons(why: WaitReasons) -> Chart:
@@ -202,7 +202,7 @@ def wait_reasons(why: WaitReasons) -> Chart:
         "Time requests spent waiting, by reason, from the decision log (engine explain DIR prints the same table): "
         "each step adds its duration once for every request it left waiting, with that request's reason. Blue: in "
         "the waiting queue; purple: swapped out; red: running but not run in a step, or preempted."),
-        _layout(fig, height=80 + 34 * max(len(table), 1), hovermode="closest", barmode="stack"))
+        figure_layout(fig, height=80 + 34 * max(len(table), 1), hovermode="closest", barmode="stack"))
 
 
 def preempted_and_ignored(events: pd.DataFrame) -> Chart:
@@ -221,7 +221,7 @@ def preempted_and_ignored(events: pd.DataFrame) -> Chart:
     return Chart("preempted-ignored", "Preempted and ignored requests, by reason", (
         f"Left: the run's {len(pre):,} preemptions by mode (recompute: back to waiting; swap: blocks to the CPU) and "
         f"cause. Right: the {int(rules.sum()):,} requests that could never run, by the rule that stopped them "
-        "(numbers written N)."), _layout(fig, hovermode="closest", showlegend=False))
+        "(numbers written N)."), figure_layout(fig, hovermode="closest", showlegend=False))
 
 
 def all_charts(summary: dict, requests: pd.DataFrame, steps: pd.DataFrame, events: pd.DataFrame,

@@ -105,7 +105,7 @@ def metric_rows(run: RunFiles, itl: tuple[np.ndarray, np.ndarray]) -> list[tuple
     return rows
 
 
-def _classes(summary: dict) -> str:
+def classes_html(summary: dict) -> str:
     """The per-class table (``metrics/classes.py``: per SLO class, tenant, priority, over sessions), or nothing."""
     head, rows = class_table(summary)
     if not rows:
@@ -116,14 +116,14 @@ def _classes(summary: dict) -> str:
             "sessions the distribution of each session's mean TTFT: a tiered or session-aware policy moves each its own way.</p>")
 
 
-def _warnings(summary: dict) -> str:
+def warnings_html(summary: dict) -> str:
     """The run's warnings (``metrics/warnings.py``) in a box above the table, or nothing."""
     items = "".join(f"<li>{html.escape(warning_text(w, summary['num_requests']))}</li>"
                     for w in summary.get("warnings") or ())
     return f'<div class="warnings" id="warnings"><strong>Warnings: these results are not all they seem.</strong><ul>{items}</ul></div>' if items else ""
 
 
-def _chart(chart: Chart) -> str:
+def chart_html(chart: Chart) -> str:
     spec = chart.figure.to_json().replace("</", "<\\/")
     return (f'<h3>{html.escape(chart.title)}</h3><div class="chart" id="{chart.key}"></div>'
             f'<p class="caption">{html.escape(chart.caption)}</p>'
@@ -154,29 +154,35 @@ def _request_table(ex: Explainer) -> str:
 
 def write_report(run: RunFiles, path: Path) -> Path:
     """Write ``path`` from a results folder read back (``read_run``): summary, charts, requests."""
-    import plotly.offline
-
     ex = Explainer(run)
     itl = inter_token_latencies(run.events, run.steps)
     s = run.summary
     sections = all_charts(s, run.requests, run.steps, run.events, ex.why, itl)
     charts = [c for _, cs in sections for c in cs]
     table = "".join(f"<tr><td>{html.escape(k)}</td><td>{v}</td></tr>" for k, v in metric_rows(run, itl))
-    body = "".join(f"<h2>{html.escape(title)}</h2>" + "".join(_chart(c) for c in cs) for title, cs in sections)
+    body = "".join(f"<h2>{html.escape(title)}</h2>" + "".join(chart_html(c) for c in cs) for title, cs in sections)
     knobs = ", ".join(f"{k}={v}" for k, v in s["config"].items() if v is not None and k not in ("audit_every_step", "decode_lane"))
-    doc = f"""<!doctype html>
-<html lang="en"><head><meta charset="utf-8"><title>kvsched run: {html.escape(s['policy'])}</title>
-<style>{STYLE}</style><script>{CATCH}</script><script>{plotly.offline.get_plotlyjs()}</script></head><body>
-<div id="js-errors" hidden></div>
-<h1>kvsched run: {html.escape(s['policy'])}</h1>
-<p class="sub">{html.escape(knobs)}</p>
-{_warnings(s)}
+    return write_page(path, f"kvsched run: {s['policy']}", f"""<p class="sub">{html.escape(knobs)}</p>
+{warnings_html(s)}
 <table><tr><th>metric</th><th>value</th></tr>{table}</table>
-{_classes(s)}
+{classes_html(s)}
 {body}
 <h2>Requests that waited longest</h2>
 {_request_table(ex)}
-<h2>summary.json</h2><details><summary>the run's summary as written</summary><pre>{html.escape(json.dumps(s, indent=2))}</pre></details>
+<h2>summary.json</h2><details><summary>the run's summary as written</summary><pre>{html.escape(json.dumps(s, indent=2))}</pre></details>""", charts)
+
+
+def write_page(path: Path, title: str, body: str, charts: list[Chart]) -> Path:
+    """A page that works offline (Plotly's JavaScript inlined) under ``title``, holding ``body`` and drawing its
+    ``charts`` (``chart_html``); written whole or not at all."""
+    import plotly.offline
+
+    doc = f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>
+<style>{STYLE}</style><script>{CATCH}</script><script>{plotly.offline.get_plotlyjs()}</script></head><body>
+<div id="js-errors" hidden></div>
+<h1>{html.escape(title)}</h1>
+{body}
 <script type="application/json" id="chart-specs">{json.dumps([c.key for c in charts])}</script>
 <script>{SCRIPT}</script>
 </body></html>

@@ -4,6 +4,7 @@ For a policy author::
 
     pytest --pyargs kvsched.testing --policy my-policy       # an installed policy
     engine check --policy my-policy                          # the same checks, as a table
+    engine check --router my-router                          # a router's conformance suite (testing/routers.py)
 
 or subclass ``kvsched.testing.PolicyConformance`` in your own tests. The names below are
 imported lazily, so that pytest's plugin loading (``kvsched.testing.pytest_plugin``) stays cheap.
@@ -20,6 +21,8 @@ _EXPORTS = {
     "CLAIMS": "kvsched.testing.claims",
     "declared_claims": "kvsched.testing.claims",
     "resolve_policy": "kvsched.testing.resolve",
+    "run_router_checks": "kvsched.testing.routers",
+    "ROUTER_CHECKS": "kvsched.testing.routers",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -38,14 +38,14 @@ class CheckResult:
         return self.status == FAIL
 
 
-def _settings(max_examples: int, steps: int, derandomize: bool, shrink: bool = True) -> settings:
+def check_settings(max_examples: int, steps: int, derandomize: bool, shrink: bool = True) -> settings:
     phases = tuple(Phase) if shrink else tuple(p for p in Phase if p is not Phase.shrink)
     return settings(max_examples=max_examples, phases=phases, stateful_step_count=steps, deadline=None, database=None,
                     derandomize=derandomize, print_blob=False, report_multiple_bugs=False,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.data_too_large])
 
 
-def _counterexample(exc: BaseException) -> str:
+def counterexample(exc: BaseException) -> str:
     """Hypothesis's reproduction, minus the invariant calls between steps and its coverage hints."""
     text = "\n".join(n for n in getattr(exc, "__notes__", []) if not n.startswith(("You can reproduce", "Explanation:")))
     text = text.split("\n    These lines were always and only run")[0]
@@ -104,9 +104,9 @@ def check_machine(policy: Any, options: dict | None = None, max_examples: int = 
         machine = PolicyMachine.for_policy(policy, options, skip | set(results))
         try:
             with shrink_budget(shrink_seconds) as capped:
-                run_state_machine_as_test(machine, settings=_settings(max_examples, steps, derandomize, shrink))
+                run_state_machine_as_test(machine, settings=check_settings(max_examples, steps, derandomize, shrink))
         except inv.InvariantViolation as exc:
-            results[exc.invariant] = CheckResult(exc.invariant, FAIL, exc.detail, "\n".join([_counterexample(exc), *capped]).strip())
+            results[exc.invariant] = CheckResult(exc.invariant, FAIL, exc.detail, "\n".join([counterexample(exc), *capped]).strip())
             continue
         except Unsatisfiable as exc:
             for name in names:
@@ -128,7 +128,7 @@ def check_starvation(policy: Any, options: dict | None = None, max_examples: int
         return CheckResult(STARVATION_FREE, NOT_CLAIMED)
 
     # Each example simulates a minute of overload: report the first failing scenario unshrunk.
-    @settings(_settings(max_examples, 1, derandomize, shrink=False))
+    @settings(check_settings(max_examples, 1, derandomize, shrink=False))
     @given(scenario=overload_scenarios())
     def starvation_free(scenario):
         try:
@@ -143,7 +143,7 @@ def check_starvation(policy: Any, options: dict | None = None, max_examples: int
         with shrink_budget(None):
             starvation_free()
     except inv.InvariantViolation as exc:
-        return CheckResult(STARVATION_FREE, FAIL, exc.detail, _counterexample(exc))
+        return CheckResult(STARVATION_FREE, FAIL, exc.detail, counterexample(exc))
     return CheckResult(STARVATION_FREE, PASS)
 
 
