@@ -14,6 +14,7 @@ from kvsched.cli import real as hf
 from kvsched.cli import routers as router_cli
 from kvsched.cli import simulate as sim
 from kvsched.cli.bench import bench
+from kvsched.cli.capacity import capacity
 from kvsched.cli.leaderboard import leaderboard
 from kvsched.cli.serve import serve
 from kvsched.cli.common import (
@@ -130,6 +131,7 @@ policy_cli.register(app)  # engine check, engine compare (kvsched.cli.policies)
 explain_cli.register(app)  # engine explain (kvsched.cli.explain)
 router_cli.register(app)  # engine routers (kvsched.cli.routers)
 app.command()(cli_errors(leaderboard))
+app.command()(cli_errors(capacity))
 
 
 def main() -> None:

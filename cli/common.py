@@ -246,12 +246,7 @@ def print_summary(summary: dict) -> None:
     console.print(summary_table(summary))
     head, rows = class_table(summary)
     if rows:  # per SLO class, tenant, priority and over sessions (metrics/classes.py)
-        table = Table(title="per class")
-        for i, name in enumerate(head):
-            table.add_column(name, justify="left" if i == 0 else "right")
-        for row in rows:
-            table.add_row(*row)
-        console.print(table)
+        print_table("per class", head, rows)
     slo = summary.get("slo")
     if slo:
         console.print(f"SLO goodput: {slo['goodput_requests_per_s']:.3f} req/s ({100 * slo['slo_attainment']:.1f}% of requests)")
@@ -263,6 +258,24 @@ def print_summary(summary: dict) -> None:
     for warning in summary.get("warnings") or ():
         console.print(f"[bold yellow]warning:[/] {escape(warning_text(warning, summary['num_requests']))}",
                       highlight=False, soft_wrap=True)
+
+
+def print_table(title: str, head: list[str], rows: list[list[str]]) -> None:
+    """A table of text: its first column (what each row is) to the left, the numbers to the right."""
+    table = Table(title=title)
+    for i, name in enumerate(head):
+        table.add_column(name, justify="left" if i == 0 else "right")
+    for row in rows:
+        table.add_row(*row)
+    console.print(table)
+
+
+def print_ranked(title: str, head: list[str], rows: list[list[str]], baseline: str) -> None:
+    """A ranked table (compare's, capacity's) and what its intervals, changes and ranks mean."""
+    from kvsched.experiments.evidence import statistics_note
+
+    print_table(title, head, rows)
+    console.print(f"baseline {baseline}. {statistics_note()}", highlight=False, soft_wrap=True)
 
 
 def defaults_text(defaults: dict[str, dict]) -> str:

@@ -40,11 +40,11 @@ def check(ctx: typer.Context, policy: CheckPolicyOpt = None,
         fail(f"engine check needs the testing extra (pip install 'kvsched[testing]'): {exc}")
     if (policy is None) == (router is None):
         fail("give --policy NAME (the policy conformance suite) or --router NAME (the router's), one of them")
-    given = _given(ctx)
+    given = given_options(ctx)
     if router is not None:
         refused = sorted(given & {"policy_opt", "steps", "starvation_examples", "shrink_seconds"})
         if refused:
-            fail(f"{', '.join(_option(n) for n in refused)}: a policy's checks; a router's take --router-opt and --examples")
+            fail(f"{', '.join(option_name(n) for n in refused)}: a policy's checks; a router's take --router-opt and --examples")
         from kvsched.routers.plugins import load_router
         from kvsched.testing.routers import ROUTER_CHECKS, run_router_checks
 
@@ -121,19 +121,19 @@ def compare(ctx: typer.Context, folders: FoldersArg = None, policy: PoliciesOpt 
 
     _check_output(output, plot, trace)
     check_finite(staleness=staleness)
-    given = _given(ctx)
+    given = given_options(ctx)
     if folders:
         refused = sorted(given & {"policy", "policy_opt", "set_", "workload", "trace", "seed", "seeds", "num_requests", "rate",
                                   "profile", "router", "replicas", "staleness"})
         if refused:
-            fail(f"result folders are compared as they are: drop {', '.join(_option(n) for n in refused)}")
+            fail(f"result folders are compared as they are: drop {', '.join(option_name(n) for n in refused)}")
         return compare_folders(folders, output, plot, baseline)
     if router:
         if len(policy or []) > 1 or policy_opt:
             fail("with --router the fleet's replicas run one --policy (inline options: --policy NAME:KEY=VALUE)")
     elif given & {"replicas", "staleness"}:
         fail("--replicas and --staleness describe the fleet of a router comparison: give two or more --router")
-    contenders, labels = _routers(router) if router else policy_contenders(policy or [], policy_opt)
+    contenders, labels = router_contenders(router) if router else policy_contenders(policy or [], policy_opt)
     base = baseline_label(labels, contenders, baseline)
     loads = seed_workloads(lambda s: build_workload(workload, trace, num_requests=num_requests, rate=rate, seed=s), seed, seeds)
     config = build_config(set_)
@@ -142,7 +142,7 @@ def compare(ctx: typer.Context, folders: FoldersArg = None, policy: PoliciesOpt 
         if router:
             from kvsched.cluster.compare import run_routers
 
-            fleet = _fleet(policy[0] if policy else "vllm-v1", config, profile, replicas, staleness)
+            fleet = fleet_of(policy[0] if policy else "vllm-v1", config, profile, replicas, staleness)
             runs = run_routers(contenders, labels, fleet, loads, on_done=lambda: bar.advance(task))
         else:
             from kvsched.experiments.compare import run_policies
@@ -159,13 +159,13 @@ def compare(ctx: typer.Context, folders: FoldersArg = None, policy: PoliciesOpt 
     show(runs, title, output, plot, pooled, base)
 
 
-def _given(ctx: typer.Context) -> set[str]:
+def given_options(ctx: typer.Context) -> set[str]:
     """The parameters given on the command line (not left at their defaults)."""
     sources = {name: ctx.get_parameter_source(name) for name in ctx.params}  # typer's own click: compared by name
     return {name for name, source in sources.items() if source is not None and source.name not in ("DEFAULT", "DEFAULT_MAP")}
 
 
-def _option(name: str) -> str:
+def option_name(name: str) -> str:
     return "--" + name.rstrip("_").replace("_", "-")
 
 
@@ -193,7 +193,7 @@ def policy_contenders(policy: list[str], policy_opt: list[str] | None, at_least:
     return checked, labels
 
 
-def _routers(router: list[str]) -> tuple[list, list[str]]:
+def router_contenders(router: list[str]) -> tuple[list, list[str]]:
     """The compared routers as ``Contender``s (each loads, or fails here), and their column labels."""
     from kvsched.cli.common import fail
     from kvsched.experiments.compare import Contender
@@ -219,7 +219,7 @@ def baseline_label(labels: list[str], contenders: list, given: str | None) -> st
     return choose_baseline(labels, given)
 
 
-def _fleet(policy: str, config, profile: str, replicas: int, staleness: float | None):
+def fleet_of(policy: str, config, profile: str, replicas: int, staleness: float | None):
     """The fleet a router comparison runs: ``replicas`` of ``policy`` (inline options allowed), its settings and profile."""
     from kvsched.cli.common import policy_options
     from kvsched.cluster import FleetSpec, ReplicaGroup
@@ -264,21 +264,13 @@ def show(runs: list, title: str, output: Path | None, plot: bool, plot_title: st
     """The comparison table of ``runs`` (a column each, and each one's change against ``baseline``), the
     statistics note and the runs' warnings; under ``output`` the table as CSV and, with ``plot``, their CDFs."""
     from rich.markup import escape
-    from rich.table import Table
 
-    from kvsched.cli.common import console
+    from kvsched.cli.common import console, print_ranked
     from kvsched.experiments.compare import table, warnings_of
-    from kvsched.experiments.evidence import statistics_note
     from kvsched.reporting.files import write_comparison
 
     head, rows = table(runs, baseline)
-    grid = Table(title=title)
-    for i, name in enumerate(head):
-        grid.add_column(name, justify="left" if i == 0 else "right")
-    for row in rows:
-        grid.add_row(*row)
-    console.print(grid)
-    console.print(f"baseline {baseline}. {statistics_note()}", highlight=False, soft_wrap=True)
+    print_ranked(title, head, rows, baseline)
     seen: dict[str, list[str]] = {}
     for run in runs:
         for text in warnings_of(runs, run.policy):

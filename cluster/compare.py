@@ -10,28 +10,41 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import numpy as np
+import pyarrow as pa
 
 from kvsched.cluster.spec import FleetSpec
 from kvsched.experiments.compare import Contender, PolicyRun
 
 
-def run_routers(routers: list[Contender], labels: list[str], fleet: FleetSpec, workloads: list,
-                on_done: Callable[[], None] | None = None) -> list[PolicyRun]:
-    """Simulate ``fleet`` behind each router (its own options over the fleet's) on each of ``workloads``."""
+def run_fleet(router: Contender, fleet: FleetSpec, workload, slo_ttft: float | None = None,
+              slo_tpot: float | None = None) -> tuple[dict, pa.Table]:
+    """``fleet`` behind ``router`` (its own options over the fleet's) on ``workload``: the fleet's summary (with the SLO
+    goodput, given a per-request bound) and its requests' table."""
     from kvsched.cluster.loop import Cluster
     from kvsched.cluster.summary import fleet_summary, fleet_table
+    from kvsched.metrics.goodput import goodput_summary
+
+    cluster = Cluster(fleet.model_copy(update={"router": router.spec, "router_options": {**fleet.router_options, **router.options}}))
+    cluster.run(workload.iter_requests())
+    table = fleet_table(cluster)
+    description = workload.describe()
+    summary = fleet_summary(cluster, table, workload=description, seed=description.get("seed"))
+    if slo_ttft is not None or slo_tpot is not None:
+        summary["slo"] = goodput_summary(table, summary["duration_s"], slo_ttft, slo_tpot)
+    return summary, table
+
+
+def run_routers(routers: list[Contender], labels: list[str], fleet: FleetSpec, workloads: list,
+                on_done: Callable[[], None] | None = None) -> list[PolicyRun]:
+    """Simulate ``fleet`` behind each router on each of ``workloads``."""
     from kvsched.metrics.requests import done_mask, numbers
 
     runs = []
     for router, label in zip(routers, labels):
-        spec = fleet.model_copy(update={"router": router.spec, "router_options": {**fleet.router_options, **router.options}})
         run = PolicyRun(label)
         for workload in workloads:
-            cluster = Cluster(spec)
-            cluster.run(workload.iter_requests())
-            table = fleet_table(cluster)
-            description = workload.describe()
-            run.summaries.append(fleet_summary(cluster, table, workload=description, seed=description.get("seed")))
+            summary, table = run_fleet(router, fleet, workload)
+            run.summaries.append(summary)
             done = done_mask(table)
             ttft, tpot = numbers(table, "ttft")[done], numbers(table, "tpot")[done]
             run.ttft += ttft[~np.isnan(ttft)].tolist()

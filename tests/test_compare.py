@@ -157,8 +157,9 @@ def test_engine_compare_over_seeds_one_policy_under_two_option_sets(tmp_path):
 
 def test_compare_puts_result_folders_side_by_side(tmp_path):
     engine = Path(sys.executable).with_name("engine")
-    for policy in ("fcfs", "sjf"):
-        subprocess.run([engine, "run", "--policy", policy, "-n", "60", "--rate", "40", "-o", tmp_path / policy, "-q"], check=True, capture_output=True)
+    for policy, options in (("fcfs", []), ("sjf", ["--policy-opt", "predictor=oracle"])):
+        subprocess.run([engine, "run", "--policy", policy, *options, "-n", "60", "--rate", "40", "-o", tmp_path / policy, "-q"],
+                       check=True, capture_output=True)
     done = subprocess.run([engine, "compare", tmp_path / "fcfs", tmp_path / "sjf", "-o", tmp_path / "cmp", "--plot"],
                           capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
