@@ -35,6 +35,7 @@ _HOMES = {
     "kvsched.executors.cost_model": ("CostProfile",),
     "kvsched.executors.simulated": ("SimulatedExecutor",),
     "kvsched.policies.continuous": ("ContinuousBatching",),
+    "kvsched.policies.vllm_v1": ("VllmV1",),
 }
 _MODULE_OF = {name: module for module, names in _HOMES.items() for name in names}
 __all__ = sorted(_MODULE_OF)

@@ -7,11 +7,14 @@ from typing import Annotated, Optional
 
 import typer
 
+from kvsched.cli.common import flag
+
 
 def explain(
     run_dir: Annotated[Path, typer.Argument(help="a results folder written by `engine run --output`")],
     request: Annotated[Optional[str], typer.Option("--request", "-r", help="one request's timeline: each wait with its reason and steps")] = None,
     step: Annotated[Optional[int], typer.Option("--step", help="one step's batch, and who was left out and why")] = None,
+    full: Annotated[bool, flag("--full", help="with --request: every phase and every line (the default shortens a long timeline)")] = False,
 ) -> None:
     """Why requests waited: the top reasons weighted by time, one request's timeline, or one step's batch."""
     from kvsched.cli.common import console, fail
@@ -19,6 +22,8 @@ def explain(
 
     if request is not None and step is not None:
         fail("give --request or --step, not both")
+    if full and request is None:
+        fail("--full is a request's whole timeline: give it with --request ID")
     if (run_dir / "routes.csv").is_file():  # a fleet's folder (engine run --replicas): where each request went and why
         from kvsched.reporting.explain import explain_fleet
 
@@ -28,7 +33,7 @@ def explain(
             console.print(line, markup=False, highlight=False, soft_wrap=True)
         return
     ex = Explainer.load(run_dir)
-    lines = ex.request(request) if request is not None else ex.step(step) if step is not None else ex.overview()
+    lines = ex.request(request, full) if request is not None else ex.step(step) if step is not None else ex.overview()
     for line in lines:
         console.print(line, markup=False, highlight=False, soft_wrap=True)
 

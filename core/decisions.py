@@ -33,7 +33,7 @@ class Decision(IntEnum):
 
     PREFILL = 0  # (PREFILL, rid, tokens computed now, prompt tokens left after them, tokens found cached)
     SWAPPED_IN = 1  # (SWAPPED_IN, rid, blocks moved back to the GPU)
-    PREEMPTED = 2  # (PREEMPTED, rid, PreemptionMode, rid it made room for, or None when the policy preempted it)
+    PREEMPTED = 2  # (PREEMPTED, rid, PreemptionMode, rid it made room for or None when the policy preempted it, the policy's reason or None)
     IGNORED = 3  # (IGNORED, rid, why it can never run)
     NO_BLOCKS = 4  # (NO_BLOCKS, rid, blocks needed, free GPU blocks): LATER (OK needs free - needed >= watermark)
     TOKEN_BUDGET = 5  # (TOKEN_BUDGET, rid, tokens needed, tokens left): BUDGET
@@ -73,10 +73,12 @@ def held_problem(reason: object, numbers: dict) -> str | None:
 
 @dataclass(frozen=True, slots=True)
 class Preemption:
-    """A policy's answer to ``choose_preemption``: evict ``victim``, by ``mode`` (None: the default rule)."""
+    """A policy's answer to ``choose_preemption``: evict ``victim``, by ``mode`` (None: the default rule), and why
+    (``reason``, a line ``engine explain`` shows with the preemption)."""
 
     victim: GroupView
     mode: PreemptionMode | None = None
+    reason: str | None = None
 
 
 __all__ = ["Decision", "Outcome", "Preemption", "PreemptionMode", "held_problem"]

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from kvsched.allocators.alloc_status import AllocStatus
 from kvsched.core.config import PreemptionMode
-from kvsched.core.decisions import Decision, Outcome, Preemption
+from kvsched.core.decisions import Decision, Outcome, Preemption, held_problem
 from kvsched.core.errors import quote
 from kvsched.core.outputs import ScheduledGroup, SchedulerOutput
 from kvsched.core.sequence import SequenceStatus
@@ -273,15 +273,15 @@ class StepState(DecisionNotes):
         """
         bm = self.bm
         while bm.gpu.num_free < g.num_unfinished_seqs:  # bm.can_append_slots, inlined: the hot path
-            victim, mode = self._choose_victim(g)
+            victim, mode, reason = self._choose_victim(g)
             if victim is g:
                 # Deliberate difference from vLLM: do not preempt the last candidate when its
                 # exact need fits (vLLM's worst case makes a lone request thrash).
                 if bm.blocks_to_append(g) <= bm.gpu.num_free:
                     return False
-                self._preempt(g, mode, g)
+                self._preempt(g, mode, g, reason)
                 return True
-            self._preempt(victim, mode, g)
+            self._preempt(victim, mode, g, reason)
         return False
 
     def _record(self, g: SequenceGroup, chunk: int, is_prefill: bool, context: int, cached: int = 0, left: int = 0) -> None:
@@ -298,10 +298,13 @@ class StepState(DecisionNotes):
             out.decode_seqs += chunk
         out.kv_tokens_read += context
 
-    def _choose_victim(self, requester: SequenceGroup) -> tuple[SequenceGroup, PreemptionMode | None]:
+    def _choose_victim(self, requester: SequenceGroup) -> tuple[SequenceGroup, PreemptionMode | None, str | None]:
         choice = self.hooks.choose_preemption(self.step, requester.view)
         if type(choice) is not Preemption or type(choice.victim) is not GroupView:
             self.refuse(f"returned {quote(choice)}, expected a Preemption of a GroupView", "choose_preemption")
+        if choice.reason is not None and (type(choice.reason) is not str or held_problem(choice.reason, {})):
+            self.refuse(f"gave the reason {quote(choice.reason)}: a Preemption's reason is a line of text (UTF-8) or None",
+                        "choose_preemption")
         victim = group_of(choice.victim)
         if victim is not requester:
             if victim.block_manager is not self.bm:
@@ -309,7 +312,7 @@ class StepState(DecisionNotes):
             if not self._accepts_victim(victim):
                 state = self.touched.get(victim, victim.status.name)
                 self.refuse(f"picked {quote(victim.request_id)}, which is {state}, not an unscheduled running group", "choose_preemption")
-        return victim, self._mode_arg(choice.mode, "Preemption", "choose_preemption")
+        return victim, self._mode_arg(choice.mode, "Preemption", "choose_preemption"), choice.reason
 
     def _accepts_victim(self, victim: SequenceGroup) -> bool:
         return victim.status is _RUNNING and victim not in self.touched
@@ -324,10 +327,11 @@ class StepState(DecisionNotes):
             mode = PreemptionMode.RECOMPUTE  # the CPU pool is full: recompute instead of failing
         return mode
 
-    def _preempt(self, g: SequenceGroup, mode: PreemptionMode | None, requester: SequenceGroup | None = None) -> PreemptionMode:
+    def _preempt(self, g: SequenceGroup, mode: PreemptionMode | None, requester: SequenceGroup | None = None,
+                 reason: str | None = None) -> PreemptionMode:
         _out_of_lane(g)
         mode = self._preemption_mode(g, mode)
-        self._note(None, Decision.PREEMPTED, g.request_id, mode, requester.request_id if requester is not None else None)
+        self._note(None, Decision.PREEMPTED, g.request_id, mode, requester.request_id if requester is not None else None, reason)
         if mode is PreemptionMode.SWAP:
             self.output.blocks_to_swap_out += self.bm.swap_out(g)
             self.swapped_out.append(g)

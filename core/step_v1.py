@@ -165,8 +165,8 @@ class V1StepState(StepState):
         if needed is None:
             needed = lambda: self.bm.blocks_to_append(g)  # noqa: E731
         while needed() > self.bm.gpu.num_free:
-            victim, mode = self._choose_victim(g)
-            self._preempt(victim, mode, g)
+            victim, mode, reason = self._choose_victim(g)
+            self._preempt(victim, mode, g, reason)
             if victim is g:
                 return True
         return False
@@ -182,11 +182,12 @@ class V1StepState(StepState):
     def _preemption_mode(self, g: SequenceGroup, mode: PreemptionMode | None) -> PreemptionMode:
         return PreemptionMode.RECOMPUTE
 
-    def _preempt(self, g: SequenceGroup, mode: PreemptionMode | None, requester: SequenceGroup | None = None) -> PreemptionMode:
+    def _preempt(self, g: SequenceGroup, mode: PreemptionMode | None, requester: SequenceGroup | None = None,
+                 reason: str | None = None) -> PreemptionMode:
         if self.touched.get(g) == "scheduled":
             self._unschedule(g)
         self.output.block_ops.append((g.request_id, None))
-        return super()._preempt(g, mode, requester)
+        return super()._preempt(g, mode, requester, reason)
 
     def _unschedule(self, g: SequenceGroup) -> None:
         """Take ``g`` out of the batch: its tokens and cost return, its copies are dropped (its blocks go next)."""

@@ -149,7 +149,7 @@ class DecisionLog:
                 prefilling.pop(rid, None)
                 if note[2].value == "swap":
                     swapped.add(rid)
-                rows.append((step, start, "preempted", rid, note[2].value, "running", None, None, None, None, None, note[3], None))
+                rows.append((step, start, "preempted", rid, note[2].value, "running", None, None, None, None, None, note[3], note[4]))
             elif code is _SWAPPED_IN:
                 swapped.discard(rid)
                 running[rid] = None

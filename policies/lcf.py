@@ -22,6 +22,7 @@ class Lcf(VllmV1):
     """
 
     name = "lcf"
+    claims = frozenset({"starvation-free"})  # restated: V1's admission order is untouched, only the victim changes
 
     def __init__(self, victim: str = "lcf", seed: int = 0, **v1) -> None:
         super().__init__(**v1)
@@ -43,4 +44,5 @@ class Lcf(VllmV1):
         preempted = set(step.preempted)
         candidates = [g for g in reversed(step.running) if g is not requester and g not in preempted]
         victim = self.pick(candidates) if candidates else requester
-        return Preemption(victim, PreemptionMode.RECOMPUTE)
+        why = f"{self.victim} victim: {victim.num_computed_tokens} computed tokens" if candidates else "no other running request"
+        return Preemption(victim, PreemptionMode.RECOMPUTE, why)

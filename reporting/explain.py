@@ -22,6 +22,9 @@ from kvsched.reporting.files import RunFiles, read_run
 from kvsched.reporting.reading import read_csv, read_summary
 
 SHOWN = 8  # request ids listed before "and N more"
+SHORT_LINES = 40  # a request's view without --full: at most about this many lines
+PHASE_LINES = 2  # of each phase's lines (its heading and the first below it), without --full
+KEPT_PHASES = (8, 4)  # phases kept from the start and from the end, without --full
 
 
 def _ids(ids: list[str], limit: int = SHOWN) -> str:
@@ -50,6 +53,19 @@ def numbers(key: str, checks: list[tuple[int, int]], watermark: int) -> str:
     what = {"no_blocks": f"blocks, {{}} free ({watermark:,} stay free: the watermark)", "token_budget": "tokens, {} left in the step",
             "seq_budget": "sequences, {} seats left"}.get(key, "needed, {} available")
     return f"needed {_span(needed.min(), needed.max())} " + what.format(_span(available.min(), available.max()))
+
+
+def _shortened(blocks: list[list[str]], rid: str) -> list[str]:
+    """Each phase's first ``PHASE_LINES`` lines, and of many phases the first and last ``KEPT_PHASES``."""
+    head, tail = KEPT_PHASES
+    kept = blocks if len(blocks) <= head + tail else [*blocks[:head], None, *blocks[-tail:]]
+    lines = []
+    for block in kept:
+        if block is None:
+            lines.append(f"{'':16}… {_count(len(blocks) - head - tail, 'phase')} more (--full shows them)")
+            continue
+        lines += block[:PHASE_LINES] + ([f"{'':40}… {_count(len(block) - PHASE_LINES, 'line')} more"] if len(block) > PHASE_LINES else [])
+    return lines
 
 
 class Explainer:
@@ -108,7 +124,9 @@ class Explainer:
         return lines
 
     # ---------------------------------------------------------------------- a request
-    def request(self, rid: str) -> list[str]:
+    def request(self, rid: str, full: bool = False) -> list[str]:
+        """One request's timeline: a header, its phases (each wait with its reasons, each preemption with the
+        policy's reason), what it waited for in all; past ``SHORT_LINES`` lines, shortened unless ``full``."""
         if rid not in self.requests.index:
             raise KeyError(f"no request {rid!r} in {self.run.directory}")
         r = self.requests.loc[rid]
@@ -120,20 +138,27 @@ class Explainer:
                  + (f"  TPOT {1000 * r.tpot:,.1f} ms" if r.tpot == r.tpot and r.tpot is not None else "")
                  + f"  preemptions: {r.preemptions_recompute} recompute, {r.preemptions_swap} swap", ""]
         waited: dict[str, float] = {}
+        blocks = []
         for p in self.phases_of(rid):
-            lines.append(f"{p.start_s:12,.3f} – {p.end_s:12,.3f} s  {_steps(p.first_step, p.last_step):>22}  "
-                         f"{p.kind}" + (f" ({p.detail})" if p.detail else ""))
+            block = [f"{p.start_s:12,.3f} – {p.end_s:12,.3f} s  {_steps(p.first_step, p.last_step):>22}  "
+                     f"{p.kind}" + (f" ({p.detail})" if p.detail else "")]
             if p.kind in WAITING_PHASES:
-                lines += self._wait_lines(rid, p, waited)
+                block += self._wait_lines(rid, p, waited)
             elif p.kind == "decode":
-                lines += self._decode_lines(rid, p)
+                block += self._decode_lines(rid, p)
             else:
-                lines += self._prefill_lines(rid, p)
+                block += self._prefill_lines(rid, p)
+            blocks.append(block)
         total = sum(waited.values())
+        tail = []
         if total > 0:
             shares = sorted(waited.items(), key=lambda kv: -kv[1])
-            lines += ["", f"waited {total:,.3f} s in all: " + "; ".join(f"{100 * v / total:.1f}% {label(k)}" for k, v in shares[:4])]
-        return lines
+            tail = ["", f"waited {total:,.3f} s in all: " + "; ".join(f"{100 * v / total:.1f}% {label(k)}" for k, v in shares[:4])]
+        every = sum(map(len, blocks))
+        if full or len(lines) + every + len(tail) <= SHORT_LINES:
+            return lines + [line for block in blocks for line in block] + tail
+        return lines + _shortened(blocks, rid) + tail + ["", f"(shortened from {len(lines) + every + len(tail):,} lines: "
+                                                           f"engine explain DIR --request {rid} --full shows every one)"]
 
     def _wait_lines(self, rid: str, p: Phase, waited: dict[str, float]) -> list[str]:
         pad, why = " " * 40, self.why
@@ -147,6 +172,11 @@ class Explainer:
         if begin > p.start_s:
             waited[key] = waited.get(key, 0.0) + begin - p.start_s
             lines.append(f"{'':16}{where:>22}  {begin - p.start_s:10,.3f} s  {label(key)}")
+        if p.kind != "queued":  # the policy's own word on why it chose this request as its victim, if it gave one
+            why_me = self.why.rows_of(rid)
+            said = why_me.detail[(why_me.event == "preempted") & (why_me.step == first - 1)].dropna()
+            if len(said):
+                lines.append(f"{pad}  the policy's reason: {said.iloc[-1]}")
         for run in why.reason_runs(rid, WAITING_PHASES[p.kind], first, p.last_step, begin):
             for key, seconds in run.seconds.items():
                 waited[key] = waited.get(key, 0.0) + seconds
@@ -228,7 +258,7 @@ class Explainer:
             lines.append(f"  {who} not run: {label(why.running_key[n])}")
         for row in ev[ev.event == "preempted"].itertuples():
             whom = f"to make room for {row.other_request}" if isinstance(row.other_request, str) else "by the policy"
-            lines.append(f"preempted  {row.request_id} ({row.reason}) {whom}")
+            lines.append(f"preempted  {row.request_id} ({row.reason}) {whom}" + (f": {row.detail}" if isinstance(row.detail, str) else ""))
         for row in ev[ev.event == "ignored"].itertuples():
             lines.append(f"ignored    {row.request_id}: {row.detail}")
         done = ev[ev.event == "finished"]

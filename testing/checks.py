@@ -18,7 +18,7 @@ from hypothesis.stateful import run_state_machine_as_test
 
 from kvsched.core.errors import shorten
 from kvsched.testing import invariants as inv
-from kvsched.testing.claims import CLAIMS, PRIORITY_PREEMPTION, STARVATION_FREE, declared_claims
+from kvsched.testing.claims import BOUNDED_PREEMPTION, CLAIMS, PRIORITY_PREEMPTION, STARVATION_FREE, declared_claims, preemption_bound
 from kvsched.testing.machine import PolicyMachine
 from kvsched.testing.starvation import run_overload
 from kvsched.testing.strategies import overload_scenarios
@@ -123,28 +123,55 @@ def check_machine(policy: Any, options: dict | None = None, max_examples: int = 
 
 def check_starvation(policy: Any, options: dict | None = None, max_examples: int = 4, derandomize: bool = True) -> CheckResult:
     """``starvation-free``: the victims of an overload scenario finish before the stream ends."""
+    return check_overload(policy, options, max_examples, derandomize)[0]
+
+
+def check_overload(policy: Any, options: dict | None = None, max_examples: int = 4,
+                   derandomize: bool = True) -> tuple[CheckResult, CheckResult]:
+    """The overload scenarios' claims: ``starvation-free`` (the victims finish before the stream ends) and
+    ``bounded-preemption`` (no request preempted more than ``max_preemptions_per_request`` times). Where only the
+    first is claimed, the second's row says how often the most preempted request was (victim churn the
+    starvation check alone would pass)."""
     policy = _loaded(policy)
-    if STARVATION_FREE not in declared_claims(policy):
-        return CheckResult(STARVATION_FREE, NOT_CLAIMED)
+    claimed = declared_claims(policy)
+    bound = preemption_bound(policy) if BOUNDED_PREEMPTION in claimed else None
+    if not claimed & {STARVATION_FREE, BOUNDED_PREEMPTION}:
+        return CheckResult(STARVATION_FREE, NOT_CLAIMED), CheckResult(BOUNDED_PREEMPTION, NOT_CLAIMED)
+    worst = []  # the most preempted request of each scenario
 
     # Each example simulates a minute of overload: report the first failing scenario unshrunk.
     @settings(check_settings(max_examples, 1, derandomize, shrink=False))
     @given(scenario=overload_scenarios())
-    def starvation_free(scenario):
+    def overloaded(scenario):
         try:
             result = run_overload(policy, scenario, options)
-        except Exception as exc:  # a policy that fails under overload does not keep its claim
-            raise inv.InvariantViolation(STARVATION_FREE, f"the policy failed in the overload scenario: {shorten(str(exc), 300)}") from exc
-        if result.starved:
+        except Exception as exc:  # a policy that fails under overload does not keep its claims
+            raise inv.InvariantViolation(min(claimed & {STARVATION_FREE, BOUNDED_PREEMPTION}),
+                                         f"the policy failed in the overload scenario: {shorten(str(exc), 300)}") from exc
+        worst.append(result.churn)
+        if STARVATION_FREE in claimed and result.starved:
             raise inv.InvariantViolation(STARVATION_FREE, f"{', '.join(result.starved_ids)} had not finished after {result.horizon_s:.0f} "
                                          f"simulated seconds of overload, while {result.stream_served} favoured requests were served")
+        if bound is not None and result.churn.preemptions > bound:
+            raise inv.InvariantViolation(BOUNDED_PREEMPTION, f"{result.churn}, more than its max_preemptions_per_request of {bound}")
 
+    failed = None
     try:
         with shrink_budget(None):
-            starvation_free()
+            overloaded()
     except inv.InvariantViolation as exc:
-        return CheckResult(STARVATION_FREE, FAIL, exc.detail, counterexample(exc))
-    return CheckResult(STARVATION_FREE, PASS)
+        failed = CheckResult(exc.invariant, FAIL, exc.detail, counterexample(exc))
+    results = {}
+    for claim in (STARVATION_FREE, BOUNDED_PREEMPTION):
+        if failed is not None and failed.invariant == claim:
+            results[claim] = failed
+        elif claim not in claimed:
+            most = max(worst, key=lambda c: c.preemptions, default=None)
+            seen = f"in its overload scenarios {most}" if most is not None else ""
+            results[claim] = CheckResult(claim, NOT_CLAIMED, seen if claim == BOUNDED_PREEMPTION else "")
+        else:
+            results[claim] = CheckResult(claim, UNDECIDED, f"{failed.invariant} failed first") if failed else CheckResult(claim, PASS)
+    return results[STARVATION_FREE], results[BOUNDED_PREEMPTION]
 
 
 def run_checks(policy: Any, options: dict | None = None, max_examples: int = 40, steps: int = 30,
@@ -153,7 +180,7 @@ def run_checks(policy: Any, options: dict | None = None, max_examples: int = 40,
     """Every invariant, then every claim (``not claimed`` rows for claims the policy does not make)."""
     policy = _loaded(policy)
     results = check_machine(policy, options, max_examples, steps, derandomize, shrink=shrink, shrink_seconds=shrink_seconds)
-    results.append(check_starvation(policy, options, starvation_examples, derandomize))
+    results += check_overload(policy, options, starvation_examples, derandomize)
     if PRIORITY_PREEMPTION not in declared_claims(policy):
         results.append(CheckResult(PRIORITY_PREEMPTION, NOT_CLAIMED))
     order = list(inv.INVARIANTS) + list(CLAIMS)

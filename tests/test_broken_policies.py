@@ -102,3 +102,29 @@ def test_a_capped_shrink_says_so_without_hypothesis_asking_for_a_bug_report(caps
     assert result.status == FAIL and "state.start(" in result.counterexample
     assert "shrinking stopped after" in result.counterexample
     assert "five minutes" not in out.out + out.err and "PLEASE REPORT" not in out.out + out.err
+
+
+def test_victim_churn_is_bounded_where_claimed_and_reported_where_not():
+    """The starvation check passed a policy that preempted one request 13 times: churn is a claim of its own."""
+    from kvsched.policies.vllm_v1 import VllmV1
+    from kvsched.testing.checks import check_overload
+
+    class NeverTwice(VllmV1):
+        claims = frozenset({"starvation-free", "bounded-preemption"})
+        max_preemptions_per_request = 0  # it preempts: the bound is broken at once
+
+    starvation, churn = check_overload(NeverTwice, max_examples=1)
+    assert churn.status == FAIL and "more than its max_preemptions_per_request of 0" in churn.detail and "preempted" in churn.detail
+    assert starvation.status == "undecided" and "bounded-preemption failed first" in starvation.detail
+
+    class Restates(VllmV1):
+        claims = VllmV1.claims
+
+    starvation, churn = check_overload(Restates, max_examples=1)
+    assert starvation.status == PASS and churn.status == "not claimed" and "in its overload scenarios" in churn.detail
+
+    class Unbounded(VllmV1):
+        claims = frozenset({"bounded-preemption"})
+
+    with pytest.raises(ValueError, match="max_preemptions_per_request, a whole number >= 0"):
+        check_overload(Unbounded, max_examples=1)

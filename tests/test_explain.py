@@ -89,3 +89,46 @@ def test_bad_questions_are_one_line(run_dir, args, message):
 def test_a_folder_without_a_log_is_one_line(tmp_path):
     proc = engine("explain", tmp_path)
     assert proc.returncode == 2 and "decisions.parquet" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_a_long_timeline_is_shortened_unless_full_and_a_victim_says_why(tmp_path):
+    """explain --request printed 1,006 lines for one request; a policy could not say why it chose its victim."""
+    engine = str(Path(sys.executable).parent / "engine")
+    out = tmp_path / "run"
+    done = subprocess.run([engine, "run", "-p", "lcf", "-w", "sharegpt-4k", "--rate", "3", "-n", "200", "-o", out, "-q"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    import pandas as pd
+
+    rows = pd.read_csv(out / "requests.csv")
+    victim = rows.sort_values(["preemptions_recompute", "request_id"]).request_id.iloc[-1]
+    short = subprocess.run([engine, "explain", out, "--request", victim], capture_output=True, text=True).stdout.splitlines()
+    full = subprocess.run([engine, "explain", out, "--request", victim, "--full"], capture_output=True, text=True).stdout.splitlines()
+    assert len(short) <= 45 < len(full) and short[-1].startswith("(shortened from") and "--full shows every one" in short[-1]
+    assert any("the policy's reason: lcf victim:" in line for line in full) and short[:2] == full[:2]
+    events = pd.read_parquet(out / "decisions.parquet")
+    step = int(events[(events.event == "preempted") & (events.request_id == victim)].step.iloc[0])
+    assert any(f"preempted  {victim} (recompute) to make room for" in line and ": lcf victim:" in line
+               for line in subprocess.run([engine, "explain", out, "--step", str(step)], capture_output=True, text=True).stdout.splitlines())
+    refused = subprocess.run([engine, "explain", out, "--full"], capture_output=True, text=True)
+    assert refused.returncode == 2 and "give it with --request" in refused.stderr
+
+
+def test_a_preemption_reason_must_be_a_line_of_text():
+    from helpers import req, unit_engine
+
+    from kvsched import Preemption, PreemptionMode, hookimpl
+    from kvsched.core.errors import PolicyError
+    from kvsched.policies.vllm_v1 import VllmV1
+
+    class Mumbles(VllmV1):
+        @hookimpl
+        def choose_preemption(self, step, requester):
+            return Preemption(requester, PreemptionMode.RECOMPUTE, reason=42)
+
+    eng = unit_engine(Mumbles(), num_gpu_blocks=4, block_size=4)
+    for i in range(3):
+        eng.add_request(req(f"r{i}", 6, 8))
+    with pytest.raises(PolicyError, match="a Preemption's reason is a line of text"):
+        eng.run()
+    eng.check()  # the refused step was rolled back: every block accounted for
