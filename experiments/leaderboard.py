@@ -60,10 +60,10 @@ class BoardWorkload:
 
     def options(self, num_requests: int | None, seed: int) -> dict[str, Any]:
         """``build_workload``'s keyword arguments for one seed (a sweep spec's workload); without
-        ``num_requests`` a built-in trace gives its first ``DEFAULT_REQUESTS``, a spec its own count."""
-        from kvsched.workloads.builtin import BUILTIN_TRACES
+        ``num_requests`` a built-in trace (or named spec of one) gives its first ``DEFAULT_REQUESTS``, a spec its own count."""
+        from kvsched.workloads.builtin import is_trace
 
-        if num_requests is None and self.name in BUILTIN_TRACES:
+        if num_requests is None and is_trace(self.name):
             num_requests = DEFAULT_REQUESTS
         return {"workload": self.name, "num_requests": num_requests, "rate": self.rate, "rate_scale": self.rate_scale, "seed": seed}
 

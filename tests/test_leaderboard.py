@@ -244,3 +244,11 @@ def test_the_page_script_draws_and_sorts_under_node(board, tmp_path):
     assert {row[0]: tuple(row[1:]) for row in got["first"][1:]} == md  # the page shows the Markdown's numbers
     means = [float(row[3].split(" ")[0]) for row in got["clicked"][1:]]
     assert means == sorted(means) and "sort=sharegpt%406%7Cttft_mean_s" in got["hash"] and "dir=asc" in got["hash"]
+
+
+def test_a_named_trace_spec_is_cut_to_the_boards_default_count():
+    """sharegpt-4k is a spec of a 30,731-request trace: without -n the board ran all of them (a board of hours)."""
+    from kvsched.experiments.leaderboard import DEFAULT_REQUESTS, BoardWorkload
+
+    assert BoardWorkload.parse("sharegpt-4k@2.5").options(None, 0)["num_requests"] == DEFAULT_REQUESTS
+    assert BoardWorkload.parse("tiered-sessions").options(None, 0)["num_requests"] is None  # its own 100 sessions

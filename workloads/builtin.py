@@ -18,6 +18,13 @@ BUILTIN_SPECS = {
 SHAREGPT_DEFAULT_RATE = 1.0  # req/s; ShareGPT requests are long (2.3k prompt, 440 output on average)
 
 
+def is_trace(name: str) -> bool:
+    """Whether a built-in name replays a trace's requests (a trace, or a named spec of one): the many-request kind."""
+    import json
+
+    return name in BUILTIN_TRACES or (name in BUILTIN_SPECS and json.loads(builtin_path(name).read_text()).get("kind") == "trace")
+
+
 def builtin_path(name: str) -> Path:
     """Where the named trace or spec is installed (inside the package, so it survives a wheel install)."""
     resource = files("kvsched.workloads").joinpath(DATA, BUILTIN_TRACES.get(name) or BUILTIN_SPECS[name])
