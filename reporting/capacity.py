@@ -54,7 +54,9 @@ def plot(doc: dict[str, Any], path: Path) -> Path:
             ax.axvline(capacity["mean"], color=f"C{i}", ls="--", lw=1)
     ax.set(xscale="log", xlabel="offered load (requests/s)", ylabel="SLO goodput (requests/s)",
            title="goodput against load; dashed: each contender's capacity (mean over seeds)")
-    ax.xaxis.set_major_formatter(plt.matplotlib.ticker.FuncFormatter(lambda x, _: f"{x:g}"))
+    plain = plt.matplotlib.ticker.FuncFormatter(lambda x, _: f"{x:g}")  # 2, not 2×10⁰
+    ax.xaxis.set_major_formatter(plain)
+    ax.xaxis.set_minor_formatter(plain)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
