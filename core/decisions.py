@@ -73,8 +73,7 @@ def held_problem(reason: object, numbers: dict) -> str | None:
 
 @dataclass(frozen=True, slots=True)
 class Preemption:
-    """A policy's answer to ``choose_preemption``: evict ``victim``, by ``mode`` (None: the default rule), and why
-    (``reason``, a line ``engine explain`` shows with the preemption)."""
+    """A policy's answer to ``choose_preemption``: evict ``victim``, by ``mode`` (None: the default rule), for ``reason``."""
 
     victim: GroupView
     mode: PreemptionMode | None = None

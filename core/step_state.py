@@ -302,9 +302,8 @@ class StepState(DecisionNotes):
         choice = self.hooks.choose_preemption(self.step, requester.view)
         if type(choice) is not Preemption or type(choice.victim) is not GroupView:
             self.refuse(f"returned {quote(choice)}, expected a Preemption of a GroupView", "choose_preemption")
-        if choice.reason is not None and (type(choice.reason) is not str or held_problem(choice.reason, {})):
-            self.refuse(f"gave the reason {quote(choice.reason)}: a Preemption's reason is a line of text (UTF-8) or None",
-                        "choose_preemption")
+        if choice.reason is not None and held_problem(choice.reason, {}):
+            self.refuse(f"gave the reason {quote(choice.reason)}: a Preemption's reason is a line of text or None", "choose_preemption")
         victim = group_of(choice.victim)
         if victim is not requester:
             if victim.block_manager is not self.bm:

@@ -33,10 +33,7 @@ def hidden_slot(cls: type, name: str):
     return slot.__get__, slot.__set__
 
 
-# What no scheduler knows: how many tokens a request will really generate (the simulator ends it there). A hook sees
-# the cap the client sent (``max_tokens``); a policy that wants a predicted length asks a named predictor
-# (policies/length_predictors.py), chosen explicitly and shown in the run's results.
-UNKNOWABLE = ("output_len",)
+UNKNOWABLE = ("output_len",)  # no scheduler knows the answer's length: a hook sees max_tokens, the cap (docs/hooks.md)
 
 
 def frozen(model: BaseModel) -> tuple:
@@ -48,9 +45,7 @@ def frozen(model: BaseModel) -> tuple:
 
 
 def true_output_len(view: GroupView) -> int | None:
-    """The workload's true output length (None where nobody knows it: a real model's run). Not on the view: the one way
-    to it is a named predictor (policies/length_predictors.py: ``oracle``, ``noisy``), so that a policy knowing the
-    future says so."""
+    """The workload's true output length (None in a real run): not on the view, reached by a named predictor only."""
     return group_of(view).request.output_len
 
 
