@@ -33,7 +33,7 @@ class Decision(IntEnum):
 
     PREFILL = 0  # (PREFILL, rid, tokens computed now, prompt tokens left after them, tokens found cached)
     SWAPPED_IN = 1  # (SWAPPED_IN, rid, blocks moved back to the GPU)
-    PREEMPTED = 2  # (PREEMPTED, rid, PreemptionMode, rid it made room for or None when the policy preempted it, the policy's reason or None)
+    PREEMPTED = 2  # (PREEMPTED, rid, PreemptionMode, rid it made room for or None (the policy preempted it), its reason or None)
     IGNORED = 3  # (IGNORED, rid, why it can never run)
     NO_BLOCKS = 4  # (NO_BLOCKS, rid, blocks needed, free GPU blocks): LATER (OK needs free - needed >= watermark)
     TOKEN_BUDGET = 5  # (TOKEN_BUDGET, rid, tokens needed, tokens left): BUDGET

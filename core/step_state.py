@@ -326,8 +326,7 @@ class StepState(DecisionNotes):
             mode = PreemptionMode.RECOMPUTE  # the CPU pool is full: recompute instead of failing
         return mode
 
-    def _preempt(self, g: SequenceGroup, mode: PreemptionMode | None, requester: SequenceGroup | None = None,
-                 reason: str | None = None) -> PreemptionMode:
+    def _preempt(self, g: SequenceGroup, mode: PreemptionMode | None, requester: SequenceGroup | None = None, reason=None) -> PreemptionMode:
         _out_of_lane(g)
         mode = self._preemption_mode(g, mode)
         self._note(None, Decision.PREEMPTED, g.request_id, mode, requester.request_id if requester is not None else None, reason)

@@ -182,8 +182,7 @@ class V1StepState(StepState):
     def _preemption_mode(self, g: SequenceGroup, mode: PreemptionMode | None) -> PreemptionMode:
         return PreemptionMode.RECOMPUTE
 
-    def _preempt(self, g: SequenceGroup, mode: PreemptionMode | None, requester: SequenceGroup | None = None,
-                 reason: str | None = None) -> PreemptionMode:
+    def _preempt(self, g: SequenceGroup, mode: PreemptionMode | None, requester: SequenceGroup | None = None, reason=None) -> PreemptionMode:
         if self.touched.get(g) == "scheduled":
             self._unschedule(g)
         self.output.block_ops.append((g.request_id, None))

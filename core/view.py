@@ -40,12 +40,10 @@ def frozen(model: BaseModel) -> tuple:
     """A read-only copy of a frozen pydantic model (a ``Request``, its ``SamplingParams``, the ``EngineConfig``) as hooks
     are handed it: a named tuple of its fields (nested models likewise; ``UNKNOWABLE`` ones left out) with its properties.
     A frozen pydantic object is still writable through ``__dict__`` or ``object.__setattr__``; a tuple is not, by any path."""
-    record = _record_type(type(model))
-    return record._make([frozen(v) if isinstance(v, BaseModel) else v for v in map(model.__dict__.get, record._fields)])
+    return _record_type(type(model))._make([frozen(v) if isinstance(v, BaseModel) else v for v in map(model.__dict__.get, _record_type(type(model))._fields)])
 
 
-def true_output_len(view: GroupView) -> int | None:
-    """The workload's true output length (None in a real run): not on the view, reached by a named predictor only."""
+def true_output_len(view: GroupView) -> int | None:  # the answer's length, not on the view: a named predictor's door
     return group_of(view).request.output_len
 
 

@@ -19,12 +19,12 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from kvsched.core.errors import quote
 from kvsched.core.request import Request
-from kvsched.core.view import frozen, hidden_slot
+from kvsched.core.view import UNKNOWABLE, frozen, hidden_slot
 
 if TYPE_CHECKING:
     from kvsched.routers.plugins import RouterError
 
-FIELDS = tuple(Request.model_fields)  # what a RequestView shows
+FIELDS = tuple(f for f in Request.model_fields if f not in UNKNOWABLE)  # what a RequestView shows: not the answer's length
 
 
 class Signals(NamedTuple):

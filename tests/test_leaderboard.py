@@ -183,7 +183,10 @@ def test_the_page_renders_the_table_and_sorts_in_headless_chromium(board, tmp_pa
         assert re.search(r'<div id="js-errors" hidden="">\s*</div>', dom), "the page caught a JavaScript error"
         assert "E2E p99" not in dom.split('id="leaderboard"')[1].split("</table>")[0]  # one metric chosen
         order[direction] = re.findall(r'<tr data-policy="([^"]+)"', dom)
-    assert sorted(order["asc"]) == ["vllm-default", "vllm-v1", "vllm-v1:policy=priority"] and order["desc"] == order["asc"][::-1]
+    doc = json.loads((board / "leaderboard.json").read_text())
+    mean = {c["policy"]: c["mean"] for c in doc["cells"] if c["metric"] == "ttft_mean_s"}
+    assert sorted(order["asc"]) == ["vllm-default", "vllm-v1", "vllm-v1:policy=priority"]
+    assert [mean[p] for p in order["asc"]] == sorted(mean.values()) and [mean[p] for p in order["desc"]] == sorted(mean.values(), reverse=True)
 
 
 def test_a_workload_names_its_rate_or_its_rate_scale():

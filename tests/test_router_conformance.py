@@ -52,15 +52,23 @@ class Moody:
 
 
 class Peeks:
-    """Declares it reads only reports, and reaches behind its views for each engine's live request count."""
+    """Declares it reads only reports, and reaches past its views (through the garbage collector) for each
+    replica's live queue: news no report carries yet."""
 
     reads_reports_only = True
 
+    def __init__(self) -> None:
+        self.replicas = None
+
     @hookimpl
     def route_request(self, request, replicas):
-        from kvsched.routers.view import _replica_of
+        import gc
 
-        return min(replicas, key=lambda view: len(_replica_of(view).engine._groups))
+        if self.replicas is None:
+            fleet = next(o for o in gc.get_objects() if type(o).__name__ == "Cluster" and o.router.name == "Peeks")
+            self.replicas = fleet.replicas
+        loads = [len(r.engine._groups) for r in self.replicas]
+        return replicas[loads.index(min(loads))]
 
 
 def test_a_router_that_raises_or_returns_nonsense_is_refused_by_name():
@@ -96,3 +104,21 @@ def test_engine_check_router_from_the_command_line(tmp_path):
                           (["check", "--router", "no-such-router"], "unknown router")):
         done = subprocess.run([ENGINE, *args], capture_output=True, text=True, timeout=120)
         assert done.returncode == 2 and message in done.stderr and len(done.stderr.strip().splitlines()) == 1, (args, done.stderr)
+
+
+def test_a_router_sees_the_cap_not_the_answer_s_length():
+    """A router's RequestView showed every field of the request, output_len too: a router knew the future."""
+    from kvsched.cluster import Cluster, FleetSpec, ReplicaGroup
+    from kvsched.core.request import Request, SamplingParams
+
+    seen = []
+
+    class Curious:
+        @hookimpl
+        def route_request(self, request, replicas):
+            seen.append((hasattr(request, "output_len"), request.sampling.max_tokens, request.prompt_len))
+            return replicas[0]
+
+    Cluster(FleetSpec(replicas=[ReplicaGroup(count=2)], router=Curious)).run(
+        [Request(request_id="a", prompt_len=9, output_len=3, sampling=SamplingParams(max_tokens=50))])
+    assert seen == [(False, 50, 9)]
