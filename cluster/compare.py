@@ -24,7 +24,8 @@ def run_fleet(router: Contender, fleet: FleetSpec, workload, slo_ttft: float | N
     from kvsched.cluster.summary import fleet_summary, fleet_table
     from kvsched.metrics.goodput import goodput_summary
 
-    cluster = Cluster(fleet.model_copy(update={"router": router.spec, "router_options": {**fleet.router_options, **router.options}}))
+    options = {**fleet.router_options, **router.options}
+    cluster = Cluster(fleet.model_copy(update={"router": router.spec, "router_options": options}))
     cluster.run(workload.iter_requests())
     table = fleet_table(cluster)
     description = workload.describe()

@@ -48,14 +48,14 @@ def parse_slo(texts: list[str]) -> dict[str, float]:
 
 
 def within(summary: dict[str, Any], slo: dict[str, float]) -> bool:
-    """Whether a run met every bound of ``slo`` and aborted nothing (an ignored request is the workload's, at any load)."""
+    """Whether a run met every bound of ``slo`` and aborted nothing (an ignored request is the workload's)."""
     row = unit_row(summary)
     return not row.get("aborted") and all(row.get(key) is not None and row[key] <= bound for key, bound in slo.items())
 
 
 @dataclass(frozen=True)
 class Load:
-    """One simulated load: its scale of the workload's rate, the requests per second it offered, and the run's result."""
+    """One simulated load: its scale of the workload's rate, the requests per second offered, and the result."""
 
     scale: float
     offered: float
@@ -115,9 +115,10 @@ def search(try_load: Callable[[float], Load], tolerance: float = 0.05) -> Search
 
 
 def run_capacity(contenders: list[str], seeds: list[int], evaluate: Callable[[str, int, float], Load], baseline: str,
-                 tolerance: float = 0.05, on_done: Callable[[], None] | None = None) -> tuple[dict[str, list[Search]], Contest]:
-    """Each contender's search on each seed (``evaluate(contender, seed, scale)`` simulates one load), and the capacities
-    as a ``Contest`` (the seeds its paired units)."""
+                 tolerance: float = 0.05,
+                 on_done: Callable[[], None] | None = None) -> tuple[dict[str, list[Search]], Contest]:
+    """Each contender's search on each seed (``evaluate(contender, seed, scale)`` simulates one load), and the
+    capacities as a ``Contest`` (the seeds its paired units)."""
     searches: dict[str, list[Search]] = {}
     for contender in contenders:
         searches[contender] = []

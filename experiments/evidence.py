@@ -81,12 +81,13 @@ def unit_row(summary: dict[str, Any]) -> dict[str, Any]:
     from kvsched.metrics.classes import class_rows
 
     row = summary_metrics(summary)
-    return {**row, "dropped_share": dropped_share(row, summary.get("num_requests")), "prefix_hit_rate": summary.get("prefix_hit_rate"),
-            **class_rows(summary)}
+    shares = {"dropped_share": dropped_share(row, summary.get("num_requests")),
+              "prefix_hit_rate": summary.get("prefix_hit_rate")}
+    return {**row, **shares, **class_rows(summary)}
 
 
 def class_metric(key: str) -> Metric:
-    """The metric of a per-class key (``slo_class=interactive|ttft_mean_s``): its base metric, labelled with the class."""
+    """The metric of a per-class key (``slo_class=interactive|ttft_mean_s``): its base metric, labelled by class."""
     name, _, base = key.rpartition("|")
     m = METRICS[base]
     return Metric(key, f"{m.label} · {name}", m.unit, m.scale, m.fmt, m.lower_is_better)
@@ -127,7 +128,8 @@ class Contest:
     def values(self, contender: str, metric: Metric) -> list[float] | None:
         """Its per-unit values, or None where a unit has no such number (a client cannot see the recompute tax)."""
         values = [row.get(metric.key) for row in self.rows[contender]]
-        if not values or not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in values):
+        number = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)  # noqa: E731
+        if not values or not all(map(number, values)):
             return None
         return [float(v) for v in values]
 
@@ -157,7 +159,8 @@ class Contest:
         """Every cell, change and rank range of ``metrics`` (for JSON)."""
         return {"baseline": self.baseline, "units": self.units, "level": self.level, "metrics": {
             m.key: {"ranks": {c: list(r) for c, r in self.ranks(m).items()},
-                    "cells": {c: (e.as_dict() | {"values": self.values(c, m)}) if (e := self.cell(c, m)) else None for c in self.rows},
+                    "cells": {c: (e.as_dict() | {"values": self.values(c, m)}) if (e := self.cell(c, m)) else None
+                              for c in self.rows},
                     "changes": {c: ch.as_dict() if (ch := self.change(c, m)) else None for c in self.rows}}
             for m in metrics}}
 
@@ -175,7 +178,8 @@ def change_text(change: Change | None, metric: Metric) -> str:
     percentage's as points, pp); the interval only over several units; ``*`` where it is significant."""
     if change is None:
         return "–"
-    if change.value == change.neutral and change.low in (None, change.neutral) and change.high in (None, change.neutral):
+    alike = (change.value, change.low, change.high)
+    if all(x in (None, change.neutral) for x in alike) and change.value == change.neutral:
         return "same"  # every run alike (a policy that never acts differently on this workload)
     if change.kind == RATIO:
         show = lambda r: _percent(100 * (r - 1))  # noqa: E731
@@ -201,7 +205,8 @@ def rank_cell(ranks: dict[str, tuple[int, int]], contender: str) -> str:
 def statistics_note(level: float = LEVEL) -> str:
     """What a table's intervals, changes and ranks are (printed under every ranked table)."""
     pct = round(100 * level)
-    return (f"Intervals are {pct}% intervals over the runs (log-transformed: they stay above zero). A change is paired, "
-            f"run by run on the same workloads and seeds, against the baseline: a ratio's geometric mean as a percentage, "
-            f"or, where a value can be 0, the mean difference; {SIGNIFICANT} marks one whose {pct}% interval excludes no "
-            f"change. A rank such as 2–4 is not resolved: the paired differences cannot place it more closely.")
+    return (f"Intervals are {pct}% intervals over the runs (log-transformed: they stay above zero). "
+            f"A change is paired, run by run on the same workloads and seeds, against the baseline: "
+            f"a ratio's geometric mean as a percentage, or, where a value can be 0, the mean difference; "
+            f"{SIGNIFICANT} marks one whose {pct}% interval excludes no change. "
+            f"A rank such as 2–4 is not resolved: the paired differences cannot place it more closely.")

@@ -28,7 +28,7 @@ def class_summary(records: Columns) -> dict[str, Any]:
     if "slo_class" not in getattr(records, "column_names", ("slo_class",)):
         return {}  # records written before the labels were kept
     done = done_mask(records)
-    latencies = {key: numbers(records, name) for key, name in (("ttft_s", "ttft"), ("tpot_s", "tpot"), ("e2e_s", "e2e"))}
+    latencies = {f"{name}_s": numbers(records, name) for name in ("ttft", "tpot", "e2e")}
     out: dict[str, Any] = {}
     for dim in DIMENSIONS:
         column = _plain(records.column(dim))
@@ -68,8 +68,9 @@ SESSION_MEANS = "a session's mean"  # the class of the per-session rows
 
 
 def class_rows(summary: dict[str, Any]) -> dict[str, float | None]:
-    """A summary's per-class numbers as a comparison's unit row reads them, keyed ``CLASS|METRIC`` (``slo_class=interactive|
-    ttft_mean_s``; over sessions, ``a session's mean|ttft_p99_s``: the p99 of the sessions' mean TTFTs)."""
+    """A summary's per-class numbers as a comparison's unit row reads them, keyed ``CLASS|METRIC``
+    (``slo_class=interactive|ttft_mean_s``; over sessions, ``a session's mean|ttft_p99_s``: the p99 of the
+    sessions' mean TTFTs)."""
     row: dict[str, float | None] = {}
     for dim, classes in (summary.get("classes") or {}).items():
         if dim == "session":
@@ -95,8 +96,10 @@ def class_table(summary: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
                          f"{_num(d['mean'])} / {_num(d['p99'])} (p50 {_num(d['p50'])})", "–", "–"])
             continue
         for name, c in values.items():
-            rows.append([f"{dim} {name}", f"{c['requests']:,} ({c['finished']:,})", f"{_num(c['ttft_s']['mean'])} / {_num(c['ttft_s']['p99'])}",
-                         _num(c["tpot_s"]["mean"], 1000), f"{_num(c['e2e_s']['p50'])} / {_num(c['e2e_s']['p99'])}"])
+            ttft, e2e = c["ttft_s"], c["e2e_s"]
+            counts = f"{c['requests']:,} ({c['finished']:,})"
+            rows.append([f"{dim} {name}", counts, f"{_num(ttft['mean'])} / {_num(ttft['p99'])}",
+                         _num(c["tpot_s"]["mean"], 1000), f"{_num(e2e['p50'])} / {_num(e2e['p99'])}"])
     return head, rows
 
 

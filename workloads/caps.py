@@ -35,7 +35,7 @@ class _Cap(BaseModel):
 
 class FixedCap(_Cap):
     kind: Literal["fixed"] = "fixed"
-    tokens: int | None = Field(None, ge=1, le=MAX_TOKENS, description="the cap of every request; default: the workload's longest output")
+    tokens: int | None = Field(None, ge=1, le=MAX_TOKENS, description="the cap; default: the longest output")
 
 
 class DrawnCap(_Cap):
