@@ -24,7 +24,9 @@ from hypothesis import strategies as st
 
 from kvsched.core.errors import PolicyError, shorten
 from kvsched.core.request import Request, SamplingParams
-from kvsched.testing.checks import FAIL, NOT_CLAIMED, PASS, UNDECIDED, CheckResult, check_settings, counterexample, shrink_budget
+from kvsched.testing.checks import (
+    FAIL, NOT_CLAIMED, PASS, UNDECIDED, CheckResult, check_settings, counterexample, shrink_budget,
+)
 from kvsched.testing.invariants import InvariantViolation
 
 ROUTES_EVERY_REQUEST = "routes-every-request"
@@ -37,7 +39,8 @@ ROUTER_CHECKS = {
     DETERMINISTIC: "the same fleet and requests are routed the same way by a new instance of the router",
     RESPECTS_STALENESS: "a router that reads only reports routes the same ahead of the replicas as at each arrival",
 }
-SETTINGS = {"num_gpu_blocks": 64, "block_size": 16, "max_num_batched_tokens": 1024, "max_model_len": 1024, "audit_every_step": True}
+SETTINGS = {"num_gpu_blocks": 64, "block_size": 16, "max_num_batched_tokens": 1024, "max_model_len": 1024,
+            "audit_every_step": True}
 
 
 def fleet_scenarios() -> st.SearchStrategy[dict[str, Any]]:
@@ -54,7 +57,8 @@ def requests(scenario: dict[str, Any]) -> list[Request]:
     t, made = 0.0, []
     for i, (prompt, output, gap, family, extra) in enumerate(scenario["requests"]):
         t += gap
-        tokens = tuple(range(family * 10_000, family * 10_000 + prompt)) + tuple(range(9_000_000 + 100 * i, 9_000_000 + 100 * i + extra))
+        own = 9_000_000 + 100 * i
+        tokens = tuple(range(family * 10_000, family * 10_000 + prompt)) + tuple(range(own, own + extra))
         made.append(Request(request_id=f"r{i}", prompt_token_ids=tokens, output_len=output, arrival_time=round(t, 6),
                             sampling=SamplingParams(max_tokens=64), session_id=f"s{family}"))
     return made
@@ -64,7 +68,8 @@ def _fleet(router: Any, options: dict | None, scenario: dict[str, Any], lookahea
     """The scenario's fleet behind ``router``, run: the cluster (a ``PolicyError`` if the router misbehaved)."""
     from kvsched.cluster import Cluster, FleetSpec, ReplicaGroup
 
-    group = ReplicaGroup(count=scenario["replicas"], policy="vllm-v1", settings={**SETTINGS, "enable_prefix_caching": scenario["caching"]})
+    settings = {**SETTINGS, "enable_prefix_caching": scenario["caching"]}
+    group = ReplicaGroup(count=scenario["replicas"], policy="vllm-v1", settings=settings)
     spec = FleetSpec(replicas=[group], router=router, router_options=options or {}, staleness_s=scenario["staleness"])
     cluster = Cluster(spec, lookahead=lookahead)
     cluster.run(requests(scenario))
@@ -96,7 +101,8 @@ def _run(check: str, test, examples: int, derandomize: bool) -> CheckResult:
     return CheckResult(check, PASS)
 
 
-def run_router_checks(router: Any, options: dict | None = None, examples: int = 20, derandomize: bool = True) -> list[CheckResult]:
+def run_router_checks(router: Any, options: dict | None = None, examples: int = 20,
+                      derandomize: bool = True) -> list[CheckResult]:
     """Every router check on ``router`` (an installed name, ``file.py:Class`` or a router object), one result each."""
     from kvsched.testing.cluster import check_cluster
 
@@ -112,28 +118,31 @@ def run_router_checks(router: Any, options: dict | None = None, examples: int = 
     def deterministic(scenario):
         first, again = _routed(router, options, scenario), _routed(router, options, scenario)
         if first != again:
-            at = next(i for i, (a, b) in enumerate(zip(first, again)) if a != b) if len(first) == len(again) else min(len(first), len(again))
+            at = next((i for i, (a, b) in enumerate(zip(first, again)) if a != b), min(len(first), len(again)))
             raise InvariantViolation(DETERMINISTIC, f"routed differently the second time, from route {at}: "
                                      f"{first[at:at + 1]} then {again[at:at + 1]}")
 
     def respects_staleness(scenario):
         ahead, at_arrival = _routed(router, options, scenario), _routed(router, options, scenario, lookahead=False)
         if ahead != at_arrival:
-            raise InvariantViolation(RESPECTS_STALENESS, f"routed ahead of the replicas it chose otherwise than at each arrival "
-                                     f"(staleness {scenario['staleness']} s): it reads something fresher than the reports it declares")
+            raise InvariantViolation(RESPECTS_STALENESS, "routed ahead of the replicas it chose otherwise than at each "
+                                     f"arrival (staleness {scenario['staleness']} s): it reads something fresher "
+                                     "than the reports it declares")
 
     results = [_run(ROUTES_EVERY_REQUEST, routes_every_request, examples, derandomize)]
     if results[0].failed:  # a router the cluster refuses cannot be judged on the rest
-        return results + [CheckResult(name, UNDECIDED, f"{ROUTES_EVERY_REQUEST} failed first") for name in (DETERMINISTIC, RESPECTS_STALENESS)]
+        first = f"{ROUTES_EVERY_REQUEST} failed first"
+        return results + [CheckResult(name, UNDECIDED, first) for name in (DETERMINISTIC, RESPECTS_STALENESS)]
     results.append(_run(DETERMINISTIC, deterministic, examples, derandomize))
     if _reads_reports_only(router, options):
         results.append(_run(RESPECTS_STALENESS, respects_staleness, examples, derandomize))
     else:
-        results.append(CheckResult(RESPECTS_STALENESS, NOT_CLAIMED, "it reads fresh signals by design (no reads_reports_only)"))
+        results.append(CheckResult(RESPECTS_STALENESS, NOT_CLAIMED, "it reads fresh signals (no reads_reports_only)"))
     return results
 
 
 def _reads_reports_only(router: Any, options: dict | None) -> bool:
     from kvsched.cluster import Cluster, FleetSpec, ReplicaGroup
 
-    return Cluster(FleetSpec(replicas=[ReplicaGroup()], router=router, router_options=options or {})).router.reads_reports_only
+    spec = FleetSpec(replicas=[ReplicaGroup()], router=router, router_options=options or {})
+    return Cluster(spec).router.reads_reports_only
