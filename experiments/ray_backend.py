@@ -16,6 +16,8 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
+from kvsched.experiments.worker_errors import WorkerDied
+
 LOCAL = "local"  # the address that means "start a Ray of our own on this machine"
 
 # Waits a node we start gives its own processes, longer than Ray's defaults, for a loaded machine
@@ -77,8 +79,10 @@ def run_points_on_ray(spec, points: list, run_point: Callable, address: str | No
             for ref in done:
                 try:
                     row = ray.get(ref)
-                except ray.exceptions.RayTaskError as exc:  # the point's own error, as the process pool raises it
+                except ray.exceptions.RayTaskError as exc:  # the point's own error (run_point's portable one)
                     raise exc.cause if isinstance(exc.cause, BaseException) else exc from None
+                except ray.exceptions.RayError:  # its worker died (os._exit, a crash, no memory): no error of its own
+                    raise WorkerDied([points[refs[ref]].label]) from None
                 rows[refs[ref]] = row
                 if on_done:
                     on_done(row)

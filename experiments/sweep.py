@@ -14,11 +14,13 @@ import math
 import os
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from typing import Any
 
 from kvsched.core.config import EngineConfig
 from kvsched.experiments.settings import check_names
+from kvsched.experiments.worker_errors import WorkerDied, portable
 from kvsched.metrics.warnings import warning_text
 
 METRICS = (
@@ -95,7 +97,20 @@ class SweepSpec:
 
 
 def run_point(spec: SweepSpec, point: Point) -> dict[str, Any]:
-    """One configuration → one table row (settings, metrics, wall time)."""
+    """One configuration → one table row (settings, metrics, wall time); what it raises is ``portable``:
+    the same line in the command's process, whichever worker ran it."""
+    try:
+        return _row(spec, point)
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:
+        error = portable(exc, point.policy)
+        if error is exc:
+            raise
+        raise error from exc
+
+
+def _row(spec: SweepSpec, point: Point) -> dict[str, Any]:
     from kvsched.experiments.simulation import SimJob
     from kvsched.workloads import build_workload
 
@@ -145,8 +160,13 @@ def run_sweep(spec: SweepSpec, points: list[Point], workers: int | None = None,
 
         with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
             futures = {pool.submit(run_point, spec, p): i for i, p in enumerate(points)}
-            for fut in as_completed(futures):
-                rows[futures[fut]] = fut.result()
-                if on_done:
-                    on_done(rows[futures[fut]])
+            try:
+                for fut in as_completed(futures):
+                    rows[futures[fut]] = fut.result()
+                    if on_done:
+                        on_done(rows[futures[fut]])
+            except BrokenProcessPool:
+                running = [points[i].label for f, i in futures.items() if not f.done() or f.exception() is not None]
+                raise WorkerDied(running) from None
     return [rows[i] for i in range(len(points))]
+

@@ -1,7 +1,13 @@
-"""Sweeps: grid parsing, parallel = sequential results, the table and the trade-off plot."""
+"""Sweeps: grid parsing, parallel = sequential results, the table and the trade-off plot, a worker's failure."""
+
+import re
+import subprocess
+import sys
+from pathlib import Path
 
 import pandas as pd
 import pytest
+from worker_policies import FAILING
 
 from kvsched.experiments.sweep import Point, SweepSpec, grid_points, parse_grid, run_sweep
 from kvsched.reporting.files import write_sweep
@@ -46,3 +52,41 @@ def test_invalid_configuration_fails_before_running(tiny_trace):
     spec = SweepSpec({"trace": tiny_trace})
     with pytest.raises(ValueError, match="max_num_seqs"):
         run_sweep(spec, grid_points(["vllm-default"], parse_grid(["max_num_batched_tokens=16", "max_num_seqs=64"])), workers=2)
+
+
+WORKER_POLICIES = Path(__file__).with_name("worker_policies.py")
+ENGINE = str(Path(sys.executable).with_name("engine"))
+
+
+def _error_line(*args) -> tuple[int, str]:
+    done = subprocess.run([ENGINE, *map(str, args)], capture_output=True, text=True, timeout=300)
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) <= 1, done.stderr
+    return done.returncode, re.sub(r" at 0x[0-9a-f]+", "", lines[0] if lines else "")
+
+
+@pytest.mark.parametrize("name", FAILING)
+def test_a_policy_failing_in_a_worker_fails_the_sweep_with_the_line_a_single_run_gives(name, tiny_trace, tmp_path):
+    """Exceptions a worker cannot send back as they are (a PolicyError, an unpicklable or unprintable value, a
+    SystemExit) once broke the pool ("unexpected BrokenProcessPool", exit 1) or ended the sweep with exit 0."""
+    policy = f"{WORKER_POLICIES}:{name}"
+    code, line = _error_line("sweep", "-p", policy, "-p", "fcfs", "-j", "2", "--trace", tiny_trace, "-q", "-o", tmp_path / "out")
+    single_code, single = _error_line("run", "-p", policy, "--trace", tiny_trace, "-q")
+    if name == "ExitsZero":  # a single run ends as the policy says (the engine re-raises SystemExit as it is)
+        assert single_code == 0 and single == ""
+        single_code, single = 2, "error: policy 'worker-exits-zero' in select_batch: raised SystemExit: 0 (at "
+    assert code == single_code == 2 and line.startswith(single) and "policy 'worker-" in line, (line, single)
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_worker_that_ends_its_process_names_the_points_it_may_have_run(tiny_trace, tmp_path):
+    code, line = _error_line("sweep", "-p", f"{WORKER_POLICIES}:EndsItsProcess", "-j", "2", "--set", "max_num_seqs=4,8",
+                             "--trace", tiny_trace, "-q", "-o", tmp_path / "out")
+    assert code == 2 and "a worker ended without finishing its point" in line and "EndsItsProcess max_num_seqs=" in line, line
+
+
+def test_a_policy_exiting_zero_fails_the_leaderboard_and_writes_no_board(tmp_path):
+    code, line = _error_line("leaderboard", "-p", f"{WORKER_POLICIES}:ExitsZero", "-p", "fcfs", "-w", "sharegpt@6", "-n", "20",
+                             "--seeds", "1", "-j", "2", "-q", "-o", tmp_path / "board")
+    assert code == 2 and "policy 'worker-exits-zero' in select_batch: raised SystemExit: 0 (at " in line, line
+    assert not (tmp_path / "board").exists()

@@ -8,14 +8,16 @@ own wall time, which differs between any two runs.
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
-
 from pathlib import Path
 
 import pandas as pd
 import pytest
+from worker_policies import FAILING
 
+from kvsched.core.errors import KvschedError
 from kvsched.experiments.sweep import SweepSpec, grid_points, parse_grid, run_sweep
 
 ENGINE = str(Path(sys.executable).with_name("engine"))
@@ -106,3 +108,17 @@ def test_a_points_error_comes_back_as_the_pools_does(ray_session, tiny_trace):
         run_sweep(spec, points, workers=2)
     with pytest.raises(type(in_pool.value), match="no-such-profile"):
         run_sweep(spec, points, workers=2, ray_address="auto")
+
+
+@pytestmark_ray
+@pytest.mark.parametrize("name", FAILING)
+def test_a_policy_failing_in_a_ray_task_fails_as_in_one_process(ray_session, tiny_trace, name):
+    """Ray once answered these with "unexpected UnserializableException" (or the policy's exit status)."""
+    spec = SweepSpec({"trace": tiny_trace})
+    points = grid_points([f"{Path(__file__).with_name('worker_policies.py')}:{name}"], {})
+    with pytest.raises(KvschedError) as here:
+        run_sweep(spec, points, workers=1)
+    with pytest.raises(KvschedError) as on_ray:
+        run_sweep(spec, points, workers=2, ray_address="auto")
+    strip = lambda exc: re.sub(r" at 0x[0-9a-f]+", "", str(exc.value))  # noqa: E731 (a lambda's address differs)
+    assert strip(on_ray) == strip(here) and strip(here).startswith("policy 'worker-"), (str(on_ray.value), str(here.value))
