@@ -140,21 +140,27 @@ def run_board(board: Board, num_requests: int | None, profile: str, workers: int
     return board
 
 
-def measure(board: Board, url: str, num_requests: int | None, label: str | None, model: str | None = None,
-            api_key: str = "EMPTY", on_done: Callable[[Any], None] | None = None) -> None:
-    """Replay each workload (its first seed) once against the served engine at ``url``, as ``engine bench``
-    does, and keep its metrics beside the simulated cells."""
-    from kvsched.experiments.bench import measured, replay, served_model
+def measure(board: Board, url: str, num_requests: int | None, label: str | None, model: str,
+            api_key: str = "EMPTY", on_done: Callable[[Any], None] | None = None, *, timeout: float,
+            warn: Callable[[str], None] | None = None) -> None:
+    """Replay each workload (its first seed) once against the served engine at ``url`` (serving ``model``), as
+    ``engine bench`` does, and keep its metrics beside the simulated cells; ``warn`` hears of a workload
+    that does not fit the server's context (``max_model_len``, None if the server does not say) before its replay."""
+    from kvsched.experiments.bench import measured, misfits, replay, served
     from kvsched.experiments.sweep import summary_metrics
     from kvsched.workloads import build_workload
 
-    model = model or served_model(url, api_key)
+    context = served(url, api_key, model, timeout=timeout).max_model_len
     for w in board.workloads:
         load = build_workload(**w.options(num_requests, board.seeds[w.text][0]))
-        _, summary = measured(url, model, load, replay(url, model, load.requests(), api_key, on_done), label)
+        requests = load.requests()
+        note = misfits(requests, context)
+        if note and warn is not None:
+            warn(f"{w.text}: {note}")
+        _, summary = measured(url, model, load, replay(url, model, requests, api_key, on_done, timeout=timeout), label)
         board.measured[w.text] = {"label": label or url, "url": url, "model": model, "seed": board.seeds[w.text][0],
                                   "metrics": summary_metrics(summary), "finished": summary["finished"],
-                                  "aborted": summary["aborted"]}
+                                  "aborted": summary["aborted"], "ignored": summary["ignored"]}
 
 
 def versions() -> dict[str, str]:

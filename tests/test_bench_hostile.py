@@ -7,9 +7,11 @@ from __future__ import annotations
 import csv
 import itertools
 import json
+import re
 import subprocess
 import sys
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -25,6 +27,8 @@ class Liar(BaseHTTPRequestHandler):
 
     counts = itertools.cycle([None])
     reasons = itertools.cycle(["length"])
+    acts = itertools.cycle(["answer"])  # or "hang" (headers, then nothing), "empty" (usage only), "refuse" (HTTP 400)
+    context: int | None = None  # the max_model_len /v1/models lists, as vLLM does
     lock = threading.Lock()
     prompts: list[tuple[int, ...]] = []  # every prompt received
 
@@ -42,23 +46,35 @@ class Liar(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         if self.path != "/v1/models":
             return self.send_error(404)
-        self._json({"object": "list", "data": [{"id": MODEL, "object": "model", "created": 0, "owned_by": "test"}]})
+        listed = {"id": MODEL, "object": "model", "created": 0, "owned_by": "test"}
+        self._json({"object": "list", "data": [{**listed, "max_model_len": Liar.context} if Liar.context else listed]})
 
     def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         if self.path != "/v1/completions":
             return self.send_error(404)
         with Liar.lock:
-            usage, finish = next(Liar.counts), next(Liar.reasons)
+            usage, finish, act = next(Liar.counts), next(Liar.reasons), next(Liar.acts)
             Liar.prompts.append(tuple(body["prompt"]))
+        if act == "refuse":
+            data = json.dumps({"error": {"message": "This model's maximum context length is 32 tokens", "type": "BadRequestError",
+                                         "code": 400}}).encode()
+            self.send_response(400)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            return self.wfile.write(data)
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.end_headers()
-        n = body["max_tokens"]
+        self.wfile.flush()
+        if act == "hang":
+            return time.sleep(30)
+        n = 0 if act == "empty" else body["max_tokens"]  # vLLM's stream of a request its scheduler ignored
         for i in range(n):
             choice = {"index": 0, "text": " x", "logprobs": None, "finish_reason": finish if i == n - 1 else None}
             self._event({"id": "c", "object": "text_completion", "created": 0, "model": MODEL, "choices": [choice]})
-        tokens = n if usage is None else usage
+        tokens = n if usage is None or act == "empty" else usage
         self._event({"id": "c", "object": "text_completion", "created": 0, "model": MODEL, "choices": [],
                      "usage": {"prompt_tokens": 1, "completion_tokens": tokens, "total_tokens": 1}})
         self.wfile.write(b"data: [DONE]\n\n")
@@ -70,6 +86,7 @@ class Liar(BaseHTTPRequestHandler):
 
 @pytest.fixture
 def liar():
+    Liar.counts, Liar.reasons, Liar.acts, Liar.context = itertools.cycle([None]), itertools.cycle(["length"]), itertools.cycle(["answer"]), None
     server = ThreadingHTTPServer(("127.0.0.1", 0), Liar)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
@@ -87,10 +104,11 @@ def workload(tmp_path):
     return spec
 
 
-def bench(url: str, workload: Path, out: Path) -> tuple[dict, list[dict]]:
-    done = subprocess.run([str(ENGINE), "bench", "--url", url, "--workload", str(workload), "--output", str(out), "-q"],
+def bench(url: str, workload: Path, out: Path, *options: str, stderr: str = "") -> tuple[dict, list[dict]]:
+    """engine bench's summary and records; ``stderr`` is what it must print there (a regular expression)."""
+    done = subprocess.run([str(ENGINE), "bench", "--url", url, "--workload", str(workload), "--output", str(out), "-q", *options],
                           capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr
+    assert done.returncode == 0 and re.fullmatch(stderr, done.stderr, re.S), done.stderr
     with open(out / "requests.csv") as f:
         return json.loads((out / "summary.json").read_text()), list(csv.DictReader(f))
 
@@ -151,3 +169,33 @@ def test_ids_no_server_takes_are_folded_into_the_span_equal_ids_alike():
 
     sent = prompt_of(Request(request_id="x", prompt_token_ids=(-1, 2**63 - 1, 5, -1, 31000)))
     assert sent[2] == 5 and sent[0] == sent[3] and all(VOCAB_START <= t < VOCAB_START + VOCAB_SPAN for t in sent[:2] + sent[3:])
+
+
+def test_a_server_that_sends_headers_and_then_nothing_fails_each_request_after_the_timeout(liar, workload, tmp_path):
+    """The client once waited an hour for each such request."""
+    Liar.acts = itertools.cycle(["hang", "answer"])
+    start = time.monotonic()
+    summary, rows = bench(liar, workload, tmp_path / "out", "--timeout", "1")
+    assert time.monotonic() - start < 60
+    hung = [r["detail"] for r in rows if r["status"] == "FINISHED_ABORTED"]
+    assert summary["finished"] == 3 and hung == ["the server sent nothing for 1 s (--timeout)"] * 3, rows
+
+
+def test_a_request_the_server_refuses_or_ends_unrun_is_recorded_as_ignored_with_the_servers_reason(liar, workload, tmp_path):
+    """vLLM drops every chunk of a request that ends without a token, its finish reason too: such requests were
+    recorded as aborted, with "the stream ended with finish reason None"; and nothing said before the replay that
+    the workload passes the server's context."""
+    from kvsched.workloads import build_workload
+
+    Liar.acts, Liar.context = itertools.cycle(["refuse", "empty", "answer"]), 16
+    over = sum(r.prompt_len + r.output_len > 16 for r in build_workload(str(workload)).requests())
+    assert 0 < over < 6
+    summary, rows = bench(liar, workload, tmp_path / "out", stderr=rf"warning: {over} of 6 requests need more than the "
+                          r"server's context of 16 tokens \(prompt \+ output; req-\d+: \d+ \+ \d+\): the server will refuse them\n")
+    assert summary["finished"] == 2 and summary["ignored"] == 4 and summary["aborted"] == 0
+    refused = [r["detail"] for r in rows if r["status"] == "FINISHED_IGNORED" and "HTTP" in r["detail"]]
+    assert refused == ["refused by the server (HTTP 400): This model's maximum context length is 32 tokens"] * 2
+    unrun = [r for r in rows if r["status"] == "FINISHED_IGNORED" and "HTTP" not in r["detail"]]
+    assert [r["detail"].startswith("the server ended it without a token or a finish reason") for r in unrun] == [True, True]
+    assert all(r["finish_reason"] == "length" and r["output_tokens"] == "0" and r["finish_time"] for r in unrun)
+    assert any(w["reason"].startswith("ignored: refused by the server (HTTP 400)") for w in summary["warnings"])

@@ -149,6 +149,7 @@ def test_bad_input_is_one_line_and_exit_2_before_any_run(tmp_path):
 
 def test_real_adds_a_measured_row_from_a_served_engine(tmp_path):
     Liar.counts, Liar.reasons = iter(lambda: None, 0), iter(lambda: "length", 0)  # honest: every token it streams
+    Liar.acts, Liar.context = iter(lambda: "answer", 0), None
     server = ThreadingHTTPServer(("127.0.0.1", 0), Liar)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     spec = tmp_path / "six.json"
@@ -167,6 +168,22 @@ def test_real_adds_a_measured_row_from_a_served_engine(tmp_path):
     assert measured["label"] == "served-v1" and measured["finished"] == 6 and measured["metrics"]["ttft_mean_s"] > 0
     assert measured["metrics"]["recompute_tax"] is None  # a client cannot see inside the engine
     assert "| served-v1 (measured) | – |" in (tmp_path / "out" / "leaderboard.md").read_text()
+
+
+def test_real_against_a_server_that_sends_headers_and_then_nothing_ends_after_the_timeout(tmp_path):
+    """The client once waited an hour for each request."""
+    Liar.counts, Liar.reasons, Liar.acts, Liar.context = iter(lambda: None, 0), iter(lambda: "length", 0), iter(lambda: "hang", 0), None
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Liar)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        done = engine("leaderboard", "-q", "-p", "fcfs", "-w", "sharegpt@6", "-n", "3", "--seeds", "1", "-j", "1", "-o", tmp_path / "out",
+                      "--real", f"http://127.0.0.1:{server.server_address[1]}", "--timeout", "1", timeout=120)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert done.returncode == 0, done.stderr
+    (measured,) = json.loads((tmp_path / "out" / "leaderboard.json").read_text())["measured"]
+    assert measured["finished"] == 0 and measured["aborted"] == 3
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="Chromium is not installed (Debian: apt-get install chromium)")

@@ -3,6 +3,7 @@ kvsched policy, driven by the official ``openai`` client over real HTTP."""
 
 from __future__ import annotations
 
+import csv
 import http.client
 import json
 import os
@@ -275,3 +276,35 @@ def test_the_documented_command_serves_a_policy_file_and_neither_client_nor_poli
     assert any(chunk.choices and chunk.choices[0].finish_reason == "length" for chunk in streamed)
     healthy_and_idle(base)
     assert contained(base, "schedule") == 1 and "kvsched's mirror is given up" in log.read_text()
+
+
+@pytest.fixture(scope="module")
+def whole_prompt_server(tmp_path_factory):
+    """priority-vip admits whole prompts (no chunking): one longer than a step's 256 tokens can never run."""
+    command = [str(ENGINE), "serve", "--policy", "priority-vip", "--port", str(free_port()),
+               "--", "--max-num-seqs", "4", "--max-model-len", "512", "--max-num-batched-tokens", "256"]
+    base, proc = start(command, tmp_path_factory.mktemp("whole") / "server.log")
+    yield base
+    stop(proc)
+
+
+def test_engine_bench_records_what_the_server_refused_or_could_not_run_and_says_so_first(whole_prompt_server, tmp_path):
+    """The regression of issue 36: requests the server's scheduler ignored came back as aborted, prompt and
+    times lost, "the stream ended with finish reason None"; a workload past the server's context went unsaid."""
+    trace = tmp_path / "lengths.csv"
+    trace.write_text("arrival_time_s,prompt_tokens,output_tokens\n0.0,100,4\n0.1,300,4\n0.2,600,4\n0.3,50,4\n")
+    out = tmp_path / "bench"
+    done = subprocess.run([str(ENGINE), "bench", "--url", whole_prompt_server, "--trace", str(trace), "--output", str(out), "-q"],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == ("warning: 1 of 4 requests need more than the server's context of 512 tokens "
+                           "(prompt + output; req-2: 600 + 4): the server will refuse them\n")
+    with open(out / "requests.csv") as f:
+        rows = {r["request_id"]: r for r in csv.DictReader(f)}
+    assert [rows[r]["status"] for r in ("req-0", "req-3")] == ["FINISHED_LENGTH_CAPPED"] * 2
+    assert rows["req-1"]["status"] == "FINISHED_IGNORED" and rows["req-1"]["prompt_tokens"] == "300"
+    assert rows["req-1"]["detail"].startswith("the server ended it without a token or a finish reason") and rows["req-1"]["finish_time"]
+    assert rows["req-2"]["status"] == "FINISHED_IGNORED"
+    assert rows["req-2"]["detail"].startswith("refused by the server (HTTP 400): ") and "512" in rows["req-2"]["detail"]
+    summary = json.loads((out / "summary.json").read_text())
+    assert (summary["finished"], summary["ignored"], summary["aborted"]) == (2, 2, 0)
