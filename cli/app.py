@@ -19,7 +19,7 @@ from kvsched.cli.leaderboard import leaderboard
 from kvsched.cli.serve import serve
 from kvsched.cli.common import (
     DebugOpt, NumOpt, OutputOpt, PolicyOpt, PolicyOptions, ProfileOpt, QuietOpt, RateOpt, SeedOpt, SetOpt, cli_errors, console,
-    error_line, fail, input_files,
+    error_line, fail, input_files, refuse_unread,
 )
 
 app = typer.Typer(
@@ -48,13 +48,17 @@ def main_callback(
     """Without a sub-command: run POLICY on the embedded default workload (simulated), as `engine run` does."""
     if debug:
         os.environ["KVSCHED_DEBUG"] = "1"
-    if ctx.invoked_subcommand is None:
+    if ctx.invoked_subcommand is not None:  # they run `engine` alone: before a command, they would be ignored
+        refuse_unread(ctx, {p.name for p in ctx.command.params} - {"debug"},
+                      f"before the command: give it after it (engine {ctx.invoked_subcommand} ...)")
+    else:
         sim.run_command(policy, policy_opt, set_, seed, num_requests, rate, output, profile, quiet)
 
 
 @app.command()
 @cli_errors
 def run(
+    ctx: typer.Context,
     policy: PolicyOpt = "vllm-default",
     policy_opt: PolicyOptions = None,
     set_: SetOpt = None,
@@ -90,27 +94,49 @@ def run(
     transfer_gbps: fleet.BandwidthOpt = None,
 ) -> None:
     """Run a policy on a workload with every option (simulated executor, or a real model with --executor hf; a fleet with --replicas)."""
+    if executor not in ("sim", "hf"):
+        fail(f"unknown executor {executor!r}: use sim or hf")
     if fleet.wanted(replicas, prefill_replicas, decode_replicas, fleet_spec):
         from kvsched.workloads import build_workload
 
+        if executor != "sim":
+            fail("--executor hf runs one real engine; a fleet is simulated (drop --executor, or --replicas and --fleet)")
+        refuse_unread(ctx, HF_OPTIONS, "to a fleet: it is simulated (--executor hf runs one real engine)")
+        refuse_unread(ctx, ONE_ENGINE_OUTPUTS, "to a fleet: its results (summary.json, requests.csv, routes.csv) have no "
+                                               "SLO goodput, plots, decision log or Chrome trace yet")
+        if fleet_spec is not None:
+            refuse_unread(ctx, FLEET_SPEC_FIELDS, "with --fleet: the spec's replica groups give each replica's policy, "
+                                                  "options, settings and profile")
         spec = fleet.fleet_spec(policy, policy_opt, set_, profile, replicas, router, router_opt, staleness,
                                 prefill_replicas, decode_replicas, fleet_spec, transfer_gbps)
-        if trace_out is not None:
-            fail("--trace-out writes one engine's Chrome trace; a fleet's requests, replicas and routes are in --output")
         built = build_workload(workload, trace, num_requests=num_requests, rate=rate, rate_scale=rate_scale,
                                start_offset=start_offset, arrival=arrival, cv=cv, seed=seed)
         inputs = {**input_files(workload, trace, profile, [policy], built), "--fleet": fleet_spec}
         fleet.run_command(spec, built, output, quiet, inputs, plot=plot)
         return
-    if router is not None or staleness is not None:
-        fail("--router and --staleness route a fleet: give --replicas N (or --prefill-replicas and --decode-replicas)")
-    if executor != "sim":
-        if executor != "hf":
-            fail(f"unknown executor {executor!r}: use sim or hf")
+    refuse_unread(ctx, FLEET_OPTIONS, "to one engine: it routes or shapes a fleet (give --replicas N, --prefill-replicas "
+                                      "with --decode-replicas, or --fleet)")
+    if executor == "hf":
+        refuse_unread(ctx, SIM_OPTIONS, "to a real model (--executor hf): it runs --prompt (or its built-in prompts), "
+                                        "not a simulated workload")
+        if prompt:
+            refuse_unread(ctx, {"num_requests"}, "with --prompt: the prompts given are the requests")
         hf.run_command(policy, policy_opt, set_, seed, num_requests, rate, output, quiet, model, prompt, max_tokens, temperature)
         return
+    refuse_unread(ctx, HF_OPTIONS, "to a simulation: it is for a real model (give --executor hf)")
     sim.run_command(policy, policy_opt, set_, seed, num_requests, rate, output, profile, quiet,
                     workload, trace, rate_scale, start_offset, arrival, cv, slo_ttft, slo_tpot, plot, decision_log, trace_out)
+
+
+# The options of `engine run` that only some of its modes read, by parameter name: given where they are not read,
+# they are refused (one line, exit 2) rather than taken and ignored. tests/test_cli_options.py enumerates them all.
+HF_OPTIONS = frozenset({"model", "prompt", "max_tokens", "temperature"})
+SIM_OPTIONS = frozenset({"profile", "workload", "trace", "rate_scale", "start_offset", "arrival", "cv", "slo_ttft", "slo_tpot",
+                         "plot", "decision_log", "trace_out"})
+FLEET_OPTIONS = frozenset({"replicas", "router", "router_opt", "staleness", "prefill_replicas", "decode_replicas", "fleet_spec",
+                           "transfer_gbps"})
+ONE_ENGINE_OUTPUTS = frozenset({"slo_ttft", "slo_tpot", "plot", "decision_log", "trace_out"})  # a fleet's summary has none of them yet
+FLEET_SPEC_FIELDS = frozenset({"policy", "policy_opt", "set_", "profile"})
 
 
 @app.command()

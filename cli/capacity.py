@@ -42,8 +42,10 @@ def capacity(
 ) -> None:
     """The highest request rate each policy (or router) sustains within the SLO: bisection over the rate on each seed,
     each one's capacity with its interval, its paired change against the baseline, rank ranges."""
-    from kvsched.cli.common import build_config, check_finite, console, err_console, fail, print_ranked, progress_bar
-    from kvsched.cli.policies import baseline_label, fleet_of, given_options, option_name, policy_contenders, router_contenders
+    from kvsched.cli.common import (
+        build_config, check_finite, console, err_console, fail, given_options, print_ranked, progress_bar,
+    )
+    from kvsched.cli.policies import baseline_label, fleet_of, option_name, policy_contenders, router_contenders
     from kvsched.experiments.capacity import goodput_bounds, parse_slo, run_capacity
     from kvsched.experiments.compare import seed_workloads
     from kvsched.experiments.leaderboard import command_line

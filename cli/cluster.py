@@ -38,7 +38,10 @@ def fleet_spec(policy, policy_opt, overrides, profile, replicas, router, router_
     if fleet is not None:
         if replicas is not None or prefill is not None or decode is not None:
             fail("--fleet describes the replicas: drop --replicas, --prefill-replicas and --decode-replicas")
-        return load_fleet(fleet, router=router, router_options=router_options, staleness_s=staleness, transfer=transfer)
+        spec = load_fleet(fleet, router=router, router_options=router_options, staleness_s=staleness, transfer=transfer)
+        if bandwidth is not None and not spec.disaggregated:
+            fail(f"--transfer-gbps is the P/D KV transfer: the replica groups of {fleet} are co-located (no prefill and decode pools)")
+        return spec
     if (prefill is None) != (decode is None):
         fail("P/D disaggregation needs both --prefill-replicas and --decode-replicas")
     if prefill is not None and replicas is not None:

@@ -8,7 +8,7 @@ import os
 import re
 import time
 import traceback
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any, Optional
@@ -55,6 +55,23 @@ DebugOpt = Annotated[bool, flag("--debug", envvar="KVSCHED_DEBUG", help="show th
 def fail(message: str, code: int = 2) -> None:
     error_line(message)
     raise typer.Exit(code)
+
+
+def given_options(ctx: typer.Context) -> set[str]:
+    """The parameters given on ``ctx``'s command line: not left at their defaults, nor taken from the environment
+    (``OPENAI_API_KEY`` is the user's setting, not a choice made for this command)."""
+    sources = {name: ctx.get_parameter_source(name) for name in ctx.params}  # typer's own click: compared by name
+    return {name for name, source in sources.items() if source is not None and source.name == "COMMANDLINE"}
+
+
+def refuse_unread(ctx: typer.Context, names: Collection[str], mode: str) -> None:
+    """Refuse the first option of ``names`` (parameter names) given on ``ctx``'s command line: ``mode``
+    (``to a fleet: ...``, read after "does not apply") does not read it, and an option taken and then
+    ignored gives results the user did not ask for. One line, exit 2."""
+    given = given_options(ctx)
+    for param in ctx.command.params:
+        if param.name in names and param.name in given:
+            fail(f"{'/'.join([param.opts[0], *param.secondary_opts])} does not apply {mode}")
 
 
 def error_line(message: str) -> None:

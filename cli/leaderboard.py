@@ -9,7 +9,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from kvsched.cli.bench import ApiKeyOpt, LabelOpt
+from kvsched.cli.bench import DEFAULT_TIMEOUT_S, ApiKeyOpt, LabelOpt, TimeoutOpt, check_label, reach, warn
 from kvsched.cli.common import ProfileOpt, QuietOpt, RateOpt, SetOpt
 from kvsched.cli.policies import BaselineOpt
 from kvsched.experiments.leaderboard import DEFAULT_METRICS, DEFAULT_POLICIES, DEFAULT_REQUESTS, DEFAULT_WORKLOADS
@@ -23,6 +23,7 @@ MetricOpt = Annotated[Optional[list[str]], typer.Option("--metric", help=f"metri
 
 
 def leaderboard(
+    ctx: typer.Context,
     policy: BoardPolicyOpt = None,
     policy_opt: BoardPolicyOptOpt = None,
     set_: SetOpt = None,
@@ -40,12 +41,15 @@ def leaderboard(
     label: LabelOpt = None,
     model: Annotated[Optional[str], typer.Option("--model", help="with --real: the model to request (default: the first the server lists)")] = None,
     api_key: ApiKeyOpt = "EMPTY",
+    timeout: TimeoutOpt = DEFAULT_TIMEOUT_S,
     output: Annotated[Path, typer.Option("--output", "-o", help="folder for leaderboard.json, leaderboard.md, leaderboard.html")] = Path("leaderboard"),
     quiet: QuietOpt = False,
 ) -> None:
     """Rank policies on workloads: every policy × workload × seed simulated, each metric's mean and 95% interval, each
     policy's paired change against the baseline, rank ranges."""
-    from kvsched.cli.common import build_config, check_finite, console, err_console, fail, input_files, progress_bar
+    from kvsched.cli.common import (
+        build_config, check_finite, console, err_console, fail, input_files, progress_bar, refuse_unread,
+    )
     from kvsched.cli.policies import baseline_label, policy_contenders
     from kvsched.experiments.evidence import check_metrics
     from kvsched.experiments.leaderboard import Board, BoardWorkload, board_json, command_line, measure, plan, run_board
@@ -58,22 +62,20 @@ def leaderboard(
     primary = check_metrics([rank_by])[0] if rank_by else metrics[0]
     if primary not in metrics:
         fail(f"--rank-by {rank_by}: rank by one of the board's --metric columns ({', '.join(m.key for m in metrics)})")
-    if real is None and (label or model):
-        fail("--label and --model name the served engine: give it with --real URL")
+    if real is None:
+        refuse_unread(ctx, {"label", "model", "api_key", "timeout"}, "without --real URL: it is for the served engine")
     contenders, labels = policy_contenders(list(policy or DEFAULT_POLICIES), policy_opt, at_least=1)
     base = baseline_label(labels, contenders, baseline)
     settings = build_config(set_).model_dump(mode="json", exclude_unset=True)
     loads = [BoardWorkload.parse(w, rate) for w in workload or DEFAULT_WORKLOADS]
+    if all("@" in w.text and not w.text.rpartition("@")[2].startswith("x") for w in loads):
+        refuse_unread(ctx, {"rate"}, "when every --workload names its own rate (NAME@RATE)")
     specs = {"--workload" + (f" #{i + 1}" if i else ""): input_files(w.name)["--workload"] for i, w in enumerate(loads)}
     check_apart({"--output": (output, BOARD_FILES)}, {**input_files(profile=profile, policies=[c.spec for c in contenders]), **specs})
     seed_lists, described = plan(contenders, loads, num_requests, seed, seeds, profile)
     if real is not None:  # before the simulations: a server that is not there fails in a second, not after them
-        from kvsched.experiments.bench import served_model
-
-        try:
-            model = model or served_model(real, api_key)
-        except Exception as exc:  # openai's connection errors carry no useful class for a user
-            fail(f"cannot reach an OpenAI-compatible server at {real}: {exc}")
+        check_label(label)
+        model = reach(real, api_key, model, timeout).model
     board = Board(contenders, labels, loads, metrics, primary, base, seed_lists, described, {k: str(v) for k, v in settings.items()})
     start = time.perf_counter()
     with progress_bar(quiet, "ranking", "runs") as bar:
@@ -82,7 +84,8 @@ def leaderboard(
     if real is not None:
         with progress_bar(quiet, "measuring", "requests") as bar:
             task = bar.add_task("real", total=None)
-            measure(board, real, num_requests, label, model, api_key, on_done=lambda _sent: bar.advance(task))
+            measure(board, real, num_requests, label, model, api_key, on_done=lambda _sent: bar.advance(task),
+                    timeout=timeout, warn=warn)
     doc = board_json(board, command_line(), profile, num_requests)
     console.print(markdown(doc), markup=False, highlight=False, soft_wrap=True)
     for path in write_board(doc, output):

@@ -10,7 +10,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from kvsched.cli.common import NumOpt, ProfileOpt, QuietOpt, RateOpt, flag
+from kvsched.cli.common import NumOpt, ProfileOpt, QuietOpt, RateOpt, flag, given_options
 
 PoliciesOpt = Annotated[Optional[list[str]], typer.Option("--policy", "-p", help="policy to compare (repeatable, at least two)")]
 FoldersArg = Annotated[Optional[list[Path]], typer.Argument(help="result folders (engine run or engine bench --output) to put side by side, instead of --policy")]
@@ -157,12 +157,6 @@ def compare(ctx: typer.Context, folders: FoldersArg = None, policy: PoliciesOpt 
     title = f"{name} · {first['num_requests']} requests · {seeded}{', mean (95% interval)' if several else ''}{fleet_text} · profile {profile}"
     pooled = f"{name} · {first['num_requests']} requests · {seeded}{', pooled' if several else ''}{fleet_text} · profile {profile}"
     show(runs, title, output, plot, pooled, base)
-
-
-def given_options(ctx: typer.Context) -> set[str]:
-    """The parameters given on the command line (not left at their defaults)."""
-    sources = {name: ctx.get_parameter_source(name) for name in ctx.params}  # typer's own click: compared by name
-    return {name for name, source in sources.items() if source is not None and source.name not in ("DEFAULT", "DEFAULT_MAP")}
 
 
 def option_name(name: str) -> str:

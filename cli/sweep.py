@@ -23,6 +23,7 @@ def sweep_warnings(rows: list[dict]) -> list[str]:
 
 
 def sweep(
+    ctx: typer.Context,
     policy: Annotated[list[str], typer.Option("--policy", "-p", help="policy to include (repeatable)")] = ["vllm-default"],
     set_: Annotated[Optional[list[str]], typer.Option("--set", "-s", help="KEY=V1,V2,... engine setting to sweep (repeatable)")] = None,
     fixed: Annotated[Optional[list[str]], typer.Option("--fix", help="KEY=VALUE engine setting held fixed (repeatable)")] = None,
@@ -48,7 +49,7 @@ def sweep(
     from rich.markup import escape
     from rich.table import Table
 
-    from kvsched.cli.common import check_finite, console, input_files, parse_pairs, progress_bar
+    from kvsched.cli.common import check_finite, console, input_files, parse_pairs, progress_bar, refuse_unread
     from kvsched.executors.profiles import resolve_profile
     from kvsched.core.plugins import load_policy
     from kvsched.experiments.settings import check_names
@@ -57,6 +58,8 @@ def sweep(
     from kvsched.reporting.files import write_sweep
     from kvsched.workloads import build_workload
 
+    if ray_address is not None:
+        refuse_unread(ctx, {"workers"}, "to a Ray cluster (--ray-address): its CPUs decide how many points run at once")
     check_folder(output, SWEEP_FILES)
     check_finite(slo_ttft=slo_ttft, slo_tpot=slo_tpot)
     for name in policy:

@@ -249,7 +249,7 @@ def test_engine_run_pd_end_to_end(tmp_path):
 @pytest.mark.parametrize("args, message", [
     (["--replicas", "2", "--router", "nope"], "unknown router 'nope'"),
     (["--prefill-replicas", "2"], "needs both --prefill-replicas and --decode-replicas"),
-    (["--router", "round-robin"], "--router and --staleness route a fleet"),
+    (["--router", "round-robin"], "--router does not apply to one engine: it routes or shapes a fleet"),
     (["--replicas", "2", "--router-opt", "x=1"], "has no option 'x'"),
     (["--replicas", "0"], "--replicas"),
 ])
