@@ -8,6 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 from kvsched.cli.common import NumOpt, ProfileOpt, QuietOpt, RateOpt, SeedOpt, flag
+from kvsched.experiments.ray_backend import DEFAULT_CONNECT_TIMEOUT_S
 from kvsched.cli.simulate import (
     ArrivalOpt, CvOpt, RateScaleOpt, SloTpotOpt, SloTtftOpt, StartOffsetOpt, TraceOpt, WorkloadOpt,
 )
@@ -42,6 +43,8 @@ def sweep(
     workers: Annotated[Optional[int], typer.Option("--workers", "-j", min=1, help="parallel processes (default: CPUs)")] = None,
     ray: Annotated[bool, flag("--ray", help="run the points as Ray tasks on a local Ray of --workers CPUs, started and stopped here (the ray extra)")] = False,
     ray_address: Annotated[Optional[str], typer.Option("--ray-address", metavar="ADDRESS", help="run the points as Ray tasks on this running Ray cluster (auto, host:port, ray://host:10001); implies --ray")] = None,
+    ray_timeout: Annotated[float, typer.Option("--ray-timeout", min=0.1, max=3600, help="seconds the Ray cluster at "
+                                               "--ray-address has to answer before the sweep gives up")] = DEFAULT_CONNECT_TIMEOUT_S,
     output: Annotated[Path, typer.Option("--output", "-o", help="folder for sweep.csv, sweep.parquet, tradeoff.png")] = Path("sweep-out"),
     quiet: QuietOpt = False,
 ) -> None:
@@ -60,6 +63,8 @@ def sweep(
 
     if ray_address is not None:
         refuse_unread(ctx, {"workers"}, "to a Ray cluster (--ray-address): its CPUs decide how many points run at once")
+    else:
+        refuse_unread(ctx, {"ray_timeout"}, "without --ray-address: it bounds the wait for a Ray cluster to answer")
     check_folder(output, SWEEP_FILES)
     check_finite(slo_ttft=slo_ttft, slo_tpot=slo_tpot)
     for name in policy:
@@ -80,7 +85,8 @@ def sweep(
     points = grid_points(list(dict.fromkeys(policy)), grid)
     with progress_bar(quiet, "sweeping", "configurations") as bar:
         task = bar.add_task("sweep", total=len(points))
-        rows = run_sweep(spec, points, workers, on_done=lambda _row: bar.advance(task), ray_address=ray_address or ("local" if ray else None))
+        rows = run_sweep(spec, points, workers, on_done=lambda _row: bar.advance(task),
+                         ray_address=ray_address or ("local" if ray else None), ray_timeout=ray_timeout)
     table = Table(title=f"sweep · {len(points)} configurations · profile {profile}")
     cols = [("policy", "policy")] + [(k, k) for k in grid]
     cols += [("requests_per_s", "req/s"), ("output_tokens_per_s", "tok/s"), ("ttft_p50_s", "TTFT p50 s"),

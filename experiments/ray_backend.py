@@ -16,7 +16,7 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-from kvsched.experiments.worker_errors import WorkerDied
+from kvsched.core.errors import error_text, shorten
 
 LOCAL = "local"  # the address that means "start a Ray of our own on this machine"
 
@@ -27,12 +27,54 @@ LOCAL = "local"  # the address that means "start a Ray of our own on this machin
 LOADED_MACHINE_ENV = {"RAY_agent_register_timeout_ms": "300000", "RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "60"}
 
 
+DEFAULT_CONNECT_TIMEOUT_S = 60.0  # for a cluster at an address to answer (engine sweep --ray-timeout)
+# Connects to the cluster at sys.argv[1] and leaves: run in a child process, which a deadline can end
+# (Ray itself keeps retrying an address where no Ray answers for minutes, in code no signal reaches).
+_PROBE = "import sys, ray; ray.init(address=sys.argv[1], logging_level='ERROR', log_to_driver=False); ray.shutdown()"
+
+
 def _ray():
+    """The ray module; one line where it cannot be imported (not installed, or its import raises or exits)."""
     try:
         import ray
     except ImportError:
         raise ValueError("--ray needs the ray package: pip install 'kvsched[ray]' (or make setup)") from None
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # a broken install: its SystemExit(0) would end the sweep with no results and exit 0
+        raise ValueError(f"--ray: the ray package fails to import: {type(exc).__name__}: {error_text(exc)}") from None
     return ray
+
+
+def check_reachable(address: str, timeout: float) -> None:
+    """Raise ``ValueError`` unless a Ray cluster answers at ``address`` within ``timeout`` seconds: first a
+    TCP connection to its host and port (nothing listening fails at once), then a connection as Ray makes
+    it, in a child process ended at the deadline. ``auto`` and a local Ray need no check."""
+    import socket
+    import subprocess
+    import sys
+    from urllib.parse import urlsplit
+
+    if address in (LOCAL, "auto", ""):
+        return
+    where = urlsplit("//" + address.removeprefix("ray://"))
+    try:
+        host, port = where.hostname, where.port
+    except ValueError:  # a port that is no number: Ray's own message says more
+        host = port = None
+    if host is not None and port is not None:
+        try:
+            socket.create_connection((host, port), timeout=timeout).close()
+        except OSError as exc:
+            raise ValueError(f"--ray-address {address}: nothing answers at {host}:{port} ({exc.strerror or exc}): "
+                             "is a Ray cluster running there?") from None
+    try:
+        probe = subprocess.run([sys.executable, "-c", _PROBE, address], capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise ValueError(f"--ray-address {address}: no Ray cluster answered within {timeout:g} s (--ray-timeout)") from None
+    if probe.returncode != 0:
+        last = next((line for line in reversed(probe.stderr.splitlines()) if line.strip()), f"exit status {probe.returncode}")
+        raise ValueError(f"--ray: {address}: Ray could not start or connect: {shorten(last.strip(), 300)}")
 
 
 def start_ray(address: str = "local", attempts: int = 3, **options: Any) -> None:
@@ -57,12 +99,18 @@ def start_ray(address: str = "local", attempts: int = 3, **options: Any) -> None
 
 
 def run_points_on_ray(spec, points: list, run_point: Callable, address: str | None = None, workers: int | None = None,
-                      on_done: Callable[[dict], None] | None = None) -> list[dict[str, Any]]:
-    """``run_point(spec, point)`` for every point as one Ray task each; rows in grid order."""
+                      on_done: Callable[[dict], None] | None = None,
+                      connect_timeout: float = DEFAULT_CONNECT_TIMEOUT_S) -> list[dict[str, Any]]:
+    """``run_point(spec, point)`` for every point as one Ray task each; rows in grid order. A cluster at
+    ``address`` must answer within ``connect_timeout`` seconds (``check_reachable``)."""
+    from kvsched.experiments.worker_errors import WorkerDied
+
     ray = _ray()
     started = not ray.is_initialized()
     if started:
         local = address in (None, "", LOCAL)
+        if not local:
+            check_reachable(address, connect_timeout)
         options: dict[str, Any] = dict(include_dashboard=False, logging_level=logging.WARNING, log_to_driver=False)
         if local:
             options["num_cpus"] = max(1, min(workers or os.cpu_count() or 1, len(points)))

@@ -139,15 +139,17 @@ def summary_metrics(summary: dict[str, Any]) -> dict[str, Any]:
 
 
 def run_sweep(spec: SweepSpec, points: list[Point], workers: int | None = None,
-              on_done: Callable[[dict], None] | None = None, ray_address: str | None = None) -> list[dict[str, Any]]:
+              on_done: Callable[[dict], None] | None = None, ray_address: str | None = None,
+              ray_timeout: float | None = None) -> list[dict[str, Any]]:
     """Run every point (in parallel when ``workers`` > 1, or as Ray tasks when ``ray_address`` is
-    given: ``"local"`` for a Ray started here); rows come back in grid order."""
+    given: ``"local"`` for a Ray started here, else a cluster that must answer within ``ray_timeout``
+    seconds); rows come back in grid order."""
     for point in points:  # validate every configuration before spending any time
         EngineConfig.model_validate({**spec.base_settings, **point.settings})
     if ray_address is not None:
-        from kvsched.experiments.ray_backend import run_points_on_ray
+        from kvsched.experiments.ray_backend import DEFAULT_CONNECT_TIMEOUT_S, run_points_on_ray
 
-        return run_points_on_ray(spec, points, run_point, ray_address, workers, on_done)
+        return run_points_on_ray(spec, points, run_point, ray_address, workers, on_done, ray_timeout or DEFAULT_CONNECT_TIMEOUT_S)
     workers = max(1, min(workers or os.cpu_count() or 1, len(points)))
     rows: dict[int, dict] = {}
     if workers == 1:

@@ -89,6 +89,7 @@ MODES = [
                 "-o", "{tmp}/spec"],
                TRACE_OPTIONS]),
     Mode("sweep", "a process pool", ["sweep", "-q", "-n", "6", "-o", "{tmp}/sweep"], switches=frozenset({"ray", "ray_address"}),
+         refused=frozenset({"ray_timeout"}),
          runs=[["-p", "fcfs", "-p", "lcf", "--set", "max_num_seqs=4,8", "--fix", "num_gpu_blocks=512", *WORKLOAD_OPTIONS,
                 "--profile", "llama2-7b-a100", "--slo-ttft", "1", "--slo-tpot", "0.1", "-j", "1"],
                TRACE_OPTIONS]),
@@ -142,7 +143,7 @@ GIVE = {"policy": ["--policy", "fcfs"], "policy_opt": ["--policy-opt", "victim=l
         "prefill_replicas": ["--prefill-replicas", "1"], "decode_replicas": ["--decode-replicas", "1"],
         "fleet_spec": ["--fleet", "{tmp}/fleet.json"], "transfer_gbps": ["--transfer-gbps", "10"], "workers": ["-j", "2"],
         "label": ["--label", "x"], "api_key": ["--api-key", "k"], "timeout": ["--timeout", "5"], "seeds": ["--seeds", "2"],
-        "step": ["--step", "1"], "debug": ["--debug"]}
+        "step": ["--step", "1"], "debug": ["--debug"], "ray_timeout": ["--ray-timeout", "5"]}
 
 
 def _flags(command: str) -> dict[str, str]:

@@ -8,9 +8,12 @@ own wall time, which differs between any two runs.
 
 from __future__ import annotations
 
+import os
 import re
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pandas as pd
@@ -122,3 +125,41 @@ def test_a_policy_failing_in_a_ray_task_fails_as_in_one_process(ray_session, tin
         run_sweep(spec, points, workers=2, ray_address="auto")
     strip = lambda exc: re.sub(r" at 0x[0-9a-f]+", "", str(exc.value))  # noqa: E731 (a lambda's address differs)
     assert strip(on_ray) == strip(here) and strip(here).startswith("policy 'worker-"), (str(on_ray.value), str(here.value))
+
+
+def _sweep(tmp_path, *args, env=None):
+    return subprocess.run([ENGINE, "sweep", "-n", "5", "-q", "-o", str(tmp_path / "out"), *args], capture_output=True, text=True,
+                          timeout=300, env=env)
+
+
+@pytestmark_ray
+def test_an_address_where_nothing_listens_fails_at_once(tmp_path):
+    """Ray retried such an address for minutes (still at it after 180 s)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again: nothing listens there
+    start = time.monotonic()
+    out = _sweep(tmp_path, "--ray-address", f"127.0.0.1:{port}")
+    assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr
+    assert f"nothing answers at 127.0.0.1:{port}" in out.stderr and time.monotonic() - start < 60
+
+
+@pytestmark_ray
+def test_an_address_that_answers_but_is_no_ray_fails_after_the_ray_timeout(tmp_path):
+    with socket.socket() as listening:
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        start = time.monotonic()
+        out = _sweep(tmp_path, "--ray-address", f"127.0.0.1:{listening.getsockname()[1]}", "--ray-timeout", "3")
+    assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr
+    assert "no Ray cluster answered within 3 s (--ray-timeout)" in out.stderr and time.monotonic() - start < 60
+
+
+def test_a_ray_whose_import_exits_zero_fails_the_sweep(tmp_path):
+    """A broken Ray install that exits 0 as it is imported once ended the sweep with exit 0 and no results."""
+    (tmp_path / "ray").mkdir()
+    (tmp_path / "ray" / "__init__.py").write_text("raise SystemExit(0)\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
+    out = _sweep(tmp_path, "--ray", env=env)
+    assert out.returncode == 2 and out.stderr == "error: --ray: the ray package fails to import: SystemExit: 0\n", out.stderr
+    assert not (tmp_path / "out").exists()
