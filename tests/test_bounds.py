@@ -54,7 +54,7 @@ def _line(proc: subprocess.CompletedProcess) -> str:
 
 
 def _engine(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run([ENGINE, *args], capture_output=True, text=True, timeout=timeout)
+    return subprocess.run([ENGINE, *map(str, args)], capture_output=True, text=True, timeout=timeout)
 
 
 # ---------------------------------------------------------------------------------------- cost profiles
@@ -141,11 +141,49 @@ def test_a_synthetic_length_is_bounded_as_the_spec_loads(length):
         SyntheticSpec.model_validate({"prompt": length})
 
 
-def test_a_prefix_trace_s_lengths_are_at_most_max_tokens(tmp_path):
+def test_a_prefix_trace_s_lengths_are_at_most_max_prompt_ids(tmp_path):
     trace = tmp_path / "t.jsonl"
     trace.write_text(json.dumps({"timestamp": 0, "input_length": 2**40, "output_length": 1, "hash_ids": [1]}) + "\n")
-    with pytest.raises(WorkloadError, match="t.jsonl:1: column 'input_length': must be an integer from 1 to 2,147,483,648"):
+    with pytest.raises(WorkloadError, match="t.jsonl:1: column 'input_length': must be an integer from 1 to 1,048,576"):
         build_workload(None, trace).requests()
+
+
+def test_a_small_hash_id_trace_cannot_expand_to_gigabytes(tmp_path):
+    """An 11 KB trace of 2**31-token lines at 2**20 tokens an id once made a MemoryError: a prompt made of ids
+    holds at most MAX_PROMPT_IDS of them, and an id stands for at most 4,096 tokens, so what a line can make is
+    bounded by its length."""
+    line = {"timestamp": 0, "input_length": 2**31, "output_length": 1, "hash_ids": [0] * 2048}
+    (tmp_path / "t.jsonl").write_text(json.dumps(line) + "\n")
+    assert (tmp_path / "t.jsonl").stat().st_size < 11_000
+    (tmp_path / "huge.json").write_text(json.dumps({"kind": "prefix-trace", "path": "t.jsonl", "hash_block_size": 2**20}))
+    assert "hash_block_size: Input should be less than or equal to 4096" in _line(_engine("run", "-q", "-w", tmp_path / "huge.json"))
+    (tmp_path / "most.json").write_text(json.dumps({"kind": "prefix-trace", "path": "t.jsonl", "hash_block_size": 4096}))
+    start = time.perf_counter()
+    assert "column 'input_length': must be an integer from 1 to 1,048,576" in _line(_engine("run", "-q", "-w", tmp_path / "most.json"))
+    assert time.perf_counter() - start < 30
+
+
+@pytest.mark.parametrize("spec, args, said", [
+    ({"num_sessions": 3}, ["-n", "2000000"], "num_sessions: Input should be less than or equal to 1000000"),
+    ({"num_sessions": 1_000_000, "turns": {"kind": "fixed", "value": 20}}, [], "make up to 20,000,000 requests; at most 10,000,000"),
+    ({"num_sessions": 3, "max_context": 2**31}, [], "max_context: Input should be less than or equal to 1048576"),
+    ({"num_sessions": 3, "rate": 1e300}, ["--rate-scale", "1e9"], "rate: Input should be a finite number"),
+])
+def test_a_sessions_workload_is_bounded_with_the_command_line_s_numbers_applied(tmp_path, spec, args, said):
+    """-n 2000000 once took a sessions workload past its bound (counting its turns, without end in sight), and
+    --rate-scale its rate to inf."""
+    (tmp_path / "s.json").write_text(json.dumps({"kind": "sessions", **spec}))
+    start = time.perf_counter()
+    assert said in _line(_engine("run", "-q", "-w", tmp_path / "s.json", *args))
+    assert time.perf_counter() - start < 30
+
+
+def test_a_spec_s_rate_scaled_past_the_floats_is_refused_as_it_loads(tmp_path):
+    (tmp_path / "t.csv").write_text("arrival_time_s,prompt_tokens,output_tokens\n0,5,1\n1,5,1\n")
+    (tmp_path / "trace.json").write_text(json.dumps({"kind": "trace", "path": "t.csv", "rate_scale": 1e9}))
+    assert "rate_scale: Input should be less than or equal to 1000000000" in _line(_engine("run", "-q", "-w", tmp_path / "trace.json",
+                                                                                          "--rate-scale", "10"))
+    assert "Invalid value for '--rate-scale'" in _line(_engine("run", "-q", "--rate-scale", "1e308"))
 
 
 @given(values=st.lists(st.integers(0, 2**63 - 1), max_size=40))

@@ -66,7 +66,7 @@ def test_a_session_id_is_carried_and_max_requests_and_rate_scale_apply(tmp_path)
     (line(-1, 4, 1, [1]), ":2: column 'timestamp'", "finite time"),
     (line(float("inf"), 4, 1, [1]), ":2: column 'timestamp'", "finite time"),  # json writes Infinity
     (line(500, 4, 1, [1]), ":2: column 'timestamp'", "precedes the previous line's 1000"),
-    (line(2000, 0, 1, []), ":2: column 'input_length'", "integer from 1 to 2,147,483,648"),
+    (line(2000, 0, 1, []), ":2: column 'input_length'", "integer from 1 to 1,048,576"),
     (line(2000, 4, 2.5, [1]), ":2: column 'output_length'", "integer from 1 to 2,147,483,648"),
     (line(2000, 600, 1, [1]), ":2: column 'hash_ids'", "1 hash ids for 600 tokens: expected 2"),
     (line(2000, 4, 1, ["a"]), ":2: column 'hash_ids'", "list of integers"),

@@ -176,15 +176,22 @@ def load_spec(path: Path, *, num_requests: int | None = None, seed: int = 0, rat
         first = exc.errors()[0]
         field = ".".join(str(p) for p in first["loc"] if p != "")
         raise WorkloadError(f"invalid workload spec: {field}: {first['msg']}" if field else f"invalid workload spec: {first['msg']}", path) from None
+    given: dict[str, Any] = {}  # what the command line changes, validated with the rest: it cannot pass a bound
     if num_requests is not None:
-        key = "num_requests" if isinstance(spec, SyntheticSpec) else "max_requests"
-        spec = spec.model_copy(update={key: num_requests})
+        given["num_requests" if isinstance(spec, SyntheticSpec) else "max_requests"] = num_requests
     if rate_scale != 1.0:
         if isinstance(spec, SyntheticSpec):
-            spec = spec.model_copy(update={"arrivals": spec.arrivals.model_copy(update={"rate": spec.arrivals.rate * rate_scale})})
+            given["arrivals"] = {**spec.arrivals.model_dump(), "rate": spec.arrivals.rate * rate_scale}
         else:
-            spec = spec.model_copy(update={"rate_scale": spec.rate_scale * rate_scale})
-    return spec
+            given["rate_scale"] = spec.rate_scale * rate_scale
+    if not given:
+        return spec
+    try:
+        return type(spec).model_validate({**spec.model_dump(), **given})
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        field = ".".join(str(p) for p in first["loc"] if p != "")
+        raise WorkloadError(f"invalid workload spec with --num-requests and --rate-scale: {field}: {first['msg']}", path) from None
 
 
 __all__ = [

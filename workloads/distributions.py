@@ -27,6 +27,11 @@ class Fixed(_Dist):
         return self.value
 
     @property
+    def most(self) -> int:
+        """The largest length a draw can give (what a workload's size is bounded by before it is made)."""
+        return self.value
+
+    @property
     def mean(self) -> float:
         return float(self.value)
 
@@ -53,6 +58,10 @@ class Uniform(_Dist):
         return rng.randint(self.low, self.high)
 
     @property
+    def most(self) -> int:
+        return self.high
+
+    @property
     def mean(self) -> float:
         return (self.low + self.high) / 2
 
@@ -71,6 +80,10 @@ class LogNormal(_Dist):
 
     def sample(self, rng: random.Random) -> int:
         return max(1, min(self.max, round(rng.lognormvariate(math.log(self.median), self.sigma))))
+
+    @property
+    def most(self) -> int:
+        return self.max
 
     @property
     def mean(self) -> float:
@@ -95,6 +108,10 @@ class Empirical(_Dist):
 
     def sample(self, rng: random.Random) -> int:
         return self.values[int(rng.random() * len(self.values))]
+
+    @property
+    def most(self) -> int:
+        return max(self.values)
 
     @property
     def mean(self) -> float:

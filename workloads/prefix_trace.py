@@ -26,7 +26,7 @@ from kvsched.core.errors import quote
 from kvsched.core.files import text_lines
 from kvsched.core.request import MAX_INT64, MAX_TOKENS, Request, SamplingParams
 from kvsched.workloads.caps import CapModel, Capper, FixedCap
-from kvsched.workloads.errors import MAX_REQUESTS, WorkloadError
+from kvsched.workloads.errors import MAX_PROMPT_IDS, MAX_REQUESTS, WorkloadError
 
 KEYS = ("timestamp", "input_length", "output_length", "hash_ids")
 
@@ -59,7 +59,7 @@ def read_prefix_trace(path: Path | str, hash_block_size: int = 512) -> Iterator[
         if t < last:
             raise WorkloadError(f"timestamp {t} precedes the previous line's {last}: lines must be in time order", path, line, "timestamp")
         last = t
-        prompt = _count(row["input_length"], "input_length", path, line)
+        prompt = _count(row["input_length"], "input_length", path, line, maximum=MAX_PROMPT_IDS)  # made as token ids
         output = _count(row["output_length"], "output_length", path, line)
         ids = row["hash_ids"]
         if not isinstance(ids, list) or any(type(h) is not int or h < 0 for h in ids):
@@ -92,7 +92,8 @@ class PrefixTraceWorkload(BaseModel):
 
     kind: Literal["prefix-trace"] = "prefix-trace"
     path: Path
-    hash_block_size: int = Field(512, ge=1, le=1 << 20, description="prompt tokens per hash id (Mooncake: 512)")
+    # at most 4,096 tokens an id: what a line of the file can ask the workload to make stays bounded by its length
+    hash_block_size: int = Field(512, ge=1, le=4096, description="prompt tokens per hash id (Mooncake: 512)")
     rate_scale: float = Field(1.0, gt=0)
     max_requests: int | None = Field(None, ge=1, le=MAX_REQUESTS)
     cap: CapModel = Field(FixedCap(), description="the max_tokens a client sends (workloads/caps.py); default: the longest answer")
@@ -147,11 +148,11 @@ def prefix_spec(data: dict, spec_path: Path, num_requests: int | None, rate_scal
         data["path"] = str((spec_path.parent / data["path"]).resolve())
     try:
         spec = PrefixTraceWorkload.model_validate(data)
+        update = {"rate_scale": spec.rate_scale * rate_scale}
+        if num_requests is not None:
+            update["max_requests"] = num_requests
+        return PrefixTraceWorkload.model_validate({**spec.model_dump(), **update})
     except ValidationError as exc:
         first = exc.errors()[0]
         field = ".".join(str(p) for p in first["loc"])
         raise WorkloadError(f"invalid workload spec: {field}: {first['msg']}", spec_path) from None
-    update = {"rate_scale": spec.rate_scale * rate_scale}
-    if num_requests is not None:
-        update["max_requests"] = num_requests
-    return spec.model_copy(update=update)

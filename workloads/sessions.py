@@ -19,12 +19,12 @@ import random
 from collections.abc import Iterator
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from kvsched.core.request import Label, Request, SamplingParams
 from kvsched.workloads.caps import CapModel, Capper, FixedCap
 from kvsched.workloads.distributions import LengthDist, LogNormal, Uniform
-from kvsched.workloads.errors import WorkloadError
+from kvsched.workloads.errors import MAX_PROMPT_IDS, MAX_REQUESTS, WorkloadError
 from kvsched.workloads.synthetic import Mix, check_weights
 
 _FRESH = 1 << 40  # token ids of answers and user messages start here (system prompts use ids below)
@@ -44,12 +44,22 @@ class SessionSpec(BaseModel):
     system_len: int = Field(512, ge=1, le=1_000_000)
     user: LengthDist = LogNormal(median=120, sigma=0.6, max=1024)
     output: LengthDist = LogNormal(median=150, sigma=0.6, max=512)
-    max_context: int = Field(3584, ge=2, description="a session ends before its prompt would pass this many tokens")
+    max_context: int = Field(3584, ge=2, le=MAX_PROMPT_IDS, description="a session ends before its prompt would pass this many tokens")
     slo_classes: dict[Label, float] | None = Field(None, description="weights of each session's SLO class; none: no class")
     cap: CapModel = Field(FixedCap(), description="the max_tokens a client sends (workloads/caps.py); default: the longest output")
     seed: int = 0
 
     _weights = field_validator("slo_classes")(classmethod(lambda cls, v: check_weights(v)))
+
+    @model_validator(mode="after")
+    def _bounded(self) -> SessionSpec:
+        """The requests the sessions can make, counted before any is: each turn adds at least two tokens
+        (a user's, an answer's) to a context of at most ``max_context``."""
+        most = self.num_sessions * min(self.turns.most, self.max_context // 2)
+        if most > MAX_REQUESTS:
+            raise ValueError(f"{self.num_sessions:,} sessions of up to {min(self.turns.most, self.max_context // 2):,} turns "
+                             f"make up to {most:,} requests; at most {MAX_REQUESTS:,}")
+        return self
 
     def requests(self) -> list[Request]:
         return list(self.iter_requests())
@@ -125,15 +135,18 @@ class _Ahead:
 
 
 def session_spec(data: dict, path, num_requests: int | None, seed: int, rate_scale: float) -> SessionSpec:
-    """A ``{"kind": "sessions"}`` workload spec (``num_requests`` caps the sessions, ``rate_scale`` their rate)."""
+    """A ``{"kind": "sessions"}`` workload spec (``num_requests`` caps the sessions, ``rate_scale`` their rate),
+    validated with them applied: the command line cannot take it past a bound."""
     data = {"seed": seed, **data}
     try:
         spec = SessionSpec.model_validate(data)
+        given = {"num_sessions": num_requests} if num_requests is not None else {}
+        if rate_scale != 1.0:
+            given["rate"] = spec.rate * rate_scale
+        return SessionSpec.model_validate({**spec.model_dump(), **given}) if given else spec
     except ValidationError as exc:
         first = exc.errors()[0]
-        raise WorkloadError(f"invalid sessions spec: {'.'.join(map(str, first['loc']))}: {first['msg']}", path) from None
-    if num_requests is not None:
-        spec = spec.model_copy(update={"num_sessions": num_requests})
-    if rate_scale != 1.0:
-        spec = spec.model_copy(update={"rate": spec.rate * rate_scale})
-    return spec
+        field = ".".join(map(str, first["loc"]))
+        options = " (with --num-requests and --rate-scale)" if num_requests is not None or rate_scale != 1.0 else ""
+        raise WorkloadError(f"invalid sessions spec{options}: {field + ': ' if field else ''}"
+                            f"{first['msg'].removeprefix('Value error, ')}", path) from None
