@@ -48,6 +48,9 @@ TIERED_SESSIONS = {"kind": "sessions", "num_sessions": 24, "rate": 0.8, "turns":
 WORKLOADS = {"default": WORKLOAD, "tiered-sessions": TIERED_SESSIONS}
 BLOCKS = 60
 KEEP = ("finished", "duration_s", "ttft_s", "tpot_s", "e2e_s", "preemptions")
+MAX_REPEATS = 20  # each a server started and a workload replayed: minutes
+OUT_FILES = ("fidelity-policies.json", "fidelity-policies.md")
+RUN_KEYS = ("policy", "label", "sim", "real", "errors")  # what a saved run holds, for --resume
 
 
 def schedule(policies: list[str], repeats: int, baseline: str = "vllm-v1") -> list[str]:
@@ -71,6 +74,35 @@ def start(policy: str, log: Path, blocks: int = BLOCKS):
     return port, servers.start(serve_command(policy, port, blocks), port, log=log)
 
 
+def checked(parser: argparse.ArgumentParser, args: argparse.Namespace, order: list[str]):
+    """What the run needs, checked before a server starts (each a usage error naming its option): the policies
+    served, the profile (None: fitted in the run), the folders written, and --resume's saved runs."""
+    from kvsched.core.errors import KvschedError
+    from kvsched.core.files import read_json
+    from kvsched.core.plugins import load_policy
+    from kvsched.executors.profiles import resolve_profile
+    from kvsched.reporting.destination import check_folder
+
+    saved = args.out / OUT_FILES[0]
+    try:
+        for policy in dict.fromkeys(order):
+            load_policy(policy)
+        profile = None if args.profile == "fit" else resolve_profile(args.profile)
+        check_folder(args.out, OUT_FILES, "--out")
+        check_folder(args.workdir, (), "--workdir")
+        data = read_json(saved, "--resume file") if args.resume and saved.exists() else {"runs": []}
+    except (KvschedError, ValueError) as exc:
+        parser.error(str(exc))
+    runs = data.get("runs") if isinstance(data, dict) else None
+    if not isinstance(runs, list) or not all(isinstance(r, dict) and all(k in r for k in RUN_KEYS) and isinstance(r["label"], str)
+                                             for r in runs):
+        parser.error(f"--resume: {saved} holds no runs as this script writes them "
+                     f"(a list under 'runs', each with {', '.join(RUN_KEYS)})")
+    args.workdir.mkdir(parents=True, exist_ok=True)
+    args.out.mkdir(parents=True, exist_ok=True)
+    return profile, runs
+
+
 def main(argv=None) -> None:
     from kvsched.experiments import fidelity
 
@@ -78,7 +110,7 @@ def main(argv=None) -> None:
     parser.add_argument("--out", type=Path, required=True, help="folder for fidelity-policies.json and .md")
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/kvsched-fidelity-policies"), help="bench result folders")
     parser.add_argument("--policies", default=",".join(("vllm-v1", *PROPOSALS)))
-    parser.add_argument("--repeats", type=int, default=3, help="times the baseline is served")
+    parser.add_argument("--repeats", type=bounded(int, 1, MAX_REPEATS), default=3, help="times the baseline is served")
     parser.add_argument("--requests", type=bounded(int, 1, 100_000), help=f"requests of the default workload ({WORKLOAD['num_requests']})")
     parser.add_argument("--workload", default="default", help=f"{' or '.join(WORKLOADS)}, or a workload spec (JSON file); "
                                                                 "with SLO classes, each class's mean TTFT is compared too")
@@ -90,8 +122,9 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     if args.requests is not None and args.workload != "default":
         parser.error("--requests sizes the default workload only; give the size in the workload's own spec")
-    args.workdir.mkdir(parents=True, exist_ok=True)
-    args.out.mkdir(parents=True, exist_ok=True)
+    order = args.order.split(",") if args.order else schedule(args.policies.split(","), args.repeats)
+    labels = [f"{p} #{order[:i + 1].count(p)}" if order.count(p) > 1 else p for i, p in enumerate(order)]
+    profile, saved_runs = checked(parser, args, order)
     spec = args.workdir / "workload.json"
     from kvsched.workloads import build_workload
 
@@ -107,11 +140,7 @@ def main(argv=None) -> None:
             spec.write_text(source.read_text())
     except (OSError, ValueError, FileError) as exc:  # a missing or unreadable file, or a spec the workload reader refuses
         parser.error(f"--workload {args.workload}: {exc}")
-    order = args.order.split(",") if args.order else schedule(args.policies.split(","), args.repeats)
-    labels = [f"{p} #{order[:i + 1].count(p)}" if order.count(p) > 1 else p for i, p in enumerate(order)]
-    from kvsched.executors.profiles import resolve_profile
-
-    profile = calibrate(args.workdir / "calibration") if args.profile == "fit" else resolve_profile(args.profile)
+    profile = profile or calibrate(args.workdir / "calibration")
     sims = {}
     for policy in dict.fromkeys(order):
         result = simulate_run(spec, args.kv_blocks, profile, policy)
@@ -122,13 +151,16 @@ def main(argv=None) -> None:
               "profile": {"source": args.profile, **profile.model_dump(include={"name", "base_ms", "prefill_token_ms", "decode_seq_ms", "kv_token_ms"})},
               "pipelined": not args.sequential, "command": "benchmarks/fidelity_policies.py " + " ".join(argv or sys.argv[1:]),
               "runs": [], "gains": []}
-    saved = args.out / "fidelity-policies.json"
-    if args.resume and saved.exists():
-        result["runs"] = [r for r in json.loads(saved.read_text())["runs"] if r["label"] in labels]
+    saved = args.out / OUT_FILES[0]
+    result["runs"] = [r for r in saved_runs if r["label"] in labels]
     done = {r["label"] for r in result["runs"]}
     order, labels = [p for p, lab in zip(order, labels) if lab not in done], [lab for lab in labels if lab not in done]
+    if not order:  # every run resumed: the tables again, from them
+        result["gains"] = fidelity.build(result["runs"])
+        saved.write_text(json.dumps(result, indent=1) + "\n")
+        (args.out / OUT_FILES[1]).write_text(fidelity.markdown(result))
     with ThreadPoolExecutor(1) as pool:
-        pending = pool.submit(start, order[0], args.workdir / "server-0.log", args.kv_blocks)
+        pending = pool.submit(start, order[0], args.workdir / "server-0.log", args.kv_blocks) if order else None
         for i, policy in enumerate(order):
             label = labels[i]
             folder = args.workdir / label.replace(" #", "-")

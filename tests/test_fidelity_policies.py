@@ -177,13 +177,48 @@ def test_the_sessions_tables_simulated_side_is_what_the_simulator_gives_today(tm
     (["--workload", "bad.json"], "bad.json:1: not UTF-8 text"),
     (["--workload", "tiered-sessions", "--requests", "5"], "--requests sizes the default workload only"),
     (["--kv-blocks", "0"], "must be from 1 to 1,000,000, got 0"),
+    (["--repeats", "-5"], "--repeats: must be from 1 to 20, got -5"),
+    (["--repeats", str(10**9)], "--repeats: must be from 1 to 20, got 1000000000"),
+    (["--policies", "vllm-v1,nope"], "unknown policy 'nope'"),
+    (["--order", "vllm-v1,nope,vllm-v1"], "unknown policy 'nope'"),
+    (["--profile", "nope"], "unknown cost profile 'nope'"),
+    (["--out", "bad.json"], "--out bad.json: is a file, not a folder"),
+    (["--out", "saved", "--resume"], "saved/fidelity-policies.json:1: not valid JSON"),
+    (["--out", "shapeless", "--resume"], "--resume: shapeless/fidelity-policies.json holds no runs as this script writes them"),
+    (["--out", "unlabelled", "--resume"], "--resume: unlabelled/fidelity-policies.json holds no runs as this script writes them"),
 ])
 def test_a_bad_fidelity_run_is_a_usage_error_before_any_server_starts(tmp_path, args, says):
+    """Once an unknown policy or profile, an --out that is a file or a damaged --resume file gave tracebacks,
+    and --repeats -5 or a --resume file of another shape ran on (exit 0)."""
     import subprocess
     import sys
 
     (tmp_path / "bad.json").write_bytes(b"\xff\xfe")
+    for folder, text in (("saved", "{not json"), ("shapeless", '{"runs": 5}'), ("unlabelled", '{"runs": [{"policy": "vllm-v1", '
+                                                                                             '"label": 7, "sim": {}, "real": {}, "errors": {}}]}')):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "fidelity-policies.json").write_text(text)
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "fidelity_policies.py"), "--out", str(tmp_path / "out"),
                            "--workdir", str(tmp_path / "work"), *args], cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and says in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
     assert not (tmp_path / "work" / "calibration").exists()  # no server was started
+
+
+def test_a_resume_with_every_run_saved_rebuilds_the_tables_without_a_server(tmp_path):
+    """Once the first server was asked of an empty order (an IndexError)."""
+    import shutil
+    import subprocess
+    import sys
+
+    recorded = json.loads((ROOT / "docs" / "figures" / "fidelity-policies.json").read_text())
+    (tmp_path / "out").mkdir()
+    shutil.copy(ROOT / "docs" / "figures" / "fidelity-policies.json", tmp_path / "out")
+    order = ",".join(r["policy"] for r in recorded["runs"])
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "fidelity_policies.py"), "--out", str(tmp_path / "out"),
+                           "--workdir", str(tmp_path / "work"), "--resume", "--order", order, "--profile", "smollm2-135m-vllm-cpu"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert not list((tmp_path / "work").glob("server-*.log"))  # no server was started
+    rebuilt = json.loads((tmp_path / "out" / "fidelity-policies.json").read_text())
+    assert rebuilt["runs"] == recorded["runs"] and rebuilt["gains"] == recorded["gains"]
+    assert (tmp_path / "out" / "fidelity-policies.md").read_text() == fidelity.markdown(rebuilt)
