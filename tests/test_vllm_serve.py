@@ -13,6 +13,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -124,6 +125,32 @@ def test_a_setting_vllm_owns_is_refused_in_one_line_before_anything_starts(setti
     assert "set by vLLM inside vLLM" in done.stderr
 
 
+WRONG_SIGNATURE = """from kvsched.core.hookspecs import hookimpl
+from kvsched.policies.vllm_v1 import VllmV1
+
+
+class WrongSignature(VllmV1):
+    @hookimpl
+    def select_batch(self, step, budget):
+        return super().select_batch(step)
+"""
+
+
+@pytest.mark.parametrize("policy, says", [
+    ("{root}/routers/balance.py:PowerOfTwo", "implements no hook: mark select_batch"),
+    ("{tmp}/wrong.py:WrongSignature", "WrongSignature.select_batch(step, budget) (at "),
+])
+def test_what_is_not_a_policy_is_refused_in_one_line_before_vllm_starts(tmp_path, policy, says):
+    """A router's file and a hook of the wrong signature once passed: vLLM's engine core died 25-130 s later."""
+    (tmp_path / "wrong.py").write_text(WRONG_SIGNATURE)
+    before = set(Path(tempfile.gettempdir()).glob("kvsched-metrics-*"))
+    start = time.monotonic()
+    done = subprocess.run([str(ENGINE), "serve", "--policy", policy.format(root=DOCS.parent, tmp=tmp_path), "--port", str(free_port())],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1 and says in done.stderr, done.stderr
+    assert time.monotonic() - start < 60 and set(Path(tempfile.gettempdir()).glob("kvsched-metrics-*")) <= before
+
+
 def test_the_openai_client_gets_completions_and_chat_streamed_and_not(server):
     base, _ = server
     client = OpenAI(base_url=f"{base}/v1", api_key="none")
@@ -182,10 +209,16 @@ def test_a_request_the_policy_would_refuse_gets_a_400_and_the_server_serves_on(s
             with pytest.raises(BadRequestError) as refused:
                 call()
             assert f"kvsched refuses this request: {field}:" in refused.value.message, refused.value.message
-    bare = http.client.HTTPConnection(base.removeprefix("http://"), timeout=60)  # no content type: FastAPI reads JSON anyway
-    bare.request("POST", "/v1/completions", json.dumps({"model": MODEL, "prompt": "Hi", "max_tokens": 2, "priority": 2**40}))
-    assert bare.getresponse().status == 400
-    bare.close()
+    hostile = json.dumps({"model": MODEL, "prompt": "Hi", "max_tokens": 2, "priority": 2**40})
+    deep = "[" * 2000 + "]" * 2000  # once a RecursionError in the check itself: HTTP 500
+    # no content type (FastAPI reads JSON anyway), another case or a charset (which once skipped the check)
+    for body, headers in ((hostile, {}), (hostile, {"Content-Type": "Application/JSON"}),
+                          (hostile, {"Content-Type": "application/json; charset=utf-8"}), (deep, {"Content-Type": "application/json"})):
+        bare = http.client.HTTPConnection(base.removeprefix("http://"), timeout=60)
+        bare.request("POST", "/v1/completions", body, headers)
+        answer = bare.getresponse()
+        assert answer.status == 400 and b"kvsched refuses this request" in answer.read(), headers
+        bare.close()
     out = client.completions.create(model=MODEL, prompt="Hi", max_tokens=3,
                                     extra_body={"priority": 2**31 - 1, "vllm_xargs": {"tenant": "gold"}, "ignore_eos": True})
     assert out.usage.completion_tokens == 3 and contained(base, "add_request") == 0  # none reached the engine core
@@ -280,21 +313,23 @@ def test_the_documented_command_serves_a_policy_file_and_neither_client_nor_poli
 
 @pytest.fixture(scope="module")
 def whole_prompt_server(tmp_path_factory):
-    """priority-vip admits whole prompts (no chunking): one longer than a step's 256 tokens can never run."""
+    """priority-vip admits whole prompts (no chunking): one longer than a step's 256 tokens can never run.
+    Its base URL and process (tests/test_vllm_serve.py's last test stops it)."""
     command = [str(ENGINE), "serve", "--policy", "priority-vip", "--port", str(free_port()),
                "--", "--max-num-seqs", "4", "--max-model-len", "512", "--max-num-batched-tokens", "256"]
     base, proc = start(command, tmp_path_factory.mktemp("whole") / "server.log")
-    yield base
+    yield base, proc
     stop(proc)
 
 
 def test_engine_bench_records_what_the_server_refused_or_could_not_run_and_says_so_first(whole_prompt_server, tmp_path):
+    base, _ = whole_prompt_server
     """The regression of issue 36: requests the server's scheduler ignored came back as aborted, prompt and
     times lost, "the stream ended with finish reason None"; a workload past the server's context went unsaid."""
     trace = tmp_path / "lengths.csv"
     trace.write_text("arrival_time_s,prompt_tokens,output_tokens\n0.0,100,4\n0.1,300,4\n0.2,600,4\n0.3,50,4\n")
     out = tmp_path / "bench"
-    done = subprocess.run([str(ENGINE), "bench", "--url", whole_prompt_server, "--trace", str(trace), "--output", str(out), "-q"],
+    done = subprocess.run([str(ENGINE), "bench", "--url", base, "--trace", str(trace), "--output", str(out), "-q"],
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
     assert done.stderr == ("warning: 1 of 4 requests need more than the server's context of 512 tokens "
@@ -308,3 +343,13 @@ def test_engine_bench_records_what_the_server_refused_or_could_not_run_and_says_
     assert rows["req-2"]["detail"].startswith("refused by the server (HTTP 400): ") and "512" in rows["req-2"]["detail"]
     summary = json.loads((out / "summary.json").read_text())
     assert (summary["finished"], summary["ignored"], summary["aborted"]) == (2, 2, 0)
+
+
+def test_a_stopped_server_leaves_no_metrics_folder(whole_prompt_server):
+    """Each start once left a kvsched-metrics-* folder in the temp dir."""
+    _, proc = whole_prompt_server
+    folder = Path(dict(line.split("=", 1) for line in Path(f"/proc/{proc.pid}/environ").read_text().split("\0") if "=" in line)
+                  ["PROMETHEUS_MULTIPROC_DIR"])
+    assert folder.name.startswith("kvsched-metrics-") and folder.is_dir()
+    stop(proc)
+    assert not folder.exists()

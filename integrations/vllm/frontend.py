@@ -2,8 +2,10 @@
 
 Give it to vLLM's server as ``--middleware kvsched.integrations.vllm.frontend.CheckKvschedFields``
 (``engine serve`` does). A client's ``priority`` and ``vllm_xargs`` labels (tenant, session_id, slo_class) are checked by the same
-rule the mirror applies (``mirror.request_fields``). Without the middleware such a request still
-cannot stop the server: the scheduler fails it alone (its client gets an HTTP 500).
+rule the mirror applies (``mirror.request_fields``), whatever the body's Content-Type says (``Application/JSON``, a charset,
+none at all) but a form's; a body nested past what the JSON parser takes is a 400 too. Without the
+middleware such a request still cannot stop the server: the scheduler fails it alone (its client gets
+an HTTP 500).
 """
 
 from __future__ import annotations
@@ -14,10 +16,16 @@ from typing import Any
 from kvsched.integrations.vllm.mirror import RefusedField, request_fields
 
 
+FORMS = (b"multipart/form-data", b"application/x-www-form-urlencoded")  # bodies no endpoint reads as JSON
+
+
 def refusal(body: bytes) -> RefusedField | None:
-    """Why kvsched refuses a JSON request ``body``, or None; what is not a JSON object is vLLM's to judge."""
+    """Why kvsched refuses a JSON request ``body``, or None; what is not JSON is vLLM's to judge. JSON nested
+    past what Python's parser takes is refused too: vLLM's own parsing of it would fail (HTTP 500)."""
     try:
         data = json.loads(body)
+    except RecursionError:
+        return RefusedField("body", "JSON nested too deeply")
     except ValueError:
         return None
     if not isinstance(data, dict) or ("priority" not in data and "vllm_xargs" not in data):
@@ -30,15 +38,22 @@ def refusal(body: bytes) -> RefusedField | None:
     return None
 
 
+def content_type(scope: dict) -> bytes:
+    """The request's media type, lower case without parameters (``Application/JSON; charset=utf-8`` is
+    ``application/json``), from its first Content-Type header as Starlette reads it; empty without one."""
+    value = next((v for k, v in scope.get("headers") or () if k.lower() == b"content-type"), b"")
+    return value.split(b";", 1)[0].strip().lower()
+
+
 class CheckKvschedFields:
-    """Pure ASGI middleware: reads a POSTed JSON body, answers 400 for a field kvsched refuses, else passes it on intact."""
+    """Pure ASGI middleware: reads a POSTed body (any but a form's: vLLM reads JSON whatever the Content-Type
+    says, or with none), answers 400 for a field kvsched refuses, else passes it on intact."""
 
     def __init__(self, app: Any) -> None:
         self.app = app
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
-        kind = dict(scope.get("headers") or ()).get(b"content-type", b"json")  # FastAPI reads a body without one as JSON
-        if scope["type"] != "http" or scope.get("method") != "POST" or b"json" not in kind:
+        if scope["type"] != "http" or scope.get("method") != "POST" or content_type(scope) in FORMS:
             return await self.app(scope, receive, send)
         chunks, more = [], True
         while more:
