@@ -54,7 +54,8 @@ window.addEventListener('error', reportError);"""
 def _fmt(v, scale: float = 1.0, digits: str = ".4g") -> str:
     if v is None or (isinstance(v, float) and np.isnan(v)):
         return "–"
-    return format(v * scale, digits) if isinstance(v, (int, float, np.floating, np.integer)) else html.escape(str(v))
+    """``v`` as text (escaped where it is shown)."""
+    return format(v * scale, digits) if isinstance(v, (int, float, np.floating, np.integer)) else str(v)
 
 
 def _dist(d: dict, scale: float = 1.0) -> str:
@@ -123,8 +124,15 @@ def warnings_html(summary: dict) -> str:
     return f'<div class="warnings" id="warnings"><strong>Warnings: these results are not all they seem.</strong><ul>{items}</ul></div>' if items else ""
 
 
+def in_script(json_text: str) -> str:
+    """JSON text to inline in a ``<script>`` element: each ``<``, ``>`` and ``&`` as its ``\\u`` escape, which
+    ``JSON.parse`` reads back as it was, so that nothing a path or a label holds (``</script>``, ``<!--<script>``,
+    which sends the HTML parser into a state where the element's end is not its end) can cut the element short."""
+    return json_text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+
+
 def chart_html(chart: Chart) -> str:
-    spec = chart.figure.to_json().replace("</", "<\\/")
+    spec = in_script(chart.figure.to_json())
     return (f'<h3>{html.escape(chart.title)}</h3><div class="chart" id="{chart.key}"></div>'
             f'<p class="caption">{html.escape(chart.caption)}</p>'
             f'<script type="application/json" id="fig-{chart.key}">{spec}</script>')
@@ -137,10 +145,11 @@ def _request_table(ex: Explainer) -> str:
     rows, views = [], []
     for i, r in enumerate(shown.itertuples()):
         anchor = f"explain-{i}"
-        cells = [f'<a class="explain" href="#{anchor}">{html.escape(r.request_id)}</a>', _fmt(r.arrival_time, digits=",.3f"),
-                 _fmt(r.queueing_time, digits=",.3f"), _fmt(r.ttft, digits=",.3f"), _fmt(r.tpot, 1000, ",.1f"), _fmt(r.e2e, digits=",.3f"),
-                 f"{r.prompt_tokens:,}", f"{r.output_tokens:,}", f"{r.preemptions_recompute + r.preemptions_swap:,}", html.escape(r.status)]
-        rows.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
+        cells = [_fmt(r.arrival_time, digits=",.3f"), _fmt(r.queueing_time, digits=",.3f"), _fmt(r.ttft, digits=",.3f"),
+                 _fmt(r.tpot, 1000, ",.1f"), _fmt(r.e2e, digits=",.3f"), f"{r.prompt_tokens:,}", f"{r.output_tokens:,}",
+                 f"{r.preemptions_recompute + r.preemptions_swap:,}", r.status]
+        link = f'<a class="explain" href="#{anchor}">{html.escape(r.request_id)}</a>'
+        rows.append(f"<tr><td>{link}</td>" + "".join(f"<td>{html.escape(c)}</td>" for c in cells) + "</tr>")
         text = "\n".join(ex.request(r.request_id))
         views.append(f'<details id="{anchor}"><summary>engine explain {html.escape(ex.run.directory.name)} --request '
                      f'{html.escape(r.request_id)}</summary><pre>{html.escape(text)}</pre></details>')
@@ -159,7 +168,7 @@ def write_report(run: RunFiles, path: Path) -> Path:
     s = run.summary
     sections = all_charts(s, run.requests, run.steps, run.events, ex.why, itl)
     charts = [c for _, cs in sections for c in cs]
-    table = "".join(f"<tr><td>{html.escape(k)}</td><td>{v}</td></tr>" for k, v in metric_rows(run, itl))
+    table = "".join(f"<tr><td>{html.escape(k)}</td><td>{html.escape(v)}</td></tr>" for k, v in metric_rows(run, itl))
     body = "".join(f"<h2>{html.escape(title)}</h2>" + "".join(chart_html(c) for c in cs) for title, cs in sections)
     knobs = ", ".join(f"{k}={v}" for k, v in s["config"].items() if v is not None and k not in ("audit_every_step", "decode_lane"))
     return write_page(path, f"kvsched run: {s['policy']}", f"""<p class="sub">{html.escape(knobs)}</p>
@@ -183,7 +192,7 @@ def write_page(path: Path, title: str, body: str, charts: list[Chart]) -> Path:
 <div id="js-errors" hidden></div>
 <h1>{html.escape(title)}</h1>
 {body}
-<script type="application/json" id="chart-specs">{json.dumps([c.key for c in charts])}</script>
+<script type="application/json" id="chart-specs">{in_script(json.dumps([c.key for c in charts]))}</script>
 <script>{SCRIPT}</script>
 </body></html>
 """

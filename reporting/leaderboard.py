@@ -17,7 +17,7 @@ from typing import Any
 
 from kvsched.experiments.evidence import statistics_note
 from kvsched.reporting.destination import publishing_folder
-from kvsched.reporting.html import CATCH, STYLE
+from kvsched.reporting.html import CATCH, STYLE, in_script
 
 BOARD_FILES = ("leaderboard.json", "leaderboard.md", "leaderboard.html")
 
@@ -48,7 +48,13 @@ def warnings(doc: dict) -> list[str]:
 
 
 def _table(head: list[str], rows: list[list[str]]) -> list[str]:
-    return ["| " + " | ".join(head) + " |", "|" + "---|" * len(head), *("| " + " | ".join(r) + " |" for r in rows)]
+    return ["| " + " | ".join(map(_md_cell, head)) + " |", "|" + "---|" * len(head),
+            *("| " + " | ".join(map(_md_cell, r)) + " |" for r in rows)]
+
+
+def _md_cell(text: str) -> str:
+    """``text`` as one cell of a Markdown table: on one line, its pipes escaped (a path or a label may hold either)."""
+    return " ".join(text.split()).replace("|", "\\|")
 
 
 def _by_rank(ranks: dict[str, dict], policies: list[str]) -> list[str]:
@@ -208,7 +214,7 @@ draw();"""
 
 def page(doc: dict) -> str:
     """``leaderboard.html``: the document inlined, drawn and sorted by ``PAGE_SCRIPT``."""
-    data = json.dumps(doc, allow_nan=False).replace("</", "<\\/")
+    data = in_script(json.dumps(doc, allow_nan=False))
     primary = next(m for m in doc["metrics"] if m["key"] == doc["primary"])
     seeds = html.escape(seeds_text(doc))
     return f"""<!doctype html>

@@ -87,6 +87,7 @@ class Liar(BaseHTTPRequestHandler):
 @pytest.fixture
 def liar():
     Liar.counts, Liar.reasons, Liar.acts, Liar.context = itertools.cycle([None]), itertools.cycle(["length"]), itertools.cycle(["answer"]), None
+    Liar.prompts = []
     server = ThreadingHTTPServer(("127.0.0.1", 0), Liar)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
@@ -199,3 +200,14 @@ def test_a_request_the_server_refuses_or_ends_unrun_is_recorded_as_ignored_with_
     assert [r["detail"].startswith("the server ended it without a token or a finish reason") for r in unrun] == [True, True]
     assert all(r["finish_reason"] == "length" and r["output_tokens"] == "0" and r["finish_time"] for r in unrun)
     assert any(w["reason"].startswith("ignored: refused by the server (HTTP 400)") for w in summary["warnings"])
+
+
+@pytest.mark.parametrize("label", ["\x1b[31mred\x1b[0m", "two\nlines", "\r", "   "])
+def test_a_label_that_is_not_one_printable_line_is_refused_before_the_replay(liar, workload, tmp_path, label):
+    """A label with ANSI escapes or line breaks was once written verbatim into the summary, the terminal and the board."""
+    for command in (["bench", "--url", liar, "--workload", str(workload)],
+                    ["leaderboard", "-p", "fcfs", "-w", str(workload), "--seeds", "1", "--real", liar]):
+        done = subprocess.run([str(ENGINE), *command, "--label", label, "-q", "-o", str(tmp_path / "out")],
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 2 and done.stderr.count("\n") == 1 and "--label must be printable text" in done.stderr, done.stderr
+        assert "\x1b" not in done.stderr and not (tmp_path / "out").exists() and not Liar.prompts

@@ -5,6 +5,7 @@ and exit 2, and the page in headless Chromium (drawn, sorted from its address)."
 from __future__ import annotations
 
 import csv
+import html
 import json
 import math
 import re
@@ -272,3 +273,28 @@ def test_a_named_trace_spec_is_cut_to_the_boards_default_count():
 
     assert BoardWorkload.parse("sharegpt-4k@2.5").options(None, 0)["num_requests"] == DEFAULT_REQUESTS
     assert BoardWorkload.parse("tiered-sessions").options(None, 0)["num_requests"] is None  # its own 100 sessions
+
+
+HOSTILE_NAME = "<!--<script>&amp;"  # a comment opener then a script tag: the HTML parser's "double-escaped" state
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="Chromium is not installed (Debian: apt-get install chromium)")
+def test_paths_and_labels_that_hold_markup_leave_the_page_whole_in_headless_chromium(tmp_path):
+    """A workload path holding <!--<script> once broke the page's script: its inlined JSON no longer parsed."""
+    folder = tmp_path / f"w{HOSTILE_NAME}"
+    folder.mkdir()
+    spec = folder / f"load{HOSTILE_NAME}.json"
+    spec.write_text(json.dumps({"kind": "synthetic", "num_requests": 6, "arrivals": {"kind": "poisson", "rate": 50.0},
+                                "prompt": {"kind": "fixed", "value": 30}, "output": {"kind": "fixed", "value": 5}}))
+    policy = folder / "policy.py"
+    policy.write_text("from kvsched.policies.fcfs import Fcfs\n\n\nclass Mine(Fcfs):\n    pass\n")
+    done = engine("leaderboard", "-q", "-p", "fcfs", "-p", f"{policy}:Mine", "-w", spec, "--seeds", "1", "-j", "1", "-o", tmp_path / "out")
+    assert done.returncode == 0, done.stderr
+    page = (tmp_path / "out" / "leaderboard.html").read_text()
+    assert HOSTILE_NAME not in page.split('id="board">')[1].split("</script>")[0]  # inlined only as escapes
+    proc = chromium(tmp_path, "--dump-dom", (tmp_path / "out" / "leaderboard.html").as_uri())
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    dom = proc.stdout
+    assert re.search(r'<div id="js-errors" hidden="">\s*</div>', dom), "the page caught a JavaScript error"
+    assert 'data-rendered="2"' in dom and dom.count(html.escape(f"load{HOSTILE_NAME}.json")) >= 2  # in the table's headings, as text
+    assert f'data-policy="{html.escape(str(policy))}:Mine"' in dom

@@ -59,3 +59,26 @@ def test_a_screenshot_of_the_report(report, tmp_path):
     proc = chromium(tmp_path, f"--screenshot={shot}", "--window-size=1200,3000", "--hide-scrollbars", report.as_uri())
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 50_000  # charts, not a blank page
+
+
+def test_a_policy_name_and_folder_that_hold_markup_leave_the_report_whole(tmp_path):
+    """Every page escapes what it embeds: a name holding </script> or <!--<script> (the HTML parser's
+    "double-escaped" state, where a script element's end is not its end) must not cut its script short."""
+    hostile = "<!--<script>&amp;"
+    folder = tmp_path / f"run{hostile}"
+    folder.mkdir()
+    (folder / "policy.py").write_text("from kvsched.policies.fcfs import Fcfs\n\n\nclass Mine(Fcfs):\n"
+                                      "    name = 'mine</script><!--<script>'\n")
+    out = folder / "out"
+    proc = subprocess.run([ENGINE, "run", "-q", "-n", "40", "--policy", f"{folder}/policy.py:Mine", "--output", str(out), "--plot"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    page = (out / "report.html").read_text()
+    scripts = re.findall(r'<script type="application/json"[^>]*>(.*?)</script>', page, re.S)
+    assert scripts and not any("<" in s or ">" in s for s in scripts)  # inlined JSON holds its markup as escapes only
+    shown = chromium(tmp_path, "--dump-dom", (out / "report.html").as_uri())
+    assert shown.returncode == 0, shown.stderr[-2000:]
+    charts = re.findall(r'<div class="chart" id="([^"]+)"></div>', page)
+    assert f'data-charts-rendered="{len(charts)}"' in shown.stdout
+    assert re.search(r'<div id="js-errors" hidden="">\s*</div>', shown.stdout), "the page caught a JavaScript error"
+    assert "kvsched run: mine&lt;/script&gt;&lt;!--&lt;script&gt;" in shown.stdout
