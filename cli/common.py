@@ -6,6 +6,8 @@ import functools
 import math
 import os
 import re
+import signal
+import threading
 import time
 import traceback
 from collections.abc import Callable, Collection, Iterable, Iterator
@@ -232,26 +234,53 @@ def progress_bar(quiet: bool, doing: str = "simulating", counting: str = "reques
 def print_plugins(kind: str, infos: Iterable[Any], describe: Callable[[str], str]) -> None:
     """``engine policies`` or ``engine routers``: a table of the installed plugins of ``kind`` (their
     ``PolicyInfo``s), each described by ``describe(spec)``; one that fails to load says why in its row,
-    so that a broken third-party plugin does not hide the others. A name that several distributions
-    register is listed as DIST:NAME, each, with a warning that says how to choose."""
-    from kvsched.core.loading import GROUPS
+    so that a broken third-party plugin does not hide the others (a ``KeyboardInterrupt`` its import raises
+    too: only a real Ctrl-C, SIGINT, ends the listing). A name that several distributions register is
+    listed as DIST:NAME, each, with a warning that says how to choose."""
+    from kvsched.core.loading import GROUPS, _exception_text
 
     group = GROUPS[kind]
     table = Table(title=f"installed {group.removeprefix('kvsched.')} (entry-point group {group})")
     for col in ("name", "distribution", "version", "description"):
         table.add_column(col, overflow="fold")
     infos = list(infos)
-    for info in infos:
-        try:
-            text = describe(info.spec)
-        except KvschedError as exc:
-            text = f"(fails to load: {exc})"
-        table.add_row(info.spec, info.distribution, info.version, text)
+    with _interrupts() as pressed:
+        for info in infos:
+            try:
+                text = describe(info.spec)
+            except KvschedError as exc:
+                text = f"(fails to load: {exc})"
+            except KeyboardInterrupt as exc:
+                if pressed:
+                    raise
+                text = f"(fails to load: {_exception_text(exc)})"
+            table.add_row(info.spec, info.distribution, info.version, text)
     console.print(table)
     for name in sorted({i.name for i in infos if i.ambiguous}):
         dists = " and ".join(i.distribution for i in infos if i.name == name)
         console.print(f"[bold yellow]warning:[/] {name} is registered by {dists}: choose one with --{kind} DIST:{name}",
                       highlight=False)
+
+
+@contextmanager
+def _interrupts() -> Iterator[list[int]]:
+    """A list that holds the signal once Ctrl-C is pressed (SIGINT then raises ``KeyboardInterrupt`` as
+    Python's own handler does): a ``KeyboardInterrupt`` while it is empty was raised by code, not by the user.
+    Outside the main thread no handler can be set: every one counts as the user's."""
+    if threading.current_thread() is not threading.main_thread():
+        yield [signal.SIGINT]
+        return
+    pressed: list[int] = []
+
+    def handler(signum, frame):
+        pressed.append(signum)
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGINT, handler)
+    try:
+        yield pressed
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def print_summary(summary: dict) -> None:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from kvsched.core import plugins
 from kvsched.core.errors import KvschedError, PolicyError, error_text
-from kvsched.core.loading import HOOKS, _plugin_line
+from kvsched.core.loading import HOOKS, _exception_text
 
 
 class WorkerError(KvschedError):
@@ -30,7 +30,7 @@ def portable(exc: BaseException, policy: str) -> BaseException:
     """``exc``, raised while running ``policy`` in a worker, as an exception that travels to the
     command's process and reads there as ``exc`` reads in a single run (``exc`` itself if it does)."""
     if not isinstance(exc, Exception):  # SystemExit, GeneratorExit: the policy's, ending its point only
-        return WorkerError(str(PolicyError(_policy_name(policy), f"raised {_described(exc)}", _hook(exc))))
+        return WorkerError(str(PolicyError(_policy_name(policy), f"raised {_exception_text(exc)}", _hook(exc))))
     if _travels(exc):
         return exc
     if isinstance(exc, KvschedError):
@@ -55,13 +55,6 @@ def _policy_name(spec: str) -> str:
         return plugins.policy_name(spec, plugins.load_policy(spec))
     except Exception:
         return spec
-
-
-def _described(exc: BaseException) -> str:
-    """``Type: message (at file:line)``, the line the innermost frame of plugin code."""
-    text = " ".join(error_text(exc).split())
-    frames = list(traceback.walk_tb(exc.__traceback__))[::-1]
-    return f"{type(exc).__name__}{': ' + text if text else ''}{_plugin_line(frames)}"
 
 
 def _hook(exc: BaseException) -> str | None:

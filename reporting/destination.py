@@ -6,7 +6,8 @@ appears whole, and an existing one is swapped for the new one in one step (``ren
 exchange, or two renames where the file system has none), so that a failure or a kill at any
 point leaves the old results or the new ones, whole, never a mix or neither. (The folder the
 command runs in, ``-o .``, is not swapped, which would leave the shell in a removed folder: each
-new file replaces its old one instead, so none is ever missing.) Files in the folder
+new file replaces its old one instead, so none is ever missing, the old ones kept aside until all are
+replaced, so that a failure half-way puts them back.) Files in the folder
 that are not results of an earlier run (``names``) are kept: linked into the new folder before the
 swap (moved after it, what cannot be linked). A single file is written beside its destination
 and renamed over it. Symbolic links are followed: the results go where the link points.
@@ -153,12 +154,37 @@ def publishing_folder(folder: Path, names: Iterable[str] = RUN_FILES) -> Iterato
 def _replace_files(stage: Path, folder: Path, names: set[str]) -> None:
     """Where ``folder`` is not swapped (a mount point, the folder the command runs in): each new file
     over its old one, so that no result is ever missing, then the old results the new run did not
-    write are removed."""
+    write are removed. The old results are hard-linked aside first: a replace that fails half-way
+    (a result's name taken by a folder, a file that cannot be replaced) puts them all back, and removes
+    the new ones, so that the folder holds the old results or the new ones, never a mix."""
     new = {p.name for p in stage.iterdir()}
-    for name in new:
-        os.replace(stage / name, folder / name)
-    for name in names - new:
-        (folder / name).unlink(missing_ok=True)
+    old = {name for name in names | new if os.path.isfile(folder / name) and not os.path.islink(folder / name)}
+    aside = Path(tempfile.mkdtemp(prefix=".kvsched-old-", dir=folder))  # beside them: the same file system
+    try:
+        for name in old:
+            _keep(folder / name, aside / name)
+        try:
+            for name in new:
+                os.replace(stage / name, folder / name)
+            for name in names - new:
+                (folder / name).unlink(missing_ok=True)
+        except OSError:
+            for name in new - old:
+                if os.path.isfile(folder / name):
+                    (folder / name).unlink(missing_ok=True)
+            for name in old:
+                os.replace(aside / name, folder / name)
+            raise
+    finally:
+        shutil.rmtree(aside, ignore_errors=True)
+
+
+def _keep(path: Path, copy: Path) -> None:
+    """``path``'s content also at ``copy``: a hard link (no copying), or a copy where the file system has none."""
+    try:
+        os.link(path, copy)
+    except OSError:
+        shutil.copy2(path, copy)
 
 
 def _runs_in(folder: Path) -> bool:

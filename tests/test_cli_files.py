@@ -245,13 +245,17 @@ def _results(folder: Path) -> dict[str, str]:
     return {name: (folder / name).read_text() for name in RUN_FILES if (folder / name).exists()}
 
 
-def _publish_and_stop_at(out: Path, k: int, how: str) -> int:
+def _publish_and_stop_at(out: Path, k: int, how: str, inside: bool = False) -> int:
     """In a child process, publish NEW over ``out`` and stop at its ``k``-th file-system call: killed
-    (``how="kill"``) or failing with ENOSPC (``"fail"``); the child's exit status (0: it got through)."""
+    (``how="kill"``) or failing with ENOSPC (``"fail"``); the child's exit status (0: it got through).
+    ``inside``: the child runs in ``out`` and publishes to ``.`` (``engine run -o .``)."""
     pid = os.fork()
     if pid:
         return os.waitpid(pid, 0)[1] >> 8
     try:  # the child: never returns to pytest
+        if inside:
+            os.chdir(out)
+            out = Path(".")
         from kvsched.reporting import destination
         from kvsched.reporting.destination import OutputError, publishing_folder
 
@@ -319,3 +323,39 @@ def test_the_folder_the_command_runs_in_is_replaced_in_place_not_swapped(tmp_pat
         for name, text in NEW.items():
             (stage / name).write_text(text)
     assert os.getcwd() == str(out) and out.stat().st_ino == inode and _results(out) == NEW
+
+
+def test_publishing_in_the_folder_the_command_runs_in_that_fails_anywhere_leaves_the_old_or_the_new_whole(tmp_path):
+    """Replaced file by file (the folder is not swapped), a replace that failed half-way once left a mix of old
+    and new results."""
+    for k in range(1, 60):
+        out = tmp_path / f"out-{k}"
+        out.mkdir()
+        for name, text in OLD.items():
+            (out / name).write_text(text)
+        (out / "notes.txt").write_text("mine")
+        status = _publish_and_stop_at(out, k, "fail", inside=True)
+        assert status in (0, 3), status
+        assert _results(out) in (OLD, NEW), (k, _results(out))  # never a mix, never neither
+        assert (out / "notes.txt").read_text() == "mine", k
+        if status == 0:
+            assert _results(out) == NEW
+            break
+    else:
+        pytest.fail("publishing never got through")
+
+
+def test_a_result_name_taken_by_a_folder_fails_publishing_in_place_and_keeps_the_old_results(tmp_path, monkeypatch):
+    from kvsched.reporting.destination import OutputError, publishing_folder
+
+    out = tmp_path / "out"
+    (out / "trace.json").mkdir(parents=True)  # what a result's name holds, a folder, refuses its replace
+    (out / "trace.json" / "mine.txt").write_text("mine")
+    for name, text in OLD.items():
+        (out / name).write_text(text)
+    monkeypatch.chdir(out)
+    with pytest.raises(OutputError), publishing_folder(Path(".")) as stage:
+        for name, text in {**NEW, "trace.json": "{}"}.items():
+            (stage / name).write_text(text)
+    assert {name: (out / name).read_text() for name in OLD} == OLD and (out / "trace.json" / "mine.txt").read_text() == "mine"
+    assert sorted(p.name for p in out.iterdir()) == sorted([*OLD, "trace.json"])  # nothing new, nothing left aside

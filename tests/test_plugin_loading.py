@@ -72,6 +72,33 @@ def test_keyboard_interrupt_on_import_is_not_swallowed(install):
         load_policy("interrupted")
 
 
+def test_a_plugin_raising_keyboard_interrupt_at_import_is_one_row_of_the_listing(tmp_path):
+    """engine policies once ended with exit 130 and listed nothing: only a real Ctrl-C ends the listing."""
+    folder = make_dist(tmp_path / "dists", "interrupting-dist", {"interrupting": "interrupting_mod:Policy"},
+                       {"interrupting_mod": "raise KeyboardInterrupt('not mine to end')\n"})
+    listed = engine(folder, "policies")
+    assert listed.returncode == 0, listed.stderr
+    rows = [line for line in listed.stdout.splitlines() if "interrupting-dist" in line]
+    assert len(rows) == 1 and "(fails to load: KeyboardInterrupt: not mine" in rows[0], listed.stdout
+    assert "interrupting_mod.py:1" in "".join(listed.stdout.split())
+    assert "│ vllm-v1 " in listed.stdout and "│ fcfs " in listed.stdout
+
+
+def test_ctrl_c_while_the_policies_are_listed_still_ends_the_listing():
+    import os
+    import signal
+
+    from kvsched.cli.common import print_plugins
+
+    def pressed():
+        os.kill(os.getpid(), signal.SIGINT)  # a real SIGINT, as the terminal sends it
+        return VllmDefault
+
+    with pytest.raises(KeyboardInterrupt):
+        print_plugins("listing", [("ctrl-c", "dist", "0.1", pressed)])
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # Python's own handler back
+
+
 def test_a_policy_file_or_module_that_exits_on_import_is_named_by_its_path(install, tmp_path):
     draft = tmp_path / "exits_draft.py"
     draft.write_text("raise SystemExit(3)\n")
