@@ -94,8 +94,8 @@ def checked(parser: argparse.ArgumentParser, args: argparse.Namespace, order: li
     except (KvschedError, ValueError) as exc:
         parser.error(str(exc))
     runs = data.get("runs") if isinstance(data, dict) else None
-    if not isinstance(runs, list) or not all(isinstance(r, dict) and all(k in r for k in RUN_KEYS) and isinstance(r["label"], str)
-                                             for r in runs):
+    if not isinstance(runs, list) or not all(isinstance(r, dict) and all(k in r for k in RUN_KEYS)
+                                             and isinstance(r["label"], str) for r in runs):
         parser.error(f"--resume: {saved} holds no runs as this script writes them "
                      f"(a list under 'runs', each with {', '.join(RUN_KEYS)})")
     args.workdir.mkdir(parents=True, exist_ok=True)

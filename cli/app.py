@@ -100,10 +100,10 @@ def run(
         from kvsched.workloads import build_workload
 
         if executor != "sim":
-            fail("--executor hf runs one real engine; a fleet is simulated (drop --executor, or --replicas and --fleet)")
+            fail("--executor hf runs one real engine; a fleet is simulated (drop --executor, or the fleet's options)")
         refuse_unread(ctx, HF_OPTIONS, "to a fleet: it is simulated (--executor hf runs one real engine)")
-        refuse_unread(ctx, ONE_ENGINE_OUTPUTS, "to a fleet: its results (summary.json, requests.csv, routes.csv) have no "
-                                               "SLO goodput, plots, decision log or Chrome trace yet")
+        refuse_unread(ctx, ONE_ENGINE_OUTPUTS, "to a fleet: its results (summary.json, requests.csv, routes.csv) "
+                                               "have no SLO goodput, plots, decision log or Chrome trace yet")
         if fleet_spec is not None:
             refuse_unread(ctx, FLEET_SPEC_FIELDS, "with --fleet: the spec's replica groups give each replica's policy, "
                                                   "options, settings and profile")
@@ -114,8 +114,8 @@ def run(
         inputs = {**input_files(workload, trace, profile, [policy], built), "--fleet": fleet_spec}
         fleet.run_command(spec, built, output, quiet, inputs, plot=plot)
         return
-    refuse_unread(ctx, FLEET_OPTIONS, "to one engine: it routes or shapes a fleet (give --replicas N, --prefill-replicas "
-                                      "with --decode-replicas, or --fleet)")
+    refuse_unread(ctx, FLEET_OPTIONS, "to one engine: it routes or shapes a fleet (give --replicas N, "
+                                      "--prefill-replicas with --decode-replicas, or --fleet)")
     if executor == "hf":
         refuse_unread(ctx, SIM_OPTIONS, "to a real model (--executor hf): it runs --prompt (or its built-in prompts), "
                                         "not a simulated workload")
@@ -131,11 +131,11 @@ def run(
 # The options of `engine run` that only some of its modes read, by parameter name: given where they are not read,
 # they are refused (one line, exit 2) rather than taken and ignored. tests/test_cli_options.py enumerates them all.
 HF_OPTIONS = frozenset({"model", "prompt", "max_tokens", "temperature"})
-SIM_OPTIONS = frozenset({"profile", "workload", "trace", "rate_scale", "start_offset", "arrival", "cv", "slo_ttft", "slo_tpot",
-                         "plot", "decision_log", "trace_out"})
-FLEET_OPTIONS = frozenset({"replicas", "router", "router_opt", "staleness", "prefill_replicas", "decode_replicas", "fleet_spec",
-                           "transfer_gbps"})
-ONE_ENGINE_OUTPUTS = frozenset({"slo_ttft", "slo_tpot", "plot", "decision_log", "trace_out"})  # a fleet's summary has none of them yet
+SIM_OPTIONS = frozenset({"profile", "workload", "trace", "rate_scale", "start_offset", "arrival", "cv", "slo_ttft",
+                         "slo_tpot", "plot", "decision_log", "trace_out"})
+FLEET_OPTIONS = frozenset({"replicas", "router", "router_opt", "staleness", "prefill_replicas", "decode_replicas",
+                           "fleet_spec", "transfer_gbps"})
+ONE_ENGINE_OUTPUTS = frozenset({"slo_ttft", "slo_tpot", "plot", "decision_log", "trace_out"})  # none in a fleet's yet
 FLEET_SPEC_FIELDS = frozenset({"policy", "policy_opt", "set_", "profile"})
 
 

@@ -54,7 +54,7 @@ def server_env(base: dict[str, str], kv_cache_gib: float | None = None) -> dict[
     $VLLM_CPU_KVCACHE_SPACE, else 1 GiB), and a fresh Prometheus multiprocess folder, so that
     /metrics also shows the counter the engine-core process keeps (named again in ``METRICS_DIR``: the
     server removes the folder as it exits)."""
-    metrics = tempfile.mkdtemp(prefix="kvsched-metrics-")  # the server removes it as it exits (integrations/vllm/server.py)
+    metrics = tempfile.mkdtemp(prefix="kvsched-metrics-")  # removed by the server as it exits (vllm/server.py)
     env = dict(base, HF_HUB_OFFLINE="1", PROMETHEUS_MULTIPROC_DIR=metrics, **{METRICS_DIR: metrics})
     if kv_cache_gib is not None or "VLLM_CPU_KVCACHE_SPACE" not in env:
         env["VLLM_CPU_KVCACHE_SPACE"] = f"{kv_cache_gib or 1:g}"
@@ -85,7 +85,8 @@ def serve(
     # The mirror vLLM's engine core builds, with V1's mechanics (vLLM's own numbers aside): what is not a policy (a
     # router's file, a hook of the wrong signature), an unknown one, a bad option or setting fails here in one line,
     # not in the engine core 25-130 s after vLLM starts, in a hundred lines of traceback.
-    Mirror(EngineConfig.model_validate({"vllm_engine": "v1", "num_cpu_blocks": 0, "decode_lane": False, **settings}), policy, options)
+    v1 = {"vllm_engine": "v1", "num_cpu_blocks": 0, "decode_lane": False}
+    Mirror(EngineConfig.model_validate({**v1, **settings}), policy, options)
     from kvsched.executors.hf_models import model_folder
 
     model_dir = str(model_folder(model))

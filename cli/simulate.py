@@ -16,7 +16,8 @@ from kvsched.cli.common import flag
 
 WorkloadOpt = Annotated[Optional[str], typer.Option("--workload", "-w", help="default, synthetic, azure-conv, sharegpt, or a workload .json spec")]
 TraceOpt = Annotated[Optional[Path], typer.Option("--trace", help="trace CSV: Azure (TIMESTAMP,...), plain (arrival_time_s,...) or lengths (num_prefill_tokens,...)")]
-RateScaleOpt = Annotated[float, typer.Option("--rate-scale", min=1e-9, max=1e9, help="multiply the arrival rate (trace times are divided by it)")]
+RateScaleOpt = Annotated[float, typer.Option("--rate-scale", min=1e-9, max=1e9,
+                                             help="multiply the arrival rate (trace times are divided by it)")]
 StartOffsetOpt = Annotated[float, typer.Option("--start-offset", min=0, help="skip this many trace seconds")]
 ArrivalOpt = Annotated[Optional[str], typer.Option("--arrival", help="synthetic arrivals: poisson or gamma")]
 CvOpt = Annotated[float, typer.Option("--cv", min=1e-9, help="coefficient of variation of gamma arrival gaps")]

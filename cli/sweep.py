@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 from kvsched.cli.common import NumOpt, ProfileOpt, QuietOpt, RateOpt, SeedOpt, flag
-from kvsched.experiments.ray_backend import DEFAULT_CONNECT_TIMEOUT_S
+from kvsched.experiments.ray_backend import DEFAULT_CONNECT_TIMEOUT_S as RAY_TIMEOUT_S
 from kvsched.cli.simulate import (
     ArrivalOpt, CvOpt, RateScaleOpt, SloTpotOpt, SloTtftOpt, StartOffsetOpt, TraceOpt, WorkloadOpt,
 )
@@ -43,8 +43,8 @@ def sweep(
     workers: Annotated[Optional[int], typer.Option("--workers", "-j", min=1, help="parallel processes (default: CPUs)")] = None,
     ray: Annotated[bool, flag("--ray", help="run the points as Ray tasks on a local Ray of --workers CPUs, started and stopped here (the ray extra)")] = False,
     ray_address: Annotated[Optional[str], typer.Option("--ray-address", metavar="ADDRESS", help="run the points as Ray tasks on this running Ray cluster (auto, host:port, ray://host:10001); implies --ray")] = None,
-    ray_timeout: Annotated[float, typer.Option("--ray-timeout", min=0.1, max=3600, help="seconds the Ray cluster at "
-                                               "--ray-address has to answer before the sweep gives up")] = DEFAULT_CONNECT_TIMEOUT_S,
+    ray_timeout: Annotated[float, typer.Option("--ray-timeout", min=0.1, max=3600, help=(
+        "seconds the Ray cluster at --ray-address has to answer before the sweep gives up"))] = RAY_TIMEOUT_S,
     output: Annotated[Path, typer.Option("--output", "-o", help="folder for sweep.csv, sweep.parquet, tradeoff.png")] = Path("sweep-out"),
     quiet: QuietOpt = False,
 ) -> None:

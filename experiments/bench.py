@@ -130,7 +130,8 @@ def _failure(exc: Exception, item: Sent, timeout: float) -> tuple[str, bool]:
 
     after = f" after {len(item.token_times)} streamed chunk(s)" if item.token_times else ""
     if isinstance(exc, APIStatusError):
-        return shorten(f"refused by the server (HTTP {exc.status_code}): {error_text(exc, 300).removeprefix(f'Error code: {exc.status_code} - ')}", 300), True
+        said = error_text(exc, 300).removeprefix(f"Error code: {exc.status_code} - ")
+        return shorten(f"refused by the server (HTTP {exc.status_code}): {said}", 300), True
     if isinstance(exc, APITimeoutError):
         return f"the server sent nothing for {timeout:g} s (--timeout){after}", False
     return shorten(f"the connection failed{after}: {type(exc).__name__}: {error_text(exc, 300)}", 300), False
@@ -226,8 +227,9 @@ def misfits(requests: list[Request], max_model_len: int | None) -> str | None:
     if not over:
         return None
     worst = max(over, key=lambda r: r.prompt_len + max_output(r))
-    return (f"{len(over):,} of {len(requests):,} requests need more than the server's context of {max_model_len:,} tokens "
-            f"(prompt + output; {worst.request_id}: {worst.prompt_len:,} + {max_output(worst):,}): the server will refuse them")
+    return (f"{len(over):,} of {len(requests):,} requests need more than the server's context of {max_model_len:,} "
+            f"tokens (prompt + output; {worst.request_id}: {worst.prompt_len:,} + {max_output(worst):,}): "
+            "the server will refuse them")
 
 
 def measured(url: str, model: str, load: Any, sent: list[Sent], label: str | None = None) -> tuple[list[RequestMetrics], dict]:

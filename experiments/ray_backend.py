@@ -71,9 +71,11 @@ def check_reachable(address: str, timeout: float) -> None:
     try:
         probe = subprocess.run([sys.executable, "-c", _PROBE, address], capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
-        raise ValueError(f"--ray-address {address}: no Ray cluster answered within {timeout:g} s (--ray-timeout)") from None
+        raise ValueError(f"--ray-address {address}: no Ray cluster answered within {timeout:g} s "
+                         "(--ray-timeout)") from None
     if probe.returncode != 0:
-        last = next((line for line in reversed(probe.stderr.splitlines()) if line.strip()), f"exit status {probe.returncode}")
+        lines = [line for line in probe.stderr.splitlines() if line.strip()]
+        last = lines[-1] if lines else f"exit status {probe.returncode}"
         raise ValueError(f"--ray: {address}: Ray could not start or connect: {shorten(last.strip(), 300)}")
 
 

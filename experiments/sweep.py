@@ -149,7 +149,8 @@ def run_sweep(spec: SweepSpec, points: list[Point], workers: int | None = None,
     if ray_address is not None:
         from kvsched.experiments.ray_backend import DEFAULT_CONNECT_TIMEOUT_S, run_points_on_ray
 
-        return run_points_on_ray(spec, points, run_point, ray_address, workers, on_done, ray_timeout or DEFAULT_CONNECT_TIMEOUT_S)
+        return run_points_on_ray(spec, points, run_point, ray_address, workers, on_done,
+                                 ray_timeout or DEFAULT_CONNECT_TIMEOUT_S)
     workers = max(1, min(workers or os.cpu_count() or 1, len(points)))
     rows: dict[int, dict] = {}
     if workers == 1:

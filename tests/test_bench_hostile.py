@@ -57,7 +57,8 @@ class Liar(BaseHTTPRequestHandler):
             usage, finish, act = next(Liar.counts), next(Liar.reasons), next(Liar.acts)
             Liar.prompts.append(tuple(body["prompt"]))
         if act == "refuse":
-            data = json.dumps({"error": {"message": "This model's maximum context length is 32 tokens", "type": "BadRequestError",
+            data = json.dumps({"error": {"message": "This model's maximum context length is 32 tokens",
+                                         "type": "BadRequestError",
                                          "code": 400}}).encode()
             self.send_response(400)
             self.send_header("Content-Type", "application/json")
@@ -86,7 +87,9 @@ class Liar(BaseHTTPRequestHandler):
 
 @pytest.fixture
 def liar():
-    Liar.counts, Liar.reasons, Liar.acts, Liar.context = itertools.cycle([None]), itertools.cycle(["length"]), itertools.cycle(["answer"]), None
+    Liar.counts, Liar.reasons = itertools.cycle([None]), itertools.cycle(["length"])
+    Liar.acts = itertools.cycle(["answer"])
+    Liar.context = None
     Liar.prompts = []
     server = ThreadingHTTPServer(("127.0.0.1", 0), Liar)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
@@ -107,7 +110,8 @@ def workload(tmp_path):
 
 def bench(url: str, workload: Path, out: Path, *options: str, stderr: str = "") -> tuple[dict, list[dict]]:
     """engine bench's summary and records; ``stderr`` is what it must print there (a regular expression)."""
-    done = subprocess.run([str(ENGINE), "bench", "--url", url, "--workload", str(workload), "--output", str(out), "-q", *options],
+    done = subprocess.run([str(ENGINE), "bench", "--url", url, "--workload", str(workload), "--output", str(out), "-q",
+                           *options],
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and re.fullmatch(stderr, done.stderr, re.S), done.stderr
     with open(out / "requests.csv") as f:
@@ -182,7 +186,7 @@ def test_a_server_that_sends_headers_and_then_nothing_fails_each_request_after_t
     assert summary["finished"] == 3 and hung == ["the server sent nothing for 1 s (--timeout)"] * 3, rows
 
 
-def test_a_request_the_server_refuses_or_ends_unrun_is_recorded_as_ignored_with_the_servers_reason(liar, workload, tmp_path):
+def test_a_request_refused_or_ended_unrun_is_recorded_as_ignored_with_the_servers_reason(liar, workload, tmp_path):
     """vLLM drops every chunk of a request that ends without a token, its finish reason too: such requests were
     recorded as aborted, with "the stream ended with finish reason None"; and nothing said before the replay that
     the workload passes the server's context."""
@@ -192,22 +196,25 @@ def test_a_request_the_server_refuses_or_ends_unrun_is_recorded_as_ignored_with_
     over = sum(r.prompt_len + r.output_len > 16 for r in build_workload(str(workload)).requests())
     assert 0 < over < 6
     summary, rows = bench(liar, workload, tmp_path / "out", stderr=rf"warning: {over} of 6 requests need more than the "
-                          r"server's context of 16 tokens \(prompt \+ output; req-\d+: \d+ \+ \d+\): the server will refuse them\n")
+                          r"server's context of 16 tokens \(prompt \+ output; req-\d+: \d+ \+ \d+\): "
+                          r"the server will refuse them\n")
     assert summary["finished"] == 2 and summary["ignored"] == 4 and summary["aborted"] == 0
     refused = [r["detail"] for r in rows if r["status"] == "FINISHED_IGNORED" and "HTTP" in r["detail"]]
     assert refused == ["refused by the server (HTTP 400): This model's maximum context length is 32 tokens"] * 2
     unrun = [r for r in rows if r["status"] == "FINISHED_IGNORED" and "HTTP" not in r["detail"]]
-    assert [r["detail"].startswith("the server ended it without a token or a finish reason") for r in unrun] == [True, True]
+    assert len(unrun) == 2 and all(r["detail"].startswith("the server ended it without a token or a finish reason")
+                                   for r in unrun)
     assert all(r["finish_reason"] == "length" and r["output_tokens"] == "0" and r["finish_time"] for r in unrun)
     assert any(w["reason"].startswith("ignored: refused by the server (HTTP 400)") for w in summary["warnings"])
 
 
 @pytest.mark.parametrize("label", ["\x1b[31mred\x1b[0m", "two\nlines", "\r", "   "])
 def test_a_label_that_is_not_one_printable_line_is_refused_before_the_replay(liar, workload, tmp_path, label):
-    """A label with ANSI escapes or line breaks was once written verbatim into the summary, the terminal and the board."""
+    """A label with ANSI escapes or line breaks was once written as it was into the summary, the terminal, the board."""
     for command in (["bench", "--url", liar, "--workload", str(workload)],
                     ["leaderboard", "-p", "fcfs", "-w", str(workload), "--seeds", "1", "--real", liar]):
         done = subprocess.run([str(ENGINE), *command, "--label", label, "-q", "-o", str(tmp_path / "out")],
                               capture_output=True, text=True, timeout=120)
-        assert done.returncode == 2 and done.stderr.count("\n") == 1 and "--label must be printable text" in done.stderr, done.stderr
+        assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+        assert "--label must be printable text" in done.stderr
         assert "\x1b" not in done.stderr and not (tmp_path / "out").exists() and not Liar.prompts

@@ -155,17 +155,22 @@ def test_a_small_hash_id_trace_cannot_expand_to_gigabytes(tmp_path):
     line = {"timestamp": 0, "input_length": 2**31, "output_length": 1, "hash_ids": [0] * 2048}
     (tmp_path / "t.jsonl").write_text(json.dumps(line) + "\n")
     assert (tmp_path / "t.jsonl").stat().st_size < 11_000
-    (tmp_path / "huge.json").write_text(json.dumps({"kind": "prefix-trace", "path": "t.jsonl", "hash_block_size": 2**20}))
-    assert "hash_block_size: Input should be less than or equal to 4096" in _line(_engine("run", "-q", "-w", tmp_path / "huge.json"))
-    (tmp_path / "most.json").write_text(json.dumps({"kind": "prefix-trace", "path": "t.jsonl", "hash_block_size": 4096}))
+    (tmp_path / "huge.json").write_text(json.dumps({"kind": "prefix-trace", "path": "t.jsonl",
+                                                    "hash_block_size": 2**20}))
+    assert "hash_block_size: Input should be less than or equal to 4096" in _line(_engine("run", "-q", "-w",
+                                                                                          tmp_path / "huge.json"))
+    (tmp_path / "most.json").write_text(json.dumps({"kind": "prefix-trace", "path": "t.jsonl",
+                                                    "hash_block_size": 4096}))
     start = time.perf_counter()
-    assert "column 'input_length': must be an integer from 1 to 1,048,576" in _line(_engine("run", "-q", "-w", tmp_path / "most.json"))
+    assert "column 'input_length': must be an integer from 1 to 1,048,576" in _line(_engine("run", "-q", "-w",
+                                                                                            tmp_path / "most.json"))
     assert time.perf_counter() - start < 30
 
 
 @pytest.mark.parametrize("spec, args, said", [
     ({"num_sessions": 3}, ["-n", "2000000"], "num_sessions: Input should be less than or equal to 1000000"),
-    ({"num_sessions": 1_000_000, "turns": {"kind": "fixed", "value": 20}}, [], "make up to 20,000,000 requests; at most 10,000,000"),
+    ({"num_sessions": 1_000_000, "turns": {"kind": "fixed", "value": 20}}, [],
+     "make up to 20,000,000 requests; at most 10,000,000"),
     ({"num_sessions": 3, "max_context": 2**31}, [], "max_context: Input should be less than or equal to 1048576"),
     ({"num_sessions": 3, "rate": 1e300}, ["--rate-scale", "1e9"], "rate: Input should be a finite number"),
 ])
@@ -181,7 +186,8 @@ def test_a_sessions_workload_is_bounded_with_the_command_line_s_numbers_applied(
 def test_a_spec_s_rate_scaled_past_the_floats_is_refused_as_it_loads(tmp_path):
     (tmp_path / "t.csv").write_text("arrival_time_s,prompt_tokens,output_tokens\n0,5,1\n1,5,1\n")
     (tmp_path / "trace.json").write_text(json.dumps({"kind": "trace", "path": "t.csv", "rate_scale": 1e9}))
-    assert "rate_scale: Input should be less than or equal to 1000000000" in _line(_engine("run", "-q", "-w", tmp_path / "trace.json",
+    assert "rate_scale: Input should be less than or equal to 1000000000" in _line(_engine("run", "-q", "-w",
+                                                                                           tmp_path / "trace.json",
                                                                                           "--rate-scale", "10"))
     assert "Invalid value for '--rate-scale'" in _line(_engine("run", "-q", "--rate-scale", "1e308"))
 

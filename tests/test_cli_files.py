@@ -357,5 +357,6 @@ def test_a_result_name_taken_by_a_folder_fails_publishing_in_place_and_keeps_the
     with pytest.raises(OutputError), publishing_folder(Path(".")) as stage:
         for name, text in {**NEW, "trace.json": "{}"}.items():
             (stage / name).write_text(text)
-    assert {name: (out / name).read_text() for name in OLD} == OLD and (out / "trace.json" / "mine.txt").read_text() == "mine"
+    assert {name: (out / name).read_text() for name in OLD} == OLD
+    assert (out / "trace.json" / "mine.txt").read_text() == "mine"
     assert sorted(p.name for p in out.iterdir()) == sorted([*OLD, "trace.json"])  # nothing new, nothing left aside

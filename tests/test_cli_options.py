@@ -30,120 +30,127 @@ from kvsched.cli.app import FLEET_OPTIONS, FLEET_SPEC_FIELDS, HF_OPTIONS, ONE_EN
 GROUP = typer.main.get_command(app)
 COMMANDS = {"engine": GROUP, **GROUP.commands}
 OPT = "{opt}"  # where in a mode's arguments an option goes (else at the end)
-FLEETS = frozenset({"replicas", "prefill_replicas", "decode_replicas", "fleet_spec"})  # they make `engine run` run a fleet
+FLEETS = frozenset({"replicas", "prefill_replicas", "decode_replicas", "fleet_spec"})  # they make `engine run` a fleet
 
 
 @dataclass
 class Mode:
     command: str
     name: str
-    base: list[str]  # the arguments that put the command in this mode (with OPT where options go, if not at the end)
+    base: list[str]  # the arguments that put the command in this mode (OPT where options go, if not at the end)
     refused: frozenset[str] = frozenset()  # options (parameter names) the mode does not read
     runs: list[list[str]] = field(default_factory=list)  # together, every other option: each run must succeed
     switches: frozenset[str] = frozenset()  # options that put the command in another mode (placed there)
-    refuses: list[list[str]] = field(default_factory=list)  # values refused of an option the mode reads with others
+    refuses: list[list[str]] = field(default_factory=list)  # values refused of an option read with others
     elsewhere: str = ""  # where its runs are exercised instead (a test that needs what a fast one cannot start)
 
 
 EXECUTOR_HF = ["--executor", "hf"]  # a fleet reads --executor sim
 TRACE = "{tmp}/trace.csv"
 SPEC = "{tmp}/synthetic.json"
+PROFILE = ["--profile", "llama2-7b-a100"]
+VTC = ["--policy", "vtc", "--policy-opt", "input_weight=2"]
+ROUTED = ["--router", "power-of-two", "--router-opt", "seed=3", "--staleness", "0.01"]
 WORKLOAD_OPTIONS = ["--workload", "synthetic", "--seed", "3", "--rate", "40", "--arrival", "gamma", "--cv", "2"]
 TRACE_OPTIONS = ["--trace", TRACE, "--rate-scale", "2", "--start-offset", "0.05"]
+SLO = ["--slo-ttft", "1", "--slo-tpot", "0.1"]
+ONE_FLEET = HF_OPTIONS | ONE_ENGINE_OUTPUTS  # what no fleet reads
 
 MODES = [
-    Mode("engine", "alone", [], runs=[["--policy", "vtc", "--policy-opt", "input_weight=2", "--set", "max_num_seqs=8", "--seed", "2",
-                                       "-n", "6", "--rate", "30", "--profile", "llama2-7b-a100", "-o", "{tmp}/alone", "-q",
-                                       "--debug"]]),
+    Mode("engine", "alone", [],
+         runs=[[*VTC, "--set", "max_num_seqs=8", "--seed", "2", "-n", "6", "--rate", "30", *PROFILE, "-o",
+                "{tmp}/alone", "-q", "--debug"]]),
     Mode("engine", "before a command", [OPT, "routers"],
          refused=frozenset(p.name for p in GROUP.params) - {"debug"}, runs=[["--debug"]]),
-    Mode("run", "one simulated engine", ["run", "-n", "6", "-q"], refused=HF_OPTIONS | FLEET_OPTIONS - FLEETS, switches=FLEETS,
-         runs=[["--executor", "sim", "--policy", "vtc", "--policy-opt", "input_weight=2", "--set", "max_num_seqs=8", *WORKLOAD_OPTIONS,
-                "--profile", "llama2-7b-a100", "--slo-ttft", "1", "--slo-tpot", "0.1", "-o", "{tmp}/sim", "--plot",
-                "--decision-log", "--trace-out", "{tmp}/trace-out.json"],
+    Mode("run", "one simulated engine", ["run", "-n", "6", "-q"], refused=HF_OPTIONS | FLEET_OPTIONS - FLEETS,
+         switches=FLEETS,
+         runs=[["--executor", "sim", *VTC, "--set", "max_num_seqs=8", *WORKLOAD_OPTIONS, *PROFILE, *SLO, "-o",
+                "{tmp}/sim", "--plot", "--decision-log", "--trace-out", "{tmp}/trace-out.json"],
                [*TRACE_OPTIONS, "-o", "{tmp}/sim2", "--no-decision-log"]]),
     Mode("run", "a real model", ["run", "--executor", "hf", "--model", "tiny-gpt2", "--max-tokens", "2", "-q",
                                  "--set", "num_gpu_blocks=64", "--set", "block_size=8"],
          refused=SIM_OPTIONS | FLEET_OPTIONS - FLEETS, switches=FLEETS,
-         runs=[["--policy", "vtc", "--policy-opt", "input_weight=2", "-n", "2", "--rate", "50", "--seed", "1", "--temperature", "0.5",
-                "-o", "{tmp}/hf"],
+         runs=[[*VTC, "-n", "2", "--rate", "50", "--seed", "1", "--temperature", "0.5", "-o", "{tmp}/hf"],
                ["--prompt", "Hello"]]),
-    Mode("run", "a real model given prompts", ["run", "--executor", "hf", "--prompt", "Hi", "-q"], refused=frozenset({"num_requests"}),
-         elsewhere="the mode 'a real model' above"),
+    Mode("run", "a real model given prompts", ["run", "--executor", "hf", "--prompt", "Hi", "-q"],
+         refused=frozenset({"num_requests"}), elsewhere="the mode 'a real model' above"),
     Mode("run", "a fleet", ["run", "--replicas", "2", "-n", "6", "-q"],
-         refused=HF_OPTIONS | ONE_ENGINE_OUTPUTS | FLEETS - {"replicas"} | {"transfer_gbps"}, refuses=[EXECUTOR_HF],
-         runs=[["--executor", "sim", "--router", "power-of-two", "--router-opt", "seed=3", "--staleness", "0.01", "--policy", "lcf",
-                "--policy-opt", "victim=lifo", "--set", "max_num_seqs=8", "--profile", "llama2-7b-a100", *WORKLOAD_OPTIONS,
-                "-o", "{tmp}/fleet"],
+         refused=ONE_FLEET | FLEETS - {"replicas"} | {"transfer_gbps"}, refuses=[EXECUTOR_HF],
+         runs=[["--executor", "sim", *ROUTED, "--policy", "lcf", "--policy-opt", "victim=lifo", "--set",
+                "max_num_seqs=8", *PROFILE, *WORKLOAD_OPTIONS, "-o", "{tmp}/fleet"],
                TRACE_OPTIONS]),
     Mode("run", "a P/D fleet", ["run", "--prefill-replicas", "1", "--decode-replicas", "1", "-n", "6", "-q"],
-         refused=HF_OPTIONS | ONE_ENGINE_OUTPUTS | {"replicas", "fleet_spec"}, refuses=[EXECUTOR_HF],
-         runs=[["--executor", "sim", "--transfer-gbps", "10", "--router", "power-of-two", "--router-opt", "seed=3",
-                "--staleness", "0.01", "--policy", "vtc", "--policy-opt", "input_weight=2", "--set", "max_num_seqs=8",
-                "--profile", "llama2-7b-a100", *WORKLOAD_OPTIONS, "-o", "{tmp}/pd"],
+         refused=ONE_FLEET | {"replicas", "fleet_spec"}, refuses=[EXECUTOR_HF],
+         runs=[["--executor", "sim", "--transfer-gbps", "10", *ROUTED, *VTC, "--set", "max_num_seqs=8", *PROFILE,
+                *WORKLOAD_OPTIONS, "-o", "{tmp}/pd"],
                TRACE_OPTIONS]),
     Mode("run", "a fleet spec", ["run", "--fleet", "{tmp}/fleet.json", "-n", "6", "-q"],
-         refused=HF_OPTIONS | ONE_ENGINE_OUTPUTS | FLEET_SPEC_FIELDS | {"replicas", "prefill_replicas", "decode_replicas",
-                                                                       "transfer_gbps"}, refuses=[EXECUTOR_HF],
-         runs=[["--executor", "sim", "--router", "power-of-two", "--router-opt", "seed=3", "--staleness", "0.01", *WORKLOAD_OPTIONS,
-                "-o", "{tmp}/spec"],
-               TRACE_OPTIONS]),
-    Mode("sweep", "a process pool", ["sweep", "-q", "-n", "6", "-o", "{tmp}/sweep"], switches=frozenset({"ray", "ray_address"}),
-         refused=frozenset({"ray_timeout"}),
-         runs=[["-p", "fcfs", "-p", "lcf", "--set", "max_num_seqs=4,8", "--fix", "num_gpu_blocks=512", *WORKLOAD_OPTIONS,
-                "--profile", "llama2-7b-a100", "--slo-ttft", "1", "--slo-tpot", "0.1", "-j", "1"],
+         refused=ONE_FLEET | FLEET_SPEC_FIELDS | FLEETS - {"fleet_spec"} | {"transfer_gbps"}, refuses=[EXECUTOR_HF],
+         runs=[["--executor", "sim", *ROUTED, *WORKLOAD_OPTIONS, "-o", "{tmp}/spec"], TRACE_OPTIONS]),
+    Mode("sweep", "a process pool", ["sweep", "-q", "-n", "6", "-o", "{tmp}/sweep"],
+         switches=frozenset({"ray", "ray_address"}), refused=frozenset({"ray_timeout"}),
+         runs=[["-p", "fcfs", "-p", "lcf", "--set", "max_num_seqs=4,8", "--fix", "num_gpu_blocks=512",
+                *WORKLOAD_OPTIONS, *PROFILE, *SLO, "-j", "1"],
                TRACE_OPTIONS]),
     Mode("sweep", "a Ray cluster", ["sweep", "-q", "-n", "6", "--ray-address", "127.0.0.1:9", "-o", "{tmp}/sweep-ray"],
-         refused=frozenset({"workers"}), elsewhere="tests/test_sweep_ray.py (--ray, --ray-address auto: a Ray of its own)"),
-    Mode("leaderboard", "each workload at its own rate", ["leaderboard", "-q", "-w", "sharegpt@6", "-o", "{tmp}/board-rates"],
+         refused=frozenset({"workers"}),
+         elsewhere="tests/test_sweep_ray.py (--ray, --ray-address auto: a Ray of its own)"),
+    Mode("leaderboard", "each workload at its own rate", ["leaderboard", "-q", "-w", "sharegpt@6", "-o", "{tmp}/rates"],
          refused=frozenset({"rate"}), elsewhere="the mode 'simulated' below"),
-    Mode("leaderboard", "simulated", ["leaderboard", "-q", "-p", "fcfs", "-w", "sharegpt", "-n", "6", "--seeds", "1", "-j", "1",
-                                      "-o", "{tmp}/board"],
+    Mode("leaderboard", "simulated",
+         ["leaderboard", "-q", "-p", "fcfs", "-w", "sharegpt", "-n", "6", "--seeds", "1", "-j", "1", "-o",
+          "{tmp}/board"],
          refused=frozenset({"label", "model", "api_key", "timeout"}), switches=frozenset({"real"}),
-         runs=[["--metric", "ttft_mean_s", "--metric", "e2e_p99_s", "--rank-by", "e2e_p99_s", "--seed", "2", "--rate", "8",
-                "--profile", "llama2-7b-a100"]]),
-    Mode("leaderboard", "with a served engine", ["leaderboard", "-q", "-p", "fcfs", "-w", "sharegpt", "--seeds", "1", "-j", "1",
-                                                 "--real", "{liar}", "-o", "{tmp}/board-real"],
-         runs=[["--label", "served", "--model", LIAR_MODEL, "--api-key", "k", "--timeout", "30", "--metric", "ttft_mean_s",
-                "--rank-by", "ttft_mean_s", "--seed", "2", "-n", "3", "--rate", "8", "--profile", "llama2-7b-a100"]]),
+         runs=[["--metric", "ttft_mean_s", "--metric", "e2e_p99_s", "--rank-by", "e2e_p99_s", "--seed", "2",
+                "--rate", "8", *PROFILE]]),
+    Mode("leaderboard", "with a served engine",
+         ["leaderboard", "-q", "-p", "fcfs", "-w", "sharegpt", "--seeds", "1", "-j", "1", "--real", "{liar}",
+          "-o", "{tmp}/board-real"],
+         runs=[["--label", "served", "--model", LIAR_MODEL, "--api-key", "k", "--timeout", "30", "--metric",
+                "ttft_mean_s", "--rank-by", "ttft_mean_s", "--seed", "2", "-n", "3", "--rate", "8", *PROFILE]]),
     Mode("compare", "policies", ["compare", "-p", "fcfs", "-p", "vtc", "-n", "6", "--seeds", "2", "-q"],
-         runs=[["--policy-opt", "vtc.input_weight=2", "--set", "max_num_seqs=8", "--workload", "synthetic", "--seed", "1", "--rate", "40",
-                "--profile", "llama2-7b-a100", "-o", "{tmp}/cmp", "--plot"],
+         runs=[["--policy-opt", "vtc.input_weight=2", "--set", "max_num_seqs=8", "--workload", "synthetic", "--seed",
+                "1", "--rate", "40", *PROFILE, "-o", "{tmp}/cmp", "--plot"],
                ["--trace", TRACE]]),
     Mode("compare", "result folders", ["compare", "{tmp}/alone", "{tmp}/sim", "-q"], refused=COMPARE_RUNS,
          runs=[["-o", "{tmp}/cmp-folders", "--plot"]]),
     Mode("bench", "a served engine", ["bench", "--url", "{liar}", "-q"],
-         runs=[["--workload", SPEC, "-n", "3", "--rate-scale", "2", "--seed", "1", "--model", LIAR_MODEL, "--label", "served",
-                "-o", "{tmp}/bench", "--api-key", "k", "--timeout", "30"],
+         runs=[["--workload", SPEC, "-n", "3", "--rate-scale", "2", "--seed", "1", "--model", LIAR_MODEL,
+                "--label", "served", "-o", "{tmp}/bench", "--api-key", "k", "--timeout", "30"],
                ["--trace", TRACE]]),
     Mode("explain", "a run's folder", ["explain", "{tmp}/alone"], runs=[["--request", "req-0"], ["--step", "2"]]),
-    Mode("explain", "a fleet's folder", ["explain", "{tmp}/fleet"], refused=frozenset({"step"}), runs=[["-r", "req-0"]]),
+    Mode("explain", "a fleet's folder", ["explain", "{tmp}/fleet"], refused=frozenset({"step"}),
+         runs=[["-r", "req-0"]]),
     Mode("check", "a policy", ["check", "-q", "--examples", "1", "--steps", "2", "--starvation-examples", "1"],
-         runs=[["--policy", "vtc", "--policy-opt", "input_weight=2", "--shrink-seconds", "1"]]),
+         runs=[[*VTC, "--shrink-seconds", "1"]]),
     Mode("calibrate", "recorded steps", ["calibrate", "{tmp}/steps.csv"],
          runs=[["--name", "fit", "-o", "{tmp}/fit.json", "--kv-bytes-per-token", "1000", "--swap-gb-per-s", "8",
                 "--copy-gb-per-s", "50", "--description", "a test"]]),
-    Mode("verify", "a model", ["verify", "--model", "tiny-gpt2", "--scenario", "mixed", "--num-prompts", "1", "--max-tokens", "2", "-q"],
+    Mode("verify", "a model",
+         ["verify", "--model", "tiny-gpt2", "--scenario", "mixed", "--num-prompts", "1", "--max-tokens", "2", "-q"],
          runs=[["--attention", "torch", "--threads", "1", "--device", "cpu"]]),
     Mode("serve", "vLLM", ["serve"], elsewhere="tests/test_vllm_serve.py (each option on a real vLLM server)"),
     Mode("policies", "a listing", ["policies"], runs=[[]]),
     Mode("routers", "a listing", ["routers"], runs=[[]]),
 ]
 
-# How to give each option on its own where a mode refuses it (by command and parameter name; any valid value).
-GIVE = {"policy": ["--policy", "fcfs"], "policy_opt": ["--policy-opt", "victim=lifo"], "set_": ["--set", "max_num_seqs=8"],
-        "seed": ["--seed", "1"], "num_requests": ["-n", "3"], "rate": ["--rate", "5"], "output": ["-o", "{tmp}/refused"],
-        "profile": ["--profile", "llama2-7b-a100"], "quiet": ["-q"], "workload": ["--workload", "synthetic"],
-        "trace": ["--trace", TRACE], "rate_scale": ["--rate-scale", "2"], "start_offset": ["--start-offset", "1"],
-        "arrival": ["--arrival", "gamma"], "cv": ["--cv", "2"], "slo_ttft": ["--slo-ttft", "1"], "slo_tpot": ["--slo-tpot", "1"],
-        "plot": ["--plot"], "decision_log": ["--no-decision-log"], "trace_out": ["--trace-out", "{tmp}/t.json"],
-        "executor": ["--executor", "hf"], "model": ["--model", "tiny-gpt2"], "prompt": ["--prompt", "Hi"],
-        "max_tokens": ["--max-tokens", "2"], "temperature": ["--temperature", "1"], "replicas": ["--replicas", "2"],
-        "router": ["--router", "round-robin"], "router_opt": ["--router-opt", "seed=1"], "staleness": ["--staleness", "0.1"],
+# How to give each option on its own where a mode refuses it (by parameter name; any valid value).
+GIVE = {"policy": ["--policy", "fcfs"], "policy_opt": ["--policy-opt", "victim=lifo"], "set_": ["--set",
+                                                                                                "max_num_seqs=8"],
+        "seed": ["--seed", "1"], "num_requests": ["-n", "3"], "rate": ["--rate", "5"], "output": ["-o",
+                                                                                                  "{tmp}/refused"],
+        "profile": PROFILE, "quiet": ["-q"], "workload": ["--workload", "synthetic"], "trace": ["--trace", TRACE],
+        "rate_scale": ["--rate-scale", "2"], "start_offset": ["--start-offset", "1"], "arrival": ["--arrival", "gamma"],
+        "cv": ["--cv", "2"], "slo_ttft": ["--slo-ttft", "1"], "slo_tpot": ["--slo-tpot", "1"], "plot": ["--plot"],
+        "decision_log": ["--no-decision-log"], "trace_out": ["--trace-out", "{tmp}/t.json"], "executor": EXECUTOR_HF,
+        "model": ["--model", "tiny-gpt2"], "prompt": ["--prompt", "Hi"], "max_tokens": ["--max-tokens", "2"],
+        "temperature": ["--temperature", "1"], "replicas": ["--replicas", "2"], "router": ["--router", "round-robin"],
+        "router_opt": ["--router-opt", "seed=1"], "staleness": ["--staleness", "0.1"],
         "prefill_replicas": ["--prefill-replicas", "1"], "decode_replicas": ["--decode-replicas", "1"],
-        "fleet_spec": ["--fleet", "{tmp}/fleet.json"], "transfer_gbps": ["--transfer-gbps", "10"], "workers": ["-j", "2"],
-        "label": ["--label", "x"], "api_key": ["--api-key", "k"], "timeout": ["--timeout", "5"], "seeds": ["--seeds", "2"],
-        "step": ["--step", "1"], "debug": ["--debug"], "ray_timeout": ["--ray-timeout", "5"]}
+        "fleet_spec": ["--fleet", "{tmp}/fleet.json"], "transfer_gbps": ["--transfer-gbps", "10"], "workers": ["-j",
+                                                                                                               "2"],
+        "label": ["--label", "x"], "api_key": ["--api-key", "k"], "timeout": ["--timeout", "5"],
+        "seeds": ["--seeds", "2"], "step": ["--step", "1"], "debug": ["--debug"], "ray_timeout": ["--ray-timeout", "5"]}
 
 
 def _flags(command: str) -> dict[str, str]:
@@ -159,16 +166,18 @@ def _given(command: str, args: list[str]) -> set[str]:
 
 
 def test_every_option_of_every_mode_is_placed():
-    """A new option must be placed in each mode of its command: read (a run gives it), refused, or a switch to another mode."""
+    """A new option must be placed in each mode of its command: read (a run gives it), refused, or a switch to
+    another mode."""
     missing = []
     for mode in MODES:
         params = set(_flags(mode.command))
         run = {n for args in mode.runs for n in _given(mode.command, args)}
-        assert not run & mode.refused, f"{mode.command} / {mode.name}: {sorted(run & mode.refused)} both read and refused"
+        both = sorted(run & mode.refused)
+        assert not both, f"{mode.command} / {mode.name}: {both} both read and refused"
         if mode.elsewhere:
             continue
         placed = _given(mode.command, mode.base) | run | mode.refused | mode.switches
-        missing += [f"{mode.command} / {mode.name}: {_flags(mode.command)[n]}" for n in sorted(params - placed)]
+        missing += [f"{mode.command} / {mode.name}: {_flags(mode.command)[name]}" for name in sorted(params - placed)]
     assert not missing, "options neither read by a run nor refused:\n" + "\n".join(missing)
     assert {m.command for m in MODES} == set(COMMANDS)
 
@@ -179,12 +188,14 @@ def files(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("options")
     (tmp / "trace.csv").write_text("arrival_time_s,prompt_tokens,output_tokens\n"
                                    + "".join(f"{0.02 * i:.2f},{40 + 7 * i},{4 + i % 5}\n" for i in range(12)))
-    (tmp / "synthetic.json").write_text(json.dumps({"kind": "synthetic", "num_requests": 4, "arrivals": {"kind": "poisson", "rate": 100},
-                                                    "prompt": {"kind": "fixed", "value": 8}, "output": {"kind": "fixed", "value": 3}}))
+    (tmp / "synthetic.json").write_text(json.dumps({
+        "kind": "synthetic", "num_requests": 4, "arrivals": {"kind": "poisson", "rate": 100},
+        "prompt": {"kind": "fixed", "value": 8}, "output": {"kind": "fixed", "value": 3}}))
     (tmp / "fleet.json").write_text(json.dumps({"replicas": [{"count": 2, "policy": "fcfs"}]}))
+    steps = "".join(f"{10 * i},{i % 3},{100 * i},0,0,{0.01 + 0.001 * i}\n" for i in range(1, 9))
     (tmp / "steps.csv").write_text("prefill_tokens,decode_seqs,kv_tokens_read,blocks_swapped,blocks_copied,duration_s\n"
-                                   + "".join(f"{10 * i},{i % 3},{100 * i},0,0,{0.01 + 0.001 * i}\n" for i in range(1, 9)))
-    for folder, options in (("alone", []), ("sim", []), ("fleet", ["--replicas", "2"])):  # what explain and compare read
+                                   + steps)
+    for folder, options in (("alone", []), ("sim", []), ("fleet", ["--replicas", "2"])):  # read by explain, compare
         assert _invoke(["run", "-n", "6", "-q", "-o", str(tmp / folder), *options], {}).exit_code == 0
     Liar.counts, Liar.reasons, Liar.acts, Liar.context = (itertools.cycle([None]), itertools.cycle(["length"]),
                                                           itertools.cycle(["answer"]), None)
@@ -193,6 +204,12 @@ def files(tmp_path_factory):
     yield {"tmp": tmp, "liar": f"http://127.0.0.1:{server.server_address[1]}"}
     server.shutdown()
     server.server_close()
+
+
+@pytest.fixture(autouse=True)
+def no_debug(monkeypatch):
+    """``--debug`` sets KVSCHED_DEBUG in this process: put it back after each test, for the tests after these."""
+    monkeypatch.setenv("KVSCHED_DEBUG", "0")
 
 
 def _invoke(args: list[str], files: dict):
@@ -211,7 +228,8 @@ def test_each_option_a_mode_does_not_read_is_refused_in_one_line(mode, files):
         flag = _flags(mode.command)[names[option[0]]]
         lines = result.stderr.strip().splitlines()
         assert result.exit_code == 2 and len(lines) == 1, (mode.name, flag, result.output)
-        assert any(f in lines[0] for f in flag.split("/")) and "Traceback" not in result.output, (mode.name, flag, lines)
+        assert any(f in lines[0] for f in flag.split("/")), (mode.name, flag, lines)
+        assert "Traceback" not in result.output
 
 
 @pytest.mark.parametrize("mode", MODES, ids=lambda m: f"{m.command}: {m.name}")

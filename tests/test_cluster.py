@@ -266,8 +266,10 @@ def test_a_fleet_spec_of_millions_of_replicas_is_refused_before_any_is_built(tmp
     spec = tmp_path / "big.json"
     spec.write_text(json.dumps({"replicas": [{"count": 4096}] * 1000}))
     start = time.monotonic()
-    run = subprocess.run([ENGINE, "run", "--fleet", str(spec), "-n", "5", "-q"], capture_output=True, text=True, timeout=120)
-    assert run.returncode == 2 and run.stderr == f"error: --fleet {spec} has 4,096,000 replicas in all; at most 4,096\n", run.stderr
+    run = subprocess.run([ENGINE, "run", "--fleet", str(spec), "-n", "5", "-q"], capture_output=True, text=True,
+                         timeout=120)
+    assert run.returncode == 2, run.stderr
+    assert run.stderr == f"error: --fleet {spec} has 4,096,000 replicas in all; at most 4,096\n"
     assert time.monotonic() - start < 60
 
 

@@ -184,8 +184,10 @@ def test_the_sessions_tables_simulated_side_is_what_the_simulator_gives_today(tm
     (["--profile", "nope"], "unknown cost profile 'nope'"),
     (["--out", "bad.json"], "--out bad.json: is a file, not a folder"),
     (["--out", "saved", "--resume"], "saved/fidelity-policies.json:1: not valid JSON"),
-    (["--out", "shapeless", "--resume"], "--resume: shapeless/fidelity-policies.json holds no runs as this script writes them"),
-    (["--out", "unlabelled", "--resume"], "--resume: unlabelled/fidelity-policies.json holds no runs as this script writes them"),
+    (["--out", "shapeless", "--resume"],
+     "--resume: shapeless/fidelity-policies.json holds no runs as this script writes them"),
+    (["--out", "unlabelled", "--resume"],
+     "--resume: unlabelled/fidelity-policies.json holds no runs as this script writes them"),
 ])
 def test_a_bad_fidelity_run_is_a_usage_error_before_any_server_starts(tmp_path, args, says):
     """Once an unknown policy or profile, an --out that is a file or a damaged --resume file gave tracebacks,
@@ -194,8 +196,8 @@ def test_a_bad_fidelity_run_is_a_usage_error_before_any_server_starts(tmp_path, 
     import sys
 
     (tmp_path / "bad.json").write_bytes(b"\xff\xfe")
-    for folder, text in (("saved", "{not json"), ("shapeless", '{"runs": 5}'), ("unlabelled", '{"runs": [{"policy": "vllm-v1", '
-                                                                                             '"label": 7, "sim": {}, "real": {}, "errors": {}}]}')):
+    unlabelled = '{"runs": [{"policy": "vllm-v1", "label": 7, "sim": {}, "real": {}, "errors": {}}]}'
+    for folder, text in (("saved", "{not json"), ("shapeless", '{"runs": 5}'), ("unlabelled", unlabelled)):
         (tmp_path / folder).mkdir()
         (tmp_path / folder / "fidelity-policies.json").write_text(text)
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "fidelity_policies.py"), "--out", str(tmp_path / "out"),
@@ -214,8 +216,10 @@ def test_a_resume_with_every_run_saved_rebuilds_the_tables_without_a_server(tmp_
     (tmp_path / "out").mkdir()
     shutil.copy(ROOT / "docs" / "figures" / "fidelity-policies.json", tmp_path / "out")
     order = ",".join(r["policy"] for r in recorded["runs"])
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "fidelity_policies.py"), "--out", str(tmp_path / "out"),
-                           "--workdir", str(tmp_path / "work"), "--resume", "--order", order, "--profile", "smollm2-135m-vllm-cpu"],
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "fidelity_policies.py"),
+                           "--out", str(tmp_path / "out"), "--workdir", str(tmp_path / "work"), "--resume",
+                           "--order", order,
+                           "--profile", "smollm2-135m-vllm-cpu"],
                           cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert not list((tmp_path / "work").glob("server-*.log"))  # no server was started

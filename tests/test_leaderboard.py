@@ -173,11 +173,13 @@ def test_real_adds_a_measured_row_from_a_served_engine(tmp_path):
 
 def test_real_against_a_server_that_sends_headers_and_then_nothing_ends_after_the_timeout(tmp_path):
     """The client once waited an hour for each request."""
-    Liar.counts, Liar.reasons, Liar.acts, Liar.context = iter(lambda: None, 0), iter(lambda: "length", 0), iter(lambda: "hang", 0), None
+    Liar.counts, Liar.reasons, Liar.acts, Liar.context = iter(lambda: None, 0), iter(lambda: "length",
+                                                                                     0), iter(lambda: "hang", 0), None
     server = ThreadingHTTPServer(("127.0.0.1", 0), Liar)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        done = engine("leaderboard", "-q", "-p", "fcfs", "-w", "sharegpt@6", "-n", "3", "--seeds", "1", "-j", "1", "-o", tmp_path / "out",
+        done = engine("leaderboard", "-q", "-p", "fcfs", "-w", "sharegpt@6", "-n", "3", "--seeds", "1", "-j", "1",
+                      "-o", tmp_path / "out",
                       "--real", f"http://127.0.0.1:{server.server_address[1]}", "--timeout", "1", timeout=120)
     finally:
         server.shutdown()
@@ -288,7 +290,8 @@ def test_paths_and_labels_that_hold_markup_leave_the_page_whole_in_headless_chro
                                 "prompt": {"kind": "fixed", "value": 30}, "output": {"kind": "fixed", "value": 5}}))
     policy = folder / "policy.py"
     policy.write_text("from kvsched.policies.fcfs import Fcfs\n\n\nclass Mine(Fcfs):\n    pass\n")
-    done = engine("leaderboard", "-q", "-p", "fcfs", "-p", f"{policy}:Mine", "-w", spec, "--seeds", "1", "-j", "1", "-o", tmp_path / "out")
+    done = engine("leaderboard", "-q", "-p", "fcfs", "-p", f"{policy}:Mine", "-w", spec, "--seeds", "1", "-j", "1",
+                  "-o", tmp_path / "out")
     assert done.returncode == 0, done.stderr
     page = (tmp_path / "out" / "leaderboard.html").read_text()
     assert HOSTILE_NAME not in page.split('id="board">')[1].split("</script>")[0]  # inlined only as escapes
@@ -296,5 +299,6 @@ def test_paths_and_labels_that_hold_markup_leave_the_page_whole_in_headless_chro
     assert proc.returncode == 0, proc.stderr[-2000:]
     dom = proc.stdout
     assert re.search(r'<div id="js-errors" hidden="">\s*</div>', dom), "the page caught a JavaScript error"
-    assert 'data-rendered="2"' in dom and dom.count(html.escape(f"load{HOSTILE_NAME}.json")) >= 2  # in the table's headings, as text
+    assert 'data-rendered="2"' in dom
+    assert dom.count(html.escape(f"load{HOSTILE_NAME}.json")) >= 2  # in the table's headings, as text
     assert f'data-policy="{html.escape(str(policy))}:Mine"' in dom

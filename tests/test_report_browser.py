@@ -70,7 +70,8 @@ def test_a_policy_name_and_folder_that_hold_markup_leave_the_report_whole(tmp_pa
     (folder / "policy.py").write_text("from kvsched.policies.fcfs import Fcfs\n\n\nclass Mine(Fcfs):\n"
                                       "    name = 'mine</script><!--<script>'\n")
     out = folder / "out"
-    proc = subprocess.run([ENGINE, "run", "-q", "-n", "40", "--policy", f"{folder}/policy.py:Mine", "--output", str(out), "--plot"],
+    proc = subprocess.run([ENGINE, "run", "-q", "-n", "40", "--policy", f"{folder}/policy.py:Mine", "--output",
+                           str(out), "--plot"],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     page = (out / "report.html").read_text()

@@ -124,11 +124,13 @@ def test_a_policy_failing_in_a_ray_task_fails_as_in_one_process(ray_session, tin
     with pytest.raises(KvschedError) as on_ray:
         run_sweep(spec, points, workers=2, ray_address="auto")
     strip = lambda exc: re.sub(r" at 0x[0-9a-f]+", "", str(exc.value))  # noqa: E731 (a lambda's address differs)
-    assert strip(on_ray) == strip(here) and strip(here).startswith("policy 'worker-"), (str(on_ray.value), str(here.value))
+    assert strip(on_ray) == strip(here) and strip(here).startswith("policy 'worker-"), (str(on_ray.value),
+                                                                                        str(here.value))
 
 
 def _sweep(tmp_path, *args, env=None):
-    return subprocess.run([ENGINE, "sweep", "-n", "5", "-q", "-o", str(tmp_path / "out"), *args], capture_output=True, text=True,
+    return subprocess.run([ENGINE, "sweep", "-n", "5", "-q", "-o", str(tmp_path / "out"), *args], capture_output=True,
+                          text=True,
                           timeout=300, env=env)
 
 
@@ -161,5 +163,6 @@ def test_a_ray_whose_import_exits_zero_fails_the_sweep(tmp_path):
     (tmp_path / "ray" / "__init__.py").write_text("raise SystemExit(0)\n")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
     out = _sweep(tmp_path, "--ray", env=env)
-    assert out.returncode == 2 and out.stderr == "error: --ray: the ray package fails to import: SystemExit: 0\n", out.stderr
+    assert out.returncode == 2, out.stderr
+    assert out.stderr == "error: --ray: the ray package fails to import: SystemExit: 0\n"
     assert not (tmp_path / "out").exists()

@@ -37,7 +37,8 @@ def client():
     return TestClient(CheckKvschedFields(app), raise_server_exceptions=False)
 
 
-@pytest.mark.parametrize("content_type", [None, "application/json", "Application/JSON", "APPLICATION/JSON; charset=utf-8",
+@pytest.mark.parametrize("content_type", [None, "application/json", "Application/JSON",
+                                          "APPLICATION/JSON; charset=utf-8",
                                           "application/json;charset=UTF-8", "text/plain", "application/vnd.api+json"])
 def test_a_field_kvsched_refuses_is_a_400_whatever_the_content_type_says(client, content_type):
     """Another case or a charset once skipped the check: the engine core failed the request (HTTP 500)."""

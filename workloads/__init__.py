@@ -191,7 +191,8 @@ def load_spec(path: Path, *, num_requests: int | None = None, seed: int = 0, rat
     except ValidationError as exc:
         first = exc.errors()[0]
         field = ".".join(str(p) for p in first["loc"] if p != "")
-        raise WorkloadError(f"invalid workload spec with --num-requests and --rate-scale: {field}: {first['msg']}", path) from None
+        raise WorkloadError(f"invalid workload spec with --num-requests and --rate-scale: {field}: {first['msg']}",
+                            path) from None
 
 
 __all__ = [

@@ -44,7 +44,8 @@ class SessionSpec(BaseModel):
     system_len: int = Field(512, ge=1, le=1_000_000)
     user: LengthDist = LogNormal(median=120, sigma=0.6, max=1024)
     output: LengthDist = LogNormal(median=150, sigma=0.6, max=512)
-    max_context: int = Field(3584, ge=2, le=MAX_PROMPT_IDS, description="a session ends before its prompt would pass this many tokens")
+    max_context: int = Field(3584, ge=2, le=MAX_PROMPT_IDS,
+                             description="a session ends before its prompt would pass this many tokens")
     slo_classes: dict[Label, float] | None = Field(None, description="weights of each session's SLO class; none: no class")
     cap: CapModel = Field(FixedCap(), description="the max_tokens a client sends (workloads/caps.py); default: the longest output")
     seed: int = 0
@@ -55,10 +56,10 @@ class SessionSpec(BaseModel):
     def _bounded(self) -> SessionSpec:
         """The requests the sessions can make, counted before any is: each turn adds at least two tokens
         (a user's, an answer's) to a context of at most ``max_context``."""
-        most = self.num_sessions * min(self.turns.most, self.max_context // 2)
-        if most > MAX_REQUESTS:
-            raise ValueError(f"{self.num_sessions:,} sessions of up to {min(self.turns.most, self.max_context // 2):,} turns "
-                             f"make up to {most:,} requests; at most {MAX_REQUESTS:,}")
+        turns = min(self.turns.most, self.max_context // 2)
+        if self.num_sessions * turns > MAX_REQUESTS:
+            raise ValueError(f"{self.num_sessions:,} sessions of up to {turns:,} turns make up to "
+                             f"{self.num_sessions * turns:,} requests; at most {MAX_REQUESTS:,}")
         return self
 
     def requests(self) -> list[Request]:
