@@ -102,8 +102,8 @@ def run(
         if executor != "sim":
             fail("--executor hf runs one real engine; a fleet is simulated (drop --executor, or the fleet's options)")
         refuse_unread(ctx, HF_OPTIONS, "to a fleet: it is simulated (--executor hf runs one real engine)")
-        refuse_unread(ctx, ONE_ENGINE_OUTPUTS, "to a fleet: its results (summary.json, requests.csv, routes.csv) "
-                                               "have no SLO goodput, plots, decision log or Chrome trace yet")
+        refuse_unread(ctx, ONE_ENGINE_OUTPUTS, "to a fleet: its results (summary.json, requests.csv, routes.csv, "
+                                               "report.html) have no SLO goodput, decision log or Chrome trace yet")
         if fleet_spec is not None:
             refuse_unread(ctx, FLEET_SPEC_FIELDS, "with --fleet: the spec's replica groups give each replica's policy, "
                                                   "options, settings and profile")
@@ -135,7 +135,7 @@ SIM_OPTIONS = frozenset({"profile", "workload", "trace", "rate_scale", "start_of
                          "slo_tpot", "plot", "decision_log", "trace_out"})
 FLEET_OPTIONS = frozenset({"replicas", "router", "router_opt", "staleness", "prefill_replicas", "decode_replicas",
                            "fleet_spec", "transfer_gbps"})
-ONE_ENGINE_OUTPUTS = frozenset({"slo_ttft", "slo_tpot", "plot", "decision_log", "trace_out"})  # none in a fleet's yet
+ONE_ENGINE_OUTPUTS = frozenset({"slo_ttft", "slo_tpot", "decision_log", "trace_out"})  # none in a fleet's yet
 FLEET_SPEC_FIELDS = frozenset({"policy", "policy_opt", "set_", "profile"})
 
 

@@ -61,7 +61,10 @@ def capacity(
         check_apart({"--output": (output, CAPACITY_FILES)}, {"--trace": trace})
     bounds = parse_slo(slo)
     if router:
-        if len(policy or []) > 1 or policy_opt:
+        if policy_opt:
+            fail("--policy-opt does not apply with --router: the fleet's replicas run one --policy (its options "
+                 "inline: --policy NAME:KEY=VALUE)")
+        if len(policy or []) > 1:
             fail("with --router the fleet's replicas run one --policy (inline options: --policy NAME:KEY=VALUE)")
         contenders, labels = router_contenders(router)
     else:

@@ -40,7 +40,8 @@ def fleet_spec(policy, policy_opt, overrides, profile, replicas, router, router_
             fail("--fleet describes the replicas: drop --replicas, --prefill-replicas and --decode-replicas")
         spec = load_fleet(fleet, router=router, router_options=router_options, staleness_s=staleness, transfer=transfer)
         if bandwidth is not None and not spec.disaggregated:
-            fail(f"--transfer-gbps is the P/D KV transfer: the replica groups of {fleet} are co-located (no prefill and decode pools)")
+            fail(f"--transfer-gbps is the P/D KV transfer: the replica groups of {fleet} are co-located "
+                 "(no prefill and decode pools)")
         return spec
     if (prefill is None) != (decode is None):
         fail("P/D disaggregation needs both --prefill-replicas and --decode-replicas")

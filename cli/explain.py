@@ -28,7 +28,10 @@ def explain(
         from kvsched.reporting.explain import explain_fleet
 
         if step is not None:
-            fail("a fleet's folder has no steps to explain: give --request ID, or nothing")
+            fail("--step does not apply to a fleet's folder: it has no steps to explain (give --request ID, "
+                 "or nothing)")
+        if full:
+            fail("--full does not apply to a fleet's folder: a request's routes are shown whole")
         for line in explain_fleet(run_dir, request):
             console.print(line, markup=False, highlight=False, soft_wrap=True)
         return

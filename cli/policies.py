@@ -129,7 +129,10 @@ def compare(ctx: typer.Context, folders: FoldersArg = None, policy: PoliciesOpt 
             fail(f"result folders are compared as they are: drop {', '.join(option_name(n) for n in refused)}")
         return compare_folders(folders, output, plot, baseline)
     if router:
-        if len(policy or []) > 1 or policy_opt:
+        if policy_opt:
+            fail("--policy-opt does not apply with --router: the fleet's replicas run one --policy (its options "
+                 "inline: --policy NAME:KEY=VALUE)")
+        if len(policy or []) > 1:
             fail("with --router the fleet's replicas run one --policy (inline options: --policy NAME:KEY=VALUE)")
     elif given & {"replicas", "staleness"}:
         fail("--replicas and --staleness describe the fleet of a router comparison: give two or more --router")

@@ -55,6 +55,8 @@ WORKLOAD_OPTIONS = ["--workload", "synthetic", "--seed", "3", "--rate", "40", "-
 TRACE_OPTIONS = ["--trace", TRACE, "--rate-scale", "2", "--start-offset", "0.05"]
 SLO = ["--slo-ttft", "1", "--slo-tpot", "0.1"]
 ONE_FLEET = HF_OPTIONS | ONE_ENGINE_OUTPUTS  # what no fleet reads
+COMPARE_RUNS = frozenset({"policy", "policy_opt", "set_", "workload", "trace", "seed", "seeds", "num_requests", "rate",
+                          "profile", "router", "replicas", "staleness"})  # compare's own runs: result folders have none
 
 MODES = [
     Mode("engine", "alone", [],
@@ -77,16 +79,16 @@ MODES = [
     Mode("run", "a fleet", ["run", "--replicas", "2", "-n", "6", "-q"],
          refused=ONE_FLEET | FLEETS - {"replicas"} | {"transfer_gbps"}, refuses=[EXECUTOR_HF],
          runs=[["--executor", "sim", *ROUTED, "--policy", "lcf", "--policy-opt", "victim=lifo", "--set",
-                "max_num_seqs=8", *PROFILE, *WORKLOAD_OPTIONS, "-o", "{tmp}/fleet"],
+                "max_num_seqs=8", *PROFILE, *WORKLOAD_OPTIONS, "-o", "{tmp}/fleet", "--plot"],
                TRACE_OPTIONS]),
     Mode("run", "a P/D fleet", ["run", "--prefill-replicas", "1", "--decode-replicas", "1", "-n", "6", "-q"],
          refused=ONE_FLEET | {"replicas", "fleet_spec"}, refuses=[EXECUTOR_HF],
          runs=[["--executor", "sim", "--transfer-gbps", "10", *ROUTED, *VTC, "--set", "max_num_seqs=8", *PROFILE,
-                *WORKLOAD_OPTIONS, "-o", "{tmp}/pd"],
+                *WORKLOAD_OPTIONS, "-o", "{tmp}/pd", "--plot"],
                TRACE_OPTIONS]),
     Mode("run", "a fleet spec", ["run", "--fleet", "{tmp}/fleet.json", "-n", "6", "-q"],
          refused=ONE_FLEET | FLEET_SPEC_FIELDS | FLEETS - {"fleet_spec"} | {"transfer_gbps"}, refuses=[EXECUTOR_HF],
-         runs=[["--executor", "sim", *ROUTED, *WORKLOAD_OPTIONS, "-o", "{tmp}/spec"], TRACE_OPTIONS]),
+         runs=[["--executor", "sim", *ROUTED, *WORKLOAD_OPTIONS, "-o", "{tmp}/spec", "--plot"], TRACE_OPTIONS]),
     Mode("sweep", "a process pool", ["sweep", "-q", "-n", "6", "-o", "{tmp}/sweep"],
          switches=frozenset({"ray", "ray_address"}), refused=frozenset({"ray_timeout"}),
          runs=[["-p", "fcfs", "-p", "lcf", "--set", "max_num_seqs=4,8", "--fix", "num_gpu_blocks=512",
@@ -102,27 +104,57 @@ MODES = [
           "{tmp}/board"],
          refused=frozenset({"label", "model", "api_key", "timeout"}), switches=frozenset({"real"}),
          runs=[["--metric", "ttft_mean_s", "--metric", "e2e_p99_s", "--rank-by", "e2e_p99_s", "--seed", "2",
-                "--rate", "8", *PROFILE]]),
+                "--rate", "8", *PROFILE, "-p", "vtc", "--policy-opt", "vtc.input_weight=2", "--set", "max_num_seqs=8",
+                "--baseline", "fcfs"]]),
     Mode("leaderboard", "with a served engine",
          ["leaderboard", "-q", "-p", "fcfs", "-w", "sharegpt", "--seeds", "1", "-j", "1", "--real", "{liar}",
           "-o", "{tmp}/board-real"],
          runs=[["--label", "served", "--model", LIAR_MODEL, "--api-key", "k", "--timeout", "30", "--metric",
-                "ttft_mean_s", "--rank-by", "ttft_mean_s", "--seed", "2", "-n", "3", "--rate", "8", *PROFILE]]),
+                "ttft_mean_s", "--rank-by", "ttft_mean_s", "--seed", "2", "-n", "3", "--rate", "8", *PROFILE,
+                "-p", "vtc", "--policy-opt", "vtc.input_weight=2", "--set", "max_num_seqs=8", "--baseline", "fcfs"]]),
     Mode("compare", "policies", ["compare", "-p", "fcfs", "-p", "vtc", "-n", "6", "--seeds", "2", "-q"],
+         refused=frozenset({"replicas", "staleness"}), switches=frozenset({"router"}),
          runs=[["--policy-opt", "vtc.input_weight=2", "--set", "max_num_seqs=8", "--workload", "synthetic", "--seed",
-                "1", "--rate", "40", *PROFILE, "-o", "{tmp}/cmp", "--plot"],
+                "1", "--rate", "40", *PROFILE, "-o", "{tmp}/cmp", "--plot", "--baseline", "vtc"],
+               ["--trace", TRACE]]),
+    Mode("compare", "routers", ["compare", "--router", "round-robin", "--router", "power-of-two", "-n", "6",
+                                "--seeds", "1", "-q"],
+         refused=frozenset({"policy_opt"}),
+         runs=[["--replicas", "2", "--staleness", "0.01", "-p", "fcfs", "--set", "max_num_seqs=8", "--workload",
+                "synthetic", "--seed", "1", "--rate", "40", *PROFILE, "-o", "{tmp}/cmp-routers", "--plot",
+                "--baseline", "power-of-two"],
                ["--trace", TRACE]]),
     Mode("compare", "result folders", ["compare", "{tmp}/alone", "{tmp}/sim", "-q"], refused=COMPARE_RUNS,
-         runs=[["-o", "{tmp}/cmp-folders", "--plot"]]),
+         runs=[["-o", "{tmp}/cmp-folders", "--plot", "--baseline", "sim"]]),
     Mode("bench", "a served engine", ["bench", "--url", "{liar}", "-q"],
          runs=[["--workload", SPEC, "-n", "3", "--rate-scale", "2", "--seed", "1", "--model", LIAR_MODEL,
                 "--label", "served", "-o", "{tmp}/bench", "--api-key", "k", "--timeout", "30"],
                ["--trace", TRACE]]),
-    Mode("explain", "a run's folder", ["explain", "{tmp}/alone"], runs=[["--request", "req-0"], ["--step", "2"]]),
+    Mode("explain", "a run's folder", ["explain", "{tmp}/alone"],
+         runs=[["--request", "req-0", "--full"], ["--step", "2"]]),
     Mode("explain", "a fleet's folder", ["explain", "{tmp}/fleet"], refused=frozenset({"step"}),
-         runs=[["-r", "req-0"]]),
-    Mode("check", "a policy", ["check", "-q", "--examples", "1", "--steps", "2", "--starvation-examples", "1"],
-         runs=[[*VTC, "--shrink-seconds", "1"]]),
+         refuses=[["--full", "-r", "req-0"]], runs=[["-r", "req-0"]]),
+    Mode("check", "a policy",
+         ["check", "-q", "-p", "vtc", "--examples", "1", "--steps", "2", "--starvation-examples", "1"],
+         refused=frozenset({"router_opt"}), switches=frozenset({"router"}),
+         runs=[["--policy-opt", "input_weight=2", "--shrink-seconds", "1"]]),
+    Mode("check", "a router", ["check", "-q", "--router", "power-of-two", "--examples", "1"],
+         refused=frozenset({"policy", "policy_opt", "steps", "starvation_examples", "shrink_seconds"}),
+         runs=[["--router-opt", "seed=2"]]),
+    Mode("capacity", "policies",
+         ["capacity", "--slo", "ttft_p99=2", "-n", "6", "--seeds", "1", "--tolerance", "1", "-q"],
+         refused=frozenset({"replicas", "staleness"}), switches=frozenset({"router"}),
+         runs=[["-p", "vtc", "--policy-opt", "vtc.input_weight=2", "-p", "fcfs", "--set", "max_num_seqs=8",
+                "--workload", "synthetic", "--seed", "1", "--rate", "20",
+                *PROFILE, "--baseline", "fcfs", "-o", "{tmp}/capacity", "--plot"],
+               ["-p", "fcfs", "--trace", TRACE]]),
+    Mode("capacity", "routers", ["capacity", "--slo", "ttft_p99=2", "-n", "6", "--seeds", "1", "--tolerance", "1", "-q",
+                                 "--router", "round-robin", "--router", "power-of-two"],
+         refused=frozenset({"policy_opt"}),
+         runs=[["--replicas", "2", "--staleness", "0.01", "-p", "fcfs", "--set", "max_num_seqs=8", "--workload",
+                "synthetic", "--seed", "1", "--rate", "20", *PROFILE, "--baseline", "round-robin",
+                "-o", "{tmp}/capacity-routers", "--plot"],
+               ["--trace", TRACE]]),
     Mode("calibrate", "recorded steps", ["calibrate", "{tmp}/steps.csv"],
          runs=[["--name", "fit", "-o", "{tmp}/fit.json", "--kv-bytes-per-token", "1000", "--swap-gb-per-s", "8",
                 "--copy-gb-per-s", "50", "--description", "a test"]]),
@@ -150,7 +182,9 @@ GIVE = {"policy": ["--policy", "fcfs"], "policy_opt": ["--policy-opt", "victim=l
         "fleet_spec": ["--fleet", "{tmp}/fleet.json"], "transfer_gbps": ["--transfer-gbps", "10"], "workers": ["-j",
                                                                                                                "2"],
         "label": ["--label", "x"], "api_key": ["--api-key", "k"], "timeout": ["--timeout", "5"],
-        "seeds": ["--seeds", "2"], "step": ["--step", "1"], "debug": ["--debug"], "ray_timeout": ["--ray-timeout", "5"]}
+        "seeds": ["--seeds", "2"], "step": ["--step", "1"], "debug": ["--debug"], "ray_timeout": ["--ray-timeout", "5"],
+        "steps": ["--steps", "3"], "starvation_examples": ["--starvation-examples", "2"],
+        "shrink_seconds": ["--shrink-seconds", "1"]}
 
 
 def _flags(command: str) -> dict[str, str]:
@@ -176,7 +210,8 @@ def test_every_option_of_every_mode_is_placed():
         assert not both, f"{mode.command} / {mode.name}: {both} both read and refused"
         if mode.elsewhere:
             continue
-        placed = _given(mode.command, mode.base) | run | mode.refused | mode.switches
+        refuses = {n for args in mode.refuses for n in _given(mode.command, args)}
+        placed = _given(mode.command, mode.base) | run | mode.refused | mode.switches | refuses
         missing += [f"{mode.command} / {mode.name}: {_flags(mode.command)[name]}" for name in sorted(params - placed)]
     assert not missing, "options neither read by a run nor refused:\n" + "\n".join(missing)
     assert {m.command for m in MODES} == set(COMMANDS)

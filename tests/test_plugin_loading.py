@@ -88,15 +88,18 @@ def test_ctrl_c_while_the_policies_are_listed_still_ends_the_listing():
     import os
     import signal
 
+    from types import SimpleNamespace
+
     from kvsched.cli.common import print_plugins
 
-    def pressed():
+    def pressed(spec):
         os.kill(os.getpid(), signal.SIGINT)  # a real SIGINT, as the terminal sends it
-        return VllmDefault
+        return "never described"
 
+    listed = SimpleNamespace(spec="ctrl-c", name="ctrl-c", distribution="dist", version="0.1", ambiguous=False)
     before = signal.getsignal(signal.SIGINT)
     with pytest.raises(KeyboardInterrupt):
-        print_plugins("listing", [("ctrl-c", "dist", "0.1", pressed)])
+        print_plugins("policy", [listed], pressed)
     assert signal.getsignal(signal.SIGINT) is before  # the handler the listing found, back
 
 
