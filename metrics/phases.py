@@ -65,13 +65,28 @@ def phases_of(rows, arrival: float, finish: float | None, start: np.ndarray, end
             for k, a, b, d in spans if b > a]
 
 
-def all_phases(events: pd.DataFrame, requests: pd.DataFrame, start: np.ndarray, end: np.ndarray) -> dict[str, list[Phase]]:
-    """``phases_of`` for every request, in one pass over the log."""
+def sampled_ids(events: pd.DataFrame, requests: pd.DataFrame) -> dict[str, list[str]]:
+    """Each request's ids in the log: its own, or, where vLLM V1's mechanics fanned a request with ``n > 1``
+    out into ``n`` requests ``"{i}_{request_id}"`` (core/fanout.py), those of the children the log names."""
+    logged = set(events.request_id.dropna())
+    ids = {}
+    for rid, n in zip(requests.request_id, requests.n):
+        children = [f"{i}_{rid}" for i in range(int(n))] if n > 1 else []
+        ids[rid] = [c for c in children if c in logged] or [rid]
+    return ids
+
+
+def all_phases(events: pd.DataFrame, requests: pd.DataFrame, start: np.ndarray, end: np.ndarray,
+               ids: dict[str, list[str]] | None = None) -> dict[str, list[Phase]]:
+    """``phases_of`` for every id ``sampled_ids`` gives (a fanned-out request's children, each on its own,
+    with their parent's arrival and end), in one pass over the log."""
     rows = state_rows(events)
     by_request: dict[str, list[tuple]] = defaultdict(list)
     for rid, *row in zip(rows.request_id, rows.event, rows.step.to_numpy(), rows.tokens_left.to_numpy(), rows.reason, rows.other_request):
         by_request[rid].append(row)
+    ids = sampled_ids(events, requests) if ids is None else ids
     return {
-        rid: phases_of(by_request.get(rid, ()), arrival, finish, start, end)
+        sid: phases_of(by_request.get(sid, ()), arrival, finish, start, end)
         for rid, arrival, finish in zip(requests.request_id, requests.arrival_time, requests.finish_time)
+        for sid in ids[rid]
     }

@@ -16,7 +16,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from kvsched.metrics.phases import WAITING_PHASES, Phase, all_phases, phases_of, state_rows
+from kvsched.metrics.phases import WAITING_PHASES, Phase, all_phases, phases_of, sampled_ids, state_rows
 from kvsched.metrics.wait_reasons import ARRIVAL, WaitReasons, label
 from kvsched.reporting.files import RunFiles, read_run
 from kvsched.reporting.reading import read_csv, read_summary
@@ -86,9 +86,23 @@ class Explainer:
     def phases(self) -> dict[str, list[Phase]]:
         return all_phases(self.run.events, self.run.requests, self.why.start, self.why.end)
 
-    def phases_of(self, rid: str) -> list[Phase]:
-        rows = state_rows(self.why.rows_of(rid))
-        r = self.requests.loc[rid]
+    @cached_property
+    def samples(self) -> dict[str, list[str]]:
+        """Each request's ids in the log (a request fanned out under V1: its children's, ``metrics.phases``)."""
+        return sampled_ids(self.run.events, self.run.requests)
+
+    def request_of(self, sid: str) -> str:
+        """The request an id of the log belongs to: itself, or the parent of a fanned-out child."""
+        if sid in self.requests.index:
+            return sid
+        parent = sid.partition("_")[2]
+        if parent in self.samples and sid in self.samples[parent]:
+            return parent
+        raise KeyError(f"no request {sid!r} in {self.run.directory}")
+
+    def phases_of(self, sid: str) -> list[Phase]:
+        rows = state_rows(self.why.rows_of(sid))
+        r = self.requests.loc[self.request_of(sid)]
         return phases_of(list(zip(*(rows[c] for c in rows.columns[1:]))), r.arrival_time, r.finish_time, self.why.start, self.why.end)
 
     # ------------------------------------------------------------------------- the run
@@ -127,10 +141,10 @@ class Explainer:
     def request(self, rid: str, full: bool = False) -> list[str]:
         """One request's timeline: a header, its phases (each wait with its reasons, each preemption with the
         policy's reason), what it waited for in all; past ``SHORT_LINES`` lines, shortened unless ``full``."""
-        if rid not in self.requests.index:
-            raise KeyError(f"no request {rid!r} in {self.run.directory}")
-        r = self.requests.loc[rid]
-        lines = [f"{rid} · prompt {r.prompt_tokens:,} tokens · {r.output_tokens:,} output tokens · {r.status}"
+        parent = self.request_of(rid)
+        r = self.requests.loc[parent]
+        samples = self.samples[parent] if rid == parent else [rid]
+        lines = [f"{rid}{'' if rid == parent else f' (one of the {r.n} requests {parent} fanned out into)'} · prompt {r.prompt_tokens:,} tokens · {r.output_tokens:,} output tokens · {r.status}"
                  + (f" ({r.detail})" if isinstance(r.detail, str) else ""),
                  "  ".join(f"{name} {value:,.3f} s" for name, value in (
                      ("arrived", r.arrival_time), ("queueing", r.queueing_time), ("TTFT", r.ttft), ("e2e", r.e2e))
@@ -139,16 +153,17 @@ class Explainer:
                  + f"  preemptions: {r.preemptions_recompute} recompute, {r.preemptions_swap} swap", ""]
         waited: dict[str, float] = {}
         blocks = []
-        for p in self.phases_of(rid):
-            block = [f"{p.start_s:12,.3f} – {p.end_s:12,.3f} s  {_steps(p.first_step, p.last_step):>22}  "
-                     f"{p.kind}" + (f" ({p.detail})" if p.detail else "")]
-            if p.kind in WAITING_PHASES:
-                block += self._wait_lines(rid, p, waited)
-            elif p.kind == "decode":
-                block += self._decode_lines(rid, p)
-            else:
-                block += self._prefill_lines(rid, p)
-            blocks.append(block)
+        for sid in samples:  # a request fanned out under V1 (n > 1): each child request, one after the other
+            for p in self.phases_of(sid):
+                block = [f"{p.start_s:12,.3f} – {p.end_s:12,.3f} s  {_steps(p.first_step, p.last_step):>22}  "
+                         f"{p.kind}" + (f" ({p.detail})" if p.detail else "") + (f"  [{sid}]" if sid != rid else "")]
+                if p.kind in WAITING_PHASES:
+                    block += self._wait_lines(sid, p, waited)
+                elif p.kind == "decode":
+                    block += self._decode_lines(sid, p)
+                else:
+                    block += self._prefill_lines(sid, p)
+                blocks.append(block)
         total = sum(waited.values())
         tail = []
         if total > 0:

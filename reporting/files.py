@@ -189,6 +189,7 @@ def _check_together(run: RunFiles) -> None:
     import numpy as np
 
     from kvsched.core.files import FileError
+    from kvsched.metrics.phases import sampled_ids
 
     steps, events, where = run.steps.step.to_numpy(), run.events, run.directory
     if not np.array_equal(steps, np.arange(len(steps))):
@@ -197,7 +198,8 @@ def _check_together(run: RunFiles) -> None:
     if len(outside):
         raise FileError(f"step {outside.tolist()[0]}, but timeseries.parquet has steps 0-{len(steps) - 1}",
                         where / "decisions.parquet", column="step")
-    unknown = events.request_id[events.request_id.notna() & ~events.request_id.isin(run.requests.request_id)]
+    known = {*run.requests.request_id, *(sid for ids in sampled_ids(events, run.requests).values() for sid in ids)}
+    unknown = events.request_id[events.request_id.notna() & ~events.request_id.isin(known)]
     if len(unknown):
         raise FileError(f"request {quote(unknown.iloc[0])}, which requests.parquet has no row for", where / "decisions.parquet",
                         column="request_id")

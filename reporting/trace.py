@@ -16,7 +16,7 @@ import json
 from collections import defaultdict
 from pathlib import Path
 
-from kvsched.metrics.phases import all_phases
+from kvsched.metrics.phases import all_phases, sampled_ids
 from kvsched.metrics.timeseries import step_starts
 from kvsched.reporting.files import RunFiles
 
@@ -64,8 +64,10 @@ def trace_events(run: RunFiles):
         if (gpu, cpu) != blocks:
             blocks = gpu, cpu
             yield {"ph": "C", "name": "KV blocks used", "pid": ENGINE, "ts": _us(t0 + dur), "args": {"GPU": gpu, "CPU": cpu}}
-    phases = all_phases(events, requests, start, end)
-    for tid, rid in enumerate(requests.sort_values("arrival_time", kind="stable").request_id, start=1):
+    ids = sampled_ids(events, requests)
+    phases = all_phases(events, requests, start, end, ids)
+    tracks = (sid for rid in requests.sort_values("arrival_time", kind="stable").request_id for sid in ids[rid])
+    for tid, rid in enumerate(tracks, start=1):  # a request fanned out under V1: a track for each child
         yield {"ph": "M", "name": "thread_name", "pid": REQUESTS, "tid": tid, "args": {"name": rid}}
         yield {"ph": "M", "name": "thread_sort_index", "pid": REQUESTS, "tid": tid, "args": {"sort_index": tid}}
         for p in phases[rid]:

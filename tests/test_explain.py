@@ -132,3 +132,30 @@ def test_a_preemption_reason_must_be_a_line_of_text():
     with pytest.raises(PolicyError, match="a Preemption's reason is a line of text"):
         eng.run()
     eng.check()  # the refused step was rolled back: every block accounted for
+
+
+def test_a_request_fanned_out_under_v1_is_explained_child_by_child(tmp_path):
+    """vLLM V1's mechanics run a request with ``n > 1`` as ``n`` child requests ``{i}_{id}``, which the decision
+    log names: explain, the file check and the trace take them as the parent's (explain used to refuse the folder)."""
+    import json
+
+    import pandas as pd
+
+    out_dir, trace = tmp_path / "v1", tmp_path / "trace.json"
+    proc = engine("run", "-q", "--policy", "vllm-v1", "-n", "40", "--seed", "1", "--decision-log", "--trace-out", trace,
+                  "--output", out_dir)
+    assert proc.returncode == 0, proc.stderr
+    requests = pd.read_parquet(out_dir / "requests.parquet")
+    parent = requests[requests.n > 1].iloc[0]
+    rid, n = parent.request_id, int(parent.n)
+    out = lines(engine("explain", out_dir, "--request", rid, "--full"))
+    assert out[0].startswith(f"{rid} · prompt")
+    for i in range(n):
+        assert any(line.endswith(f"prefill [{i}_{rid}]") for line in out), i
+    child = lines(engine("explain", out_dir, "--request", f"1_{rid}"))
+    assert child[0].startswith(f"1_{rid} (one of the {n} requests {rid} fanned out into) · prompt")
+    assert not any("[" in line for line in child)
+    bad = engine("explain", out_dir, "--request", f"{n}_{rid}")
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and f"{n}_{rid}" in bad.stderr
+    names = {e["args"]["name"] for e in json.loads(trace.read_text())["traceEvents"] if e.get("name") == "thread_name"}
+    assert {f"{i}_{rid}" for i in range(n)} <= names and rid not in names
