@@ -115,6 +115,10 @@ class DecisionLog:
             rid = g.request_id
             self._running.pop(rid, None)
             prefilling.pop(rid, None)
+            n = g.request.sampling.n
+            for i in range(n if n > 1 else 0):  # children vLLM V1's mechanics fanned it out into (core/fanout.py)
+                self._running.pop(f"{i}_{rid}", None)
+                prefilling.pop(f"{i}_{rid}", None)
             if g.status is not _IGNORED:
                 self._rows.append((step, start, "finished", rid, g.status.finish_reason, "running", None, None, None, None, None, None, None))
         if len(self._rows) >= ROW_GROUP:

@@ -157,5 +157,10 @@ def test_a_request_fanned_out_under_v1_is_explained_child_by_child(tmp_path):
     assert not any("[" in line for line in child)
     bad = engine("explain", out_dir, "--request", f"{n}_{rid}")
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and f"{n}_{rid}" in bad.stderr
+    log = pd.read_parquet(out_dir / "decisions.parquet")
+    for _, r in requests[requests.n > 1].iterrows():  # the log forgot no child once its parent finished
+        ended = log[(log.event == "finished") & (log.request_id == r.request_id)].step.max()
+        children = log[log.request_id.isin([f"{i}_{r.request_id}" for i in range(int(r.n))])]
+        assert children.step.max() <= ended, r.request_id
     names = {e["args"]["name"] for e in json.loads(trace.read_text())["traceEvents"] if e.get("name") == "thread_name"}
     assert {f"{i}_{rid}" for i in range(n)} <= names and rid not in names
