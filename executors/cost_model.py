@@ -9,7 +9,7 @@ cache gets, from which the simulator takes its defaults (``experiments/settings.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Annotated
+from typing import Annotated, ClassVar, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -55,6 +55,29 @@ class KvMemory(BaseModel):
         return (self.device_gib * self.gpu_memory_utilization - self.weights_gib - self.activations_gib) * GIB
 
 
+class StepCost(Protocol):
+    """What the simulator asks of a cost profile: a step's time, and what it models beyond time.
+
+    ``CostProfile`` (below, the linear model) and ``RooflineProfile`` (``executors/roofline.py``,
+    derived from a model config and a GPU) are the two kinds.
+    """
+
+    name: str
+    max_model_len: int | None
+    kv_bytes_per_token: int  # all layers and GPUs: what a swap or a KV transfer moves
+    decode_exact: bool  # whether decode_seconds is exact for every decode step (else the decode lane is off)
+    serving_seconds: tuple[float, float]  # the serving stack's time per request before and after the engine
+
+    def step_seconds(self, out: SchedulerOutput, block_size: int) -> float: ...
+
+    def seconds(self, prefill_tokens: int, decode_seqs: int, kv_tokens_read: int, blocks_swapped: int, blocks_copied: int,
+                block_size: int) -> float: ...
+
+    def decode_seconds(self, decode_seqs: int) -> Callable[[int], float]: ...
+
+    def num_kv_blocks(self, block_size: int) -> int | None: ...
+
+
 class CostProfile(BaseModel):
     """Coefficients of one (model, hardware) pair, in milliseconds."""
 
@@ -71,6 +94,9 @@ class CostProfile(BaseModel):
     copy_gb_per_s: GbPerS = Field(description="effective GPU<->GPU copy bandwidth")
     max_model_len: int | None = Field(None, ge=1, le=MAX_TOKENS, description="the model's context length, in tokens")
     kv_memory: KvMemory | None = Field(None, description="the device memory the KV cache gets")
+
+    decode_exact: ClassVar[bool] = True  # a decode step's time depends on its total context only
+    serving_seconds: ClassVar[tuple[float, float]] = (0.0, 0.0)  # it models the engine's steps alone
 
     def num_kv_blocks(self, block_size: int) -> int | None:
         """GPU blocks of ``block_size`` tokens in ``kv_memory``, as vLLM counts them (None: the profile does not say)."""

@@ -1,4 +1,5 @@
-"""Finding a cost profile by name (built in) or by path (a JSON file written by ``engine calibrate``)."""
+"""Finding a cost profile: by name (built in), by path (a JSON file written by ``engine calibrate``), or
+derived from a model config and a GPU (``roofline_profile``: ``engine run --hardware --model-config``)."""
 
 from __future__ import annotations
 
@@ -8,24 +9,48 @@ from pydantic import ValidationError
 
 from kvsched.core.errors import KvschedError
 from kvsched.core.files import read_json
-from kvsched.executors.cost_model import PROFILES, CostProfile
+from kvsched.executors.cost_model import PROFILES, CostProfile, StepCost
+from kvsched.executors.hardware import Hardware, load_hardware
+from kvsched.executors.model_config import ModelShape, load_model_shape
+from kvsched.executors.roofline import RooflineProfile
 
 
 class ProfileError(KvschedError):
     """The requested cost profile does not exist or its file is invalid."""
 
 
-def resolve_profile(profile: str | Path | CostProfile) -> CostProfile:
-    if isinstance(profile, CostProfile):
+def resolve_profile(profile: str | Path | StepCost) -> StepCost:
+    if isinstance(profile, (CostProfile, RooflineProfile)):
         return profile
     text = str(profile)
     if text in PROFILES:
         return PROFILES[text]
     path = Path(text)
     if path.suffix == ".json":
+        data = read_json(path, "cost profile")
+        kind = RooflineProfile if isinstance(data, dict) and data.get("kind") == "roofline" else CostProfile
         try:
-            return CostProfile.model_validate(read_json(path, "cost profile"))
+            return kind.model_validate(data)
         except ValidationError as exc:
             first = exc.errors()[0]
             raise ProfileError(f"{path}: invalid cost profile: {'.'.join(map(str, first['loc'])) or 'the whole file'}: {first['msg']}") from None
     raise ProfileError(f"unknown cost profile {text!r}; available: {', '.join(PROFILES)}, or a .json file from `engine calibrate`")
+
+
+def roofline_profile(hardware: str | Path | Hardware, model: str | Path | ModelShape, tp: int = 1, dtype: str | None = None,
+                     **settings) -> RooflineProfile:
+    """The roofline profile of ``model`` (a shipped name, a config.json or its folder) on ``tp`` GPUs of
+    ``hardware`` (a built-in name or a JSON file); ``dtype`` overrides the config's (``settings``:
+    ``gpu_memory_utilization``, ``max_num_batched_tokens``, ``max_model_len``)."""
+    shape = model if isinstance(model, ModelShape) else load_model_shape(model)
+    gpu = load_hardware(hardware)
+    if tp < 1:
+        raise ProfileError(f"--tp must be a positive number of GPUs, got {tp}")
+    shape.check_tp(tp, model if not isinstance(model, ModelShape) else shape.name)
+    dtype = dtype or ("bf16" if shape.dtype == "fp32" else shape.dtype)  # vLLM serves an fp32 checkpoint in 16 bits
+    if dtype not in ("bf16", "fp16", "fp8"):
+        raise ProfileError(f"--dtype must be bf16, fp16 or fp8, got {dtype!r}")
+    name = f"{shape.name}-{gpu.name}-tp{tp}-{dtype}"
+    description = (f"{shape.name} ({shape.architecture}, {shape.num_params() / 1e9:.1f} B parameters) on {tp} x {gpu.name}, "
+                   f"{dtype} weights: a roofline with efficiencies {gpu.efficiency.fitted_on or 'not fitted (priors)'}")
+    return RooflineProfile(name=name, description=description, model=shape, hardware=gpu, tp=tp, dtype=dtype, **settings)

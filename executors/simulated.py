@@ -8,7 +8,7 @@ from itertools import islice
 from kvsched.executors.clocks import VirtualClock
 from kvsched.core.executor import StepResult
 from kvsched.executors.decode_lane import DecodeLane
-from kvsched.executors.cost_model import DEFAULT_PROFILE, PROFILES, CostProfile
+from kvsched.executors.cost_model import DEFAULT_PROFILE, PROFILES, StepCost
 from kvsched.core.outputs import SchedulerOutput
 from kvsched.core.sequence import SequenceGroup
 
@@ -26,7 +26,7 @@ class SimulatedExecutor:
 
     eos_token_id = EOS
 
-    def __init__(self, profile: str | CostProfile = DEFAULT_PROFILE, block_size: int | None = None) -> None:
+    def __init__(self, profile: str | StepCost = DEFAULT_PROFILE, block_size: int | None = None) -> None:
         if isinstance(profile, str):
             if profile not in PROFILES:
                 raise KeyError(f"unknown cost profile {profile!r}; available: {', '.join(PROFILES)}")

@@ -6,7 +6,8 @@ simulated on a profile that names its model's context length and its device's KV
 where vLLM would start on that model and device: ``max_model_len`` is the context length,
 ``num_gpu_blocks`` what vLLM's memory profiling leaves for the KV cache, and, for a policy without
 chunked prefill, ``max_num_batched_tokens = max(max_model_len, 2048)``, as vLLM v0 sets it so
-that every prompt the model takes fits one step. A policy that declares ``chunked_prefill``
+that every prompt the model takes fits one step. A profile whose decode time depends on each
+request's context (a sliding window) turns the decode lane off. A policy that declares ``chunked_prefill``
 splits long prompts into chunks, so its budget is a chunk size, not a length limit: it keeps
 2,048 (vLLM 0.32's default on an A100). A job under V1 mechanics (``vllm-v1`` and the policies built on
 it) starts where ``vllm serve`` starts on the profile's device (``vllm_v1_defaults``): its block size, token
@@ -21,7 +22,7 @@ from typing import Any
 
 from kvsched.core.config import EngineConfig
 from kvsched.core.plugins import engine_defaults, policy_attribute
-from kvsched.executors.cost_model import CostProfile
+from kvsched.executors.cost_model import StepCost
 
 V0_MIN_BATCHED_TOKENS = 2048
 POLICY = "the policy"  # a setting filled from the policy's engine_defaults  # vLLM v0: max_num_batched_tokens = max(max_model_len, 2048) without chunked prefill
@@ -34,7 +35,7 @@ def check_names(names, option: str = "--set") -> None:
             raise ValueError(f"{option}: unknown engine setting {name!r}; valid: {', '.join(EngineConfig.model_fields)}")
 
 
-def vllm_v1_defaults(profile: CostProfile) -> tuple[dict[str, int], str]:
+def vllm_v1_defaults(profile: StepCost) -> tuple[dict[str, int], str]:
     """What ``vllm serve`` (vLLM 0.32, ``EngineArgs.get_batch_defaults`` for its API server, and the platform's block
     size) sets on the profile's device, and the device as it tells them apart: a profile with a GPU's memory is a GPU
     (16-token blocks; a 2,048-token budget and 256 sequences, 8,192 and 1,024 from 70 GiB unless an A100, 16,384 and
@@ -51,7 +52,7 @@ def vllm_v1_defaults(profile: CostProfile) -> tuple[dict[str, int], str]:
     return {"block_size": 16, "max_num_batched_tokens": tokens, "max_num_seqs": seqs}, f"vLLM V1 on {device}"
 
 
-def filled_settings(config: EngineConfig, profile: CostProfile, policy: Any) -> dict[str, dict[str, Any]]:
+def filled_settings(config: EngineConfig, profile: StepCost, policy: Any) -> dict[str, dict[str, Any]]:
     """The settings a job fills where ``config`` leaves them unset: ``{name: {"value": v, "from": where}}``, where is
     the policy's ``engine_defaults``, vLLM V1's serving defaults on the profile's device, or the profile."""
     defaults = engine_defaults(policy)
@@ -67,6 +68,8 @@ def filled_settings(config: EngineConfig, profile: CostProfile, policy: Any) -> 
     blocks = profile.num_kv_blocks(block_size)
     if blocks is not None and "num_gpu_blocks" not in given and "num_gpu_blocks" not in defaults:
         filled["num_gpu_blocks"] = (blocks, "the profile")
+    if not profile.decode_exact and "decode_lane" not in given:  # a decode's time depends on each context: step by step
+        filled["decode_lane"] = (False, "the profile")
     chunks = policy_attribute(policy, "chunked_prefill", False) and config.enable_chunked_prefill  # off: as vLLM V1 raises it too
     if not chunks and "max_num_batched_tokens" not in given and "max_num_batched_tokens" not in defaults:
         # the model length the engine will run with: the caller's, else the policy's, else the profile's
@@ -75,7 +78,7 @@ def filled_settings(config: EngineConfig, profile: CostProfile, policy: Any) -> 
     return {k: {"value": v, "from": where} for k, (v, where) in filled.items()}
 
 
-def fit_to_profile(config: EngineConfig, profile: CostProfile, policy: Any) -> EngineConfig:
+def fit_to_profile(config: EngineConfig, profile: StepCost, policy: Any) -> EngineConfig:
     """``config`` with the settings it leaves unset filled (``filled_settings``; ``policy``: the policy object,
     for its ``chunked_prefill`` and ``engine_defaults`` declarations, which the engine applies itself)."""
     fitted = {k: f["value"] for k, f in filled_settings(config, profile, policy).items() if f["from"] != POLICY}
