@@ -61,12 +61,19 @@ def run_simulation(
     With ``stream_to`` (a folder), ``requests`` come in arrival order (a generator is read as
     they arrive), the engine retains no finished request and their records are streamed to
     ``stream_to/requests.parquet``; ``RunResult.requests`` is then a ``RequestTable`` on it.
+    ``requests`` may instead be a workload that drives the engine itself (``drive(engine, on_step,
+    serving_seconds)``: inference-perf's client, whose next requests depend on the engine's answers);
+    its records are then kept in memory.
     """
     config = config or EngineConfig()
     executor = SimulatedExecutor(profile)
-    if stream_to is None:
+    drive = getattr(requests, "drive", None)  # a workload that answers the engine (workloads/client_loop.py)
+    if stream_to is None or drive is not None:  # a driver aborts requests between steps: no step reports them
         engine = Engine(config, policy, executor, policy_options=policy_options)
-        engine.run(requests, on_step=on_step)
+        if drive is not None:
+            drive(engine, on_step, executor.profile.serving_seconds)
+        else:
+            engine.run(requests, on_step=on_step)
         records: list[RequestMetrics] | RequestTable = [RequestMetrics.of(g) for g in engine._groups.values()]
     else:
         engine = Engine(config, policy, executor, policy_options=policy_options, retain_finished=False)
@@ -148,7 +155,12 @@ class SimJob:
         streaming = self.stream_to is not None
         if streaming:
             Path(self.stream_to).mkdir(parents=True, exist_ok=True)
-            requests: Iterable[Request] = self.workload.iter_requests()
+        driven = hasattr(self.workload, "drive")
+        if driven:  # it sends its requests itself, as answers come back
+            requests: Iterable[Request] = self.workload
+            count = self.workload.num_requests
+        elif streaming:
+            requests = self.workload.iter_requests()
             count = self.workload.num_requests
         else:
             requests = sorted(self.workload.requests(), key=lambda r: r.arrival_time)
@@ -159,7 +171,7 @@ class SimJob:
         if self.record_timeseries:
             series = TimeSeriesRecorder(Path(self.stream_to) / "timeseries.parquet" if streaming else None)
         service = TenantService()
-        tenants = self.workload.tenant_names() if streaming else {r.tenant for r in requests}
+        tenants = self.workload.tenant_names() if streaming or driven else {r.tenant for r in requests}
         competing = len(tenants) > 1
         if competing:
             requests = service.watch(requests)
