@@ -92,6 +92,11 @@ def run(
     decode_replicas: fleet.DecodeOpt = None,
     fleet_spec: fleet.FleetOpt = None,
     transfer_gbps: fleet.BandwidthOpt = None,
+    hardware: sim.HardwareOpt = None,
+    model_config: sim.ModelConfigOpt = None,
+    tp: sim.TpOpt = 1,
+    dtype: sim.DtypeOpt = None,
+    gpu_memory_utilization: sim.GpuMemoryOpt = 0.9,
 ) -> None:
     """Run a policy on a workload with every option (simulated executor, or a real model with --executor hf; a fleet with --replicas)."""
     if executor not in ("sim", "hf"):
@@ -102,6 +107,7 @@ def run(
         if executor != "sim":
             fail("--executor hf runs one real engine; a fleet is simulated (drop --executor, or the fleet's options)")
         refuse_unread(ctx, HF_OPTIONS, "to a fleet: it is simulated (--executor hf runs one real engine)")
+        refuse_unread(ctx, GPU_OPTIONS, "to a fleet: its replicas take --profile (a GPU's roofline models one engine)")
         refuse_unread(ctx, ONE_ENGINE_OUTPUTS, "to a fleet: its results (summary.json, requests.csv, routes.csv, "
                                                "report.html) have no SLO goodput, decision log or Chrome trace yet")
         if fleet_spec is not None:
@@ -124,15 +130,24 @@ def run(
         hf.run_command(policy, policy_opt, set_, seed, num_requests, rate, output, quiet, model, prompt, max_tokens, temperature)
         return
     refuse_unread(ctx, HF_OPTIONS, "to a simulation: it is for a real model (give --executor hf)")
+    gpu = None
+    if hardware is None and model_config is None:
+        refuse_unread(ctx, GPU_OPTIONS, "without --hardware and --model-config: it describes a GPU")
+    else:
+        refuse_unread(ctx, {"profile"}, "with --hardware and --model-config: they derive the cost model")
+        gpu = {"hardware": hardware, "model_config": model_config, "tp": tp, "dtype": dtype,
+               "gpu_memory_utilization": gpu_memory_utilization}
     sim.run_command(policy, policy_opt, set_, seed, num_requests, rate, output, profile, quiet,
-                    workload, trace, rate_scale, start_offset, arrival, cv, slo_ttft, slo_tpot, plot, decision_log, trace_out)
+                    workload, trace, rate_scale, start_offset, arrival, cv, slo_ttft, slo_tpot, plot, decision_log,
+                    trace_out, gpu)
 
 
 # The options of `engine run` that only some of its modes read, by parameter name: given where they are not read,
 # they are refused (one line, exit 2) rather than taken and ignored. tests/test_cli_options.py enumerates them all.
 HF_OPTIONS = frozenset({"model", "prompt", "max_tokens", "temperature"})
+GPU_OPTIONS = frozenset({"hardware", "model_config", "tp", "dtype", "gpu_memory_utilization"})  # a roofline's
 SIM_OPTIONS = frozenset({"profile", "workload", "trace", "rate_scale", "start_offset", "arrival", "cv", "slo_ttft",
-                         "slo_tpot", "plot", "decision_log", "trace_out"})
+                         "slo_tpot", "plot", "decision_log", "trace_out"}) | GPU_OPTIONS
 FLEET_OPTIONS = frozenset({"replicas", "router", "router_opt", "staleness", "prefill_replicas", "decode_replicas",
                            "fleet_spec", "transfer_gbps"})
 ONE_ENGINE_OUTPUTS = frozenset({"slo_ttft", "slo_tpot", "decision_log", "trace_out"})  # none in a fleet's yet

@@ -82,5 +82,5 @@ def load_hardware(source: str | Path | Hardware) -> Hardware:
         return Hardware.model_validate(data)
     except ValidationError as exc:
         first = exc.errors()[0]
-        raise HardwareError(f"invalid hardware description: {first['msg']}", path,
-                            column=".".join(map(str, first["loc"])) or None) from None
+        where = ".".join(map(str, first["loc"]))
+        raise HardwareError(f"invalid hardware description: {f'field {where!r}: ' if where else ''}{first['msg']}", path) from None

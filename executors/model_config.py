@@ -42,6 +42,9 @@ HF_IDS = {
 class ModelConfigError(FileError):
     """A ``config.json`` cannot describe a model the cost model knows; names the file and the field."""
 
+    def __init__(self, message: str, path: str | Path | None = None, field: str | None = None) -> None:
+        super().__init__(f"field {field!r}: {message}" if field else message, path)
+
 
 class ModelShape(BaseModel):
     """What the cost model reads of a transformer (per-layer sizes; counts of each kind of layer)."""
@@ -89,10 +92,10 @@ class ModelShape(BaseModel):
     def check_tp(self, tp: int, where: str | Path) -> None:
         """vLLM splits the query heads over ``tp`` GPUs and the KV heads too (or replicates them, when fewer)."""
         if self.num_heads % tp:
-            raise ModelConfigError(f"{self.num_heads} attention heads do not split over --tp {tp}", where, column="num_attention_heads")
+            raise ModelConfigError(f"{self.num_heads} attention heads do not split over --tp {tp}", where, field="num_attention_heads")
         if self.num_kv_heads % tp and tp % self.num_kv_heads:
             raise ModelConfigError(f"{self.num_kv_heads} KV heads neither split over nor replicate across --tp {tp}",
-                                   where, column="num_key_value_heads")
+                                   where, field="num_key_value_heads")
 
 
 def shipped_models() -> dict[str, Path]:
@@ -124,14 +127,14 @@ def model_shape(data: dict[str, Any], path: str | Path, name: str) -> ModelShape
     """A ``ModelShape`` from a parsed ``config.json`` (``path`` is where errors say it came from)."""
     architectures = data.get("architectures")
     if not isinstance(architectures, list) or not architectures or not isinstance(architectures[0], str):
-        raise ModelConfigError("missing or not a list of names (which model class is it?)", path, column="architectures")
+        raise ModelConfigError("missing or not a list of names (which model class is it?)", path, field="architectures")
     arch = architectures[0]
     if arch not in ARCHITECTURES:
         raise ModelConfigError(f"unknown architecture {quote(arch)}; the cost model knows {', '.join(sorted(ARCHITECTURES))}",
-                               path, column="architectures")
+                               path, field="architectures")
     text = data.get("text_config", data) if arch.endswith("ForConditionalGeneration") else data
     if not isinstance(text, dict):
-        raise ModelConfigError("not an object", path, column="text_config")
+        raise ModelConfigError("not an object", path, field="text_config")
     field = _Fields(text, path, arch)
     hidden, layers, heads = field.int("hidden_size"), field.int("num_hidden_layers"), field.int("num_attention_heads")
     kv_heads = field.int("num_key_value_heads", heads)
@@ -144,14 +147,14 @@ def model_shape(data: dict[str, Any], path: str | Path, name: str) -> ModelShape
         dtype=_dtype(data, text, path),
     )
     if kv_heads > heads or heads % kv_heads:
-        raise ModelConfigError(f"{kv_heads} KV heads do not group {heads} query heads", path, column="num_key_value_heads")
+        raise ModelConfigError(f"{kv_heads} KV heads do not group {heads} query heads", path, field="num_key_value_heads")
     shape.update(_mlp(field, arch, layers))
     shape.update(_windows(field, text, arch, layers))
     try:
         return ModelShape(**shape)
     except ValueError as exc:  # a bound of ModelShape's: name the field as the config spells it
         first = exc.errors()[0] if hasattr(exc, "errors") else {"loc": ("?",), "msg": str(exc)}
-        raise ModelConfigError(first["msg"], path, column=str(first["loc"][0])) from None
+        raise ModelConfigError(first["msg"], path, field=str(first["loc"][0])) from None
 
 
 class _Fields:
@@ -163,15 +166,15 @@ class _Fields:
     def int(self, key: str, default: int | None = None) -> int:
         value = self.data.get(key, default)
         if value is None:
-            raise ModelConfigError(f"missing (a {self.arch} config needs it)", self.path, column=key)
+            raise ModelConfigError(f"missing (a {self.arch} config needs it)", self.path, field=key)
         if type(value) is not int or value < 0:
-            raise ModelConfigError(f"must be a non-negative integer, got {quote(value)}", self.path, column=key)
+            raise ModelConfigError(f"must be a non-negative integer, got {quote(value)}", self.path, field=key)
         return value
 
 
 def _divide(hidden: int, heads: int, path: str | Path) -> int:
     if hidden % heads:
-        raise ModelConfigError(f"hidden_size {hidden} is not a multiple of the {heads} heads; give head_dim", path, column="head_dim")
+        raise ModelConfigError(f"hidden_size {hidden} is not a multiple of the {heads} heads; give head_dim", path, field="head_dim")
     return hidden // heads
 
 
@@ -181,7 +184,7 @@ def _dtype(data: dict[str, Any], text: dict[str, Any], path: str | Path) -> str:
         return "fp8"
     name = text.get("torch_dtype", text.get("dtype", data.get("torch_dtype", data.get("dtype", "bfloat16"))))
     if name not in DTYPES:
-        raise ModelConfigError(f"unknown dtype {quote(name)}; known: {', '.join(DTYPES)}", path, column="torch_dtype")
+        raise ModelConfigError(f"unknown dtype {quote(name)}; known: {', '.join(DTYPES)}", path, field="torch_dtype")
     return DTYPES[name]
 
 
@@ -216,7 +219,7 @@ def _mlp(field: _Fields, arch: str, layers: int) -> dict[str, Any]:
     step = max(1, field.int("decoder_sparse_step", 1))
     dense_only = field.data.get("mlp_only_layers") or []
     if not isinstance(dense_only, list):
-        raise ModelConfigError(f"must be a list of layer numbers, got {quote(dense_only)}", field.path, column="mlp_only_layers")
+        raise ModelConfigError(f"must be a list of layer numbers, got {quote(dense_only)}", field.path, field="mlp_only_layers")
     moe = sum(1 for i in range(layers) if i not in dense_only and (i + 1) % step == 0)
     return {"intermediate_size": field.int("intermediate_size") if moe < layers else 0, "num_experts": field.int("num_experts"),
             "experts_per_token": field.int("num_experts_per_tok"), "expert_intermediate_size": field.int("moe_intermediate_size"),

@@ -20,7 +20,7 @@ class ProfileError(KvschedError):
 
 
 def resolve_profile(profile: str | Path | StepCost) -> StepCost:
-    if isinstance(profile, (CostProfile, RooflineProfile)):
+    if not isinstance(profile, (str, Path)):  # a profile object (CostProfile, RooflineProfile, or one wrapping them)
         return profile
     text = str(profile)
     if text in PROFILES:

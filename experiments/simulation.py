@@ -31,6 +31,7 @@ from kvsched.executors.simulated import SimulatedExecutor
 from kvsched.experiments.settings import filled_settings, fit_to_profile
 from kvsched.metrics.decision_log import DecisionLog
 from kvsched.metrics.fairness import TenantService, fairness_summary
+from kvsched.metrics.lifecycle import run_reports
 from kvsched.metrics.goodput import goodput_summary
 from kvsched.metrics.records import RequestLog, RequestTable
 from kvsched.metrics.requests import RequestMetrics, summarize
@@ -130,6 +131,7 @@ class SimOutcome:
     simulate_s: float  # engine loop only (no workload building)
     num_requests: int
     decision_log: Path | None = None  # decisions.parquet, when the job kept one
+    lifecycle: dict[str, dict] | None = None  # inference-perf's report files, when an inference-perf workload drove the run
 
     @property
     def summary(self) -> dict[str, Any]:
@@ -204,4 +206,7 @@ class SimJob:
         if series is not None and len(series):
             s["kv_usage"] = series.kv_usage(result.engine.config.num_gpu_blocks)
         log_path = log.close() if log is not None else None
-        return SimOutcome(result, series, time.perf_counter() - start, simulate_s, count, log_path)
+        lifecycle = None
+        if getattr(self.workload, "client_log", None) is not None:
+            lifecycle = run_reports(self.workload, result.requests, profile.serving_seconds)
+        return SimOutcome(result, series, time.perf_counter() - start, simulate_s, count, log_path, lifecycle)

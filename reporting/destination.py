@@ -32,8 +32,10 @@ from pathlib import Path
 
 from kvsched.core.errors import KvschedError
 
+# inference-perf's report files (an inference-perf workload's run): the summary and one per load stage
+LIFECYCLE_FILES = ("summary_lifecycle_metrics.json", *(f"stage_{i}_lifecycle_metrics.json" for i in range(100)))
 RUN_FILES = ("summary.json", "requests.csv", "requests.parquet", "timeseries.parquet", "decisions.parquet", "report.html",
-             "trace.json", "latency_cdf.png", "queues_kv.png", "batch_composition.png")
+             "trace.json", "latency_cdf.png", "queues_kv.png", "batch_composition.png", *LIFECYCLE_FILES)
 SWEEP_FILES = ("sweep.csv", "sweep.parquet", "tradeoff.png")
 COMPARE_FILES = ("comparison.csv", "comparison_cdf.png")
 

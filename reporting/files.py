@@ -90,6 +90,8 @@ def _outputs(outcome: SimOutcome, directory: Path, plot: bool) -> list[Path]:
         written.append(path)
     if outcome.decision_log is not None:  # written during the run, beside the stage: it joins the rest
         written.append(Path(shutil.move(outcome.decision_log, directory / "decisions.parquet")))
+    if outcome.lifecycle is not None:
+        written += write_lifecycle(outcome.lifecycle, directory)
     if plot:
         from kvsched.reporting.html import write_report
         from kvsched.reporting.plots import run_plots
@@ -101,6 +103,16 @@ def _outputs(outcome: SimOutcome, directory: Path, plot: bool) -> list[Path]:
         written.append(write_trace(run, directory / "trace.json"))
         written += run_plots(run.requests, run.steps, outcome.summary, directory)
         written.append(write_report(run, directory / "report.html"))
+    return written
+
+
+def write_lifecycle(reports: dict[str, dict], directory: Path) -> list[Path]:
+    """inference-perf's report files (``metrics/lifecycle.py``: name to content) into ``directory``, as it writes them."""
+    written = []
+    for name, report in reports.items():
+        path = Path(directory) / name
+        path.write_text(json.dumps(report, indent=2, allow_nan=False) + "\n")
+        written.append(path)
     return written
 
 

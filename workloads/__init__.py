@@ -75,8 +75,8 @@ def build_workload(
     """Resolve the CLI's workload options to one workload.
 
     ``workload`` is a built-in name (``default``, ``synthetic``, ``azure-conv``, ``sharegpt``, or a named
-    spec: ``sharegpt-4k``, ``tiered-sessions``) or a JSON spec file; ``trace`` a CSV in any supported
-    format. ``num_requests`` caps traces; ``max_total_tokens`` cuts their prompts as Vidur's trace replay does.
+    spec: ``sharegpt-4k``, ``tiered-sessions``), a JSON spec file or an inference-perf config (``.yaml``);
+    ``trace`` a CSV in any supported format. ``num_requests`` caps traces; ``max_total_tokens`` cuts their prompts as Vidur's trace replay does.
     ``rate`` replaces a named spec's Poisson rate (its requests', not a sessions spec's: scale those by ``rate_scale``).
     """
     check_options(num_requests=num_requests, rate=rate, rate_scale=rate_scale, start_offset=start_offset, cv=cv)
@@ -122,6 +122,13 @@ def build_workload(
         spec = SyntheticSpec(seed=seed, arrivals=make_arrivals((rate or 4.0) * rate_scale, arrival or "poisson", cv),
                              **({"num_requests": num_requests} if num_requests else {}))
         return spec
+    if Path(workload).suffix in (".yaml", ".yml"):  # an inference-perf config: its own data and load stages
+        if custom_arrivals or rate_scale != 1.0:
+            raise WorkloadError("an inference-perf config sets its own load stages: "
+                                "drop --rate, --arrival and --rate-scale")
+        from kvsched.workloads.inference_perf import load_inference_perf
+
+        return load_inference_perf(Path(workload), seed, num_requests)
     if custom_arrivals and Path(workload).suffix == ".json":
         raise WorkloadError("a workload .json spec sets its own arrivals: drop --rate and --arrival (--rate-scale scales them)")
     return load_spec(Path(workload), num_requests=num_requests, seed=seed, rate_scale=rate_scale)
@@ -156,7 +163,9 @@ _SPEC = TypeAdapter(SyntheticSpec | TraceWorkload)
 def load_spec(path: Path, *, num_requests: int | None = None, seed: int = 0, rate_scale: float = 1.0) -> Workload:
     """A workload from a JSON spec (``{"kind": "synthetic", ...}`` or ``{"kind": "trace", "path": ...}``)."""
     if path.suffix != ".json":
-        raise WorkloadError(f"unknown workload {str(path)!r}; use one of {', '.join(WORKLOAD_NAMES)}, or a .json spec file")
+        names = ", ".join(WORKLOAD_NAMES)
+        raise WorkloadError(f"unknown workload {str(path)!r}; use one of {names}, a .json spec file "
+                            "or an inference-perf .yaml config")
     data = read_json(path, "workload spec")
     if isinstance(data, dict) and data.get("kind") == "sessions":  # multi-turn chat sessions (workloads/sessions.py)
         from kvsched.workloads.sessions import session_spec

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from kvsched.core.files import read_text
 from kvsched.core.request import Request, SamplingParams
@@ -89,10 +89,15 @@ class DataConfig(BaseModel):
     use_chat_template: bool = False  # the lengths target the templated prompt: nothing changes here
     trace: Any = None
 
+    @field_validator("type")
+    @classmethod
+    def _supported(cls, kind: str) -> str:
+        if kind not in SUPPORTED_DATA:
+            raise ValueError(f"data type {kind!r} is not reproduced; kvsched reproduces {', '.join(SUPPORTED_DATA)}")
+        return kind
+
     @model_validator(mode="after")
     def _check(self) -> DataConfig:
-        if self.type not in SUPPORTED_DATA:
-            raise ValueError(f"data type {self.type!r} is not reproduced; kvsched reproduces {', '.join(SUPPORTED_DATA)}")
         if self.type == "shared_prefix" and self.shared_prefix is None:
             self.shared_prefix = SharedPrefix()
         if self.type != "shared_prefix":
@@ -117,7 +122,7 @@ class LoadConfig(BaseModel):
 
     type: Literal["constant", "poisson"] = "constant"
     interval: float = Field(1.0, ge=0, le=1e6)
-    stages: list[Stage] = Field(min_length=1)
+    stages: list[Stage] = Field(min_length=1, max_length=100)
     sweep: None = None
     request_timeout: float | None = Field(None, gt=0)
     base_seed: int | None = None
@@ -149,11 +154,12 @@ class InferencePerfWorkload:
     """The requests an inference-perf config sends (``drive`` runs them as its client does)."""
 
     def __init__(self, config: InferencePerfConfig, path: Path | None = None, seed: int = 0, max_requests: int | None = None,
-                 prompt_extra: int = 0, timeout_s: float | None = None) -> None:
+                 prompt_extra: int = 0, duration_scale: float = 1.0) -> None:
         self.config, self.path, self.seed, self.prompt_extra = config, path, seed, prompt_extra
         load = config.load
-        self.timeout_s = timeout_s or load.request_timeout or DEFAULT_TIMEOUT_S
-        self.stages = [StagePlan(s.rate, float(s.duration), int(s.rate * s.duration)) for s in load.stages]
+        self.timeout_s = load.request_timeout or DEFAULT_TIMEOUT_S
+        # duration_scale < 1: each stage cut short (a quick look at a long run; the fit's rounds)
+        self.stages = [StagePlan(s.rate, s.duration * duration_scale, int(s.rate * s.duration * duration_scale)) for s in load.stages]
         total = sum(s.count for s in self.stages)
         self.num_requests = min(total, max_requests) if max_requests else total
         if self.num_requests > MAX_REQUESTS:
@@ -293,7 +299,8 @@ class ClientRecord:
     outcome: Literal["ok", "timeout", "refused"]
 
 
-def load_inference_perf(path: Path, seed: int = 0, max_requests: int | None = None, prompt_extra: int = 0) -> InferencePerfWorkload:
+def load_inference_perf(path: Path, seed: int = 0, max_requests: int | None = None, prompt_extra: int = 0,
+                        duration_scale: float = 1.0) -> InferencePerfWorkload:
     """The workload of an inference-perf config file (YAML or JSON); a bad field is one error naming file and field."""
     import yaml
 
@@ -311,5 +318,6 @@ def load_inference_perf(path: Path, seed: int = 0, max_requests: int | None = No
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"] if not isinstance(p, str) or not p.startswith(("int", "Distribution")))
-        raise WorkloadError(f"{first['msg'].removeprefix('Value error, ')}", path, column=where or None) from None
-    return InferencePerfWorkload(config, path, seed, max_requests, prompt_extra)
+        message = first["msg"].removeprefix("Value error, ")
+        raise WorkloadError(f"field {where}: {message}" if where else message, path) from None
+    return InferencePerfWorkload(config, path, seed, max_requests, prompt_extra, duration_scale)
