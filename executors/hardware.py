@@ -4,7 +4,7 @@ The datasheet part (``Hardware``) is what a vendor publishes: dense tensor-core 
 memory bandwidth and size, interconnect bandwidth. The part no datasheet gives (``Efficiency``)
 is fitted to real runs (``benchmarks/calibrate_gpu.py``, ``engine calibrate --from``): the
 achieved FLOP and bandwidth shares, the per-step, per-layer and per-request overheads, the latency
-of one tensor-parallel all-reduce, and the serving stack's own time per request outside the
+of a tensor-parallel all-reduce, and the serving stack's own time per request outside the
 engine (HTTP, tokenisation, detokenisation). Built-in GPUs are JSON files in
 ``executors/data/hardware/``; a user's is any such file (``--hardware my-gpu.json``).
 """
@@ -31,7 +31,8 @@ class Efficiency(BaseModel):
     flops_share: float = Field(0.6, gt=0, le=1, description="achieved share of peak tensor FLOP/s in the weight GEMMs")
     attention_flops_share: float = Field(0.4, gt=0, le=1, description="achieved share of peak bf16 FLOP/s in prefill attention")
     bandwidth_share: float = Field(0.8, gt=0, le=1, description="achieved share of memory and link bandwidth")
-    allreduce_us: float = Field(10.0, ge=0, le=1e6, description="fixed latency of one tensor-parallel all-reduce")
+    allreduce_us: float = Field(10.0, ge=0, le=1e6, description="latency of one tensor-parallel all-reduce per GPU beyond "
+                                "the first (tp − 1 of them: what each waits on)")
     step_ms: float = Field(1.0, ge=0, le=1e6, description="per step: scheduling, input preparation, sampling")
     layer_us: float = Field(10.0, ge=0, le=1e6, description="per layer and step: kernel launches outside CUDA graphs")
     request_us: float = Field(20.0, ge=0, le=1e6, description="per request in a step: its inputs and outputs on the CPU")

@@ -13,8 +13,8 @@ A vLLM step on a GPU (per GPU of a tensor-parallel group of ``tp``) costs the su
 - **attention**: prefill chunks compute their query-key pairs (``executors/step_work.py``: a chunk
   after a context, GQA/MQA head counts, sliding windows where the config has them) and read their
   KV; decodes read their context's KV (memory-bound).
-- **tensor parallelism**: two all-reduces per layer, each a fixed latency plus a ring's
-  ``2(tp−1)/tp`` of the step's activations over the GPU link.
+- **tensor parallelism**: two all-reduces per layer, each a latency per GPU it waits on (``tp − 1``
+  of them) plus a ring's ``2(tp−1)/tp`` of the step's activations over the GPU link.
 - **overheads**: per step, per layer (launches outside CUDA graphs) and per request in the step.
 
 The shares of peak achieved and the overheads are ``Efficiency`` (``executors/hardware.py``),
@@ -161,6 +161,7 @@ class RooflineProfile(BaseModel):
             "pair_flops": 4.0 * (m.num_heads // tp) * m.head_dim,
             "full_layers": float(layers - m.window_layers), "window_layers": float(m.window_layers),
             "allreduces": 2.0 * layers if tp > 1 else 0.0, "allreduce_bytes": 2.0 * (tp - 1) / tp * h * act,
+            "hops": float(tp - 1),  # an all-reduce's fixed latency grows with the GPUs it waits on
         }
         embeddings = m.vocab_size * h // tp * act * (1 if m.tie_word_embeddings else 2)
         c["weight_bytes"] = float((dense + m.num_experts * m.moe_layers * expert) * weight + embeddings)
@@ -194,7 +195,7 @@ def step_time(c: dict[str, float], e: Efficiency, tokens, requests, full: Attent
         if layers:
             t = t + layers * (maximum(work.prefill_pairs * pair_s, work.prefill_kv * kv_s) + work.decode_kv * kv_s)
     if c["allreduces"]:
-        t = t + c["allreduces"] * (e.allreduce_us * 1e-6 + tokens * (c["allreduce_bytes"] / (c["link"] * e.bandwidth_share)))
+        t = t + c["allreduces"] * (c["hops"] * e.allreduce_us * 1e-6 + tokens * (c["allreduce_bytes"] / (c["link"] * e.bandwidth_share)))
     return t + (e.step_ms * 1e-3 + c["layers"] * e.layer_us * 1e-6) + requests * (e.request_us * 1e-6)
 
 

@@ -42,8 +42,11 @@ def read(context: int, chunk: int, window: int | None = None) -> int:
 
 
 def attention_work(output: SchedulerOutput, window: int | None = None) -> AttentionWork:
-    """The step's attention work, from its scheduled groups; the decode lane's members (one token each,
-    no window) from the output's totals."""
+    """The step's attention work, from its scheduled groups; a step of one-token decodes only, and the decode
+    lane's members (one token each, no window), from the output's totals (``kv_tokens_read`` counts each
+    scheduled sequence's context)."""
+    if window is None and not output.prefill_tokens:  # only one-token decodes (most steps): their totals say it all
+        return AttentionWork(0, 0, output.kv_tokens_read + output.decode_seqs)
     prefill_pairs = prefill_kv = decode_kv = contexts = 0
     lane = output.lane_decodes
     for sg in islice(output.scheduled, lane, None):

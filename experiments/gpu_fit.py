@@ -8,7 +8,8 @@ ITL follows from E2E through the client's token counts and adds nothing to fit),
 
 1. each run is simulated with the current efficiencies, and its steps recorded (``Tape``: each
    step's shape, which steps gave each request its first and last token);
-2. the efficiencies are fitted on the tapes (Nelder-Mead on pseudo-Huber log errors): a candidate
+2. the efficiencies are fitted on the tapes (Nelder-Mead on pseudo-Huber log errors, plus a light pull
+   of each towards its prior, which settles what the runs cannot tell apart): a candidate
    re-times the recorded steps (``step_time`` over all of them at once) and the requests with
    them, as if each step had run the same batch (within a stage, steps run back to back except
    where the engine waited for an arrival);
@@ -39,6 +40,7 @@ SHARES = {"flops_share", "attention_flops_share", "bandwidth_share"}
 FITTED = (("e2e", "request_latency"), ("ttft", "time_to_first_token"))
 WEIGHTS = {"mean": 1.0, "p90": 0.5, "p99": 0.25}
 HUBER = 0.2  # log errors past about 20 % count linearly, not squared: a run's warm-up outliers do not steer the fit
+PRIOR_WEIGHT = 0.01  # pulls each parameter (in log or logit space) towards its prior: what the runs cannot tell apart stays put
 # Where every fit starts: round numbers of the kind BLIS's roofline uses, not fitted to anything.
 PRIORS = Efficiency(flops_share=0.6, attention_flops_share=0.4, bandwidth_share=0.8, allreduce_us=10.0, step_ms=1.0,
                     layer_us=10.0, request_us=20.0, api_ms=10.0, response_ms=2.0, fitted_on="")
@@ -81,44 +83,45 @@ class _Tap:
 
 @dataclass
 class Tape:
-    """One run simulated, frozen for re-timing: its steps and its requests."""
+    """One run simulated, frozen for re-timing: its steps, and which of them each request lived through."""
 
     experiment: Experiment
     sizes: dict[str, float]
     shape: np.ndarray  # per step: tokens, requests, the full and windowed attention work (0 for a step with none)
     extra: np.ndarray  # per step: its time beyond the profile's (the scheduler's, the idle charge)
-    release: np.ndarray  # per step: when it could start at the earliest (its start if the engine waited before it, else -inf)
-    segment: np.ndarray  # per step: the stage whose requests it ran (stages never overlap: each drains first)
-    stage: np.ndarray  # per finished request
-    arrival: np.ndarray
+    stage: np.ndarray  # per answered request
+    wait: np.ndarray  # from its arrival to the start of the step that admitted it
+    admitted: np.ndarray  # step index of its admission
     first: np.ndarray  # step index of its first token
     last: np.ndarray  # step index of its last token
     recorded: dict[int, dict] = field(repr=False, default_factory=dict)  # stage: its recorded successes
+    queued: frozenset[int] = frozenset()  # stages the simulation ran in a queue the real run did not have: not fitted
+    base: np.ndarray | None = field(repr=False, default=None)  # each step's time as recorded
 
-    def retime(self, e: Efficiency) -> dict[int, dict[str, np.ndarray]]:
-        """Each stage's E2E and TTFT per request, as if the steps took ``e``'s times."""
+    def durations(self, e: Efficiency) -> np.ndarray:
         s = self.shape
         full, windowed = AttentionWork(s[:, 2], s[:, 3], s[:, 4]), AttentionWork(s[:, 5], s[:, 6], s[:, 7])
-        busy = s[:, 0] > 0
-        exec_s = np.where(busy, step_time(self.sizes, e, s[:, 0], s[:, 1], full, windowed, np.maximum), 0.0)
-        duration = exec_s + self.extra
-        end = np.empty_like(duration)
-        for seg in np.unique(self.segment):  # end_k = max(end_{k-1}, release_k) + d_k, as a running maximum
-            idx = np.flatnonzero(self.segment == seg)
-            total = np.cumsum(duration[idx])
-            before = np.concatenate(([0.0], total[:-1]))
-            end[idx] = total + np.maximum.accumulate(self.release[idx] - before)
+        exec_s = np.where(s[:, 0] > 0, step_time(self.sizes, e, s[:, 0], s[:, 1], full, windowed, np.maximum), 0.0)
+        return exec_s + self.extra
+
+    def retime(self, e: Efficiency) -> dict[int, dict[str, np.ndarray]]:
+        """Each stage's E2E and TTFT per request, as if each step had run the same batch in ``e``'s time: a request
+        takes the steps it lived through, and its wait for admission scales as the step it waited through."""
+        d = self.durations(e)
+        total = np.concatenate(([0.0], np.cumsum(d)))  # total[k]: the time of the steps before step k
+        before = np.maximum(self.admitted - 1, 0)
+        base = self.base if self.base is not None else d
+        wait = self.wait * np.divide(d[before], base[before], out=np.ones(len(before)), where=base[before] > 0)
         api, response = e.api_ms / 1000.0, e.response_ms / 1000.0
-        out = {}
-        for st in np.unique(self.stage):
-            m = self.stage == st
-            out[int(st)] = {"ttft": api + end[self.first[m]] - self.arrival[m],
-                            "e2e": api + end[self.last[m]] - self.arrival[m] + response}
-        return out
+        ttft = api + wait + total[self.first + 1] - total[self.admitted]
+        e2e = api + wait + total[self.last + 1] - total[self.admitted] + response
+        return {int(st): {"ttft": ttft[self.stage == st], "e2e": e2e[self.stage == st]} for st in np.unique(self.stage)}
 
     def loss(self, e: Efficiency) -> float:
         total = 0.0
         for st, values in self.retime(e).items():
+            if st in self.queued:
+                continue
             real = self.recorded[st]["latency"]
             for metric, key in FITTED:
                 v = values[metric]
@@ -135,29 +138,33 @@ def record(experiment: Experiment, profile: RooflineProfile, seed: int = 0, scal
     result = validate(experiment, None, seed=seed, profile=tap, scale=scale,
                       on_step=lambda r: steps.append((r.started if r.started is not None else r.now - r.duration, r.now)))
     started, ends = np.array([s for s, _ in steps]), np.array([e for _, e in steps])
-    shape = np.array([s or (0,) * 8 for s in tap.shapes], dtype=float)
-    extra = (ends - started) - np.array(tap.times)
-    release = np.full(len(steps), -np.inf)
-    waited = np.concatenate(([True], started[1:] > ends[:-1] + 1e-9))
-    release[waited] = started[waited]
     ok = [r for r in result.records if r.first_token_time is not None and r.finish_time is not None
           and r.status in ("FINISHED_STOPPED", "FINISHED_LENGTH_CAPPED")]
-    stage = np.array([int(r.request_id[1:].split("-")[0]) for r in ok])
-    first = np.searchsorted(ends, [r.first_token_time for r in ok], side="left")
-    last = np.searchsorted(ends, [r.finish_time for r in ok], side="left")
-    starts = [min((r.arrival_time for r, s in zip(ok, stage) if s == st), default=np.inf) for st in range(stage.max() + 1)]
-    segment = np.searchsorted(np.array(starts), started, side="right") - 1
-    recorded = {int(n.split("_")[1]): experiment.recorded[n]["successes"] for n in experiment.stages}
-    return Tape(experiment, dict(profile.sizes), shape, extra, release, np.maximum(segment, 0), stage,
-                np.array([r.arrival_time for r in ok]), first, last, recorded)
+    tape = Tape(experiment, dict(profile.sizes), np.array([s or (0,) * 8 for s in tap.shapes], dtype=float),
+                (ends - started) - np.array(tap.times), np.array([int(r.request_id[1:].split("-")[0]) for r in ok]),
+                np.array([r.first_scheduled_time - r.arrival_time for r in ok]),
+                np.searchsorted(started, [r.first_scheduled_time for r in ok], side="left"),
+                np.searchsorted(ends, [r.first_token_time for r in ok], side="left"),
+                np.searchsorted(ends, [r.finish_time for r in ok], side="left"),
+                {int(n.split("_")[1]): experiment.recorded[n]["successes"] for n in experiment.stages})
+    tape.base = tape.durations(profile.hardware.efficiency)
+    # A stage the simulation queued (its mean TTFT ten times the real one's and over a second) while the real run
+    # did not: re-timing keeps its queue (each request still starts in the step it started in), so it would only
+    # pull the fit; left out of this round's loss, it is back in the next round's once the fit has freed it.
+    real = {st: r["latency"]["time_to_first_token"]["mean"] for st, r in tape.recorded.items()}
+    tape.queued = frozenset(st for st, v in tape.retime(profile.hardware.efficiency).items()
+                            if float(np.mean(v["ttft"])) > max(1.0, 10 * real[st]))
+    return tape
 
 
 def fit(tapes: Sequence[Tape], start: Efficiency, iterations: int = 1500) -> Efficiency:
     """The efficiencies minimising the tapes' summed loss, from ``start`` (Nelder-Mead, in log/logit space)."""
     x0 = np.array([_to(f, getattr(start, f)) for f in FIELDS])
 
+    prior = np.array([_to(f, getattr(PRIORS, f)) for f in FIELDS])
+
     def loss(x: np.ndarray) -> float:
-        return sum(t.loss(_efficiency(x, start)) for t in tapes)
+        return sum(t.loss(_efficiency(x, start)) for t in tapes) + PRIOR_WEIGHT * float(np.sum((x - prior) ** 2))
 
     return _efficiency(nelder_mead(loss, x0, iterations), start)
 
@@ -168,6 +175,9 @@ def calibrate(experiments: Sequence[Experiment], profiles: Callable[[Experiment,
     e = start
     for n in range(rounds):
         tapes = [record(x, profiles(x, e), seed, scale) for x in experiments]
+        for t in tapes:
+            if t.queued:
+                log(f"  {t.experiment.name}: stage {', '.join(map(str, sorted(t.queued)))} queued in simulation only: not fitted this round")
         before = sum(t.loss(e) for t in tapes)
         e = fit(tapes, e)
         log(f"round {n + 1}: loss {before:.4f} -> {sum(t.loss(e) for t in tapes):.4f}: "

@@ -74,7 +74,7 @@ def test_moe_reads_the_experts_its_tokens_activate():
     expert = 32 * (3 * 4096 * 14336 // 2) * 2  # one expert in each of 32 layers, this GPU's half, bf16
     # One token reads 2 of the 8 experts, two tokens 8·(1 − (6/8)²) = 3.5 (routed uniformly); the rest of the
     # second token's cost: its KV (4 of 8 KV heads here), its all-reduced activations, its request's overhead.
-    rest = 32 * (2 * 4 * 128 * 2) / bw + 2 * 32 * (2 * (1 / 2) * 4096 * 2) / link + 30e-6
+    rest = 32 * (2 * 4 * 128 * 2) / bw + 2 * 32 * (2 * (1 / 2) * 4096 * 2) / link + 30e-6  # TP 2: one GPU to wait on
     assert p.decode_seconds(2)(0) - p.decode_seconds(1)(0) == pytest.approx(1.5 * expert / bw + rest, rel=1e-9)
     many = p.decode_seconds(128)(0) - p.decode_seconds(64)(0)
     assert many < p.decode_seconds(8)(0) - p.decode_seconds(1)(0)  # all 8 read by 64 tokens: only per-token costs grow
