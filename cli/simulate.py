@@ -58,6 +58,8 @@ def run_command(policy, policy_opt, overrides, seed, num_requests, rate, output,
     gpu_files = {}
     if gpu and (gpu["hardware"] is not None or gpu["model_config"] is not None):
         profile, gpu_files = gpu_profile(gpu, profile, config)
+    elif gpu and (gpu["tp"] != 1 or gpu["dtype"] is not None or gpu["gpu_memory_utilization"] != 0.9):
+        fail("--tp, --dtype and --gpu-memory-utilization describe a GPU: give them with --hardware and --model-config")
     resolve_profile(profile)
     built = build_workload(workload, trace, num_requests=num_requests, rate=rate, rate_scale=rate_scale,
                            start_offset=start_offset, arrival=arrival, cv=cv, seed=seed)

@@ -10,6 +10,8 @@ from typing import Annotated, Optional
 
 import typer
 
+from kvsched.cli.common import QuietOpt
+
 FoldersArg = Annotated[list[Path], typer.Argument(help="inference-perf result folders (exp-config.yaml, results/config.yaml or profile.yaml, results/*lifecycle_metrics.json)")]
 HardwareOpt = Annotated[str, typer.Option("--hardware", help="the GPU the runs used: h100-sxm, h200, a100-80gb, l40s, b200, or a hardware .json")]
 ModelConfigOpt = Annotated[Optional[str], typer.Option("--model-config", help="the model's config.json (default: the shipped config the run's model id names)")]
@@ -23,7 +25,7 @@ def validate(
     seed: Annotated[int, typer.Option(help="seed of the simulated arrivals and counts")] = 0,
     scale: ScaleOpt = 1.0,
     output: Annotated[Optional[Path], typer.Option("--output", "-o", help="folder for validation.csv, validation.json and each run's simulated inference-perf files")] = None,
-    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no progress lines")] = False,
+    quiet: QuietOpt = False,
 ) -> None:
     """Simulate each recorded run with the settings it records and compare each stage's E2E, TTFT and ITL (mean, p90, p99)."""
     from kvsched.cli.common import console, err_console

@@ -24,23 +24,27 @@ class HardwareError(FileError):
 
 
 class Efficiency(BaseModel):
-    """What vLLM achieves on a GPU beyond its datasheet; fitted to real runs, in the units named."""
+    """What vLLM achieves on a GPU beyond its datasheet, in the units named. The defaults are the values
+    ``benchmarks/calibrate_gpu.py`` fitted to the BLIS team's 12 public H100-SXM runs not in overload
+    (docs/fidelity.md), rounded to four digits; a GPU without its own fit takes them."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
-    flops_share: float = Field(0.6, gt=0, le=1, description="achieved share of peak tensor FLOP/s in the weight GEMMs")
-    attention_flops_share: float = Field(0.4, gt=0, le=1, description="achieved share of peak bf16 FLOP/s in prefill attention")
-    bandwidth_share: float = Field(0.8, gt=0, le=1, description="achieved share of memory and link bandwidth")
-    allreduce_us: float = Field(10.0, ge=0, le=1e6, description="latency of one tensor-parallel all-reduce per GPU beyond "
+    flops_share: float = Field(0.7646, gt=0, le=1, description="achieved share of peak tensor FLOP/s in the weight GEMMs")
+    attention_flops_share: float = Field(0.4049, gt=0, le=1, description="achieved share of peak bf16 FLOP/s in prefill attention")
+    bandwidth_share: float = Field(0.8662, gt=0, le=1, description="achieved share of memory and link bandwidth")
+    allreduce_us: float = Field(7.655, ge=0, le=1e6, description="latency of one tensor-parallel all-reduce per GPU beyond "
                                 "the first (tp − 1 of them: what each waits on)")
-    step_ms: float = Field(1.0, ge=0, le=1e6, description="per step: scheduling, input preparation, sampling")
-    layer_us: float = Field(10.0, ge=0, le=1e6, description="per layer and step: kernel launches outside CUDA graphs")
-    request_us: float = Field(20.0, ge=0, le=1e6, description="per request in a step: its inputs and outputs on the CPU")
-    api_ms: float = Field(10.0, ge=0, le=1e6, description="per request, outside the engine: HTTP, tokenising, the first "
+    step_ms: float = Field(0.8743, ge=0, le=1e6, description="per step: scheduling, input preparation, sampling")
+    layer_us: float = Field(8.482, ge=0, le=1e6, description="per layer and step: kernel launches outside CUDA graphs")
+    request_us: float = Field(9.218, ge=0, le=1e6, description="per request in a step: its inputs and outputs on the CPU")
+    api_ms: float = Field(8.214, ge=0, le=1e6, description="per request, outside the engine: HTTP, tokenising, the first "
                           "chunk's way back (added to TTFT and end-to-end latency, not to a step)")
-    response_ms: float = Field(2.0, ge=0, le=1e6, description="per request, after its last token: detokenising and "
+    response_ms: float = Field(2.009, ge=0, le=1e6, description="per request, after its last token: detokenising and "
                                "closing the stream (added to end-to-end latency)")
-    fitted_on: str = Field("", description="the runs these values were fitted to (empty: priors, not fitted)")
+    fitted_on: str = Field("12 public H100-SXM vLLM runs of Llama-2-7B TP1, Llama-2-70B TP4, Mixtral-8x7B TP2 and "
+                           "CodeLlama-34B TP2 (benchmarks/data/blis-h100)",
+                           description="the runs these values were fitted to (empty: priors, not fitted)")
 
 
 class Hardware(BaseModel):

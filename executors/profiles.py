@@ -20,17 +20,16 @@ class ProfileError(KvschedError):
 
 
 def resolve_profile(profile: str | Path | StepCost) -> StepCost:
-    if not isinstance(profile, (str, Path)):  # a profile object (CostProfile, RooflineProfile, or one wrapping them)
+    """A built-in profile by name, a ``engine calibrate`` JSON file, or a profile object as it is."""
+    if not isinstance(profile, (str, Path)):  # CostProfile, RooflineProfile, or one wrapping them
         return profile
     text = str(profile)
     if text in PROFILES:
         return PROFILES[text]
     path = Path(text)
     if path.suffix == ".json":
-        data = read_json(path, "cost profile")
-        kind = RooflineProfile if isinstance(data, dict) and data.get("kind") == "roofline" else CostProfile
         try:
-            return kind.model_validate(data)
+            return CostProfile.model_validate(read_json(path, "cost profile"))
         except ValidationError as exc:
             first = exc.errors()[0]
             raise ProfileError(f"{path}: invalid cost profile: {'.'.join(map(str, first['loc'])) or 'the whole file'}: {first['msg']}") from None
@@ -52,5 +51,6 @@ def roofline_profile(hardware: str | Path | Hardware, model: str | Path | ModelS
         raise ProfileError(f"--dtype must be bf16, fp16 or fp8, got {dtype!r}")
     name = f"{shape.name}-{gpu.name}-tp{tp}-{dtype}"
     description = (f"{shape.name} ({shape.architecture}, {shape.num_params() / 1e9:.1f} B parameters) on {tp} x {gpu.name}, "
-                   f"{dtype} weights: a roofline with efficiencies {gpu.efficiency.fitted_on or 'not fitted (priors)'}")
+                   f"{dtype} weights: a roofline, its efficiencies "
+                   + (f"fitted to {gpu.efficiency.fitted_on}" if gpu.efficiency.fitted_on else "not fitted (priors)"))
     return RooflineProfile(name=name, description=description, model=shape, hardware=gpu, tp=tp, dtype=dtype, **settings)

@@ -45,7 +45,6 @@ class RooflineProfile(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    kind: Literal["roofline"] = "roofline"
     name: str
     description: str = ""
     model: ModelShape

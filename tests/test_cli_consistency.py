@@ -12,7 +12,7 @@ ENGINE = str(Path(sys.executable).parent / "engine")
 ROOT = Path(__file__).resolve().parents[1]
 GROUP = typer.main.get_command(app)
 COMMANDS = {"engine": GROUP, **GROUP.commands}
-SHOWS_PROGRESS = ("engine", "run", "sweep", "compare", "check", "bench", "verify")
+SHOWS_PROGRESS = ("engine", "run", "sweep", "compare", "check", "bench", "verify", "validate")
 
 
 def engine(*args, cwd=ROOT):

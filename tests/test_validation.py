@@ -125,3 +125,20 @@ def test_mean_errors_average_absolute_errors():
             "err_p90": 0.2, "err_p99": float("nan")}]
     errors = mean_errors(rows)
     assert errors["e2e_mean"] == pytest.approx(0.2) and errors["e2e_p90"] == pytest.approx(0.2) and errors["e2e_p99"] == 0.0
+
+
+@pytest.mark.slow  # one run at full length: about 15 s idle, a minute on a loaded 2-core machine
+def test_engine_validate_prints_the_documented_numbers(tmp_path):
+    """docs/fidelity.md's in-sample rows come from benchmarks/calibrate_gpu.py; the shipped efficiencies and
+    ``engine validate`` give them again, to the last digit (a simulation is deterministic)."""
+    documented = json.loads((Path(__file__).resolve().parents[1] / "docs" / "figures" / "gpu-fidelity" / "rows.json").read_text())
+    run = DATA / "20260218-084319-llama-2-70b-tp4-roleplay"
+    expected = [r for r in documented if r["fold"] == "in sample" and r["experiment"] == run.name]
+    result = subprocess.run([ENGINE, "validate", str(run), "--hardware", "h100-sxm", "-q", "--output", str(tmp_path)],
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr
+    rows = json.loads((tmp_path / "validation.json").read_text())["rows"]
+    assert len(rows) == len(expected) == 3
+    for got, want in zip(rows, expected):
+        for key in ("sim_mean", "sim_p90", "sim_p99", "real_mean", "err_mean"):
+            assert got[key] == pytest.approx(want[key], rel=1e-9), (got["metric"], key)

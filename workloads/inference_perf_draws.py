@@ -86,7 +86,7 @@ def sample(dist: Distribution, count: int, rng: np.random.Generator) -> np.ndarr
         values = rng.uniform(low=dist.min, high=dist.max + 1, size=count)
     else:  # poisson
         values = rng.poisson(lam=dist.mean if dist.mean > 0 else 1.0, size=count).astype(np.float64)
-    return np.clip(np.round(np.clip(values, dist.min, dist.max)).astype(int), dist.min, dist.max)
+    return _bounded(values, dist)
 
 
 def generate(dist: Distribution, count: int, rng: np.random.Generator) -> np.ndarray:
@@ -107,6 +107,11 @@ def generate(dist: Distribution, count: int, rng: np.random.Generator) -> np.nda
         values = rng.normal(loc=dist.mean, scale=dist.std_dev, size=count)
     else:
         raise ValueError(f"Unknown dist_type {dist.type!r}. Supported types: 'normal', 'lognormal', 'uniform', 'fixed'.")
+    return _bounded(values, dist)
+
+
+def _bounded(values: np.ndarray, dist: Distribution) -> np.ndarray:
+    """Both samplers' last step: clipped to ``[min, max]``, rounded to integers, clipped again."""
     return np.clip(np.round(np.clip(values, dist.min, dist.max)).astype(int), dist.min, dist.max)
 
 
