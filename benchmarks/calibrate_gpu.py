@@ -38,10 +38,12 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--data", type=Path, default=DATA, help="folder of inference-perf result folders")
     parser.add_argument("--hardware", default="h100-sxm")
     parser.add_argument("--rounds", type=bounded(int, 1, 10), default=2, help="simulate-and-fit rounds")
-    parser.add_argument("--scale", type=bounded(float, 0.01, 1.0), default=0.25, help="share of each stage simulated while fitting")
+    parser.add_argument("--scale", type=bounded(float, 0.01, 1.0), default=0.25,
+                        help="share of each stage simulated while fitting")
     parser.add_argument("--only", choices=("all", "lomo", "insample"), nargs="*", default=["all", "lomo", "insample"],
-                        help="the parts to run (none: only rewrite the tables from the folder's fits.json and rows.json)")
-    parser.add_argument("--out", type=Path, required=True, help="folder for fits.json, rows.json and each fold's hardware JSON")
+                        help="the parts to run (none: rewrite the tables from the folder's fits.json and rows.json)")
+    parser.add_argument("--out", type=Path, required=True,
+                        help="folder for fits.json, rows.json and each fold's hardware JSON")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     gpu = load_hardware(args.hardware)
@@ -108,8 +110,9 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 def markdown(rows: list[dict], fold: str) -> str:
-    """A run's rows as the docs' table: per experiment and stage, each metric's mean / p90 / p99 errors, and its time."""
-    lines = [f"<!-- {fold} -->", "| experiment | stage | E2E mean / p90 / p99 | TTFT mean / p90 / p99 | ITL mean / p90 / p99 "
+    """A fold's rows as the docs' table: per experiment and stage, each metric's mean / p90 / p99 errors, its time."""
+    lines = [f"<!-- {fold} -->",
+             "| experiment | stage | E2E mean / p90 / p99 | TTFT mean / p90 / p99 | ITL mean / p90 / p99 "
              "| requests, simulated in |", "|---|---|---|---|---|---|"]
     stages = sorted({(r["experiment"], r["stage"]) for r in rows})
     for name, stage in stages:
@@ -120,8 +123,9 @@ def markdown(rows: list[dict], fold: str) -> str:
         r = next(x for x in rows if (x["experiment"], x["stage"]) == (name, stage))
         lines.append(f"| {name[16:]} | {stage} | {' | '.join(cells)} | {r['requests']:,}, {r['simulate_s']:.1f} s |")
     errors = mean_errors(rows)
-    lines.append("| **mean \\|error\\|** | | " + " | ".join(" / ".join(f"{100 * errors[f'{m}_{s}']:.1f}" for s in ("mean", "p90", "p99"))
-                                                     for m in ("e2e", "ttft", "itl")) + " | |")
+    stats = ("mean", "p90", "p99")
+    means = [" / ".join(f"{100 * errors[f'{m}_{s}']:.1f}" for s in stats) for m in ("e2e", "ttft", "itl")]
+    lines.append("| **mean \\|error\\|** | | " + " | ".join(means) + " | |")
     return "\n".join(lines)
 
 

@@ -9,19 +9,25 @@ import typer
 
 
 def calibrate(
-    recorded: Annotated[Optional[Path], typer.Argument(help="CSV of measured steps (StepRecorder.save): prefill_tokens,decode_seqs,kv_tokens_read,blocks_swapped,blocks_copied,duration_s")] = None,
+    recorded: Annotated[Optional[Path], typer.Argument(help=(
+        "CSV of measured steps (StepRecorder.save): "
+        "prefill_tokens,decode_seqs,kv_tokens_read,blocks_swapped,blocks_copied,duration_s"))] = None,
     name: Annotated[str, typer.Option(help="name of the fitted profile")] = "fitted",
     output: Annotated[Optional[Path], typer.Option("--output", "-o", help="profile JSON to write (default NAME.json)")] = None,
     kv_bytes_per_token: Annotated[int, typer.Option(help="KV bytes per token, all layers (for swap/copy time)")] = 0,
     swap_gb_per_s: Annotated[float, typer.Option(help="GPU<->CPU bandwidth for swap time")] = 16.0,
     copy_gb_per_s: Annotated[float, typer.Option(help="GPU<->GPU bandwidth for copy-on-write time")] = 100.0,
     description: Annotated[str, typer.Option(help="what was measured (model, hardware)")] = "",
-    from_: Annotated[Optional[list[Path]], typer.Option("--from", help="instead: inference-perf result folders of real GPU runs; refit --hardware's efficiencies to them")] = None,
-    hardware: Annotated[str, typer.Option("--hardware", help="with --from: the GPU the runs used (a built-in name or a hardware .json)")] = "h100-sxm",
+    from_: Annotated[Optional[list[Path]], typer.Option(
+        "--from", help="instead: inference-perf result folders of real runs, to refit --hardware to")] = None,
+    hardware: Annotated[str, typer.Option(
+        "--hardware", help="with --from: the GPU the runs used (a built-in name or a hardware .json)")] = "h100-sxm",
     rounds: Annotated[int, typer.Option("--rounds", min=1, max=10, help="with --from: simulate-and-fit rounds")] = 2,
-    scale: Annotated[float, typer.Option("--scale", min=1e-3, max=1.0, help="with --from: simulate each stage for this share of its duration")] = 0.25,
+    scale: Annotated[float, typer.Option(
+        "--scale", min=1e-3, max=1.0, help="with --from: simulate each stage for this share of its duration")] = 0.25,
 ) -> None:
-    """Fit t = a + b·prefill_tokens + c·decode_seqs + d·kv_tokens_read to measured steps; or, with --from, a GPU's roofline efficiencies to real runs."""
+    """Fit t = a + b·prefill_tokens + c·decode_seqs + d·kv_tokens_read to measured steps (or, with --from,
+    a GPU's roofline efficiencies to real runs)."""
     from rich.table import Table
 
     from kvsched.cli.common import console, fail

@@ -14,7 +14,8 @@ import typer
 
 from kvsched.cli.common import flag
 
-WorkloadOpt = Annotated[Optional[str], typer.Option("--workload", "-w", help="default, synthetic, azure-conv, sharegpt, a workload .json spec, or an inference-perf config .yaml")]
+WorkloadOpt = Annotated[Optional[str], typer.Option(
+    "--workload", "-w", help="default, synthetic, azure-conv, sharegpt, a .json spec or an inference-perf .yaml")]
 TraceOpt = Annotated[Optional[Path], typer.Option("--trace", help="trace CSV: Azure (TIMESTAMP,...), plain (arrival_time_s,...) or lengths (num_prefill_tokens,...)")]
 RateScaleOpt = Annotated[float, typer.Option("--rate-scale", min=1e-9, max=1e9,
                                              help="multiply the arrival rate (trace times are divided by it)")]
@@ -25,11 +26,14 @@ SloTtftOpt = Annotated[Optional[float], typer.Option("--slo-ttft", min=0, help="
 SloTpotOpt = Annotated[Optional[float], typer.Option("--slo-tpot", min=0, help="TPOT target (s) for SLO goodput")]
 PlotOpt = Annotated[bool, flag("--plot", help="also write PNG plots, report.html and trace.json under --output")]
 DecisionLogOpt = Annotated[bool, flag("--decision-log/--no-decision-log", help="with --output: write decisions.parquet, every scheduling decision and its reason (read by engine explain)")]
-HardwareOpt = Annotated[Optional[str], typer.Option("--hardware", help="GPU for a cost model derived from the model: h100-sxm, h200, a100-80gb, l40s, b200, or a hardware .json (with --model-config)")]
-ModelConfigOpt = Annotated[Optional[str], typer.Option("--model-config", help="the model's Hugging Face config.json (or its folder, or a shipped name such as llama-3.1-8b; with --hardware)")]
+HardwareOpt = Annotated[Optional[str], typer.Option(
+    "--hardware", help="the GPU to derive the cost model for: h100-sxm, h200, a100-80gb, l40s, b200, or a .json")]
+ModelConfigOpt = Annotated[Optional[str], typer.Option(
+    "--model-config", help="the model's Hugging Face config.json, its folder, or a shipped name such as llama-3.1-8b")]
 TpOpt = Annotated[int, typer.Option("--tp", min=1, max=1024, help="tensor-parallel GPUs (with --hardware)")]
-DtypeOpt = Annotated[Optional[str], typer.Option("--dtype", help="weights' dtype: bf16, fp16 or fp8 (default: the config's)")]
-GpuMemoryOpt = Annotated[float, typer.Option("--gpu-memory-utilization", min=1e-6, max=1.0, help="vLLM's share of GPU memory, which sizes the KV cache (with --hardware)")]
+DtypeOpt = Annotated[Optional[str], typer.Option("--dtype", help="weights: bf16, fp16 or fp8 (default: config's)")]
+GpuMemoryOpt = Annotated[float, typer.Option(
+    "--gpu-memory-utilization", min=1e-6, max=1.0, help="vLLM's share of GPU memory, which sizes the KV cache")]
 TraceOutOpt = Annotated[Optional[Path], typer.Option("--trace-out", help="write a Perfetto / Chrome trace (JSON) here; with --plot it goes beside the results")]
 
 
@@ -116,7 +120,8 @@ def gpu_profile(gpu: dict, profile: str, config) -> tuple:
     if profile != "llama2-7b-a100":
         fail("--profile is a ready cost profile; --hardware and --model-config derive one: give one or the other")
     built = roofline_profile(gpu["hardware"], gpu["model_config"], gpu["tp"], gpu["dtype"],
-                             gpu_memory_utilization=gpu["gpu_memory_utilization"], max_num_batched_tokens=config.max_num_batched_tokens)
+                             gpu_memory_utilization=gpu["gpu_memory_utilization"],
+                             max_num_batched_tokens=config.max_num_batched_tokens)
     files = {"--hardware": Path(gpu["hardware"]) if str(gpu["hardware"]).endswith(".json") else None,
              "--model-config": Path(gpu["model_config"]) if Path(gpu["model_config"]).is_file() else None}
     return built, files

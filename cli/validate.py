@@ -12,10 +12,16 @@ import typer
 
 from kvsched.cli.common import QuietOpt
 
-FoldersArg = Annotated[list[Path], typer.Argument(help="inference-perf result folders (exp-config.yaml, results/config.yaml or profile.yaml, results/*lifecycle_metrics.json)")]
-HardwareOpt = Annotated[str, typer.Option("--hardware", help="the GPU the runs used: h100-sxm, h200, a100-80gb, l40s, b200, or a hardware .json")]
-ModelConfigOpt = Annotated[Optional[str], typer.Option("--model-config", help="the model's config.json (default: the shipped config the run's model id names)")]
-ScaleOpt = Annotated[float, typer.Option("--scale", min=1e-3, max=1.0, help="simulate each stage for this share of its duration (a quicker, rougher look)")]
+FoldersArg = Annotated[list[Path], typer.Argument(
+    help="inference-perf result folders: exp-config.yaml, results/config.yaml, results/*lifecycle_metrics.json")]
+HardwareOpt = Annotated[str, typer.Option(
+    "--hardware", help="the GPU the runs used: h100-sxm, h200, a100-80gb, l40s, b200, or a hardware .json")]
+ModelConfigOpt = Annotated[Optional[str], typer.Option(
+    "--model-config", help="the model's config.json (default: the shipped config the run's model id names)")]
+ScaleOpt = Annotated[float, typer.Option(
+    "--scale", min=1e-3, max=1.0, help="simulate each stage for this share of its duration (a quicker, rougher look)")]
+OutputOpt = Annotated[Optional[Path], typer.Option(
+    "--output", "-o", help="folder for validation.csv, validation.json and each run's simulated inference-perf files")]
 
 
 def validate(
@@ -24,10 +30,10 @@ def validate(
     model_config: ModelConfigOpt = None,
     seed: Annotated[int, typer.Option(help="seed of the simulated arrivals and counts")] = 0,
     scale: ScaleOpt = 1.0,
-    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="folder for validation.csv, validation.json and each run's simulated inference-perf files")] = None,
+    output: OutputOpt = None,
     quiet: QuietOpt = False,
 ) -> None:
-    """Simulate each recorded run with the settings it records and compare each stage's E2E, TTFT and ITL (mean, p90, p99)."""
+    """Simulate each recorded run with the settings it records; compare its stages' E2E, TTFT and ITL."""
     from kvsched.cli.common import console, err_console
     from kvsched.experiments.validation import mean_errors, read_experiment
     from kvsched.experiments.validation import validate as simulate
@@ -51,7 +57,8 @@ def validate(
             write_lifecycle(v.simulated, Path(output) / experiment.name)
     errors = mean_errors(rows)
     console.print("mean |error| over " + f"{len({(r['experiment'], r['stage']) for r in rows})} stages: "
-                  + "; ".join(f"{m.upper()} " + " / ".join(f"{100 * errors[f'{m}_{s}']:.1f}" for s in ("mean", "p90", "p99"))
+                  + "; ".join(f"{m.upper()} " + " / ".join(f"{100 * errors[f'{m}_{s}']:.1f}" for s in ("mean", "p90",
+                                                                                                       "p99"))
                               for m in ("e2e", "ttft", "itl")) + " % (mean / p90 / p99)", highlight=False)
     times = ", ".join(f"{r['simulate_s']:.1f} s" for r in runs)
     console.print(f"time per experiment: {times}", highlight=False)
@@ -88,7 +95,7 @@ def _write(output: Path, rows: list[dict], meta: dict) -> None:
 
 
 def calibrate_from(folders: list[Path], hardware: str, output: Path, rounds: int, scale: float, seed: int = 0) -> None:
-    """``engine calibrate --from``: fit ``hardware``'s efficiencies to the runs in ``folders``; write the GPU with them."""
+    """``engine calibrate --from``: fit ``hardware``'s efficiencies to the runs in ``folders``; write it with them."""
     from kvsched.cli.common import console
     from kvsched.executors.hardware import load_hardware
     from kvsched.experiments.gpu_fit import calibrate, in_overload
@@ -101,13 +108,16 @@ def calibrate_from(folders: list[Path], hardware: str, output: Path, rounds: int
     usable = [x for x in experiments if not in_overload(x)]
     for x in experiments:
         if x not in usable:
-            console.print(f"left out (in overload: most requests failed or queued for minutes): {x.name}", highlight=False)
+            console.print(f"left out (in overload: most requests failed or queued for minutes): {x.name}",
+                          highlight=False)
     if not usable:
         raise ValueError("every run given is in overload: nothing to fit the step times to")
     start = time.perf_counter()
-    fitted = calibrate(usable, lambda x, e: experiment_profile(x, gpu.model_copy(update={"efficiency": e})), gpu.efficiency,
+    fitted = calibrate(usable, lambda x, e: experiment_profile(x, gpu.model_copy(update={"efficiency": e})),
+                       gpu.efficiency,
                        rounds=rounds, scale=scale, seed=seed, log=lambda line: console.print(line, highlight=False))
     fitted = fitted.model_copy(update={"fitted_on": f"{len(usable)} runs: " + ", ".join(x.name for x in usable)})
     with publishing_file(output) as temp:
         temp.write_text(gpu.model_copy(update={"efficiency": fitted}).model_dump_json(indent=2) + "\n")
-    console.print(f"fitted in {time.perf_counter() - start:.0f} s; wrote {output} (use it with --hardware {output})", highlight=False)
+    console.print(f"fitted in {time.perf_counter() - start:.0f} s; wrote {output} (use it with --hardware {output})",
+                  highlight=False)

@@ -30,15 +30,20 @@ class Efficiency(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
-    flops_share: float = Field(0.7646, gt=0, le=1, description="achieved share of peak tensor FLOP/s in the weight GEMMs")
-    attention_flops_share: float = Field(0.4049, gt=0, le=1, description="achieved share of peak bf16 FLOP/s in prefill attention")
+    flops_share: float = Field(0.7646, gt=0, le=1,
+                               description="achieved share of peak tensor FLOP/s in the weight GEMMs")
+    attention_flops_share: float = Field(0.4049, gt=0, le=1,
+                                         description="achieved share of peak bf16 FLOP/s in prefill attention")
     bandwidth_share: float = Field(0.8662, gt=0, le=1, description="achieved share of memory and link bandwidth")
-    allreduce_us: float = Field(7.655, ge=0, le=1e6, description="latency of one tensor-parallel all-reduce per GPU beyond "
+    allreduce_us: float = Field(7.655, ge=0, le=1e6,
+                                description="latency of one tensor-parallel all-reduce per GPU beyond "
                                 "the first (tp − 1 of them: what each waits on)")
     step_ms: float = Field(0.8743, ge=0, le=1e6, description="per step: scheduling, input preparation, sampling")
     layer_us: float = Field(8.482, ge=0, le=1e6, description="per layer and step: kernel launches outside CUDA graphs")
-    request_us: float = Field(9.218, ge=0, le=1e6, description="per request in a step: its inputs and outputs on the CPU")
-    api_ms: float = Field(8.214, ge=0, le=1e6, description="per request, outside the engine: HTTP, tokenising, the first "
+    request_us: float = Field(9.218, ge=0, le=1e6,
+                              description="per request in a step: its inputs and outputs on the CPU")
+    api_ms: float = Field(8.214, ge=0, le=1e6,
+                          description="per request, outside the engine: HTTP, tokenising, the first "
                           "chunk's way back (added to TTFT and end-to-end latency, not to a step)")
     response_ms: float = Field(2.009, ge=0, le=1e6, description="per request, after its last token: detokenising and "
                                "closing the stream (added to end-to-end latency)")
@@ -81,11 +86,13 @@ def load_hardware(source: str | Path | Hardware) -> Hardware:
     builtin = builtin_hardware()
     path = builtin.get(str(source)) or Path(source)
     if str(source) not in builtin and path.suffix != ".json":
-        raise HardwareError(f"unknown hardware {str(source)!r}; built in: {', '.join(sorted(builtin))}, or a .json file")
+        known = ", ".join(sorted(builtin))
+        raise HardwareError(f"unknown hardware {str(source)!r}; built in: {known}, or a .json file")
     data = read_json(path, "hardware description")
     try:
         return Hardware.model_validate(data)
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(map(str, first["loc"]))
-        raise HardwareError(f"invalid hardware description: {f'field {where!r}: ' if where else ''}{first['msg']}", path) from None
+        raise HardwareError(f"invalid hardware description: {f'field {where!r}: ' if where else ''}{first['msg']}",
+                            path) from None

@@ -66,7 +66,8 @@ class ModelShape(BaseModel):
     num_experts: int = Field(0, ge=0, le=MAX_WIDTH, description="routed experts of an MoE layer (0: dense)")
     experts_per_token: int = Field(0, ge=0, le=MAX_WIDTH, description="top-k: the experts each token is routed to")
     expert_intermediate_size: int = Field(0, ge=0, le=MAX_WIDTH)
-    shared_expert_intermediate_size: int = Field(0, ge=0, le=MAX_WIDTH, description="an always-on expert's width (0: none)")
+    shared_expert_intermediate_size: int = Field(0, ge=0, le=MAX_WIDTH,
+                                                 description="an always-on expert's width (0: none)")
     moe_layers: int = Field(0, ge=0, description="how many layers route to experts (the others are dense)")
     sliding_window: int | None = Field(None, ge=1, description="tokens a windowed layer attends to")
     window_layers: int = Field(0, ge=0, description="how many layers attend within the window (the others globally)")
@@ -85,14 +86,15 @@ class ModelShape(BaseModel):
         mlp = 3 * self.hidden_size
         per_layer = self.attention_params()
         total = self.num_layers * per_layer + self.dense_layers * mlp * self.intermediate_size
-        total += self.moe_layers * (mlp * (self.num_experts * self.expert_intermediate_size + self.shared_expert_intermediate_size)
-                                    + self.hidden_size * self.num_experts)
+        experts = self.num_experts * self.expert_intermediate_size + self.shared_expert_intermediate_size
+        total += self.moe_layers * (mlp * experts + self.hidden_size * self.num_experts)
         return total + self.vocab_size * self.hidden_size * (1 if self.tie_word_embeddings else 2)
 
     def check_tp(self, tp: int, where: str | Path) -> None:
         """vLLM splits the query heads over ``tp`` GPUs and the KV heads too (or replicates them, when fewer)."""
         if self.num_heads % tp:
-            raise ModelConfigError(f"{self.num_heads} attention heads do not split over --tp {tp}", where, field="num_attention_heads")
+            raise ModelConfigError(f"{self.num_heads} attention heads do not split over --tp {tp}", where,
+                                   field="num_attention_heads")
         if self.num_kv_heads % tp and tp % self.num_kv_heads:
             raise ModelConfigError(f"{self.num_kv_heads} KV heads neither split over nor replicate across --tp {tp}",
                                    where, field="num_key_value_heads")
@@ -130,7 +132,8 @@ def model_shape(data: dict[str, Any], path: str | Path, name: str) -> ModelShape
         raise ModelConfigError("missing or not a list of names (which model class is it?)", path, field="architectures")
     arch = architectures[0]
     if arch not in ARCHITECTURES:
-        raise ModelConfigError(f"unknown architecture {quote(arch)}; the cost model knows {', '.join(sorted(ARCHITECTURES))}",
+        known = ", ".join(sorted(ARCHITECTURES))
+        raise ModelConfigError(f"unknown architecture {quote(arch)}; the cost model knows {known}",
                                path, field="architectures")
     text = data.get("text_config", data) if arch.endswith("ForConditionalGeneration") else data
     if not isinstance(text, dict):
@@ -147,7 +150,8 @@ def model_shape(data: dict[str, Any], path: str | Path, name: str) -> ModelShape
         dtype=_dtype(data, text, path),
     )
     if kv_heads > heads or heads % kv_heads:
-        raise ModelConfigError(f"{kv_heads} KV heads do not group {heads} query heads", path, field="num_key_value_heads")
+        raise ModelConfigError(f"{kv_heads} KV heads do not group {heads} query heads", path,
+                               field="num_key_value_heads")
     shape.update(_mlp(field, arch, layers))
     shape.update(_windows(field, text, arch, layers))
     try:
@@ -174,7 +178,8 @@ class _Fields:
 
 def _divide(hidden: int, heads: int, path: str | Path) -> int:
     if hidden % heads:
-        raise ModelConfigError(f"hidden_size {hidden} is not a multiple of the {heads} heads; give head_dim", path, field="head_dim")
+        raise ModelConfigError(f"hidden_size {hidden} is not a multiple of the {heads} heads; give head_dim", path,
+                               field="head_dim")
     return hidden // heads
 
 
@@ -207,22 +212,27 @@ def _mlp(field: _Fields, arch: str, layers: int) -> dict[str, Any]:
         return {"intermediate_size": field.int("intermediate_size")}
     if arch == "MixtralForCausalLM":
         width = field.int("intermediate_size")
-        return {"intermediate_size": 0, "num_experts": field.int("num_local_experts"), "experts_per_token": field.int("num_experts_per_tok"),
+        return {"intermediate_size": 0, "num_experts": field.int("num_local_experts"),
+                "experts_per_token": field.int("num_experts_per_tok"),
                 "expert_intermediate_size": width, "moe_layers": layers}
-    if arch == "Llama4ForConditionalGeneration":  # every step-th layer routes (plus a shared expert); the rest are dense
+    if arch == "Llama4ForConditionalGeneration":  # every step-th layer routes, with a shared expert; the rest are dense
         step = max(1, field.int("interleave_moe_layer_step", 1))
         width = field.int("intermediate_size")
-        return {"intermediate_size": field.int("intermediate_size_mlp", width), "num_experts": field.int("num_local_experts"),
+        return {"intermediate_size": field.int("intermediate_size_mlp", width),
+                "num_experts": field.int("num_local_experts"),
                 "experts_per_token": field.int("num_experts_per_tok"), "expert_intermediate_size": width,
                 "shared_expert_intermediate_size": width, "moe_layers": layers // step}
     # Qwen2-MoE / Qwen3-MoE: every decoder_sparse_step-th layer routes, except those in mlp_only_layers
     step = max(1, field.int("decoder_sparse_step", 1))
     dense_only = field.data.get("mlp_only_layers") or []
     if not isinstance(dense_only, list):
-        raise ModelConfigError(f"must be a list of layer numbers, got {quote(dense_only)}", field.path, field="mlp_only_layers")
+        raise ModelConfigError(f"must be a list of layer numbers, got {quote(dense_only)}", field.path,
+                               field="mlp_only_layers")
     moe = sum(1 for i in range(layers) if i not in dense_only and (i + 1) % step == 0)
-    return {"intermediate_size": field.int("intermediate_size") if moe < layers else 0, "num_experts": field.int("num_experts"),
-            "experts_per_token": field.int("num_experts_per_tok"), "expert_intermediate_size": field.int("moe_intermediate_size"),
+    return {"intermediate_size": field.int("intermediate_size") if moe < layers else 0,
+            "num_experts": field.int("num_experts"),
+            "experts_per_token": field.int("num_experts_per_tok"),
+            "expert_intermediate_size": field.int("moe_intermediate_size"),
             "shared_expert_intermediate_size": field.int("shared_expert_intermediate_size", 0), "moe_layers": moe}
 
 

@@ -50,10 +50,12 @@ class RooflineProfile(BaseModel):
     model: ModelShape
     hardware: Hardware
     tp: int = Field(1, ge=1, le=1024)
-    dtype: Literal["bf16", "fp16", "fp8", "fp32"] = Field("bf16", description="the weights' dtype (fp8: one byte a weight)")
+    dtype: Literal["bf16", "fp16", "fp8", "fp32"] = Field("bf16",
+                                                          description="the weights' dtype (fp8: one byte a weight)")
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
     max_num_batched_tokens: int = Field(2048, ge=1, description="the step budget vLLM profiles activations with")
-    max_model_len: int | None = Field(None, ge=1, description="the longest sequence (unset: the model's context length)")
+    max_model_len: int | None = Field(None, ge=1,
+                                      description="the longest sequence (unset: the model's context length)")
     _c: dict[str, float] = PrivateAttr(default_factory=dict)
 
     @model_validator(mode="after")
@@ -88,11 +90,13 @@ class RooflineProfile(BaseModel):
     def kv_memory(self) -> KvMemory:
         """The device memory vLLM's profiling run leaves for the KV cache, per GPU."""
         c = self._c
-        return KvMemory.model_construct(device_gib=self.hardware.memory_gib, gpu_memory_utilization=self.gpu_memory_utilization,
-                                        weights_gib=c["weight_bytes"] / GIB, activations_gib=c["activation_bytes"] / GIB)
+        return KvMemory.model_construct(device_gib=self.hardware.memory_gib,
+                                        gpu_memory_utilization=self.gpu_memory_utilization,
+                                        weights_gib=c["weight_bytes"] / GIB,
+                                        activations_gib=c["activation_bytes"] / GIB)
 
     def num_kv_blocks(self, block_size: int) -> int:
-        """GPU blocks of ``block_size`` tokens, as vLLM counts them (each GPU holds every block's share of the heads)."""
+        """GPU blocks of ``block_size`` tokens, as vLLM counts them (each GPU holds its share of every block)."""
         return int(self.kv_memory.kv_cache_bytes // (block_size * self._c["kv_token_layer"] * self.model.num_layers))
 
     def step_shape(self, out: SchedulerOutput) -> StepShape:
@@ -107,9 +111,11 @@ class RooflineProfile(BaseModel):
             return 0.0
         seconds = step_time(self.sizes, self.hardware.efficiency, *self.step_shape(out))
         swapped = len(out.blocks_to_swap_in) + len(out.blocks_to_swap_out)
-        return seconds + self._moves(swapped, len(out.blocks_to_copy), block_size) if (swapped or out.blocks_to_copy) else seconds
+        return seconds + self._moves(swapped, len(out.blocks_to_copy),
+                                     block_size) if (swapped or out.blocks_to_copy) else seconds
 
-    def seconds(self, prefill_tokens: int, decode_seqs: int, kv_tokens_read: int, blocks_swapped: int, blocks_copied: int,
+    def seconds(self, prefill_tokens: int, decode_seqs: int, kv_tokens_read: int, blocks_swapped: int,
+                blocks_copied: int,
                 block_size: int) -> float:
         """A step known only by its totals (``StepFeatures``): the prefill taken as one chunk without context."""
         if not (prefill_tokens or decode_seqs or blocks_swapped):
@@ -124,13 +130,15 @@ class RooflineProfile(BaseModel):
         if not decode_seqs:
             return lambda kv_tokens_read: 0.0
         sizes, e = self.sizes, self.hardware.efficiency
-        return lambda kv_tokens_read: step_time(sizes, e, decode_seqs, decode_seqs, *_decodes(kv_tokens_read + decode_seqs))
+        return lambda kv_tokens_read: step_time(sizes, e, decode_seqs, decode_seqs,
+                                                *_decodes(kv_tokens_read + decode_seqs))
 
     def _moves(self, swapped: int, copied: int, block_size: int) -> float:
-        """Block moves, each GPU moving its share: swaps over PCIe, copy-on-write copies through HBM (read and write)."""
+        """Block moves, each GPU moving its share: swaps over PCIe, copy-on-write copies through HBM (read, write)."""
         c = self.sizes
         block = block_size * c["kv_token_layer"] * self.model.num_layers
-        return swapped * block / (self.hardware.pcie_gb_s * 1e9) + copied * 2 * block / (c["hbm"] * self.hardware.efficiency.bandwidth_share)
+        return (swapped * block / (self.hardware.pcie_gb_s * 1e9)
+                + copied * 2 * block / (c["hbm"] * self.hardware.efficiency.bandwidth_share))
 
     @property
     def sizes(self) -> dict[str, float]:
@@ -194,7 +202,8 @@ def step_time(c: dict[str, float], e: Efficiency, tokens, requests, full: Attent
         if layers:
             t = t + layers * (maximum(work.prefill_pairs * pair_s, work.prefill_kv * kv_s) + work.decode_kv * kv_s)
     if c["allreduces"]:
-        t = t + c["allreduces"] * (c["hops"] * e.allreduce_us * 1e-6 + tokens * (c["allreduce_bytes"] / (c["link"] * e.bandwidth_share)))
+        latency = c["hops"] * e.allreduce_us * 1e-6
+        t = t + c["allreduces"] * (latency + tokens * (c["allreduce_bytes"] / (c["link"] * e.bandwidth_share)))
     return t + (e.step_ms * 1e-3 + c["layers"] * e.layer_us * 1e-6) + requests * (e.request_us * 1e-6)
 
 

@@ -27,7 +27,7 @@ class AttentionWork(NamedTuple):
 
 
 def pairs(context: int, chunk: int, window: int | None = None) -> int:
-    """Query-key pairs of ``chunk`` tokens after ``context``: query i (from 1) sees ``min(context + i, window)`` keys."""
+    """Query-key pairs of ``chunk`` tokens after ``context``: query i (from 1) sees ``min(context + i, window)``."""
     if window is None or context + chunk <= window:
         return chunk * context + chunk * (chunk + 1) // 2
     if context >= window:

@@ -34,13 +34,15 @@ from kvsched.executors.roofline import RooflineProfile, step_time
 from kvsched.executors.step_work import AttentionWork
 from kvsched.experiments.validation import Experiment, validate
 
-FIELDS = ("flops_share", "attention_flops_share", "bandwidth_share", "allreduce_us", "step_ms", "layer_us", "request_us",
+FIELDS = ("flops_share", "attention_flops_share", "bandwidth_share", "allreduce_us", "step_ms", "layer_us",
+          "request_us",
           "api_ms", "response_ms")
 SHARES = {"flops_share", "attention_flops_share", "bandwidth_share"}
 FITTED = (("e2e", "request_latency"), ("ttft", "time_to_first_token"))
 WEIGHTS = {"mean": 1.0, "p90": 0.5, "p99": 0.25}
 HUBER = 0.2  # log errors past about 20 % count linearly, not squared: a run's warm-up outliers do not steer the fit
-PRIOR_WEIGHT = 0.01  # pulls each parameter (in log or logit space) towards its prior: what the runs cannot tell apart stays put
+# pulls each parameter (in log or logit space) towards its prior: what the runs cannot tell apart stays put
+PRIOR_WEIGHT = 0.01
 # Where every fit starts: round numbers of the kind BLIS's roofline uses, not fitted to anything.
 PRIORS = Efficiency(flops_share=0.6, attention_flops_share=0.4, bandwidth_share=0.8, allreduce_us=10.0, step_ms=1.0,
                     layer_us=10.0, request_us=20.0, api_ms=10.0, response_ms=2.0, fitted_on="")
@@ -54,7 +56,8 @@ def in_overload(experiment: Experiment) -> bool:
     for name in experiment.stages:
         report = experiment.recorded[name]
         ok, failed = report["successes"]["count"], report["failures"]["count"]
-        if failed >= 0.1 * (ok + failed) or report["successes"]["latency"]["time_to_first_token"]["mean"] > OVERLOAD_TTFT_S:
+        ttft = report["successes"]["latency"]["time_to_first_token"]["mean"]
+        if failed >= 0.1 * (ok + failed) or ttft > OVERLOAD_TTFT_S:
             return True
     return False
 
@@ -136,7 +139,8 @@ def record(experiment: Experiment, profile: RooflineProfile, seed: int = 0, scal
     """Simulate ``experiment`` (its stages cut to ``scale`` of their length) and keep its tape."""
     tap, steps = _Tap(profile), []
     result = validate(experiment, None, seed=seed, profile=tap, scale=scale,
-                      on_step=lambda r: steps.append((r.started if r.started is not None else r.now - r.duration, r.now)))
+                      on_step=lambda r: steps.append((r.started if r.started is not None else r.now - r.duration,
+                                                      r.now)))
     started, ends = np.array([s for s, _ in steps]), np.array([e for _, e in steps])
     ok = [r for r in result.records if r.first_token_time is not None and r.finish_time is not None
           and r.status in ("FINISHED_STOPPED", "FINISHED_LENGTH_CAPPED")]
@@ -171,13 +175,14 @@ def fit(tapes: Sequence[Tape], start: Efficiency, iterations: int = 1500) -> Eff
 
 def calibrate(experiments: Sequence[Experiment], profiles: Callable[[Experiment, Efficiency], RooflineProfile],
               start: Efficiency, rounds: int = 2, scale: float = 0.25, seed: int = 0, log=print) -> Efficiency:
-    """Fit ``Efficiency`` to ``experiments`` in ``rounds`` (``profiles``: each experiment's profile with given efficiencies)."""
+    """Fit ``Efficiency`` to ``experiments`` in ``rounds`` (``profiles``: an experiment's profile with efficiencies)."""
     e = start
     for n in range(rounds):
         tapes = [record(x, profiles(x, e), seed, scale) for x in experiments]
         for t in tapes:
             if t.queued:
-                log(f"  {t.experiment.name}: stage {', '.join(map(str, sorted(t.queued)))} queued in simulation only: not fitted this round")
+                stages = ", ".join(map(str, sorted(t.queued)))
+                log(f"  {t.experiment.name}: stage {stages} queued in simulation only: not fitted this round")
         before = sum(t.loss(e) for t in tapes)
         e = fit(tapes, e)
         log(f"round {n + 1}: loss {before:.4f} -> {sum(t.loss(e) for t in tapes):.4f}: "

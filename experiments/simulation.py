@@ -131,7 +131,7 @@ class SimOutcome:
     simulate_s: float  # engine loop only (no workload building)
     num_requests: int
     decision_log: Path | None = None  # decisions.parquet, when the job kept one
-    lifecycle: dict[str, dict] | None = None  # inference-perf's report files, when an inference-perf workload drove the run
+    lifecycle: dict[str, dict] | None = None  # inference-perf's report files, when its workload drove the run
 
     @property
     def summary(self) -> dict[str, Any]:

@@ -39,7 +39,8 @@ from kvsched.workloads.inference_perf import InferencePerfWorkload, load_inferen
 METRICS = (("e2e", "request_latency"), ("ttft", "time_to_first_token"), ("itl", "normalized_time_per_output_token"))
 STATS = ("mean", "p90", "p99")
 SERVER_KEYS = {  # exp-config.yaml's names (and vLLM's own) of the engine settings a run records
-    "max_model_len": "max_model_len", "max_num_batched_tokens": "max_num_batched_tokens", "max_num_seqs": "max_num_seqs",
+    "max_model_len": "max_model_len", "max_num_batched_tokens": "max_num_batched_tokens",
+    "max_num_seqs": "max_num_seqs",
     "block_size": "block_size", "num_gpu_blocks": "num_gpu_blocks", "num_gpu_blocks_override": "num_gpu_blocks",
     "enable_prefix_caching": "enable_prefix_caching", "enable_chunked_prefill": "enable_chunked_prefill",
 }
@@ -126,7 +127,7 @@ def engine_config(experiment: Experiment, overrides: dict[str, Any] | None = Non
 
 
 def experiment_profile(experiment: Experiment, hardware, model_config=None, config: EngineConfig | None = None):
-    """The roofline profile of the run's model (``model_config``, else the shipped config its id names) on ``hardware``."""
+    """The roofline profile of the run's model (``model_config``, else the shipped config its id names) on a GPU."""
     config = config or engine_config(experiment)
     model = model_config or HF_IDS.get(experiment.model.lower())
     if model is None:
@@ -176,7 +177,8 @@ def counted_outputs(experiment: Experiment, log, seed: int = 0) -> dict[str, int
         if c.outcome == "ok":
             by_stage.setdefault(c.stage, []).append(c.request_id)
     for stage, ids in by_stage.items():
-        recorded = experiment.recorded.get(f"stage_{stage}_lifecycle_metrics.json", {}).get("successes", {}).get("output_len")
+        recorded = experiment.recorded.get(f"stage_{stage}_lifecycle_metrics.json", {}).get("successes",
+                                                                                            {}).get("output_len")
         if not recorded:
             continue
         u = (rng.permutation(len(ids)) + 0.5) / len(ids)
@@ -186,7 +188,7 @@ def counted_outputs(experiment: Experiment, log, seed: int = 0) -> dict[str, int
 
 
 def quantile_values(distribution: dict[str, float], u: np.ndarray) -> np.ndarray:
-    """Values of a recorded distribution at probabilities ``u``: its quantiles (min, percentiles, max), linearly between."""
+    """A recorded distribution's values at probabilities ``u``: its quantiles (min, percentiles, max) interpolated."""
     points = [(0.0, distribution["min"])]
     points += [(p / 100, distribution["median" if p == 50 else f"p{p:g}"]) for p in PERCENTILES]
     points.append((1.0, distribution["max"]))

@@ -81,7 +81,8 @@ def lifecycle_report(requests: list[ClientRequest], rate: float | None = None) -
     """One stage's report (``rate``: its requested rate) or, without it, a run's summary."""
     ok = [r for r in requests if r.ok]
     failed = [r for r in requests if not r.ok]
-    load: dict[str, Any] = {"count": len(requests), "schedule_delay": summarize([r.start - r.scheduled for r in requests])}
+    load: dict[str, Any] = {"count": len(requests),
+                            "schedule_delay": summarize([r.start - r.scheduled for r in requests])}
     if rate is not None and requests:
         send = max(r.start for r in requests) - min(r.start for r in requests)
         load.update(send_duration=send, requested_rate=rate, achieved_rate=len(requests) / send if send > 0 else 0.0)
@@ -99,7 +100,8 @@ def lifecycle_report(requests: list[ClientRequest], rate: float | None = None) -
             "count": len(ok),
             "latency": {
                 "request_latency": summarize(latency),
-                "normalized_time_per_output_token": summarize(np.divide(latency, counts, out=np.zeros(len(ok)), where=counts > 0)),
+                "normalized_time_per_output_token": summarize(np.divide(latency, counts, out=np.zeros(len(ok)),
+                                                                        where=counts > 0)),
                 "time_per_output_token": summarize(tpot[counts > 1]),
                 "time_to_first_token": summarize(ttft),
                 "inter_token_latency": summarize(gaps),
@@ -141,6 +143,7 @@ def read_lifecycle(path) -> dict[str, Any]:
             if not isinstance(latency[name], dict) or "mean" not in latency[name]:
                 raise KeyError(name)
     except (KeyError, TypeError) as exc:
-        raise FileError(f"not an inference-perf lifecycle report: no successes.latency.{exc.args[0] if exc.args else '?'}",
+        missing = exc.args[0] if exc.args else "?"
+        raise FileError(f"not an inference-perf lifecycle report: no successes.latency.{missing}",
                         path) from None
     return data

@@ -107,7 +107,7 @@ def _outputs(outcome: SimOutcome, directory: Path, plot: bool) -> list[Path]:
 
 
 def write_lifecycle(reports: dict[str, dict], directory: Path) -> list[Path]:
-    """inference-perf's report files (``metrics/lifecycle.py``: name to content) into ``directory``, as it writes them."""
+    """inference-perf's report files (``metrics/lifecycle.py``: name to content) into ``directory``."""
     written = []
     for name, report in reports.items():
         path = Path(directory) / name

@@ -35,8 +35,9 @@ def config_file(tmp_path, data: dict, name: str = "ip.yaml"):
 
 
 def shared(**sp) -> dict:
-    return {"data": {"type": "shared_prefix", "shared_prefix": {"num_groups": 3, "num_prompts_per_group": 4,
-                                                               "system_prompt_len": 20, "question_len": 30, "output_len": 5, **sp}},
+    prefix = {"num_groups": 3, "num_prompts_per_group": 4, "system_prompt_len": 20, "question_len": 30, "output_len": 5,
+              **sp}
+    return {"data": {"type": "shared_prefix", "shared_prefix": prefix},
             "load": {"type": "constant", "stages": [{"rate": 10, "duration": 2}, {"rate": 5, "duration": 2}]}}
 
 
@@ -89,7 +90,8 @@ def test_shared_prefix_prompts_share_their_groups_system_prompt_and_recur(tmp_pa
 def test_older_field_names_are_read(tmp_path):
     data = shared()
     sp = data["data"]["shared_prefix"]
-    sp["num_unique_system_prompts"], sp["num_users_per_system_prompt"] = sp.pop("num_groups"), sp.pop("num_prompts_per_group")
+    sp["num_unique_system_prompts"] = sp.pop("num_groups")
+    sp["num_users_per_system_prompt"] = sp.pop("num_prompts_per_group")
     w = load_inference_perf(config_file(tmp_path, data))
     assert len(w.prompts) == 12
 
@@ -97,7 +99,8 @@ def test_older_field_names_are_read(tmp_path):
 def test_lengths_are_drawn_in_inference_perfs_order(tmp_path):
     """System lengths for every group, then per group its question and output lengths, from one seeded generator."""
     dist = {"min": 5, "max": 50, "mean": 20, "std_dev": 8}
-    w = load_inference_perf(config_file(tmp_path, shared(system_prompt_len=dist, question_len=dist, output_len=dist, seed=9)))
+    w = load_inference_perf(config_file(tmp_path, shared(system_prompt_len=dist, question_len=dist, output_len=dist,
+                                                         seed=9)))
     rng = np.random.default_rng(9)
     d = Distribution(**dist)
     system = sample(d, 3, rng)
@@ -114,9 +117,11 @@ def test_lengths_are_drawn_in_inference_perfs_order(tmp_path):
 
 
 def test_random_data_takes_the_ith_length_each_stage(tmp_path):
-    data = {"data": {"type": "random", "input_distribution": {"min": 10, "max": 100, "mean": 50, "std_dev": 20, "total_count": 40},
+    data = {"data": {"type": "random", "input_distribution": {"min": 10, "max": 100, "mean": 50, "std_dev": 20,
+                                                              "total_count": 40},
                      "output_distribution": {"min": 2, "max": 9, "mean": 5, "std_dev": 2, "total_count": 40}},
-            "load": {"type": "poisson", "base_seed": 5, "stages": [{"rate": 4, "duration": 5}, {"rate": 4, "duration": 5}]}}
+            "load": {"type": "poisson", "base_seed": 5, "stages": [{"rate": 4, "duration": 5}, {"rate": 4,
+                                                                                                "duration": 5}]}}
     w = load_inference_perf(config_file(tmp_path, data))
     rng = np.random.default_rng(5)
     inputs = generate(Distribution(min=10, max=100, mean=50, std_dev=20, total_count=40), 40, rng)
@@ -202,7 +207,8 @@ def test_too_long_a_request_is_refused(tmp_path):
 
 @settings(max_examples=25, deadline=None)
 @given(rates=st.lists(st.floats(0.5, 20), min_size=1, max_size=3), duration=st.integers(1, 5),
-       groups=st.integers(1, 4), per=st.integers(1, 4), kind=st.sampled_from(["constant", "poisson"]), seed=st.integers(0, 99))
+       groups=st.integers(1, 4), per=st.integers(1, 4), kind=st.sampled_from(["constant",
+                                                                              "poisson"]), seed=st.integers(0, 99))
 def test_every_stage_sends_rate_times_duration_in_order(tmp_path_factory, rates, duration, groups, per, kind, seed):
     data = shared(num_groups=groups, num_prompts_per_group=per)
     data["load"] = {"type": kind, "stages": [{"rate": r, "duration": duration} for r in rates]}

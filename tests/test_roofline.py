@@ -52,7 +52,8 @@ def test_a_long_prefill_is_compute_bound_with_its_causal_attention():
     assert gemm > 32 * layer * 2 / (H100["hbm"] * 0.8)  # past the ridge
     lm_head = max(2 * 32000 * 4096 / (H100["peak"] * 0.5), 32000 * 4096 * 2 / (H100["hbm"] * 0.8))
     pair_flops = 4 * 32 * 128  # QK^T and PV, per query-key pair and layer
-    attention = 32 * max(t * (t + 1) // 2 * pair_flops / (H100["peak"] * 0.25), t * 2 * 32 * 128 * 2 / (H100["hbm"] * 0.8))
+    attention = 32 * max(t * (t + 1) // 2 * pair_flops / (H100["peak"] * 0.25),
+                         t * 2 * 32 * 128 * 2 / (H100["hbm"] * 0.8))
     expected = gemm + lm_head + attention + overheads(32, 1)
     assert p.seconds(t, 0, 0, 0, 0, 16) == pytest.approx(expected, rel=1e-12)
 
@@ -116,18 +117,21 @@ def test_window_pairs_and_reads():
 
 def test_a_chunk_after_its_context_costs_its_pairs_and_the_decodes_their_reads():
     """A real engine step: a prompt chunked behind a decode, as the executor sees it before the step applies."""
-    config = EngineConfig(vllm_engine="v1", max_num_batched_tokens=64, max_num_seqs=8, max_model_len=1024, num_gpu_blocks=200,
+    config = EngineConfig(vllm_engine="v1", max_num_batched_tokens=64, max_num_seqs=8, max_model_len=1024,
+                          num_gpu_blocks=200,
                           enable_prefix_caching=False, watermark=0.0)
     seen = []
 
     class Recording(SimulatedExecutor):
         def execute(self, output):
-            seen.append((attention_work(output), [(sg.num_tokens, sg.group.seqs[0].num_computed_tokens) for sg in output.scheduled]))
+            seen.append((attention_work(output), [(sg.num_tokens,
+                                                   sg.group.seqs[0].num_computed_tokens) for sg in output.scheduled]))
             return super().execute(output)
 
     engine = Engine(config, "vllm-v1", Recording(profile("llama-2-7b")))
     engine.run([Request(request_id="a", prompt_len=10, output_len=5, sampling=SamplingParams(max_tokens=5)),
-                Request(request_id="b", prompt_len=150, output_len=2, sampling=SamplingParams(max_tokens=2), arrival_time=1e-6)])
+                Request(request_id="b", prompt_len=150, output_len=2, sampling=SamplingParams(max_tokens=2),
+                        arrival_time=1e-6)])
     for work, entries in seen:
         assert work.prefill_pairs == sum(pairs(ctx, n) for n, ctx in entries if n > 1)
         assert work.decode_kv == sum(ctx + 1 for n, ctx in entries if n == 1)
@@ -148,7 +152,8 @@ def test_decode_seconds_is_what_a_decode_step_is_charged():
             return result
 
     engine = Engine(config.model_copy(update={"decode_lane": False}), "vllm-default", Recording(p))
-    engine.run([Request(request_id=str(i), prompt_len=20 + i, output_len=6, sampling=SamplingParams(max_tokens=6)) for i in range(3)])
+    engine.run([Request(request_id=str(i), prompt_len=20 + i, output_len=6,
+                        sampling=SamplingParams(max_tokens=6)) for i in range(3)])
     assert charged
     for d, k, seconds in charged:
         assert p.decode_seconds(d)(k) == seconds
@@ -183,7 +188,8 @@ def test_tp_that_does_not_divide_the_heads_is_refused(tmp_path):
     with pytest.raises(ModelConfigError, match="num_attention_heads.*32 attention heads do not split over --tp 3"):
         roofline_profile("h100-sxm", "llama-3.1-8b", 3)
     with pytest.raises(ModelConfigError, match="num_key_value_heads"):
-        roofline_profile("h100-sxm", "qwen2.5-7b", 14)  # 28 heads split over 14, 4 KV heads neither split nor replicate evenly
+        roofline_profile("h100-sxm", "qwen2.5-7b",
+                         14)  # 28 heads split over 14, 4 KV heads neither split nor replicate evenly
     with pytest.raises(HardwareError, match="unknown hardware 'tpu'"):
         roofline_profile("tpu", "llama-3.1-8b")
     with pytest.raises(ProfileError, match="--dtype"):
@@ -192,7 +198,8 @@ def test_tp_that_does_not_divide_the_heads_is_refused(tmp_path):
 
 def test_moe_and_windowed_shapes_read_from_their_configs():
     mixtral = load_model_shape("mixtral-8x7b")
-    assert (mixtral.num_experts, mixtral.experts_per_token, mixtral.moe_layers, mixtral.intermediate_size) == (8, 2, 32, 0)
+    assert (mixtral.num_experts, mixtral.experts_per_token, mixtral.moe_layers, mixtral.intermediate_size) == (8, 2,
+                                                                                                               32, 0)
     assert abs(mixtral.num_params() - 46.7e9) < 0.1e9
     qwen = load_model_shape("qwen3-30b-a3b")
     assert (qwen.num_experts, qwen.experts_per_token, qwen.expert_intermediate_size) == (128, 8, 768)

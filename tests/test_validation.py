@@ -39,7 +39,8 @@ def test_the_shipped_runs_read_and_the_overloaded_ones_are_known():
     assert {x.tp for x in runs} == {1, 2, 4} and len({x.model for x in runs}) == 4
     assert sorted(x.name.split("-")[-1] for x in runs if in_overload(x)) == ["reasoning"] * 4
     codegen = read_experiment(CODELLAMA)
-    assert codegen.client.name == "config.yaml" and codegen.stages == ["stage_0_lifecycle_metrics.json", "stage_1_lifecycle_metrics.json"]
+    assert codegen.client.name == "config.yaml" and codegen.stages == ["stage_0_lifecycle_metrics.json",
+                                                                       "stage_1_lifecycle_metrics.json"]
 
 
 def test_a_quick_validation_is_close_and_its_files_have_inference_perfs_schema(tmp_path):
@@ -83,8 +84,10 @@ def test_retiming_a_tape_with_its_own_efficiencies_is_the_simulation():
 
 def test_calibrate_from_writes_a_gpu_the_validator_takes(tmp_path):
     out = tmp_path / "my-h100.json"
-    result = subprocess.run([ENGINE, "calibrate", "--from", str(CODELLAMA), "--from", str(REASONING), "--hardware", "h100-sxm",
-                             "--rounds", "1", "--scale", "0.02", "-o", str(out)], capture_output=True, text=True, timeout=600)
+    result = subprocess.run([ENGINE, "calibrate", "--from", str(CODELLAMA), "--from", str(REASONING),
+                             "--hardware", "h100-sxm",
+                             "--rounds", "1", "--scale", "0.02", "-o", str(out)],
+                            capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr
     assert "left out (in overload" in result.stdout and REASONING.name in result.stdout
     gpu = load_hardware(out)
@@ -109,7 +112,8 @@ def test_engine_run_on_a_gpu_writes_inference_perfs_files(tmp_path):
     result = subprocess.run([ENGINE, "run", "--hardware", "h100-sxm", "--model-config", "codellama-34b", "--tp", "2",
                              "--workload", str(config), "-p", "vllm-v1", "--set", "max_num_seqs=128",
                              "--set", "max_num_batched_tokens=2048", "--set", "num_gpu_blocks=20000",
-                             "--set", "enable_prefix_caching=true", "-n", "300", "-q", "--output", str(tmp_path / "out")],
+                             "--set", "enable_prefix_caching=true", "-n", "300", "-q",
+                             "--output", str(tmp_path / "out")],
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     stage = read_lifecycle(tmp_path / "out" / "stage_0_lifecycle_metrics.json")
@@ -124,14 +128,16 @@ def test_mean_errors_average_absolute_errors():
     rows = [{"metric": "e2e", "err_mean": 0.1, "err_p90": -0.2, "err_p99": 0.0}, {"metric": "e2e", "err_mean": -0.3,
             "err_p90": 0.2, "err_p99": float("nan")}]
     errors = mean_errors(rows)
-    assert errors["e2e_mean"] == pytest.approx(0.2) and errors["e2e_p90"] == pytest.approx(0.2) and errors["e2e_p99"] == 0.0
+    assert errors["e2e_mean"] == pytest.approx(0.2) and errors["e2e_p90"] == pytest.approx(0.2)
+    assert errors["e2e_p99"] == 0.0
 
 
 @pytest.mark.slow  # one run at full length: about 15 s idle, a minute on a loaded 2-core machine
 def test_engine_validate_prints_the_documented_numbers(tmp_path):
     """docs/fidelity.md's in-sample rows come from benchmarks/calibrate_gpu.py; the shipped efficiencies and
     ``engine validate`` give them again, to the last digit (a simulation is deterministic)."""
-    documented = json.loads((Path(__file__).resolve().parents[1] / "docs" / "figures" / "gpu-fidelity" / "rows.json").read_text())
+    figures = Path(__file__).resolve().parents[1] / "docs" / "figures" / "gpu-fidelity"
+    documented = json.loads((figures / "rows.json").read_text())
     run = DATA / "20260218-084319-llama-2-70b-tp4-roleplay"
     expected = [r for r in documented if r["fold"] == "in sample" and r["experiment"] == run.name]
     result = subprocess.run([ENGINE, "validate", str(run), "--hardware", "h100-sxm", "-q", "--output", str(tmp_path)],

@@ -38,7 +38,8 @@ if TYPE_CHECKING:
 
 
 class ClientLoop:
-    def __init__(self, workload: InferencePerfWorkload, engine: Engine, overheads: tuple[float, float] = (0.0, 0.0)) -> None:
+    def __init__(self, workload: InferencePerfWorkload, engine: Engine, overheads: tuple[float, float] = (0.0,
+                                                                                                          0.0)) -> None:
         self.workload, self.engine = workload, engine
         self.api_s, self.response_s = overheads
         self.records: list[ClientRecord] = []
@@ -117,7 +118,9 @@ class ClientLoop:
                 if group.status.name not in DONE:  # ignored: a prompt the KV cache can never hold
                     self._done(group.request_id, "refused", now)
                     continue
-                answer = tuple(group.request.prompt_token_ids) + tuple(group.seqs[0].output) if self.workload.multi_turn else None
+                answer = None
+                if self.workload.multi_turn:
+                    answer = tuple(group.request.prompt_token_ids) + tuple(group.seqs[0].output)
                 self._done(group.request_id, "ok", now, answer)
         deadlines = self.deadlines
         while deadlines and deadlines[0][0] <= now:

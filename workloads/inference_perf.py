@@ -52,9 +52,11 @@ STAGE_START_S = 1.5  # a stage's first send: a second after it starts, and half 
 class SharedPrefix(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
-    num_groups: int = Field(10, ge=1, le=100_000, validation_alias=AliasChoices("num_groups", "num_unique_system_prompts"))
+    num_groups: int = Field(10, ge=1, le=100_000, validation_alias=AliasChoices("num_groups",
+                                                                                "num_unique_system_prompts"))
     num_prompts_per_group: int = Field(10, ge=1, le=100_000,
-                                       validation_alias=AliasChoices("num_prompts_per_group", "num_users_per_system_prompt"))
+                                       validation_alias=AliasChoices("num_prompts_per_group",
+                                                                     "num_users_per_system_prompt"))
     system_prompt_len: int | Distribution = 100
     question_len: int | Distribution = 50
     output_len: int | Distribution = 50
@@ -153,13 +155,15 @@ class StagePlan:
 class InferencePerfWorkload:
     """The requests an inference-perf config sends (``drive`` runs them as its client does)."""
 
-    def __init__(self, config: InferencePerfConfig, path: Path | None = None, seed: int = 0, max_requests: int | None = None,
+    def __init__(self, config: InferencePerfConfig, path: Path | None = None, seed: int = 0,
+                 max_requests: int | None = None,
                  prompt_extra: int = 0, duration_scale: float = 1.0) -> None:
         self.config, self.path, self.seed, self.prompt_extra = config, path, seed, prompt_extra
         load = config.load
         self.timeout_s = load.request_timeout or DEFAULT_TIMEOUT_S
         # duration_scale < 1: each stage cut short (a quick look at a long run; the fit's rounds)
-        self.stages = [StagePlan(s.rate, s.duration * duration_scale, int(s.rate * s.duration * duration_scale)) for s in load.stages]
+        self.stages = [StagePlan(s.rate, s.duration * duration_scale,
+                                 int(s.rate * s.duration * duration_scale)) for s in load.stages]
         total = sum(s.count for s in self.stages)
         self.num_requests = min(total, max_requests) if max_requests else total
         if self.num_requests > MAX_REQUESTS:
@@ -196,9 +200,11 @@ class InferencePerfWorkload:
         self.output_lens = [max(1, lens[i]) for i in order]
 
     def _build_lengths(self, data: DataConfig) -> None:
-        rng = np.random.default_rng(_seed(self.seed if self.config.load.base_seed is None else self.config.load.base_seed))
+        base_seed = self.config.load.base_seed
+        rng = np.random.default_rng(_seed(self.seed if base_seed is None else base_seed))
         self.input_lens = generate(data.input_distribution, data.input_distribution.total_count, rng)
-        self.output_lens = [max(1, int(n)) for n in generate(data.output_distribution, data.output_distribution.total_count, rng)]
+        self.output_lens = [max(1, int(n)) for n in generate(data.output_distribution,
+                                                             data.output_distribution.total_count, rng)]
         short = min(len(self.input_lens), len(self.output_lens))
         for i, stage in enumerate(self.stages):
             if stage.count > short:
@@ -317,7 +323,8 @@ def load_inference_perf(path: Path, seed: int = 0, max_requests: int | None = No
         config = InferencePerfConfig.model_validate(data)
     except ValidationError as exc:
         first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"] if not isinstance(p, str) or not p.startswith(("int", "Distribution")))
+        where = ".".join(str(p) for p in first["loc"] if not isinstance(p, str) or not p.startswith(("int",
+                                                                                                     "Distribution")))
         message = first["msg"].removeprefix("Value error, ")
         raise WorkloadError(f"field {where}: {message}" if where else message, path) from None
     return InferencePerfWorkload(config, path, seed, max_requests, prompt_extra, duration_scale)
