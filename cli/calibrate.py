@@ -1,4 +1,5 @@
-"""``engine calibrate``: fit a cost profile from a recorded run and write it as JSON for ``--profile``."""
+"""``engine calibrate``: fit a cost profile from a recorded run and write it as JSON for ``--profile``; or, with
+``--from``, a GPU's roofline efficiencies to inference-perf result folders of real runs (``cli/validate.py``)."""
 
 from __future__ import annotations
 
@@ -7,8 +8,13 @@ from typing import Annotated, Optional
 
 import typer
 
+# The options only one of calibrate's two fits reads (by parameter name); given to the other, refused.
+STEP_FIT_OPTIONS = frozenset({"kv_bytes_per_token", "swap_gb_per_s", "copy_gb_per_s", "description"})
+GPU_FIT_OPTIONS = frozenset({"hardware", "rounds", "scale"})
+
 
 def calibrate(
+    ctx: typer.Context,
     recorded: Annotated[Optional[Path], typer.Argument(help=(
         "CSV of measured steps (StepRecorder.save): "
         "prefill_tokens,decode_seqs,kv_tokens_read,blocks_swapped,blocks_copied,duration_s"))] = None,
@@ -30,17 +36,19 @@ def calibrate(
     a GPU's roofline efficiencies to real runs)."""
     from rich.table import Table
 
-    from kvsched.cli.common import console, fail
+    from kvsched.cli.common import console, fail, refuse_unread
 
     if from_:
         from kvsched.cli.validate import calibrate_from
 
         if recorded is not None:
             fail("give either a CSV of measured steps or --from result folders, not both")
+        refuse_unread(ctx, STEP_FIT_OPTIONS, "with --from: a GPU's efficiencies are fitted, not a linear profile")
         calibrate_from(from_, hardware, output or Path(f"{name}.json"), rounds, scale)
         return
     if recorded is None:
         fail("give a CSV of measured steps (StepRecorder.save), or --from inference-perf result folders")
+    refuse_unread(ctx, GPU_FIT_OPTIONS, "to a CSV of measured steps: it refits a GPU to runs (give --from)")
     from kvsched.executors.calibration import fit_errors, fit_profile, load_records
     from kvsched.reporting.destination import check_apart, check_file, publishing_file
 

@@ -61,9 +61,7 @@ def run_command(policy, policy_opt, overrides, seed, num_requests, rate, output,
     config = build_config(overrides)
     gpu_files = {}
     if gpu and (gpu["hardware"] is not None or gpu["model_config"] is not None):
-        profile, gpu_files = gpu_profile(gpu, profile, config)
-    elif gpu and (gpu["tp"] != 1 or gpu["dtype"] is not None or gpu["gpu_memory_utilization"] != 0.9):
-        fail("--tp, --dtype and --gpu-memory-utilization describe a GPU: give them with --hardware and --model-config")
+        profile, gpu_files = gpu_profile(gpu, config)
     resolve_profile(profile)
     built = build_workload(workload, trace, num_requests=num_requests, rate=rate, rate_scale=rate_scale,
                            start_offset=start_offset, arrival=arrival, cv=cv, seed=seed)
@@ -110,15 +108,13 @@ def run_command(policy, policy_opt, overrides, seed, num_requests, rate, output,
     return outcome.summary
 
 
-def gpu_profile(gpu: dict, profile: str, config) -> tuple:
+def gpu_profile(gpu: dict, config) -> tuple:
     """The roofline profile the GPU options describe, and the files it read (for ``check_apart``)."""
     from kvsched.cli.common import fail
     from kvsched.executors.profiles import roofline_profile
 
     if gpu["hardware"] is None or gpu["model_config"] is None:
         fail("--hardware and --model-config go together: the GPU, and the model's config.json")
-    if profile != "llama2-7b-a100":
-        fail("--profile is a ready cost profile; --hardware and --model-config derive one: give one or the other")
     built = roofline_profile(gpu["hardware"], gpu["model_config"], gpu["tp"], gpu["dtype"],
                              gpu_memory_utilization=gpu["gpu_memory_utilization"],
                              max_num_batched_tokens=config.max_num_batched_tokens)

@@ -25,7 +25,9 @@ from test_bench_hostile import MODEL as LIAR_MODEL
 from test_bench_hostile import Liar
 from typer.testing import CliRunner
 
-from kvsched.cli.app import FLEET_OPTIONS, FLEET_SPEC_FIELDS, HF_OPTIONS, ONE_ENGINE_OUTPUTS, SIM_OPTIONS, app
+from kvsched.cli.app import (FLEET_OPTIONS, FLEET_SPEC_FIELDS, GPU_OPTIONS, HF_OPTIONS, ONE_ENGINE_OUTPUTS, SIM_OPTIONS,
+                             app)
+from kvsched.cli.calibrate import GPU_FIT_OPTIONS, STEP_FIT_OPTIONS
 
 GROUP = typer.main.get_command(app)
 COMMANDS = {"engine": GROUP, **GROUP.commands}
@@ -54,7 +56,10 @@ ROUTED = ["--router", "power-of-two", "--router-opt", "seed=3", "--staleness", "
 WORKLOAD_OPTIONS = ["--workload", "synthetic", "--seed", "3", "--rate", "40", "--arrival", "gamma", "--cv", "2"]
 TRACE_OPTIONS = ["--trace", TRACE, "--rate-scale", "2", "--start-offset", "0.05"]
 SLO = ["--slo-ttft", "1", "--slo-tpot", "0.1"]
-ONE_FLEET = HF_OPTIONS | ONE_ENGINE_OUTPUTS  # what no fleet reads
+ONE_FLEET = HF_OPTIONS | ONE_ENGINE_OUTPUTS | GPU_OPTIONS  # what no fleet reads
+RUN = (Path(__file__).resolve().parents[1] / "benchmarks" / "data" / "blis-h100"
+    / "20260218-150956-codellama-34b-tp2-codegen")
+GPU_SWITCHES = frozenset({"hardware", "model_config"})  # they make `engine run` derive its cost model
 COMPARE_RUNS = frozenset({"policy", "policy_opt", "set_", "workload", "trace", "seed", "seeds", "num_requests", "rate",
                           "profile", "router", "replicas", "staleness"})  # compare's own runs: result folders have none
 
@@ -64,11 +69,18 @@ MODES = [
                 "{tmp}/alone", "-q", "--debug"]]),
     Mode("engine", "before a command", [OPT, "routers"],
          refused=frozenset(p.name for p in GROUP.params) - {"debug"}, runs=[["--debug"]]),
-    Mode("run", "one simulated engine", ["run", "-n", "6", "-q"], refused=HF_OPTIONS | FLEET_OPTIONS - FLEETS,
-         switches=FLEETS,
+    Mode("run", "one simulated engine", ["run", "-n", "6", "-q"],
+         refused=HF_OPTIONS | FLEET_OPTIONS - FLEETS | GPU_OPTIONS - GPU_SWITCHES, switches=FLEETS | GPU_SWITCHES,
          runs=[["--executor", "sim", *VTC, "--set", "max_num_seqs=8", *WORKLOAD_OPTIONS, *PROFILE, *SLO, "-o",
                 "{tmp}/sim", "--plot", "--decision-log", "--trace-out", "{tmp}/trace-out.json"],
                [*TRACE_OPTIONS, "-o", "{tmp}/sim2", "--no-decision-log"]]),
+    Mode("run", "one engine on a GPU's roofline",
+         ["run", "-n", "6", "-q", "--hardware", "h100-sxm", "--model-config", "llama-3.1-8b"],
+         refused=HF_OPTIONS | FLEET_OPTIONS - FLEETS | {"profile"}, switches=FLEETS,
+         runs=[["--executor", "sim", *VTC, "--set", "max_num_seqs=8", *WORKLOAD_OPTIONS, *SLO, "-o", "{tmp}/gpu",
+                "--plot", "--decision-log", "--trace-out", "{tmp}/gpu-trace.json", "--tp", "2", "--dtype", "fp8",
+                "--gpu-memory-utilization", "0.85"],
+               [*TRACE_OPTIONS, "-o", "{tmp}/gpu2", "--no-decision-log"]]),
     Mode("run", "a real model", ["run", "--executor", "hf", "--model", "tiny-gpt2", "--max-tokens", "2", "-q",
                                  "--set", "num_gpu_blocks=64", "--set", "block_size=8"],
          refused=SIM_OPTIONS | FLEET_OPTIONS - FLEETS, switches=FLEETS,
@@ -155,13 +167,18 @@ MODES = [
                 "synthetic", "--seed", "1", "--rate", "20", *PROFILE, "--baseline", "round-robin",
                 "-o", "{tmp}/capacity-routers", "--plot"],
                ["--trace", TRACE]]),
-    Mode("calibrate", "recorded steps", ["calibrate", "{tmp}/steps.csv"],
+    Mode("calibrate", "real runs", ["calibrate", "--from", str(RUN), "-o", "{tmp}/gpu.json"], refused=STEP_FIT_OPTIONS,
+         elsewhere="tests/test_validation.py (a fit takes about a minute)"),
+    Mode("calibrate", "recorded steps", ["calibrate", "{tmp}/steps.csv"], refused=GPU_FIT_OPTIONS,
+         switches=frozenset({"from_"}),
          runs=[["--name", "fit", "-o", "{tmp}/fit.json", "--kv-bytes-per-token", "1000", "--swap-gb-per-s", "8",
                 "--copy-gb-per-s", "50", "--description", "a test"]]),
     Mode("verify", "a model",
          ["verify", "--model", "tiny-gpt2", "--scenario", "mixed", "--num-prompts", "1", "--max-tokens", "2", "-q"],
          runs=[["--attention", "torch", "--threads", "1", "--device", "cpu"]]),
     Mode("serve", "vLLM", ["serve"], elsewhere="tests/test_vllm_serve.py (each option on a real vLLM server)"),
+    Mode("validate", "result folders", ["validate", str(RUN), "--hardware", "h100-sxm", "--scale", "0.01", "-q"],
+         runs=[["--model-config", "codellama-34b", "--seed", "1", "-o", "{tmp}/validate"]]),
     Mode("policies", "a listing", ["policies"], runs=[[]]),
     Mode("routers", "a listing", ["routers"], runs=[[]]),
 ]
@@ -184,7 +201,12 @@ GIVE = {"policy": ["--policy", "fcfs"], "policy_opt": ["--policy-opt", "victim=l
         "label": ["--label", "x"], "api_key": ["--api-key", "k"], "timeout": ["--timeout", "5"],
         "seeds": ["--seeds", "2"], "step": ["--step", "1"], "debug": ["--debug"], "ray_timeout": ["--ray-timeout", "5"],
         "steps": ["--steps", "3"], "starvation_examples": ["--starvation-examples", "2"],
-        "shrink_seconds": ["--shrink-seconds", "1"]}
+        "shrink_seconds": ["--shrink-seconds", "1"], "hardware": ["--hardware", "h100-sxm"],
+        "model_config": ["--model-config", "llama-3.1-8b"], "tp": ["--tp", "2"], "dtype": ["--dtype", "fp8"],
+        "gpu_memory_utilization": ["--gpu-memory-utilization", "0.8"], "rounds": ["--rounds", "1"],
+        "scale": ["--scale", "0.5"], "kv_bytes_per_token": ["--kv-bytes-per-token", "1000"],
+        "swap_gb_per_s": ["--swap-gb-per-s", "8"], "copy_gb_per_s": ["--copy-gb-per-s", "50"],
+        "description": ["--description", "x"]}
 
 
 def _flags(command: str) -> dict[str, str]:

@@ -76,7 +76,8 @@ def build_workload(
 
     ``workload`` is a built-in name (``default``, ``synthetic``, ``azure-conv``, ``sharegpt``, or a named
     spec: ``sharegpt-4k``, ``tiered-sessions``), a JSON spec file or an inference-perf config (``.yaml``);
-    ``trace`` a CSV in any supported format. ``num_requests`` caps traces; ``max_total_tokens`` cuts their prompts as Vidur's trace replay does.
+    ``trace`` a CSV in any supported format. ``num_requests`` caps traces; ``max_total_tokens`` cuts their
+    prompts as Vidur's trace replay does.
     ``rate`` replaces a named spec's Poisson rate (its requests', not a sessions spec's: scale those by ``rate_scale``).
     """
     check_options(num_requests=num_requests, rate=rate, rate_scale=rate_scale, start_offset=start_offset, cv=cv)
