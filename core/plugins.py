@@ -147,7 +147,7 @@ class PolicyHooks:
         first = None
         try:
             result = hook(*args)
-        except Exception as exc:
+        except (Exception, SystemExit, GeneratorExit) as exc:  # a Ctrl-C (KeyboardInterrupt) still ends the run
             error = self._first_error or (exc if isinstance(exc, PolicyError) else self._failure(exc, name))
             if error is exc:
                 raise
@@ -164,7 +164,7 @@ class PolicyHooks:
         """The ``PolicyError`` (to raise) for what the running plugin just tried (or ``hook`` answered)."""
         return self._error(message, hook or self.in_hook, list(traceback.walk_stack(None)))
 
-    def _failure(self, exc: Exception, hook: str) -> PolicyError:
+    def _failure(self, exc: BaseException, hook: str) -> PolicyError:
         return self._error(f"raised {type(exc).__name__}: {error_text(exc)}", hook, list(traceback.walk_tb(exc.__traceback__))[::-1])
 
     def _error(self, message: str, hook: str | None, frames: list) -> PolicyError:

@@ -104,7 +104,7 @@ def run_point(spec: SweepSpec, point: Point) -> dict[str, Any]:
     except KeyboardInterrupt:
         raise
     except BaseException as exc:
-        error = portable(exc, point.policy)
+        error = portable(exc)
         if error is exc:
             raise
         raise error from exc

@@ -153,7 +153,8 @@ ACTS = {
     # 6: exceptions after real work, BaseExceptions included
     "raise KeyError": ("select_batch", lambda p, s: {}["no-such-request"], PolicyError),
     "raise KeyboardInterrupt": ("select_batch", lambda p, s: _raise(KeyboardInterrupt()), KeyboardInterrupt),
-    "raise SystemExit": ("select_batch", lambda p, s: _raise(SystemExit(3)), SystemExit),
+    "raise SystemExit": ("select_batch", lambda p, s: _raise(SystemExit(3)), PolicyError),
+    "raise SystemExit(0) in on_step": ("on_step", lambda p, r: _raise(SystemExit(0)), PolicyError),
     "raise in can_allocate": ("can_allocate", lambda p, s, g: 1 / 0, PolicyError),
     "raise in on_step": ("on_step", lambda p, r: 1 / 0, PolicyError),
     # 7: the report is read-only
