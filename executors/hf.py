@@ -90,9 +90,11 @@ class HFExecutor:
 
     # ------------------------------------------------------------------------------ wiring
     def attach(self, block_manager: BlockManager) -> HFExecutor:
-        """Read block tables from this block manager (the engine's); its pools must match the cache."""
-        if block_manager.block_size != self.block_size or block_manager.gpu.num_blocks != self.cache.gpu.shape[2]:
-            raise ValueError("the block manager's block size or pool size differs from the executor's cache")
+        """Read block tables from this block manager (the engine's); its pools must fit the cache (V1's may be
+        a block short: it keeps one as its null block, which the cache then holds unused)."""
+        if (block_manager.block_size != self.block_size or block_manager.gpu.num_blocks > self.cache.gpu.shape[2]
+                or block_manager.cpu.num_blocks > self.cache.cpu.shape[2]):
+            raise ValueError("the block manager's block size or pools do not fit the executor's cache")
         self.block_manager = block_manager
         return self
 

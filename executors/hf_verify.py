@@ -83,6 +83,9 @@ def scenarios(max_new_tokens: int, prompt_lens: Sequence[int], block_size: int =
         "n3-cow": Scenario("n3-cow", roomy, n=3),
         "n3-swap": Scenario("n3-swap", EngineConfig(**tight_n, preemption_mode="swap"), n=3, arrive_every=0),
         "prefix": Scenario("prefix", roomy.model_copy(update={"enable_prefix_caching": True}), shared_prefix=True, arrive_every=3),
+        # vLLM V1's mechanics (a null block, prefix caching, n > 1 fanned out into children) on the real cache
+        "v1": Scenario("v1", roomy.model_copy(update={"vllm_engine": "v1", "enable_prefix_caching": True}), "vllm-v1",
+                       n=2, shared_prefix=True),
     }
 
 

@@ -55,6 +55,7 @@ def test_each_scenario_exercises_its_mechanism(results):
     assert results["n3-cow"].blocks_copied > 0 and len(results["n3-cow"].checks) == 3 * 4
     assert results["n3-swap"].preemptions[1] > 0 and results["n3-swap"].blocks_copied > 0
     assert results["prefix"].cached_tokens > 0
+    assert results["v1"].cached_tokens > 0 and len(results["v1"].checks) == 2 * 4  # its pool is a block short
 
 
 def test_logits_match_within_tolerance(results):
