@@ -15,7 +15,8 @@ import typer
 from kvsched.cli.common import flag
 
 WorkloadOpt = Annotated[Optional[str], typer.Option(
-    "--workload", "-w", help="default, synthetic, azure-conv, sharegpt, a .json spec or an inference-perf .yaml")]
+    "--workload", "-w",
+    help="default, synthetic, long-context, azure-conv, sharegpt, a .json spec or an inference-perf .yaml")]
 TraceOpt = Annotated[Optional[Path], typer.Option("--trace", help="trace CSV: Azure (TIMESTAMP,...), plain (arrival_time_s,...) or lengths (num_prefill_tokens,...)")]
 RateScaleOpt = Annotated[float, typer.Option("--rate-scale", min=1e-9, max=1e9,
                                              help="multiply the arrival rate (trace times are divided by it)")]

@@ -75,9 +75,9 @@ def build_workload(
     """Resolve the CLI's workload options to one workload.
 
     ``workload`` is a built-in name (``default``, ``synthetic``, ``azure-conv``, ``sharegpt``, or a named
-    spec: ``sharegpt-4k``, ``tiered-sessions``), a JSON spec file or an inference-perf config (``.yaml``);
-    ``trace`` a CSV in any supported format. ``num_requests`` caps traces; ``max_total_tokens`` cuts their
-    prompts as Vidur's trace replay does.
+    spec: ``sharegpt-4k``, ``tiered-sessions``, ``long-context``), a JSON spec file or an inference-perf config
+    (``.yaml``); ``trace`` a CSV in any supported format. ``num_requests`` caps traces; ``max_total_tokens`` cuts
+    their prompts as Vidur's trace replay does.
     ``rate`` replaces a named spec's Poisson rate (its requests', not a sessions spec's: scale those by ``rate_scale``).
     """
     check_options(num_requests=num_requests, rate=rate, rate_scale=rate_scale, start_offset=start_offset, cv=cv)
@@ -172,6 +172,10 @@ def load_spec(path: Path, *, num_requests: int | None = None, seed: int = 0, rat
         from kvsched.workloads.sessions import session_spec
 
         return session_spec(data, path, num_requests, seed, rate_scale)
+    if isinstance(data, dict) and data.get("kind") == "long-context":  # long-context sessions as block hashes
+        from kvsched.workloads.long_context import long_context_spec
+
+        return long_context_spec(data, path, num_requests, seed, rate_scale)
     if isinstance(data, dict) and data.get("kind") == "prefix-trace":
         from kvsched.workloads.prefix_trace import prefix_spec
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Literal
 
@@ -85,6 +85,41 @@ def prompt_tokens(hash_ids: list[int], length: int, block: int) -> tuple[int, ..
     return tuple(tokens[:length])
 
 
+Row = tuple[float, int, int, list[int], "str | None"]  # (arrival ms, input length, output length, hash ids, session id)
+
+
+def trace_requests(rows: Iterable[Row], hash_block_size: int, capper: Capper, rate_scale: float = 1.0) -> Iterator[Request]:
+    """The requests of a trace's rows, made one at a time: arrivals counted from the first row (in
+    seconds, divided by ``rate_scale``), each prompt's tokens made from its hash ids, each answer capped."""
+    start = None
+    params: dict[int, SamplingParams] = {}
+    for i, (t, prompt, output, ids, session) in enumerate(rows):
+        start = t if start is None else start
+        cap, output = capper(output)
+        sp = params.get(cap) or params.setdefault(cap, SamplingParams(max_tokens=cap))
+        yield Request(request_id=f"req-{i}", prompt_token_ids=prompt_tokens(ids, prompt, hash_block_size),
+                      output_len=output, sampling=sp, arrival_time=round((t - start) / 1000.0 / rate_scale, 6),
+                      session_id=session)
+
+
+def reusable_share(rows: Iterable[Row], hash_block_size: int) -> float:
+    """The share of all prompt tokens an infinite prefix cache could serve: each prompt's leading
+    blocks that some earlier prompt had (at the same place, after the same blocks), over all tokens."""
+    seen: set[int] = set()  # each prefix seen, as a chained hash of its ids
+    reusable = total = 0
+    for _, prompt, _, ids, _ in rows:
+        total += prompt
+        key, matched = None, True
+        for j, h in enumerate(ids):
+            key = hash((key, h))
+            if matched and key in seen:
+                reusable += min(hash_block_size, prompt - j * hash_block_size)
+            else:
+                matched = False
+                seen.add(key)
+    return reusable / total if total else 0.0
+
+
 class PrefixTraceWorkload(BaseModel):
     """A JSON-lines trace with hash ids, replayed at its timestamps (``rate_scale`` divides them)."""
 
@@ -106,18 +141,10 @@ class PrefixTraceWorkload(BaseModel):
             yield row
 
     def iter_requests(self) -> Iterator[Request]:
-        start = None
-        params: dict[int, SamplingParams] = {}
         # the default cap is the whole file's longest answer: a pass of its own, made only for it (a given cap streams at once)
         default = isinstance(self.cap, FixedCap) and self.cap.tokens is None
         capper = Capper(self.cap, max(row[2] for row in read_prefix_trace(self.path, self.hash_block_size)) if default else 0, self.seed)
-        for i, (t, prompt, output, ids, session) in enumerate(self._rows()):
-            start = t if start is None else start
-            cap, output = capper(output)
-            sp = params.get(cap) or params.setdefault(cap, SamplingParams(max_tokens=cap))
-            yield Request(request_id=f"req-{i}", prompt_token_ids=prompt_tokens(ids, prompt, self.hash_block_size),
-                          output_len=output, sampling=sp, arrival_time=round((t - start) / 1000.0 / self.rate_scale, 6),
-                          session_id=session)
+        yield from trace_requests(self._rows(), self.hash_block_size, capper, self.rate_scale)
 
     def requests(self) -> list[Request]:
         return list(self.iter_requests())

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import heapq
 import random
-from collections.abc import Iterator
-from typing import Any, Literal
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -28,6 +28,7 @@ from kvsched.workloads.errors import MAX_PROMPT_IDS, MAX_REQUESTS, WorkloadError
 from kvsched.workloads.synthetic import Mix, check_weights
 
 _FRESH = 1 << 40  # token ids of answers and user messages start here (system prompts use ids below)
+T = TypeVar("T")
 
 
 class SessionSpec(BaseModel):
@@ -67,32 +68,20 @@ class SessionSpec(BaseModel):
 
     def iter_requests(self) -> Iterator[Request]:
         """Every turn of every session, in arrival order (sessions in flight are merged on a heap)."""
+        return in_arrival_order(self._sessions(), lambda request: request.arrival_time)
+
+    def _sessions(self) -> Iterator[tuple[float, Iterator[Request]]]:
         rng = random.Random(self.seed)
-        heap: list[tuple[float, int, Iterator]] = []
         start, fresh = 0.0, _FRESH
         slo_mix = Mix(self.slo_classes or {None: 1.0})  # drawn from only when it has a choice: no class, same stream
         capper = Capper(self.cap, self.output.upper, self.seed)
         for s in range(self.num_sessions):
             start += rng.expovariate(self.rate)
-            while heap and heap[0][0] <= start:
-                yield from self._next(heap)
             turns = self.turns.sample(rng)
             system = rng.randrange(self.system_prompts)
-            session = self._session(s, start, turns, system, random.Random(rng.getrandbits(64)), fresh, slo_mix.pick(rng), capper)
+            yield start, self._session(s, start, turns, system, random.Random(rng.getrandbits(64)), fresh, slo_mix.pick(rng),
+                                       capper)
             fresh += 1 << 24  # each session's own ids
-            first = next(session, None)
-            if first is not None:
-                heapq.heappush(heap, (first.arrival_time, s, _Ahead(first, session)))
-        while heap:
-            yield from self._next(heap)
-
-    @staticmethod
-    def _next(heap) -> Iterator[Request]:
-        _, s, ahead = heapq.heappop(heap)
-        yield ahead.request
-        following = next(ahead.rest, None)
-        if following is not None:
-            heapq.heappush(heap, (following.arrival_time, s, _Ahead(following, ahead.rest)))
 
     def _session(self, s: int, t: float, turns: int, system: int, rng: random.Random, fresh: int, slo_class: str | None,
                  capper: Capper) -> Iterator[Request]:
@@ -126,13 +115,29 @@ class SessionSpec(BaseModel):
         return self.model_dump(mode="json")
 
 
-class _Ahead:
-    """A session's next request, and the rest of it."""
+def in_arrival_order(sessions: Iterable[tuple[float, Iterator[T]]], time_of: Callable[[T], float]) -> Iterator[T]:
+    """The items of many sessions in time order, made as they are needed: ``sessions`` yields each
+    session's start (in increasing order) and its items (in time order, none before its start); the
+    sessions under way wait on a heap, each with its next item."""
+    heap: list[tuple[float, int, T, Iterator[T]]] = []
 
-    __slots__ = ("request", "rest")
+    def earliest() -> T:
+        _, s, item, rest = heap[0]
+        following = next(rest, None)
+        if following is None:
+            heapq.heappop(heap)
+        else:
+            heapq.heapreplace(heap, (time_of(following), s, following, rest))
+        return item
 
-    def __init__(self, request: Request, rest: Iterator[Request]) -> None:
-        self.request, self.rest = request, rest
+    for s, (start, items) in enumerate(sessions):
+        while heap and heap[0][0] <= start:
+            yield earliest()
+        first = next(items, None)
+        if first is not None:
+            heapq.heappush(heap, (time_of(first), s, first, items))
+    while heap:
+        yield earliest()
 
 
 def session_spec(data: dict, path, num_requests: int | None, seed: int, rate_scale: float) -> SessionSpec:
