@@ -30,6 +30,9 @@ class Replica:
         self.num_gpu_blocks = engine.config.num_gpu_blocks
         self.in_flight_requests = 0
         self.in_flight_tokens = 0
+        # Of those, the ones whose first token has not come back (the router sees each response's first token):
+        # request id -> [prompt tokens, its group once it arrived]. Pruned when read (in_prefill).
+        self._unanswered: dict[str, list] = {}
         self.arrivals: deque[float] = deque()  # times of the requests routed to it that have not arrived yet
         sched = engine.scheduler
         # Steady runs, when Engine.run would take them (a decode replica of P/D takes none: a prompt
@@ -70,22 +73,46 @@ class Replica:
             n += 1
         return n
 
+    def in_prefill(self) -> tuple[int, int]:
+        """The requests the router sent here whose first token has not come back (queued or in prefill), and
+        their prompt tokens: Dynamo's active prefill load. Counted when read, from the groups' first tokens
+        (each request is dropped once answered), so the steps pay nothing for it."""
+        unanswered = self._unanswered
+        answered = [rid for rid, (_, group) in unanswered.items() if group is not None and self._answered(group)]
+        for rid in answered:
+            del unanswered[rid]
+        return len(unanswered), sum(tokens for tokens, _ in unanswered.values())
+
+    def _answered(self, group) -> bool:
+        """Whether ``group``'s first token is out (a V1 fan-out's: its first child's)."""
+        if group.first_token_time is not None:
+            return True
+        children = self.engine.fan_out.children.get(group) if self.engine.fan_out is not None else None
+        return children is not None and any(c.first_token_time is not None for c in children)
+
     # --------------------------------------------------------------------------- driving it
     def sent(self, request: Request) -> None:
-        """The router chose it for ``request`` (its in-flight counts are the router's, kept as it sends)."""
+        """The router chose it for ``request`` (its in-flight counts are the router's, kept as it sends; a
+        decode replica of P/D is sent prompts already answered)."""
         self.in_flight_requests += 1
         self.in_flight_tokens += request.prompt_len
         self.requests += 1
+        if self.role != DECODE:
+            self._unanswered[request.request_id] = [request.prompt_len, None]
 
     def add(self, request: Request) -> None:
         """``request`` arrives: it joins the engine's queue."""
         self.resumable = False
-        self.engine.add_request(request)
+        group = self.engine.add_request(request)
+        waiting = self._unanswered.get(request.request_id)
+        if waiting is not None:
+            waiting[1] = group
 
     def release(self, request: Request) -> None:
         """The router learns that ``request`` left this replica."""
         self.in_flight_requests -= 1
         self.in_flight_tokens -= request.prompt_len
+        self._unanswered.pop(request.request_id, None)
 
     def begin_step(self, t: float, horizon: float, cuts=()) -> float:
         """Start the replica's next step at ``t`` (the cluster's now); the time it ends. While the last

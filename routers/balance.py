@@ -9,6 +9,7 @@ from __future__ import annotations
 import random
 
 from kvsched.routers import options
+from kvsched.routers.choice import lowest, two_choices
 from kvsched.routers.hookspecs import hookimpl
 from kvsched.routers.view import Route
 
@@ -30,14 +31,18 @@ class RoundRobin:
 
 
 class LeastOutstanding:
-    """The replica with the fewest requests in flight (the router's own count), the first on ties."""
+    """The replica with the fewest requests in flight (the router's own count), ties at random (``seed``)."""
 
     name = "least-outstanding"
 
+    def __init__(self, seed: int = 0) -> None:
+        self.rng = random.Random(options.seed(seed))
+
     @hookimpl
     def route_request(self, request, replicas):
-        best = min(replicas, key=lambda r: r.in_flight_requests)
-        return Route(best, f"fewest in flight: {best.in_flight_requests}")
+        loads = [r.in_flight_requests for r in replicas]
+        i = lowest(loads, self.rng)
+        return Route(replicas[i], f"fewest in flight: {loads[i]}")
 
 
 class PowerOfTwo:
@@ -52,10 +57,10 @@ class PowerOfTwo:
     def route_request(self, request, replicas):
         if len(replicas) == 1:
             return replicas[0]
-        a, b = self.rng.sample(range(len(replicas)), 2)
+        i, a, b = two_choices(len(replicas), lambda k: replicas[k].in_flight_requests, self.rng)
         first, second = replicas[a], replicas[b]
-        best = first if first.in_flight_requests <= second.in_flight_requests else second
-        return Route(best, f"of {first.name} ({first.in_flight_requests} in flight) and {second.name} ({second.in_flight_requests})")
+        return Route(replicas[i], f"of {first.name} ({first.in_flight_requests} in flight) and {second.name} "
+                                  f"({second.in_flight_requests})")
 
 
 class VllmDp:

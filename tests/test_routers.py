@@ -399,7 +399,8 @@ def test_in_flight_counts_are_the_routers_own_and_fresh():
 # -------------------------------------------------------------------- the rules (unit)
 def views(*loads, **fields):
     """Duck-typed replica views: each load a dict of view attributes."""
-    base = {"reported_at": 0.0, "num_waiting": 0, "num_running": 0, "in_flight_requests": 0, "kv_usage": 0.0}
+    base = {"reported_at": 0.0, "num_waiting": 0, "num_running": 0, "in_flight_requests": 0, "in_flight_tokens": 0,
+            "in_prefill_requests": 0, "in_prefill_tokens": 0, "kv_usage": 0.0}
     out = []
     for i, load in enumerate(loads):
         cached = load.pop("cached", 0)
@@ -417,7 +418,12 @@ def test_round_robin_and_least_outstanding():
     rr = RoundRobin()
     replicas = views({}, {}, {})
     assert [chosen(rr.route_request(None, replicas)).name for _ in range(4)] == ["replica-0", "replica-1", "replica-2", "replica-0"]
-    assert chosen(LeastOutstanding().route_request(None, views({"in_flight_requests": 3}, {"in_flight_requests": 1}, {"in_flight_requests": 1}))).index == 1
+    loads = views({"in_flight_requests": 3}, {"in_flight_requests": 1}, {"in_flight_requests": 1})
+    router = LeastOutstanding(seed=3)
+    picks = [chosen(router.route_request(None, loads)).index for _ in range(40)]
+    assert set(picks) == {1, 2}  # the tie goes either way, never to the busier replica
+    again = LeastOutstanding(seed=3)
+    assert [chosen(again.route_request(None, loads)).index for _ in range(40)] == picks  # seeded
 
 
 def test_power_of_two_takes_the_less_loaded_of_two_draws():
@@ -474,10 +480,11 @@ def test_weighted_sums_llm_d_scorers():
     router = Weighted()
     replicas = views({"cached": 64, "num_waiting": 4, "kv_usage": 0.9}, {"cached": 0, "num_waiting": 0, "kv_usage": 0.1},
                      {"cached": 32, "num_waiting": 0, "kv_usage": 0.5})
-    answer = router.route_request(None, replicas)  # totals: 2×1 + 0 + 0.1 = 2.1; 0 + 1 + 0.9 = 1.9; 2×0.5 + 1 + 0.5 = 2.5
+    prompt = req("p", prompt_len=64)  # the prefix scores are the share of its 64 tokens cached: 1, 0, 0.5
+    answer = router.route_request(prompt, replicas)  # totals: 2×1 + 0 + 0.1 = 2.1; 0 + 1 + 0.9 = 1.9; 2×0.5 + 1 + 0.5 = 2.5
     assert chosen(answer).index == 2 and answer.reason.startswith("score 2.50")
     load_only = Weighted(weights="queue-depth:1,kv-utilization:1")
-    assert chosen(load_only.route_request(None, replicas)).index == 1
+    assert chosen(load_only.route_request(prompt, replicas)).index == 1
 
 
 # ------------------------------------------------------------------------- the command

@@ -62,6 +62,11 @@ class ServeReplica:
     def cached_prefix_blocks(self, hashes: list[int]) -> int:
         return 0
 
+    def in_prefill(self) -> tuple[int, int]:
+        """Serve tells a router when a request completes, not when its first token comes: every request in
+        flight counts as awaiting it."""
+        return self.in_flight_requests, self.in_flight_tokens
+
 
 def prompt_ids(pending: PendingRequest) -> list[int]:
     """The token ids of a pending request's prompt (see the module's note); empty if it has none."""
