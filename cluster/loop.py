@@ -45,6 +45,8 @@ class Cluster:
         self.prefill_pool = [r for r in self.replicas if r.role == PREFILL] if self.disaggregated else self.replicas
         self.decode_pool = [r for r in self.replicas if r.role == DECODE]
         self.records = FleetRecords(self.replicas)
+        for r in self.replicas:  # what only a router that reads fresh signals can see is kept only for one
+            r.tracks_first_tokens = not self.router.reads_reports_only
         self.now = 0.0
         # Routed ahead: a router that reads only reports (``reads_reports_only``) can choose for a request
         # arriving at t once every report true at t − staleness is known, before the replicas reach t;

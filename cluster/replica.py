@@ -31,8 +31,10 @@ class Replica:
         self.in_flight_requests = 0
         self.in_flight_tokens = 0
         # Of those, the ones whose first token has not come back (the router sees each response's first token):
-        # request id -> [prompt tokens, its group once it arrived]. Pruned when read (in_prefill).
+        # request id -> [prompt tokens, its group once it arrived]. Pruned when read (in_prefill); kept only for
+        # a router that may read it (the cluster sets tracks_first_tokens).
         self._unanswered: dict[str, list] = {}
+        self.tracks_first_tokens = True
         self.arrivals: deque[float] = deque()  # times of the requests routed to it that have not arrived yet
         sched = engine.scheduler
         # Steady runs, when Engine.run would take them (a decode replica of P/D takes none: a prompt
@@ -97,22 +99,24 @@ class Replica:
         self.in_flight_requests += 1
         self.in_flight_tokens += request.prompt_len
         self.requests += 1
-        if self.role != DECODE:
+        if self.tracks_first_tokens and self.role != DECODE:
             self._unanswered[request.request_id] = [request.prompt_len, None]
 
     def add(self, request: Request) -> None:
         """``request`` arrives: it joins the engine's queue."""
         self.resumable = False
         group = self.engine.add_request(request)
-        waiting = self._unanswered.get(request.request_id)
-        if waiting is not None:
-            waiting[1] = group
+        if self._unanswered:
+            waiting = self._unanswered.get(request.request_id)
+            if waiting is not None:
+                waiting[1] = group
 
     def release(self, request: Request) -> None:
         """The router learns that ``request`` left this replica."""
         self.in_flight_requests -= 1
         self.in_flight_tokens -= request.prompt_len
-        self._unanswered.pop(request.request_id, None)
+        if self._unanswered:
+            self._unanswered.pop(request.request_id, None)
 
     def begin_step(self, t: float, horizon: float, cuts=()) -> float:
         """Start the replica's next step at ``t`` (the cluster's now); the time it ends. While the last
