@@ -31,7 +31,7 @@ def two_choices(n: int, load: Callable[[int], float], rng: random.Random) -> tup
 
 
 def softmax_draw(costs: Sequence[float], temperature: float, rng: random.Random) -> int:
-    """NVIDIA Dynamo's draw: index i with probability ∝ exp(−(cost_i − least) / ((most − least) × temperature)),
+    """NVIDIA Dynamo's draw: i with probability ∝ exp(−(cost_i − least) / ((most − least) × temperature)),
     the spread scaled to 1 (all alike if equal); at temperature 0 the least cost, ties at random."""
     if temperature == 0:
         return lowest(costs, rng)

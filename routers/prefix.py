@@ -46,15 +46,18 @@ class _Table:
             self._last = (tokens, prefix_hashes(tokens, self.block_size))
         return self._last[1]
 
-    def match(self, request, replicas) -> tuple[float, list[int], list[int]]:
-        """The share of the prompt the longest match any replica's table holds covers, the replicas that
-        hold it (none if nothing matches), and those whose table is smallest."""
+    def choose(self, request, replicas, loads: list, rng: random.Random, enough) -> tuple[int, float, bool]:
+        """The replicas whose table holds the longest prefix of the prompt if ``enough(share of the prompt it
+        covers)``, else those whose table is smallest; of them the least loaded by ``loads``, ties at random.
+        The replica, the share, and whether it was the prefix that chose."""
         depth = self.index.matches(self.hashes(request))
         most = max(depth.values(), default=0)
-        holders = [i for i, r in enumerate(replicas) if depth.get(r.name, 0) == most] if most else []
+        rate = most * self.block_size / request.prompt_len
+        if most and enough(rate):
+            return lowest(loads, rng, [i for i, r in enumerate(replicas) if depth.get(r.name, 0) == most]), rate, True
         sizes = [self.index.size(r.name) for r in replicas]
         smallest = min(sizes)
-        return most * self.block_size / request.prompt_len, holders, [i for i, n in enumerate(sizes) if n == smallest]
+        return lowest(loads, rng, [i for i, n in enumerate(sizes) if n == smallest]), rate, False
 
     def insert(self, request, replica) -> None:
         self.index.insert(replica.name, self.hashes(request))
@@ -85,11 +88,10 @@ class PrefixAffinity:
             i, a, b = two_choices(len(loads), loads.__getitem__, self.rng)
             return Route(replicas[i], f"imbalanced ({high} vs {low} in flight): the less loaded of "
                                       f"{replicas[a].name} and {replicas[b].name}")
-        rate, holders, smallest = self.table.match(request, replicas)
-        if holders and rate >= self.match_rate:
-            i = lowest(loads, self.rng, holders)
+        i, rate, by_prefix = self.table.choose(request, replicas, loads, self.rng,
+                                               lambda share: share >= self.match_rate)
+        if by_prefix:
             return Route(replicas[i], f"sent {rate:.0%} of this prompt before; {in_flight[i]} in flight")
-        i = lowest(loads, self.rng, smallest)
         return Route(replicas[i], f"prefix match {rate:.0%}, below {self.match_rate:.0%}: a smallest table, "
                                   f"{in_flight[i]} in flight")
 
@@ -103,8 +105,9 @@ class CacheAware:
 
     Imbalanced: the busiest replica has more than ``balance_abs_threshold`` requests in flight beyond the
     idlest and more than ``balance_rel_threshold`` times as many; then the one with the fewest in flight
-    (then the fewest prompt tokens awaiting a first token, then at random, ``seed``). Else the replicas whose table holds the longest prefix of the prompt if it
-    covers more than ``cache_threshold`` of it, or else those with the smallest table; the least loaded of them."""
+    (then the fewest prompt tokens awaiting a first token, then at random, ``seed``). Else the replicas
+    whose table holds the longest prefix of the prompt if it covers more than ``cache_threshold`` of it,
+    or else those with the smallest table; the least loaded of them."""
 
     name = "cache-aware"
 
@@ -123,11 +126,10 @@ class CacheAware:
         if high - low > self.abs and high > self.rel * low:
             i = lowest([(n, tokens) for tokens, n in loads], self.rng)
             return Route(replicas[i], f"imbalanced ({high} vs {low} in flight): least loaded")
-        rate, holders, smallest = self.table.match(request, replicas)
-        if holders and rate > self.cache_threshold:
-            i = lowest(loads, self.rng, holders)
+        i, rate, by_prefix = self.table.choose(request, replicas, loads, self.rng,
+                                               lambda share: share > self.cache_threshold)
+        if by_prefix:
             return Route(replicas[i], f"prefix match {rate:.0%} of the prompt; {in_flight[i]} in flight")
-        i = lowest(loads, self.rng, smallest)
         return Route(replicas[i], f"prefix match below {self.cache_threshold:.0%}: a smallest table "
                                   f"({self.table.index.size(replicas[i].name)} blocks), {in_flight[i]} in flight")
 

@@ -6,6 +6,7 @@ after the last), prompts as hash ids the trace replay reads alike, and the name 
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -86,8 +87,8 @@ def test_the_name_and_a_spec_build_it_and_bad_input_is_named(tmp_path):
 
 
 def test_engine_runs_it_on_a_fleet():
-    out = subprocess.run([ENGINE, "run", "-w", "long-context", "-n", "6", "--replicas", "2", "--router", "precise-prefix",
-                          "--policy", "vllm-v1", "--set", "enable_prefix_caching=true", "--set", "max_model_len=131072"],
-                         capture_output=True, text=True, timeout=300, env={**__import__("os").environ, "COLUMNS": "200"})
+    command = [ENGINE, "run", "-w", "long-context", "-n", "6", "--replicas", "2", "--router", "precise-prefix",
+               "--policy", "vllm-v1", "--set", "enable_prefix_caching=true", "--set", "max_model_len=131072"]
+    out = subprocess.run(command, capture_output=True, text=True, timeout=300, env={**os.environ, "COLUMNS": "200"})
     assert out.returncode == 0, out.stderr
     assert "router precise-prefix" in out.stdout and "14 / 0 / 0" in out.stdout  # 6 sessions, 14 turns, all finished

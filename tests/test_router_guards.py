@@ -23,7 +23,7 @@ from kvsched.routers.prefix import CacheAware, PrecisePrefix, PrefixAffinity
 from kvsched.routers.view import Route
 from kvsched.routers.weighted import Weighted
 from kvsched.testing.cluster import assert_cluster
-from tests.test_routers import chosen, registered, req, views  # noqa: F401  (the routers by name, installed or declared)
+from tests.test_routers import chosen, registered, req, views  # noqa: F401  (registered: the routers by name)
 
 PREFIX_AWARE = ("prefix-affinity", "cache-aware", "precise-prefix", "weighted")
 
@@ -49,7 +49,8 @@ def test_cache_aware_spreads_its_misses_when_every_table_is_as_full():
     replicas = views(*({} for _ in range(8)))
     for r in replicas:  # every table full, all of one size
         router.on_routed(req(f"fill-{r.name}", tokens=range(1000 * (r.index + 1), 1000 * (r.index + 1) + 8)), r)
-    picks = [route(router, req(f"m{i}", tokens=range(10**6 + 64 * i, 10**6 + 64 * i + 64)), replicas).index for i in range(400)]
+    misses = [req(f"m{i}", tokens=range(10**6 + 64 * i, 10**6 + 64 * i + 64)) for i in range(400)]
+    picks = [route(router, miss, replicas).index for miss in misses]
     counts = [picks.count(i) for i in range(8)]
     assert min(counts) > 0 and max(counts) < 2 * 400 / 8, counts
 
@@ -140,12 +141,26 @@ def test_in_prefill_counts_the_requests_whose_first_token_has_not_come_back():
 
     settings_ = {"num_gpu_blocks": 256, "block_size": 16}
     cluster = Cluster(FleetSpec(replicas=[ReplicaGroup(count=2, settings=settings_)]), router=RouterHooks(Recorder))
-    a, b = Request(request_id="a", prompt_len=40, output_len=400, arrival_time=0.0, sampling=SamplingParams(max_tokens=400)), \
-        Request(request_id="b", prompt_len=60, output_len=4, arrival_time=0.0, sampling=SamplingParams(max_tokens=4))
-    c = Request(request_id="c", prompt_len=8, output_len=4, arrival_time=1.0, sampling=SamplingParams(max_tokens=4))
-    cluster.run([a, b, c])
+    cluster.run([req("a", prompt_len=40, output_len=400), req("b", prompt_len=60, output_len=4),
+                 req("c", prompt_len=8, output_len=4, arrival=1.0)])
     assert seen == [[(0, 0, 0), (0, 0, 0)], [(1, 40, 1), (0, 0, 0)], [(0, 0, 1), (0, 0, 0)]]  # at 1 s, a decodes
     assert all(r.in_prefill() == (0, 0) for r in cluster.replicas)
+
+
+@pytest.mark.parametrize("signal", ["in_prefill_requests", "in_prefill_tokens"])
+def test_a_router_that_reads_only_reports_is_refused_the_in_prefill_signal(signal):
+    class ReportsOnly:
+        name = "reports-only"
+        reads_reports_only = True
+
+        @hookimpl
+        def route_request(self, request, replicas):
+            getattr(replicas[0], signal)
+            return replicas[0]
+
+    spec = FleetSpec(replicas=[ReplicaGroup(count=2, settings={"num_gpu_blocks": 64})], staleness_s=0.05)
+    with pytest.raises(RouterError, match=f"declares reads_reports_only but read {signal}"):
+        Cluster(spec, router=RouterHooks(ReportsOnly)).run([req("r0")])
 
 
 def test_a_decode_replica_is_sent_prompts_already_answered():
@@ -239,8 +254,9 @@ OPTIONS = {
                                           "balance_rel_threshold": st.sampled_from([1.0, 1.5, 3.0]),
                                           "cache_threshold": st.sampled_from([0.0, 0.3, 0.9])}),
     "precise-prefix": st.fixed_dictionaries({"overlap_weight": st.sampled_from([0.0, 0.5, 1.0, 4.0])}),
-    "weighted": st.fixed_dictionaries({"weights": st.sampled_from(["precise-prefix-cache:2,queue-depth:1,kv-utilization:1",
-                                                                   "precise-prefix-cache:8,active-requests:1"])}),
+    "weighted": st.fixed_dictionaries({
+        "weights": st.sampled_from(["precise-prefix-cache:2,queue-depth:1,kv-utilization:1", "precise-prefix-cache:8,active-requests:1"]),
+        "least_queue": st.booleans()}),
 }
 
 
@@ -261,8 +277,8 @@ def prefix_workloads(draw):
         if out and draw(st.booleans()):  # a later turn: an earlier prompt and more
             tokens = draw(st.sampled_from(out)).prompt_token_ids + tuple(range(9 * 10**6 + 100 * i, 9 * 10**6 + 100 * i + 40))
         else:
-            tokens = tuple(range(family * 10**5, family * 10**5 + shared)) + tuple(range(10**7 + 1000 * i, 10**7 + 1000 * i
-                                                                                          + draw(st.integers(1, 300))))
+            own = 10**7 + 1000 * i
+            tokens = tuple(range(family * 10**5, family * 10**5 + shared)) + tuple(range(own, own + draw(st.integers(1, 300))))
         out.append(req(f"r{i}", tokens=tokens, output_len=draw(st.integers(1, 80)), arrival=round(t, 6)))
     return out
 
@@ -290,15 +306,16 @@ def test_every_decision_keeps_its_routers_bound_on_load(router, requests, replic
 # ------------------------------------------------------------------ do no harm where nothing is to gain
 def mean_ttft(requests, replicas: int, policy: str, router: str) -> float:
     settings_ = {"enable_prefix_caching": True}
-    cluster = Cluster(FleetSpec(replicas=[ReplicaGroup(count=replicas, policy=policy, settings=settings_)], router=router))
+    fleet = FleetSpec(replicas=[ReplicaGroup(count=replicas, policy=policy, settings=settings_)], router=router)
+    cluster = Cluster(fleet)
     cluster.run(requests)
     return fleet_summary(cluster)["ttft_s"]["mean"]
 
 
 @pytest.mark.slow
 @settings(max_examples=6)
-@given(replicas=st.integers(2, 4), per_replica=st.integers(80, 150), shared=st.integers(16, 2048), own=st.integers(16, 1024),
-       output=st.integers(8, 200), rate=st.floats(2.0, 12.0), policy=st.sampled_from(["vllm-default", "vllm-v1"]),
+@given(replicas=st.integers(2, 4), per_replica=st.integers(80, 150), shared=st.integers(16, 2048),
+       own=st.integers(16, 1024), output=st.integers(8, 200), rate=st.floats(2.0, 12.0), policy=st.sampled_from(["vllm-default", "vllm-v1"]),
        seed=st.integers(0, 2**32))
 def test_on_prompts_everyone_shares_no_prefix_aware_router_costs_more_than_a_tenth_of_ttft(
         replicas, per_replica, shared, own, output, rate, policy, seed):
@@ -314,3 +331,22 @@ def test_on_prompts_everyone_shares_no_prefix_aware_router_costs_more_than_a_ten
     baseline = mean_ttft(requests, replicas, policy, "round-robin")
     ratios = {name: mean_ttft(requests, replicas, policy, name) / baseline for name in PREFIX_AWARE}
     assert max(ratios.values()) <= 1.10, ratios
+
+
+# ------------------------------------------------------------------------------------ the page
+def test_each_prefix_aware_routers_page_names_its_guard_its_source_and_its_bound():
+    import inspect
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "routers.md").read_text()
+    sources = {"prefix-affinity": ("ray-project/ray", PrefixAffinity, "imbalanced_threshold"),
+               "cache-aware": ("sgl-project/sglang", CacheAware, "balance_abs_threshold"),
+               "precise-prefix": ("ai-dynamo/dynamo", PrecisePrefix, "overlap_weight"),
+               "weighted": ("llm-d/llm-d-inference-scheduler", Weighted, "least_queue")}
+    for name, (source, router, option) in sources.items():
+        page = text.split(f"\n## {name}: ")[1].split("\n## ")[0]
+        assert f"Source: {source}" in page and "**Guard" in page and "**Bound.**" in page, name
+        assert f"`{option}`" in page, name
+    for router, option in ((PrefixAffinity, "imbalanced_threshold"), (CacheAware, "balance_abs_threshold")):
+        default = inspect.signature(router).parameters[option].default
+        assert f"kvsched's default is {default:g}" in text or f"kvsched's {default:g}" in text, (router.name, default)

@@ -173,9 +173,10 @@ def load_spec(path: Path, *, num_requests: int | None = None, seed: int = 0, rat
 
         return session_spec(data, path, num_requests, seed, rate_scale)
     if isinstance(data, dict) and data.get("kind") == "long-context":  # long-context sessions as block hashes
-        from kvsched.workloads.long_context import long_context_spec
+        from kvsched.workloads.long_context import LongContextSpec
+        from kvsched.workloads.sessions import session_spec
 
-        return long_context_spec(data, path, num_requests, seed, rate_scale)
+        return session_spec(data, path, num_requests, seed, rate_scale, LongContextSpec)
     if isinstance(data, dict) and data.get("kind") == "prefix-trace":
         from kvsched.workloads.prefix_trace import prefix_spec
 

@@ -31,12 +31,11 @@ from itertools import count, islice
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from kvsched.core.request import Request
 from kvsched.workloads.caps import CapModel, Capper, FixedCap
 from kvsched.workloads.distributions import LengthDist, LogNormal, Uniform
-from kvsched.workloads.errors import WorkloadError
 from kvsched.workloads.prefix_trace import Row, trace_requests
 from kvsched.workloads.sessions import in_arrival_order
 
@@ -61,7 +60,8 @@ class LongContextSpec(BaseModel):
     max_context: int = Field(131_072, ge=2, le=MAX_CONTEXT, description="a session ends before a prompt and its answer "
                                                                          "would pass this")
     block_size: int = Field(512, ge=1, le=1 << 16, description="prompt tokens per hash id (Mooncake: 512)")
-    cap: CapModel = Field(FixedCap(), description="the max_tokens a client sends (workloads/caps.py); default: the longest output")
+    cap: CapModel = Field(FixedCap(), description="the max_tokens a client sends (workloads/caps.py); default: the longest "
+                                                   "output")
     seed: int = 0
 
     def rows(self) -> Iterator[Row]:
@@ -78,7 +78,8 @@ class LongContextSpec(BaseModel):
             system = rng.randrange(self.system_prompts)
             yield start * 1000.0, self._session(s, start, turns, system, random.Random(rng.getrandbits(64)), new_ids)
 
-    def _session(self, s: int, t: float, turns: int, system: int, rng: random.Random, new_ids: Iterator[int]) -> Iterator[Row]:
+    def _session(self, s: int, t: float, turns: int, system: int, rng: random.Random,
+                 new_ids: Iterator[int]) -> Iterator[Row]:
         """One session's turns. New blocks take the next ids of ``new_ids``, which all sessions share (they
         are made in one order, the rows' own, so the ids are the same on every replay)."""
         full = list(range(system * self.system_blocks, (system + 1) * self.system_blocks))  # ids of the full blocks
@@ -120,18 +121,3 @@ class LongContextSpec(BaseModel):
             for t, prompt, output, ids, session in self.rows():
                 out.write(json.dumps({"timestamp": t, "input_length": prompt, "output_length": output,
                                       "hash_ids": ids, "session_id": session}) + "\n")
-
-
-def long_context_spec(data: dict, path, num_requests: int | None, seed: int, rate_scale: float) -> LongContextSpec:
-    """A ``{"kind": "long-context"}`` spec, or the built-in's defaults (``num_requests`` caps the sessions,
-    ``rate_scale`` their rate)."""
-    try:
-        spec = LongContextSpec.model_validate({"seed": seed, **data})
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        raise WorkloadError(f"invalid long-context spec: {'.'.join(map(str, first['loc']))}: {first['msg']}", path) from None
-    if num_requests is not None:
-        spec = spec.model_copy(update={"num_sessions": num_requests})
-    if rate_scale != 1.0:
-        spec = spec.model_copy(update={"rate": spec.rate * rate_scale})
-    return spec

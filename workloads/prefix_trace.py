@@ -88,7 +88,8 @@ def prompt_tokens(hash_ids: list[int], length: int, block: int) -> tuple[int, ..
 Row = tuple[float, int, int, list[int], "str | None"]  # (arrival ms, input length, output length, hash ids, session id)
 
 
-def trace_requests(rows: Iterable[Row], hash_block_size: int, capper: Capper, rate_scale: float = 1.0) -> Iterator[Request]:
+def trace_requests(rows: Iterable[Row], hash_block_size: int, capper: Capper,
+                   rate_scale: float = 1.0) -> Iterator[Request]:
     """The requests of a trace's rows, made one at a time: arrivals counted from the first row (in
     seconds, divided by ``rate_scale``), each prompt's tokens made from its hash ids, each answer capped."""
     start = None

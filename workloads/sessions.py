@@ -140,19 +140,21 @@ def in_arrival_order(sessions: Iterable[tuple[float, Iterator[T]]], time_of: Cal
         yield earliest()
 
 
-def session_spec(data: dict, path, num_requests: int | None, seed: int, rate_scale: float) -> SessionSpec:
-    """A ``{"kind": "sessions"}`` workload spec (``num_requests`` caps the sessions, ``rate_scale`` their rate),
-    validated with them applied: the command line cannot take it past a bound."""
+def session_spec(data: dict, path, num_requests: int | None, seed: int, rate_scale: float, model: type = SessionSpec):
+    """A ``{"kind": "sessions"}`` workload spec, or another of sessions started at a ``rate`` (``model``:
+    ``LongContextSpec``): ``num_requests`` caps the sessions, ``rate_scale`` scales their rate, validated with
+    them applied: the command line cannot take it past a bound."""
     data = {"seed": seed, **data}
     try:
-        spec = SessionSpec.model_validate(data)
+        spec = model.model_validate(data)
         given = {"num_sessions": num_requests} if num_requests is not None else {}
         if rate_scale != 1.0:
             given["rate"] = spec.rate * rate_scale
-        return SessionSpec.model_validate({**spec.model_dump(), **given}) if given else spec
+        return model.model_validate({**spec.model_dump(), **given}) if given else spec
     except ValidationError as exc:
         first = exc.errors()[0]
         field = ".".join(map(str, first["loc"]))
+        kind = model.model_fields["kind"].default
         options = " (with --num-requests and --rate-scale)" if num_requests is not None or rate_scale != 1.0 else ""
-        raise WorkloadError(f"invalid sessions spec{options}: {field + ': ' if field else ''}"
+        raise WorkloadError(f"invalid {kind} spec{options}: {field + ': ' if field else ''}"
                             f"{first['msg'].removeprefix('Value error, ')}", path) from None
