@@ -55,14 +55,18 @@ def sessions(scale: float) -> list[dict]:
 
 def collapse(scale: float) -> list[dict]:
     """8 replicas with prefix caching; 600 single-turn requests on 2 long shared prefixes (1,500 tokens)
-    plus a short question, at rising rates: prefix-only routing sends each prefix to one replica."""
+    plus a short question, at rising rates: prefix-only routing sends each prefix to one replica; each
+    guarded router (docs/routers.md) against it and round-robin."""
     rows = []
     for rate in (4.0, 12.0, 24.0):
         workload = SessionSpec(num_sessions=int(600 * scale), rate=rate, turns=Fixed(value=1), system_prompts=2, system_len=1500,
                                user=LogNormal(median=60, sigma=0.5, max=400), output=LogNormal(median=120, sigma=0.6, max=400), seed=0).requests()
-        for label, router, options in (("prefix only (precise-prefix)", "precise-prefix", None),
-                                       ("prefix + load (weighted 2:1:1)", "weighted", None),
-                                       ("prefix, load fallback (cache-aware)", "cache-aware", None),
+        unguarded = {"imbalanced_threshold": 1e9}
+        for label, router, options in (("prefix only (prefix-affinity, no guard)", "prefix-affinity", unguarded),
+                                       ("prefix-affinity (Ray's guard)", "prefix-affinity", None),
+                                       ("cache-aware (SGLang's guard)", "cache-aware", None),
+                                       ("precise-prefix (Dynamo's cost)", "precise-prefix", None),
+                                       ("weighted (llm-d 2:1:1, least-queue)", "weighted", None),
                                        ("round-robin", "round-robin", None)):
             rows.append(row(label, run(workload, 8, router, settings=CACHING, router_options=options), rate=rate))
     return rows
