@@ -2,7 +2,9 @@
 row, every route and reason, and each replica's step count must stay what they were (speed work
 on the loop, the replicas' steady runs or the router views may change how fast, never what).
 Re-pinned once when rows gained slo_class and session_id (issue 32): the old digests came back with
-those two columns dropped, so nothing else had moved."""
+those two columns dropped, so nothing else had moved. Re-pinned again for the routers that issue 35 changed
+on purpose (least-outstanding's and the prefix-aware routers' seeded ties, the prefix-aware routers' load
+guards); the fleets of the routers it left alone keep their digests."""
 
 from __future__ import annotations
 
@@ -48,13 +50,13 @@ CASES = {
 }
 
 PINNED = {
-    "pd-2-2": "8df35f33c8e58eb7",
+    "pd-2-2": "9e660c82d64f2853",
     "power-of-two-8-stale": "8dfe07644abb858f",
-    "precise-prefix-sessions": "751f141e950f83bf",
-    "prefix-affinity-v1": "d7c4814ca8057ec3",
+    "precise-prefix-sessions": "f4de2270d0004e6f",
+    "prefix-affinity-v1": "0cbe1df60943f16e",
     "round-robin-8-fresh": "fd4f82b6acc9be7a",
     "vllm-dp-16": "a0efff5ccfc4763c",
-    "weighted-sessions": "2e89ad3ea4afffe4",
+    "weighted-sessions": "f2846b4bd8c8145b",
 }
 
 
