@@ -73,7 +73,8 @@ def main() -> None:
             size = sessions // 4 if args.quick and sessions else sessions
             for line in rows(name, replicas, contest(workload, size, settings, replicas, args.seeds)):
                 print(line, flush=True)
-            print(f"{name} at {replicas} replicas: {time.perf_counter() - start:.0f} s wall", file=sys.stderr, flush=True)
+            wall = time.perf_counter() - start
+            print(f"{name} at {replicas} replicas: {wall:.0f} s wall", file=sys.stderr, flush=True)
 
 
 if __name__ == "__main__":

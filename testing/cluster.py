@@ -28,8 +28,8 @@ TIMELINES_IN_ORDER = "timelines-in-order"
 CLUSTER_INVARIANTS = {
     NO_REQUEST_LOST: "every request that arrived has exactly one record, and no replica still holds one",
     NO_REQUEST_DUPLICATED: "no request is recorded twice, or routed twice to one pool, or run by two replicas of a pool",
-    NO_LEAK_ANYWHERE: "every replica's blocks are free and its allocator audit passes; the router's in-flight and in-prefill "
-                      "counts are back to 0",
+    NO_LEAK_ANYWHERE: "every replica's blocks are free and its allocator audit passes; the router's in-flight and "
+                      "in-prefill counts are back to 0",
     ROUTES_IN_POOL: "each request was routed into the pool of its phase: mixed, or prefill then decode",
     TIMELINES_IN_ORDER: "arrival <= first scheduled <= first token <= finish, in the fleet's one clock",
 }
@@ -68,8 +68,8 @@ def check_cluster(cluster: Cluster, requests: list[Request]) -> list[tuple[str, 
         except AuditError as exc:
             problems.append((NO_LEAK_ANYWHERE, f"{r.name}: {exc}"))
         if r.in_flight_requests or r.in_flight_tokens or r.in_prefill() != (0, 0):
-            problems.append((NO_LEAK_ANYWHERE, f"{r.name}: {r.in_flight_requests} requests ({r.in_flight_tokens} tokens) still in "
-                                               f"flight, {r.in_prefill()[0]} awaiting a first token"))
+            problems.append((NO_LEAK_ANYWHERE, f"{r.name}: {r.in_flight_requests} requests ({r.in_flight_tokens} "
+                                               f"tokens) still in flight, {r.in_prefill()[0]} awaiting a first token"))
         if r.cached_by_request:
             problems.append((NO_LEAK_ANYWHERE, f"{r.name}: cache-hit notes of {len(r.cached_by_request)} requests left behind"))
     pools = {"mixed"} if not cluster.disaggregated else {"prefill", "decode"}

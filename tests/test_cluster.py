@@ -201,9 +201,10 @@ def test_prefix_affinity_keeps_a_sessions_turns_together():
     round-robin, and more again when its load guard lets the fleet drift further from balance."""
     workload = SessionSpec(num_sessions=40, rate=2.0, think_time_s=2.0, seed=1).requests()
     rates = {}
-    for router, options in (("round-robin", {}), ("prefix-affinity", {}), ("prefix-affinity", {"imbalanced_threshold": 64})):
-        cluster = Cluster(FleetSpec(replicas=[ReplicaGroup(count=4, settings={"enable_prefix_caching": True})], router=router,
-                                    router_options=options))
+    fleet = [ReplicaGroup(count=4, settings={"enable_prefix_caching": True})]
+    unguarded = {"imbalanced_threshold": 64}
+    for router, options in (("round-robin", {}), ("prefix-affinity", {}), ("prefix-affinity", unguarded)):
+        cluster = Cluster(FleetSpec(replicas=fleet, router=router, router_options=options))
         cluster.run(workload)
         rates[router, options.get("imbalanced_threshold")] = fleet_summary(cluster)["prefix_hit_rate"]
     assert rates["prefix-affinity", None] > rates["round-robin", None] + 0.05

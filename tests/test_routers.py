@@ -481,7 +481,8 @@ def test_weighted_sums_llm_d_scorers():
     replicas = views({"cached": 64, "num_waiting": 4, "kv_usage": 0.9}, {"cached": 0, "num_waiting": 0, "kv_usage": 0.1},
                      {"cached": 32, "num_waiting": 0, "kv_usage": 0.5})
     prompt = req("p", prompt_len=64)  # the prefix scores are the share of its 64 tokens cached: 1, 0, 0.5
-    answer = router.route_request(prompt, replicas)  # totals: 2×1 + 0 + 0.1 = 2.1; 0 + 1 + 0.9 = 1.9; 2×0.5 + 1 + 0.5 = 2.5
+    # totals: 2×1 + 0 + 0.1 = 2.1; 0 + 1 + 0.9 = 1.9; 2×0.5 + 1 + 0.5 = 2.5
+    answer = router.route_request(prompt, replicas)
     assert chosen(answer).index == 2 and answer.reason.startswith("score 2.50")
     load_only = Weighted(weights="queue-depth:1,kv-utilization:1")
     assert chosen(load_only.route_request(prompt, replicas)).index == 1

@@ -60,8 +60,8 @@ class LongContextSpec(BaseModel):
     max_context: int = Field(131_072, ge=2, le=MAX_CONTEXT, description="a session ends before a prompt and its answer "
                                                                          "would pass this")
     block_size: int = Field(512, ge=1, le=1 << 16, description="prompt tokens per hash id (Mooncake: 512)")
-    cap: CapModel = Field(FixedCap(), description="the max_tokens a client sends (workloads/caps.py); default: the longest "
-                                                   "output")
+    cap: CapModel = Field(FixedCap(), description="the max_tokens a client sends (workloads/caps.py); default: "
+                                                   "the longest output")
     seed: int = 0
 
     def rows(self) -> Iterator[Row]:

@@ -79,8 +79,8 @@ class SessionSpec(BaseModel):
             start += rng.expovariate(self.rate)
             turns = self.turns.sample(rng)
             system = rng.randrange(self.system_prompts)
-            yield start, self._session(s, start, turns, system, random.Random(rng.getrandbits(64)), fresh, slo_mix.pick(rng),
-                                       capper)
+            own = random.Random(rng.getrandbits(64))
+            yield start, self._session(s, start, turns, system, own, fresh, slo_mix.pick(rng), capper)
             fresh += 1 << 24  # each session's own ids
 
     def _session(self, s: int, t: float, turns: int, system: int, rng: random.Random, fresh: int, slo_class: str | None,
