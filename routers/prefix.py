@@ -50,11 +50,12 @@ class _Table:
         """The replicas whose table holds the longest prefix of the prompt if ``enough(share of the prompt it
         covers)``, else those whose table is smallest; of them the least loaded by ``loads``, ties at random.
         The replica, the share, and whether it was the prefix that chose."""
-        depth = self.index.matches(self.hashes(request))
-        most = max(depth.values(), default=0)
+        matches = self.index.matches(self.hashes(request))  # every replica sent it, in this pool or another
+        depth = [matches.get(r.name, 0) for r in replicas]
+        most = max(depth)
         rate = most * self.block_size / request.prompt_len
         if most and enough(rate):
-            return lowest(loads, rng, [i for i, r in enumerate(replicas) if depth.get(r.name, 0) == most]), rate, True
+            return lowest(loads, rng, [i for i, d in enumerate(depth) if d == most]), rate, True
         sizes = [self.index.size(r.name) for r in replicas]
         smallest = min(sizes)
         return lowest(loads, rng, [i for i, n in enumerate(sizes) if n == smallest]), rate, False

@@ -183,6 +183,22 @@ def test_a_decode_replica_is_sent_prompts_already_answered():
     assert all(counts == [0] for role, counts in seen if role == "decode")
 
 
+@pytest.mark.parametrize("name", ["prefix-affinity", "cache-aware"])
+def test_a_table_router_in_a_pd_fleet_follows_the_prefix_within_each_pool(name):
+    """The nightly profile found it: a table holds the prefixes sent to every pool's replicas, and the decode
+    pool's choice looked for the longest match among replicas it was not offered (none: a crash)."""
+    settings_ = {"num_gpu_blocks": 256, "block_size": 16}
+    spec = FleetSpec(replicas=[ReplicaGroup(count=1, role="prefill", settings=settings_),
+                               ReplicaGroup(count=2, role="decode", settings=settings_)], router=name)
+    requests = [Request(request_id=f"r{i}", prompt_token_ids=shared_prompt(i, 48, 16), output_len=4,
+                        arrival_time=0.01 * i, sampling=SamplingParams(max_tokens=4)) for i in range(6)]
+    cluster = Cluster(spec)
+    cluster.run(requests)
+    assert_cluster(cluster, requests)
+    decode = [reason for _, pool, _, _, reason in cluster.records.routes if pool == "decode"]
+    assert len(decode) == 6 and any("of this prompt" in reason or "prefix match" in reason for reason in decode)
+
+
 # ------------------------------------------------------------------- the bounds, in simulation
 @dataclass
 class Decision:
@@ -255,7 +271,8 @@ OPTIONS = {
                                           "cache_threshold": st.sampled_from([0.0, 0.3, 0.9])}),
     "precise-prefix": st.fixed_dictionaries({"overlap_weight": st.sampled_from([0.0, 0.5, 1.0, 4.0])}),
     "weighted": st.fixed_dictionaries({
-        "weights": st.sampled_from(["precise-prefix-cache:2,queue-depth:1,kv-utilization:1", "precise-prefix-cache:8,active-requests:1"]),
+        "weights": st.sampled_from(["precise-prefix-cache:2,queue-depth:1,kv-utilization:1",
+                                    "precise-prefix-cache:8,active-requests:1"]),
         "least_queue": st.booleans()}),
 }
 
@@ -275,10 +292,12 @@ def prefix_workloads(draw):
         t += draw(st.sampled_from([0.0, 0.0, 0.002, 0.02, 0.2]))
         family, shared = draw(st.integers(0, 3)), draw(st.sampled_from([16, 64, 400]))
         if out and draw(st.booleans()):  # a later turn: an earlier prompt and more
-            tokens = draw(st.sampled_from(out)).prompt_token_ids + tuple(range(9 * 10**6 + 100 * i, 9 * 10**6 + 100 * i + 40))
+            more = 9 * 10**6 + 100 * i
+            tokens = draw(st.sampled_from(out)).prompt_token_ids + tuple(range(more, more + 40))
         else:
             own = 10**7 + 1000 * i
-            tokens = tuple(range(family * 10**5, family * 10**5 + shared)) + tuple(range(own, own + draw(st.integers(1, 300))))
+            system = tuple(range(family * 10**5, family * 10**5 + shared))
+            tokens = system + tuple(range(own, own + draw(st.integers(1, 300))))
         out.append(req(f"r{i}", tokens=tokens, output_len=draw(st.integers(1, 80)), arrival=round(t, 6)))
     return out
 
@@ -313,10 +332,10 @@ def mean_ttft(requests, replicas: int, policy: str, router: str) -> float:
 
 
 @pytest.mark.slow
-@settings(max_examples=6)
+@settings(max_examples=10)
 @given(replicas=st.integers(2, 4), per_replica=st.integers(80, 150), shared=st.integers(16, 2048),
-       own=st.integers(16, 1024), output=st.integers(8, 200), rate=st.floats(2.0, 12.0), policy=st.sampled_from(["vllm-default", "vllm-v1"]),
-       seed=st.integers(0, 2**32))
+       own=st.integers(16, 1024), output=st.integers(8, 200), rate=st.floats(2.0, 12.0),
+       policy=st.sampled_from(["vllm-default", "vllm-v1"]), seed=st.integers(0, 2**32))
 def test_on_prompts_everyone_shares_no_prefix_aware_router_costs_more_than_a_tenth_of_ttft(
         replicas, per_replica, shared, own, output, rate, policy, seed):
     """Every prompt begins with the same ``shared`` tokens (a system prompt), so following the prefix gains
