@@ -66,7 +66,8 @@ class AsyncLag(SchedulerTime):
         engine._apply, engine._append, engine._stop_if_done, engine._arrive = self.apply, self.append, self.stop_if_done, self.arrive
 
     def apply(self, output, tokens, now: float) -> list[SequenceGroup]:
-        """``Engine._apply``, then the stops of the step before that this step did not run (preempted or left out)."""
+        """``Engine._apply``, then the stops of the step before that this step did not run (preempted or left out):
+        the scheduler's groups that ended, each at the time its stop token came out."""
         self._due, self.pending, self._ends = self.pending, {}, {}
         finished = self._apply(output, tokens, now)
         engine = self.engine
@@ -84,10 +85,8 @@ class AsyncLag(SchedulerTime):
                 self._stop(seq, seq.output[-1])
                 if group.status is SequenceStatus.RUNNING:
                     sched.num_running_seqs -= 1
-        if ended:
-            finished += engine.fan_out.ended(ended) if engine.fan_out is not None else ended
-            engine._retire(ended)
-        for group in finished:
+        finished += ended
+        for group in finished:  # before the engine reports them: a fanned-out parent ends with its last child
             at = self._ends.get(group)
             if at is not None:
                 group.finish_time = at

@@ -183,7 +183,10 @@ class Engine(SteadyRuns):
         features = output.features  # counted by the step builder, before _apply changes the sequences
         self.clock.advance(result.duration)
         now = self.clock.now()
-        finished = self._apply(output, result.tokens, now)
+        finished = self._apply(output, result.tokens, now)  # the scheduler's groups that ended (V1: fan-out children)
+        if finished and self.fan_out is not None:  # as the engine reports them: a child by its parent
+            finished = self.fan_out.ended(finished)
+        self._retire(finished)
         self.num_blocks_swapped_in += len(output.blocks_to_swap_in)
         self.num_blocks_swapped_out += len(output.blocks_to_swap_out)
         idle = output.is_empty and not finished
@@ -229,9 +232,6 @@ class Engine(SteadyRuns):
             sched.num_running_seqs += (group.num_unfinished_seqs if single else group.max_running_seqs) - reserved
         if any_finished:
             sched.remove_finished()
-        if finished and self.fan_out is not None:
-            finished = self.fan_out.ended(finished)
-        self._retire(finished)
         return finished
 
     def _apply_lane(self, now: float, finished: list[SequenceGroup]) -> bool:

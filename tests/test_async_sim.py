@@ -4,11 +4,14 @@ simulator, with the step's outputs applied one step late; off, the engine is wha
 from __future__ import annotations
 
 import pytest
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from hypothesis.stateful import initialize, run_state_machine_as_test
 
 from kvsched import Engine, EngineConfig, Request, SamplingParams
 from kvsched.core.async_lag import VLLM_V1_SCHEDULER_MS, VLLM_V1_SCHEDULER_REQUEST_MS
+from kvsched.core.plugins import BUILTIN_DISTRIBUTION, installed_policies
+from kvsched.core.view import group_of
 from kvsched.executors.cost_model import CostProfile
 from kvsched.executors.simulated import SimulatedExecutor
 from kvsched.testing.machine import PolicyMachine
@@ -127,17 +130,93 @@ def test_under_kv_pressure_every_request_ends_and_no_block_leaks(policy):
     assert model.wasted_tokens + model.stops_unscheduled == len(requests)
 
 
-class AsyncMachine(PolicyMachine):
-    """The conformance suite's random arrivals, aborts and steps, on an engine with async scheduling."""
+BUILT_IN = sorted(i.name for i in installed_policies() if i.distribution == BUILTIN_DISTRIBUTION)
 
-    @initialize(config=engine_configs())
-    def start(self, config) -> None:
+
+@st.composite
+def pressed_workloads(draw, n_max: int = 3):
+    """Requests with ``n`` up to ``n_max``, some sharing a prompt prefix, arriving faster than a small pool serves them."""
+    t, requests = 0.0, []
+    for i in range(draw(st.integers(1, 40))):
+        t += draw(st.floats(0, 0.05))
+        shared = tuple(range(500, 500 + draw(st.sampled_from((0, 0, 16, 40)))))
+        own = tuple(range(10_000 * (i + 1), 10_000 * (i + 1) + draw(st.integers(1, 120))))
+        requests.append(Request(request_id=f"r{i}", prompt_token_ids=shared + own, output_len=draw(st.integers(1, 40)),
+                                arrival_time=t, sampling=SamplingParams(n=draw(st.integers(1, n_max)), max_tokens=48)))
+    return requests
+
+
+def _fanned_out(requests):
+    """Each request as the ``n`` requests V1's front end makes of it (core/fanout.py): ``{i}_{id}`` with ``n = 1``."""
+    return [r.model_copy(update={"request_id": f"{i}_{r.request_id}", "sampling": r.sampling.model_copy(update={"n": 1})})
+            for r in requests for i in range(r.sampling.n)]
+
+
+def _outputs(groups):
+    return {g.request_id: sorted(tuple(s.output) for s in g.seqs) for g in groups}
+
+
+@settings(max_examples=max(10, settings.default.max_examples // 5))
+@given(policy=st.sampled_from(BUILT_IN), requests=pressed_workloads(), blocks=st.integers(24, 120),
+       block_size=st.sampled_from((4, 8, 16)), caching=st.booleans(), retain=st.booleans())
+def test_async_runs_end_every_request_once_with_n_samples_under_kv_pressure(policy, requests, blocks, block_size, caching, retain):
+    """Every built-in policy, async scheduling, ``n > 1``, prefix caching and a small pool together (issue 36: a
+    stop of a V1 fan-out child in the step before, not run in this one, ended the child as if it were a request)."""
+    config = EngineConfig(num_gpu_blocks=blocks, block_size=block_size, enable_prefix_caching=caching, max_num_seqs=16,
+                          audit_every_step=True)
+    ended, engine = [], Engine(config.model_copy(update={"async_scheduling": True}), policy, SimulatedExecutor(),
+                               retain_finished=retain)
+    engine.run(requests, on_step=lambda report: ended.extend(map(group_of, report.finished)))
+    assert sorted(g.request_id for g in ended) == sorted(r.request_id for r in requests)
+    assert engine.leaked_blocks == 0 and (engine.finished if retain else list(engine.groups)) == (ended if retain else [])
+    sync = Engine(config, policy, SimulatedExecutor())
+    sync.run(requests)
+    assert _outputs(ended) == _outputs(sync.finished)  # the same tokens, whatever the lag
+
+
+@settings(max_examples=max(10, settings.default.max_examples // 5))
+@given(policy=st.sampled_from(["vllm-v1", "lcf", "hrrn", "session-affinity"]), requests=pressed_workloads(),
+       blocks=st.integers(30, 120), caching=st.booleans())
+def test_with_async_scheduling_a_fanned_out_request_is_its_children(policy, requests, blocks, caching):
+    """Under V1 mechanics a request with ``n`` samples runs as ``n`` requests and ends with its last one, the lag
+    included: its first token and finish are its children's first and last, when they run as requests of their own."""
+    config = EngineConfig(num_gpu_blocks=blocks, block_size=8, enable_prefix_caching=caching, max_num_seqs=16,
+                          async_scheduling=True, audit_every_step=True)
+    parents, children = Engine(config, policy, SimulatedExecutor()), Engine(config, policy, SimulatedExecutor())
+    parents.run(requests)
+    children.run(_fanned_out(requests))
+    child = {g.request_id: g for g in children.finished}
+    for parent in parents.finished:
+        mine = [child[f"{i}_{parent.request_id}"] for i in range(parent.n)]
+        firsts = [c.first_token_time for c in mine if c.first_token_time is not None]
+        assert parent.finish_time == max(c.finish_time for c in mine), parent.request_id
+        assert parent.first_token_time == (min(firsts) if firsts else None), parent.request_id
+        assert sorted(tuple(s.output) for s in parent.seqs) == sorted(tuple(c.seqs[0].output) for c in mine)
+
+
+class AsyncMachine(PolicyMachine):
+    """The conformance suite's random arrivals (``n`` up to 3, shared prefixes), aborts and steps, on small pools
+    (prefix caching drawn), with async scheduling; each step ends only requests that were submitted, each once."""
+
+    @initialize(config=engine_configs(), retain=st.booleans())
+    def start(self, config, retain) -> None:
         super().start(config.model_copy(update={"async_scheduling": True}))
         assert "complete" in self.engine.__dict__
+        self.engine.retain_finished = retain
+        self.ended: set[str] = set()
+
+    def _step(self):
+        report = super()._step()
+        for group in report.finished:
+            assert group.request_id in {f"r{i}" for i in range(self.submitted)} - self.ended, group.request_id
+            self.ended.add(group.request_id)
+        finished = [g.request_id for g in self.engine.finished]
+        assert len(set(finished)) == len(finished) and set(finished) <= {f"r{i}" for i in range(self.submitted)}
+        return report
 
 
-@pytest.mark.parametrize("policy", ["vllm-default", "vllm-v1", "lpm"])
+@pytest.mark.parametrize("policy", ["vllm-default", "vllm-v1", "lpm", "lcf"])
 def test_the_invariants_hold_with_async_scheduling(policy):
     machine = AsyncMachine.for_policy(policy)
-    run_state_machine_as_test(machine, settings=settings(max_examples=25, stateful_step_count=25, derandomize=True,
+    run_state_machine_as_test(machine, settings=settings(max_examples=60, stateful_step_count=40, derandomize=True,
                                                          deadline=None, suppress_health_check=list(HealthCheck)))
