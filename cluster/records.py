@@ -48,7 +48,7 @@ class FleetRecords:
 
     def done(self, group: SequenceGroup, replica: Replica) -> None:
         """``group`` ended on ``replica``: its row (merged with its prefill's under P/D)."""
-        cached = replica.cached_by_request.pop(group.request_id, 0)
+        cached = replica.cached_by_request.pop(group.index, 0)
         prefill = self._prefills.pop(group.request_id, None)
         if prefill is None:
             self._append(RequestMetrics.of(group), replica.index, replica.index, cached)
@@ -94,7 +94,7 @@ class FleetRecords:
         that goes on ends length-capped at its one token."""
         original = self._prefills[group.request_id][0]
         first = RequestMetrics.of(group)
-        cached = replica.cached_by_request.pop(group.request_id, 0)
+        cached = replica.cached_by_request.pop(group.index, 0)
         left = original.sampling.max_tokens - 1 if original.output_len is None else original.output_len - 1
         if first.first_token_time is None or left < 1 or group.status.name != "FINISHED_LENGTH_CAPPED":
             del self._prefills[group.request_id]

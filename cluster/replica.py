@@ -53,7 +53,8 @@ class Replica:
         self.steps = 0
         self.busy_s = 0.0
         self.requests = 0
-        self.cached_by_request: dict[str, int] = {}  # with prefix caching: per request in flight
+        # With prefix caching: per request in flight, by its index in the engine (which a V1 fan-out's children share).
+        self.cached_by_request: dict[int, int] = {}
 
     # ---------------------------------------------------------------- what a router may read
     def signals_as_of(self, t: float) -> Signals:
@@ -152,8 +153,8 @@ class Replica:
         if self._gpu is not None:  # what each request's first admission found in the prefix cache
             found = self.cached_by_request
             for sg in output.scheduled[output.lane_decodes:]:
-                if sg.is_prefill and sg.group.request_id not in found:
-                    found[sg.group.request_id] = sg.num_cached_tokens
+                if sg.is_prefill and sg.group.index not in found:
+                    found[sg.group.index] = sg.num_cached_tokens
         return engine.clock.now() + result.duration
 
     def _report_cuts(self, cuts, t: float, counts: tuple[int, int, int]) -> None:
