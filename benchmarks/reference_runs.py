@@ -1,8 +1,10 @@
-"""Twelve reference runs whose results must not change when the engine is only refactored or sped up.
+"""Reference runs whose results must not change when the engine is only refactored or sped up.
 
-Every built-in policy, the Azure trace at twice its rate, prefix caching, KV pressure, forced swap
-and forced recompute, each through the ``engine`` console script with its engine settings given
-explicitly (so that a change of defaults does not count as a change of behaviour).
+The v0 policies, the Azure trace at twice its rate, prefix caching, KV pressure, forced swap and
+forced recompute; V1's mechanics (``vllm-v1``, a policy ordering its own queue, speculative decoding),
+async scheduling on both, and fleets (routed at arrival and routed ahead): each through the ``engine``
+console script with its engine settings given explicitly (so that a change of defaults does not count
+as a change of behaviour). The default workload has requests with ``n > 1``.
 
     .venv/bin/python benchmarks/reference_runs.py --save /tmp/ref-before     # on the old commit
     .venv/bin/python benchmarks/reference_runs.py --check /tmp/ref-before    # on the new one
@@ -41,6 +43,15 @@ RUNS: dict[str, list[str]] = {
     "forced-swap": ["--policy", "fcfs", "--set", "num_gpu_blocks=400", "--set", "preemption_mode=swap"],
     "forced-recompute": ["--policy", "sarathi", "--set", "num_gpu_blocks=400", "--set", "preemption_mode=recompute",
                          "--workload", "azure-conv", "-n", "3000"],
+    "vllm-v1": ["--policy", "vllm-v1", "--set", "enable_prefix_caching=true", "--set", "num_gpu_blocks=300"],
+    "lcf-speculative": ["--policy", "lcf", "--set", "num_gpu_blocks=400", "--set", "num_speculative_tokens=2"],
+    "async-v1": ["--policy", "vllm-v1", "-n", "400", "--rate", "30", "--set", "num_gpu_blocks=128", "--set", "block_size=8",
+                 "--set", "enable_prefix_caching=true", "--set", "async_scheduling=true"],
+    "async-v0": ["--policy", "vllm-default", "--set", "num_gpu_blocks=300", "--set", "async_scheduling=true"],
+    "fleet": ["--policy", "vllm-v1", "--replicas", "3", "--router", "prefix-affinity", "--set", "enable_prefix_caching=true",
+              "--set", "num_gpu_blocks=400", "--workload", "sharegpt", "-n", "1000"],
+    "fleet-ahead": ["--policy", "vllm-default", "--replicas", "4", "--router", "vllm-dp", "--staleness", "0.05",
+                    "--workload", "azure-conv", "--rate-scale", "4", "-n", "4000"],
 }
 FILES = ("summary.json", "requests.csv")
 
