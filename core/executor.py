@@ -6,10 +6,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
-
     from kvsched.allocators.block_manager import BlockManager
-    from kvsched.core.outputs import ScheduledGroup, SchedulerOutput
+    from kvsched.core.engine import Engine
+    from kvsched.core.outputs import SchedulerOutput
     from kvsched.core.sequence import Sequence, SequenceGroup
 
 
@@ -50,47 +49,35 @@ class Executor(Protocol):
 
 @runtime_checkable
 class KnownTokens(Protocol):
-    """An executor whose one-sequence decode tokens are known before it runs (the simulator's).
+    """An executor whose decode tokens are known before it runs (the simulator's): it hands the engine a decode
+    lane, which advances plain decodes together (``kvsched.executors.decode_lane``). A promise: ``execute`` skips
+    (returns no tokens for) the first ``output.lane_decodes`` entries of ``output.scheduled``, which the engine
+    takes from the lane; an executor that cannot keep it must not offer a lane (or run with ``decode_lane=False``).
+    The lane reads the tokens from ``tokens_at`` and ``first_stop`` (``kvsched.executors.decode_lane.Tokens``)."""
 
-    The engine then advances plain decodes in the ``DecodeLane`` the executor hands it (the
-    simulator's is ``kvsched.executors.decode_lane``), writing their tokens out only when someone
-    reads them. Implementing these methods is a promise: ``execute`` must sample exactly
-    ``tokens_at`` for a one-sequence group, and skip (return no tokens for) the first
-    ``output.lane_decodes`` entries of ``output.scheduled``, whose tokens the engine takes from
-    the lane. An executor that cannot promise this (a subclass that changes the tokens) must not
-    implement them, or must run with ``EngineConfig(decode_lane=False)``. Positions count output
-    tokens from 1.
-    """
+    def decode_lane(self, block_manager: BlockManager) -> DecodeLane: ...
 
-    def decode_lane(self, block_manager: BlockManager) -> DecodeLane:
-        """A lane over ``block_manager`` that takes its tokens from this executor."""
-        ...
+    def tokens_at(self, group: SequenceGroup, start: int, stop: int) -> list[int]: ...
 
-    def tokens_at(self, group: SequenceGroup, start: int, stop: int) -> list[int]:
-        """The tokens a one-sequence ``group`` samples at output positions ``start`` .. ``stop - 1``."""
-        ...
-
-    def first_stop(self, group: SequenceGroup, start: int) -> int | None:
-        """The first position from ``start`` on whose token is in ``group.stop_tokens`` (None: never)."""
-        ...
+    def first_stop(self, group: SequenceGroup, start: int) -> int | None: ...
 
 
 @runtime_checkable
 class KnownDurations(Protocol):
-    """An executor that says what a step of only decode-lane decodes costs, exactly as ``execute`` would
-    charge it: the engine then advances steady runs at once (docs/hooks.md). A promise, like ``KnownTokens``."""
+    """An executor that knows what a step of lane decodes costs without running it (the simulator's): it advances
+    an engine's steady runs itself, repeats taken at once (``kvsched.executors.steady_runs``; docs/hooks.md)."""
 
-    def lane_seconds(self, num_seqs: int) -> Callable[[int], float]:
-        """The duration of a lane step of ``num_seqs`` decodes, as a function of the context tokens they read."""
-        ...
+    def steady_runs(self, engine: Engine): ...
 
 
 class DecodeLane(Protocol):
     """What the core asks of a decode lane (``kvsched.executors.decode_lane`` has the why and how)."""
 
     scheduled: int  # members in the step being built (0: the step is not a lane step)
-    kv_tokens: int  # context tokens the members' next decodes read
-    batch: list[ScheduledGroup]  # the members' decode entries, in running order
+
+    def take(self, step, decodes_only: bool, cap: int | None) -> bool:
+        """``advance_running`` or ``advance_decodes`` of ``step`` (a ``StepState``), whole, if the lane is exact now."""
+        ...
 
     def schedule(self, running: list[SequenceGroup], out: SchedulerOutput | None, max_tokens: int, touched: dict | None,
                  decodes_only: bool = False, cap: int | None = None) -> bool:
@@ -100,10 +87,6 @@ class DecodeLane(Protocol):
 
     def apply(self) -> list[Sequence]:
         """The lane step ran; the members that sampled their last token, out of the lane."""
-        ...
-
-    def coast(self) -> bool:
-        """Take the next step of a steady run at once if nobody finishes in it and a block is left to spare."""
         ...
 
     def dissolve(self) -> None:
@@ -117,8 +100,3 @@ class DecodeLane(Protocol):
     def audit(self, running: list[SequenceGroup]) -> list[str]:
         """Members that are not what the lane assumes."""
         ...
-
-
-def samplers(scheduled: ScheduledGroup) -> list[tuple[Sequence, int]]:
-    """``scheduled.samples()``, by its older name."""
-    return scheduled.samples()

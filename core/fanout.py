@@ -1,15 +1,11 @@
 """``n > 1`` under vLLM V1's mechanics: one request fans out into ``n`` separate requests.
 
-V1's engine core knows no sequence groups: its front end (0.32 ``vllm/v1/engine/llm_engine.py``
-``add_request``, ``parallel_sampling.ParentRequest``) turns a request with ``n`` samples into
-``n`` child requests ``"{i}_{request_id}"`` with ``n = 1`` (and ``seed + i`` when seeded), added
-in order, each scheduled, preempted and finished on its own; they share the prompt, so with prefix
-caching the later ones find its blocks. The parent is done when its last child is. ``FanOut`` does
-the same under ``EngineConfig(vllm_engine="v1")``: the engine keeps the parent (what
-``engine.groups``, the step reports' ``finished`` and the metrics see: one request with its ``n``
-outputs, as a v0 group gives them) and queues the children.
+V1's front end (0.32 ``llm_engine.py`` ``add_request``, ``parallel_sampling.ParentRequest``) turns a request with
+``n`` samples into child requests ``"{i}_{request_id}"`` with ``n = 1`` (``seed + i`` when seeded), each scheduled,
+preempted and finished on its own; with prefix caching the later ones find the shared prompt's blocks. The engine
+keeps the parent (what ``engine.groups``, reports and metrics see: one request with ``n`` outputs, as in v0) and
+queues the children; the parent is done when its last child is.
 """
-
 from __future__ import annotations
 
 from typing import TYPE_CHECKING

@@ -35,24 +35,10 @@ def select_batch(step: StepBuilder) -> object | None:
     Called once per engine step. ``step.waiting``, ``step.running`` and ``step.swapped`` are the
     queues as they were when the step began (read-only sequences of ``GroupView``, front first); ``step.now``
     is the engine clock, ``step.config`` the engine config and ``step.cache`` a read-only view
-    of the block manager. Decide with these operations, each of which checks budgets and
-    capacity and returns an ``Outcome``:
-
-    - ``step.admit(group, max_tokens=None)``: prefill a waiting group (asks ``can_allocate``);
-      ``max_tokens`` caps the first prefill chunk (chunked prefill, single-sequence groups).
-    - ``step.advance(group, max_tokens=None)``: a running group's next token per sequence, or
-      the next chunk of its prefill; when blocks are short the core asks ``choose_preemption``
-      for victims until the worst case fits, or the group itself is preempted (``PREEMPTED``).
-    - ``step.advance_running(stop_on_preempted=True)``: ``advance`` every untouched running group,
-      oldest first, inside the core; stops at BUDGET (and at PREEMPTED unless told not to).
-    - ``step.advance_decodes(max_tokens=None)``: ``advance`` every untouched decoding group,
-      oldest first, passing over those in the middle of a prefill; stops at BUDGET (``max_tokens``
-      caps this call's tokens).
-    - ``step.swap_in(group, max_tokens=None)``: bring a swapped group back and run it in this
-      step (a group swapped in the middle of a chunked prefill continues with a chunk).
-    - ``step.preempt(group, mode=None)``: evict a running group on the policy's own initiative.
-    - ``step.hold_back(reason, **numbers)``: say why no (more) waiting group is offered in this
-      step (the decision log shows it; the core's own checks note their reasons themselves).
+    of the block manager. Decide with the step's operations (``StepBuilder``: ``admit``, ``advance``,
+    ``advance_running``, ``advance_decodes``, ``swap_in``, ``preempt``, ``hold_back``; docs/hooks.md has
+    the table), each of which checks budgets and capacity and returns an ``Outcome``; short of
+    blocks, ``advance`` asks ``choose_preemption`` for victims, ``admit`` asks ``can_allocate``.
 
     A group may be acted on once per step. Groups the policy does not touch keep their place.
     If this hook raises, or anything it tries is refused (docs/hooks.md lists what), the core

@@ -62,6 +62,11 @@ class PolicyHooks:
             builtin = f"{BUILTIN_DISTRIBUTION}:{DEFAULT_POLICY}"  # never another distribution's vllm-default
             self.pm.register(instantiate(load_policy(builtin)), name=f"{DEFAULT_POLICY}-fallback")
         hook = self.pm.hook
+        builders = hook.select_batch.get_hookimpls()
+        # A batch builder that declares ``fcfs`` (True or False): the scheduler may repeat its steady steps (docs/hooks.md).
+        self.fcfs = policy_attribute(builders[0].plugin, "fcfs", False, self.name) if len(builders) == 1 else False
+        if type(self.fcfs) is not bool:
+            raise PolicyError(self.name, f"its fcfs is {quote(self.fcfs)}, not True or False")
         self._select_batch = _dispatch(hook.select_batch, ("step",))
         self._choose_preemption = _dispatch(hook.choose_preemption, ("step", "requester"))
         self._can_allocate = _dispatch(hook.can_allocate, ("step", "group"))

@@ -2,25 +2,35 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from kvsched.allocators.alloc_status import AllocStatus
-from kvsched.allocators.block_manager import BlockManager
 from kvsched.core.config import EngineConfig, PreemptionMode
-from kvsched.core.decisions import Decision
 from kvsched.core.outputs import SchedulerOutput
 from kvsched.core.sequence import SequenceGroup, SequenceStatus
 from kvsched.core.step_notes import repeated_notes
 from kvsched.core.step_state import StepState
-from kvsched.core.step_v1 import V1StepState, remember_drafts
+from kvsched.core.step_v1 import remember_drafts
 from kvsched.core.view import CacheView, frozen
 
 if TYPE_CHECKING:
     from kvsched.core.executor import DecodeLane
+    from kvsched.core.mechanics import Mechanics
     from kvsched.core.plugins import PolicyHooks
 
 _RUNNING, _WAITING, _SWAPPED = SequenceStatus.RUNNING, SequenceStatus.WAITING, SequenceStatus.SWAPPED
-_HELD = Decision.HELD
+
+
+class Steady(NamedTuple):
+    """The last step, when the scheduler may repeat it without the policy (``Scheduler.repeat``; docs/hooks.md)."""
+
+    arrivals: bool  # an arrival would change the policy's calls: nothing waited (else it joins behind the refused head)
+    decodes_only: bool  # how the policy called the lane: advance_decodes, else advance_running
+    cap: int | None  # advance_decodes' cap on the decodes' tokens
+    notes_at: int  # notes taken before the lane call (a refusal noted after it saw the lane's due blocks taken)
+    refusals: list[SequenceGroup]  # refused for want of blocks, each with the blocks it lacked (``refused``)
+    notes: list[tuple]  # the step's decision notes
+    num_waiting: int
 
 
 class Scheduler:
@@ -31,18 +41,14 @@ class Scheduler:
     otherwise commits the queue and status changes in one place.
     """
 
-    def __init__(self, config: EngineConfig, hooks: PolicyHooks, repeats: bool = True) -> None:
+    def __init__(self, config: EngineConfig, hooks: PolicyHooks, mechanics: Mechanics, repeats: bool = True) -> None:
         self.config = config
         self.hooks = hooks
-        v1 = config.vllm_engine == "v1"
-        self.block_manager = BlockManager(  # V1 keeps one of its blocks as a null block, never allocated
-            config.block_size, config.num_gpu_blocks - v1, config.num_cpu_blocks,
-            config.watermark_blocks, config.enable_prefix_caching, keep_duplicates=v1,
-        )
-        self._step_state = V1StepState if v1 else StepState
-        # V1 speculative decoding: the sequences that sampled the last time they ran, and were not preempted since:
+        self.block_manager = mechanics.block_manager(config)
+        self._step_state = mechanics.step
+        # Speculative decoding: the sequences that sampled the last time they ran, and were not preempted since:
         # the drafter gave them draft tokens for their next step (core/step_v1.py remember_drafts).
-        self.drafting: set[int] | None = set() if v1 and config.num_speculative_tokens else None
+        self.drafting: set[int] | None = set() if mechanics.drafts and config.num_speculative_tokens else None
         self.cache_view = CacheView(self.block_manager)
         self.config_view = frozen(config)  # what hooks read as step.config: the engine's own config is not handed out
         self.waiting: list[SequenceGroup] = []
@@ -51,7 +57,7 @@ class Scheduler:
         self.num_running_seqs = 0  # sum of max_running_seqs over running groups
         self.lane: DecodeLane | None = None  # set by the engine when its executor knows its tokens
         self.repeats = repeats  # steady steps are repeated without the policy (docs/hooks.md); same results either way
-        self._steady: tuple | None = None  # of the last step, if steady: what _repeat needs (no group that may finish)
+        self.steady: Steady | None = None  # the last step, if the scheduler may repeat it
 
     def add(self, group: SequenceGroup) -> None:
         group.block_manager = self.block_manager
@@ -64,9 +70,10 @@ class Scheduler:
     def schedule(self, now: float, hooks: PolicyHooks | None = None) -> SchedulerOutput:
         """Build, validate and commit one step with the policy (or with ``hooks``: another policy
         deciding on the same state, e.g. a fallback after this one failed)."""
-        if self._steady is not None and hooks is None and (out := self._repeat()) is not None:
+        if self.steady is not None and hooks is None and (out := self._repeat()) is not None:
             return out
-        self._steady = None
+        self.steady = None
+        waiting = self.waiting
         hooks = hooks or self.hooks
         step = self._step_state(self, now, hooks)
         bm = self.block_manager
@@ -82,32 +89,34 @@ class Scheduler:
         self._commit(step)
         if self.drafting is not None:
             remember_drafts(self.drafting, step.output, self.running)
-        if step.declared is not None and self.repeats and hooks is self.hooks and _repeatable(step):
-            self._steady = (*step.declared, step.lane_call, step.refusals, step.output.decisions, len(self.waiting), len(self.running))
+        if self.repeats and hooks is self.hooks and hooks.fcfs:
+            self.steady = _steady(step, waiting)
         return step.output
 
     def _repeat(self) -> SchedulerOutput | None:
         """The last, steady step again if each refused admission is still refused and the lane still exact; else None."""
         bm, out = self.block_manager, SchedulerOutput()
         free = bm.gpu.num_free  # a refusal noted after the lane saw fewer: the lane's due blocks only confirm it
-        if not self.repeat_into(out):
+        if not self.repeat(out):
             return None
         out.lane_decodes = self.lane.scheduled
-        out.decisions = repeated_notes(self._steady[4], self._steady[2][2], free, bm.gpu.num_free)
+        out.decisions = repeated_notes(self.steady.notes, self.steady.notes_at, free, bm.gpu.num_free)
         return out
 
-    def repeat_into(self, out: SchedulerOutput | None) -> bool:
-        """Whether the last, steady step repeats now, then scheduled in the lane (into ``out``, unless None;
-        given one, a lane no longer exact is dissolved, as the policy's own call of the lane would)."""
-        arrivals, finishes, (decodes_only, cap, _), refusals, _, waiting, running = self._steady
-        if (arrivals and len(self.waiting) != waiting) or (finishes and len(self.running) != running):  # events for the policy
+    def repeat(self, out: SchedulerOutput | None) -> bool:
+        """Schedule the last, steady step again (into ``out``; None: into no output, for a caller that advances
+        it without one) if it is still valid: no arrival it depends on, each refusal still short of blocks, the
+        decode lane still exact; False if not (given an output, a lane no longer exact is dissolved, as the
+        policy's own call of the lane would)."""
+        steady = self.steady
+        if steady.arrivals and len(self.waiting) != steady.num_waiting:  # an event for the policy
             return False
         bm = self.block_manager
         free = bm.gpu.num_free
-        for g in refusals:
+        for g in steady.refusals:
             if free - g.refused >= bm.watermark_blocks:
                 return False
-        if not self.lane.schedule(self.running, out, self.config.max_num_batched_tokens, None, decodes_only, cap):
+        if not self.lane.schedule(self.running, out, self.config.max_num_batched_tokens, None, steady.decodes_only, steady.cap):
             if out is not None:
                 self.lane.dissolve()
             return False
@@ -177,7 +186,7 @@ class Scheduler:
 
     def abort(self, group: SequenceGroup, now: float, status: SequenceStatus = SequenceStatus.FINISHED_ABORTED) -> None:
         """Take ``group`` out of whichever queue holds it, free every block it held, and end it with ``status``."""
-        self._steady = None
+        self.steady = None
         if self.lane is not None and any(s.lane is not None for s in group.seqs):
             self.lane.dissolve()
         for name in ("waiting", "running", "swapped"):
@@ -189,14 +198,12 @@ class Scheduler:
         self.finish_group(group, status, now)
 
     def stuck_report(self) -> str:
-        """The queues' lengths and ``why_stuck``: what a stall error says."""
-        return f"{len(self.waiting)} waiting, {len(self.running)} running, {len(self.swapped)} swapped; {self.why_stuck()}"
-
-    def why_stuck(self) -> str:
-        """The oldest waiting (else swapped, else running) request and why it is not running."""
+        """What a stall error says: the queues' lengths, the oldest waiting (else swapped, else running) request and
+        why it is not running."""
         g = min(self.waiting or self.swapped or self.running, key=lambda g: g.index)
         bm, name = self.block_manager, self.hooks.name
-        head = f"the oldest {g.status.name.lower()} request, {g.request_id} (arrived at {g.arrival_time:.3f} s),"
+        head = (f"{len(self.waiting)} waiting, {len(self.running)} running, {len(self.swapped)} swapped; "
+                f"the oldest {g.status.name.lower()} request, {g.request_id} (arrived at {g.arrival_time:.3f} s),")
         status = AllocStatus.OK if g.status is _RUNNING else bm.can_allocate(g) if g.status is _WAITING else bm.can_swap_in(g)
         if status is AllocStatus.NEVER or max(s.num_tokens for s in g.seqs) > self.config.model_len:
             return f"{head} can never run, but policy {name!r} does not try it (which would end it as ignored)"
@@ -226,20 +233,21 @@ class Scheduler:
         return problems
 
 
-def _repeatable(step: StepState) -> bool:
-    """Whether a steady step is one the core can prove again: the decode lane and refusals for want of blocks, nothing else."""
-    out = step.output
-    return (step.lane_call is not None and out.lane_decodes == len(out.scheduled) and all(g.refused is not None for g in step.refusals)
-            and not (out.preempted or out.ignored or out.blocks_to_swap_in or out.blocks_to_swap_out)
-            and sum(1 for note in out.decisions if note[0] is not _HELD) == len(step.refusals))
+def _steady(step: StepState, waiting: list[SequenceGroup]) -> Steady | None:
+    """``step`` as the scheduler may repeat it for a policy that declared ``fcfs``, or None: a decode-lane step of every
+    running group whose only note is the refusal of the head of ``waiting`` (as the step began) for want of blocks."""
+    out, lane_call, refusals = step.output, step.lane_call, step.refusals
+    if (lane_call is None or out.lane_decodes != len(out.scheduled) or step.sched.swapped or out.preempted or out.ignored
+            or out.blocks_to_swap_in or out.blocks_to_swap_out or len(out.decisions) != len(refusals)):
+        return None
+    if refusals and (refusals != waiting[:1] or refusals[0].refused is None):
+        return None
+    return Steady(not refusals, *lane_call, refusals, out.decisions, len(step.sched.waiting))
 
 
 def _without_prefix(waiting: list[SequenceGroup], left: int) -> list[SequenceGroup]:
-    """``waiting`` without the ``left`` groups that stopped waiting in this step.
-
-    They usually lead the queue (first come, first served), and a queue under overload holds
-    thousands, so look at the front before filtering the whole list.
-    """
+    """``waiting`` without the ``left`` groups that stopped waiting in this step: usually its front (first come,
+    first served), looked at before the whole list (thousands under overload) is filtered."""
     i = 0
     while i < left and waiting[i].status is not _WAITING:
         i += 1

@@ -73,11 +73,6 @@ class StepBuilder:
         the reason for every waiting group the policy did not offer."""
         _live(self, "hold_back").hold_back(reason, numbers)
 
-    def steady(self, arrivals: bool = True, finishes: bool = True) -> None:
-        """Until a group arrives (or, unless False, finishes) this policy would make this step's calls again:
-        the core may repeat the step without ``select_batch`` while it proves the same outcome (docs/hooks.md)."""
-        _live(self, "steady").declare_steady(arrivals, finishes)
-
     def advance_running(self, stop_on_preempted: bool = True) -> Outcome:
         """``advance`` every untouched running group, oldest first, in the core; stops at BUDGET and
         (unless ``stop_on_preempted`` is False) at the first group itself preempted (docs/hooks.md)."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 from types import MappingProxyType
 from typing import TYPE_CHECKING
 
-from kvsched.core.decisions import Decision, Outcome, held_problem
+from kvsched.core.decisions import Decision, Held, Outcome, Refused, held_problem
 from kvsched.core.errors import quote
 
 if TYPE_CHECKING:
@@ -27,19 +27,19 @@ class DecisionNotes:
         problem = held_problem(reason, numbers)
         if problem is not None:
             self.refuse(f"hold_back: {problem}; got {quote(reason)} and {quote(numbers)}")
-        self.output.decisions.append((Decision.HELD, None, reason, MappingProxyType(dict(numbers))))  # read-only: observers see it
+        self.output.decisions.append(Held(Decision.HELD, None, reason, MappingProxyType(dict(numbers))))  # read-only: observers see it
 
-    def _note(self, outcome: Outcome | None, *record) -> Outcome | None:
-        self.output.decisions.append(record)
+    def _note(self, outcome: Outcome | None, note: tuple) -> Outcome | None:
+        self.output.decisions.append(note)
         return outcome
 
     def _no_blocks(self, g: SequenceGroup, needed: int) -> Outcome:
         """LATER, noted with the blocks ``g`` needs and the free ones (of which the watermark stays free)."""
         self.refusals.append(g)
-        return self._note(Outcome.LATER, Decision.NO_BLOCKS, g.request_id, needed, self.bm.gpu.num_free)
+        return self._note(Outcome.LATER, Refused(Decision.NO_BLOCKS, g.request_id, needed, self.bm.gpu.num_free))
 
     def _no_tokens(self, g: SequenceGroup, needed: int, left: int) -> Outcome:
-        return self._note(Outcome.BUDGET, Decision.TOKEN_BUDGET, g.request_id, needed, left)
+        return self._note(Outcome.BUDGET, Refused(Decision.TOKEN_BUDGET, g.request_id, needed, left))
 
     def _over_budget(self, g: SequenceGroup, tokens: int) -> bool:
         """True (and noted) when ``tokens`` more, or ``g``'s sequences, exceed what is left of the step's budgets."""
@@ -47,13 +47,14 @@ class DecisionNotes:
         if tokens > left:
             self._no_tokens(g, tokens, left)
         elif g.max_running_seqs > seats:
-            self._note(None, Decision.SEQ_BUDGET, g.request_id, g.max_running_seqs, seats)
+            self._note(None, Refused(Decision.SEQ_BUDGET, g.request_id, g.max_running_seqs, seats))
         else:
             return False
         return True
 
 
-def repeated_notes(decisions: list[tuple], at: int, free: int, after: int) -> list[tuple]:
+def repeated_notes(notes: list[tuple], at: int, free: int, after: int) -> list[tuple]:
     """A steady step's notes as its repeat takes them: a refusal's free blocks as of the repeat (``after``
-    the lane's due blocks for those noted after the lane call, the ``at``-th note on), ``hold_back``'s numbers as declared."""
-    return [(*note[:3], free if i < at else after) if note[0] is Decision.NO_BLOCKS else note for i, note in enumerate(decisions)]
+    the lane's due blocks for those noted after the lane call, the ``at``-th note on)."""
+    return [Refused(note.kind, note.request_id, note.needed, free if i < at else after) if note.kind is Decision.NO_BLOCKS else note
+            for i, note in enumerate(notes)]

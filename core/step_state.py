@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from kvsched.allocators.alloc_status import AllocStatus
 from kvsched.core.config import PreemptionMode
-from kvsched.core.decisions import Decision, Outcome, Preemption, held_problem
+from kvsched.core.decisions import Decision, Ignored, Outcome, Preempted, Preemption, Prefill, SwappedIn, held_problem
 from kvsched.core.errors import quote
 from kvsched.core.outputs import ScheduledGroup, SchedulerOutput
 from kvsched.core.sequence import SequenceStatus
@@ -35,7 +35,7 @@ class StepState(DecisionNotes):
 
     __slots__ = ("sched", "bm", "hooks", "config", "now", "output", "num_running_seqs", "touched", "max_tokens", "max_seqs",
                  "prompt_limit", "admitted", "swapped_in", "recomputed", "swapped_out", "cached_tokens", "ignore_reasons",
-                 "victim_cursor", "open", "step", "declared", "lane_call", "refusals")
+                 "victim_cursor", "open", "step", "lane_call", "refusals")
 
     def __init__(self, scheduler: Scheduler, now: float, hooks: PolicyHooks) -> None:
         self.sched = scheduler
@@ -58,7 +58,7 @@ class StepState(DecisionNotes):
         self.victim_cursor = len(scheduler.running) - 1
         self.open = True  # until the scheduler commits or rolls the step back
         self.step = StepBuilder(self)  # what the hooks are handed
-        self.declared = self.lane_call = None  # steady()'s (arrivals, finishes); the lane's call, with the notes before it
+        self.lane_call: tuple[bool, int | None, int] | None = None  # (decodes only, their cap, notes before the call)
         self.refusals: list[SequenceGroup] = []  # groups refused for want of blocks (LATER), in order
 
     def close(self) -> None:
@@ -147,24 +147,20 @@ class StepState(DecisionNotes):
             return Outcome.BUDGET
         moved = self.bm.swap_in(g)
         self.output.blocks_to_swap_in += moved
-        self._note(None, Decision.SWAPPED_IN, g.request_id, len(moved))
+        self._note(None, SwappedIn(Decision.SWAPPED_IN, g.request_id, len(moved)))
         self.touched[g] = "swapped in"
         self.swapped_in.append(g)
         self.num_running_seqs += g.max_running_seqs
         # can_swap_in counted the block each sequence's next token touches: the decode needs no room made.
         return self._run(g, max_tokens, "swap_in", room=True)
 
-    def declare_steady(self, arrivals: bool, finishes: bool) -> None:
-        if type(arrivals) is not bool or type(finishes) is not bool:
-            self.refuse(f"steady: arrivals and finishes must be True or False, got {quote(arrivals)} and {quote(finishes)}")
-        self.declared = (arrivals, finishes)
-
     def preempt(self, group: GroupView, mode: PreemptionMode | None) -> PreemptionMode:
         mode = self._mode_arg(mode, "preempt")
         return self._preempt(self._resolve(group, _RUNNING, "preempt"), mode)
 
     def advance_running(self, stop_on_preempted: bool) -> Outcome:
-        if self._lane_step(decodes_only=False, max_tokens=None):
+        lane = self.sched.lane  # the decode lane takes the step's decodes whole when it is exact (executors/decode_lane.py)
+        if lane is not None and lane.take(self, False, None):
             return Outcome.SCHEDULED
         touched = self.touched
         for g in self.sched.running:
@@ -179,7 +175,8 @@ class StepState(DecisionNotes):
 
     def advance_decodes(self, max_tokens: int | None) -> Outcome:
         max_tokens = self._tokens_arg(max_tokens, "advance_decodes", minimum=None)
-        if self._lane_step(decodes_only=True, max_tokens=max_tokens):
+        lane = self.sched.lane
+        if lane is not None and lane.take(self, True, max_tokens):
             return Outcome.SCHEDULED
         touched, out = self.touched, self.output
         left = self.max_tokens if max_tokens is None else max_tokens
@@ -196,20 +193,6 @@ class StepState(DecisionNotes):
             elif outcome is Outcome.BUDGET:
                 return outcome
         return Outcome.SCHEDULED
-
-    def _lane_step(self, decodes_only: bool, max_tokens: int | None) -> bool:
-        """Schedule this call's decodes through the decode lane if it is exact now; else make sure
-        no member is left in the lane, since the loop that follows advances them one by one."""
-        lane = self.sched.lane
-        if lane is None or lane.scheduled:  # a second call: the lane's members are all touched already
-            return False
-        out = self.output
-        if not (out.scheduled or out.preempted) and lane.schedule(self.sched.running, out, self.max_tokens, self.touched, decodes_only, max_tokens):
-            out.lane_decodes = lane.scheduled
-            self.lane_call = (decodes_only, max_tokens, len(out.decisions))
-            return True
-        lane.dissolve()
-        return False
 
     # -------------------------------------------------------------------------- mechanics
     def _admitted_tokens(self, g: SequenceGroup, cached: dict[int, int], chunk: int) -> int | None:
@@ -293,7 +276,7 @@ class StepState(DecisionNotes):
         out.num_batched_tokens += chunk
         if is_prefill:
             out.prefill_tokens += chunk
-            out.decisions.append((Decision.PREFILL, g.request_id, chunk, left, cached))
+            out.decisions.append(Prefill(Decision.PREFILL, g.request_id, chunk, left, cached))
         else:
             out.decode_seqs += chunk
         out.kv_tokens_read += context
@@ -329,7 +312,7 @@ class StepState(DecisionNotes):
     def _preempt(self, g: SequenceGroup, mode: PreemptionMode | None, requester: SequenceGroup | None = None, reason=None) -> PreemptionMode:
         _out_of_lane(g)
         mode = self._preemption_mode(g, mode)
-        self._note(None, Decision.PREEMPTED, g.request_id, mode, requester.request_id if requester is not None else None, reason)
+        self._note(None, Preempted(Decision.PREEMPTED, g.request_id, mode, requester.request_id if requester is not None else None, reason))
         if mode is PreemptionMode.SWAP:
             self.output.blocks_to_swap_out += self.bm.swap_out(g)
             self.swapped_out.append(g)
@@ -353,7 +336,7 @@ class StepState(DecisionNotes):
         self.touched[g] = "ignored"
         self.ignore_reasons[g] = reason
         self.output.ignored.append(g)
-        self._note(None, Decision.IGNORED, g.request_id, reason)
+        self._note(None, Ignored(Decision.IGNORED, g.request_id, reason))
         return Outcome.NEVER
 
     # --------------------------------------------------------------------- validation

@@ -202,7 +202,7 @@ class V1StepState(StepState):
             out.prefill_tokens -= entry.num_tokens - 1
         out.kv_tokens_read -= sum(s.num_computed_tokens for s in running)
         if entry.is_prefill:  # the decision log must not say it prefilled: its note goes with it
-            last = max(i for i, note in enumerate(out.decisions) if note[0] is Decision.PREFILL and note[1] == g.request_id)
+            last = max(i for i, note in enumerate(out.decisions) if note.kind is Decision.PREFILL and note.request_id == g.request_id)
             del out.decisions[last]
         held = {b for s in running for b in self.bm.gpu_tables.get(s.seq_id, ())}
         out.blocks_to_copy[:] = [pair for pair in out.blocks_to_copy if pair[1] not in held]

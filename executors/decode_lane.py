@@ -24,26 +24,39 @@ the token budget and the call's cap, and at
 least one block to spare after the due ones (so that vLLM's worst-case check, which preempts once
 no block is free, would have passed for every sequence). Otherwise the lane dissolves (each member
 gets its tokens written out) and the step runs sequence by sequence. In a steady run
-(``core/steady_run.py``) the engine repeats a lane step without an output: ``coast`` takes such a
+(``steady_runs.py``) the engine repeats a lane step without an output: ``coast`` takes such a
 step whole when nobody finishes in it and a block is left to spare after the due ones.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from kvsched.core.outputs import ScheduledGroup
 from kvsched.core.sequence import Sequence, SequenceGroup, SequenceStatus
 
 if TYPE_CHECKING:
     from kvsched.allocators.block_manager import BlockManager
-    from kvsched.core.executor import KnownTokens
     from kvsched.core.outputs import SchedulerOutput
+    from kvsched.core.step_state import StepState
 
 _RUNNING = SequenceStatus.RUNNING
 # The plain classes' slots, read past the properties below.
 _TOKENS, _COMPUTED, _OUTPUT = Sequence.num_tokens, Sequence.num_computed_tokens, Sequence.output
 _GENERATED = SequenceGroup.num_generated_tokens
+
+
+class Tokens(Protocol):
+    """What the lane asks of its executor (``KnownTokens``), a promise: ``execute`` samples exactly ``tokens_at`` for a
+    one-sequence group (an executor that changes the tokens must not offer a lane). Positions count output tokens from 1."""
+
+    def tokens_at(self, group: SequenceGroup, start: int, stop: int) -> list[int]:
+        """The tokens a one-sequence ``group`` samples at output positions ``start`` .. ``stop - 1``."""
+        ...
+
+    def first_stop(self, group: SequenceGroup, start: int) -> int | None:
+        """The first position from ``start`` on whose token is in ``group.stop_tokens`` (None: never)."""
+        ...
 
 
 class LaneSequence(Sequence):
@@ -103,7 +116,7 @@ def _plain_decode(g: SequenceGroup) -> bool:
 class DecodeLane:
     """The running one-sequence decodes of one engine, advanced together (see the module docstring)."""
 
-    def __init__(self, block_manager: BlockManager, tokens: KnownTokens) -> None:
+    def __init__(self, block_manager: BlockManager, tokens: Tokens) -> None:
         self._bm = block_manager
         self._tokens = tokens
         self._block_size = block_manager.block_size
@@ -125,6 +138,20 @@ class DecodeLane:
         self.scheduled = 0  # members in the step being built (0: the step is not a lane step)
 
     # ----------------------------------------------------------------------------- scheduling
+    def take(self, step: StepState, decodes_only: bool, cap: int | None) -> bool:
+        """A step's ``advance_running`` (``advance_decodes`` with ``cap``, ``decodes_only``): schedule its decodes in
+        the lane if it is exact now (noting the call in ``step.lane_call``, for a repeat); else make sure no member
+        is left in the lane, since the loop that follows advances them one by one."""
+        if self.scheduled:  # a second call: the lane's members are all touched already
+            return False
+        out = step.output
+        if not (out.scheduled or out.preempted) and self.schedule(step.sched.running, out, step.max_tokens, step.touched, decodes_only, cap):
+            out.lane_decodes = self.scheduled
+            step.lane_call = (decodes_only, cap, len(out.decisions))
+            return True
+        self.dissolve()
+        return False
+
     def schedule(
         self, running: list[SequenceGroup], out: SchedulerOutput | None, max_tokens: int, touched: dict | None,
         decodes_only: bool = False, cap: int | None = None,

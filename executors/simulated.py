@@ -8,6 +8,7 @@ from itertools import islice
 from kvsched.executors.clocks import VirtualClock
 from kvsched.core.executor import StepResult
 from kvsched.executors.decode_lane import DecodeLane
+from kvsched.executors.steady_runs import SteadyRuns
 from kvsched.executors.cost_model import DEFAULT_PROFILE, PROFILES, StepCost
 from kvsched.core.outputs import SchedulerOutput
 from kvsched.core.sequence import SequenceGroup
@@ -82,6 +83,10 @@ class SimulatedExecutor:
         """What ``execute`` charges a step of ``num_seqs`` lane decodes, by the context tokens they read (``KnownDurations``)."""
         seconds = self.profile.decode_seconds(num_seqs)
         return seconds if seconds(0) > 0 else lambda kv_tokens: _charged(seconds(kv_tokens))  # more tokens never cost less
+
+    def steady_runs(self, engine) -> SteadyRuns:
+        """``engine``'s steady runs, each step at ``lane_seconds``' cost (``KnownDurations``)."""
+        return SteadyRuns(engine)
 
     def tokens_at(self, group: SequenceGroup, start: int, stop: int) -> list[int]:
         """What ``execute`` samples for a one-sequence group at output positions ``start`` .. ``stop - 1``."""

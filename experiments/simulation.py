@@ -24,10 +24,11 @@ from typing import Any
 from kvsched.core.config import EngineConfig
 from kvsched.core.engine import Engine
 from kvsched.core.plugins import load_policy
-from kvsched.core.report import StepReport, StepRun
+from kvsched.core.report import StepReport
 from kvsched.core.request import Request
 from kvsched.executors.profiles import resolve_profile
 from kvsched.executors.simulated import SimulatedExecutor
+from kvsched.executors.steady_runs import StepRun
 from kvsched.experiments.settings import filled_settings, fit_to_profile
 from kvsched.metrics.decision_log import DecisionLog
 from kvsched.metrics.fairness import TenantService, fairness_summary

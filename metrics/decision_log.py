@@ -44,7 +44,7 @@ from kvsched.core.decisions import Decision
 from kvsched.core.sequence import SequenceStatus
 
 if TYPE_CHECKING:
-    from kvsched.core.report import StepReport, StepRun
+    from kvsched.core.report import StepReport
 
 COLUMNS = ("step", "time_s", "event", "request_id", "reason", "queue", "tokens", "cached_tokens", "tokens_left",
            "needed", "available", "other_request", "detail")
@@ -90,8 +90,8 @@ class DecisionLog:
         out = r.output
         self._step(r.step, r.now - r.duration, out.decisions, out.lane_decodes, out.scheduled, r.finished)
 
-    def on_steps(self, run: StepRun) -> None:
-        """A steady run, step by step as its reports would say it (lane decodes of every running request)."""
+    def on_steps(self, run) -> None:
+        """A steady run (``StepRun``, kvsched.executors.steady_runs), step by step as its reports would say it (lane decodes of every running request)."""
         lane, last = run.output.lane_decodes, len(run.duration) - 1
         if not run.output.decisions and not self._prefilling:  # no step has notes, nobody left out: only the last step's finishes
             self._step(run.first + last, run.now[last] - run.duration[last], [], lane, (), run.finished)
@@ -101,7 +101,7 @@ class DecisionLog:
 
     def _step(self, step: int, start: float, notes, lane: int, scheduled, finished) -> None:
         prefilling = self._prefilling
-        if lane and not prefilling and len(notes) == 1 and notes[0][0] in _WAITS:
+        if lane and not prefilling and len(notes) == 1 and notes[0].kind in _WAITS:
             # the commonest step under load: the decode lane, and admission stopped at the head of the queue
             code, rid, needed, available = notes[0]
             queue = "running" if rid in self._running else "swapped" if rid in self._swapped else "waiting"
@@ -131,7 +131,7 @@ class DecisionLog:
         touched: set[str] = set()
         joined: list[str] = []
         for note in notes:
-            code, rid = note[0], note[1]
+            code, rid = note.kind, note.request_id
             if rid in running:
                 touched.add(rid)
             if code is _PREFILL:
@@ -139,32 +139,32 @@ class DecisionLog:
                 if admitted:
                     running[rid] = None
                     joined.append(rid)
-                if note[3]:
-                    prefilling[rid] = note[3]
+                if note.left:
+                    prefilling[rid] = note.left
                 else:
                     prefilling.pop(rid, None)
                 rows.append((step, start, "admitted" if admitted else "prefill", rid, None, "waiting" if admitted else "running",
-                             note[2], note[4] if admitted else None, note[3], None, None, None, None))
+                             note.tokens, note.cached if admitted else None, note.left, None, None, None, None))
             elif code in _WAITS:
                 queue = "running" if rid in running else "swapped" if rid in swapped else "waiting"
-                rows.append((step, start, "wait", rid, _WAITS[code], queue, None, None, None, note[2], note[3], None, None))
+                rows.append((step, start, "wait", rid, _WAITS[code], queue, None, None, None, note.needed, note.available, None, None))
             elif code is _PREEMPTED:
                 running.pop(rid, None)
                 prefilling.pop(rid, None)
-                if note[2].value == "swap":
+                if note.mode.value == "swap":
                     swapped.add(rid)
-                rows.append((step, start, "preempted", rid, note[2].value, "running", None, None, None, None, None, note[3], note[4]))
+                rows.append((step, start, "preempted", rid, note.mode.value, "running", None, None, None, None, None, note.requester, note.reason))
             elif code is _SWAPPED_IN:
                 swapped.discard(rid)
                 running[rid] = None
                 joined.append(rid)
-                rows.append((step, start, "swapped_in", rid, None, "swapped", None, None, None, note[2], None, None, None))
+                rows.append((step, start, "swapped_in", rid, None, "swapped", None, None, None, note.blocks, None, None, None))
             elif code is _IGNORED_NOTE:
                 queue = "swapped" if rid in swapped else "waiting"
                 swapped.discard(rid)
-                rows.append((step, start, "ignored", rid, None, queue, None, None, None, None, None, None, note[2]))
+                rows.append((step, start, "ignored", rid, None, queue, None, None, None, None, None, None, note.reason))
             elif code is _HELD:
-                rows.append((step, start, "held", None, str(note[2]), None, None, None, None, None, None, None, format_numbers(note[3])))
+                rows.append((step, start, "held", None, str(note.reason), None, None, None, None, None, None, None, format_numbers(note.numbers)))
         return touched, joined
 
     def _batch(self, step: int, start: float, lane: int, outside: list, prefilling: tuple[tuple[str, int], ...],

@@ -21,7 +21,7 @@ from kvsched.metrics.requests import ordered_sum
 if TYPE_CHECKING:
     import pandas as pd
 
-    from kvsched.core.report import StepReport, StepRun
+    from kvsched.core.report import StepReport
 
 COLUMNS = (
     "step", "time_s", "duration_s", "start_s", "num_waiting", "num_running", "num_swapped",
@@ -68,8 +68,8 @@ class TimeSeriesRecorder:
         if self.file is not None and len(self._rows) >= 1024:
             self._settle()
 
-    def on_steps(self, run: StepRun) -> None:
-        """A steady run's rows, as its steps' reports would give them (plain decodes: no prefill, block move or preemption)."""
+    def on_steps(self, run) -> None:
+        """A steady run's rows (``StepRun``, kvsched.executors.steady_runs), as its steps' reports would give them (plain decodes: no prefill, block move or preemption)."""
         self._settle(flush=False)
         k, n, cache, gpu = len(run.duration), len(run.output.scheduled), run.cache, run.cache.num_gpu_blocks
         (step, time_s, duration, start, waiting, running, swapped, groups, seqs, prefill_groups, prefill_tokens, decodes, kv, gpu_used,

@@ -42,6 +42,11 @@ class ContinuousBatching:
     name = "continuous"
     claims: frozenset[str] = frozenset()
 
+    @property
+    def fcfs(self) -> bool:
+        """Waiting groups offered in queue order, as the skeleton does unless a subclass orders them its own way."""
+        return type(self).order_waiting is ContinuousBatching.order_waiting
+
     def order_waiting(self, step) -> Iterable[GroupView]:
         """The order in which waiting groups are offered for admission (default: queue order)."""
         return step.waiting
@@ -54,13 +59,9 @@ class ContinuousBatching:
     def select_batch(self, step):
         if not decode_then_resume(step):
             return True
-        stopped = False
         for group in self.order_waiting(step):
             if not step.was_touched(group) and step.admit(group) in STOP:
-                stopped = True
                 break
-        if type(self).order_waiting is ContinuousBatching.order_waiting:  # first come, first served: nothing here reads the clock
-            step.steady(arrivals=not stopped, finishes=False)  # behind the group it stopped at, arrivals change nothing
         return True
 
     @hookimpl

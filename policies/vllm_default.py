@@ -24,6 +24,7 @@ class VllmDefault:
     """
 
     name = "vllm-default"
+    fcfs = True  # waiting groups in queue order, head of line: the delay gate says when it holds them back
 
     def __init__(self) -> None:
         self._prev_time = 0.0
@@ -56,13 +57,10 @@ class VllmDefault:
             for group in step.waiting:
                 if not self._passed_delay(step):
                     break
-                if step.admit(group) in _STOP_ADMITTING:
-                    # Until blocks are freed enough: FCFS never looks behind the group it stopped at, and the gate stays open.
-                    step.steady(arrivals=False, finishes=False)
+                if step.admit(group) in _STOP_ADMITTING:  # FCFS never looks behind the group it stopped at
                     break
             else:
                 self._passed_delay(step)  # vLLM evaluates the gate once more on an empty queue
-                step.steady(finishes=False)  # until a request arrives
             if step.admitted:
                 self._prev_prompt = True
                 return True

@@ -9,7 +9,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import initialize, run_state_machine_as_test
 
 from kvsched import Engine, EngineConfig, Request, SamplingParams
-from kvsched.core.async_lag import VLLM_V1_SCHEDULER_MS, VLLM_V1_SCHEDULER_REQUEST_MS
+from kvsched.core.async_lag import VLLM_V1_SCHEDULER_MS, VLLM_V1_SCHEDULER_REQUEST_MS, AsyncLag
+from kvsched.core.completion import Completion
 from kvsched.core.plugins import BUILTIN_DISTRIBUTION, installed_policies
 from kvsched.core.view import group_of
 from kvsched.executors.cost_model import CostProfile
@@ -55,8 +56,7 @@ def test_off_is_the_engine_as_it_was(policy):
     off, off_reports = _run(policy, _requests(), profile="llama2-7b-a100", async_scheduling=False)
     assert _rows(off) == _rows(absent)
     assert [(r.now, r.duration) for r in off_reports] == [(r.now, r.duration) for r in absent_reports]
-    for name in ("complete", "_apply", "_append", "_stop_if_done", "_arrive"):
-        assert name not in off.__dict__  # nothing installed: the hot path is the class's own
+    assert type(off.completion) is Completion  # steps complete as they come: the hot path is the plain one
     if policy == "vllm-default":
         assert off.scheduler.lane is not None  # the decode lane (and with it steady runs) is kept
 
@@ -72,7 +72,7 @@ def test_a_stopping_request_occupies_one_more_step_and_leaves_on_time():
     (a,), (b,) = sync.finished, lagged.finished
     assert b.seqs[0].output == a.seqs[0].output  # the wasted slot's token is dropped
     assert b.finish_time == a.finish_time == pytest.approx(0.03)  # its last token came out at the end of step 2
-    assert lagged.__dict__["_apply"].__self__.wasted_tokens == 1
+    assert lagged.completion.wasted_tokens == 1
 
 
 def test_a_length_cap_is_foreseen():
@@ -81,7 +81,7 @@ def test_a_length_cap_is_foreseen():
     _, sync_reports = _run(requests=request)
     lagged, lag_reports = _run(requests=request, async_scheduling=True)
     assert _left(lag_reports, "r0") == _left(sync_reports, "r0") == 2
-    assert lagged.__dict__["_apply"].__self__.wasted_tokens == 0
+    assert lagged.completion.wasted_tokens == 0
 
 
 def test_an_arrival_during_a_step_is_first_seen_a_step_later():
@@ -110,7 +110,7 @@ def test_durations_sync_add_the_scheduler_time_async_hide_it():
 
 def test_async_defaults_to_vllm_v1s_scheduler_time():
     engine = Engine(EngineConfig(async_scheduling=True), "vllm-v1", SimulatedExecutor())
-    model = engine.__dict__["complete"].__self__
+    model = engine.completion
     assert (model.step_s, model.request_s) == (VLLM_V1_SCHEDULER_MS / 1e3, VLLM_V1_SCHEDULER_REQUEST_MS / 1e3)
     assert engine.scheduler.lane is None
 
@@ -124,7 +124,7 @@ def test_under_kv_pressure_every_request_ends_and_no_block_leaks(policy):
     lagged, _ = _run(policy, requests, profile="llama2-7b-a100", num_gpu_blocks=40, num_cpu_blocks=40, block_size=8,
                      max_num_batched_tokens=256, max_num_seqs=16, async_scheduling=True)
     assert [r[4] for r in _rows(lagged)] == [r[4] for r in _rows(sync)]  # the same tokens, whatever the lag
-    model = lagged.__dict__["_apply"].__self__
+    model = lagged.completion
     if policy == "vllm-default":  # here some stop while preempted: they end all the same
         assert model.stops_unscheduled > 0
     assert model.wasted_tokens + model.stops_unscheduled == len(requests)
@@ -201,7 +201,7 @@ class AsyncMachine(PolicyMachine):
     @initialize(config=engine_configs(), retain=st.booleans())
     def start(self, config, retain) -> None:
         super().start(config.model_copy(update={"async_scheduling": True}))
-        assert "complete" in self.engine.__dict__
+        assert isinstance(self.engine.completion, AsyncLag)
         self.engine.retain_finished = retain
         self.ended: set[str] = set()
 

@@ -1,10 +1,11 @@
 """Steady steps change how often the policy is called, never what the engine computes.
 
-A policy may declare a step steady (``step.steady``): until an event it would build that step
-again. The core then repeats it without calling ``select_batch`` for as long as it can prove each
-call would give the same outcome. The main property: for random workloads, configs, policies
-(every built-in one and adversarial ones below) and aborts, an engine that repeats steady steps
-and one that calls the policy every step produce the same steps (batch, notes, preemptions, block
+A policy may declare ``fcfs`` (it offers waiting groups in queue order, stopping at the first that does not fit,
+and reads nothing but the queues and the core's answers): the core then repeats a step that decoded every running
+group in the lane, with nothing waiting or only the head refused for want of blocks, without calling
+``select_batch``, for as long as it can prove each call would give the same outcome. The main property: for random
+workloads, configs, policies (every built-in one and adversarial ones below) and aborts, an engine that repeats
+steady steps and one that calls the policy every step produce the same steps (batch, notes, preemptions, block
 movements and tables, features, durations, finishes, queues) and the same requests, every step audited.
 """
 
@@ -22,7 +23,7 @@ from kvsched.core.errors import PolicyError
 from kvsched.core.hookspecs import hookimpl
 from kvsched.core.request import Request, SamplingParams
 from kvsched.executors.simulated import SimulatedExecutor
-from kvsched.policies.vllm_default import VllmDefault
+from kvsched.policies.continuous import ContinuousBatching
 
 STOP = (Outcome.LATER, Outcome.BUDGET)
 
@@ -35,23 +36,33 @@ def _swapped_in(step) -> bool:
     return True
 
 
-class SteadyEverywhere(VllmDefault):
-    """vllm-default declaring every step steady until any arrival or finish (true without the delay
-    gate): the core must not repeat its prefills, preemptions, swaps and budget stops."""
+def _admit_in_order(step) -> None:
+    for group in step.waiting:
+        if step.admit(group) in STOP:
+            return
 
-    name = "steady-everywhere"
+
+class CappedDecodesFirst:
+    """FCFS (declared) after decoding through advance_decodes under a cap: the lane called with a cap, passing over
+    prefills, and a refusal noted after the lane call."""
+
+    name = "capped-decodes-first"
+    fcfs = True
 
     @hookimpl
     def select_batch(self, step):
-        super().select_batch(step)
-        step.steady()
+        step.advance_decodes(max_tokens=6)
+        if step.num_preempted or not _swapped_in(step):
+            return
+        _admit_in_order(step)
 
 
 class HoldsBackWhileBusy:
-    """Admits FCFS only while fewer than three groups run, else holds back with the count (a note
-    repeated verbatim): a finish changes that count, so finishes are events for it."""
+    """FCFS (declared) only while fewer than three groups run, else holding back with the count: a reason of the
+    policy's own, which the core cannot prove again, so such a step is never repeated."""
 
     name = "holds-back-while-busy"
+    fcfs = True
 
     @hookimpl
     def select_batch(self, step):
@@ -60,30 +71,8 @@ class HoldsBackWhileBusy:
             return
         if len(step.running) >= 3:
             step.hold_back("busy", running=len(step.running))
-            step.steady(arrivals=False)
             return
-        for group in step.waiting:
-            if step.admit(group) in STOP:
-                step.steady(arrivals=False)
-                return
-        step.steady()
-
-
-class TriesTwoAfterCappedDecodes:
-    """Decodes through advance_decodes under a cap, then offers the first two waiting groups even when
-    the first is refused: refusals after the lane, two at a time."""
-
-    name = "tries-two-after-capped-decodes"
-
-    @hookimpl
-    def select_batch(self, step):
-        step.advance_decodes(max_tokens=6)
-        if step.num_preempted or not _swapped_in(step):
-            return
-        waiting = step.waiting
-        for group in waiting[:2]:
-            step.admit(group)
-        step.steady(arrivals=len(waiting) < 2, finishes=False)
+        _admit_in_order(step)
 
 
 class OwnAdmissionRule:
@@ -91,16 +80,14 @@ class OwnAdmissionRule:
     refusals by a policy's rule are not the core's to prove, so these steps are never repeated."""
 
     name = "own-admission-rule"
+    fcfs = True
 
     @hookimpl
     def select_batch(self, step):
         step.advance_running(stop_on_preempted=False)
         if step.num_preempted or not _swapped_in(step):
             return
-        for group in step.waiting:
-            if step.admit(group) in STOP:
-                break
-        step.steady(finishes=False)
+        _admit_in_order(step)
 
     @hookimpl
     def can_allocate(self, step, group):
@@ -110,9 +97,7 @@ class OwnAdmissionRule:
 
 
 POLICIES = ["vllm-default", "vllm-v1", "fcfs", "sarathi", "sjf", "vtc", "lpm", "priority-vip",
-            SteadyEverywhere, HoldsBackWhileBusy, TriesTwoAfterCappedDecodes, OwnAdmissionRule]
-# SteadyEverywhere's declaration is true only without the delay gate, which reads the clock.
-GATED = {"vllm-default", "vllm-v1", "fcfs", "sarathi", "sjf", "vtc", "lpm", "priority-vip"}
+            CappedDecodesFirst, HoldsBackWhileBusy, OwnAdmissionRule]
 
 configs = engine_configs(max_model_len=st.sampled_from([None, 48, 80]), delay_factor=st.sampled_from([0.0, 0.5]),
                          vllm_engine=st.sampled_from(["v0", "v0", "v1"]), num_gpu_blocks=st.integers(8, 160))
@@ -131,7 +116,7 @@ pressure_requests = st.lists(
               st.integers(0, 8), st.sampled_from([(), (), (-5,)])),
     min_size=4, max_size=24,
 )
-STEADY = ["vllm-default", "fcfs", SteadyEverywhere, HoldsBackWhileBusy, TriesTwoAfterCappedDecodes]
+STEADY = ["vllm-default", "fcfs", CappedDecodesFirst, HoldsBackWhileBusy]
 
 
 def _request(i, prompt, output, n, arrival, extra, stops) -> Request:
@@ -179,9 +164,7 @@ def finals(engine) -> dict:
 
 
 def fitted(policy, config: dict) -> dict:
-    """``config`` with what the policy's declarations need: no delay gate for steady-everywhere, V1 mechanics for vllm-v1."""
-    if policy is SteadyEverywhere:
-        config = {**config, "delay_factor": 0.0}
+    """``config`` with V1 mechanics for vllm-v1."""
     if policy == "vllm-v1":  # V1 has no swap: on v0 mechanics with preemption_mode=swap its swapped groups stay there (a stall)
         config = {**config, "vllm_engine": "v1"}
     return config
@@ -222,45 +205,58 @@ def test_steady_steps_are_repeated_without_the_policy():
     assert calls < steps // 4
 
 
-def test_a_finished_group_is_an_event_unless_waived():
-    """holds-back-while-busy counts the running groups in its note: it is called again after each finish."""
+def test_fcfs_is_declared_by_the_policies_that_admit_in_queue_order():
+    """vllm-default and fcfs declare it (and a policy with no select_batch of its own, built by vllm-default's);
+    a continuous-batching policy that orders its own queue does not, whatever it inherits."""
+    declared = {name: Engine(EngineConfig(), name, SimulatedExecutor()).hooks.fcfs for name in ("vllm-default", "fcfs", "sjf", "lpm", "vllm-v1")}
+    assert declared == {"vllm-default": True, "fcfs": True, "sjf": False, "lpm": False, "vllm-v1": False}
+
+    class Reordered(ContinuousBatching):
+        name = "reordered"
+
+        def order_waiting(self, step):
+            return reversed(step.waiting)
+
+    class OnlyPicksVictims:
+        name = "only-picks-victims"
+
+        @hookimpl
+        def choose_preemption(self, step, requester):
+            return None
+
+    assert not Engine(EngineConfig(), Reordered, SimulatedExecutor()).hooks.fcfs
+    assert Engine(EngineConfig(), OnlyPicksVictims, SimulatedExecutor()).hooks.fcfs
+
+
+def test_a_policys_own_reason_makes_a_step_unrepeatable():
+    """holds-back-while-busy counts the running groups in its note: it is called again at every step it holds."""
     reqs = [req(f"r{i}", 10, 20 + 9 * i) for i in range(5)]
-    engine = Engine(EngineConfig(block_size=4, num_gpu_blocks=200), HoldsBackWhileBusy, SimulatedExecutor())
-    notes = []
-    engine.run(reqs, on_step=lambda report: notes.append(report.output.decisions))
-    held = [n[0][3]["running"] for n in notes if n and n[0][2] == "busy"]
-    assert held == sorted(held, reverse=True) and len(set(held)) > 1
+    engine = Engine(EngineConfig(block_size=4, num_gpu_blocks=200), CountingHolds, SimulatedExecutor())
+    reports = []
+    engine.run(reqs, on_step=reports.append)
+    held = [r for r in reports if r.output.decisions and r.output.decisions[0][2] == "busy"]
+    counts = [r.output.decisions[0][3]["running"] for r in held]
+    assert counts == sorted(counts, reverse=True) and len(set(counts)) > 1
+    assert {r.started for r in held} <= set(engine.hooks.policy.calls) and len(engine.hooks.policy.calls) < engine.num_steps
 
 
-@pytest.mark.parametrize("call", ["steady('yes')", "steady(arrivals=1)", "steady(finishes=None)"])
-def test_steady_takes_only_booleans(call):
-    class Bad(VllmDefault):
-        name = "bad-steady"
+class CountingHolds(HoldsBackWhileBusy):
+    """Holding back while busy, noting when it was called."""
 
-        @hookimpl
-        def select_batch(self, step):
-            super().select_batch(step)
-            eval(f"step.{call}")
+    def __init__(self) -> None:
+        self.calls = []
 
-    engine = Engine(EngineConfig(), Bad, SimulatedExecutor())
-    engine.add_request(req("a", 10, 5))
-    with pytest.raises(PolicyError, match="steady: arrivals and finishes must be True or False"):
-        engine.step()
+    @hookimpl
+    def select_batch(self, step):
+        self.calls.append(step.now)
+        return super().select_batch(step)
 
 
-def test_steady_outside_select_batch_is_refused():
-    kept = []
+@pytest.mark.parametrize("value", ["yes", 1, None])
+def test_fcfs_is_true_or_false(value):
+    class Bad(CappedDecodesFirst):
+        name = "bad-fcfs"
+        fcfs = value
 
-    class Keeps(VllmDefault):
-        name = "keeps-step"
-
-        @hookimpl
-        def select_batch(self, step):
-            kept.append(step)
-            super().select_batch(step)
-
-    engine = Engine(EngineConfig(), Keeps, SimulatedExecutor())
-    engine.add_request(req("a", 10, 5))
-    engine.step()
-    with pytest.raises(PolicyError, match="steady on a step that is over"):
-        kept[0].steady()
+    with pytest.raises(PolicyError, match=r"policy 'bad-fcfs': its fcfs is .*, not True or False"):
+        Engine(EngineConfig(), Bad, SimulatedExecutor())

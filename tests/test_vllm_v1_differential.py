@@ -27,7 +27,6 @@ from vllm_release import RELEASE  # noqa: E402
 from vllm_v1_reference import V1Reference, accepted_drafts, token_at  # noqa: E402
 
 from kvsched import Engine, EngineConfig, Request, SamplingParams, StepResult, VirtualClock  # noqa: E402
-from kvsched.core.executor import samplers  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -53,7 +52,7 @@ class SameTokens:
                 accepted = accepted_drafts(sg.group.request_id, first, sg.num_tokens - 1, self.salt)
                 tokens[seq.seq_id] = [token_at(first + i) for i in range(accepted + 1)]
                 continue
-            for seq, _ in samplers(sg):
+            for seq, _ in sg.samples():
                 tokens[seq.seq_id] = [token_at(len(seq.output) + 1)]
         return StepResult(1.0, tokens)  # step k starts at time k: the time a request arrives at, in both schedulers
 

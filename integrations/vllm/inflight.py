@@ -27,9 +27,11 @@ them:
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from kvsched.core.decisions import Outcome
+from kvsched.core.mechanics import V1
 from kvsched.core.step_v1 import V1StepState
 
 if TYPE_CHECKING:
@@ -63,3 +65,8 @@ class InFlightV1StepState(V1StepState):
 
     def _name(self, seq: Sequence, num_tokens: int) -> None:
         super()._name(seq, min(num_tokens, seq.num_tokens - num_placeholders(seq)))
+
+
+# V1's mechanics with a step in flight: its steps built by the rules above, and the blocks a step fills named as
+# it is built (known tokens only) and when its tokens arrive (``Mirror.sampled``), not as it is applied (placeholders).
+V1_IN_FLIGHT = replace(V1, name="v1-in-flight", step=InFlightV1StepState, names_on_apply=False)

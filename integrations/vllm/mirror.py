@@ -21,7 +21,7 @@ from kvsched.core.errors import KvschedError, quote
 from kvsched.core.executor import StepResult
 from kvsched.core.request import LABELS, Request, SamplingParams
 from kvsched.core.sequence import SequenceStatus
-from kvsched.integrations.vllm.inflight import PLACEHOLDER, InFlightV1StepState, num_placeholders
+from kvsched.integrations.vllm.inflight import PLACEHOLDER, V1_IN_FLIGHT, num_placeholders
 
 if TYPE_CHECKING:
     from kvsched.core.outputs import SchedulerOutput
@@ -132,14 +132,9 @@ class Mirror:
     """
 
     def __init__(self, config: EngineConfig, policy: str, options: dict[str, Any] | None = None, in_flight: bool = False) -> None:
-        self.engine = Engine(config, policy, TokensFromVllm(), policy_options=options)
+        self.engine = Engine(config, policy, TokensFromVllm(), mechanics=V1_IN_FLIGHT if in_flight else None, policy_options=options)
         self._seq_of: dict[str, int] = {}  # request id -> the mirror sequence's id
         self.in_flight = in_flight
-        if in_flight:
-            self.engine.scheduler._step_state = InFlightV1StepState
-            # V1 names blocks as the step is built (InFlightV1StepState, known tokens only) and when tokens
-            # arrive (sampled); the engine's naming once a step is applied would hash placeholders.
-            self.engine._caching = False
 
     @property
     def policy_name(self) -> str:

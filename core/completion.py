@@ -1,0 +1,138 @@
+"""The completion step: a step ran, and its outputs are applied to the scheduler's groups (computed tokens
+counted, samples appended, forks made, stops and length caps ending sequences and freeing their blocks).
+``Completion`` applies them as they come; the mechanics may choose another strategy (``core/async_lag.py``).
+"""
+from __future__ import annotations
+
+from itertools import islice
+from typing import TYPE_CHECKING
+
+from kvsched.core.sequence import Sequence, SequenceStatus
+
+if TYPE_CHECKING:
+    from kvsched.core.engine import Engine
+    from kvsched.core.outputs import SchedulerOutput
+    from kvsched.core.sequence import SequenceGroup
+
+
+class Completion:
+    """Applies each step's outputs as they come (a sync engine)."""
+
+    timed = False  # the step's time is the executor's alone (a strategy that adds the scheduler's says True)
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.sched = engine.scheduler
+        self.bm = engine.scheduler.block_manager
+        self.caching = engine.config.enable_prefix_caching and engine.mechanics.names_on_apply
+        self.new_seq_id = engine.new_seq_id
+
+    def seen_at(self, now: float) -> float:
+        """When the next step's scheduler sees the requests arriving by ``now`` (at once)."""
+        return now
+
+    def apply(self, output: SchedulerOutput, tokens: dict[int, list[int]], now: float) -> list[SequenceGroup]:
+        """Apply the step's computed and sampled ``tokens`` (by sequence id) at ``now``: the groups that ended."""
+        sched, bm, caching, append = self.sched, self.bm, self.caching, self.append
+        finished = list(output.ignored)
+        any_finished = self.apply_lane(now, finished) if output.lane_decodes else False
+        for sg in islice(output.scheduled, output.lane_decodes, None):
+            group = sg.group
+            seqs = group.seqs
+            single = group.n == 1  # then the step reserved one running sequence for the group
+            reserved = 1 if single else group.max_running_seqs
+            if single and len(seqs) == 1:  # the common case, compute() inlined: no fork, no chunk list
+                seq = seqs[0]
+                computed = seq.num_computed_tokens = seq.num_computed_tokens + sg.num_tokens
+                if computed > seq.num_tokens:  # a decode with draft tokens (V1 speculative decoding)
+                    self.verify(seq, sg.num_tokens, tokens[seq.seq_id], now)
+                else:
+                    if caching:
+                        bm.mark_computed(seq)
+                    if computed == seq.num_tokens:
+                        append(seq, tokens[seq.seq_id][0], now)
+            else:  # seq_chunks() is fixed here, before an n > 1 prompt step forks children into seqs
+                for seq, n in sg.seq_chunks():
+                    self.compute(seq, n, tokens, now)
+            if group.num_unfinished_seqs == 0:
+                end_group(group, now, finished)
+                any_finished = True
+            sched.num_running_seqs += (group.num_unfinished_seqs if single else group.max_running_seqs) - reserved
+        if any_finished:
+            sched.remove_finished()
+        return finished
+
+    def apply_lane(self, now: float, finished: list[SequenceGroup]) -> bool:
+        """The decode lane's step ran: end the members that sampled their last token (into ``finished``); True if any did."""
+        sched = self.sched
+        ended = sched.lane.apply()
+        for seq in ended:
+            if not self.stop_if_done(seq, seq.output[-1]):  # the executor's first_stop and tokens_at disagree
+                raise RuntimeError(f"the decode lane ended {seq!r}, but its tokens do not stop it")
+            end_group(seq.group, now, finished)
+            sched.num_running_seqs -= 1
+        return bool(ended)
+
+    def compute(self, seq: Sequence, n: int, tokens: dict[int, list[int]], now: float) -> None:
+        """The step computed ``n`` more tokens of ``seq``; once none is left, it takes its sampled token(s)."""
+        computed = seq.num_computed_tokens = seq.num_computed_tokens + n
+        if self.caching:
+            self.bm.mark_computed(seq)
+        if computed < seq.num_tokens:
+            return  # a prefill chunk: nothing sampled yet
+        sampled = tokens[seq.seq_id]
+        if len(sampled) > 1:  # the prompt step of n > 1: one child per extra sample
+            for token in sampled[1:]:
+                self.append(self.fork(seq), token, now)
+        self.append(seq, sampled[0], now)
+
+    def verify(self, seq: Sequence, scheduled: int, sampled: list[int], now: float) -> None:
+        """The step ran ``seq``'s last token and ``scheduled - 1`` drafts and sampled the accepted drafts
+        plus one token: the rejected drafts are rolled back (V1's ``num_computed_tokens -= num_rejected``),
+        the tokens appended until one stops the sequence (an executor that samples one rejects them all)."""
+        accepted = len(sampled) - 1
+        if not 0 <= accepted < scheduled:
+            raise RuntimeError(f"{seq!r} ran {scheduled - 1} draft tokens, and the executor sampled {len(sampled)} tokens")
+        seq.num_computed_tokens -= scheduled - 1 - accepted
+        for token in sampled:
+            self.append(seq, token, now)
+            if seq.status > SequenceStatus.SWAPPED:
+                break
+
+    def fork(self, parent: Sequence) -> Sequence:
+        group = parent.group
+        child = Sequence(self.new_seq_id(), group, parent.prompt, list(parent.output))
+        child.status = parent.status
+        child.num_computed_tokens = parent.num_computed_tokens
+        self.bm.fork(parent, child)
+        group.seqs.append(child)
+        group.num_unfinished_seqs += 1
+        return child
+
+    def append(self, seq: Sequence, token: int, now: float) -> None:
+        group = seq.group
+        seq.append_token(token)
+        group.num_generated_tokens += 1
+        if group.first_token_time is None:
+            group.first_token_time = now
+        self.stop_if_done(seq, token)
+
+    def stop_if_done(self, seq: Sequence, token: int) -> bool:
+        """End ``seq`` if ``token`` (its newest) stops it or it reached its length cap; free its blocks."""
+        group = seq.group
+        if token in group.stop_tokens:
+            status = SequenceStatus.FINISHED_STOPPED
+        elif seq.num_tokens >= group.max_seq_tokens:
+            status = SequenceStatus.FINISHED_LENGTH_CAPPED
+        else:
+            return False
+        seq.status = status
+        self.bm.free(seq)
+        group.num_unfinished_seqs -= 1
+        return True
+
+
+def end_group(group: SequenceGroup, now: float, finished: list[SequenceGroup]) -> None:
+    group.status = max(s.status for s in group.seqs)  # any finished state; STOPPED < CAPPED
+    group.finish_time = now
+    finished.append(group)

@@ -1,0 +1,57 @@
+"""Whose mechanics the core follows: how a step takes KV blocks, what a request with ``n > 1`` is, how a step
+completes. One object per kind, given to the ``Engine`` (by default the one ``EngineConfig.vllm_engine`` names,
+which a policy picks through its ``engine_defaults``); the policy and its hooks are the same on every one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from kvsched.allocators.block_manager import BlockManager
+from kvsched.core.async_lag import AsyncLag, SchedulerTime
+from kvsched.core.completion import Completion
+from kvsched.core.step_state import StepState
+from kvsched.core.step_v1 import V1StepState
+
+if TYPE_CHECKING:
+    from kvsched.core.config import EngineConfig
+    from kvsched.core.engine import Engine
+
+
+@dataclass(frozen=True)
+class Mechanics:
+    """vLLM v0's, V1's, or V1's with a step in flight (``kvsched.integrations.vllm.inflight``)."""
+
+    name: str
+    vllm_engine: str  # the EngineConfig.vllm_engine these mechanics are
+    step: type[StepState]  # the rules a step is built by (how it takes blocks, what it refuses)
+    fans_out: bool = False  # a request with n > 1 runs as n requests (V1's front end, core/fanout.py)
+    null_block: int = 0  # blocks kept back from the pool, never allocated (V1's null block)
+    keeps_duplicates: bool = False  # a full block computed twice keeps both copies (V1), else one is shared (v0)
+    drafts: bool = False  # decoding requests take draft tokens (EngineConfig.num_speculative_tokens)
+    lane: bool = False  # plain decodes may ride the decode lane (its block rule is v0's worst case)
+    names_on_apply: bool = True  # with prefix caching, blocks are named as a step is applied (else as it is built)
+
+    def block_manager(self, config: EngineConfig) -> BlockManager:
+        return BlockManager(config.block_size, config.num_gpu_blocks - self.null_block, config.num_cpu_blocks,
+                            config.watermark_blocks, config.enable_prefix_caching, keep_duplicates=self.keeps_duplicates)
+
+    def completion(self, engine: Engine) -> Completion:
+        """How ``engine``'s steps complete: as they come; with the scheduler's time in their duration if the config
+        gives it; with ``async_scheduling``, vLLM's async scheduler (its time hidden, outputs seen a step late)."""
+        config = engine.config
+        if config.async_scheduling:
+            return AsyncLag(engine)
+        if config.scheduler_ms or config.scheduler_request_ms:
+            return SchedulerTime(engine)
+        return Completion(engine)
+
+
+V0 = Mechanics("v0", "v0", StepState, lane=True)
+V1 = Mechanics("v1", "v1", V1StepState, fans_out=True, null_block=1, keeps_duplicates=True, drafts=True)
+
+
+def mechanics_of(config: EngineConfig) -> Mechanics:
+    """The mechanics ``config.vllm_engine`` names."""
+    return V1 if config.vllm_engine == "v1" else V0

@@ -1,0 +1,133 @@
+"""Steady runs: a repeated steady step advanced many times at once (docs/hooks.md "Steady runs").
+
+The simulator's fast paths are the decode lane (``decode_lane.py``: plain decodes advanced together) and
+this: while the scheduler may repeat the last step (``Scheduler.repeat``) and nothing arrives, an engine's
+steps differ only in what falls due (the lane's blocks), their duration, the clock and the counters, so a
+run takes each at that cost, with no output, report or observer call, and tells an observer that asks
+(``on_steps``) the whole run as one ``StepRun``. A single engine (``Engine.run``) and a fleet's replicas
+(``Engine.advance_to``) take runs alike; a run stopped by an arrival for another replica goes on coasting.
+A step's duration is the executor's ``lane_seconds(n)(kv_tokens)``, a promise: what ``execute`` would charge it.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, NamedTuple
+
+from kvsched.core.outputs import SchedulerOutput, StepFeatures
+from kvsched.core.step_notes import repeated_notes
+from kvsched.core.view import OutputView
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from kvsched.core.engine import Engine
+    from kvsched.core.sequence import SequenceGroup
+    from kvsched.core.view import CacheView
+
+
+class StepRun(NamedTuple):
+    """Steps ``first`` .. ``first + len(duration) - 1``: a steady step repeated, advanced at once
+    (docs/hooks.md "Steady runs"), as ``on_steps`` observers see them. Every step ran the batch of
+    ``output`` (plain decodes of every running group); what changes from step to step is a tuple."""
+
+    first: int  # the first step's counter
+    output: OutputView  # the first step's
+    started: tuple[float, ...]  # clock as each step was scheduled
+    now: tuple[float, ...]  # clock after each step
+    duration: tuple[float, ...]
+    kv_tokens_read: tuple[int, ...]  # each step's K (its features: no prefill, D = len(output.scheduled), no block moved)
+    num_waiting: tuple[int, ...]  # after each step (a group whose arrival the policy said changes nothing joins during a run)
+    num_running: tuple[int, ...]  # after each step (the last may have finished groups)
+    free_gpu_blocks: tuple[int, ...]  # after each step (blocks fall due as the sequences grow, and the last may free some)
+    num_swapped: int
+    finished: tuple[SequenceGroup, ...]  # groups (GroupViews) that ended in the last step
+    cache: CacheView  # as of after the last step
+    notes: tuple  # what decisions() needs: the steady step's notes, where the lane call came in them, each step's free blocks
+
+    def features(self, i: int) -> StepFeatures:
+        """Step ``first + i``'s features, as its report would have them."""
+        return StepFeatures(0, self.output.decode_seqs, self.kv_tokens_read[i], 0, 0)
+
+    def decisions(self, i: int) -> list[tuple]:
+        """Step ``first + i``'s ``Decision`` notes (the refusals' free blocks as of that step)."""
+        decisions, at, free = self.notes
+        return repeated_notes(decisions, at, *free[i]) if decisions else []
+
+
+class Run(NamedTuple):
+    """A steady run as it went: its steps' start times, the free GPU blocks before and after each step, and
+    whether a group finished in its last step (then the next run starts with the scheduler's full check)."""
+
+    started: list[float]
+    free: list[tuple[int, int]]
+    finished: bool
+
+
+class SteadyRuns:
+    """The steady runs of one engine (``Engine.runs``, when its executor advances them)."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self._coasting: tuple[int, Callable[[int], float] | None] = (0, None)  # the run's batch size and its step cost
+
+    def advance(self, until: float, limit: int = -1, observe=None, join=None, resume: bool = False) -> Run:
+        """Repeat the steady step, no output, report or observer call, while it repeats unchanged: each step that
+        starts before ``until`` (when a request arrives), up to ``limit`` steps (-1: no limit) and the first that
+        finishes a group; then tell ``observe`` (``on_steps``) the run. An arrival the policy said changes nothing
+        joins the queue instead (``join(now)`` queues what arrived by ``now``, the next arrival's time), when
+        given one. ``resume``: the last run, stopped by an arrival and nothing done to the engine since, goes on
+        coasting (its first step needs no full check)."""
+        engine = self.engine
+        sched, clock, executor = engine.scheduler, engine.clock, engine.executor
+        lane, gpu, audit, arrivals = sched.lane, sched.block_manager.gpu, engine.config.audit_every_step, sched.steady.arrivals
+        started, durations, kv, waiting, free, finished = [], [], [], [], [], []  # per step; the groups that finished
+        batch, (n, seconds) = None, (self._coasting if resume else (0, None))
+        while len(durations) != limit:
+            now = clock.now()
+            if until <= now:
+                if arrivals or join is None:  # the policy decides again
+                    break
+                until = join(now)
+            before, k = gpu.num_free, lane.kv_tokens
+            # No member finishing, nothing the repeat checks changes (due blocks keep every refusal refused): the lane coasts.
+            coasting = n and lane.coast()
+            if not coasting:
+                if not sched.repeat(None):
+                    break
+                if n != lane.scheduled:  # the run's first step (later ones keep the batch)
+                    n, seconds = lane.scheduled, executor.lane_seconds(lane.scheduled)
+                if batch is None and observe is not None:  # the members, before any leaves in the last step
+                    batch = lane.batch
+            duration = seconds(k)
+            clock.advance(duration)
+            started.append(now)
+            durations.append(duration)
+            kv.append(k)
+            waiting.append(len(sched.waiting))
+            free.append((before, gpu.num_free))
+            if not coasting:
+                finished += engine.apply_lane_step(clock.now())
+            if audit:
+                engine.check()
+            if finished:
+                break
+        engine.num_steps += len(durations)
+        self._coasting = (n, seconds)
+        if durations and observe is not None:
+            self._report(batch, started, durations, kv, waiting, free, finished, observe)
+        return Run(started, free, bool(finished))
+
+    def _report(self, batch, started, durations, kv, waiting, free, finished, observe) -> None:
+        """Tell the observers a steady run (``StepRun``), as ``Engine.complete`` tells them a step."""
+        engine = self.engine
+        sched, n, steps, steady = engine.scheduler, len(batch), len(durations), engine.scheduler.steady
+        out = SchedulerOutput(scheduled=batch, num_batched_tokens=n, decode_seqs=n, kv_tokens_read=kv[0], lane_decodes=n)
+        # Tuples, not lists: what the observers share (the steady step's notes among them) is read-only.
+        run = StepRun(
+            engine.num_steps - steps, OutputView(out), tuple(started), (*started[1:], engine.clock.now()), tuple(durations),
+            tuple(kv), tuple(waiting), (len(sched.running) + len(finished),) * (steps - 1) + (len(sched.running),),
+            (*[after for _, after in free[:-1]], sched.block_manager.gpu.num_free), len(sched.swapped),
+            tuple([g.view for g in finished]), sched.cache_view, (tuple(steady.notes), steady.notes_at, tuple(free)),
+        )
+        out.decisions = run.decisions(0)
+        observe(run)
