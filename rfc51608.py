@@ -26,8 +26,6 @@ import math
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from kvsched.core.decisions import Preemption, PreemptionMode
-from kvsched.core.hookspecs import hookimpl
 from kvsched.policies.vllm_v1 import VllmV1
 
 WAITING, SKIPPED = "waiting", "skipped"
@@ -136,10 +134,9 @@ class Rfc51608(VllmV1):
             yield queues[which].pop(0).request
         yield from waiting[self.window :]
 
-    @hookimpl
-    def choose_preemption(self, step, requester):
-        preempted = set(step.preempted)
-        running = [(i, g) for i, g in enumerate(step.running) if g is not requester and g not in preempted]
+    def pick_victim(self, step, candidates, requester):
+        """The largest Preemption key (by default the position: V1's tail) among the others; else the requester."""
+        position = {g.request_id: i for i, g in enumerate(step.running)}
         key = self.preemption_key or (lambda request, position: position)
-        victim = max(running, key=lambda pair: key(pair[1], pair[0]), default=(None, requester))[1]
-        return Preemption(victim, PreemptionMode.RECOMPUTE)
+        others = [g for g in candidates if g is not requester]
+        return max(others, key=lambda g: key(g, position[g.request_id]), default=requester)

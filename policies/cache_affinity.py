@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kvsched.policies.proposals import WindowedV1
+from kvsched.policies.proposals import WindowedV1, windowed
 
 
 class CacheAffinity(WindowedV1):
@@ -20,5 +20,5 @@ class CacheAffinity(WindowedV1):
     def __init__(self, window_k: int = 32, **v1) -> None:
         super().__init__(window=window_k, **v1)
 
-    def key(self, step, group):
-        return -step.cache.num_cached_tokens(group)
+    def order_waiting(self, step):
+        return windowed(step.waiting, self.window, lambda g: -step.cache.num_cached_tokens(g))

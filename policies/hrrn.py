@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kvsched.policies.proposals import WindowedV1, uncached_tokens, waited
+from kvsched.policies.proposals import WindowedV1, uncached_tokens, waited, windowed
 
 
 class Hrrn(WindowedV1):
@@ -22,6 +22,10 @@ class Hrrn(WindowedV1):
         if self.tokens_per_s <= 0:
             raise ValueError(f"prefill_tokens_per_s must be > 0, got {prefill_tokens_per_s}")
 
-    def key(self, step, group):
+    def order_waiting(self, step):
+        return windowed(step.waiting, self.window, lambda g: self.ratio(step, g))
+
+    def ratio(self, step, group):
+        """The response ratio, highest first (negated), the shorter service first among equals."""
         service = max(uncached_tokens(step, group), 1) / self.tokens_per_s
-        return (-(waited(step, group) + service) / service, service, group.arrival_time)  # ties: the shorter
+        return (-(waited(step, group) + service) / service, service, group.arrival_time)

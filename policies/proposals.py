@@ -8,7 +8,6 @@ the prefix cache) are defined once, here.
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
 from itertools import chain
 
 from kvsched.policies.vllm_v1 import VllmV1
@@ -29,25 +28,19 @@ def recovering(group) -> bool:
     return group.num_preemptions > 0
 
 
-class WindowedV1(VllmV1, ABC):
-    """``vllm-v1`` whose first ``window`` waiting requests are offered in the order of ``key`` (lowest
-    first, FCFS among equals), the rest in queue order behind them.
+def windowed(waiting, window: int, key):
+    """The first ``window`` of ``waiting`` in the order of ``key`` (lowest first, FCFS among equals), the rest in
+    queue order behind them: a bounded reorder, as RFC #51608 asks of its plugins (``key`` may probe the cache)."""
+    head = sorted(waiting[:window], key=key)
+    return chain(head, waiting[window:]) if len(waiting) > window else head
 
-    The window bounds what a step costs (``key`` may probe the prefix cache) and, as RFC #51608
-    asks of its plugins, how far a rule can reach into the queue.
-    """
+
+class WindowedV1(VllmV1):
+    """``vllm-v1`` that reorders only the first ``window`` waiting requests (``windowed``): the bound on what a
+    step costs and on how far a rule can reach into the queue, as each proposal's ``order_waiting`` uses it."""
 
     def __init__(self, window: int = 128, **v1) -> None:
         super().__init__(**v1)
         self.window = int(window)
         if self.window < 1:
             raise ValueError(f"window must be >= 1, got {window}")
-
-    @abstractmethod
-    def key(self, step, group):
-        """The request's rank in the window: lower is offered first (each proposal defines its own)."""
-
-    def order_waiting(self, step):
-        waiting = step.waiting
-        head = sorted(waiting[: self.window], key=lambda g: self.key(step, g))
-        return chain(head, waiting[self.window :]) if len(waiting) > self.window else head

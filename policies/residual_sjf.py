@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kvsched.policies.proposals import WindowedV1, recovering, uncached_tokens, waited
+from kvsched.policies.proposals import WindowedV1, recovering, uncached_tokens, waited, windowed
 
 
 class ResidualSjf(WindowedV1):
@@ -23,7 +23,11 @@ class ResidualSjf(WindowedV1):
         if self.max_wait_s <= 0:
             raise ValueError(f"max_wait_ms must be > 0, got {max_wait_ms}")
 
-    def key(self, step, group):
+    def order_waiting(self, step):
+        return windowed(step.waiting, self.window, lambda g: self.rank(step, g))
+
+    def rank(self, step, group):
+        """Recovery requests, then those waited past ``max_wait_ms``, in arrival order; then by residual blocks."""
         if recovering(group):
             return (0, 0, group.arrival_time)
         if waited(step, group) > self.max_wait_s:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kvsched.policies.proposals import WindowedV1, waited
+from kvsched.policies.proposals import WindowedV1, waited, windowed
 
 
 class SjfAging(WindowedV1):
@@ -29,5 +29,5 @@ class SjfAging(WindowedV1):
         short = self.length_weight / (1.0 + group.prompt_len / self.length_median)
         return short + self.time_weight * waited(step, group) / self.time_median
 
-    def key(self, step, group):
-        return (-self.score(step, group), group.arrival_time)
+    def order_waiting(self, step):
+        return windowed(step.waiting, self.window, lambda g: (-self.score(step, g), g.arrival_time))

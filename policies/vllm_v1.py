@@ -102,7 +102,7 @@ class VllmV1:
         return True
 
     def order_waiting(self, step):
-        """The order waiting requests are offered in (V1's request queue); a subclass's own ordering rule."""
+        """The order waiting requests are offered in (V1's request queue): the skeleton's first half, a subclass's own rule."""
         if self.priority:
             return sorted(step.waiting, key=self._urgency)
         if self.grammar_queue_first:  # until preempted: vLLM puts a preempted request back in its main queue
@@ -121,13 +121,18 @@ class VllmV1:
         watermark = cache.watermark_blocks if (step.running or step.admitted) else 0
         return AllocStatus.OK if full + watermark <= cache.num_free_gpu_blocks else AllocStatus.LATER
 
+    def pick_victim(self, step, candidates, requester):
+        """The running request to preempt for ``requester`` among ``candidates`` (every running one not yet
+        preempted, the requester and those scheduled earlier in the step included): the skeleton's second half.
+        Under ``priority`` the least urgent (latest); None: the last running one not yet scheduled (V1's tail)."""
+        return max(candidates, key=lambda g: (g.priority, g.arrival_time)) if self.priority else None
+
     @hookimpl
     def choose_preemption(self, step, requester):
-        """The last running request, or under ``priority`` the least urgent (latest) of all running ones,
-        by recompute: V1 has no swap, and under v0 mechanics a swapped group would never come back."""
-        if not self.priority:
-            victim = step.newest_unscheduled(exclude=requester)  # the core's default victim
-            return Preemption(victim if victim is not None else requester, PreemptionMode.RECOMPUTE)
+        """``pick_victim``'s choice (else V1's tail, else the requester itself), by recompute: V1 has no swap,
+        and under v0 mechanics a swapped group would never come back."""
         preempted = set(step.preempted)
-        running = [g for g in step.running if g not in preempted]
-        return Preemption(max(running, key=lambda g: (g.priority, g.arrival_time)), PreemptionMode.RECOMPUTE)
+        victim = self.pick_victim(step, [g for g in step.running if g not in preempted], requester)
+        if victim is None:
+            victim = step.newest_unscheduled(exclude=requester)  # the core's default victim
+        return Preemption(victim if victim is not None else requester, PreemptionMode.RECOMPUTE)

@@ -28,35 +28,33 @@ def test_every_hook_is_documented_with_its_signature(hook):
     assert getattr(hookspecs, hook).__doc__.strip()
 
 
-def example_policy():
+def example_policy(example: str = "shortest-prompt-first", name: str = "ShortestPromptFirst"):
     text = (DOCS / "writing-a-policy.md").read_text()
-    code = re.search(r"<!-- example: shortest-prompt-first -->\n```python\n(.*?)```", text, re.S).group(1)
+    code = re.search(rf"<!-- example: {example} -->\n```python\n(.*?)```", text, re.S).group(1)
     namespace: dict = {}
     exec(compile(code, "writing-a-policy.md", "exec"), namespace)
-    return namespace["ShortestPromptFirst"]
+    return namespace[name]
 
 
 def test_the_documented_vllm_v1_subclass_restates_its_claims_and_gives_its_reasons():
     """Building on vllm-v1: the base class is public, claims are not inherited, a victim comes with its reason."""
     from kvsched.testing.claims import declared_claims
 
-    text = (DOCS / "writing-a-policy.md").read_text()
-    code = re.search(r"<!-- example: building-on-vllm-v1 -->\n```python\n(.*?)```", text, re.S).group(1)
-    namespace: dict = {}
-    exec(compile(code, "writing-a-policy.md", "exec"), namespace)
-    policy = namespace["OldestFirstVictim"]
+    policy = example_policy("building-on-vllm-v1", "OldestFirstVictim")
     assert declared_claims(policy) == {"starvation-free"}
     assert declared_claims(type("Silent", (policy.__mro__[1],), {})) == frozenset()  # a subclass that says nothing claims nothing
     e = unit_engine(policy(), num_gpu_blocks=6, block_size=4)
     victims = []
     e.run([req(f"r{i}", prompt_len=6, output_len=12, arrival=0.01 * i) for i in range(3)],
-          on_step=lambda r: victims.extend(d for d in r.output.decisions if d[0].name == "PREEMPTED"))
-    assert victims and all(d[4].startswith("arrived first") or d[4] == "no other running request" for d in victims)
+          on_step=lambda r: victims.extend(d for d in r.output.decisions if d.kind.name == "PREEMPTED"))
+    assert victims and all(d.reason.startswith("arrived first") or d.reason == "no other running request" for d in victims)
     assert e.leaked_blocks == 0
 
 
-def test_documented_policy_serves_shorter_prompts_first():
-    e = unit_engine(example_policy(), max_num_batched_tokens=64, max_num_seqs=8)
+@pytest.mark.parametrize("example", [("shortest-prompt-first", "ShortestPromptFirst"),
+                                     ("shortest-prompt-first-skeleton", "ShortestPromptFirstSkeleton")])
+def test_documented_policy_serves_shorter_prompts_first(example):
+    e = unit_engine(example_policy(*example), max_num_batched_tokens=64, max_num_seqs=8)
     for i, length in enumerate((60, 40, 20, 10)):
         e.add_request(req(f"len{length}", prompt_len=length, output_len=3))
     e.run()
