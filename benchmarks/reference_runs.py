@@ -25,8 +25,8 @@ import tempfile
 from pathlib import Path
 
 ENGINE = Path(sys.executable).with_name("engine")
-PINNED = ["--set", "num_gpu_blocks=2048", "--set", "max_num_batched_tokens=2048", "--set", "max_model_len=2048",
-          "--set", "num_cpu_blocks=1024", "--profile", "llama2-7b-a100"]
+PINNED = {"num_gpu_blocks": "2048", "max_num_batched_tokens": "2048", "max_model_len": "2048", "num_cpu_blocks": "1024"}
+PROFILE = ["--profile", "llama2-7b-a100"]
 TENANTS = str(Path(__file__).resolve().parents[1] / "docs" / "examples" / "bursty-tenants.json")
 
 RUNS: dict[str, list[str]] = {
@@ -56,10 +56,23 @@ RUNS: dict[str, list[str]] = {
 FILES = ("summary.json", "requests.csv")
 
 
+def command(args: list[str]) -> list[str]:
+    """The run's arguments with the pinned settings: a run's own ``--set`` replaces a pinned one (a setting is given
+    once: the CLI refuses it twice)."""
+    settings, rest, words = dict(PINNED), [], iter(args)
+    for word in words:
+        if word == "--set":
+            key, _, value = next(words).partition("=")
+            settings[key] = value
+        else:
+            rest.append(word)
+    return [word for key, value in settings.items() for word in ("--set", f"{key}={value}")] + PROFILE + rest
+
+
 def run_all(dest: Path) -> None:
     for name, args in RUNS.items():
         out = dest / name
-        cmd = [str(ENGINE), "run", "-q", *PINNED, *args, "--output", str(out)]
+        cmd = [str(ENGINE), "run", "-q", *command(args), "--output", str(out)]
         done = subprocess.run(cmd, capture_output=True, text=True)
         if done.returncode != 0:
             sys.exit(f"{name}: {' '.join(cmd)} failed:\n{done.stderr}")
