@@ -186,8 +186,7 @@ class Engine:
 
     # ------------------------------------------------------------------- events on a shared clock
     def begin_step(self) -> SchedulerOutput:
-        """Schedule the next step and hand it to the executor; it is applied when the clock reaches its end
-        (``next_event_time``, then ``end_step``): how engines side by side on one clock (a fleet) step."""
+        """Schedule and execute the next step, applied by ``end_step`` at its end: engines sharing one clock (a fleet)."""
         output = self.schedule()
         self._result = self.executor.execute(output)
         return output
@@ -202,9 +201,8 @@ class Engine:
         return self.complete(self._in_flight, result)
 
     def advance_to(self, t: float, resume: bool = False):
-        """Advance the engine to ``t`` when nothing arrives before it and its last step repeats unchanged (steady):
-        its repeats that start before ``t``, taken at once with no report (a steady run, ``SteadyRuns.advance``;
-        ``resume``: the last one, stopped at its ``t`` with nothing done since, goes on). None if it cannot."""
+        """With nothing arriving before ``t``, the steady step's repeats that start before it, taken at once (a steady
+        run; ``resume``: the last, stopped at its ``t`` with nothing done since, goes on coasting). None if it cannot."""
         if self.runs is None or self.scheduler.steady is None:
             return None
         return self.runs.advance(t, resume=resume)

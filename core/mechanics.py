@@ -1,7 +1,6 @@
 """Whose mechanics the core follows: how a step takes KV blocks, what a request with ``n > 1`` is, how a step
-completes. One object per kind, given to the ``Engine`` (by default the one ``EngineConfig.vllm_engine`` names,
-which a policy picks through its ``engine_defaults``); the policy and its hooks are the same on every one.
-"""
+completes; given to the ``Engine`` (by default those ``EngineConfig.vllm_engine`` names, as a policy's
+``engine_defaults`` set it). The policy and its hooks are the same on every one."""
 
 from __future__ import annotations
 

@@ -70,7 +70,7 @@ class Scheduler:
     def schedule(self, now: float, hooks: PolicyHooks | None = None) -> SchedulerOutput:
         """Build, validate and commit one step with the policy (or with ``hooks``: another policy
         deciding on the same state, e.g. a fallback after this one failed)."""
-        if self.steady is not None and hooks is None and (out := self._repeat()) is not None:
+        if self.steady is not None and hooks is None and self.repeat(out := SchedulerOutput()):
             return out
         self.steady = None
         waiting = self.waiting
@@ -93,21 +93,10 @@ class Scheduler:
             self.steady = _steady(step, waiting)
         return step.output
 
-    def _repeat(self) -> SchedulerOutput | None:
-        """The last, steady step again if each refused admission is still refused and the lane still exact; else None."""
-        bm, out = self.block_manager, SchedulerOutput()
-        free = bm.gpu.num_free  # a refusal noted after the lane saw fewer: the lane's due blocks only confirm it
-        if not self.repeat(out):
-            return None
-        out.lane_decodes = self.lane.scheduled
-        out.decisions = repeated_notes(self.steady.notes, self.steady.notes_at, free, bm.gpu.num_free)
-        return out
-
     def repeat(self, out: SchedulerOutput | None) -> bool:
-        """Schedule the last, steady step again (into ``out``; None: into no output, for a caller that advances
-        it without one) if it is still valid: no arrival it depends on, each refusal still short of blocks, the
-        decode lane still exact; False if not (given an output, a lane no longer exact is dissolved, as the
-        policy's own call of the lane would)."""
+        """Schedule the last, steady step again (into ``out``, or none) if it is still valid: no arrival it depends
+        on, each refusal still short of blocks, the decode lane still exact; False if not (given an output, a lane no
+        longer exact is dissolved, as the policy's own call of the lane would)."""
         steady = self.steady
         if steady.arrivals and len(self.waiting) != steady.num_waiting:  # an event for the policy
             return False
@@ -120,6 +109,9 @@ class Scheduler:
             if out is not None:
                 self.lane.dissolve()
             return False
+        if out is not None:  # the notes as of now: a refusal noted after the lane saw its due blocks taken
+            out.lane_decodes = self.lane.scheduled
+            out.decisions = repeated_notes(steady.notes, steady.notes_at, free, bm.gpu.num_free)
         return True
 
     def _rollback(self) -> None:
