@@ -129,10 +129,12 @@ def split_profile(scale: float = 1.0, limit: int | None = None, like_vidur: bool
         cum[(file.rsplit("/", 2)[-2:] and "/".join(file.rsplit("/", 2)[-2:]), name)] = ct
     total = sum(ct for (f, n), ct in cum.items() if n == "run" and f.endswith("core/engine.py"))
     parts = {
-        "steady runs: SteadyRuns.advance (repeats advanced at once, with their StepRun to the observer)": ("executors/steady_runs.py", "advance"),
+        "steady runs: SteadyRuns.advance (repeats advanced at once, with their StepRun to the observer)":
+            ("executors/steady_runs.py", "advance"),
         "scheduler: Scheduler.schedule (policy hook, step builder, decode lane, block manager, commit)": ("core/scheduler.py", "schedule"),
         "executor: SimulatedExecutor.execute (cost model, tokens outside the lane)": ("executors/simulated.py", "execute"),
-        "bookkeeping: Completion.apply (lane step, finishing, tokens outside the lane)": ("core/completion.py", "apply"),
+        "bookkeeping: Completion.apply (lane step, finishing, tokens outside the lane)":
+            ("core/completion.py", "apply"),
         "step features (computed once per step)": ("core/outputs.py", "features"),
         "observer: TimeSeriesRecorder, single steps": ("metrics/timeseries.py", "__call__"),
         "observer: TimeSeriesRecorder, steady runs": ("metrics/timeseries.py", "on_steps"),

@@ -129,7 +129,7 @@ class Replica:
             engine.clock.wait_until(t)
         self._trim(t)  # here, not when a report is kept: arrivals up to t, which read older ones, have been routed
         steady = engine.scheduler.steady
-        if self._runs and steady is not None and steady.arrivals and t < horizon:  # arrivals end it: it stops at the horizon
+        if self._runs and steady is not None and steady.arrivals and t < horizon:  # an arrival ends it: at the horizon
             sched = engine.scheduler  # the counts hold until the run's last step: the cut reports show them
             counts = (len(sched.waiting), len(sched.running), len(sched.swapped)) if cuts else None
             run = engine.advance_to(horizon, resume=self.resumable)

@@ -97,7 +97,7 @@ class AsyncLag(SchedulerTime):
         return finished
 
     def append(self, seq: Sequence, token: int, now: float) -> None:
-        """``Completion.append``, but a sequence that stopped in the step before ends here and this step's token is dropped."""
+        """``Completion.append``, but a sequence that stopped in the step before ends here (its token dropped)."""
         due = self._due.pop(seq.seq_id, None)
         if due is None:
             super().append(seq, token, now)

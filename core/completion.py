@@ -63,7 +63,7 @@ class Completion:
         return finished
 
     def apply_lane(self, now: float, finished: list[SequenceGroup]) -> bool:
-        """The decode lane's step ran: end the members that sampled their last token (into ``finished``); True if any did."""
+        """The lane's step ran: end the members that sampled their last token (into ``finished``); True if any."""
         sched = self.sched
         ended = sched.lane.apply()
         for seq in ended:
@@ -92,7 +92,7 @@ class Completion:
         the tokens appended until one stops the sequence (an executor that samples one rejects them all)."""
         accepted = len(sampled) - 1
         if not 0 <= accepted < scheduled:
-            raise RuntimeError(f"{seq!r} ran {scheduled - 1} draft tokens, and the executor sampled {len(sampled)} tokens")
+            raise RuntimeError(f"{seq!r} ran {scheduled - 1} draft tokens, the executor sampled {len(sampled)} tokens")
         seq.num_computed_tokens -= scheduled - 1 - accepted
         for token in sampled:
             self.append(seq, token, now)

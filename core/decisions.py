@@ -124,5 +124,7 @@ class Preemption:
     reason: str | None = None
 
 
-__all__ = ["Decision", "Held", "Ignored", "Outcome", "Preempted", "Preemption", "PreemptionMode", "Prefill", "Refused", "SwappedIn",
-           "held_problem"]
+__all__ = [
+    "Decision", "Held", "Ignored", "Outcome", "Preempted", "Preemption", "PreemptionMode", "Prefill", "Refused",
+    "SwappedIn", "held_problem",
+]

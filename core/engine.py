@@ -54,7 +54,7 @@ class Engine:
         self.config = config = self.hooks.configure(config)
         self.mechanics = mechanics = mechanics or mechanics_of(config)
         if mechanics.vllm_engine != config.vllm_engine:
-            raise ValueError(f"mechanics {mechanics.name!r} are vLLM {mechanics.vllm_engine}'s, the config's vllm_engine is {config.vllm_engine!r}")
+            raise ValueError(f"mechanics {mechanics.name!r} are not the config's vllm_engine {config.vllm_engine!r}")
         self.scheduler = sched = Scheduler(config, self.hooks, mechanics, steady_steps)
         self.executor = executor
         attach = getattr(executor, "attach", None)
@@ -74,13 +74,14 @@ class Engine:
         # The decode lane takes v0's plain decodes when the executor knows their tokens: not with prefix caching
         # (blocks hashed as they fill) nor timed steps. Steady runs, when the executor can also advance them
         # (unless an on_step plugin sees every step).
-        if (mechanics.lane and config.decode_lane and isinstance(executor, KnownTokens) and not config.enable_prefix_caching
-                and not self.completion.timed):
+        lane = mechanics.lane and config.decode_lane and isinstance(executor, KnownTokens)
+        if lane and not config.enable_prefix_caching and not self.completion.timed:
             sched.lane = executor.decode_lane(sched.block_manager)
-        runs = sched.repeats and sched.lane is not None and isinstance(executor, KnownDurations) and not self.hooks.observes_steps
-        self.runs = executor.steady_runs(self) if runs else None  # SteadyRuns.advance: core/executor.py KnownDurations
+        runs = sched.repeats and sched.lane is not None and isinstance(executor, KnownDurations)
+        self.runs = executor.steady_runs(self) if runs and not self.hooks.observes_steps else None  # KnownDurations
         # A request with n > 1 fanned out into n requests (core/fanout.py), or scheduled as one group.
-        self.fan_out = FanOut(sched, self.new_seq_id, executor.eos_token_id, self._max_seq_len) if mechanics.fans_out else None
+        eos = executor.eos_token_id
+        self.fan_out = FanOut(sched, self.new_seq_id, eos, self._max_seq_len) if mechanics.fans_out else None
         self._idle_steps = 0
         self._idle_since = 0.0
         self._in_flight: SchedulerOutput | None = None  # a step scheduled and not yet completed
@@ -99,7 +100,8 @@ class Engine:
             request = Request.model_validate(request)
         if request.request_id in self._groups:
             raise ValueError(f"duplicate request id {request.request_id!r}")
-        group = SequenceGroup(request, self.num_requests, self.new_seq_id(), self.executor.eos_token_id, self._max_seq_len)
+        eos = self.executor.eos_token_id
+        group = SequenceGroup(request, self.num_requests, self.new_seq_id(), eos, self._max_seq_len)
         self._groups[request.request_id] = group
         self.num_requests += 1
         if group.n > 1 and self.fan_out is not None:
@@ -186,7 +188,7 @@ class Engine:
 
     # ------------------------------------------------------------------- events on a shared clock
     def begin_step(self) -> SchedulerOutput:
-        """Schedule and execute the next step, applied by ``end_step`` at its end: engines sharing one clock (a fleet)."""
+        """Schedule and execute the next step, applied by ``end_step`` at its end (engines sharing one clock)."""
         output = self.schedule()
         self._result = self.executor.execute(output)
         return output
@@ -202,7 +204,7 @@ class Engine:
 
     def advance_to(self, t: float, resume: bool = False):
         """With nothing arriving before ``t``, the steady step's repeats that start before it, taken at once (a steady
-        run; ``resume``: the last, stopped at its ``t`` with nothing done since, goes on coasting). None if it cannot."""
+        run; ``resume``: the last, stopped at its ``t`` with nothing done since, goes on). None if it cannot."""
         if self.runs is None or self.scheduler.steady is None:
             return None
         return self.runs.advance(t, resume=resume)
@@ -224,7 +226,7 @@ class Engine:
         features = output.features  # counted by the step builder, before the completion changes the sequences
         self.clock.advance(result.duration)
         now = self.clock.now()
-        finished = completion.apply(output, result.tokens, now)  # the scheduler's groups that ended (V1: fan-out children)
+        finished = completion.apply(output, result.tokens, now)  # the scheduler's groups that ended (V1: children)
         if finished and self.fan_out is not None:  # as the engine reports them: a child by its parent
             finished = self.fan_out.ended(finished)
         self._retire(finished)
@@ -315,9 +317,10 @@ class Engine:
             if on_step is not None:
                 on_step(report)
             steps += 1
-            while runs is not None and sched.steady is not None and steps != max_steps:  # a finish ends a run; the next may follow
-                run = runs.advance(math.inf if upcoming is None else upcoming.arrival_time, -1 if max_steps is None else max_steps - steps,
-                                   on_step and on_step.on_steps, join)
+            while runs is not None and sched.steady is not None and steps != max_steps:  # after a finish, another run
+                until = math.inf if upcoming is None else upcoming.arrival_time
+                limit = -1 if max_steps is None else max_steps - steps
+                run = runs.advance(until, limit, on_step and on_step.on_steps, join)
                 steps += len(run.started)
                 if not run.finished:
                     break

@@ -71,32 +71,23 @@ class KnownDurations(Protocol):
 
 
 class DecodeLane(Protocol):
-    """What the core asks of a decode lane (``kvsched.executors.decode_lane`` has the why and how)."""
+    """What the core asks of a decode lane (``kvsched.executors.decode_lane`` has the why and how): ``take`` a step's
+    ``advance_running``/``advance_decodes`` whole if it is exact, ``schedule`` its batch again (a steady repeat),
+    ``apply`` a lane step (the members that sampled their last token), ``dissolve``, ``rollback``, ``audit``."""
 
     scheduled: int  # members in the step being built (0: the step is not a lane step)
 
-    def take(self, step, decodes_only: bool, cap: int | None) -> bool:
-        """``advance_running`` or ``advance_decodes`` of ``step`` (a ``StepState``), whole, if the lane is exact now."""
-        ...
+    def take(self, step, decodes_only: bool, cap: int | None) -> bool: ...
 
-    def schedule(self, running: list[SequenceGroup], out: SchedulerOutput | None, max_tokens: int, touched: dict | None,
-                 decodes_only: bool = False, cap: int | None = None) -> bool:
-        """Put every running group in ``out`` (None: in no output) as one decode if the lane is exact for
-        this step (and mark them in ``touched``)."""
-        ...
+    def schedule(
+        self, running: list[SequenceGroup], out: SchedulerOutput | None, max_tokens: int, touched: dict | None,
+        decodes_only: bool = False, cap: int | None = None,
+    ) -> bool: ...
 
-    def apply(self) -> list[Sequence]:
-        """The lane step ran; the members that sampled their last token, out of the lane."""
-        ...
+    def apply(self) -> list[Sequence]: ...
 
-    def dissolve(self) -> None:
-        """Every member leaves, its tokens written out."""
-        ...
+    def dissolve(self) -> None: ...
 
-    def rollback(self) -> None:
-        """The step being built was abandoned."""
-        ...
+    def rollback(self) -> None: ...
 
-    def audit(self, running: list[SequenceGroup]) -> list[str]:
-        """Members that are not what the lane assumes."""
-        ...
+    def audit(self, running: list[SequenceGroup]) -> list[str]: ...

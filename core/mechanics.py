@@ -33,8 +33,9 @@ class Mechanics:
     names_on_apply: bool = True  # with prefix caching, blocks are named as a step is applied (else as it is built)
 
     def block_manager(self, config: EngineConfig) -> BlockManager:
-        return BlockManager(config.block_size, config.num_gpu_blocks - self.null_block, config.num_cpu_blocks,
-                            config.watermark_blocks, config.enable_prefix_caching, keep_duplicates=self.keeps_duplicates)
+        blocks = config.num_gpu_blocks - self.null_block
+        return BlockManager(config.block_size, blocks, config.num_cpu_blocks, config.watermark_blocks,
+                            config.enable_prefix_caching, keep_duplicates=self.keeps_duplicates)
 
     def completion(self, engine: Engine) -> Completion:
         """How ``engine``'s steps complete: as they come; with the scheduler's time in their duration if the config

@@ -63,7 +63,7 @@ class PolicyHooks:
             self.pm.register(instantiate(load_policy(builtin)), name=f"{DEFAULT_POLICY}-fallback")
         hook = self.pm.hook
         builders = hook.select_batch.get_hookimpls()
-        # A batch builder that declares ``fcfs`` (True or False): the scheduler may repeat its steady steps (docs/hooks.md).
+        # A batch builder that declares ``fcfs`` (True or False): the scheduler may repeat its steady steps.
         self.fcfs = policy_attribute(builders[0].plugin, "fcfs", False, self.name) if len(builders) == 1 else False
         if type(self.fcfs) is not bool:
             raise PolicyError(self.name, f"its fcfs is {quote(self.fcfs)}, not True or False")

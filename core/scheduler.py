@@ -105,7 +105,8 @@ class Scheduler:
         for g in steady.refusals:
             if free - g.refused >= bm.watermark_blocks:
                 return False
-        if not self.lane.schedule(self.running, out, self.config.max_num_batched_tokens, None, steady.decodes_only, steady.cap):
+        budget = self.config.max_num_batched_tokens
+        if not self.lane.schedule(self.running, out, budget, None, steady.decodes_only, steady.cap):
             if out is not None:
                 self.lane.dissolve()
             return False
@@ -229,8 +230,9 @@ def _steady(step: StepState, waiting: list[SequenceGroup]) -> Steady | None:
     """``step`` as the scheduler may repeat it for a policy that declared ``fcfs``, or None: a decode-lane step of every
     running group whose only note is the refusal of the head of ``waiting`` (as the step began) for want of blocks."""
     out, lane_call, refusals = step.output, step.lane_call, step.refusals
-    if (lane_call is None or out.lane_decodes != len(out.scheduled) or step.sched.swapped or out.preempted or out.ignored
-            or out.blocks_to_swap_in or out.blocks_to_swap_out or len(out.decisions) != len(refusals)):
+    if lane_call is None or out.lane_decodes != len(out.scheduled) or len(out.decisions) != len(refusals):
+        return None
+    if step.sched.swapped or out.preempted or out.ignored or out.blocks_to_swap_in or out.blocks_to_swap_out:
         return None
     if refusals and (refusals != waiting[:1] or refusals[0].refused is None):
         return None

@@ -27,7 +27,8 @@ class DecisionNotes:
         problem = held_problem(reason, numbers)
         if problem is not None:
             self.refuse(f"hold_back: {problem}; got {quote(reason)} and {quote(numbers)}")
-        self.output.decisions.append(Held(Decision.HELD, None, reason, MappingProxyType(dict(numbers))))  # read-only: observers see it
+        numbers = MappingProxyType(dict(numbers))  # read-only: observers see it
+        self.output.decisions.append(Held(Decision.HELD, None, reason, numbers))
 
     def _note(self, outcome: Outcome | None, note: tuple) -> Outcome | None:
         self.output.decisions.append(note)
@@ -56,5 +57,8 @@ class DecisionNotes:
 def repeated_notes(notes: list[tuple], at: int, free: int, after: int) -> list[tuple]:
     """A steady step's notes as its repeat takes them: a refusal's free blocks as of the repeat (``after``
     the lane's due blocks for those noted after the lane call, the ``at``-th note on)."""
-    return [Refused(note.kind, note.request_id, note.needed, free if i < at else after) if note.kind is Decision.NO_BLOCKS else note
-            for i, note in enumerate(notes)]
+    refused = Decision.NO_BLOCKS
+    return [
+        Refused(n.kind, n.request_id, n.needed, free if i < at else after) if n.kind is refused else n
+        for i, n in enumerate(notes)
+    ]

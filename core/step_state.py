@@ -159,7 +159,7 @@ class StepState(DecisionNotes):
         return self._preempt(self._resolve(group, _RUNNING, "preempt"), mode)
 
     def advance_running(self, stop_on_preempted: bool) -> Outcome:
-        lane = self.sched.lane  # the decode lane takes the step's decodes whole when it is exact (executors/decode_lane.py)
+        lane = self.sched.lane  # the decode lane takes the step's decodes whole when it is exact
         if lane is not None and lane.take(self, False, None):
             return Outcome.SCHEDULED
         touched = self.touched
@@ -312,7 +312,8 @@ class StepState(DecisionNotes):
     def _preempt(self, g: SequenceGroup, mode: PreemptionMode | None, requester: SequenceGroup | None = None, reason=None) -> PreemptionMode:
         _out_of_lane(g)
         mode = self._preemption_mode(g, mode)
-        self._note(None, Preempted(Decision.PREEMPTED, g.request_id, mode, requester.request_id if requester is not None else None, reason))
+        requested = requester.request_id if requester is not None else None
+        self._note(None, Preempted(Decision.PREEMPTED, g.request_id, mode, requested, reason))
         if mode is PreemptionMode.SWAP:
             self.output.blocks_to_swap_out += self.bm.swap_out(g)
             self.swapped_out.append(g)

@@ -16,7 +16,7 @@ blocks are taken, as vLLM 0.32's ``KVCacheManager.allocate_slots`` takes them:
   grammar is ready (``grammar_ready``): LATER, as V1 keeps it WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR;
 - with ``num_speculative_tokens`` k, a decoding request runs its last token and k draft tokens
   (fewer if the budget, the policy's cap or ``max_model_len`` leave fewer), with blocks for all of
-  them; the engine rolls the rejected ones back (``Engine._verify``).
+  them; the engine rolls the rejected ones back (``Completion.verify``).
 """
 
 from __future__ import annotations
@@ -202,7 +202,8 @@ class V1StepState(StepState):
             out.prefill_tokens -= entry.num_tokens - 1
         out.kv_tokens_read -= sum(s.num_computed_tokens for s in running)
         if entry.is_prefill:  # the decision log must not say it prefilled: its note goes with it
-            last = max(i for i, note in enumerate(out.decisions) if note.kind is Decision.PREFILL and note.request_id == g.request_id)
+            notes, prefill = out.decisions, Decision.PREFILL
+            last = max(i for i, n in enumerate(notes) if n.kind is prefill and n.request_id == g.request_id)
             del out.decisions[last]
         held = {b for s in running for b in self.bm.gpu_tables.get(s.seq_id, ())}
         out.blocks_to_copy[:] = [pair for pair in out.blocks_to_copy if pair[1] not in held]

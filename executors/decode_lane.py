@@ -48,7 +48,8 @@ _GENERATED = SequenceGroup.num_generated_tokens
 
 class Tokens(Protocol):
     """What the lane asks of its executor (``KnownTokens``), a promise: ``execute`` samples exactly ``tokens_at`` for a
-    one-sequence group (an executor that changes the tokens must not offer a lane). Positions count output tokens from 1."""
+    one-sequence group (an executor that changes the tokens must not offer a lane). Positions count output tokens
+    from 1."""
 
     def tokens_at(self, group: SequenceGroup, start: int, stop: int) -> list[int]:
         """The tokens a one-sequence ``group`` samples at output positions ``start`` .. ``stop - 1``."""
@@ -145,7 +146,8 @@ class DecodeLane:
         if self.scheduled:  # a second call: the lane's members are all touched already
             return False
         out = step.output
-        if not (out.scheduled or out.preempted) and self.schedule(step.sched.running, out, step.max_tokens, step.touched, decodes_only, cap):
+        running, budget, touched = step.sched.running, step.max_tokens, step.touched
+        if not (out.scheduled or out.preempted) and self.schedule(running, out, budget, touched, decodes_only, cap):
             out.lane_decodes = self.scheduled
             step.lane_call = (decodes_only, cap, len(out.decisions))
             return True

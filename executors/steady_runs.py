@@ -35,14 +35,14 @@ class StepRun(NamedTuple):
     started: tuple[float, ...]  # clock as each step was scheduled
     now: tuple[float, ...]  # clock after each step
     duration: tuple[float, ...]
-    kv_tokens_read: tuple[int, ...]  # each step's K (its features: no prefill, D = len(output.scheduled), no block moved)
-    num_waiting: tuple[int, ...]  # after each step (a group whose arrival the policy said changes nothing joins during a run)
+    kv_tokens_read: tuple[int, ...]  # each step's K (its features: no prefill, D = len(output.scheduled), no move)
+    num_waiting: tuple[int, ...]  # after each step (an arrival that changes nothing for the policy joins during a run)
     num_running: tuple[int, ...]  # after each step (the last may have finished groups)
-    free_gpu_blocks: tuple[int, ...]  # after each step (blocks fall due as the sequences grow, and the last may free some)
+    free_gpu_blocks: tuple[int, ...]  # after each step (blocks fall due as the sequences grow; the last may free some)
     num_swapped: int
     finished: tuple[SequenceGroup, ...]  # groups (GroupViews) that ended in the last step
     cache: CacheView  # as of after the last step
-    notes: tuple  # what decisions() needs: the steady step's notes, where the lane call came in them, each step's free blocks
+    notes: tuple  # what decisions() needs: the steady step's notes, where the lane call came in them, each step's free
 
     def features(self, i: int) -> StepFeatures:
         """Step ``first + i``'s features, as its report would have them."""
@@ -79,7 +79,8 @@ class SteadyRuns:
         coasting (its first step needs no full check)."""
         engine = self.engine
         sched, clock, executor = engine.scheduler, engine.clock, engine.executor
-        lane, gpu, audit, arrivals = sched.lane, sched.block_manager.gpu, engine.config.audit_every_step, sched.steady.arrivals
+        lane, gpu, arrivals = sched.lane, sched.block_manager.gpu, sched.steady.arrivals
+        audit = engine.config.audit_every_step
         started, durations, kv, waiting, free, finished = [], [], [], [], [], []  # per step; the groups that finished
         batch, (n, seconds) = None, (self._coasting if resume else (0, None))
         while len(durations) != limit:
@@ -89,7 +90,7 @@ class SteadyRuns:
                     break
                 until = join(now)
             before, k = gpu.num_free, lane.kv_tokens
-            # No member finishing, nothing the repeat checks changes (due blocks keep every refusal refused): the lane coasts.
+            # No member finishing, nothing the repeat checks changes (due blocks keep every refusal refused): it coasts.
             coasting = n and lane.coast()
             if not coasting:
                 if not sched.repeat(None):
@@ -121,11 +122,14 @@ class SteadyRuns:
         """Tell the observers a steady run (``StepRun``), as ``Engine.complete`` tells them a step."""
         engine = self.engine
         sched, n, steps, steady = engine.scheduler, len(batch), len(durations), engine.scheduler.steady
-        out = SchedulerOutput(scheduled=batch, num_batched_tokens=n, decode_seqs=n, kv_tokens_read=kv[0], lane_decodes=n)
+        out = SchedulerOutput(
+            scheduled=batch, num_batched_tokens=n, decode_seqs=n, kv_tokens_read=kv[0], lane_decodes=n
+        )
         # Tuples, not lists: what the observers share (the steady step's notes among them) is read-only.
         run = StepRun(
-            engine.num_steps - steps, OutputView(out), tuple(started), (*started[1:], engine.clock.now()), tuple(durations),
-            tuple(kv), tuple(waiting), (len(sched.running) + len(finished),) * (steps - 1) + (len(sched.running),),
+            engine.num_steps - steps, OutputView(out), tuple(started), (*started[1:], engine.clock.now()),
+            tuple(durations), tuple(kv), tuple(waiting),
+            (len(sched.running) + len(finished),) * (steps - 1) + (len(sched.running),),
             (*[after for _, after in free[:-1]], sched.block_manager.gpu.num_free), len(sched.swapped),
             tuple([g.view for g in finished]), sched.cache_view, (tuple(steady.notes), steady.notes_at, tuple(free)),
         )

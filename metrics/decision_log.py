@@ -91,7 +91,8 @@ class DecisionLog:
         self._step(r.step, r.now - r.duration, out.decisions, out.lane_decodes, out.scheduled, r.finished)
 
     def on_steps(self, run) -> None:
-        """A steady run (``StepRun``, kvsched.executors.steady_runs), step by step as its reports would say it (lane decodes of every running request)."""
+        """A steady run (``StepRun``, kvsched.executors.steady_runs), step by step as its reports would say it
+        (lane decodes of every running request)."""
         lane, last = run.output.lane_decodes, len(run.duration) - 1
         if not run.output.decisions and not self._prefilling:  # no step has notes, nobody left out: only the last step's finishes
             self._step(run.first + last, run.now[last] - run.duration[last], [], lane, (), run.finished)
@@ -147,24 +148,29 @@ class DecisionLog:
                              note.tokens, note.cached if admitted else None, note.left, None, None, None, None))
             elif code in _WAITS:
                 queue = "running" if rid in running else "swapped" if rid in swapped else "waiting"
-                rows.append((step, start, "wait", rid, _WAITS[code], queue, None, None, None, note.needed, note.available, None, None))
+                needed, available, why = note.needed, note.available, _WAITS[code]
+                rows.append((step, start, "wait", rid, why, queue, None, None, None, needed, available, None, None))
             elif code is _PREEMPTED:
                 running.pop(rid, None)
                 prefilling.pop(rid, None)
                 if note.mode.value == "swap":
                     swapped.add(rid)
-                rows.append((step, start, "preempted", rid, note.mode.value, "running", None, None, None, None, None, note.requester, note.reason))
+                mode, by, why = note.mode.value, note.requester, note.reason
+                rows.append((step, start, "preempted", rid, mode, "running", None, None, None, None, None, by, why))
             elif code is _SWAPPED_IN:
                 swapped.discard(rid)
                 running[rid] = None
                 joined.append(rid)
-                rows.append((step, start, "swapped_in", rid, None, "swapped", None, None, None, note.blocks, None, None, None))
+                rows.append(
+                    (step, start, "swapped_in", rid, None, "swapped", None, None, None, note.blocks, None, None, None)
+                )
             elif code is _IGNORED_NOTE:
                 queue = "swapped" if rid in swapped else "waiting"
                 swapped.discard(rid)
                 rows.append((step, start, "ignored", rid, None, queue, None, None, None, None, None, None, note.reason))
             elif code is _HELD:
-                rows.append((step, start, "held", None, str(note.reason), None, None, None, None, None, None, None, format_numbers(note.numbers)))
+                reason, numbers = str(note.reason), format_numbers(note.numbers)
+                rows.append((step, start, "held", None, reason, None, None, None, None, None, None, None, numbers))
         return touched, joined
 
     def _batch(self, step: int, start: float, lane: int, outside: list, prefilling: tuple[tuple[str, int], ...],

@@ -69,7 +69,8 @@ class TimeSeriesRecorder:
             self._settle()
 
     def on_steps(self, run) -> None:
-        """A steady run's rows (``StepRun``, kvsched.executors.steady_runs), as its steps' reports would give them (plain decodes: no prefill, block move or preemption)."""
+        """A steady run's rows (``StepRun``, kvsched.executors.steady_runs), as its steps' reports would give them
+        (plain decodes: no prefill, block move or preemption)."""
         self._settle(flush=False)
         k, n, cache, gpu = len(run.duration), len(run.output.scheduled), run.cache, run.cache.num_gpu_blocks
         (step, time_s, duration, start, waiting, running, swapped, groups, seqs, prefill_groups, prefill_tokens, decodes, kv, gpu_used,

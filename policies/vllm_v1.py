@@ -102,7 +102,7 @@ class VllmV1:
         return True
 
     def order_waiting(self, step):
-        """The order waiting requests are offered in (V1's request queue): the skeleton's first half, a subclass's own rule."""
+        """The order waiting requests are offered in (V1's request queue): the skeleton's first half."""
         if self.priority:
             return sorted(step.waiting, key=self._urgency)
         if self.grammar_queue_first:  # until preempted: vLLM puts a preempted request back in its main queue

@@ -47,7 +47,8 @@ def test_the_documented_vllm_v1_subclass_restates_its_claims_and_gives_its_reaso
     victims = []
     e.run([req(f"r{i}", prompt_len=6, output_len=12, arrival=0.01 * i) for i in range(3)],
           on_step=lambda r: victims.extend(d for d in r.output.decisions if d.kind.name == "PREEMPTED"))
-    assert victims and all(d.reason.startswith("arrived first") or d.reason == "no other running request" for d in victims)
+    reasons = [d.reason for d in victims]
+    assert reasons and all(r.startswith("arrived first") or r == "no other running request" for r in reasons)
     assert e.leaked_blocks == 0
 
 

@@ -34,13 +34,20 @@ class Ended:
 
 
 @settings(max_examples=max(8, settings.default.max_examples // 5))
-@given(data=st.data(), policy=st.sampled_from(BUILT_IN), router=st.sampled_from(ROUTERS), shape=st.sampled_from(SHAPES),
-       replicas=st.integers(1, 4), staleness=st.sampled_from([0.0, 0.01, 0.2]), lookahead=st.booleans(),
-       async_scheduling=st.booleans(), caching=st.booleans(), blocks=st.integers(24, 160), block_size=st.sampled_from((4, 8, 16)))
-def test_soak(data, policy, router, shape, replicas, staleness, lookahead, async_scheduling, caching, blocks, block_size):
+@given(
+    data=st.data(), policy=st.sampled_from(BUILT_IN), router=st.sampled_from(ROUTERS), shape=st.sampled_from(SHAPES),
+    replicas=st.integers(1, 4), staleness=st.sampled_from([0.0, 0.01, 0.2]), lookahead=st.booleans(),
+    async_scheduling=st.booleans(), caching=st.booleans(), blocks=st.integers(24, 160),
+    block_size=st.sampled_from((4, 8, 16)),
+)
+def test_soak(
+    data, policy, router, shape, replicas, staleness, lookahead, async_scheduling, caching, blocks, block_size
+):
     requests = data.draw(pressed_workloads(n_max=1 if shape == "p/d" else 3))  # P/D runs one sequence a request
-    settings_ = {"num_gpu_blocks": blocks, "block_size": block_size, "enable_prefix_caching": caching, "max_num_seqs": 16,
-                 "async_scheduling": async_scheduling, "audit_every_step": True}
+    settings_ = {
+        "num_gpu_blocks": blocks, "block_size": block_size, "enable_prefix_caching": caching, "max_num_seqs": 16,
+        "async_scheduling": async_scheduling, "audit_every_step": True,
+    }
     if shape == "alone":  # as engine run does it: nothing retained, the steps' reports (and steady runs) observed
         ended, engine = Ended(), Engine(EngineConfig(**settings_), policy, SimulatedExecutor(), retain_finished=False)
         engine.run(requests, on_step=ended, in_order=True)

@@ -208,7 +208,8 @@ def test_steady_steps_are_repeated_without_the_policy():
 def test_fcfs_is_declared_by_the_policies_that_admit_in_queue_order():
     """vllm-default and fcfs declare it (and a policy with no select_batch of its own, built by vllm-default's);
     a continuous-batching policy that orders its own queue does not, whatever it inherits."""
-    declared = {name: Engine(EngineConfig(), name, SimulatedExecutor()).hooks.fcfs for name in ("vllm-default", "fcfs", "sjf", "lpm", "vllm-v1")}
+    names = ("vllm-default", "fcfs", "sjf", "lpm", "vllm-v1")
+    declared = {name: Engine(EngineConfig(), name, SimulatedExecutor()).hooks.fcfs for name in names}
     assert declared == {"vllm-default": True, "fcfs": True, "sjf": False, "lpm": False, "vllm-v1": False}
 
     class Reordered(ContinuousBatching):
@@ -237,7 +238,8 @@ def test_a_policys_own_reason_makes_a_step_unrepeatable():
     held = [r for r in reports if r.output.decisions and r.output.decisions[0][2] == "busy"]
     counts = [r.output.decisions[0][3]["running"] for r in held]
     assert counts == sorted(counts, reverse=True) and len(set(counts)) > 1
-    assert {r.started for r in held} <= set(engine.hooks.policy.calls) and len(engine.hooks.policy.calls) < engine.num_steps
+    calls = engine.hooks.policy.calls
+    assert {r.started for r in held} <= set(calls) and len(calls) < engine.num_steps
 
 
 class CountingHolds(HoldsBackWhileBusy):

@@ -132,7 +132,8 @@ class Mirror:
     """
 
     def __init__(self, config: EngineConfig, policy: str, options: dict[str, Any] | None = None, in_flight: bool = False) -> None:
-        self.engine = Engine(config, policy, TokensFromVllm(), mechanics=V1_IN_FLIGHT if in_flight else None, policy_options=options)
+        mechanics = V1_IN_FLIGHT if in_flight else None
+        self.engine = Engine(config, policy, TokensFromVllm(), mechanics=mechanics, policy_options=options)
         self._seq_of: dict[str, int] = {}  # request id -> the mirror sequence's id
         self.in_flight = in_flight
 
