@@ -208,3 +208,24 @@ def test_moe_and_windowed_shapes_read_from_their_configs():
     assert load_model_shape("qwen2.5-7b").sliding_window is None  # use_sliding_window false
     mistral = dict(LLAMA, architectures=["MistralForCausalLM"], sliding_window=4096)
     assert roofline_profile("h100-sxm", model_shape(mistral, "m.json", "m"), 1).decode_exact is False
+
+
+def test_a_windowed_model_runs_step_by_step_and_an_exact_one_takes_the_fast_paths():
+    """A profile whose decode time depends on each context (decode_exact False) turns off the decode lane, and
+    with it the steady runs built on the lane (executors/steady_runs.py); an exact profile keeps both."""
+    from kvsched.core.plugins import load_policy
+    from kvsched.experiments.settings import fit_to_profile
+
+    windowed = profile(model_shape(dict(LLAMA, architectures=["MistralForCausalLM"], sliding_window=64), "m.json", "m"))
+    exact = profile("llama-3.1-8b")
+    config = EngineConfig(max_num_seqs=8, max_model_len=2048, num_gpu_blocks=512)
+    engines = {}
+    for p in (windowed, exact):
+        fitted = fit_to_profile(config, p, load_policy("vllm-default"))
+        engines[p.decode_exact] = engine = Engine(fitted, "vllm-default", SimulatedExecutor(p))
+        engine.run([Request(request_id=str(i), prompt_len=100, output_len=50, sampling=SamplingParams(max_tokens=50))
+                    for i in range(4)])
+        assert len(engine.finished) == 4
+    assert engines[False].config.decode_lane is False
+    assert engines[False].scheduler.lane is None and engines[False].runs is None
+    assert engines[True].scheduler.lane is not None and engines[True].runs is not None
