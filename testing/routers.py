@@ -20,6 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 from hypothesis import given, settings
+from hypothesis.errors import FlakyFailure
 from hypothesis import strategies as st
 
 from kvsched.core.errors import PolicyError, shorten
@@ -95,10 +96,16 @@ def _run(check: str, test, examples: int, derandomize: bool) -> CheckResult:
         with shrink_budget(None):
             conforms()
     except InvariantViolation as exc:
-        return CheckResult(exc.invariant, FAIL, exc.detail, counterexample(exc))
-    except Exception as exc:  # the suite could not reach a verdict: say so in the table
-        return CheckResult(check, UNDECIDED, f"the check stopped: {type(exc).__name__}: {shorten(str(exc))}")
-    return CheckResult(check, PASS)
+        broken = exc
+    except Exception as exc:  # no verdict (say so in the table), unless it broke once and not when Hypothesis ran
+        # the scenario again (FlakyFailure): still broken, as a router whose answers vary by run breaks determinism
+        flaky = exc.exceptions if isinstance(exc, FlakyFailure) else ()
+        broken = next((e for e in flaky if isinstance(e, InvariantViolation)), None)
+        if broken is None:
+            return CheckResult(check, UNDECIDED, f"the check stopped: {type(exc).__name__}: {shorten(str(exc))}")
+    else:
+        return CheckResult(check, PASS)
+    return CheckResult(broken.invariant, FAIL, broken.detail, counterexample(broken))
 
 
 def run_router_checks(router: Any, options: dict | None = None, examples: int = 20,
