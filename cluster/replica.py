@@ -20,12 +20,14 @@ class Replica:
     kept (time-stamped) for as long as a view ``staleness`` old may still show them.
 
     The engine retains its finished groups (``retain_finished``) until ``end_step`` takes them, so
-    that a steady run, which reports to no observer, loses none."""
+    that a steady run, which reports to no observer, loses none. What routers' views read of it is
+    ``routers/replica.py``'s ``RoutedReplica``."""
 
     def __init__(self, name: str, role: str, engine: Engine, profile_name: str, staleness: float, steady_runs: bool = True) -> None:
         self.name, self.role, self.engine, self.profile_name = name, role, engine, profile_name
         self.staleness = staleness
         self.index = 0  # its place in the fleet, set by the cluster
+        self.policy_name, self.block_size = engine.policy_name, engine.config.block_size  # read by routers' views
         self.num_gpu_blocks = engine.config.num_gpu_blocks
         self.in_flight_requests = 0
         self.in_flight_tokens = 0

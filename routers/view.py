@@ -22,7 +22,10 @@ from kvsched.core.request import Request
 from kvsched.core.view import UNKNOWABLE, frozen, hidden_slot
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from kvsched.routers.plugins import RouterError
+    from kvsched.routers.replica import RoutedReplica
 
 FIELDS = tuple(f for f in Request.model_fields if f not in UNKNOWABLE)  # what a RequestView shows: not the answer's length
 
@@ -54,7 +57,7 @@ class RoutingCall:
                  "signals", "_hashes")
 
     def __init__(self, now: float, staleness: float, router: str, reports_only: bool = False, hook: str | None = None,
-                 request: Request | None = None, replicas: list = ()) -> None:
+                 request: Request | None = None, replicas: Sequence[RoutedReplica] = ()) -> None:
         self.number, self.now, self.as_of, self.router = next(_NUMBERS), now, now - staleness, router
         self.reports_only, self.hook, self.refused, self.request, self.replicas = reports_only, hook, None, request, replicas
         self.views: tuple[ReplicaView, ...] = ()
@@ -170,8 +173,8 @@ class ReplicaView:
     role = _replica_field(lambda r: r.role, "mixed, prefill or decode")
     profile = _replica_field(lambda r: r.profile_name, "its cost profile")
     num_gpu_blocks = _replica_field(lambda r: r.num_gpu_blocks, "its KV blocks")
-    policy = _replica_field(lambda r: r.engine.policy_name, "its scheduling policy")
-    block_size = _replica_field(lambda r: r.engine.config.block_size, "tokens per KV block")
+    policy = _replica_field(lambda r: r.policy_name, "its scheduling policy")
+    block_size = _replica_field(lambda r: r.block_size, "tokens per KV block")
     # The reads every router makes for every replica of every request (one call each, not two).
     reported_at = _reported_field(0, "when the report it shows was true (engine seconds)")
     num_waiting = _reported_field(1, "waiting requests, as reported")
@@ -199,7 +202,7 @@ class ReplicaView:
         """Leading prompt tokens of ``request`` (in full blocks) that the replica's GPU prefix cache
         holds now; 0 without prefix caching or without prompt token ids."""
         replica = _fresh(self, "cached_prefix_tokens")
-        block_size = replica.engine.config.block_size
+        block_size = replica.block_size
         return replica.cached_prefix_blocks(_call_of(self)[0].hashes(request, block_size)) * block_size
 
     def __repr__(self) -> str:

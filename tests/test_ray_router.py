@@ -26,7 +26,8 @@ from starlette.requests import Request as HttpRequest  # noqa: E402
 
 from kvsched.integrations.ray import fleet as ray_fleet  # noqa: E402
 from kvsched.integrations.ray.fleet import CompletionBody  # noqa: E402
-from kvsched.integrations.ray.router import KvschedRequestRouter, prompt_ids  # noqa: E402
+from kvsched.integrations.ray.router import KvschedRequestRouter, ServeReplica, prompt_ids  # noqa: E402
+from kvsched.routers.replica import RoutedReplica  # noqa: E402
 
 DEPLOYMENT = DeploymentID(name="EngineServe", app_name="kvsched-fleet")
 REPLICAS = [SimpleNamespace(replica_id=ReplicaID(unique_id=f"r{i}", deployment_id=DEPLOYMENT)) for i in range(3)]
@@ -156,3 +157,8 @@ def test_a_router_that_fails_fails_the_request_with_its_error():
     answer, error = asyncio.run(route())
     assert ranks(answer) == SERVES_ORDER and isinstance(error, RouterError)
     assert str(error).startswith("router 'breaks' in route_request: raised SystemExit: 0 (at ")
+
+
+def test_a_serve_replica_is_the_replica_routers_read():
+    replica = ServeReplica(REPLICAS[0], router())
+    assert isinstance(replica, RoutedReplica) and (replica.policy_name, replica.block_size) == ("?", router().block_size)

@@ -23,7 +23,8 @@ from kvsched.routers.balance import LeastOutstanding, PowerOfTwo, RoundRobin, Vl
 from kvsched.routers.plugins import RouterHooks, available_routers, load_router
 from kvsched.routers.prefix import CacheAware, PrefixAffinity
 from kvsched.routers.prefix_index import PrefixIndex, prefix_hashes
-from kvsched.routers.view import ReplicaView, Route, Signals
+from kvsched.routers.replica import RoutedReplica
+from kvsched.routers.view import ReplicaView, Route, RoutingCall, Signals
 from kvsched.routers.weighted import Weighted
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -355,6 +356,36 @@ def test_a_stale_view_shows_the_newest_report_at_least_staleness_old():
     assert replica.signals_as_of(0.095 - 0.05).num_waiting == 5
     assert replica.signals_as_of(0.13 - 0.05).num_running == 6
 
+
+
+def test_views_read_a_replica_only_through_the_declared_protocol():
+    """``routers/replica.py``'s ``RoutedReplica`` is all a view reads: a stand-in with its members and nothing
+    else (no engine) shows every field, and the fleet's own replica is one."""
+
+    class StandIn:
+        name, role, profile_name, policy_name, block_size, num_gpu_blocks = "s0", "mixed", "p", "fcfs", 16, 100
+        in_flight_requests, in_flight_tokens = 2, 300
+
+        def signals_as_of(self, t):
+            return Signals(t, 4, 3, 1, 25)
+
+        def in_prefill(self):
+            return 1, 120
+
+        def cached_prefix_blocks(self, hashes):
+            return len(hashes) - 1
+
+    assert isinstance(StandIn(), RoutedReplica) and isinstance(fleet(1).replicas[0], RoutedReplica)
+    call = RoutingCall(1.0, 0.25, "reader", replicas=[StandIn()])
+    _, (view,) = call.begin()
+    try:
+        shown = (view.name, view.role, view.profile, view.policy, view.block_size, view.num_gpu_blocks, view.report,
+                 view.in_flight_requests, view.in_flight_tokens, view.in_prefill_requests, view.in_prefill_tokens,
+                 view.kv_usage,
+                 view.cached_prefix_tokens(req("a", tokens=list(range(40)))))
+    finally:
+        call.end()
+    assert shown == ("s0", "mixed", "p", "fcfs", 16, 100, Signals(0.75, 4, 3, 1, 25), 2, 300, 1, 120, 0.75, 16)
 
 def test_staleness_changes_what_a_router_sees():
     """The same arrivals under vllm-dp: with no staleness the reports of finished steps steer it; with

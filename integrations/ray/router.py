@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from types import SimpleNamespace
 from typing import Any
 
 from pydantic import ValidationError
@@ -43,7 +42,7 @@ from kvsched.routers.view import Signals
 
 
 class ServeReplica:
-    """One Serve replica as the kvsched router's views read it (the attributes a cluster replica has)."""
+    """One Serve replica as the kvsched router's views read it (``routers/replica.py``'s ``RoutedReplica``)."""
 
     num_gpu_blocks = 1  # Serve reports no KV blocks: shown as one, free (usage 0)
 
@@ -51,7 +50,7 @@ class ServeReplica:
         self.replica, self.router = replica, router
         self.name = replica.replica_id.unique_id
         self.role, self.profile_name = "mixed", "ray-serve"
-        self.engine = SimpleNamespace(policy_name="?", config=SimpleNamespace(block_size=router.block_size, num_gpu_blocks=1))
+        self.policy_name, self.block_size = "?", router.block_size
         self.in_flight_requests = 0
         self.in_flight_tokens = 0
 
