@@ -16,8 +16,8 @@ GPU_FIT_OPTIONS = frozenset({"hardware", "rounds", "scale"})
 def calibrate(
     ctx: typer.Context,
     recorded: Annotated[Optional[Path], typer.Argument(help=(
-        "CSV of measured steps (StepRecorder.save): "
-        "prefill_tokens,decode_seqs,kv_tokens_read,blocks_swapped,blocks_copied,duration_s"))] = None,
+        "CSV of measured steps (StepRecorder.save): prefill_tokens,decode_seqs,kv_tokens_read,"
+        "blocks_swapped,blocks_copied,duration_s[,prefill_pairs]"))] = None,
     name: Annotated[str, typer.Option(help="name of the fitted profile")] = "fitted",
     output: Annotated[Optional[Path], typer.Option("--output", "-o", help="profile JSON to write (default NAME.json)")] = None,
     kv_bytes_per_token: Annotated[int, typer.Option(help="KV bytes per token, all layers (for swap/copy time)")] = 0,
@@ -32,8 +32,8 @@ def calibrate(
     scale: Annotated[float, typer.Option(
         "--scale", min=1e-3, max=1.0, help="with --from: simulate each stage for this share of its duration")] = 0.25,
 ) -> None:
-    """Fit t = a + b·prefill_tokens + c·decode_seqs + d·kv_tokens_read to measured steps (or, with --from,
-    a GPU's roofline efficiencies to real runs)."""
+    """Fit t = a + b·prefill_tokens + c·decode_seqs + d·kv_tokens_read + e·prefill_pairs to measured steps (or,
+    with --from, a GPU's roofline efficiencies to real runs)."""
     from rich.table import Table
 
     from kvsched.cli.common import console, fail, refuse_unread
@@ -63,7 +63,9 @@ def calibrate(
     table.add_column("term")
     table.add_column("ms", justify="right")
     for label, value in (("a (per step)", profile.base_ms), ("b (per prefill token)", profile.prefill_token_ms),
-                         ("c (per decode sequence)", profile.decode_seq_ms), ("d (per KV token read)", profile.kv_token_ms)):
+                         ("c (per decode sequence)", profile.decode_seq_ms),
+                         ("d (per KV token read)", profile.kv_token_ms),
+                         ("e (per prefill query-key pair)", profile.attention_pair_ms)):
         table.add_row(label, f"{value:.6g}")
     console.print(table)
     console.print(f"relative error: mean {100 * errors['mape']:.2f}%, p95 {100 * errors['p95']:.2f}%, max {100 * errors['max']:.2f}%")

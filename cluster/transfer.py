@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from kvsched.core.outputs import SchedulerOutput
+from kvsched.core.outputs import SchedulerOutput, causal_pairs
 from kvsched.core.executor import StepResult
 from kvsched.executors.simulated import SimulatedExecutor, _charged
 
@@ -39,11 +39,13 @@ class DecodeExecutor(SimulatedExecutor):
 
     def execute(self, output: SchedulerOutput) -> StepResult:
         result = super().execute(output)
-        received = 0
+        received = received_pairs = 0
         for sg in output.scheduled[output.lane_decodes:]:
             if sg.is_prefill and not sg.group.num_recompute_preemptions:
                 received += sg.num_tokens - 1  # the first token it samples there is computed there
+                received_pairs += causal_pairs(sg.group.seqs[0].num_computed_tokens, sg.num_tokens - 1)
         if not received:
             return result
-        p, d, k, swapped, copied = output.features
-        return StepResult(_charged(self.profile.seconds(p - received, d, k, swapped, copied, self.block_size)), result.tokens)
+        p, d, k, swapped, copied, pairs = output.features
+        seconds = self.profile.seconds(p - received, d, k, swapped, copied, self.block_size, pairs - received_pairs)
+        return StepResult(_charged(seconds), result.tokens)

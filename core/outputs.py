@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from itertools import islice
 from typing import TYPE_CHECKING, NamedTuple
@@ -24,11 +25,18 @@ class StepFeatures(NamedTuple):
     kv_tokens_read: int  # K: cached context attended to (decode contexts + chunk prefixes)
     blocks_swapped: int
     blocks_copied: int
+    prefill_pairs: int = 0  # E: query-key pairs attention computes for the chunks of two or more tokens
 
     @classmethod
     def of(cls, out: SchedulerOutput) -> StepFeatures:
-        blocks_swapped = len(out.blocks_to_swap_in) + len(out.blocks_to_swap_out)
-        return cls(out.prefill_tokens, out.decode_seqs, out.kv_tokens_read, blocks_swapped, len(out.blocks_to_copy))
+        swapped = len(out.blocks_to_swap_in) + len(out.blocks_to_swap_out)
+        pairs = sum(causal_pairs(n, c) for n, c in out.chunks() if c > 1) if out.prefill_tokens else 0
+        return cls(out.prefill_tokens, out.decode_seqs, out.kv_tokens_read, swapped, len(out.blocks_to_copy), pairs)
+
+
+def causal_pairs(context: int, chunk: int) -> int:
+    """Query-key pairs of ``chunk`` tokens after ``context``: query i (from 1) sees ``context + i`` keys."""
+    return chunk * context + chunk * (chunk + 1) // 2
 
 
 class ScheduledGroup:
@@ -109,6 +117,13 @@ class SchedulerOutput:
     block_ops: list[tuple[str, int | None]] = field(default_factory=list)
     # Why, per decision that is not a plain decode (``core.decisions.Decision`` tuples, in the order taken).
     decisions: list[tuple] = field(default_factory=list)
+
+    def chunks(self) -> Iterator[tuple[int, int]]:
+        """(context, tokens it computes) of each sequence outside the decode lane, as before the step applies."""
+        for sg in islice(self.scheduled, self.lane_decodes, None):
+            seqs = sg.group.seqs  # one sequence (most groups): its chunk is the group's, no chunk list made
+            yield from (((seqs[0].num_computed_tokens, sg.num_tokens),) if len(seqs) == 1
+                        else ((seq.num_computed_tokens, n) for seq, n in sg.seq_chunks()))
 
     @property
     def num_prefill_groups(self) -> int:

@@ -1,11 +1,12 @@
 """Fit a cost profile from measured steps, so the simulator's clock follows a real executor.
 
 Record a run with ``StepRecorder`` (an ``on_step`` observer: the step's features plus the
-duration the executor reported), save it as CSV, and fit ``t = a + b·P + c·D + d·K`` with
-``fit_profile``. The fit minimises *relative* error, because step times span two orders of
-magnitude and an ordinary least-squares fit would serve only the long prefill steps; the
-coefficients are constrained to be non-negative (exact NNLS: with four unknowns every active
-set can be tried).
+duration the executor reported), save it as CSV, and fit ``t = a + b·P + c·D + d·K + e·E`` with
+``fit_profile`` (E: the prefill chunks' query-key pairs; a CSV written before that column, or steps
+without pairs, fit e = 0). The fit minimises *relative* error, because step times span two orders
+of magnitude and an ordinary least-squares fit would serve only the long prefill steps; the
+coefficients are constrained to be non-negative (exact NNLS: with five unknowns every active set
+can be tried).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from kvsched.executors.cost_model import MAX_MS, CostProfile
 if TYPE_CHECKING:
     from kvsched.core.report import StepReport
 
-TERMS = ("base_ms", "prefill_token_ms", "decode_seq_ms", "kv_token_ms")
+TERMS = ("base_ms", "prefill_token_ms", "decode_seq_ms", "kv_token_ms", "attention_pair_ms")
 
 
 class CalibrationError(KvschedError):
@@ -45,16 +46,19 @@ class StepRecord:
     blocks_swapped: int
     blocks_copied: int
     duration_s: float
+    prefill_pairs: int = 0  # last, so that records and files without it still read (none counted)
 
     @property
     def moves_blocks(self) -> bool:
         return bool(self.blocks_swapped or self.blocks_copied)
 
-    def row(self) -> tuple[float, float, float, float]:
-        return (1.0, float(self.prefill_tokens), float(self.decode_seqs), float(self.kv_tokens_read))
+    def row(self) -> tuple[float, float, float, float, float]:
+        return (1.0, float(self.prefill_tokens), float(self.decode_seqs), float(self.kv_tokens_read),
+                float(self.prefill_pairs))
 
 
 COLUMNS = tuple(f.name for f in fields(StepRecord))
+OPTIONAL = {"prefill_pairs"}  # a file recorded before the column: each step's pairs are 0
 
 
 class StepRecorder:
@@ -78,6 +82,7 @@ class StepRecorder:
             return
         self.records.append(StepRecord(
             f.prefill_tokens, f.decode_seqs, f.kv_tokens_read, f.blocks_swapped, f.blocks_copied, report.duration,
+            f.prefill_pairs,
         ))
 
     def save(self, path: Path) -> Path:
@@ -99,16 +104,16 @@ def load_records(path: Path) -> list[StepRecord]:
     path = Path(path)
     reader = csv.reader(text_lines(path, "recorded run"))  # a line that is not UTF-8: a FileError naming it
     header = [h.strip() for h in next(reader, [])]
-    missing = [c for c in COLUMNS if c not in header]
+    missing = [c for c in COLUMNS if c not in header and c not in OPTIONAL]
     if missing:
         raise CalibrationError(f"{path}:1: missing column(s) {', '.join(missing)}; expected {','.join(COLUMNS)}")
-    index = {c: header.index(c) for c in COLUMNS}
+    index = {c: header.index(c) for c in COLUMNS if c in header}
     out = []
     for line, row in enumerate(reader, start=2):
         if not row:
             continue
         values = []
-        for col in COLUMNS:
+        for col in index:
             cell = row[index[col]].strip() if index[col] < len(row) else ""
             try:
                 value = float(cell) if col == "duration_s" else int(cell)
@@ -155,22 +160,25 @@ def _lstsq(rows: Sequence[Sequence[float]], targets: Sequence[float], weights: S
 
 def _check_bounds(records: Sequence[StepRecord]) -> None:
     """Every measured step within what a profile can model (a step's time at most MAX_MS, its counts at
-    most a step's: MAX_TOKENS tokens and sequences), so that the fit's sums of squares stay finite."""
+    most a step's: MAX_TOKENS tokens and sequences, MAX_TOKENS² KV tokens or pairs), so that the fit's
+    sums of squares stay finite."""
     for i, r in enumerate(records, start=1):
         if not 0 <= r.duration_s <= MAX_MS / 1000:
             raise CalibrationError(f"recorded step {i:,}: a duration of {r.duration_s:.6g} s is beyond any profile "
                                    f"(a finite value from 0 to {MAX_MS / 1000:,.0f} s)")
-        if max(r.prefill_tokens, r.decode_seqs, r.kv_tokens_read // MAX_TOKENS) > MAX_TOKENS:
-            raise CalibrationError(f"recorded step {i:,}: more tokens or sequences than any step holds "
-                                   f"(at most {MAX_TOKENS:,} each, {MAX_TOKENS**2:,} KV tokens read)")
+        if max(r.prefill_tokens, r.decode_seqs, r.kv_tokens_read // MAX_TOKENS,
+               r.prefill_pairs // MAX_TOKENS) > MAX_TOKENS:
+            raise CalibrationError(f"recorded step {i:,}: more tokens or sequences than any step holds (at most "
+                                   f"{MAX_TOKENS:,} each, {MAX_TOKENS**2:,} KV tokens read or query-key pairs)")
 
 
-def fit_coefficients(records: Sequence[StepRecord], relative: bool = True) -> tuple[float, float, float, float]:
-    """Non-negative (a, b, c, d) in ms minimising the squared (relative) error over steps without block moves."""
+def fit_coefficients(records: Sequence[StepRecord], relative: bool = True) -> tuple[float, ...]:
+    """Non-negative (a, b, c, d, e) in ms minimising the squared (relative) error over steps without block moves;
+    a term no step exercises (e without pairs) is 0."""
     _check_bounds(records)
     usable = [r for r in records if not r.moves_blocks and r.duration_s > 0]
-    if len(usable) < len(TERMS):
-        raise CalibrationError(f"need at least {len(TERMS)} measured steps without swaps or copies, got {len(usable)}")
+    if len(usable) < 4:  # the four terms every run exercises
+        raise CalibrationError(f"need at least 4 measured steps without swaps or copies, got {len(usable)}")
     rows = [r.row() for r in usable]
     targets = [r.duration_s * 1000.0 for r in usable]
     weights = [1.0 / t if relative else 1.0 for t in targets]
@@ -188,8 +196,7 @@ def fit_coefficients(records: Sequence[StepRecord], relative: bool = True) -> tu
                 best = (loss, coef)
     if best is None:
         raise CalibrationError("the recorded steps do not determine a non-negative profile")
-    a, b, c, d = best[1]
-    return a, b, c, d
+    return tuple(best[1])
 
 
 def fit_profile(
@@ -203,13 +210,13 @@ def fit_profile(
     relative: bool = True,
 ) -> CostProfile:
     """A ``CostProfile`` fitted to ``records``; block-move bandwidths are taken as given."""
-    a, b, c, d = fit_coefficients(records, relative)
-    errors = fit_errors_of(records, (a, b, c, d))
+    coef = fit_coefficients(records, relative)
+    errors = fit_errors_of(records, coef)
     text = description or f"fitted to {errors['n']} measured steps"
     text += f" (mean error {errors['mape'] * 100:.1f}%, p95 {errors['p95'] * 100:.1f}%)"
     try:
         return CostProfile(
-            name=name, description=text, base_ms=a, prefill_token_ms=b, decode_seq_ms=c, kv_token_ms=d,
+            name=name, description=text, **dict(zip(TERMS, coef)),
             kv_bytes_per_token=kv_bytes_per_token, swap_gb_per_s=swap_gb_per_s, copy_gb_per_s=copy_gb_per_s,
         )
     except ValidationError as exc:  # a coefficient past the profile's bounds (MAX_MS), or a bandwidth given out of them
@@ -218,8 +225,8 @@ def fit_profile(
                                f" (got {quote(first.get('input'))})") from None
 
 
-def fit_errors_of(records: Sequence[StepRecord], coef: tuple[float, float, float, float]) -> dict[str, float]:
-    """Relative error of the 4-term prediction: mean (MAPE), p95 and max, over steps without block moves."""
+def fit_errors_of(records: Sequence[StepRecord], coef: Sequence[float]) -> dict[str, float]:
+    """Relative error of the linear prediction: mean (MAPE), p95 and max, over steps without block moves."""
     errs = sorted(
         abs(sum(k * x for k, x in zip(coef, r.row())) - r.duration_s * 1000.0) / (r.duration_s * 1000.0)
         for r in records if not r.moves_blocks and r.duration_s > 0
@@ -235,4 +242,4 @@ def fit_errors_of(records: Sequence[StepRecord], coef: tuple[float, float, float
 
 
 def fit_errors(profile: CostProfile, records: Sequence[StepRecord]) -> dict[str, float]:
-    return fit_errors_of(records, (profile.base_ms, profile.prefill_token_ms, profile.decode_seq_ms, profile.kv_token_ms))
+    return fit_errors_of(records, [getattr(profile, term) for term in TERMS])

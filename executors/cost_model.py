@@ -1,6 +1,11 @@
-"""Step-time model of the simulator: ``t = a + b·prefill_tokens + c·decode_seqs + d·kv_tokens_read``.
+"""Step-time model of the simulator: ``t = a + b·prefill_tokens + c·decode_seqs + d·kv_tokens_read
++ e·prefill_pairs``.
 
-Plus block movement: swaps cross PCIe at ``swap_gb_per_s``, copy-on-write copies move through
+``prefill_pairs`` are the query-key pairs attention computes for the step's prefill chunks (a chunk of
+c tokens after n of context: ``c·n + c(c+1)/2``), so a long prompt's prefill grows with its length
+squared, as attention over the context does; ``StepFeatures`` counts them with the roofline's own walk
+and formula (``executors/step_work.py``), and a profile without ``e`` (every file written before it)
+charges none. Plus block movement: swaps cross PCIe at ``swap_gb_per_s``, copy-on-write copies move through
 HBM at ``copy_gb_per_s``; each block is ``block_size × kv_bytes_per_token`` bytes. A profile may
 also say what it models beyond time: the model's context length and the device memory its KV
 cache gets, from which the simulator takes its defaults (``experiments/settings.py``).
@@ -20,9 +25,9 @@ GIB = 1 << 30
 
 # Bounds of a profile's numbers, checked as it loads (a profile file is input like any other): every one
 # finite, and none so large (or a bandwidth so small) that a run's times could leave the floats. A step's
-# time is then at most MAX_MS × (1 + its prefill tokens + its sequences + its KV tokens read) plus its
-# block moves at MIN_GB_PER_S; with every count below 2**63 (EngineConfig and Request bound them far
-# lower) that is below 1e40 ms, and any run's sum of steps stays finite in float64 (summary.json, Parquet).
+# time is then at most MAX_MS × (1 + its prefill tokens + its sequences + its KV tokens read + its pairs)
+# plus its block moves at MIN_GB_PER_S; with every count below 2**63 (EngineConfig and Request bound them
+# far lower) that is below 1e40 ms, and any run's sum of steps stays finite in float64 (summary.json, Parquet).
 MAX_MS = 3.6e6  # one hour per step, per token or per sequence: no device comes near it
 MAX_KV_BYTES_PER_TOKEN = 1 << 32  # 4 GiB per token, all layers (a 405B model in fp32 needs about 1 MiB)
 MIN_GB_PER_S, MAX_GB_PER_S = 1e-6, 1e12  # a kilobyte per second to a zettabyte per second
@@ -71,7 +76,7 @@ class StepCost(Protocol):
     def step_seconds(self, out: SchedulerOutput, block_size: int) -> float: ...
 
     def seconds(self, prefill_tokens: int, decode_seqs: int, kv_tokens_read: int, blocks_swapped: int,
-                blocks_copied: int, block_size: int) -> float: ...
+                blocks_copied: int, block_size: int, prefill_pairs: int = 0) -> float: ...
 
     def decode_seconds(self, decode_seqs: int) -> Callable[[int], float]: ...
 
@@ -89,6 +94,8 @@ class CostProfile(BaseModel):
     prefill_token_ms: Ms = Field(description="b: per prefill (or chunk) token")
     decode_seq_ms: Ms = Field(description="c: per decoding sequence")
     kv_token_ms: Ms = Field(description="d: per KV token read by attention")
+    attention_pair_ms: Ms = Field(0.0, description="e: per query-key pair a prefill chunk computes (chunk × "
+                                                   "context, causal inside the chunk); 0 in files written before it")
     kv_bytes_per_token: int = Field(ge=0, le=MAX_KV_BYTES_PER_TOKEN, description="KV cache bytes of one token, all layers")
     swap_gb_per_s: GbPerS = Field(description="effective GPU<->CPU copy bandwidth")
     copy_gb_per_s: GbPerS = Field(description="effective GPU<->GPU copy bandwidth")
@@ -105,14 +112,18 @@ class CostProfile(BaseModel):
         return int(self.kv_memory.kv_cache_bytes // (block_size * self.kv_bytes_per_token))
 
     def step_seconds(self, out: SchedulerOutput, block_size: int) -> float:
-        return self.seconds(*out.features, block_size)
+        p, d, k, swapped, copied, pairs = out.features
+        return self.seconds(p, d, k, swapped, copied, block_size, pairs)
 
     def seconds(self, prefill_tokens: int, decode_seqs: int, kv_tokens_read: int, blocks_swapped: int, blocks_copied: int,
-                block_size: int) -> float:
-        """The model's time for a step with these features (``StepFeatures``, in order)."""
+                block_size: int, prefill_pairs: int = 0) -> float:
+        """The model's time for a step with these features (``StepFeatures``). The pairs' term is added only
+        where there are pairs, so a step without (every decode step) costs what it did before, to the bit."""
         if not (prefill_tokens or decode_seqs or blocks_swapped):
             return 0.0
         ms = self._batch_ms(prefill_tokens, decode_seqs) + self.kv_token_ms * kv_tokens_read
+        if prefill_pairs:
+            ms += self.attention_pair_ms * prefill_pairs
         block_bytes = block_size * self.kv_bytes_per_token
         ms += blocks_swapped * block_bytes / (self.swap_gb_per_s * 1e6)
         ms += blocks_copied * 2 * block_bytes / (self.copy_gb_per_s * 1e6)

@@ -31,7 +31,7 @@ from typing import Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
-from kvsched.core.outputs import SchedulerOutput
+from kvsched.core.outputs import SchedulerOutput, causal_pairs
 from kvsched.executors.cost_model import GIB, KvMemory
 from kvsched.executors.hardware import Efficiency, Hardware
 from kvsched.executors.model_config import BYTES, ModelShape
@@ -115,12 +115,13 @@ class RooflineProfile(BaseModel):
                                      block_size) if (swapped or out.blocks_to_copy) else seconds
 
     def seconds(self, prefill_tokens: int, decode_seqs: int, kv_tokens_read: int, blocks_swapped: int,
-                blocks_copied: int,
-                block_size: int) -> float:
-        """A step known only by its totals (``StepFeatures``): the prefill taken as one chunk without context."""
+                blocks_copied: int, block_size: int, prefill_pairs: int = 0) -> float:
+        """A step known only by its totals (``StepFeatures``): the prefill's pairs as counted (none counted: the
+        prefill taken as one chunk without context), its reads its own tokens."""
         if not (prefill_tokens or decode_seqs or blocks_swapped):
             return 0.0
-        work = AttentionWork(prefill_tokens * (prefill_tokens + 1) // 2, prefill_tokens, kv_tokens_read + decode_seqs)
+        work = AttentionWork(prefill_pairs or causal_pairs(0, prefill_tokens), prefill_tokens,
+                             kv_tokens_read + decode_seqs)
         requests = decode_seqs + (1 if prefill_tokens else 0)
         return (step_time(self.sizes, self.hardware.efficiency, prefill_tokens + decode_seqs, requests, work, work)
                 + self._moves(blocks_swapped, blocks_copied, block_size))

@@ -4,18 +4,18 @@ KV tokens they read, with or without a sliding window.
 A step's attention cost is not a function of its totals (P prefill tokens, K context tokens read):
 a chunk of c tokens after a context of n computes ``c·n + c(c+1)/2`` query-key pairs, so the same
 P costs more as one long chunk deep into a prompt than as several short ones, and a sliding
-window of w caps what each query reads. ``attention_work`` counts it from the step's scheduled
-groups (their sequences' computed tokens, as the executor sees them before the engine applies the
-step). The roofline cost model (``executors/roofline.py``) charges it; a linear profile could take
-the pair count as a fifth term the same way (docs/simulation.md "One cost model").
+window of w caps what each query reads. ``attention_work`` counts it from the step's sequences
+(``SchedulerOutput.chunks``: their computed tokens, as the executor sees them before the engine
+applies the step). The roofline cost model (``executors/roofline.py``) charges all of it; the
+linear profile charges the pairs without a window, which the step's features count with the same
+walk and formula (``StepFeatures.prefill_pairs``), so both kinds see one step's attention alike.
 """
 
 from __future__ import annotations
 
-from itertools import islice
 from typing import NamedTuple
 
-from kvsched.core.outputs import SchedulerOutput
+from kvsched.core.outputs import SchedulerOutput, causal_pairs
 
 
 class AttentionWork(NamedTuple):
@@ -29,11 +29,11 @@ class AttentionWork(NamedTuple):
 def pairs(context: int, chunk: int, window: int | None = None) -> int:
     """Query-key pairs of ``chunk`` tokens after ``context``: query i (from 1) sees ``min(context + i, window)``."""
     if window is None or context + chunk <= window:
-        return chunk * context + chunk * (chunk + 1) // 2
+        return causal_pairs(context, chunk)
     if context >= window:
         return chunk * window
     inside = window - context  # queries still short of the window
-    return inside * context + inside * (inside + 1) // 2 + (chunk - inside) * window
+    return causal_pairs(context, inside) + (chunk - inside) * window
 
 
 def read(context: int, chunk: int, window: int | None = None) -> int:
@@ -48,18 +48,14 @@ def attention_work(output: SchedulerOutput, window: int | None = None) -> Attent
     if window is None and not output.prefill_tokens:  # only one-token decodes (most steps): their totals say it all
         return AttentionWork(0, 0, output.kv_tokens_read + output.decode_seqs)
     prefill_pairs = prefill_kv = decode_kv = contexts = 0
+    for context, chunk in output.chunks():
+        contexts += context
+        if chunk == 1:
+            decode_kv += read(context, 1, window)
+        else:
+            prefill_pairs += pairs(context, chunk, window)
+            prefill_kv += read(context, chunk, window)
     lane = output.lane_decodes
-    for sg in islice(output.scheduled, lane, None):
-        group = sg.group
-        chunks = ((group.seqs[0], sg.num_tokens),) if len(group.seqs) == 1 else sg.seq_chunks()
-        for seq, chunk in chunks:
-            context = seq.num_computed_tokens
-            contexts += context
-            if chunk == 1:
-                decode_kv += read(context, 1, window)
-            else:
-                prefill_pairs += pairs(context, chunk, window)
-                prefill_kv += read(context, chunk, window)
     if lane:  # the lane's members decode one token each; kv_tokens_read counts every context, theirs too
         decode_kv += output.kv_tokens_read - contexts + lane
     return AttentionWork(prefill_pairs, prefill_kv, decode_kv)

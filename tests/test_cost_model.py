@@ -103,16 +103,18 @@ class _FeatureOracle:
         return self.inner.make_clock()
 
     def execute(self, out):
-        prefill = decode = kv = 0
+        prefill = decode = kv = pairs = 0
         for sg in out.scheduled:
             for seq, n in sg.seq_chunks():
                 kv += seq.num_computed_tokens
+                pairs += n * seq.num_computed_tokens + n * (n + 1) // 2 if n > 1 else 0
                 if sg.is_prefill:
                     prefill += n
                 else:
                     decode += n
         f = out.features
         assert (f.prefill_tokens, f.decode_seqs, f.kv_tokens_read) == (prefill, decode, kv)
+        assert f.prefill_pairs == (pairs if prefill else 0)  # a step without prefill tokens has no chunk
         self.checked += bool(out.scheduled)
         return self.inner.execute(out)
 
@@ -153,12 +155,13 @@ def test_simulated_tokens_are_the_output_position_shared_across_requests():
 _coefficient = st.floats(0, 1e3, allow_nan=False, allow_infinity=False)
 
 
-@given(base=_coefficient, prefill=_coefficient, decode=_coefficient, kv=_coefficient, n=st.integers(0, 1024),
-       k=st.lists(st.integers(0, 1 << 30), min_size=1, max_size=8))
-def test_a_steady_runs_step_durations_are_the_cost_models_to_the_bit(base, prefill, decode, kv, n, k):
-    """What the engine charges a step of a steady run (decode_seconds, lane_seconds) is what execute charges it."""
+@given(base=_coefficient, prefill=_coefficient, decode=_coefficient, kv=_coefficient, pair=_coefficient,
+       n=st.integers(0, 1024), k=st.lists(st.integers(0, 1 << 30), min_size=1, max_size=8))
+def test_a_steady_runs_step_durations_are_the_cost_models_to_the_bit(base, prefill, decode, kv, pair, n, k):
+    """What the engine charges a step of a steady run (decode_seconds, lane_seconds) is what execute charges it,
+    whatever the attention term (a decode step has no prefill pairs)."""
     profile = CostProfile(name="p", base_ms=base, prefill_token_ms=prefill, decode_seq_ms=decode, kv_token_ms=kv,
-                          kv_bytes_per_token=1024, swap_gb_per_s=10, copy_gb_per_s=100)
+                          attention_pair_ms=pair, kv_bytes_per_token=1024, swap_gb_per_s=10, copy_gb_per_s=100)
     executor = SimulatedExecutor(profile, block_size=16)
     for tokens in k:
         assert profile.decode_seconds(n)(tokens) == profile.seconds(0, n, tokens, 0, 0, 16)
