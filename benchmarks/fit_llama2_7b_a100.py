@@ -5,9 +5,14 @@
 2. Attention: fit Vidur's decode and prefill attention samples by relative least squares:
    decode ``e0 + e1·bs + e2·Σkv``, prefill ``f0 + f1·c + f2·c·kv + f3·c²`` (per layer).
 3. Reference step time = 32 layers × (linear + attention), no CPU overhead (Vidur's default).
-4. Draw 3,700 steps (1,500 decode-only, 700 prefill-only, 1,500 Sarathi-like mixed), compute
-   their reference times and their features (P, D, K), and fit ``a + b·P + c·D + d·K`` with
-   the same non-negative relative least squares that ``engine calibrate`` uses.
+4. The attention term ``e`` (ms per query-key pair of a prefill chunk) is the prefill fit's slope in
+   chunk × KV (``f2``, what each cached token adds per chunk token) times 32 layers: Vidur's timings by
+   chunk and KV size measure it directly, where a fit of whole steps up to 4,096 tokens cannot
+   separate it from the per-token and per-KV-token terms (it would take about half of it).
+5. Draw 3,700 steps (1,500 decode-only, 700 prefill-only, 1,500 Sarathi-like mixed), compute
+   their reference times and their features (P, D, K, E), and fit ``a + b·P + c·D + d·K`` to
+   each step's time less ``e·E`` with the same non-negative relative least squares that
+   ``engine calibrate`` uses.
 
 Run: ``.venv/bin/python benchmarks/fit_llama2_7b_a100.py [--json out.json]``.
 """
@@ -95,6 +100,13 @@ def reference_step_ms(prefills: list[tuple[int, int]], decode_kvs: list[int], li
     return LAYERS * per_layer
 
 
+def pairs_of(prefills: list[tuple[int, int]]) -> int:
+    """The step's prefill query-key pairs (``StepFeatures.prefill_pairs``: chunks of two or more tokens)."""
+    from kvsched.core.outputs import causal_pairs
+
+    return sum(causal_pairs(kv, c) for c, kv in prefills if c > 1)
+
+
 def synthetic_steps(seed: int = 0):
     """(kind, prefills, decode contexts) for the 3,700 reference steps."""
     rng = random.Random(seed)
@@ -129,15 +141,21 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"attention prefill (per layer, ms) = {pre[0]:.4f} + {pre[1]:.3g}·c + {pre[2]:.3g}·c·kv + {pre[3]:.3g}·c²   MAPE {100 * pre_err:.1f}% (n={n_pre})")
     print(f"linear layers, 32 layers: 1 token {LAYERS * interp(1, *lin):.1f} ms, 512 tokens {LAYERS * interp(512, *lin):.1f} ms, 4096 tokens {LAYERS * interp(4096, *lin):.0f} ms")
 
-    records, kinds = [], []
+    pair_ms = LAYERS * pre[2]
+    print(f"attention pairs: e = 32 layers × {pre[2]:.3g} = {pair_ms:.3g} ms per query-key pair")
+    records, rest, kinds = [], [], []
     for kind, prefills, decodes in synthetic_steps(args.seed):
         t = reference_step_ms(prefills, decodes, lin, dec, pre)
-        records.append(StepRecord(sum(c for c, _ in prefills), len(decodes), sum(decodes) + sum(kv for _, kv in prefills), 0, 0, t / 1000))
+        pairs = pairs_of(prefills)
+        features = (sum(c for c, _ in prefills), len(decodes), sum(decodes) + sum(kv for _, kv in prefills), 0, 0)
+        records.append(StepRecord(*features, t / 1000, pairs))
+        rest.append(StepRecord(*features, (t - pair_ms * pairs) / 1000))
         kinds.append(kind)
     base = LLAMA2_7B_A100
-    fitted = fit_profile(records, "llama2-7b-a100-refit", kv_bytes_per_token=base.kv_bytes_per_token,
+    fitted = fit_profile(rest, "llama2-7b-a100-refit", kv_bytes_per_token=base.kv_bytes_per_token,
                          swap_gb_per_s=base.swap_gb_per_s, copy_gb_per_s=base.copy_gb_per_s,
                          description="Llama-2-7B / A100, refitted by benchmarks/fit_llama2_7b_a100.py")
+    fitted = fitted.model_copy(update={"attention_pair_ms": pair_ms})
     result = {"fitted": fitted, "overall": fit_errors(fitted, records), "builtin": fit_errors(base, records)}
     for kind in ("decode", "prefill", "mixed"):
         subset = [r for r, k in zip(records, kinds) if k == kind]
@@ -146,13 +164,22 @@ def main(argv: list[str] | None = None) -> dict:
     print("| coefficient | refit | built-in llama2-7b-a100 |")
     print("|---|---|---|")
     for field, label in (("base_ms", "a (ms/step)"), ("prefill_token_ms", "b (ms/prefill token)"),
-                         ("decode_seq_ms", "c (ms/decode seq)"), ("kv_token_ms", "d (ms/KV token)")):
+                         ("decode_seq_ms", "c (ms/decode seq)"), ("kv_token_ms", "d (ms/KV token)"),
+                         ("attention_pair_ms", "e (ms/prefill pair)")):
         print(f"| {label} | {getattr(fitted, field):.4g} | {getattr(base, field):.4g} |")
     o = result["overall"]
     print(f"\nrefit on {o['n']} steps: mean error {100 * o['mape']:.2f}% (decode {100 * result['decode']['mape']:.1f}%, "
           f"mixed {100 * result['mixed']['mape']:.1f}%, prefill {100 * result['prefill']['mape']:.1f}%), "
           f"p95 {100 * o['p95']:.1f}%, max {100 * o['max']:.1f}%")
     print(f"built-in profile on the same steps: mean error {100 * result['builtin']['mape']:.2f}%, p95 {100 * result['builtin']['p95']:.1f}%")
+    print("\none prompt's prefill alone in 512-token chunks (past 4,096 tokens the reference extrapolates "
+          "Vidur's fits):")
+    for prompt in (4096, 32768, 131072):
+        chunks = [(512, start) for start in range(0, prompt, 512)]
+        reference = sum(reference_step_ms([chunk], [], lin, dec, pre) for chunk in chunks) / 1000
+        refit = sum(fitted.seconds(512, 0, start, 0, 0, 16, pairs_of([(512, start)])) for _, start in chunks)
+        builtin = sum(base.seconds(512, 0, start, 0, 0, 16, pairs_of([(512, start)])) for _, start in chunks)
+        print(f"  {prompt:>7,} tokens: reference {reference:6.2f} s, refit {refit:6.2f} s, built-in {builtin:6.2f} s")
     if args.json:
         args.json.write_text(fitted.model_dump_json(indent=2) + "\n")
         print(f"wrote {args.json}")

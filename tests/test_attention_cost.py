@@ -50,6 +50,10 @@ def test_a_long_prompts_prefill_costs_its_pairs_however_it_is_chunked():
     for prompt in (3_000, 6_000, 12_000):
         for budget in (512, 2048):
             assert prefill_seconds(only, prompt, budget) == pytest.approx(1e-6 * causal_pairs(0, prompt) / 1000, rel=1e-9)
+    short, long_ = (prefill_seconds(LLAMA2_7B_A100, prompt, 512) for prompt in (16_000, 32_000))
+    assert long_ > 2.6 * short  # quadratic attention over linear GEMMs: 4,096 tokens in, it dominates
+    linear = LLAMA2_7B_A100.model_copy(update={"attention_pair_ms": 0.0})
+    assert prefill_seconds(linear, 32_000, 512) < 2.1 * prefill_seconds(linear, 16_000, 512)
 
 
 class Recording(SimulatedExecutor):

@@ -146,6 +146,7 @@ def test_a_decode_replica_computes_no_prefill_for_a_received_prompt():
     from kvsched.cluster.transfer import DecodeExecutor
     from kvsched.core.config import EngineConfig
     from kvsched.core.engine import Engine
+    from kvsched.core.outputs import causal_pairs
     from kvsched.executors.simulated import SimulatedExecutor
 
     durations = {}
@@ -154,7 +155,9 @@ def test_a_decode_replica_computes_no_prefill_for_a_received_prompt():
         engine.add_request(req("a", 1001, 5, 0.0))
         durations[type(executor).__name__] = engine.step().duration
     profile = SimulatedExecutor("llama2-7b-a100").profile
-    assert durations["SimulatedExecutor"] - durations["DecodeExecutor"] == pytest.approx(1000 * profile.prefill_token_ms / 1000)
+    # the 1,000 tokens before the last, and their query-key pairs (the last token's query still reads all 1,001)
+    saved_ms = 1000 * profile.prefill_token_ms + profile.attention_pair_ms * causal_pairs(0, 1000)
+    assert durations["SimulatedExecutor"] - durations["DecodeExecutor"] == pytest.approx(saved_ms / 1000)
 
 
 def test_a_one_token_request_under_pd_ends_in_the_prefill_pool():

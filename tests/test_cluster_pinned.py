@@ -4,7 +4,9 @@ on the loop, the replicas' steady runs or the router views may change how fast, 
 Re-pinned once when rows gained slo_class and session_id (issue 32): the old digests came back with
 those two columns dropped, so nothing else had moved. Re-pinned again for the routers that issue 35 changed
 on purpose (least-outstanding's and the prefix-aware routers' seeded ties, the prefix-aware routers' load
-guards); the fleets of the routers it left alone keep their digests."""
+guards); the fleets of the routers it left alone keep their digests. Re-pinned once more when the built-in
+profile gained its attention term (issue 35, new coefficients): with the cost model's new term and the old
+coefficients (attention_pair_ms 0) every digest before it came back."""
 
 from __future__ import annotations
 
@@ -50,13 +52,13 @@ CASES = {
 }
 
 PINNED = {
-    "pd-2-2": "9e660c82d64f2853",
-    "power-of-two-8-stale": "8dfe07644abb858f",
-    "precise-prefix-sessions": "f4de2270d0004e6f",
-    "prefix-affinity-v1": "0cbe1df60943f16e",
-    "round-robin-8-fresh": "fd4f82b6acc9be7a",
-    "vllm-dp-16": "a0efff5ccfc4763c",
-    "weighted-sessions": "f2846b4bd8c8145b",
+    "pd-2-2": "90fe9e96d8f1c6f5",
+    "power-of-two-8-stale": "ebf3df6e97156b43",
+    "precise-prefix-sessions": "6f2775be4dc853c4",
+    "prefix-affinity-v1": "2d656f2dc946d832",
+    "round-robin-8-fresh": "4ae3704ce68a0808",
+    "vllm-dp-16": "299ee12c16f0f7a7",
+    "weighted-sessions": "3660719cb24f183b",
 }
 
 

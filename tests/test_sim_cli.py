@@ -57,7 +57,11 @@ def test_calibrate_then_run_with_the_fitted_profile(tmp_path):
     proc = engine("calibrate", tmp_path / "steps.csv", "--name", "mine", "-o", tmp_path / "mine.json")
     assert proc.returncode == 0, proc.stderr
     assert "relative error: mean 0.00%" in proc.stdout
-    assert json.loads((tmp_path / "mine.json").read_text())["base_ms"] == __import__("pytest").approx(9.06)
+    fitted = json.loads((tmp_path / "mine.json").read_text())
+    from kvsched.executors.cost_model import LLAMA2_7B_A100
+
+    for term in ("base_ms", "prefill_token_ms", "attention_pair_ms"):  # the run's prompts give the pairs
+        assert fitted[term] == __import__("pytest").approx(getattr(LLAMA2_7B_A100, term)), term
     proc = engine("run", "-n", "20", "--profile", tmp_path / "mine.json", "--output", tmp_path / "o", "-q")
     assert proc.returncode == 0, proc.stderr
     assert json.loads((tmp_path / "o" / "summary.json").read_text())["profile"] == "mine"
