@@ -73,7 +73,7 @@ class Recording(SimulatedExecutor):
         return result
 
 
-@settings(max_examples=15, deadline=None)
+@settings(max_examples=40, deadline=None)
 @given(prompts=st.lists(st.tuples(st.integers(1, 900), st.integers(1, 30), st.integers(0, 2)), min_size=1, max_size=12),
        policy=st.sampled_from(["vllm-v1", "sarathi", "vllm-default"]), budget=st.sampled_from([16, 64, 256, 1024]),
        caching=st.booleans(), n=st.integers(1, 3))
