@@ -49,7 +49,8 @@ def test_a_long_prompts_prefill_costs_its_pairs_however_it_is_chunked():
                        attention_pair_ms=1e-6, kv_bytes_per_token=0, swap_gb_per_s=1, copy_gb_per_s=1)
     for prompt in (3_000, 6_000, 12_000):
         for budget in (512, 2048):
-            assert prefill_seconds(only, prompt, budget) == pytest.approx(1e-6 * causal_pairs(0, prompt) / 1000, rel=1e-9)
+            expected = 1e-6 * causal_pairs(0, prompt) / 1000
+            assert prefill_seconds(only, prompt, budget) == pytest.approx(expected, rel=1e-9)
     short, long_ = (prefill_seconds(LLAMA2_7B_A100, prompt, 512) for prompt in (16_000, 32_000))
     assert long_ > 2.6 * short  # quadratic attention over linear GEMMs: 4,096 tokens in, it dominates
     linear = LLAMA2_7B_A100.model_copy(update={"attention_pair_ms": 0.0})
@@ -82,7 +83,8 @@ def test_the_linear_and_roofline_kinds_see_the_same_attention_work(prompts, poli
     pairs are the roofline's (one walk, one formula), a recount's, and what the linear profile charges."""
     requests = [Request(request_id=f"r{i}", prompt_token_ids=tuple(range(family * 5000, family * 5000 + 64))
                         + tuple(range(100_000 + 1000 * i, 100_000 + 1000 * i + length)),
-                        output_len=output, arrival_time=0.01 * i, sampling=SamplingParams(n=n if i % 2 else 1, max_tokens=30))
+                        output_len=output, arrival_time=0.01 * i,
+                        sampling=SamplingParams(n=n if i % 2 else 1, max_tokens=30))
                 for i, (length, output, family) in enumerate(prompts)]
     executor = Recording(PLANTED)
     config = EngineConfig(block_size=16, num_gpu_blocks=96, num_cpu_blocks=64, max_num_seqs=6, max_model_len=1024,
@@ -94,8 +96,9 @@ def test_the_linear_and_roofline_kinds_see_the_same_attention_work(prompts, poli
     for features, roofline_pairs, recount, duration in executor.steps:
         assert features.prefill_pairs == roofline_pairs == recount
         if features.prefill_tokens and not (features.blocks_swapped or features.blocks_copied):
-            expected = (p.base_ms + p.prefill_token_ms * features.prefill_tokens + p.decode_seq_ms * features.decode_seqs
-                        + p.kv_token_ms * features.kv_tokens_read + p.attention_pair_ms * roofline_pairs) / 1000
+            expected = (p.base_ms + p.prefill_token_ms * features.prefill_tokens
+                        + p.decode_seq_ms * features.decode_seqs + p.kv_token_ms * features.kv_tokens_read
+                        + p.attention_pair_ms * roofline_pairs) / 1000
             assert duration == pytest.approx(expected, rel=1e-12)
 
 
