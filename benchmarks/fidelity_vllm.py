@@ -42,6 +42,7 @@ BUSY_GAP_S = 0.005  # a step that starts this soon after the previous one's upda
 
 def step_records(log: list[dict]):
     """The step log as calibration records: each busy step's features and its duration."""
+    from kvsched.core.outputs import causal_pairs
     from kvsched.executors.calibration import StepRecord
 
     records = []
@@ -50,15 +51,16 @@ def step_records(log: list[dict]):
             continue
         done = this["t_update"] + this["update_s"]
         end = after["t_schedule"] if after["t_schedule"] - done < BUSY_GAP_S else done
-        prefill = decode = kv = 0
+        prefill = decode = kv = pairs = 0
         for rid, n in this["scheduled"].items():
             computed = this["computed"][rid]
             kv += computed
+            pairs += causal_pairs(computed, n) if n > 1 else 0
             if n == 1 and computed > 0:
                 decode += 1
             else:
                 prefill += n
-        records.append(StepRecord(prefill, decode, kv, 0, 0, end - this["t_schedule"]))
+        records.append(StepRecord(prefill, decode, kv, 0, 0, end - this["t_schedule"], pairs))
     return records
 
 

@@ -117,7 +117,7 @@ class RooflineProfile(BaseModel):
     def seconds(self, prefill_tokens: int, decode_seqs: int, kv_tokens_read: int, blocks_swapped: int,
                 blocks_copied: int, block_size: int, prefill_pairs: int = 0) -> float:
         """A step known only by its totals (``StepFeatures``): the prefill's pairs as counted (none counted: the
-        prefill taken as one chunk without context), its reads its own tokens."""
+        prefill taken as one chunk without context), reading its own tokens."""
         if not (prefill_tokens or decode_seqs or blocks_swapped):
             return 0.0
         work = AttentionWork(prefill_pairs or causal_pairs(0, prefill_tokens), prefill_tokens,

@@ -101,11 +101,13 @@ def test_a_fit_beyond_the_profile_bounds_is_a_calibration_error():
     fit_profile(records, "fine")
 
 
-@pytest.mark.parametrize("step", [(1, 1, 10, 1e300), (2**40, 1, 10, 1.0), (1, 1, 2**63, 1.0)])
+@pytest.mark.parametrize("step", [(1, 1, 10, 1e300, 0), (2**40, 1, 10, 1.0, 0), (1, 1, 2**63, 1.0, 0),
+                                  (2, 1, 10, 1.0, 2**63)])
 def test_a_recorded_step_beyond_any_profile_is_named(step):
     """A duration of 1e300 s (whose squares overflow the fit) or a count no step holds: the step is named."""
-    p, d, k, seconds = step
-    records = [StepRecord(p, d, k, 0, 0, seconds)] + [StepRecord(p, d, 10 * d, 0, 0, 0.01 * (1 + p + d)) for p, d in _STEPS]
+    p, d, k, seconds, pairs = step
+    records = [StepRecord(p, d, k, 0, 0, seconds, pairs)] + [StepRecord(p, d, 10 * d, 0, 0, 0.01 * (1 + p + d))
+                                                            for p, d in _STEPS]
     with pytest.raises(CalibrationError, match="recorded step 1: .* beyond any profile|recorded step 1: more tokens"):
         fit_profile(records, "huge")
 
