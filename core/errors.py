@@ -1,9 +1,8 @@
 """Errors a user or a plugin author can act on; the CLI prints them as one line.
 
-Formatting an error never raises, whatever a plugin handed over: ``quote`` bounds what it shows
-of a value (an int past Python's 4,300-digit ``str()`` limit, a ``__repr__`` that raises, a lone
-surrogate, which no UTF-8 terminal or file can take), and ``error_text`` does the same for an
-exception's message.
+Formatting an error never raises, whatever a plugin handed over: ``quote`` bounds what it shows of a value (an int
+past Python's 4,300-digit ``str()`` limit, a ``__repr__`` that raises, a lone surrogate, which no UTF-8 terminal or
+file can take), and ``error_text`` does the same for an exception's message.
 """
 
 import math

@@ -27,10 +27,8 @@ class Clock(Protocol):
 class StepResult:
     """How long the step took and the tokens sampled, per sequence id.
 
-    A sequence samples when the step computes its last uncomputed token. The prompt step of a
-    request with ``n > 1`` returns ``n`` tokens for its single sequence: the engine keeps the
-    first and forks one child per other token.
-    """
+    A sequence samples when the step computes its last uncomputed token. The prompt step of a request with ``n > 1``
+    returns ``n`` tokens for its single sequence: the engine keeps the first and forks one child per other token."""
 
     duration: float
     tokens: dict[int, list[int]] = field(default_factory=dict)

@@ -1,13 +1,12 @@
 """The hooks a scheduling policy implements (pluggy project ``kvsched``).
 
-A policy is a plugin: a class (instantiated once per engine), an instance or a module whose
-functions are marked ``@hookimpl``. It is registered under the entry-point group
-``kvsched.policies``; ``engine --policy NAME`` loads exactly one. Hooks are called with keyword
-arguments, so an implementation may accept any subset of the arguments below.
+A policy is a plugin: a class (instantiated once per engine), an instance or a module whose functions are marked
+``@hookimpl``. It is registered under the entry-point group ``kvsched.policies``; ``engine --policy NAME`` loads
+exactly one. Hooks are called with keyword arguments, so an implementation may accept any subset of the arguments below.
 
-Policies decide; the core enforces. Every hook sees read-only views (``GroupView``,
-``CacheView``) and acts only through the step's validated operations, so a wrong decision
-raises ``PolicyError`` instead of corrupting allocator state.
+Policies decide; the core enforces. Every hook sees read-only views (``GroupView``, ``CacheView``) and acts only
+through the step's validated operations, so a wrong decision raises ``PolicyError`` instead of corrupting allocator
+state.
 """
 
 from __future__ import annotations
@@ -32,19 +31,17 @@ hookimpl = pluggy.HookimplMarker(PROJECT)
 def select_batch(step: StepBuilder) -> object | None:
     """Build this step's batch by calling the operations of ``step``.
 
-    Called once per engine step. ``step.waiting``, ``step.running`` and ``step.swapped`` are the
-    queues as they were when the step began (read-only sequences of ``GroupView``, front first); ``step.now``
-    is the engine clock, ``step.config`` the engine config and ``step.cache`` a read-only view
-    of the block manager. Decide with the step's operations (``StepBuilder``: ``admit``, ``advance``,
-    ``advance_running``, ``advance_decodes``, ``swap_in``, ``preempt``, ``hold_back``; docs/hooks.md has
-    the table), each of which checks budgets and capacity and returns an ``Outcome``; short of
-    blocks, ``advance`` asks ``choose_preemption`` for victims, ``admit`` asks ``can_allocate``.
+    Called once per engine step. ``step.waiting``, ``step.running`` and ``step.swapped`` are the queues as they were
+    when the step began (read-only sequences of ``GroupView``, front first); ``step.now`` is the engine clock,
+    ``step.config`` the engine config and ``step.cache`` a read-only view of the block manager. Decide with the step's
+    operations (``StepBuilder``: ``admit``, ``advance``, ``advance_running``, ``advance_decodes``, ``swap_in``,
+    ``preempt``, ``hold_back``, ``reorder_waiting``; docs/hooks.md has the table), each of which checks budgets and
+    capacity and returns an ``Outcome``; short of blocks, ``advance`` asks ``choose_preemption`` for victims,
+    ``admit`` asks ``can_allocate``.
 
-    A group may be acted on once per step. Groups the policy does not touch keep their place.
-    If this hook raises, or anything it tries is refused (docs/hooks.md lists what), the core
-    undoes every operation of the step and raises ``PolicyError``. The return value is ignored;
-    only one policy builds the batch (firstresult).
-    """
+    A group may be acted on once per step. Groups the policy does not touch keep their place. If this hook raises,
+    or anything it tries is refused (docs/hooks.md lists what), the core undoes every operation of the step and
+    raises ``PolicyError``. The return value is ignored; only one policy builds the batch (firstresult)."""
 
 
 @hookspec(firstresult=True)

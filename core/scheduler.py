@@ -36,10 +36,9 @@ class Steady(NamedTuple):
 class Scheduler:
     """vLLM's three queues (``waiting``, ``running``, ``swapped``, oldest first) and the block manager.
 
-    ``schedule`` asks the policy to build a step, rolls everything back if the policy fails (any
-    exception, KeyboardInterrupt and SystemExit included, which then propagate unchanged), and
-    otherwise commits the queue and status changes in one place.
-    """
+    ``schedule`` asks the policy to build a step, rolls everything back if the policy fails (any exception,
+    KeyboardInterrupt and SystemExit included, which then propagate unchanged), and otherwise commits the queue and
+    status changes in one place."""
 
     def __init__(self, config: EngineConfig, hooks: PolicyHooks, mechanics: Mechanics, repeats: bool = True) -> None:
         self.config = config
@@ -81,6 +80,7 @@ class Scheduler:
         try:
             hooks.select_batch(step.step)  # raises PolicyError for anything refused or raised
         except BaseException:
+            self.waiting = waiting  # as the step found it, if the policy reordered it
             self._rollback()
             raise
         finally:

@@ -67,6 +67,10 @@ class StepBuilder:
         """Evict a running group now; returns the mode actually used."""
         return _live(self, "preempt").preempt(group, mode)
 
+    def reorder_waiting(self, front: list[GroupView]) -> None:
+        """Put the first ``len(front)`` waiting groups in ``front``'s order, now and after, before any admission."""
+        _live(self, "reorder_waiting").reorder_waiting(front)
+
     def hold_back(self, reason: str, **numbers: float) -> None:
         """Say why the policy offers no (more) waiting group in this step, with the numbers it compared,
         e.g. ``step.hold_back("delay gate", waited_s=0.8, limit_s=1.2)``: the decision log gives it as

@@ -158,6 +158,12 @@ class StepState(DecisionNotes):
         mode = self._mode_arg(mode, "preempt")
         return self._preempt(self._resolve(group, _RUNNING, "preempt"), mode)
 
+    def reorder_waiting(self, front) -> None:
+        groups, waiting = [self._resolve(v, _WAITING, "reorder_waiting") for v in front], self.sched.waiting
+        if self.admitted or self.output.ignored or sorted(map(id, groups)) != sorted(map(id, waiting[:len(groups)])):
+            self.refuse("reorder_waiting: expected the first waiting groups, each once, before any admission")
+        self.sched.waiting = groups + waiting[len(groups):]  # a new list: a failed step puts the old one back
+
     def advance_running(self, stop_on_preempted: bool) -> Outcome:
         lane = self.sched.lane  # the decode lane takes the step's decodes whole when it is exact
         if lane is not None and lane.take(self, False, None):
@@ -250,10 +256,8 @@ class StepState(DecisionNotes):
         return Outcome.SCHEDULED
 
     def _make_room(self, g: SequenceGroup) -> bool:
-        """Preempt until every unfinished sequence of ``g`` could take a new block (vLLM's worst case).
-
-        Returns True if ``g`` itself had to go, False once it can decode.
-        """
+        """Preempt until every unfinished sequence of ``g`` could take a new block (vLLM's worst case): True if ``g``
+        itself had to go, False once it can decode."""
         bm = self.bm
         while bm.gpu.num_free < g.num_unfinished_seqs:  # bm.can_append_slots, inlined: the hot path
             victim, mode, reason = self._choose_victim(g)

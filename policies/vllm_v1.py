@@ -12,7 +12,7 @@ from kvsched.core.hookspecs import hookimpl
 from kvsched.core.step_v1 import grammar_ready
 
 POLICIES = ("fcfs", "priority")
-RELEASES = ("0.30", "0.31", "0.32", "0.33")  # the vLLM releases tests/test_vllm_v1_differential.py runs against
+RELEASES = ("0.30", "0.31", "0.32", "0.33", "0.34")  # the vLLM releases tests/test_vllm_v1_differential.py runs against
 
 
 def release_key(release: str) -> tuple[int, int]:
@@ -31,18 +31,21 @@ class VllmV1:
     1. Every running request, in running order, gets its next tokens (one to decode, with its draft
        tokens under ``num_speculative_tokens``, or the next prefill chunk: at most
        ``long_prefill_token_threshold`` when more than one request is eligible (``vllm_release="0.30"``:
-       always), and what is left of the shared budget); short of blocks, the last running request
-       is preempted by recompute (``policy="priority"``: the least urgent, latest arrival), until the
-       request fits or is itself the victim, which ends this loop (``vllm_release="0.33"`` and later,
-       under ``priority``: the loop goes on to the more urgent requests after the one that preempted
-       itself, as vLLM 0.33's does).
+       always; from ``"0.34"`` only with chunked prefill), and what is left of the shared budget); short of
+       blocks, the last running request is preempted by recompute (``policy="priority"``: the least urgent,
+       latest arrival), until the request fits or is itself the victim, which ends this loop
+       (``vllm_release="0.33"`` and later, under ``priority``: the loop goes on to the more urgent requests
+       after the one that preempted itself, as vLLM 0.33's does).
     2. Only in a step that preempted nothing, waiting requests are admitted in queue order
        (``priority``: by priority, arrival, id; ``vllm_release="0.30"`` under ``fcfs``: structured-output
-       requests not preempted yet first, from their own queue), passing over structured-output requests whose
-       grammar is not compiled yet, while budget and ``max_num_seqs`` allow, each with a
-       chunk of what is left of the budget (``enable_chunked_prefill=False``: the whole prompt, or
-       admission stops), until one does not fit: admission needs blocks for the whole prompt (less
-       prefix-cache hits) plus, once anything runs, the watermark.
+       requests not preempted yet first, from their own queue; from ``"0.34"``, with
+       ``cache_aware_admission_window`` N under ``fcfs`` and prefix caching, once KV usage reaches
+       ``cache_aware_admission_threshold``, the fresh requests among the first N trade places, the deepest
+       cached prefix first, and keep that order: ``reorder_by_cached_prefix``), passing over
+       structured-output requests whose grammar is not compiled yet, while budget and ``max_num_seqs``
+       allow, each with a chunk of what is left of the budget (``enable_chunked_prefill=False``: the whole
+       prompt, or admission stops), until one does not fit: admission needs blocks for the whole prompt
+       (less prefix-cache hits) plus, once anything runs, the watermark.
     """
 
     name = "vllm-v1"
@@ -51,7 +54,8 @@ class VllmV1:
     engine_defaults = {"vllm_engine": "v1", "watermark": 0.0, "enable_prefix_caching": True}
     chunked_prefill = True  # its budget is a chunk size, not a length limit (experiments/settings.py)
 
-    def __init__(self, policy: str = "fcfs", long_prefill_token_threshold: int = 0, vllm_release: str = "0.32") -> None:
+    def __init__(self, policy: str = "fcfs", long_prefill_token_threshold: int = 0, vllm_release: str = "0.32",
+                 cache_aware_admission_window: int = 0, cache_aware_admission_threshold: float = 0.5) -> None:
         if policy not in POLICIES:
             raise ValueError(f"policy must be one of {', '.join(POLICIES)}, got {policy!r}")
         self.priority = policy == "priority"
@@ -66,6 +70,16 @@ class VllmV1:
         self.grammar_queue_first = release < (0, 31) and not self.priority
         # vLLM 0.33: the least urgent running request, having preempted itself, freed its blocks for the ones after it
         self.past_self_preemption = release >= (0, 33) and self.priority
+        # vLLM 0.34: no threshold cut without chunked prefill (a prompt runs whole or waits)
+        self.threshold_needs_chunking = release >= (0, 34)
+        self.cache_aware_window = int(cache_aware_admission_window)
+        self.cache_aware_threshold = float(cache_aware_admission_threshold)
+        if self.cache_aware_window < 0 or not 0.0 <= self.cache_aware_threshold <= 1.0:
+            raise ValueError("cache_aware_admission_window must be >= 0 and cache_aware_admission_threshold within "
+                             f"0..1, got {cache_aware_admission_window} and {cache_aware_admission_threshold}")
+        if self.cache_aware_window and release < (0, 34):
+            raise ValueError(f"cache_aware_admission_window is vLLM 0.34's; vllm_release={vllm_release!r} has none")
+        self._grammar_woken: set[str] = set()  # grammar requests V1 has looked at ready (status WAITING since)
 
     @staticmethod
     def _urgency(group) -> tuple:
@@ -75,6 +89,9 @@ class VllmV1:
     def select_batch(self, step):
         alone = len(step.running) + len(step.waiting) <= 1
         threshold = 0 if alone and not self.threshold_alone else self.long_prefill_token_threshold
+        chunked = step.config.enable_chunked_prefill
+        if self.threshold_needs_chunking and not chunked:
+            threshold = 0
         for group in step.running:
             if step.remaining_tokens <= 0:
                 break
@@ -87,12 +104,16 @@ class VllmV1:
                 break
         if step.num_preempted:
             return True
-        chunked = step.config.enable_chunked_prefill
+        woken = self._grammar_woken
+        if self.cache_aware_window and not self.priority and step.config.enable_prefix_caching:
+            self.reorder_by_cached_prefix(step)
         for group in self.order_waiting(step):
             if step.remaining_tokens <= 0 or step.remaining_seqs <= 0:
                 break
             if not grammar_ready(group, step.now):  # skipped, keeping its place (WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR)
                 continue
+            if group.grammar_ready_at is not None and self.cache_aware_window:
+                woken.add(group.request_id)
             if chunked and group.max_running_seqs == 1:  # a group of several (v0 mechanics; V1 fans n > 1 out) runs whole
                 chunk = step.remaining_tokens if threshold <= 0 else min(threshold, step.remaining_tokens)
             else:  # the whole prompt, or a threshold's cut, as vLLM still makes it; BUDGET if it does not fit what is left
@@ -100,6 +121,31 @@ class VllmV1:
             if step.admit(group, max_tokens=chunk) in (Outcome.LATER, Outcome.BUDGET):
                 break
         return True
+
+    def reorder_by_cached_prefix(self, step) -> None:
+        """vLLM 0.34's cache-aware admission (``Scheduler._reorder_waiting_by_cached_prefix``): once KV usage (free and
+        cached-free blocks against the pool) reaches the threshold, the plain fresh requests among the first
+        ``window`` waiting trade places, the deepest cached prefix first, then queue order; the others (preempted,
+        a grammar V1 has not seen ready) keep their places. The queue keeps the new order (``step.reorder_waiting``)."""
+        cache, waiting = step.cache, step.waiting
+        if len(waiting) < 2 or 1.0 - cache.num_free_gpu_blocks / cache.num_gpu_blocks < self.cache_aware_threshold:
+            return
+        head = list(waiting[:self.cache_aware_window])
+        woken = self._grammar_woken
+        slots = [i for i, g in enumerate(head)
+                 if not g.num_preemptions and (g.grammar_ready_at is None or g.request_id in woken)]
+        if len(slots) < 2:
+            return
+        cached = {i: cache.num_cached_tokens(head[i]) for i in slots}
+        order = sorted(slots, key=lambda i: (-cached[i], i))
+        if order == slots:
+            return
+        front = list(head)
+        for slot, source in zip(slots, order):
+            front[slot] = head[source]
+        step.reorder_waiting(front)
+        if len(woken) > 2 * len(waiting) + 64:  # admitted, finished or aborted ones: dropped now and then
+            woken.intersection_update(g.request_id for g in waiting)
 
     def order_waiting(self, step):
         """The order waiting requests are offered in (V1's request queue): the skeleton's first half."""

@@ -321,3 +321,56 @@ def test_engine_check_fails_a_policy_that_loosens_the_config():
 
     results = {r.invariant: r for r in check_machine(Loosens, max_examples=8, steps=12, only={VALID_DECISIONS, BUDGETS_RESPECTED}, shrink=False)}
     assert results[VALID_DECISIONS].status == FAIL and "__dict__" in results[VALID_DECISIONS].detail, results[VALID_DECISIONS]
+
+
+class Reorders:
+    """Reorders the waiting queue as ``how`` says (``reorder_waiting``), then admits nothing, or fails."""
+
+    name = "reorders"
+
+    def __init__(self, how: str = "reverse"):
+        self.how = how
+
+    @hookimpl
+    def select_batch(self, step):
+        front = list(step.waiting[:3])
+        if self.how == "after-admit":
+            step.admit(front[0])
+            step.reorder_waiting(front[1:][::-1])
+        elif self.how == "missing":
+            step.reorder_waiting([front[2], front[0]])
+        elif self.how == "twice":
+            step.reorder_waiting([front[1], front[1], front[0]])
+        elif self.how == "not-a-view":
+            step.reorder_waiting([g.request_id for g in front])
+        else:
+            step.reorder_waiting(front[::-1])
+            if self.how == "then-raise":
+                raise ZeroDivisionError("boom")
+
+
+@pytest.mark.parametrize("how, message", [
+    ("after-admit", "reorder_waiting: expected the first waiting groups, each once, before any admission"),
+    ("missing", "reorder_waiting: expected the first waiting groups"),
+    ("twice", "reorder_waiting: expected the first waiting groups"),
+    ("not-a-view", "reorder_waiting: expected a GroupView"),
+    ("then-raise", "raised ZeroDivisionError: boom"),
+])
+def test_a_reorder_of_the_waiting_queue_is_checked_and_undone_with_a_failed_step(how, message):
+    """``reorder_waiting`` takes only a permutation of the queue's front, before any admission; a step that fails
+    after a valid reorder leaves the queue as it found it."""
+    e = unit_engine(Reorders(how))
+    for i in range(4):
+        e.add_request(req(f"r{i}", prompt_len=6, output_len=8))
+    before = state(e)
+    with pytest.raises(PolicyError, match=message):
+        e.step()
+    assert state(e) == before and e.scheduler.audit() == []
+
+
+def test_a_reorder_of_the_waiting_queue_persists():
+    e = unit_engine(Reorders())
+    for i in range(4):
+        e.add_request(req(f"r{i}", prompt_len=6, output_len=8))
+    e.step()
+    assert [g.request_id for g in e.scheduler.waiting] == ["r2", "r1", "r0", "r3"]

@@ -64,7 +64,7 @@ def test_a_priority_request_that_preempts_itself_follows_the_installed_releases_
                      abort_in_flight=False) for i in range(2)]
     config = dict(block_size=2, num_gpu_blocks=5, max_model_len=8, max_num_seqs=4, max_num_batched_tokens=8,
                   enable_prefix_caching=False, policy="priority", long_prefill_token_threshold=1,
-                  enable_chunked_prefill=False, async_scheduling=async_scheduling)
+                  async_scheduling=async_scheduling)
     assert inside.run_both(config, requests)["preempted"] == 1
 
 

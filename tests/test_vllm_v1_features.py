@@ -158,7 +158,7 @@ def test_vllm_release_033_lets_the_requests_after_a_self_preempted_one_run_in_it
     a tie) preempts itself. From 0.33 the step goes on and runs r1; up to 0.32 it ends there."""
     def step_of_the_preemption(release: str) -> dict[str, int]:
         engine = Engine(EngineConfig(vllm_engine="v1", block_size=2, num_gpu_blocks=5, max_model_len=8, max_num_seqs=4,
-                                     max_num_batched_tokens=8, enable_chunked_prefill=False, watermark=0.0,
+                                     max_num_batched_tokens=8, watermark=0.0,
                                      audit_every_step=True), "vllm-v1", SimulatedExecutor(),
                         policy_options={"policy": "priority", "long_prefill_token_threshold": 1, "vllm_release": release})
         for i in range(2):
@@ -197,3 +197,26 @@ def test_vllm_release_030_offers_a_structured_output_request_first_under_fcfs(re
     engine.add_request(Request(request_id="json", prompt_len=3, output_len=2, sampling=SamplingParams(max_tokens=2),
                                grammar_compile_s=0.0))
     assert [sg.group.request_id for sg in engine.step().output.scheduled] == [first]
+
+
+@pytest.mark.parametrize(("release", "chunks"), [("0.33", [3, 3]), ("0.34", [7, 7])])
+def test_vllm_release_034_cuts_at_the_threshold_only_with_chunked_prefill(release, chunks):
+    """Without chunked prefill vLLM 0.33 still cut a waiting prompt at ``long_prefill_token_threshold``
+    (before its whole-prompt check); 0.34 ignores the threshold then: a prompt runs whole or waits."""
+    engine = Engine(EngineConfig(vllm_engine="v1", block_size=4, num_gpu_blocks=16, max_model_len=16, max_num_seqs=4,
+                                 max_num_batched_tokens=16, watermark=0.0, enable_chunked_prefill=False,
+                                 audit_every_step=True), "vllm-v1", SimulatedExecutor(),
+                    policy_options={"long_prefill_token_threshold": 3, "vllm_release": release})
+    for rid in ("a", "b"):
+        engine.add_request(Request(request_id=rid, prompt_len=7, output_len=2, sampling=SamplingParams(max_tokens=2)))
+    assert [sg.num_tokens for sg in engine.step().output.scheduled] == chunks
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    ({"vllm_release": "0.33", "cache_aware_admission_window": 16}, "is vLLM 0.34's; vllm_release='0.33' has none"),
+    ({"vllm_release": "0.34", "cache_aware_admission_window": -1}, "must be >= 0"),
+    ({"vllm_release": "0.34", "cache_aware_admission_threshold": 1.5}, "within 0..1"),
+])
+def test_cache_aware_admission_options_are_checked(options, message):
+    with pytest.raises(ValueError, match=message):
+        VllmV1(**options)

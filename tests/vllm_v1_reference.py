@@ -51,11 +51,11 @@ def vllm_configs(*, block_size: int, num_gpu_blocks: int, max_num_batched_tokens
                  max_model_len: int, enable_prefix_caching: bool, policy: str = "fcfs",
                  long_prefill_token_threshold: int = 0, watermark: float = 0.0, enable_chunked_prefill: bool = True,
                  num_speculative_tokens: int = 0, async_scheduling: bool = False,
-                 additional_config: dict | None = None) -> tuple:
+                 additional_config: dict | None = None, **admission) -> tuple:
     """vLLM's ``VllmConfig`` and a ``KVCacheConfig`` of ``num_gpu_blocks`` blocks of one full-attention layer, what
     a scheduler is built from. The device is named: a scheduler-only release from 0.34 on runs on no platform
     (``vllm_release.CPU_PLATFORM``). ``async_scheduling`` is set after the platform has had its say (the CPU one
-    turns it off)."""
+    turns it off). ``admission``: 0.34's cache-aware admission fields of ``SchedulerConfig``, given only when set."""
     import torch
     from vllm.config import (CacheConfig, DeviceConfig, ModelConfig, ParallelConfig, SchedulerConfig, SpeculativeConfig,
                              VllmConfig)
@@ -64,7 +64,7 @@ def vllm_configs(*, block_size: int, num_gpu_blocks: int, max_num_batched_tokens
     scheduler_config = SchedulerConfig(
         max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len,
         long_prefill_token_threshold=long_prefill_token_threshold, enable_chunked_prefill=enable_chunked_prefill,
-        policy=policy, watermark=watermark, is_encoder_decoder=False, async_scheduling=async_scheduling,
+        policy=policy, watermark=watermark, is_encoder_decoder=False, async_scheduling=async_scheduling, **admission,
     )
     model_config = ModelConfig(model=_model_dir(), dtype="float32", seed=0, skip_tokenizer_init=True,
                                max_model_len=max_model_len)
@@ -100,7 +100,7 @@ class V1Reference:
     def __init__(self, *, block_size: int, num_gpu_blocks: int, max_num_batched_tokens: int, max_num_seqs: int,
                  max_model_len: int, enable_prefix_caching: bool, policy: str = "fcfs",
                  long_prefill_token_threshold: int = 0, watermark: float = 0.0, enable_chunked_prefill: bool = True,
-                 num_speculative_tokens: int = 0, acceptance_salt: int = 0) -> None:
+                 num_speculative_tokens: int = 0, acceptance_salt: int = 0, **admission) -> None:
         from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
         from vllm.v1.core.sched.scheduler import Scheduler
         from vllm.v1.structured_output import StructuredOutputManager
@@ -110,7 +110,7 @@ class V1Reference:
             block_size=block_size, num_gpu_blocks=num_gpu_blocks, max_num_batched_tokens=max_num_batched_tokens,
             max_num_seqs=max_num_seqs, max_model_len=max_model_len, enable_prefix_caching=enable_prefix_caching,
             policy=policy, long_prefill_token_threshold=long_prefill_token_threshold, watermark=watermark,
-            enable_chunked_prefill=enable_chunked_prefill, num_speculative_tokens=num_speculative_tokens)
+            enable_chunked_prefill=enable_chunked_prefill, num_speculative_tokens=num_speculative_tokens, **admission)
         self.num_speculative_tokens, self.acceptance_salt = num_speculative_tokens, acceptance_salt
         self.scheduler = Scheduler(vllm_config=vllm_config, kv_cache_config=kv_config, block_size=block_size,
                                    structured_output_manager=StructuredOutputManager(vllm_config), log_stats=False)
@@ -123,6 +123,15 @@ class V1Reference:
         self.scheduler.structured_output_manager = _AnyTokens()
         self._compiling: dict[str, tuple[int, object]] = {}  # request id -> (step its grammar is ready at, its request)
         self.num_steps = 0
+        self.num_reorders = 0  # steps whose cache-aware admission (0.34) changed the waiting order
+        reorder = getattr(self.scheduler, "_reorder_waiting_by_cached_prefix", None)
+        if reorder is not None:
+            def counted() -> None:
+                before = list(self.scheduler.waiting)
+                reorder()
+                self.num_reorders += list(self.scheduler.waiting) != before
+
+            self.scheduler._reorder_waiting_by_cached_prefix = counted
 
 
     def add(self, request_id: str, prompt_token_ids: list[int], max_tokens: int, *, priority: int = 0,
