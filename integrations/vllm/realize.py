@@ -94,6 +94,19 @@ def installed_release() -> str:
     return ".".join(vllm.__version__.split(".")[:2])
 
 
+def num_cached_tokens(kv: Any, request: Any) -> int:
+    """The leading tokens of ``request`` vLLM's prefix cache holds, asked of its ``KVCacheManager`` without taking
+    anything: ``get_num_cached_tokens`` from 0.34; before, the lookup it makes (the longest hit within all tokens
+    but the last, none for a request that may not read the cache). The mirror's ``CacheView.num_cached_tokens``,
+    which the prefix-aware policies read, must give the same (tests/test_vllm_async.py checks it every step)."""
+    probe = getattr(kv, "get_num_cached_tokens", None)
+    if probe is not None:
+        return probe(request)
+    if not kv.enable_caching or getattr(request, "skip_reading_prefix_cache", False):
+        return 0
+    return kv.coordinator.find_longest_cache_hit(request.block_hashes, request.num_tokens - 1)[1]
+
+
 def _deferred_waiting_shim(sched: Any) -> set:
     """vLLM 0.31 added ``Scheduler.deferred_waiting`` (waiting requests held back a step), which an admitted
     request leaves; 0.30 has none."""
