@@ -30,8 +30,7 @@ test: setup browser
 
 # Every supported vLLM release, each in its own venv (.ci/vllm-venv builds them): the tests that run
 # vLLM's scheduler or engine. 0.32 is the main venv's; 0.33 and 0.34 are scheduler-only (no CPU build: their
-# tests that need vLLM's engine skip, saying so). 0.34's tests fail where kvsched does not mirror its rules
-# yet (issue 34); .ci/run names the releases CI runs, 0.34 not among them.
+# tests that need vLLM's engine skip, saying so).
 VLLM_RELEASES ?= 0.30 0.31 0.32 0.33 0.34
 VLLM_TESTS ?= tests/test_vllm_v1_differential.py tests/test_vllm_async.py tests/test_vllm_release_features.py tests/test_vllm_slots.py tests/test_vllm_integration.py
 MAIN_VLLM := 0.32
