@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PlainSerializer, WrapValidator, field_validator, model_validator
+
+from kvsched.allocators.block_prompt import BlockPrompt
 
 # Counts and ids must fit a signed 64-bit integer (the results' Parquet and NumPy columns);
 # priorities a 32-bit one, as trace files give them. Floats must be finite.
@@ -40,17 +42,18 @@ LABELS = ("tenant", "session_id", "slo_class")  # the names a request carries fo
 class Request(BaseModel):
     """One user request: a prompt (token ids) plus how to sample it and scheduling metadata.
 
-    A simulation may give only ``prompt_len``: the engine then uses token ids unique to the
-    request, so that no two such prompts share a cached prefix by accident.
-    ``output_len`` is the number of tokens the request will really generate (from a workload or a
-    trace). The simulated executor needs it because it has no model to emit EOS; a real executor
-    ignores it.
+    A simulation may give only ``prompt_len``: the engine then uses token ids unique to the request, so that no
+    two such prompts share a cached prefix by accident. A hash-id trace's prompt is a ``BlockPrompt``: it reads as
+    its token ids, made only where they are read. ``output_len`` is the number of tokens the request will really
+    generate (from a workload or a trace): the simulated executor needs it because it has no model to emit EOS; a
+    real executor ignores it.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     request_id: str = Field(min_length=1)
-    prompt_token_ids: tuple[Int64, ...] = Field((), max_length=MAX_TOKENS)
+    prompt_token_ids: Annotated[tuple[Int64, ...], WrapValidator(lambda v, f: v if type(v) is BlockPrompt else f(v)),
+                                PlainSerializer(tuple)] = Field((), max_length=MAX_TOKENS)  # a BlockPrompt kept
     prompt_len: int = Field(0, ge=0, le=MAX_TOKENS, description="prompt length; derived from the token ids when given")
     sampling: SamplingParams = SamplingParams()
     arrival_time: float = Field(0.0, ge=0.0)
@@ -87,9 +90,7 @@ class Request(BaseModel):
         if self.prompt_len < 1:
             raise ValueError("prompt is empty: give prompt_token_ids or prompt_len >= 1")
         if self.output_len is not None and self.output_len > self.sampling.max_tokens:
-            raise ValueError(
-                f"output_len ({self.output_len}) exceeds sampling.max_tokens ({self.sampling.max_tokens})"
-            )
+            raise ValueError(f"output_len ({self.output_len}) exceeds sampling.max_tokens ({self.sampling.max_tokens})")
         if not (self.request_id.isascii() and self.tenant.isascii()) or self.session_id or self.slo_class:
             _check_utf8(self)
         return self

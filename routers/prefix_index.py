@@ -11,16 +11,12 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from kvsched.allocators.block_manager import _NO_PARENT
+from kvsched.allocators.block_prompt import chain_hashes
 
 
 def prefix_hashes(token_ids: tuple[int, ...], block_size: int) -> list[int]:
     """The chained content hash of each full block of ``token_ids`` (none for a prompt given by length)."""
-    hashes, parent = [], _NO_PARENT
-    for start in range(0, len(token_ids) - block_size + 1, block_size):
-        parent = hash((parent, token_ids[start:start + block_size]))
-        hashes.append(parent)
-    return hashes
+    return chain_hashes([], token_ids, block_size, len(token_ids) // block_size)
 
 
 class PrefixIndex:

@@ -4,7 +4,8 @@ The format of Mooncake's published traces (kvcache-ai/Mooncake, ``FAST25-release
 the tools built on them: one request per line, ``timestamp`` in milliseconds, and one hash id per
 ``hash_block_size`` prompt tokens (512 in Mooncake's), equal ids meaning equal blocks. The ids carry
 no text, so each block's tokens are made from its id: block ``h`` is ``h * B, h * B + 1, ...``
-(B = ``hash_block_size``), the last block cut to the prompt's length. Two prompts then share exactly
+(B = ``hash_block_size``), the last block cut to the prompt's length; a request keeps its prompt as
+the ids (``BlockPrompt``), and the tokens are made only where they are read. Two prompts then share exactly
 the leading blocks whose ids they share, and the engine's prefix cache sees the trace's sharing, at
 any engine block size. A line may also give ``session_id`` (for session-aware policies).
 
@@ -24,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from kvsched.core.errors import quote
 from kvsched.core.files import text_lines
-from kvsched.core.request import MAX_INT64, MAX_TOKENS, Request, SamplingParams
+from kvsched.core.request import MAX_INT64, MAX_TOKENS, BlockPrompt, Request, SamplingParams
 from kvsched.workloads.caps import CapModel, Capper, FixedCap
 from kvsched.workloads.errors import MAX_PROMPT_IDS, MAX_REQUESTS, WorkloadError
 
@@ -79,26 +80,20 @@ def read_prefix_trace(path: Path | str, hash_block_size: int = 512) -> Iterator[
         raise WorkloadError("no requests: the file is empty", path, 1)
 
 
-def prompt_tokens(hash_ids: list[int], length: int, block: int) -> tuple[int, ...]:
-    """The prompt's token ids: each hash id's block of ``block`` ids, cut to ``length``."""
-    tokens = [h * block + j for h in hash_ids for j in range(block)]
-    return tuple(tokens[:length])
-
-
 Row = tuple[float, int, int, list[int], "str | None"]  # (arrival ms, input length, output length, hash ids, session id)
 
 
 def trace_requests(rows: Iterable[Row], hash_block_size: int, capper: Capper,
                    rate_scale: float = 1.0) -> Iterator[Request]:
     """The requests of a trace's rows, made one at a time: arrivals counted from the first row (in
-    seconds, divided by ``rate_scale``), each prompt's tokens made from its hash ids, each answer capped."""
+    seconds, divided by ``rate_scale``), each prompt kept as its hash ids (``BlockPrompt``), each answer capped."""
     start = None
     params: dict[int, SamplingParams] = {}
     for i, (t, prompt, output, ids, session) in enumerate(rows):
         start = t if start is None else start
         cap, output = capper(output)
         sp = params.get(cap) or params.setdefault(cap, SamplingParams(max_tokens=cap))
-        yield Request(request_id=f"req-{i}", prompt_token_ids=prompt_tokens(ids, prompt, hash_block_size),
+        yield Request(request_id=f"req-{i}", prompt_token_ids=BlockPrompt(ids, prompt, hash_block_size),
                       output_len=output, sampling=sp, arrival_time=round((t - start) / 1000.0 / rate_scale, 6),
                       session_id=session)
 
