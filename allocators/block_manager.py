@@ -10,16 +10,19 @@ small protocols of ``allocators/shapes.py`` (the core's ``Sequence`` and ``Seque
 
 from __future__ import annotations
 
+from functools import partial
+from itertools import islice, takewhile
+from operator import is_not
 from typing import TYPE_CHECKING
 
 from kvsched.allocators.alloc_status import AllocStatus
 from kvsched.allocators.block_pool import BlockPool
+from kvsched.allocators.block_prompt import ROOT, WINDOW, chain_hashes
 
 if TYPE_CHECKING:
     from kvsched.allocators.shapes import Sequence, SequenceGroup
 
-
-_NO_PARENT = 0x9E3779B97F4A7C15  # root of every prefix-hash chain
+_is_block = partial(is_not, None)  # a lookup's hit
 
 
 class BlockManager:
@@ -63,12 +66,11 @@ class BlockManager:
         """
         if not self.enable_prefix_caching:
             return []
-        hits = []
-        for i in range(seq.num_tokens // self.block_size):  # hashing stops at the first miss: a long prompt costs its hits
-            block = self.gpu.lookup(self._block_hashes(seq, i + 1)[i])
-            if block is None:
-                break
-            hits.append(block)
+        full, hashes = seq.num_tokens // self.block_size, self._hashes.get(seq.seq_id, ())
+        hits = list(takewhile(_is_block, map(lookup := self.gpu.hash_to_block.get, hashes)))
+        while len(hits) == len(hashes) < full:  # hashing a window at a time, it stops near the first miss
+            hashes = self._block_hashes(seq, min(full, len(hashes) + max(1, WINDOW // self.block_size)))
+            hits += takewhile(_is_block, map(lookup, islice(hashes, len(hits), None)))
         if hits and len(hits) * self.block_size >= seq.num_tokens:
             hits.pop()
         return hits
@@ -299,18 +301,17 @@ class BlockManager:
         if done <= start:
             return
         table, hashes = self.gpu_tables[seq.seq_id], self._block_hashes(seq, done)
-        named = [table[i] for i in range(start, done) if self.gpu.register(table[i], hashes[i])]
+        named = self.gpu.register(table[start:done], hashes[start:done])
         if self._journal is not None:  # naming a block the step has yet to fill is undone with the step
             self._journal.append(("named", seq.seq_id, start, named))
         self._registered[seq.seq_id] = done
 
     def _block_hashes(self, seq: Sequence, n: int) -> list[int]:
         """The content hashes of the sequence's first ``n`` full blocks (at least; computed once)."""
-        hashes = self._hashes.setdefault(seq.seq_id, [])
         bs = self.block_size
-        for i in range(len(hashes), n):
-            parent = hashes[-1] if hashes else _NO_PARENT
-            hashes.append(hash((parent, seq.token_slice(i * bs, (i + 1) * bs))))
+        hashes = chain_hashes(self._hashes.setdefault(seq.seq_id, []), seq.prompt, bs, n)
+        for i in range(len(hashes), n):  # blocks that reach into the output
+            hashes.append(hash((hashes[-1] if hashes else ROOT, seq.token_slice(i * bs, (i + 1) * bs))))
         return hashes
 
     def _release(self, sid: int) -> None:
@@ -335,8 +336,7 @@ class BlockManager:
             if kind == "append":
                 self.gpu.release(self.gpu_tables[sid].pop())
             elif kind == "named":
-                for b in entry[3]:
-                    self.gpu.forget(b)
+                self.gpu.forget(entry[3])
                 self._registered[sid] = entry[2]
             elif kind == "cow":
                 table = self.gpu_tables[sid]

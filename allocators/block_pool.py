@@ -48,7 +48,7 @@ class BlockPool:
             block = self._free.pop()
         elif self.evictor:
             block = self.evictor.evict()
-            self.forget(block)
+            self.forget((block,))
         else:
             raise OutOfBlocks(f"{self.device} pool has no free block")
         self.ref_counts[block] = 1
@@ -58,11 +58,17 @@ class BlockPool:
     def allocate_many(self, n: int) -> list[int]:
         """``n`` blocks, the same ones ``n`` calls of ``allocate`` would give (a prompt takes dozens)."""
         free = self._free
-        if len(free) < n:
-            return [self.allocate() for _ in range(n)]
-        blocks = free[-n:] if n else []
-        blocks.reverse()  # the newest first, as n calls of allocate() take them
-        del free[len(free) - n:]
+        if len(free) < n:  # every free block, then the least recently used cached ones
+            if len(free) + len(self.evictor) < n:
+                raise OutOfBlocks(f"{self.device} pool has {self.num_free} free blocks, {n} asked for")
+            blocks, evicted = free[::-1], self.evictor.evict_many(n - len(free))
+            free.clear()
+            self.forget(evicted)
+            blocks += evicted
+        else:
+            blocks = free[-n:] if n else []
+            blocks.reverse()  # the newest first, as n calls of allocate() take them
+            del free[len(free) - n:]
         ref_counts = self.ref_counts
         for block in blocks:
             ref_counts[block] = 1
@@ -94,9 +100,20 @@ class BlockPool:
 
     def release_many(self, blocks: list[int]) -> None:
         """``release`` each of ``blocks`` in order (a finished sequence gives back its whole table)."""
-        if self.block_hash:  # some block may carry a hash: the general path decides cached or free
-            for block in blocks:
-                self.release(block)
+        if self.block_hash:  # some block may carry a hash: each is cached or free as ``release`` decides
+            ref_counts, named, cached, free = self.ref_counts, self.block_hash, [], self._free
+            before = len(free)
+            try:
+                for block in blocks:
+                    count = ref_counts[block] - 1
+                    if count < 0:
+                        raise RuntimeError(f"double free of {self.device} block {block}")
+                    ref_counts[block] = count
+                    if count == 0:
+                        (cached if block in named else free).append(block)
+            finally:  # those released before a double free stay released
+                self.evictor.add_many(cached)
+                self.num_free += len(cached) + len(free) - before
             return
         ref_counts, free, freed = self.ref_counts, self._free, 0
         if len(blocks) > 1 and itemgetter(*blocks)(ref_counts).count(1) == len(blocks):  # no other table holds any: all free
@@ -118,33 +135,39 @@ class BlockPool:
     def lookup(self, content_hash: int) -> int | None:
         return self.hash_to_block.get(content_hash)
 
-    def register(self, block: int, content_hash: int) -> bool:
-        """Name a held, fully written block by its content hash (see the class docstring); True if named."""
-        if block in self.block_hash:
-            return False
-        if content_hash not in self.hash_to_block:
-            self.hash_to_block[content_hash] = block
-        elif self.keep_duplicates:
-            self._duplicates.setdefault(content_hash, []).append(block)
-        else:
-            return False
-        self.block_hash[block] = content_hash
-        return True
-
-    def forget(self, block: int) -> None:
-        """The block loses its name (evicted, or its step undone before it was filled); the next
-        oldest block with the same content takes over."""
-        content_hash = self.block_hash.pop(block)
-        younger = self._duplicates.get(content_hash)
-        if self.hash_to_block[content_hash] == block:
-            if younger:
-                self.hash_to_block[content_hash] = younger.pop(0)
+    def register(self, blocks: list[int], content_hashes: list[int]) -> list[int]:
+        """Name held, fully written blocks by their content hashes (see the class docstring); those named."""
+        named, index, keep = self.block_hash, self.hash_to_block, self.keep_duplicates
+        done = []
+        for block, content_hash in zip(blocks, content_hashes):
+            if block in named:
+                continue
+            if content_hash not in index:
+                index[content_hash] = block
+            elif keep:
+                self._duplicates.setdefault(content_hash, []).append(block)
             else:
-                del self.hash_to_block[content_hash]
-        else:
-            younger.remove(block)
-        if younger is not None and not younger:
-            del self._duplicates[content_hash]
+                continue
+            named[block] = content_hash
+            done.append(block)
+        return done
+
+    def forget(self, blocks) -> None:
+        """The blocks lose their names (evicted, or their step undone before they were filled); for each,
+        the next oldest block with the same content takes over."""
+        named, index, duplicates = self.block_hash, self.hash_to_block, self._duplicates
+        for block in blocks:
+            content_hash = named.pop(block)
+            younger = duplicates.get(content_hash)
+            if younger is None:  # the only block with this content: the index names it
+                del index[content_hash]
+                continue
+            if index[content_hash] == block:
+                index[content_hash] = younger.pop(0)
+            else:
+                younger.remove(block)
+            if not younger:
+                del duplicates[content_hash]
 
     def audit(self, holders: list[int]) -> list[str]:
         """Invariant violations, given the number of block tables holding each block."""

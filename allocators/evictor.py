@@ -30,9 +30,19 @@ class LRUEvictor:
     def add(self, block: int) -> None:
         self._order[block] = None
 
+    def add_many(self, blocks: list[int]) -> None:
+        order = self._order  # OrderedDict.update is a Python loop slower than this one
+        for block in blocks:
+            order[block] = None
+
     def remove(self, block: int) -> None:
         del self._order[block]
 
     def evict(self) -> int:
         block, _ = self._order.popitem(last=False)
         return block
+
+    def evict_many(self, n: int) -> list[int]:
+        """The ``n`` least recently freed, oldest first (what ``n`` calls of ``evict`` give)."""
+        pop = self._order.popitem
+        return [pop(last=False)[0] for _ in range(n)]
