@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import OrderedDict
+from itertools import islice
 
 
 class LRUEvictor:
@@ -44,5 +45,8 @@ class LRUEvictor:
 
     def evict_many(self, n: int) -> list[int]:
         """The ``n`` least recently freed, oldest first (what ``n`` calls of ``evict`` give)."""
-        pop = self._order.popitem
-        return [pop(last=False)[0] for _ in range(n)]
+        order = self._order
+        blocks = list(islice(order, n))
+        for block in blocks:
+            del order[block]
+        return blocks
