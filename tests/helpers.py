@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from kvsched.core.hookspecs import hookimpl
-from kvsched.core.request import Request, SamplingParams
+from kvsched.core.request import BlockPrompt, Request, SamplingParams
 from kvsched.core.sequence import SequenceGroup
 from kvsched.policies.vllm_default import VllmDefault
 
@@ -15,7 +15,7 @@ def make_group(tokens, n: int = 1, max_tokens: int = 64, arrival: float = 0.0, r
     index = next(_counter)
     request = Request(
         request_id=request_id or f"g{index}",
-        prompt_token_ids=tuple(tokens),
+        prompt_token_ids=tokens if isinstance(tokens, BlockPrompt) else tuple(tokens),
         sampling=SamplingParams(n=n, max_tokens=max_tokens),
         arrival_time=arrival,
     )

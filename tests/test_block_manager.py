@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from kvsched.allocators import AllocStatus, BlockManager
+from kvsched.allocators.block_prompt import BlockPrompt
 from kvsched.core.sequence import SequenceStatus
 
 RUNNING, SWAPPED = SequenceStatus.RUNNING, SequenceStatus.SWAPPED
@@ -224,6 +225,12 @@ class BlockManagerMachine(RuleBasedStateMachine):
         g.num_unfinished_seqs = n
         self.groups.append(g)
         note(f"admit {g.request_id} prompt={prompt} n={n}")
+
+    @rule(ids=st.lists(st.integers(0, 3), min_size=1, max_size=5), block=st.integers(1, 3), cut=st.integers(0, 2),
+          n=st.integers(1, 3))
+    def admit_blocks(self, ids, block, cut, n):
+        """A prompt given as blocks (a hash-id trace's): named without its tokens, a hit only on equal tokens."""
+        self.admit(BlockPrompt(ids, max(1, len(ids) * block - min(cut, block - 1)), block), n)
 
     @precondition(lambda self: self._live(RUNNING))
     @rule(data=st.data(), token=st.integers(0, 2))

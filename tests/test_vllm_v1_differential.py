@@ -28,6 +28,7 @@ from vllm_release import RELEASE, RELEASE_KEY  # noqa: E402
 from vllm_v1_reference import V1Reference, accepted_drafts, token_at  # noqa: E402
 
 from kvsched import Engine, EngineConfig, Request, SamplingParams, StepResult, VirtualClock  # noqa: E402
+from kvsched.allocators.block_prompt import BlockPrompt  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 ADMISSION = ("cache_aware_admission_window", "cache_aware_admission_threshold")  # vllm-v1 options and vLLM's fields
@@ -121,7 +122,8 @@ def run_both(config, policy, threshold, requests, max_steps=None) -> dict[str, i
     for k in range(max_steps):
         for r in requests:
             if r["step"] == k:
-                ours.add_request(Request(request_id=r["rid"], prompt_token_ids=tuple(r["prompt"]), priority=r["priority"],
+                prompt = r.get("blocks") or tuple(r["prompt"])  # a BlockPrompt stays one (vLLM gets its token ids)
+                ours.add_request(Request(request_id=r["rid"], prompt_token_ids=prompt, priority=r["priority"],
                                          arrival_time=float(k), sampling=SamplingParams(
                                              max_tokens=r["max_tokens"], stop_token_ids=r["stop"], ignore_eos=True, n=r.get("n", 1)),
                                          grammar_compile_s=None if r.get("grammar") is None else float(r["grammar"])))
@@ -178,6 +180,21 @@ def test_cache_aware_admission_matches_vllm_step_by_step(scenario):
     for what, count in run_both(config, policy, threshold, requests).items():
         if count and what != "steps":
             event(f"exercised {what}")
+
+
+@settings(max_examples=max(100, settings.default.max_examples // 3), deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(scenarios(), st.sampled_from([1, 2, 3, 4, 8]), st.data())
+def test_prompts_given_as_blocks_are_scheduled_as_vllm_schedules_their_tokens(scenario, block, data):
+    """A hash-id trace's prompts (``BlockPrompt``, ids from a few so that blocks repeat and ids follow each other):
+    vLLM reads their token ids, the engine names their blocks without making them; every step the same."""
+    config, policy, threshold, requests = scenario
+    for r in requests:
+        length = len(r["prompt"])
+        ids = data.draw(st.lists(st.integers(0, 3), min_size=-(-length // block), max_size=-(-length // block)))
+        r["blocks"] = BlockPrompt(ids, length, block)
+        r["prompt"] = list(r["blocks"])
+    run_both(config, policy, threshold, requests)
 
 
 def test_a_hand_built_workload_preempts_and_resumes_identically():
