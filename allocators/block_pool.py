@@ -100,37 +100,28 @@ class BlockPool:
 
     def release_many(self, blocks: list[int]) -> None:
         """``release`` each of ``blocks`` in order (a finished sequence gives back its whole table)."""
-        if self.block_hash:  # some block may carry a hash: each is cached or free as ``release`` decides
-            ref_counts, named, cached, free = self.ref_counts, self.block_hash, [], self._free
-            before = len(free)
-            try:
+        ref_counts, gone = self.ref_counts, []
+        try:
+            if len(blocks) > 1 and itemgetter(*blocks)(ref_counts).count(1) == len(blocks):  # no other table holds any
+                for block in blocks:
+                    ref_counts[block] = 0
+                gone = blocks
+            else:
                 for block in blocks:
                     count = ref_counts[block] - 1
                     if count < 0:
                         raise RuntimeError(f"double free of {self.device} block {block}")
                     ref_counts[block] = count
                     if count == 0:
-                        (cached if block in named else free).append(block)
-            finally:  # those released before a double free stay released
-                self.evictor.add_many(cached)
-                self.num_free += len(cached) + len(free) - before
-            return
-        ref_counts, free, freed = self.ref_counts, self._free, 0
-        if len(blocks) > 1 and itemgetter(*blocks)(ref_counts).count(1) == len(blocks):  # no other table holds any: all free
-            for block in blocks:
-                ref_counts[block] = 0
-            free += blocks
-            self.num_free += len(blocks)
-            return
-        for block in blocks:
-            count = ref_counts[block] - 1
-            if count < 0:
-                raise RuntimeError(f"double free of {self.device} block {block}")
-            ref_counts[block] = count
-            if count == 0:
-                free.append(block)
-                freed += 1
-        self.num_free += freed
+                        gone.append(block)
+        finally:  # those released before a double free stay released: cached if named (as ``release`` does), else free
+            named = self.block_hash
+            if named:
+                self.evictor.add_many([block for block in gone if block in named])
+                self._free += [block for block in gone if block not in named]
+            else:
+                self._free += gone
+            self.num_free += len(gone)
 
     def lookup(self, content_hash: int) -> int | None:
         return self.hash_to_block.get(content_hash)
@@ -161,10 +152,14 @@ class BlockPool:
         """The blocks lose their names (evicted, or their step undone before they were filled); for each,
         the next oldest block with the same content takes over."""
         named, index, duplicates = self.block_hash, self.hash_to_block, self._duplicates
-        for block in blocks:
-            content_hash = named.pop(block)
+        hashes = [named.pop(block) for block in blocks]
+        if duplicates.keys().isdisjoint(hashes):  # the common case: each the only block with its content, in the index
+            for content_hash in hashes:
+                del index[content_hash]
+            return
+        for block, content_hash in zip(blocks, hashes):
             younger = duplicates.get(content_hash)
-            if younger is None:  # the only block with this content: the index names it
+            if younger is None:
                 del index[content_hash]
                 continue
             if index[content_hash] == block:
