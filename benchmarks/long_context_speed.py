@@ -57,14 +57,18 @@ def one_run(workload: str, replicas: int, limit: int | None, router: str) -> dic
     if replicas == 1:
         engine = Engine(EngineConfig(**SETTINGS), "vllm-v1", SimulatedExecutor("llama2-7b-a100"), retain_finished=False)
         engine.run(counted(), in_order=True)
+        engines = [engine]
     else:
         from kvsched.cluster import Cluster, FleetSpec, ReplicaGroup
 
         group = ReplicaGroup(count=replicas, policy="vllm-v1", settings=SETTINGS)
-        Cluster(FleetSpec(replicas=[group], router=router)).run(counted())
+        cluster = Cluster(FleetSpec(replicas=[group], router=router))
+        cluster.run(counted())
+        engines = [r.engine for r in cluster.replicas]
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
     return {"workload": workload, "replicas": replicas, "requests": count[0], "wall_s": round(wall, 2),
-            "cpu_s": round(cpu, 2), "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)}
+            "cpu_s": round(cpu, 2), "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
+            "steps": sum(e.num_steps for e in engines), "simulated_s": round(max(e.clock.now() for e in engines), 1)}
 
 
 def measured(workload: str, replicas: int, limit: int | None, router: str) -> dict:
@@ -80,8 +84,10 @@ def measured(workload: str, replicas: int, limit: int | None, router: str) -> di
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=bounded(int, 0, 100), default=2, help="one-replica runs of each workload, alternating")
-    parser.add_argument("-n", "--num-requests", type=bounded(int, 1, 10**7), default=None, help="the first N of each (default: all)")
+    parser.add_argument("--rounds", type=bounded(int, 0, 100), default=2,
+                        help="one-replica runs of each workload, alternating")
+    parser.add_argument("-n", "--num-requests", type=bounded(int, 1, 10**7), default=None,
+                        help="the first N of each (default: all)")
     parser.add_argument("--fleets", default="8,16", help="replica counts to run the long-context hour on ('' for none)")
     parser.add_argument("--router", default="round-robin")
     parser.add_argument("--one", choices=WORKLOADS, help=argparse.SUPPRESS)
@@ -101,15 +107,17 @@ def main() -> None:
         best = {w: min(runs[w], key=lambda r: r["wall_s"]) for w in WORKLOADS}
         for w in WORKLOADS:
             r = best[w]
-            out[w] = {"requests": r["requests"], "wall_s": r["wall_s"], "cpu_s": r["cpu_s"], "peak_rss_mb": r["peak_rss_mb"],
-                      "requests_per_wall_s": round(r["requests"] / r["wall_s"]), "requests_per_cpu_s": round(r["requests"] / r["cpu_s"])}
+            out[w] = {k: r[k] for k in ("requests", "wall_s", "cpu_s", "peak_rss_mb", "steps", "simulated_s")}
+            out[w] |= {"requests_per_wall_s": round(r["requests"] / r["wall_s"]),
+                       "requests_per_cpu_s": round(r["requests"] / r["cpu_s"])}
         short, long = out["azure-conv"], out["long-context"]
         out["ratio_wall"] = round(long["requests_per_wall_s"] / short["requests_per_wall_s"], 3)
         out["ratio_cpu"] = round(long["requests_per_cpu_s"] / short["requests_per_cpu_s"], 3)
     for replicas in fleets:
         run = measured("long-context", replicas, args.num_requests, args.router)
         print(json.dumps(run), file=sys.stderr, flush=True)
-        out[f"fleet_{replicas}"] = {k: run[k] for k in ("requests", "wall_s", "cpu_s", "peak_rss_mb")} | {"router": args.router}
+        fleet = {k: run[k] for k in ("requests", "wall_s", "cpu_s", "peak_rss_mb", "steps", "simulated_s")}
+        out[f"fleet_{replicas}"] = fleet | {"router": args.router}
     out["load"] = round(os.getloadavg()[0], 1)
     out["python"] = sys.version.split()[0]
     print(json.dumps(out))
