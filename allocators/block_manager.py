@@ -113,7 +113,7 @@ class BlockManager:
             if k == 0:
                 hits = self.cached_blocks(seq)
                 covered = self.num_blocks(seq.num_tokens if num_tokens is None else max(num_tokens, len(hits) * self.block_size))
-                needed += covered - sum(1 for b in hits if self.gpu.ref_counts[b] > 0)
+                needed += covered - sum(map(bool, map(self.gpu.ref_counts.__getitem__, hits)))  # held hits are free
             else:
                 needed += self.num_blocks(seq.num_tokens) - shared
         return needed
