@@ -129,11 +129,14 @@ class BlockPool:
     def register(self, blocks: list[int], content_hashes: list[int]) -> list[int]:
         """Name held, fully written blocks by their content hashes (see the class docstring); those named."""
         named, index, keep = self.block_hash, self.hash_to_block, self.keep_duplicates
-        fresh = len(set(content_hashes)) == len(blocks)  # the common case, new blocks of new content: all named at once
-        if fresh and named.keys().isdisjoint(blocks) and index.keys().isdisjoint(content_hashes):
+        if named.keys().isdisjoint(blocks) and index.keys().isdisjoint(content_hashes):  # new blocks of new content
+            before = len(index)
             index.update(zip(content_hashes, blocks))
-            named.update(zip(blocks, content_hashes))
-            return list(blocks)
+            if len(index) - before == len(blocks):  # the common case, no content twice: all named at once
+                named.update(zip(blocks, content_hashes))
+                return list(blocks)
+            for content_hash in content_hashes:  # undone, to name them one at a time
+                index.pop(content_hash, None)
         done = []
         for block, content_hash in zip(blocks, content_hashes):
             if block in named:
