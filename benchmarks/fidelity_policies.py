@@ -79,7 +79,7 @@ def checked(parser: argparse.ArgumentParser, args: argparse.Namespace, order: li
     served, the profile (None: fitted in the run), the folders written, and --resume's saved runs."""
     from kvsched.core.errors import KvschedError
     from kvsched.core.files import read_json
-    from kvsched.core.plugins import load_policy
+    from kvsched.core.loading import load_policy
     from kvsched.executors.profiles import resolve_profile
     from kvsched.reporting.destination import check_folder
 

@@ -57,7 +57,7 @@ def run_ours(loaded, requests, config, recorder=None):
     start = time.perf_counter()
     engine.run(requests, on_step=recorder)
     elapsed = time.perf_counter() - start
-    tokens = sum(len(s.output) for g in engine._groups.values() for s in g.seqs)
+    tokens = sum(len(s.output) for g in engine.sequence_groups.values() for s in g.seqs)
     return engine, elapsed, tokens
 
 
@@ -222,10 +222,10 @@ def main() -> None:
     h_recorder = StepRecorder()
     real_engine, _, _ = run_ours(loaded, h_reqs, h_config, h_recorder)
     h_errors = fit_errors(profile, h_recorder.records)
-    real_ttft, real_tpot = mean_latencies(real_engine._groups.values())
+    real_ttft, real_tpot = mean_latencies(real_engine.sequence_groups.values())
     sim = Engine(h_config, "vllm-default", SimulatedExecutor(profile))
     sim.run(h_reqs)
-    sim_ttft, sim_tpot = mean_latencies(sim._groups.values())
+    sim_ttft, sim_tpot = mean_latencies(sim.sequence_groups.values())
     ttft_err, tpot_err = sim_ttft / real_ttft - 1, sim_tpot / real_tpot - 1
     print(f"check workload: {len(h_reqs)} other prompts, outputs 8-96 tokens, Poisson {args.holdout_rate}/s, max_num_seqs 16")
     print(f"{'':<22}{'real':>10}{'simulated':>12}{'error':>9}")

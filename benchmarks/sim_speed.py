@@ -163,7 +163,7 @@ def ours_like_vidur(policy: str) -> dict:
     t0, c0 = time.perf_counter(), time.process_time()
     engine.run(requests)
     loop_s, loop_cpu_s = time.perf_counter() - t0, time.process_time() - c0
-    ignored = sum(g.status is SequenceStatus.FINISHED_IGNORED for g in engine._groups.values())
+    ignored = sum(g.status is SequenceStatus.FINISHED_IGNORED for g in engine.sequence_groups.values())
     return {"requests": len(requests) - ignored, "ignored": ignored, "prompts_cut": workload.num_cut(), "steps": engine.num_steps,
             "loop_s": loop_s, "loop_cpu_s": loop_cpu_s, "simulated_s": engine.now,
             "max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}

@@ -175,7 +175,7 @@ def policy_options(spec: str, pairs: list[str] | dict[str, str] | None, prefix: 
 
     from pydantic import TypeAdapter
 
-    from kvsched.core.plugins import constructor_signature, load_policy, policy_name
+    from kvsched.core.loading import constructor_signature, load_policy, policy_name
 
     policy = load_policy(spec)
     name = policy_name(spec, policy)
@@ -192,11 +192,11 @@ def policy_options(spec: str, pairs: list[str] | dict[str, str] | None, prefix: 
                 TypeAdapter(hints[key]).validate_python(value)
             except ValidationError as exc:
                 raise ValueError(f"--policy-opt {prefix}{key}={value}: {exc.errors()[0]['msg']} "
-                                 f"(policy {name}'s option {key} is {_type_name(hints[key])})") from None
+                                 f"(policy {name}'s option {key} is {type_name(hints[key])})") from None
     return options
 
 
-def _type_name(hint: Any) -> str:
+def type_name(hint: Any) -> str:
     return getattr(hint, "__name__", None) or str(hint).replace("typing.", "")
 
 
@@ -237,7 +237,7 @@ def print_plugins(kind: str, infos: Iterable[Any], describe: Callable[[str], str
     so that a broken third-party plugin does not hide the others (a ``KeyboardInterrupt`` its import raises
     too: only a real Ctrl-C, SIGINT, ends the listing). A name that several distributions register is
     listed as DIST:NAME, each, with a warning that says how to choose."""
-    from kvsched.core.loading import GROUPS, _exception_text
+    from kvsched.core.loading import GROUPS, exception_text
 
     group = GROUPS[kind]
     table = Table(title=f"installed {group.removeprefix('kvsched.')} (entry-point group {group})")
@@ -253,7 +253,7 @@ def print_plugins(kind: str, infos: Iterable[Any], describe: Callable[[str], str
             except KeyboardInterrupt as exc:
                 if pressed:
                     raise
-                text = f"(fails to load: {_exception_text(exc)})"
+                text = f"(fails to load: {exception_text(exc)})"
             table.add_row(info.spec, info.distribution, info.version, text)
     console.print(table)
     for name in sorted({i.name for i in infos if i.ambiguous}):

@@ -169,7 +169,7 @@ def option_name(name: str) -> str:
 def policy_contenders(policy: list[str], policy_opt: list[str] | None, at_least: int = 2) -> tuple[list, list[str]]:
     """The compared policies as ``Contender``s with their options checked, and their column labels."""
     from kvsched.cli.common import fail, parse_pairs, policy_options
-    from kvsched.core.plugins import load_policy, policy_name
+    from kvsched.core.loading import load_policy, policy_name
     from kvsched.experiments.compare import Contender, split_options
 
     contenders = [Contender.parse(p) for p in policy]

@@ -58,10 +58,10 @@ class Streamer:
 
     def __call__(self, report) -> None:
         if self.one is not None:
-            self._grow(self._text(self.engine._groups[self.one].seqs[0]).rstrip("\ufffd"))  # a partial character waits for its bytes
+            self._grow(self._text(self.engine.sequence_groups[self.one].seqs[0]).rstrip("\ufffd"))  # a partial character waits for its bytes
         for view in report.finished:
             if view.request_id in self.ids:
-                self._finished(self.engine._groups[view.request_id])
+                self._finished(self.engine.sequence_groups[view.request_id])
 
     def _text(self, seq) -> str:
         return self.tokenizer.decode(seq.output, skip_special_tokens=True).strip()
@@ -129,7 +129,7 @@ def run_command(policy, policy_opt, overrides, seed, num_requests, rate, output,
         task = bar.add_task("run", total=len(requests))
         counted = FinishedCount(lambda n: bar.advance(task, n))
         engine.run(requests, on_step=fan_out([Streamer(engine, loaded, requests) if prompts else None, counted]))
-    metrics = [RequestMetrics.of(g) for g in engine._groups.values()]
+    metrics = [RequestMetrics.of(g) for g in engine.sequence_groups.values()]
     summary = summarize(engine, metrics, profile=f"real: {model}", executor="hf", model=model)
     print_summary(summary)
     if output is not None:

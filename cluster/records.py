@@ -12,7 +12,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from kvsched.core.request import Request
-from kvsched.metrics.records import _ROW
+from kvsched.metrics.records import row_of
 from kvsched.metrics.requests import FIELDS, RequestMetrics  # noqa: F401  (FIELDS: the order of a row, for testing/cluster.py)
 
 if TYPE_CHECKING:
@@ -71,7 +71,7 @@ class FleetRecords:
         self._append(merged, replica.index, prompt_replica, cached)
 
     def _append(self, m: RequestMetrics, replica: int, prompt_replica: int, cached: int) -> None:
-        self.rows.append(_ROW(m))
+        self.rows.append(row_of(m))
         self.replica.append(replica)
         self.prompt_replica.append(prompt_replica)
         self.cached_tokens.append(cached)

@@ -15,7 +15,7 @@ from kvsched.core.config import EngineConfig
 from kvsched.core.engine import Engine
 from kvsched.core.errors import KvschedError
 from kvsched.core.files import read_json
-from kvsched.core.plugins import load_policy
+from kvsched.core.loading import load_policy
 from kvsched.executors.profiles import resolve_profile
 from kvsched.executors.simulated import SimulatedExecutor
 from kvsched.experiments.settings import check_names, fit_to_profile

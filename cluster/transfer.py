@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from kvsched.core.outputs import SchedulerOutput, causal_pairs
 from kvsched.core.executor import StepResult
-from kvsched.executors.simulated import SimulatedExecutor, _charged
+from kvsched.executors.simulated import SimulatedExecutor, charged
 
 
 class KvTransfer(BaseModel):
@@ -48,4 +48,4 @@ class DecodeExecutor(SimulatedExecutor):
             return result
         p, d, k, swapped, copied, pairs = output.features
         seconds = self.profile.seconds(p - received, d, k, swapped, copied, self.block_size, pairs - received_pairs)
-        return StepResult(_charged(seconds), result.tokens)
+        return StepResult(charged(seconds), result.tokens)

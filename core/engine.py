@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import gc
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
+from types import MappingProxyType
 from typing import Any
 
 from kvsched.core.config import EngineConfig
@@ -150,6 +151,11 @@ class Engine:
     def groups(self) -> GroupMap:
         """Every request by id (a finished one too, unless ``retain_finished=False``), as read-only ``GroupView``s (live)."""
         return GroupMap(self._groups)
+
+    @property
+    def sequence_groups(self) -> Mapping[str, SequenceGroup]:
+        """The engine's own groups by id, read-only, for what runs it (metrics, harnesses); a policy sees ``groups``."""
+        return MappingProxyType(self._groups)
 
     @property
     def waiting(self) -> QueueView:

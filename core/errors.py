@@ -30,7 +30,7 @@ def printable(text: str) -> str:
     return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
-def _type_name(value: object) -> str:
+def type_name(value: object) -> str:
     try:
         return printable(str(type(value).__name__))
     except Exception:  # a metaclass that makes even the name raise
@@ -44,7 +44,7 @@ def quote(value: object) -> str:
         if type(text) is not str:
             raise TypeError("repr() did not give a str")
     except Exception as exc:
-        return f"<{_type_name(value)} whose repr() raised {_type_name(exc)}>"
+        return f"<{type_name(value)} whose repr() raised {type_name(exc)}>"
     return printable(text)
 
 
@@ -67,7 +67,7 @@ def error_text(exc: BaseException, limit: int = 200) -> str:
             text = (", ".join(quote(arg) for arg in args) if type(args) is tuple else quote(args)) or None
         except Exception:  # args itself raised (a property)
             text = None
-        text = text or f"<{_type_name(exc)} whose str() raised>"
+        text = text or f"<{type_name(exc)} whose str() raised>"
     return shorten(text, limit)
 
 

@@ -1,7 +1,7 @@
 """Finding and loading policies (entry-point group ``kvsched.policies``): every read of plugin code.
 
 Loading a policy runs its code (the import, attribute reads, the constructor, pluggy's look at its
-methods): each step goes through ``_guarded``, so that whatever a plugin raises there, SystemExit
+methods): each step goes through ``guarded``, so that whatever a plugin raises there, SystemExit
 included, becomes a one-line ``PolicyError`` naming the policy and where it comes from.
 """
 
@@ -26,7 +26,7 @@ import pluggy
 
 from kvsched import allocators
 from kvsched.core import hookspecs
-from kvsched.core.errors import KvschedError, PolicyError, UnknownPolicyError, _type_name, error_text, quote
+from kvsched.core.errors import KvschedError, PolicyError, UnknownPolicyError, type_name, error_text, quote
 
 ENTRY_POINT_GROUP = "kvsched.policies"
 GROUPS = {"policy": ENTRY_POINT_GROUP, "router": "kvsched.routers"}  # the kinds of plugin, and where each is registered
@@ -127,7 +127,7 @@ def load_policy(spec: str, kind: str = "policy") -> Any:
         policy, origin = _load_target(spec, kind), f"file {target}" if target.endswith(".py") else f"module {target}"
     else:
         ep, info = found
-        policy, origin = _guarded(spec, info.origin, f"its entry point {ep.value} fails to load", ep.load), info.origin
+        policy, origin = guarded(spec, info.origin, f"its entry point {ep.value} fails to load", ep.load), info.origin
     if policy is None or isinstance(policy, (bool, int, float, str, bytes)):
         raise PolicyError(spec, f"is {quote(policy)}, not a {kind} class, instance or module{_from(origin)}")
     _remember(policy, spec, origin)
@@ -152,10 +152,10 @@ def _load_target(spec: str, kind: str) -> Any:
             raise UnknownPolicyError(f"{kind} file {target!r} does not exist")
         loader = importlib.util.spec_from_file_location(f"kvsched_policy_file_{path.stem}", path)
         module = importlib.util.module_from_spec(loader)
-        _guarded(spec, "", "the file fails to load", loader.loader.exec_module, module)
+        guarded(spec, "", "the file fails to load", loader.loader.exec_module, module)
     else:
         try:
-            module = _guarded(spec, "", "the module fails to load", importlib.import_module, target)
+            module = guarded(spec, "", "the module fails to load", importlib.import_module, target)
         except PolicyError as exc:
             if not isinstance(exc.__cause__, ImportError):
                 raise
@@ -165,14 +165,14 @@ def _load_target(spec: str, kind: str) -> Any:
                                          f"{GROUPS[kind].removeprefix('kvsched.')}: {', '.join(registered)}") from None
             raise UnknownPolicyError(f"cannot import {kind} module {target!r}: {exc.__cause__}") from None
     try:
-        return _guarded(spec, "", f"reading {attr!r} of it fails", getattr, module, attr)
+        return guarded(spec, "", f"reading {attr!r} of it fails", getattr, module, attr)
     except PolicyError as exc:
         if isinstance(exc.__cause__, AttributeError):
             raise UnknownPolicyError(f"{target!r} has no attribute {attr!r}") from None
         raise
 
 
-def _guarded(who: str, origin: str, doing: str, call, *args, **kwargs) -> Any:
+def guarded(who: str, origin: str, doing: str, call, *args, **kwargs) -> Any:
     """``call(*args, **kwargs)``: plugin code. Anything it raises but KeyboardInterrupt (SystemExit,
     GeneratorExit, a PolicyError of its own too) becomes one ``PolicyError`` naming the plugin
     (``who``, from ``origin``), what failed (``doing``) and the plugin's line."""
@@ -181,22 +181,22 @@ def _guarded(who: str, origin: str, doing: str, call, *args, **kwargs) -> Any:
     except KeyboardInterrupt:
         raise
     except BaseException as exc:
-        raise PolicyError(who, f"{doing}: {_exception_text(exc)}{_from(origin)}") from exc
+        raise PolicyError(who, f"{doing}: {exception_text(exc)}{_from(origin)}") from exc
 
 
 def _from(origin: str) -> str:
     return f" (from {origin})" if origin else ""
 
 
-def _exception_text(exc: BaseException, skip: tuple[str, ...] = ()) -> str:
+def exception_text(exc: BaseException, skip: tuple[str, ...] = ()) -> str:
     """``Type: message (at file:line)`` on one line, even when the exception's own ``__str__`` raises
     (the line: of the innermost frame of plugin code, files in ``skip`` aside)."""
-    text, name = " ".join(error_text(exc).split()), _type_name(exc)
+    text, name = " ".join(error_text(exc).split()), type_name(exc)
     frames = [frame for frame in traceback.walk_tb(exc.__traceback__) if frame[0].f_code.co_filename not in skip][::-1]
     return f"{name}: {text}{_plugin_line(frames)}" if text else f"{name}{_plugin_line(frames)}"
 
 
-def _identity(policy: Any, fallback: str | None = None) -> tuple[str, str]:
+def identity(policy: Any, fallback: str | None = None) -> tuple[str, str]:
     """``(name, origin)`` of ``policy`` for messages: as ``load_policy`` loaded it, else ``fallback``
     or what the object calls itself; never raises (it is used to report what did)."""
     for loaded in (policy, type(policy)):  # an instance of a loaded class is known by the class
@@ -208,7 +208,7 @@ def _identity(policy: Any, fallback: str | None = None) -> tuple[str, str]:
         own = declared if isinstance(declared, str) and declared else None
         label = type.__dict__["__name__"].__get__(policy) if issubclass(type(policy), type) else (
             inspect.getattr_static(policy, "__name__", None) if issubclass(type(policy), ModuleType) else None)
-        return fallback or own or str(label or _type_name(policy)), ""
+        return fallback or own or str(label or type_name(policy)), ""
     except Exception:
         return fallback or type(policy).__name__, ""
 
@@ -216,9 +216,9 @@ def _identity(policy: Any, fallback: str | None = None) -> tuple[str, str]:
 def policy_attribute(policy: Any, attr: str, default: Any = None, who: str | None = None) -> Any:
     """``getattr(policy, attr, default)``, where a failing read (a raising property or ``__getattr__``)
     is a ``PolicyError`` naming the policy, not the caller's crash."""
-    name, origin = _identity(policy, who)
+    name, origin = identity(policy, who)
     try:
-        return _guarded(name, origin, f"reading its {attr!r} fails", getattr, policy, attr)
+        return guarded(name, origin, f"reading its {attr!r} fails", getattr, policy, attr)
     except PolicyError as exc:
         if isinstance(exc.__cause__, AttributeError):
             return default
@@ -230,7 +230,7 @@ def declared_name(policy: Any, who: str | None = None) -> str | None:
     name = policy_attribute(policy, "name", None, who)
     if name is None or (type(name) is str and name):
         return name
-    who, origin = _identity(policy, who)
+    who, origin = identity(policy, who)
     raise PolicyError(who, f"its name is {quote(name)}, not a non-empty string{_from(origin)}")
 
 
@@ -240,10 +240,10 @@ def engine_defaults(policy: Any, who: str | None = None) -> dict[str, Any]:
     defaults = policy_attribute(policy, "engine_defaults", None, who)
     if defaults is None:
         return {}
-    name, origin = _identity(policy, who)
+    name, origin = identity(policy, who)
     if not isinstance(defaults, Mapping):
         raise PolicyError(name, f"its engine_defaults is {quote(defaults)}, not a dict of engine settings{_from(origin)}")
-    copied = _guarded(name, origin, "reading its engine_defaults fails", dict, defaults)
+    copied = guarded(name, origin, "reading its engine_defaults fails", dict, defaults)
     bad = [key for key in copied if not isinstance(key, str)]
     if bad:
         raise PolicyError(name, f"its engine_defaults has {quote(bad[0])} as a setting name, not a string{_from(origin)}")
@@ -262,18 +262,18 @@ def policy_name(spec: str, policy: Any, kind: str = "policy") -> str:
 
 def describe(policy: Any) -> str:
     """The first line of a policy's docstring (what ``engine policies`` prints)."""
-    name, origin = _identity(policy)
-    doc = _guarded(name, origin, "reading its docstring fails", inspect.getdoc, policy) or ""
+    name, origin = identity(policy)
+    doc = guarded(name, origin, "reading its docstring fails", inspect.getdoc, policy) or ""
     return doc.strip().splitlines()[0] if isinstance(doc, str) and doc.strip() else ""
 
 
 def constructor_signature(policy: Any, who: str | None = None) -> tuple[dict[str, inspect.Parameter], dict[str, Any]]:
     """A policy class's constructor parameters and their type hints (none where an annotation does
     not resolve: the constructor checks what it gets), for checking options before an engine exists."""
-    name, origin = _identity(policy, who)
-    params = _guarded(name, origin, "reading its constructor's signature fails", inspect.signature, policy).parameters
+    name, origin = identity(policy, who)
+    params = guarded(name, origin, "reading its constructor's signature fails", inspect.signature, policy).parameters
     try:
-        hints = _guarded(name, origin, "", lambda: typing.get_type_hints(policy.__init__))
+        hints = guarded(name, origin, "", lambda: typing.get_type_hints(policy.__init__))
     except PolicyError:
         hints = {}
     return dict(params), hints
@@ -281,13 +281,13 @@ def constructor_signature(policy: Any, who: str | None = None) -> tuple[dict[str
 
 def instantiate(policy: Any, options: dict[str, Any] | None = None, who: str | None = None) -> Any:
     """A class becomes a fresh instance (per engine, so policy state is never shared)."""
-    name, origin = _identity(policy, who)
-    if not _guarded(name, origin, "inspecting it fails", inspect.isclass, policy):
+    name, origin = identity(policy, who)
+    if not guarded(name, origin, "inspecting it fails", inspect.isclass, policy):
         if options:
             raise PolicyError(name, "options given, but it is not a class")
         return policy
     try:
-        return _guarded(name, origin, "its constructor fails", policy, **(options or {}))
+        return guarded(name, origin, "its constructor fails", policy, **(options or {}))
     except PolicyError as exc:
         if options and isinstance(exc.__cause__, (TypeError, ValueError)):
             raise PolicyError(name, f"bad options {options}: {error_text(exc.__cause__)}") from exc.__cause__

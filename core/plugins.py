@@ -1,8 +1,5 @@
 """Running a policy's hooks (``PolicyHooks``): the chosen policy plus the core defaults, on pluggy.
-
-Finding and loading a policy is ``loading.py``'s; its public names are re-exported here, where
-callers have always imported them.
-"""
+Finding and loading a policy is ``loading.py``'s."""
 
 from __future__ import annotations
 
@@ -17,11 +14,9 @@ import pluggy
 from kvsched.core import hookspecs
 from kvsched.core.defaults import CoreDefaults
 from kvsched.core.errors import PolicyError, error_text, quote
-from kvsched.core.loading import (  # noqa: F401  (re-exported: the loading API callers import from here)
-    BUILTIN_DISTRIBUTION, CAN_ALLOCATE, CHOOSE_PREEMPTION, DEFAULT_POLICY, ENTRY_POINT_GROUP, HOOKS, ON_STEP, SELECT_BATCH,
-    AmbiguousPolicyError, PolicyInfo, _guarded, _identity, _load_target, _own_name, _plugin_line, available_policies,
-    constructor_signature, declared_name, describe, engine_defaults, installed_policies, instantiate, load_policy,
-    policy_attribute, policy_name,
+from kvsched.core.loading import (
+    BUILTIN_DISTRIBUTION, CAN_ALLOCATE, CHOOSE_PREEMPTION, DEFAULT_POLICY, HOOKS, ON_STEP, SELECT_BATCH, _own_name,
+    _plugin_line, declared_name, engine_defaults, guarded, identity, instantiate, load_policy, policy_attribute, policy_name,
 )
 
 
@@ -44,7 +39,7 @@ class PolicyHooks:
         else:
             if policy is None or isinstance(policy, (bool, int, float, str, bytes)):
                 raise PolicyError(type(policy).__name__, f"is {quote(policy)}, not a policy class, instance or module")
-            self.name, self._chosen_by_name = declared_name(policy) or _identity(policy)[0], False
+            self.name, self._chosen_by_name = declared_name(policy) or identity(policy)[0], False
         self.policy = instantiate(policy, options, self.name)
         self.pm = pluggy.PluginManager(hookspecs.PROJECT)
         self.pm.add_hookspecs(hookspecs)
@@ -67,14 +62,14 @@ class PolicyHooks:
         self.fcfs = policy_attribute(builders[0].plugin, "fcfs", False, self.name) if len(builders) == 1 else False
         if type(self.fcfs) is not bool:
             raise PolicyError(self.name, f"its fcfs is {quote(self.fcfs)}, not True or False")
-        self._select_batch = _dispatch(hook.select_batch, ("step",))
-        self._choose_preemption = _dispatch(hook.choose_preemption, ("step", "requester"))
-        self._can_allocate = _dispatch(hook.can_allocate, ("step", "group"))
+        self._select_batch = dispatch(hook.select_batch, ("step",))
+        self._choose_preemption = dispatch(hook.choose_preemption, ("step", "requester"))
+        self._can_allocate = dispatch(hook.can_allocate, ("step", "group"))
         # Without a policy's own admission rule, ``admit`` asks the block manager itself (what the
         # core default answers), saving a hook call per admission.
         self.decides_admission = len(hook.can_allocate.get_hookimpls()) > 1
         # Everything is registered above, once: a run with no on_step implementation skips the hook call.
-        self._on_step = _dispatch(hook.on_step, ("report",), firstresult=False) if hook.on_step.get_hookimpls() else None
+        self._on_step = dispatch(hook.on_step, ("report",), firstresult=False) if hook.on_step.get_hookimpls() else None
         self.observes_steps = self._on_step is not None  # then every step gets its report: no steady runs
         self.in_hook: str | None = None
         self._first_error: PolicyError | None = None
@@ -82,9 +77,9 @@ class PolicyHooks:
     def _register(self, plugin: Any, name: str) -> None:
         """Register ``plugin``: pluggy reads its attributes and markers (plugin code) and checks each
         hook implementation's signature; what fails names the plugin, or the class at fault."""
-        _, origin = _identity(plugin, name)
+        _, origin = identity(plugin, name)
         try:
-            _guarded(name, origin, "registering it fails", self.pm.register, plugin, name=name)
+            guarded(name, origin, "registering it fails", self.pm.register, plugin, name=name)
         except PolicyError as exc:
             cause = exc.__cause__
             if isinstance(cause, pluggy.PluginValidationError):
@@ -184,7 +179,7 @@ class PolicyHooks:
         return error
 
 
-def _dispatch(caller: pluggy.HookCaller, names: tuple[str, ...], firstresult: bool = True):
+def dispatch(caller: pluggy.HookCaller, names: tuple[str, ...], firstresult: bool = True):
     """A function of the hook's arguments (``names``, in order) that calls its implementations as
     pluggy does, newest first, up to the first result that is not None (``firstresult``), without
     pluggy's per-call bookkeeping (a good part of a step's cost). pluggy's own call when a wrapper

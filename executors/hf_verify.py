@@ -137,7 +137,9 @@ def reference(loaded: LoadedModel, prompt: Sequence[int], max_new_tokens: int) -
 def _shuffle_free_blocks(engine, seed: int) -> None:
     """Randomise the GPU pool's free order so block tables are scattered (test harness only)."""
     pool = engine.scheduler.block_manager.gpu
-    random.Random(seed).shuffle(pool._free)
+    blocks = pool.allocate_many(pool.num_free)
+    random.Random(seed).shuffle(blocks)
+    pool.release_many(blocks)  # freed in that order, they are taken in its reverse
 
 
 def random_prompts(loaded: LoadedModel, num: int = 4, seed: int = 0, shared_prefix: bool = False, lengths=(3, 11, 17, 26)) -> list[list[int]]:
@@ -180,7 +182,7 @@ def run_scenario(loaded: LoadedModel, scenario: Scenario, prompts: list[list[int
         if step > 10_000:
             raise RuntimeError(f"scenario {scenario.name} did not finish")
     for req in requests:
-        group = engine._groups[req.request_id]
+        group = engine.sequence_groups[req.request_id]
         result.preemptions = (result.preemptions[0] + group.num_recompute_preemptions, result.preemptions[1] + group.num_swap_preemptions)
         expected, ref_logits = refs[req.prompt_token_ids]
         for k, seq in enumerate(group.seqs):

@@ -77,12 +77,12 @@ class SimulatedExecutor:
             for seq, n in sg.samples():
                 position = len(seq.output) + 1
                 tokens[seq.seq_id] = [EOS if position >= target else self._placeholder(position) - (i << 24) for i in range(n)]
-        return StepResult(_charged(self.profile.step_seconds(output, self.block_size)), tokens)
+        return StepResult(charged(self.profile.step_seconds(output, self.block_size)), tokens)
 
     def lane_seconds(self, num_seqs: int) -> Callable[[int], float]:
         """What ``execute`` charges a step of ``num_seqs`` lane decodes, by the context tokens they read (``KnownDurations``)."""
         seconds = self.profile.decode_seconds(num_seqs)
-        return seconds if seconds(0) > 0 else lambda kv_tokens: _charged(seconds(kv_tokens))  # more tokens never cost less
+        return seconds if seconds(0) > 0 else lambda kv_tokens: charged(seconds(kv_tokens))  # more tokens never cost less
 
     def steady_runs(self, engine) -> SteadyRuns:
         """``engine``'s steady runs, each step at ``lane_seconds``' cost (``KnownDurations``)."""
@@ -120,6 +120,6 @@ class SimulatedExecutor:
         return table[position]
 
 
-def _charged(seconds: float) -> float:
+def charged(seconds: float) -> float:
     """A step's time as charged: a step that ran nothing still takes ``IDLE_SECONDS``."""
     return seconds if seconds > 0 else IDLE_SECONDS

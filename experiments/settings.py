@@ -21,7 +21,7 @@ from __future__ import annotations
 from typing import Any
 
 from kvsched.core.config import EngineConfig
-from kvsched.core.plugins import engine_defaults, policy_attribute
+from kvsched.core.loading import engine_defaults, policy_attribute
 from kvsched.executors.cost_model import StepCost
 
 V0_MIN_BATCHED_TOKENS = 2048

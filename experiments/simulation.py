@@ -23,7 +23,7 @@ from typing import Any
 
 from kvsched.core.config import EngineConfig
 from kvsched.core.engine import Engine
-from kvsched.core.plugins import load_policy
+from kvsched.core.loading import load_policy
 from kvsched.core.report import StepReport
 from kvsched.core.request import Request
 from kvsched.executors.profiles import resolve_profile
@@ -76,7 +76,7 @@ def run_simulation(
             drive(engine, on_step, executor.profile.serving_seconds)
         else:
             engine.run(requests, on_step=on_step)
-        records: list[RequestMetrics] | RequestTable = [RequestMetrics.of(g) for g in engine._groups.values()]
+        records: list[RequestMetrics] | RequestTable = [RequestMetrics.of(g) for g in engine.sequence_groups.values()]
     else:
         engine = Engine(config, policy, executor, policy_options=policy_options, retain_finished=False)
         log = RequestLog(Path(stream_to) / "requests.parquet")

@@ -56,7 +56,7 @@ _PREFILL, _PREEMPTED, _SWAPPED_IN, _IGNORED_NOTE, _HELD = (Decision.PREFILL, Dec
 _IGNORED = SequenceStatus.FINISHED_IGNORED
 
 
-def _schema():
+def schema():
     import pyarrow as pa
 
     s, i = pa.string(), pa.int64()
@@ -78,7 +78,7 @@ class DecisionLog:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._partial = self.path.with_name(self.path.name + ".partial")
-        self._schema = _schema()
+        self._schema = schema()
         self._writer = pq.ParquetWriter(self._partial, self._schema)
         self._rows: list[tuple] = []  # not written yet
         self.num_rows = 0

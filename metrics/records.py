@@ -36,12 +36,12 @@ SCHEMA = pa.schema([(name, _TYPES.get(name, pa.float64())) for name in FIELDS]) 
 
 
 _LABELS = ("status", "finish_reason", "detail", "tenant", "slo_class")  # few distinct values
-_ROW = attrgetter(*FIELDS)  # a record's fields as a tuple, in column order
+row_of = attrgetter(*FIELDS)  # a record's fields as a tuple, in column order
 
 
 def records_table(records: list[RequestMetrics]) -> pa.Table:
     """The records as an Arrow table with the file's schema (what the summary reads in-memory runs from)."""
-    return arrow_table([_ROW(r) for r in records], SCHEMA)
+    return arrow_table([row_of(r) for r in records], SCHEMA)
 
 
 class RequestLog:
@@ -58,7 +58,7 @@ class RequestLog:
         waiting = self._waiting
         for view in report.finished:  # read-only views; the record is made from the group behind each
             group = group_of(view)
-            waiting[group.index] = _ROW(RequestMetrics.of(group))
+            waiting[group.index] = row_of(RequestMetrics.of(group))
         append = self.file.append
         while self._next in waiting:
             append(waiting.pop(self._next))
@@ -111,4 +111,4 @@ class RequestTable:
 
 def record_rows(records: list[RequestMetrics] | RequestTable) -> Iterator[tuple]:
     """The records' fields as tuples in ``FIELDS`` order, kept in memory or read from their file."""
-    return records.rows() if isinstance(records, RequestTable) else map(_ROW, records)
+    return records.rows() if isinstance(records, RequestTable) else map(row_of, records)

@@ -14,7 +14,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from kvsched.core.plugins import policy_attribute
+from kvsched.core.loading import policy_attribute
 from kvsched.core.sequence import SequenceStatus
 from kvsched.metrics.warnings import run_warnings
 

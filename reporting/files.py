@@ -190,7 +190,7 @@ def read_run(directory: Path) -> RunFiles:
     run = RunFiles(directory, read_summary(directory / "summary.json", RUN_SUMMARY),
                    read_table(directory / "requests.parquet", records.SCHEMA),
                    read_table(directory / "timeseries.parquet", timeseries.SCHEMA),
-                   read_table(directory / "decisions.parquet", decision_log._schema()))
+                   read_table(directory / "decisions.parquet", decision_log.schema()))
     _check_together(run)
     return run
 

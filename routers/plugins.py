@@ -22,12 +22,12 @@ import pluggy
 from pydantic import TypeAdapter, ValidationError
 
 from kvsched.core.decisions import held_problem
-from kvsched.core.errors import PolicyError, UnknownPolicyError, _type_name, quote
+from kvsched.core.errors import PolicyError, UnknownPolicyError, type_name, quote
 from kvsched.core.loading import (
-    GROUPS, PolicyInfo, _exception_text, _guarded, _identity, available_policies, constructor_signature, declared_name,
+    GROUPS, PolicyInfo, exception_text, guarded, identity, available_policies, constructor_signature, declared_name,
     describe, installed_policies, instantiate, load_policy, policy_attribute, policy_name,
 )
-from kvsched.core.plugins import _dispatch
+from kvsched.core.plugins import dispatch
 from kvsched.routers import hookspecs, view
 from kvsched.routers.view import Route, RoutingCall, chosen
 
@@ -91,8 +91,8 @@ def router_options(router: Any, name: str, options: dict[str, Any] | None) -> di
     router class's constructor: an unknown key or a value its annotation refuses is named."""
     if not options:
         return {}
-    _, origin = _identity(router, name)
-    if not _guarded(name, origin, "inspecting it fails", inspect.isclass, router):
+    _, origin = identity(router, name)
+    if not guarded(name, origin, "inspecting it fails", inspect.isclass, router):
         raise RouterError(name, f"options {quote(options)} given, but the router is not a class")
     params, hints = constructor_signature(router, name)
     any_key = any(p.kind is p.VAR_KEYWORD for p in params.values())
@@ -105,7 +105,7 @@ def router_options(router: Any, name: str, options: dict[str, Any] | None) -> di
         except Exception:  # an annotation pydantic cannot check: the constructor checks the value
             check = None
         try:
-            out[key] = value if check is None else _guarded(name, origin, f"checking option {key}", check, value,
+            out[key] = value if check is None else guarded(name, origin, f"checking option {key}", check, value,
                                                             strict=False)
         except PolicyError as exc:
             if not isinstance(exc.__cause__, ValidationError):
@@ -133,9 +133,9 @@ class RouterHooks:
                 spec, router = router, load_policy(router, KIND)
                 self.name = policy_name(spec, router, KIND)
             elif router is None or issubclass(type(router), (bool, int, float, bytes)):
-                raise RouterError(_type_name(router), f"is {quote(router)}, not a router class, instance or module")
+                raise RouterError(type_name(router), f"is {quote(router)}, not a router class, instance or module")
             else:
-                self.name = declared_name(router) or _identity(router)[0]
+                self.name = declared_name(router) or identity(router)[0]
             router = self.router = instantiate(router, router_options(router, self.name, options), self.name)
             self.description = describe(router)
             self.pm = pluggy.PluginManager(hookspecs.PROJECT)
@@ -147,9 +147,9 @@ class RouterHooks:
         hook = self.pm.hook
         if not hook.route_request.get_hookimpls():
             raise RouterError(self.name, "implements no route_request: mark it with @kvsched.routers.hookimpl")
-        self._route = _dispatch(hook.route_request, ("request", "replicas"))
-        self._on_routed = _dispatch(hook.on_routed, ("request", "replica"), False) if hook.on_routed.get_hookimpls() else None
-        self._on_finished = _dispatch(hook.on_finished, ("request", "replica"), False) if hook.on_finished.get_hookimpls() else None
+        self._route = dispatch(hook.route_request, ("request", "replicas"))
+        self._on_routed = dispatch(hook.on_routed, ("request", "replica"), False) if hook.on_routed.get_hookimpls() else None
+        self._on_finished = dispatch(hook.on_finished, ("request", "replica"), False) if hook.on_finished.get_hookimpls() else None
         if self.reads_reports_only and self._on_finished is not None:
             raise RouterError(self.name, "declares reads_reports_only and implements on_finished: a router routed ahead "
                                          "learns of finishes after later choices; drop one of the two")
@@ -162,7 +162,7 @@ class RouterHooks:
             self.pm.check_pending()
 
         try:
-            _guarded(self.name, _identity(router, self.name)[1], "registering it fails", register)
+            guarded(self.name, identity(router, self.name)[1], "registering it fails", register)
         except PolicyError as exc:
             if isinstance(exc.__cause__, pluggy.PluginValidationError):
                 raise RouterError(self.name, "invalid plugin: " + "; ".join(str(exc.__cause__).splitlines())) from None
@@ -208,7 +208,7 @@ class RouterHooks:
             raise
         except BaseException as exc:
             error = call.refused or (exc if issubclass(type(exc), RouterError) else
-                                     RouterError(self.name, f"raised {_exception_text(exc, _OWN_FILES)}", call.hook))
+                                     RouterError(self.name, f"raised {exception_text(exc, _OWN_FILES)}", call.hook))
             if error is exc:
                 raise
             raise error from exc

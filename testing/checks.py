@@ -55,7 +55,7 @@ def counterexample(exc: BaseException) -> str:
 def _loaded(policy: Any) -> Any:
     """An installed policy's object from its name, so that its declared claims can be read."""
     if isinstance(policy, str):
-        from kvsched.core.plugins import load_policy
+        from kvsched.core.loading import load_policy
 
         return load_policy(policy)
     return policy

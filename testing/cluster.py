@@ -49,8 +49,8 @@ def check_cluster(cluster: Cluster, requests: list[Request]) -> list[tuple[str, 
     if lost or rec.num_arrived != len(requests):
         problems.append((NO_REQUEST_LOST, f"{len(lost)} of {len(requests)} requests have no record (e.g. {sorted(lost)[:3]}); arrived {rec.num_arrived}"))
     for r in cluster.replicas:
-        if r.engine.has_unfinished() or r.engine._groups:
-            problems.append((NO_REQUEST_LOST, f"{r.name} still holds {len(r.engine._groups)} requests after the run"))
+        if r.engine.has_unfinished() or r.engine.sequence_groups:
+            problems.append((NO_REQUEST_LOST, f"{r.name} still holds {len(r.engine.sequence_groups)} requests after the run"))
     twice = [i for i, n in counts.items() if n > 1]
     if twice:
         problems.append((NO_REQUEST_DUPLICATED, f"{len(twice)} requests recorded more than once, e.g. {twice[:3]}"))

@@ -21,7 +21,7 @@ from kvsched.core.engine import Engine
 from kvsched.executors.simulated import SimulatedExecutor
 from kvsched.core.errors import AuditError, PolicyError, shorten
 from kvsched.core.hookspecs import hookimpl
-from kvsched.core.plugins import load_policy
+from kvsched.core.loading import load_policy
 from kvsched.core.sequence import SequenceStatus
 from kvsched.core.view import frozen
 from kvsched.testing import invariants as inv
@@ -156,13 +156,13 @@ class PolicyMachine(RuleBasedStateMachine):
 
     def _drain(self) -> None:
         engine = self.engine
-        groups = [g for g in engine._groups.values() if not g.is_finished]
+        groups = [g for g in engine.sequence_groups.values() if not g.is_finished]
         bound = 200 + 8 * sum((g.request.prompt_len + g.request.sampling.max_tokens) * g.request.sampling.n for g in groups)
         steps = idle = 0
         while engine.has_unfinished():
             if steps >= bound or idle >= STALL_STEPS:
                 why = f"no progress for {idle} steps" if idle >= STALL_STEPS else f"still unfinished after {steps} steps (bound {bound})"
-                left = [g.request_id for g in engine._groups.values() if not g.is_finished]
+                left = [g.request_id for g in engine.sequence_groups.values() if not g.is_finished]
                 self._violation(inv.FINISHES_WITHIN_BOUND, f"{why}: unfinished {left[:5]}; {engine.scheduler.stuck_report()}")
                 return
             report = self._step()
@@ -182,7 +182,7 @@ def budget_violation(engine: Engine, report, config=None) -> str | None:
     tokens = sum(s.num_tokens for s in report.output.scheduled)
     if tokens > config.max_num_batched_tokens:
         return f"step {report.step} batched {tokens} tokens > max_num_batched_tokens {config.max_num_batched_tokens}"
-    running = [s for g in engine._groups.values() for s in g.seqs if s.status is SequenceStatus.RUNNING]
+    running = [s for g in engine.sequence_groups.values() for s in g.seqs if s.status is SequenceStatus.RUNNING]
     if len(running) > config.max_num_seqs:
         return f"step {report.step} left {len(running)} sequences running > max_num_seqs {config.max_num_seqs}"
     held = {b for table in bm.gpu_tables.values() for b in table}

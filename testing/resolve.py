@@ -1,10 +1,10 @@
-"""Turn what a user typed after ``--policy`` into a policy object (``kvsched.core.plugins.load_policy``)."""
+"""Turn what a user typed after ``--policy`` into a policy object (``kvsched.core.loading.load_policy``)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from kvsched.core.plugins import load_policy, policy_name
+from kvsched.core.loading import load_policy, policy_name
 
 
 def resolve_policy(spec: str) -> tuple[str, Any]:

@@ -64,7 +64,7 @@ def run_overload(policy: Any, scenario: OverloadScenario, policy_options: dict |
 
 def _churn(engine: Engine) -> Churn:
     """The most preempted request of the run so far, finished or not."""
-    group = max(engine._groups.values(), key=lambda g: (g.num_recompute_preemptions + g.num_swap_preemptions, -g.index), default=None)
+    group = max(engine.sequence_groups.values(), key=lambda g: (g.num_recompute_preemptions + g.num_swap_preemptions, -g.index), default=None)
     if group is None:
         return Churn()
     return Churn(group.request_id, group.num_recompute_preemptions + group.num_swap_preemptions, group.num_discarded_tokens)

@@ -6,7 +6,7 @@ import pytest
 from helpers import ids, req, unit_engine
 
 from kvsched import Engine, EngineConfig, PolicyError, SimulatedExecutor
-from kvsched.core.plugins import available_policies
+from kvsched.core.loading import available_policies
 from kvsched.core.request import Request, SamplingParams
 from kvsched.policies.length_predictors import (
     BucketedPredictor, HistoryPredictor, NoisyOraclePredictor, OraclePredictor, make_predictor,

@@ -89,8 +89,10 @@ def test_the_core_is_small_and_light():
     # simulator's fast paths out (steady runs, their record) and named the mechanics, the completion step and the
     # decision notes; its one plugin layer is to bring the core toward the 2,000 it was meant to be. Issue 35
     # added 12 lines, to 3,011: a step's prefill attention pairs in its features, which a calibration records
-    # and only the core can count, before the step applies.
-    assert lines <= 3011, f"core/ has {lines} non-blank lines (about 2,000 was the aim, 3,011 is the limit)"
+    # and only the core can count, before the step applies. Issue 33's Engine.sequence_groups (the engine's own
+    # groups for what runs it, where seven modules read engine._groups) added one net of the re-export shim it
+    # deleted from core/plugins.py, to 3,012.
+    assert lines <= 3012, f"core/ has {lines} non-blank lines (about 2,000 was the aim, 3,012 is the limit)"
 
 
 def test_no_module_is_over_400_lines():
@@ -117,3 +119,72 @@ def test_no_function_of_the_core_or_the_allocators_is_over_60_lines(package):
                 if size > 60:
                     long.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name}: {size} lines")
     assert not long, "\n".join(long)
+
+
+NAMED_TUPLE_API = {"_make", "_replace", "_asdict", "_fields", "_field_defaults"}  # public, underscored against clashes
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__") and name not in NAMED_TUPLE_API
+
+
+def _module_file(dotted: str) -> bool:
+    """Whether ``kvsched.a.b`` names one of our modules (a file or a package), not a name inside one."""
+    path = ROOT.joinpath(*dotted.split(".")[1:])
+    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
+
+
+def _defined_privates(package: str) -> set[str]:
+    """The private names a package's classes give their objects: ``self._x = ...``, ``def _x``, ``__slots__``."""
+    names = set()
+    for path in _modules(package):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef):
+                for item in ast.walk(node):
+                    if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) and _private(item.name):
+                        names.add(item.name)
+                    elif isinstance(item, ast.Attribute) and isinstance(item.ctx, ast.Store) and _private(item.attr):
+                        names.add(item.attr)
+                    elif isinstance(item, ast.Assign) and any(getattr(t, "id", "") == "__slots__" for t in item.targets):
+                        names.update(c.value for c in ast.walk(item.value) if isinstance(c, ast.Constant) and _private(str(c.value)))
+    return names
+
+
+def _reaches(path: Path, package: str, foreign: set[str], own: set[str]) -> list[str]:
+    """Where one module of ``package`` reaches another package's private: imports ``_x`` from it, reads ``m._x`` on
+    one of its modules, or reads a private its classes give their objects (an engine's ``_groups``)."""
+    found, modules = [], set()
+    tree = ast.parse(path.read_text())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("kvsched.") and not node.level:
+            other = node.module.split(".")[1]
+            for alias in node.names:
+                if other != package and _private(alias.name):
+                    found.append(f"{node.lineno}: from {node.module} import {alias.name}")
+                if other != package and _module_file(f"{node.module}.{alias.name}"):
+                    modules.add(alias.asname or alias.name)
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                parts = alias.name.split(".")
+                if parts[0] == "kvsched" and len(parts) > 1 and parts[1] != package and alias.asname:
+                    modules.add(alias.asname)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and _private(node.attr):
+            if isinstance(node.value, ast.Name) and node.value.id in modules:
+                found.append(f"{node.lineno}: {node.value.id}.{node.attr}")
+            elif node.attr in foreign - own:
+                found.append(f"{node.lineno}: {ast.unparse(node)}")
+    return [f"{path.relative_to(ROOT)}:{line}" for line in found]
+
+
+def test_no_module_reaches_another_packages_privates():
+    """A package's ``_names`` are its own: another package uses what it offers publicly (issue 33). An integration
+    calling its host library's privates (vLLM's scheduler) is outside the rule: that library is not ours."""
+    packages = [p for p in MAY_IMPORT if (ROOT / p).is_dir()]
+    privates = {p: _defined_privates(p) for p in packages}
+    found = []
+    for package in packages:
+        foreign = set().union(*(privates[p] for p in packages if p != package))
+        for path in _modules(package):
+            found += _reaches(path, package, foreign, privates[package])
+    assert not found, "\n".join(found)

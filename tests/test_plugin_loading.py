@@ -18,7 +18,8 @@ from plugin_dists import engine, make_dist
 
 from kvsched import Engine, EngineConfig, SimulatedExecutor, hookimpl
 from kvsched.core.errors import PolicyError, UnknownPolicyError
-from kvsched.core.plugins import AmbiguousPolicyError, PolicyHooks, available_policies, load_policy
+from kvsched.core.loading import AmbiguousPolicyError, available_policies, load_policy
+from kvsched.core.plugins import PolicyHooks
 from kvsched.experiments.settings import fit_to_profile
 from kvsched.executors.profiles import resolve_profile
 from kvsched.policies.vllm_default import VllmDefault

@@ -176,9 +176,9 @@ class Mirror:
     def sampled(self, sampled: dict[str, list[int]]) -> None:
         """The tokens of the oldest step in flight arrived (request id -> new tokens; vLLM ended some already):
         they replace its placeholders, and the blocks they complete are named (vLLM's ``cache_blocks``)."""
-        bm = self.engine.scheduler.block_manager
+        bm, groups = self.engine.scheduler.block_manager, self.engine.sequence_groups
         for rid, ids in sampled.items():
-            group = self.engine._groups.get(rid)
+            group = groups.get(rid)
             if not ids or group is None or group.is_finished:
                 continue
             seq = group.seqs[0]
@@ -192,7 +192,7 @@ class Mirror:
 
     def grammar_compiled(self, request_id: str) -> None:
         """vLLM found the structured-output request's grammar compiled: from this step on it may be admitted."""
-        self.engine._groups[request_id].grammar_ready_at = self.engine.now
+        self.engine.sequence_groups[request_id].grammar_ready_at = self.engine.now
 
     def finish(self, request_id: str, vllm_status: str) -> None:
         """vLLM ended the request (a stop token, EOS, a client abort): end it here too."""
