@@ -173,26 +173,20 @@ def policy_options(spec: str, pairs: list[str] | dict[str, str] | None, prefix: 
     is named (as ``--policy-opt PREFIX KEY=VALUE``; compare's prefix is ``POLICY.``)."""
     import inspect
 
-    from pydantic import TypeAdapter
-
-    from kvsched.core.loading import constructor_signature, load_policy, policy_name
+    from kvsched.core.loading import OptionError, checked_options, load_policy, policy_name
 
     policy = load_policy(spec)
     name = policy_name(spec, policy)
     options = pairs if isinstance(pairs, dict) else parse_pairs(pairs, "--policy-opt")
     if not options or not inspect.isclass(policy):
         return options  # a policy that is not a class takes no options: instantiate says so
-    params, hints = constructor_signature(policy, name)
-    for key, value in options.items():
-        if key not in params and not any(p.kind is p.VAR_KEYWORD for p in params.values()):
-            raise ValueError(f"--policy-opt {prefix}{key}={value}: policy {name} has no option {key!r}; "
-                             f"its options: {', '.join(params) or 'none'}")
-        if key in hints:
-            try:
-                TypeAdapter(hints[key]).validate_python(value)
-            except ValidationError as exc:
-                raise ValueError(f"--policy-opt {prefix}{key}={value}: {exc.errors()[0]['msg']} "
-                                 f"(policy {name}'s option {key} is {type_name(hints[key])})") from None
+    try:
+        checked_options(policy, options, name)  # the policy gets the strings: its constructor converts them
+    except OptionError as exc:
+        given = f"--policy-opt {prefix}{exc.key}={exc.value}"
+        if exc.hint is None:
+            raise ValueError(f"{given}: policy {name} {exc.reason}") from None
+        raise ValueError(f"{given}: {exc.reason} (policy {name}'s option {exc.key} is {type_name(exc.hint)})") from None
     return options
 
 

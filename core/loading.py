@@ -23,6 +23,7 @@ from types import ModuleType
 from typing import Any
 
 import pluggy
+from pydantic import TypeAdapter, ValidationError
 
 from kvsched import allocators
 from kvsched.core import hookspecs
@@ -213,6 +214,18 @@ def identity(policy: Any, fallback: str | None = None) -> tuple[str, str]:
         return fallback or type(policy).__name__, ""
 
 
+def resolve_plugin(plugin: str | Any, kind: str = "policy") -> tuple[Any, str, bool]:
+    """A plugin given by spec (loaded) or as an object: ``(the object, its name, whether an installed one was chosen by
+    the name the user knows it by)``; a number, bytes or None is refused."""
+    if issubclass(type(plugin), str):
+        spec, plugin = plugin, load_policy(plugin, kind)
+        name = policy_name(spec, plugin, kind)
+        return plugin, name, name == spec
+    if plugin is None or issubclass(type(plugin), (bool, int, float, bytes)):
+        raise PolicyError(type_name(plugin), f"is {quote(plugin)}, not a {kind} class, instance or module")
+    return plugin, declared_name(plugin) or identity(plugin)[0], False
+
+
 def policy_attribute(policy: Any, attr: str, default: Any = None, who: str | None = None) -> Any:
     """``getattr(policy, attr, default)``, where a failing read (a raising property or ``__getattr__``)
     is a ``PolicyError`` naming the policy, not the caller's crash."""
@@ -279,12 +292,50 @@ def constructor_signature(policy: Any, who: str | None = None) -> tuple[dict[str
     return dict(params), hints
 
 
+class OptionError(PolicyError):
+    """An option the plugin's constructor does not take (``hint`` None), or a value its annotation ``hint`` refuses;
+    ``reason`` says which, for a caller that names the option its own way (``--policy-opt KEY=VALUE``)."""
+
+    def __init__(self, who: str, message: str, key: str, value: Any, reason: str, hint: Any = None) -> None:
+        super().__init__(who, message)
+        self.key, self.value, self.reason, self.hint = key, value, reason, hint
+
+
+def checked_options(plugin: Any, options: dict[str, Any] | None, who: str, kind: str = "policy") -> dict[str, Any]:
+    """``options`` (strings from the command line, or values) checked against the plugin class's constructor and
+    converted as its annotations say (pydantic, lax; a value whose annotation it cannot check is left to the
+    constructor): an unknown key or a refused value is an ``OptionError``."""
+    if not options:
+        return {}
+    _, origin = identity(plugin, who)
+    if not guarded(who, origin, "inspecting it fails", inspect.isclass, plugin):
+        raise PolicyError(who, f"options {quote(options)} given, but the {kind} is not a class")
+    params, hints = constructor_signature(plugin, who)
+    any_key = any(p.kind is p.VAR_KEYWORD for p in params.values())
+    out = {}
+    for key, value in options.items():
+        if key not in params and not any_key:
+            reason = f"has no option {quote(key)}; its options: {', '.join(params) or 'none'}"
+            raise OptionError(who, reason, key, value, reason)
+        try:
+            check = TypeAdapter(hints[key]).validate_python if key in hints else None
+        except Exception:  # an annotation pydantic cannot check: the constructor checks the value
+            check = None
+        try:
+            out[key] = value if check is None else guarded(who, origin, f"checking option {key}", check, value, strict=False)
+        except PolicyError as exc:
+            if not isinstance(exc.__cause__, ValidationError):
+                raise
+            reason = exc.__cause__.errors()[0]["msg"]
+            raise OptionError(who, f"option {key}={quote(value)}: {reason}", key, value, reason, hints[key]) from None
+    return out
+
+
 def instantiate(policy: Any, options: dict[str, Any] | None = None, who: str | None = None) -> Any:
-    """A class becomes a fresh instance (per engine, so policy state is never shared)."""
+    """A class becomes a fresh instance (per engine, so policy state is never shared), with ``options`` as
+    ``checked_options`` gives them."""
     name, origin = identity(policy, who)
     if not guarded(name, origin, "inspecting it fails", inspect.isclass, policy):
-        if options:
-            raise PolicyError(name, "options given, but it is not a class")
         return policy
     try:
         return guarded(name, origin, "its constructor fails", policy, **(options or {}))

@@ -16,7 +16,8 @@ from kvsched.core.defaults import CoreDefaults
 from kvsched.core.errors import PolicyError, error_text, quote
 from kvsched.core.loading import (
     BUILTIN_DISTRIBUTION, CAN_ALLOCATE, CHOOSE_PREEMPTION, DEFAULT_POLICY, HOOKS, ON_STEP, SELECT_BATCH, _own_name,
-    _plugin_line, declared_name, engine_defaults, guarded, identity, instantiate, load_policy, policy_attribute, policy_name,
+    _plugin_line, checked_options, engine_defaults, guarded, identity, instantiate, load_policy, policy_attribute,
+    resolve_plugin,
 )
 
 
@@ -32,15 +33,8 @@ class PolicyHooks:
     """
 
     def __init__(self, policy: str | Any = DEFAULT_POLICY, options: dict[str, Any] | None = None, observers: tuple = ()) -> None:
-        if isinstance(policy, str):
-            spec, policy = policy, load_policy(policy)
-            self.name = policy_name(spec, policy)
-            self._chosen_by_name = self.name == spec  # an installed policy, by the name the user knows it by
-        else:
-            if policy is None or isinstance(policy, (bool, int, float, str, bytes)):
-                raise PolicyError(type(policy).__name__, f"is {quote(policy)}, not a policy class, instance or module")
-            self.name, self._chosen_by_name = declared_name(policy) or identity(policy)[0], False
-        self.policy = instantiate(policy, options, self.name)
+        policy, self.name, self._chosen_by_name = resolve_plugin(policy)  # chosen by name: an installed policy, as the user knows it
+        self.policy = instantiate(policy, checked_options(policy, options, self.name), self.name)
         self.pm = pluggy.PluginManager(hookspecs.PROJECT)
         self.pm.add_hookspecs(hookspecs)
         self.pm.register(CoreDefaults(), name="kvsched-core-defaults")

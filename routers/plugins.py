@@ -13,19 +13,17 @@ the hook and its line.
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import pluggy
-from pydantic import TypeAdapter, ValidationError
 
 from kvsched.core.decisions import held_problem
-from kvsched.core.errors import PolicyError, UnknownPolicyError, type_name, quote
+from kvsched.core.errors import PolicyError, UnknownPolicyError, quote
 from kvsched.core.loading import (
-    GROUPS, PolicyInfo, exception_text, guarded, identity, available_policies, constructor_signature, declared_name,
-    describe, installed_policies, instantiate, load_policy, policy_attribute, policy_name,
+    GROUPS, PolicyInfo, available_policies, checked_options, describe, exception_text, guarded, identity,
+    installed_policies, instantiate, load_policy, policy_attribute, resolve_plugin,
 )
 from kvsched.core.plugins import dispatch
 from kvsched.routers import hookspecs, view
@@ -86,34 +84,6 @@ def describe_router(spec: str) -> str:
         return describe(load_policy(spec, KIND))
 
 
-def router_options(router: Any, name: str, options: dict[str, Any] | None) -> dict[str, Any]:
-    """``options`` (strings from the command line, or values) checked and converted against the
-    router class's constructor: an unknown key or a value its annotation refuses is named."""
-    if not options:
-        return {}
-    _, origin = identity(router, name)
-    if not guarded(name, origin, "inspecting it fails", inspect.isclass, router):
-        raise RouterError(name, f"options {quote(options)} given, but the router is not a class")
-    params, hints = constructor_signature(router, name)
-    any_key = any(p.kind is p.VAR_KEYWORD for p in params.values())
-    out = {}
-    for key, value in options.items():
-        if key not in params and not any_key:
-            raise RouterError(name, f"has no option {quote(key)}; its options: {', '.join(params) or 'none'}")
-        try:
-            check = TypeAdapter(hints[key]).validate_python if key in hints else None
-        except Exception:  # an annotation pydantic cannot check: the constructor checks the value
-            check = None
-        try:
-            out[key] = value if check is None else guarded(name, origin, f"checking option {key}", check, value,
-                                                            strict=False)
-        except PolicyError as exc:
-            if not isinstance(exc.__cause__, ValidationError):
-                raise
-            raise RouterError(name, f"option {key}={quote(value)}: {exc.__cause__.errors()[0]['msg']}") from None
-    return out
-
-
 def _unrecordable(reason: object) -> str | None:
     """What keeps a router's reason out of ``routes.csv`` or off a terminal (None: nothing): what keeps a
     policy's ``hold_back`` reason out of its decision log, or more than one printable line."""
@@ -129,14 +99,8 @@ class RouterHooks:
 
     def __init__(self, router: str | Any = DEFAULT_ROUTER, options: dict[str, Any] | None = None) -> None:
         with said_of_a_router():
-            if issubclass(type(router), str):
-                spec, router = router, load_policy(router, KIND)
-                self.name = policy_name(spec, router, KIND)
-            elif router is None or issubclass(type(router), (bool, int, float, bytes)):
-                raise RouterError(type_name(router), f"is {quote(router)}, not a router class, instance or module")
-            else:
-                self.name = declared_name(router) or identity(router)[0]
-            router = self.router = instantiate(router, router_options(router, self.name, options), self.name)
+            router, self.name, _ = resolve_plugin(router, KIND)
+            router = self.router = instantiate(router, checked_options(router, options, self.name, KIND), self.name)
             self.description = describe(router)
             self.pm = pluggy.PluginManager(hookspecs.PROJECT)
             self.pm.add_hookspecs(hookspecs)

@@ -91,8 +91,10 @@ def test_the_core_is_small_and_light():
     # added 12 lines, to 3,011: a step's prefill attention pairs in its features, which a calibration records
     # and only the core can count, before the step applies. Issue 33's Engine.sequence_groups (the engine's own
     # groups for what runs it, where seven modules read engine._groups) added one net of the re-export shim it
-    # deleted from core/plugins.py, to 3,012.
-    assert lines <= 3012, f"core/ has {lines} non-blank lines (about 2,000 was the aim, 3,012 is the limit)"
+    # deleted from core/plugins.py, to 3,012. Its one plugin layer moved the router's option checking and plugin
+    # resolution into core/loading.py, for policies too (checked_options, resolve_plugin: 38 lines, where routers/
+    # and cli/ lost 43), to 3,050.
+    assert lines <= 3050, f"core/ has {lines} non-blank lines (about 2,000 was the aim, 3,050 is the limit)"
 
 
 def test_no_module_is_over_400_lines():
