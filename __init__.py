@@ -26,7 +26,7 @@ _HOMES = {
     "kvsched.core.executor": ("Clock", "Executor", "KnownDurations", "KnownTokens", "StepResult"),
     "kvsched.core.hookspecs": ("hookimpl",),
     "kvsched.core.outputs": ("ScheduledGroup", "SchedulerOutput", "StepFeatures"),
-    "kvsched.core.plugins": ("PolicyInfo", "available_policies", "load_policy"),
+    "kvsched.core.loading": ("PolicyInfo", "available_policies", "load_policy"),
     "kvsched.core.report": ("StepReport",),
     "kvsched.core.request": ("Request", "SamplingParams"),
     "kvsched.core.sequence": ("SequenceStatus",),
