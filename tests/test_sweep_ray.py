@@ -51,8 +51,11 @@ except ImportError:
 pytestmark_ray = pytest.mark.skipif(ray is None, reason="the ray extra is not installed (pip install 'kvsched[ray]')")
 
 
-def _ray_processes() -> set[str]:
-    out = subprocess.run(["pgrep", "-f", "gcs_server|raylet"], capture_output=True, text=True).stdout
+def _ray_processes(driver_pid: int) -> set[str]:
+    """The GCS and raylet of the Ray a driver started: Ray names its session after the driver's pid
+    (session_<date>_<pid>), so another run's Ray on the same machine is not counted."""
+    out = subprocess.run(["pgrep", "-f", f"(gcs_server|raylet).*session_[0-9_-]+_{driver_pid}( |/|$)"],
+                         capture_output=True, text=True).stdout
     return set(out.split())
 
 
@@ -62,16 +65,18 @@ def test_cli_sweep_on_its_own_local_ray_writes_the_process_pools_table(tiny_trac
     """``engine sweep --ray`` starts a Ray, runs the grid, stops it: its sweep.csv is ``-j 2``'s."""
     engine = [ENGINE, "sweep", "--trace", str(tiny_trace), "--fix", "num_gpu_blocks=256",
               "--set", "max_num_batched_tokens=512,2048", "--set", "max_num_seqs=4,64", "-p", "vllm-default", "-p", "fcfs", "-j", "2", "-q"]
-    before = _ray_processes()
     pool = subprocess.run(engine + ["-o", str(tmp_path / "pool")], capture_output=True, text=True, timeout=300)
     assert pool.returncode == 0, pool.stderr
-    on_ray = subprocess.run(engine + ["--ray", "-o", str(tmp_path / "ray")], capture_output=True, text=True, timeout=300)
+    sweep = subprocess.Popen(engine + ["--ray", "-o", str(tmp_path / "ray")], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True)
+    stdout, stderr = sweep.communicate(timeout=300)
+    on_ray = subprocess.CompletedProcess(sweep.args, sweep.returncode, stdout, stderr)
     assert on_ray.returncode == 0, on_ray.stderr
     a, b = (pd.read_csv(tmp_path / name / "sweep.csv").drop(columns="wall_s") for name in ("pool", "ray"))
     assert len(a) == 8 and a.finished.eq(60).all()
     pd.testing.assert_frame_equal(a, b)
     assert (tmp_path / "pool" / "sweep.csv").read_text().splitlines()[0] == (tmp_path / "ray" / "sweep.csv").read_text().splitlines()[0]
-    assert _ray_processes() <= before, "the command left its Ray's GCS or raylet running"
+    assert not _ray_processes(sweep.pid), "the command left its Ray's GCS or raylet running"
 
 
 @pytestmark_ray
