@@ -22,7 +22,7 @@ from typing import Any
 from kvsched.cluster.records import FleetRecords
 from kvsched.cluster.replica import DECODE, PREFILL, Replica
 from kvsched.cluster.spec import FleetError, FleetSpec
-from kvsched.core.engine import STALL_SECONDS, STALL_STEPS
+from kvsched.core.engine import arriving
 from kvsched.core.errors import StallError
 from kvsched.core.request import Request
 from kvsched.routers.plugins import RouterHooks
@@ -57,7 +57,7 @@ class Cluster:
         """Route and serve ``requests`` (in arrival order, read as they arrive) until every one has ended."""
         heap: list[tuple] = []
         tick = self._tick = count()
-        source = iter(requests)
+        source = arriving(requests)
         upcoming = next(source, None)
         handoffs: list[tuple] = []  # P/D: (time, seq, request for the decode pool)
         pending: deque[float] = deque()  # times of the requests routed that have not arrived yet (routed ahead)
@@ -82,10 +82,7 @@ class Cluster:
                     request = pop(handoffs)[2]
                     pool = self.decode_pool
                 else:
-                    request, previous = upcoming, upcoming
-                    upcoming = next(source, None)
-                    if upcoming is not None and upcoming.arrival_time < previous.arrival_time:
-                        raise ValueError(f"request {upcoming.request_id!r} arrives before {previous.request_id!r}")
+                    request, upcoming = upcoming, next(source, None)
                     records.arrived(request)
                     pool = self.prefill_pool
                     if self.disaggregated:
@@ -115,32 +112,22 @@ class Cluster:
             tn = pending[0] if pending else tr  # the next request to arrive anywhere
             if kind == END and r.resumable:  # most of a fleet's steps: a steady run an arrival stopped goes on
                 r.report_steady(t)
-                r.idle_steps = 0
                 if tn <= t:  # requests arriving now join its queue first
                     push(heap, (t, SCHEDULE, next(tick), i, r.generation))
                     continue
             elif kind == END:
-                finished, idle, started = r.end_step()
+                finished = r.end_step()
                 if finished:
                     self._finished(r, finished, t, handoffs, on_finished)
                 if not r.engine.has_unfinished():
                     r.busy = False
-                    r.idle_steps = 0
                     continue
-                if idle:
-                    if not r.idle_steps:
-                        r.idle_since = started
-                    r.idle_steps += 1
-                    if tn == inf and r.idle_steps >= STALL_STEPS and t - r.idle_since >= STALL_SECONDS:
-                        raise StallError(f"replica {r.name} (policy {r.engine.policy_name!r}) scheduled nothing for {r.idle_steps} steps "
-                                         f"with {r.engine.scheduler.stuck_report()}")
-                else:
-                    r.idle_steps = 0
-                if idle and tn != inf:  # nothing it can run: as Engine.run, wait for the next arrival
-                    push(heap, (tn, SCHEDULE, next(tick), i, r.generation))
-                    continue
-                if tn <= t:  # requests arriving now join its queue first
-                    push(heap, (t, SCHEDULE, next(tick), i, r.generation))
+                try:  # after a step that ran nothing it waits for the next arrival anywhere, as Engine.run does
+                    at = r.engine.next_step_at(tn)
+                except StallError as stall:
+                    raise StallError(f"replica {r.name}: {stall}") from None
+                if tn <= at:  # requests arriving by then join its queue first
+                    push(heap, (at, SCHEDULE, next(tick), i, r.generation))
                     continue
             # A steady run stops at the next request that may be routed here: its own, or the next unrouted one.
             horizon = r.arrivals[0] if r.arrivals else ta

@@ -37,16 +37,15 @@ class Replica:
         self._unanswered: dict[str, list] = {}
         self.tracks_first_tokens = True
         self.arrivals: deque[float] = deque()  # times of the requests routed to it that have not arrived yet
-        # Steady runs, when Engine.run would take them (a decode replica of P/D takes none: a prompt
+        # Steady runs, where the engine takes them (a decode replica of P/D takes none: a prompt
         # handed over from the prefill pool may arrive at any moment, and would wait for the run's end).
-        self._runs = steady_runs and engine.runs is not None
+        self._runs = steady_runs
         self._reports = deque([Signals(0.0, 0, 0, 0, engine.cache.num_free_gpu_blocks)])
         self._stepping = False  # a step under way (begin_step); else its last was a steady run, applied as it ran
         self.resumable = False  # its last step a steady run stopped by an arrival, nothing added since: it goes on coasting
         self._gpu = engine.scheduler.block_manager.gpu if engine.config.enable_prefix_caching else None
         self.busy = False  # a step under way or one due: an event of this replica is on the cluster's heap
         self.generation = 0  # events of older generations on the heap are void
-        self.idle_steps, self.idle_since = 0, 0.0
         # Measured while it runs.
         self.steps = 0
         self.busy_s = 0.0
@@ -130,8 +129,7 @@ class Replica:
         if not self.resumable:  # else its clock is at t already
             engine.clock.wait_until(t)
         self._trim(t)  # here, not when a report is kept: arrivals up to t, which read older ones, have been routed
-        steady = engine.scheduler.steady
-        if self._runs and steady is not None and steady.arrivals and t < horizon:  # an arrival ends it: at the horizon
+        if self._runs and t < horizon and engine.may_run_steadily():  # an arrival ends the run: at the horizon
             sched = engine.scheduler  # the counts hold until the run's last step: the cut reports show them
             counts = (len(sched.waiting), len(sched.running), len(sched.swapped)) if cuts else None
             run = engine.advance_to(horizon, resume=self.resumable)
@@ -175,16 +173,15 @@ class Replica:
         sched = self.engine.scheduler
         self._reports.append(Signals(t, len(sched.waiting), len(sched.running), len(sched.swapped), sched.block_manager.gpu.num_free))
 
-    def end_step(self) -> tuple[list, bool, float]:
+    def end_step(self) -> list:
         """Apply the step under way (the clock moves to its end; a steady run was applied as it ran), keep
         its report for the router, and take the groups that ended out of the engine (they are the
-        cluster's records now): those groups, whether the step ran nothing, and when it started."""
+        cluster's records now)."""
         engine = self.engine
         if not self._stepping:  # a steady run: its counts held through it, its last step may have finished some
             sched = engine.scheduler
             self._reports.append(Signals(engine.clock.now(), len(sched.waiting), len(sched.running), len(sched.swapped),
                                          sched.block_manager.gpu.num_free))
-            idle, started = False, 0.0
         else:
             self._stepping = False
             report = engine.end_step()
@@ -192,8 +189,7 @@ class Replica:
             self.busy_s += report.duration
             self._reports.append(Signals(report.now, report.num_waiting, report.num_running, report.num_swapped,
                                          report.cache.num_free_gpu_blocks))
-            idle, started = report.output.is_empty and not report.finished, report.started
-        return engine.take_finished(), idle, started
+        return engine.take_finished()
 
     def _trim(self, t: float) -> None:
         """Forget the reports no view can show any more (views ask at ``t − staleness`` or later)."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import gc
 import math
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from types import MappingProxyType
 from typing import Any
 
@@ -208,12 +208,30 @@ class Engine:
         result, self._result = self._result, None
         return self.complete(self._in_flight, result)
 
-    def advance_to(self, t: float, resume: bool = False):
+    def may_run_steadily(self, join: bool = False) -> bool:
+        """Whether ``advance_to`` takes a steady run now: the last step may be repeated, the executor advances runs,
+        and an arrival would end the run (or, with ``join``, may join its queue instead)."""
+        steady = self.scheduler.steady
+        return self.runs is not None and steady is not None and (join or steady.arrivals)
+
+    def advance_to(self, t: float, limit: int = -1, observe=None, join=None, resume: bool = False):
         """With nothing arriving before ``t``, the steady step's repeats that start before it, taken at once (a steady
-        run; ``resume``: the last, stopped at its ``t`` with nothing done since, goes on). None if it cannot."""
-        if self.runs is None or self.scheduler.steady is None:
-            return None
-        return self.runs.advance(t, resume=resume)
+        run: ``SteadyRuns.advance``; ``resume``: the last, stopped at its ``t`` with nothing done since, goes on).
+        None unless ``may_run_steadily`` (``join``: queues the arrivals that change nothing for the policy)."""
+        return self.runs.advance(t, limit, observe, join, resume) if self.may_run_steadily(join is not None) else None
+
+    def next_step_at(self, arrival: float) -> float:
+        """When the next step starts, ``arrival`` being the next request's (infinity: none): now, or at the arrival
+        after a step that ran nothing; ``StallError`` after ``STALL_STEPS`` and ``STALL_SECONDS`` of those with none."""
+        now, idle = self.clock.now(), self._idle_steps
+        if not idle:
+            return now
+        if arrival != math.inf:  # nothing it can run until then
+            return arrival
+        if idle >= STALL_STEPS and now - self._idle_since >= STALL_SECONDS:
+            raise StallError(f"policy {self.policy_name!r} scheduled nothing for {idle} steps "
+                             f"({now - self._idle_since:.0f} s) with {self.scheduler.stuck_report()}")
+        return now
 
     def take_finished(self) -> list[SequenceGroup]:
         """The requests that ended since the last call (``retain_finished``), handed over: the engine forgets them."""
@@ -302,10 +320,9 @@ class Engine:
                 gc.unfreeze()
 
     def _run(self, requests, on_step, max_steps, in_order) -> list[SequenceGroup]:
-        upcoming = next(source := iter(requests if in_order else sorted(requests, key=lambda r: r.arrival_time)), None)
-        clock, sched = self.clock, self.scheduler
-        steps = 0
-        runs = self.runs if on_step is None or hasattr(on_step, "on_steps") else None
+        source = iter(arriving(requests) if in_order else sorted(requests, key=lambda r: r.arrival_time))
+        upcoming, clock, steps = next(source, None), self.clock, 0
+        steady = on_step is None or hasattr(on_step, "on_steps")  # an observer that sees every step takes no runs
 
         def join(now: float) -> float:  # a steady run's arrivals that change nothing for the policy join its queue
             nonlocal upcoming
@@ -323,29 +340,25 @@ class Engine:
             if on_step is not None:
                 on_step(report)
             steps += 1
-            while runs is not None and sched.steady is not None and steps != max_steps:  # after a finish, another run
+            while steady and steps != max_steps:  # after a finish, another run
                 until = math.inf if upcoming is None else upcoming.arrival_time
                 limit = -1 if max_steps is None else max_steps - steps
-                run = runs.advance(until, limit, on_step and on_step.on_steps, join)
+                run = self.advance_to(until, limit, on_step and on_step.on_steps, join)
+                if run is None:
+                    break
                 steps += len(run.started)
                 if not run.finished:
                     break
             if max_steps is not None and steps >= max_steps:
                 break
-            if self._idle_steps and upcoming is not None:
-                clock.wait_until(upcoming.arrival_time)
-            elif self._idle_steps >= STALL_STEPS and clock.now() - self._idle_since >= STALL_SECONDS:
-                raise StallError(f"policy {self.policy_name!r} scheduled nothing for {self._idle_steps} steps "
-                                 f"({clock.now() - self._idle_since:.0f} s) with {sched.stuck_report()}")
+            clock.wait_until(self.next_step_at(math.inf if upcoming is None else upcoming.arrival_time))
         return self.finished
 
     def _arrive(self, upcoming: Request, source, now: float) -> Request | None:
         """Queue ``upcoming`` and every later request of ``source`` that has arrived by ``now``; the next one."""
         while upcoming is not None and upcoming.arrival_time <= now:
             self.add_request(upcoming)
-            arrived, upcoming = upcoming, next(source, None)
-            if upcoming is not None and upcoming.arrival_time < arrived.arrival_time:
-                raise ValueError(f"request {upcoming.request_id!r} arrives before {arrived.request_id!r}")
+            upcoming = next(source, None)
         return upcoming
 
     def check(self) -> None:
@@ -359,3 +372,11 @@ class Engine:
         """Blocks still held although no request is unfinished (0 unless something is wrong)."""
         return 0 if self.has_unfinished() else self.scheduler.block_manager.num_held_blocks
 
+
+def arriving(requests: Iterable[Request]) -> Iterator[Request]:
+    """``requests`` read as they arrive: ``ValueError`` at the first that arrives before the one it follows."""
+    last = None
+    for request in requests:
+        if last is not None and request.arrival_time < last.arrival_time:
+            raise ValueError(f"request {request.request_id!r} arrives before {last.request_id!r}")
+        yield (last := request)

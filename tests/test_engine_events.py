@@ -1,0 +1,74 @@
+"""A single engine is a fleet of one (issue 33): ``Engine.run`` and the fleet's loop drive an engine by the same
+events, so when a step may start, a stall, whether a steady run may be taken and the arrival order are decided in
+one place (``core/engine.py``) for both, and read the same from either."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from kvsched import Engine, EngineConfig, SimulatedExecutor, StallError, hookimpl
+from kvsched.cluster import Cluster, FleetSpec, ReplicaGroup
+from tests.test_bad_inputs import NeverAdmits, req
+
+NEVER_ADMITS = "tests.test_bad_inputs:NeverAdmits"
+
+
+class Watcher:
+    """An ``on_step`` plugin: it sees every step's report, so the engine takes no steady run."""
+
+    @hookimpl
+    def on_step(self, report):
+        pass
+
+
+def test_a_stall_reads_the_same_from_one_engine_and_from_a_fleet_of_one():
+    requests = [req("first", 40, 4, arrival=0.5), req("second", 40, 4, arrival=0.7)]
+    fleet = Cluster(FleetSpec(replicas=[ReplicaGroup(policy=NEVER_ADMITS)]))
+    replica = fleet.replicas[0]
+    alone = Engine(replica.engine.config, NeverAdmits, SimulatedExecutor(replica.profile_name))
+    with pytest.raises(StallError) as engine_stall:
+        alone.run(requests)
+    with pytest.raises(StallError) as fleet_stall:
+        fleet.run(requests)
+    assert str(fleet_stall.value) == f"replica {replica.name}: {engine_stall.value}"
+    assert "the oldest waiting request, first (arrived at 0.500 s)" in str(fleet_stall.value)
+    assert replica.engine.num_steps == alone.num_steps
+
+
+def test_requests_out_of_arrival_order_are_refused_alike():
+    requests = [req("late", 40, 4, arrival=1.0), req("early", 40, 4, arrival=0.5)]
+    with pytest.raises(ValueError, match="^request 'early' arrives before 'late'$"):
+        Engine(EngineConfig(), "vllm-default", SimulatedExecutor()).run(iter(requests), in_order=True)
+    with pytest.raises(ValueError, match="^request 'early' arrives before 'late'$"):
+        Cluster(FleetSpec(replicas=[ReplicaGroup()])).run(requests)
+
+
+def test_after_a_step_that_ran_nothing_the_next_waits_for_the_next_arrival():
+    engine = Engine(EngineConfig(), NeverAdmits, SimulatedExecutor())
+    engine.add_request(req("a", 40, 4))
+    assert engine.next_step_at(5.0) == engine.now == 0.0  # no step yet: now
+    engine.step()  # admits nothing
+    assert engine.now > 0.0
+    assert engine.next_step_at(5.0) == 5.0
+    assert engine.next_step_at(math.inf) == engine.now  # none to come, not yet a stall: step on
+    engine.add_request(req("b", 40, 4))  # new work: the next step is now, and a stall is counted afresh
+    assert engine.next_step_at(5.0) == engine.now
+
+
+def test_a_steady_run_is_taken_only_where_the_engine_says_it_may():
+    engine = Engine(EngineConfig(), "vllm-default", SimulatedExecutor())
+    assert not engine.may_run_steadily() and engine.advance_to(10.0) is None  # nothing ran yet: no step to repeat
+    engine.add_request(req("a", 40, 200))
+    engine.step()  # the prompt
+    engine.step()  # a decode: the step the scheduler may repeat
+    assert engine.may_run_steadily()
+    steps = engine.num_steps
+    run = engine.advance_to(engine.now + 0.5)
+    assert run is not None and len(run.started) == engine.num_steps - steps > 1
+    assert all(t < engine.now for t in run.started) and not run.finished
+    observed = Engine(EngineConfig(), "vllm-default", SimulatedExecutor(), observers=(Watcher(),))
+    observed.add_request(req("a", 40, 200))
+    observed.step(), observed.step()
+    assert not observed.may_run_steadily() and observed.advance_to(10.0) is None  # an observer sees every step
