@@ -4,7 +4,6 @@ and under ``--output`` the fleet's files (``engine explain DIR --request ID`` sa
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 from typing import Annotated, Optional
@@ -61,9 +60,6 @@ def fleet_spec(policy, policy_opt, overrides, profile, replicas, router, router_
     return FleetSpec(replicas=groups, **{k: v for k, v in fields.items() if v is not None})
 
 
-FLEET_FILES = ("summary.json", "requests.csv", "routes.csv", "report.html")
-
-
 def spec_files(spec) -> dict[str, Path | None]:
     """The files a fleet spec's replicas and router read (a cost profile's ``.json``, a policy's or the
     router's ``file.py``), by where the spec names them, for ``check_apart``."""
@@ -84,7 +80,8 @@ def run_command(spec, workload, output, quiet, inputs: dict | None = None, plot:
     ``plot`` its report.html."""
     from kvsched.cli.common import console, fail, print_summary, progress_bar
     from kvsched.cluster import Cluster
-    from kvsched.cluster.summary import fleet_summary, fleet_table
+    from kvsched.cluster.summary import fleet_summary, fleet_table, route_table
+    from kvsched.reporting.destination import FLEET_FILES
 
     if plot and output is None:
         fail("--plot needs --output DIR (the fleet's report.html is written there)")
@@ -111,7 +108,9 @@ def run_command(spec, workload, output, quiet, inputs: dict | None = None, plot:
                       "prefix-aware router has nothing to aim for (vLLM V1 serves with it on: --policy vllm-v1, or --set "
                       "enable_prefix_caching=true)", highlight=False, soft_wrap=True)
     if output is not None:
-        for path in write_fleet(cluster, summary, table, output, plot):
+        from kvsched.reporting.files import write_fleet
+
+        for path in write_fleet(summary, table, route_table(cluster), output, plot):
             console.print(f"wrote {path}", highlight=False)
     return summary
 
@@ -129,24 +128,3 @@ def replica_table(summary: dict):
         table.add_row(row["replica"], row["policy"], str(row["routed"]), str(row["finished"]), f"{row['busy']:.0%}",
                       pair(row["ttft_s"]), pair(row["e2e_s"]), f"{row['prefix_hit_rate']:.1%}")
     return table
-
-
-def write_fleet(cluster, summary: dict, table, output: Path, plot: bool = False) -> list[Path]:
-    """``summary.json`` (fleet and replicas), ``requests.csv`` (with each request's replicas), ``routes.csv`` (where and why),
-    and with ``plot`` ``report.html`` (load, prefix hits and latency per replica: reporting/fleet.py)."""
-    import pyarrow.csv as pacsv
-
-    from kvsched.cluster.summary import route_table
-    from kvsched.reporting.destination import publishing_folder
-
-    names = FLEET_FILES if plot else FLEET_FILES[:-1]
-    with publishing_folder(output, FLEET_FILES) as stage:  # the folder is replaced whole, as a run's is
-        (stage / "summary.json").write_text(json.dumps(summary, indent=2, default=str, allow_nan=False) + "\n")
-        pacsv.write_csv(table, stage / "requests.csv")
-        pacsv.write_csv(route_table(cluster), stage / "routes.csv")
-        if plot:
-            from kvsched.reporting.fleet import write_fleet_report
-
-            write_fleet_report(stage, stage / "report.html")
-    return [output / name for name in names]
-

@@ -38,6 +38,7 @@ RUN_FILES = ("summary.json", "requests.csv", "requests.parquet", "timeseries.par
              "trace.json", "latency_cdf.png", "queues_kv.png", "batch_composition.png", *LIFECYCLE_FILES)
 SWEEP_FILES = ("sweep.csv", "sweep.parquet", "tradeoff.png")
 COMPARE_FILES = ("comparison.csv", "comparison_cdf.png")
+FLEET_FILES = ("summary.json", "requests.csv", "routes.csv", "report.html")  # a fleet's (engine run --replicas)
 
 
 class OutputError(KvschedError):

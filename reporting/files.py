@@ -1,6 +1,7 @@
 """The results folder: summary.json, requests.csv, requests.parquet, timeseries.parquet, decisions.parquet
 (the decision log, written during the run and moved in with the rest), and with ``--plot`` the
-plots, report.html and trace.json; all of it published atomically (``reporting/destination.py``)."""
+plots, report.html and trace.json; a fleet's summary.json, requests.csv (each request's replicas with its
+record), routes.csv and report.html; all of it published atomically (``reporting/destination.py``)."""
 
 from __future__ import annotations
 
@@ -14,10 +15,11 @@ from typing import TYPE_CHECKING, Any
 from kvsched.core.errors import quote
 from kvsched.metrics.records import RequestTable, record_rows
 from kvsched.metrics.requests import FIELDS, RequestMetrics
-from kvsched.reporting.destination import COMPARE_FILES, SWEEP_FILES, publishing_file, publishing_folder
+from kvsched.reporting.destination import COMPARE_FILES, FLEET_FILES, SWEEP_FILES, publishing_file, publishing_folder
 
 if TYPE_CHECKING:
     import pandas as pd
+    import pyarrow as pa
 
     from kvsched.experiments.compare import PolicyRun
     from kvsched.experiments.simulation import RunResult, SimOutcome
@@ -30,9 +32,32 @@ def write_results(result: RunResult, directory: Path) -> list[Path]:
     return [Path(directory) / p.name for p in written]
 
 
+def write_fleet(summary: dict, requests: pa.Table, routes: pa.Table, output: Path, plot: bool = False) -> list[Path]:
+    """A fleet's folder, atomically: ``summary.json`` (the fleet and its replicas), ``requests.csv`` (each record with
+    its replicas: ``cluster/summary.py``'s ``fleet_table``), ``routes.csv`` (where each request went and why), and with
+    ``plot`` ``report.html`` (load, prefix hits and latency per replica: ``reporting/fleet.py``)."""
+    import pyarrow.csv as pacsv
+
+    names = FLEET_FILES if plot else FLEET_FILES[:-1]
+    with publishing_folder(output, FLEET_FILES) as stage:  # the folder is replaced whole, as a run's is
+        write_summary(summary, stage / "summary.json")
+        pacsv.write_csv(requests, stage / "requests.csv")
+        pacsv.write_csv(routes, stage / "routes.csv")
+        if plot:
+            from kvsched.reporting.fleet import write_fleet_report
+
+            write_fleet_report(stage, stage / "report.html")
+    return [Path(output) / name for name in names]
+
+
+def write_summary(summary: dict, path: Path) -> Path:
+    """``summary.json``, a run's or a fleet's (what a JSON number cannot hold is refused; other values as text)."""
+    path.write_text(json.dumps(summary, indent=2, default=str, allow_nan=False) + "\n")
+    return path
+
+
 def _summary_and_requests(result: RunResult, directory: Path) -> list[Path]:
-    summary_path = directory / "summary.json"
-    summary_path.write_text(json.dumps(result.summary, indent=2, sort_keys=False, allow_nan=False) + "\n")
+    summary_path = write_summary(result.summary, directory / "summary.json")
     requests_path = directory / "requests.csv"
     with requests_path.open("w", newline="") as f:  # row by row: the records may be a streamed RequestTable
         writer = csv.writer(f)
