@@ -88,7 +88,7 @@ def main(argv=None):
     import numpy as np
 
     fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.6))
-    for scale, s, req, _ts, _w in results:
+    for scale, _s, req, _ts, _w in results:
         done = req[req.status.isin(["FINISHED_STOPPED", "FINISHED_LENGTH_CAPPED"])]
         for ax, col, mult in ((a, "ttft", 1), (b, "tpot", 1000)):
             v = np.sort(done[col].dropna().to_numpy() * mult)

@@ -202,7 +202,7 @@ def verify_table(model: str, results: list) -> Table:
         diffs = [c.max_logit_diff for c in r.checks if c.max_logit_diff is not None]
         bad = next((c for c in r.checks if not c.ok), None)
         where = "-" if bad is None else f"{bad.request_id}/{bad.sample} at {bad.first_mismatch}, top-2 margin {bad.margin if bad.margin is None else f'{bad.margin:.2g}'}"
-        table.add_row(r.scenario, f"{equal}/{len(r.checks)}", f"{max(diffs, default=0):.1e}", "%d/%d" % r.preemptions,
+        table.add_row(r.scenario, f"{equal}/{len(r.checks)}", f"{max(diffs, default=0):.1e}", "{}/{}".format(*r.preemptions),
                       str(r.blocks_copied), str(r.cached_tokens), str(r.mixed_steps), where)
     return table
 

@@ -25,7 +25,7 @@ def sweep_warnings(rows: list[dict]) -> list[str]:
 
 def sweep(
     ctx: typer.Context,
-    policy: Annotated[list[str], typer.Option("--policy", "-p", help="policy to include (repeatable)")] = ["vllm-default"],
+    policy: Annotated[list[str], typer.Option("--policy", "-p", help="policy to include (repeatable)")] = ("vllm-default",),
     set_: Annotated[Optional[list[str]], typer.Option("--set", "-s", help="KEY=V1,V2,... engine setting to sweep (repeatable)")] = None,
     fixed: Annotated[Optional[list[str]], typer.Option("--fix", help="KEY=VALUE engine setting held fixed (repeatable)")] = None,
     workload: WorkloadOpt = None,

@@ -45,7 +45,7 @@ def inter_token_latencies(events: pd.DataFrame, steps: pd.DataFrame) -> tuple[np
     for s in range(len(end)):
         rows = by_step.get(s, ())
         held_out: dict[str, float] = {}  # decoding, but not run in this step: keep their last token time
-        for event, rid, reason, queue, left in rows:
+        for event, rid, _reason, queue, _left in rows:
             if event == "preempted":
                 b = leave(rid)
                 if b is not None:
@@ -67,7 +67,7 @@ def inter_token_latencies(events: pd.DataFrame, steps: pd.DataFrame) -> tuple[np
             buckets.add(current)
         for rid, t in held_out.items():  # back in a bucket of their own time
             _join(rid, t, where, buckets)
-        for event, rid, reason, queue, left in rows:
+        for event, rid, _reason, _queue, left in rows:
             if (event in ("admitted", "prefill") and left == 0) or (event == "swapped_in" and not _chunked(rows, rid)):
                 if rid in paused:
                     gaps[now - paused.pop(rid)] += 1

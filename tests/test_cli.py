@@ -62,5 +62,5 @@ def test_invalid_config_value_names_the_field():
 def test_policies_lists_the_reference_policy_with_its_distribution():
     res = engine("policies")
     assert res.returncode == 0
-    line = next(l for l in res.stdout.splitlines() if "vllm-default" in l)
+    line = next(x for x in res.stdout.splitlines() if "vllm-default" in x)
     assert "kvsched" in line

@@ -75,7 +75,7 @@ def test_a_value_that_can_be_zero_is_compared_by_its_difference():
 def test_rank_ranges_hold_every_order_the_paired_tests_allow(samples):
     ranges = rank_ranges(samples)
     n = len(samples)
-    for name, (best, worst) in ranges.items():
+    for best, worst in ranges.values():
         assert 1 <= best <= worst <= n
     resolved = sorted(best for best, worst in ranges.values() if best == worst)
     assert len(resolved) == len(set(resolved))  # no two contenders hold the same resolved rank

@@ -56,7 +56,7 @@ def test_the_documented_vllm_v1_subclass_restates_its_claims_and_gives_its_reaso
                                      ("shortest-prompt-first-skeleton", "ShortestPromptFirstSkeleton")])
 def test_documented_policy_serves_shorter_prompts_first(example):
     e = unit_engine(example_policy(*example), max_num_batched_tokens=64, max_num_seqs=8)
-    for i, length in enumerate((60, 40, 20, 10)):
+    for length in (60, 40, 20, 10):
         e.add_request(req(f"len{length}", prompt_len=length, output_len=3))
     e.run()
     first = {rid: g.first_token_time for rid, g in e._groups.items()}

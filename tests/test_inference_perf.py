@@ -216,7 +216,7 @@ def test_every_stage_sends_rate_times_duration_in_order(tmp_path_factory, rates,
     requests = w.requests()
     assert len(requests) == sum(int(r * duration) for r in rates) == w.num_requests
     assert all(a.arrival_time <= b.arrival_time for a, b in zip(requests, requests[1:]))
-    for stage, rate in enumerate(rates):
+    for stage in range(len(rates)):
         mine = [r for r in requests if r.request_id.startswith(f"s{stage}-")]
         assert [r.prompt_token_ids for r in mine] == [w.prompts[i % (groups * per)] for i in range(len(mine))]
         if kind == "constant" and mine:

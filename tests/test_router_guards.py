@@ -362,7 +362,7 @@ def test_each_prefix_aware_routers_page_names_its_guard_its_source_and_its_bound
                "cache-aware": ("sgl-project/sglang", CacheAware, "balance_abs_threshold"),
                "precise-prefix": ("ai-dynamo/dynamo", PrecisePrefix, "overlap_weight"),
                "weighted": ("llm-d/llm-d-inference-scheduler", Weighted, "least_queue")}
-    for name, (source, router, option) in sources.items():
+    for name, (source, _router, option) in sources.items():
         page = text.split(f"\n## {name}: ")[1].split("\n## ")[0]
         assert f"Source: {source}" in page and "**Guard" in page and "**Bound.**" in page, name
         assert f"`{option}`" in page, name

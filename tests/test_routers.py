@@ -132,7 +132,7 @@ def test_a_view_kept_from_an_earlier_call_is_refused_and_cannot_be_read():
     with pytest.raises(RouterError, match="returned a view kept from an earlier call for request 'r1'"):
         fleet(router=router).run([req("r0"), req("r1", arrival=0.5)])
     with pytest.raises(RouterError, match="read a ReplicaView after its call returned"):
-        router.kept.num_waiting
+        _ = router.kept.num_waiting
 
 
 def test_a_view_of_another_pool_is_refused():
@@ -256,7 +256,7 @@ class ReportsOnly:
         except (AttributeError, TypeError):
             pass
         try:
-            replicas[0].in_flight_requests
+            _ = replicas[0].in_flight_requests
         except RouterError:
             pass
         return replicas[0]
@@ -340,7 +340,7 @@ def test_reading_a_forged_or_copied_view_is_the_routers_error_at_its_line():
 
         @hookimpl
         def route_request(self, request, replicas):
-            copy.copy(replicas[0]).num_waiting
+            _ = copy.copy(replicas[0]).num_waiting
             return replicas[0]
 
     with pytest.raises(RouterError, match=r"router 'reader' in route_request: raised AttributeError: .* \(at .*test_routers.py:\d+\)"):

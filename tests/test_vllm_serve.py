@@ -75,7 +75,7 @@ def start(command: list[str], log_path: Path, env: dict | None = None):
         except OSError:
             if proc.poll() is not None or time.monotonic() > deadline:
                 stop(proc)
-                raise AssertionError("the server did not come up:\n" + log_path.read_text()[-3000:])
+                raise AssertionError("the server did not come up:\n" + log_path.read_text()[-3000:]) from None
             time.sleep(1)
 
 

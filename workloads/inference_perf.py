@@ -262,7 +262,7 @@ class InferencePerfWorkload:
         back to back at their nominal ends, multi-turn rounds not waiting (their answers fresh tokens)."""
         start, made = 0.0, 0
         contexts: dict[int, tuple[int, ...]] = {}
-        for s, plan in enumerate(self.stages):
+        for s in range(len(self.stages)):
             times = self.send_times(s, start)
             contexts.clear()
             for i, t in enumerate(times):
