@@ -25,7 +25,7 @@ def explain(
     if full and request is None:
         fail("--full is a request's whole timeline: give it with --request ID")
     if (run_dir / "routes.csv").is_file():  # a fleet's folder (engine run --replicas): where each request went and why
-        from kvsched.reporting.explain import explain_fleet
+        from kvsched.reporting.explain_fleet import explain_fleet
 
         if step is not None:
             fail("--step does not apply to a fleet's folder: it has no steps to explain (give --request ID, "

@@ -16,7 +16,7 @@ import pytest
 
 from kvsched.cluster import FleetError, load_fleet
 from kvsched.core.files import FileError
-from kvsched.reporting.explain import explain_fleet
+from kvsched.reporting.explain_fleet import explain_fleet
 
 ENGINE = str(Path(sys.executable).parent / "engine")
 
