@@ -9,8 +9,9 @@ import typer
 from rich.markup import escape
 
 from kvsched.cli.common import (
-    NumOpt, OutputOpt, QuietOpt, SeedOpt, console, err_console, fail, print_summary, progress_bar,
+    NumOpt, OutputOpt, QuietOpt, SeedOpt, console, err_console, fail, progress_bar,
 )
+from kvsched.cli.tables import print_summary
 from kvsched.cli.simulate import RateScaleOpt, TraceOpt, WorkloadOpt
 from kvsched.core.errors import error_text, quote
 from kvsched.reporting.destination import check_folder

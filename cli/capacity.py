@@ -43,8 +43,9 @@ def capacity(
     """The highest request rate each policy (or router) sustains within the SLO: bisection over the rate on each seed,
     each one's capacity with its interval, its paired change against the baseline, rank ranges."""
     from kvsched.cli.common import (
-        build_config, check_finite, console, err_console, fail, given_options, print_ranked, progress_bar,
+        build_config, check_finite, console, err_console, fail, given_options, progress_bar,
     )
+    from kvsched.cli.tables import print_ranked
     from kvsched.cli.policies import baseline_label, fleet_of, option_name, policy_contenders, router_contenders
     from kvsched.experiments.capacity import goodput_bounds, parse_slo, run_capacity
     from kvsched.experiments.compare import seed_workloads

@@ -78,7 +78,8 @@ def run_command(spec, workload, output, quiet, inputs: dict | None = None, plot:
     """Simulate the fleet on the workload with a progress bar; print the fleet and its replicas; write the
     files (checked first against ``inputs``, the files the command reads, by option, and the spec's own), and with
     ``plot`` its report.html."""
-    from kvsched.cli.common import console, fail, print_summary, progress_bar
+    from kvsched.cli.common import console, fail, progress_bar
+    from kvsched.cli.tables import print_summary
     from kvsched.cluster import Cluster
     from kvsched.cluster.summary import fleet_summary, fleet_table, route_table
     from kvsched.reporting.destination import FLEET_FILES

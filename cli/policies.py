@@ -262,7 +262,8 @@ def show(runs: list, title: str, output: Path | None, plot: bool, plot_title: st
     statistics note and the runs' warnings; under ``output`` the table as CSV and, with ``plot``, their CDFs."""
     from rich.markup import escape
 
-    from kvsched.cli.common import console, print_ranked
+    from kvsched.cli.common import console
+    from kvsched.cli.tables import print_ranked
     from kvsched.experiments.compare import table, warnings_of
     from kvsched.reporting.files import write_comparison
 

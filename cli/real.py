@@ -94,7 +94,8 @@ def run_command(policy, policy_opt, overrides, seed, num_requests, rate, output,
     """Run prompts (given, or the built-in real prompts) through POLICY on a real model: stream the
     text (given prompts) or a progress bar (the built-in ones), then the summary and its warnings."""
     _keep_tqdm_out()
-    from kvsched.cli.common import build_config, err_console, policy_options, print_summary, progress_bar
+    from kvsched.cli.common import build_config, err_console, policy_options, progress_bar
+    from kvsched.cli.tables import print_summary
     from kvsched.core.request import Request, SamplingParams
     from kvsched.executors.hf import hf_engine
     from kvsched.executors.hf_prompts import all_prompts

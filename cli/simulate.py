@@ -46,7 +46,8 @@ def run_command(policy, policy_opt, overrides, seed, num_requests, rate, output,
     options, by name, when a cost model is derived from the model instead of ``--profile``)."""
     import os
 
-    from kvsched.cli.common import build_config, check_finite, console, fail, input_files, policy_options, print_summary, progress_bar
+    from kvsched.cli.common import build_config, check_finite, console, fail, input_files, policy_options, progress_bar
+    from kvsched.cli.tables import print_summary
     from kvsched.executors.profiles import resolve_profile
     from kvsched.experiments.simulation import FinishedCount, SimJob
     from kvsched.workloads import build_workload
