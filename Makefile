@@ -4,7 +4,7 @@ PYTHON ?= python3
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.kvsched-installed
 
-.PHONY: setup run test test-vllm-matrix browser clean
+.PHONY: setup run test format test-vllm-matrix browser clean
 
 setup: $(STAMP)
 
@@ -27,6 +27,10 @@ run: setup
 
 test: setup browser
 	$(BIN)/python -m pytest
+
+# The tree formatted and linted as pyproject.toml's [tool.ruff] says, with the pinned ruff (.ci/format).
+format: setup
+	RUFF=$(BIN)/ruff .ci/format
 
 # Every supported vLLM release, each in its own venv (.ci/vllm-venv builds them): the tests that run
 # vLLM's scheduler or engine. 0.32 is the main venv's; 0.33 and 0.34 are scheduler-only (no CPU build: their
