@@ -303,10 +303,10 @@ class Engine:
         (``StallError`` after ``STALL_STEPS`` idle steps and ``STALL_SECONDS`` with none left to arrive);
         ``in_order``: they come in arrival order, read one at a time as they arrive (a stream of millions).
         An ``on_step`` with an ``on_steps`` method lets the engine advance steady runs at once (``StepRun``).
-        ``max_steps``: stop after this many steps (a positive int), or None to run to the end."""
+        ``max_steps``: stop after this many steps (a positive int: a float or NaN would stop oddly), or None."""
         self._refuse_in_hook("run")
         if max_steps is not None and (type(max_steps) is bool or not isinstance(max_steps, int) or max_steps < 1):
-            wrong = TypeError if type(max_steps) is bool or not isinstance(max_steps, int) else ValueError  # a float or NaN would stop oddly
+            wrong = TypeError if type(max_steps) is bool or not isinstance(max_steps, int) else ValueError
             raise wrong(f"max_steps must be a positive int or None, got {type(max_steps).__name__} {quote(max_steps)}")
         # What exists as the run starts (its requests, the engine) is frozen out of the collector's passes, as
         # vLLM freezes its heap once started; a caller that froze objects itself is left alone.
