@@ -48,8 +48,9 @@ def main(argv: list[str] | None = None) -> dict[str, np.ndarray]:
             # the same draw before the stretch: counted_outputs's seeded order, its quantiles interpolated
             u = (np.random.default_rng(0).permutation(n) + 0.5) / n
             interpolated = np.rint(quantile_values(successes["output_len"], u))
-            latencies = quantile_values(successes["latency"]["request_latency"],
-                                        (np.random.default_rng(1).permutation(n) + 0.5) / n)
+            latencies = quantile_values(
+                successes["latency"]["request_latency"], (np.random.default_rng(1).permutation(n) + 0.5) / n
+            )
             measured = successes["latency"]["normalized_time_per_output_token"]
             cells = []
             for kind, counts in (("interpolated", interpolated), ("stretched", stretched)):
