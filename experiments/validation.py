@@ -163,16 +163,17 @@ def validate(experiment: Experiment, hardware, model_config=None, seed: int = 0,
     start = time.perf_counter()
     outcome = SimJob(workload, "vllm-v1", config, profile, record_timeseries=False).run(on_step)
     simulate_s = time.perf_counter() - start
-    counted = counted_outputs(experiment, workload.client_log, seed)
+    counted = counted_outputs(experiment, workload.client_log, seed, workload.config.ignore_eos)
     records = outcome.result.requests
     simulated = run_reports(workload, records, profile.serving_seconds, counted)
     return Validation(experiment, simulated, simulate_s, workload.num_requests, profile, list(records))
 
 
-def counted_outputs(experiment: Experiment, log, seed: int = 0) -> dict[str, int]:
+def counted_outputs(experiment: Experiment, log, seed: int = 0, ignore_eos: bool = True) -> dict[str, int]:
     """The output tokens the client counts for each answered request: drawn from its stage's recorded
     distribution, evenly through its quantiles (in a seeded order), independently of the request's latency,
-    its lowest counts stretched to the recorded mean of their inverse (``stretch_tail``)."""
+    its lowest counts stretched to the recorded mean of their inverse (``stretch_tail``) where the server
+    ignored EOS; where it stopped at EOS, a count and its latency go together and that mean says nothing."""
     rng = np.random.default_rng(seed)
     counted: dict[str, int] = {}
     by_stage: dict[int, list[str]] = {}
@@ -185,7 +186,8 @@ def counted_outputs(experiment: Experiment, log, seed: int = 0) -> dict[str, int
         if not recorded:
             continue
         u = (rng.permutation(len(ids)) + 0.5) / len(ids)
-        drawn = stretch_tail(np.rint(quantile_values(recorded, u)), u < COARSE_TAIL, inverse_count_mean(report))
+        target = inverse_count_mean(report) if ignore_eos else None
+        drawn = stretch_tail(np.rint(quantile_values(recorded, u)), u < COARSE_TAIL, target)
         for request_id, n in zip(ids, drawn):
             counted[request_id] = int(n)
     return counted

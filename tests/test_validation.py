@@ -17,7 +17,8 @@ from hypothesis import strategies as st
 from kvsched.executors.hardware import load_hardware
 from kvsched.experiments.gpu_fit import PRIORS, fit, in_overload, record
 from kvsched.experiments.validation import (counted_outputs, experiment_profile, inverse_count_mean, mean_errors,
-                                            mean_inverse, read_experiment, stretch_tail, validate)
+                                            mean_inverse, quantile_values, read_experiment, stretch_tail,
+                                            validate)
 from kvsched.metrics.lifecycle import read_lifecycle
 
 ENGINE = str(Path(sys.executable).with_name("engine"))
@@ -142,6 +143,19 @@ def test_the_drawn_counts_give_each_stage_its_recorded_time_per_token():
             assert all(type(n) is int and n >= 0 for n in counts)
             assert mean_inverse(counts) == pytest.approx(inverse_count_mean(successes), rel=0.03), (run.name, name)
             assert np.mean(counts) == pytest.approx(successes["output_len"]["mean"], rel=0.04), (run.name, name)
+
+
+def test_where_the_server_stopped_at_eos_the_counts_are_the_quantile_draw_alone():
+    """With EOS honoured a count and its latency go together, so the report's mean time per token says nothing
+    about the counts: the stretch must be off, leaving the plain draw (which the ignore_eos draw is not)."""
+    run = next(d for d in sorted(DATA.iterdir()) if d.is_dir() and "llama-2-7b-tp1-codegen" in d.name)
+    x = read_experiment(run)
+    successes = x.recorded["stage_0_lifecycle_metrics.json"]["successes"]
+    log = [SimpleNamespace(outcome="ok", stage=0, request_id=f"r{i}") for i in range(successes["count"])]
+    plain = counted_outputs(x, log, ignore_eos=False)
+    u = (np.random.default_rng(0).permutation(len(log)) + 0.5) / len(log)
+    assert list(plain.values()) == [int(n) for n in np.rint(quantile_values(successes["output_len"], u))]
+    assert plain != counted_outputs(x, log)
 
 
 @given(st.lists(st.tuples(st.integers(0, 400), st.booleans()), min_size=1, max_size=60),
