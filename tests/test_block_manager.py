@@ -11,12 +11,15 @@ from __future__ import annotations
 
 import pytest
 from helpers import make_group
-from hypothesis import assume, note
+from collections import OrderedDict
+
+from hypothesis import assume, given, note
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from kvsched.allocators import AllocStatus, BlockManager
 from kvsched.allocators.block_prompt import BlockPrompt
+from kvsched.allocators.evictor import LRUEvictor
 from kvsched.core.sequence import SequenceStatus
 
 RUNNING, SWAPPED = SequenceStatus.RUNNING, SequenceStatus.SWAPPED
@@ -351,3 +354,41 @@ def test_recomputed_group_shares_its_full_prompt_blocks_again():
     assert ta[:2] == tb[:2] and ta[2] != tb[2]
     assert cached == {a.seq_id: 0, b.seq_id: 8}  # b attends to the prompt KV that a writes
     assert bm.num_free_gpu_blocks == 12 and bm.audit() == []
+
+
+@given(st.lists(st.tuples(st.sampled_from(["free", "take", "evict"]), st.integers(0, 11), st.integers(1, 5)), max_size=300))
+def test_the_evictors_order_is_an_ordered_dicts(ops):
+    """The queue with stale entries (blocks taken back, freed again, evicted one or many at a time, rebuilt when
+    mostly stale) keeps exactly the least-recently-freed order of an ``OrderedDict`` of the same blocks."""
+    evictor, model, held = LRUEvictor(), OrderedDict(), set(range(12))
+    for op, block, n in ops:
+        if op == "free":  # the blocks ``block .. block + n - 1`` that nobody holds now
+            blocks = [b for b in range(block, block + n) if b in held]
+            held.difference_update(blocks)
+            evictor.add(blocks[0]) if len(blocks) == 1 else evictor.add_many(blocks)
+            model.update(dict.fromkeys(blocks))
+        elif op == "take" and block in model:  # a prefix hit takes a cached block back
+            evictor.remove(block)
+            del model[block]
+            held.add(block)
+        elif op == "evict" and model:
+            n = min(n, len(model))
+            expected = [model.popitem(last=False)[0] for _ in range(n)]
+            assert (evictor.evict() if n == 1 else evictor.evict_many(n)) == (expected[0] if n == 1 else expected)
+            held.update(expected)
+        assert list(evictor) == list(model) and len(evictor) == len(model)
+
+
+def test_blocks_taken_back_and_freed_again_do_not_grow_the_evictor():
+    """A cache that is hit again and again but never evicts from: its stale entries are dropped (the queue is
+    rebuilt), so it stays as large as the blocks in it and keeps their order."""
+    evictor, model = LRUEvictor(), OrderedDict()
+    evictor.add_many(list(range(10)))
+    model.update(dict.fromkeys(range(10)))
+    for k in range(1_000):
+        block = 3 + k % 4
+        evictor.remove(block)
+        evictor.add(block)
+        model.move_to_end(block)
+    assert list(evictor) == list(model) and len(evictor._queue) - evictor._head < 100
+    assert evictor.evict_many(10) == list(model) and len(evictor) == 0
