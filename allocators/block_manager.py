@@ -40,15 +40,11 @@ class BlockManager:
         self._hashes: dict[int, list[int]] = {}  # seq id -> content hash of each full block
         self._registered: dict[int, int] = {}  # seq id -> leading blocks already named in the cache
         self._journal: list[tuple] | None = None
+        self._last_hits: tuple[tuple, list[int]] = ((), [])  # (seq id, tokens, names version) -> its cached blocks
 
     # ----------------------------------------------------------------------------- queries
-    @property
-    def num_free_gpu_blocks(self) -> int:
-        return self.gpu.num_free
-
-    @property
-    def num_free_cpu_blocks(self) -> int:
-        return self.cpu.num_free
+    num_free_gpu_blocks = property(lambda self: self.gpu.num_free)
+    num_free_cpu_blocks = property(lambda self: self.cpu.num_free)
 
     def block_table(self, seq_id: int) -> tuple[int, ...]:
         table = self.gpu_tables.get(seq_id)
@@ -62,10 +58,14 @@ class BlockManager:
     def cached_blocks(self, seq: Sequence) -> list[int]:
         """GPU blocks that already hold this sequence's leading tokens (prefix-cache hits).
 
-        At least one token is always left to compute, so that the step can sample from it.
+        At least one token is always left to compute, so that the step can sample from it. The answer is kept
+        while the cache's names stay the same (``BlockPool.version``): admitting a prompt asks three times.
         """
         if not self.enable_prefix_caching:
             return []
+        key = (seq.seq_id, seq.num_tokens, self.gpu.version)
+        if self._last_hits[0] == key:
+            return list(self._last_hits[1])
         full, hashes = seq.num_tokens // self.block_size, self._hashes.get(seq.seq_id, ())
         hits = list(takewhile(_is_block, map(lookup := self.gpu.hash_to_block.get, hashes)))
         while len(hits) == len(hashes) < full:  # hashing a window at a time, it stops near the first miss
@@ -73,7 +73,8 @@ class BlockManager:
             hits += takewhile(_is_block, map(lookup, islice(hashes, len(hits), None)))
         if hits and len(hits) * self.block_size >= seq.num_tokens:
             hits.pop()
-        return hits
+        self._last_hits = (key, hits)
+        return list(hits)
 
     def num_cached_tokens(self, seq: Sequence) -> int:
         return len(self.cached_blocks(seq)) * self.block_size
@@ -394,6 +395,4 @@ class BlockManager:
                 problems.append(f"sequence {sid} has {computed} computed tokens in {len(self.gpu_tables[sid])} blocks")
         return problems
 
-    @property
-    def num_held_blocks(self) -> int:
-        return (self.gpu.num_blocks - self.gpu.num_free) + (self.cpu.num_blocks - self.cpu.num_free)
+    num_held_blocks = property(lambda self: self.gpu.num_blocks - self.gpu.num_free + self.cpu.num_blocks - self.cpu.num_free)

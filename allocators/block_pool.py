@@ -23,7 +23,7 @@ class BlockPool:
     """
 
     __slots__ = ("device", "num_blocks", "num_free", "ref_counts", "_free", "evictor", "hash_to_block", "block_hash",
-                 "keep_duplicates", "_duplicates")
+                 "keep_duplicates", "_duplicates", "version")
 
     def __init__(self, device: str, num_blocks: int, keep_duplicates: bool = False) -> None:
         self.device = device
@@ -35,12 +35,13 @@ class BlockPool:
         self._free: list[int] = list(range(num_blocks - 1, -1, -1))
         self.evictor = LRUEvictor()
         self.hash_to_block: dict[int, int] = {}  # content hash -> the block a lookup finds
-        self.block_hash: dict[int, int] = {}
+        self.block_hash: list[int | None] = [None] * num_blocks  # each block's content hash, None while unnamed
         self.keep_duplicates = keep_duplicates
         self._duplicates: dict[int, list[int]] = {}  # content hash -> younger blocks with it, oldest first
+        self.version = 0  # counts the changes of names: a lookup's answer holds while it stays
 
     def is_free(self, block: int) -> bool:
-        return block in self.evictor or block in self._free
+        return self.ref_counts[block] == 0
 
     def allocate(self) -> int:
         """Take a free block (uncached first, else evict the least recently used cached one)."""
@@ -78,7 +79,7 @@ class BlockPool:
     def take(self, block: int) -> None:
         """Hold one more reference to ``block``; if nobody held it, take it out of the free set."""
         if self.ref_counts[block] == 0:
-            if block in self.evictor:
+            if self.block_hash[block] is not None:  # a free block is cached exactly when it is named
                 self.evictor.remove(block)
             else:
                 self._free.remove(block)
@@ -93,7 +94,7 @@ class BlockPool:
         self.ref_counts[block] = count
         if count == 0:
             self.num_free += 1
-            if block in self.block_hash:
+            if self.block_hash[block] is not None:
                 self.evictor.add(block)
             else:
                 self._free.append(block)
@@ -115,12 +116,18 @@ class BlockPool:
                     if count == 0:
                         gone.append(block)
         finally:  # those released before a double free stay released: cached if named (as ``release`` does), else free
-            named = self.block_hash
-            if named:
-                self.evictor.add_many([block for block in gone if block in named])
-                self._free += [block for block in gone if block not in named]
-            else:
+            names = list(map(self.block_hash.__getitem__, gone)) if self.hash_to_block else ()  # () while none is named
+            unnamed = names.count(None) if names else len(gone)
+            if not unnamed:
+                self.evictor.add_many(gone)
+            elif unnamed == len(gone):
                 self._free += gone
+            elif unnamed == 1 and names[0] is None:  # a table's partial last block comes first (a table is freed newest first)
+                self._free.append(gone[0])
+                self.evictor.add_many(gone[1:])
+            else:
+                self.evictor.add_many([block for block, name in zip(gone, names) if name is not None])
+                self._free += [block for block, name in zip(gone, names) if name is None]
             self.num_free += len(gone)
 
     def lookup(self, content_hash: int) -> int | None:
@@ -128,25 +135,15 @@ class BlockPool:
 
     def register(self, blocks: list[int], content_hashes: list[int]) -> list[int]:
         """Name held, fully written blocks by their content hashes (see the class docstring); those named."""
-        named, index, keep = self.block_hash, self.hash_to_block, self.keep_duplicates
-        if named.keys().isdisjoint(blocks) and index.keys().isdisjoint(content_hashes):  # new blocks of new content
-            before = len(index)
-            index.update(zip(content_hashes, blocks))
-            if len(index) - before == len(blocks):  # the common case, no content twice: all named at once
-                named.update(zip(blocks, content_hashes))
-                return list(blocks)
-            for content_hash in content_hashes:  # undone, to name them one at a time
-                index.pop(content_hash, None)
-        done = []
-        for block, content_hash in zip(blocks, content_hashes):
-            if block in named:
+        named, first_of, keep, done = self.block_hash, self.hash_to_block.setdefault, self.keep_duplicates, []
+        self.version += 1
+        for block, content_hash in zip(blocks, content_hashes):  # one probe of the index a block
+            if named[block] is not None:
                 continue
-            if content_hash not in index:
-                index[content_hash] = block
-            elif keep:
+            if first_of(content_hash, block) != block:  # the content is cached in another block already
+                if not keep:
+                    continue
                 self._duplicates.setdefault(content_hash, []).append(block)
-            else:
-                continue
             named[block] = content_hash
             done.append(block)
         return done
@@ -155,8 +152,16 @@ class BlockPool:
         """The blocks lose their names (evicted, or their step undone before they were filled); for each,
         the next oldest block with the same content takes over."""
         named, index, duplicates = self.block_hash, self.hash_to_block, self._duplicates
-        hashes = [named.pop(block) for block in blocks]
-        if duplicates.keys().isdisjoint(hashes):  # the common case: each the only block with its content, in the index
+        self.version += 1
+        if not duplicates:  # the common case: each the only block with its content, in the index
+            for block in blocks:
+                del index[named[block]]
+                named[block] = None
+            return
+        hashes = [named[block] for block in blocks]
+        for block in blocks:
+            named[block] = None
+        if duplicates.keys().isdisjoint(hashes):
             for content_hash in hashes:
                 del index[content_hash]
             return
@@ -175,10 +180,12 @@ class BlockPool:
     def audit(self, holders: list[int]) -> list[str]:
         """Invariant violations, given the number of block tables holding each block."""
         problems = []
-        free_set = set(self._free)
+        free_set, cached = set(self._free), list(self.evictor)
         if len(free_set) != len(self._free):
             problems.append(f"{self.device}: a block is free twice")
-        free = len(self._free) + len(self.evictor)
+        free, cached_set = len(self._free) + len(self.evictor), set(cached)
+        if len(cached_set) != len(cached) or len(cached) != len(self.evictor):
+            problems.append(f"{self.device}: a block is cached twice, or the cache miscounts")
         if free != self.num_free:
             problems.append(f"{self.device}: free count {self.num_free} but {free} blocks free")
         held = sum(1 for c in self.ref_counts if c > 0)
@@ -189,17 +196,18 @@ class BlockPool:
                 problems.append(f"{self.device} block {block}: ref count {count} < 0")
             if count != n:
                 problems.append(f"{self.device} block {block}: ref count {count} but {n} holders")
-            if count > 0 and (block in free_set or block in self.evictor):
+            if count > 0 and (block in free_set or block in cached_set):
                 problems.append(f"{self.device} block {block}: held and free at once")
-        if free_set & set(self.evictor):
+        if free_set & cached_set:
             problems.append(f"{self.device}: a block is both free and cached")
-        for block in self.evictor:
-            if block not in self.block_hash:
+        for block in cached:
+            if self.block_hash[block] is None:
                 problems.append(f"{self.device} block {block}: cached without a hash")
         named = [(h, b) for h, b in self.hash_to_block.items()] + [(h, b) for h, bs in self._duplicates.items() for b in bs]
         for h, block in named:
-            if self.block_hash.get(block) != h:
+            if self.block_hash[block] != h:
                 problems.append(f"{self.device} block {block}: hash index out of sync")
-        if len(named) != len(self.block_hash):
-            problems.append(f"{self.device}: {len(self.block_hash)} named blocks but {len(named)} in the hash index")
+        num_named = self.num_blocks - self.block_hash.count(None)
+        if len(named) != num_named:
+            problems.append(f"{self.device}: {num_named} named blocks but {len(named)} in the hash index")
         return problems

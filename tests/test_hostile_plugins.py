@@ -212,7 +212,7 @@ def snapshot(e: Engine):
           [(x.seq_id, x.status, x.num_tokens, x.num_computed_tokens, tuple(x.output)) for x in g.seqs]) for g in e._groups.values()],
         {k: tuple(v) for k, v in bm.gpu_tables.items()}, {k: tuple(v) for k, v in bm.cpu_tables.items()},
         tuple(bm.gpu.ref_counts), tuple(bm.cpu.ref_counts), tuple(bm.gpu._free), tuple(bm.cpu._free),
-        tuple(bm.gpu.evictor), tuple(bm.cpu.evictor), dict(bm.gpu.block_hash),
+        tuple(bm.gpu.evictor), tuple(bm.cpu.evictor), tuple(bm.gpu.block_hash),
         s.num_running_seqs, e.num_steps, e.clock.now(), [g.request_id for g in e.finished],
     )
 
