@@ -61,7 +61,7 @@ class LRUEvictor:
     def evict_many(self, n: int) -> list[int]:
         """The ``n`` least recently freed, oldest first (what ``n`` calls of ``evict`` give); ``n`` at most ``len``."""
         queue, head, stale = self._queue, self._head, self._stale
-        blocks = queue[head:head + n]
+        blocks = queue[head : head + n]
         if stale and not stale.keys().isdisjoint(blocks):  # stale entries among them: the front read one at a time
             blocks = []
             while len(blocks) < n:

@@ -9,10 +9,10 @@ hit on the wrong content, not just bookkeeping slips.
 
 from __future__ import annotations
 
-import pytest
-from helpers import make_group
 from collections import OrderedDict
 
+import pytest
+from helpers import make_group
 from hypothesis import assume, given, note
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
