@@ -78,7 +78,7 @@ def checked(parser: argparse.ArgumentParser, args: argparse.Namespace, order: li
     """What the run needs, checked before a server starts (each a usage error naming its option): the policies
     served, the profile (None: fitted in the run), the folders written, and --resume's saved runs."""
     from kvsched.core.errors import KvschedError
-    from kvsched.core.files import read_json
+    from kvsched.userfiles.reader import read_json
     from kvsched.core.loading import load_policy
     from kvsched.executors.profiles import resolve_profile
     from kvsched.reporting.destination import check_folder
@@ -128,7 +128,7 @@ def main(argv=None) -> None:
     spec = args.workdir / "workload.json"
     from kvsched.workloads import build_workload
 
-    from kvsched.core.files import FileError
+    from kvsched.userfiles.reader import FileError
 
     workload = WORKLOADS.get(args.workload)
     try:  # the workload checked before a server starts; a file's errors name the file

@@ -14,7 +14,7 @@ from kvsched.cluster.transfer import DecodeExecutor, KvTransfer
 from kvsched.core.config import EngineConfig
 from kvsched.core.engine import Engine
 from kvsched.core.errors import KvschedError
-from kvsched.core.files import read_json
+from kvsched.userfiles.reader import read_json
 from kvsched.core.loading import load_policy
 from kvsched.executors.profiles import resolve_profile
 from kvsched.executors.simulated import SimulatedExecutor
@@ -97,7 +97,7 @@ def _replica(name: str, group: ReplicaGroup, staleness: float) -> Replica:
 
 
 def load_fleet(path: Path, **overrides: Any) -> FleetSpec:
-    """A fleet spec from a JSON file (read as every file a user gives is: ``core/files.py``);
+    """A fleet spec from a JSON file (read as every file a user gives is: ``userfiles/reader.py``);
     ``overrides`` (router, staleness_s, ...) replace its fields when not None."""
     data = read_json(path, "the fleet spec")
     if not isinstance(data, dict):

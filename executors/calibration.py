@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 from pydantic import ValidationError
 
 from kvsched.core.errors import KvschedError, quote
-from kvsched.core.files import text_lines
+from kvsched.userfiles.reader import text_lines
 from kvsched.core.request import MAX_TOKENS
 from kvsched.executors.cost_model import MAX_MS, CostProfile
 

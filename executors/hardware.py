@@ -16,7 +16,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from kvsched.core.files import FileError, read_json
+from kvsched.userfiles.reader import FileError, read_json
 
 
 class HardwareError(FileError):

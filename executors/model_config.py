@@ -18,7 +18,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from kvsched.core.errors import quote
-from kvsched.core.files import FileError, read_json
+from kvsched.userfiles.reader import FileError, read_json
 
 DENSE = frozenset({
     "LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "GraniteForCausalLM",

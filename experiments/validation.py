@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from kvsched.core.config import EngineConfig
-from kvsched.core.files import FileError, read_text
+from kvsched.userfiles.reader import FileError, read_text
 from kvsched.executors.model_config import HF_IDS
 from kvsched.executors.profiles import roofline_profile
 from kvsched.experiments.simulation import SimJob

@@ -22,7 +22,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from kvsched.core.files import FileError, read_json
+from kvsched.userfiles.reader import FileError, read_json
 
 PERCENTILES = (0.1, 1, 5, 10, 25, 50, 75, 90, 95, 99, 99.9)
 LATENCIES = ("request_latency", "normalized_time_per_output_token", "time_per_output_token", "time_to_first_token",

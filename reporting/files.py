@@ -225,7 +225,7 @@ def _check_together(run: RunFiles) -> None:
     and of the requests in the records (what the explanation indexes by)."""
     import numpy as np
 
-    from kvsched.core.files import FileError
+    from kvsched.userfiles.reader import FileError
     from kvsched.metrics.phases import sampled_ids
 
     steps, events, where = run.steps.step.to_numpy(), run.events, run.directory

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kvsched.core.errors import quote
-from kvsched.core.files import FileError, read_json, text_lines
+from kvsched.userfiles.reader import FileError, read_json, text_lines
 
 if TYPE_CHECKING:
     import pandas as pd

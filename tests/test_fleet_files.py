@@ -1,4 +1,4 @@
-"""A fleet's files are read as every file a user gives is (``core/files.py``, ``reporting/reading.py``):
+"""A fleet's files are read as every file a user gives is (``userfiles/reader.py``, ``reporting/reading.py``):
 a ``--fleet`` spec that is not UTF-8, not JSON, nested too deeply or holds an integer too long to
 convert is one error naming the file (a byte-order mark is dropped, as elsewhere); the spec is
 never an output of its own run; and ``engine explain`` on a damaged fleet folder names the file,
@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from kvsched.cluster import FleetError, load_fleet
-from kvsched.core.files import FileError
 from kvsched.reporting.explain_fleet import explain_fleet
+from kvsched.userfiles.reader import FileError
 
 ENGINE = str(Path(sys.executable).parent / "engine")
 

@@ -9,7 +9,7 @@ from typing import Any, Protocol
 
 from pydantic import TypeAdapter, ValidationError
 
-from kvsched.core.files import read_json
+from kvsched.userfiles.reader import read_json
 from kvsched.core.request import Request
 from kvsched.workloads.arrivals import Gamma, Poisson, make_arrivals
 from kvsched.workloads.builtin import BUILTIN_SPECS, BUILTIN_TRACES, SHAREGPT_DEFAULT_RATE, builtin_path

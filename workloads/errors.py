@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kvsched.core.files import FileError
+from kvsched.userfiles.reader import FileError
 
 MAX_REQUESTS = 10_000_000  # a workload's requests at most (each costs about a kilobyte or two of memory)
 # The token ids one request carries at most (a prefix trace's prompt, a session's context): a prompt given by its ids

@@ -39,7 +39,7 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from kvsched.core.files import read_text
+from kvsched.userfiles.reader import read_text
 from kvsched.core.request import Request, SamplingParams
 from kvsched.workloads.errors import MAX_REQUESTS, WorkloadError
 from kvsched.workloads.inference_perf_draws import Distribution, constant_times, generate, poisson_times, sample

@@ -20,7 +20,7 @@ from datetime import datetime
 from pathlib import Path
 
 from kvsched.core.errors import quote
-from kvsched.core.files import text_lines
+from kvsched.userfiles.reader import text_lines
 from kvsched.core.request import MAX_TOKENS
 from kvsched.workloads.errors import WorkloadError
 
