@@ -108,6 +108,7 @@ class SequenceGroup:
         "num_recompute_preemptions", "num_swap_preemptions", "num_generated_tokens", "num_unfinished_seqs",
         "stop_tokens", "max_seq_tokens", "block_manager", "refused", "grammar_ready_at",
         "num_discarded_tokens", "num_recomputed_tokens", "num_prefix_hit_tokens", "recompute_frontier", "life_start",
+        "request_copy", "__weakref__",
     )
 
     def __init__(
@@ -137,6 +138,7 @@ class SequenceGroup:
         self.recompute_frontier = self.life_start = 0
         self.num_generated_tokens = 0
         self.num_unfinished_seqs = 1  # kept by the engine as sequences fork and finish
+        self.request_copy = None  # the request as hooks read it (core.view.frozen), made on a view's first read
         self.view: GroupView = GroupView(self)
         # What ends a sequence, fixed once: a token in ``stop_tokens`` (EOS unless ignored, plus the
         # request's stop ids), or reaching ``max_seq_tokens`` (max_tokens generated, or the engine's limit).

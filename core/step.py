@@ -1,6 +1,6 @@
 """The step builder: what ``select_batch`` receives, and the only way a policy changes anything.
 
-Its state sits in a hidden slot (``core/view.py``); the rules live in ``core/step_state.py``. The
+Its state is what it shows (``core/view.py``); the rules live in ``core/step_state.py``. The
 operations work only inside the ``select_batch`` call the builder was given to.
 """
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from kvsched.core.view import QueueView, group_of, hidden_slot
+from kvsched.core.view import QueueView, group_of, show, shown
 
 if TYPE_CHECKING:
     from kvsched.core.config import EngineConfig, PreemptionMode
@@ -20,15 +20,15 @@ if TYPE_CHECKING:
 class StepBuilder:
     """One step under construction: read-only queues and budgets plus validated operations."""
 
-    __slots__ = ("_state",)
+    __slots__ = ("__weakref__",)
 
     def __init__(self, state: StepState) -> None:
-        _set_state(self, state)
+        show(self, state)
 
     # ------------------------------------------------------------------ what a policy reads
-    waiting = property(lambda self: QueueView(_state_of(self).sched.waiting), doc="waiting groups at the start of the step, front first")
-    running = property(lambda self: QueueView(_state_of(self).sched.running), doc="running groups, oldest first")
-    swapped = property(lambda self: QueueView(_state_of(self).sched.swapped), doc="swapped groups, oldest first")
+    waiting = property(lambda self: _queue(self, "waiting"), doc="waiting groups at the start of the step, front first")
+    running = property(lambda self: _queue(self, "running"), doc="running groups, oldest first")
+    swapped = property(lambda self: _queue(self, "swapped"), doc="swapped groups, oldest first")
     now: float = property(lambda self: _state_of(self).now, doc="the engine clock")
     config: EngineConfig = property(lambda self: _state_of(self).sched.config_view, doc="the engine config (a read-only copy, ``frozen``)")
     cache: CacheView = property(lambda self: _state_of(self).sched.cache_view)
@@ -88,7 +88,12 @@ class StepBuilder:
         return _live(self, "advance_decodes").advance_decodes(max_tokens)
 
 
-_state_of, _set_state = hidden_slot(StepBuilder, "_state")
+_state_of = shown
+
+
+def _queue(step: StepBuilder, name: str) -> QueueView:
+    """One of the scheduler's queues, shown until the step closes."""
+    return QueueView(getattr(_state_of(step).sched, name), _state_of(step).handed)
 
 
 def _live(step: StepBuilder, op: str) -> StepState:

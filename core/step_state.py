@@ -19,7 +19,7 @@ from kvsched.core.outputs import ScheduledGroup, SchedulerOutput
 from kvsched.core.sequence import SequenceStatus
 from kvsched.core.step import StepBuilder
 from kvsched.core.step_notes import DecisionNotes
-from kvsched.core.view import GroupView, group_of
+from kvsched.core.view import GroupView, forget, group_of
 
 if TYPE_CHECKING:
     from kvsched.core.plugins import PolicyHooks
@@ -35,7 +35,7 @@ class StepState(DecisionNotes):
 
     __slots__ = ("sched", "bm", "hooks", "config", "now", "output", "num_running_seqs", "touched", "max_tokens", "max_seqs",
                  "prompt_limit", "admitted", "swapped_in", "recomputed", "swapped_out", "cached_tokens", "ignore_reasons",
-                 "victim_cursor", "open", "step", "lane_call", "refusals")
+                 "victim_cursor", "open", "step", "lane_call", "refusals", "handed")
 
     def __init__(self, scheduler: Scheduler, now: float, hooks: PolicyHooks) -> None:
         self.sched = scheduler
@@ -58,6 +58,7 @@ class StepState(DecisionNotes):
         self.victim_cursor = len(scheduler.running) - 1
         self.open = True  # until the scheduler commits or rolls the step back
         self.step = StepBuilder(self)  # what the hooks are handed
+        self.handed: list | None = []  # what the views it hands out show (core/view.py), let go as it closes
         self.lane_call: tuple[bool, int | None, int] | None = None  # (decodes only, their cap, notes before the call)
         self.refusals: list[SequenceGroup] = []  # groups refused for want of blocks (LATER), in order
 
@@ -65,6 +66,8 @@ class StepState(DecisionNotes):
         """The step is over: its builder refuses every operation from now on."""
         self.open = False
         self.step = None  # no cycle with the builder: the step's objects are freed at once, not by the collector
+        forget(self.handed)
+        self.handed = None  # a view handed out after it lives as long as itself
 
     def refuse(self, message: str, hook: str | None = None):
         raise self.hooks.refuse(message, hook)
@@ -349,7 +352,7 @@ class StepState(DecisionNotes):
         if type(view) is not GroupView:
             self.refuse(f"{op}: expected a GroupView, got {quote(view)}")
         g = group_of(view)
-        if g.block_manager is not self.bm:
+        if g is None or g.block_manager is not self.bm:
             self.refuse(f"{op}: {quote(view)} is not a request of this engine")
         state = self.touched.get(g)
         if state is not None:

@@ -1,9 +1,10 @@
 """Read-only windows onto engine state: what a policy or an observer may look at but never change.
 
-A view keeps what it shows in a *hidden slot*, whose descriptor is taken off the class, so that no
-attribute of a view leads to engine state, and hands out the engine's pydantic objects (config,
-requests) as named-tuple copies (``frozen``), which nothing can write (code that imports the core or
-walks the garbage collector can reach anything: Python has no private memory).
+A view holds nothing of what it shows: the core finds that by the view's identity in a table (``_SHOWN``) nothing a
+plugin is handed leads to, so a view's ``__class__`` switched to a class of the same layout, which reads any hidden
+slot, finds nothing (``tests/test_hostile_plugins.py``; the routers' views hold only numbers, ``routers/view.py``).
+The engine's pydantic objects (config, requests) are handed out as named-tuple copies (``frozen``), which nothing can
+write (code that imports the core or walks the garbage collector can reach anything: Python has no private memory).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import functools
 from collections import namedtuple
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, NamedTuple
+from weakref import ref
 
 from pydantic import BaseModel
 
@@ -25,12 +27,40 @@ if TYPE_CHECKING:
     from kvsched.core.request import Request
     from kvsched.core.sequence import SequenceGroup, SequenceStatus
 
+_SHOWN: dict[ref, object] = {}  # what each live view shows, by a weak reference to the view
 
-def hidden_slot(cls: type, name: str):
-    """Take slot ``name`` off ``cls``'s attributes; return its (getter, setter) for the core."""
-    slot = cls.__dict__[name]
-    delattr(cls, name)
-    return slot.__get__, slot.__set__
+
+def _forget(key: ref) -> None:
+    """A view went: its entry goes (a live view's never: nothing can call this to break one)."""
+    if key() is None:
+        del _SHOWN[key]
+
+
+def show(view: object, target: object) -> None:
+    """The core's: ``view`` (of a class with ``__slots__ = ("__weakref__",)``) shows ``target`` while it lives."""
+    _SHOWN[ref(view, _forget)] = target
+
+
+def show_in_step(view: object, target: object, handed: list) -> None:
+    """The core's: ``view`` shows ``target`` until the step that keeps its key in ``handed`` closes (``forget``)."""
+    key = ref(view)
+    _SHOWN[key] = target
+    handed.append(key)
+
+
+def forget(handed: list) -> None:
+    """A step closed: what the views it handed out showed is let go."""
+    for key in handed:
+        _SHOWN.pop(key, None)
+
+
+def shown(view: object):
+    """What ``view`` shows: found by its first weak reference (ours, or one equal to it), with no new one made."""
+    try:
+        return _SHOWN[view.__weakref__]
+    except (KeyError, AttributeError):
+        raise ReferenceError(f"this {type(view).__name__} shows nothing: one a step handed out is valid only during "
+                             "that step, and one made otherwise than by the core shows nothing") from None
 
 
 UNKNOWABLE = ("output_len",)  # no scheduler knows the answer's length: a hook sees max_tokens, the cap (docs/hooks.md)
@@ -45,6 +75,15 @@ def frozen(model: BaseModel) -> tuple:
 
 def true_output_len(view: GroupView) -> int | None:  # the answer's length, not on the view: a named predictor's door
     return group_of(view).request.output_len
+
+
+def group_of(view: GroupView) -> SequenceGroup | None:
+    """The engine's group behind a view; None for a view the core did not make or whose request no engine holds now (a
+    view shows its group weakly: the group holds its view, and an entry holding the group would keep both forever)."""
+    try:
+        return _SHOWN[view.__weakref__]()
+    except (KeyError, AttributeError, TypeError):
+        return None
 
 
 @functools.cache
@@ -62,22 +101,20 @@ class GroupView:
     """A request as a policy sees it. Every attribute is read-only; pass the view back to the
     step's operations (``admit``, ``advance``, ``swap_in``, ``preempt``) to act on it."""
 
-    __slots__ = ("_group", "_request")
+    __slots__ = ("__weakref__",)
 
     def __init__(self, group: SequenceGroup) -> None:
-        _set_group(self, group)
-        _set_request(self, None)
+        show(self, ref(group))
 
     request_id = property(lambda self: group_of(self).request_id, doc="the request's id")
 
     @property
     def request(self) -> Request:
         """The validated request as a read-only copy (``frozen``: the engine's own is not handed out), made on first use."""
-        request = _request_of(self)
-        if request is None:
-            request = frozen(group_of(self).request)
-            _set_request(self, request)
-        return request
+        group = group_of(self)
+        if group.request_copy is None:
+            group.request_copy = frozen(group.request)
+        return group.request_copy
 
     arrival_time = property(lambda self: group_of(self).arrival_time)
     priority = property(lambda self: group_of(self).request.priority, doc="lower is more urgent")
@@ -114,74 +151,73 @@ class GroupView:
         return f"<{g.request_id} {g.status.name}>"
 
 
-group_of, _set_group = hidden_slot(GroupView, "_group")
-_request_of, _set_request = hidden_slot(GroupView, "_request")
-
-
 class _LazyTuple(Sequence):
     """A read-only sequence over a core list, converting each item as it is read (``_show``):
     a policy that stops at the first item that does not fit pays for what it looked at."""
 
-    __slots__ = ("_items",)
+    __slots__ = ("__weakref__",)
 
     def __init__(self, items: list) -> None:
-        _set_items(self, items)
+        show(self, items)
 
     def __len__(self) -> int:
-        return len(_items_of(self))
+        return len(shown(self))
 
     def __getitem__(self, index):
         if isinstance(index, slice):
-            return tuple(map(self._show, _items_of(self)[index]))
-        return self._show(_items_of(self)[index])
+            return tuple(map(self._show, shown(self)[index]))
+        return self._show(shown(self)[index])
 
     def __iter__(self) -> Iterator:
-        return map(self._show, _items_of(self))
+        return map(self._show, shown(self))
 
-
-
-_items_of, _set_items = hidden_slot(_LazyTuple, "_items")
 
 
 class QueueView(_LazyTuple):
     """One queue as it was when the step began, as ``GroupView``s, front first.
 
-    Lazy (a queue under overload holds many thousands). Valid for the step it was handed out in.
+    Lazy (a queue under overload holds many thousands). Valid for the step it was handed out in (``handed``: the
+    step's list of what it handed out; a queue the engine shows outside a step lives as long as its view).
     """
 
     __slots__ = ()
+
+    def __init__(self, items: list, handed: list | None = None) -> None:
+        if handed is None:
+            show(self, items)
+        else:
+            show_in_step(self, items, handed)
     _show = staticmethod(lambda g: g.view)
 
     def __repr__(self) -> str:
-        return f"QueueView({[g.request_id for g in _items_of(self)]})"
+        return f"QueueView({[g.request_id for g in shown(self)]})"
 
 
 class GroupMap(Mapping):
     """The engine's requests by id as ``GroupView``s (``Engine.groups``): read-only, and live (a request added or
     retired shows at once)."""
 
-    __slots__ = ("_groups",)
+    __slots__ = ("__weakref__",)
 
     def __init__(self, groups: dict[str, SequenceGroup]) -> None:
-        _set_groups(self, groups)
+        show(self, groups)
 
     def __getitem__(self, request_id: str) -> GroupView:
-        return _groups_of(self)[request_id].view
+        return shown(self)[request_id].view
 
     def __iter__(self) -> Iterator[str]:
-        return iter(_groups_of(self))
+        return iter(shown(self))
 
     def __len__(self) -> int:
-        return len(_groups_of(self))
+        return len(shown(self))
 
     def __contains__(self, request_id: object) -> bool:
-        return request_id in _groups_of(self)
+        return request_id in shown(self)
 
     def __repr__(self) -> str:
-        return f"GroupMap({list(_groups_of(self))})"
+        return f"GroupMap({list(shown(self))})"
 
-
-_groups_of, _set_groups = hidden_slot(GroupMap, "_groups")
+    __eq__, __hash__ = object.__eq__, object.__hash__  # a view is itself (the table finds it by identity), not its items
 
 
 class Scheduled(NamedTuple):
@@ -206,67 +242,64 @@ class OutputView:
     ``prefill_tokens``, ``decode_seqs``, ``kv_tokens_read``, ``lane_decodes``,
     ``num_prefill_groups``, ``features`` and ``is_empty`` are the output's own)."""
 
-    __slots__ = ("_out",)
+    __slots__ = ("__weakref__",)
 
     def __init__(self, output: SchedulerOutput) -> None:
-        _set_out(self, output)
+        show(self, output)
 
-    scheduled = property(lambda self: BatchView(_out_of(self).scheduled))
-    swapped_in = property(lambda self: tuple(g.view for g in _out_of(self).swapped_in))
-    preempted: tuple[tuple[GroupView, PreemptionMode], ...] = property(lambda self: tuple((g.view, m) for g, m in _out_of(self).preempted))
-    ignored = property(lambda self: tuple(g.view for g in _out_of(self).ignored))
-    blocks_to_swap_in = property(lambda self: tuple(_out_of(self).blocks_to_swap_in))
-    blocks_to_swap_out = property(lambda self: tuple(_out_of(self).blocks_to_swap_out))
-    blocks_to_copy = property(lambda self: tuple(_out_of(self).blocks_to_copy))
-    decisions = property(lambda self: tuple(_out_of(self).decisions), doc="why: the step's Decision notes, in order")
+    scheduled = property(lambda self: BatchView(shown(self).scheduled))
+    swapped_in = property(lambda self: tuple(g.view for g in shown(self).swapped_in))
+    preempted: tuple[tuple[GroupView, PreemptionMode], ...] = property(lambda self: tuple((g.view, m) for g, m in shown(self).preempted))
+    ignored = property(lambda self: tuple(g.view for g in shown(self).ignored))
+    blocks_to_swap_in = property(lambda self: tuple(shown(self).blocks_to_swap_in))
+    blocks_to_swap_out = property(lambda self: tuple(shown(self).blocks_to_swap_out))
+    blocks_to_copy = property(lambda self: tuple(shown(self).blocks_to_copy))
+    decisions = property(lambda self: tuple(shown(self).decisions), doc="why: the step's Decision notes, in order")
 
 
 for _name in ("num_batched_tokens", "prefill_tokens", "decode_seqs", "kv_tokens_read", "lane_decodes", "num_prefill_groups", "features", "is_empty"):
-    setattr(OutputView, _name, property(lambda self, _name=_name: getattr(_out_of(self), _name)))
-_out_of, _set_out = hidden_slot(OutputView, "_out")
+    setattr(OutputView, _name, property(lambda self, _name=_name: getattr(shown(self), _name)))
 
 
 class CacheView:
     """Read-only questions to the block manager (about groups of its own engine only)."""
 
-    __slots__ = ("_bm",)
+    __slots__ = ("__weakref__",)
 
     def __init__(self, bm: BlockManager) -> None:
-        _set_bm(self, bm)
+        show(self, bm)
 
-    block_size = property(lambda self: _bm_of(self).block_size)
-    num_gpu_blocks = property(lambda self: _bm_of(self).gpu.num_blocks)
-    num_cpu_blocks = property(lambda self: _bm_of(self).cpu.num_blocks)
-    num_free_gpu_blocks = property(lambda self: _bm_of(self).gpu.num_free)
-    num_free_cpu_blocks = property(lambda self: _bm_of(self).cpu.num_free)
-    num_cached_gpu_blocks = property(lambda self: len(_bm_of(self).gpu.evictor), doc="free blocks that still hold a cached prefix (counted as free)")
-    watermark_blocks = property(lambda self: _bm_of(self).watermark_blocks)
-    enable_prefix_caching = property(lambda self: _bm_of(self).enable_prefix_caching)
+    block_size = property(lambda self: shown(self).block_size)
+    num_gpu_blocks = property(lambda self: shown(self).gpu.num_blocks)
+    num_cpu_blocks = property(lambda self: shown(self).cpu.num_blocks)
+    num_free_gpu_blocks = property(lambda self: shown(self).gpu.num_free)
+    num_free_cpu_blocks = property(lambda self: shown(self).cpu.num_free)
+    num_cached_gpu_blocks = property(lambda self: len(shown(self).gpu.evictor), doc="free blocks that still hold a cached prefix (counted as free)")
+    watermark_blocks = property(lambda self: shown(self).watermark_blocks)
+    enable_prefix_caching = property(lambda self: shown(self).enable_prefix_caching)
 
     def can_allocate(self, group: GroupView) -> AllocStatus:
         """The block manager's own answer (vLLM's watermark rule) for a waiting group."""
-        return _bm_of(self).can_allocate(self._own(group))
+        return shown(self).can_allocate(self._own(group))
 
     def blocks_to_allocate(self, group: GroupView) -> int:
-        return _bm_of(self).blocks_to_allocate(self._own(group))
+        return shown(self).blocks_to_allocate(self._own(group))
 
     def num_cached_tokens(self, group: GroupView) -> int:
         """Leading prompt tokens already in the prefix cache (0 without prefix caching)."""
-        bm = _bm_of(self)
+        bm = shown(self)
         return max((bm.num_cached_tokens(s) for s in self._own(group).seqs), default=0)
 
     def can_append_slots(self, group: GroupView) -> bool:
-        return _bm_of(self).can_append_slots(self._own(group))
+        return shown(self).can_append_slots(self._own(group))
 
     def blocks_held(self, group: GroupView) -> tuple[int, int]:
         """The ``(gpu, cpu)`` blocks a group's sequences hold, a block they share (after a fork) counted once."""
-        return _bm_of(self).blocks_held(self._own(group))
+        return shown(self).blocks_held(self._own(group))
 
     def _own(self, view: GroupView) -> SequenceGroup:
         g = group_of(view) if type(view) is GroupView else None
-        if g is None or g.block_manager is not _bm_of(self):
+        if g is None or g.block_manager is not shown(self):
             raise ValueError(f"the cache was asked about {quote(view)}, which is not a request of its engine")
         return g
 
-
-_bm_of, _set_bm = hidden_slot(CacheView, "_bm")
