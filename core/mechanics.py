@@ -14,8 +14,11 @@ from kvsched.core.step_state import StepState
 from kvsched.core.step_v1 import V1StepState
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from kvsched.core.config import EngineConfig
     from kvsched.core.engine import Engine
+    from kvsched.core.sequence import Sequence
 
 
 @dataclass(frozen=True)
@@ -31,6 +34,8 @@ class Mechanics:
     drafts: bool = False  # decoding requests take draft tokens (EngineConfig.num_speculative_tokens)
     lane: bool = False  # plain decodes may ride the decode lane (its block rule is v0's worst case)
     names_on_apply: bool = True  # with prefix caching, blocks are named as a step is applied (else as it is built)
+    # How many of a sequence's last tokens a step in flight samples (vLLM's placeholders; None: no step in flight)
+    in_flight: Callable[[Sequence], int] | None = None
 
     def block_manager(self, config: EngineConfig) -> BlockManager:
         blocks = config.num_gpu_blocks - self.null_block

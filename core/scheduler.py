@@ -44,7 +44,7 @@ class Scheduler:
         self.config = config
         self.hooks = hooks
         self.block_manager = mechanics.block_manager(config)
-        self._step_state = mechanics.step
+        self.mechanics = mechanics
         # Speculative decoding: the sequences that sampled the last time they ran, and were not preempted since:
         # the drafter gave them draft tokens for their next step (core/step_v1.py remember_drafts).
         self.drafting: set[int] | None = set() if mechanics.drafts and config.num_speculative_tokens else None
@@ -74,7 +74,7 @@ class Scheduler:
         self.steady = None
         waiting = self.waiting
         hooks = hooks or self.hooks
-        step = self._step_state(self, now, hooks)
+        step = self.mechanics.step(self, now, hooks)
         bm = self.block_manager
         bm.begin()
         try:

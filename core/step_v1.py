@@ -17,6 +17,10 @@ vLLM 0.32's ``KVCacheManager.allocate_slots`` takes them:
 - with ``num_speculative_tokens`` k, a decoding request runs its last token and k draft tokens (fewer if the budget,
   the policy's cap or ``max_model_len`` leave fewer), with blocks for all of them; the engine rolls the rejected ones
   back (``Completion.verify``).
+
+With a step in flight (``Mechanics.in_flight``, vLLM's async scheduler: ``integrations/vllm/inflight.py``), a request
+whose in-flight step samples its last token is passed over (LATER), only known tokens are named in the prefix cache,
+and short of blocks the requester is its own victim if it is the newest request not yet touched.
 """
 
 from __future__ import annotations
@@ -65,13 +69,14 @@ def remember_drafts(drafting: set[int], output, running: list[SequenceGroup]) ->
 class V1StepState(StepState):
     """One step under V1's block rules (see the module docstring); a policy sees no other difference."""
 
-    __slots__ = ("caching", "drafts")
+    __slots__ = ("caching", "drafts", "in_flight")
 
     def __init__(self, scheduler: Scheduler, now: float, hooks: PolicyHooks) -> None:
         super().__init__(scheduler, now, hooks)
         self.prompt_limit = self.config.model_len - 1
         self.caching = self.config.enable_prefix_caching
         self.drafts = self.config.num_speculative_tokens  # for each sequence in sched.drafting
+        self.in_flight = scheduler.mechanics.in_flight
 
     def admit(self, group, max_tokens: int | None) -> Outcome:
         if type(group) is GroupView and not grammar_ready(group_of(group), self.now):  # V1's WAITING_FOR_..._GRAMMAR
@@ -94,7 +99,17 @@ class V1StepState(StepState):
         seqs = g.waiting_seqs()
         return cached[seqs[0].seq_id] + chunk if len(seqs) == 1 else None
 
+    def newest_unscheduled(self, exclude):
+        newest = super().newest_unscheduled(None if self.in_flight else exclude)
+        if self.in_flight and newest is not None and exclude is not None and newest.request_id == exclude.request_id:
+            return None  # with a step in flight, the requester is its own victim
+        return newest
+
     def _run(self, g: SequenceGroup, max_tokens: int | None, op: str, room: bool = False) -> Outcome:
+        if self.in_flight is not None:
+            seqs = g.seqs
+            if len(seqs) == 1 and seqs[0].num_tokens >= g.max_seq_tokens - 1 and self.in_flight(seqs[0]):
+                return Outcome.LATER  # its in-flight step samples its last token: vLLM passes over it
         if self.drafts:
             seqs = g.seqs
             if len(seqs) == 1 and seqs[0].num_tokens - seqs[0].num_computed_tokens == 1 and seqs[0].seq_id in self.sched.drafting:
@@ -173,6 +188,8 @@ class V1StepState(StepState):
 
     def _name(self, seq: Sequence, num_tokens: int) -> None:
         if self.caching:
+            if self.in_flight is not None:  # tokens in flight are not known yet
+                num_tokens = min(num_tokens, seq.num_tokens - self.in_flight(seq))
             self.bm.mark_computed(seq, num_tokens)
 
     def _accepts_victim(self, victim: SequenceGroup) -> bool:

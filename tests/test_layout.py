@@ -156,8 +156,9 @@ def _defined_privates(package: str) -> set[str]:
 
 def _reaches(path: Path, package: str, foreign: set[str], own: set[str]) -> list[str]:
     """Where one module of ``package`` reaches another package's private: imports ``_x`` from it, reads ``m._x`` on
-    one of its modules, or reads a private its classes give their objects (an engine's ``_groups``)."""
-    found, modules = [], set()
+    one of its modules, reads a private its classes give their objects (an engine's ``_groups``), or overrides one in
+    a subclass of one of its classes (a step state's ``_run``)."""
+    found, modules, imported = [], set(), set()
     tree = ast.parse(path.read_text())
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("kvsched.") and not node.level:
@@ -167,12 +168,17 @@ def _reaches(path: Path, package: str, foreign: set[str], own: set[str]) -> list
                     found.append(f"{node.lineno}: from {node.module} import {alias.name}")
                 if other != package and _module_file(f"{node.module}.{alias.name}"):
                     modules.add(alias.asname or alias.name)
+                elif other != package:
+                    imported.add(alias.asname or alias.name)
         elif isinstance(node, ast.Import):
             for alias in node.names:
                 parts = alias.name.split(".")
                 if parts[0] == "kvsched" and len(parts) > 1 and parts[1] != package and alias.asname:
                     modules.add(alias.asname)
     for node in ast.walk(tree):
+        if isinstance(node, ast.ClassDef) and any(ast.unparse(b).split(".")[0] in imported | modules for b in node.bases):
+            found += [f"{item.lineno}: {node.name}.{item.name} overrides a private" for item in node.body
+                      if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) and item.name in foreign]
         if isinstance(node, ast.Attribute) and _private(node.attr):
             if isinstance(node.value, ast.Name) and node.value.id in modules:
                 found.append(f"{node.lineno}: {node.value.id}.{node.attr}")

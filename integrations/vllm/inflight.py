@@ -6,8 +6,8 @@ sample as ``num_output_placeholders``. The mirror does the same with its own cor
 step is applied at once (``Mirror.dispatch``), each sampling sequence taking a ``PLACEHOLDER``
 token, which ``Mirror.sampled`` replaces by the token vLLM sampled. So the policy decides step
 N+1 on what vLLM's scheduler holds then: the same computed tokens, the same blocks, the same
-requests running. Two of vLLM's rules read the placeholders, and ``InFlightV1StepState`` keeps
-them:
+requests running. Three of vLLM's rules read the placeholders, and the core's V1 step keeps them
+when its mechanics count them (``Mechanics.in_flight``: ``V1_IN_FLIGHT`` below):
 
 - a request whose in-flight step samples its last token (``max_tokens`` or ``max_model_len``) is
   not scheduled again (vLLM: ``num_computed_tokens + 2 - num_output_placeholders >= num_prompt_tokens
@@ -30,12 +30,10 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from kvsched.core.decisions import Outcome
 from kvsched.core.mechanics import V1
-from kvsched.core.step_v1 import V1StepState
 
 if TYPE_CHECKING:
-    from kvsched.core.sequence import Sequence, SequenceGroup
+    from kvsched.core.sequence import Sequence
 
 PLACEHOLDER = -1  # a token the model has not sampled yet (no vocabulary has id -1)
 
@@ -48,25 +46,6 @@ def num_placeholders(seq: Sequence) -> int:
     return n
 
 
-class InFlightV1StepState(V1StepState):
-    """V1's step with a step in flight: a last token in flight is not scheduled again; unknown tokens are not named."""
-
-    __slots__ = ()
-
-    def _run(self, g: SequenceGroup, max_tokens: int | None, op: str, room: bool = False) -> Outcome:
-        seqs = g.seqs
-        if len(seqs) == 1 and seqs[0].num_tokens >= g.max_seq_tokens - 1 and num_placeholders(seqs[0]):
-            return Outcome.LATER  # its in-flight step samples its last token: vLLM passes over it
-        return super()._run(g, max_tokens, op, room)
-
-    def newest_unscheduled(self, exclude):
-        newest = super().newest_unscheduled(None)
-        return None if newest is not None and exclude is not None and newest.request_id == exclude.request_id else newest
-
-    def _name(self, seq: Sequence, num_tokens: int) -> None:
-        super()._name(seq, min(num_tokens, seq.num_tokens - num_placeholders(seq)))
-
-
 # V1's mechanics with a step in flight: its steps built by the rules above, and the blocks a step fills named as
 # it is built (known tokens only) and when its tokens arrive (``Mirror.sampled``), not as it is applied (placeholders).
-V1_IN_FLIGHT = replace(V1, name="v1-in-flight", step=InFlightV1StepState, names_on_apply=False)
+V1_IN_FLIGHT = replace(V1, name="v1-in-flight", in_flight=num_placeholders, names_on_apply=False)
