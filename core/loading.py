@@ -177,12 +177,27 @@ def guarded(who: str, origin: str, doing: str, call, *args, **kwargs) -> Any:
     """``call(*args, **kwargs)``: plugin code. Anything it raises but KeyboardInterrupt (SystemExit,
     GeneratorExit, a PolicyError of its own too) becomes one ``PolicyError`` naming the plugin
     (``who``, from ``origin``), what failed (``doing``) and the plugin's line."""
+    failure = lambda exc: PolicyError(who, f"{doing}: {exception_text(exc)}{_from(origin)}")  # noqa: E731
+    return call_hook(lambda: call(*args, **kwargs), (), lambda: None, failure, ())
+
+
+def call_hook(hook, args: tuple, first, failure, own: type[PolicyError] = PolicyError) -> Any:
+    """``hook(*args)``, the one boundary of a plugin's hook call (policy or router): what it raises but KeyboardInterrupt
+    is ``failure(exc)``, naming plugin, hook and line, unless one of ours (``own``); the call's first refusal
+    (``first()``) is raised in its place, and after the call returns, even if the plugin caught it."""
     try:
-        return call(*args, **kwargs)
+        result = hook(*args)
     except KeyboardInterrupt:
         raise
     except BaseException as exc:
-        raise PolicyError(who, f"{doing}: {exception_text(exc)}{_from(origin)}") from exc
+        error = first() or (exc if isinstance(exc, own) else failure(exc))
+        if error is exc:
+            raise
+        raise error from exc
+    refused = first()
+    if refused is not None:
+        raise refused
+    return result
 
 
 def _from(origin: str) -> str:

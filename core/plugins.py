@@ -16,7 +16,7 @@ from kvsched.core.defaults import CoreDefaults
 from kvsched.core.errors import PolicyError, error_text, quote
 from kvsched.core.loading import (
     BUILTIN_DISTRIBUTION, CAN_ALLOCATE, CHOOSE_PREEMPTION, DEFAULT_POLICY, HOOKS, ON_STEP, SELECT_BATCH, _own_name,
-    _plugin_line, checked_options, engine_defaults, guarded, identity, instantiate, load_policy, policy_attribute,
+    _plugin_line, call_hook, checked_options, engine_defaults, guarded, identity, instantiate, load_policy, policy_attribute,
     resolve_plugin,
 )
 
@@ -67,6 +67,7 @@ class PolicyHooks:
         self.observes_steps = self._on_step is not None  # then every step gets its report: no steady runs
         self.in_hook: str | None = None
         self._first_error: PolicyError | None = None
+        self._first = lambda: self._first_error  # the hook call's first refusal (call_hook)
 
     def _register(self, plugin: Any, name: str) -> None:
         """Register ``plugin``: pluggy reads its attributes and markers (plugin code) and checks each
@@ -138,28 +139,21 @@ class PolicyHooks:
 
     def _call(self, name: str, hook, *args):
         outer, self.in_hook = self.in_hook, name
-        first = None
         try:
-            result = hook(*args)
-        except (Exception, SystemExit, GeneratorExit) as exc:  # a Ctrl-C (KeyboardInterrupt) still ends the run
-            error = self._first_error or (exc if isinstance(exc, PolicyError) else self._failure(exc, name))
-            if error is exc:
-                raise
-            raise error from exc
+            return call_hook(hook, args, self._first, self._failure)
         finally:
             self.in_hook = outer
             if outer is None:
-                first, self._first_error = self._first_error, None
-        if first is not None:  # the plugin caught a refusal and carried on
-            raise first
-        return result
+                self._first_error = None
 
     def refuse(self, message: str, hook: str | None = None) -> PolicyError:
         """The ``PolicyError`` (to raise) for what the running plugin just tried (or ``hook`` answered)."""
         return self._error(message, hook or self.in_hook, list(traceback.walk_stack(None)))
 
-    def _failure(self, exc: BaseException, hook: str) -> PolicyError:
-        return self._error(f"raised {type(exc).__name__}: {error_text(exc)}", hook, list(traceback.walk_tb(exc.__traceback__))[::-1])
+    def _failure(self, exc: BaseException) -> PolicyError:
+        """What the running hook raised, as its ``PolicyError``."""
+        frames = list(traceback.walk_tb(exc.__traceback__))[::-1]
+        return self._error(f"raised {type(exc).__name__}: {error_text(exc)}", self.in_hook, frames)
 
     def _error(self, message: str, hook: str | None, frames: list) -> PolicyError:
         """Name the plugin whose implementation of ``hook`` is on ``frames`` ((frame, line), innermost

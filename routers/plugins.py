@@ -22,7 +22,7 @@ import pluggy
 from kvsched.core.decisions import held_problem
 from kvsched.core.errors import PolicyError, UnknownPolicyError, quote
 from kvsched.core.loading import (
-    GROUPS, PolicyInfo, available_policies, checked_options, describe, exception_text, guarded, identity,
+    GROUPS, PolicyInfo, available_policies, call_hook, checked_options, describe, exception_text, guarded, identity,
     installed_policies, instantiate, load_policy, policy_attribute, resolve_plugin,
 )
 from kvsched.core.plugins import dispatch
@@ -167,17 +167,8 @@ class RouterHooks:
         caught it; the views close when it returns."""
         request, views = call.begin()
         try:
-            result = hook(request, views if call.hook == ROUTE else views[0])
-        except KeyboardInterrupt:
-            raise
-        except BaseException as exc:
-            error = call.refused or (exc if issubclass(type(exc), RouterError) else
-                                     RouterError(self.name, f"raised {exception_text(exc, _OWN_FILES)}", call.hook))
-            if error is exc:
-                raise
-            raise error from exc
+            return call_hook(hook, (request, views if call.hook == ROUTE else views[0]), lambda: call.refused,
+                             lambda exc: RouterError(self.name, f"raised {exception_text(exc, _OWN_FILES)}", call.hook),
+                             RouterError)
         finally:
             call.end()
-        if call.refused is not None:
-            raise call.refused
-        return result
