@@ -108,7 +108,7 @@ class SequenceGroup:
         "num_recompute_preemptions", "num_swap_preemptions", "num_generated_tokens", "num_unfinished_seqs",
         "stop_tokens", "max_seq_tokens", "block_manager", "refused", "grammar_ready_at",
         "num_discarded_tokens", "num_recomputed_tokens", "num_prefix_hit_tokens", "recompute_frontier", "life_start",
-        "request_copy", "__weakref__",
+        "request_copy",
     )
 
     def __init__(

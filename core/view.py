@@ -3,8 +3,11 @@
 A view holds nothing of what it shows: the core finds that by the view's identity in a table (``_SHOWN``) nothing a
 plugin is handed leads to, so a view's ``__class__`` switched to a class of the same layout, which reads any hidden
 slot, finds nothing (``tests/test_hostile_plugins.py``; the routers' views hold only numbers, ``routers/view.py``).
-The engine's pydantic objects (config, requests) are handed out as named-tuple copies (``frozen``), which nothing can
-write (code that imports the core or walks the garbage collector can reach anything: Python has no private memory).
+A request's view is the exception, still: its group must live as long as the view (a finished request's view is
+reported after the engine let the group go) and the group holds its view, so the table would keep both for ever;
+it keeps its group in a hidden slot. The engine's pydantic objects (config, requests) are handed out as named-tuple
+copies (``frozen``), which nothing can write (code that imports the core or walks the garbage collector can reach
+anything: Python has no private memory).
 """
 
 from __future__ import annotations
@@ -54,6 +57,14 @@ def forget(handed: list) -> None:
         _SHOWN.pop(key, None)
 
 
+def hidden_slot(cls: type, name: str):
+    """Take slot ``name`` off ``cls``'s attributes; return its (getter, setter) for the core. It keeps what it holds
+    from a read of the attribute, not from a class of the same layout: only what a plugin may hold goes in one."""
+    slot = cls.__dict__[name]
+    delattr(cls, name)
+    return slot.__get__, slot.__set__
+
+
 def shown(view: object):
     """What ``view`` shows: found by its first weak reference (ours, or one equal to it), with no new one made."""
     try:
@@ -77,15 +88,6 @@ def true_output_len(view: GroupView) -> int | None:  # the answer's length, not 
     return group_of(view).request.output_len
 
 
-def group_of(view: GroupView) -> SequenceGroup | None:
-    """The engine's group behind a view; None for a view the core did not make or whose request no engine holds now (a
-    view shows its group weakly: the group holds its view, and an entry holding the group would keep both forever)."""
-    try:
-        return _SHOWN[view.__weakref__]()
-    except (KeyError, AttributeError, TypeError):
-        return None
-
-
 @functools.cache
 def _record_type(cls: type) -> type:
     record = namedtuple(cls.__name__, [f for f in cls.model_fields if f not in UNKNOWABLE], module=cls.__module__)
@@ -101,10 +103,10 @@ class GroupView:
     """A request as a policy sees it. Every attribute is read-only; pass the view back to the
     step's operations (``admit``, ``advance``, ``swap_in``, ``preempt``) to act on it."""
 
-    __slots__ = ("__weakref__",)
+    __slots__ = ("_group",)  # hidden: its group must live while the view does, and the group holds its view
 
     def __init__(self, group: SequenceGroup) -> None:
-        show(self, ref(group))
+        _set_group(self, group)
 
     request_id = property(lambda self: group_of(self).request_id, doc="the request's id")
 
@@ -149,6 +151,9 @@ class GroupView:
     def __repr__(self) -> str:
         g = group_of(self)
         return f"<{g.request_id} {g.status.name}>"
+
+
+group_of, _set_group = hidden_slot(GroupView, "_group")
 
 
 class _LazyTuple(Sequence):

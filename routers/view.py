@@ -19,20 +19,13 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from kvsched.core.errors import quote
 from kvsched.core.request import Request
-from kvsched.core.view import UNKNOWABLE, frozen
+from kvsched.core.view import UNKNOWABLE, frozen, hidden_slot
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
     from kvsched.routers.plugins import RouterError
     from kvsched.routers.replica import RoutedReplica
-
-def hidden_slot(cls: type, name: str):
-    """Take slot ``name`` off ``cls``'s attributes; return its (getter, setter) for this module."""
-    slot = cls.__dict__[name]
-    delattr(cls, name)
-    return slot.__get__, slot.__set__
-
 
 FIELDS = tuple(f for f in Request.model_fields if f not in UNKNOWABLE)  # what a RequestView shows: not the answer's length
 

