@@ -182,9 +182,9 @@ def guarded(who: str, origin: str, doing: str, call, *args, **kwargs) -> Any:
 
 
 def call_hook(hook, args: tuple, first, failure, own: type[PolicyError] = PolicyError) -> Any:
-    """``hook(*args)``, the one boundary of a plugin's hook call (policy or router): what it raises but KeyboardInterrupt
-    is ``failure(exc)``, naming plugin, hook and line, unless one of ours (``own``); the call's first refusal
-    (``first()``) is raised in its place, and after the call returns, even if the plugin caught it."""
+    """``hook(*args)``, the one boundary of a plugin's hook call (policy or router): what it raises but
+    KeyboardInterrupt is ``failure(exc)``, naming plugin, hook and line, unless one of ours (``own``); the call's
+    first refusal (``first()``) is raised in its place, and after the call returns, even if the plugin caught it."""
     try:
         result = hook(*args)
     except KeyboardInterrupt:

@@ -222,7 +222,7 @@ class GroupMap(Mapping):
     def __repr__(self) -> str:
         return f"GroupMap({list(shown(self))})"
 
-    __eq__, __hash__ = object.__eq__, object.__hash__  # a view is itself (the table finds it by identity), not its items
+    __eq__, __hash__ = object.__eq__, object.__hash__  # a view is itself (the table finds it so), not its items
 
 
 class Scheduled(NamedTuple):

@@ -179,7 +179,8 @@ def _reaches(path: Path, package: str, foreign: set[str], own: set[str]) -> list
                 if parts[0] == "kvsched" and len(parts) > 1 and parts[1] != package and alias.asname:
                     modules.add(alias.asname)
     for node in ast.walk(tree):
-        if isinstance(node, ast.ClassDef) and any(ast.unparse(b).split(".")[0] in imported | modules for b in node.bases):
+        bases = [ast.unparse(b).split(".")[0] for b in node.bases] if isinstance(node, ast.ClassDef) else []
+        if any(b in imported | modules for b in bases):
             found += [f"{item.lineno}: {node.name}.{item.name} overrides a private" for item in node.body
                       if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) and item.name in foreign]
         if isinstance(node, ast.Attribute) and _private(node.attr):
