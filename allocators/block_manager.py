@@ -309,11 +309,12 @@ class BlockManager:
 
     def _block_hashes(self, seq: Sequence, n: int) -> list[int]:
         """The content hashes of the sequence's first ``n`` full blocks (at least; computed once)."""
-        bs = self.block_size
-        hashes = chain_hashes(self._hashes.setdefault(seq.seq_id, []), seq.prompt, bs, n)
+        hashes = chain_hashes(self._hashes.setdefault(seq.seq_id, []), seq.prompt, bs := self.block_size, n)
         for i in range(len(hashes), n):  # blocks that reach into the output
             hashes.append(hash((hashes[-1] if hashes else ROOT, seq.token_slice(i * bs, (i + 1) * bs))))
         return hashes
+
+    content_hashes = _block_hashes  # also the CPU tier's keys (allocators/offloading.py)
 
     def _release(self, sid: int) -> None:
         table = self.gpu_tables.pop(sid, None)

@@ -83,5 +83,12 @@ def summary_table(summary: dict) -> Table:
             t = summary["recompute"]
             table.add_row("recompute tax", f"{100 * t['tax']:.1f} % ({t['recomputed_tokens']:,} of {t['computed_tokens']:,} tokens)")
         table.add_row("blocks swapped (in / out)", f"{summary['blocks_swapped_in']} / {summary['blocks_swapped_out']}")
+        if summary.get("cpu_tier"):  # vLLM's native offloading (allocators/offloading.py)
+            c = summary["cpu_tier"]
+            table.add_row("prefix hits (GPU / CPU tier)", f"{c['gpu_prefix_hit_tokens']:,} / {c['cpu_prefix_hit_tokens']:,} tokens")
+            table.add_row("redone after preemption (reloaded / recomputed)",
+                          f"{c['reloaded_tokens']:,} / {c['recomputed_tokens']:,} tokens")
+            table.add_row("CPU tier blocks (stored / evicted / loaded)",
+                          f"{c['stored_blocks']:,} / {c['evicted_blocks']:,} / {c['loaded_blocks']:,} of {c['blocks']:,} ({c['policy']})")
         table.add_row("leaked blocks", str(summary["leaked_blocks"]))
     return table

@@ -66,6 +66,12 @@ class EngineConfig(BaseModel):
         0, ge=0, le=64, description="V1 speculative decoding at the scheduler level: draft tokens a decoding request is "
         "scheduled with, verified in the step, the rejected ones rolled back (under v1 mechanics; v0 ignores it; docs/vllm-v1.md)"
     )
+    kv_offloading_blocks: int = Field(
+        0, ge=0, le=MAX_BLOCKS, description="vLLM's native KV offloading: a CPU tier of this many blocks behind the GPU "
+        "prefix cache (v1 mechanics, prefix caching; 0: none; docs/simulation.md)"
+    )
+    kv_offloading_policy: Literal["lru", "arc"] = Field("lru", description="how the CPU tier evicts: vLLM's lru or arc")
+    offload_prompt_only: bool = Field(True, description="the CPU tier stores prompt blocks only (vLLM's default)")
 
     @model_validator(mode="after")
     def _check(self) -> EngineConfig:
@@ -76,6 +82,10 @@ class EngineConfig(BaseModel):
                 f"max_num_batched_tokens ({self.max_num_batched_tokens}) is smaller than max_model_len ({self.model_len}) "
                 "with chunked prefill off: no longer prompt could ever be scheduled"
             )
+        if self.kv_offloading_blocks and (self.vllm_engine != "v1" and "vllm_engine" in self.model_fields_set
+                                          or not self.enable_prefix_caching):
+            raise ValueError("kv_offloading_blocks needs vllm_engine v1 and enable_prefix_caching: the CPU tier keeps "
+                             "blocks by their prefix hashes, behind V1's prefix cache")
         if self.max_num_seqs > self.max_num_batched_tokens:
             raise ValueError(
                 f"max_num_seqs ({self.max_num_seqs}) exceeds max_num_batched_tokens "

@@ -33,6 +33,7 @@ class Mechanics:
     keeps_duplicates: bool = False  # a full block computed twice keeps both copies (V1), else one is shared (v0)
     drafts: bool = False  # decoding requests take draft tokens (EngineConfig.num_speculative_tokens)
     lane: bool = False  # plain decodes may ride the decode lane (its block rule is v0's worst case)
+    offloads: bool = False  # a CPU tier may stand behind the prefix cache (EngineConfig.kv_offloading_blocks)
     names_on_apply: bool = True  # with prefix caching, blocks are named as a step is applied (else as it is built)
     # How many of a sequence's last tokens a step in flight samples (vLLM's placeholders; None: no step in flight)
     in_flight: Callable[[Sequence], int] | None = None
@@ -54,7 +55,7 @@ class Mechanics:
 
 
 V0 = Mechanics("v0", "v0", StepState, lane=True)
-V1 = Mechanics("v1", "v1", V1StepState, fans_out=True, null_block=1, keeps_duplicates=True, drafts=True)
+V1 = Mechanics("v1", "v1", V1StepState, fans_out=True, null_block=1, keeps_duplicates=True, drafts=True, offloads=True)
 
 
 def mechanics_of(config: EngineConfig) -> Mechanics:

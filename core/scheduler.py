@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, NamedTuple
 
 from kvsched.allocators.alloc_status import AllocStatus
+from kvsched.allocators.offloading import Offloading
 from kvsched.core.config import EngineConfig, PreemptionMode
 from kvsched.core.outputs import SchedulerOutput
 from kvsched.core.sequence import SequenceGroup, SequenceStatus
@@ -45,6 +46,10 @@ class Scheduler:
         self.hooks = hooks
         self.block_manager = mechanics.block_manager(config)
         self.mechanics = mechanics
+        if config.kv_offloading_blocks and not mechanics.offloads:
+            raise ValueError(f"kv_offloading_blocks needs V1 mechanics (vllm_engine v1, as vllm-v1 sets), not {mechanics.name}")
+        self.offloading = Offloading(self.block_manager, config.kv_offloading_blocks, config.kv_offloading_policy,
+                                     config.offload_prompt_only) if config.kv_offloading_blocks else None
         # Speculative decoding: the sequences that sampled the last time they ran, and were not preempted since:
         # the drafter gave them draft tokens for their next step (core/step_v1.py remember_drafts).
         self.drafting: set[int] | None = set() if mechanics.drafts and config.num_speculative_tokens else None
@@ -87,6 +92,8 @@ class Scheduler:
             step.close()
         bm.commit()
         self._commit(step)
+        if self.offloading is not None:
+            self.offloading.commit([(sg.group.request_id, sg.group.seqs[0], sg.num_tokens) for sg in step.output.scheduled])
         if self.drafting is not None:
             remember_drafts(self.drafting, step.output, self.running)
         if self.repeats and hooks is self.hooks and hooks.fcfs:
@@ -117,6 +124,8 @@ class Scheduler:
 
     def _rollback(self) -> None:
         self.block_manager.rollback()
+        if self.offloading is not None:
+            self.offloading.rollback()
         if self.lane is not None:
             self.lane.rollback()
 
@@ -162,6 +171,8 @@ class Scheduler:
 
     def finish_group(self, group: SequenceGroup, status: SequenceStatus, now: float) -> None:
         """End every unfinished sequence of ``group`` with ``status`` and free all its blocks."""
+        if self.offloading is not None:
+            self.offloading.finish(group.request_id, group.seqs[0])
         for s in group.seqs:
             if not s.status.is_finished:
                 s.status = status

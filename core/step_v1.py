@@ -37,6 +37,7 @@ from kvsched.core.view import GroupView, group_of
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from kvsched.allocators.offloading import Load
     from kvsched.core.plugins import PolicyHooks
     from kvsched.core.scheduler import Scheduler
     from kvsched.core.sequence import Sequence, SequenceGroup
@@ -82,7 +83,13 @@ class V1StepState(StepState):
         if type(group) is GroupView and not grammar_ready(group_of(group), self.now):  # V1's WAITING_FOR_..._GRAMMAR
             self._resolve(group, SequenceStatus.WAITING, "admit")  # still one of this engine's waiting groups, untouched
             return Outcome.LATER
+        load = self._load(group)
         outcome = super().admit(group, max_tokens)
+        if load is not None:  # kept and counted if admitted, else dropped
+            scheduled = outcome is Outcome.SCHEDULED
+            cached = self.output.scheduled[-1].num_cached_tokens if scheduled else None
+            self.sched.offloading.admitted(load, cached, group_of(group).recompute_frontier)
+            self.output.blocks_to_swap_in += load.moves if scheduled else ()
         if outcome is Outcome.SCHEDULED:
             entry = self.output.scheduled[-1]
             self.output.block_ops.append((entry.group.request_id, entry.num_cached_tokens + entry.num_tokens))
@@ -94,6 +101,17 @@ class V1StepState(StepState):
                 for seq in seqs:
                     self.bm.mark_computed(seq, seq.num_tokens)
         return outcome
+
+    def _load(self, group) -> Load | None:
+        """With a CPU tier: its blocks after a waiting group's GPU hit, put in the GPU prefix cache before the
+        admission looks the group up (allocators/offloading.py)."""
+        offloading = self.sched.offloading
+        if offloading is None or type(group) is not GroupView:
+            return None
+        g = group_of(group)
+        if g.block_manager is not self.bm or g in self.touched or g.status is not SequenceStatus.WAITING:
+            return None
+        return offloading.load(g.request_id, g.seqs[0])
 
     def _admitted_tokens(self, g: SequenceGroup, cached: dict[int, int], chunk: int) -> int | None:
         seqs = g.waiting_seqs()

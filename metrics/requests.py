@@ -98,6 +98,19 @@ class RequestMetrics:
 FIELDS = tuple(f.name for f in fields(RequestMetrics))
 
 
+def offloading_summary(engine: Engine | None, recompute: dict | None) -> dict:
+    """With a CPU KV tier (``kv_offloading_blocks``): its own key, where prefix hits are split by tier and the
+    recompute tax into what was reloaded from the CPU and what was computed again; without one, nothing."""
+    offloading = getattr(getattr(engine, "scheduler", None), "offloading", None)
+    if offloading is None:
+        return {}
+    tier = offloading.summary()
+    recomputed = recompute["recomputed_tokens"]
+    redone = tier["reloaded_tokens"] + recomputed
+    return {"cpu_tier": {**tier, "recomputed_tokens": recomputed,
+                         "reloaded_share": tier["reloaded_tokens"] / redone if redone else 0.0}}
+
+
 class Columns(Protocol):
     """What the summaries read: an Arrow table, or ``metrics.records.RequestTable``."""
 
@@ -211,7 +224,8 @@ def summarize(engine: Engine | None, requests: Any, **extra) -> dict:
             "recompute": exact_sum(numbers(requests, "preemptions_recompute")),
             "swap": exact_sum(numbers(requests, "preemptions_swap")),
         } if known else None,
-        "recompute": recompute_summary(requests) if known else None,
+        "recompute": (recompute := recompute_summary(requests) if known else None),
+        **offloading_summary(engine, recompute),
         "blocks_swapped_in": engine.num_blocks_swapped_in if known else None,
         "blocks_swapped_out": engine.num_blocks_swapped_out if known else None,
         "leaked_blocks": engine.leaked_blocks if known else None,
