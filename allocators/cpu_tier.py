@@ -28,18 +28,32 @@ Policy = Literal["lru", "arc"]
 
 
 class _Lru:
-    """vLLM's ``LRUCachePolicy``: the smallest ``(rank, -position)`` of the evictable chunks goes first."""
+    """vLLM's ``LRUCachePolicy``: the smallest ``(rank, -position)`` of the evictable chunks goes first (a heap whose
+    stale entries are skipped, as vLLM's)."""
 
-    def __init__(self, capacity: int) -> None:
+    def __init__(self, capacity: int, evictable: set[int]) -> None:
         self.ranks: dict[int, tuple[int, int]] = {}
         self.request_rank: dict[str, int] = {}
         self.next_rank = 0
+        self.evictable = evictable  # the tier's own set
+        self.heap: list[tuple[tuple[int, int], int]] = []
 
     def _rank_of(self, request: str) -> int:
         if request not in self.request_rank:
             self.next_rank += 1
             self.request_rank[request] = self.next_rank
         return self.request_rank[request]
+
+    def _rerank(self, key: int, rank: tuple[int, int]) -> None:
+        self.ranks[key] = rank
+        if key in self.evictable:
+            heapq.heappush(self.heap, (rank, key))
+
+    def mark_evictable(self, key: int) -> None:
+        heapq.heappush(self.heap, (self.ranks[key], key))
+        if len(self.heap) > max(64, 2 * len(self.evictable)):  # mostly stale: rebuilt from the live entries
+            self.heap = [(self.ranks[k], k) for k in self.evictable]
+            heapq.heapify(self.heap)
 
     def insert(self, key: int, position: int, request: str) -> None:
         self.ranks[key] = (self._rank_of(request), -position)
@@ -52,28 +66,42 @@ class _Lru:
         rank = self._rank_of(request)
         for key, position in keys:
             if key in self.ranks and self.ranks[key] < (rank, -position):
-                self.ranks[key] = (rank, -position)
+                self._rerank(key, (rank, -position))
 
     def on_finished(self, keys: list[int], inserted: set[int], reused: set[int], request: str) -> None:
         for key in reversed(keys):
             if key in self.ranks:
                 self.next_rank += 1
-                self.ranks[key] = (self.next_rank, 0)
+                self._rerank(key, (self.next_rank, 0))
         self.request_rank.pop(request, None)
 
     def evict(self, n: int, evictable, protected: set[int]) -> list[int] | None:
-        chosen = heapq.nsmallest(n, (k for k in evictable if k not in protected), key=self.ranks.__getitem__)
+        chosen: dict[int, None] = {}  # in the order taken
+        popped = []
+        while self.heap and len(chosen) < n:
+            entry = heapq.heappop(self.heap)
+            rank, key = entry
+            if key not in evictable or self.ranks.get(key) != rank or key in chosen:
+                continue  # stale
+            popped.append(entry)
+            if key not in protected:
+                chosen[key] = None
         if len(chosen) < n:
+            for entry in popped:
+                heapq.heappush(self.heap, entry)
             return None
+        for entry in popped:
+            if entry[1] not in chosen:
+                heapq.heappush(self.heap, entry)
         for key in chosen:
             del self.ranks[key]
-        return chosen
+        return list(chosen)
 
 
 class _Arc:
     """vLLM's ``ARCCachePolicy``: T1 and T2 with their ghosts, T1's target moved by stores of ghosts."""
 
-    def __init__(self, capacity: int) -> None:
+    def __init__(self, capacity: int, evictable: set[int]) -> None:
         self.capacity = capacity
         self.target = 0.0
         self.t1: OrderedDict[int, None] = OrderedDict()
@@ -98,6 +126,9 @@ class _Arc:
     def on_access(self, keys: list[tuple[int, int]], request: str) -> None:
         return
 
+    def mark_evictable(self, key: int) -> None:
+        return
+
     def on_finished(self, keys: list[int], inserted: set[int], reused: set[int], request: str) -> None:
         for key in reversed(keys):
             if key in inserted:  # a store is no reuse: only its recency is restored
@@ -111,21 +142,22 @@ class _Arc:
                 self.t2.move_to_end(key)
 
     def evict(self, n: int, evictable, protected: set[int]) -> list[int] | None:
-        free = [k for k in self.t1 if k in evictable and k not in protected]
-        often = [k for k in self.t2 if k in evictable and k not in protected]
-        t1_size, i, j, chosen = len(self.t1), 0, 0, []
+        def candidates(tier):  # scanned once, LRU end first, as vLLM's monotonic scan
+            return (k for k in tier if k in evictable and k not in protected)
+
+        once, often = candidates(self.t1), candidates(self.t2)
+        t1_size, chosen = len(self.t1), []
         for _ in range(n):
-            if t1_size >= int(self.target) and i < len(free):
-                chosen.append((free[i], True))
-                i, t1_size = i + 1, t1_size - 1
-            elif j < len(often):
-                chosen.append((often[j], False))
-                j += 1
-            elif i < len(free):
-                chosen.append((free[i], True))
-                i, t1_size = i + 1, t1_size - 1
-            else:
+            key = next(once, None) if t1_size >= int(self.target) else None
+            from_t1 = key is not None
+            if key is None:
+                key = next(often, None)
+            if key is None:
+                key, from_t1 = next(once, None), True
+            if key is None:
                 return None
+            chosen.append((key, from_t1))
+            t1_size -= from_t1
         for key, from_t1 in chosen:
             del (self.t1 if from_t1 else self.t2)[key]
             (self.b1 if from_t1 else self.b2)[key] = None
@@ -153,12 +185,12 @@ class CpuTier:
     def __init__(self, num_blocks: int, policy: Policy = "lru") -> None:
         self.num_blocks = num_blocks
         self.policy_name = policy
-        self.policy = _Lru(num_blocks) if policy == "lru" else _Arc(num_blocks)
+        self.evictable: set[int] = set()
+        self.policy = (_Lru if policy == "lru" else _Arc)(num_blocks, self.evictable)
         self.ref_counts: dict[int, int] = {}  # key -> -1 write pending, 0 ready, n > 0 pinned by n loads
         self.slot: dict[int, int] = {}  # key -> the CPU slot that holds it
         self._fresh = 0  # slots never used yet are handed out first, then freed ones, newest first
         self._freed: list[int] = []
-        self.evictable: set[int] = set()
         self.requests: dict[str, _Request] = {}
         self.stored = self.evicted = self.loaded = 0  # chunks, over the run
 
@@ -230,6 +262,7 @@ class CpuTier:
             if self.ref_counts.get(key) == -1:
                 self.ref_counts[key] = 0
                 self.evictable.add(key)
+                self.policy.mark_evictable(key)
                 self.stored += 1
 
     def prepare_load(self, request: str, keys: list[int], first: int) -> list[int]:
@@ -250,6 +283,7 @@ class CpuTier:
             self.ref_counts[key] -= 1
             if self.ref_counts[key] == 0:
                 self.evictable.add(key)
+                self.policy.mark_evictable(key)
 
     def finish(self, request: str) -> None:
         """The request is over: the policy takes its accesses as one (LRU: its head the newest)."""

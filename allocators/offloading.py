@@ -52,7 +52,7 @@ class Offloading:
         keys: list[int] = []
         if full > len(hits):
             for key in bm.content_hashes(seq, full)[len(hits):full]:
-                if not self.tier.is_ready(key):
+                if not self.tier.is_ready(key) or key in gpu.hash_to_block:  # the GPU holds the rest of a broken run
                     break
                 keys.append(key)
         for b in hits:  # the GPU hit must not be evicted to make room for what follows it

@@ -127,6 +127,8 @@ class Completion:
         else:
             return False
         seq.status = status
+        if self.sched.offloading is not None:  # what it computed of its prompt goes to the CPU tier first
+            self.sched.offloading.finish(group.request_id, seq)
         self.bm.free(seq)
         group.num_unfinished_seqs -= 1
         return True

@@ -105,13 +105,10 @@ class V1StepState(StepState):
     def _load(self, group) -> Load | None:
         """With a CPU tier: its blocks after a waiting group's GPU hit, put in the GPU prefix cache before the
         admission looks the group up (allocators/offloading.py)."""
-        offloading = self.sched.offloading
-        if offloading is None or type(group) is not GroupView:
+        g = group_of(group) if type(group) is GroupView and self.sched.offloading is not None else None
+        if g is None or g.block_manager is not self.bm or g in self.touched or g.status is not SequenceStatus.WAITING:
             return None
-        g = group_of(group)
-        if g.block_manager is not self.bm or g in self.touched or g.status is not SequenceStatus.WAITING:
-            return None
-        return offloading.load(g.request_id, g.seqs[0])
+        return self.sched.offloading.load(g.request_id, g.seqs[0])
 
     def _admitted_tokens(self, g: SequenceGroup, cached: dict[int, int], chunk: int) -> int | None:
         seqs = g.waiting_seqs()
