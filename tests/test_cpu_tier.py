@@ -4,6 +4,12 @@ against vLLM 0.34's own manager is tests/test_cpu_tier_vllm.py's (in the 0.34 ve
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
 from helpers import req, unit_engine
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
@@ -143,11 +149,45 @@ def test_a_preempted_request_reloads_its_prompt_and_recomputes_only_the_rest():
 
 
 def test_offloading_is_refused_without_v1_mechanics_or_prefix_caching():
-    import pytest
-
     with pytest.raises(ValueError, match="enable_prefix_caching"):
         EngineConfig(vllm_engine="v1", kv_offloading_blocks=8)
     with pytest.raises(ValueError, match="vllm_engine v1"):
         EngineConfig(vllm_engine="v0", enable_prefix_caching=True, kv_offloading_blocks=8)
     with pytest.raises(ValueError, match="V1 mechanics"):
         unit_engine("fcfs", enable_prefix_caching=True, kv_offloading_blocks=8)
+
+
+ENGINE = str(Path(sys.executable).with_name("engine"))
+SESSIONS = str(Path(__file__).resolve().parents[1] / "docs" / "examples" / "sessions.json")
+
+
+def _engine(*args: str, caching: str = "true") -> subprocess.CompletedProcess:
+    return subprocess.run([ENGINE, "run", "--policy", "vllm-v1", "--set", f"enable_prefix_caching={caching}", *args],
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_engine_run_with_a_cpu_tier_shows_its_hits_and_the_split_recompute_tax(tmp_path):
+    proc = _engine("--workload", SESSIONS, "-n", "20", "--set", "num_gpu_blocks=120",
+                   "--set", "kv_offloading_blocks=1000", "--set", "kv_offloading_policy=arc", "-o", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    for row in ("prefix hits (GPU / CPU tier)", "redone after preemption (reloaded / recomputed)", "(arc)"):
+        assert row in proc.stdout
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    tier = summary["cpu_tier"]
+    assert tier["policy"] == "arc" and tier["blocks"] == 1000 and tier["prompt_only"] is True
+    assert tier["cpu_prefix_hit_tokens"] > 0 and tier["reloaded_tokens"] > 0 and summary["preemptions"]["recompute"] > 0
+    assert tier["recomputed_tokens"] == summary["recompute"]["recomputed_tokens"]
+    assert summary["blocks_swapped_in"] == tier["loaded_blocks"] > 0 and summary["leaked_blocks"] == 0
+
+
+@pytest.mark.parametrize(("args", "caching", "says"), [
+    (["--set", "kv_offloading_blocks=-1"], "true", "kv_offloading_blocks: Input should be greater than or equal to 0"),
+    (["--set", "kv_offloading_blocks=8", "--set", "kv_offloading_policy=fifo"], "true", "Input should be 'lru' or 'arc'"),
+    (["--set", "kv_offloading_blocks=8"], "false", "needs vllm_engine v1 and enable_prefix_caching"),
+    (["--set", "kv_offloading_blocks=8", "--policy", "fcfs"], "true", "needs V1 mechanics"),
+])
+def test_bad_offloading_settings_get_one_line_and_exit_2(args, caching, says):
+    proc = _engine("-n", "5", "-q", *args, caching=caching)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and says in lines[0] and "Traceback" not in proc.stderr, proc.stderr
