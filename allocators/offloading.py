@@ -3,7 +3,8 @@
 - **Stores**: each step offers the full blocks its requests compute, from the first one not yet offered, up to the
   prompt's end (``offload_prompt_only``, vLLM's default) or up to what the step computes; a store that finds no room
   is offered again the next time the request runs. A finishing request offers what it computed of its prompt.
-  Stores complete within the step (vLLM's worker completes them a step or more later, overlapped with compute).
+  Stores complete at the end of the step's commit, all together (vLLM's worker completes them when the step has
+  run, or later, overlapped with compute): a chunk stored in a step cannot be evicted by another store of that step.
 - **Loads**: an admission looks up the blocks after its GPU prefix hit; the tier's ready run of them is copied into
   fresh GPU blocks, which join the GPU prefix cache, so the admission finds them as hits and holds them. The copies
   are the step's ``blocks_to_swap_in``, which the cost model times on its PCIe term. vLLM loads in a step of its own
@@ -41,6 +42,8 @@ class Offloading:
         self.prompt_only = prompt_only
         self.next_offer: dict[str, int] = {}  # request -> the first of its blocks not yet offered
         self.pending: list[tuple[Load, int, int]] = []  # this step's admissions: (load, cached tokens, frontier)
+        self.writing: list[int] = []  # stored in this step's commit, pending until its end
+        self.finished: list[tuple[str, list[int], int, int]] = []  # ended since the last step: their last offers
         self.gpu_hit_tokens = self.cpu_hit_tokens = self.reloaded_tokens = 0
 
     def load(self, request: str, seq: Sequence) -> Load:
@@ -55,6 +58,8 @@ class Offloading:
                 if not self.tier.is_ready(key) or key in gpu.hash_to_block:  # the GPU holds the rest of a broken run
                     break
                 keys.append(key)
+        if not keys:  # the GPU's blocks stay as they are (their eviction order too)
+            return Load(request, len(hits), [], [], [])
         for b in hits:  # the GPU hit must not be evicted to make room for what follows it
             gpu.take(b)
         keys = keys[:gpu.num_free]
@@ -80,7 +85,8 @@ class Offloading:
         self.pending.clear()
 
     def commit(self, scheduled: list[tuple[str, Sequence, int]]) -> None:
-        """The step is committed: its loads are counted, then its requests' computed blocks are offered."""
+        """The step is committed: its loads are counted, then its requests' computed blocks are offered, then what
+        the requests that ended since the last step left."""
         size = self.bm.block_size
         for load, cached, frontier in self.pending:
             gpu_tokens = load.first * size
@@ -95,25 +101,35 @@ class Offloading:
         self.pending.clear()
         for request, seq, num_tokens in scheduled:
             self.offer(request, seq, seq.num_computed_tokens + num_tokens)
+        for request, keys, start, full in self.finished:
+            self._store(request, keys, start, full)
+            self.tier.finish(request)
+        self.finished.clear()
+        self.tier.complete_store(self.writing)  # written while the step runs: none is evictable before then
+        self.writing.clear()
 
     def offer(self, request: str, seq: Sequence, num_tokens: int) -> None:
         """Store ``seq``'s full blocks within its first ``num_tokens`` tokens not offered yet (the prompt's only,
         with ``prompt_only``)."""
+        self._store(request, *self._unoffered(request, seq, num_tokens))
+
+    def _unoffered(self, request: str, seq: Sequence, num_tokens: int) -> tuple[list[int], int, int]:
         bound = min(num_tokens, seq.num_tokens, len(seq.prompt) if self.prompt_only else num_tokens)
         full, start = bound // self.bm.block_size, self.next_offer.get(request, 0)
-        if full <= start:
-            return
-        keys = self.bm.content_hashes(seq, full)[start:full]
-        result = self.tier.prepare_store(request, keys, start)
+        return (self.bm.content_hashes(seq, full)[start:full] if full > start else []), start, full
+
+    def _store(self, request: str, keys: list[int], start: int, full: int) -> None:
+        result = self.tier.prepare_store(request, keys, start) if keys else None
         if result is not None:
-            self.tier.complete_store(result[0])
+            self.writing += result[0]
             self.next_offer[request] = full
 
     def finish(self, request: str, seq: Sequence) -> None:
         """``seq`` ends (before its blocks are freed): what it computed of its prompt is offered, and the tier's
-        policy takes the request's accesses as one."""
-        self.offer(request, seq, min(seq.num_computed_tokens, max(len(seq.prompt), seq.num_tokens - 1)))
-        self.tier.finish(request)
+        policy takes the request's accesses as one, both at the next step's commit after its stores (as vLLM
+        handles the step's ``finished_req_ids``)."""
+        computed = min(seq.num_computed_tokens, max(len(seq.prompt), seq.num_tokens - 1))
+        self.finished.append((request, *self._unoffered(request, seq, computed)))
         self.next_offer.pop(request, None)
 
     def summary(self) -> dict[str, int | str]:

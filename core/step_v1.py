@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from kvsched.allocators.alloc_status import AllocStatus
 from kvsched.core.config import PreemptionMode
 from kvsched.core.decisions import Decision, Outcome
 from kvsched.core.outputs import ScheduledGroup
@@ -107,6 +108,9 @@ class V1StepState(StepState):
         admission looks the group up (allocators/offloading.py)."""
         g = group_of(group) if type(group) is GroupView and self.sched.offloading is not None else None
         if g is None or g.block_manager is not self.bm or g in self.touched or g.status is not SequenceStatus.WAITING:
+            return None
+        if (self.output.num_batched_tokens >= self.max_tokens or self.num_running_seqs + g.max_running_seqs > self.max_seqs
+                or self.bm.can_allocate(g) is not AllocStatus.OK):  # vLLM loads nothing for an admission that fails
             return None
         return self.sched.offloading.load(g.request_id, g.seqs[0])
 

@@ -51,11 +51,12 @@ def vllm_configs(*, block_size: int, num_gpu_blocks: int, max_num_batched_tokens
                  max_model_len: int, enable_prefix_caching: bool, policy: str = "fcfs",
                  long_prefill_token_threshold: int = 0, watermark: float = 0.0, enable_chunked_prefill: bool = True,
                  num_speculative_tokens: int = 0, async_scheduling: bool = False,
-                 additional_config: dict | None = None, **admission) -> tuple:
+                 additional_config: dict | None = None, kv_transfer_config=None, **admission) -> tuple:
     """vLLM's ``VllmConfig`` and a ``KVCacheConfig`` of ``num_gpu_blocks`` blocks of one full-attention layer, what
     a scheduler is built from. The device is named: a scheduler-only release from 0.34 on runs on no platform
     (``vllm_release.CPU_PLATFORM``). ``async_scheduling`` is set after the platform has had its say (the CPU one
-    turns it off). ``admission``: 0.34's cache-aware admission fields of ``SchedulerConfig``, given only when set."""
+    turns it off). ``admission``: 0.34's cache-aware admission fields of ``SchedulerConfig``, given only when set;
+    ``kv_transfer_config``: a KV connector (tests/test_cpu_tier_vllm.py's native CPU offloading)."""
     import torch
     from vllm.config import (CacheConfig, DeviceConfig, ModelConfig, ParallelConfig, SchedulerConfig, SpeculativeConfig,
                              VllmConfig)
@@ -76,7 +77,7 @@ def vllm_configs(*, block_size: int, num_gpu_blocks: int, max_num_batched_tokens
         target_model_config=model_config, target_parallel_config=ParallelConfig())
     vllm_config = VllmConfig(device_config=DeviceConfig(device="cpu"), scheduler_config=scheduler_config,
                              model_config=model_config, cache_config=cache_config, speculative_config=speculative,
-                             additional_config=additional_config or {})
+                             additional_config=additional_config or {}, kv_transfer_config=kv_transfer_config)
     scheduler_config.async_scheduling = async_scheduling
     spec = FullAttentionSpec(block_size=block_size, num_kv_heads=1, head_size=1, dtype=torch.float32)
     kv_config = KVCacheConfig(num_blocks=num_gpu_blocks, kv_cache_tensors=[],
