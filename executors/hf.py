@@ -59,6 +59,8 @@ class HFExecutor:
         seed: int = 0,
         record_logits: bool = False,
     ) -> None:
+        if config.kv_offloading_blocks:  # its CPU cache is the swap pool: it holds no copies of a CPU tier to load
+            raise ValueError("kv_offloading_blocks is simulated only: the HF executor keeps no CPU tier")
         if num_threads:
             torch.set_num_threads(num_threads)
         self.loaded = load_model(model) if isinstance(model, str) else model

@@ -189,22 +189,20 @@ def offloading_scenarios(draw):
     # every request fits alone (10 blocks of 4 and the null block): one that cannot is a known difference, out of scope
     config = dict(block_size=4, num_gpu_blocks=draw(st.integers(11, 20)), max_num_batched_tokens=draw(st.sampled_from([16, 32])),
                   max_num_seqs=draw(st.integers(1, 4)), max_model_len=40, enable_prefix_caching=True)
-    prefixes = [[1000 * p + i for i in range(draw(st.integers(4, 20)))] for p in range(draw(st.integers(1, 3)))]
+    prefixes = [[1000 * p + i for i in range(draw(st.integers(8, 24)))] for p in range(draw(st.integers(1, 3)))]
     requests = []
-    for i in range(draw(st.integers(1, 6))):
+    for i in range(draw(st.integers(1, 8))):
         prompt = prefixes[draw(st.integers(0, len(prefixes) - 1))] + [50_000 + 100 * i + j for j in range(draw(st.integers(1, 8)))]
-        requests.append(dict(rid=f"r{i}", prompt=prompt[:32], max_tokens=draw(st.integers(1, 6)), step=draw(st.integers(0, 12))))
-    return config, draw(st.integers(1, 12)), draw(st.sampled_from(["lru", "arc"])), requests
+        requests.append(dict(rid=f"r{i}", prompt=prompt[:32], max_tokens=draw(st.integers(1, 6)), step=draw(st.integers(0, 30))))
+    return config, draw(st.integers(1, 16)), draw(st.sampled_from(["lru", "arc"])), requests
 
 
-@settings(deadline=None)
-@given(offloading_scenarios())
-def test_the_cpu_tier_stores_what_vllm_0_34s_offloading_connector_stores_step_by_step(scenario):
+def run_both(config: dict, cpu_blocks: int, policy: str, requests: list[dict], events: bool = False) -> list[tuple[str, int]]:
     """Both schedulers, the same requests at the same steps: every step must schedule the same tokens and store the
     same number of blocks for the same requests, until the first load from the CPU, which must be the same request
-    loading as many blocks. From there vLLM spends a step on the load (the request holds its blocks and runs a step
-    later) where kvsched loads and computes in one step: the timing is modelled (docs/simulation.md), not mirrored."""
-    config, cpu_blocks, policy, requests = scenario
+    loading as many blocks (returned; none if the run ends first). From there vLLM spends a step on the load (the
+    request holds its blocks and runs a step later) where kvsched loads and computes in one step: the timing is
+    modelled (docs/simulation.md), not mirrored."""
     theirs = OffloadingReference(cpu_blocks, policy, **config)
     ours = Engine(EngineConfig(**config, vllm_engine="v1", kv_offloading_blocks=cpu_blocks, kv_offloading_policy=policy,
                                audit_every_step=True), "vllm-v1", SameTokens(),
@@ -230,16 +228,34 @@ def test_the_cpu_tier_stores_what_vllm_0_34s_offloading_connector_stores_step_by
                                          sampling=SamplingParams(max_tokens=r["max_tokens"], ignore_eos=True)))
                 theirs.vllm.add(r["rid"], r["prompt"], r["max_tokens"], arrival_time=float(k))
         if k > max(r["step"] for r in requests) and not ours.has_unfinished() and not theirs.vllm.has_unfinished():
-            return
+            return []
         stored.clear(), loaded.clear()
         report, step = ours.step(), theirs.vllm.step()
         if loaded or theirs.loads:
             assert loaded == theirs.loads, f"step {k}: kvsched loads {loaded}, vLLM {theirs.loads}"
-            event("a request loads from the CPU tier")
-            return
+            return loaded
         mine = {sg.group.request_id: sg.num_tokens for sg in report.output.scheduled}
         assert mine == step.scheduled, f"step {k}: kvsched schedules {mine}, vLLM {step.scheduled}"
         assert stored == theirs.stores, f"step {k}: kvsched stores {stored}, vLLM {theirs.stores}"
-        if stored:
+        if stored and events:
             event("blocks stored")
     raise AssertionError("not finished after 400 steps")
+
+
+@settings(deadline=None)
+@given(offloading_scenarios())
+def test_the_cpu_tier_stores_what_vllm_0_34s_offloading_connector_stores_step_by_step(scenario):
+    if run_both(*scenario, events=True):
+        event("a request loads from the CPU tier")
+
+
+def test_a_prefix_evicted_from_the_gpu_is_loaded_from_the_cpu_as_vllm_0_34_loads_it():
+    """A's 13 tokens are stored (3 full blocks), B's 36 evict two of A's cached GPU blocks, C (A's first 12 tokens and
+    2 more) finds the first block in the GPU and the other two on the CPU: both load those 2 in the same step."""
+    config = dict(block_size=4, num_gpu_blocks=11, max_num_batched_tokens=16, max_num_seqs=2, max_model_len=40,
+                  enable_prefix_caching=True)
+    a = list(range(100, 113))
+    requests = [dict(rid="A", prompt=a, max_tokens=2, step=0), dict(rid="B", prompt=list(range(200, 236)), max_tokens=1, step=4),
+                dict(rid="C", prompt=a[:12] + [5, 6], max_tokens=1, step=12)]
+    for policy in ("lru", "arc"):
+        assert run_both(config, 16, policy, requests) == [("C", 2)]
