@@ -103,6 +103,7 @@ class Offloading:
             self.offer(request, seq, seq.num_computed_tokens + num_tokens)
         for request, keys, start, full in self.finished:
             self._store(request, keys, start, full)
+            self.next_offer.pop(request, None)
             self.tier.finish(request)
         self.finished.clear()
         self.tier.complete_store(self.writing)  # written while the step runs: none is evictable before then
@@ -130,7 +131,6 @@ class Offloading:
         handles the step's ``finished_req_ids``)."""
         computed = min(seq.num_computed_tokens, max(len(seq.prompt), seq.num_tokens - 1))
         self.finished.append((request, *self._unoffered(request, seq, computed)))
-        self.next_offer.pop(request, None)
 
     def summary(self) -> dict[str, int | str]:
         tier = self.tier

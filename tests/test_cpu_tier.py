@@ -108,8 +108,8 @@ def test_every_step_keeps_both_tiers_whole_and_a_reload_fits_the_gpu_pool(gpu, c
         assert offloading.tier.audit() == [] and bm.audit() == []
         assert all(n == 0 or n == -1 for n in offloading.tier.ref_counts.values()), "a load outlived its step"
     assert not eng.has_unfinished()
-    assert bm.gpu.num_free == bm.gpu.num_blocks and not offloading.next_offer
-    assert set(offloading.tier.requests) <= {request for request, *_ in offloading.finished}  # closed at the next step
+    left = {request for request, *_ in offloading.finished}  # closed at the next step
+    assert bm.gpu.num_free == bm.gpu.num_blocks and set(offloading.next_offer) <= left and set(offloading.tier.requests) <= left
 
 
 def _prefix_engine(**config):
@@ -131,8 +131,8 @@ def test_a_prefix_evicted_from_the_gpu_is_found_in_the_cpu_tier_and_counted_as_i
 
 
 def test_a_preempted_request_reloads_its_prompt_and_recomputes_only_the_rest():
-    """a (40 tokens), b (5) and c (21) fill the pool; c is preempted and most of its GPU blocks are taken: with a
-    CPU tier its full prompt blocks come back from the CPU, and only its last token is computed again."""
+    """a (40 tokens), b (5) and c (21) fill the pool; c is preempted and two of its cached GPU blocks are taken:
+    with a CPU tier those two come back from the CPU, and only its last token is computed again."""
     def run(**config):
         eng = unit_engine(VllmV1(), num_gpu_blocks=19, enable_prefix_caching=True, **config)
         for rid, n in (("a", 40), ("b", 5), ("c", 21)):
@@ -146,7 +146,9 @@ def test_a_preempted_request_reloads_its_prompt_and_recomputes_only_the_rest():
     assert tier["reloaded_tokens"] > 0 and tier["recomputed_tokens"] == with_tier["recompute"]["recomputed_tokens"]
     # c lost its 21 computed tokens: each came back from the GPU prefix cache, from the CPU tier, or was computed again
     assert tier["gpu_prefix_hit_tokens"] + tier["reloaded_tokens"] + tier["recomputed_tokens"] == 21
-    assert (tier["cpu_prefix_hit_tokens"], tier["reloaded_tokens"], tier["recomputed_tokens"]) == (16, 16, 1)
+    # the GPU kept 3 of its 5 full blocks (as without a tier: a tier does not touch the GPU pool unless it loads)
+    assert (tier["gpu_prefix_hit_tokens"], tier["reloaded_tokens"], tier["recomputed_tokens"]) == (12, 8, 1)
+    assert without["recompute"]["recomputed_tokens"] == 9
 
 
 def test_offloading_is_refused_without_v1_mechanics_or_prefix_caching():
