@@ -18,10 +18,9 @@ from vllm_release import RELEASE, RELEASE_KEY  # noqa: E402
 if RELEASE_KEY < (0, 34):
     pytest.skip(f"the native CPU offloading manager checked here is vLLM 0.34's (here {RELEASE})", allow_module_level=True)
 
+from test_vllm_v1_differential import SameTokens  # noqa: E402
 from vllm.v1.kv_offload.base import LookupResult, ReqContext, make_offload_key  # noqa: E402
 from vllm.v1.kv_offload.cpu.manager import CPUOffloadingManager  # noqa: E402
-
-from test_vllm_v1_differential import SameTokens  # noqa: E402
 
 from kvsched import Engine, EngineConfig, Request, SamplingParams  # noqa: E402
 from kvsched.allocators.cpu_tier import CpuTier  # noqa: E402
