@@ -36,7 +36,7 @@ format: setup
 # vLLM's scheduler or engine. 0.32 is the main venv's; 0.33 and 0.34 are scheduler-only (no CPU build: their
 # tests that need vLLM's engine skip, saying so).
 VLLM_RELEASES ?= 0.30 0.31 0.32 0.33 0.34
-VLLM_TESTS ?= tests/test_vllm_v1_differential.py tests/test_vllm_async.py tests/test_vllm_release_features.py tests/test_vllm_slots.py tests/test_vllm_integration.py
+VLLM_TESTS ?= tests/test_vllm_v1_differential.py tests/test_cpu_tier_vllm.py tests/test_vllm_async.py tests/test_vllm_release_features.py tests/test_vllm_slots.py tests/test_vllm_integration.py
 MAIN_VLLM := 0.32
 
 .venv-vllm-%/.kvsched-installed: .ci/vllm-venv pyproject.toml
