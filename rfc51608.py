@@ -91,8 +91,9 @@ class Rfc51608(VllmV1):
             where = SKIPPED if group.request_id in self.skipped else WAITING
             candidates.append(Candidate(group, where, position[where], step.now - group.arrival_time))
             position[where] += 1
-        return SchedulingCycleState(step.now, step.cache.block_size, step.config.max_num_batched_tokens,
-                                    len(step.running), tuple(candidates))
+        return SchedulingCycleState(
+            step.now, step.cache.block_size, step.config.max_num_batched_tokens, len(step.running), tuple(candidates)
+        )
 
     def score(self, candidate: Candidate, state: SchedulingCycleState) -> float:
         total = 0.0
@@ -111,7 +112,9 @@ class Rfc51608(VllmV1):
                 self.skipped.setdefault(candidate.request.request_id, None)
                 return False
             if verdict not in (None, True):
-                raise ValueError(f"Filter {getattr(fn, '__name__', fn)!r} returned {verdict!r}: allow with None or True, or Reject(reason)")
+                raise ValueError(
+                    f"Filter {getattr(fn, '__name__', fn)!r} returned {verdict!r}: allow with None or True, or Reject(reason)"
+                )
         return True
 
     def order_waiting(self, step):
@@ -125,7 +128,10 @@ class Rfc51608(VllmV1):
             ordered = list(self.order_candidates(kept, state))
         else:
             ordered = sorted(kept, key=lambda c: -self.score(c, state))
-        queues = {WAITING: [c for c in ordered if c.queue == WAITING], SKIPPED: [c for c in ordered if c.queue == SKIPPED]}
+        queues = {
+            WAITING: [c for c in ordered if c.queue == WAITING],
+            SKIPPED: [c for c in ordered if c.queue == SKIPPED],
+        }
         while queues[WAITING] or queues[SKIPPED]:
             heads = {q: (queues[q][0].request if queues[q] else None) for q in queues}
             which = self.select_queue(heads[WAITING], heads[SKIPPED])

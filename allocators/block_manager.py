@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 from kvsched.allocators.alloc_status import AllocStatus
 from kvsched.allocators.block_pool import BlockPool
 from kvsched.allocators.block_prompt import ROOT, WINDOW, chain_hashes
+from kvsched.allocators.journal import Transactions
 
 if TYPE_CHECKING:
     from kvsched.allocators.shapes import Sequence, SequenceGroup
@@ -25,11 +26,18 @@ if TYPE_CHECKING:
 _is_block = partial(is_not, None)  # a lookup's hit
 
 
-class BlockManager:
+class BlockManager(Transactions):
     """Block tables for every sequence that holds KV blocks, on the GPU or (swapped) on the CPU."""
 
-    def __init__(self, block_size: int, num_gpu_blocks: int, num_cpu_blocks: int, watermark_blocks: int = 0,
-                 enable_prefix_caching: bool = False, keep_duplicates: bool = False) -> None:
+    def __init__(
+        self,
+        block_size: int,
+        num_gpu_blocks: int,
+        num_cpu_blocks: int,
+        watermark_blocks: int = 0,
+        enable_prefix_caching: bool = False,
+        keep_duplicates: bool = False,
+    ) -> None:
         self.block_size = block_size
         self.watermark_blocks = watermark_blocks
         self.enable_prefix_caching = enable_prefix_caching
@@ -113,7 +121,9 @@ class BlockManager:
         for k, seq in enumerate(seqs):
             if k == 0:
                 hits = self.cached_blocks(seq)
-                covered = self.num_blocks(seq.num_tokens if num_tokens is None else max(num_tokens, len(hits) * self.block_size))
+                covered = self.num_blocks(
+                    seq.num_tokens if num_tokens is None else max(num_tokens, len(hits) * self.block_size)
+                )
                 needed += covered - sum(map(bool, map(self.gpu.ref_counts.__getitem__, hits)))  # held hits are free
             else:
                 needed += self.num_blocks(seq.num_tokens) - shared
@@ -165,7 +175,9 @@ class BlockManager:
         full = set()
         for seq in group.unfinished_seqs():
             # A decoding sequence's table holds every token but the newest; a prompt's, all of it.
-            slots = seq.num_tokens - 1 if seq.output and seq.num_computed_tokens == seq.num_tokens - 1 else seq.num_tokens
+            slots = (
+                seq.num_tokens - 1 if seq.output and seq.num_computed_tokens == seq.num_tokens - 1 else seq.num_tokens
+            )
             full.update(self.cpu_tables.get(seq.seq_id, ())[: slots // self.block_size])
         return len(full) + group.num_unfinished_seqs
 
@@ -196,7 +208,9 @@ class BlockManager:
         self._log_tables(seqs)
         if len(seqs) == 1 and not self.enable_prefix_caching:  # the common case: nothing to reuse
             sid = seqs[0].seq_id
-            self.gpu_tables[sid] = self.gpu.allocate_many(self.num_blocks(seqs[0].num_tokens if num_tokens is None else num_tokens))
+            self.gpu_tables[sid] = self.gpu.allocate_many(
+                self.num_blocks(seqs[0].num_tokens if num_tokens is None else num_tokens)
+            )
             self._registered[sid] = 0
             return {sid: 0}
         shared = self._shared_prompt_blocks(seqs)
@@ -323,52 +337,6 @@ class BlockManager:
             table, pool = self.cpu_tables.pop(sid), self.cpu
         pool.release_many(table[::-1])
 
-    # ------------------------------------------------------------------------ transactions
-    def begin(self) -> None:
-        self._journal = []
-
-    def commit(self) -> None:
-        self._journal = None
-
-    def rollback(self) -> None:
-        """Undo every mutation since ``begin``, newest first; ref counts and tables come back exactly."""
-        journal, self._journal = self._journal or [], None
-        for entry in reversed(journal):
-            kind, sid = entry[0], entry[1]
-            if kind == "append":
-                self.gpu.release(self.gpu_tables[sid].pop())
-            elif kind == "named":
-                self.gpu.forget(entry[3])
-                self._registered[sid] = entry[2]
-            elif kind == "cow":
-                table = self.gpu_tables[sid]
-                self.gpu.take(entry[2])
-                self.gpu.release(table[-1])
-                table[-1] = entry[2]
-            else:  # "tables": restore the exact tables a sequence had
-                _, sid, gpu_table, cpu_table, registered = entry
-                if sid in self.gpu_tables or sid in self.cpu_tables:
-                    self._release(sid)
-                for table, pool, tables in ((gpu_table, self.gpu, self.gpu_tables), (cpu_table, self.cpu, self.cpu_tables)):
-                    if table is not None:
-                        for b in table:
-                            pool.take(b)
-                        tables[sid] = list(table)
-                self._registered[sid] = registered
-
-    def _log_tables(self, seqs) -> None:
-        if self._journal is None:
-            return
-        for seq in seqs:
-            sid = seq.seq_id
-            gpu_table, cpu_table = self.gpu_tables.get(sid), self.cpu_tables.get(sid)
-            self._journal.append((
-                "tables", sid,
-                tuple(gpu_table) if gpu_table is not None else None,
-                tuple(cpu_table) if cpu_table is not None else None,
-                self._registered.get(sid, 0),
-            ))
-
     # ------------------------------------------------------------------------------- audit
     def audit(self) -> list[str]:
         """Every invariant violation, as readable lines (empty when the state is consistent)."""
@@ -387,7 +355,9 @@ class BlockManager:
     def audit_holders(self, running: dict[int, int], swapped: set[int]) -> list[str]:
         """Violations of: exactly the ``running`` sequences (id -> computed tokens, which their table
         must hold) hold GPU blocks, and exactly the ``swapped`` ones CPU blocks."""
-        problems = [f"sequence {sid} holds GPU blocks but is not running" for sid in self.gpu_tables.keys() - running.keys()]
+        problems = [
+            f"sequence {sid} holds GPU blocks but is not running" for sid in self.gpu_tables.keys() - running.keys()
+        ]
         problems += [f"sequence {sid} holds CPU blocks but is not swapped" for sid in self.cpu_tables.keys() - swapped]
         problems += [f"running sequence {sid} holds no GPU blocks" for sid in running.keys() - self.gpu_tables.keys()]
         problems += [f"swapped sequence {sid} holds no CPU blocks" for sid in swapped - self.cpu_tables.keys()]
@@ -396,4 +366,6 @@ class BlockManager:
                 problems.append(f"sequence {sid} has {computed} computed tokens in {len(self.gpu_tables[sid])} blocks")
         return problems
 
-    num_held_blocks = property(lambda self: self.gpu.num_blocks - self.gpu.num_free + self.cpu.num_blocks - self.cpu.num_free)
+    num_held_blocks = property(
+        lambda self: self.gpu.num_blocks - self.gpu.num_free + self.cpu.num_blocks - self.cpu.num_free
+    )

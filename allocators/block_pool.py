@@ -22,8 +22,19 @@ class BlockPool:
     and a lookup finds the oldest of the blocks with that content; otherwise the first writer wins.
     """
 
-    __slots__ = ("device", "num_blocks", "num_free", "ref_counts", "_free", "evictor", "hash_to_block", "block_hash",
-                 "keep_duplicates", "_duplicates", "version")
+    __slots__ = (
+        "device",
+        "num_blocks",
+        "num_free",
+        "ref_counts",
+        "_free",
+        "evictor",
+        "hash_to_block",
+        "block_hash",
+        "keep_duplicates",
+        "_duplicates",
+        "version",
+    )
 
     def __init__(self, device: str, num_blocks: int, keep_duplicates: bool = False) -> None:
         self.device = device
@@ -69,7 +80,7 @@ class BlockPool:
         else:
             blocks = free[-n:] if n else []
             blocks.reverse()  # the newest first, as n calls of allocate() take them
-            del free[len(free) - n:]
+            del free[len(free) - n :]
         ref_counts = self.ref_counts
         for block in blocks:
             ref_counts[block] = 1
@@ -122,7 +133,9 @@ class BlockPool:
                 self.evictor.add_many(gone)
             elif unnamed == len(gone):
                 self._free += gone
-            elif unnamed == 1 and names[0] is None:  # a table's partial last block comes first (a table is freed newest first)
+            elif (
+                unnamed == 1 and names[0] is None
+            ):  # a table's partial last block comes first (a table is freed newest first)
                 self._free.append(gone[0])
                 self.evictor.add_many(gone[1:])
             else:
@@ -203,7 +216,9 @@ class BlockPool:
         for block in cached:
             if self.block_hash[block] is None:
                 problems.append(f"{self.device} block {block}: cached without a hash")
-        named = [(h, b) for h, b in self.hash_to_block.items()] + [(h, b) for h, bs in self._duplicates.items() for b in bs]
+        named = [(h, b) for h, b in self.hash_to_block.items()] + [
+            (h, b) for h, bs in self._duplicates.items() for b in bs
+        ]
         for h, block in named:
             if self.block_hash[block] != h:
                 problems.append(f"{self.device} block {block}: hash index out of sync")

@@ -65,7 +65,7 @@ class BlockPrompt(Sequence):
             base = ids[first] * b - first * b
             return tuple(range(base + start, base + stop))
         pieces = [range(ids[q] * b, ids[q] * b + b) for q in range(first, last + 1)]
-        pieces[0] = pieces[0][start - first * b:]
+        pieces[0] = pieces[0][start - first * b :]
         pieces[-1] = pieces[-1][: stop - last * b]
         return tuple(chain.from_iterable(pieces))
 
@@ -121,6 +121,6 @@ def chain_hashes(hashes: list[int], tokens: Sequence[int], block_size: int, n: i
         return hashes
     parent = hashes[-1] if hashes else ROOT
     for start in range(len(hashes) * block_size, min(n, len(tokens) // block_size) * block_size, block_size):
-        parent = hash((parent, tuple(tokens[start:start + block_size])))
+        parent = hash((parent, tuple(tokens[start : start + block_size])))
         hashes.append(parent)
     return hashes

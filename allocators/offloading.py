@@ -54,7 +54,7 @@ class Offloading:
         full = (seq.num_tokens - 1) // size  # the blocks a hit may cover
         keys: list[int] = []
         if full > len(hits):
-            for key in bm.content_hashes(seq, full)[len(hits):full]:
+            for key in bm.content_hashes(seq, full)[len(hits) : full]:
                 if not self.tier.is_ready(key) or key in gpu.hash_to_block:  # the GPU holds the rest of a broken run
                     break
                 keys.append(key)
@@ -62,7 +62,7 @@ class Offloading:
             return Load(request, len(hits), [], [], [])
         for b in hits:  # the GPU hit must not be evicted to make room for what follows it
             gpu.take(b)
-        keys = keys[:gpu.num_free]
+        keys = keys[: gpu.num_free]
         blocks = gpu.allocate_many(len(keys))
         gpu.register(blocks, keys)
         gpu.release_many(blocks)
@@ -134,7 +134,14 @@ class Offloading:
 
     def summary(self) -> dict[str, int | str]:
         tier = self.tier
-        return {"blocks": tier.num_blocks, "policy": tier.policy_name, "prompt_only": self.prompt_only,
-                "stored_blocks": tier.stored, "evicted_blocks": tier.evicted, "loaded_blocks": tier.loaded,
-                "gpu_prefix_hit_tokens": self.gpu_hit_tokens, "cpu_prefix_hit_tokens": self.cpu_hit_tokens,
-                "reloaded_tokens": self.reloaded_tokens}
+        return {
+            "blocks": tier.num_blocks,
+            "policy": tier.policy_name,
+            "prompt_only": self.prompt_only,
+            "stored_blocks": tier.stored,
+            "evicted_blocks": tier.evicted,
+            "loaded_blocks": tier.loaded,
+            "gpu_prefix_hit_tokens": self.gpu_hit_tokens,
+            "cpu_prefix_hit_tokens": self.cpu_hit_tokens,
+            "reloaded_tokens": self.reloaded_tokens,
+        }

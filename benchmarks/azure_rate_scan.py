@@ -28,10 +28,21 @@ def one(scale: float, limit: int | None, slo_ttft: float, slo_tpot: float):
     from kvsched.reporting.files import requests_frame
     from kvsched.workloads import build_workload
 
-    job = SimJob(build_workload("azure-conv", rate_scale=scale, num_requests=limit), "vllm-default",
-                 EngineConfig(**A100_CONFIG), slo_ttft=slo_ttft, slo_tpot=slo_tpot)
+    job = SimJob(
+        build_workload("azure-conv", rate_scale=scale, num_requests=limit),
+        "vllm-default",
+        EngineConfig(**A100_CONFIG),
+        slo_ttft=slo_ttft,
+        slo_tpot=slo_tpot,
+    )
     outcome = job.run()
-    return scale, outcome.summary, requests_frame(outcome.result.requests), outcome.timeseries.frame(), outcome.simulate_s
+    return (
+        scale,
+        outcome.summary,
+        requests_frame(outcome.result.requests),
+        outcome.timeseries.frame(),
+        outcome.simulate_s,
+    )
 
 
 def main(argv=None):
@@ -46,23 +57,29 @@ def main(argv=None):
     args.out.mkdir(parents=True, exist_ok=True)
 
     with ProcessPoolExecutor(args.workers) as pool:
-        results = sorted(pool.map(one, args.scales, *zip(*[(args.limit, args.slo_ttft, args.slo_tpot)] * len(args.scales))))
+        results = sorted(
+            pool.map(one, args.scales, *zip(*[(args.limit, args.slo_ttft, args.slo_tpot)] * len(args.scales)))
+        )
 
     from kvsched.reporting.plots import pyplot, queues_and_kv
 
     rows = []
-    print(f"| rate scale | offered req/s | served req/s | output tok/s | TTFT p50 / p99 (s) | TPOT mean / p99 (ms) | "
-          f"queueing p99 (s) | peak waiting | mean GPU KV use | preemptions | ignored | SLO attainment (TTFT ≤ {args.slo_ttft:g} s, TPOT ≤ {1000 * args.slo_tpot:g} ms) | wall |")
+    print(
+        f"| rate scale | offered req/s | served req/s | output tok/s | TTFT p50 / p99 (s) | TPOT mean / p99 (ms) | "
+        f"queueing p99 (s) | peak waiting | mean GPU KV use | preemptions | ignored | SLO attainment (TTFT ≤ {args.slo_ttft:g} s, TPOT ≤ {1000 * args.slo_tpot:g} ms) | wall |"
+    )
     print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for scale, s, req, ts, wall in results:
         span = req.arrival_time.max() - req.arrival_time.min()
         offered = len(req) / span if span > 0 else float("nan")
         kv = s["kv_usage"]
         rows.append((scale, offered, s))
-        print(f"| ×{scale:g} | {offered:.2f} | {s['requests_per_s']:.2f} | {s['throughput_tokens_per_s']:,.0f} | "
-              f"{s['ttft_s']['p50']:.2f} / {s['ttft_s']['p99']:.1f} | {1000 * s['tpot_s']['mean']:.1f} / {1000 * s['tpot_s']['p99']:.1f} | "
-              f"{s['queueing_s']['p99']:.1f} | {kv['waiting_peak']:,} | {100 * kv['gpu_utilization_mean']:.0f}% | "
-              f"{s['preemptions']['recompute']} R / {s['preemptions']['swap']} S | {s['ignored']} | {100 * s['slo']['slo_attainment']:.0f}% | {wall:.0f} s |")
+        print(
+            f"| ×{scale:g} | {offered:.2f} | {s['requests_per_s']:.2f} | {s['throughput_tokens_per_s']:,.0f} | "
+            f"{s['ttft_s']['p50']:.2f} / {s['ttft_s']['p99']:.1f} | {1000 * s['tpot_s']['mean']:.1f} / {1000 * s['tpot_s']['p99']:.1f} | "
+            f"{s['queueing_s']['p99']:.1f} | {kv['waiting_peak']:,} | {100 * kv['gpu_utilization_mean']:.0f}% | "
+            f"{s['preemptions']['recompute']} R / {s['preemptions']['swap']} S | {s['ignored']} | {100 * s['slo']['slo_attainment']:.0f}% | {wall:.0f} s |"
+        )
         if scale in DETAIL:
             queues_and_kv(ts, s, args.out / f"azure_x{scale:g}_queues_kv.png")
 
@@ -102,7 +119,10 @@ def main(argv=None):
     fig.tight_layout()
     fig.savefig(args.out / "azure_latency_cdfs.png", dpi=90)
     plt.close(fig)
-    print(f"\nwrote {args.out}/azure_saturation.png, azure_latency_cdfs.png, " + ", ".join(f"azure_x{s:g}_queues_kv.png" for s in DETAIL if s in args.scales))
+    print(
+        f"\nwrote {args.out}/azure_saturation.png, azure_latency_cdfs.png, "
+        + ", ".join(f"azure_x{s:g}_queues_kv.png" for s in DETAIL if s in args.scales)
+    )
 
 
 if __name__ == "__main__":

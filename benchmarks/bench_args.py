@@ -7,6 +7,7 @@ import argparse
 
 def bounded(kind: type, low: float, high: float):
     """An argparse type: a number of ``kind`` from ``low`` to ``high`` (a count a run could never finish is a usage error)."""
+
     def parse(text: str):
         try:
             value = kind(text)
@@ -15,4 +16,5 @@ def bounded(kind: type, low: float, high: float):
         if not low <= value <= high:  # NaN fails too
             raise argparse.ArgumentTypeError(f"must be from {low:,} to {high:,}, got {text}")
         return value
+
     return parse

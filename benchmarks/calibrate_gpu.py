@@ -26,6 +26,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_args import bounded  # noqa: E402
+
 from kvsched.executors.hardware import Efficiency, load_hardware  # noqa: E402
 from kvsched.experiments.gpu_fit import FIELDS, PRIORS, calibrate, in_overload  # noqa: E402
 from kvsched.experiments.validation import experiment_profile, mean_errors, read_experiment, validate  # noqa: E402
@@ -38,12 +39,19 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--data", type=Path, default=DATA, help="folder of inference-perf result folders")
     parser.add_argument("--hardware", default="h100-sxm")
     parser.add_argument("--rounds", type=bounded(int, 1, 10), default=2, help="simulate-and-fit rounds")
-    parser.add_argument("--scale", type=bounded(float, 0.01, 1.0), default=0.25,
-                        help="share of each stage simulated while fitting")
-    parser.add_argument("--only", choices=("all", "lomo", "insample"), nargs="*", default=["all", "lomo", "insample"],
-                        help="the parts to run (none: rewrite the tables from the folder's fits.json and rows.json)")
-    parser.add_argument("--out", type=Path, required=True,
-                        help="folder for fits.json, rows.json and each fold's hardware JSON")
+    parser.add_argument(
+        "--scale", type=bounded(float, 0.01, 1.0), default=0.25, help="share of each stage simulated while fitting"
+    )
+    parser.add_argument(
+        "--only",
+        choices=("all", "lomo", "insample"),
+        nargs="*",
+        default=["all", "lomo", "insample"],
+        help="the parts to run (none: rewrite the tables from the folder's fits.json and rows.json)",
+    )
+    parser.add_argument(
+        "--out", type=Path, required=True, help="folder for fits.json, rows.json and each fold's hardware JSON"
+    )
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     gpu = load_hardware(args.hardware)
@@ -54,8 +62,14 @@ def main(argv: list[str] | None = None) -> dict:
         usable = [x for x in runs if not in_overload(x)]
         print(f"fit {label}: {len(usable)} runs", flush=True)
         start = time.perf_counter()
-        e = calibrate(usable, lambda x, eff: experiment_profile(x, gpu.model_copy(update={"efficiency": eff})), PRIORS,
-                      rounds=args.rounds, scale=args.scale, log=lambda line: print("  " + line, flush=True))
+        e = calibrate(
+            usable,
+            lambda x, eff: experiment_profile(x, gpu.model_copy(update={"efficiency": eff})),
+            PRIORS,
+            rounds=args.rounds,
+            scale=args.scale,
+            log=lambda line: print("  " + line, flush=True),
+        )
         print(f"  {time.perf_counter() - start:.0f} s", flush=True)
         return e.model_copy(update={"fitted_on": f"{label}: " + ", ".join(x.name for x in usable)})
 
@@ -91,7 +105,8 @@ def main(argv: list[str] | None = None) -> dict:
                 save()
             e = Efficiency.model_validate(fits[label])
             (args.out / f"{args.hardware}-without-{model.split('/')[-1].lower()}.json").write_text(
-                gpu.model_copy(update={"efficiency": e}).model_dump_json(indent=2) + "\n")
+                gpu.model_copy(update={"efficiency": e}).model_dump_json(indent=2) + "\n"
+            )
             rows += simulate([x for x in experiments if x.model == model], e, label)
             save()
     if "insample" in args.only and not any(r["fold"] == "in sample" for r in rows):
@@ -111,9 +126,12 @@ def main(argv: list[str] | None = None) -> dict:
 
 def markdown(rows: list[dict], fold: str) -> str:
     """A fold's rows as the docs' table: per experiment and stage, each metric's mean / p90 / p99 errors, its time."""
-    lines = [f"<!-- {fold} -->",
-             "| experiment | stage | E2E mean / p90 / p99 | TTFT mean / p90 / p99 | ITL mean / p90 / p99 "
-             "| requests, simulated in |", "|---|---|---|---|---|---|"]
+    lines = [
+        f"<!-- {fold} -->",
+        "| experiment | stage | E2E mean / p90 / p99 | TTFT mean / p90 / p99 | ITL mean / p90 / p99 "
+        "| requests, simulated in |",
+        "|---|---|---|---|---|---|",
+    ]
     stages = sorted({(r["experiment"], r["stage"]) for r in rows})
     for name, stage in stages:
         cells = []

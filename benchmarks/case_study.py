@@ -30,16 +30,24 @@ START, END = "<!-- results:start -->", "<!-- results:end -->"
 CONFIGS = (
     ("A", "delay 2.0, budget 2048", "vllm-default", {"delay_factor": 2.0, "max_num_batched_tokens": 2048}),
     ("B", "delay 0.5, budget 512", "vllm-default", {"delay_factor": 0.5, "max_num_batched_tokens": 512}),
-    ("C", "delay 1.0, budget 2048, priority-vip", "priority-vip", {"delay_factor": 1.0, "max_num_batched_tokens": 2048}),
+    (
+        "C",
+        "delay 1.0, budget 2048, priority-vip",
+        "priority-vip",
+        {"delay_factor": 1.0, "max_num_batched_tokens": 2048},
+    ),
 )
 
 
 def workload(num_requests: int, rate: float, vip_share: float, seed: int) -> SyntheticSpec:
     """Short prompts, long generations; a share of requests from the ``vip`` tenant."""
     return SyntheticSpec(
-        num_requests=num_requests, arrivals=Poisson(rate=rate),
-        prompt=LogNormal(median=96, sigma=0.6, max=480), output=LogNormal(median=320, sigma=0.5, max=1024),
-        tenants={"vip": vip_share, "default": 1.0 - vip_share}, seed=seed,
+        num_requests=num_requests,
+        arrivals=Poisson(rate=rate),
+        prompt=LogNormal(median=96, sigma=0.6, max=480),
+        output=LogNormal(median=320, sigma=0.5, max=1024),
+        tenants={"vip": vip_share, "default": 1.0 - vip_share},
+        seed=seed,
     )
 
 
@@ -56,16 +64,21 @@ def run(num_requests: int, rate: float, vip_share: float, seed: int, blocks: int
         config = EngineConfig(num_gpu_blocks=blocks, max_model_len=2048, **knobs)
         outcome = SimJob(spec, policy, config, record_timeseries=False).run()
         done = [r for r in outcome.result.requests if r.ttft is not None]
-        rows.append({
-            "key": key, "label": label, "policy": policy,
-            "ttft_p99": p99([r.ttft for r in done]),
-            "ttft_p99_vip": p99([r.ttft for r in done if r.tenant == "vip"]),
-            "ttft_p50": outcome.summary["ttft_s"]["p50"],
-            "tpot_p50_ms": 1000 * outcome.summary["tpot_s"]["p50"],
-            "tok_s": outcome.summary["throughput_tokens_per_s"],
-            "finished": outcome.summary["finished"],
-            "ttfts": [r.ttft for r in done], "vip_ttfts": [r.ttft for r in done if r.tenant == "vip"],
-        })
+        rows.append(
+            {
+                "key": key,
+                "label": label,
+                "policy": policy,
+                "ttft_p99": p99([r.ttft for r in done]),
+                "ttft_p99_vip": p99([r.ttft for r in done if r.tenant == "vip"]),
+                "ttft_p50": outcome.summary["ttft_s"]["p50"],
+                "tpot_p50_ms": 1000 * outcome.summary["tpot_s"]["p50"],
+                "tok_s": outcome.summary["throughput_tokens_per_s"],
+                "finished": outcome.summary["finished"],
+                "ttfts": [r.ttft for r in done],
+                "vip_ttfts": [r.ttft for r in done if r.tenant == "vip"],
+            }
+        )
     return rows
 
 
@@ -121,7 +134,9 @@ def main() -> None:
     parser.add_argument("--no-write", action="store_true", help="print only; leave docs/ alone")
     args = parser.parse_args()
     defaults = {"num_requests": 1500, "rates": "6,8,12", "vip_share": 0.2, "blocks": 2048, "seed": 0, "plot_rate": 8.0}
-    extra = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if k in defaults and v != defaults[k])
+    extra = " ".join(
+        f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if k in defaults and v != defaults[k]
+    )
     sections, plotted = [f"Command: `{f'python benchmarks/case_study.py {extra}'.strip()}`"], None
     for rate in (float(r) for r in args.rates.split(",")):
         rows = run(args.num_requests, rate, args.vip_share, args.seed, args.blocks)

@@ -31,13 +31,25 @@ SETTINGS = {"block_size": 32, "max_model_len": 2048, "max_num_seqs": 32, "max_nu
 VLLM_ARGS = ("--max-model-len", "2048", "--max-num-seqs", "32", "--max-num-batched-tokens", "512")
 KV_CACHE_GIB = 1
 # 16 sessions of 3-5 turns on 4 system prompts of 256 tokens, a turn every 12 s on average: ~68 requests.
-WORKLOAD = {"kind": "sessions", "num_sessions": 16, "rate": 0.2, "turns": {"kind": "uniform", "low": 3, "high": 5},
-            "think_time_s": 12.0, "system_prompts": 4, "system_len": 256,
-            "user": {"kind": "lognormal", "median": 48, "sigma": 0.5, "max": 128},
-            "output": {"kind": "lognormal", "median": 24, "sigma": 0.4, "max": 48}, "max_context": 1536, "seed": 0}
+WORKLOAD = {
+    "kind": "sessions",
+    "num_sessions": 16,
+    "rate": 0.2,
+    "turns": {"kind": "uniform", "low": 3, "high": 5},
+    "think_time_s": 12.0,
+    "system_prompts": 4,
+    "system_len": 256,
+    "user": {"kind": "lognormal", "median": 48, "sigma": 0.5, "max": 128},
+    "output": {"kind": "lognormal", "median": 24, "sigma": 0.4, "max": 48},
+    "max_context": 1536,
+    "seed": 0,
+}
 RAY_ROUTER = "ray.serve.llm.request_router:PrefixCacheAffinityRouter"
-ROUTERS = {"round-robin": {"router": "round-robin"}, "prefix-affinity": {"router": "prefix-affinity"},
-           "ray PrefixCacheAffinityRouter": {"router_class": RAY_ROUTER, "router_kwargs": {}}}
+ROUTERS = {
+    "round-robin": {"router": "round-robin"},
+    "prefix-affinity": {"router": "prefix-affinity"},
+    "ray PrefixCacheAffinityRouter": {"router_class": RAY_ROUTER, "router_kwargs": {}},
+}
 
 
 def free_port() -> int:
@@ -64,7 +76,9 @@ def measure(name: str, fleet: dict, spec: Path, workdir: Path) -> dict:
     from kvsched.integrations.ray.fleet import start_fleet, stop_fleet, wait_ready
 
     started = time.monotonic()
-    url = start_fleet(free_port(), replicas=2, policy="vllm-v1", kv_cache_gib=KV_CACHE_GIB, vllm_args=VLLM_ARGS, **fleet)
+    url = start_fleet(
+        free_port(), replicas=2, policy="vllm-v1", kv_cache_gib=KV_CACHE_GIB, vllm_args=VLLM_ARGS, **fleet
+    )
     try:
         wait_ready(url)
         startup_s = time.monotonic() - started
@@ -73,17 +87,27 @@ def measure(name: str, fleet: dict, spec: Path, workdir: Path) -> dict:
             raise RuntimeError(f"found {len(servers)} replica servers, not 2: their counters cannot be read")
         before = [counters(s) for s in servers]
         out = workdir / name.replace(" ", "-")
-        subprocess.run([str(ENGINE), "bench", "--url", url, "--workload", str(spec), "--output", str(out), "-q", "--label", name],
-                       check=True, stdout=subprocess.DEVNULL)
+        subprocess.run(
+            [str(ENGINE), "bench", "--url", url, "--workload", str(spec), "--output", str(out), "-q", "--label", name],
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
         after = [counters(s) for s in servers]
     finally:
         stop_fleet()
     summary = json.loads((out / "summary.json").read_text())
     hits = sum(a["prefix_cache_hits"] - b["prefix_cache_hits"] for a, b in zip(after, before))
     queries = sum(a["prefix_cache_queries"] - b["prefix_cache_queries"] for a, b in zip(after, before))
-    return {"router": name, "replicas": len(servers), "startup_s": round(startup_s, 1), "finished": summary["finished"],
-            "prefix_hit_rate": hits / queries if queries else 0.0, "ttft_s": summary["ttft_s"], "e2e_s": summary["e2e_s"],
-            "duration_s": summary["duration_s"]}
+    return {
+        "router": name,
+        "replicas": len(servers),
+        "startup_s": round(startup_s, 1),
+        "finished": summary["finished"],
+        "prefix_hit_rate": hits / queries if queries else 0.0,
+        "ttft_s": summary["ttft_s"],
+        "e2e_s": summary["e2e_s"],
+        "duration_s": summary["duration_s"],
+    }
 
 
 def simulate(name: str) -> dict:
@@ -93,23 +117,41 @@ def simulate(name: str) -> dict:
     from kvsched.workloads.sessions import SessionSpec
 
     blocks = (KV_CACHE_GIB << 30) // (SETTINGS["block_size"] * SMOLLM2_KV_BYTES_PER_TOKEN)
-    settings = {**SETTINGS, "vllm_engine": "v1", "num_gpu_blocks": blocks, "num_cpu_blocks": 0, "watermark": 0.0,
-                "enable_prefix_caching": True}
-    cluster = Cluster(FleetSpec(replicas=[ReplicaGroup(count=2, policy="vllm-v1", profile=PROFILE, settings=settings)], router=name))
+    settings = {
+        **SETTINGS,
+        "vllm_engine": "v1",
+        "num_gpu_blocks": blocks,
+        "num_cpu_blocks": 0,
+        "watermark": 0.0,
+        "enable_prefix_caching": True,
+    }
+    cluster = Cluster(
+        FleetSpec(replicas=[ReplicaGroup(count=2, policy="vllm-v1", profile=PROFILE, settings=settings)], router=name)
+    )
     cluster.run(SessionSpec(**WORKLOAD).requests())
     s = fleet_summary(cluster)
-    return {"router": name, "finished": s["finished"], "prefix_hit_rate": s["prefix_hit_rate"], "ttft_s": s["ttft_s"],
-            "e2e_s": s["e2e_s"], "duration_s": s.get("duration_s")}
+    return {
+        "router": name,
+        "finished": s["finished"],
+        "prefix_hit_rate": s["prefix_hit_rate"],
+        "ttft_s": s["ttft_s"],
+        "e2e_s": s["e2e_s"],
+        "duration_s": s.get("duration_s"),
+    }
 
 
 def markdown(result: dict) -> str:
-    lines = ["| router | side | finished | prefix-cache hits (tokens) | TTFT mean s | TTFT p50 s | TTFT p99 s | E2E mean s |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| router | side | finished | prefix-cache hits (tokens) | TTFT mean s | TTFT p50 s | TTFT p99 s | E2E mean s |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for side in ("measured", "simulated"):
         for row in result[side]:
             t, e = row["ttft_s"], row["e2e_s"]
-            lines.append(f"| {row['router']} | {side} | {row['finished']} | {row['prefix_hit_rate']:.1%} | {t['mean']:.3f} | "
-                         f"{t['p50']:.3f} | {t['p99']:.3f} | {e['mean']:.2f} |")
+            lines.append(
+                f"| {row['router']} | {side} | {row['finished']} | {row['prefix_hit_rate']:.1%} | {t['mean']:.3f} | "
+                f"{t['p50']:.3f} | {t['p99']:.3f} | {e['mean']:.2f} |"
+            )
     return "\n".join(lines) + "\n"
 
 
@@ -126,13 +168,22 @@ def main() -> None:
     spec = args.workdir / "sessions.json"
     spec.write_text(json.dumps(WORKLOAD))
     names = args.routers.split(",")
-    result = {"workload": WORKLOAD, "vllm_args": VLLM_ARGS, "kv_cache_gib": KV_CACHE_GIB, "profile": PROFILE,
-              "command": "benchmarks/cluster_real.py " + " ".join(sys.argv[1:]), "started_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
-              "simulated": [simulate(n) for n in names if n in ("round-robin", "prefix-affinity")], "measured": []}
+    result = {
+        "workload": WORKLOAD,
+        "vllm_args": VLLM_ARGS,
+        "kv_cache_gib": KV_CACHE_GIB,
+        "profile": PROFILE,
+        "command": "benchmarks/cluster_real.py " + " ".join(sys.argv[1:]),
+        "started_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
+        "simulated": [simulate(n) for n in names if n in ("round-robin", "prefix-affinity")],
+        "measured": [],
+    }
     start_ray(num_cpus=2, include_dashboard=False, log_to_driver=False)
     for name in names:
         result["measured"].append(measure(name, ROUTERS[name], spec, args.workdir))
-        (args.out / "cluster-real.json").write_text(json.dumps(result, indent=1) + "\n")  # after each fleet: a partial table survives
+        (args.out / "cluster-real.json").write_text(
+            json.dumps(result, indent=1) + "\n"
+        )  # after each fleet: a partial table survives
         (args.out / "cluster-real.md").write_text(markdown(result))
         print(markdown(result), flush=True)
 

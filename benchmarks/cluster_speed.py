@@ -45,18 +45,40 @@ COUNT = bounded(int, 0, 10**9)  # requests: none (skip that part) up to a billio
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--replicas", type=bounded(int, 1, 100_000), default=64)
-    parser.add_argument("-n", "--num-requests", type=COUNT, default=1_000_000, help="0: only what --pair or --one-engine time")
+    parser.add_argument(
+        "-n", "--num-requests", type=COUNT, default=1_000_000, help="0: only what --pair or --one-engine time"
+    )
     parser.add_argument("--rate-per-replica", type=float, default=4.0)
     parser.add_argument("--router", default="vllm-dp")
     parser.add_argument("--staleness", type=float, default=0.05)
     parser.add_argument("--policy", default="vllm-default")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--progress", type=COUNT, default=0, metavar="N", help="a line to stderr each N finished requests")
-    parser.add_argument("--one-engine", type=COUNT, default=0, metavar="N", help="first time one replica alone on N requests at the per-replica rate")
-    parser.add_argument("--pair", type=COUNT, default=0, metavar="N", help="first time routed ahead against routed at arrival, N requests each, twice")
-    parser.add_argument("--no-lookahead", action="store_true", help="route each request at its arrival (the loop before routing ahead)")
-    parser.add_argument("--gc", choices=("on", "freeze", "off"), default="on",
-                        help="the collector in the main measurement: as it is, the heap before it frozen, or disabled")
+    parser.add_argument(
+        "--progress", type=COUNT, default=0, metavar="N", help="a line to stderr each N finished requests"
+    )
+    parser.add_argument(
+        "--one-engine",
+        type=COUNT,
+        default=0,
+        metavar="N",
+        help="first time one replica alone on N requests at the per-replica rate",
+    )
+    parser.add_argument(
+        "--pair",
+        type=COUNT,
+        default=0,
+        metavar="N",
+        help="first time routed ahead against routed at arrival, N requests each, twice",
+    )
+    parser.add_argument(
+        "--no-lookahead", action="store_true", help="route each request at its arrival (the loop before routing ahead)"
+    )
+    parser.add_argument(
+        "--gc",
+        choices=("on", "freeze", "off"),
+        default="on",
+        help="the collector in the main measurement: as it is, the heap before it frozen, or disabled",
+    )
     args = parser.parse_args()
 
     from kvsched.cluster.summary import fleet_summary
@@ -64,14 +86,18 @@ def main() -> None:
     def fleet(replicas: int, lookahead: bool = True):
         from kvsched.cluster import Cluster, FleetSpec, ReplicaGroup
 
-        spec = FleetSpec(replicas=[ReplicaGroup(count=replicas, policy=args.policy)], router=args.router, staleness_s=args.staleness)
+        spec = FleetSpec(
+            replicas=[ReplicaGroup(count=replicas, policy=args.policy)], router=args.router, staleness_s=args.staleness
+        )
         return Cluster(spec, lookahead=lookahead)
 
     def requests(n: int, replicas: int):
         from kvsched.workloads.arrivals import Poisson
         from kvsched.workloads.synthetic import SyntheticSpec
 
-        return SyntheticSpec(num_requests=n, arrivals=Poisson(rate=args.rate_per_replica * replicas), seed=args.seed).iter_requests()
+        return SyntheticSpec(
+            num_requests=n, arrivals=Poisson(rate=args.rate_per_replica * replicas), seed=args.seed
+        ).iter_requests()
 
     def cpu_us_per_request(n: int, replicas: int, lookahead: bool = True) -> float:
         cluster, cpu = fleet(replicas, lookahead), time.process_time()
@@ -82,10 +108,26 @@ def main() -> None:
     if args.pair:
         pairs = []
         for _ in range(2):
-            at_arrival, ahead = cpu_us_per_request(args.pair, args.replicas, False), cpu_us_per_request(args.pair, args.replicas, True)
-            pairs.append({"at_arrival_us": round(at_arrival), "ahead_us": round(ahead), "ratio": round(ahead / at_arrival, 3)})
-        print(json.dumps({"pair": pairs, "requests": args.pair, "replicas": args.replicas, "router": args.router,
-                          "staleness_s": args.staleness, "load": round(os.getloadavg()[0], 1)}), flush=True)
+            at_arrival, ahead = (
+                cpu_us_per_request(args.pair, args.replicas, False),
+                cpu_us_per_request(args.pair, args.replicas, True),
+            )
+            pairs.append(
+                {"at_arrival_us": round(at_arrival), "ahead_us": round(ahead), "ratio": round(ahead / at_arrival, 3)}
+            )
+        print(
+            json.dumps(
+                {
+                    "pair": pairs,
+                    "requests": args.pair,
+                    "replicas": args.replicas,
+                    "router": args.router,
+                    "staleness_s": args.staleness,
+                    "load": round(os.getloadavg()[0], 1),
+                }
+            ),
+            flush=True,
+        )
     if not args.num_requests:
         if one_engine_us is not None:
             print(json.dumps({"one_engine_cpu_us_per_request": one_engine_us, "load": round(os.getloadavg()[0], 1)}))
@@ -93,19 +135,37 @@ def main() -> None:
     cluster = fleet(args.replicas, lookahead=not args.no_lookahead)
     collecting = _collector_time(args.gc)
     wall, cpu = time.perf_counter(), time.process_time()
-    cluster.run(requests(args.num_requests, args.replicas), _progress(args.progress, wall, cpu) if args.progress else None)
+    cluster.run(
+        requests(args.num_requests, args.replicas), _progress(args.progress, wall, cpu) if args.progress else None
+    )
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
     summary = fleet_summary(cluster)
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(json.dumps({
-        "replicas": args.replicas, "requests": args.num_requests, "router": args.router, "staleness_s": args.staleness,
-        "wall_s": round(wall, 1), "cpu_s": round(cpu, 1), "requests_per_wall_s": round(args.num_requests / wall),
-        "steps": summary["steps"], "peak_rss_mb": round(peak_mb), "simulated_s": round(summary["duration_s"], 1),
-        "finished": summary["finished"], "ttft_p99_s": summary["ttft_s"]["p99"], "leaked_blocks": summary["leaked_blocks"],
-        "cpu_us_per_request": round(1e6 * cpu / args.num_requests), "one_engine_cpu_us_per_request": one_engine_us,
-        "gc": args.gc, "gc_cpu_s": round(collecting[0], 1),
-        "load": round(os.getloadavg()[0], 1), "python": sys.version.split()[0],
-    }))
+    print(
+        json.dumps(
+            {
+                "replicas": args.replicas,
+                "requests": args.num_requests,
+                "router": args.router,
+                "staleness_s": args.staleness,
+                "wall_s": round(wall, 1),
+                "cpu_s": round(cpu, 1),
+                "requests_per_wall_s": round(args.num_requests / wall),
+                "steps": summary["steps"],
+                "peak_rss_mb": round(peak_mb),
+                "simulated_s": round(summary["duration_s"], 1),
+                "finished": summary["finished"],
+                "ttft_p99_s": summary["ttft_s"]["p99"],
+                "leaked_blocks": summary["leaked_blocks"],
+                "cpu_us_per_request": round(1e6 * cpu / args.num_requests),
+                "one_engine_cpu_us_per_request": one_engine_us,
+                "gc": args.gc,
+                "gc_cpu_s": round(collecting[0], 1),
+                "load": round(os.getloadavg()[0], 1),
+                "python": sys.version.split()[0],
+            }
+        )
+    )
 
 
 def _collector_time(mode: str) -> list[float]:
@@ -136,8 +196,19 @@ def _progress(every: int, wall: float, cpu: float):
         if done >= mark:
             mark += every
             rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-            print(json.dumps({"finished": done, "cpu_s": round(time.process_time() - cpu, 1), "wall_s": round(time.perf_counter() - wall, 1),
-                              "peak_rss_mb": round(rss), "load": round(os.getloadavg()[0], 1)}), file=sys.stderr, flush=True)
+            print(
+                json.dumps(
+                    {
+                        "finished": done,
+                        "cpu_s": round(time.process_time() - cpu, 1),
+                        "wall_s": round(time.perf_counter() - wall, 1),
+                        "peak_rss_mb": round(rss),
+                        "load": round(os.getloadavg()[0], 1),
+                    }
+                ),
+                file=sys.stderr,
+                flush=True,
+            )
 
     return on_finished
 

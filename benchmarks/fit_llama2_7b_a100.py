@@ -28,8 +28,17 @@ from pathlib import Path
 
 DATA = Path(__file__).resolve().parent / "data" / "calibration"
 LAYERS = 32
-LINEAR_OPS = ("input_layernorm", "attn_pre_proj", "attn_rope", "attn_post_proj", "post_attention_layernorm",
-              "mlp_up_proj", "mlp_act", "mlp_down_proj", "add")
+LINEAR_OPS = (
+    "input_layernorm",
+    "attn_pre_proj",
+    "attn_rope",
+    "attn_post_proj",
+    "post_attention_layernorm",
+    "mlp_up_proj",
+    "mlp_act",
+    "mlp_down_proj",
+    "add",
+)
 
 
 def linear_table(path: Path = DATA / "vidur_a100_llama2_7b_mlp.csv") -> tuple[list[int], list[float]]:
@@ -137,9 +146,15 @@ def main(argv: list[str] | None = None) -> dict:
 
     lin = linear_table()
     dec, pre, dec_err, pre_err, n_dec, n_pre = attention_models()
-    print(f"attention decode  (per layer, ms) = {dec[0]:.5f} + {dec[1]:.5f}·bs + {dec[2]:.3g}·Σkv   MAPE {100 * dec_err:.1f}% (n={n_dec})")
-    print(f"attention prefill (per layer, ms) = {pre[0]:.4f} + {pre[1]:.3g}·c + {pre[2]:.3g}·c·kv + {pre[3]:.3g}·c²   MAPE {100 * pre_err:.1f}% (n={n_pre})")
-    print(f"linear layers, 32 layers: 1 token {LAYERS * interp(1, *lin):.1f} ms, 512 tokens {LAYERS * interp(512, *lin):.1f} ms, 4096 tokens {LAYERS * interp(4096, *lin):.0f} ms")
+    print(
+        f"attention decode  (per layer, ms) = {dec[0]:.5f} + {dec[1]:.5f}·bs + {dec[2]:.3g}·Σkv   MAPE {100 * dec_err:.1f}% (n={n_dec})"
+    )
+    print(
+        f"attention prefill (per layer, ms) = {pre[0]:.4f} + {pre[1]:.3g}·c + {pre[2]:.3g}·c·kv + {pre[3]:.3g}·c²   MAPE {100 * pre_err:.1f}% (n={n_pre})"
+    )
+    print(
+        f"linear layers, 32 layers: 1 token {LAYERS * interp(1, *lin):.1f} ms, 512 tokens {LAYERS * interp(512, *lin):.1f} ms, 4096 tokens {LAYERS * interp(4096, *lin):.0f} ms"
+    )
 
     pair_ms = LAYERS * pre[2]
     print(f"attention pairs: e = 32 layers × {pre[2]:.3g} = {pair_ms:.3g} ms per query-key pair")
@@ -152,9 +167,14 @@ def main(argv: list[str] | None = None) -> dict:
         rest.append(StepRecord(*features, (t - pair_ms * pairs) / 1000))
         kinds.append(kind)
     base = LLAMA2_7B_A100
-    fitted = fit_profile(rest, "llama2-7b-a100-refit", kv_bytes_per_token=base.kv_bytes_per_token,
-                         swap_gb_per_s=base.swap_gb_per_s, copy_gb_per_s=base.copy_gb_per_s,
-                         description="Llama-2-7B / A100, refitted by benchmarks/fit_llama2_7b_a100.py")
+    fitted = fit_profile(
+        rest,
+        "llama2-7b-a100-refit",
+        kv_bytes_per_token=base.kv_bytes_per_token,
+        swap_gb_per_s=base.swap_gb_per_s,
+        copy_gb_per_s=base.copy_gb_per_s,
+        description="Llama-2-7B / A100, refitted by benchmarks/fit_llama2_7b_a100.py",
+    )
     fitted = fitted.model_copy(update={"attention_pair_ms": pair_ms})
     result = {"fitted": fitted, "overall": fit_errors(fitted, records), "builtin": fit_errors(base, records)}
     for kind in ("decode", "prefill", "mixed"):
@@ -163,17 +183,26 @@ def main(argv: list[str] | None = None) -> dict:
     print()
     print("| coefficient | refit | built-in llama2-7b-a100 |")
     print("|---|---|---|")
-    for field, label in (("base_ms", "a (ms/step)"), ("prefill_token_ms", "b (ms/prefill token)"),
-                         ("decode_seq_ms", "c (ms/decode seq)"), ("kv_token_ms", "d (ms/KV token)"),
-                         ("attention_pair_ms", "e (ms/prefill pair)")):
+    for field, label in (
+        ("base_ms", "a (ms/step)"),
+        ("prefill_token_ms", "b (ms/prefill token)"),
+        ("decode_seq_ms", "c (ms/decode seq)"),
+        ("kv_token_ms", "d (ms/KV token)"),
+        ("attention_pair_ms", "e (ms/prefill pair)"),
+    ):
         print(f"| {label} | {getattr(fitted, field):.4g} | {getattr(base, field):.4g} |")
     o = result["overall"]
-    print(f"\nrefit on {o['n']} steps: mean error {100 * o['mape']:.2f}% (decode {100 * result['decode']['mape']:.1f}%, "
-          f"mixed {100 * result['mixed']['mape']:.1f}%, prefill {100 * result['prefill']['mape']:.1f}%), "
-          f"p95 {100 * o['p95']:.1f}%, max {100 * o['max']:.1f}%")
-    print(f"built-in profile on the same steps: mean error {100 * result['builtin']['mape']:.2f}%, p95 {100 * result['builtin']['p95']:.1f}%")
-    print("\none prompt's prefill alone in 512-token chunks (past 4,096 tokens the reference extrapolates "
-          "Vidur's fits):")
+    print(
+        f"\nrefit on {o['n']} steps: mean error {100 * o['mape']:.2f}% (decode {100 * result['decode']['mape']:.1f}%, "
+        f"mixed {100 * result['mixed']['mape']:.1f}%, prefill {100 * result['prefill']['mape']:.1f}%), "
+        f"p95 {100 * o['p95']:.1f}%, max {100 * o['max']:.1f}%"
+    )
+    print(
+        f"built-in profile on the same steps: mean error {100 * result['builtin']['mape']:.2f}%, p95 {100 * result['builtin']['p95']:.1f}%"
+    )
+    print(
+        "\none prompt's prefill alone in 512-token chunks (past 4,096 tokens the reference extrapolates Vidur's fits):"
+    )
     for prompt in (4096, 32768, 131072):
         chunks = [(512, start) for start in range(0, prompt, 512)]
         reference = sum(reference_step_ms([chunk], [], lin, dec, pre) for chunk in chunks) / 1000

@@ -66,9 +66,16 @@ def one_run(workload: str, replicas: int, limit: int | None, router: str) -> dic
         cluster.run(counted())
         engines = [r.engine for r in cluster.replicas]
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
-    return {"workload": workload, "replicas": replicas, "requests": count[0], "wall_s": round(wall, 2),
-            "cpu_s": round(cpu, 2), "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
-            "steps": sum(e.num_steps for e in engines), "simulated_s": round(max(e.clock.now() for e in engines), 1)}
+    return {
+        "workload": workload,
+        "replicas": replicas,
+        "requests": count[0],
+        "wall_s": round(wall, 2),
+        "cpu_s": round(cpu, 2),
+        "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
+        "steps": sum(e.num_steps for e in engines),
+        "simulated_s": round(max(e.clock.now() for e in engines), 1),
+    }
 
 
 def measured(workload: str, replicas: int, limit: int | None, router: str) -> dict:
@@ -84,10 +91,12 @@ def measured(workload: str, replicas: int, limit: int | None, router: str) -> di
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=bounded(int, 0, 100), default=2,
-                        help="one-replica runs of each workload, alternating")
-    parser.add_argument("-n", "--num-requests", type=bounded(int, 1, 10**7), default=None,
-                        help="the first N of each (default: all)")
+    parser.add_argument(
+        "--rounds", type=bounded(int, 0, 100), default=2, help="one-replica runs of each workload, alternating"
+    )
+    parser.add_argument(
+        "-n", "--num-requests", type=bounded(int, 1, 10**7), default=None, help="the first N of each (default: all)"
+    )
     parser.add_argument("--fleets", default="8,16", help="replica counts to run the long-context hour on ('' for none)")
     parser.add_argument("--router", default="round-robin")
     parser.add_argument("--one", choices=WORKLOADS, help=argparse.SUPPRESS)
@@ -108,8 +117,10 @@ def main() -> None:
         for w in WORKLOADS:
             r = best[w]
             out[w] = {k: r[k] for k in ("requests", "wall_s", "cpu_s", "peak_rss_mb", "steps", "simulated_s")}
-            out[w] |= {"requests_per_wall_s": round(r["requests"] / r["wall_s"]),
-                       "requests_per_cpu_s": round(r["requests"] / r["cpu_s"])}
+            out[w] |= {
+                "requests_per_wall_s": round(r["requests"] / r["wall_s"]),
+                "requests_per_cpu_s": round(r["requests"] / r["cpu_s"]),
+            }
         short, long = out["azure-conv"], out["long-context"]
         out["ratio_wall"] = round(long["requests_per_wall_s"] / short["requests_per_wall_s"], 3)
         out["ratio_cpu"] = round(long["requests_per_cpu_s"] / short["requests_per_cpu_s"], 3)

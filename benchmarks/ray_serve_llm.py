@@ -35,11 +35,14 @@ def main() -> None:
         port = s.getsockname()[1]
     deployment: dict = {"num_replicas": args.replicas}
     if args.kvsched_router:
-        deployment["request_router_config"] = {"request_router_class": "kvsched.integrations.ray.router:KvschedRequestRouter",
-                                               "request_router_kwargs": {"router": args.kvsched_router}}
+        deployment["request_router_config"] = {
+            "request_router_class": "kvsched.integrations.ray.router:KvschedRequestRouter",
+            "request_router_kwargs": {"router": args.kvsched_router},
+        }
     config = LLMConfig(
         model_loading_config={"model_id": "smollm2-135m", "model_source": str(model_folder("smollm2-135m"))},
-        accelerator_config={"kind": "cpu"}, deployment_config=deployment,
+        accelerator_config={"kind": "cpu"},
+        deployment_config=deployment,
         engine_kwargs={"dtype": "float32", "enforce_eager": True, "block_size": 32, "max_model_len": 2048},
         runtime_env={"env_vars": {"VLLM_CPU_KVCACHE_SPACE": "1", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}},
     )
@@ -52,19 +55,32 @@ def main() -> None:
         with openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0, timeout=30) as client:
             while True:
                 try:
-                    reply = client.completions.create(model="smollm2-135m", prompt="The capital of France is", max_tokens=8)
-                    result.update(served=True, text=reply.choices[0].text, seconds_to_first_answer=round(time.monotonic() - start, 1))
+                    reply = client.completions.create(
+                        model="smollm2-135m", prompt="The capital of France is", max_tokens=8
+                    )
+                    result.update(
+                        served=True,
+                        text=reply.choices[0].text,
+                        seconds_to_first_answer=round(time.monotonic() - start, 1),
+                    )
                     break
                 except openai.APIError as exc:
                     status = serve.status().applications
                     states = {name: str(app.status) for name, app in status.items()}
                     if any("DEPLOY_FAILED" in s for s in states.values()) or time.monotonic() - start > args.timeout:
-                        details = {name: {d: (str(v.status), v.message[-600:]) for d, v in app.deployments.items()} for name, app in status.items()}
-                        result.update(served=False, last_error=f"{type(exc).__name__}: {str(exc)[:200]}", applications=details)
+                        details = {
+                            name: {d: (str(v.status), v.message[-600:]) for d, v in app.deployments.items()}
+                            for name, app in status.items()
+                        }
+                        result.update(
+                            served=False, last_error=f"{type(exc).__name__}: {str(exc)[:200]}", applications=details
+                        )
                         break
                     time.sleep(5)
     except Exception as exc:  # noqa: BLE001 - the probe reports what failed
-        result.update(served=False, error=f"{type(exc).__name__}: {str(exc)[:600]}", where=traceback.format_exc()[-800:])
+        result.update(
+            served=False, error=f"{type(exc).__name__}: {str(exc)[:600]}", where=traceback.format_exc()[-800:]
+        )
     finally:
         serve.shutdown()
         ray.shutdown()

@@ -43,24 +43,47 @@ def requests(workload: str, num: int, seed: int, cut: int | None = None, online:
     return [r.model_copy(update={"arrival_time": 0.0}) for r in load.requests()]
 
 
-def run(workload: str, num: int, seed: int, blocks: int, victim: str, caching: bool = True, cut: int | None = None,
-        online: tuple[int, float] | None = None) -> dict:
+def run(
+    workload: str,
+    num: int,
+    seed: int,
+    blocks: int,
+    victim: str,
+    caching: bool = True,
+    cut: int | None = None,
+    online: tuple[int, float] | None = None,
+) -> dict:
     from kvsched import Engine, EngineConfig, SimulatedExecutor
     from kvsched.metrics.requests import RequestMetrics, summarize
     from kvsched.policies.lcf import Lcf
 
-    engine = Engine(EngineConfig(num_gpu_blocks=blocks, enable_prefix_caching=caching, **CONFIG), Lcf(victim=victim, seed=seed), SimulatedExecutor())
+    engine = Engine(
+        EngineConfig(num_gpu_blocks=blocks, enable_prefix_caching=caching, **CONFIG),
+        Lcf(victim=victim, seed=seed),
+        SimulatedExecutor(),
+    )
     engine.run(requests(workload, num, seed, cut, online))
     summary = summarize(engine, [RequestMetrics.of(g) for g in engine.finished])
     tax = summary["recompute"]
-    return {"workload": workload, "blocks": blocks, "victim": victim, "finished": summary["finished"],
-            "caching": caching, "preemptions": summary["preemptions"]["recompute"], "tax_pct": round(100 * tax["tax"], 1),
-            "discarded_share_pct": round(100 * tax["discarded_share"], 1),
-            "recomputed_tokens": tax["recomputed_tokens"], "discarded_tokens": tax["discarded_tokens"],
-            "computed_tokens": tax["computed_tokens"],
-            "discarded_per_preemption": None if tax["discarded_per_preemption"] is None else round(tax["discarded_per_preemption"]),
-            "mean_ttft_s": round(summary["ttft_s"]["mean"], 3), "p99_ttft_s": round(summary["ttft_s"]["p99"], 3),
-            "duration_s": round(summary["duration_s"], 2)}
+    return {
+        "workload": workload,
+        "blocks": blocks,
+        "victim": victim,
+        "finished": summary["finished"],
+        "caching": caching,
+        "preemptions": summary["preemptions"]["recompute"],
+        "tax_pct": round(100 * tax["tax"], 1),
+        "discarded_share_pct": round(100 * tax["discarded_share"], 1),
+        "recomputed_tokens": tax["recomputed_tokens"],
+        "discarded_tokens": tax["discarded_tokens"],
+        "computed_tokens": tax["computed_tokens"],
+        "discarded_per_preemption": None
+        if tax["discarded_per_preemption"] is None
+        else round(tax["discarded_per_preemption"]),
+        "mean_ttft_s": round(summary["ttft_s"]["mean"], 3),
+        "p99_ttft_s": round(summary["ttft_s"]["p99"], 3),
+        "duration_s": round(summary["duration_s"], 2),
+    }
 
 
 def no_preemption_size(workload: str, num: int, seed: int, caching: bool, cut: int | None, hi: int = 1 << 17) -> int:
@@ -86,14 +109,22 @@ def write_rows(path: Path, rows: list[dict]) -> None:
 def fixed_input(args, caching: bool) -> None:
     """LIFO against LCF online, every prompt ``--fixed-input`` tokens long, at each pool size of ``--blocks``."""
     online = (args.fixed_input, args.rate)
-    jobs = [(args.workload, args.requests, args.seed, int(b), v, caching, None, online) for b in args.blocks.split(",") for v in ("lifo", "lcf")]
+    jobs = [
+        (args.workload, args.requests, args.seed, int(b), v, caching, None, online)
+        for b in args.blocks.split(",")
+        for v in ("lifo", "lcf")
+    ]
     with ProcessPoolExecutor(args.workers) as pool:
         rows = list(pool.map(run, *zip(*jobs)))
-    print(f"{args.workload} outputs, every prompt {args.fixed_input} tokens, {args.requests} requests at {args.rate} req/s Poisson (seed {args.seed})")
+    print(
+        f"{args.workload} outputs, every prompt {args.fixed_input} tokens, {args.requests} requests at {args.rate} req/s Poisson (seed {args.seed})"
+    )
     print("| blocks | victim | preemptions | discarded tokens | discarded share | mean TTFT (s) | p99 TTFT (s) |")
     print("|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['blocks']} | {r['victim']} | {r['preemptions']} | {r['discarded_tokens']:,} | {r['discarded_share_pct']} % | {r['mean_ttft_s']} | {r['p99_ttft_s']} |")
+        print(
+            f"| {r['blocks']} | {r['victim']} | {r['preemptions']} | {r['discarded_tokens']:,} | {r['discarded_share_pct']} % | {r['mean_ttft_s']} | {r['p99_ttft_s']} |"
+        )
     if args.out:
         write_rows(args.out, rows)
 
@@ -105,10 +136,17 @@ def main(argv=None) -> None:
     parser.add_argument("--seed", type=int, default=12345)
     parser.add_argument("--full", type=int, default=None, help="the no-preemption size, if known (skips the bisection)")
     parser.add_argument("--no-prefix-caching", action="store_true", help="every discarded token is then recomputed")
-    parser.add_argument("--max-total-tokens", type=int, default=None, help="cut prompts so that prompt + output <= this (Vidur's cut)")
+    parser.add_argument(
+        "--max-total-tokens", type=int, default=None, help="cut prompts so that prompt + output <= this (Vidur's cut)"
+    )
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--out", type=Path, default=None)
-    parser.add_argument("--fixed-input", type=int, default=None, help="online instead: every prompt this long, arrivals at --rate, pools --blocks")
+    parser.add_argument(
+        "--fixed-input",
+        type=int,
+        default=None,
+        help="online instead: every prompt this long, arrivals at --rate, pools --blocks",
+    )
     parser.add_argument("--rate", type=float, default=4.0)
     parser.add_argument("--blocks", default="1500,700")
     args = parser.parse_args(argv)
@@ -118,23 +156,37 @@ def main(argv=None) -> None:
     cut = args.max_total_tokens
     full = args.full or no_preemption_size(args.workload, args.requests, args.seed, caching, cut)
     sizes = {rfc: max(1, round(full * rfc / RFC_BLOCKS[0])) for rfc in RFC_BLOCKS}
-    jobs = [(args.workload, args.requests, args.seed, sizes[rfc], v, caching, cut) for rfc in RFC_BLOCKS for v in VICTIMS]
+    jobs = [
+        (args.workload, args.requests, args.seed, sizes[rfc], v, caching, cut) for rfc in RFC_BLOCKS for v in VICTIMS
+    ]
     with ProcessPoolExecutor(args.workers) as pool:
         rows = list(pool.map(run, *zip(*jobs)))
     for row in rows:
         row["rfc_blocks"] = next(rfc for rfc, b in sizes.items() if b == row["blocks"])
     cutting = f"prompts cut to {cut} tokens with their output; " if cut else ""
-    print(f"{args.workload}, {args.requests} requests at once, seed {args.seed}, prefix caching {'on' if caching else 'off'}; "
-          f"{cutting}no preemption from {full} blocks; tax = recomputed / computed (discarded share: as if none were cached)")
-    print("| RFC size | our blocks | RFC tax (lifo) | " + " | ".join(f"tax {v}" for v in VICTIMS)
-          + " | LCF waste vs lifo | discarded / preemption (lifo → lcf) |")
+    print(
+        f"{args.workload}, {args.requests} requests at once, seed {args.seed}, prefix caching {'on' if caching else 'off'}; "
+        f"{cutting}no preemption from {full} blocks; tax = recomputed / computed (discarded share: as if none were cached)"
+    )
+    print(
+        "| RFC size | our blocks | RFC tax (lifo) | "
+        + " | ".join(f"tax {v}" for v in VICTIMS)
+        + " | LCF waste vs lifo | discarded / preemption (lifo → lcf) |"
+    )
     print("|---|---|---|" + "---|" * len(VICTIMS) + "---|---|")
     for rfc in RFC_BLOCKS:
         by = {r["victim"]: r for r in rows if r["rfc_blocks"] == rfc}
         lifo, lcf = by["lifo"], by["lcf"]
-        cut = f"{100 * (lcf['discarded_tokens'] / lifo['discarded_tokens'] - 1):+.0f} %" if lifo["discarded_tokens"] else "–"
-        print(f"| {rfc} | {sizes[rfc]} | {RFC_TAX[rfc]} % | " + " | ".join(f"{by[v]['tax_pct']} % ({by[v]['discarded_share_pct']} %)" for v in VICTIMS)
-              + f" | {cut} | {lifo['discarded_per_preemption']} → {lcf['discarded_per_preemption']} |")
+        cut = (
+            f"{100 * (lcf['discarded_tokens'] / lifo['discarded_tokens'] - 1):+.0f} %"
+            if lifo["discarded_tokens"]
+            else "–"
+        )
+        print(
+            f"| {rfc} | {sizes[rfc]} | {RFC_TAX[rfc]} % | "
+            + " | ".join(f"{by[v]['tax_pct']} % ({by[v]['discarded_share_pct']} %)" for v in VICTIMS)
+            + f" | {cut} | {lifo['discarded_per_preemption']} → {lcf['discarded_per_preemption']} |"
+        )
     if args.out:
         write_rows(args.out, rows)
 

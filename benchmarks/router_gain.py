@@ -54,9 +54,11 @@ def rows(name: str, replicas: int, c: Contest) -> list[str]:
     out = []
     for router in ROUTERS:
         mark = " **(best)**" if router == best else ""
-        out.append(f"| {name} | {replicas} | {router}{mark} | {cell_text(c.cell(router, HITS), HITS)} | "
-                   f"{change_text(c.change(router, HITS), HITS) or '–'} | {cell_text(c.cell(router, TTFT), TTFT)} | "
-                   f"{change_text(c.change(router, TTFT), TTFT) or '–'} |")
+        out.append(
+            f"| {name} | {replicas} | {router}{mark} | {cell_text(c.cell(router, HITS), HITS)} | "
+            f"{change_text(c.change(router, HITS), HITS) or '–'} | {cell_text(c.cell(router, TTFT), TTFT)} | "
+            f"{change_text(c.change(router, TTFT), TTFT) or '–'} |"
+        )
     return out
 
 

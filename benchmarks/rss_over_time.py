@@ -47,8 +47,11 @@ def main() -> None:
         except subprocess.TimeoutExpired:
             pass
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    print(f"exit {child.returncode}; wall {time.perf_counter() - start:.0f} s; CPU {usage.ru_utime + usage.ru_stime:.0f} s; "
-          f"peak RSS {usage.ru_maxrss / 1024:,.0f} MB", flush=True)
+    print(
+        f"exit {child.returncode}; wall {time.perf_counter() - start:.0f} s; CPU {usage.ru_utime + usage.ru_stime:.0f} s; "
+        f"peak RSS {usage.ru_maxrss / 1024:,.0f} MB",
+        flush=True,
+    )
     sys.exit(child.returncode)
 
 

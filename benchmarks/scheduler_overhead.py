@@ -35,17 +35,27 @@ from kvsched import Engine, EngineConfig, Request, SamplingParams
 from kvsched.executors.simulated import SimulatedExecutor
 
 
-
-def build(n: int, blocks_per_request: int | None, lane: bool, policy: str, prompt: int = 128, output: int = 100_000) -> Engine:
+def build(
+    n: int, blocks_per_request: int | None, lane: bool, policy: str, prompt: int = 128, output: int = 100_000
+) -> Engine:
     blocks = n * (blocks_per_request or 64)
     config = EngineConfig(
-        block_size=16, num_gpu_blocks=blocks, num_cpu_blocks=blocks, watermark=0.0,
-        max_num_seqs=n, max_num_batched_tokens=max(prompt * n, n), max_model_len=10**6, decode_lane=lane,
+        block_size=16,
+        num_gpu_blocks=blocks,
+        num_cpu_blocks=blocks,
+        watermark=0.0,
+        max_num_seqs=n,
+        max_num_batched_tokens=max(prompt * n, n),
+        max_model_len=10**6,
+        decode_lane=lane,
     )
     engine = Engine(config, policy, SimulatedExecutor())
     for i in range(n):
-        engine.add_request(Request(request_id=f"r{i}", prompt_len=prompt, output_len=output,
-                                   sampling=SamplingParams(max_tokens=output)))
+        engine.add_request(
+            Request(
+                request_id=f"r{i}", prompt_len=prompt, output_len=output, sampling=SamplingParams(max_tokens=output)
+            )
+        )
     return engine
 
 
@@ -91,8 +101,14 @@ def p99(values: list[float]) -> float:
     return sorted(values)[int(0.99 * (len(values) - 1))]
 
 
-def v1_scheduler(n: int, blocks_per_request: int | None, prompt: int = 128, output: int = 100_000, cls=None,
-                 additional_config: dict | None = None):
+def v1_scheduler(
+    n: int,
+    blocks_per_request: int | None,
+    prompt: int = 128,
+    output: int = 100_000,
+    cls=None,
+    additional_config: dict | None = None,
+):
     """vLLM V1's ``Scheduler`` (or its subclass ``cls``, given ``additional_config``) with ``n`` requests added,
     configured as ``build`` configures ours."""
     import torch
@@ -107,19 +123,39 @@ def v1_scheduler(n: int, blocks_per_request: int | None, prompt: int = 128, outp
 
     blocks = n * (blocks_per_request or 64)
     model = ModelConfig(model=str(model_folder("smollm2-135m")), dtype="float32", seed=0, skip_tokenizer_init=True)
-    sched = SchedulerConfig(max_num_seqs=n, max_num_batched_tokens=max(prompt * n, n), max_model_len=10**6,
-                            enable_chunked_prefill=True, is_encoder_decoder=False)
+    sched = SchedulerConfig(
+        max_num_seqs=n,
+        max_num_batched_tokens=max(prompt * n, n),
+        max_model_len=10**6,
+        enable_chunked_prefill=True,
+        is_encoder_decoder=False,
+    )
     cache = CacheConfig(block_size=16, gpu_memory_utilization=0.9, enable_prefix_caching=False)
     cache.num_gpu_blocks = blocks
-    config = VllmConfig(scheduler_config=sched, model_config=model, cache_config=cache, additional_config=additional_config or {})
-    kv = KVCacheConfig(num_blocks=blocks, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(
-        ["layer"], FullAttentionSpec(block_size=16, num_kv_heads=1, head_size=1, dtype=torch.float32))])
-    scheduler = (cls or V1Scheduler)(vllm_config=config, kv_cache_config=kv, block_size=16, log_stats=False,
-                            structured_output_manager=StructuredOutputManager(config))
+    config = VllmConfig(
+        scheduler_config=sched, model_config=model, cache_config=cache, additional_config=additional_config or {}
+    )
+    kv = KVCacheConfig(
+        num_blocks=blocks,
+        kv_cache_tensors=[],
+        kv_cache_groups=[
+            KVCacheGroupSpec(
+                ["layer"], FullAttentionSpec(block_size=16, num_kv_heads=1, head_size=1, dtype=torch.float32)
+            )
+        ],
+    )
+    scheduler = (cls or V1Scheduler)(
+        vllm_config=config,
+        kv_cache_config=kv,
+        block_size=16,
+        log_stats=False,
+        structured_output_manager=StructuredOutputManager(config),
+    )
     params = V1Sampling(ignore_eos=True, max_tokens=output)
     for i in range(n):
-        scheduler.add_request(V1Request(request_id=f"r{i}", prompt_token_ids=[i] * prompt, sampling_params=params,
-                                        pooling_params=None))
+        scheduler.add_request(
+            V1Request(request_id=f"r{i}", prompt_token_ids=[i] * prompt, sampling_params=params, pooling_params=None)
+        )
     return scheduler
 
 
@@ -132,7 +168,9 @@ def v1_step(scheduler, clock=time.perf_counter) -> tuple[float, float, object]:
     out = scheduler.schedule()
     t1 = clock()
     ids = list(out.num_scheduled_tokens)
-    result = ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)}, sampled_token_ids=[[1]] * len(ids))
+    result = ModelRunnerOutput(
+        req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)}, sampled_token_ids=[[1]] * len(ids)
+    )
     t2 = clock()
     scheduler.update_from_output(out, result)
     t3 = clock()
@@ -186,11 +224,22 @@ def main() -> None:
     ap.add_argument("--no-vllm", action="store_true", help="skip vLLM V1's scheduler")
     args = ap.parse_args()
     version = None if args.no_vllm else vllm_version()
-    print("vLLM V1: " + (f"{version}, its Scheduler in this process" if version else "not measured (not installed or --no-vllm)"))
-    print("ours: vllm-v1 (V1's rules, like for like with V1); last column: vllm-default (v0's rules, another algorithm)")
+    print(
+        "vLLM V1: "
+        + (f"{version}, its Scheduler in this process" if version else "not measured (not installed or --no-vllm)")
+    )
+    print(
+        "ours: vllm-v1 (V1's rules, like for like with V1); last column: vllm-default (v0's rules, another algorithm)"
+    )
     head = f"{'case':>22} {'median ms':>10} {'p99 ms':>8} {'µs/req':>7} {'× bare loop':>12} {'lane ms':>8}"
-    print(head + (f" {'V1 sched ms':>12} {'V1 sched+upd':>13} {'V1 / ours':>10}" if version else "") + f" {'v0 rules ms':>12}")
-    cases = [(f"decode, {n} running", n, None, args.steps) for n in (16, 64, 256, 1024)] + [("KV pressure, 256", 256, 10, 300)]
+    print(
+        head
+        + (f" {'V1 sched ms':>12} {'V1 sched+upd':>13} {'V1 / ours':>10}" if version else "")
+        + f" {'v0 rules ms':>12}"
+    )
+    cases = [(f"decode, {n} running", n, None, args.steps) for n in (16, 64, 256, 1024)] + [
+        ("KV pressure, 256", 256, 10, 300)
+    ]
     for label, n, blocks, steps in cases:
         times, lane, preempted = measure(label, n, blocks, steps, "vllm-v1")
         v0_times, _, v0_preempted = measure(label, n, blocks, steps, "vllm-default")
@@ -202,7 +251,11 @@ def main() -> None:
             line += f" {statistics.median(sched) * 1e3:12.3f} {statistics.median(both) * 1e3:13.3f} {statistics.median(both) / med:9.1f}×"
         line += f" {statistics.median(v0_times) * 1e3:12.3f}"
         if blocks is not None:
-            line += f"   (preemptions in {steps} steps: vllm-v1 {preempted}" + (f", V1 {v1_preempted}" if version else "") + f", vllm-default {v0_preempted})"
+            line += (
+                f"   (preemptions in {steps} steps: vllm-v1 {preempted}"
+                + (f", V1 {v1_preempted}" if version else "")
+                + f", vllm-default {v0_preempted})"
+            )
         print(line, flush=True)
 
 

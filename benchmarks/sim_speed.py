@@ -52,20 +52,30 @@ A100_CONFIG = dict(num_gpu_blocks=7000, num_cpu_blocks=512, max_num_batched_toke
 
 # Vidur's own set-up for Llama-2-7B on one A100-80GB (benchmarks/vidur_replay.py): its memory planner's
 # 7,424 blocks of 16, no swap space, the vllm replica scheduler's batch cap and token budget.
-LIKE_VIDUR = dict(num_gpu_blocks=7424, num_cpu_blocks=0, max_num_seqs=128, max_num_batched_tokens=4096, max_model_len=4096)
+LIKE_VIDUR = dict(
+    num_gpu_blocks=7424, num_cpu_blocks=0, max_num_seqs=128, max_num_batched_tokens=4096, max_model_len=4096
+)
 VIDUR_MAX_TOKENS = 4096  # Vidur's trace replay cuts prompts so that prompt + output <= this
 REPO = Path(__file__).resolve().parents[1]
 # The figure divided by when Vidur cannot run here, as measured by this script's --like-vidur.
 RECORDED_VIDUR = {
-    "req_per_s": 1412, "steps_per_s": 4325, "req_per_cpu_s": 1413, "steps_per_cpu_s": 4326, "steps": 59307,
-    "max_rss_mb": 456, "rounds": 7,
-    "date": "2026-12-01", "machine": "2-core AMD EPYC VM (this project's machine type, quiet: load 0.7-0.9), Python 3.11",
+    "req_per_s": 1412,
+    "steps_per_s": 4325,
+    "req_per_cpu_s": 1413,
+    "steps_per_cpu_s": 4326,
+    "steps": 59307,
+    "max_rss_mb": 456,
+    "rounds": 7,
+    "date": "2026-12-01",
+    "machine": "2-core AMD EPYC VM (this project's machine type, quiet: load 0.7-0.9), Python 3.11",
     "command": "benchmarks/sim_speed.py --like-vidur --vidur CHECKOUT --rounds 7",
     "source": "microsoft/vidur @7d47513, timing-only attention profile from benchmarks/vidur_setup.py",
 }
 
 
-def measure(label: str, workload, policy: str = "vllm-default", decode_lane: bool = True, decision_log: Path | None = None) -> dict:
+def measure(
+    label: str, workload, policy: str = "vllm-default", decode_lane: bool = True, decision_log: Path | None = None
+) -> dict:
     from kvsched.core.config import EngineConfig
     from kvsched.experiments.simulation import run_simulation
     from kvsched.metrics.decision_log import DecisionLog
@@ -83,20 +93,31 @@ def measure(label: str, workload, policy: str = "vllm-default", decode_lane: boo
     s = result.summary
     simulated = len(requests) - s["ignored"]  # an ignored request is turned away at once: not simulated
     return {
-        "run": label, "requests": simulated, "steps": s["steps"], "simulated_s": s["duration_s"],
-        "build_s": build_s, "wall_s": wall, "cpu_s": cpu,
-        "requests_per_wall_s": simulated / wall, "steps_per_wall_s": s["steps"] / wall,
-        "sim_to_wall": s["duration_s"] / wall, "ttft_p99_s": s["ttft_s"]["p99"], "finished": s["finished"],
-        "ignored": s["ignored"], "max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "run": label,
+        "requests": simulated,
+        "steps": s["steps"],
+        "simulated_s": s["duration_s"],
+        "build_s": build_s,
+        "wall_s": wall,
+        "cpu_s": cpu,
+        "requests_per_wall_s": simulated / wall,
+        "steps_per_wall_s": s["steps"] / wall,
+        "sim_to_wall": s["duration_s"] / wall,
+        "ttft_p99_s": s["ttft_s"]["p99"],
+        "finished": s["finished"],
+        "ignored": s["ignored"],
+        "max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
     }
 
 
 def table(rows: list[dict]) -> str:
     """Markdown; CPU columns too, because on a shared machine wall time measures the neighbours.
     Peak RSS is the process's peak so far (the runs share one process)."""
-    head = ("| run | requests simulated | ignored | steps | simulated | engine wall | engine CPU | req / wall s | req / CPU s | "
-            "simulated : wall | simulated : CPU | workload build | peak RSS |\n"
-            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    head = (
+        "| run | requests simulated | ignored | steps | simulated | engine wall | engine CPU | req / wall s | req / CPU s | "
+        "simulated : wall | simulated : CPU | workload build | peak RSS |\n"
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+    )
     lines = [head]
     for r in rows:
         lines.append(
@@ -121,7 +142,12 @@ def split_profile(scale: float = 1.0, limit: int | None = None, like_vidur: bool
     requests = build_workload("azure-conv", rate_scale=scale, num_requests=limit, max_total_tokens=cut).requests()
     prof = cProfile.Profile()
     prof.enable()
-    run_simulation(requests, "vllm-default", EngineConfig(**(LIKE_VIDUR if like_vidur else A100_CONFIG)), on_step=TimeSeriesRecorder())
+    run_simulation(
+        requests,
+        "vllm-default",
+        EngineConfig(**(LIKE_VIDUR if like_vidur else A100_CONFIG)),
+        on_step=TimeSeriesRecorder(),
+    )
     prof.disable()
     stats = pstats.Stats(prof)
     cum = {}
@@ -129,25 +155,44 @@ def split_profile(scale: float = 1.0, limit: int | None = None, like_vidur: bool
         cum[(file.rsplit("/", 2)[-2:] and "/".join(file.rsplit("/", 2)[-2:]), name)] = ct
     total = sum(ct for (f, n), ct in cum.items() if n == "run" and f.endswith("core/engine.py"))
     parts = {
-        "steady runs: SteadyRuns.advance (repeats advanced at once, with their StepRun to the observer)":
-            ("executors/steady_runs.py", "advance"),
-        "scheduler: Scheduler.schedule (policy hook, step builder, decode lane, block manager, commit)": ("core/scheduler.py", "schedule"),
-        "executor: SimulatedExecutor.execute (cost model, tokens outside the lane)": ("executors/simulated.py", "execute"),
-        "bookkeeping: Completion.apply (lane step, finishing, tokens outside the lane)":
-            ("core/completion.py", "apply"),
+        "steady runs: SteadyRuns.advance (repeats advanced at once, with their StepRun to the observer)": (
+            "executors/steady_runs.py",
+            "advance",
+        ),
+        "scheduler: Scheduler.schedule (policy hook, step builder, decode lane, block manager, commit)": (
+            "core/scheduler.py",
+            "schedule",
+        ),
+        "executor: SimulatedExecutor.execute (cost model, tokens outside the lane)": (
+            "executors/simulated.py",
+            "execute",
+        ),
+        "bookkeeping: Completion.apply (lane step, finishing, tokens outside the lane)": (
+            "core/completion.py",
+            "apply",
+        ),
         "step features (computed once per step)": ("core/outputs.py", "features"),
         "observer: TimeSeriesRecorder, single steps": ("metrics/timeseries.py", "__call__"),
         "observer: TimeSeriesRecorder, steady runs": ("metrics/timeseries.py", "on_steps"),
     }
     setup = "like Vidur" if like_vidur else "A100_CONFIG"
-    lines = [f"cProfile of one Azure conv replay ({len(requests):,} requests, ×{scale:g}, {setup}); share of Engine.run:", "",
-             "| part | share |", "|---|---:|"]
+    lines = [
+        f"cProfile of one Azure conv replay ({len(requests):,} requests, ×{scale:g}, {setup}); share of Engine.run:",
+        "",
+        "| part | share |",
+        "|---|---:|",
+    ]
     for label, key in parts.items():
         lines.append(f"| {label} | {100 * cum.get(key, 0.0) / total:.0f}% |")
     buf = __import__("io").StringIO()
     stats.stream = buf
     stats.sort_stats("tottime").print_stats(12)
-    return "\n".join(lines) + "\n\nTop functions by own time:\n```\n" + buf.getvalue().split("\n\n", 1)[-1].strip() + "\n```"
+    return (
+        "\n".join(lines)
+        + "\n\nTop functions by own time:\n```\n"
+        + buf.getvalue().split("\n\n", 1)[-1].strip()
+        + "\n```"
+    )
 
 
 def ours_like_vidur(policy: str) -> dict:
@@ -164,9 +209,16 @@ def ours_like_vidur(policy: str) -> dict:
     engine.run(requests)
     loop_s, loop_cpu_s = time.perf_counter() - t0, time.process_time() - c0
     ignored = sum(g.status is SequenceStatus.FINISHED_IGNORED for g in engine.sequence_groups.values())
-    return {"requests": len(requests) - ignored, "ignored": ignored, "prompts_cut": workload.num_cut(), "steps": engine.num_steps,
-            "loop_s": loop_s, "loop_cpu_s": loop_cpu_s, "simulated_s": engine.now,
-            "max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+    return {
+        "requests": len(requests) - ignored,
+        "ignored": ignored,
+        "prompts_cut": workload.num_cut(),
+        "steps": engine.num_steps,
+        "loop_s": loop_s,
+        "loop_cpu_s": loop_cpu_s,
+        "simulated_s": engine.now,
+        "max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    }
 
 
 def _child(cmd: list[str], **kwargs) -> dict:
@@ -201,8 +253,13 @@ def like_vidur(rounds: int, policy: str, vidur: Path | None, vidur_python: Path)
         ours.append(_child([sys.executable, __file__, "--one-like-vidur", "--policy", policy]))
         line = f"round {i + 1}: kvsched {ours[-1]['req_per_s']:,.0f} req/s"
         if why_not is None:
-            theirs.append(_child([str(vidur_python), str(REPO / "benchmarks" / "vidur_replay.py")], cwd=vidur,
-                                 env={**os.environ, "WANDB_MODE": "disabled"}))
+            theirs.append(
+                _child(
+                    [str(vidur_python), str(REPO / "benchmarks" / "vidur_replay.py")],
+                    cwd=vidur,
+                    env={**os.environ, "WANDB_MODE": "disabled"},
+                )
+            )
             line += f", Vidur {theirs[-1]['req_per_s']:,.0f} req/s"
         print(line, file=sys.stderr, flush=True)
 
@@ -210,35 +267,51 @@ def like_vidur(rounds: int, policy: str, vidur: Path | None, vidur_python: Path)
         return statistics.median(r[key] for r in rows)
 
     o = ours[0]
-    print(f"Azure conv, like Vidur: {o['requests'] + o['ignored']:,} requests ({o['prompts_cut']:,} prompts cut to "
-          f"prompt + output <= {VIDUR_MAX_TOKENS:,}), engine config {LIKE_VIDUR}, policy {policy}, profile llama2-7b-a100; "
-          f"python {platform.python_version()}, each run in its own process; medians of {rounds} rounds; CPU = the "
-          f"process's CPU time in the loop (on a shared machine, wall time also measures the neighbours)\n")
-    print("| | requests simulated | ignored | steps | simulated | loop wall | loop CPU | req / wall s | steps / wall s "
-          "| req / CPU s | steps / CPU s | peak RSS |")
+    print(
+        f"Azure conv, like Vidur: {o['requests'] + o['ignored']:,} requests ({o['prompts_cut']:,} prompts cut to "
+        f"prompt + output <= {VIDUR_MAX_TOKENS:,}), engine config {LIKE_VIDUR}, policy {policy}, profile llama2-7b-a100; "
+        f"python {platform.python_version()}, each run in its own process; medians of {rounds} rounds; CPU = the "
+        f"process's CPU time in the loop (on a shared machine, wall time also measures the neighbours)\n"
+    )
+    print(
+        "| | requests simulated | ignored | steps | simulated | loop wall | loop CPU | req / wall s | steps / wall s "
+        "| req / CPU s | steps / CPU s | peak RSS |"
+    )
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-    sides = [("kvsched", ours)] + ([("Vidur (microsoft/vidur @7d47513, measured in this run)", theirs)] if theirs else [])
+    sides = [("kvsched", ours)] + (
+        [("Vidur (microsoft/vidur @7d47513, measured in this run)", theirs)] if theirs else []
+    )
     for name, rows in sides:
         r = rows[0]
-        print(f"| {name} | {r['requests']:,} | {r.get('ignored', 0):,} | {r['steps']:,} | {r['simulated_s']:,.0f} s | "
-              f"{median(rows, 'loop_s'):.2f} s | {median(rows, 'loop_cpu_s'):.2f} s | {median(rows, 'req_per_s'):,.0f} | "
-              f"{median(rows, 'steps_per_s'):,.0f} | {median(rows, 'req_per_cpu_s'):,.0f} | {median(rows, 'steps_per_cpu_s'):,.0f} | "
-              f"{max(x['max_rss_mb'] for x in rows):,.0f} MB |")
+        print(
+            f"| {name} | {r['requests']:,} | {r.get('ignored', 0):,} | {r['steps']:,} | {r['simulated_s']:,.0f} s | "
+            f"{median(rows, 'loop_s'):.2f} s | {median(rows, 'loop_cpu_s'):.2f} s | {median(rows, 'req_per_s'):,.0f} | "
+            f"{median(rows, 'steps_per_s'):,.0f} | {median(rows, 'req_per_cpu_s'):,.0f} | {median(rows, 'steps_per_cpu_s'):,.0f} | "
+            f"{max(x['max_rss_mb'] for x in rows):,.0f} MB |"
+        )
     result = {"ours": ours, "vidur": theirs}
-    pairs = (("req_per_s", "requests / wall s"), ("steps_per_s", "steps / wall s"),
-             ("req_per_cpu_s", "requests / CPU s"), ("steps_per_cpu_s", "steps / CPU s"))
+    pairs = (
+        ("req_per_s", "requests / wall s"),
+        ("steps_per_s", "steps / wall s"),
+        ("req_per_cpu_s", "requests / CPU s"),
+        ("steps_per_cpu_s", "steps / CPU s"),
+    )
     if theirs:
         print()
         for key, label in pairs:
             per_round = [a[key] / b[key] for a, b in zip(ours, theirs)]
             result[key] = statistics.median(per_round)
-            print(f"same run, {label}: kvsched {statistics.median(per_round):.1f}× Vidur "
-                  f"(median of {rounds} alternating rounds; {min(per_round):.1f}–{max(per_round):.1f}× over rounds)")
+            print(
+                f"same run, {label}: kvsched {statistics.median(per_round):.1f}× Vidur "
+                f"(median of {rounds} alternating rounds; {min(per_round):.1f}–{max(per_round):.1f}× over rounds)"
+            )
         return result
     rec = RECORDED_VIDUR
-    print(f"\nVidur not run here: {why_not}. Dividing by the RECORDED Vidur figures (medians of {rec['rounds']} rounds, "
-          f"{rec['steps']:,} steps, {rec['max_rss_mb']:,.0f} MB), recorded {rec['date']} on a {rec['machine']} with "
-          f"`{rec['command']}` ({rec['source']}):")
+    print(
+        f"\nVidur not run here: {why_not}. Dividing by the RECORDED Vidur figures (medians of {rec['rounds']} rounds, "
+        f"{rec['steps']:,} steps, {rec['max_rss_mb']:,.0f} MB), recorded {rec['date']} on a {rec['machine']} with "
+        f"`{rec['command']}` ({rec['source']}):"
+    )
     for key, label in pairs:
         result[key] = median(ours, key) / rec[key]
         print(f"RECORDED Vidur {rec[key]:,.0f} {label}: kvsched {result[key]:.1f}× Vidur")
@@ -251,21 +324,40 @@ def main(argv: list[str] | None = None) -> list[dict]:
     from kvsched.workloads.errors import MAX_REQUESTS
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--synthetic", type=bounded(int, 0, MAX_REQUESTS), default=1_000_000, help="requests in the synthetic run (0: skip it)")
-    parser.add_argument("--rate", type=bounded(float, MIN_RATE, MAX_RATE), default=8.0, help="synthetic arrival rate (req/s)")
-    parser.add_argument("--azure-limit", type=bounded(int, 1, MAX_REQUESTS), default=None, help="replay only the first N Azure requests")
+    parser.add_argument(
+        "--synthetic",
+        type=bounded(int, 0, MAX_REQUESTS),
+        default=1_000_000,
+        help="requests in the synthetic run (0: skip it)",
+    )
+    parser.add_argument(
+        "--rate", type=bounded(float, MIN_RATE, MAX_RATE), default=8.0, help="synthetic arrival rate (req/s)"
+    )
+    parser.add_argument(
+        "--azure-limit", type=bounded(int, 1, MAX_REQUESTS), default=None, help="replay only the first N Azure requests"
+    )
     parser.add_argument("--scales", type=bounded(float, 1e-3, 1e3), nargs="+", default=[1.0, 2.0])
     parser.add_argument("--cprofile", action="store_true", help="profile one Azure replay instead")
     parser.add_argument("--json", help="also write the rows as JSON here")
     parser.add_argument("--policy", default="vllm-default", help="the policy of every run")
     parser.add_argument("--no-baseline", action="store_true", help="skip the sequence-by-sequence baseline replay")
-    parser.add_argument("--decision-log", action="store_true", help="replay the first trace without and with the decision log, alternating")
+    parser.add_argument(
+        "--decision-log",
+        action="store_true",
+        help="replay the first trace without and with the decision log, alternating",
+    )
     parser.add_argument("--pairs", type=bounded(int, 1, 100), default=3, help="off/on pairs for --decision-log")
     parser.add_argument("--like-vidur", action="store_true", help="the like-for-like comparison with Vidur instead")
     parser.add_argument("--rounds", type=bounded(int, 1, 100), default=5, help="--like-vidur: alternating rounds")
-    parser.add_argument("--vidur", type=Path, default=os.environ.get("VIDUR_SRC"), help="--like-vidur: a microsoft/vidur checkout")
-    parser.add_argument("--vidur-python", type=Path, default=REPO / ".venv-vidur" / "bin" / "python", help="Vidur's interpreter")
-    parser.add_argument("--one-like-vidur", action="store_true", help=argparse.SUPPRESS)  # one of our rounds, in a child process
+    parser.add_argument(
+        "--vidur", type=Path, default=os.environ.get("VIDUR_SRC"), help="--like-vidur: a microsoft/vidur checkout"
+    )
+    parser.add_argument(
+        "--vidur-python", type=Path, default=REPO / ".venv-vidur" / "bin" / "python", help="Vidur's interpreter"
+    )
+    parser.add_argument(
+        "--one-like-vidur", action="store_true", help=argparse.SUPPRESS
+    )  # one of our rounds, in a child process
     args = parser.parse_args(argv)
 
     if args.one_like_vidur:
@@ -279,13 +371,25 @@ def main(argv: list[str] | None = None) -> list[dict]:
         return []
     rows = []
     for scale in args.scales:
-        rows.append(measure(f"Azure conv ×{scale:g}", build_workload("azure-conv", rate_scale=scale, num_requests=args.azure_limit), args.policy))
+        rows.append(
+            measure(
+                f"Azure conv ×{scale:g}",
+                build_workload("azure-conv", rate_scale=scale, num_requests=args.azure_limit),
+                args.policy,
+            )
+        )
         print(table(rows[-1:]).splitlines()[-1], file=sys.stderr, flush=True)
     first = rows[0]
     if not args.no_baseline:
         scale = args.scales[0]
-        rows.append(measure(f"Azure conv ×{scale:g}, decode lane off (baseline)",
-                            build_workload("azure-conv", rate_scale=scale, num_requests=args.azure_limit), args.policy, decode_lane=False))
+        rows.append(
+            measure(
+                f"Azure conv ×{scale:g}, decode lane off (baseline)",
+                build_workload("azure-conv", rate_scale=scale, num_requests=args.azure_limit),
+                args.policy,
+                decode_lane=False,
+            )
+        )
         print(table(rows[-1:]).splitlines()[-1], file=sys.stderr, flush=True)
         base = rows[-1]
     if args.decision_log:
@@ -296,8 +400,14 @@ def main(argv: list[str] | None = None) -> list[dict]:
         with tempfile.TemporaryDirectory() as tmp:
             for _ in range(args.pairs):
                 for on in (False, True):
-                    pairs[on].append(measure(f"Azure conv ×{scale:g}, decision log {'on' if on else 'off'}", azure, args.policy,
-                                             decision_log=Path(tmp) / "decisions.parquet" if on else None))
+                    pairs[on].append(
+                        measure(
+                            f"Azure conv ×{scale:g}, decision log {'on' if on else 'off'}",
+                            azure,
+                            args.policy,
+                            decision_log=Path(tmp) / "decisions.parquet" if on else None,
+                        )
+                    )
                     print(table(pairs[on][-1:]).splitlines()[-1], file=sys.stderr, flush=True)
         best = {on: max(runs, key=lambda r: r["requests_per_wall_s"]) for on, runs in pairs.items()}
         rows += [best[False], best[True]]
@@ -305,18 +415,26 @@ def main(argv: list[str] | None = None) -> list[dict]:
         spec = SyntheticSpec(num_requests=args.synthetic, arrivals=Poisson(rate=args.rate))
         rows.append(measure(f"synthetic {args.synthetic:,} (Poisson {args.rate:g}/s)", spec, args.policy))
         print(table(rows[-1:]).splitlines()[-1], file=sys.stderr, flush=True)
-    print(f"python {platform.python_version()} on {platform.machine()}, one process; policy {args.policy}; engine config {A100_CONFIG}\n")
+    print(
+        f"python {platform.python_version()} on {platform.machine()}, one process; policy {args.policy}; engine config {A100_CONFIG}\n"
+    )
     print(table(rows))
     if not args.no_baseline:
-        assert (base["steps"], base["simulated_s"]) == (first["steps"], first["simulated_s"]), "the baseline simulated something else"
-        print(f"\ndecode lane: {(first['requests'] / first['cpu_s']) / (base['requests'] / base['cpu_s']):.1f}× the "
-              f"sequence-by-sequence rate per CPU second on {first['run']} (same steps, same simulated time)")
+        assert (base["steps"], base["simulated_s"]) == (first["steps"], first["simulated_s"]), (
+            "the baseline simulated something else"
+        )
+        print(
+            f"\ndecode lane: {(first['requests'] / first['cpu_s']) / (base['requests'] / base['cpu_s']):.1f}× the "
+            f"sequence-by-sequence rate per CPU second on {first['run']} (same steps, same simulated time)"
+        )
     if args.decision_log:
         off, on = best[False], best[True]
         assert (on["steps"], on["simulated_s"]) == (off["steps"], off["simulated_s"]), "the log changed the run"
         cpu = min(r["cpu_s"] for r in pairs[False]) / min(r["cpu_s"] for r in pairs[True])
-        print(f"\ndecision log on: {on['requests_per_wall_s'] / off['requests_per_wall_s']:.3f}× the speed with it off "
-              f"(fastest of {args.pairs} alternating runs each; {cpu:.3f}× in CPU time)")
+        print(
+            f"\ndecision log on: {on['requests_per_wall_s'] / off['requests_per_wall_s']:.3f}× the speed with it off "
+            f"(fastest of {args.pairs} alternating runs each; {cpu:.3f}× in CPU time)"
+        )
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=2)

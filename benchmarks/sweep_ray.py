@@ -31,19 +31,32 @@ def main() -> None:
     spec = SweepSpec({"workload": "synthetic", "num_requests": args.num_requests, "seed": 0})
     points = grid_points(args.policies.split(","), parse_grid([f"max_num_seqs={args.max_num_seqs}"]))
     walls, rows = {}, {}
-    for name, kwargs in (("serial", {"workers": 1}), ("pool", {"workers": args.workers}),
-                         ("ray", {"workers": args.workers, "ray_address": "local"})):
+    for name, kwargs in (
+        ("serial", {"workers": 1}),
+        ("pool", {"workers": args.workers}),
+        ("ray", {"workers": args.workers, "ray_address": "local"}),
+    ):
         start = time.perf_counter()
         rows[name] = [{k: v for k, v in r.items() if k != "wall_s"} for r in run_sweep(spec, points, **kwargs)]
         walls[name] = time.perf_counter() - start
-    print(json.dumps({
-        "points": len(points), "requests_per_point": args.num_requests, "workers": args.workers, "cpus": os.cpu_count(),
-        "serial_s": round(walls["serial"], 1), "pool_s": round(walls["pool"], 1), "ray_s": round(walls["ray"], 1),
-        "pool_speedup": round(walls["serial"] / walls["pool"], 2), "ray_speedup": round(walls["serial"] / walls["ray"], 2),
-        "ray_over_pool": round(walls["ray"] / walls["pool"], 2),
-        "identical_rows": rows["serial"] == rows["pool"] == rows["ray"],
-        "load_average_1m": round(os.getloadavg()[0], 1),
-    }))
+    print(
+        json.dumps(
+            {
+                "points": len(points),
+                "requests_per_point": args.num_requests,
+                "workers": args.workers,
+                "cpus": os.cpu_count(),
+                "serial_s": round(walls["serial"], 1),
+                "pool_s": round(walls["pool"], 1),
+                "ray_s": round(walls["ray"], 1),
+                "pool_speedup": round(walls["serial"] / walls["pool"], 2),
+                "ray_speedup": round(walls["serial"] / walls["ray"], 2),
+                "ray_over_pool": round(walls["ray"] / walls["pool"], 2),
+                "identical_rows": rows["serial"] == rows["pool"] == rows["ray"],
+                "load_average_1m": round(os.getloadavg()[0], 1),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

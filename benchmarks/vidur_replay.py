@@ -20,20 +20,39 @@ import sys
 import time
 
 ARGS = [
-    "--replica_config_device", "a100", "--replica_config_model_name", "meta-llama/Llama-2-7b-hf",
-    "--cluster_config_num_replicas", "1", "--replica_config_tensor_parallel_size", "1",
-    "--replica_config_num_pipeline_stages", "1",
-    "--request_generator_config_type", "trace_replay",
-    "--trace_request_generator_config_trace_file", "./data/processed_traces/splitwise_conv.csv",
-    "--trace_request_generator_config_max_tokens", "4096",
-    "--replica_scheduler_config_type", "vllm", "--vllm_scheduler_config_batch_size_cap", "128",
-    "--vllm_scheduler_config_max_tokens_in_batch", "4096",
+    "--replica_config_device",
+    "a100",
+    "--replica_config_model_name",
+    "meta-llama/Llama-2-7b-hf",
+    "--cluster_config_num_replicas",
+    "1",
+    "--replica_config_tensor_parallel_size",
+    "1",
+    "--replica_config_num_pipeline_stages",
+    "1",
+    "--request_generator_config_type",
+    "trace_replay",
+    "--trace_request_generator_config_trace_file",
+    "./data/processed_traces/splitwise_conv.csv",
+    "--trace_request_generator_config_max_tokens",
+    "4096",
+    "--replica_scheduler_config_type",
+    "vllm",
+    "--vllm_scheduler_config_batch_size_cap",
+    "128",
+    "--vllm_scheduler_config_max_tokens_in_batch",
+    "4096",
     # a reduced random-forest grid: trained once and cached, it changes only the setup time
-    "--random_forrest_execution_time_predictor_config_num_estimators", "100",
-    "--random_forrest_execution_time_predictor_config_max_depth", "16",
-    "--random_forrest_execution_time_predictor_config_min_samples_split", "2",
-    "--random_forrest_execution_time_predictor_config_k_fold_cv_splits", "2",
-    "--no-metrics_config_store_plots", "--no-metrics_config_enable_chrome_trace",
+    "--random_forrest_execution_time_predictor_config_num_estimators",
+    "100",
+    "--random_forrest_execution_time_predictor_config_max_depth",
+    "16",
+    "--random_forrest_execution_time_predictor_config_min_samples_split",
+    "2",
+    "--random_forrest_execution_time_predictor_config_k_fold_cv_splits",
+    "2",
+    "--no-metrics_config_store_plots",
+    "--no-metrics_config_enable_chrome_trace",
 ]
 
 
@@ -63,11 +82,21 @@ def main() -> None:
     t1, c1 = time.perf_counter(), time.process_time()
     simulator.run()
     t2, c2 = time.perf_counter(), time.process_time()
-    print(json.dumps({
-        "requests": requests, "steps": batches, "loop_s": t2 - t1, "loop_cpu_s": c2 - c1, "setup_s": t1 - t0,
-        "simulated_s": simulator._time, "num_blocks": num_blocks,
-        "max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-    }), flush=True)
+    print(
+        json.dumps(
+            {
+                "requests": requests,
+                "steps": batches,
+                "loop_s": t2 - t1,
+                "loop_cpu_s": c2 - c1,
+                "setup_s": t1 - t0,
+                "simulated_s": simulator._time,
+                "num_blocks": num_blocks,
+                "max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+            }
+        ),
+        flush=True,
+    )
 
 
 if __name__ == "__main__":

@@ -26,8 +26,18 @@ from pathlib import Path
 from fit_llama2_7b_a100 import attention_models
 
 REPO = Path(__file__).resolve().parents[1]
-REQUIREMENTS = ["numpy==2.4.6", "pandas==3.1.1", "scikit-learn==1.9.1", "wandb==0.31.0", "kaleido==1.5.0",
-                "ddsketch==3.0.1", "plotly_express==0.4.1", "matplotlib==3.11.2", "seaborn==0.13.2", "fasteners==0.20"]
+REQUIREMENTS = [
+    "numpy==2.4.6",
+    "pandas==3.1.1",
+    "scikit-learn==1.9.1",
+    "wandb==0.31.0",
+    "kaleido==1.5.0",
+    "ddsketch==3.0.1",
+    "plotly_express==0.4.1",
+    "matplotlib==3.11.2",
+    "seaborn==0.13.2",
+    "fasteners==0.20",
+]
 ATTENTION = Path("data/profiling/compute/a100/meta-llama/Llama-2-7b-hf/attention.csv")
 MODEL = {"n_embd": 4096, "n_q_head": 32, "n_kv_head": 32, "block_size": 16, "num_tensor_parallel_workers": 1}
 
@@ -47,13 +57,29 @@ def attention_rows() -> list[dict]:
     for bs in (1, 2, 4, 8, 16, 24, 32, 48, 64, 80, 96, 112, 128):
         for kv in range(64, 4097, 128):
             t = dec[0] + dec[1] * bs + dec[2] * bs * kv
-            rows.append({**MODEL, "batch_size": bs, "prefill_chunk_size": 0, "kv_cache_size": kv,
-                         "time_stats.attn_decode.median": t, "time_stats.attn_prefill.median": ""})
+            rows.append(
+                {
+                    **MODEL,
+                    "batch_size": bs,
+                    "prefill_chunk_size": 0,
+                    "kv_cache_size": kv,
+                    "time_stats.attn_decode.median": t,
+                    "time_stats.attn_prefill.median": "",
+                }
+            )
     for c in (16, 32, 64, *range(128, 4097, 128)):
         for kv in range(0, 4097 - c, 256):
             t = pre[0] + pre[1] * c + pre[2] * c * kv + pre[3] * c * c
-            rows.append({**MODEL, "batch_size": 1, "prefill_chunk_size": c, "kv_cache_size": kv,
-                         "time_stats.attn_decode.median": "", "time_stats.attn_prefill.median": t})
+            rows.append(
+                {
+                    **MODEL,
+                    "batch_size": 1,
+                    "prefill_chunk_size": c,
+                    "kv_cache_size": kv,
+                    "time_stats.attn_decode.median": "",
+                    "time_stats.attn_prefill.median": t,
+                }
+            )
     return rows
 
 

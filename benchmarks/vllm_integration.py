@@ -39,13 +39,25 @@ import vllm_servers as servers
 from kvsched.metrics.requests import percentile
 
 PY = sys.executable
-VLLM_ARGS = dict(dtype="float32", enforce_eager=True, block_size=32, max_model_len=2048, max_num_seqs=64,
-                 max_num_batched_tokens=512, distributed_executor_backend="uni")
+VLLM_ARGS = dict(
+    dtype="float32",
+    enforce_eager=True,
+    block_size=32,
+    max_model_len=2048,
+    max_num_seqs=64,
+    max_num_batched_tokens=512,
+    distributed_executor_backend="uni",
+)
 AGING_S = 10  # priority-vip's VIP boost (4 levels) is then 40 s of waiting: fcfs's queue here is shorter than that
-CASE_WORKLOAD = {"kind": "synthetic", "num_requests": 160, "arrivals": {"kind": "poisson", "rate": 2.7},
-                 "prompt": {"kind": "lognormal", "median": 120, "sigma": 0.6, "max": 600},
-                 "output": {"kind": "lognormal", "median": 48, "sigma": 0.5, "max": 160},
-                 "tenants": {"vip": 0.2, "default": 0.8}, "seed": 7}
+CASE_WORKLOAD = {
+    "kind": "synthetic",
+    "num_requests": 160,
+    "arrivals": {"kind": "poisson", "rate": 2.7},
+    "prompt": {"kind": "lognormal", "median": 120, "sigma": 0.6, "max": 600},
+    "output": {"kind": "lognormal", "median": 48, "sigma": 0.5, "max": 160},
+    "tenants": {"vip": 0.2, "default": 0.8},
+    "seed": 7,
+}
 
 
 # ---------------------------------------------------------------------------------- part 1
@@ -54,9 +66,8 @@ def child_throughput(side: str, out: str) -> None:
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
     os.environ["HF_HUB_OFFLINE"] = "1"
-    from vllm import LLM, SamplingParams
-
     from transformers import AutoTokenizer
+    from vllm import LLM, SamplingParams
 
     from kvsched.executors.hf_models import model_folder
     from kvsched.executors.hf_prompts import benchmark_prompts
@@ -65,13 +76,18 @@ def child_throughput(side: str, out: str) -> None:
     folder = model_folder("smollm2-135m")
     tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
     rng = random.Random(0)
-    prompts = [tokenizer.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True, tokenize=True)
-               for t in benchmark_prompts(64)]
+    prompts = [
+        tokenizer.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True, tokenize=True)
+        for t in benchmark_prompts(64)
+    ]
     prompts = [list(p if isinstance(p, list) else p["input_ids"]) for p in prompts]
     lengths = [rng.randint(32, 128) for _ in prompts]
     log = tempfile.mktemp(suffix=".jsonl")
-    cls = ("kvsched.integrations.vllm.steplog.LoggingScheduler" if side == "vllm"
-           else "kvsched.integrations.vllm.scheduler.KvschedScheduler")
+    cls = (
+        "kvsched.integrations.vllm.steplog.LoggingScheduler"
+        if side == "vllm"
+        else "kvsched.integrations.vllm.scheduler.KvschedScheduler"
+    )
     kvsched = {"step_log": log, **({} if side == "vllm" else {"policy": "vllm-v1"})}
     llm = LLM(model=str(folder), scheduler_cls=cls, additional_config={"kvsched": kvsched}, **VLLM_ARGS)
     params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in lengths]
@@ -83,35 +99,58 @@ def child_throughput(side: str, out: str) -> None:
     steps = read_step_log(log)
     tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
     overhead = [s["schedule_s"] + s["update_s"] for s in steps]
-    Path(out).write_text(json.dumps({"tokens": tokens, "prompt_tokens": sum(map(len, prompts)), "seconds": elapsed, "steps": len(steps),
-                                     "sched_ms": 1000 * statistics.median(overhead)}))
+    Path(out).write_text(
+        json.dumps(
+            {
+                "tokens": tokens,
+                "prompt_tokens": sum(map(len, prompts)),
+                "seconds": elapsed,
+                "steps": len(steps),
+                "sched_ms": 1000 * statistics.median(overhead),
+            }
+        )
+    )
 
 
 def run_side(side: str) -> dict:
     """One throughput run of ``side`` ("vllm": vLLM's own scheduler; "kvsched": ``vllm-v1`` through
     ``KvschedScheduler``) in a fresh process with one torch thread: tokens, seconds, steps, sched_ms."""
     out = tempfile.mktemp(suffix=".json")
-    done = subprocess.run([PY, __file__, "--child", side, out], env=dict(os.environ, OMP_NUM_THREADS="1"),
-                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    done = subprocess.run(
+        [PY, __file__, "--child", side, out],
+        env=dict(os.environ, OMP_NUM_THREADS="1"),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     if done.returncode:
-        raise SystemExit(f"the {side} throughput run failed ({done.returncode}):\n" + "\n".join(done.stderr.splitlines()[-20:]))
+        raise SystemExit(
+            f"the {side} throughput run failed ({done.returncode}):\n" + "\n".join(done.stderr.splitlines()[-20:])
+        )
     return json.loads(Path(out).read_text())
 
 
 def part_throughput(rounds: int) -> None:
     rows = {"vllm": [], "kvsched": []}
     for r in range(rounds):
-        for side in (("vllm", "kvsched") if r % 2 == 0 else ("kvsched", "vllm")):
+        for side in ("vllm", "kvsched") if r % 2 == 0 else ("kvsched", "vllm"):
             result = run_side(side)
             rows[side].append(result)
-            print(f"round {r + 1} {side:8s} {result['tokens'] / result['seconds']:7.1f} tok/s  "
-                  f"{result['steps']} steps, scheduler {result['sched_ms']:.3f} ms/step (median)", flush=True)
+            print(
+                f"round {r + 1} {side:8s} {result['tokens'] / result['seconds']:7.1f} tok/s  "
+                f"{result['steps']} steps, scheduler {result['sched_ms']:.3f} ms/step (median)",
+                flush=True,
+            )
     rate = {side: statistics.mean(x["tokens"] / x["seconds"] for x in runs) for side, runs in rows.items()}
     sched = {side: statistics.mean(x["sched_ms"] for x in runs) for side, runs in rows.items()}
-    print(f"\noutput tokens/s: vLLM's scheduler {rate['vllm']:.1f}, kvsched vllm-v1 {rate['kvsched']:.1f}, "
-          f"ratio {rate['kvsched'] / rate['vllm']:.3f}")
-    print(f"scheduler time per step: vLLM {sched['vllm']:.3f} ms, kvsched {sched['kvsched']:.3f} ms, "
-          f"ratio {sched['kvsched'] / sched['vllm']:.2f}")
+    print(
+        f"\noutput tokens/s: vLLM's scheduler {rate['vllm']:.1f}, kvsched vllm-v1 {rate['kvsched']:.1f}, "
+        f"ratio {rate['kvsched'] / rate['vllm']:.3f}"
+    )
+    print(
+        f"scheduler time per step: vLLM {sched['vllm']:.3f} ms, kvsched {sched['kvsched']:.3f} ms, "
+        f"ratio {sched['kvsched'] / sched['vllm']:.2f}"
+    )
 
 
 # ---------------------------------------------------------------------------------- part 2
@@ -122,8 +161,13 @@ def case_figures(run_dir: Path) -> tuple[float, float, int]:
     import csv
 
     rows = [r for r in csv.DictReader((run_dir / "requests.csv").open()) if r["ttft"]]
-    vip, other = (sorted(float(r["ttft"]) for r in rows if (r["tenant"] == "vip") == tenant_is_vip) for tenant_is_vip in (True, False))
-    burst = sum(1 for r in rows if r["e2e"] and int(r["output_tokens"]) > 5 and float(r["e2e"]) - float(r["ttft"]) < 0.05)
+    vip, other = (
+        sorted(float(r["ttft"]) for r in rows if (r["tenant"] == "vip") == tenant_is_vip)
+        for tenant_is_vip in (True, False)
+    )
+    burst = sum(
+        1 for r in rows if r["e2e"] and int(r["output_tokens"]) > 5 and float(r["e2e"]) - float(r["ttft"]) < 0.05
+    )
     return percentile(vip, 99), percentile(other, 99), burst
 
 
@@ -140,7 +184,10 @@ def case_traces(workdir: Path) -> dict[str, Path]:
     for name, vip_first in (("tenants", False), ("priorities", True)):
         path = traces[name] = workdir / f"vip-{name}.csv"
         lines = ["arrival_time_s,prompt_tokens,output_tokens,priority,tenant"]
-        lines += [f"{r.arrival_time!r},{r.prompt_len},{r.output_len},{int(vip_first and r.tenant != 'vip')},{r.tenant}" for r in requests]
+        lines += [
+            f"{r.arrival_time!r},{r.prompt_len},{r.output_len},{int(vip_first and r.tenant != 'vip')},{r.tenant}"
+            for r in requests
+        ]
         path.write_text("\n".join(lines) + "\n")
     return traces
 
@@ -153,18 +200,31 @@ def case_round(workdir: Path, name: str, r: int) -> dict:
     run_dir = workdir / f"{name}-{r}"
     vip, other, burst = case_figures(run_dir)
     summary = json.loads((run_dir / "summary.json").read_text())
-    return {"vip": vip, "other": other, "tput": summary["throughput_tokens_per_s"], "finished": summary["finished"], "burst": burst}
+    return {
+        "vip": vip,
+        "other": other,
+        "tput": summary["throughput_tokens_per_s"],
+        "finished": summary["finished"],
+        "burst": burst,
+    }
 
 
 def print_case_round(name: str, r: int, f: dict) -> None:
-    print(f"round {r} {name:13s} VIP p99 TTFT {f['vip']:6.2f} s · others {f['other']:6.2f} s · {f['tput']:.1f} output tok/s · "
-          f"{f['finished']} finished · {f['burst']} delivered in one burst", flush=True)
+    print(
+        f"round {r} {name:13s} VIP p99 TTFT {f['vip']:6.2f} s · others {f['other']:6.2f} s · {f['tput']:.1f} output tok/s · "
+        f"{f['finished']} finished · {f['burst']} delivered in one burst",
+        flush=True,
+    )
 
 
 def print_case_summary(results: dict[str, dict[int, dict]]) -> None:
     """priority-vip against each of vLLM's policies, and vLLM's priority against its fcfs: per-round
     ratios of VIP p99 TTFT, others' p99 TTFT and output throughput over the rounds both sides ran, their mean and range."""
-    for side, base in (("priority-vip", "vllm-fcfs"), ("priority-vip", "vllm-priority"), ("vllm-priority", "vllm-fcfs")):
+    for side, base in (
+        ("priority-vip", "vllm-fcfs"),
+        ("priority-vip", "vllm-priority"),
+        ("vllm-priority", "vllm-fcfs"),
+    ):
         cells = []
         for key, label in (("vip", "VIP p99 TTFT"), ("other", "others' p99 TTFT"), ("tput", "output throughput")):
             both = sorted(results[side].keys() & results[base].keys())
@@ -180,13 +240,29 @@ def part_case_study(workdir: Path, rounds: int, run: bool = True) -> None:
     flags = ["--max-model-len", "2048", "--max-num-seqs", "8", "--max-num-batched-tokens", "512"]  # requests queue
     sides = {  # name: (server command, the trace it is sent)
         "vllm-fcfs": (lambda port: servers.vllm_command(port, flags), "tenants"),
-        "vllm-priority": (lambda port: servers.vllm_command(port, [*flags, "--scheduling-policy", "priority"]), "priorities"),
-        "priority-vip": (lambda port: [str(servers.ENGINE), "serve", "--policy", "priority-vip", "--policy-opt", f"aging_s={AGING_S}",
-                                        "--port", str(port), "--", *flags], "tenants"),
+        "vllm-priority": (
+            lambda port: servers.vllm_command(port, [*flags, "--scheduling-policy", "priority"]),
+            "priorities",
+        ),
+        "priority-vip": (
+            lambda port: [
+                str(servers.ENGINE),
+                "serve",
+                "--policy",
+                "priority-vip",
+                "--policy-opt",
+                f"aging_s={AGING_S}",
+                "--port",
+                str(port),
+                "--",
+                *flags,
+            ],
+            "tenants",
+        ),
     }
     results: dict[str, dict[int, dict]] = {name: {} for name in CASE_SIDES}  # side: round: figures
     for r in range(1, rounds + 1):
-        for name in (CASE_SIDES if r % 2 else CASE_SIDES[::-1]):
+        for name in CASE_SIDES if r % 2 else CASE_SIDES[::-1]:
             if run:
                 command, trace = sides[name]
                 port = servers.free_port()
@@ -211,7 +287,11 @@ def main() -> None:
     parser.add_argument("--part", choices=("throughput", "case-study", "both"), default="both")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--workdir", type=Path, default=None, help="keep the bench result folders here")
-    parser.add_argument("--summarize", action="store_true", help="with --part case-study: print the figures of the rounds kept in --workdir, run nothing")
+    parser.add_argument(
+        "--summarize",
+        action="store_true",
+        help="with --part case-study: print the figures of the rounds kept in --workdir, run nothing",
+    )
     args = parser.parse_args()
     if args.summarize and (args.part != "case-study" or args.workdir is None):
         parser.error("--summarize needs --part case-study and the --workdir of an earlier run")

@@ -51,7 +51,11 @@ def pair(n: int, blocks: int | None):
 
 def seen(scheduler, out) -> tuple:
     """What a step did, as the two sides are compared on."""
-    return dict(out.num_scheduled_tokens), set(out.preempted_req_ids or ()), scheduler.kv_cache_manager.block_pool.get_num_free_blocks()
+    return (
+        dict(out.num_scheduled_tokens),
+        set(out.preempted_req_ids or ()),
+        scheduler.kv_cache_manager.block_pool.get_num_free_blocks(),
+    )
 
 
 def check(ours) -> None:
@@ -101,7 +105,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=200, help="timed steps per round and case")
     ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--clock", choices=("cpu", "wall"), default="cpu", help="the thread's CPU time (default) or wall time")
+    ap.add_argument(
+        "--clock", choices=("cpu", "wall"), default="cpu", help="the thread's CPU time (default) or wall time"
+    )
     ap.add_argument("--cases", nargs="+", choices=list(CASES), default=list(CASES))
     ap.add_argument("--cprofile", choices=list(CASES), help="profile our side on this case instead")
     args = ap.parse_args()
@@ -111,16 +117,23 @@ def main() -> None:
     import vllm
 
     clock = time.thread_time if args.clock == "cpu" else time.perf_counter
-    print(f"vLLM {vllm.__version__}: its Scheduler and KvschedScheduler (vllm-v1) in this process, interleaved step by step, "
-          f"{args.rounds} rounds, {args.steps} steps each, {args.clock} clock; same schedules checked every step")
+    print(
+        f"vLLM {vllm.__version__}: its Scheduler and KvschedScheduler (vllm-v1) in this process, interleaved step by step, "
+        f"{args.rounds} rounds, {args.steps} steps each, {args.clock} clock; same schedules checked every step"
+    )
     print(f"{'case':>16} {'vLLM ms/step':>13} {'ours ms/step':>13} {'ours / vLLM':>12} {'range over rounds':>18}")
     for case in args.cases:
         n, blocks = CASES[case]
-        rounds = [[statistics.median(side) for side in round_times(n, blocks, args.steps, clock)] for _ in range(args.rounds)]
+        rounds = [
+            [statistics.median(side) for side in round_times(n, blocks, args.steps, clock)] for _ in range(args.rounds)
+        ]
         theirs, ours = (statistics.median(r[side] for r in rounds) for side in (0, 1))
         ratios = [r[1] / r[0] for r in rounds]
-        print(f"{case:>16} {theirs * 1e3:13.3f} {ours * 1e3:13.3f} {statistics.median(ratios):11.3f}× "
-              f"{min(ratios):8.3f}–{max(ratios):.3f}×", flush=True)
+        print(
+            f"{case:>16} {theirs * 1e3:13.3f} {ours * 1e3:13.3f} {statistics.median(ratios):11.3f}× "
+            f"{min(ratios):8.3f}–{max(ratios):.3f}×",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -22,13 +22,22 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def vllm_command(port: int, flags: list[str], scheduler_cls: str | None = None, kvsched: dict | None = None) -> list[str]:
+def vllm_command(
+    port: int, flags: list[str], scheduler_cls: str | None = None, kvsched: dict | None = None
+) -> list[str]:
     """vLLM's server on SmolLM2 as ``engine serve`` starts it (its own scheduler unless ``scheduler_cls`` is given)."""
     from kvsched.cli.serve import vllm_command
     from kvsched.executors.hf_models import model_folder
 
-    return vllm_command(str(model_folder("smollm2-135m")), "smollm2-135m", "127.0.0.1", port, flags,
-                        (kvsched or {}) if scheduler_cls else None, scheduler_cls)
+    return vllm_command(
+        str(model_folder("smollm2-135m")),
+        "smollm2-135m",
+        "127.0.0.1",
+        port,
+        flags,
+        (kvsched or {}) if scheduler_cls else None,
+        scheduler_cls,
+    )
 
 
 def start(command: list[str], port: int, kv_cache_gib: float = 2.0, log: Path | None = None) -> subprocess.Popen:
@@ -64,12 +73,19 @@ def warm_up(port: int, requests: int = 3) -> None:
 
     with OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none") as client:
         for _ in range(requests):
-            client.completions.create(model="smollm2-135m", prompt=[1000 + k for k in range(64)], max_tokens=16,
-                                      extra_body={"ignore_eos": True})
+            client.completions.create(
+                model="smollm2-135m",
+                prompt=[1000 + k for k in range(64)],
+                max_tokens=16,
+                extra_body={"ignore_eos": True},
+            )
 
 
-COUNTERS = {"preemptions": "vllm:num_preemptions_total", "prefix_cache_hits": "vllm:prefix_cache_hits_total",
-            "prefix_cache_queries": "vllm:prefix_cache_queries_total"}  # tokens, for the two prefix-cache counters
+COUNTERS = {
+    "preemptions": "vllm:num_preemptions_total",
+    "prefix_cache_hits": "vllm:prefix_cache_hits_total",
+    "prefix_cache_queries": "vllm:prefix_cache_queries_total",
+}  # tokens, for the two prefix-cache counters
 
 
 def counters(url: str) -> dict[str, float]:
@@ -92,8 +108,23 @@ def bench(port: int, label: str, workload: Path, out: Path, warm: bool = True, t
         warm_up(port)
     root = f"http://127.0.0.1:{port}"
     before = counters(root)
-    subprocess.run([str(ENGINE), "bench", "--url", f"{root}/v1", "--trace" if trace else "--workload", str(workload),
-                    "--output", str(out), "-q", "--label", label], check=True, stdout=subprocess.DEVNULL)
+    subprocess.run(
+        [
+            str(ENGINE),
+            "bench",
+            "--url",
+            f"{root}/v1",
+            "--trace" if trace else "--workload",
+            str(workload),
+            "--output",
+            str(out),
+            "-q",
+            "--label",
+            label,
+        ],
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
     summary = json.loads((out / "summary.json").read_text())
     summary["server_counters"] = {k: v - before[k] for k, v in counters(root).items()}
     return summary

@@ -15,12 +15,25 @@ from kvsched.cli import routers as router_cli
 from kvsched.cli import simulate as sim
 from kvsched.cli.bench import bench
 from kvsched.cli.capacity import capacity
+from kvsched.cli.common import (
+    DebugOpt,
+    NumOpt,
+    OutputOpt,
+    PolicyOpt,
+    PolicyOptions,
+    ProfileOpt,
+    QuietOpt,
+    RateOpt,
+    SeedOpt,
+    SetOpt,
+    cli_errors,
+    error_line,
+    fail,
+    input_files,
+    refuse_unread,
+)
 from kvsched.cli.leaderboard import leaderboard
 from kvsched.cli.serve import serve
-from kvsched.cli.common import (
-    DebugOpt, NumOpt, OutputOpt, PolicyOpt, PolicyOptions, ProfileOpt, QuietOpt, RateOpt, SeedOpt, SetOpt, cli_errors, console,
-    error_line, fail, input_files, refuse_unread,
-)
 
 app = typer.Typer(
     name="engine",
@@ -30,6 +43,8 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
+
+
 @app.callback()
 @cli_errors
 def main_callback(
@@ -49,8 +64,11 @@ def main_callback(
     if debug:
         os.environ["KVSCHED_DEBUG"] = "1"
     if ctx.invoked_subcommand is not None:  # they run `engine` alone: before a command, they would be ignored
-        refuse_unread(ctx, {p.name for p in ctx.command.params} - {"debug"},
-                      f"before the command: give it after it (engine {ctx.invoked_subcommand} ...)")
+        refuse_unread(
+            ctx,
+            {p.name for p in ctx.command.params} - {"debug"},
+            f"before the command: give it after it (engine {ctx.invoked_subcommand} ...)",
+        )
     else:
         sim.run_command(policy, policy_opt, set_, seed, num_requests, rate, output, profile, quiet)
 
@@ -108,26 +126,63 @@ def run(
             fail("--executor hf runs one real engine; a fleet is simulated (drop --executor, or the fleet's options)")
         refuse_unread(ctx, HF_OPTIONS, "to a fleet: it is simulated (--executor hf runs one real engine)")
         refuse_unread(ctx, GPU_OPTIONS, "to a fleet: its replicas take --profile (a GPU's roofline models one engine)")
-        refuse_unread(ctx, ONE_ENGINE_OUTPUTS, "to a fleet: its results (summary.json, requests.csv, routes.csv, "
-                                               "report.html) have no SLO goodput, decision log or Chrome trace yet")
+        refuse_unread(
+            ctx,
+            ONE_ENGINE_OUTPUTS,
+            "to a fleet: its results (summary.json, requests.csv, routes.csv, "
+            "report.html) have no SLO goodput, decision log or Chrome trace yet",
+        )
         if fleet_spec is not None:
-            refuse_unread(ctx, FLEET_SPEC_FIELDS, "with --fleet: the spec's replica groups give each replica's policy, "
-                                                  "options, settings and profile")
-        spec = fleet.fleet_spec(policy, policy_opt, set_, profile, replicas, router, router_opt, staleness,
-                                prefill_replicas, decode_replicas, fleet_spec, transfer_gbps)
-        built = build_workload(workload, trace, num_requests=num_requests, rate=rate, rate_scale=rate_scale,
-                               start_offset=start_offset, arrival=arrival, cv=cv, seed=seed)
+            refuse_unread(
+                ctx,
+                FLEET_SPEC_FIELDS,
+                "with --fleet: the spec's replica groups give each replica's policy, options, settings and profile",
+            )
+        spec = fleet.fleet_spec(
+            policy,
+            policy_opt,
+            set_,
+            profile,
+            replicas,
+            router,
+            router_opt,
+            staleness,
+            prefill_replicas,
+            decode_replicas,
+            fleet_spec,
+            transfer_gbps,
+        )
+        built = build_workload(
+            workload,
+            trace,
+            num_requests=num_requests,
+            rate=rate,
+            rate_scale=rate_scale,
+            start_offset=start_offset,
+            arrival=arrival,
+            cv=cv,
+            seed=seed,
+        )
         inputs = {**input_files(workload, trace, profile, [policy], built), "--fleet": fleet_spec}
         fleet.run_command(spec, built, output, quiet, inputs, plot=plot)
         return
-    refuse_unread(ctx, FLEET_OPTIONS, "to one engine: it routes or shapes a fleet (give --replicas N, "
-                                      "--prefill-replicas with --decode-replicas, or --fleet)")
+    refuse_unread(
+        ctx,
+        FLEET_OPTIONS,
+        "to one engine: it routes or shapes a fleet (give --replicas N, "
+        "--prefill-replicas with --decode-replicas, or --fleet)",
+    )
     if executor == "hf":
-        refuse_unread(ctx, SIM_OPTIONS, "to a real model (--executor hf): it runs --prompt (or its built-in prompts), "
-                                        "not a simulated workload")
+        refuse_unread(
+            ctx,
+            SIM_OPTIONS,
+            "to a real model (--executor hf): it runs --prompt (or its built-in prompts), not a simulated workload",
+        )
         if prompt:
             refuse_unread(ctx, {"num_requests"}, "with --prompt: the prompts given are the requests")
-        hf.run_command(policy, policy_opt, set_, seed, num_requests, rate, output, quiet, model, prompt, max_tokens, temperature)
+        hf.run_command(
+            policy, policy_opt, set_, seed, num_requests, rate, output, quiet, model, prompt, max_tokens, temperature
+        )
         return
     refuse_unread(ctx, HF_OPTIONS, "to a simulation: it is for a real model (give --executor hf)")
     gpu = None
@@ -135,21 +190,73 @@ def run(
         refuse_unread(ctx, GPU_OPTIONS, "without --hardware and --model-config: it describes a GPU")
     else:
         refuse_unread(ctx, {"profile"}, "with --hardware and --model-config: they derive the cost model")
-        gpu = {"hardware": hardware, "model_config": model_config, "tp": tp, "dtype": dtype,
-               "gpu_memory_utilization": gpu_memory_utilization}
-    sim.run_command(policy, policy_opt, set_, seed, num_requests, rate, output, profile, quiet,
-                    workload, trace, rate_scale, start_offset, arrival, cv, slo_ttft, slo_tpot, plot, decision_log,
-                    trace_out, gpu)
+        gpu = {
+            "hardware": hardware,
+            "model_config": model_config,
+            "tp": tp,
+            "dtype": dtype,
+            "gpu_memory_utilization": gpu_memory_utilization,
+        }
+    sim.run_command(
+        policy,
+        policy_opt,
+        set_,
+        seed,
+        num_requests,
+        rate,
+        output,
+        profile,
+        quiet,
+        workload,
+        trace,
+        rate_scale,
+        start_offset,
+        arrival,
+        cv,
+        slo_ttft,
+        slo_tpot,
+        plot,
+        decision_log,
+        trace_out,
+        gpu,
+    )
 
 
 # The options of `engine run` that only some of its modes read, by parameter name: given where they are not read,
 # they are refused (one line, exit 2) rather than taken and ignored. tests/test_cli_options.py enumerates them all.
 HF_OPTIONS = frozenset({"model", "prompt", "max_tokens", "temperature"})
 GPU_OPTIONS = frozenset({"hardware", "model_config", "tp", "dtype", "gpu_memory_utilization"})  # a roofline's
-SIM_OPTIONS = frozenset({"profile", "workload", "trace", "rate_scale", "start_offset", "arrival", "cv", "slo_ttft",
-                         "slo_tpot", "plot", "decision_log", "trace_out"}) | GPU_OPTIONS
-FLEET_OPTIONS = frozenset({"replicas", "router", "router_opt", "staleness", "prefill_replicas", "decode_replicas",
-                           "fleet_spec", "transfer_gbps"})
+SIM_OPTIONS = (
+    frozenset(
+        {
+            "profile",
+            "workload",
+            "trace",
+            "rate_scale",
+            "start_offset",
+            "arrival",
+            "cv",
+            "slo_ttft",
+            "slo_tpot",
+            "plot",
+            "decision_log",
+            "trace_out",
+        }
+    )
+    | GPU_OPTIONS
+)
+FLEET_OPTIONS = frozenset(
+    {
+        "replicas",
+        "router",
+        "router_opt",
+        "staleness",
+        "prefill_replicas",
+        "decode_replicas",
+        "fleet_spec",
+        "transfer_gbps",
+    }
+)
 ONE_ENGINE_OUTPUTS = frozenset({"slo_ttft", "slo_tpot", "decision_log", "trace_out"})  # none in a fleet's yet
 FLEET_SPEC_FIELDS = frozenset({"policy", "policy_opt", "set_", "profile"})
 

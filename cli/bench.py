@@ -3,25 +3,49 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 from rich.markup import escape
 
 from kvsched.cli.common import (
-    NumOpt, OutputOpt, QuietOpt, SeedOpt, console, err_console, fail, progress_bar,
+    NumOpt,
+    OutputOpt,
+    QuietOpt,
+    SeedOpt,
+    console,
+    err_console,
+    fail,
+    progress_bar,
 )
-from kvsched.cli.tables import print_summary
 from kvsched.cli.simulate import RateScaleOpt, TraceOpt, WorkloadOpt
+from kvsched.cli.tables import print_summary
 from kvsched.core.errors import error_text, quote
 from kvsched.reporting.destination import check_folder
 
-UrlOpt = Annotated[str, typer.Option("--url", help="the server, as its root (http://127.0.0.1:8000, as vllm bench serve --base-url) or its OpenAI API base (.../v1)")]
-BenchModelOpt = Annotated[Optional[str], typer.Option("--model", "-m", help="model name to request (default: the first the server lists)")]
-LabelOpt = Annotated[Optional[str], typer.Option("--label", help="what to call the server's policy in the summary (default: the URL)")]
+UrlOpt = Annotated[
+    str,
+    typer.Option(
+        "--url",
+        help="the server, as its root (http://127.0.0.1:8000, as vllm bench serve --base-url) or its OpenAI API base (.../v1)",
+    ),
+]
+BenchModelOpt = Annotated[
+    str | None, typer.Option("--model", "-m", help="model name to request (default: the first the server lists)")
+]
+LabelOpt = Annotated[
+    str | None, typer.Option("--label", help="what to call the server's policy in the summary (default: the URL)")
+]
 ApiKeyOpt = Annotated[str, typer.Option("--api-key", envvar="OPENAI_API_KEY", help="API key, if the server wants one")]
-TimeoutOpt = Annotated[float, typer.Option("--timeout", min=0.001, max=86_400, help=(
-    "seconds to wait for the server's next byte (connecting, each read of a stream) before a request fails"))]
+TimeoutOpt = Annotated[
+    float,
+    typer.Option(
+        "--timeout",
+        min=0.001,
+        max=86_400,
+        help=("seconds to wait for the server's next byte (connecting, each read of a stream) before a request fails"),
+    ),
+]
 DEFAULT_TIMEOUT_S = 600.0  # a long prompt queued behind others on a busy server waits minutes for its first token
 
 

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -15,22 +15,37 @@ GPU_FIT_OPTIONS = frozenset({"hardware", "rounds", "scale"})
 
 def calibrate(
     ctx: typer.Context,
-    recorded: Annotated[Optional[Path], typer.Argument(help=(
-        "CSV of measured steps (StepRecorder.save): prefill_tokens,decode_seqs,kv_tokens_read,"
-        "blocks_swapped,blocks_copied,duration_s[,prefill_pairs]"))] = None,
+    recorded: Annotated[
+        Path | None,
+        typer.Argument(
+            help=(
+                "CSV of measured steps (StepRecorder.save): prefill_tokens,decode_seqs,kv_tokens_read,"
+                "blocks_swapped,blocks_copied,duration_s[,prefill_pairs]"
+            )
+        ),
+    ] = None,
     name: Annotated[str, typer.Option(help="name of the fitted profile")] = "fitted",
-    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="profile JSON to write (default NAME.json)")] = None,
+    output: Annotated[
+        Path | None, typer.Option("--output", "-o", help="profile JSON to write (default NAME.json)")
+    ] = None,
     kv_bytes_per_token: Annotated[int, typer.Option(help="KV bytes per token, all layers (for swap/copy time)")] = 0,
     swap_gb_per_s: Annotated[float, typer.Option(help="GPU<->CPU bandwidth for swap time")] = 16.0,
     copy_gb_per_s: Annotated[float, typer.Option(help="GPU<->GPU bandwidth for copy-on-write time")] = 100.0,
     description: Annotated[str, typer.Option(help="what was measured (model, hardware)")] = "",
-    from_: Annotated[Optional[list[Path]], typer.Option(
-        "--from", help="instead: inference-perf result folders of real runs, to refit --hardware to")] = None,
-    hardware: Annotated[str, typer.Option(
-        "--hardware", help="with --from: the GPU the runs used (a built-in name or a hardware .json)")] = "h100-sxm",
+    from_: Annotated[
+        list[Path] | None,
+        typer.Option("--from", help="instead: inference-perf result folders of real runs, to refit --hardware to"),
+    ] = None,
+    hardware: Annotated[
+        str, typer.Option("--hardware", help="with --from: the GPU the runs used (a built-in name or a hardware .json)")
+    ] = "h100-sxm",
     rounds: Annotated[int, typer.Option("--rounds", min=1, max=10, help="with --from: simulate-and-fit rounds")] = 2,
-    scale: Annotated[float, typer.Option(
-        "--scale", min=1e-3, max=1.0, help="with --from: simulate each stage for this share of its duration")] = 0.25,
+    scale: Annotated[
+        float,
+        typer.Option(
+            "--scale", min=1e-3, max=1.0, help="with --from: simulate each stage for this share of its duration"
+        ),
+    ] = 0.25,
 ) -> None:
     """Fit t = a + b·prefill_tokens + c·decode_seqs + d·kv_tokens_read + e·prefill_pairs to measured steps (or,
     with --from, a GPU's roofline efficiencies to real runs)."""
@@ -56,19 +71,30 @@ def calibrate(
     check_file(path, "--output")
     check_apart({"--output": (path, None)}, {"RECORDED": recorded})
     records = load_records(recorded)
-    profile = fit_profile(records, name, description=description or f"fitted to {recorded.name}",
-                          kv_bytes_per_token=kv_bytes_per_token, swap_gb_per_s=swap_gb_per_s, copy_gb_per_s=copy_gb_per_s)
+    profile = fit_profile(
+        records,
+        name,
+        description=description or f"fitted to {recorded.name}",
+        kv_bytes_per_token=kv_bytes_per_token,
+        swap_gb_per_s=swap_gb_per_s,
+        copy_gb_per_s=copy_gb_per_s,
+    )
     errors = fit_errors(profile, records)
     table = Table(title=f"profile {name}: {errors['n']} steps")
     table.add_column("term")
     table.add_column("ms", justify="right")
-    for label, value in (("a (per step)", profile.base_ms), ("b (per prefill token)", profile.prefill_token_ms),
-                         ("c (per decode sequence)", profile.decode_seq_ms),
-                         ("d (per KV token read)", profile.kv_token_ms),
-                         ("e (per prefill query-key pair)", profile.attention_pair_ms)):
+    for label, value in (
+        ("a (per step)", profile.base_ms),
+        ("b (per prefill token)", profile.prefill_token_ms),
+        ("c (per decode sequence)", profile.decode_seq_ms),
+        ("d (per KV token read)", profile.kv_token_ms),
+        ("e (per prefill query-key pair)", profile.attention_pair_ms),
+    ):
         table.add_row(label, f"{value:.6g}")
     console.print(table)
-    console.print(f"relative error: mean {100 * errors['mape']:.2f}%, p95 {100 * errors['p95']:.2f}%, max {100 * errors['max']:.2f}%")
+    console.print(
+        f"relative error: mean {100 * errors['mape']:.2f}%, p95 {100 * errors['p95']:.2f}%, max {100 * errors['max']:.2f}%"
+    )
     with publishing_file(path) as temp:
         temp.write_text(profile.model_dump_json(indent=2) + "\n")
     console.print(f"wrote {path} (use it with --profile {path})", highlight=False)

@@ -14,7 +14,7 @@ import traceback
 from collections.abc import Callable, Collection, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any
 
 import typer
 from pydantic import ValidationError
@@ -37,22 +37,53 @@ def _console(stderr: bool = False) -> Console:
 console = _console()
 err_console = _console(stderr=True)
 
+
 def flag(*names: str, help: str, **options):
     """A boolean option that is a flag, given or not: shown without a value (``--quiet``, not
     ``--quiet <bool>``), as it takes none."""
     return typer.Option(*names, help=help, metavar="", **options)
 
 
-PolicyOpt = Annotated[str, typer.Option("--policy", "-p", help="policy name (see `engine policies`), or path/to/file.py:Class")]
-PolicyOptions = Annotated[Optional[list[str]], typer.Option("--policy-opt", help="policy constructor option KEY=VALUE (repeatable)")]
-SetOpt = Annotated[Optional[list[str]], typer.Option("--set", "-s", help="engine config override KEY=VALUE (repeatable), e.g. delay_factor=0.5")]
+PolicyOpt = Annotated[
+    str, typer.Option("--policy", "-p", help="policy name (see `engine policies`), or path/to/file.py:Class")
+]
+PolicyOptions = Annotated[
+    list[str] | None, typer.Option("--policy-opt", help="policy constructor option KEY=VALUE (repeatable)")
+]
+SetOpt = Annotated[
+    list[str] | None,
+    typer.Option("--set", "-s", help="engine config override KEY=VALUE (repeatable), e.g. delay_factor=0.5"),
+]
 SeedOpt = Annotated[int, typer.Option(help="workload seed")]
-NumOpt = Annotated[Optional[int], typer.Option("--num-requests", "-n", help="requests of the default or synthetic workload, or the first N of a trace")]
-RateOpt = Annotated[Optional[float], typer.Option(help="mean arrival rate, requests/s (Poisson; on a trace it replaces the recorded arrival times)")]
-OutputOpt = Annotated[Optional[Path], typer.Option("--output", "-o", help="results folder: summary.json, requests.csv/.parquet, timeseries.parquet")]
+NumOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--num-requests", "-n", help="requests of the default or synthetic workload, or the first N of a trace"
+    ),
+]
+RateOpt = Annotated[
+    float | None,
+    typer.Option(help="mean arrival rate, requests/s (Poisson; on a trace it replaces the recorded arrival times)"),
+]
+OutputOpt = Annotated[
+    Path | None,
+    typer.Option("--output", "-o", help="results folder: summary.json, requests.csv/.parquet, timeseries.parquet"),
+]
 ProfileOpt = Annotated[str, typer.Option(help="simulator cost profile: a name, or a .json file from engine calibrate")]
-QuietOpt = Annotated[bool, flag("--quiet", "-q", help="no progress (bars and status lines on stderr); results, warnings and errors still print")]
-DebugOpt = Annotated[bool, flag("--debug", envvar="KVSCHED_DEBUG", help="show the whole traceback of an error (anywhere on the line; or KVSCHED_DEBUG=1)")]
+QuietOpt = Annotated[
+    bool,
+    flag(
+        "--quiet", "-q", help="no progress (bars and status lines on stderr); results, warnings and errors still print"
+    ),
+]
+DebugOpt = Annotated[
+    bool,
+    flag(
+        "--debug",
+        envvar="KVSCHED_DEBUG",
+        help="show the whole traceback of an error (anywhere on the line; or KVSCHED_DEBUG=1)",
+    ),
+]
 
 
 def fail(message: str, code: int = 2) -> None:
@@ -79,7 +110,9 @@ def refuse_unread(ctx: typer.Context, names: Collection[str], mode: str) -> None
 
 def error_line(message: str) -> None:
     """``error: message`` on stderr, on one line however long the message (cut at 1,000 characters)."""
-    err_console.print(f"[bold red]error:[/] {escape(shorten(one_line(message), 1000))}", highlight=False, soft_wrap=True)
+    err_console.print(
+        f"[bold red]error:[/] {escape(shorten(one_line(message), 1000))}", highlight=False, soft_wrap=True
+    )
 
 
 _LINE_BREAKS = re.compile(r"\s*[\n\r\v\f\x1c-\x1e\x85\u2028\u2029]+\s*")
@@ -127,7 +160,9 @@ def _one_line(exc: Exception) -> tuple[str, int]:
         return str(exc), 2
     if isinstance(exc, OSError):
         return f"{exc.filename}: {exc.strerror}" if exc.filename and exc.strerror else str(exc) or repr(exc), 2
-    if isinstance(exc, (KeyError, ValueError)):  # a KeyError's str() quotes its message; a UnicodeError's first argument is a codec's name
+    if isinstance(
+        exc, (KeyError, ValueError)
+    ):  # a KeyError's str() quotes its message; a UnicodeError's first argument is a codec's name
         plain = isinstance(exc, KeyError) and len(exc.args) == 1
         return error_text(Exception(exc.args[0]) if plain else exc, 1000) if exc.args else repr(exc), 2
     return f"unexpected {type(exc).__name__}: {error_text(exc, 1000)} (KVSCHED_DEBUG=1 shows the traceback)", 1
@@ -137,9 +172,12 @@ def input_files(workload=None, trace=None, profile=None, policies=(), built=None
     """The files a command reads, by option (for ``check_apart``): a ``.json`` workload spec or cost
     profile, the trace, a policy's ``file.py``, and the trace a built workload replays (a spec's, a
     built-in's)."""
-    files: dict[str, Path | None] = {"--trace": trace, "--workload": Path(workload) if str(workload).endswith(".json") else None,
-                                     "--profile": Path(profile) if str(profile).endswith(".json") else None,
-                                     "the workload's trace": getattr(built, "path", None)}
+    files: dict[str, Path | None] = {
+        "--trace": trace,
+        "--workload": Path(workload) if str(workload).endswith(".json") else None,
+        "--profile": Path(profile) if str(profile).endswith(".json") else None,
+        "the workload's trace": getattr(built, "path", None),
+    }
     for spec in policies:
         source = str(spec).split(":", 1)[0]
         files[f"--policy {spec}"] = Path(source) if source.endswith(".py") else None
@@ -214,15 +252,22 @@ def working(quiet: bool, doing: str) -> Iterator[None]:
         yield
         return
     start = time.perf_counter()
-    with Progress(SpinnerColumn(), TextColumn(f"[bold]{escape(doing)}"), TimeElapsedColumn(), console=err_console, transient=True):
+    with Progress(
+        SpinnerColumn(), TextColumn(f"[bold]{escape(doing)}"), TimeElapsedColumn(), console=err_console, transient=True
+    ):
         yield
     err_console.print(f"{doing}: {time.perf_counter() - start:.1f} s", highlight=False)
 
 
 def progress_bar(quiet: bool, doing: str = "simulating", counting: str = "requests") -> Progress:
     return Progress(
-        TextColumn(f"[bold]{doing}"), BarColumn(), MofNCompleteColumn(), TextColumn(counting),
-        TimeElapsedColumn(), console=err_console, disable=quiet,
+        TextColumn(f"[bold]{doing}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn(counting),
+        TimeElapsedColumn(),
+        console=err_console,
+        disable=quiet,
     )
 
 
@@ -232,7 +277,8 @@ def print_plugins(kind: str, infos: Iterable[Any], describe: Callable[[str], str
     so that a broken third-party plugin does not hide the others (a ``KeyboardInterrupt`` its import raises
     too: only a real Ctrl-C, SIGINT, ends the listing). A name that several distributions register is
     listed as DIST:NAME, each, with a warning that says how to choose."""
-    from kvsched.core.loading import GROUPS, exception_text
+    from kvsched.core.boundary import exception_text
+    from kvsched.core.loading import GROUPS
 
     group = GROUPS[kind]
     table = Table(title=f"installed {group.removeprefix('kvsched.')} (entry-point group {group})")
@@ -253,8 +299,10 @@ def print_plugins(kind: str, infos: Iterable[Any], describe: Callable[[str], str
     console.print(table)
     for name in sorted({i.name for i in infos if i.ambiguous}):
         dists = " and ".join(i.distribution for i in infos if i.name == name)
-        console.print(f"[bold yellow]warning:[/] {name} is registered by {dists}: choose one with --{kind} DIST:{name}",
-                      highlight=False)
+        console.print(
+            f"[bold yellow]warning:[/] {name} is registered by {dists}: choose one with --{kind} DIST:{name}",
+            highlight=False,
+        )
 
 
 @contextmanager

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -12,9 +12,14 @@ from kvsched.cli.common import flag
 
 def explain(
     run_dir: Annotated[Path, typer.Argument(help="a results folder written by `engine run --output`")],
-    request: Annotated[Optional[str], typer.Option("--request", "-r", help="one request's timeline: each wait with its reason and steps")] = None,
-    step: Annotated[Optional[int], typer.Option("--step", help="one step's batch, and who was left out and why")] = None,
-    full: Annotated[bool, flag("--full", help="with --request: every phase and every line (the default shortens a long timeline)")] = False,
+    request: Annotated[
+        str | None,
+        typer.Option("--request", "-r", help="one request's timeline: each wait with its reason and steps"),
+    ] = None,
+    step: Annotated[int | None, typer.Option("--step", help="one step's batch, and who was left out and why")] = None,
+    full: Annotated[
+        bool, flag("--full", help="with --request: every phase and every line (the default shortens a long timeline)")
+    ] = False,
 ) -> None:
     """Why requests waited: the top reasons weighted by time, one request's timeline, or one step's batch."""
     from kvsched.cli.common import console, fail
@@ -28,8 +33,9 @@ def explain(
         from kvsched.reporting.explain_fleet import explain_fleet
 
         if step is not None:
-            fail("--step does not apply to a fleet's folder: it has no steps to explain (give --request ID, "
-                 "or nothing)")
+            fail(
+                "--step does not apply to a fleet's folder: it has no steps to explain (give --request ID, or nothing)"
+            )
         if full:
             fail("--full does not apply to a fleet's folder: a request's routes are shown whole")
         for line in explain_fleet(run_dir, request):

@@ -6,31 +6,70 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
 from kvsched.cli.common import NumOpt, ProfileOpt, QuietOpt, RateOpt, flag, given_options
 
-PoliciesOpt = Annotated[Optional[list[str]], typer.Option("--policy", "-p", help="policy to compare (repeatable, at least two)")]
-FoldersArg = Annotated[Optional[list[Path]], typer.Argument(help="result folders (engine run or engine bench --output) to put side by side, instead of --policy")]
-CheckPolicyOpt = Annotated[Optional[str], typer.Option("--policy", "-p", help="installed policy name, or file.py:Attr / module:Attr")]
-ExamplesOpt = Annotated[int, typer.Option("--examples", min=1, max=100_000, help="Hypothesis examples for the state machine")]
+PoliciesOpt = Annotated[
+    list[str] | None, typer.Option("--policy", "-p", help="policy to compare (repeatable, at least two)")
+]
+FoldersArg = Annotated[
+    list[Path] | None,
+    typer.Argument(
+        help="result folders (engine run or engine bench --output) to put side by side, instead of --policy"
+    ),
+]
+CheckPolicyOpt = Annotated[
+    str | None, typer.Option("--policy", "-p", help="installed policy name, or file.py:Attr / module:Attr")
+]
+ExamplesOpt = Annotated[
+    int, typer.Option("--examples", min=1, max=100_000, help="Hypothesis examples for the state machine")
+]
 StepsOpt = Annotated[int, typer.Option("--steps", min=1, max=10_000, help="rules per state-machine example")]
-StarvationOpt = Annotated[int, typer.Option(min=1, max=10_000, help="Hypothesis examples for the starvation check (an overload scenario each)")]
-BaselineOpt = Annotated[Optional[str], typer.Option("--baseline", help="the contender every other is compared with, paired (default: vllm-v1 when compared, else the first)")]
-CompareOutputOpt = Annotated[Optional[Path], typer.Option("--output", "-o", help="folder for comparison.csv (the table) and, with --plot, comparison_cdf.png")]
-ComparePlotOpt = Annotated[bool, flag("--plot", help="also write TTFT/TPOT CDFs per policy (comparison_cdf.png) under --output")]
+StarvationOpt = Annotated[
+    int,
+    typer.Option(min=1, max=10_000, help="Hypothesis examples for the starvation check (an overload scenario each)"),
+]
+BaselineOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--baseline",
+        help="the contender every other is compared with, paired (default: vllm-v1 when compared, else the first)",
+    ),
+]
+CompareOutputOpt = Annotated[
+    Path | None,
+    typer.Option("--output", "-o", help="folder for comparison.csv (the table) and, with --plot, comparison_cdf.png"),
+]
+ComparePlotOpt = Annotated[
+    bool, flag("--plot", help="also write TTFT/TPOT CDFs per policy (comparison_cdf.png) under --output")
+]
 
 
-def check(ctx: typer.Context, policy: CheckPolicyOpt = None,
-          policy_opt: Annotated[Optional[list[str]], typer.Option("--policy-opt", help="KEY=VALUE (repeatable)")] = None,
-          router: Annotated[Optional[str], typer.Option("--router", help="check a router instead: an installed router's name, "
-                                                        "or file.py:Class (the router conformance suite)")] = None,
-          router_opt: Annotated[Optional[list[str]], typer.Option("--router-opt", help="with --router: KEY=VALUE (repeatable)")] = None,
-          examples: ExamplesOpt = 40, steps: StepsOpt = 30, starvation_examples: StarvationOpt = 4,
-          shrink_seconds: Annotated[float, typer.Option(min=0, max=3600, help="time allowed to shrink each counter-example, in seconds")] = 30.0,
-          quiet: QuietOpt = False) -> None:
+def check(
+    ctx: typer.Context,
+    policy: CheckPolicyOpt = None,
+    policy_opt: Annotated[list[str] | None, typer.Option("--policy-opt", help="KEY=VALUE (repeatable)")] = None,
+    router: Annotated[
+        str | None,
+        typer.Option(
+            "--router",
+            help="check a router instead: an installed router's name, or file.py:Class (the router conformance suite)",
+        ),
+    ] = None,
+    router_opt: Annotated[
+        list[str] | None, typer.Option("--router-opt", help="with --router: KEY=VALUE (repeatable)")
+    ] = None,
+    examples: ExamplesOpt = 40,
+    steps: StepsOpt = 30,
+    starvation_examples: StarvationOpt = 4,
+    shrink_seconds: Annotated[
+        float, typer.Option(min=0, max=3600, help="time allowed to shrink each counter-example, in seconds")
+    ] = 30.0,
+    quiet: QuietOpt = False,
+) -> None:
     """Run the conformance suite on POLICY (or ROUTER): invariant, result, shrunk counter-example. Exit 1 on any failure."""
     from kvsched.cli.common import err_console, fail, parse_pairs, policy_options
 
@@ -44,7 +83,9 @@ def check(ctx: typer.Context, policy: CheckPolicyOpt = None,
     if router is not None:
         refused = sorted(given & {"policy_opt", "steps", "starvation_examples", "shrink_seconds"})
         if refused:
-            fail(f"{', '.join(option_name(n) for n in refused)}: a policy's checks; a router's take --router-opt and --examples")
+            fail(
+                f"{', '.join(option_name(n) for n in refused)}: a policy's checks; a router's take --router-opt and --examples"
+            )
         from kvsched.routers.plugins import load_router
         from kvsched.testing.routers import ROUTER_CHECKS, run_router_checks
 
@@ -63,8 +104,11 @@ def check(ctx: typer.Context, policy: CheckPolicyOpt = None,
     name, obj = resolve_policy(policy)
     options = policy_options(policy, policy_opt) or None
     if not quiet:
-        err_console.print(f"checking policy [bold]{name}[/] ({examples} examples × {steps} steps; claims: "
-                          f"{', '.join(sorted(declared_claims(obj))) or 'none'}) ...", highlight=False)
+        err_console.print(
+            f"checking policy [bold]{name}[/] ({examples} examples × {steps} steps; claims: "
+            f"{', '.join(sorted(declared_claims(obj))) or 'none'}) ...",
+            highlight=False,
+        )
     results = run_checks(obj, options, examples, steps, starvation_examples, shrink_seconds=shrink_seconds)
     _verdict(f"conformance of {name}", results, {**INVARIANTS, **CLAIMS})
 
@@ -83,7 +127,11 @@ def _verdict(title: str, results: list, meanings: dict[str, str]) -> None:
     styles = {PASS: "green", FAIL: "bold red"}
     for r in results:
         example = (r.detail + ("\n(shrunk counter-example below)" if r.counterexample else "")) if r.detail else ""
-        table.add_row(f"{r.invariant}\n[dim]{meanings.get(r.invariant, '')}[/]", f"[{styles.get(r.status, 'yellow')}]{r.status}[/]", example)
+        table.add_row(
+            f"{r.invariant}\n[dim]{meanings.get(r.invariant, '')}[/]",
+            f"[{styles.get(r.status, 'yellow')}]{r.status}[/]",
+            example,
+        )
     console.print(table)
     failed = [r.invariant for r in results if r.failed]
     for r in results:
@@ -95,24 +143,49 @@ def _verdict(title: str, results: list, meanings: dict[str, str]) -> None:
         raise typer.Exit(1)
 
 
-def compare(ctx: typer.Context, folders: FoldersArg = None, policy: PoliciesOpt = None,
-            policy_opt: Annotated[Optional[list[str]], typer.Option("--policy-opt", help="POLICY.KEY=VALUE (repeatable; or inline: --policy NAME:KEY=VALUE)")] = None,
-            set_: Annotated[Optional[list[str]], typer.Option("--set", "-s", help="engine config KEY=VALUE (repeatable)")] = None,
-            workload: Annotated[Optional[str], typer.Option("--workload", "-w", help="default, synthetic, azure-conv, sharegpt or a .json spec")] = None,
-            trace: Annotated[Optional[Path], typer.Option("--trace", help="trace CSV")] = None,
-            seed: Annotated[int, typer.Option(help="first workload seed")] = 0,
-            seeds: Annotated[int, typer.Option("--seeds", min=1, help="run seeds SEED .. SEED+N-1 and show 95% intervals and paired changes over them")] = 3,
-            num_requests: NumOpt = None,
-            rate: RateOpt = None,
-            profile: ProfileOpt = "llama2-7b-a100",
-            baseline: BaselineOpt = None,
-            router: Annotated[Optional[list[str]], typer.Option("--router", help="compare routers instead of policies: a router to run the fleet behind "
-                                                                "(repeatable, at least two; NAME or NAME:KEY=VALUE,...)")] = None,
-            replicas: Annotated[int, typer.Option("--replicas", min=1, max=4096, help="with --router: replicas in the fleet")] = 4,
-            staleness: Annotated[Optional[float], typer.Option("--staleness", min=0, help="with --router: seconds the router's view of each replica lags")] = None,
-            output: CompareOutputOpt = None,
-            plot: ComparePlotOpt = False,
-            quiet: QuietOpt = False) -> None:
+def compare(
+    ctx: typer.Context,
+    folders: FoldersArg = None,
+    policy: PoliciesOpt = None,
+    policy_opt: Annotated[
+        list[str] | None,
+        typer.Option("--policy-opt", help="POLICY.KEY=VALUE (repeatable; or inline: --policy NAME:KEY=VALUE)"),
+    ] = None,
+    set_: Annotated[list[str] | None, typer.Option("--set", "-s", help="engine config KEY=VALUE (repeatable)")] = None,
+    workload: Annotated[
+        str | None, typer.Option("--workload", "-w", help="default, synthetic, azure-conv, sharegpt or a .json spec")
+    ] = None,
+    trace: Annotated[Path | None, typer.Option("--trace", help="trace CSV")] = None,
+    seed: Annotated[int, typer.Option(help="first workload seed")] = 0,
+    seeds: Annotated[
+        int,
+        typer.Option(
+            "--seeds", min=1, help="run seeds SEED .. SEED+N-1 and show 95% intervals and paired changes over them"
+        ),
+    ] = 3,
+    num_requests: NumOpt = None,
+    rate: RateOpt = None,
+    profile: ProfileOpt = "llama2-7b-a100",
+    baseline: BaselineOpt = None,
+    router: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--router",
+            help="compare routers instead of policies: a router to run the fleet behind "
+            "(repeatable, at least two; NAME or NAME:KEY=VALUE,...)",
+        ),
+    ] = None,
+    replicas: Annotated[
+        int, typer.Option("--replicas", min=1, max=4096, help="with --router: replicas in the fleet")
+    ] = 4,
+    staleness: Annotated[
+        float | None,
+        typer.Option("--staleness", min=0, help="with --router: seconds the router's view of each replica lags"),
+    ] = None,
+    output: CompareOutputOpt = None,
+    plot: ComparePlotOpt = False,
+    quiet: QuietOpt = False,
+) -> None:
     """Run the same workloads (same seeds) under each --policy (or each --router); print each metric's mean and interval,
     each one's paired change against the baseline, and ranks."""
     from kvsched.cli.common import build_config, check_finite, fail, progress_bar
@@ -123,22 +196,42 @@ def compare(ctx: typer.Context, folders: FoldersArg = None, policy: PoliciesOpt 
     check_finite(staleness=staleness)
     given = given_options(ctx)
     if folders:
-        refused = sorted(given & {"policy", "policy_opt", "set_", "workload", "trace", "seed", "seeds", "num_requests", "rate",
-                                  "profile", "router", "replicas", "staleness"})
+        refused = sorted(
+            given
+            & {
+                "policy",
+                "policy_opt",
+                "set_",
+                "workload",
+                "trace",
+                "seed",
+                "seeds",
+                "num_requests",
+                "rate",
+                "profile",
+                "router",
+                "replicas",
+                "staleness",
+            }
+        )
         if refused:
             fail(f"result folders are compared as they are: drop {', '.join(option_name(n) for n in refused)}")
         return compare_folders(folders, output, plot, baseline)
     if router:
         if policy_opt:
-            fail("--policy-opt does not apply with --router: the fleet's replicas run one --policy (its options "
-                 "inline: --policy NAME:KEY=VALUE)")
+            fail(
+                "--policy-opt does not apply with --router: the fleet's replicas run one --policy (its options "
+                "inline: --policy NAME:KEY=VALUE)"
+            )
         if len(policy or []) > 1:
             fail("with --router the fleet's replicas run one --policy (inline options: --policy NAME:KEY=VALUE)")
     elif given & {"replicas", "staleness"}:
         fail("--replicas and --staleness describe the fleet of a router comparison: give two or more --router")
     contenders, labels = router_contenders(router) if router else policy_contenders(policy or [], policy_opt)
     base = baseline_label(labels, contenders, baseline)
-    loads = seed_workloads(lambda s: build_workload(workload, trace, num_requests=num_requests, rate=rate, seed=s), seed, seeds)
+    loads = seed_workloads(
+        lambda s: build_workload(workload, trace, num_requests=num_requests, rate=rate, seed=s), seed, seeds
+    )
     config = build_config(set_)
     with progress_bar(quiet, "comparing", "runs") as bar:
         task = bar.add_task("compare", total=len(contenders) * len(loads))
@@ -153,8 +246,11 @@ def compare(ctx: typer.Context, folders: FoldersArg = None, policy: PoliciesOpt 
             runs = run_policies(contenders, labels, loads, config, profile, on_done=lambda: bar.advance(task))
     first = runs[0].summaries[0]
     name = first["workload"].get("name") or first["workload"].get("kind", "workload")
-    seeded = f"seeds {seed}–{seed + len(loads) - 1}" if len(loads) > 1 else (
-        f"seed {seed}" + (" (the workload does not depend on its seed: one run)" if seeds > 1 else ""))
+    seeded = (
+        f"seeds {seed}–{seed + len(loads) - 1}"
+        if len(loads) > 1
+        else (f"seed {seed}" + (" (the workload does not depend on its seed: one run)" if seeds > 1 else ""))
+    )
     several = len(loads) > 1
     fleet_text = f" · {replicas} replicas of {policy[0] if policy else 'vllm-v1'}" if router else ""
     title = f"{name} · {first['num_requests']} requests · {seeded}{', mean (95% interval)' if several else ''}{fleet_text} · profile {profile}"
@@ -183,10 +279,14 @@ def policy_contenders(policy: list[str], policy_opt: list[str] | None, at_least:
         checked.append(Contender(c.text, c.spec, options))
         labels.append(checked[-1].label(policy_name(c.spec, load_policy(c.spec))))
     if len(set(labels)) != len(labels):
-        fail(f"--policy {', '.join(sorted({x for x in labels if labels.count(x) > 1}))} given twice (a policy under other options "
-             "is another: NAME:KEY=VALUE)")
+        fail(
+            f"--policy {', '.join(sorted({x for x in labels if labels.count(x) > 1}))} given twice (a policy under other options "
+            "is another: NAME:KEY=VALUE)"
+        )
     if len(labels) < at_least:
-        fail("compare needs at least two different --policy (a policy under other options counts: NAME:KEY=VALUE), or result folders")
+        fail(
+            "compare needs at least two different --policy (a policy under other options counts: NAME:KEY=VALUE), or result folders"
+        )
     return checked, labels
 
 
@@ -223,8 +323,13 @@ def fleet_of(policy: str, config, profile: str, replicas: int, staleness: float 
     from kvsched.experiments.compare import Contender
 
     c = Contender.parse(policy)
-    group = ReplicaGroup(count=replicas, policy=c.spec, policy_options=policy_options(c.spec, c.options) or {}, profile=profile,
-                         settings=config.model_dump(exclude_unset=True))
+    group = ReplicaGroup(
+        count=replicas,
+        policy=c.spec,
+        policy_options=policy_options(c.spec, c.options) or {},
+        profile=profile,
+        settings=config.model_dump(exclude_unset=True),
+    )
     return FleetSpec(replicas=[group], **({"staleness_s": staleness} if staleness is not None else {}))
 
 
@@ -250,7 +355,11 @@ def compare_folders(folders: list[Path], output: Path | None, plot: bool, baseli
     labels = [r.policy for r in runs]
     if len(set(labels)) != len(labels):
         fail(f"two result folders have the same name: {', '.join(sorted({x for x in labels if labels.count(x) > 1}))}")
-    base = baseline if baseline in labels else next((r.policy for r, f in zip(runs, folders) if baseline in (f.name, str(f))), baseline)
+    base = (
+        baseline
+        if baseline in labels
+        else next((r.policy for r, f in zip(runs, folders) if baseline in (f.name, str(f))), baseline)
+    )
     if base is not None and base not in labels:
         fail(f"--baseline {baseline!r} is not one of the folders: {', '.join(labels)}")
     title = "result folders side by side: " + " · ".join(f"{r.policy}: {r.summaries[0].get('profile')}" for r in runs)

@@ -7,7 +7,7 @@ imports torch at module level, so the CLI starts fast when the simulator is used
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Optional
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -17,14 +17,36 @@ if TYPE_CHECKING:
     from rich.console import Console
     from rich.table import Table
 
-ExecutorOpt = Annotated[str, typer.Option("--executor", "-e", help="sim (cost-model simulator) or hf (a real transformers model)")]
+ExecutorOpt = Annotated[
+    str, typer.Option("--executor", "-e", help="sim (cost-model simulator) or hf (a real transformers model)")
+]
 DEFAULT_MODEL = "smollm2-135m"  # the real pretrained model, for engine run --executor hf and engine verify alike
-ModelOpt = Annotated[str, typer.Option("--model", "-m", help="smollm2-135m, tiny-llama, tiny-qwen2, tiny-gpt2 (seeded random, fast), or a local model folder / .gguf file")]
-PromptOpt = Annotated[Optional[list[str]], typer.Option("--prompt", help="hf executor: a prompt to complete (repeatable); without it, a workload of built-in real prompts")]
-MaxTokensOpt = Annotated[int, typer.Option("--max-tokens", min=1, max=1 << 31, help="hf executor: tokens to generate per request at most")]
+ModelOpt = Annotated[
+    str,
+    typer.Option(
+        "--model",
+        "-m",
+        help="smollm2-135m, tiny-llama, tiny-qwen2, tiny-gpt2 (seeded random, fast), or a local model folder / .gguf file",
+    ),
+]
+PromptOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--prompt",
+        help="hf executor: a prompt to complete (repeatable); without it, a workload of built-in real prompts",
+    ),
+]
+MaxTokensOpt = Annotated[
+    int, typer.Option("--max-tokens", min=1, max=1 << 31, help="hf executor: tokens to generate per request at most")
+]
 TemperatureOpt = Annotated[float, typer.Option("--temperature", min=0.0, max=100.0, help="hf executor: 0 is greedy")]
 RawOpt = Annotated[bool, flag("--raw", help="hf executor: do not wrap prompts in the model's chat template")]
-BackendOpt = Annotated[Optional[str], typer.Option("--attention", help="attention backend: torch, triton or loop (default: triton on CUDA, torch otherwise)")]
+BackendOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--attention", help="attention backend: torch, triton or loop (default: triton on CUDA, torch otherwise)"
+    ),
+]
 ThreadsOpt = Annotated[int, typer.Option("--threads", min=0, max=1024, help="torch CPU threads (0: torch's default)")]
 
 
@@ -58,7 +80,9 @@ class Streamer:
 
     def __call__(self, report) -> None:
         if self.one is not None:
-            self._grow(self._text(self.engine.sequence_groups[self.one].seqs[0]).rstrip("\ufffd"))  # a partial character waits for its bytes
+            self._grow(
+                self._text(self.engine.sequence_groups[self.one].seqs[0]).rstrip("\ufffd")
+            )  # a partial character waits for its bytes
         for view in report.finished:
             if view.request_id in self.ids:
                 self._finished(self.engine.sequence_groups[view.request_id])
@@ -68,7 +92,7 @@ class Streamer:
 
     def _grow(self, text: str) -> None:
         if text.startswith(self.shown) and len(text) > len(self.shown):
-            self.out.file.write(text[len(self.shown):])
+            self.out.file.write(text[len(self.shown) :])
             self.out.file.flush()
             self.shown = text
 
@@ -81,16 +105,39 @@ class Streamer:
         else:
             for seq in group.seqs:
                 self.out.print(self._text(seq), highlight=False, markup=False)
-        if group.status in (SequenceStatus.FINISHED_IGNORED, SequenceStatus.FINISHED_ABORTED):  # say why, with the sizes that decide
+        if group.status in (
+            SequenceStatus.FINISHED_IGNORED,
+            SequenceStatus.FINISHED_ABORTED,
+        ):  # say why, with the sizes that decide
             config = self.engine.config
-            self.out.print(f"[{group.request_id}: {group.status.name.removeprefix('FINISHED_').lower()} after "
-                           f"{group.num_generated_tokens} generated token(s): {group.finish_detail or 'no reason recorded'}; "
-                           f"its prompt has {group.request.prompt_len} tokens, the GPU KV cache {config.num_gpu_blocks} "
-                           f"blocks of {config.block_size}]", highlight=False, markup=False, soft_wrap=True)
+            self.out.print(
+                f"[{group.request_id}: {group.status.name.removeprefix('FINISHED_').lower()} after "
+                f"{group.num_generated_tokens} generated token(s): {group.finish_detail or 'no reason recorded'}; "
+                f"its prompt has {group.request.prompt_len} tokens, the GPU KV cache {config.num_gpu_blocks} "
+                f"blocks of {config.block_size}]",
+                highlight=False,
+                markup=False,
+                soft_wrap=True,
+            )
 
 
-def run_command(policy, policy_opt, overrides, seed, num_requests, rate, output, quiet, model, prompts,
-                max_tokens, temperature, raw=False, backend=None, threads=1) -> dict:
+def run_command(
+    policy,
+    policy_opt,
+    overrides,
+    seed,
+    num_requests,
+    rate,
+    output,
+    quiet,
+    model,
+    prompts,
+    max_tokens,
+    temperature,
+    raw=False,
+    backend=None,
+    threads=1,
+) -> dict:
     """Run prompts (given, or the built-in real prompts) through POLICY on a real model: stream the
     text (given prompts) or a progress bar (the built-in ones), then the summary and its warnings."""
     _keep_tqdm_out()
@@ -120,12 +167,19 @@ def run_command(policy, policy_opt, overrides, seed, num_requests, rate, output,
     gaps = _arrivals(len(texts), rate, seed)
     sampling = SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=seed if temperature > 0 else None)
     requests = [
-        Request(request_id=f"p{i}", prompt_token_ids=tuple(loaded.encode_prompt(t, chat=not raw)), sampling=sampling, arrival_time=gaps[i])
+        Request(
+            request_id=f"p{i}",
+            prompt_token_ids=tuple(loaded.encode_prompt(t, chat=not raw)),
+            sampling=sampling,
+            arrival_time=gaps[i],
+        )
         for i, t in enumerate(texts)
     ]
     if not quiet:
-        err_console.print(f"running {len(requests)} request(s) on {model} ({engine.executor.backend} attention, policy {engine.policy_name})",
-                          highlight=False)
+        err_console.print(
+            f"running {len(requests)} request(s) on {model} ({engine.executor.backend} attention, policy {engine.policy_name})",
+            highlight=False,
+        )
     with progress_bar(quiet or bool(prompts), "generating") as bar:  # given prompts show their text instead
         task = bar.add_task("run", total=len(requests))
         counted = FinishedCount(lambda n: bar.advance(task, n))
@@ -157,18 +211,21 @@ def _arrivals(n: int, rate: float | None, seed: int) -> list[float]:
 
 def verify(
     model: ModelOpt = DEFAULT_MODEL,
-    scenario: Annotated[Optional[list[str]], typer.Option("--scenario", help="only these scenarios (repeatable)")] = None,
+    scenario: Annotated[list[str] | None, typer.Option("--scenario", help="only these scenarios (repeatable)")] = None,
     num_prompts: Annotated[int, typer.Option("--num-prompts", min=1, max=10_000, help="prompts per scenario")] = 4,
     max_tokens: MaxTokensOpt = 12,
     backend: BackendOpt = None,
     threads: ThreadsOpt = 1,
-    device: Annotated[Optional[str], typer.Option("--device", help="move the model and the KV cache here, e.g. cuda")] = None,
+    device: Annotated[
+        str | None, typer.Option("--device", help="move the model and the KV cache here, e.g. cuda")
+    ] = None,
     quiet: QuietOpt = False,
 ) -> None:
     """Check that our engine's greedy output equals transformers' generate() token for token on MODEL."""
     _keep_tqdm_out()
     from kvsched.cli.common import fail, progress_bar
-    from kvsched.executors.hf_verify import scenarios, verify as run_verify
+    from kvsched.executors.hf_verify import scenarios
+    from kvsched.executors.hf_verify import verify as run_verify
 
     known = list(scenarios(max_tokens, [1]))
     for name in scenario or []:
@@ -183,12 +240,23 @@ def verify(
         loaded.model.to(device)
     with progress_bar(quiet, "verifying", "scenarios") as bar:
         task = bar.add_task("verify", total=len(scenario or known))
-        results = run_verify(loaded, scenario or None, num_prompts=num_prompts, max_new_tokens=max_tokens, backend=backend,
-                             on_done=lambda _result: bar.advance(task))
+        results = run_verify(
+            loaded,
+            scenario or None,
+            num_prompts=num_prompts,
+            max_new_tokens=max_tokens,
+            backend=backend,
+            on_done=lambda _result: bar.advance(task),
+        )
     console.print(verify_table(model, results))
     if not all(r.ok for r in results):
-        fail("outputs differ from generate() (see the table; a tiny top-2 margin means a near-tie in float noise)", code=1)
-    console.print(f"all {sum(len(r.checks) for r in results)} sequences equal generate() token for token", highlight=False)
+        fail(
+            "outputs differ from generate() (see the table; a tiny top-2 margin means a near-tie in float noise)",
+            code=1,
+        )
+    console.print(
+        f"all {sum(len(r.checks) for r in results)} sequences equal generate() token for token", highlight=False
+    )
 
 
 def verify_table(model: str, results: list) -> Table:
@@ -196,15 +264,36 @@ def verify_table(model: str, results: list) -> Table:
     from rich.table import Table
 
     table = Table(title=f"{model}: our engine vs generate() (greedy)")
-    for col in ("scenario", "equal", "max\nΔlogit", "preempt\nr/s", "CoW", "prefix\nhits", "mixed\nsteps", "first\nmismatch"):
+    for col in (
+        "scenario",
+        "equal",
+        "max\nΔlogit",
+        "preempt\nr/s",
+        "CoW",
+        "prefix\nhits",
+        "mixed\nsteps",
+        "first\nmismatch",
+    ):
         table.add_column(col, justify="left" if col == "scenario" else "right")
     for r in results:
         equal = sum(c.first_mismatch is None for c in r.checks)
         diffs = [c.max_logit_diff for c in r.checks if c.max_logit_diff is not None]
         bad = next((c for c in r.checks if not c.ok), None)
-        where = "-" if bad is None else f"{bad.request_id}/{bad.sample} at {bad.first_mismatch}, top-2 margin {bad.margin if bad.margin is None else f'{bad.margin:.2g}'}"
-        table.add_row(r.scenario, f"{equal}/{len(r.checks)}", f"{max(diffs, default=0):.1e}", "{}/{}".format(*r.preemptions),
-                      str(r.blocks_copied), str(r.cached_tokens), str(r.mixed_steps), where)
+        where = (
+            "-"
+            if bad is None
+            else f"{bad.request_id}/{bad.sample} at {bad.first_mismatch}, top-2 margin {bad.margin if bad.margin is None else f'{bad.margin:.2g}'}"
+        )
+        table.add_row(
+            r.scenario,
+            f"{equal}/{len(r.checks)}",
+            f"{max(diffs, default=0):.1e}",
+            "{}/{}".format(*r.preemptions),
+            str(r.blocks_copied),
+            str(r.cached_tokens),
+            str(r.mixed_steps),
+            where,
+        )
     return table
 
 

@@ -17,28 +17,57 @@ import os
 import shutil
 import sys
 import tempfile
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
 from kvsched.cli.common import PolicyOpt, PolicyOptions, SetOpt, fail, parse_pairs
 
-ServeModelOpt = Annotated[str, typer.Option("--model", "-m", help="smollm2-135m, or a local model folder vLLM can load")]
+ServeModelOpt = Annotated[
+    str, typer.Option("--model", "-m", help="smollm2-135m, or a local model folder vLLM can load")
+]
 HostOpt = Annotated[str, typer.Option("--host", help="address to listen on")]
 PortOpt = Annotated[int, typer.Option("--port", min=1, max=65535, help="port to listen on")]
-KvCacheOpt = Annotated[Optional[float], typer.Option("--kv-cache-gib", min=0.01, max=1_048_576, help="KV cache size on the CPU backend (default: $VLLM_CPU_KVCACHE_SPACE, else 1)")]
+KvCacheOpt = Annotated[
+    float | None,
+    typer.Option(
+        "--kv-cache-gib",
+        min=0.01,
+        max=1_048_576,
+        help="KV cache size on the CPU backend (default: $VLLM_CPU_KVCACHE_SPACE, else 1)",
+    ),
+]
 
 METRICS_DIR = "KVSCHED_METRICS_DIR"  # the Prometheus folder engine serve made, which the server removes
 # What vLLM needs on the CPU backend for the models this project ships (research/round2-anchors.md §7).
 CPU_ARGS = ("--dtype", "float32", "--enforce-eager", "--block-size", "32")
 
 
-def vllm_command(model_dir: str, served_name: str, host: str, port: int, extra: list[str],
-                 kvsched: dict | None = None, scheduler_cls: str | None = None) -> list[str]:
+def vllm_command(
+    model_dir: str,
+    served_name: str,
+    host: str,
+    port: int,
+    extra: list[str],
+    kvsched: dict | None = None,
+    scheduler_cls: str | None = None,
+) -> list[str]:
     """The ``vllm serve`` command line: vLLM's own scheduler, or with ``kvsched`` (the additional config)
     ``scheduler_cls`` (``KvschedScheduler`` unless given)."""
-    command = [sys.executable, "-m", "kvsched.integrations.vllm.server", "--model", model_dir, "--served-model-name", served_name,
-               "--host", host, "--port", str(port), *CPU_ARGS]
+    command = [
+        sys.executable,
+        "-m",
+        "kvsched.integrations.vllm.server",
+        "--model",
+        model_dir,
+        "--served-model-name",
+        served_name,
+        "--host",
+        host,
+        "--port",
+        str(port),
+        *CPU_ARGS,
+    ]
     if kvsched is not None:
         from kvsched.integrations.vllm import FRONTEND_MIDDLEWARE, SCHEDULER_CLS
 

@@ -3,15 +3,22 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
 from kvsched.cli.common import NumOpt, ProfileOpt, QuietOpt, RateOpt, SeedOpt, flag
-from kvsched.experiments.ray_backend import DEFAULT_CONNECT_TIMEOUT_S as RAY_TIMEOUT_S
 from kvsched.cli.simulate import (
-    ArrivalOpt, CvOpt, RateScaleOpt, SloTpotOpt, SloTtftOpt, StartOffsetOpt, TraceOpt, WorkloadOpt,
+    ArrivalOpt,
+    CvOpt,
+    RateScaleOpt,
+    SloTpotOpt,
+    SloTtftOpt,
+    StartOffsetOpt,
+    TraceOpt,
+    WorkloadOpt,
 )
+from kvsched.experiments.ray_backend import DEFAULT_CONNECT_TIMEOUT_S as RAY_TIMEOUT_S
 
 
 def sweep_warnings(rows: list[dict]) -> list[str]:
@@ -20,14 +27,23 @@ def sweep_warnings(rows: list[dict]) -> list[str]:
     for row in rows:
         for warning in filter(None, row["warnings"].split("; ")):
             where.setdefault(warning, []).append(row["label"])
-    return [f"{'every configuration' if len(labels) == len(rows) > 1 else ', '.join(labels)}: {warning}" for warning, labels in where.items()]
+    return [
+        f"{'every configuration' if len(labels) == len(rows) > 1 else ', '.join(labels)}: {warning}"
+        for warning, labels in where.items()
+    ]
 
 
 def sweep(
     ctx: typer.Context,
-    policy: Annotated[list[str], typer.Option("--policy", "-p", help="policy to include (repeatable)")] = ("vllm-default",),
-    set_: Annotated[Optional[list[str]], typer.Option("--set", "-s", help="KEY=V1,V2,... engine setting to sweep (repeatable)")] = None,
-    fixed: Annotated[Optional[list[str]], typer.Option("--fix", help="KEY=VALUE engine setting held fixed (repeatable)")] = None,
+    policy: Annotated[list[str], typer.Option("--policy", "-p", help="policy to include (repeatable)")] = (
+        "vllm-default",
+    ),
+    set_: Annotated[
+        list[str] | None, typer.Option("--set", "-s", help="KEY=V1,V2,... engine setting to sweep (repeatable)")
+    ] = None,
+    fixed: Annotated[
+        list[str] | None, typer.Option("--fix", help="KEY=VALUE engine setting held fixed (repeatable)")
+    ] = None,
     workload: WorkloadOpt = None,
     trace: TraceOpt = None,
     num_requests: NumOpt = None,
@@ -40,12 +56,36 @@ def sweep(
     profile: ProfileOpt = "llama2-7b-a100",
     slo_ttft: SloTtftOpt = None,
     slo_tpot: SloTpotOpt = None,
-    workers: Annotated[Optional[int], typer.Option("--workers", "-j", min=1, help="parallel processes (default: CPUs)")] = None,
-    ray: Annotated[bool, flag("--ray", help="run the points as Ray tasks on a local Ray of --workers CPUs, started and stopped here (the ray extra)")] = False,
-    ray_address: Annotated[Optional[str], typer.Option("--ray-address", metavar="ADDRESS", help="run the points as Ray tasks on this running Ray cluster (auto, host:port, ray://host:10001); implies --ray")] = None,
-    ray_timeout: Annotated[float, typer.Option("--ray-timeout", min=0.1, max=3600, help=(
-        "seconds the Ray cluster at --ray-address has to answer before the sweep gives up"))] = RAY_TIMEOUT_S,
-    output: Annotated[Path, typer.Option("--output", "-o", help="folder for sweep.csv, sweep.parquet, tradeoff.png")] = Path("sweep-out"),
+    workers: Annotated[
+        int | None, typer.Option("--workers", "-j", min=1, help="parallel processes (default: CPUs)")
+    ] = None,
+    ray: Annotated[
+        bool,
+        flag(
+            "--ray",
+            help="run the points as Ray tasks on a local Ray of --workers CPUs, started and stopped here (the ray extra)",
+        ),
+    ] = False,
+    ray_address: Annotated[
+        str | None,
+        typer.Option(
+            "--ray-address",
+            metavar="ADDRESS",
+            help="run the points as Ray tasks on this running Ray cluster (auto, host:port, ray://host:10001); implies --ray",
+        ),
+    ] = None,
+    ray_timeout: Annotated[
+        float,
+        typer.Option(
+            "--ray-timeout",
+            min=0.1,
+            max=3600,
+            help=("seconds the Ray cluster at --ray-address has to answer before the sweep gives up"),
+        ),
+    ] = RAY_TIMEOUT_S,
+    output: Annotated[
+        Path, typer.Option("--output", "-o", help="folder for sweep.csv, sweep.parquet, tradeoff.png")
+    ] = Path("sweep-out"),
     quiet: QuietOpt = False,
 ) -> None:
     """Run every policy × setting combination and compare them in one table and a trade-off plot."""
@@ -53,8 +93,8 @@ def sweep(
     from rich.table import Table
 
     from kvsched.cli.common import check_finite, console, input_files, parse_pairs, progress_bar, refuse_unread
-    from kvsched.executors.profiles import resolve_profile
     from kvsched.core.loading import load_policy
+    from kvsched.executors.profiles import resolve_profile
     from kvsched.experiments.settings import check_names
     from kvsched.experiments.sweep import SweepSpec, grid_points, parse_grid, run_sweep
     from kvsched.reporting.destination import SWEEP_FILES, check_apart, check_folder
@@ -71,8 +111,17 @@ def sweep(
         load_policy(name)
     resolve_profile(profile)
     grid = parse_grid(set_)
-    wl = dict(workload=workload, trace=trace, num_requests=num_requests, rate=rate, rate_scale=rate_scale,
-              start_offset=start_offset, arrival=arrival, cv=cv, seed=seed)
+    wl = dict(
+        workload=workload,
+        trace=trace,
+        num_requests=num_requests,
+        rate=rate,
+        rate_scale=rate_scale,
+        start_offset=start_offset,
+        arrival=arrival,
+        cv=cv,
+        seed=seed,
+    )
     built = build_workload(**wl)
     built.describe()  # bad workload options fail here, once, not in every worker
     check_apart({"--output": (output, SWEEP_FILES)}, input_files(workload, trace, profile, policy, built))
@@ -85,12 +134,26 @@ def sweep(
     points = grid_points(list(dict.fromkeys(policy)), grid)
     with progress_bar(quiet, "sweeping", "configurations") as bar:
         task = bar.add_task("sweep", total=len(points))
-        rows = run_sweep(spec, points, workers, on_done=lambda _row: bar.advance(task),
-                         ray_address=ray_address or ("local" if ray else None), ray_timeout=ray_timeout)
+        rows = run_sweep(
+            spec,
+            points,
+            workers,
+            on_done=lambda _row: bar.advance(task),
+            ray_address=ray_address or ("local" if ray else None),
+            ray_timeout=ray_timeout,
+        )
     table = Table(title=f"sweep · {len(points)} configurations · profile {profile}")
     cols = [("policy", "policy")] + [(k, k) for k in grid]
-    cols += [("requests_per_s", "req/s"), ("output_tokens_per_s", "tok/s"), ("ttft_p50_s", "TTFT p50 s"),
-             ("ttft_p99_s", "TTFT p99 s"), ("tpot_mean_s", "TPOT ms"), ("preempt_recompute", "recomp"), ("preempt_swap", "swap"), ("ignored", "ignored")]
+    cols += [
+        ("requests_per_s", "req/s"),
+        ("output_tokens_per_s", "tok/s"),
+        ("ttft_p50_s", "TTFT p50 s"),
+        ("ttft_p99_s", "TTFT p99 s"),
+        ("tpot_mean_s", "TPOT ms"),
+        ("preempt_recompute", "recomp"),
+        ("preempt_swap", "swap"),
+        ("ignored", "ignored"),
+    ]
     if slo_ttft is not None or slo_tpot is not None:
         cols.append(("goodput_req_per_s", "goodput req/s"))
     for key, head in cols:

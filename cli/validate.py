@@ -6,22 +6,47 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
 from kvsched.cli.common import QuietOpt
 
-FoldersArg = Annotated[list[Path], typer.Argument(
-    help="inference-perf result folders: exp-config.yaml, results/config.yaml, results/*lifecycle_metrics.json")]
-HardwareOpt = Annotated[str, typer.Option(
-    "--hardware", help="the GPU the runs used: h100-sxm, h200, a100-80gb, l40s, b200, or a hardware .json")]
-ModelConfigOpt = Annotated[Optional[str], typer.Option(
-    "--model-config", help="the model's config.json (default: the shipped config the run's model id names)")]
-ScaleOpt = Annotated[float, typer.Option(
-    "--scale", min=1e-3, max=1.0, help="simulate each stage for this share of its duration (a quicker, rougher look)")]
-OutputOpt = Annotated[Optional[Path], typer.Option(
-    "--output", "-o", help="folder for validation.csv, validation.json and each run's simulated inference-perf files")]
+FoldersArg = Annotated[
+    list[Path],
+    typer.Argument(
+        help="inference-perf result folders: exp-config.yaml, results/config.yaml, results/*lifecycle_metrics.json"
+    ),
+]
+HardwareOpt = Annotated[
+    str,
+    typer.Option(
+        "--hardware", help="the GPU the runs used: h100-sxm, h200, a100-80gb, l40s, b200, or a hardware .json"
+    ),
+]
+ModelConfigOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--model-config", help="the model's config.json (default: the shipped config the run's model id names)"
+    ),
+]
+ScaleOpt = Annotated[
+    float,
+    typer.Option(
+        "--scale",
+        min=1e-3,
+        max=1.0,
+        help="simulate each stage for this share of its duration (a quicker, rougher look)",
+    ),
+]
+OutputOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--output",
+        "-o",
+        help="folder for validation.csv, validation.json and each run's simulated inference-perf files",
+    ),
+]
 
 
 def validate(
@@ -56,10 +81,16 @@ def validate(
             (Path(output) / experiment.name).mkdir(parents=True, exist_ok=True)
             write_lifecycle(v.simulated, Path(output) / experiment.name)
     errors = mean_errors(rows)
-    console.print("mean |error| over " + f"{len({(r['experiment'], r['stage']) for r in rows})} stages: "
-                  + "; ".join(f"{m.upper()} " + " / ".join(f"{100 * errors[f'{m}_{s}']:.1f}" for s in ("mean", "p90",
-                                                                                                       "p99"))
-                              for m in ("e2e", "ttft", "itl")) + " % (mean / p90 / p99)", highlight=False)
+    console.print(
+        "mean |error| over "
+        + f"{len({(r['experiment'], r['stage']) for r in rows})} stages: "
+        + "; ".join(
+            f"{m.upper()} " + " / ".join(f"{100 * errors[f'{m}_{s}']:.1f}" for s in ("mean", "p90", "p99"))
+            for m in ("e2e", "ttft", "itl")
+        )
+        + " % (mean / p90 / p99)",
+        highlight=False,
+    )
     times = ", ".join(f"{r['simulate_s']:.1f} s" for r in runs)
     console.print(f"time per experiment: {times}", highlight=False)
     if output is not None:
@@ -73,9 +104,13 @@ def validation_table(name: str, rows: list[dict], seconds: float, requests: int)
     for col in ("stage", "metric", "real mean / p90 / p99", "simulated", "error mean / p90 / p99"):
         table.add_column(col, justify="right")
     for r in rows:
-        table.add_row(str(r["stage"]), r["metric"], " / ".join(f"{r[f'real_{s}']:.4g}" for s in ("mean", "p90", "p99")),
-                      " / ".join(f"{r[f'sim_{s}']:.4g}" for s in ("mean", "p90", "p99")),
-                      " / ".join(f"{100 * r[f'err_{s}']:+.1f}%" for s in ("mean", "p90", "p99")))
+        table.add_row(
+            str(r["stage"]),
+            r["metric"],
+            " / ".join(f"{r[f'real_{s}']:.4g}" for s in ("mean", "p90", "p99")),
+            " / ".join(f"{r[f'sim_{s}']:.4g}" for s in ("mean", "p90", "p99")),
+            " / ".join(f"{100 * r[f'err_{s}']:+.1f}%" for s in ("mean", "p90", "p99")),
+        )
     return table
 
 
@@ -108,16 +143,25 @@ def calibrate_from(folders: list[Path], hardware: str, output: Path, rounds: int
     usable = [x for x in experiments if not in_overload(x)]
     for x in experiments:
         if x not in usable:
-            console.print(f"left out (in overload: most requests failed or queued for minutes): {x.name}",
-                          highlight=False)
+            console.print(
+                f"left out (in overload: most requests failed or queued for minutes): {x.name}", highlight=False
+            )
     if not usable:
         raise ValueError("every run given is in overload: nothing to fit the step times to")
     start = time.perf_counter()
-    fitted = calibrate(usable, lambda x, e: experiment_profile(x, gpu.model_copy(update={"efficiency": e})),
-                       gpu.efficiency,
-                       rounds=rounds, scale=scale, seed=seed, log=lambda line: console.print(line, highlight=False))
+    fitted = calibrate(
+        usable,
+        lambda x, e: experiment_profile(x, gpu.model_copy(update={"efficiency": e})),
+        gpu.efficiency,
+        rounds=rounds,
+        scale=scale,
+        seed=seed,
+        log=lambda line: console.print(line, highlight=False),
+    )
     fitted = fitted.model_copy(update={"fitted_on": f"{len(usable)} runs: " + ", ".join(x.name for x in usable)})
     with publishing_file(output) as temp:
         temp.write_text(gpu.model_copy(update={"efficiency": fitted}).model_dump_json(indent=2) + "\n")
-    console.print(f"fitted in {time.perf_counter() - start:.0f} s; wrote {output} (use it with --hardware {output})",
-                  highlight=False)
+    console.print(
+        f"fitted in {time.perf_counter() - start:.0f} s; wrote {output} (use it with --hardware {output})",
+        highlight=False,
+    )

@@ -5,4 +5,13 @@ from kvsched.cluster.records import FleetRecords
 from kvsched.cluster.spec import FleetError, FleetSpec, ReplicaGroup, load_fleet
 from kvsched.cluster.transfer import KvTransfer
 
-__all__ = ["Cluster", "FleetError", "FleetRecords", "FleetSpec", "KvTransfer", "ReplicaGroup", "load_fleet", "run_cluster"]
+__all__ = [
+    "Cluster",
+    "FleetError",
+    "FleetRecords",
+    "FleetSpec",
+    "KvTransfer",
+    "ReplicaGroup",
+    "load_fleet",
+    "run_cluster",
+]

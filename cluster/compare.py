@@ -16,8 +16,9 @@ from kvsched.cluster.spec import FleetSpec
 from kvsched.experiments.compare import Contender, PolicyRun
 
 
-def run_fleet(router: Contender, fleet: FleetSpec, workload, slo_ttft: float | None = None,
-              slo_tpot: float | None = None) -> tuple[dict, pa.Table]:
+def run_fleet(
+    router: Contender, fleet: FleetSpec, workload, slo_ttft: float | None = None, slo_tpot: float | None = None
+) -> tuple[dict, pa.Table]:
     """``fleet`` behind ``router`` (its own options over the fleet's) on ``workload``: the fleet's summary (with the SLO
     goodput, given a per-request bound) and its requests' table."""
     from kvsched.cluster.loop import Cluster
@@ -35,8 +36,13 @@ def run_fleet(router: Contender, fleet: FleetSpec, workload, slo_ttft: float | N
     return summary, table
 
 
-def run_routers(routers: list[Contender], labels: list[str], fleet: FleetSpec, workloads: list,
-                on_done: Callable[[], None] | None = None) -> list[PolicyRun]:
+def run_routers(
+    routers: list[Contender],
+    labels: list[str],
+    fleet: FleetSpec,
+    workloads: list,
+    on_done: Callable[[], None] | None = None,
+) -> list[PolicyRun]:
     """Simulate ``fleet`` behind each router on each of ``workloads``."""
     from kvsched.metrics.requests import done_mask, numbers
 

@@ -51,7 +51,11 @@ class Cluster:
         # Routed ahead: a router that reads only reports (``reads_reports_only``) can choose for a request
         # arriving at t once every report true at t − staleness is known, before the replicas reach t;
         # each replica's steady run then stops only at the requests routed to it (same results).
-        self.ahead = min(self.staleness, MAX_AHEAD_S) if lookahead and self.router.reads_reports_only and not self.disaggregated else 0.0
+        self.ahead = (
+            min(self.staleness, MAX_AHEAD_S)
+            if lookahead and self.router.reads_reports_only and not self.disaggregated
+            else 0.0
+        )
 
     def run(self, requests: Iterable[Request], on_finished: Callable[[int], Any] | None = None) -> FleetRecords:
         """Route and serve ``requests`` (in arrival order, read as they arrive) until every one has ended."""
@@ -156,7 +160,9 @@ class Cluster:
             on_finished(ended)
 
 
-def run_cluster(requests: Iterable[Request], spec: FleetSpec, on_finished: Callable[[int], Any] | None = None) -> FleetRecords:
+def run_cluster(
+    requests: Iterable[Request], spec: FleetSpec, on_finished: Callable[[int], Any] | None = None
+) -> FleetRecords:
     """Build the fleet of ``spec`` and replay ``requests`` through it (the Python API of ``engine run --replicas``)."""
     if not isinstance(spec, FleetSpec):
         raise FleetError(f"a fleet is a FleetSpec, got {type(spec).__name__}")

@@ -56,17 +56,33 @@ class FleetRecords:
         original, first, prompt_replica, cached = prefill
         m = RequestMetrics.of(group)
         output = 1 + m.output_tokens
-        tpot = (m.finish_time - first.first_token_time) / (output - 1) if m.finish_time is not None and output > 1 else None
+        tpot = (
+            (m.finish_time - first.first_token_time) / (output - 1)
+            if m.finish_time is not None and output > 1
+            else None
+        )
         merged = RequestMetrics(
-            request_id=m.request_id, status=m.status, finish_reason=m.finish_reason, detail=m.detail,
-            priority=original.priority, tenant=original.tenant, n=original.sampling.n, prompt_tokens=original.prompt_len,
-            output_tokens=output, arrival_time=original.arrival_time, first_scheduled_time=first.first_scheduled_time,
-            first_token_time=first.first_token_time, finish_time=m.finish_time, queueing_time=first.queueing_time,
-            ttft=first.ttft, tpot=tpot,
+            request_id=m.request_id,
+            status=m.status,
+            finish_reason=m.finish_reason,
+            detail=m.detail,
+            priority=original.priority,
+            tenant=original.tenant,
+            n=original.sampling.n,
+            prompt_tokens=original.prompt_len,
+            output_tokens=output,
+            arrival_time=original.arrival_time,
+            first_scheduled_time=first.first_scheduled_time,
+            first_token_time=first.first_token_time,
+            finish_time=m.finish_time,
+            queueing_time=first.queueing_time,
+            ttft=first.ttft,
+            tpot=tpot,
             e2e=None if m.finish_time is None else m.finish_time - original.arrival_time,
             preemptions_recompute=first.preemptions_recompute + m.preemptions_recompute,
             preemptions_swap=first.preemptions_swap + m.preemptions_swap,
-            slo_class=original.slo_class, session_id=original.session_id,
+            slo_class=original.slo_class,
+            session_id=original.session_id,
         )
         self._append(merged, replica.index, prompt_replica, cached)
 
@@ -82,11 +98,15 @@ class FleetRecords:
         if request.sampling.n != 1:
             from kvsched.cluster.spec import FleetError
 
-            raise FleetError(f"request {request.request_id!r}: P/D disaggregation runs one sequence per request (n=1), not n={request.sampling.n}")
+            raise FleetError(
+                f"request {request.request_id!r}: P/D disaggregation runs one sequence per request (n=1), not n={request.sampling.n}"
+            )
         self._prefills[request.request_id] = (request, None, -1, 0)
         if request.output_len == 1:  # its one token is all it has: it runs whole in the prefill pool
             return request
-        return request.model_copy(update={"sampling": request.sampling.model_copy(update={"max_tokens": 1}), "output_len": None})
+        return request.model_copy(
+            update={"sampling": request.sampling.model_copy(update={"max_tokens": 1}), "output_len": None}
+        )
 
     def prefill_done(self, group: SequenceGroup, replica: Replica) -> Request | None:
         """The prompt of ``group`` ran on ``replica``: the request for the decode pool (None if nothing
@@ -102,14 +122,22 @@ class FleetRecords:
             return None
         self._prefills[group.request_id] = (original, first, replica.index, cached)
         seq = group.seqs[0]
-        prompt = {"prompt_token_ids": original.prompt_token_ids + (seq.output[0],)} if original.prompt_token_ids else {"prompt_len": original.prompt_len + 1}
+        prompt = (
+            {"prompt_token_ids": original.prompt_token_ids + (seq.output[0],)}
+            if original.prompt_token_ids
+            else {"prompt_len": original.prompt_len + 1}
+        )
         return Request(
-            request_id=original.request_id, **prompt, arrival_time=group.finish_time,
+            request_id=original.request_id,
+            **prompt,
+            arrival_time=group.finish_time,
             sampling=original.sampling.model_copy(update={"max_tokens": original.sampling.max_tokens - 1}),
             output_len=None if original.output_len is None else original.output_len - 1,
-            priority=original.priority, tenant=original.tenant, session_id=original.session_id, slo_class=original.slo_class,
+            priority=original.priority,
+            tenant=original.tenant,
+            session_id=original.session_id,
+            slo_class=original.slo_class,
         )
 
     def close(self) -> None:
         """The run is over: every request has a row (``testing/cluster.py`` checks it)."""
-

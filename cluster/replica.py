@@ -23,7 +23,9 @@ class Replica:
     that a steady run, which reports to no observer, loses none. What routers' views read of it is
     ``routers/replica.py``'s ``RoutedReplica``."""
 
-    def __init__(self, name: str, role: str, engine: Engine, profile_name: str, staleness: float, steady_runs: bool = True) -> None:
+    def __init__(
+        self, name: str, role: str, engine: Engine, profile_name: str, staleness: float, steady_runs: bool = True
+    ) -> None:
         self.name, self.role, self.engine, self.profile_name = name, role, engine, profile_name
         self.staleness = staleness
         self.index = 0  # its place in the fleet, set by the cluster
@@ -42,7 +44,9 @@ class Replica:
         self._runs = steady_runs
         self._reports = deque([Signals(0.0, 0, 0, 0, engine.cache.num_free_gpu_blocks)])
         self._stepping = False  # a step under way (begin_step); else its last was a steady run, applied as it ran
-        self.resumable = False  # its last step a steady run stopped by an arrival, nothing added since: it goes on coasting
+        self.resumable = (
+            False  # its last step a steady run stopped by an arrival, nothing added since: it goes on coasting
+        )
         self._gpu = engine.scheduler.block_manager.gpu if engine.config.enable_prefix_caching else None
         self.busy = False  # a step under way or one due: an event of this replica is on the cluster's heap
         self.generation = 0  # events of older generations on the heap are void
@@ -146,7 +150,7 @@ class Replica:
         self._stepping = True
         if self._gpu is not None:  # what each request's first admission found in the prefix cache
             found = self.cached_by_request
-            for sg in output.scheduled[output.lane_decodes:]:
+            for sg in output.scheduled[output.lane_decodes :]:
                 if sg.is_prefill and sg.group.index not in found:
                     found[sg.group.index] = sg.num_cached_tokens
         return engine.next_event_time()
@@ -171,7 +175,9 @@ class Replica:
         """The end, at ``t``, of a steady run an arrival stopped (``resumable``: nothing ended in it and
         nothing was added since): its report, as ``end_step`` keeps it, without the rest of ``end_step``."""
         sched = self.engine.scheduler
-        self._reports.append(Signals(t, len(sched.waiting), len(sched.running), len(sched.swapped), sched.block_manager.gpu.num_free))
+        self._reports.append(
+            Signals(t, len(sched.waiting), len(sched.running), len(sched.swapped), sched.block_manager.gpu.num_free)
+        )
 
     def end_step(self) -> list:
         """Apply the step under way (the clock moves to its end; a steady run was applied as it ran), keep
@@ -180,15 +186,29 @@ class Replica:
         engine = self.engine
         if not self._stepping:  # a steady run: its counts held through it, its last step may have finished some
             sched = engine.scheduler
-            self._reports.append(Signals(engine.clock.now(), len(sched.waiting), len(sched.running), len(sched.swapped),
-                                         sched.block_manager.gpu.num_free))
+            self._reports.append(
+                Signals(
+                    engine.clock.now(),
+                    len(sched.waiting),
+                    len(sched.running),
+                    len(sched.swapped),
+                    sched.block_manager.gpu.num_free,
+                )
+            )
         else:
             self._stepping = False
             report = engine.end_step()
             self.steps += 1
             self.busy_s += report.duration
-            self._reports.append(Signals(report.now, report.num_waiting, report.num_running, report.num_swapped,
-                                         report.cache.num_free_gpu_blocks))
+            self._reports.append(
+                Signals(
+                    report.now,
+                    report.num_waiting,
+                    report.num_running,
+                    report.num_swapped,
+                    report.cache.num_free_gpu_blocks,
+                )
+            )
         return engine.take_finished()
 
     def _trim(self, t: float) -> None:

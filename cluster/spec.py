@@ -14,12 +14,11 @@ from kvsched.cluster.transfer import DecodeExecutor, KvTransfer
 from kvsched.core.config import EngineConfig
 from kvsched.core.engine import Engine
 from kvsched.core.errors import KvschedError
-from kvsched.userfiles.reader import read_json
 from kvsched.core.loading import load_policy
 from kvsched.executors.profiles import resolve_profile
 from kvsched.executors.simulated import SimulatedExecutor
 from kvsched.experiments.settings import check_names, fit_to_profile
-
+from kvsched.userfiles.reader import read_json
 
 MAX_REPLICAS = 4096  # replicas in a fleet, all groups together (--replicas takes as many)
 
@@ -48,10 +47,16 @@ class FleetSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     replicas: list[ReplicaGroup] = Field(min_length=1, max_length=MAX_REPLICAS)
-    router: Any = Field("round-robin", description="an installed router's name, path/to/file.py:Class, or (in Python) a router object")
+    router: Any = Field(
+        "round-robin", description="an installed router's name, path/to/file.py:Class, or (in Python) a router object"
+    )
     router_options: dict[str, Any] = Field(default_factory=dict)
-    staleness_s: float = Field(0.0, ge=0, le=3600,
-                               description="a view shows the newest report at least this old (0: the newest; an hour at most)")
+    staleness_s: float = Field(
+        0.0,
+        ge=0,
+        le=3600,
+        description="a view shows the newest report at least this old (0: the newest; an hour at most)",
+    )
     transfer: KvTransfer = KvTransfer()
 
     @model_validator(mode="after")
@@ -61,8 +66,9 @@ class FleetSpec(BaseModel):
             raise ValueError("a fleet is all mixed replicas, or prefill and decode pools (both, and no mixed)")
         total = sum(g.count for g in self.replicas)
         if total > MAX_REPLICAS:
-            raise ValueError(f"a fleet has at most {MAX_REPLICAS:,} replicas, all groups together; "
-                             f"this one has {total:,}")
+            raise ValueError(
+                f"a fleet has at most {MAX_REPLICAS:,} replicas, all groups together; this one has {total:,}"
+            )
         return self
 
     @property
@@ -108,5 +114,7 @@ def load_fleet(path: Path, **overrides: Any) -> FleetSpec:
     except ValidationError as exc:
         first = exc.errors()[0]
         where = "".join(f".{part}" if isinstance(part, str) else f"[{part}]" for part in first["loc"])
-        raise FleetError(f"{path}: invalid fleet spec: {where.lstrip('.') + ': ' if where else ''}"
-                         f"{first['msg'].removeprefix('Value error, ')}") from None
+        raise FleetError(
+            f"{path}: invalid fleet spec: {where.lstrip('.') + ': ' if where else ''}"
+            f"{first['msg'].removeprefix('Value error, ')}"
+        ) from None

@@ -32,22 +32,29 @@ def fleet_summary(cluster: Cluster, table: pa.Table | None = None, **extra: Any)
     table = fleet_table(cluster) if table is None else table
     replicas = cluster.replicas
     policies = sorted({r.engine.policy_name for r in replicas})
-    summary = summarize(None, table, policy=policies[0] if len(policies) == 1 else "+".join(policies), config=None, **extra)
+    summary = summarize(
+        None, table, policy=policies[0] if len(policies) == 1 else "+".join(policies), config=None, **extra
+    )
     profiles = sorted({r.profile_name for r in replicas})
     summary["profile"] = profiles[0] if len(profiles) == 1 else "+".join(profiles)
     summary["steps"] = sum(r.steps for r in replicas)
     summary["blocks_swapped_in"] = sum(r.engine.num_blocks_swapped_in for r in replicas)
     summary["blocks_swapped_out"] = sum(r.engine.num_blocks_swapped_out for r in replicas)
     summary["leaked_blocks"] = sum(r.engine.leaked_blocks for r in replicas)
-    summary["preemptions"] = {"recompute": int(numbers(table, "preemptions_recompute").sum()),
-                              "swap": int(numbers(table, "preemptions_swap").sum())}
+    summary["preemptions"] = {
+        "recompute": int(numbers(table, "preemptions_recompute").sum()),
+        "swap": int(numbers(table, "preemptions_swap").sum()),
+    }
     prompt = numbers(table, "prompt_tokens")
     cached = numbers(table, "cached_tokens")
     summary["prefix_hit_rate"] = float(cached.sum() / prompt.sum()) if prompt.sum() else 0.0
     summary["fleet"] = {
-        "replicas": len(replicas), "router": cluster.router.name, "staleness_s": cluster.staleness,
+        "replicas": len(replicas),
+        "router": cluster.router.name,
+        "staleness_s": cluster.staleness,
         "disaggregated": cluster.disaggregated,
-        "prefill_replicas": sum(r.role == "prefill" for r in replicas), "decode_replicas": sum(r.role == "decode" for r in replicas),
+        "prefill_replicas": sum(r.role == "prefill" for r in replicas),
+        "decode_replicas": sum(r.role == "decode" for r in replicas),
         "transfer": cluster.spec.transfer.model_dump() if cluster.disaggregated else None,
     }
     summary["replicas"] = replica_rows(cluster, table, summary["duration_s"])
@@ -60,20 +67,32 @@ def replica_rows(cluster: Cluster, table: pa.Table, duration: float) -> list[dic
     done = done_mask(table)
     finished_on, prompt_on = numbers(table, "replica"), numbers(table, "prompt_replica")
     ttft, e2e = numbers(table, "ttft"), numbers(table, "e2e")
-    prompt, cached, out = numbers(table, "prompt_tokens"), numbers(table, "cached_tokens"), numbers(table, "output_tokens")
+    prompt, cached, out = (
+        numbers(table, "prompt_tokens"),
+        numbers(table, "cached_tokens"),
+        numbers(table, "output_tokens"),
+    )
     rows = []
     for r in cluster.replicas:
         ran_prompt, finished_here = prompt_on == r.index, finished_on == r.index
         prompts = prompt[ran_prompt].sum()
-        rows.append({
-            "replica": r.name, "role": r.role, "policy": r.engine.policy_name, "profile": r.profile_name,
-            "routed": r.requests, "finished": int((finished_here & done).sum()), "steps": r.steps,
-            "busy": r.busy_s / duration if duration > 0 else 0.0,
-            "output_tokens": int(out[finished_here & done].sum()),
-            "ttft_s": distribution(ttft[ran_prompt & done]), "e2e_s": distribution(e2e[finished_here & done]),
-            "prefix_hit_rate": float(cached[ran_prompt].sum() / prompts) if prompts else 0.0,
-            "leaked_blocks": r.engine.leaked_blocks,
-        })
+        rows.append(
+            {
+                "replica": r.name,
+                "role": r.role,
+                "policy": r.engine.policy_name,
+                "profile": r.profile_name,
+                "routed": r.requests,
+                "finished": int((finished_here & done).sum()),
+                "steps": r.steps,
+                "busy": r.busy_s / duration if duration > 0 else 0.0,
+                "output_tokens": int(out[finished_here & done].sum()),
+                "ttft_s": distribution(ttft[ran_prompt & done]),
+                "e2e_s": distribution(e2e[finished_here & done]),
+                "prefix_hit_rate": float(cached[ran_prompt].sum() / prompts) if prompts else 0.0,
+                "leaked_blocks": r.engine.leaked_blocks,
+            }
+        )
     return rows
 
 
@@ -85,7 +104,12 @@ def route_table(cluster: Cluster) -> pa.Table:
         columns = [[], [], [], [], []]
     else:
         columns = [list(c) for c in zip(*routes)]
-    return pa.table({"request_id": pa.array(columns[0], pa.string()), "pool": pa.array(columns[1], pa.string()),
-                     "time": pa.array(columns[2], pa.float64()), "replica": pa.array([names[i] for i in columns[3]], pa.string()),
-                     "reason": pa.array(columns[4], pa.string())})
-
+    return pa.table(
+        {
+            "request_id": pa.array(columns[0], pa.string()),
+            "pool": pa.array(columns[1], pa.string()),
+            "time": pa.array(columns[2], pa.float64()),
+            "replica": pa.array([names[i] for i in columns[3]], pa.string()),
+            "reason": pa.array(columns[4], pa.string()),
+        }
+    )

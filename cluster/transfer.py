@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from kvsched.core.outputs import SchedulerOutput, causal_pairs
 from kvsched.core.executor import StepResult
+from kvsched.core.outputs import SchedulerOutput, causal_pairs
 from kvsched.executors.simulated import SimulatedExecutor, charged
 
 
@@ -26,8 +26,9 @@ class KvTransfer(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
-    bandwidth_gb_per_s: float = Field(25.0, ge=1e-6, description="effective transfer bandwidth "
-                                                                 "(25 GB/s: a 200 Gb/s RDMA link, as NIXL uses)")
+    bandwidth_gb_per_s: float = Field(
+        25.0, ge=1e-6, description="effective transfer bandwidth (25 GB/s: a 200 Gb/s RDMA link, as NIXL uses)"
+    )
     base_latency_s: float = Field(0.0005, ge=0, le=3600, description="fixed cost of one transfer (set-up, handshake)")
 
     def seconds(self, prompt_tokens: int, kv_bytes_per_token: int) -> float:
@@ -40,7 +41,7 @@ class DecodeExecutor(SimulatedExecutor):
     def execute(self, output: SchedulerOutput) -> StepResult:
         result = super().execute(output)
         received = received_pairs = 0
-        for sg in output.scheduled[output.lane_decodes:]:
+        for sg in output.scheduled[output.lane_decodes :]:
             if sg.is_prefill and not sg.group.num_recompute_preemptions:
                 received += sg.num_tokens - 1  # the first token it samples there is computed there
                 received_pairs += causal_pairs(sg.group.seqs[0].num_computed_tokens, sg.num_tokens - 1)

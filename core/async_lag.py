@@ -6,6 +6,7 @@ scheduler's CPU time hides behind the model's, and step N+1 is built before step
 request whose token stops it in step N is still scheduled into N+1 (a wasted slot) and ends, on time, once N's
 output is processed; a length cap is foreseen; a request arriving while step N runs is first seen by N+2.
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
@@ -38,8 +39,13 @@ class SchedulerTime(Completion):
         on = config.async_scheduling
         self.hidden = on
         step_ms = config.scheduler_ms if config.scheduler_ms is not None else VLLM_V1_SCHEDULER_MS if on else 0.0
-        request_ms = (config.scheduler_request_ms if config.scheduler_request_ms is not None
-                      else VLLM_V1_SCHEDULER_REQUEST_MS if on else 0.0)
+        request_ms = (
+            config.scheduler_request_ms
+            if config.scheduler_request_ms is not None
+            else VLLM_V1_SCHEDULER_REQUEST_MS
+            if on
+            else 0.0
+        )
         self.step_s, self.request_s = step_ms / 1000.0, request_ms / 1000.0
         self.busy_until: float | None = None  # when the last step that ran something ended
 
@@ -64,7 +70,9 @@ class AsyncLag(SchedulerTime):
         if engine.config.num_speculative_tokens:
             raise ValueError("async_scheduling with num_speculative_tokens is not modelled")
         super().__init__(engine)
-        self.pending: dict[int, tuple[Sequence, float]] = {}  # seq id: (a sequence stopped, when its stop token came out)
+        self.pending: dict[
+            int, tuple[Sequence, float]
+        ] = {}  # seq id: (a sequence stopped, when its stop token came out)
         self._due: dict[int, tuple[Sequence, float]] = {}  # the previous step's pending, resolved in this step
         self._ends: dict[SequenceGroup, float] = {}
         self.wasted_tokens = 0  # slots computed for a request that had already stopped
@@ -121,4 +129,3 @@ class AsyncLag(SchedulerTime):
         """As of when the next step was scheduled: while the last step ran, from its start."""
         engine = self.engine
         return engine.scheduled_at if self.busy_until == now and engine.has_unfinished() else now
-

@@ -2,6 +2,7 @@
 counted, samples appended, forks made, stops and length caps ending sequences and freeing their blocks).
 ``Completion`` applies them as they come; the mechanics may choose another strategy (``core/async_lag.py``).
 """
+
 from __future__ import annotations
 
 from itertools import islice

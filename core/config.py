@@ -39,36 +39,52 @@ class EngineConfig(BaseModel):
     )
     audit_every_step: bool = Field(False, description="check every allocator invariant after each step")
     vllm_engine: Literal["v0", "v1"] = Field(
-        "v0", description="whose mechanics the core follows: vLLM v0 (0.6: whole prompts allocated at admission, "
+        "v0",
+        description="whose mechanics the core follows: vLLM v0 (0.6: whole prompts allocated at admission, "
         "worst-case decode check, swap, cap at max_model_len + 1 tokens) or V1 (0.32: blocks as tokens are scheduled, "
-        "exact growth, recompute only, cap at max_model_len); docs/vllm-v1.md"
+        "exact growth, recompute only, cap at max_model_len); docs/vllm-v1.md",
     )
     decode_lane: bool = Field(
-        True, description="advance plain decodes together when the executor knows its tokens (the simulator); same results either way"
+        True,
+        description="advance plain decodes together when the executor knows its tokens (the simulator); same results either way",
     )
     enable_chunked_prefill: bool = Field(
-        True, description="vLLM V1's knob, read by vllm-v1: off, a prompt is scheduled whole or waits (head of line), and under "
-        "v1 mechanics max_num_batched_tokens must hold max_model_len (docs/vllm-v1.md)"
+        True,
+        description="vLLM V1's knob, read by vllm-v1: off, a prompt is scheduled whole or waits (head of line), and under "
+        "v1 mechanics max_num_batched_tokens must hold max_model_len (docs/vllm-v1.md)",
     )
     async_scheduling: bool = Field(
-        False, description="model vLLM's AsyncScheduler: step N+1 scheduled while step N runs, its scheduler time hidden, "
-        "step N's stops and arrivals seen one step late (core/async_lag.py; docs/simulation.md)"
+        False,
+        description="model vLLM's AsyncScheduler: step N+1 scheduled while step N runs, its scheduler time hidden, "
+        "step N's stops and arrivals seen one step late (core/async_lag.py; docs/simulation.md)",
     )
     scheduler_ms: float | None = Field(
-        None, ge=0, le=3.6e6, description="the scheduler's CPU time per step, added to a sync step, hidden in an async one; "
-        "unset: vLLM V1's 0.16 ms with async_scheduling, else 0 (the cost profile's time alone)"
+        None,
+        ge=0,
+        le=3.6e6,
+        description="the scheduler's CPU time per step, added to a sync step, hidden in an async one; "
+        "unset: vLLM V1's 0.16 ms with async_scheduling, else 0 (the cost profile's time alone)",
     )
     scheduler_request_ms: float | None = Field(
-        None, ge=0, le=3.6e6, description="the scheduler's CPU time per request a step runs, beside scheduler_ms; "
-        "unset: vLLM V1's 0.0266 ms with async_scheduling, else 0"
+        None,
+        ge=0,
+        le=3.6e6,
+        description="the scheduler's CPU time per request a step runs, beside scheduler_ms; "
+        "unset: vLLM V1's 0.0266 ms with async_scheduling, else 0",
     )
     num_speculative_tokens: int = Field(
-        0, ge=0, le=64, description="V1 speculative decoding at the scheduler level: draft tokens a decoding request is "
-        "scheduled with, verified in the step, the rejected ones rolled back (under v1 mechanics; v0 ignores it; docs/vllm-v1.md)"
+        0,
+        ge=0,
+        le=64,
+        description="V1 speculative decoding at the scheduler level: draft tokens a decoding request is "
+        "scheduled with, verified in the step, the rejected ones rolled back (under v1 mechanics; v0 ignores it; docs/vllm-v1.md)",
     )
     kv_offloading_blocks: int = Field(
-        0, ge=0, le=MAX_BLOCKS, description="vLLM's native KV offloading: a CPU tier of this many blocks behind the GPU "
-        "prefix cache (v1 mechanics, prefix caching; 0: none; docs/simulation.md)"
+        0,
+        ge=0,
+        le=MAX_BLOCKS,
+        description="vLLM's native KV offloading: a CPU tier of this many blocks behind the GPU "
+        "prefix cache (v1 mechanics, prefix caching; 0: none; docs/simulation.md)",
     )
     kv_offloading_policy: Literal["lru", "arc"] = Field("lru", description="how the CPU tier evicts: vLLM's lru or arc")
     offload_prompt_only: bool = Field(True, description="the CPU tier stores prompt blocks only (vLLM's default)")
@@ -77,15 +93,22 @@ class EngineConfig(BaseModel):
     def _check(self) -> EngineConfig:
         if self.vllm_engine == "v1" and self.num_gpu_blocks < 2:
             raise ValueError("vllm_engine v1 needs num_gpu_blocks >= 2: V1 keeps one block as its null block")
-        if self.vllm_engine == "v1" and not self.enable_chunked_prefill and self.max_num_batched_tokens < self.model_len:
+        if (
+            self.vllm_engine == "v1"
+            and not self.enable_chunked_prefill
+            and self.max_num_batched_tokens < self.model_len
+        ):
             raise ValueError(  # vLLM's SchedulerConfig.verify_max_model_len
                 f"max_num_batched_tokens ({self.max_num_batched_tokens}) is smaller than max_model_len ({self.model_len}) "
                 "with chunked prefill off: no longer prompt could ever be scheduled"
             )
-        if self.kv_offloading_blocks and (self.vllm_engine != "v1" and "vllm_engine" in self.model_fields_set
-                                          or not self.enable_prefix_caching):
-            raise ValueError("kv_offloading_blocks needs vllm_engine v1 and enable_prefix_caching: the CPU tier keeps "
-                             "blocks by their prefix hashes, behind V1's prefix cache")
+        if self.kv_offloading_blocks and (
+            self.vllm_engine != "v1" and "vllm_engine" in self.model_fields_set or not self.enable_prefix_caching
+        ):
+            raise ValueError(
+                "kv_offloading_blocks needs vllm_engine v1 and enable_prefix_caching: the CPU tier keeps "
+                "blocks by their prefix hashes, behind V1's prefix cache"
+            )
         if self.max_num_seqs > self.max_num_batched_tokens:
             raise ValueError(
                 f"max_num_seqs ({self.max_num_seqs}) exceeds max_num_batched_tokens "

@@ -125,6 +125,15 @@ class Preemption:
 
 
 __all__ = [
-    "Decision", "Held", "Ignored", "Outcome", "Preempted", "Preemption", "PreemptionMode", "Prefill", "Refused",
-    "SwappedIn", "held_problem",
+    "Decision",
+    "Held",
+    "Ignored",
+    "Outcome",
+    "Preempted",
+    "Preemption",
+    "PreemptionMode",
+    "Prefill",
+    "Refused",
+    "SwappedIn",
+    "held_problem",
 ]

@@ -128,7 +128,9 @@ class Engine:
         members = self.fan_out.members(group) if self.fan_out is not None else [group]
         if self._in_flight is not None:  # between schedule() and complete(): the step no longer runs it
             out = self._in_flight
-            out.scheduled[out.lane_decodes:] = [sg for sg in out.scheduled[out.lane_decodes:] if sg.group not in members]
+            out.scheduled[out.lane_decodes :] = [
+                sg for sg in out.scheduled[out.lane_decodes :] if sg.group not in members
+            ]
         for member in members:
             self.scheduler.abort(member, self.clock.now(), status)
         self._retire(self.fan_out.ended(members) if self.fan_out is not None else members)
@@ -140,7 +142,9 @@ class Engine:
     def _refuse_in_hook(self, call: str) -> None:
         """A hook may read the engine it runs in, never drive it (that would change the step under construction)."""
         if self.hooks.in_hook is not None:  # tested by the hot callers before calling
-            raise self.hooks.refuse(f"engine.{call}() called inside {self.hooks.in_hook}: a hook may not drive its own engine")
+            raise self.hooks.refuse(
+                f"engine.{call}() called inside {self.hooks.in_hook}: a hook may not drive its own engine"
+            )
 
     # ------------------------------------------------------------------------ what one can read
     @property
@@ -229,8 +233,10 @@ class Engine:
         if arrival != math.inf:  # nothing it can run until then
             return arrival
         if idle >= STALL_STEPS and now - self._idle_since >= STALL_SECONDS:
-            raise StallError(f"policy {self.policy_name!r} scheduled nothing for {idle} steps "
-                             f"({now - self._idle_since:.0f} s) with {self.scheduler.stuck_report()}")
+            raise StallError(
+                f"policy {self.policy_name!r} scheduled nothing for {idle} steps "
+                f"({now - self._idle_since:.0f} s) with {self.scheduler.stuck_report()}"
+            )
         return now
 
     def take_finished(self) -> list[SequenceGroup]:
@@ -261,8 +267,17 @@ class Engine:
             self._idle_since = self.scheduled_at
         self._idle_steps = self._idle_steps + 1 if idle else 0
         report = StepReport(
-            self.num_steps, now, result.duration, OutputView(output), tuple([g.view for g in finished]) if finished else (),
-            len(sched.waiting), len(sched.running), len(sched.swapped), sched.cache_view, features, self.scheduled_at,
+            self.num_steps,
+            now,
+            result.duration,
+            OutputView(output),
+            tuple([g.view for g in finished]) if finished else (),
+            len(sched.waiting),
+            len(sched.running),
+            len(sched.swapped),
+            sched.cache_view,
+            features,
+            self.scheduled_at,
         )
         self.num_steps += 1
         if self.config.audit_every_step:
@@ -297,7 +312,9 @@ class Engine:
         self,
         requests: Iterable[Request] = (),
         on_step: Callable[[StepReport], None] | None = None,
-        max_steps: int | None = None, *, in_order: bool = False,
+        max_steps: int | None = None,
+        *,
+        in_order: bool = False,
     ) -> list[SequenceGroup]:
         """Feed ``requests`` at their arrival times and step until every request has finished
         (``StallError`` after ``STALL_STEPS`` idle steps and ``STALL_SECONDS`` with none left to arrive);

@@ -80,7 +80,9 @@ class PolicyError(KvschedError):
     ``policy`` names the plugin, ``hook`` the hook it was running in (None outside hooks), ``message`` says what."""
 
     def __init__(self, policy: str, message: str, hook: str | None = None, role: str = "policy") -> None:
-        super().__init__(f"{role} {shorten(repr(policy), 300)}" + (f" in {hook}" if hook else "") + f": {printable(message)}")
+        super().__init__(
+            f"{role} {shorten(repr(policy), 300)}" + (f" in {hook}" if hook else "") + f": {printable(message)}"
+        )
         self.policy, self.hook, self.message = policy, hook, message
 
 

@@ -78,8 +78,13 @@ class DecodeLane(Protocol):
     def take(self, step, decodes_only: bool, cap: int | None) -> bool: ...
 
     def schedule(
-        self, running: list[SequenceGroup], out: SchedulerOutput | None, max_tokens: int, touched: dict | None,
-        decodes_only: bool = False, cap: int | None = None,
+        self,
+        running: list[SequenceGroup],
+        out: SchedulerOutput | None,
+        max_tokens: int,
+        touched: dict | None,
+        decodes_only: bool = False,
+        cap: int | None = None,
     ) -> bool: ...
 
     def apply(self) -> list[Sequence]: ...

@@ -6,6 +6,7 @@ preempted and finished on its own; with prefix caching the later ones find the s
 keeps the parent (what ``engine.groups``, reports and metrics see: one request with ``n`` outputs, as in v0) and
 queues the children; the parent is done when its last child is.
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
@@ -23,7 +24,9 @@ class FanOut:
 
     __slots__ = ("sched", "new_seq_id", "eos_token_id", "max_seq_len", "parent_of", "children")
 
-    def __init__(self, scheduler: Scheduler, new_seq_id: Callable[[], int], eos_token_id: int | None, max_seq_len: int) -> None:
+    def __init__(
+        self, scheduler: Scheduler, new_seq_id: Callable[[], int], eos_token_id: int | None, max_seq_len: int
+    ) -> None:
         self.sched = scheduler
         self.new_seq_id = new_seq_id
         self.eos_token_id, self.max_seq_len = eos_token_id, max_seq_len

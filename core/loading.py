@@ -10,10 +10,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import inspect
-import os
 import re
-import sysconfig
-import traceback
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -22,12 +19,10 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-import pluggy
 from pydantic import TypeAdapter, ValidationError
 
-from kvsched import allocators
-from kvsched.core import hookspecs
-from kvsched.core.errors import KvschedError, PolicyError, UnknownPolicyError, type_name, error_text, quote
+from kvsched.core.boundary import call_hook, exception_text
+from kvsched.core.errors import KvschedError, PolicyError, UnknownPolicyError, error_text, quote, type_name
 
 ENTRY_POINT_GROUP = "kvsched.policies"
 GROUPS = {"policy": ENTRY_POINT_GROUP, "router": "kvsched.routers"}  # the kinds of plugin, and where each is registered
@@ -35,9 +30,6 @@ DEFAULT_POLICY = "vllm-default"
 BUILTIN_DISTRIBUTION = "kvsched"
 SELECT_BATCH, CHOOSE_PREEMPTION, CAN_ALLOCATE, ON_STEP = "select_batch", "choose_preemption", "can_allocate", "on_step"
 HOOKS = (SELECT_BATCH, CHOOSE_PREEMPTION, CAN_ALLOCATE, ON_STEP)
-# Frames in these files are the engine's, pluggy's or Python's own, never a plugin's.
-_ENGINE_FILES = tuple(os.path.dirname(m.__file__) + os.sep for m in (pluggy, hookspecs, allocators))
-_STDLIB, _SITE = sysconfig.get_paths()["stdlib"], (sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"])
 
 
 class AmbiguousPolicyError(KvschedError, LookupError):
@@ -87,12 +79,16 @@ def _normalized(distribution: str) -> str:
 
 
 def _registered(name: str, kind: str) -> list[tuple[EntryPoint, PolicyInfo]]:
-    return sorted(((ep, _info(ep)) for ep in entry_points(group=GROUPS[kind], name=name)), key=lambda pair: pair[1].distribution)
+    return sorted(
+        ((ep, _info(ep)) for ep in entry_points(group=GROUPS[kind], name=name)), key=lambda pair: pair[1].distribution
+    )
 
 
 def _of_distribution(distribution: str, name: str, kind: str) -> tuple[EntryPoint, PolicyInfo] | None:
     """The entry point ``name`` of ``distribution`` (``DIST:NAME``), if it registers one."""
-    return next(((ep, i) for ep, i in _registered(name, kind) if _normalized(i.distribution) == _normalized(distribution)), None)
+    return next(
+        ((ep, i) for ep, i in _registered(name, kind) if _normalized(i.distribution) == _normalized(distribution)), None
+    )
 
 
 def _entry_point(spec: str, kind: str) -> tuple[EntryPoint, PolicyInfo] | None:
@@ -108,7 +104,9 @@ def _entry_point(spec: str, kind: str) -> tuple[EntryPoint, PolicyInfo] | None:
     if len(found) > 1:
         which = ", ".join(f"{i.distribution} {i.version} ({i.target})" for _, i in found)
         choices = " or ".join(f"--{kind} {i.distribution}:{spec}" for _, i in found)
-        raise AmbiguousPolicyError(f"{kind} name {spec!r} is registered by {len(found)} distributions: {which}; choose one with {choices}")
+        raise AmbiguousPolicyError(
+            f"{kind} name {spec!r} is registered by {len(found)} distributions: {which}; choose one with {choices}"
+        )
     return found[0]
 
 
@@ -160,10 +158,14 @@ def _load_target(spec: str, kind: str) -> Any:
         except PolicyError as exc:
             if not isinstance(exc.__cause__, ImportError):
                 raise
-            registered = [i.name for i in installed_policies(kind) if _normalized(i.distribution) == _normalized(target)]
+            registered = [
+                i.name for i in installed_policies(kind) if _normalized(i.distribution) == _normalized(target)
+            ]
             if registered:
-                raise UnknownPolicyError(f"distribution {target!r} registers no {kind} {attr!r}; its "
-                                         f"{GROUPS[kind].removeprefix('kvsched.')}: {', '.join(registered)}") from None
+                raise UnknownPolicyError(
+                    f"distribution {target!r} registers no {kind} {attr!r}; its "
+                    f"{GROUPS[kind].removeprefix('kvsched.')}: {', '.join(registered)}"
+                ) from None
             raise UnknownPolicyError(f"cannot import {kind} module {target!r}: {exc.__cause__}") from None
     try:
         return guarded(spec, "", f"reading {attr!r} of it fails", getattr, module, attr)
@@ -181,35 +183,8 @@ def guarded(who: str, origin: str, doing: str, call, *args, **kwargs) -> Any:
     return call_hook(lambda: call(*args, **kwargs), (), lambda: None, failure, ())
 
 
-def call_hook(hook, args: tuple, first, failure, own: type[PolicyError] = PolicyError) -> Any:
-    """``hook(*args)``, the one boundary of a plugin's hook call (policy or router): what it raises but
-    KeyboardInterrupt is ``failure(exc)``, naming plugin, hook and line, unless one of ours (``own``); the call's
-    first refusal (``first()``) is raised in its place, and after the call returns, even if the plugin caught it."""
-    try:
-        result = hook(*args)
-    except KeyboardInterrupt:
-        raise
-    except BaseException as exc:
-        error = first() or (exc if isinstance(exc, own) else failure(exc))
-        if error is exc:
-            raise
-        raise error from exc
-    refused = first()
-    if refused is not None:
-        raise refused
-    return result
-
-
 def _from(origin: str) -> str:
     return f" (from {origin})" if origin else ""
-
-
-def exception_text(exc: BaseException, skip: tuple[str, ...] = ()) -> str:
-    """``Type: message (at file:line)`` on one line, even when the exception's own ``__str__`` raises
-    (the line: of the innermost frame of plugin code, files in ``skip`` aside)."""
-    text, name = " ".join(error_text(exc).split()), type_name(exc)
-    frames = [frame for frame in traceback.walk_tb(exc.__traceback__) if frame[0].f_code.co_filename not in skip][::-1]
-    return f"{name}: {text}{_plugin_line(frames)}" if text else f"{name}{_plugin_line(frames)}"
 
 
 def identity(policy: Any, fallback: str | None = None) -> tuple[str, str]:
@@ -222,8 +197,11 @@ def identity(policy: Any, fallback: str | None = None) -> tuple[str, str]:
     try:
         declared = inspect.getattr_static(policy, "name", None)
         own = declared if isinstance(declared, str) and declared else None
-        label = type.__dict__["__name__"].__get__(policy) if issubclass(type(policy), type) else (
-            inspect.getattr_static(policy, "__name__", None) if issubclass(type(policy), ModuleType) else None)
+        label = (
+            type.__dict__["__name__"].__get__(policy)
+            if issubclass(type(policy), type)
+            else (inspect.getattr_static(policy, "__name__", None) if issubclass(type(policy), ModuleType) else None)
+        )
         return fallback or own or str(label or type_name(policy)), ""
     except Exception:
         return fallback or type(policy).__name__, ""
@@ -270,11 +248,15 @@ def engine_defaults(policy: Any, who: str | None = None) -> dict[str, Any]:
         return {}
     name, origin = identity(policy, who)
     if not isinstance(defaults, Mapping):
-        raise PolicyError(name, f"its engine_defaults is {quote(defaults)}, not a dict of engine settings{_from(origin)}")
+        raise PolicyError(
+            name, f"its engine_defaults is {quote(defaults)}, not a dict of engine settings{_from(origin)}"
+        )
     copied = guarded(name, origin, "reading its engine_defaults fails", dict, defaults)
     bad = [key for key in copied if not isinstance(key, str)]
     if bad:
-        raise PolicyError(name, f"its engine_defaults has {quote(bad[0])} as a setting name, not a string{_from(origin)}")
+        raise PolicyError(
+            name, f"its engine_defaults has {quote(bad[0])} as a setting name, not a string{_from(origin)}"
+        )
     return copied
 
 
@@ -337,7 +319,9 @@ def checked_options(plugin: Any, options: dict[str, Any] | None, who: str, kind:
         except Exception:  # an annotation pydantic cannot check: the constructor checks the value
             check = None
         try:
-            out[key] = value if check is None else guarded(who, origin, f"checking option {key}", check, value, strict=False)
+            out[key] = (
+                value if check is None else guarded(who, origin, f"checking option {key}", check, value, strict=False)
+            )
         except PolicyError as exc:
             if not isinstance(exc.__cause__, ValidationError):
                 raise
@@ -358,15 +342,6 @@ def instantiate(policy: Any, options: dict[str, Any] | None = None, who: str | N
         if options and isinstance(exc.__cause__, (TypeError, ValueError)):
             raise PolicyError(name, f"bad options {options}: {error_text(exc.__cause__)}") from exc.__cause__
         raise
-
-
-def _plugin_line(frames) -> str:
-    """`` (at file:line)`` of the innermost frame of plugin code: not the engine's, pluggy's or Python's own."""
-    for frame, line in frames:
-        path = frame.f_code.co_filename
-        if not path.startswith((*_ENGINE_FILES, "<frozen ")) and (not path.startswith(_STDLIB) or path.startswith(_SITE)):
-            return f" (at {path.removeprefix(os.getcwd() + os.sep)}:{line})"
-    return ""
 
 
 def _own_name(obj: Any) -> str | None:

@@ -40,8 +40,14 @@ class Mechanics:
 
     def block_manager(self, config: EngineConfig) -> BlockManager:
         blocks = config.num_gpu_blocks - self.null_block
-        return BlockManager(config.block_size, blocks, config.num_cpu_blocks, config.watermark_blocks,
-                            config.enable_prefix_caching, keep_duplicates=self.keeps_duplicates)
+        return BlockManager(
+            config.block_size,
+            blocks,
+            config.num_cpu_blocks,
+            config.watermark_blocks,
+            config.enable_prefix_caching,
+            keep_duplicates=self.keeps_duplicates,
+        )
 
     def completion(self, engine: Engine) -> Completion:
         """How ``engine``'s steps complete: as they come; with the scheduler's time in their duration if the config

@@ -122,8 +122,11 @@ class SchedulerOutput:
         """(context, tokens it computes) of each sequence outside the decode lane, as before the step applies."""
         for sg in islice(self.scheduled, self.lane_decodes, None):
             seqs = sg.group.seqs  # one sequence (most groups): its chunk is the group's, no chunk list made
-            yield from (((seqs[0].num_computed_tokens, sg.num_tokens),) if len(seqs) == 1
-                        else ((seq.num_computed_tokens, n) for seq, n in sg.seq_chunks()))
+            yield from (
+                ((seqs[0].num_computed_tokens, sg.num_tokens),)
+                if len(seqs) == 1
+                else ((seq.num_computed_tokens, n) for seq, n in sg.seq_chunks())
+            )
 
     @property
     def num_prefill_groups(self) -> int:

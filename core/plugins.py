@@ -12,11 +12,25 @@ from typing import Any
 import pluggy
 
 from kvsched.core import hookspecs
+from kvsched.core.boundary import call_hook, plugin_line
 from kvsched.core.defaults import CoreDefaults
 from kvsched.core.errors import PolicyError, error_text, quote
 from kvsched.core.loading import (
-    BUILTIN_DISTRIBUTION, CAN_ALLOCATE, CHOOSE_PREEMPTION, DEFAULT_POLICY, HOOKS, ON_STEP, SELECT_BATCH, _own_name,
-    _plugin_line, call_hook, checked_options, engine_defaults, guarded, identity, instantiate, load_policy, policy_attribute,
+    BUILTIN_DISTRIBUTION,
+    CAN_ALLOCATE,
+    CHOOSE_PREEMPTION,
+    DEFAULT_POLICY,
+    HOOKS,
+    ON_STEP,
+    SELECT_BATCH,
+    _own_name,
+    checked_options,
+    engine_defaults,
+    guarded,
+    identity,
+    instantiate,
+    load_policy,
+    policy_attribute,
     resolve_plugin,
 )
 
@@ -32,8 +46,12 @@ class PolicyHooks:
     of a hook call is the one it raises, even if the plugin caught it.
     """
 
-    def __init__(self, policy: str | Any = DEFAULT_POLICY, options: dict[str, Any] | None = None, observers: tuple = ()) -> None:
-        policy, self.name, self._chosen_by_name = resolve_plugin(policy)  # chosen by name: an installed policy, as the user knows it
+    def __init__(
+        self, policy: str | Any = DEFAULT_POLICY, options: dict[str, Any] | None = None, observers: tuple = ()
+    ) -> None:
+        policy, self.name, self._chosen_by_name = resolve_plugin(
+            policy
+        )  # chosen by name: an installed policy, as the user knows it
         self.policy = instantiate(policy, checked_options(policy, options, self.name), self.name)
         self.pm = pluggy.PluginManager(hookspecs.PROJECT)
         self.pm.add_hookspecs(hookspecs)
@@ -44,9 +62,14 @@ class PolicyHooks:
         try:
             self.pm.check_pending()
         except pluggy.PluginValidationError as exc:
-            raise self._invalid(exc, exc.plugin, self.name if exc.plugin is self.policy else self._observer_name(exc.plugin)) from exc
+            raise self._invalid(
+                exc, exc.plugin, self.name if exc.plugin is self.policy else self._observer_name(exc.plugin)
+            ) from exc
         if not self.pm.get_hookcallers(self.policy):
-            raise PolicyError(self.name, "implements no hook: mark select_batch, choose_preemption, can_allocate or on_step with @hookimpl")
+            raise PolicyError(
+                self.name,
+                "implements no hook: mark select_batch, choose_preemption, can_allocate or on_step with @hookimpl",
+            )
         if not self.pm.hook.select_batch.get_hookimpls():  # a policy that only picks victims or admits
             builtin = f"{BUILTIN_DISTRIBUTION}:{DEFAULT_POLICY}"  # never another distribution's vllm-default
             self.pm.register(instantiate(load_policy(builtin)), name=f"{DEFAULT_POLICY}-fallback")
@@ -99,7 +122,11 @@ class PolicyHooks:
         qualname = getattr(function, "__qualname__", hook.group(1))
         owner = _defining_class(plugin, getattr(function, "__func__", function))
         culprit = name if self._chosen_by_name or owner is None else _own_name(owner) or owner.__qualname__
-        why = reason[-1] if reason[0].startswith("Plugin") else f"kvsched has no hook {hook.group(1)!r} (hooks: {', '.join(HOOKS)})"
+        why = (
+            reason[-1]
+            if reason[0].startswith("Plugin")
+            else f"kvsched has no hook {hook.group(1)!r} (hooks: {', '.join(HOOKS)})"
+        )
         return PolicyError(culprit, f"invalid plugin: {qualname}{_signature(function)}{where}: {why}")
 
     def _hookimpl_function(self, plugin: Any, hook: str) -> Any:
@@ -158,10 +185,19 @@ class PolicyHooks:
     def _error(self, message: str, hook: str | None, frames: list) -> PolicyError:
         """Name the plugin whose implementation of ``hook`` is on ``frames`` ((frame, line), innermost
         first) and the innermost line of plugin code; keep the first error of a hook call."""
-        impls = {getattr(i.function, "__code__", None): i.plugin_name for i in getattr(self.pm.hook, hook).get_hookimpls()} if hook else {}
+        impls = (
+            {getattr(i.function, "__code__", None): i.plugin_name for i in getattr(self.pm.hook, hook).get_hookimpls()}
+            if hook
+            else {}
+        )
         plugin = next((impls[f.f_code] for f, _ in frames if f.f_code in impls), self.name)
         observer = plugin in self._observers
-        error = PolicyError(plugin if observer else self.name, message + _plugin_line(frames), hook, "observer" if observer else "policy")
+        error = PolicyError(
+            plugin if observer else self.name,
+            message + plugin_line(frames),
+            hook,
+            "observer" if observer else "policy",
+        )
         if hook is not None and self._first_error is None:
             self._first_error = error
         return error

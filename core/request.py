@@ -36,7 +36,11 @@ class SamplingParams(BaseModel):
     ignore_eos: bool = False
 
 
-LABELS = ("tenant", "session_id", "slo_class")  # the names a request carries for policies (and clients send vLLM in vllm_xargs)
+LABELS = (
+    "tenant",
+    "session_id",
+    "slo_class",
+)  # the names a request carries for policies (and clients send vLLM in vllm_xargs)
 
 
 class Request(BaseModel):
@@ -52,8 +56,9 @@ class Request(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     request_id: str = Field(min_length=1)
-    prompt_token_ids: Annotated[tuple[Int64, ...], WrapValidator(lambda v, f: v if type(v) is BlockPrompt else f(v)),
-                                PlainSerializer(tuple)] = Field((), max_length=MAX_TOKENS)  # a BlockPrompt kept
+    prompt_token_ids: Annotated[
+        tuple[Int64, ...], WrapValidator(lambda v, f: v if type(v) is BlockPrompt else f(v)), PlainSerializer(tuple)
+    ] = Field((), max_length=MAX_TOKENS)  # a BlockPrompt kept
     prompt_len: int = Field(0, ge=0, le=MAX_TOKENS, description="prompt length; derived from the token ids when given")
     sampling: SamplingParams = SamplingParams()
     arrival_time: float = Field(0.0, ge=0.0)
@@ -61,10 +66,14 @@ class Request(BaseModel):
     tenant: str = "default"
     output_len: Tokens | None = None
     session_id: Label | None = Field(None, description="the conversation it continues (session affinity)")
-    slo_class: Label | None = Field(None, description="its service class, e.g. interactive or batch (SLO-aware policies)")
+    slo_class: Label | None = Field(
+        None, description="its service class, e.g. interactive or batch (SLO-aware policies)"
+    )
     grammar_compile_s: float | None = Field(
-        None, ge=0.0, description="a structured-output request: its grammar is ready this many seconds after arrival; "
-        "until then V1 mechanics keep it waiting, skipped by vllm-v1 (docs/vllm-v1.md)"
+        None,
+        ge=0.0,
+        description="a structured-output request: its grammar is ready this many seconds after arrival; "
+        "until then V1 mechanics keep it waiting, skipped by vllm-v1 (docs/vllm-v1.md)",
     )
 
     @field_validator(*LABELS)
@@ -105,4 +114,3 @@ def _check_utf8(request: Request) -> None:
                 text.encode()
             except UnicodeEncodeError:
                 raise ValueError(f"{name} is not valid UTF-8 (it holds a lone surrogate)") from None
-

@@ -47,9 +47,16 @@ class Scheduler:
         self.block_manager = mechanics.block_manager(config)
         self.mechanics = mechanics
         if config.kv_offloading_blocks and not mechanics.offloads:
-            raise ValueError(f"kv_offloading_blocks needs V1 mechanics (vllm_engine v1, as vllm-v1 sets), not {mechanics.name}")
-        self.offloading = Offloading(self.block_manager, config.kv_offloading_blocks, config.kv_offloading_policy,
-                                     config.offload_prompt_only) if config.kv_offloading_blocks else None
+            raise ValueError(
+                f"kv_offloading_blocks needs V1 mechanics (vllm_engine v1, as vllm-v1 sets), not {mechanics.name}"
+            )
+        self.offloading = (
+            Offloading(
+                self.block_manager, config.kv_offloading_blocks, config.kv_offloading_policy, config.offload_prompt_only
+            )
+            if config.kv_offloading_blocks
+            else None
+        )
         # Speculative decoding: the sequences that sampled the last time they ran, and were not preempted since:
         # the drafter gave them draft tokens for their next step (core/step_v1.py remember_drafts).
         self.drafting: set[int] | None = set() if mechanics.drafts and config.num_speculative_tokens else None
@@ -93,7 +100,9 @@ class Scheduler:
         bm.commit()
         self._commit(step)
         if self.offloading is not None:
-            self.offloading.commit([(sg.group.request_id, sg.group.seqs[0], sg.num_tokens) for sg in step.output.scheduled])
+            self.offloading.commit(
+                [(sg.group.request_id, sg.group.seqs[0], sg.num_tokens) for sg in step.output.scheduled]
+            )
         if self.drafting is not None:
             remember_drafts(self.drafting, step.output, self.running)
         if self.repeats and hooks is self.hooks and hooks.fcfs:
@@ -206,9 +215,17 @@ class Scheduler:
         why it is not running."""
         g = min(self.waiting or self.swapped or self.running, key=lambda g: g.index)
         bm, name = self.block_manager, self.hooks.name
-        head = (f"{len(self.waiting)} waiting, {len(self.running)} running, {len(self.swapped)} swapped; "
-                f"the oldest {g.status.name.lower()} request, {g.request_id} (arrived at {g.arrival_time:.3f} s),")
-        status = AllocStatus.OK if g.status is _RUNNING else bm.can_allocate(g) if g.status is _WAITING else bm.can_swap_in(g)
+        head = (
+            f"{len(self.waiting)} waiting, {len(self.running)} running, {len(self.swapped)} swapped; "
+            f"the oldest {g.status.name.lower()} request, {g.request_id} (arrived at {g.arrival_time:.3f} s),"
+        )
+        status = (
+            AllocStatus.OK
+            if g.status is _RUNNING
+            else bm.can_allocate(g)
+            if g.status is _WAITING
+            else bm.can_swap_in(g)
+        )
         if status is AllocStatus.NEVER or max(s.num_tokens for s in g.seqs) > self.config.model_len:
             return f"{head} can never run, but policy {name!r} does not try it (which would end it as ignored)"
         if status is AllocStatus.LATER:
@@ -226,7 +243,9 @@ class Scheduler:
         # Only running sequences hold GPU blocks (enough for their computed tokens), only swapped ones CPU blocks.
         seqs = [s for queue in (self.waiting, self.running, self.swapped) for g in queue for s in g.seqs]
         problems += self.block_manager.audit_holders(
-            {s.seq_id: s.num_computed_tokens for s in seqs if s.status is _RUNNING}, {s.seq_id for s in seqs if s.status is _SWAPPED})
+            {s.seq_id: s.num_computed_tokens for s in seqs if s.status is _RUNNING},
+            {s.seq_id for s in seqs if s.status is _SWAPPED},
+        )
         counted = sum(g.max_running_seqs for g in self.running)
         if counted != self.num_running_seqs:
             problems.append(f"running sequence count {self.num_running_seqs} != {counted}")

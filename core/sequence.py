@@ -36,6 +36,7 @@ class SequenceStatus(IntEnum):
 
 _LAST_ACTIVE = SequenceStatus.SWAPPED  # hot paths compare ``status > _LAST_ACTIVE`` (a C-level int compare)
 
+
 @functools.lru_cache(maxsize=1024)
 def _stop_set(stop_token_ids: tuple[int, ...], eos_token_id: int | None) -> frozenset[int]:
     """The tokens that stop a sequence, one shared set per distinct request setting."""
@@ -58,7 +59,17 @@ class Sequence:
     the sequence samples a new token once none is left uncomputed.
     """
 
-    __slots__ = ("seq_id", "group", "prompt", "output", "num_tokens", "status", "num_computed_tokens", "lane", "lane_mark")
+    __slots__ = (
+        "seq_id",
+        "group",
+        "prompt",
+        "output",
+        "num_tokens",
+        "status",
+        "num_computed_tokens",
+        "lane",
+        "lane_mark",
+    )
 
     def __init__(self, seq_id: int, group: SequenceGroup, prompt, output: list[int] | None = None) -> None:
         self.seq_id = seq_id
@@ -103,16 +114,43 @@ class SequenceGroup:
     """
 
     __slots__ = (
-        "request", "request_id", "index", "n", "seqs", "status", "finish_detail", "view",
-        "arrival_time", "last_queued_time", "first_scheduled_time", "first_token_time", "finish_time",
-        "num_recompute_preemptions", "num_swap_preemptions", "num_generated_tokens", "num_unfinished_seqs",
-        "stop_tokens", "max_seq_tokens", "block_manager", "refused", "grammar_ready_at",
-        "num_discarded_tokens", "num_recomputed_tokens", "num_prefix_hit_tokens", "recompute_frontier", "life_start",
+        "request",
+        "request_id",
+        "index",
+        "n",
+        "seqs",
+        "status",
+        "finish_detail",
+        "view",
+        "arrival_time",
+        "last_queued_time",
+        "first_scheduled_time",
+        "first_token_time",
+        "finish_time",
+        "num_recompute_preemptions",
+        "num_swap_preemptions",
+        "num_generated_tokens",
+        "num_unfinished_seqs",
+        "stop_tokens",
+        "max_seq_tokens",
+        "block_manager",
+        "refused",
+        "grammar_ready_at",
+        "num_discarded_tokens",
+        "num_recomputed_tokens",
+        "num_prefix_hit_tokens",
+        "recompute_frontier",
+        "life_start",
         "request_copy",
     )
 
     def __init__(
-        self, request: Request, index: int, first_seq_id: int, eos_token_id: int | None = None, max_seq_len: int | None = None
+        self,
+        request: Request,
+        index: int,
+        first_seq_id: int,
+        eos_token_id: int | None = None,
+        max_seq_len: int | None = None,
     ) -> None:
         self.request = request
         self.request_id = request.request_id
@@ -123,9 +161,13 @@ class SequenceGroup:
         self.seqs = [Sequence(first_seq_id, self, prompt)]
         self.status = SequenceStatus.WAITING
         self.finish_detail: str | None = None
-        self.arrival_time = self.last_queued_time = request.arrival_time  # the latter moves on at each recompute (Scheduler._commit)
+        self.arrival_time = self.last_queued_time = (
+            request.arrival_time
+        )  # the latter moves on at each recompute (Scheduler._commit)
         # When its structured-output grammar is compiled (None: it has none); inside vLLM the mirror learns it as vLLM does.
-        self.grammar_ready_at = None if request.grammar_compile_s is None else request.arrival_time + request.grammar_compile_s
+        self.grammar_ready_at = (
+            None if request.grammar_compile_s is None else request.arrival_time + request.grammar_compile_s
+        )
         self.first_scheduled_time: float | None = None
         self.first_token_time: float | None = None
         self.finish_time: float | None = None
@@ -148,7 +190,9 @@ class SequenceGroup:
         limit = len(prompt) + params.max_tokens
         self.max_seq_tokens = limit if max_seq_len is None else min(limit, max_seq_len)
         self.block_manager = None  # the block manager of the engine it was added to: whose operations may take it
-        self.refused: int | None = None  # the blocks its last admission lacked (LATER, StepState.admit), if the core counted them
+        self.refused: int | None = (
+            None  # the blocks its last admission lacked (LATER, StepState.admit), if the core counted them
+        )
 
     @property
     def is_forked(self) -> bool:

@@ -30,7 +30,9 @@ class StepBuilder:
     running = property(lambda self: _queue(self, "running"), doc="running groups, oldest first")
     swapped = property(lambda self: _queue(self, "swapped"), doc="swapped groups, oldest first")
     now: float = property(lambda self: _state_of(self).now, doc="the engine clock")
-    config: EngineConfig = property(lambda self: _state_of(self).sched.config_view, doc="the engine config (a read-only copy, ``frozen``)")
+    config: EngineConfig = property(
+        lambda self: _state_of(self).sched.config_view, doc="the engine config (a read-only copy, ``frozen``)"
+    )
     cache: CacheView = property(lambda self: _state_of(self).sched.cache_view)
     policy_name = property(lambda self: _state_of(self).hooks.name)
     num_batched_tokens = property(lambda self: _state_of(self).output.num_batched_tokens)
@@ -103,7 +105,9 @@ def _live(step: StepBuilder, op: str) -> StepState:
     if st.open and running == "select_batch":
         return st
     if not st.open:
-        raise st.hooks.refuse(f"{op} on a step that is over (t={st.now:.6g}): a StepBuilder works only "
-                              "during the select_batch call it was given to")
+        raise st.hooks.refuse(
+            f"{op} on a step that is over (t={st.now:.6g}): a StepBuilder works only "
+            "during the select_batch call it was given to"
+        )
     where = f"inside {running}" if running else "outside any hook"
     raise st.hooks.refuse(f"{op} called {where}: the step's operations may be called only from select_batch")

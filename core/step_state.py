@@ -13,9 +13,10 @@ from typing import TYPE_CHECKING
 
 from kvsched.allocators.alloc_status import AllocStatus
 from kvsched.core.config import PreemptionMode
-from kvsched.core.decisions import Decision, Ignored, Outcome, Preempted, Preemption, Prefill, SwappedIn, held_problem
+from kvsched.core.decisions import Decision, Ignored, Outcome, Prefill, SwappedIn
 from kvsched.core.errors import quote
 from kvsched.core.outputs import ScheduledGroup, SchedulerOutput
+from kvsched.core.preemption import Preemptions, out_of_lane
 from kvsched.core.sequence import SequenceStatus
 from kvsched.core.step import StepBuilder
 from kvsched.core.step_notes import DecisionNotes
@@ -29,13 +30,35 @@ if TYPE_CHECKING:
 _WAITING, _RUNNING, _SWAPPED = SequenceStatus.WAITING, SequenceStatus.RUNNING, SequenceStatus.SWAPPED
 
 
-class StepState(DecisionNotes):
+class StepState(Preemptions, DecisionNotes):
     """The step's batch, budgets and touched groups, and the operations of ``StepBuilder`` (each
     noting why it turned a group away, ``core/step_notes.py``)."""
 
-    __slots__ = ("sched", "bm", "hooks", "config", "now", "output", "num_running_seqs", "touched", "max_tokens", "max_seqs",
-                 "prompt_limit", "admitted", "swapped_in", "recomputed", "swapped_out", "cached_tokens", "ignore_reasons",
-                 "victim_cursor", "open", "step", "lane_call", "refusals", "handed")
+    __slots__ = (
+        "sched",
+        "bm",
+        "hooks",
+        "config",
+        "now",
+        "output",
+        "num_running_seqs",
+        "touched",
+        "max_tokens",
+        "max_seqs",
+        "prompt_limit",
+        "admitted",
+        "swapped_in",
+        "recomputed",
+        "swapped_out",
+        "cached_tokens",
+        "ignore_reasons",
+        "victim_cursor",
+        "open",
+        "step",
+        "lane_call",
+        "refusals",
+        "handed",
+    )
 
     def __init__(self, scheduler: Scheduler, now: float, hooks: PolicyHooks) -> None:
         self.sched = scheduler
@@ -91,17 +114,19 @@ class StepState(DecisionNotes):
             return self._no_blocks(g, g.refused)
         seqs = g.waiting_seqs()
         longest = seqs[0].num_tokens if len(seqs) == 1 else max(s.num_tokens for s in seqs)
-        if longest > self.prompt_limit:
-            model_len = self.config.model_len
-            return self._ignore(g, f"{longest} tokens exceed max_model_len ({model_len})" if longest > model_len else
-                                f"{longest} tokens leave no room for an output token within max_model_len ({model_len})")
-        if g.max_running_seqs > self.max_seqs:  # vLLM would keep it forever, blocking the queue
-            return self._ignore(g, f"n={g.max_running_seqs} sequences exceed max_num_seqs ({self.max_seqs})")
+        unfit = self._unfit(g, longest)
+        if unfit is not None:
+            return self._ignore(g, unfit)
         cached = self.bm.planned_cached_tokens(g)
-        uncomputed = longest - cached[seqs[0].seq_id] if len(seqs) == 1 else sum(s.num_tokens - cached[s.seq_id] for s in seqs)
+        uncomputed = (
+            longest - cached[seqs[0].seq_id] if len(seqs) == 1 else sum(s.num_tokens - cached[s.seq_id] for s in seqs)
+        )
         chunk = self._chunk(g, uncomputed, max_tokens, "admit")
         if max_tokens is None and uncomputed > self.max_tokens:
-            return self._ignore(g, f"prompt of {uncomputed} tokens exceeds max_num_batched_tokens ({self.max_tokens}) without chunked prefill")
+            return self._ignore(
+                g,
+                f"prompt of {uncomputed} tokens exceeds max_num_batched_tokens ({self.max_tokens}) without chunked prefill",
+            )
         # Capacity before budget, as vLLM does: a NEVER group is dropped even when the budget is spent.
         status = self.hooks.can_allocate(self.step, g.view) if self.hooks.decides_admission else self.bm.can_allocate(g)
         if type(status) is not AllocStatus:
@@ -109,15 +134,24 @@ class StepState(DecisionNotes):
         if status is AllocStatus.NEVER:
             return self._ignore(g, "prompt can never fit in the GPU KV cache (can_allocate: NEVER)")
         tokens = self._admitted_tokens(g, cached, chunk)
-        if status is AllocStatus.LATER:  # g.refused: what can_allocate counted, for the scheduler to prove the refusal again
+        if status is AllocStatus.LATER:  # g.refused: what can_allocate counted, for the scheduler to prove again
             needed = self.bm.blocks_to_allocate(g, tokens)
-            g.refused = None if self.hooks.decides_admission or self.bm.enable_prefix_caching else needed if tokens is None else self.bm.blocks_to_allocate(g)
+            g.refused = (
+                None
+                if self.hooks.decides_admission or self.bm.enable_prefix_caching
+                else needed
+                if tokens is None
+                else self.bm.blocks_to_allocate(g)
+            )
             return self._no_blocks(g, needed)
         if self._over_budget(g, chunk):
             return Outcome.BUDGET
         needed = self.bm.blocks_to_allocate(g, tokens)
         if needed > self.bm.gpu.num_free:
-            self.refuse(f"said OK for {quote(g.request_id)}, which needs {needed} blocks with {self.bm.gpu.num_free} free", "can_allocate")
+            self.refuse(
+                f"said OK for {quote(g.request_id)}, which needs {needed} blocks with {self.bm.gpu.num_free} free",
+                "can_allocate",
+            )
         cached = self.bm.allocate(g, tokens)
         g.refused = None
         self.cached_tokens.update(cached)
@@ -127,6 +161,17 @@ class StepState(DecisionNotes):
         hits = sum(cached.values())
         self._record(g, chunk, True, hits, hits, uncomputed - chunk)
         return Outcome.SCHEDULED
+
+    def _unfit(self, g: SequenceGroup, longest: int) -> str | None:
+        """Why ``g`` can never be admitted, whatever the cache holds (its length, its sequences), or None."""
+        model_len = self.config.model_len
+        if longest > model_len:
+            return f"{longest} tokens exceed max_model_len ({model_len})"
+        if longest > self.prompt_limit:  # prompt_limit <= model_len
+            return f"{longest} tokens leave no room for an output token within max_model_len ({model_len})"
+        if g.max_running_seqs > self.max_seqs:  # vLLM would keep it forever, blocking the queue
+            return f"n={g.max_running_seqs} sequences exceed max_num_seqs ({self.max_seqs})"
+        return None
 
     def advance(self, group: GroupView, max_tokens: int | None) -> Outcome:
         max_tokens = self._tokens_arg(max_tokens, "advance")
@@ -163,9 +208,9 @@ class StepState(DecisionNotes):
 
     def reorder_waiting(self, front) -> None:
         groups, waiting = [self._resolve(v, _WAITING, "reorder_waiting") for v in front], self.sched.waiting
-        if self.admitted or self.output.ignored or sorted(map(id, groups)) != sorted(map(id, waiting[:len(groups)])):
+        if self.admitted or self.output.ignored or sorted(map(id, groups)) != sorted(map(id, waiting[: len(groups)])):
             self.refuse("reorder_waiting: expected the first waiting groups, each once, before any admission")
-        self.sched.waiting = groups + waiting[len(groups):]  # a new list: a failed step puts the old one back
+        self.sched.waiting = groups + waiting[len(groups) :]  # a new list: a failed step puts the old one back
 
     def advance_running(self, stop_on_preempted: bool) -> Outcome:
         lane = self.sched.lane  # the decode lane takes the step's decodes whole when it is exact
@@ -258,23 +303,9 @@ class StepState(DecisionNotes):
         out.kv_tokens_read += seq.num_computed_tokens
         return Outcome.SCHEDULED
 
-    def _make_room(self, g: SequenceGroup) -> bool:
-        """Preempt until every unfinished sequence of ``g`` could take a new block (vLLM's worst case): True if ``g``
-        itself had to go, False once it can decode."""
-        bm = self.bm
-        while bm.gpu.num_free < g.num_unfinished_seqs:  # bm.can_append_slots, inlined: the hot path
-            victim, mode, reason = self._choose_victim(g)
-            if victim is g:
-                # Deliberate difference from vLLM: do not preempt the last candidate when its
-                # exact need fits (vLLM's worst case makes a lone request thrash).
-                if bm.blocks_to_append(g) <= bm.gpu.num_free:
-                    return False
-                self._preempt(g, mode, g, reason)
-                return True
-            self._preempt(victim, mode, g, reason)
-        return False
-
-    def _record(self, g: SequenceGroup, chunk: int, is_prefill: bool, context: int, cached: int = 0, left: int = 0) -> None:
+    def _record(
+        self, g: SequenceGroup, chunk: int, is_prefill: bool, context: int, cached: int = 0, left: int = 0
+    ) -> None:
         """Add ``g`` to the batch and to the step's cost features (``context``: KV tokens it reads;
         ``cached``: prompt tokens an admission found in the prefix cache; ``left``: prompt tokens a
         prefill leaves for later chunks)."""
@@ -287,51 +318,6 @@ class StepState(DecisionNotes):
         else:
             out.decode_seqs += chunk
         out.kv_tokens_read += context
-
-    def _choose_victim(self, requester: SequenceGroup) -> tuple[SequenceGroup, PreemptionMode | None, str | None]:
-        choice = self.hooks.choose_preemption(self.step, requester.view)
-        if type(choice) is not Preemption or type(choice.victim) is not GroupView:
-            self.refuse(f"returned {quote(choice)}, expected a Preemption of a GroupView", "choose_preemption")
-        if choice.reason is not None and held_problem(choice.reason, {}):
-            self.refuse(f"gave the reason {quote(choice.reason)}: a Preemption's reason is a line of text or None", "choose_preemption")
-        victim = group_of(choice.victim)
-        if victim is not requester:
-            if victim.block_manager is not self.bm:
-                self.refuse(f"picked {quote(choice.victim)}, which is not a request of this engine", "choose_preemption")
-            if not self._accepts_victim(victim):
-                state = self.touched.get(victim, victim.status.name)
-                self.refuse(f"picked {quote(victim.request_id)}, which is {state}, not an unscheduled running group", "choose_preemption")
-        return victim, self._mode_arg(choice.mode, "Preemption", "choose_preemption"), choice.reason
-
-    def _accepts_victim(self, victim: SequenceGroup) -> bool:
-        return victim.status is _RUNNING and victim not in self.touched
-
-    def _preemption_mode(self, g: SequenceGroup, mode: PreemptionMode | None) -> PreemptionMode:
-        """The mode used: forced by the config, else the policy's, else recompute one sequence and swap several."""
-        if self.config.preemption_mode is not None:
-            mode = self.config.preemption_mode
-        elif mode is None:
-            mode = PreemptionMode.RECOMPUTE if g.max_running_seqs == 1 else PreemptionMode.SWAP
-        if mode is PreemptionMode.SWAP and not self.bm.can_swap_out(g):
-            mode = PreemptionMode.RECOMPUTE  # the CPU pool is full: recompute instead of failing
-        return mode
-
-    def _preempt(self, g: SequenceGroup, mode: PreemptionMode | None, requester: SequenceGroup | None = None, reason=None) -> PreemptionMode:
-        _out_of_lane(g)
-        mode = self._preemption_mode(g, mode)
-        requested = requester.request_id if requester is not None else None
-        self._note(None, Preempted(Decision.PREEMPTED, g.request_id, mode, requested, reason))
-        if mode is PreemptionMode.SWAP:
-            self.output.blocks_to_swap_out += self.bm.swap_out(g)
-            self.swapped_out.append(g)
-        else:
-            for seq in g.seqs:
-                self.bm.free(seq)
-            self.recomputed.append(g)
-        self.touched[g] = f"preempted ({mode.value})"
-        self.output.preempted.append((g, mode))
-        self.num_running_seqs -= g.max_running_seqs
-        return mode
 
     def _chunk(self, g: SequenceGroup, uncomputed: int, max_tokens: int | None, op: str) -> int:
         if max_tokens is None or max_tokens >= uncomputed:
@@ -359,7 +345,7 @@ class StepState(DecisionNotes):
             self.refuse(f"{op}: {quote(g.request_id)} was already {state} in this step")
         if g.status is not expected:
             self.refuse(f"{op}: {quote(g.request_id)} is {g.status.name}, not {expected.name}")
-        _out_of_lane(g)  # it may change on its own now
+        out_of_lane(g)  # it may change on its own now
         return g
 
     def _tokens_arg(self, value, op: str, minimum: int | None = 1) -> int | None:
@@ -371,17 +357,14 @@ class StepState(DecisionNotes):
         except TypeError:
             number = None
         if number is None or (minimum is not None and number < minimum):
-            self.refuse(f"{op}: max_tokens must be {'a positive' if minimum else 'an'} integer or None, got {quote(value)}")
+            self.refuse(
+                f"{op}: max_tokens must be {'a positive' if minimum else 'an'} integer or None, got {quote(value)}"
+            )
         return number
 
     def _mode_arg(self, mode, op: str, hook: str | None = None) -> PreemptionMode | None:
         if mode is not None and type(mode) is not PreemptionMode:
-            self.refuse(f"{op}: mode must be PreemptionMode.SWAP, PreemptionMode.RECOMPUTE or None, got {quote(mode)}", hook)
+            self.refuse(
+                f"{op}: mode must be PreemptionMode.SWAP, PreemptionMode.RECOMPUTE or None, got {quote(mode)}", hook
+            )
         return mode
-
-
-def _out_of_lane(g: SequenceGroup) -> None:
-    """Dissolve the decode lane if ``g`` rides it (members change only together)."""
-    lane = g.seqs[0].lane
-    if lane is not None:
-        lane.dissolve()

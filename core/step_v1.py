@@ -82,7 +82,9 @@ class V1StepState(StepState):
 
     def admit(self, group, max_tokens: int | None) -> Outcome:
         if type(group) is GroupView and not grammar_ready(group_of(group), self.now):  # V1's WAITING_FOR_..._GRAMMAR
-            self._resolve(group, SequenceStatus.WAITING, "admit")  # still one of this engine's waiting groups, untouched
+            self._resolve(
+                group, SequenceStatus.WAITING, "admit"
+            )  # still one of this engine's waiting groups, untouched
             return Outcome.LATER
         load = self._load(group)
         outcome = super().admit(group, max_tokens)
@@ -109,8 +111,11 @@ class V1StepState(StepState):
         g = group_of(group) if type(group) is GroupView and self.sched.offloading is not None else None
         if g is None or g.block_manager is not self.bm or g in self.touched or g.status is not SequenceStatus.WAITING:
             return None
-        if (self.output.num_batched_tokens >= self.max_tokens or self.num_running_seqs + g.max_running_seqs > self.max_seqs
-                or self.bm.can_allocate(g) is not AllocStatus.OK):  # vLLM loads nothing for an admission that fails
+        if (
+            self.output.num_batched_tokens >= self.max_tokens
+            or self.num_running_seqs + g.max_running_seqs > self.max_seqs
+            or self.bm.can_allocate(g) is not AllocStatus.OK
+        ):  # vLLM loads nothing for an admission that fails
             return None
         return self.sched.offloading.load(g.request_id, g.seqs[0])
 
@@ -131,7 +136,11 @@ class V1StepState(StepState):
                 return Outcome.LATER  # its in-flight step samples its last token: vLLM passes over it
         if self.drafts:
             seqs = g.seqs
-            if len(seqs) == 1 and seqs[0].num_tokens - seqs[0].num_computed_tokens == 1 and seqs[0].seq_id in self.sched.drafting:
+            if (
+                len(seqs) == 1
+                and seqs[0].num_tokens - seqs[0].num_computed_tokens == 1
+                and seqs[0].seq_id in self.sched.drafting
+            ):
                 return self._speculate(g, seqs[0], max_tokens)
         return super()._run(g, max_tokens, op, room)
 
@@ -218,7 +227,9 @@ class V1StepState(StepState):
     def _preemption_mode(self, g: SequenceGroup, mode: PreemptionMode | None) -> PreemptionMode:
         return PreemptionMode.RECOMPUTE
 
-    def _preempt(self, g: SequenceGroup, mode: PreemptionMode | None, requester: SequenceGroup | None = None, reason=None) -> PreemptionMode:
+    def _preempt(
+        self, g: SequenceGroup, mode: PreemptionMode | None, requester: SequenceGroup | None = None, reason=None
+    ) -> PreemptionMode:
         if self.touched.get(g) == "scheduled":
             self._unschedule(g)
         self.output.block_ops.append((g.request_id, None))
@@ -244,4 +255,3 @@ class V1StepState(StepState):
         held = {b for s in running for b in self.bm.gpu_tables.get(s.seq_id, ())}
         out.blocks_to_copy[:] = [pair for pair in out.blocks_to_copy if pair[1] not in held]
         del self.touched[g]
-

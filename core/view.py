@@ -70,8 +70,10 @@ def shown(view: object):
     try:
         return _SHOWN[view.__weakref__]
     except (KeyError, AttributeError):
-        raise ReferenceError(f"this {type(view).__name__} shows nothing: one a step handed out is valid only during "
-                             "that step, and one made otherwise than by the core shows nothing") from None
+        raise ReferenceError(
+            f"this {type(view).__name__} shows nothing: one a step handed out is valid only during "
+            "that step, and one made otherwise than by the core shows nothing"
+        ) from None
 
 
 UNKNOWABLE = ("output_len",)  # no scheduler knows the answer's length: a hook sees max_tokens, the cap (docs/hooks.md)
@@ -81,7 +83,12 @@ def frozen(model: BaseModel) -> tuple:
     """A read-only copy of a frozen pydantic model (a ``Request``, its ``SamplingParams``, the ``EngineConfig``) as hooks
     are handed it: a named tuple of its fields (nested models likewise; ``UNKNOWABLE`` ones left out) with its properties.
     A frozen pydantic object is still writable through ``__dict__`` or ``object.__setattr__``; a tuple is not, by any path."""
-    return _record_type(type(model))._make([frozen(v) if isinstance(v, BaseModel) else v for v in map(model.__dict__.get, _record_type(type(model))._fields)])
+    return _record_type(type(model))._make(
+        [
+            frozen(v) if isinstance(v, BaseModel) else v
+            for v in map(model.__dict__.get, _record_type(type(model))._fields)
+        ]
+    )
 
 
 def true_output_len(view: GroupView) -> int | None:  # the answer's length, not on the view: a named predictor's door
@@ -91,11 +98,13 @@ def true_output_len(view: GroupView) -> int | None:  # the answer's length, not 
 @functools.cache
 def _record_type(cls: type) -> type:
     record = namedtuple(cls.__name__, [f for f in cls.model_fields if f not in UNKNOWABLE], module=cls.__module__)
-    for klass in cls.__mro__[cls.__mro__.index(BaseModel) - 1::-1]:
+    for klass in cls.__mro__[cls.__mro__.index(BaseModel) - 1 :: -1]:
         for name, attr in vars(klass).items():
             if isinstance(attr, property):
                 setattr(record, name, attr)
-    record.__doc__ = f"A read-only copy of a {cls.__name__} (core.view.frozen): its fields and properties, in a named tuple"
+    record.__doc__ = (
+        f"A read-only copy of a {cls.__name__} (core.view.frozen): its fields and properties, in a named tuple"
+    )
     return record
 
 
@@ -123,17 +132,25 @@ class GroupView:
     tenant = property(lambda self: group_of(self).request.tenant)
     session_id = property(lambda self: group_of(self).request.session_id, doc="the conversation it continues, or None")
     slo_class = property(lambda self: group_of(self).request.slo_class, doc="its service class, or None")
-    grammar_ready_at = property(lambda self: group_of(self).grammar_ready_at, doc="when its structured-output grammar is compiled, or None")
-    last_queued_time = property(lambda self: group_of(self).last_queued_time, doc="when it last joined the waiting queue: "
-                                "its arrival, or its last preemption by recompute")
+    grammar_ready_at = property(
+        lambda self: group_of(self).grammar_ready_at, doc="when its structured-output grammar is compiled, or None"
+    )
+    last_queued_time = property(
+        lambda self: group_of(self).last_queued_time,
+        doc="when it last joined the waiting queue: its arrival, or its last preemption by recompute",
+    )
     prompt_len = property(lambda self: group_of(self).request.prompt_len)
     max_tokens = property(lambda self: group_of(self).request.sampling.max_tokens)
     status: SequenceStatus = property(lambda self: group_of(self).status)
     num_seqs = property(lambda self: group_of(self).num_unfinished_seqs, doc="unfinished sequences")
     max_running_seqs = property(lambda self: group_of(self).max_running_seqs, doc="sequences it needs at once")
     num_generated_tokens = property(lambda self: group_of(self).num_generated_tokens)
-    num_uncomputed_tokens = property(lambda self: group_of(self).num_uncomputed_tokens, doc="tokens its next step computes")
-    num_preemptions = property(lambda self: group_of(self).num_recompute_preemptions + group_of(self).num_swap_preemptions)
+    num_uncomputed_tokens = property(
+        lambda self: group_of(self).num_uncomputed_tokens, doc="tokens its next step computes"
+    )
+    num_preemptions = property(
+        lambda self: group_of(self).num_recompute_preemptions + group_of(self).num_swap_preemptions
+    )
     first_scheduled_time = property(lambda self: group_of(self).first_scheduled_time)
     first_token_time = property(lambda self: group_of(self).first_token_time)
     finish_time = property(lambda self: group_of(self).finish_time)
@@ -177,7 +194,6 @@ class _LazyTuple(Sequence):
         return map(self._show, shown(self))
 
 
-
 class QueueView(_LazyTuple):
     """One queue as it was when the step began, as ``GroupView``s, front first.
 
@@ -192,6 +208,7 @@ class QueueView(_LazyTuple):
             show(self, items)
         else:
             show_in_step(self, items, handed)
+
     _show = staticmethod(lambda g: g.view)
 
     def __repr__(self) -> str:
@@ -254,7 +271,9 @@ class OutputView:
 
     scheduled = property(lambda self: BatchView(shown(self).scheduled))
     swapped_in = property(lambda self: tuple(g.view for g in shown(self).swapped_in))
-    preempted: tuple[tuple[GroupView, PreemptionMode], ...] = property(lambda self: tuple((g.view, m) for g, m in shown(self).preempted))
+    preempted: tuple[tuple[GroupView, PreemptionMode], ...] = property(
+        lambda self: tuple((g.view, m) for g, m in shown(self).preempted)
+    )
     ignored = property(lambda self: tuple(g.view for g in shown(self).ignored))
     blocks_to_swap_in = property(lambda self: tuple(shown(self).blocks_to_swap_in))
     blocks_to_swap_out = property(lambda self: tuple(shown(self).blocks_to_swap_out))
@@ -262,7 +281,16 @@ class OutputView:
     decisions = property(lambda self: tuple(shown(self).decisions), doc="why: the step's Decision notes, in order")
 
 
-for _name in ("num_batched_tokens", "prefill_tokens", "decode_seqs", "kv_tokens_read", "lane_decodes", "num_prefill_groups", "features", "is_empty"):
+for _name in (
+    "num_batched_tokens",
+    "prefill_tokens",
+    "decode_seqs",
+    "kv_tokens_read",
+    "lane_decodes",
+    "num_prefill_groups",
+    "features",
+    "is_empty",
+):
     setattr(OutputView, _name, property(lambda self, _name=_name: getattr(shown(self), _name)))
 
 
@@ -279,7 +307,9 @@ class CacheView:
     num_cpu_blocks = property(lambda self: shown(self).cpu.num_blocks)
     num_free_gpu_blocks = property(lambda self: shown(self).gpu.num_free)
     num_free_cpu_blocks = property(lambda self: shown(self).cpu.num_free)
-    num_cached_gpu_blocks = property(lambda self: len(shown(self).gpu.evictor), doc="free blocks that still hold a cached prefix (counted as free)")
+    num_cached_gpu_blocks = property(
+        lambda self: len(shown(self).gpu.evictor), doc="free blocks that still hold a cached prefix (counted as free)"
+    )
     watermark_blocks = property(lambda self: shown(self).watermark_blocks)
     enable_prefix_caching = property(lambda self: shown(self).enable_prefix_caching)
 
@@ -307,4 +337,3 @@ class CacheView:
         if g is None or g.block_manager is not shown(self):
             raise ValueError(f"the cache was asked about {quote(view)}, which is not a request of its engine")
         return g
-

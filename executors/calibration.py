@@ -22,9 +22,9 @@ from typing import TYPE_CHECKING
 from pydantic import ValidationError
 
 from kvsched.core.errors import KvschedError, quote
-from kvsched.userfiles.reader import text_lines
 from kvsched.core.request import MAX_TOKENS
 from kvsched.executors.cost_model import MAX_MS, CostProfile
+from kvsched.userfiles.reader import text_lines
 
 if TYPE_CHECKING:
     from kvsched.core.report import StepReport
@@ -53,8 +53,13 @@ class StepRecord:
         return bool(self.blocks_swapped or self.blocks_copied)
 
     def row(self) -> tuple[float, float, float, float, float]:
-        return (1.0, float(self.prefill_tokens), float(self.decode_seqs), float(self.kv_tokens_read),
-                float(self.prefill_pairs))
+        return (
+            1.0,
+            float(self.prefill_tokens),
+            float(self.decode_seqs),
+            float(self.kv_tokens_read),
+            float(self.prefill_pairs),
+        )
 
 
 COLUMNS = tuple(f.name for f in fields(StepRecord))
@@ -80,10 +85,17 @@ class StepRecorder:
         self._seen += 1
         if self._seen <= self.skip:
             return
-        self.records.append(StepRecord(
-            f.prefill_tokens, f.decode_seqs, f.kv_tokens_read, f.blocks_swapped, f.blocks_copied, report.duration,
-            f.prefill_pairs,
-        ))
+        self.records.append(
+            StepRecord(
+                f.prefill_tokens,
+                f.decode_seqs,
+                f.kv_tokens_read,
+                f.blocks_swapped,
+                f.blocks_copied,
+                report.duration,
+                f.prefill_pairs,
+            )
+        )
 
     def save(self, path: Path) -> Path:
         return save_records(self.records, path)
@@ -127,7 +139,9 @@ def load_records(path: Path) -> list[StepRecord]:
     return out
 
 
-def _lstsq(rows: Sequence[Sequence[float]], targets: Sequence[float], weights: Sequence[float], active: tuple[int, ...]) -> list[float] | None:
+def _lstsq(
+    rows: Sequence[Sequence[float]], targets: Sequence[float], weights: Sequence[float], active: tuple[int, ...]
+) -> list[float] | None:
     """Weighted least squares restricted to the ``active`` terms (normal equations, Gaussian elimination)."""
     k = len(active)
     ata = [[0.0] * k for _ in range(k)]
@@ -164,12 +178,18 @@ def _check_bounds(records: Sequence[StepRecord]) -> None:
     sums of squares stay finite."""
     for i, r in enumerate(records, start=1):
         if not 0 <= r.duration_s <= MAX_MS / 1000:
-            raise CalibrationError(f"recorded step {i:,}: a duration of {r.duration_s:.6g} s is beyond any profile "
-                                   f"(a finite value from 0 to {MAX_MS / 1000:,.0f} s)")
-        if max(r.prefill_tokens, r.decode_seqs, r.kv_tokens_read // MAX_TOKENS,
-               r.prefill_pairs // MAX_TOKENS) > MAX_TOKENS:
-            raise CalibrationError(f"recorded step {i:,}: more tokens or sequences than any step holds (at most "
-                                   f"{MAX_TOKENS:,} each, {MAX_TOKENS**2:,} KV tokens read or query-key pairs)")
+            raise CalibrationError(
+                f"recorded step {i:,}: a duration of {r.duration_s:.6g} s is beyond any profile "
+                f"(a finite value from 0 to {MAX_MS / 1000:,.0f} s)"
+            )
+        if (
+            max(r.prefill_tokens, r.decode_seqs, r.kv_tokens_read // MAX_TOKENS, r.prefill_pairs // MAX_TOKENS)
+            > MAX_TOKENS
+        ):
+            raise CalibrationError(
+                f"recorded step {i:,}: more tokens or sequences than any step holds (at most "
+                f"{MAX_TOKENS:,} each, {MAX_TOKENS**2:,} KV tokens read or query-key pairs)"
+            )
 
 
 def fit_coefficients(records: Sequence[StepRecord], relative: bool = True) -> tuple[float, ...]:
@@ -191,7 +211,9 @@ def fit_coefficients(records: Sequence[StepRecord], relative: bool = True) -> tu
             coef = [0.0] * len(TERMS)
             for i, v in zip(active, sol):
                 coef[i] = v
-            loss = sum(((sum(c * x for c, x in zip(coef, row)) - t) * w) ** 2 for row, t, w in zip(rows, targets, weights))
+            loss = sum(
+                ((sum(c * x for c, x in zip(coef, row)) - t) * w) ** 2 for row, t, w in zip(rows, targets, weights)
+            )
             if best is None or loss < best[0]:
                 best = (loss, coef)
     if best is None:
@@ -216,20 +238,27 @@ def fit_profile(
     text += f" (mean error {errors['mape'] * 100:.1f}%, p95 {errors['p95'] * 100:.1f}%)"
     try:
         return CostProfile(
-            name=name, description=text, **dict(zip(TERMS, coef)),
-            kv_bytes_per_token=kv_bytes_per_token, swap_gb_per_s=swap_gb_per_s, copy_gb_per_s=copy_gb_per_s,
+            name=name,
+            description=text,
+            **dict(zip(TERMS, coef)),
+            kv_bytes_per_token=kv_bytes_per_token,
+            swap_gb_per_s=swap_gb_per_s,
+            copy_gb_per_s=copy_gb_per_s,
         )
     except ValidationError as exc:  # a coefficient past the profile's bounds (MAX_MS), or a bandwidth given out of them
         first = exc.errors()[0]
-        raise CalibrationError(f"the fitted profile is invalid: {'.'.join(map(str, first['loc']))}: {first['msg']}"
-                               f" (got {quote(first.get('input'))})") from None
+        raise CalibrationError(
+            f"the fitted profile is invalid: {'.'.join(map(str, first['loc']))}: {first['msg']}"
+            f" (got {quote(first.get('input'))})"
+        ) from None
 
 
 def fit_errors_of(records: Sequence[StepRecord], coef: Sequence[float]) -> dict[str, float]:
     """Relative error of the linear prediction: mean (MAPE), p95 and max, over steps without block moves."""
     errs = sorted(
         abs(sum(k * x for k, x in zip(coef, r.row())) - r.duration_s * 1000.0) / (r.duration_s * 1000.0)
-        for r in records if not r.moves_blocks and r.duration_s > 0
+        for r in records
+        if not r.moves_blocks and r.duration_s > 0
     )
     if not errs:
         return {"n": 0, "mape": float("nan"), "p95": float("nan"), "max": float("nan")}

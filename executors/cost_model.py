@@ -75,8 +75,16 @@ class StepCost(Protocol):
 
     def step_seconds(self, out: SchedulerOutput, block_size: int) -> float: ...
 
-    def seconds(self, prefill_tokens: int, decode_seqs: int, kv_tokens_read: int, blocks_swapped: int,
-                blocks_copied: int, block_size: int, prefill_pairs: int = 0) -> float: ...
+    def seconds(
+        self,
+        prefill_tokens: int,
+        decode_seqs: int,
+        kv_tokens_read: int,
+        blocks_swapped: int,
+        blocks_copied: int,
+        block_size: int,
+        prefill_pairs: int = 0,
+    ) -> float: ...
 
     def decode_seconds(self, decode_seqs: int) -> Callable[[int], float]: ...
 
@@ -94,9 +102,14 @@ class CostProfile(BaseModel):
     prefill_token_ms: Ms = Field(description="b: per prefill (or chunk) token")
     decode_seq_ms: Ms = Field(description="c: per decoding sequence")
     kv_token_ms: Ms = Field(description="d: per KV token read by attention")
-    attention_pair_ms: Ms = Field(0.0, description="e: per query-key pair a prefill chunk computes (chunk × "
-                                                   "context, causal inside the chunk); 0 in files written before it")
-    kv_bytes_per_token: int = Field(ge=0, le=MAX_KV_BYTES_PER_TOKEN, description="KV cache bytes of one token, all layers")
+    attention_pair_ms: Ms = Field(
+        0.0,
+        description="e: per query-key pair a prefill chunk computes (chunk × "
+        "context, causal inside the chunk); 0 in files written before it",
+    )
+    kv_bytes_per_token: int = Field(
+        ge=0, le=MAX_KV_BYTES_PER_TOKEN, description="KV cache bytes of one token, all layers"
+    )
     swap_gb_per_s: GbPerS = Field(description="effective GPU<->CPU copy bandwidth")
     copy_gb_per_s: GbPerS = Field(description="effective GPU<->GPU copy bandwidth")
     max_model_len: int | None = Field(None, ge=1, le=MAX_TOKENS, description="the model's context length, in tokens")
@@ -115,8 +128,16 @@ class CostProfile(BaseModel):
         p, d, k, swapped, copied, pairs = out.features
         return self.seconds(p, d, k, swapped, copied, block_size, pairs)
 
-    def seconds(self, prefill_tokens: int, decode_seqs: int, kv_tokens_read: int, blocks_swapped: int, blocks_copied: int,
-                block_size: int, prefill_pairs: int = 0) -> float:
+    def seconds(
+        self,
+        prefill_tokens: int,
+        decode_seqs: int,
+        kv_tokens_read: int,
+        blocks_swapped: int,
+        blocks_copied: int,
+        block_size: int,
+        prefill_pairs: int = 0,
+    ) -> float:
         """The model's time for a step with these features (``StepFeatures``). The pairs' term is added only
         where there are pairs, so a step without (every decode step) costs what it did before, to the bit."""
         if not (prefill_tokens or decode_seqs or blocks_swapped):

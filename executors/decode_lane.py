@@ -61,8 +61,13 @@ class Tokens(Protocol):
 def _plain_decode(g: SequenceGroup) -> bool:
     """A running one-sequence decode past its first token (a prompt's last chunk samples a first token: timed per step)."""
     seqs = g.seqs
-    return (len(seqs) == 1 and g.n == 1 and seqs[0].status is _RUNNING and seqs[0].num_uncomputed_tokens == 1
-            and g.first_token_time is not None)
+    return (
+        len(seqs) == 1
+        and g.n == 1
+        and seqs[0].status is _RUNNING
+        and seqs[0].num_uncomputed_tokens == 1
+        and g.first_token_time is not None
+    )
 
 
 class DecodeLane:
@@ -106,19 +111,34 @@ class DecodeLane:
         return False
 
     def schedule(
-        self, running: list[SequenceGroup], out: SchedulerOutput | None, max_tokens: int, touched: dict | None,
-        decodes_only: bool = False, cap: int | None = None,
+        self,
+        running: list[SequenceGroup],
+        out: SchedulerOutput | None,
+        max_tokens: int,
+        touched: dict | None,
+        decodes_only: bool = False,
+        cap: int | None = None,
     ) -> bool:
         """Put every running group (``decodes_only``: every decoding one, passing over those in the
         middle of a prefill) in ``out`` as one decode, if the lane is exact for this step.
         ``cap`` bounds the decodes' tokens, as ``max_tokens`` bounds the step's."""
-        if running is not self._running or decodes_only != self._decodes_only or any(
-            g.num_uncomputed_tokens <= g.num_unfinished_seqs for g in self._passed_over  # a prefill ended
+        if (
+            running is not self._running
+            or decodes_only != self._decodes_only
+            or any(
+                g.num_uncomputed_tokens <= g.num_unfinished_seqs
+                for g in self._passed_over  # a prefill ended
+            )
         ):
             self._follow(running, decodes_only)
         batch = self._batch
         n = len(batch)
-        if not self._exact or not n or (out.num_batched_tokens if out is not None else 0) + n > max_tokens or (cap is not None and n > cap):
+        if (
+            not self._exact
+            or not n
+            or (out.num_batched_tokens if out is not None else 0) + n > max_tokens
+            or (cap is not None and n > cap)
+        ):
             return False
         if not self._take_due():
             return False
@@ -154,7 +174,9 @@ class DecodeLane:
         decodes: the batch is updated in place. Anything else rebuilds it."""
         members = self._members
         m = len(members)
-        if not (self._exact and decodes_only == self._decodes_only and not self._passed_over and running[:m] == members):
+        if not (
+            self._exact and decodes_only == self._decodes_only and not self._passed_over and running[:m] == members
+        ):
             return self._rebuild(running, decodes_only)
         newcomers = running[m:]
         self._running = running
@@ -166,7 +188,9 @@ class DecodeLane:
             members += newcomers
             self._batch += [entries[g] for g in newcomers]
             self._touched.update(dict.fromkeys(newcomers, "scheduled"))
-            position.update(zip([g.seqs[0] for g in newcomers], range(self._next_position, self._next_position + len(newcomers))))
+            position.update(
+                zip([g.seqs[0] for g in newcomers], range(self._next_position, self._next_position + len(newcomers)))
+            )
             self._next_position += len(newcomers)
 
     def _rebuild(self, running: list[SequenceGroup], decodes_only: bool) -> None:
@@ -265,7 +289,12 @@ class DecodeLane:
         in_running, size, steps = set(running), self._block_size, self.steps
         for seq, end in self._ends.items():
             name = f"lane member {seq.group.request_id}"
-            if seq.lane is not self or seq.group not in in_running or seq.status is not _RUNNING or seq.num_uncomputed_tokens != 1:
+            if (
+                seq.lane is not self
+                or seq.group not in in_running
+                or seq.status is not _RUNNING
+                or seq.num_uncomputed_tokens != 1
+            ):
                 problems.append(f"{name} is not a running plain decode of this lane")
                 continue
             capacity = len(self._bm.gpu_tables[seq.seq_id]) * size

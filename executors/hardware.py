@@ -30,26 +30,44 @@ class Efficiency(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
-    flops_share: float = Field(0.7646, gt=0, le=1,
-                               description="achieved share of peak tensor FLOP/s in the weight GEMMs")
-    attention_flops_share: float = Field(0.4049, gt=0, le=1,
-                                         description="achieved share of peak bf16 FLOP/s in prefill attention")
+    flops_share: float = Field(
+        0.7646, gt=0, le=1, description="achieved share of peak tensor FLOP/s in the weight GEMMs"
+    )
+    attention_flops_share: float = Field(
+        0.4049, gt=0, le=1, description="achieved share of peak bf16 FLOP/s in prefill attention"
+    )
     bandwidth_share: float = Field(0.8662, gt=0, le=1, description="achieved share of memory and link bandwidth")
-    allreduce_us: float = Field(7.655, ge=0, le=1e6,
-                                description="latency of one tensor-parallel all-reduce per GPU beyond "
-                                "the first (tp − 1 of them: what each waits on)")
+    allreduce_us: float = Field(
+        7.655,
+        ge=0,
+        le=1e6,
+        description="latency of one tensor-parallel all-reduce per GPU beyond "
+        "the first (tp − 1 of them: what each waits on)",
+    )
     step_ms: float = Field(0.8743, ge=0, le=1e6, description="per step: scheduling, input preparation, sampling")
     layer_us: float = Field(8.482, ge=0, le=1e6, description="per layer and step: kernel launches outside CUDA graphs")
-    request_us: float = Field(9.218, ge=0, le=1e6,
-                              description="per request in a step: its inputs and outputs on the CPU")
-    api_ms: float = Field(8.214, ge=0, le=1e6,
-                          description="per request, outside the engine: HTTP, tokenising, the first "
-                          "chunk's way back (added to TTFT and end-to-end latency, not to a step)")
-    response_ms: float = Field(2.009, ge=0, le=1e6, description="per request, after its last token: detokenising and "
-                               "closing the stream (added to end-to-end latency)")
-    fitted_on: str = Field("12 public H100-SXM vLLM runs of Llama-2-7B TP1, Llama-2-70B TP4, Mixtral-8x7B TP2 and "
-                           "CodeLlama-34B TP2 (benchmarks/data/blis-h100)",
-                           description="the runs these values were fitted to (empty: priors, not fitted)")
+    request_us: float = Field(
+        9.218, ge=0, le=1e6, description="per request in a step: its inputs and outputs on the CPU"
+    )
+    api_ms: float = Field(
+        8.214,
+        ge=0,
+        le=1e6,
+        description="per request, outside the engine: HTTP, tokenising, the first "
+        "chunk's way back (added to TTFT and end-to-end latency, not to a step)",
+    )
+    response_ms: float = Field(
+        2.009,
+        ge=0,
+        le=1e6,
+        description="per request, after its last token: detokenising and "
+        "closing the stream (added to end-to-end latency)",
+    )
+    fitted_on: str = Field(
+        "12 public H100-SXM vLLM runs of Llama-2-7B TP1, Llama-2-70B TP4, Mixtral-8x7B TP2 and "
+        "CodeLlama-34B TP2 (benchmarks/data/blis-h100)",
+        description="the runs these values were fitted to (empty: priors, not fitted)",
+    )
 
 
 class Hardware(BaseModel):
@@ -62,8 +80,13 @@ class Hardware(BaseModel):
     memory_gib: float = Field(gt=0, le=1 << 20, description="device memory as CUDA reports it")
     bandwidth_tb_s: float = Field(gt=0, le=1e4, description="memory bandwidth")
     bf16_tflops: float = Field(gt=0, le=1e7, description="dense bf16/fp16 tensor-core peak")
-    fp8_tflops: float = Field(0.0, ge=0, le=1e7, description="dense fp8 tensor-core peak (0: no fp8 tensor cores; "
-                              "fp8 weights are then computed in bf16, only read at one byte)")
+    fp8_tflops: float = Field(
+        0.0,
+        ge=0,
+        le=1e7,
+        description="dense fp8 tensor-core peak (0: no fp8 tensor cores; "
+        "fp8 weights are then computed in bf16, only read at one byte)",
+    )
     link_gb_s: float = Field(gt=0, le=1e6, description="GPU-to-GPU bandwidth per direction (NVLink, else PCIe)")
     pcie_gb_s: float = Field(gt=0, le=1e6, description="host link bandwidth per direction (KV swap)")
     efficiency: Efficiency = Efficiency()
@@ -94,5 +117,6 @@ def load_hardware(source: str | Path | Hardware) -> Hardware:
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(map(str, first["loc"]))
-        raise HardwareError(f"invalid hardware description: {f'field {where!r}: ' if where else ''}{first['msg']}",
-                            path) from None
+        raise HardwareError(
+            f"invalid hardware description: {f'field {where!r}: ' if where else ''}{first['msg']}", path
+        ) from None

@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from kvsched.executors.clocks import WallClock
 from kvsched.core.executor import StepResult
+from kvsched.executors.clocks import WallClock
 from kvsched.executors.hf_attention import StepMetadata, active_step, register
 from kvsched.executors.hf_models import SUPPORTED_TYPES, LoadedModel, load_model
 from kvsched.executors.sampler import sample_rows
@@ -77,8 +77,14 @@ class HFExecutor:
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // num_heads
         num_kv_heads = getattr(cfg, "num_key_value_heads", None) or num_heads
         self.cache = PagedKVCache(
-            cfg.num_hidden_layers, config.num_gpu_blocks, config.num_cpu_blocks, config.block_size,
-            num_kv_heads, head_dim, dtype=next(hf.parameters()).dtype, device=self.device,
+            cfg.num_hidden_layers,
+            config.num_gpu_blocks,
+            config.num_cpu_blocks,
+            config.block_size,
+            num_kv_heads,
+            head_dim,
+            dtype=next(hf.parameters()).dtype,
+            device=self.device,
         )
         self.block_size = config.block_size
         self.max_positions = getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", None)
@@ -94,8 +100,11 @@ class HFExecutor:
     def attach(self, block_manager: BlockManager) -> HFExecutor:
         """Read block tables from this block manager (the engine's); its pools must fit the cache (V1's may be
         a block short: it keeps one as its null block, which the cache then holds unused)."""
-        if (block_manager.block_size != self.block_size or block_manager.gpu.num_blocks > self.cache.gpu.shape[2]
-                or block_manager.cpu.num_blocks > self.cache.cpu.shape[2]):
+        if (
+            block_manager.block_size != self.block_size
+            or block_manager.gpu.num_blocks > self.cache.gpu.shape[2]
+            or block_manager.cpu.num_blocks > self.cache.cpu.shape[2]
+        ):
             raise ValueError("the block manager's block size or pools do not fit the executor's cache")
         self.block_manager = block_manager
         return self
@@ -185,12 +194,20 @@ class HFExecutor:
         return {seq.seq_id: toks for (seq, _), toks in zip(sampling, drawn)}
 
 
-def hf_engine(model: LoadedModel | str, config: EngineConfig | None = None, policy="vllm-default",
-              policy_options=None, observers: tuple = (), **executor_options) -> Engine:
+def hf_engine(
+    model: LoadedModel | str,
+    config: EngineConfig | None = None,
+    policy="vllm-default",
+    policy_options=None,
+    observers: tuple = (),
+    **executor_options,
+) -> Engine:
     """An engine whose executor is an ``HFExecutor`` reading the engine's own block tables."""
     from kvsched.core.config import EngineConfig
     from kvsched.core.engine import Engine
 
     config = config or EngineConfig()
     executor = HFExecutor(model, config, **executor_options)
-    return Engine(config, policy, executor, policy_options=policy_options, observers=observers)  # the engine attaches the executor
+    return Engine(
+        config, policy, executor, policy_options=policy_options, observers=observers
+    )  # the engine attaches the executor

@@ -56,7 +56,9 @@ class LoadedModel:
         if tok is None:
             raise ValueError(f"model {self.name} has no tokenizer; give token ids instead of text")
         if chat and getattr(tok, "chat_template", None):
-            ids = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True)
+            ids = tok.apply_chat_template(
+                [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True
+            )
             if isinstance(ids, dict) or hasattr(ids, "input_ids"):
                 ids = ids["input_ids"]
             return list(ids)
@@ -68,11 +70,27 @@ def _tiny_config(family: str):
 
     common = dict(vocab_size=TINY_VOCAB, eos_token_id=TINY_EOS, bos_token_id=None, pad_token_id=None)
     if family == "llama":
-        return LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                           num_key_value_heads=2, max_position_embeddings=512, tie_word_embeddings=False, **common)
+        return LlamaConfig(
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=512,
+            tie_word_embeddings=False,
+            **common,
+        )
     if family == "qwen2":
-        return Qwen2Config(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                           num_key_value_heads=2, max_position_embeddings=512, tie_word_embeddings=False, **common)
+        return Qwen2Config(
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=512,
+            tie_word_embeddings=False,
+            **common,
+        )
     if family == "gpt2":
         return GPT2Config(n_embd=64, n_layer=2, n_head=4, n_positions=512, **common)
     raise KeyError(family)
@@ -108,7 +126,9 @@ def smollm2_dir() -> Path:
     return Path(spec.origin).parent
 
 
-def load_pretrained(path: str | Path, gguf_file: str | None = None, dtype: torch.dtype = torch.float32, name: str | None = None) -> LoadedModel:
+def load_pretrained(
+    path: str | Path, gguf_file: str | None = None, dtype: torch.dtype = torch.float32, name: str | None = None
+) -> LoadedModel:
     """A causal LM from a local folder (safetensors/bin) or a GGUF file; nothing is downloaded."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -153,7 +173,9 @@ def load_model(name: str, seed: int = 0) -> LoadedModel:
         return load_pretrained(smollm2_dir(), SMOLLM2_GGUF, name=name)
     if Path(name).exists():
         return load_pretrained(name)
-    raise KeyError(f"unknown model {name!r}: use one of {', '.join(BUILTIN)} or a path to a local model folder or .gguf file")
+    raise KeyError(
+        f"unknown model {name!r}: use one of {', '.join(BUILTIN)} or a path to a local model folder or .gguf file"
+    )
 
 
 def cache_dir() -> Path:
@@ -196,4 +218,3 @@ def model_folder(name: str) -> Path:
         if not (dest / "config.json").exists():
             raise
     return dest
-

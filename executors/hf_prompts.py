@@ -19,10 +19,22 @@ TASKS = (
 )
 
 SUBJECTS = (
-    "queues at the post office", "the moon landing", "sourdough bread", "electric bicycles",
-    "the printing press", "coral reefs", "learning a second language", "lighthouses",
-    "chess openings", "city gardens", "the water cycle", "public libraries",
-    "volcanoes", "jazz music", "paper airplanes", "winter camping",
+    "queues at the post office",
+    "the moon landing",
+    "sourdough bread",
+    "electric bicycles",
+    "the printing press",
+    "coral reefs",
+    "learning a second language",
+    "lighthouses",
+    "chess openings",
+    "city gardens",
+    "the water cycle",
+    "public libraries",
+    "volcanoes",
+    "jazz music",
+    "paper airplanes",
+    "winter camping",
 )
 
 CONTEXT = (

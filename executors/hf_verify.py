@@ -19,10 +19,10 @@ import torch
 
 from kvsched.core.config import EngineConfig
 from kvsched.core.decisions import Outcome
-from kvsched.executors.hf import hf_engine
-from kvsched.executors.hf_models import ByteTokenizer, LoadedModel
 from kvsched.core.hookspecs import hookimpl
 from kvsched.core.request import Request, SamplingParams
+from kvsched.executors.hf import hf_engine
+from kvsched.executors.hf_models import ByteTokenizer, LoadedModel
 
 LOGIT_ATOL = 1e-3
 
@@ -71,9 +71,21 @@ def scenarios(max_new_tokens: int, prompt_lens: Sequence[int], block_size: int =
     """The standard scenarios, sized so that preemption really happens for these lengths."""
     longest = max(prompt_lens) + max_new_tokens
     per_seq = -(-longest // block_size)
-    roomy = EngineConfig(block_size=block_size, num_gpu_blocks=per_seq * len(prompt_lens) * 3 + 8, num_cpu_blocks=per_seq * len(prompt_lens) * 3, max_num_batched_tokens=2048, max_num_seqs=64)
-    tight = dict(block_size=block_size, num_gpu_blocks=per_seq + 2, num_cpu_blocks=per_seq * len(prompt_lens) * 3,
-                 max_num_batched_tokens=2048, max_num_seqs=64, watermark=0.0)
+    roomy = EngineConfig(
+        block_size=block_size,
+        num_gpu_blocks=per_seq * len(prompt_lens) * 3 + 8,
+        num_cpu_blocks=per_seq * len(prompt_lens) * 3,
+        max_num_batched_tokens=2048,
+        max_num_seqs=64,
+    )
+    tight = dict(
+        block_size=block_size,
+        num_gpu_blocks=per_seq + 2,
+        num_cpu_blocks=per_seq * len(prompt_lens) * 3,
+        max_num_batched_tokens=2048,
+        max_num_seqs=64,
+        watermark=0.0,
+    )
     tight_n = dict(tight, num_gpu_blocks=per_seq * 3 + 2)
     return {
         "mixed": Scenario("mixed", roomy, ("mixed", None)),
@@ -82,10 +94,17 @@ def scenarios(max_new_tokens: int, prompt_lens: Sequence[int], block_size: int =
         "swap": Scenario("swap", EngineConfig(**tight, preemption_mode="swap"), arrive_every=0),
         "n3-cow": Scenario("n3-cow", roomy, n=3),
         "n3-swap": Scenario("n3-swap", EngineConfig(**tight_n, preemption_mode="swap"), n=3, arrive_every=0),
-        "prefix": Scenario("prefix", roomy.model_copy(update={"enable_prefix_caching": True}), shared_prefix=True, arrive_every=3),
+        "prefix": Scenario(
+            "prefix", roomy.model_copy(update={"enable_prefix_caching": True}), shared_prefix=True, arrive_every=3
+        ),
         # vLLM V1's mechanics (a null block, prefix caching, n > 1 fanned out into children) on the real cache
-        "v1": Scenario("v1", roomy.model_copy(update={"vllm_engine": "v1", "enable_prefix_caching": True}), "vllm-v1",
-                       n=2, shared_prefix=True),
+        "v1": Scenario(
+            "v1",
+            roomy.model_copy(update={"vllm_engine": "v1", "enable_prefix_caching": True}),
+            "vllm-v1",
+            n=2,
+            shared_prefix=True,
+        ),
     }
 
 
@@ -126,11 +145,16 @@ def reference(loaded: LoadedModel, prompt: Sequence[int], max_new_tokens: int) -
     device = next(model.parameters()).device
     with torch.inference_mode():
         out = model.generate(
-            torch.tensor([list(prompt)], device=device), max_new_tokens=max_new_tokens, do_sample=False,
-            output_logits=True, return_dict_in_generate=True, eos_token_id=loaded.eos_token_id,
-            pad_token_id=loaded.eos_token_id, attention_mask=torch.ones(1, len(prompt), dtype=torch.long, device=device),
+            torch.tensor([list(prompt)], device=device),
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            output_logits=True,
+            return_dict_in_generate=True,
+            eos_token_id=loaded.eos_token_id,
+            pad_token_id=loaded.eos_token_id,
+            attention_mask=torch.ones(1, len(prompt), dtype=torch.long, device=device),
         )
-    tokens = out.sequences[0, len(prompt):].tolist()
+    tokens = out.sequences[0, len(prompt) :].tolist()
     return tokens, [row[0].float().cpu() for row in out.logits]
 
 
@@ -142,7 +166,9 @@ def _shuffle_free_blocks(engine, seed: int) -> None:
     pool.release_many(blocks)  # freed in that order, they are taken in its reverse
 
 
-def random_prompts(loaded: LoadedModel, num: int = 4, seed: int = 0, shared_prefix: bool = False, lengths=(3, 11, 17, 26)) -> list[list[int]]:
+def random_prompts(
+    loaded: LoadedModel, num: int = 4, seed: int = 0, shared_prefix: bool = False, lengths=(3, 11, 17, 26)
+) -> list[list[int]]:
     """Seeded random token-id prompts of mixed lengths (a few tokens up to several blocks), EOS excluded."""
     rng = random.Random(seed)
     vocab = 256 if isinstance(loaded.tokenizer, ByteTokenizer) else loaded.model.config.vocab_size
@@ -155,21 +181,33 @@ def random_prompts(loaded: LoadedModel, num: int = 4, seed: int = 0, shared_pref
     return prompts
 
 
-def run_scenario(loaded: LoadedModel, scenario: Scenario, prompts: list[list[int]], max_new_tokens: int,
-                 refs: dict[tuple[int, ...], tuple[list[int], list[torch.Tensor]]], backend: str | None = None,
-                 seed: int = 0) -> ScenarioResult:
+def run_scenario(
+    loaded: LoadedModel,
+    scenario: Scenario,
+    prompts: list[list[int]],
+    max_new_tokens: int,
+    refs: dict[tuple[int, ...], tuple[list[int], list[torch.Tensor]]],
+    backend: str | None = None,
+    seed: int = 0,
+) -> ScenarioResult:
     """Run the prompts through the engine under ``scenario`` and compare with the references."""
     engine = hf_engine(loaded, scenario.config, scenario.policy_object(), backend=backend, record_logits=True)
     _shuffle_free_blocks(engine, seed)
     requests = [
-        Request(request_id=f"r{i}", prompt_token_ids=tuple(p), sampling=SamplingParams(n=scenario.n, max_tokens=max_new_tokens))
+        Request(
+            request_id=f"r{i}",
+            prompt_token_ids=tuple(p),
+            sampling=SamplingParams(n=scenario.n, max_tokens=max_new_tokens),
+        )
         for i, p in enumerate(prompts)
     ]
     result = ScenarioResult(scenario.name)
     pending = list(requests)
     step = 0
     while pending or engine.has_unfinished():
-        while pending and (scenario.arrive_every == 0 or step % scenario.arrive_every == 0 or not engine.has_unfinished()):
+        while pending and (
+            scenario.arrive_every == 0 or step % scenario.arrive_every == 0 or not engine.has_unfinished()
+        ):
             engine.add_request(pending.pop(0))
             if scenario.arrive_every:
                 break
@@ -183,7 +221,10 @@ def run_scenario(loaded: LoadedModel, scenario: Scenario, prompts: list[list[int
             raise RuntimeError(f"scenario {scenario.name} did not finish")
     for req in requests:
         group = engine.sequence_groups[req.request_id]
-        result.preemptions = (result.preemptions[0] + group.num_recompute_preemptions, result.preemptions[1] + group.num_swap_preemptions)
+        result.preemptions = (
+            result.preemptions[0] + group.num_recompute_preemptions,
+            result.preemptions[1] + group.num_swap_preemptions,
+        )
         expected, ref_logits = refs[req.prompt_token_ids]
         for k, seq in enumerate(group.seqs):
             check = SequenceCheck(req.request_id, k, expected, list(seq.output))
@@ -204,9 +245,16 @@ def run_scenario(loaded: LoadedModel, scenario: Scenario, prompts: list[list[int
     return result
 
 
-def verify(loaded: LoadedModel, names: Sequence[str] | None = None, num_prompts: int = 4, max_new_tokens: int = 12,
-           backend: str | None = None, prompts: list[list[int]] | None = None, seed: int = 0,
-           on_done: Callable[[ScenarioResult], None] | None = None) -> list[ScenarioResult]:
+def verify(
+    loaded: LoadedModel,
+    names: Sequence[str] | None = None,
+    num_prompts: int = 4,
+    max_new_tokens: int = 12,
+    backend: str | None = None,
+    prompts: list[list[int]] | None = None,
+    seed: int = 0,
+    on_done: Callable[[ScenarioResult], None] | None = None,
+) -> list[ScenarioResult]:
     """Every scenario (or ``names``) for one model, ``on_done`` told of each; references are computed once per prompt."""
     plain = prompts or random_prompts(loaded, num_prompts, seed)
     prefixed = prompts or random_prompts(loaded, num_prompts, seed + 1, shared_prefix=True)

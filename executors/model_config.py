@@ -20,10 +20,19 @@ from pydantic import BaseModel, ConfigDict, Field
 from kvsched.core.errors import quote
 from kvsched.userfiles.reader import FileError, read_json
 
-DENSE = frozenset({
-    "LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "GraniteForCausalLM",
-    "Phi3ForCausalLM", "Gemma2ForCausalLM", "Gemma3ForCausalLM", "Gemma3ForConditionalGeneration",
-})
+DENSE = frozenset(
+    {
+        "LlamaForCausalLM",
+        "MistralForCausalLM",
+        "Qwen2ForCausalLM",
+        "Qwen3ForCausalLM",
+        "GraniteForCausalLM",
+        "Phi3ForCausalLM",
+        "Gemma2ForCausalLM",
+        "Gemma3ForCausalLM",
+        "Gemma3ForConditionalGeneration",
+    }
+)
 MOE = frozenset({"MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM", "Llama4ForConditionalGeneration"})
 ARCHITECTURES = DENSE | MOE
 DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
@@ -31,11 +40,16 @@ BYTES = {"bf16": 2, "fp16": 2, "fp8": 1, "fp32": 4}
 MAX_WIDTH = 1 << 20
 # The shipped configs (executors/data/models/NAME.json) by the Hugging Face id a server names its model with.
 HF_IDS = {
-    "meta-llama/llama-2-7b-hf": "llama-2-7b", "meta-llama/llama-2-70b-hf": "llama-2-70b",
-    "codellama/codellama-34b-instruct-hf": "codellama-34b", "mistralai/mixtral-8x7b-v0.1": "mixtral-8x7b",
-    "meta-llama/llama-3.1-8b-instruct": "llama-3.1-8b", "meta-llama/llama-3.1-70b-instruct": "llama-3.1-70b",
-    "qwen/qwen2.5-7b-instruct": "qwen2.5-7b", "mistralai/mistral-nemo-instruct-2407": "mistral-nemo-12b",
-    "qwen/qwen3-30b-a3b": "qwen3-30b-a3b", "redhatai/llama-4-scout-17b-16e-instruct-fp8-dynamic": "llama-4-scout-fp8",
+    "meta-llama/llama-2-7b-hf": "llama-2-7b",
+    "meta-llama/llama-2-70b-hf": "llama-2-70b",
+    "codellama/codellama-34b-instruct-hf": "codellama-34b",
+    "mistralai/mixtral-8x7b-v0.1": "mixtral-8x7b",
+    "meta-llama/llama-3.1-8b-instruct": "llama-3.1-8b",
+    "meta-llama/llama-3.1-70b-instruct": "llama-3.1-70b",
+    "qwen/qwen2.5-7b-instruct": "qwen2.5-7b",
+    "mistralai/mistral-nemo-instruct-2407": "mistral-nemo-12b",
+    "qwen/qwen3-30b-a3b": "qwen3-30b-a3b",
+    "redhatai/llama-4-scout-17b-16e-instruct-fp8-dynamic": "llama-4-scout-fp8",
 }  # a width, head count or vocabulary past a million is a typo, not a model
 
 
@@ -66,8 +80,9 @@ class ModelShape(BaseModel):
     num_experts: int = Field(0, ge=0, le=MAX_WIDTH, description="routed experts of an MoE layer (0: dense)")
     experts_per_token: int = Field(0, ge=0, le=MAX_WIDTH, description="top-k: the experts each token is routed to")
     expert_intermediate_size: int = Field(0, ge=0, le=MAX_WIDTH)
-    shared_expert_intermediate_size: int = Field(0, ge=0, le=MAX_WIDTH,
-                                                 description="an always-on expert's width (0: none)")
+    shared_expert_intermediate_size: int = Field(
+        0, ge=0, le=MAX_WIDTH, description="an always-on expert's width (0: none)"
+    )
     moe_layers: int = Field(0, ge=0, description="how many layers route to experts (the others are dense)")
     sliding_window: int | None = Field(None, ge=1, description="tokens a windowed layer attends to")
     window_layers: int = Field(0, ge=0, description="how many layers attend within the window (the others globally)")
@@ -93,11 +108,15 @@ class ModelShape(BaseModel):
     def check_tp(self, tp: int, where: str | Path) -> None:
         """vLLM splits the query heads over ``tp`` GPUs and the KV heads too (or replicates them, when fewer)."""
         if self.num_heads % tp:
-            raise ModelConfigError(f"{self.num_heads} attention heads do not split over --tp {tp}", where,
-                                   field="num_attention_heads")
+            raise ModelConfigError(
+                f"{self.num_heads} attention heads do not split over --tp {tp}", where, field="num_attention_heads"
+            )
         if self.num_kv_heads % tp and tp % self.num_kv_heads:
-            raise ModelConfigError(f"{self.num_kv_heads} KV heads neither split over nor replicate across --tp {tp}",
-                                   where, field="num_key_value_heads")
+            raise ModelConfigError(
+                f"{self.num_kv_heads} KV heads neither split over nor replicate across --tp {tp}",
+                where,
+                field="num_key_value_heads",
+            )
 
 
 def shipped_models() -> dict[str, Path]:
@@ -117,8 +136,10 @@ def load_model_shape(source: str | Path) -> ModelShape:
         if path.is_dir():
             path = path / "config.json"
         if not path.exists():
-            raise ModelConfigError(f"no such model config (a config.json, a folder holding one, or one of "
-                                   f"{', '.join(sorted(shipped))})", source)
+            raise ModelConfigError(
+                f"no such model config (a config.json, a folder holding one, or one of {', '.join(sorted(shipped))})",
+                source,
+            )
     data = read_json(path, "model config")
     if not isinstance(data, dict):
         raise ModelConfigError("not a model config: expected a JSON object", path)
@@ -133,8 +154,9 @@ def model_shape(data: dict[str, Any], path: str | Path, name: str) -> ModelShape
     arch = architectures[0]
     if arch not in ARCHITECTURES:
         known = ", ".join(sorted(ARCHITECTURES))
-        raise ModelConfigError(f"unknown architecture {quote(arch)}; the cost model knows {known}",
-                               path, field="architectures")
+        raise ModelConfigError(
+            f"unknown architecture {quote(arch)}; the cost model knows {known}", path, field="architectures"
+        )
     text = data.get("text_config", data) if arch.endswith("ForConditionalGeneration") else data
     if not isinstance(text, dict):
         raise ModelConfigError("not an object", path, field="text_config")
@@ -143,15 +165,22 @@ def model_shape(data: dict[str, Any], path: str | Path, name: str) -> ModelShape
     kv_heads = field.int("num_key_value_heads", heads)
     head_dim = field.int("head_dim", 0) or _divide(hidden, heads, path)
     shape: dict[str, Any] = dict(
-        name=name, architecture=arch, hidden_size=hidden, num_layers=layers, num_heads=heads, num_kv_heads=kv_heads,
-        head_dim=head_dim, vocab_size=field.int("vocab_size"),
+        name=name,
+        architecture=arch,
+        hidden_size=hidden,
+        num_layers=layers,
+        num_heads=heads,
+        num_kv_heads=kv_heads,
+        head_dim=head_dim,
+        vocab_size=field.int("vocab_size"),
         max_position_embeddings=field.int("max_position_embeddings", 4096),
         tie_word_embeddings=bool(text.get("tie_word_embeddings", data.get("tie_word_embeddings", False))),
         dtype=_dtype(data, text, path),
     )
     if kv_heads > heads or heads % kv_heads:
-        raise ModelConfigError(f"{kv_heads} KV heads do not group {heads} query heads", path,
-                               field="num_key_value_heads")
+        raise ModelConfigError(
+            f"{kv_heads} KV heads do not group {heads} query heads", path, field="num_key_value_heads"
+        )
     shape.update(_mlp(field, arch, layers))
     shape.update(_windows(field, text, arch, layers))
     try:
@@ -178,8 +207,9 @@ class _Fields:
 
 def _divide(hidden: int, heads: int, path: str | Path) -> int:
     if hidden % heads:
-        raise ModelConfigError(f"hidden_size {hidden} is not a multiple of the {heads} heads; give head_dim", path,
-                               field="head_dim")
+        raise ModelConfigError(
+            f"hidden_size {hidden} is not a multiple of the {heads} heads; give head_dim", path, field="head_dim"
+        )
     return hidden // heads
 
 
@@ -212,28 +242,40 @@ def _mlp(field: _Fields, arch: str, layers: int) -> dict[str, Any]:
         return {"intermediate_size": field.int("intermediate_size")}
     if arch == "MixtralForCausalLM":
         width = field.int("intermediate_size")
-        return {"intermediate_size": 0, "num_experts": field.int("num_local_experts"),
-                "experts_per_token": field.int("num_experts_per_tok"),
-                "expert_intermediate_size": width, "moe_layers": layers}
+        return {
+            "intermediate_size": 0,
+            "num_experts": field.int("num_local_experts"),
+            "experts_per_token": field.int("num_experts_per_tok"),
+            "expert_intermediate_size": width,
+            "moe_layers": layers,
+        }
     if arch == "Llama4ForConditionalGeneration":  # every step-th layer routes, with a shared expert; the rest are dense
         step = max(1, field.int("interleave_moe_layer_step", 1))
         width = field.int("intermediate_size")
-        return {"intermediate_size": field.int("intermediate_size_mlp", width),
-                "num_experts": field.int("num_local_experts"),
-                "experts_per_token": field.int("num_experts_per_tok"), "expert_intermediate_size": width,
-                "shared_expert_intermediate_size": width, "moe_layers": layers // step}
+        return {
+            "intermediate_size": field.int("intermediate_size_mlp", width),
+            "num_experts": field.int("num_local_experts"),
+            "experts_per_token": field.int("num_experts_per_tok"),
+            "expert_intermediate_size": width,
+            "shared_expert_intermediate_size": width,
+            "moe_layers": layers // step,
+        }
     # Qwen2-MoE / Qwen3-MoE: every decoder_sparse_step-th layer routes, except those in mlp_only_layers
     step = max(1, field.int("decoder_sparse_step", 1))
     dense_only = field.data.get("mlp_only_layers") or []
     if not isinstance(dense_only, list):
-        raise ModelConfigError(f"must be a list of layer numbers, got {quote(dense_only)}", field.path,
-                               field="mlp_only_layers")
+        raise ModelConfigError(
+            f"must be a list of layer numbers, got {quote(dense_only)}", field.path, field="mlp_only_layers"
+        )
     moe = sum(1 for i in range(layers) if i not in dense_only and (i + 1) % step == 0)
-    return {"intermediate_size": field.int("intermediate_size") if moe < layers else 0,
-            "num_experts": field.int("num_experts"),
-            "experts_per_token": field.int("num_experts_per_tok"),
-            "expert_intermediate_size": field.int("moe_intermediate_size"),
-            "shared_expert_intermediate_size": field.int("shared_expert_intermediate_size", 0), "moe_layers": moe}
+    return {
+        "intermediate_size": field.int("intermediate_size") if moe < layers else 0,
+        "num_experts": field.int("num_experts"),
+        "experts_per_token": field.int("num_experts_per_tok"),
+        "expert_intermediate_size": field.int("moe_intermediate_size"),
+        "shared_expert_intermediate_size": field.int("shared_expert_intermediate_size", 0),
+        "moe_layers": moe,
+    }
 
 
 def _windows(field: _Fields, text: dict[str, Any], arch: str, layers: int) -> dict[str, Any]:

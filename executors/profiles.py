@@ -8,11 +8,11 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from kvsched.core.errors import KvschedError
-from kvsched.userfiles.reader import read_json
 from kvsched.executors.cost_model import PROFILES, CostProfile, StepCost
 from kvsched.executors.hardware import Hardware, load_hardware
 from kvsched.executors.model_config import ModelShape, load_model_shape
 from kvsched.executors.roofline import RooflineProfile
+from kvsched.userfiles.reader import read_json
 
 
 class ProfileError(KvschedError):
@@ -34,13 +34,14 @@ def resolve_profile(profile: str | Path | StepCost) -> StepCost:
             first = exc.errors()[0]
             where = ".".join(map(str, first["loc"])) or "the whole file"
             raise ProfileError(f"{path}: invalid cost profile: {where}: {first['msg']}") from None
-    raise ProfileError(f"unknown cost profile {text!r}; available: {', '.join(PROFILES)}, "
-                       "or a .json file from `engine calibrate`")
+    raise ProfileError(
+        f"unknown cost profile {text!r}; available: {', '.join(PROFILES)}, or a .json file from `engine calibrate`"
+    )
 
 
-def roofline_profile(hardware: str | Path | Hardware, model: str | Path | ModelShape, tp: int = 1,
-                     dtype: str | None = None,
-                     **settings) -> RooflineProfile:
+def roofline_profile(
+    hardware: str | Path | Hardware, model: str | Path | ModelShape, tp: int = 1, dtype: str | None = None, **settings
+) -> RooflineProfile:
     """The roofline profile of ``model`` (a shipped name, a config.json or its folder) on ``tp`` GPUs of
     ``hardware`` (a built-in name or a JSON file); ``dtype`` overrides the config's (``settings``:
     ``gpu_memory_utilization``, ``max_num_batched_tokens``, ``max_model_len``)."""
@@ -53,9 +54,12 @@ def roofline_profile(hardware: str | Path | Hardware, model: str | Path | ModelS
     if dtype not in ("bf16", "fp16", "fp8"):
         raise ProfileError(f"--dtype must be bf16, fp16 or fp8, got {dtype!r}")
     name = f"{shape.name}-{gpu.name}-tp{tp}-{dtype}"
-    description = (f"{shape.name} ({shape.architecture}, {shape.num_params() / 1e9:.1f} B parameters) "
-                   f"on {tp} x {gpu.name}, "
-                   f"{dtype} weights: a roofline, its efficiencies "
-                   + (f"fitted to {gpu.efficiency.fitted_on}" if gpu.efficiency.fitted_on else "not fitted (priors)"))
-    return RooflineProfile(name=name, description=description, model=shape, hardware=gpu, tp=tp, dtype=dtype,
-                           **settings)
+    description = (
+        f"{shape.name} ({shape.architecture}, {shape.num_params() / 1e9:.1f} B parameters) "
+        f"on {tp} x {gpu.name}, "
+        f"{dtype} weights: a roofline, its efficiencies "
+        + (f"fitted to {gpu.efficiency.fitted_on}" if gpu.efficiency.fitted_on else "not fitted (priors)")
+    )
+    return RooflineProfile(
+        name=name, description=description, model=shape, hardware=gpu, tp=tp, dtype=dtype, **settings
+    )

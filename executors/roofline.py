@@ -50,12 +50,14 @@ class RooflineProfile(BaseModel):
     model: ModelShape
     hardware: Hardware
     tp: int = Field(1, ge=1, le=1024)
-    dtype: Literal["bf16", "fp16", "fp8", "fp32"] = Field("bf16",
-                                                          description="the weights' dtype (fp8: one byte a weight)")
+    dtype: Literal["bf16", "fp16", "fp8", "fp32"] = Field(
+        "bf16", description="the weights' dtype (fp8: one byte a weight)"
+    )
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
     max_num_batched_tokens: int = Field(2048, ge=1, description="the step budget vLLM profiles activations with")
-    max_model_len: int | None = Field(None, ge=1,
-                                      description="the longest sequence (unset: the model's context length)")
+    max_model_len: int | None = Field(
+        None, ge=1, description="the longest sequence (unset: the model's context length)"
+    )
     _c: dict[str, float] = PrivateAttr(default_factory=dict)
 
     @model_validator(mode="after")
@@ -65,8 +67,10 @@ class RooflineProfile(BaseModel):
             object.__setattr__(self, "max_model_len", self.model.max_position_embeddings)  # vLLM's default
         self._c.update(self._constants())
         if self.kv_memory.kv_cache_bytes <= 0:
-            raise ValueError(f"{self.model.name} at {self.dtype} leaves no memory for the KV cache on {self.tp} "
-                             f"{self.hardware.name} (weights {self.kv_memory.weights_gib:.1f} GiB per GPU)")
+            raise ValueError(
+                f"{self.model.name} at {self.dtype} leaves no memory for the KV cache on {self.tp} "
+                f"{self.hardware.name} (weights {self.kv_memory.weights_gib:.1f} GiB per GPU)"
+            )
         return self
 
     # ----------------------------------------------------------------- what the simulator asks
@@ -90,10 +94,12 @@ class RooflineProfile(BaseModel):
     def kv_memory(self) -> KvMemory:
         """The device memory vLLM's profiling run leaves for the KV cache, per GPU."""
         c = self._c
-        return KvMemory.model_construct(device_gib=self.hardware.memory_gib,
-                                        gpu_memory_utilization=self.gpu_memory_utilization,
-                                        weights_gib=c["weight_bytes"] / GIB,
-                                        activations_gib=c["activation_bytes"] / GIB)
+        return KvMemory.model_construct(
+            device_gib=self.hardware.memory_gib,
+            gpu_memory_utilization=self.gpu_memory_utilization,
+            weights_gib=c["weight_bytes"] / GIB,
+            activations_gib=c["activation_bytes"] / GIB,
+        )
 
     def num_kv_blocks(self, block_size: int) -> int:
         """GPU blocks of ``block_size`` tokens, as vLLM counts them (each GPU holds its share of every block)."""
@@ -103,43 +109,62 @@ class RooflineProfile(BaseModel):
         """What the step's time depends on (before the engine applies it)."""
         full = attention_work(out)
         window = self.model.sliding_window
-        return StepShape(out.prefill_tokens + out.decode_seqs, len(out.scheduled), full,
-                         attention_work(out, window) if window else full)
+        return StepShape(
+            out.prefill_tokens + out.decode_seqs,
+            len(out.scheduled),
+            full,
+            attention_work(out, window) if window else full,
+        )
 
     def step_seconds(self, out: SchedulerOutput, block_size: int) -> float:
         if not (out.prefill_tokens or out.decode_seqs or out.blocks_to_swap_in or out.blocks_to_swap_out):
             return 0.0
         seconds = step_time(self.sizes, self.hardware.efficiency, *self.step_shape(out))
         swapped = len(out.blocks_to_swap_in) + len(out.blocks_to_swap_out)
-        return seconds + self._moves(swapped, len(out.blocks_to_copy),
-                                     block_size) if (swapped or out.blocks_to_copy) else seconds
+        return (
+            seconds + self._moves(swapped, len(out.blocks_to_copy), block_size)
+            if (swapped or out.blocks_to_copy)
+            else seconds
+        )
 
-    def seconds(self, prefill_tokens: int, decode_seqs: int, kv_tokens_read: int, blocks_swapped: int,
-                blocks_copied: int, block_size: int, prefill_pairs: int = 0) -> float:
+    def seconds(
+        self,
+        prefill_tokens: int,
+        decode_seqs: int,
+        kv_tokens_read: int,
+        blocks_swapped: int,
+        blocks_copied: int,
+        block_size: int,
+        prefill_pairs: int = 0,
+    ) -> float:
         """A step known only by its totals (``StepFeatures``): the prefill's pairs as counted (none counted: the
         prefill taken as one chunk without context), reading its own tokens."""
         if not (prefill_tokens or decode_seqs or blocks_swapped):
             return 0.0
-        work = AttentionWork(prefill_pairs or causal_pairs(0, prefill_tokens), prefill_tokens,
-                             kv_tokens_read + decode_seqs)
+        work = AttentionWork(
+            prefill_pairs or causal_pairs(0, prefill_tokens), prefill_tokens, kv_tokens_read + decode_seqs
+        )
         requests = decode_seqs + (1 if prefill_tokens else 0)
-        return (step_time(self.sizes, self.hardware.efficiency, prefill_tokens + decode_seqs, requests, work, work)
-                + self._moves(blocks_swapped, blocks_copied, block_size))
+        return step_time(
+            self.sizes, self.hardware.efficiency, prefill_tokens + decode_seqs, requests, work, work
+        ) + self._moves(blocks_swapped, blocks_copied, block_size)
 
     def decode_seconds(self, decode_seqs: int) -> Callable[[int], float]:
         """``step_seconds`` of a step of ``decode_seqs`` one-token decodes, by the context tokens they read."""
         if not decode_seqs:
             return lambda kv_tokens_read: 0.0
         sizes, e = self.sizes, self.hardware.efficiency
-        return lambda kv_tokens_read: step_time(sizes, e, decode_seqs, decode_seqs,
-                                                *_decodes(kv_tokens_read + decode_seqs))
+        return lambda kv_tokens_read: step_time(
+            sizes, e, decode_seqs, decode_seqs, *_decodes(kv_tokens_read + decode_seqs)
+        )
 
     def _moves(self, swapped: int, copied: int, block_size: int) -> float:
         """Block moves, each GPU moving its share: swaps over PCIe, copy-on-write copies through HBM (read, write)."""
         c = self.sizes
         block = block_size * c["kv_token_layer"] * self.model.num_layers
-        return (swapped * block / (self.hardware.pcie_gb_s * 1e9)
-                + copied * 2 * block / (c["hbm"] * self.hardware.efficiency.bandwidth_share))
+        return swapped * block / (self.hardware.pcie_gb_s * 1e9) + copied * 2 * block / (
+            c["hbm"] * self.hardware.efficiency.bandwidth_share
+        )
 
     @property
     def sizes(self) -> dict[str, float]:
@@ -157,18 +182,26 @@ class RooflineProfile(BaseModel):
         expert = 3 * h * m.expert_intermediate_size // tp  # one expert of one layer, this GPU's share
         lm = m.vocab_size * h // tp
         c = {
-            "gemm_peak": hw.peak_flops(self.dtype), "bf16_peak": hw.peak_flops("bf16"),  # the LM head stays in 16 bits
-            "hbm": hw.bandwidth_tb_s * 1e12, "link": hw.link_gb_s * 1e9, "tp": float(tp), "layers": float(layers),
-            "dense_flops": 2.0 * dense, "dense_bytes": float(dense * weight),
+            "gemm_peak": hw.peak_flops(self.dtype),
+            "bf16_peak": hw.peak_flops("bf16"),  # the LM head stays in 16 bits
+            "hbm": hw.bandwidth_tb_s * 1e12,
+            "link": hw.link_gb_s * 1e9,
+            "tp": float(tp),
+            "layers": float(layers),
+            "dense_flops": 2.0 * dense,
+            "dense_bytes": float(dense * weight),
             "experts": float(m.num_experts if m.moe_layers else 0),
             "miss": 1.0 - m.experts_per_token / m.num_experts if m.num_experts else 1.0,
             "expert_flops": 2.0 * m.moe_layers * m.experts_per_token * expert,
             "expert_bytes": float(m.moe_layers * expert * weight),
-            "lm_flops": 2.0 * lm, "lm_bytes": float(lm * act),
+            "lm_flops": 2.0 * lm,
+            "lm_bytes": float(lm * act),
             "kv_token_layer": float(2 * kv_heads * m.head_dim * act),
             "pair_flops": 4.0 * (m.num_heads // tp) * m.head_dim,
-            "full_layers": float(layers - m.window_layers), "window_layers": float(m.window_layers),
-            "allreduces": 2.0 * layers if tp > 1 else 0.0, "allreduce_bytes": 2.0 * (tp - 1) / tp * h * act,
+            "full_layers": float(layers - m.window_layers),
+            "window_layers": float(m.window_layers),
+            "allreduces": 2.0 * layers if tp > 1 else 0.0,
+            "allreduce_bytes": 2.0 * (tp - 1) / tp * h * act,
             "hops": float(tp - 1),  # an all-reduce's fixed latency grows with the GPUs it waits on
         }
         embeddings = m.vocab_size * h // tp * act * (1 if m.tie_word_embeddings else 2)
@@ -188,8 +221,9 @@ class StepShape(NamedTuple):
     windowed: AttentionWork
 
 
-def step_time(c: dict[str, float], e: Efficiency, tokens, requests, full: AttentionWork, windowed: AttentionWork,
-              maximum=max):
+def step_time(
+    c: dict[str, float], e: Efficiency, tokens, requests, full: AttentionWork, windowed: AttentionWork, maximum=max
+):
     """A step's seconds on one GPU: the module's sum, from the sizes ``c`` (``RooflineProfile.sizes``) and the
     efficiencies ``e``. Scalars, or with ``maximum=numpy.maximum`` arrays of many steps at once (the fit's)."""
     flops, bandwidth = c["gemm_peak"] * e.flops_share, c["hbm"] * e.bandwidth_share

@@ -5,13 +5,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from itertools import islice
 
-from kvsched.executors.clocks import VirtualClock
 from kvsched.core.executor import StepResult
-from kvsched.executors.decode_lane import DecodeLane
-from kvsched.executors.steady_runs import SteadyRuns
-from kvsched.executors.cost_model import DEFAULT_PROFILE, PROFILES, StepCost
 from kvsched.core.outputs import SchedulerOutput
 from kvsched.core.sequence import SequenceGroup
+from kvsched.executors.clocks import VirtualClock
+from kvsched.executors.cost_model import DEFAULT_PROFILE, PROFILES, StepCost
+from kvsched.executors.decode_lane import DecodeLane
+from kvsched.executors.steady_runs import SteadyRuns
 
 EOS = -1
 IDLE_SECONDS = 1e-3  # time charged for a step that ran nothing, so time-based policies move on
@@ -43,7 +43,9 @@ class SimulatedExecutor:
         if self.block_size is None:
             self.block_size = block_manager.block_size
         elif self.block_size != block_manager.block_size:
-            raise ValueError(f"SimulatedExecutor(block_size={self.block_size}) on an engine with block_size {block_manager.block_size}")
+            raise ValueError(
+                f"SimulatedExecutor(block_size={self.block_size}) on an engine with block_size {block_manager.block_size}"
+            )
 
     def decode_lane(self, block_manager) -> DecodeLane:
         """The lane of plain decodes whose tokens ``tokens_at`` knows (``KnownTokens``)."""
@@ -65,7 +67,9 @@ class SimulatedExecutor:
                 # The common case, inlined (this runs once per running request per step): the
                 # sequence samples one token if the step computes all its uncomputed tokens.
                 seq = seqs[0]
-                if seq.num_computed_tokens + sg.num_tokens >= seq.num_tokens:  # >: a decode with drafts samples one (all rejected)
+                if (
+                    seq.num_computed_tokens + sg.num_tokens >= seq.num_tokens
+                ):  # >: a decode with drafts samples one (all rejected)
                     position = len(seq.output) + 1
                     if position >= target:
                         tokens[seq.seq_id] = [EOS]
@@ -76,13 +80,17 @@ class SimulatedExecutor:
                 continue
             for seq, n in sg.samples():
                 position = len(seq.output) + 1
-                tokens[seq.seq_id] = [EOS if position >= target else self._placeholder(position) - (i << 24) for i in range(n)]
+                tokens[seq.seq_id] = [
+                    EOS if position >= target else self._placeholder(position) - (i << 24) for i in range(n)
+                ]
         return StepResult(charged(self.profile.step_seconds(output, self.block_size)), tokens)
 
     def lane_seconds(self, num_seqs: int) -> Callable[[int], float]:
         """What ``execute`` charges a step of ``num_seqs`` lane decodes, by the context tokens they read (``KnownDurations``)."""
         seconds = self.profile.decode_seconds(num_seqs)
-        return seconds if seconds(0) > 0 else lambda kv_tokens: charged(seconds(kv_tokens))  # more tokens never cost less
+        return (
+            seconds if seconds(0) > 0 else lambda kv_tokens: charged(seconds(kv_tokens))
+        )  # more tokens never cost less
 
     def steady_runs(self, engine) -> SteadyRuns:
         """``engine``'s steady runs, each step at ``lane_seconds``' cost (``KnownDurations``)."""

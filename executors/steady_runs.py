@@ -127,11 +127,19 @@ class SteadyRuns:
         )
         # Tuples, not lists: what the observers share (the steady step's notes among them) is read-only.
         run = StepRun(
-            engine.num_steps - steps, OutputView(out), tuple(started), (*started[1:], engine.clock.now()),
-            tuple(durations), tuple(kv), tuple(waiting),
+            engine.num_steps - steps,
+            OutputView(out),
+            tuple(started),
+            (*started[1:], engine.clock.now()),
+            tuple(durations),
+            tuple(kv),
+            tuple(waiting),
             (len(sched.running) + len(finished),) * (steps - 1) + (len(sched.running),),
-            (*[after for _, after in free[:-1]], sched.block_manager.gpu.num_free), len(sched.swapped),
-            tuple([g.view for g in finished]), sched.cache_view, (tuple(steady.notes), steady.notes_at, tuple(free)),
+            (*[after for _, after in free[:-1]], sched.block_manager.gpu.num_free),
+            len(sched.swapped),
+            tuple([g.view for g in finished]),
+            sched.cache_view,
+            (tuple(steady.notes), steady.notes_at, tuple(free)),
         )
         out.decisions = run.decisions(0)
         observe(run)

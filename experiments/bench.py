@@ -51,20 +51,38 @@ class Sent:
         r, times = self.request, self.token_times
         done = self.error is None and self.finished is not None
         first = times[0] if times else None
-        tpot = (self.finished - first) / (self.output_tokens - 1) if done and first is not None and self.output_tokens > 1 else None
+        tpot = (
+            (self.finished - first) / (self.output_tokens - 1)
+            if done and first is not None and self.output_tokens > 1
+            else None
+        )
         if done:
             status = "FINISHED_STOPPED" if self.finish_reason == "stop" else "FINISHED_LENGTH_CAPPED"
         else:
             status = "FINISHED_IGNORED" if self.refused else "FINISHED_ABORTED"
         reason = self.finish_reason if done else ("length" if self.refused else "abort")  # vLLM's reasons for them
         return RequestMetrics(
-            request_id=r.request_id, status=status, finish_reason=reason,
-            detail=self.error, priority=r.priority, tenant=r.tenant, n=r.sampling.n, prompt_tokens=r.prompt_len,
-            output_tokens=self.output_tokens, arrival_time=self.sent, first_scheduled_time=None,
-            first_token_time=first, finish_time=self.finished, queueing_time=None,
-            ttft=None if first is None else first - self.sent, tpot=tpot,
-            e2e=self.finished - self.sent if done else None, preemptions_recompute=0, preemptions_swap=0,
-            slo_class=r.slo_class, session_id=r.session_id,
+            request_id=r.request_id,
+            status=status,
+            finish_reason=reason,
+            detail=self.error,
+            priority=r.priority,
+            tenant=r.tenant,
+            n=r.sampling.n,
+            prompt_tokens=r.prompt_len,
+            output_tokens=self.output_tokens,
+            arrival_time=self.sent,
+            first_scheduled_time=None,
+            first_token_time=first,
+            finish_time=self.finished,
+            queueing_time=None,
+            ttft=None if first is None else first - self.sent,
+            tpot=tpot,
+            e2e=self.finished - self.sent if done else None,
+            preemptions_recompute=0,
+            preemptions_swap=0,
+            slo_class=r.slo_class,
+            session_id=r.session_id,
         )
 
     @property
@@ -80,7 +98,9 @@ def prompt_of(request: Request) -> list[int]:
     what the server's cache sees (two different ids may meet; a whole shared block by chance hardly)."""
     if request.prompt_token_ids:
         end = VOCAB_START + VOCAB_SPAN
-        return [t if 0 <= t < end else VOCAB_START + (t * 2654435761 >> 7) % VOCAB_SPAN for t in request.prompt_token_ids]
+        return [
+            t if 0 <= t < end else VOCAB_START + (t * 2654435761 >> 7) % VOCAB_SPAN for t in request.prompt_token_ids
+        ]
     seed = zlib.crc32(request.request_id.encode()) % VOCAB_SPAN  # the same ids in every run
     return [VOCAB_START + (seed + 7919 * k) % VOCAB_SPAN for k in range(request.prompt_len)]
 
@@ -98,8 +118,13 @@ async def _send(client: Any, model: str, item: Sent, start: float, timeout: floa
     reported = None
     try:
         stream = await client.completions.create(
-            model=model, prompt=prompt_of(r), max_tokens=max_tokens, temperature=r.sampling.temperature,
-            stream=True, stream_options={"include_usage": True}, extra_body=extra,
+            model=model,
+            prompt=prompt_of(r),
+            max_tokens=max_tokens,
+            temperature=r.sampling.temperature,
+            stream=True,
+            stream_options={"include_usage": True},
+            extra_body=extra,
         )
         async for chunk in stream:
             now = time.perf_counter() - start
@@ -145,14 +170,18 @@ def _refused(item: Sent, reported: object, max_tokens: int) -> str | None:
         # vLLM streams no chunk for a request that ends without a token (it drops empty chunks, finish reason
         # and all), only the usage: what its scheduler does with a request it can never run
         item.refused = True
-        return (f"the server ended it without a token or a finish reason (its scheduler could not run it: a prompt of "
-                f"{item.request.prompt_len} tokens past what one step or the KV cache takes)")
+        return (
+            f"the server ended it without a token or a finish reason (its scheduler could not run it: a prompt of "
+            f"{item.request.prompt_len} tokens past what one step or the KV cache takes)"
+        )
     if item.finish_reason not in FINISHED:
         return f"the stream ended with finish reason {item.finish_reason!r}, not {' or '.join(FINISHED)}"
     least = 1 if item.token_times else 0  # a streamed chunk carries a token
     if type(count) is not int or not least <= count <= max_tokens:
-        return (f"the server reported {quote(count)} completion tokens for a request of at most {max_tokens} "
-                f"({len(item.token_times)} chunks streamed)")
+        return (
+            f"the server reported {quote(count)} completion tokens for a request of at most {max_tokens} "
+            f"({len(item.token_times)} chunks streamed)"
+        )
     item.output_tokens = count
     return None
 
@@ -166,8 +195,9 @@ def _client_timeout(timeout: float):
     return Timeout(timeout, pool=None)
 
 
-async def _replay(url: str, model: str, requests: list[Request], api_key: str, on_done: Callable[[Sent], None] | None,
-                  timeout: float) -> list[Sent]:
+async def _replay(
+    url: str, model: str, requests: list[Request], api_key: str, on_done: Callable[[Sent], None] | None, timeout: float
+) -> list[Sent]:
     from openai import AsyncOpenAI
 
     client = AsyncOpenAI(base_url=api_base(url), api_key=api_key, max_retries=0, timeout=_client_timeout(timeout))
@@ -189,8 +219,15 @@ async def _replay(url: str, model: str, requests: list[Request], api_key: str, o
     return items
 
 
-def replay(url: str, model: str, requests: list[Request], api_key: str = "EMPTY",
-           on_done: Callable[[Sent], None] | None = None, *, timeout: float) -> list[Sent]:
+def replay(
+    url: str,
+    model: str,
+    requests: list[Request],
+    api_key: str = "EMPTY",
+    on_done: Callable[[Sent], None] | None = None,
+    *,
+    timeout: float,
+) -> list[Sent]:
     """Send every request at its arrival time to the server at ``url`` (``api_base``); the records, in arrival order."""
     return asyncio.run(_replay(url, model, requests, api_key, on_done, timeout))
 
@@ -227,19 +264,30 @@ def misfits(requests: list[Request], max_model_len: int | None) -> str | None:
     if not over:
         return None
     worst = max(over, key=lambda r: r.prompt_len + max_output(r))
-    return (f"{len(over):,} of {len(requests):,} requests need more than the server's context of {max_model_len:,} "
-            f"tokens (prompt + output; {worst.request_id}: {worst.prompt_len:,} + {max_output(worst):,}): "
-            "the server will refuse them")
+    return (
+        f"{len(over):,} of {len(requests):,} requests need more than the server's context of {max_model_len:,} "
+        f"tokens (prompt + output; {worst.request_id}: {worst.prompt_len:,} + {max_output(worst):,}): "
+        "the server will refuse them"
+    )
 
 
-def measured(url: str, model: str, load: Any, sent: list[Sent], label: str | None = None) -> tuple[list[RequestMetrics], dict]:
+def measured(
+    url: str, model: str, load: Any, sent: list[Sent], label: str | None = None
+) -> tuple[list[RequestMetrics], dict]:
     """The records and summary of ``load`` replayed (``sent``), as a simulation's: what ``engine bench``
     writes and ``engine leaderboard --real`` ranks beside the simulated policies."""
     from kvsched.metrics.requests import distribution, summarize
 
     metrics = [s.metrics() for s in sent]
     description = load.describe()
-    summary = summarize(None, metrics, policy=label or url, profile=f"measured at {url}", seed=description.get("seed"),
-                        workload=description, server={"url": url, "model": model},
-                        itl_s=distribution([gap for s in sent for gap in s.itls]))
+    summary = summarize(
+        None,
+        metrics,
+        policy=label or url,
+        profile=f"measured at {url}",
+        seed=description.get("seed"),
+        workload=description,
+        server={"url": url, "model": model},
+        itl_s=distribution([gap for s in sent for gap in s.itls]),
+    )
     return metrics, summary

@@ -114,15 +114,21 @@ def search(try_load: Callable[[float], Load], tolerance: float = 0.05) -> Search
     return found
 
 
-def run_capacity(contenders: list[str], seeds: list[int], evaluate: Callable[[str, int, float], Load], baseline: str,
-                 tolerance: float = 0.05,
-                 on_done: Callable[[], None] | None = None) -> tuple[dict[str, list[Search]], Contest]:
+def run_capacity(
+    contenders: list[str],
+    seeds: list[int],
+    evaluate: Callable[[str, int, float], Load],
+    baseline: str,
+    tolerance: float = 0.05,
+    on_done: Callable[[], None] | None = None,
+) -> tuple[dict[str, list[Search]], Contest]:
     """Each contender's search on each seed (``evaluate(contender, seed, scale)`` simulates one load), and the
     capacities as a ``Contest`` (the seeds its paired units)."""
     searches: dict[str, list[Search]] = {}
     for contender in contenders:
         searches[contender] = []
         for seed in seeds:
+
             def try_load(scale: float, contender=contender, seed=seed) -> Load:
                 load = evaluate(contender, seed, scale)
                 if on_done is not None:

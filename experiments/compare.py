@@ -17,8 +17,24 @@ from kvsched.core.config import EngineConfig
 from kvsched.experiments.evidence import METRICS, Contest, cell_text, change_text, class_metric, rank_cell, unit_row
 
 # The rows of the comparison table, by experiments.evidence.METRICS key
-ROWS = ("finished", "ignored", "aborted", "dropped_share", "requests_per_s", "output_tokens_per_s", "ttft_mean_s", "ttft_p50_s",
-        "ttft_p99_s", "tpot_mean_s", "tpot_p99_s", "e2e_p50_s", "e2e_p99_s", "preempt_recompute", "recompute_tax", "prefix_hit_rate")
+ROWS = (
+    "finished",
+    "ignored",
+    "aborted",
+    "dropped_share",
+    "requests_per_s",
+    "output_tokens_per_s",
+    "ttft_mean_s",
+    "ttft_p50_s",
+    "ttft_p99_s",
+    "tpot_mean_s",
+    "tpot_p99_s",
+    "e2e_p50_s",
+    "e2e_p99_s",
+    "preempt_recompute",
+    "recompute_tax",
+    "prefix_hit_rate",
+)
 PRIMARY = "ttft_mean_s"  # what the rank row ranks by
 
 
@@ -86,8 +102,14 @@ def seed_workloads(build: Callable[[int], Any], seed: int, seeds: int) -> list:
     return first if len(first) < 2 else first + [build(s) for s in range(seed + 2, seed + seeds)]
 
 
-def run_policies(contenders: list[Contender], labels: list[str], workloads: list, config: EngineConfig, profile: str,
-                 on_done: Callable[[], None] | None = None) -> list[PolicyRun]:
+def run_policies(
+    contenders: list[Contender],
+    labels: list[str],
+    workloads: list,
+    config: EngineConfig,
+    profile: str,
+    on_done: Callable[[], None] | None = None,
+) -> list[PolicyRun]:
     """Simulate each of ``workloads`` (one per seed, the same for every contender) once per contender; ``on_done`` after each."""
     from kvsched.experiments.simulation import SimJob
 
@@ -95,7 +117,9 @@ def run_policies(contenders: list[Contender], labels: list[str], workloads: list
     for contender, label in zip(contenders, labels):
         run = PolicyRun(label)
         for workload in workloads:
-            outcome = SimJob(workload, contender.spec, config, profile, contender.options or None, record_timeseries=False).run()
+            outcome = SimJob(
+                workload, contender.spec, config, profile, contender.options or None, record_timeseries=False
+            ).run()
             run.summaries.append(outcome.summary)
             done = [r for r in outcome.result.requests if r.ttft is not None]
             run.ttft += [r.ttft for r in done]
@@ -125,14 +149,30 @@ def table(runs: list[PolicyRun], baseline: str) -> tuple[list[str], list[list[st
         m = METRICS[key]
         if key == "prefix_hit_rate" and all(game.values(c, m) is None for c in game.contenders):
             continue  # a single engine reports no prefix hits: a fleet does
-        rows.append(_row(game, m.heading, lambda c, m=m: cell_text(game.cell(c, m), m), lambda c, m=m: change_text(game.change(c, m), m)))
+        rows.append(
+            _row(
+                game,
+                m.heading,
+                lambda c, m=m: cell_text(game.cell(c, m), m),
+                lambda c, m=m: change_text(game.change(c, m), m),
+            )
+        )
     classes = dict.fromkeys(k for unit in game.rows[baseline] for k in unit if "|" in k)  # per class, in the order met
     for key in classes:
         m = class_metric(key)
-        rows.append(_row(game, m.heading, lambda c, m=m: cell_text(game.cell(c, m), m), lambda c, m=m: change_text(game.change(c, m), m)))
+        rows.append(
+            _row(
+                game,
+                m.heading,
+                lambda c, m=m: cell_text(game.cell(c, m), m),
+                lambda c, m=m: change_text(game.change(c, m), m),
+            )
+        )
     rows.append(_row(game, "warnings", lambda c: str(len(warnings_of(runs, c))), lambda c: ""))
     predictors = {run.policy: sorted({s.get("length_predictor") or "–" for s in run.summaries}) for run in runs}
-    if any(p != ["–"] for p in predictors.values()):  # what a policy knew of output lengths (policies/length_predictors.py)
+    if any(
+        p != ["–"] for p in predictors.values()
+    ):  # what a policy knew of output lengths (policies/length_predictors.py)
         rows.append(_row(game, "length predictor", lambda c: ", ".join(predictors[c]), lambda c: ""))
     return head, rows
 
@@ -157,8 +197,10 @@ def split_options(pairs: dict[str, str], policies: list[str]) -> dict[str, dict[
     dotted name starts with (a file policy's path holds dots of its own)."""
     out: dict[str, dict[str, str]] = {}
     for dotted, value in pairs.items():
-        name = max((p for p in policies if dotted.startswith(p + ".") and len(dotted) > len(p) + 1), key=len, default=None)
+        name = max(
+            (p for p in policies if dotted.startswith(p + ".") and len(dotted) > len(p) + 1), key=len, default=None
+        )
         if name is None:
             raise ValueError(f"--policy-opt is POLICY.KEY=VALUE with POLICY one of {policies}, got {dotted!r}")
-        out.setdefault(name, {})[dotted[len(name) + 1:]] = value
+        out.setdefault(name, {})[dotted[len(name) + 1 :]] = value
     return out

@@ -42,26 +42,29 @@ class Metric:
         return int(self.fmt[-3])
 
 
-METRICS = {m.key: m for m in (
-    Metric("ttft_mean_s", "TTFT mean", "s", 1, "{:.3f}"),
-    Metric("ttft_p50_s", "TTFT p50", "s", 1, "{:.3f}"),
-    Metric("ttft_p99_s", "TTFT p99", "s", 1, "{:.3f}"),
-    Metric("tpot_mean_s", "TPOT mean", "ms", 1000, "{:.1f}"),
-    Metric("tpot_p99_s", "TPOT p99", "ms", 1000, "{:.1f}"),
-    Metric("e2e_p50_s", "E2E p50", "s", 1, "{:.2f}"),
-    Metric("e2e_p99_s", "E2E p99", "s", 1, "{:.2f}"),
-    Metric("output_tokens_per_s", "throughput", "tok/s", 1, "{:.0f}", lower_is_better=False),
-    Metric("requests_per_s", "throughput", "req/s", 1, "{:.3f}", lower_is_better=False),
-    Metric("recompute_tax", "recompute tax", "%", 100, "{:.1f}"),
-    Metric("preempt_recompute", "preemptions", "", 1, "{:.0f}"),
-    Metric("finished", "finished", "", 1, "{:.0f}", lower_is_better=False),
-    Metric("ignored", "ignored", "", 1, "{:.0f}"),
-    Metric("aborted", "aborted", "", 1, "{:.0f}"),
-    Metric("dropped_share", "not served", "%", 100, "{:.1f}"),
-    Metric("prefix_hit_rate", "prefix hits", "%", 100, "{:.1f}", lower_is_better=False),
-    Metric("goodput_req_per_s", "SLO goodput", "req/s", 1, "{:.3f}", lower_is_better=False),
-    Metric("slo_attainment", "SLO attainment", "%", 100, "{:.1f}", lower_is_better=False),
-)}
+METRICS = {
+    m.key: m
+    for m in (
+        Metric("ttft_mean_s", "TTFT mean", "s", 1, "{:.3f}"),
+        Metric("ttft_p50_s", "TTFT p50", "s", 1, "{:.3f}"),
+        Metric("ttft_p99_s", "TTFT p99", "s", 1, "{:.3f}"),
+        Metric("tpot_mean_s", "TPOT mean", "ms", 1000, "{:.1f}"),
+        Metric("tpot_p99_s", "TPOT p99", "ms", 1000, "{:.1f}"),
+        Metric("e2e_p50_s", "E2E p50", "s", 1, "{:.2f}"),
+        Metric("e2e_p99_s", "E2E p99", "s", 1, "{:.2f}"),
+        Metric("output_tokens_per_s", "throughput", "tok/s", 1, "{:.0f}", lower_is_better=False),
+        Metric("requests_per_s", "throughput", "req/s", 1, "{:.3f}", lower_is_better=False),
+        Metric("recompute_tax", "recompute tax", "%", 100, "{:.1f}"),
+        Metric("preempt_recompute", "preemptions", "", 1, "{:.0f}"),
+        Metric("finished", "finished", "", 1, "{:.0f}", lower_is_better=False),
+        Metric("ignored", "ignored", "", 1, "{:.0f}"),
+        Metric("aborted", "aborted", "", 1, "{:.0f}"),
+        Metric("dropped_share", "not served", "%", 100, "{:.1f}"),
+        Metric("prefix_hit_rate", "prefix hits", "%", 100, "{:.1f}", lower_is_better=False),
+        Metric("goodput_req_per_s", "SLO goodput", "req/s", 1, "{:.3f}", lower_is_better=False),
+        Metric("slo_attainment", "SLO attainment", "%", 100, "{:.1f}", lower_is_better=False),
+    )
+}
 
 
 def check_metrics(names: list[str]) -> list[Metric]:
@@ -81,8 +84,10 @@ def unit_row(summary: dict[str, Any]) -> dict[str, Any]:
     from kvsched.metrics.classes import class_rows
 
     row = summary_metrics(summary)
-    shares = {"dropped_share": dropped_share(row, summary.get("num_requests")),
-              "prefix_hit_rate": summary.get("prefix_hit_rate")}
+    shares = {
+        "dropped_share": dropped_share(row, summary.get("num_requests")),
+        "prefix_hit_rate": summary.get("prefix_hit_rate"),
+    }
     return {**row, **shares, **class_rows(summary)}
 
 
@@ -157,12 +162,22 @@ class Contest:
 
     def as_dict(self, metrics: list[Metric]) -> dict[str, Any]:
         """Every cell, change and rank range of ``metrics`` (for JSON)."""
-        return {"baseline": self.baseline, "units": self.units, "level": self.level, "metrics": {
-            m.key: {"ranks": {c: list(r) for c, r in self.ranks(m).items()},
-                    "cells": {c: (e.as_dict() | {"values": self.values(c, m)}) if (e := self.cell(c, m)) else None
-                              for c in self.rows},
-                    "changes": {c: ch.as_dict() if (ch := self.change(c, m)) else None for c in self.rows}}
-            for m in metrics}}
+        return {
+            "baseline": self.baseline,
+            "units": self.units,
+            "level": self.level,
+            "metrics": {
+                m.key: {
+                    "ranks": {c: list(r) for c, r in self.ranks(m).items()},
+                    "cells": {
+                        c: (e.as_dict() | {"values": self.values(c, m)}) if (e := self.cell(c, m)) else None
+                        for c in self.rows
+                    },
+                    "changes": {c: ch.as_dict() if (ch := self.change(c, m)) else None for c in self.rows},
+                }
+                for m in metrics
+            },
+        }
 
 
 def cell_text(cell: Estimate | None, metric: Metric) -> str:
@@ -205,8 +220,10 @@ def rank_cell(ranks: dict[str, tuple[int, int]], contender: str) -> str:
 def statistics_note(level: float = LEVEL) -> str:
     """What a table's intervals, changes and ranks are (printed under every ranked table)."""
     pct = round(100 * level)
-    return (f"Intervals are {pct}% intervals over the runs (log-transformed: they stay above zero). "
-            f"A change is paired, run by run on the same workloads and seeds, against the baseline: "
-            f"a ratio's geometric mean as a percentage, or, where a value can be 0, the mean difference; "
-            f"{SIGNIFICANT} marks one whose {pct}% interval excludes no change. "
-            f"A rank such as 2–4 is not resolved: the paired differences cannot place it more closely.")
+    return (
+        f"Intervals are {pct}% intervals over the runs (log-transformed: they stay above zero). "
+        f"A change is paired, run by run on the same workloads and seeds, against the baseline: "
+        f"a ratio's geometric mean as a percentage, or, where a value can be 0, the mean difference; "
+        f"{SIGNIFICANT} marks one whose {pct}% interval excludes no change. "
+        f"A rank such as 2–4 is not resolved: the paired differences cannot place it more closely."
+    )

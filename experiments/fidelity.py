@@ -18,12 +18,19 @@ import statistics
 from pathlib import Path
 
 TARGETS = {"e2e_median": 0.07, "ttft_mean": 0.10, "ttft_p99": 0.20}
-GAIN_METRICS = {"ttft_mean": ("ttft_s", "mean"), "ttft_p99": ("ttft_s", "p99"), "e2e_mean": ("e2e_s", "mean"),
-                # mean TTFT in makespans: a machine uniformly slower during one run (other jobs) scales both alike
-                "ttft_mean/makespan": ("ttft_s", "mean", "duration_s"),
-                # a tiered workload's: what sla-tiers claims (kept only where the summaries have it: class_means)
-                "interactive ttft_mean": ("ttft_interactive_s", "mean")}
-TOLERANCE = {"points": 0.05, "relative": 0.25}  # size agrees: |measured - simulated| <= max(5 points, 25 % of simulated)
+GAIN_METRICS = {
+    "ttft_mean": ("ttft_s", "mean"),
+    "ttft_p99": ("ttft_s", "p99"),
+    "e2e_mean": ("e2e_s", "mean"),
+    # mean TTFT in makespans: a machine uniformly slower during one run (other jobs) scales both alike
+    "ttft_mean/makespan": ("ttft_s", "mean", "duration_s"),
+    # a tiered workload's: what sla-tiers claims (kept only where the summaries have it: class_means)
+    "interactive ttft_mean": ("ttft_interactive_s", "mean"),
+}
+TOLERANCE = {
+    "points": 0.05,
+    "relative": 0.25,
+}  # size agrees: |measured - simulated| <= max(5 points, 25 % of simulated)
 MIN_EFFECT = 0.02  # a gain under 2 % (or under the baseline's spread, if larger) is no effect
 
 
@@ -56,10 +63,12 @@ def sim_errors(sim: dict, real: dict, sim_e2e: dict[str, float], real_e2e: dict[
     """The simulation's error against one measured run: median |per-request E2E error|, signed TTFT mean and p99 errors."""
     common = [rid for rid in real_e2e if rid in sim_e2e and real_e2e[rid] > 0]
     per_request = [abs(sim_e2e[rid] - real_e2e[rid]) / real_e2e[rid] for rid in common]
-    return {"e2e_median": statistics.median(per_request) if per_request else None,
-            "ttft_mean": relative(metric(sim, "ttft_mean"), metric(real, "ttft_mean")),
-            "ttft_p99": relative(metric(sim, "ttft_p99"), metric(real, "ttft_p99")),
-            "matched_requests": len(common)}
+    return {
+        "e2e_median": statistics.median(per_request) if per_request else None,
+        "ttft_mean": relative(metric(sim, "ttft_mean"), metric(real, "ttft_mean")),
+        "ttft_p99": relative(metric(sim, "ttft_p99"), metric(real, "ttft_p99")),
+        "matched_requests": len(common),
+    }
 
 
 def effect(gain: float | None, band: float) -> int:
@@ -94,11 +103,14 @@ def compare_gains(baseline: str, sim: dict[str, dict], real: dict[str, list[dict
         measured = relative(statistics.fmean(values), base)
         spread_gains = [relative(v, b) for v in values for b in bases]
         tolerance = max(TOLERANCE["points"], TOLERANCE["relative"] * abs(simulated or 0.0))
-        rows[policy] = {"simulated": simulated, "measured": measured,
-                        "measured_range": [min(spread_gains), max(spread_gains)],
-                        "sign": sign(effect(simulated, MIN_EFFECT), effect(measured, band)),
-                        "size_agrees": simulated is not None and measured is not None and abs(measured - simulated) <= tolerance,
-                        "tolerance": tolerance}
+        rows[policy] = {
+            "simulated": simulated,
+            "measured": measured,
+            "measured_range": [min(spread_gains), max(spread_gains)],
+            "sign": sign(effect(simulated, MIN_EFFECT), effect(measured, band)),
+            "size_agrees": simulated is not None and measured is not None and abs(measured - simulated) <= tolerance,
+            "tolerance": tolerance,
+        }
     return {"metric": name, "baseline": baseline, "noise_band": band, "baseline_spread": spread, "policies": rows}
 
 
@@ -112,19 +124,26 @@ SIGN_CELLS = {"agrees": "agrees", "disagrees": "**disagrees**", "noise": "**with
 
 
 def gains_table(gains: dict) -> list[str]:
-    lines = [f"| policy | simulated {gains['metric']} | measured (range over baseline repeats) | sign | size |",
-             "|---|---|---|---|---|"]
+    lines = [
+        f"| policy | simulated {gains['metric']} | measured (range over baseline repeats) | sign | size |",
+        "|---|---|---|---|---|",
+    ]
     for policy, r in gains["policies"].items():
         low, high = r["measured_range"]
-        lines.append(f"| {policy} | {pct(r['simulated'])} | {pct(r['measured'])} ({pct(low)} … {pct(high)}) | "
-                     f"{SIGN_CELLS[r['sign']]} | "
-                     f"{'within' if r['size_agrees'] else '**outside**'} ±{100 * r['tolerance']:.0f} pt |")
+        lines.append(
+            f"| {policy} | {pct(r['simulated'])} | {pct(r['measured'])} ({pct(low)} … {pct(high)}) | "
+            f"{SIGN_CELLS[r['sign']]} | "
+            f"{'within' if r['size_agrees'] else '**outside**'} ±{100 * r['tolerance']:.0f} pt |"
+        )
     return lines
 
 
 def errors_table(runs: list[dict]) -> list[str]:
-    lines = ["| run | median per-request E2E error | TTFT mean error | TTFT p99 error | mean TTFT measured / simulated (s) | "
-             "measured TPOT ÷ simulated | preemptions measured / simulated |", "|---|---|---|---|---|---|---|"]
+    lines = [
+        "| run | median per-request E2E error | TTFT mean error | TTFT p99 error | mean TTFT measured / simulated (s) | "
+        "measured TPOT ÷ simulated | preemptions measured / simulated |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for run in runs:
         e = run["errors"]
 
@@ -132,9 +151,12 @@ def errors_table(runs: list[dict]) -> list[str]:
             value = e[key]
             miss = value is not None and abs(value) > TARGETS[key]
             return f"**{pct(value, signed)}**" if miss else pct(value, signed)
-        lines.append(f"| {run['label']} | {cell('e2e_median', False)} | {cell('ttft_mean')} | {cell('ttft_p99')} | "
-                     f"{metric(run['real'], 'ttft_mean'):.2f} / {metric(run['sim'], 'ttft_mean'):.2f} | "
-                     f"{run['real']['tpot_s']['mean'] / run['sim']['tpot_s']['mean']:.2f}× | {preemptions(run['real'])} / {preemptions(run['sim'])} |")
+
+        lines.append(
+            f"| {run['label']} | {cell('e2e_median', False)} | {cell('ttft_mean')} | {cell('ttft_p99')} | "
+            f"{metric(run['real'], 'ttft_mean'):.2f} / {metric(run['sim'], 'ttft_mean'):.2f} | "
+            f"{run['real']['tpot_s']['mean'] / run['sim']['tpot_s']['mean']:.2f}× | {preemptions(run['real'])} / {preemptions(run['sim'])} |"
+        )
     return lines
 
 
@@ -148,8 +170,13 @@ def markdown(result: dict) -> str:
     """The Markdown tables of a result (``benchmarks/fidelity_policies.py``'s JSON): gains, then errors."""
     out = []
     for gains in result["gains"]:
-        out += [f"Gain in {gains['metric']} against {gains['baseline']} (noise band ±{100 * gains['noise_band']:.1f} %: "
-                f"the baseline's repeats differ by up to {100 * gains['baseline_spread']:.1f} %)", "", *gains_table(gains), ""]
+        out += [
+            f"Gain in {gains['metric']} against {gains['baseline']} (noise band ±{100 * gains['noise_band']:.1f} %: "
+            f"the baseline's repeats differ by up to {100 * gains['baseline_spread']:.1f} %)",
+            "",
+            *gains_table(gains),
+            "",
+        ]
     targets = ", ".join(f"{k} ≤ {100 * v:.0f} %" for k, v in TARGETS.items())
     out += [f"The simulation's error per run (targets: {targets}; misses in bold)", "", *errors_table(result["runs"])]
     return "\n".join(out) + "\n"
@@ -163,6 +190,9 @@ def build(result_runs: list[dict], baseline: str = "vllm-v1") -> dict:
         real.setdefault(r["policy"], []).append(r["real"])
     if baseline not in real:
         return []
-    present = [name for name, (group, *_) in GAIN_METRICS.items()
-               if all(group in r["sim"] and group in r["real"] for r in result_runs)]
+    present = [
+        name
+        for name, (group, *_) in GAIN_METRICS.items()
+        if all(group in r["sim"] and group in r["real"] for r in result_runs)
+    ]
     return [compare_gains(baseline, sim, real, name) for name in present]

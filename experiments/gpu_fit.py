@@ -34,9 +34,17 @@ from kvsched.executors.roofline import RooflineProfile, step_time
 from kvsched.executors.step_work import AttentionWork
 from kvsched.experiments.validation import Experiment, validate
 
-FIELDS = ("flops_share", "attention_flops_share", "bandwidth_share", "allreduce_us", "step_ms", "layer_us",
-          "request_us",
-          "api_ms", "response_ms")
+FIELDS = (
+    "flops_share",
+    "attention_flops_share",
+    "bandwidth_share",
+    "allreduce_us",
+    "step_ms",
+    "layer_us",
+    "request_us",
+    "api_ms",
+    "response_ms",
+)
 SHARES = {"flops_share", "attention_flops_share", "bandwidth_share"}
 FITTED = (("e2e", "request_latency"), ("ttft", "time_to_first_token"))
 WEIGHTS = {"mean": 1.0, "p90": 0.5, "p99": 0.25}
@@ -44,8 +52,18 @@ HUBER = 0.2  # log errors past about 20 % count linearly, not squared: a run's w
 # pulls each parameter (in log or logit space) towards its prior: what the runs cannot tell apart stays put
 PRIOR_WEIGHT = 0.01
 # Where every fit starts: round numbers of the kind BLIS's roofline uses, not fitted to anything.
-PRIORS = Efficiency(flops_share=0.6, attention_flops_share=0.4, bandwidth_share=0.8, allreduce_us=10.0, step_ms=1.0,
-                    layer_us=10.0, request_us=20.0, api_ms=10.0, response_ms=2.0, fitted_on="")
+PRIORS = Efficiency(
+    flops_share=0.6,
+    attention_flops_share=0.4,
+    bandwidth_share=0.8,
+    allreduce_us=10.0,
+    step_ms=1.0,
+    layer_us=10.0,
+    request_us=20.0,
+    api_ms=10.0,
+    response_ms=2.0,
+    fitted_on="",
+)
 
 
 OVERLOAD_TTFT_S = 5.0  # a stage whose mean TTFT passes this is queueing, not computing
@@ -138,26 +156,44 @@ class Tape:
 def record(experiment: Experiment, profile: RooflineProfile, seed: int = 0, scale: float = 1.0) -> Tape:
     """Simulate ``experiment`` (its stages cut to ``scale`` of their length) and keep its tape."""
     tap, steps = _Tap(profile), []
-    result = validate(experiment, None, seed=seed, profile=tap, scale=scale,
-                      on_step=lambda r: steps.append((r.started if r.started is not None else r.now - r.duration,
-                                                      r.now)))
+    result = validate(
+        experiment,
+        None,
+        seed=seed,
+        profile=tap,
+        scale=scale,
+        on_step=lambda r: steps.append((r.started if r.started is not None else r.now - r.duration, r.now)),
+    )
     started, ends = np.array([s for s, _ in steps]), np.array([e for _, e in steps])
-    ok = [r for r in result.records if r.first_token_time is not None and r.finish_time is not None
-          and r.status in ("FINISHED_STOPPED", "FINISHED_LENGTH_CAPPED")]
-    tape = Tape(experiment, dict(profile.sizes), np.array([s or (0,) * 8 for s in tap.shapes], dtype=float),
-                (ends - started) - np.array(tap.times), np.array([int(r.request_id[1:].split("-")[0]) for r in ok]),
-                np.array([r.first_scheduled_time - r.arrival_time for r in ok]),
-                np.searchsorted(started, [r.first_scheduled_time for r in ok], side="left"),
-                np.searchsorted(ends, [r.first_token_time for r in ok], side="left"),
-                np.searchsorted(ends, [r.finish_time for r in ok], side="left"),
-                {int(n.split("_")[1]): experiment.recorded[n]["successes"] for n in experiment.stages})
+    ok = [
+        r
+        for r in result.records
+        if r.first_token_time is not None
+        and r.finish_time is not None
+        and r.status in ("FINISHED_STOPPED", "FINISHED_LENGTH_CAPPED")
+    ]
+    tape = Tape(
+        experiment,
+        dict(profile.sizes),
+        np.array([s or (0,) * 8 for s in tap.shapes], dtype=float),
+        (ends - started) - np.array(tap.times),
+        np.array([int(r.request_id[1:].split("-")[0]) for r in ok]),
+        np.array([r.first_scheduled_time - r.arrival_time for r in ok]),
+        np.searchsorted(started, [r.first_scheduled_time for r in ok], side="left"),
+        np.searchsorted(ends, [r.first_token_time for r in ok], side="left"),
+        np.searchsorted(ends, [r.finish_time for r in ok], side="left"),
+        {int(n.split("_")[1]): experiment.recorded[n]["successes"] for n in experiment.stages},
+    )
     tape.base = tape.durations(profile.hardware.efficiency)
     # A stage the simulation queued (its mean TTFT ten times the real one's and over a second) while the real run
     # did not: re-timing keeps its queue (each request still starts in the step it started in), so it would only
     # pull the fit; left out of this round's loss, it is back in the next round's once the fit has freed it.
     real = {st: r["latency"]["time_to_first_token"]["mean"] for st, r in tape.recorded.items()}
-    tape.queued = frozenset(st for st, v in tape.retime(profile.hardware.efficiency).items()
-                            if float(np.mean(v["ttft"])) > max(1.0, 10 * real[st]))
+    tape.queued = frozenset(
+        st
+        for st, v in tape.retime(profile.hardware.efficiency).items()
+        if float(np.mean(v["ttft"])) > max(1.0, 10 * real[st])
+    )
     return tape
 
 
@@ -173,8 +209,15 @@ def fit(tapes: Sequence[Tape], start: Efficiency, iterations: int = 1500) -> Eff
     return _efficiency(nelder_mead(loss, x0, iterations), start)
 
 
-def calibrate(experiments: Sequence[Experiment], profiles: Callable[[Experiment, Efficiency], RooflineProfile],
-              start: Efficiency, rounds: int = 2, scale: float = 0.25, seed: int = 0, log=print) -> Efficiency:
+def calibrate(
+    experiments: Sequence[Experiment],
+    profiles: Callable[[Experiment, Efficiency], RooflineProfile],
+    start: Efficiency,
+    rounds: int = 2,
+    scale: float = 0.25,
+    seed: int = 0,
+    log=print,
+) -> Efficiency:
     """Fit ``Efficiency`` to ``experiments`` in ``rounds`` (``profiles``: an experiment's profile with efficiencies)."""
     e = start
     for n in range(rounds):
@@ -185,8 +228,10 @@ def calibrate(experiments: Sequence[Experiment], profiles: Callable[[Experiment,
                 log(f"  {t.experiment.name}: stage {stages} queued in simulation only: not fitted this round")
         before = sum(t.loss(e) for t in tapes)
         e = fit(tapes, e)
-        log(f"round {n + 1}: loss {before:.4f} -> {sum(t.loss(e) for t in tapes):.4f}: "
-            + ", ".join(f"{f} {getattr(e, f):.4g}" for f in FIELDS))
+        log(
+            f"round {n + 1}: loss {before:.4f} -> {sum(t.loss(e) for t in tapes):.4f}: "
+            + ", ".join(f"{f} {getattr(e, f):.4g}" for f in FIELDS)
+        )
     return e
 
 

@@ -23,14 +23,33 @@ from kvsched.experiments.compare import Contender
 from kvsched.experiments.evidence import Contest, Metric, cell_text, change_text, rank_text
 from kvsched.metrics.confidence import LEVEL
 
-DEFAULT_METRICS = ("ttft_mean_s", "ttft_p99_s", "e2e_p50_s", "e2e_p99_s", "output_tokens_per_s", "recompute_tax", "dropped_share")
-DEFAULT_POLICIES = ("vllm-v1", "lcf", "residual-sjf", "session-affinity", "cache-affinity", "ewsjf", "sjf-aging", "sla-tiers", "hrrn")
+DEFAULT_METRICS = (
+    "ttft_mean_s",
+    "ttft_p99_s",
+    "e2e_p50_s",
+    "e2e_p99_s",
+    "output_tokens_per_s",
+    "recompute_tax",
+    "dropped_share",
+)
+DEFAULT_POLICIES = (
+    "vllm-v1",
+    "lcf",
+    "residual-sjf",
+    "session-affinity",
+    "cache-affinity",
+    "ewsjf",
+    "sjf-aging",
+    "sla-tiers",
+    "hrrn",
+)
 # ShareGPT's lengths cut to the model's context (nothing ignored) at 2.5 req/s Poisson, where KV blocks run short and
 # requests are preempted; multi-turn sessions on shared system prompts in three SLO tiers (the prefix-aware and the
 # tiered proposals' workload), KV pressure on both. Queues build on both, which is where orderings differ.
 DEFAULT_WORKLOADS = ("sharegpt-4k@2.5", "tiered-sessions")
 DEFAULT_REQUESTS = 200  # of a built-in trace, without -n: a board of the defaults in a few minutes on two cores
 MAX_RUNS = 10_000  # simulations a board runs at most, counted before any
+
 
 @dataclass(frozen=True)
 class BoardWorkload:
@@ -50,7 +69,9 @@ class BoardWorkload:
             try:
                 number = float(given[1:] if given.startswith("x") else given)
             except ValueError:
-                raise ValueError(f"--workload {text!r}: after @ comes a rate in req/s (@6) or a rate scale (@x1.5), got {given!r}") from None
+                raise ValueError(
+                    f"--workload {text!r}: after @ comes a rate in req/s (@6) or a rate scale (@x1.5), got {given!r}"
+                ) from None
             if not (math.isfinite(number) and number > 0):
                 raise ValueError(f"--workload {text!r}: the number after @ must be positive")
             rate, scale = (rate, number) if given.startswith("x") else (number, 1.0)
@@ -65,7 +86,13 @@ class BoardWorkload:
 
         if num_requests is None and is_trace(self.name):
             num_requests = DEFAULT_REQUESTS
-        return {"workload": self.name, "num_requests": num_requests, "rate": self.rate, "rate_scale": self.rate_scale, "seed": seed}
+        return {
+            "workload": self.name,
+            "num_requests": num_requests,
+            "rate": self.rate,
+            "rate_scale": self.rate_scale,
+            "seed": seed,
+        }
 
 
 @dataclass
@@ -95,8 +122,14 @@ class Board:
         return Contest({p: [row for k in keys for row in self.rows[k][p]] for p in self.labels}, self.baseline)
 
 
-def plan(policies: list[Contender], workloads: list[BoardWorkload], num_requests: int | None, seed: int, seeds: int,
-         profile: str) -> tuple[dict[str, list[int]], dict[str, dict]]:
+def plan(
+    policies: list[Contender],
+    workloads: list[BoardWorkload],
+    num_requests: int | None,
+    seed: int,
+    seeds: int,
+    profile: str,
+) -> tuple[dict[str, list[int]], dict[str, dict]]:
     """Check every policy, workload and the profile, and find each workload's seeds (one where the seed
     does not change its requests), before anything runs."""
     from kvsched.core.loading import load_policy
@@ -123,8 +156,13 @@ def plan(policies: list[Contender], workloads: list[BoardWorkload], num_requests
     return seed_lists, described
 
 
-def run_board(board: Board, num_requests: int | None, profile: str, workers: int | None = None,
-              on_done: Callable[[dict], None] | None = None) -> Board:
+def run_board(
+    board: Board,
+    num_requests: int | None,
+    profile: str,
+    workers: int | None = None,
+    on_done: Callable[[dict], None] | None = None,
+) -> Board:
     """Simulate every policy on every workload and seed of ``board`` (``plan``'s seeds), a sweep per workload and seed."""
     from kvsched.experiments.evidence import dropped_share
     from kvsched.experiments.sweep import Point, SweepSpec, run_sweep
@@ -133,16 +171,30 @@ def run_board(board: Board, num_requests: int | None, profile: str, workers: int
     for w in board.workloads:
         runs: dict[str, list[dict]] = {p: [] for p in board.labels}
         for s in board.seeds[w.text]:
-            rows = run_sweep(SweepSpec(w.options(num_requests, s), base_settings=board.settings, profile=profile), points, workers, on_done)
+            rows = run_sweep(
+                SweepSpec(w.options(num_requests, s), base_settings=board.settings, profile=profile),
+                points,
+                workers,
+                on_done,
+            )
             for label, row in zip(board.labels, rows):  # a sweep's rows come back in the order of its points
                 runs[label].append({**row, "dropped_share": dropped_share(row, row.get("num_requests"))})
         board.rows[w.text] = runs
     return board
 
 
-def measure(board: Board, url: str, num_requests: int | None, label: str | None, model: str,
-            api_key: str = "EMPTY", on_done: Callable[[Any], None] | None = None, *, timeout: float,
-            warn: Callable[[str], None] | None = None) -> None:
+def measure(
+    board: Board,
+    url: str,
+    num_requests: int | None,
+    label: str | None,
+    model: str,
+    api_key: str = "EMPTY",
+    on_done: Callable[[Any], None] | None = None,
+    *,
+    timeout: float,
+    warn: Callable[[str], None] | None = None,
+) -> None:
     """Replay each workload (its first seed) once against the served engine at ``url`` (serving ``model``), as
     ``engine bench`` does, and keep its metrics beside the simulated cells; ``warn`` hears of a workload
     that does not fit the server's context (``max_model_len``, None if the server does not say) before its replay."""
@@ -158,9 +210,16 @@ def measure(board: Board, url: str, num_requests: int | None, label: str | None,
         if note and warn is not None:
             warn(f"{w.text}: {note}")
         _, summary = measured(url, model, load, replay(url, model, requests, api_key, on_done, timeout=timeout), label)
-        board.measured[w.text] = {"label": label or url, "url": url, "model": model, "seed": board.seeds[w.text][0],
-                                  "metrics": summary_metrics(summary), "finished": summary["finished"],
-                                  "aborted": summary["aborted"], "ignored": summary["ignored"]}
+        board.measured[w.text] = {
+            "label": label or url,
+            "url": url,
+            "model": model,
+            "seed": board.seeds[w.text][0],
+            "metrics": summary_metrics(summary),
+            "finished": summary["finished"],
+            "aborted": summary["aborted"],
+            "ignored": summary["ignored"],
+        }
 
 
 def versions() -> dict[str, str]:
@@ -169,7 +228,12 @@ def versions() -> dict[str, str]:
 
     from kvsched import __version__
 
-    return {"kvsched": __version__, "python": platform.python_version(), "numpy": numpy.__version__, "platform": platform.platform()}
+    return {
+        "kvsched": __version__,
+        "python": platform.python_version(),
+        "numpy": numpy.__version__,
+        "platform": platform.platform(),
+    }
 
 
 def board_json(board: Board, command: str, profile: str, num_requests: int | None) -> dict[str, Any]:
@@ -182,28 +246,71 @@ def board_json(board: Board, command: str, profile: str, num_requests: int | Non
             warnings = sorted({x for row in board.rows[w.text][p] for x in filter(None, row["warnings"].split("; "))})
             for m in board.metrics:
                 c, change = game.cell(p, m), game.change(p, m)
-                cells.append({"workload": w.text, "policy": p, "metric": m.key,
-                              **(c.as_dict() if c else {"mean": None, "n": 0}), "values": game.values(p, m), "text": cell_text(c, m),
-                              "change": change.as_dict() | {"text": change_text(change, m)} if change else None,
-                              "seeds": board.seeds[w.text], "warnings": warnings})
+                cells.append(
+                    {
+                        "workload": w.text,
+                        "policy": p,
+                        "metric": m.key,
+                        **(c.as_dict() if c else {"mean": None, "n": 0}),
+                        "values": game.values(p, m),
+                        "text": cell_text(c, m),
+                        "change": change.as_dict() | {"text": change_text(change, m)} if change else None,
+                        "seeds": board.seeds[w.text],
+                        "warnings": warnings,
+                    }
+                )
     pooled = board.contest()
     return {
-        "command": command, "versions": versions(), "level": LEVEL, "profile": profile, "num_requests": num_requests,
-        "settings": board.settings, "primary": board.primary.key, "baseline": board.baseline,
-        "metrics": [{"key": m.key, "label": m.label, "unit": m.unit, "scale": m.scale, "decimals": m.decimals,
-                     "better": "lower" if m.lower_is_better else "higher"} for m in board.metrics],
+        "command": command,
+        "versions": versions(),
+        "level": LEVEL,
+        "profile": profile,
+        "num_requests": num_requests,
+        "settings": board.settings,
+        "primary": board.primary.key,
+        "baseline": board.baseline,
+        "metrics": [
+            {
+                "key": m.key,
+                "label": m.label,
+                "unit": m.unit,
+                "scale": m.scale,
+                "decimals": m.decimals,
+                "better": "lower" if m.lower_is_better else "higher",
+            }
+            for m in board.metrics
+        ],
         "policies": board.labels,
         "options": {label: c.options for label, c in zip(board.labels, board.contenders)},
-        "workloads": [{"key": w.text, "name": w.name, "rate": w.rate, "rate_scale": w.rate_scale, "seeds": board.seeds[w.text],
-                       "description": board.described[w.text]} for w in board.workloads],
+        "workloads": [
+            {
+                "key": w.text,
+                "name": w.name,
+                "rate": w.rate,
+                "rate_scale": w.rate_scale,
+                "seeds": board.seeds[w.text],
+                "description": board.described[w.text],
+            }
+            for w in board.workloads
+        ],
         "ranks": {w.text: _ranks(board.contest(w.text), board.primary) for w in board.workloads},
         "best": {w.text: {m.key: board.contest(w.text).best(m) for m in board.metrics} for w in board.workloads},
         "cells": cells,
-        "overall": {"ranks": _ranks(pooled, board.primary), "units": pooled.units,
-                    "changes": {p: {m.key: ch.as_dict() | {"text": change_text(ch, m)} if (ch := pooled.change(p, m)) else None
-                                    for m in board.metrics} for p in board.labels}},
-        "measured": [{"workload": w, **m, "texts": {x.key: _one_run(m["metrics"].get(x.key), x) for x in board.metrics}}
-                     for w, m in board.measured.items()],
+        "overall": {
+            "ranks": _ranks(pooled, board.primary),
+            "units": pooled.units,
+            "changes": {
+                p: {
+                    m.key: ch.as_dict() | {"text": change_text(ch, m)} if (ch := pooled.change(p, m)) else None
+                    for m in board.metrics
+                }
+                for p in board.labels
+            },
+        },
+        "measured": [
+            {"workload": w, **m, "texts": {x.key: _one_run(m["metrics"].get(x.key), x) for x in board.metrics}}
+            for w, m in board.measured.items()
+        ],
     }
 
 
@@ -216,7 +323,10 @@ def _one_run(value: float | None, metric: Metric) -> str:
 
 def _ranks(game: Contest, metric: Metric) -> dict[str, dict[str, Any]]:
     """Each policy's rank range by ``metric``: best and worst it could hold, and as text (``3``, ``2–5``)."""
-    return {p: {"best": best, "worst": worst, "text": rank_text(best, worst)} for p, (best, worst) in game.ranks(metric).items()}
+    return {
+        p: {"best": best, "worst": worst, "text": rank_text(best, worst)}
+        for p, (best, worst) in game.ranks(metric).items()
+    }
 
 
 def command_line(argv: list[str] | None = None) -> str:

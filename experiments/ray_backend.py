@@ -66,13 +66,16 @@ def check_reachable(address: str, timeout: float) -> None:
         try:
             socket.create_connection((host, port), timeout=timeout).close()
         except OSError as exc:
-            raise ValueError(f"--ray-address {address}: nothing answers at {host}:{port} ({exc.strerror or exc}): "
-                             "is a Ray cluster running there?") from None
+            raise ValueError(
+                f"--ray-address {address}: nothing answers at {host}:{port} ({exc.strerror or exc}): "
+                "is a Ray cluster running there?"
+            ) from None
     try:
         probe = subprocess.run([sys.executable, "-c", _PROBE, address], capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
-        raise ValueError(f"--ray-address {address}: no Ray cluster answered within {timeout:g} s "
-                         "(--ray-timeout)") from None
+        raise ValueError(
+            f"--ray-address {address}: no Ray cluster answered within {timeout:g} s (--ray-timeout)"
+        ) from None
     if probe.returncode != 0:
         lines = [line for line in probe.stderr.splitlines() if line.strip()]
         last = lines[-1] if lines else f"exit status {probe.returncode}"
@@ -97,12 +100,20 @@ def start_ray(address: str = "local", attempts: int = 3, **options: Any) -> None
             if "timed out during startup" in str(exc) and address == LOCAL and attempt + 1 < attempts:
                 continue
             where = "a local Ray" if address == LOCAL else address
-            raise ValueError(f"--ray: {where}: Ray could not start or connect: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None
+            raise ValueError(
+                f"--ray: {where}: Ray could not start or connect: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
+            ) from None
 
 
-def run_points_on_ray(spec, points: list, run_point: Callable, address: str | None = None, workers: int | None = None,
-                      on_done: Callable[[dict], None] | None = None,
-                      connect_timeout: float = DEFAULT_CONNECT_TIMEOUT_S) -> list[dict[str, Any]]:
+def run_points_on_ray(
+    spec,
+    points: list,
+    run_point: Callable,
+    address: str | None = None,
+    workers: int | None = None,
+    on_done: Callable[[dict], None] | None = None,
+    connect_timeout: float = DEFAULT_CONNECT_TIMEOUT_S,
+) -> list[dict[str, Any]]:
     """``run_point(spec, point)`` for every point as one Ray task each; rows in grid order. A cluster at
     ``address`` must answer within ``connect_timeout`` seconds (``check_reachable``)."""
     from kvsched.experiments.worker_errors import WorkerDied

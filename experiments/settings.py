@@ -32,7 +32,9 @@ def check_names(names, option: str = "--set") -> None:
     """Raise ``ValueError`` naming the first of ``names`` that is no ``EngineConfig`` setting, and the valid ones."""
     for name in names:
         if name not in EngineConfig.model_fields:
-            raise ValueError(f"{option}: unknown engine setting {name!r}; valid: {', '.join(EngineConfig.model_fields)}")
+            raise ValueError(
+                f"{option}: unknown engine setting {name!r}; valid: {', '.join(EngineConfig.model_fields)}"
+            )
 
 
 def vllm_v1_defaults(profile: StepCost) -> tuple[dict[str, int], str]:
@@ -70,7 +72,9 @@ def filled_settings(config: EngineConfig, profile: StepCost, policy: Any) -> dic
         filled["num_gpu_blocks"] = (blocks, "the profile")
     if not profile.decode_exact and "decode_lane" not in given:  # a decode's time depends on each context: step by step
         filled["decode_lane"] = (False, "the profile")
-    chunks = policy_attribute(policy, "chunked_prefill", False) and config.enable_chunked_prefill  # off: as vLLM V1 raises it too
+    chunks = (
+        policy_attribute(policy, "chunked_prefill", False) and config.enable_chunked_prefill
+    )  # off: as vLLM V1 raises it too
     if not chunks and "max_num_batched_tokens" not in given and "max_num_batched_tokens" not in defaults:
         # the model length the engine will run with: the caller's, else the policy's, else the profile's
         model_len = EngineConfig.model_construct(**{**{k: v for k, (v, _) in filled.items()}, **merged}).model_len

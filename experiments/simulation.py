@@ -32,8 +32,8 @@ from kvsched.executors.steady_runs import StepRun
 from kvsched.experiments.settings import filled_settings, fit_to_profile
 from kvsched.metrics.decision_log import DecisionLog
 from kvsched.metrics.fairness import TenantService, fairness_summary
-from kvsched.metrics.lifecycle import run_reports
 from kvsched.metrics.goodput import goodput_summary
+from kvsched.metrics.lifecycle import run_reports
 from kvsched.metrics.records import RequestLog, RequestTable
 from kvsched.metrics.requests import RequestMetrics, summarize
 from kvsched.metrics.timeseries import TimeSeriesRecorder
@@ -103,6 +103,7 @@ def fan_out(observers: list[Observer | None]) -> Observer | None:
 
     observe.observers = flat
     if all(hasattr(o, "on_steps") for o in flat):
+
         def on_steps(run: StepRun) -> None:
             for o in flat:
                 o.on_steps(run)
@@ -186,9 +187,15 @@ class SimJob:
         description = self.workload.describe()
         try:
             result = run_simulation(
-                requests, self.policy, config, profile, self.policy_options,
-                on_step=fan_out([series, service if competing else None, log, on_step]), stream_to=self.stream_to,
-                seed=description.get("seed"), workload=description,
+                requests,
+                self.policy,
+                config,
+                profile,
+                self.policy_options,
+                on_step=fan_out([series, service if competing else None, log, on_step]),
+                stream_to=self.stream_to,
+                seed=description.get("seed"),
+                workload=description,
             )
         except BaseException:
             if series is not None and series.file is not None:

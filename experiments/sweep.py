@@ -115,8 +115,16 @@ def _row(spec: SweepSpec, point: Point) -> dict[str, Any]:
     from kvsched.workloads import build_workload
 
     config = EngineConfig.model_validate({**spec.base_settings, **point.settings})
-    job = SimJob(build_workload(**spec.workload), point.policy, config, spec.profile, point.options or None,
-                 slo_ttft=spec.slo_ttft, slo_tpot=spec.slo_tpot, record_timeseries=False)
+    job = SimJob(
+        build_workload(**spec.workload),
+        point.policy,
+        config,
+        spec.profile,
+        point.options or None,
+        slo_ttft=spec.slo_ttft,
+        slo_tpot=spec.slo_tpot,
+        record_timeseries=False,
+    )
     outcome = job.run()
     row: dict[str, Any] = {"label": point.label, "policy": point.policy}
     row.update({k: config.model_dump()[k] for k in point.settings})
@@ -138,9 +146,14 @@ def summary_metrics(summary: dict[str, Any]) -> dict[str, Any]:
     return row
 
 
-def run_sweep(spec: SweepSpec, points: list[Point], workers: int | None = None,
-              on_done: Callable[[dict], None] | None = None, ray_address: str | None = None,
-              ray_timeout: float | None = None) -> list[dict[str, Any]]:
+def run_sweep(
+    spec: SweepSpec,
+    points: list[Point],
+    workers: int | None = None,
+    on_done: Callable[[dict], None] | None = None,
+    ray_address: str | None = None,
+    ray_timeout: float | None = None,
+) -> list[dict[str, Any]]:
     """Run every point (in parallel when ``workers`` > 1, or as Ray tasks when ``ray_address`` is
     given: ``"local"`` for a Ray started here, else a cluster that must answer within ``ray_timeout``
     seconds); rows come back in grid order."""
@@ -149,8 +162,9 @@ def run_sweep(spec: SweepSpec, points: list[Point], workers: int | None = None,
     if ray_address is not None:
         from kvsched.experiments.ray_backend import DEFAULT_CONNECT_TIMEOUT_S, run_points_on_ray
 
-        return run_points_on_ray(spec, points, run_point, ray_address, workers, on_done,
-                                 ray_timeout or DEFAULT_CONNECT_TIMEOUT_S)
+        return run_points_on_ray(
+            spec, points, run_point, ray_address, workers, on_done, ray_timeout or DEFAULT_CONNECT_TIMEOUT_S
+        )
     workers = max(1, min(workers or os.cpu_count() or 1, len(points)))
     rows: dict[int, dict] = {}
     if workers == 1:
@@ -172,4 +186,3 @@ def run_sweep(spec: SweepSpec, points: list[Point], workers: int | None = None,
                 running = [points[i].label for f, i in futures.items() if not f.done() or f.exception() is not None]
                 raise WorkerDied(running) from None
     return [rows[i] for i in range(len(points))]
-

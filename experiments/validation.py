@@ -31,20 +31,24 @@ from typing import Any
 import numpy as np
 
 from kvsched.core.config import EngineConfig
-from kvsched.userfiles.reader import FileError, read_text
 from kvsched.executors.model_config import HF_IDS
 from kvsched.executors.profiles import roofline_profile
 from kvsched.experiments.simulation import SimJob
 from kvsched.metrics.lifecycle import PERCENTILES, read_lifecycle, run_reports
+from kvsched.userfiles.reader import FileError, read_text
 from kvsched.workloads.inference_perf import InferencePerfWorkload, load_inference_perf
 
 METRICS = (("e2e", "request_latency"), ("ttft", "time_to_first_token"), ("itl", "normalized_time_per_output_token"))
 STATS = ("mean", "p90", "p99")
 SERVER_KEYS = {  # exp-config.yaml's names (and vLLM's own) of the engine settings a run records
-    "max_model_len": "max_model_len", "max_num_batched_tokens": "max_num_batched_tokens",
+    "max_model_len": "max_model_len",
+    "max_num_batched_tokens": "max_num_batched_tokens",
     "max_num_seqs": "max_num_seqs",
-    "block_size": "block_size", "num_gpu_blocks": "num_gpu_blocks", "num_gpu_blocks_override": "num_gpu_blocks",
-    "enable_prefix_caching": "enable_prefix_caching", "enable_chunked_prefill": "enable_chunked_prefill",
+    "block_size": "block_size",
+    "num_gpu_blocks": "num_gpu_blocks",
+    "num_gpu_blocks_override": "num_gpu_blocks",
+    "enable_prefix_caching": "enable_prefix_caching",
+    "enable_chunked_prefill": "enable_chunked_prefill",
 }
 
 
@@ -133,11 +137,18 @@ def experiment_profile(experiment: Experiment, hardware, model_config=None, conf
     config = config or engine_config(experiment)
     model = model_config or HF_IDS.get(experiment.model.lower())
     if model is None:
-        raise FileError(f"field 'model': no shipped config for {experiment.model!r}: give --model-config",
-                        experiment.path / "exp-config.yaml")
-    return roofline_profile(hardware, model, experiment.tp, experiment.server.get("dtype"),
-                            gpu_memory_utilization=experiment.server.get("gpu_memory_utilization", 0.9),
-                            max_num_batched_tokens=config.max_num_batched_tokens)
+        raise FileError(
+            f"field 'model': no shipped config for {experiment.model!r}: give --model-config",
+            experiment.path / "exp-config.yaml",
+        )
+    return roofline_profile(
+        hardware,
+        model,
+        experiment.tp,
+        experiment.server.get("dtype"),
+        gpu_memory_utilization=experiment.server.get("gpu_memory_utilization", 0.9),
+        max_num_batched_tokens=config.max_num_batched_tokens,
+    )
 
 
 def experiment_workload(experiment: Experiment, seed: int = 0, scale: float = 1.0) -> InferencePerfWorkload:
@@ -151,8 +162,16 @@ def experiment_workload(experiment: Experiment, seed: int = 0, scale: float = 1.
     return load_inference_perf(experiment.client, seed, prompt_extra=extra, duration_scale=scale) if extra else nominal
 
 
-def validate(experiment: Experiment, hardware, model_config=None, seed: int = 0, profile=None,
-             overrides: dict[str, Any] | None = None, scale: float = 1.0, on_step=None) -> Validation:
+def validate(
+    experiment: Experiment,
+    hardware,
+    model_config=None,
+    seed: int = 0,
+    profile=None,
+    overrides: dict[str, Any] | None = None,
+    scale: float = 1.0,
+    on_step=None,
+) -> Validation:
     """Simulate ``experiment`` on ``hardware`` (``model_config``: the model's config.json, else the shipped one
     the server's model id names; ``profile``: a ready profile instead of either; ``scale``: each stage cut to
     that share of its duration; ``on_step``: an observer of the engine's steps)."""

@@ -48,5 +48,7 @@ class WorkerDied(KvschedError):
 
     def __init__(self, running: list[str]) -> None:
         more = f" and {len(running) - 5} more" if len(running) > 5 else ""
-        super().__init__(f"a worker ended without finishing its point (a policy ending or crashing its process, or no "
-                         f"memory left) while running one of: {', '.join(running[:5])}{more}")
+        super().__init__(
+            f"a worker ended without finishing its point (a policy ending or crashing its process, or no "
+            f"memory left) while running one of: {', '.join(running[:5])}{more}"
+        )

@@ -7,6 +7,14 @@ from kvsched.kernels.reference import paged_attention_loop
 from kvsched.kernels.torch_attention import paged_attention_torch
 
 __all__ = [
-    "BACKENDS", "PagedKVCache", "choose_backend", "copy_blocks", "get_attention", "paged_attention",
-    "paged_attention_loop", "paged_attention_torch", "reshape_and_cache", "swap_blocks",
+    "BACKENDS",
+    "PagedKVCache",
+    "choose_backend",
+    "copy_blocks",
+    "get_attention",
+    "paged_attention",
+    "paged_attention_loop",
+    "paged_attention_torch",
+    "reshape_and_cache",
+    "swap_blocks",
 ]

@@ -54,4 +54,6 @@ def get_attention(name: str) -> Callable[..., torch.Tensor]:
 
 def paged_attention(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables, scale, backend: str | None = None):
     """Dispatch to the backend chosen for ``q``'s device."""
-    return get_attention(choose_backend(q.device, backend))(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables, scale)
+    return get_attention(choose_backend(q.device, backend))(
+        q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables, scale
+    )

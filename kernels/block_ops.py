@@ -48,7 +48,9 @@ def copy_blocks(cache: torch.Tensor, pairs: Sequence[tuple[int, int]], block_dim
     cache.index_copy_(block_dim, dst.to(cache.device), data)
 
 
-def swap_blocks(src_cache: torch.Tensor, dst_cache: torch.Tensor, pairs: Sequence[tuple[int, int]], block_dim: int = 0) -> None:
+def swap_blocks(
+    src_cache: torch.Tensor, dst_cache: torch.Tensor, pairs: Sequence[tuple[int, int]], block_dim: int = 0
+) -> None:
     """Swap out or in: block ``s`` of ``src_cache`` → block ``d`` of ``dst_cache`` (pools may sit on different devices)."""
     if not pairs:
         return

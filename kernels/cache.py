@@ -37,7 +37,9 @@ class PagedKVCache:
         shape = (2, num_layers, num_gpu_blocks, block_size, num_kv_heads, head_dim)
         self.gpu = torch.zeros(shape, dtype=dtype, device=device)
         pin = torch.device(device).type == "cuda"
-        self.cpu = torch.zeros((2, num_layers, num_cpu_blocks, block_size, num_kv_heads, head_dim), dtype=dtype, pin_memory=pin)
+        self.cpu = torch.zeros(
+            (2, num_layers, num_cpu_blocks, block_size, num_kv_heads, head_dim), dtype=dtype, pin_memory=pin
+        )
 
     def key(self, layer: int) -> torch.Tensor:
         return self.gpu[0, layer]

@@ -68,11 +68,18 @@ class _DecodePlan:
         self.num_pairs = num_pairs = self.blocks.numel()
 
         seq_len = torch.tensor([lens[i] for i in decode], device=dev)
-        beyond = pair_pos[:, None] * block_size + torch.arange(block_size, device=dev)[None, :] >= seq_len[self.pair_seq][:, None]
+        beyond = (
+            pair_pos[:, None] * block_size + torch.arange(block_size, device=dev)[None, :]
+            >= seq_len[self.pair_seq][:, None]
+        )
         mask_of = lambda bad: torch.zeros(bad.shape, dtype=self.dtype, device=dev).masked_fill_(bad, float("-inf"))  # noqa: E731
         if self.cross:  # scores [pairs, H, block * KVH]: query head h keeps the keys of KV head h // group
-            other = (torch.arange(num_heads, device=dev) // group)[:, None] != torch.arange(num_kv_heads, device=dev)[None, :]
-            self.mask = mask_of(beyond[:, None, :, None] | other[None, :, None, :]).view(num_pairs, num_heads, block_size * num_kv_heads)
+            other = (torch.arange(num_heads, device=dev) // group)[:, None] != torch.arange(num_kv_heads, device=dev)[
+                None, :
+            ]
+            self.mask = mask_of(beyond[:, None, :, None] | other[None, :, None, :]).view(
+                num_pairs, num_heads, block_size * num_kv_heads
+            )
         else:  # scores [pairs * KVH, group, block]
             self.mask = mask_of(beyond[:, None, None, :].expand(num_pairs, num_kv_heads, group, block_size)).view(
                 num_pairs * num_kv_heads, group, block_size
@@ -84,21 +91,31 @@ class _DecodePlan:
         self.q_pairs = torch.empty(num_pairs, num_heads, head_dim, dtype=self.dtype, device=dev)
         self.o_pairs = torch.empty(num_pairs, num_heads, head_dim, dtype=self.dtype, device=dev)
         block_bytes = block_size * num_kv_heads * head_dim * k_cache.element_size()
-        step = max(1, min(num_pairs, _CHUNK_BYTES // block_bytes)) if dev.type == "cpu" else num_pairs  # chunks fit a CPU cache
+        step = (
+            max(1, min(num_pairs, _CHUNK_BYTES // block_bytes)) if dev.type == "cpu" else num_pairs
+        )  # chunks fit a CPU cache
         self.chunks = [(s, min(num_pairs, s + step)) for s in range(0, num_pairs, step)]
         # Reused gather target; a half-precision cache is gathered and converted to fp32 instead.
         shape = (step, block_size, num_kv_heads, head_dim)
         self.gathered = torch.empty(shape, dtype=k_cache.dtype, device=dev) if k_cache.dtype == self.dtype else None
-        self.head_major = None if self.cross else torch.empty(
-            (step, num_kv_heads, block_size, head_dim), dtype=self.dtype, device=dev
+        self.head_major = (
+            None
+            if self.cross
+            else torch.empty((step, num_kv_heads, block_size, head_dim), dtype=self.dtype, device=dev)
         )
 
 
 def _decode_plan(q, k_cache, block_tables, cu, lens, decode):
     """The cached plan when this step's metadata is the one it was built for, else a new one."""
     key = (
-        q.shape, q.device, k_cache.shape[1:], k_cache.dtype, k_cache.device,
-        torch.is_inference_mode_enabled(), tuple(cu), tuple(lens),
+        q.shape,
+        q.device,
+        k_cache.shape[1:],
+        k_cache.dtype,
+        k_cache.device,
+        torch.is_inference_mode_enabled(),
+        tuple(cu),
+        tuple(lens),
     )
     cached = getattr(_plans, "entry", None)
     if cached is not None:
@@ -132,19 +149,30 @@ def _decode_attention(q, k_cache, v_cache, plan: _DecodePlan, scale: float) -> t
         n = e - s
         keys = _gather(k_cache, plan.blocks[s:e], plan.gathered, dt)
         if cross:
-            torch.baddbmm(plan.mask[s:e], plan.q_pairs[s:e], keys.view(n, width, head_dim).transpose(1, 2),
-                          alpha=scale * _LOG2E, out=scores[s:e])
+            torch.baddbmm(
+                plan.mask[s:e],
+                plan.q_pairs[s:e],
+                keys.view(n, width, head_dim).transpose(1, 2),
+                alpha=scale * _LOG2E,
+                out=scores[s:e],
+            )
         else:
             kh = plan.head_major[:n]
             kh.copy_(keys.transpose(1, 2))
-            torch.baddbmm(plan.mask[s * num_kv_heads : e * num_kv_heads], plan.q_pairs[s:e].view(n * num_kv_heads, group, head_dim),
-                          kh.view(n * num_kv_heads, block_size, head_dim).transpose(1, 2),
-                          alpha=scale * _LOG2E, out=scores[s:e].view(n * num_kv_heads, group, block_size))
+            torch.baddbmm(
+                plan.mask[s * num_kv_heads : e * num_kv_heads],
+                plan.q_pairs[s:e].view(n * num_kv_heads, group, head_dim),
+                kh.view(n * num_kv_heads, block_size, head_dim).transpose(1, 2),
+                alpha=scale * _LOG2E,
+                out=scores[s:e].view(n * num_kv_heads, group, block_size),
+            )
 
     # Segmented softmax: per (sequence, head) maximum over all its pairs, then 2^(s - max).
     seq_max = plan.seq_max.fill_(float("-inf")).scatter_reduce_(0, plan.scatter_index, scores, "amax").amax(-1)
     scores.sub_(seq_max.index_select(0, plan.pair_seq).unsqueeze(-1)).exp2_()
-    weight = torch.zeros(plan.num_decode, num_heads, dtype=dt, device=q.device).index_add_(0, plan.pair_seq, scores.sum(-1))
+    weight = torch.zeros(plan.num_decode, num_heads, dtype=dt, device=q.device).index_add_(
+        0, plan.pair_seq, scores.sum(-1)
+    )
 
     for s, e in plan.chunks:
         n = e - s
@@ -154,9 +182,14 @@ def _decode_attention(q, k_cache, v_cache, plan: _DecodePlan, scale: float) -> t
         else:
             vh = plan.head_major[:n]
             vh.copy_(values.transpose(1, 2))
-            torch.bmm(scores[s:e].view(n * num_kv_heads, group, block_size), vh.view(n * num_kv_heads, block_size, head_dim),
-                      out=plan.o_pairs[s:e].view(n * num_kv_heads, group, head_dim))
-    out = torch.zeros(plan.num_decode, num_heads, head_dim, dtype=dt, device=q.device).index_add_(0, plan.pair_seq, plan.o_pairs)
+            torch.bmm(
+                scores[s:e].view(n * num_kv_heads, group, block_size),
+                vh.view(n * num_kv_heads, block_size, head_dim),
+                out=plan.o_pairs[s:e].view(n * num_kv_heads, group, head_dim),
+            )
+    out = torch.zeros(plan.num_decode, num_heads, head_dim, dtype=dt, device=q.device).index_add_(
+        0, plan.pair_seq, plan.o_pairs
+    )
     return out.div_(weight.unsqueeze(-1))
 
 
@@ -171,7 +204,9 @@ def paged_attention_torch(
 ) -> torch.Tensor:
     """Same contract as ``kernels.reference.paged_attention_loop``; inference only (it writes into reused buffers)."""
     if torch.is_grad_enabled() and (q.requires_grad or k_cache.requires_grad or v_cache.requires_grad):
-        raise RuntimeError("paged_attention_torch is inference-only: call it under torch.inference_mode() or torch.no_grad()")
+        raise RuntimeError(
+            "paged_attention_torch is inference-only: call it under torch.inference_mode() or torch.no_grad()"
+        )
     block_size = k_cache.shape[1]
     gqa = q.shape[1] != k_cache.shape[2]
     cu, lens = cu_seqlens_q.tolist(), seq_lens.tolist()

@@ -28,17 +28,43 @@ _MAX_SPLITS = 32
 
 @triton.jit
 def _paged_attention_kernel(
-    q_ptr, k_ptr, v_ptr, o_ptr, cu_ptr, lens_ptr, tables_ptr,
-    m_ptr, l_ptr, acc_ptr,  # split-KV partials: [T, H, S], [T, H, S], [T, H, S, D] fp32, contiguous
-    scale, num_heads,
-    stride_qt, stride_qh, stride_qd,
-    stride_ot, stride_oh, stride_od,
-    stride_kb, stride_ks, stride_kh, stride_kd,
-    stride_vb, stride_vs, stride_vh, stride_vd,
-    stride_tb, stride_tn,
-    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_PAD: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr, TILE_N: tl.constexpr,
-    IEEE: tl.constexpr, NUM_SPLITS: tl.constexpr,
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    o_ptr,
+    cu_ptr,
+    lens_ptr,
+    tables_ptr,
+    m_ptr,
+    l_ptr,
+    acc_ptr,  # split-KV partials: [T, H, S], [T, H, S], [T, H, S, D] fp32, contiguous
+    scale,
+    num_heads,
+    stride_qt,
+    stride_qh,
+    stride_qd,
+    stride_ot,
+    stride_oh,
+    stride_od,
+    stride_kb,
+    stride_ks,
+    stride_kh,
+    stride_kd,
+    stride_vb,
+    stride_vs,
+    stride_vh,
+    stride_vd,
+    stride_tb,
+    stride_tn,
+    GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    HEAD_PAD: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_Q: tl.constexpr,
+    TILE_N: tl.constexpr,
+    IEEE: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
 ):
     seq = tl.program_id(0)
     q_tile = tl.program_id(1)
@@ -74,10 +100,14 @@ def _paged_attention_kernel(
     for start in range(first, last, TILE_N):
         kv_pos = start + tl.arange(0, TILE_N)
         kv_ok = kv_pos < last
-        block = tl.load(tables_ptr + seq * stride_tb + (kv_pos // BLOCK_SIZE) * stride_tn, mask=kv_ok, other=0).to(tl.int64)  # 64-bit: big pools overflow int32 offsets
+        block = tl.load(tables_ptr + seq * stride_tb + (kv_pos // BLOCK_SIZE) * stride_tn, mask=kv_ok, other=0).to(
+            tl.int64
+        )  # 64-bit: big pools overflow int32 offsets
         slot = kv_pos % BLOCK_SIZE
         k_off = block[None, :] * stride_kb + slot[None, :] * stride_ks + kv_head * stride_kh + dims[:, None] * stride_kd
-        k = tl.load(k_ptr + k_off, mask=kv_ok[None, :] & dim_ok[:, None], other=0.0).to(tl.float32)  # [HEAD_PAD, TILE_N]
+        k = tl.load(k_ptr + k_off, mask=kv_ok[None, :] & dim_ok[:, None], other=0.0).to(
+            tl.float32
+        )  # [HEAD_PAD, TILE_N]
         if IEEE:
             s = tl.dot(q, k, input_precision="ieee") * scale
         else:
@@ -91,7 +121,9 @@ def _paged_attention_kernel(
         l_i = l_i * alpha + tl.sum(p, axis=1)
 
         v_off = block[:, None] * stride_vb + slot[:, None] * stride_vs + kv_head * stride_vh + dims[None, :] * stride_vd
-        v = tl.load(v_ptr + v_off, mask=kv_ok[:, None] & dim_ok[None, :], other=0.0).to(tl.float32)  # [TILE_N, HEAD_PAD]
+        v = tl.load(v_ptr + v_off, mask=kv_ok[:, None] & dim_ok[None, :], other=0.0).to(
+            tl.float32
+        )  # [TILE_N, HEAD_PAD]
         if IEEE:
             acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
         else:
@@ -111,9 +143,18 @@ def _paged_attention_kernel(
 
 @triton.jit
 def _merge_splits_kernel(
-    m_ptr, l_ptr, acc_ptr, o_ptr, num_heads,
-    stride_ot, stride_oh, stride_od,
-    HEAD_DIM: tl.constexpr, HEAD_PAD: tl.constexpr, NUM_SPLITS: tl.constexpr, SPLIT_PAD: tl.constexpr,
+    m_ptr,
+    l_ptr,
+    acc_ptr,
+    o_ptr,
+    num_heads,
+    stride_ot,
+    stride_oh,
+    stride_od,
+    HEAD_DIM: tl.constexpr,
+    HEAD_PAD: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    SPLIT_PAD: tl.constexpr,
 ):
     """One (token, head): rescale each split's partial by exp(its max - the overall max), add, normalise."""
     row = tl.program_id(0)
@@ -127,9 +168,13 @@ def _merge_splits_kernel(
     total = tl.sum(tl.load(l_ptr + part, mask=split_ok, other=0.0) * weight, axis=0)
     dims = tl.arange(0, HEAD_PAD)
     dim_ok = dims < HEAD_DIM
-    acc = tl.load(acc_ptr + part[:, None] * HEAD_DIM + dims[None, :], mask=split_ok[:, None] & dim_ok[None, :], other=0.0)
+    acc = tl.load(
+        acc_ptr + part[:, None] * HEAD_DIM + dims[None, :], mask=split_ok[:, None] & dim_ok[None, :], other=0.0
+    )
     out = tl.sum(acc * weight[:, None], axis=0) / tl.where(total > 0, total, 1.0)
-    tl.store(o_ptr + token * stride_ot + head * stride_oh + dims * stride_od, out.to(o_ptr.dtype.element_ty), mask=dim_ok)
+    tl.store(
+        o_ptr + token * stride_ot + head * stride_oh + dims * stride_od, out.to(o_ptr.dtype.element_ty), mask=dim_ok
+    )
 
 
 def _pow2(n: int) -> int:
@@ -149,7 +194,7 @@ def choose_num_splits(programs: int, max_context: int, tile_n: int, device: torc
     return max(1, min(-(-target // programs), max_context // (4 * tile_n), _MAX_SPLITS))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
@@ -189,7 +234,9 @@ def paged_attention_triton(
     tile = max(_MIN_DOT, tile_n if tile_n is not None else (64 if q.is_cuda else 16))
     q_tiles = triton.cdiv(max_query_len, block_q)
     if num_splits is None:  # the table's width bounds every context without a device sync
-        num_splits = choose_num_splits(num_seqs * q_tiles * num_kv_heads, block_tables.shape[1] * block_size, tile, q.device)
+        num_splits = choose_num_splits(
+            num_seqs * q_tiles * num_kv_heads, block_tables.shape[1] * block_size, tile, q.device
+        )
     partial = dict(device=q.device, dtype=torch.float32)
     if num_splits > 1:
         m = torch.empty(num_tokens, num_heads, num_splits, **partial)
@@ -199,16 +246,44 @@ def paged_attention_triton(
         m = l_sum = acc = torch.empty(0, **partial)
     grid = (num_seqs, q_tiles, num_kv_heads * num_splits)
     _paged_attention_kernel[grid](
-        q, k_cache, v_cache, out, cu_seqlens_q, seq_lens, block_tables, m, l_sum, acc,
-        scale, num_heads,
-        *q.stride(), *out.stride(), *k_cache.stride(), *v_cache.stride(), *block_tables.stride(),
-        GROUP=group, HEAD_DIM=head_dim, HEAD_PAD=max(_MIN_DOT, _pow2(head_dim)),
-        BLOCK_SIZE=block_size, BLOCK_M=block_m, BLOCK_Q=block_q, TILE_N=tile,
-        IEEE=ieee, NUM_SPLITS=num_splits,
+        q,
+        k_cache,
+        v_cache,
+        out,
+        cu_seqlens_q,
+        seq_lens,
+        block_tables,
+        m,
+        l_sum,
+        acc,
+        scale,
+        num_heads,
+        *q.stride(),
+        *out.stride(),
+        *k_cache.stride(),
+        *v_cache.stride(),
+        *block_tables.stride(),
+        GROUP=group,
+        HEAD_DIM=head_dim,
+        HEAD_PAD=max(_MIN_DOT, _pow2(head_dim)),
+        BLOCK_SIZE=block_size,
+        BLOCK_M=block_m,
+        BLOCK_Q=block_q,
+        TILE_N=tile,
+        IEEE=ieee,
+        NUM_SPLITS=num_splits,
     )
     if num_splits > 1:
         _merge_splits_kernel[(num_tokens * num_heads,)](
-            m, l_sum, acc, out, num_heads, *out.stride(),
-            HEAD_DIM=head_dim, HEAD_PAD=max(_MIN_DOT, _pow2(head_dim)), NUM_SPLITS=num_splits, SPLIT_PAD=_pow2(num_splits),
+            m,
+            l_sum,
+            acc,
+            out,
+            num_heads,
+            *out.stride(),
+            HEAD_DIM=head_dim,
+            HEAD_PAD=max(_MIN_DOT, _pow2(head_dim)),
+            NUM_SPLITS=num_splits,
+            SPLIT_PAD=_pow2(num_splits),
         )
     return out

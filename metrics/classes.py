@@ -38,8 +38,11 @@ def class_summary(records: Columns) -> dict[str, Any]:
         out[dim] = {}
         for value in sorted(values, key=str):
             mask = pc.fill_null(pc.equal(column, pa.scalar(value, column.type)), False).to_numpy(zero_copy_only=False)
-            out[dim][str(value)] = {"requests": int(mask.sum()), "finished": int((mask & done).sum()),
-                                    **{key: distribution(v[mask & done]) for key, v in latencies.items()}}
+            out[dim][str(value)] = {
+                "requests": int(mask.sum()),
+                "finished": int((mask & done).sum()),
+                **{key: distribution(v[mask & done]) for key, v in latencies.items()},
+            }
     sessions = _sessions(records, done, latencies["ttft_s"])
     if sessions is not None:
         out["session"] = sessions
@@ -92,14 +95,28 @@ def class_table(summary: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     for dim, values in classes.items():
         if dim == "session":
             d = values["mean_ttft_s"]
-            rows.append([f"{values['sessions']:,} sessions: a session's mean TTFT", f"{values['requests']:,}",
-                         f"{_num(d['mean'])} / {_num(d['p99'])} (p50 {_num(d['p50'])})", "–", "–"])
+            rows.append(
+                [
+                    f"{values['sessions']:,} sessions: a session's mean TTFT",
+                    f"{values['requests']:,}",
+                    f"{_num(d['mean'])} / {_num(d['p99'])} (p50 {_num(d['p50'])})",
+                    "–",
+                    "–",
+                ]
+            )
             continue
         for name, c in values.items():
             ttft, e2e = c["ttft_s"], c["e2e_s"]
             counts = f"{c['requests']:,} ({c['finished']:,})"
-            rows.append([f"{dim} {name}", counts, f"{_num(ttft['mean'])} / {_num(ttft['p99'])}",
-                         _num(c["tpot_s"]["mean"], 1000), f"{_num(e2e['p50'])} / {_num(e2e['p99'])}"])
+            rows.append(
+                [
+                    f"{dim} {name}",
+                    counts,
+                    f"{_num(ttft['mean'])} / {_num(ttft['p99'])}",
+                    _num(c["tpot_s"]["mean"], 1000),
+                    f"{_num(e2e['p50'])} / {_num(e2e['p99'])}",
+                ]
+            )
     return head, rows
 
 

@@ -36,7 +36,11 @@ def t_critical(df: int, level: float = LEVEL) -> float:
 
     Integrated numerically from the density (no scipy): 12.706 for df = 1, 2.776 for 4, 1.96 as df grows."""
     x = np.linspace(0.0, 700.0 if df == 1 else 60.0, 2_000_001)
-    density = math.exp(math.lgamma((df + 1) / 2) - math.lgamma(df / 2)) / math.sqrt(df * math.pi) * (1 + x * x / df) ** (-(df + 1) / 2)
+    density = (
+        math.exp(math.lgamma((df + 1) / 2) - math.lgamma(df / 2))
+        / math.sqrt(df * math.pi)
+        * (1 + x * x / df) ** (-(df + 1) / 2)
+    )
     mass = np.concatenate(([0.0], np.cumsum((density[1:] + density[:-1]) / 2 * np.diff(x))))  # P(0 ≤ T ≤ x)
     return float(np.interp(level / 2, mass, x))
 
@@ -104,8 +108,14 @@ class Change:
         return (self.value < self.neutral) == lower_is_better
 
     def as_dict(self) -> dict[str, object]:
-        return {"kind": self.kind, "value": self.value, "low": self.low, "high": self.high, "n": self.n,
-                "significant": self.significant}
+        return {
+            "kind": self.kind,
+            "value": self.value,
+            "low": self.low,
+            "high": self.high,
+            "n": self.n,
+            "significant": self.significant,
+        }
 
 
 def paired_change(values: Sequence[float], baseline: Sequence[float], level: float = LEVEL) -> Change:
@@ -130,8 +140,9 @@ def paired_change(values: Sequence[float], baseline: Sequence[float], level: flo
     return Change(DIFFERENCE, mean, low, high, len(d))
 
 
-def rank_ranges(samples: Mapping[str, Sequence[float] | None], lower_is_better: bool = True,
-                level: float = LEVEL) -> dict[str, tuple[int, int]]:
+def rank_ranges(
+    samples: Mapping[str, Sequence[float] | None], lower_is_better: bool = True, level: float = LEVEL
+) -> dict[str, tuple[int, int]]:
     """Each contender's (best, worst) possible rank, 1 the best, from every pairwise paired comparison of
     its per-unit values; a contender without values (None) ranks after all the others, unresolved among them."""
     known = [name for name, values in samples.items() if values is not None]

@@ -46,13 +46,31 @@ from kvsched.core.sequence import SequenceStatus
 if TYPE_CHECKING:
     from kvsched.core.report import StepReport
 
-COLUMNS = ("step", "time_s", "event", "request_id", "reason", "queue", "tokens", "cached_tokens", "tokens_left",
-           "needed", "available", "other_request", "detail")
+COLUMNS = (
+    "step",
+    "time_s",
+    "event",
+    "request_id",
+    "reason",
+    "queue",
+    "tokens",
+    "cached_tokens",
+    "tokens_left",
+    "needed",
+    "available",
+    "other_request",
+    "detail",
+)
 ROW_GROUP = 65_536  # rows buffered before they are written
 
 _WAITS = {Decision.NO_BLOCKS: "no_blocks", Decision.TOKEN_BUDGET: "token_budget", Decision.SEQ_BUDGET: "seq_budget"}
-_PREFILL, _PREEMPTED, _SWAPPED_IN, _IGNORED_NOTE, _HELD = (Decision.PREFILL, Decision.PREEMPTED, Decision.SWAPPED_IN,
-                                                          Decision.IGNORED, Decision.HELD)
+_PREFILL, _PREEMPTED, _SWAPPED_IN, _IGNORED_NOTE, _HELD = (
+    Decision.PREFILL,
+    Decision.PREEMPTED,
+    Decision.SWAPPED_IN,
+    Decision.IGNORED,
+    Decision.HELD,
+)
 _IGNORED = SequenceStatus.FINISHED_IGNORED
 
 
@@ -94,7 +112,9 @@ class DecisionLog:
         """A steady run (``StepRun``, kvsched.executors.steady_runs), step by step as its reports would say it
         (lane decodes of every running request)."""
         lane, last = run.output.lane_decodes, len(run.duration) - 1
-        if not run.output.decisions and not self._prefilling:  # no step has notes, nobody left out: only the last step's finishes
+        if (
+            not run.output.decisions and not self._prefilling
+        ):  # no step has notes, nobody left out: only the last step's finishes
             self._step(run.first + last, run.now[last] - run.duration[last], [], lane, (), run.finished)
             return
         for i, (now, duration) in enumerate(zip(run.now, run.duration)):
@@ -106,7 +126,9 @@ class DecisionLog:
             # the commonest step under load: the decode lane, and admission stopped at the head of the queue
             code, rid, needed, available = notes[0]
             queue = "running" if rid in self._running else "swapped" if rid in self._swapped else "waiting"
-            self._rows.append((step, start, "wait", rid, _WAITS[code], queue, None, None, None, needed, available, None, None))
+            self._rows.append(
+                (step, start, "wait", rid, _WAITS[code], queue, None, None, None, needed, available, None, None)
+            )
         elif notes or prefilling or not lane:  # else a lane step that decided nothing: nobody left out
             prefilling_before, had_running = tuple(prefilling.items()) if prefilling else (), bool(self._running)
             touched, joined = self._notes(step, start, notes)
@@ -121,7 +143,23 @@ class DecisionLog:
                 self._running.pop(f"{i}_{rid}", None)
                 prefilling.pop(f"{i}_{rid}", None)
             if g.status is not _IGNORED:
-                self._rows.append((step, start, "finished", rid, g.status.finish_reason, "running", None, None, None, None, None, None, None))
+                self._rows.append(
+                    (
+                        step,
+                        start,
+                        "finished",
+                        rid,
+                        g.status.finish_reason,
+                        "running",
+                        None,
+                        None,
+                        None,
+                        None,
+                        None,
+                        None,
+                        None,
+                    )
+                )
         if len(self._rows) >= ROW_GROUP:
             self._flush()
 
@@ -144,8 +182,23 @@ class DecisionLog:
                     prefilling[rid] = note.left
                 else:
                     prefilling.pop(rid, None)
-                rows.append((step, start, "admitted" if admitted else "prefill", rid, None, "waiting" if admitted else "running",
-                             note.tokens, note.cached if admitted else None, note.left, None, None, None, None))
+                rows.append(
+                    (
+                        step,
+                        start,
+                        "admitted" if admitted else "prefill",
+                        rid,
+                        None,
+                        "waiting" if admitted else "running",
+                        note.tokens,
+                        note.cached if admitted else None,
+                        note.left,
+                        None,
+                        None,
+                        None,
+                        None,
+                    )
+                )
             elif code in _WAITS:
                 queue = "running" if rid in running else "swapped" if rid in swapped else "waiting"
                 needed, available, why = note.needed, note.available, _WAITS[code]
@@ -173,8 +226,17 @@ class DecisionLog:
                 rows.append((step, start, "held", None, reason, None, None, None, None, None, None, None, numbers))
         return touched, joined
 
-    def _batch(self, step: int, start: float, lane: int, outside: list, prefilling: tuple[tuple[str, int], ...],
-               had_running: bool, touched: set[str], joined: list[str]) -> None:
+    def _batch(
+        self,
+        step: int,
+        start: float,
+        lane: int,
+        outside: list,
+        prefilling: tuple[tuple[str, int], ...],
+        had_running: bool,
+        touched: set[str],
+        joined: list[str],
+    ) -> None:
         """Rows for the requests running at the step's start that it neither ran nor gave a decision.
 
         A prompt's last token computed alone is scheduled as a one-token decode (it samples the first
@@ -195,14 +257,18 @@ class DecisionLog:
         if lane:
             candidates = [rid for rid, _ in prefilling if rid not in ran]
         elif not ran and not touched:
-            rows.append((step, start, "left_out", None, "not_offered", "running", None, None, None, None, None, None, None))
+            rows.append(
+                (step, start, "left_out", None, "not_offered", "running", None, None, None, None, None, None, None)
+            )
             return
         else:
             new = set(joined)  # (the preempted ones were touched)
             candidates = [rid for rid in self._running if rid not in ran and rid not in new]
         for rid in candidates:
             if rid not in touched:
-                rows.append((step, start, "left_out", rid, "not_offered", "running", None, None, None, None, None, None, None))
+                rows.append(
+                    (step, start, "left_out", rid, "not_offered", "running", None, None, None, None, None, None, None)
+                )
 
     def _flush(self) -> None:
         import pyarrow as pa

@@ -122,9 +122,13 @@ def fairness_summary(metrics: Any, service: TenantService | None = None) -> dict
     ``metrics``: the records, a list of ``RequestMetrics`` or columns; tenants in order of first appearance."""
     metrics = as_columns(metrics)
     tenant = metrics.column("tenant")
-    finished = {c["values"]: c["counts"] for c in pc.value_counts(pc.filter(tenant, pa.array(done_mask(metrics)))).to_pylist()}
-    per: dict[str, dict] = {c["values"]: {"requests": c["counts"], "finished": finished.get(c["values"], 0)}
-                            for c in pc.value_counts(tenant).to_pylist()}
+    finished = {
+        c["values"]: c["counts"] for c in pc.value_counts(pc.filter(tenant, pa.array(done_mask(metrics)))).to_pylist()
+    }
+    per: dict[str, dict] = {
+        c["values"]: {"requests": c["counts"], "finished": finished.get(c["values"], 0)}
+        for c in pc.value_counts(tenant).to_pylist()
+    }
     tracked = service is not None and len(service.tenants) > 1
     rates = service.backlogged_rates() if tracked else {}
     for name, t in per.items():

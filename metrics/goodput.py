@@ -35,5 +35,7 @@ def goodput_summary(metrics: Any, duration_s: float, ttft: float | None, tpot: f
         "requests_meeting_slo": num_good,
         "slo_attainment": num_good / metrics.num_rows if metrics.num_rows else 0.0,
         "goodput_requests_per_s": num_good / duration_s if duration_s > 0 else 0.0,
-        "goodput_tokens_per_s": exact_sum(numbers(metrics, "output_tokens")[good]) / duration_s if duration_s > 0 else 0.0,
+        "goodput_tokens_per_s": exact_sum(numbers(metrics, "output_tokens")[good]) / duration_s
+        if duration_s > 0
+        else 0.0,
     }

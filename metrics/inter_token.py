@@ -97,7 +97,9 @@ def _chunked(rows, rid: str) -> bool:
 
 
 def _rows_by_step(events: pd.DataFrame) -> dict[int, list[tuple]]:
-    wanted = events[events.event.isin(("admitted", "prefill", "swapped_in", "preempted", "finished", "left_out", "wait"))]
+    wanted = events[
+        events.event.isin(("admitted", "prefill", "swapped_in", "preempted", "finished", "left_out", "wait"))
+    ]
     left = wanted.tokens_left.fillna(0).astype("int64")
     by_step: dict[int, list[tuple]] = defaultdict(list)
     for row in zip(wanted.step.to_numpy(), wanted.event, wanted.request_id, wanted.reason, wanted.queue, left):

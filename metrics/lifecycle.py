@@ -25,8 +25,13 @@ import numpy as np
 from kvsched.userfiles.reader import FileError, read_json
 
 PERCENTILES = (0.1, 1, 5, 10, 25, 50, 75, 90, 95, 99, 99.9)
-LATENCIES = ("request_latency", "normalized_time_per_output_token", "time_per_output_token", "time_to_first_token",
-             "inter_token_latency")
+LATENCIES = (
+    "request_latency",
+    "normalized_time_per_output_token",
+    "time_per_output_token",
+    "time_to_first_token",
+    "inter_token_latency",
+)
 
 
 class ClientRequest(NamedTuple):
@@ -42,8 +47,13 @@ class ClientRequest(NamedTuple):
     output_len: int  # what the client counted
 
 
-def client_requests(log: Iterable[Any], records: Iterable[Any], serving_seconds: tuple[float, float] = (0.0, 0.0),
-                    timeout_s: float = 300.0, counted: Mapping[str, int] | None = None) -> list[ClientRequest]:
+def client_requests(
+    log: Iterable[Any],
+    records: Iterable[Any],
+    serving_seconds: tuple[float, float] = (0.0, 0.0),
+    timeout_s: float = 300.0,
+    counted: Mapping[str, int] | None = None,
+) -> list[ClientRequest]:
     """Join a client log (``request_id``, ``stage``, ``scheduled``, ``sent``, ``outcome``: ok, timeout or
     refused) with the engine's records (``RequestMetrics``); ``counted``: the output tokens the client
     counts for a request, where it differs from what the engine generated."""
@@ -60,8 +70,18 @@ def client_requests(log: Iterable[Any], records: Iterable[Any], serving_seconds:
         r = engine[c.request_id]
         generated = r.output_tokens
         n = generated if counted is None else counted.get(c.request_id, generated)
-        out.append(ClientRequest(c.stage, c.scheduled, c.sent, True, api + (r.finish_time - r.arrival_time) + response,
-                                 api + (r.first_token_time - r.arrival_time), r.prompt_tokens, n))
+        out.append(
+            ClientRequest(
+                c.stage,
+                c.scheduled,
+                c.sent,
+                True,
+                api + (r.finish_time - r.arrival_time) + response,
+                api + (r.first_token_time - r.arrival_time),
+                r.prompt_tokens,
+                n,
+            )
+        )
     return out
 
 
@@ -81,8 +101,10 @@ def lifecycle_report(requests: list[ClientRequest], rate: float | None = None) -
     """One stage's report (``rate``: its requested rate) or, without it, a run's summary."""
     ok = [r for r in requests if r.ok]
     failed = [r for r in requests if not r.ok]
-    load: dict[str, Any] = {"count": len(requests),
-                            "schedule_delay": summarize([r.start - r.scheduled for r in requests])}
+    load: dict[str, Any] = {
+        "count": len(requests),
+        "schedule_delay": summarize([r.start - r.scheduled for r in requests]),
+    }
     if rate is not None and requests:
         send = max(r.start for r in requests) - min(r.start for r in requests)
         load.update(send_duration=send, requested_rate=rate, achieved_rate=len(requests) / send if send > 0 else 0.0)
@@ -100,19 +122,27 @@ def lifecycle_report(requests: list[ClientRequest], rate: float | None = None) -
             "count": len(ok),
             "latency": {
                 "request_latency": summarize(latency),
-                "normalized_time_per_output_token": summarize(np.divide(latency, counts, out=np.zeros(len(ok)),
-                                                                        where=counts > 0)),
+                "normalized_time_per_output_token": summarize(
+                    np.divide(latency, counts, out=np.zeros(len(ok)), where=counts > 0)
+                ),
                 "time_per_output_token": summarize(tpot[counts > 1]),
                 "time_to_first_token": summarize(ttft),
                 "inter_token_latency": summarize(gaps),
             },
-            "throughput": {"input_tokens_per_sec": per_s(inputs), "output_tokens_per_sec": per_s(outputs),
-                           "total_tokens_per_sec": per_s(inputs + outputs), "requests_per_sec": per_s(len(ok))},
+            "throughput": {
+                "input_tokens_per_sec": per_s(inputs),
+                "output_tokens_per_sec": per_s(outputs),
+                "total_tokens_per_sec": per_s(inputs + outputs),
+                "requests_per_sec": per_s(len(ok)),
+            },
             "prompt_len": summarize([r.prompt_len for r in ok]),
             "output_len": summarize(counts),
         },
-        "failures": {"count": len(failed), "request_latency": summarize([r.latency for r in failed]),
-                     "prompt_len": summarize([r.prompt_len for r in failed])},
+        "failures": {
+            "count": len(failed),
+            "request_latency": summarize([r.latency for r in failed]),
+            "prompt_len": summarize([r.prompt_len for r in failed]),
+        },
     }
 
 
@@ -127,8 +157,12 @@ def lifecycle_reports(requests: list[ClientRequest], rates: list[float]) -> dict
     return files
 
 
-def run_reports(workload: Any, records: Iterable[Any], serving_seconds: tuple[float, float],
-                counted: Mapping[str, int] | None = None) -> dict[str, dict[str, Any]]:
+def run_reports(
+    workload: Any,
+    records: Iterable[Any],
+    serving_seconds: tuple[float, float],
+    counted: Mapping[str, int] | None = None,
+) -> dict[str, dict[str, Any]]:
     """The report files of a run an inference-perf workload drove (its ``client_log``, ``stages``, ``timeout_s``)."""
     requests = client_requests(workload.client_log, records, serving_seconds, workload.timeout_s, counted)
     return lifecycle_reports(requests, [s.rate for s in workload.stages])
@@ -144,6 +178,5 @@ def read_lifecycle(path) -> dict[str, Any]:
                 raise KeyError(name)
     except (KeyError, TypeError) as exc:
         missing = exc.args[0] if exc.args else "?"
-        raise FileError(f"not an inference-perf lifecycle report: no successes.latency.{missing}",
-                        path) from None
+        raise FileError(f"not an inference-perf lifecycle report: no successes.latency.{missing}", path) from None
     return data

@@ -28,8 +28,14 @@ class ParquetRows:
     numeric columns (a time series: a third of the writing time).
     """
 
-    def __init__(self, path: Path, schema: pa.Schema, row_group_size: int = 65_536,
-                 on_write: Callable[[pa.Table], None] | None = None, dictionary: bool = True) -> None:
+    def __init__(
+        self,
+        path: Path,
+        schema: pa.Schema,
+        row_group_size: int = 65_536,
+        on_write: Callable[[pa.Table], None] | None = None,
+        dictionary: bool = True,
+    ) -> None:
         self.path = Path(path)
         self.schema = schema
         self.row_group_size = row_group_size

@@ -54,15 +54,21 @@ def phases_of(rows, arrival: float, finish: float | None, start: np.ndarray, end
         elif event == "swapped_in":  # it runs in that step (a prefill row follows if it was mid-prompt)
             switch("decode", start[step])
         elif event == "preempted":
-            switch("swapped" if reason == "swap" else "preempted", start[step],
-                   f"{reason}, for {other}" if isinstance(other, str) else f"{reason}, by the policy")
+            switch(
+                "swapped" if reason == "swap" else "preempted",
+                start[step],
+                f"{reason}, for {other}" if isinstance(other, str) else f"{reason}, by the policy",
+            )
         elif event in ("finished", "ignored"):
             switch(None, end[step] if event == "finished" else start[step])
             break
     if kind is not None and finish is not None and not np.isnan(finish):  # aborted: the log has no row for it
         switch(None, finish)
-    return [Phase(k, a, b, int(np.searchsorted(start, a - 1e-9)), int(np.searchsorted(start, b - 1e-9)) - 1, d)
-            for k, a, b, d in spans if b > a]
+    return [
+        Phase(k, a, b, int(np.searchsorted(start, a - 1e-9)), int(np.searchsorted(start, b - 1e-9)) - 1, d)
+        for k, a, b, d in spans
+        if b > a
+    ]
 
 
 def sampled_ids(events: pd.DataFrame, requests: pd.DataFrame) -> dict[str, list[str]]:
@@ -76,13 +82,20 @@ def sampled_ids(events: pd.DataFrame, requests: pd.DataFrame) -> dict[str, list[
     return ids
 
 
-def all_phases(events: pd.DataFrame, requests: pd.DataFrame, start: np.ndarray, end: np.ndarray,
-               ids: dict[str, list[str]] | None = None) -> dict[str, list[Phase]]:
+def all_phases(
+    events: pd.DataFrame,
+    requests: pd.DataFrame,
+    start: np.ndarray,
+    end: np.ndarray,
+    ids: dict[str, list[str]] | None = None,
+) -> dict[str, list[Phase]]:
     """``phases_of`` for every id ``sampled_ids`` gives (a fanned-out request's children, each on its own,
     with their parent's arrival and end), in one pass over the log."""
     rows = state_rows(events)
     by_request: dict[str, list[tuple]] = defaultdict(list)
-    for rid, *row in zip(rows.request_id, rows.event, rows.step.to_numpy(), rows.tokens_left.to_numpy(), rows.reason, rows.other_request):
+    for rid, *row in zip(
+        rows.request_id, rows.event, rows.step.to_numpy(), rows.tokens_left.to_numpy(), rows.reason, rows.other_request
+    ):
         by_request[rid].append(row)
     ids = sampled_ids(events, requests) if ids is None else ids
     return {

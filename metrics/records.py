@@ -27,11 +27,24 @@ if TYPE_CHECKING:
 
     from kvsched.core.report import StepReport
 
-_TYPES = {"priority": pa.int64(), "n": pa.int64(), "prompt_tokens": pa.int64(), "output_tokens": pa.int64(),
-          "preemptions_recompute": pa.int64(), "preemptions_swap": pa.int64(),
-          "recomputed_tokens": pa.int64(), "discarded_tokens": pa.int64(), "computed_tokens": pa.int64(),
-          "request_id": pa.string(), "status": pa.string(), "finish_reason": pa.string(), "detail": pa.string(),
-          "tenant": pa.string(), "slo_class": pa.string(), "session_id": pa.string()}
+_TYPES = {
+    "priority": pa.int64(),
+    "n": pa.int64(),
+    "prompt_tokens": pa.int64(),
+    "output_tokens": pa.int64(),
+    "preemptions_recompute": pa.int64(),
+    "preemptions_swap": pa.int64(),
+    "recomputed_tokens": pa.int64(),
+    "discarded_tokens": pa.int64(),
+    "computed_tokens": pa.int64(),
+    "request_id": pa.string(),
+    "status": pa.string(),
+    "finish_reason": pa.string(),
+    "detail": pa.string(),
+    "tenant": pa.string(),
+    "slo_class": pa.string(),
+    "session_id": pa.string(),
+}
 SCHEMA = pa.schema([(name, _TYPES.get(name, pa.float64())) for name in FIELDS])  # the rest are times (s): float64
 
 

@@ -81,7 +81,9 @@ class RequestMetrics:
             queueing_time=None if g.first_scheduled_time is None else g.first_scheduled_time - arrival,
             ttft=ttft,
             tpot=tpot,
-            e2e=None if g.finish_time is None or g.status is SequenceStatus.FINISHED_IGNORED else g.finish_time - arrival,
+            e2e=None
+            if g.finish_time is None or g.status is SequenceStatus.FINISHED_IGNORED
+            else g.finish_time - arrival,
             preemptions_recompute=g.num_recompute_preemptions,
             preemptions_swap=g.num_swap_preemptions,
             **request_counts(g),
@@ -107,8 +109,13 @@ def offloading_summary(engine: Engine | None, recompute: dict | None) -> dict:
     tier = offloading.summary()
     recomputed = recompute["recomputed_tokens"]
     redone = tier["reloaded_tokens"] + recomputed
-    return {"cpu_tier": {**tier, "recomputed_tokens": recomputed,
-                         "reloaded_share": tier["reloaded_tokens"] / redone if redone else 0.0}}
+    return {
+        "cpu_tier": {
+            **tier,
+            "recomputed_tokens": recomputed,
+            "reloaded_share": tier["reloaded_tokens"] / redone if redone else 0.0,
+        }
+    }
 
 
 class Columns(Protocol):
@@ -147,7 +154,7 @@ def exact_sum(values: np.ndarray) -> int | float:
     rows = (1 << 63) // max(1, int(np.abs(values).max()) + 1)  # rows whose sum fits int64
     if rows >= len(values):
         return int(values.sum())
-    return sum(int(values[i:i + rows].sum()) for i in range(0, len(values), rows))
+    return sum(int(values[i : i + rows].sum()) for i in range(0, len(values), rows))
 
 
 def ordered_sum(values: np.ndarray) -> float:
@@ -201,11 +208,17 @@ def summarize(engine: Engine | None, requests: Any, **extra) -> dict:
     out_tokens = exact_sum(numbers(requests, "output_tokens")[done])
     known = engine is not None
     policy = engine.policy_name if known else extra.pop("policy", None)
-    predictor = policy_attribute(engine.hooks.policy, "length_predictor", None) if known else extra.pop("length_predictor", None)
+    predictor = (
+        policy_attribute(engine.hooks.policy, "length_predictor", None)
+        if known
+        else extra.pop("length_predictor", None)
+    )
     config = engine.config.model_dump(mode="json") if known else extra.pop("config", None)
     return {
         "policy": policy,
-        "length_predictor": predictor if isinstance(predictor, str) else None,  # how the policy knew output lengths, if it did
+        "length_predictor": predictor
+        if isinstance(predictor, str)
+        else None,  # how the policy knew output lengths, if it did
         **extra,
         "num_requests": requests.num_rows,
         "finished": num_done,
@@ -223,7 +236,9 @@ def summarize(engine: Engine | None, requests: Any, **extra) -> dict:
         "preemptions": {
             "recompute": exact_sum(numbers(requests, "preemptions_recompute")),
             "swap": exact_sum(numbers(requests, "preemptions_swap")),
-        } if known else None,
+        }
+        if known
+        else None,
         "recompute": (recompute := recompute_summary(requests) if known else None),
         **offloading_summary(engine, recompute),
         "blocks_swapped_in": engine.num_blocks_swapped_in if known else None,

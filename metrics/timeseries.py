@@ -24,10 +24,27 @@ if TYPE_CHECKING:
     from kvsched.core.report import StepReport
 
 COLUMNS = (
-    "step", "time_s", "duration_s", "start_s", "num_waiting", "num_running", "num_swapped",
-    "batch_groups", "batch_seqs", "prefill_groups", "prefill_tokens", "decode_seqs", "kv_tokens_read",
-    "gpu_blocks_used", "cpu_blocks_used", "blocks_swapped_in", "blocks_swapped_out", "blocks_copied",
-    "preempted_recompute", "preempted_swap", "finished",
+    "step",
+    "time_s",
+    "duration_s",
+    "start_s",
+    "num_waiting",
+    "num_running",
+    "num_swapped",
+    "batch_groups",
+    "batch_seqs",
+    "prefill_groups",
+    "prefill_tokens",
+    "decode_seqs",
+    "kv_tokens_read",
+    "gpu_blocks_used",
+    "cpu_blocks_used",
+    "blocks_swapped_in",
+    "blocks_swapped_out",
+    "blocks_copied",
+    "preempted_recompute",
+    "preempted_swap",
+    "finished",
 )
 SCHEMA = pa.schema([(c, pa.float64() if c in ("time_s", "duration_s", "start_s") else pa.int64()) for c in COLUMNS])
 _DTYPES = {f.name: f.type.to_pandas_dtype() for f in SCHEMA}  # numpy reads a column of Python numbers faster than Arrow
@@ -58,13 +75,31 @@ class TimeSeriesRecorder:
         for _g, mode in out.preempted:
             if mode.value == "swap":
                 swap_preempt += 1
-        self._rows.append((
-            r.step, r.now, r.duration, r.now - r.duration if r.started is None else r.started, r.num_waiting, r.num_running, r.num_swapped,
-            len(out.scheduled), f.decode_seqs + prefill_groups, prefill_groups, f.prefill_tokens, f.decode_seqs,
-            f.kv_tokens_read, cache.num_gpu_blocks - cache.num_free_gpu_blocks,
-            cache.num_cpu_blocks - cache.num_free_cpu_blocks, len(out.blocks_to_swap_in), len(out.blocks_to_swap_out),
-            len(out.blocks_to_copy), len(out.preempted) - swap_preempt, swap_preempt, len(r.finished),
-        ))
+        self._rows.append(
+            (
+                r.step,
+                r.now,
+                r.duration,
+                r.now - r.duration if r.started is None else r.started,
+                r.num_waiting,
+                r.num_running,
+                r.num_swapped,
+                len(out.scheduled),
+                f.decode_seqs + prefill_groups,
+                prefill_groups,
+                f.prefill_tokens,
+                f.decode_seqs,
+                f.kv_tokens_read,
+                cache.num_gpu_blocks - cache.num_free_gpu_blocks,
+                cache.num_cpu_blocks - cache.num_free_cpu_blocks,
+                len(out.blocks_to_swap_in),
+                len(out.blocks_to_swap_out),
+                len(out.blocks_to_copy),
+                len(out.preempted) - swap_preempt,
+                swap_preempt,
+                len(r.finished),
+            )
+        )
         if self.file is not None and len(self._rows) >= 1024:
             self._settle()
 
@@ -73,8 +108,25 @@ class TimeSeriesRecorder:
         (plain decodes: no prefill, block move or preemption)."""
         self._settle(flush=False)
         k, n, cache, gpu = len(run.duration), len(run.output.scheduled), run.cache, run.cache.num_gpu_blocks
-        (step, time_s, duration, start, waiting, running, swapped, groups, seqs, prefill_groups, prefill_tokens, decodes, kv, gpu_used,
-         cpu_used, *moves, finished) = self._columns
+        (
+            step,
+            time_s,
+            duration,
+            start,
+            waiting,
+            running,
+            swapped,
+            groups,
+            seqs,
+            prefill_groups,
+            prefill_tokens,
+            decodes,
+            kv,
+            gpu_used,
+            cpu_used,
+            *moves,
+            finished,
+        ) = self._columns
         step += range(run.first, run.first + k)
         time_s += run.now
         duration += run.duration
@@ -104,8 +156,9 @@ class TimeSeriesRecorder:
 
     def _table(self) -> pa.Table:
         self._settle(flush=False)
-        return pa.Table.from_arrays([pa.array(np.fromiter(c, _DTYPES[f.name], len(c))) for c, f in zip(self._columns, SCHEMA)],
-                                    schema=SCHEMA)
+        return pa.Table.from_arrays(
+            [pa.array(np.fromiter(c, _DTYPES[f.name], len(c))) for c, f in zip(self._columns, SCHEMA)], schema=SCHEMA
+        )
 
     def _write(self) -> None:
         table = self._table()

@@ -65,7 +65,9 @@ class Run:
     start_s: float
     end_s: float
     seconds: dict[str, float] = field(default_factory=lambda: defaultdict(float))  # fine reason -> time
-    numbers: dict[str, list[tuple[int, int]]] = field(default_factory=lambda: defaultdict(list))  # fine reason -> (needed, available)
+    numbers: dict[str, list[tuple[int, int]]] = field(
+        default_factory=lambda: defaultdict(list)
+    )  # fine reason -> (needed, available)
     blockers: list[str] = field(default_factory=list)  # the requests admission stopped at, each once, in order
     details: list[str] = field(default_factory=list)  # the numbers a policy gave ``hold_back``, each once, in order
 
@@ -81,11 +83,15 @@ class WaitReasons:
         self.interval = np.append(self.start[1:], self.end[-1:]) - self.start
         arrivals = np.sort(requests.arrival_time.to_numpy())
         arrived = np.diff(np.concatenate(([0], np.searchsorted(arrivals, self.start + self.eps, side="right"))))
-        before = {q: np.concatenate(([0], steps[f"num_{q}"].to_numpy()[:-1])) for q in ("waiting", "running", "swapped")}
+        before = {
+            q: np.concatenate(([0], steps[f"num_{q}"].to_numpy()[:-1])) for q in ("waiting", "running", "swapped")
+        }
         self.at_start = {**before, "waiting": before["waiting"] + arrived}  # queue lengths as each step began
         self._context = {q: self._step_context(q) for q in ("waiting", "swapped")}
         prefill_only = (steps.decode_seqs.to_numpy() == 0) & (steps.prefill_groups.to_numpy() > 0)
-        self.running_key = np.where(prefill_only, "prefill_only", "not_offered")  # a running request left out of the step
+        self.running_key = np.where(
+            prefill_only, "prefill_only", "not_offered"
+        )  # a running request left out of the step
         self._by_request = events.groupby("request_id", sort=False).indices
         self._event_steps = events.step.to_numpy()  # in step order, as the log was written
 
@@ -169,7 +175,7 @@ class WaitReasons:
         as stretches of steps with the same coarse reason."""
         if last_step < first_step:
             return []
-        ctx = self._context[queue].iloc[first_step:last_step + 1]
+        ctx = self._context[queue].iloc[first_step : last_step + 1]
         keys, blockers, details = ctx.key.to_numpy().copy(), ctx.blocker.to_numpy().copy(), ctx.detail.to_numpy()
         needed, available = ctx.needed.to_numpy().copy(), ctx.available.to_numpy().copy()
         own = self.rows_of(rid)
@@ -177,7 +183,7 @@ class WaitReasons:
         at = own.step.to_numpy() - first_step
         keys[at], blockers[at] = own.reason.to_numpy(), None
         needed[at], available[at] = own.needed.to_numpy(dtype=float), own.available.to_numpy(dtype=float)
-        ends = self.start[first_step:last_step + 1] + self.interval[first_step:last_step + 1]
+        ends = self.start[first_step : last_step + 1] + self.interval[first_step : last_step + 1]
         seconds = np.diff(np.concatenate(([start_s], ends)))
         kinds = np.where(pd.Series(keys).str.startswith("behind:").to_numpy(), "behind", keys)
         bounds = np.concatenate(([0], np.flatnonzero(kinds[1:] != kinds[:-1]) + 1, [len(kinds)]))
@@ -190,6 +196,8 @@ class WaitReasons:
                 checked = mine & ~np.isnan(needed[a:b])
                 run.numbers[key] = list(zip(needed[a:b][checked].astype(int), available[a:b][checked].astype(int)))
             run.blockers = list(dict.fromkeys(x for x in blockers[a:b] if x is not None))
-            run.details = list(dict.fromkeys(x for x, key in zip(details[a:b], keys[a:b]) if x is not None and key == run.key))
+            run.details = list(
+                dict.fromkeys(x for x, key in zip(details[a:b], keys[a:b]) if x is not None and key == run.key)
+            )
             runs.append(run)
         return runs

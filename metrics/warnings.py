@@ -47,9 +47,13 @@ def _by_reason(details: list[str | None], verb: str) -> list[dict[str, Any]]:
     for detail in details:
         text = (detail or "no reason recorded").replace("{", "{{").replace("}", "}}")
         groups[_NUMBER.sub(lambda m: m[0] if m[0].startswith("(") else "{}", text)].append(
-            [int(m) for m in _NUMBER.findall(text) if not m.startswith("(")])
+            [int(m) for m in _NUMBER.findall(text) if not m.startswith("(")]
+        )
     ranked = sorted(groups.items(), key=lambda kv: -len(kv[1]))
-    out = [{"count": len(values), "reason": f"{verb}: {_fill(template, values)}"} for template, values in ranked[:MAX_REASONS]]
+    out = [
+        {"count": len(values), "reason": f"{verb}: {_fill(template, values)}"}
+        for template, values in ranked[:MAX_REASONS]
+    ]
     rest = sum(len(values) for _, values in ranked[MAX_REASONS:])
     if rest:
         out.append({"count": rest, "reason": f"{verb}: {len(ranked) - MAX_REASONS} other reasons"})
@@ -76,12 +80,18 @@ def _overload(records) -> dict[str, Any] | None:
         return None
     times = np.concatenate([arrival, left])
     steps = np.concatenate([np.ones(len(arrival)), -np.ones(len(left))])
-    order = np.lexsort((-steps, times))  # at one instant, arrivals before departures: a request served at once never waits
+    order = np.lexsort(
+        (-steps, times)
+    )  # at one instant, arrivals before departures: a request served at once never waits
     queue = np.cumsum(steps[order])
     empty = times[order][(queue == 0) & (times[order] <= last)]
     drained = float(empty.max()) if len(empty) else first
     if last - drained < OVERLOAD_SHARE * (last - first):
         return None
-    return {"count": int((arrival > drained).sum()), "reason": (
-        f"arrived after the waiting queue last emptied, {drained - first:.1f} s into {last - first:.1f} s of arrivals "
-        "(overload): their latencies grow with the length of the run, not with the engine's speed")}
+    return {
+        "count": int((arrival > drained).sum()),
+        "reason": (
+            f"arrived after the waiting queue last emptied, {drained - first:.1f} s into {last - first:.1f} s of arrivals "
+            "(overload): their latencies grow with the length of the run, not with the engine's speed"
+        ),
+    }

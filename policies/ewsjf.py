@@ -22,9 +22,16 @@ class Ewsjf(VllmV1):
     name = "ewsjf"
     claims = frozenset({"starvation-free"})
 
-    def __init__(self, edges: str | tuple[int, ...] = (256, 1024, 4096), urgency_weight: float = 1.0,
-                 fairness_weight: float = 0.5, sjf_weight: float = 1.0, wait_scale_s: float = 5.0,
-                 sjf_tokens: float = 256.0, **v1) -> None:
+    def __init__(
+        self,
+        edges: str | tuple[int, ...] = (256, 1024, 4096),
+        urgency_weight: float = 1.0,
+        fairness_weight: float = 0.5,
+        sjf_weight: float = 1.0,
+        wait_scale_s: float = 5.0,
+        sjf_tokens: float = 256.0,
+        **v1,
+    ) -> None:
         super().__init__(**v1)
         if isinstance(edges, str):
             edges = tuple(int(e) for e in edges.split(",") if e.strip())
@@ -42,7 +49,9 @@ class Ewsjf(VllmV1):
         urgency, fairness, sjf = self.weights
         passed_over = step.now - self.last_first.get(queue, members[0].arrival_time)
         mean_len = sum(g.prompt_len for g in members) / len(members)
-        return (urgency * waited(step, members[0]) + fairness * passed_over) / self.wait_scale_s + sjf * self.sjf_tokens / mean_len
+        return (
+            urgency * waited(step, members[0]) + fairness * passed_over
+        ) / self.wait_scale_s + sjf * self.sjf_tokens / mean_len
 
     def order_waiting(self, step):
         queues: dict[int, list] = {}

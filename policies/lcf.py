@@ -44,5 +44,9 @@ class Lcf(VllmV1):
         preempted = set(step.preempted)
         candidates = [g for g in reversed(step.running) if g is not requester and g not in preempted]
         victim = self.pick(candidates) if candidates else requester
-        why = f"{self.victim} victim: {victim.num_computed_tokens} computed tokens" if candidates else "no other running request"
+        why = (
+            f"{self.victim} victim: {victim.num_computed_tokens} computed tokens"
+            if candidates
+            else "no other running request"
+        )
         return Preemption(victim, PreemptionMode.RECOMPUTE, why)

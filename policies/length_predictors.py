@@ -110,7 +110,12 @@ class BucketedPredictor:
         return float(self.edges[-1] * 2)  # the open top bucket: known only to be long
 
 
-PREDICTORS = {"history": HistoryPredictor, "oracle": OraclePredictor, "noisy": NoisyOraclePredictor, "bucketed": BucketedPredictor}
+PREDICTORS = {
+    "history": HistoryPredictor,
+    "oracle": OraclePredictor,
+    "noisy": NoisyOraclePredictor,
+    "bucketed": BucketedPredictor,
+}
 
 
 def make_predictor(spec: str | LengthPredictor, **options) -> LengthPredictor:

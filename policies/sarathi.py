@@ -47,7 +47,11 @@ class Sarathi:
             return True
         for group in step.swapped:
             left = self._left(step)
-            if left < 1 or (group.num_seqs > 1 and group.num_uncomputed_tokens > left) or step.swap_in(group, max_tokens=left) in STOP:
+            if (
+                left < 1
+                or (group.num_seqs > 1 and group.num_uncomputed_tokens > left)
+                or step.swap_in(group, max_tokens=left) in STOP
+            ):
                 break
         if any(not step.was_touched(g) for g in step.swapped):
             return True

@@ -22,8 +22,14 @@ class SessionAffinity(VllmV1):
     name = "session-affinity"
     claims = frozenset({"starvation-free"})
 
-    def __init__(self, window: int = 8, min_cached_blocks: int = 1, max_head_wait_s: float = 2.0,
-                 session_ttl_s: float = 30.0, **v1) -> None:
+    def __init__(
+        self,
+        window: int = 8,
+        min_cached_blocks: int = 1,
+        max_head_wait_s: float = 2.0,
+        session_ttl_s: float = 30.0,
+        **v1,
+    ) -> None:
         super().__init__(**v1)
         self.window, self.min_cached_blocks = int(window), int(min_cached_blocks)
         self.max_head_wait_s, self.session_ttl_s = float(max_head_wait_s), float(session_ttl_s)
@@ -33,8 +39,11 @@ class SessionAffinity(VllmV1):
 
     def warm(self, step, group) -> bool:
         finished = self.last_finished.get(group.session_id) if group.session_id is not None else None
-        return (finished is not None and step.now - finished < self.session_ttl_s
-                and step.cache.num_cached_tokens(group) >= self.min_cached_blocks * step.cache.block_size)
+        return (
+            finished is not None
+            and step.now - finished < self.session_ttl_s
+            and step.cache.num_cached_tokens(group) >= self.min_cached_blocks * step.cache.block_size
+        )
 
     def order_waiting(self, step):
         waiting = step.waiting

@@ -22,8 +22,15 @@ class Sjf(ContinuousBatching):
     name = "sjf"
     claims = frozenset({"starvation-free"})
 
-    def __init__(self, predictor="history", starvation_s: float = 10.0, sigma: float | None = None,
-                 edges: str | tuple[int, ...] | None = None, window: int | None = None, seed: int = 0) -> None:
+    def __init__(
+        self,
+        predictor="history",
+        starvation_s: float = 10.0,
+        sigma: float | None = None,
+        edges: str | tuple[int, ...] | None = None,
+        window: int | None = None,
+        seed: int = 0,
+    ) -> None:
         options = {k: v for k, v in (("sigma", sigma), ("edges", edges), ("window", window)) if v is not None}
         if predictor == "noisy":
             options["seed"] = seed
@@ -40,7 +47,14 @@ class Sjf(ContinuousBatching):
         return step.now - group.arrival_time > self.starvation_s
 
     def order_waiting(self, step):
-        return sorted(step.waiting, key=lambda g: (not self.starving(step, g), 0.0 if self.starving(step, g) else self.remaining(g), g.arrival_time))
+        return sorted(
+            step.waiting,
+            key=lambda g: (
+                not self.starving(step, g),
+                0.0 if self.starving(step, g) else self.remaining(g),
+                g.arrival_time,
+            ),
+        )
 
     def pick_victim(self, step, candidates, requester):
         index = {id(g): i for i, g in enumerate(step.running)}

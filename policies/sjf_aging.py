@@ -17,8 +17,15 @@ class SjfAging(WindowedV1):
     name = "sjf-aging"
     claims = frozenset({"starvation-free"})
 
-    def __init__(self, length_median: float = 2048.0, time_median: float = 5.0, length_weight: float = 0.5,
-                 time_weight: float = 0.5, window: int = 128, **v1) -> None:
+    def __init__(
+        self,
+        length_median: float = 2048.0,
+        time_median: float = 5.0,
+        length_weight: float = 0.5,
+        time_weight: float = 0.5,
+        window: int = 128,
+        **v1,
+    ) -> None:
         super().__init__(window=window, **v1)
         self.length_median, self.time_median = float(length_median), float(time_median)
         self.length_weight, self.time_weight = float(length_weight), float(time_weight)

@@ -54,4 +54,6 @@ class SlaTiers(VllmV1):
         victim = max(candidates, key=lambda g: (self.tier(g), g.arrival_time), default=requester)
         if self.tier(victim) < self.tier(requester):
             victim = requester
-        return Preemption(victim, PreemptionMode.RECOMPUTE, f"tier {TIERS[self.tier(victim)]}, the least urgent running")
+        return Preemption(
+            victim, PreemptionMode.RECOMPUTE, f"tier {TIERS[self.tier(victim)]}, the least urgent running"
+        )

@@ -43,8 +43,13 @@ class VllmDefault:
                 waited, limit = now - min(arrivals), step.config.delay_factor * self._last_prompt_latency
                 if waited > limit or not step.running:
                     return True
-                step.hold_back("delay gate", waited_s=waited, limit_s=limit, delay_factor=step.config.delay_factor,
-                               last_prompt_latency_s=self._last_prompt_latency)
+                step.hold_back(
+                    "delay gate",
+                    waited_s=waited,
+                    limit_s=limit,
+                    delay_factor=step.config.delay_factor,
+                    last_prompt_latency_s=self._last_prompt_latency,
+                )
                 return False
         return True
 

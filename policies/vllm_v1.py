@@ -54,8 +54,14 @@ class VllmV1:
     engine_defaults = {"vllm_engine": "v1", "watermark": 0.0, "enable_prefix_caching": True}
     chunked_prefill = True  # its budget is a chunk size, not a length limit (experiments/settings.py)
 
-    def __init__(self, policy: str = "fcfs", long_prefill_token_threshold: int = 0, vllm_release: str = "0.32",
-                 cache_aware_admission_window: int = 0, cache_aware_admission_threshold: float = 0.5) -> None:
+    def __init__(
+        self,
+        policy: str = "fcfs",
+        long_prefill_token_threshold: int = 0,
+        vllm_release: str = "0.32",
+        cache_aware_admission_window: int = 0,
+        cache_aware_admission_threshold: float = 0.5,
+    ) -> None:
         if policy not in POLICIES:
             raise ValueError(f"policy must be one of {', '.join(POLICIES)}, got {policy!r}")
         self.priority = policy == "priority"
@@ -75,8 +81,10 @@ class VllmV1:
         self.cache_aware_window = int(cache_aware_admission_window)
         self.cache_aware_threshold = float(cache_aware_admission_threshold)
         if self.cache_aware_window < 0 or not 0.0 <= self.cache_aware_threshold <= 1.0:
-            raise ValueError("cache_aware_admission_window must be >= 0 and cache_aware_admission_threshold within "
-                             f"0..1, got {cache_aware_admission_window} and {cache_aware_admission_threshold}")
+            raise ValueError(
+                "cache_aware_admission_window must be >= 0 and cache_aware_admission_threshold within "
+                f"0..1, got {cache_aware_admission_window} and {cache_aware_admission_threshold}"
+            )
         if self.cache_aware_window and release < (0, 34):
             raise ValueError(f"cache_aware_admission_window is vLLM 0.34's; vllm_release={vllm_release!r} has none")
         self._grammar_woken: set[str] = set()  # grammar requests V1 has looked at ready (status WAITING since)
@@ -97,7 +105,9 @@ class VllmV1:
                 break
             if step.was_touched(group):  # preempted earlier in this step
                 continue
-            cap = step.remaining_tokens if threshold <= 0 else min(threshold, step.remaining_tokens)  # of its tokens and drafts
+            cap = (
+                step.remaining_tokens if threshold <= 0 else min(threshold, step.remaining_tokens)
+            )  # of its tokens and drafts
             if step.advance(group, max_tokens=cap) is Outcome.PREEMPTED:
                 if self.past_self_preemption:
                     continue
@@ -114,7 +124,9 @@ class VllmV1:
                 continue
             if group.grammar_ready_at is not None and self.cache_aware_window:
                 woken.add(group.request_id)
-            if chunked and group.max_running_seqs == 1:  # a group of several (v0 mechanics; V1 fans n > 1 out) runs whole
+            if (
+                chunked and group.max_running_seqs == 1
+            ):  # a group of several (v0 mechanics; V1 fans n > 1 out) runs whole
                 chunk = step.remaining_tokens if threshold <= 0 else min(threshold, step.remaining_tokens)
             else:  # the whole prompt, or a threshold's cut, as vLLM still makes it; BUDGET if it does not fit what is left
                 chunk = threshold if threshold > 0 and group.max_running_seqs == 1 else None
@@ -130,10 +142,13 @@ class VllmV1:
         cache, waiting = step.cache, step.waiting
         if len(waiting) < 2 or 1.0 - cache.num_free_gpu_blocks / cache.num_gpu_blocks < self.cache_aware_threshold:
             return
-        head = list(waiting[:self.cache_aware_window])
+        head = list(waiting[: self.cache_aware_window])
         woken = self._grammar_woken
-        slots = [i for i, g in enumerate(head)
-                 if not g.num_preemptions and (g.grammar_ready_at is None or g.request_id in woken)]
+        slots = [
+            i
+            for i, g in enumerate(head)
+            if not g.num_preemptions and (g.grammar_ready_at is None or g.request_id in woken)
+        ]
         if len(slots) < 2:
             return
         cached = {i: cache.num_cached_tokens(head[i]) for i in slots}

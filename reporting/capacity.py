@@ -20,25 +20,45 @@ def capacity_rows(contest: Contest) -> tuple[list[str], list[list[str]]]:
     ranks = contest.ranks(CAPACITY)
     head = ["contender", "rank", CAPACITY.heading, f"vs {contest.baseline}"]
     order = sorted(contest.contenders, key=lambda c: ranks[c])
-    return head, [[c, rank_cell(ranks, c), cell_text(contest.cell(c, CAPACITY), CAPACITY),
-                   change_text(contest.change(c, CAPACITY), CAPACITY) if c != contest.baseline else "baseline"] for c in order]
+    return head, [
+        [
+            c,
+            rank_cell(ranks, c),
+            cell_text(contest.cell(c, CAPACITY), CAPACITY),
+            change_text(contest.change(c, CAPACITY), CAPACITY) if c != contest.baseline else "baseline",
+        ]
+        for c in order
+    ]
 
 
-def capacity_doc(searches: dict[str, list[Search]], contest: Contest, seeds: list[int], slo: dict[str, float],
-                 about: dict[str, Any]) -> dict[str, Any]:
+def capacity_doc(
+    searches: dict[str, list[Search]], contest: Contest, seeds: list[int], slo: dict[str, float], about: dict[str, Any]
+) -> dict[str, Any]:
     """``capacity.json``: what was asked (``about``: command, workload, profile, fleet), every load, the statistics."""
-    return {**about, "slo": slo, "seeds": seeds, "baseline": contest.baseline,
-            "searches": {c: [{"seed": seed, "capacity_req_per_s": s.capacity, "loads": [vars(load) for load in s.loads]}
-                             for seed, s in zip(seeds, runs)] for c, runs in searches.items()},
-            "statistics": contest.as_dict([CAPACITY])}
+    return {
+        **about,
+        "slo": slo,
+        "seeds": seeds,
+        "baseline": contest.baseline,
+        "searches": {
+            c: [
+                {"seed": seed, "capacity_req_per_s": s.capacity, "loads": [vars(load) for load in s.loads]}
+                for seed, s in zip(seeds, runs)
+            ]
+            for c, runs in searches.items()
+        },
+        "statistics": contest.as_dict([CAPACITY]),
+    }
 
 
 def markdown(doc: dict[str, Any], contest: Contest) -> str:
     head, rows = capacity_rows(contest)
     slo = ", ".join(f"{k.removesuffix('_s')} ≤ {v:g} s" for k, v in doc["slo"].items())
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head), *("| " + " | ".join(r) + " |" for r in rows)]
-    return "\n".join(lines) + (f"\n\nThe highest request rate within the SLO ({slo}; no request aborted), found by bisection on each "
-                               f"of seeds {', '.join(map(str, doc['seeds']))}. {statistics_note(contest.level)}\n\n`{doc['command']}`\n")
+    return "\n".join(lines) + (
+        f"\n\nThe highest request rate within the SLO ({slo}; no request aborted), found by bisection on each "
+        f"of seeds {', '.join(map(str, doc['seeds']))}. {statistics_note(contest.level)}\n\n`{doc['command']}`\n"
+    )
 
 
 def plot(doc: dict[str, Any], path: Path) -> Path:
@@ -47,13 +67,24 @@ def plot(doc: dict[str, Any], path: Path) -> Path:
     fig, ax = plt.subplots(figsize=(8, 5))
     for i, (contender, runs) in enumerate(doc["searches"].items()):
         loads = sorted((load for run in runs for load in run["loads"]), key=lambda load: load["offered"])
-        ax.plot([x["offered"] for x in loads], [x["goodput"] for x in loads], "o", color=f"C{i}", alpha=0.7, label=contender,
-                markerfacecolor="none")
+        ax.plot(
+            [x["offered"] for x in loads],
+            [x["goodput"] for x in loads],
+            "o",
+            color=f"C{i}",
+            alpha=0.7,
+            label=contender,
+            markerfacecolor="none",
+        )
         capacity = doc["statistics"]["metrics"][CAPACITY.key]["cells"][contender]
         if capacity and capacity["mean"] > 0:
             ax.axvline(capacity["mean"], color=f"C{i}", ls="--", lw=1)
-    ax.set(xscale="log", xlabel="offered load (requests/s)", ylabel="SLO goodput (requests/s)",
-           title="goodput against load; dashed: each contender's capacity (mean over seeds)")
+    ax.set(
+        xscale="log",
+        xlabel="offered load (requests/s)",
+        ylabel="SLO goodput (requests/s)",
+        title="goodput against load; dashed: each contender's capacity (mean over seeds)",
+    )
     plain = plt.matplotlib.ticker.FuncFormatter(lambda x, _: f"{x:g}")  # 2, not 2×10⁰
     ax.xaxis.set_major_formatter(plain)
     ax.xaxis.set_minor_formatter(plain)

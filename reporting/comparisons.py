@@ -28,22 +28,50 @@ def tradeoff_plot(rows: list[dict[str, Any]], path, title: str = "") -> Any:
     ignores) share one number.
     """
     plt = pyplot()
-    keys = [k for k in rows[0] if k not in ("label", "policy") and k not in {m for m, _ in METRICS} | {"profile", "wall_s", "warnings"}] if rows else []
+    keys = (
+        [
+            k
+            for k in rows[0]
+            if k not in ("label", "policy") and k not in {m for m, _ in METRICS} | {"profile", "wall_s", "warnings"}
+        ]
+        if rows
+        else []
+    )
     policies = list(dict.fromkeys(r["policy"] for r in rows))
     fewest = min((r["ignored"] + r["aborted"] for r in rows), default=0)
     spots: dict[tuple, list[str]] = {}
     for pol in policies:
         for r in rows:
             if r["policy"] == pol and r["ttft_p99_s"] is not None:
-                spot = (pol, f"{r['ttft_p99_s']:.3g}", f"{r['output_tokens_per_s']:.4g}", r["ignored"] + r["aborted"] > fewest)
-                spots.setdefault(spot, []).append(" ".join(f"{_short(k)}={r[k]:g}" if isinstance(r[k], float) else f"{_short(k)}={r[k]}" for k in keys))
-    fig, (ax, key) = plt.subplots(1, 2, figsize=(12, max(5.5, 0.16 * len(spots) + 1)), gridspec_kw={"width_ratios": [3, 1.6]})
+                spot = (
+                    pol,
+                    f"{r['ttft_p99_s']:.3g}",
+                    f"{r['output_tokens_per_s']:.4g}",
+                    r["ignored"] + r["aborted"] > fewest,
+                )
+                spots.setdefault(spot, []).append(
+                    " ".join(
+                        f"{_short(k)}={r[k]:g}" if isinstance(r[k], float) else f"{_short(k)}={r[k]}" for k in keys
+                    )
+                )
+    fig, (ax, key) = plt.subplots(
+        1, 2, figsize=(12, max(5.5, 0.16 * len(spots) + 1)), gridspec_kw={"width_ratios": [3, 1.6]}
+    )
     for i, pol in enumerate(policies):
-        for short in (False, True):  # a point that served fewer requests than the others is hollow: its latencies flatter it
+        for short in (
+            False,
+            True,
+        ):  # a point that served fewer requests than the others is hollow: its latencies flatter it
             mine = [(float(x), float(y)) for (p, x, y, s) in spots if p == pol and s is short]
             if mine:
-                ax.scatter([x for x, _ in mine], [y for _, y in mine], label=f"{pol}, fewer requests served" if short else pol,
-                           s=30, color="none" if short else f"C{i}", edgecolors=f"C{i}")
+                ax.scatter(
+                    [x for x, _ in mine],
+                    [y for _, y in mine],
+                    label=f"{pol}, fewer requests served" if short else pol,
+                    s=30,
+                    color="none" if short else f"C{i}",
+                    edgecolors=f"C{i}",
+                )
     key.axis("off")
     ax.set_xscale("log")
     ax.autoscale_view()
@@ -53,10 +81,25 @@ def tradeoff_plot(rows: list[dict[str, Any]], path, title: str = "") -> Any:
         px, py = ax.transData.transform((float(x), float(y)))
         stacked = sum(1 for qx, qy in placed if abs(qx - px) < 16 and abs(qy - py) < 12)
         placed.append((px, py))
-        ax.annotate(str(n), (float(x), float(y)), fontsize=7, xytext=(3, 3 + 9 * stacked), textcoords="offset points", color=colour)
+        ax.annotate(
+            str(n),
+            (float(x), float(y)),
+            fontsize=7,
+            xytext=(3, 3 + 9 * stacked),
+            textcoords="offset points",
+            color=colour,
+        )
         text = labels[0] if len(labels) == 1 else f"{labels[0]} (+{len(labels) - 1} alike)"
-        key.text(0, 1 - (n - 0.5) / max(len(spots), 1), f"{n:>3}  {pol}: {text}", fontsize=7, color=colour, va="center",
-                 family="monospace", transform=key.transAxes)
+        key.text(
+            0,
+            1 - (n - 0.5) / max(len(spots), 1),
+            f"{n:>3}  {pol}: {text}",
+            fontsize=7,
+            color=colour,
+            va="center",
+            family="monospace",
+            transform=key.transAxes,
+        )
     key.set_title(", ".join(f"{_short(k)} = {k}" for k in keys), fontsize=7, loc="left")
     ax.set(xlabel="p99 TTFT (s)", ylabel="throughput (output tokens/s)", title=title or "throughput vs p99 TTFT")
     ax.grid(alpha=0.3)

@@ -34,8 +34,19 @@ from kvsched.core.errors import KvschedError
 
 # inference-perf's report files (an inference-perf workload's run): the summary and one per load stage
 LIFECYCLE_FILES = ("summary_lifecycle_metrics.json", *(f"stage_{i}_lifecycle_metrics.json" for i in range(100)))
-RUN_FILES = ("summary.json", "requests.csv", "requests.parquet", "timeseries.parquet", "decisions.parquet", "report.html",
-             "trace.json", "latency_cdf.png", "queues_kv.png", "batch_composition.png", *LIFECYCLE_FILES)
+RUN_FILES = (
+    "summary.json",
+    "requests.csv",
+    "requests.parquet",
+    "timeseries.parquet",
+    "decisions.parquet",
+    "report.html",
+    "trace.json",
+    "latency_cdf.png",
+    "queues_kv.png",
+    "batch_composition.png",
+    *LIFECYCLE_FILES,
+)
 SWEEP_FILES = ("sweep.csv", "sweep.parquet", "tradeoff.png")
 COMPARE_FILES = ("comparison.csv", "comparison_cdf.png")
 FLEET_FILES = ("summary.json", "requests.csv", "routes.csv", "report.html")  # a fleet's (engine run --replicas)
@@ -78,8 +89,10 @@ def check_apart(outputs: dict[str, tuple[Path | None, Iterable[str] | None]], in
     for option, path, name in written:
         for other, source in inputs.items():
             if source is not None and _same(path, Path(source)):
-                raise OutputError(f"{option} {path.parent if name else path}: {f'its {name} ' if name else ''}would overwrite "
-                                  f"{other} {source}, which the command reads; write it elsewhere")
+                raise OutputError(
+                    f"{option} {path.parent if name else path}: {f'its {name} ' if name else ''}would overwrite "
+                    f"{other} {source}, which the command reads; write it elsewhere"
+                )
         for other, path2, name2 in written:
             if other != option and not (name and name2) and _same(path, path2):
                 where = f"where {option} {path.parent} writes {name}" if name else f"the {option} path too"

@@ -47,8 +47,11 @@ def numbers(key: str, checks: list[tuple[int, int]], watermark: int) -> str:
         return ""
     needed, available = np.array(checks).T
     key = key.removeprefix("behind:")
-    what = {"no_blocks": f"blocks, {{}} free ({watermark:,} stay free: the watermark)", "token_budget": "tokens, {} left in the step",
-            "seq_budget": "sequences, {} seats left"}.get(key, "needed, {} available")
+    what = {
+        "no_blocks": f"blocks, {{}} free ({watermark:,} stay free: the watermark)",
+        "token_budget": "tokens, {} left in the step",
+        "seq_budget": "sequences, {} seats left",
+    }.get(key, "needed, {} available")
     return f"needed {_span(needed.min(), needed.max())} " + what.format(_span(available.min(), available.max()))
 
 
@@ -61,7 +64,9 @@ def _shortened(blocks: list[list[str]], rid: str) -> list[str]:
         if block is None:
             lines.append(f"{'':16}… {_count(len(blocks) - head - tail, 'phase')} more (--full shows them)")
             continue
-        lines += block[:PHASE_LINES] + ([f"{'':40}… {_count(len(block) - PHASE_LINES, 'line')} more"] if len(block) > PHASE_LINES else [])
+        lines += block[:PHASE_LINES] + (
+            [f"{'':40}… {_count(len(block) - PHASE_LINES, 'line')} more"] if len(block) > PHASE_LINES else []
+        )
     return lines
 
 
@@ -100,17 +105,24 @@ class Explainer:
     def phases_of(self, sid: str) -> list[Phase]:
         rows = state_rows(self.why.rows_of(sid))
         r = self.requests.loc[self.request_of(sid)]
-        return phases_of(list(zip(*(rows[c] for c in rows.columns[1:]))), r.arrival_time, r.finish_time, self.why.start, self.why.end)
+        return phases_of(
+            list(zip(*(rows[c] for c in rows.columns[1:]))), r.arrival_time, r.finish_time, self.why.start, self.why.end
+        )
 
     # ------------------------------------------------------------------------- the run
     def overview(self, top: int = 10) -> list[str]:
         s, ev = self.run.summary, self.run.events
         w = s.get("workload", {})
-        lines = [f"{s['policy']} · {w.get('name') or w.get('kind', 'workload')} · {s['num_requests']:,} requests · "
-                 f"{s['duration_s']:,.0f} s simulated · {s['steps']:,} steps"]
+        lines = [
+            f"{s['policy']} · {w.get('name') or w.get('kind', 'workload')} · {s['num_requests']:,} requests · "
+            f"{s['duration_s']:,.0f} s simulated · {s['steps']:,} steps"
+        ]
         table = self.why.time_by_reason()
-        for queue, title in (("waiting", "waiting for admission"), ("swapped", "swapped out, waiting to come back"),
-                             ("running", "running, but not run in a step (or preempted)")):
+        for queue, title in (
+            ("waiting", "waiting for admission"),
+            ("swapped", "swapped out, waiting to come back"),
+            ("running", "running, but not run in a step (or preempted)"),
+        ):
             part = table[table.queue == queue]
             if part.empty:
                 continue
@@ -141,19 +153,31 @@ class Explainer:
         parent = self.request_of(rid)
         r = self.requests.loc[parent]
         samples = self.samples[parent] if rid == parent else [rid]
-        lines = [f"{rid}{'' if rid == parent else f' (one of the {r.n} requests {parent} fanned out into)'} · prompt {r.prompt_tokens:,} tokens · {r.output_tokens:,} output tokens · {r.status}"
-                 + (f" ({r.detail})" if isinstance(r.detail, str) else ""),
-                 "  ".join(f"{name} {value:,.3f} s" for name, value in (
-                     ("arrived", r.arrival_time), ("queueing", r.queueing_time), ("TTFT", r.ttft), ("e2e", r.e2e))
-                     if value == value and value is not None)
-                 + (f"  TPOT {1000 * r.tpot:,.1f} ms" if r.tpot == r.tpot and r.tpot is not None else "")
-                 + f"  preemptions: {r.preemptions_recompute} recompute, {r.preemptions_swap} swap", ""]
+        lines = [
+            f"{rid}{'' if rid == parent else f' (one of the {r.n} requests {parent} fanned out into)'} · prompt {r.prompt_tokens:,} tokens · {r.output_tokens:,} output tokens · {r.status}"
+            + (f" ({r.detail})" if isinstance(r.detail, str) else ""),
+            "  ".join(
+                f"{name} {value:,.3f} s"
+                for name, value in (
+                    ("arrived", r.arrival_time),
+                    ("queueing", r.queueing_time),
+                    ("TTFT", r.ttft),
+                    ("e2e", r.e2e),
+                )
+                if value == value and value is not None
+            )
+            + (f"  TPOT {1000 * r.tpot:,.1f} ms" if r.tpot == r.tpot and r.tpot is not None else "")
+            + f"  preemptions: {r.preemptions_recompute} recompute, {r.preemptions_swap} swap",
+            "",
+        ]
         waited: dict[str, float] = {}
         blocks = []
         for sid in samples:  # a request fanned out under V1 (n > 1): each child request, one after the other
             for p in self.phases_of(sid):
-                block = [f"{p.start_s:12,.3f} – {p.end_s:12,.3f} s  {_steps(p.first_step, p.last_step):>22}  "
-                         f"{p.kind}" + (f" ({p.detail})" if p.detail else "") + (f"  [{sid}]" if sid != rid else "")]
+                block = [
+                    f"{p.start_s:12,.3f} – {p.end_s:12,.3f} s  {_steps(p.first_step, p.last_step):>22}  "
+                    f"{p.kind}" + (f" ({p.detail})" if p.detail else "") + (f"  [{sid}]" if sid != rid else "")
+                ]
                 if p.kind in WAITING_PHASES:
                     block += self._wait_lines(sid, p, waited)
                 elif p.kind == "decode":
@@ -165,12 +189,24 @@ class Explainer:
         tail = []
         if total > 0:
             shares = sorted(waited.items(), key=lambda kv: -kv[1])
-            tail = ["", f"waited {total:,.3f} s in all: " + "; ".join(f"{100 * v / total:.1f}% {label(k)}" for k, v in shares[:4])]
+            tail = [
+                "",
+                f"waited {total:,.3f} s in all: "
+                + "; ".join(f"{100 * v / total:.1f}% {label(k)}" for k, v in shares[:4]),
+            ]
         every = sum(map(len, blocks))
         if full or len(lines) + every + len(tail) <= SHORT_LINES:
             return lines + [line for block in blocks for line in block] + tail
-        return lines + _shortened(blocks, rid) + tail + ["", f"(shortened from {len(lines) + every + len(tail):,} lines: "
-                                                           f"engine explain DIR --request {rid} --full shows every one)"]
+        return (
+            lines
+            + _shortened(blocks, rid)
+            + tail
+            + [
+                "",
+                f"(shortened from {len(lines) + every + len(tail):,} lines: "
+                f"engine explain DIR --request {rid} --full shows every one)",
+            ]
+        )
 
     def _wait_lines(self, rid: str, p: Phase, waited: dict[str, float]) -> list[str]:
         pad, why = " " * 40, self.why
@@ -192,13 +228,19 @@ class Explainer:
         for run in why.reason_runs(rid, WAITING_PHASES[p.kind], first, p.last_step, begin):
             for key, seconds in run.seconds.items():
                 waited[key] = waited.get(key, 0.0) + seconds
-            only = next(iter(run.seconds)) if len(run.seconds) == 1 else run.key  # say what stopped it when one thing did
-            lines.append(f"{'':16}{_steps(run.first_step, run.last_step):>22}  {run.end_s - run.start_s:10,.3f} s  {label(only)}")
+            only = (
+                next(iter(run.seconds)) if len(run.seconds) == 1 else run.key
+            )  # say what stopped it when one thing did
+            lines.append(
+                f"{'':16}{_steps(run.first_step, run.last_step):>22}  {run.end_s - run.start_s:10,.3f} s  {label(only)}"
+            )
             total = max(run.end_s - run.start_s, 1e-12)
             for key, seconds in sorted(run.seconds.items(), key=lambda kv: -kv[1]):
                 checks = numbers(key, run.numbers.get(key, []), self.watermark)
                 if len(run.seconds) > 1:  # a head-of-line stretch stopped by several kinds of check
-                    lines.append(f"{pad}  {100 * seconds / total:5.1f}% {label(key)}" + (f" ({checks})" if checks else ""))
+                    lines.append(
+                        f"{pad}  {100 * seconds / total:5.1f}% {label(key)}" + (f" ({checks})" if checks else "")
+                    )
                 elif checks:
                     lines.append(f"{pad}  {checks}")
             if run.blockers:
@@ -208,7 +250,9 @@ class Explainer:
         ev = self.why.in_steps(p.first_step, p.last_step)
         ahead = ev[(ev.event == "admitted") & (ev.request_id != rid)]
         if len(ahead):
-            lines.append(f"{pad}meanwhile {_count(len(ahead), 'admission')} went ahead of it: {_ids(list(ahead.request_id))}")
+            lines.append(
+                f"{pad}meanwhile {_count(len(ahead), 'admission')} went ahead of it: {_ids(list(ahead.request_id))}"
+            )
         return lines
 
     def _decode_lines(self, rid: str, p: Phase) -> list[str]:
@@ -220,8 +264,10 @@ class Explainer:
         at = out.step.to_numpy()
         for key in dict.fromkeys(self.why.running_key[at]):
             mine = at[self.why.running_key[at] == key]
-            lines.append(f"{'':40}not run in {_count(len(mine), 'step')} ({self.why.interval[mine].sum():,.3f} s): {label(key)}, "
-                         f"first at step {int(mine[0]):,}")
+            lines.append(
+                f"{'':40}not run in {_count(len(mine), 'step')} ({self.why.interval[mine].sum():,.3f} s): {label(key)}, "
+                f"first at step {int(mine[0]):,}"
+            )
         for reason, rows in budget.groupby("reason"):
             lines.append(f"{'':40}not run in {_count(len(rows), 'step')}: {label(reason)}")
         return lines
@@ -229,9 +275,16 @@ class Explainer:
     def _prefill_lines(self, rid: str, p: Phase) -> list[str]:
         rows = self.why.rows_of(rid)
         rows = rows[rows.event.isin(("admitted", "prefill")) & rows.step.between(p.first_step, p.last_step)]
-        return [f"{'':40}{row.event} at step {row.step:,}: {int(row.tokens):,} tokens"
-                + (f" ({int(row.cached_tokens):,} cached)" if row.cached_tokens == row.cached_tokens and row.cached_tokens else "")
-                + (f", {int(row.tokens_left):,} left for later chunks" if row.tokens_left else "") for row in rows.itertuples()]
+        return [
+            f"{'':40}{row.event} at step {row.step:,}: {int(row.tokens):,} tokens"
+            + (
+                f" ({int(row.cached_tokens):,} cached)"
+                if row.cached_tokens == row.cached_tokens and row.cached_tokens
+                else ""
+            )
+            + (f", {int(row.tokens_left):,} left for later chunks" if row.tokens_left else "")
+            for row in rows.itertuples()
+        ]
 
     # -------------------------------------------------------------------------- a step
     def step(self, n: int) -> list[str]:
@@ -241,14 +294,24 @@ class Explainer:
         st = steps.iloc[n]
         ev = why.in_steps(n, n)
         at = {q: int(why.at_start[q][n]) for q in ("waiting", "running", "swapped")}
-        lines = [f"step {n:,} · {why.start[n]:,.3f} → {why.end[n]:,.3f} s ({1000 * st.duration_s:,.1f} ms) · policy {self.run.summary['policy']}",
-                 f"as it began: {at['waiting']:,} waiting · {at['running']:,} running · {at['swapped']:,} swapped · "
-                 f"after it: {int(st.gpu_blocks_used):,} of {self.run.summary['config']['num_gpu_blocks']:,} GPU KV blocks used",
-                 f"batch: {int(st.prefill_groups):,} prefills ({int(st.prefill_tokens):,} tokens), {int(st.decode_seqs):,} decodes"]
+        lines = [
+            f"step {n:,} · {why.start[n]:,.3f} → {why.end[n]:,.3f} s ({1000 * st.duration_s:,.1f} ms) · policy {self.run.summary['policy']}",
+            f"as it began: {at['waiting']:,} waiting · {at['running']:,} running · {at['swapped']:,} swapped · "
+            f"after it: {int(st.gpu_blocks_used):,} of {self.run.summary['config']['num_gpu_blocks']:,} GPU KV blocks used",
+            f"batch: {int(st.prefill_groups):,} prefills ({int(st.prefill_tokens):,} tokens), {int(st.decode_seqs):,} decodes",
+        ]
         for row in ev[ev.event.isin(("admitted", "prefill", "swapped_in"))].itertuples():
-            what = f"{int(row.tokens):,} tokens" if row.event != "swapped_in" else f"{int(row.needed):,} blocks back from the CPU"
+            what = (
+                f"{int(row.tokens):,} tokens"
+                if row.event != "swapped_in"
+                else f"{int(row.needed):,} blocks back from the CPU"
+            )
             lines.append(f"  {row.event:<10} {row.request_id}  {what}")
-        decoding = [rid for rid, ps in self.phases.items() if any(p.kind == "decode" and p.first_step <= n <= p.last_step for p in ps)]
+        decoding = [
+            rid
+            for rid, ps in self.phases.items()
+            if any(p.kind == "decode" and p.first_step <= n <= p.last_step for p in ps)
+        ]
         skipped = set(ev.request_id[ev.event.isin(("left_out", "wait", "preempted"))].dropna())
         everyone_out = (ev.event == "left_out").to_numpy() & ev.request_id.isna().to_numpy()
         ran = [] if everyone_out.any() else [rid for rid in decoding if rid not in skipped]
@@ -264,13 +327,19 @@ class Explainer:
             rest = int(why.not_offered(queue)[n])
             if rest:
                 key, blocker, _detail = why.step_reason(queue, n)
-                lines.append(f"  {queue}: {rest:,} more not offered: {label(key)}" + (f" (stopped at {blocker})" if blocker else ""))
+                lines.append(
+                    f"  {queue}: {rest:,} more not offered: {label(key)}"
+                    + (f" (stopped at {blocker})" if blocker else "")
+                )
         for row in ev[ev.event == "left_out"].itertuples():
             who = row.request_id if isinstance(row.request_id, str) else f"all {at['running']:,} running requests"
             lines.append(f"  {who} not run: {label(why.running_key[n])}")
         for row in ev[ev.event == "preempted"].itertuples():
             whom = f"to make room for {row.other_request}" if isinstance(row.other_request, str) else "by the policy"
-            lines.append(f"preempted  {row.request_id} ({row.reason}) {whom}" + (f": {row.detail}" if isinstance(row.detail, str) else ""))
+            lines.append(
+                f"preempted  {row.request_id} ({row.reason}) {whom}"
+                + (f": {row.detail}" if isinstance(row.detail, str) else "")
+            )
         for row in ev[ev.event == "ignored"].itertuples():
             lines.append(f"ignored    {row.request_id}: {row.detail}")
         done = ev[ev.event == "finished"]

@@ -14,13 +14,29 @@ import pyarrow.compute as pc
 from kvsched.reporting.reading import read_csv, read_summary
 
 # What explaining a fleet reads of its files: routes.csv, requests.csv (the columns, those never empty), summary.json.
-ROUTES = pa.schema([("request_id", pa.string()), ("pool", pa.string()), ("time", pa.float64()),
-                    ("replica", pa.string()), ("reason", pa.string())])
+ROUTES = pa.schema(
+    [
+        ("request_id", pa.string()),
+        ("pool", pa.string()),
+        ("time", pa.float64()),
+        ("replica", pa.string()),
+        ("reason", pa.string()),
+    ]
+)
 ROUTED = ("request_id", "pool", "time", "replica")
-FLEET_REQUESTS = pa.schema([("request_id", pa.string()), ("status", pa.string()), ("replica", pa.int64()),
-                            ("prompt_replica", pa.int64()), ("prompt_tokens", pa.int64()),
-                            ("cached_tokens", pa.int64()), ("queueing_time", pa.float64()), ("ttft", pa.float64()),
-                            ("e2e", pa.float64())])
+FLEET_REQUESTS = pa.schema(
+    [
+        ("request_id", pa.string()),
+        ("status", pa.string()),
+        ("replica", pa.int64()),
+        ("prompt_replica", pa.int64()),
+        ("prompt_tokens", pa.int64()),
+        ("cached_tokens", pa.int64()),
+        ("queueing_time", pa.float64()),
+        ("ttft", pa.float64()),
+        ("e2e", pa.float64()),
+    ]
+)
 ENDED = ("request_id", "status", "replica", "prompt_replica", "prompt_tokens", "cached_tokens")
 FLEET_SUMMARY = {"replicas": [{"replica": str}]}
 
@@ -35,8 +51,10 @@ def explain_fleet(run_dir: Path, request: str | None) -> list[str]:
         mine = routes.filter(pc.equal(routes["request_id"], request)).to_pylist()
         if not mine:
             raise KeyError(f"request {request!r} is not in {path}")
-        lines = [f"{r['time']:.4f} s  {r['pool']} pool → {r['replica']}: "
-                 f"{r['reason'] or '(the router gave no reason)'}" for r in mine]
+        lines = [
+            f"{r['time']:.4f} s  {r['pool']} pool → {r['replica']}: {r['reason'] or '(the router gave no reason)'}"
+            for r in mine
+        ]
         return lines + _fleet_outcome(run_dir, request)
     counts = pc.value_counts(routes["replica"]).to_pylist()
     reasons: dict[str, int] = {}
@@ -45,8 +63,9 @@ def explain_fleet(run_dir: Path, request: str | None) -> list[str]:
         reasons[kind] = reasons.get(kind, 0) + 1
     n = routes.num_rows
     lines = [f"{n} routing decisions over {len(counts)} replicas"]
-    lines += [f"  {c['values']}: {c['counts']} ({c['counts'] / n:.1%})"
-              for c in sorted(counts, key=lambda c: -c["counts"])]
+    lines += [
+        f"  {c['values']}: {c['counts']} ({c['counts'] / n:.1%})" for c in sorted(counts, key=lambda c: -c["counts"])
+    ]
     lines.append("commonest reasons:")
     lines += [f"  {k:>8}  {kind}" for kind, k in sorted(reasons.items(), key=lambda kv: -kv[1])[:8]]
     return lines
@@ -63,6 +82,8 @@ def _fleet_outcome(run_dir: Path, request: str) -> list[str]:
     moved = row["prompt_replica"] != row["replica"]
     where = name(row["replica"]) + (f" (its prompt ran on {name(row['prompt_replica'])})" if moved else "")
     seconds = lambda v: "–" if v is None else f"{v:.4f} s"  # noqa: E731
-    return [f"ended {row['status']} on {where}: queued {seconds(row['queueing_time'])}, TTFT {seconds(row['ttft'])}, "
-            f"e2e {seconds(row['e2e'])}; {row['cached_tokens']} of its {row['prompt_tokens']} prompt tokens found in "
-            "that replica's prefix cache"]
+    return [
+        f"ended {row['status']} on {where}: queued {seconds(row['queueing_time'])}, TTFT {seconds(row['ttft'])}, "
+        f"e2e {seconds(row['e2e'])}; {row['cached_tokens']} of its {row['prompt_tokens']} prompt tokens found in "
+        "that replica's prefix cache"
+    ]

@@ -123,7 +123,9 @@ def _outputs(outcome: SimOutcome, directory: Path, plot: bool) -> list[Path]:
         from kvsched.reporting.trace import write_trace
 
         if outcome.decision_log is None:
-            raise ValueError("the report and the trace are made from the decision log: run the job with decision_log set")
+            raise ValueError(
+                "the report and the trace are made from the decision log: run the job with decision_log set"
+            )
         run = read_run(directory)
         written.append(write_trace(run, directory / "trace.json"))
         written += run_plots(run.requests, run.steps, outcome.summary, directory)
@@ -150,8 +152,9 @@ def write_sweep(rows: list[dict[str, Any]], directory: Path) -> list[Path]:
     return [Path(directory) / Path(p).name for p in written]
 
 
-def write_comparison(runs: list[PolicyRun], head: list[str], rows: list[list[str]], directory: Path,
-                     plot_title: str | None = None) -> list[Path]:
+def write_comparison(
+    runs: list[PolicyRun], head: list[str], rows: list[list[str]], directory: Path, plot_title: str | None = None
+) -> list[Path]:
     """A comparison's table (``head`` and ``rows``, as printed) as ``comparison.csv`` and, given ``plot_title``,
     the runs' CDFs as ``comparison_cdf.png``, atomically."""
     from kvsched.reporting.comparisons import plot_cdfs
@@ -191,14 +194,29 @@ class RunFiles:
 
 
 # What of summary.json the explanation reads (a folder's summary has more).
-RUN_SUMMARY = {"policy": str, "num_requests": int, "duration_s": float, "steps": int, "workload": (dict, None),
-               "config": {"watermark": float, "num_gpu_blocks": int, "num_cpu_blocks": int}}
+RUN_SUMMARY = {
+    "policy": str,
+    "num_requests": int,
+    "duration_s": float,
+    "steps": int,
+    "workload": (dict, None),
+    "config": {"watermark": float, "num_gpu_blocks": int, "num_cpu_blocks": int},
+}
 _DISTRIBUTION = ({"mean": (float, None), "p50": (float, None), "p99": (float, None)}, None)
 # What of summary.json the comparison reads: its rows (experiments.compare.ROWS), null where a run could not know.
-COMPARED_SUMMARY = {"policy": (str, None), "num_requests": int, "finished": int, "ignored": int, "aborted": int,
-                    "requests_per_s": float, "throughput_tokens_per_s": float,
-                    "ttft_s": _DISTRIBUTION, "tpot_s": _DISTRIBUTION, "e2e_s": _DISTRIBUTION,
-                    "preemptions": ({"recompute": int, "swap": int}, None)}
+COMPARED_SUMMARY = {
+    "policy": (str, None),
+    "num_requests": int,
+    "finished": int,
+    "ignored": int,
+    "aborted": int,
+    "requests_per_s": float,
+    "throughput_tokens_per_s": float,
+    "ttft_s": _DISTRIBUTION,
+    "tpot_s": _DISTRIBUTION,
+    "e2e_s": _DISTRIBUTION,
+    "preemptions": ({"recompute": int, "swap": int}, None),
+}
 
 
 def read_run(directory: Path) -> RunFiles:
@@ -210,12 +228,17 @@ def read_run(directory: Path) -> RunFiles:
     names = ("summary.json", "requests.parquet", "timeseries.parquet", "decisions.parquet")
     missing = [n for n in names if not (directory / n).is_file()]
     if missing:
-        raise FileNotFoundError(f"{directory} has no {', '.join(missing)}: write it with `engine run ... --output {directory}` "
-                                "(the decision log is on by default)")
-    run = RunFiles(directory, read_summary(directory / "summary.json", RUN_SUMMARY),
-                   read_table(directory / "requests.parquet", records.SCHEMA),
-                   read_table(directory / "timeseries.parquet", timeseries.SCHEMA),
-                   read_table(directory / "decisions.parquet", decision_log.schema()))
+        raise FileNotFoundError(
+            f"{directory} has no {', '.join(missing)}: write it with `engine run ... --output {directory}` "
+            "(the decision log is on by default)"
+        )
+    run = RunFiles(
+        directory,
+        read_summary(directory / "summary.json", RUN_SUMMARY),
+        read_table(directory / "requests.parquet", records.SCHEMA),
+        read_table(directory / "timeseries.parquet", timeseries.SCHEMA),
+        read_table(directory / "decisions.parquet", decision_log.schema()),
+    )
     _check_together(run)
     return run
 
@@ -225,21 +248,29 @@ def _check_together(run: RunFiles) -> None:
     and of the requests in the records (what the explanation indexes by)."""
     import numpy as np
 
-    from kvsched.userfiles.reader import FileError
     from kvsched.metrics.phases import sampled_ids
+    from kvsched.userfiles.reader import FileError
 
     steps, events, where = run.steps.step.to_numpy(), run.events, run.directory
     if not np.array_equal(steps, np.arange(len(steps))):
-        raise FileError("the steps are not 0, 1, 2, ... in order, one row each", where / "timeseries.parquet", column="step")
+        raise FileError(
+            "the steps are not 0, 1, 2, ... in order, one row each", where / "timeseries.parquet", column="step"
+        )
     outside = events.step[~events.step.between(0, len(steps) - 1)]
     if len(outside):
-        raise FileError(f"step {outside.tolist()[0]}, but timeseries.parquet has steps 0-{len(steps) - 1}",
-                        where / "decisions.parquet", column="step")
+        raise FileError(
+            f"step {outside.tolist()[0]}, but timeseries.parquet has steps 0-{len(steps) - 1}",
+            where / "decisions.parquet",
+            column="step",
+        )
     known = {*run.requests.request_id, *(sid for ids in sampled_ids(events, run.requests).values() for sid in ids)}
     unknown = events.request_id[events.request_id.notna() & ~events.request_id.isin(known)]
     if len(unknown):
-        raise FileError(f"request {quote(unknown.iloc[0])}, which requests.parquet has no row for", where / "decisions.parquet",
-                        column="request_id")
+        raise FileError(
+            f"request {quote(unknown.iloc[0])}, which requests.parquet has no row for",
+            where / "decisions.parquet",
+            column="request_id",
+        )
 
 
 def read_compared(directory: Path) -> PolicyRun:
@@ -254,6 +285,8 @@ def read_compared(directory: Path) -> PolicyRun:
     summary = read_summary(summary_path, COMPARED_SUMMARY)
     latencies = read_numbers(requests_path, ("ttft", "tpot"))
     fleet = summary.get("fleet")
-    who = f"router {fleet.get('router')}" if isinstance(fleet, dict) else summary.get("policy")  # a fleet is told by its router
+    who = (
+        f"router {fleet.get('router')}" if isinstance(fleet, dict) else summary.get("policy")
+    )  # a fleet is told by its router
     label = f"{directory.name} ({who})"
     return PolicyRun(label, [summary], latencies["ttft"], latencies["tpot"])

@@ -70,13 +70,19 @@ def metric_rows(run: RunFiles, itl: tuple[np.ndarray, np.ndarray]) -> list[tuple
     prompt_tokens = int(done.prompt_tokens.sum())
     w = s.get("workload", {})
     rows = [
-        ("policy · workload · profile", f"{s['policy']} · {w.get('name') or w.get('kind', '?')} · {s.get('profile', '?')}"),
+        (
+            "policy · workload · profile",
+            f"{s['policy']} · {w.get('name') or w.get('kind', '?')} · {s.get('profile', '?')}",
+        ),
         ("requests: finished / ignored / aborted", f"{s['finished']:,} / {s['ignored']:,} / {s['aborted']:,}"),
         ("duration (simulated s) · steps", f"{duration:,.1f} · {s['steps']:,}"),
         ("input tokens · generated tokens (finished requests)", f"{prompt_tokens:,} · {s['output_tokens']:,}"),
         ("request throughput (req/s)", _fmt(s["requests_per_s"])),
         ("output token throughput (tok/s)", _fmt(s["throughput_tokens_per_s"])),
-        ("total token throughput (tok/s)", _fmt((prompt_tokens + s["output_tokens"]) / duration if duration > 0 else 0.0)),
+        (
+            "total token throughput (tok/s)",
+            _fmt((prompt_tokens + s["output_tokens"]) / duration if duration > 0 else 0.0),
+        ),
         ("TTFT (s): mean / p50 / p90 / p99", _dist(s["ttft_s"])),
         ("TPOT (ms): mean / p50 / p90 / p99", _dist(s["tpot_s"], 1000)),
         ("ITL (ms): mean / p50 / p90 / p99", _dist(weighted_percentiles(*itl), 1000)),
@@ -84,24 +90,46 @@ def metric_rows(run: RunFiles, itl: tuple[np.ndarray, np.ndarray]) -> list[tuple
     ]
     slo = s.get("slo") or {}
     if slo.get("slo_ttft_s") is not None or slo.get("slo_tpot_s") is not None:
-        rows.append((f"goodput (TTFT ≤ {_fmt(slo['slo_ttft_s'])} s, TPOT ≤ {_fmt(slo['slo_tpot_s'], 1000)} ms)",
-                     f"{_fmt(slo['goodput_requests_per_s'])} req/s · {100 * slo['slo_attainment']:.1f}% of requests"))
+        rows.append(
+            (
+                f"goodput (TTFT ≤ {_fmt(slo['slo_ttft_s'])} s, TPOT ≤ {_fmt(slo['slo_tpot_s'], 1000)} ms)",
+                f"{_fmt(slo['goodput_requests_per_s'])} req/s · {100 * slo['slo_attainment']:.1f}% of requests",
+            )
+        )
     per_token = (done.e2e / done.output_tokens.where(done.output_tokens > 0)).tolist()
     rows += [
         ("scheduling delay (s): mean / p50 / p90 / p99", _dist(s["queueing_s"])),
-        ("latency per output token (ms): mean / p50 / p90 / p99", _dist(distribution([v for v in per_token if v == v]), 1000)),
+        (
+            "latency per output token (ms): mean / p50 / p90 / p99",
+            _dist(distribution([v for v in per_token if v == v]), 1000),
+        ),
         ("preemptions: recompute / swap", f"{s['preemptions']['recompute']:,} / {s['preemptions']['swap']:,}"),
     ]
     tax = s.get("recompute")
     if tax:  # metrics/recompute.py
-        rows.append(("recompute tax: recomputed / computed tokens", f"{100 * tax['tax']:.1f}% · {tax['recomputed_tokens']:,} of "
-                     f"{tax['computed_tokens']:,} ({tax['discarded_tokens']:,} thrown away by preemptions)"))
+        rows.append(
+            (
+                "recompute tax: recomputed / computed tokens",
+                f"{100 * tax['tax']:.1f}% · {tax['recomputed_tokens']:,} of "
+                f"{tax['computed_tokens']:,} ({tax['discarded_tokens']:,} thrown away by preemptions)",
+            )
+        )
     kv = s.get("kv_usage")
     if kv:
-        rows.append(("GPU KV blocks: peak · mean use", f"{kv['gpu_blocks_peak']:,} of {kv['gpu_blocks_total']:,} · {100 * kv['gpu_utilization_mean']:.1f}%"))
+        rows.append(
+            (
+                "GPU KV blocks: peak · mean use",
+                f"{kv['gpu_blocks_peak']:,} of {kv['gpu_blocks_total']:,} · {100 * kv['gpu_utilization_mean']:.1f}%",
+            )
+        )
     fair = s.get("fairness")
     if fair and len(fair["tenants"]) > 1:
-        rows.append(("fairness: Jain's index · max service gap", f"{_fmt(fair['jain_index'])} · {_fmt(fair['max_service_gap'])}"))
+        rows.append(
+            (
+                "fairness: Jain's index · max service gap",
+                f"{_fmt(fair['jain_index'])} · {_fmt(fair['max_service_gap'])}",
+            )
+        )
     rows.append(("leaked blocks", str(s["leaked_blocks"])))
     return rows
 
@@ -112,16 +140,23 @@ def classes_html(summary: dict) -> str:
     if not rows:
         return ""
     cells = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in rows)
-    return (f'<h2>Per class</h2><table id="classes"><tr>{"".join(f"<th>{html.escape(h)}</th>" for h in head)}</tr>{cells}</table>'
-            '<p class="caption">Each SLO class, tenant and priority of the run (where it has more than one), and over its '
-            "sessions the distribution of each session's mean TTFT: a tiered or session-aware policy moves each its own way.</p>")
+    return (
+        f'<h2>Per class</h2><table id="classes"><tr>{"".join(f"<th>{html.escape(h)}</th>" for h in head)}</tr>{cells}</table>'
+        '<p class="caption">Each SLO class, tenant and priority of the run (where it has more than one), and over its '
+        "sessions the distribution of each session's mean TTFT: a tiered or session-aware policy moves each its own way.</p>"
+    )
 
 
 def warnings_html(summary: dict) -> str:
     """The run's warnings (``metrics/warnings.py``) in a box above the table, or nothing."""
-    items = "".join(f"<li>{html.escape(warning_text(w, summary['num_requests']))}</li>"
-                    for w in summary.get("warnings") or ())
-    return f'<div class="warnings" id="warnings"><strong>Warnings: these results are not all they seem.</strong><ul>{items}</ul></div>' if items else ""
+    items = "".join(
+        f"<li>{html.escape(warning_text(w, summary['num_requests']))}</li>" for w in summary.get("warnings") or ()
+    )
+    return (
+        f'<div class="warnings" id="warnings"><strong>Warnings: these results are not all they seem.</strong><ul>{items}</ul></div>'
+        if items
+        else ""
+    )
 
 
 def in_script(json_text: str) -> str:
@@ -133,32 +168,57 @@ def in_script(json_text: str) -> str:
 
 def chart_html(chart: Chart) -> str:
     spec = in_script(chart.figure.to_json())
-    return (f'<h3>{html.escape(chart.title)}</h3><div class="chart" id="{chart.key}"></div>'
-            f'<p class="caption">{html.escape(chart.caption)}</p>'
-            f'<script type="application/json" id="fig-{chart.key}">{spec}</script>')
+    return (
+        f'<h3>{html.escape(chart.title)}</h3><div class="chart" id="{chart.key}"></div>'
+        f'<p class="caption">{html.escape(chart.caption)}</p>'
+        f'<script type="application/json" id="fig-{chart.key}">{spec}</script>'
+    )
 
 
 def _request_table(ex: Explainer) -> str:
     req = ex.run.requests
     shown = req.dropna(subset=["queueing_time"]).nlargest(TABLE_ROWS, "queueing_time")
-    heads = ("request", "arrival (s)", "scheduling delay (s)", "TTFT (s)", "TPOT (ms)", "E2E (s)", "prompt", "output", "preemptions", "status")
+    heads = (
+        "request",
+        "arrival (s)",
+        "scheduling delay (s)",
+        "TTFT (s)",
+        "TPOT (ms)",
+        "E2E (s)",
+        "prompt",
+        "output",
+        "preemptions",
+        "status",
+    )
     rows, views = [], []
     for i, r in enumerate(shown.itertuples()):
         anchor = f"explain-{i}"
-        cells = [_fmt(r.arrival_time, digits=",.3f"), _fmt(r.queueing_time, digits=",.3f"), _fmt(r.ttft, digits=",.3f"),
-                 _fmt(r.tpot, 1000, ",.1f"), _fmt(r.e2e, digits=",.3f"), f"{r.prompt_tokens:,}", f"{r.output_tokens:,}",
-                 f"{r.preemptions_recompute + r.preemptions_swap:,}", r.status]
+        cells = [
+            _fmt(r.arrival_time, digits=",.3f"),
+            _fmt(r.queueing_time, digits=",.3f"),
+            _fmt(r.ttft, digits=",.3f"),
+            _fmt(r.tpot, 1000, ",.1f"),
+            _fmt(r.e2e, digits=",.3f"),
+            f"{r.prompt_tokens:,}",
+            f"{r.output_tokens:,}",
+            f"{r.preemptions_recompute + r.preemptions_swap:,}",
+            r.status,
+        ]
         link = f'<a class="explain" href="#{anchor}">{html.escape(r.request_id)}</a>'
         rows.append(f"<tr><td>{link}</td>" + "".join(f"<td>{html.escape(c)}</td>" for c in cells) + "</tr>")
         text = "\n".join(ex.request(r.request_id))
-        views.append(f'<details id="{anchor}"><summary>engine explain {html.escape(ex.run.directory.name)} --request '
-                     f'{html.escape(r.request_id)}</summary><pre>{html.escape(text)}</pre></details>')
+        views.append(
+            f'<details id="{anchor}"><summary>engine explain {html.escape(ex.run.directory.name)} --request '
+            f"{html.escape(r.request_id)}</summary><pre>{html.escape(text)}</pre></details>"
+        )
     head = "<tr>" + "".join(f"<th>{h}</th>" for h in heads) + "</tr>"
-    return (f"<table>{head}{''.join(rows)}</table>"
-            f'<p class="caption">The {len(shown):,} requests with the longest scheduling delay (of {len(req):,}). Each links to '
-            "its explain view below: its phases, each wait with its reasons and step numbers, its preemptions and what it "
-            "waited behind. <code>engine explain DIR --request ID</code> prints the same for any request.</p>"
-            + "".join(views))
+    return (
+        f"<table>{head}{''.join(rows)}</table>"
+        f'<p class="caption">The {len(shown):,} requests with the longest scheduling delay (of {len(req):,}). Each links to '
+        "its explain view below: its phases, each wait with its reasons and step numbers, its preemptions and what it "
+        "waited behind. <code>engine explain DIR --request ID</code> prints the same for any request.</p>"
+        + "".join(views)
+    )
 
 
 def write_report(run: RunFiles, path: Path) -> Path:
@@ -170,15 +230,22 @@ def write_report(run: RunFiles, path: Path) -> Path:
     charts = [c for _, cs in sections for c in cs]
     table = "".join(f"<tr><td>{html.escape(k)}</td><td>{html.escape(v)}</td></tr>" for k, v in metric_rows(run, itl))
     body = "".join(f"<h2>{html.escape(title)}</h2>" + "".join(chart_html(c) for c in cs) for title, cs in sections)
-    knobs = ", ".join(f"{k}={v}" for k, v in s["config"].items() if v is not None and k not in ("audit_every_step", "decode_lane"))
-    return write_page(path, f"kvsched run: {s['policy']}", f"""<p class="sub">{html.escape(knobs)}</p>
+    knobs = ", ".join(
+        f"{k}={v}" for k, v in s["config"].items() if v is not None and k not in ("audit_every_step", "decode_lane")
+    )
+    return write_page(
+        path,
+        f"kvsched run: {s['policy']}",
+        f"""<p class="sub">{html.escape(knobs)}</p>
 {warnings_html(s)}
 <table><tr><th>metric</th><th>value</th></tr>{table}</table>
 {classes_html(s)}
 {body}
 <h2>Requests that waited longest</h2>
 {_request_table(ex)}
-<h2>summary.json</h2><details><summary>the run's summary as written</summary><pre>{html.escape(json.dumps(s, indent=2))}</pre></details>""", charts)
+<h2>summary.json</h2><details><summary>the run's summary as written</summary><pre>{html.escape(json.dumps(s, indent=2))}</pre></details>""",
+        charts,
+    )
 
 
 def write_page(path: Path, title: str, body: str, charts: list[Chart]) -> Path:

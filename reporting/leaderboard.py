@@ -32,8 +32,15 @@ def _cells(doc: dict) -> dict[tuple[str, str, str], dict]:
 
 def seeds_text(doc: dict) -> str:
     """Each workload's seeds; one seed is one run (a trace at its own arrival times runs once, whatever ``--seeds``)."""
-    return "; ".join(f"{w['key']}: " + (f"seeds {', '.join(map(str, w['seeds']))}" if len(w["seeds"]) > 1 else
-                                         f"seed {w['seeds'][0]} (one run, so no interval)") for w in doc["workloads"])
+    return "; ".join(
+        f"{w['key']}: "
+        + (
+            f"seeds {', '.join(map(str, w['seeds']))}"
+            if len(w["seeds"]) > 1
+            else f"seed {w['seeds'][0]} (one run, so no interval)"
+        )
+        for w in doc["workloads"]
+    )
 
 
 def warnings(doc: dict) -> list[str]:
@@ -48,8 +55,11 @@ def warnings(doc: dict) -> list[str]:
 
 
 def _table(head: list[str], rows: list[list[str]]) -> list[str]:
-    return ["| " + " | ".join(map(_md_cell, head)) + " |", "|" + "---|" * len(head),
-            *("| " + " | ".join(map(_md_cell, r)) + " |" for r in rows)]
+    return [
+        "| " + " | ".join(map(_md_cell, head)) + " |",
+        "|" + "---|" * len(head),
+        *("| " + " | ".join(map(_md_cell, r)) + " |" for r in rows),
+    ]
 
 
 def _md_cell(text: str) -> str:
@@ -84,17 +94,31 @@ def markdown(doc: dict) -> str:
     if len(doc["workloads"]) > 1:
         ranks = doc["overall"]["ranks"]
         head = ["policy", "rank", *(f"{heading(m)} vs {base}" for m in metrics)]
-        rows = [[f"`{p}`", ranks[p]["text"], *(_change_text(doc["overall"]["changes"][p][m["key"]]) for m in metrics)]
-                for p in _by_rank(ranks, doc["policies"])]
-        lines += [f"**every workload** (paired over {doc['overall']['units']} runs: each workload at each seed)", "", *_table(head, rows), ""]
+        rows = [
+            [f"`{p}`", ranks[p]["text"], *(_change_text(doc["overall"]["changes"][p][m["key"]]) for m in metrics)]
+            for p in _by_rank(ranks, doc["policies"])
+        ]
+        lines += [
+            f"**every workload** (paired over {doc['overall']['units']} runs: each workload at each seed)",
+            "",
+            *_table(head, rows),
+            "",
+        ]
     seeds = seeds_text(doc)
     settings = ", ".join(f"{k}={v}" for k, v in doc["settings"].items())
-    notes = [f"Each cell: the mean over the seeds and its {round(100 * doc['level'])}% interval; rank by {heading(primary)}, "
-             f"{primary['better']} is better; the best of each column in bold. {statistics_note(doc['level'])} {seeds}. "
-             f"Profile {doc['profile']}{f'; settings {settings}' if settings else ''}.", "", f"`{doc['command']}`"]
+    notes = [
+        f"Each cell: the mean over the seeds and its {round(100 * doc['level'])}% interval; rank by {heading(primary)}, "
+        f"{primary['better']} is better; the best of each column in bold. {statistics_note(doc['level'])} {seeds}. "
+        f"Profile {doc['profile']}{f'; settings {settings}' if settings else ''}.",
+        "",
+        f"`{doc['command']}`",
+    ]
     notes[1:1] = [line for text in warnings(doc) for line in ("", text)]
     if doc["measured"]:
-        notes.insert(1, "A measured row is one replay against the served engine, timed from the client (engine bench); it is not ranked.")
+        notes.insert(
+            1,
+            "A measured row is one replay against the served engine, timed from the client (engine bench); it is not ranked.",
+        )
     return "\n".join(lines) + "\n" + "\n".join(notes) + "\n"
 
 
@@ -223,15 +247,15 @@ def page(doc: dict) -> str:
 {PAGE_STYLE}</style><script>{CATCH}</script></head><body>
 <div id="js-errors" hidden></div>
 <h1>kvsched leaderboard</h1>
-<p class="sub">{len(doc['policies'])} policies × {len(doc['workloads'])} workloads · {seeds} · profile {html.escape(doc['profile'])}
-· ranked by {html.escape(heading(primary))} ({primary['better']} is better)</p>
+<p class="sub">{len(doc["policies"])} policies × {len(doc["workloads"])} workloads · {seeds} · profile {html.escape(doc["profile"])}
+· ranked by {html.escape(heading(primary))} ({primary["better"]} is better)</p>
 <div class="controls"><label>metric <select id="metric"><option value="">all</option></select></label>
 (click a heading to sort by it; again to reverse)</div>
 <table id="leaderboard"></table>
-<p class="caption">Each cell: the mean over the seeds and its {round(100 * doc['level'])}% interval; the best of each column in bold;
-baseline {html.escape(doc['baseline'])}. {html.escape(statistics_note(doc['level']))}{' A measured row is one replay against the served engine, not ranked.' if doc['measured'] else ''}</p>
-{''.join(f'<p class="caption warnings">{html.escape(text)}</p>' for text in warnings(doc))}
-<p class="caption">Made by <code>{html.escape(doc['command'])}</code> (kvsched {html.escape(doc['versions']['kvsched'])}).</p>
+<p class="caption">Each cell: the mean over the seeds and its {round(100 * doc["level"])}% interval; the best of each column in bold;
+baseline {html.escape(doc["baseline"])}. {html.escape(statistics_note(doc["level"]))}{" A measured row is one replay against the served engine, not ranked." if doc["measured"] else ""}</p>
+{"".join(f'<p class="caption warnings">{html.escape(text)}</p>' for text in warnings(doc))}
+<p class="caption">Made by <code>{html.escape(doc["command"])}</code> (kvsched {html.escape(doc["versions"]["kvsched"])}).</p>
 <script type="application/json" id="board">{data}</script>
 <script>{PAGE_SCRIPT}</script>
 </body></html>

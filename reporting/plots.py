@@ -111,7 +111,9 @@ def batch_composition(ts: pd.DataFrame, summary: dict, path: Path, bins: int = 2
     a2.plot(mid, pre, label="prefill tokens / step (right axis)", lw=0.9, color="C1")
     a2.set_ylabel("prefill tokens / step")
     a2.set_ylim(bottom=0)
-    a2.legend(handles=a.get_legend_handles_labels()[0] + a2.get_legend_handles_labels()[0], loc="upper left", fontsize=8)
+    a2.legend(
+        handles=a.get_legend_handles_labels()[0] + a2.get_legend_handles_labels()[0], loc="upper left", fontsize=8
+    )
     b.plot(mid, 100 * share, lw=0.9, color="tab:purple", label="prefill steps (% of steps)")
     pre_r = grouped.preempted_recompute.sum().reindex(range(bins), fill_value=0)
     pre_s = grouped.preempted_swap.sum().reindex(range(bins), fill_value=0)

@@ -50,8 +50,9 @@ def check_shape(data: Any, shape: dict[str, Any], path: Path, where: str = "") -
             for i, item in enumerate(value):
                 check_shape(item, items, path, f"{name}[{i}]")
         elif not any(_is(value, k) for k in kinds if not isinstance(k, (dict, list))):
-            wanted = " or ".join("an object" if isinstance(k, dict) else "a list" if isinstance(k, list) else _NAMES[k]
-                                 for k in kinds)
+            wanted = " or ".join(
+                "an object" if isinstance(k, dict) else "a list" if isinstance(k, list) else _NAMES[k] for k in kinds
+            )
             raise FileError(f"key {name!r} holds {quote(value)}, expected {wanted}", path)
 
 
@@ -80,10 +81,14 @@ def read_table(path: Path, schema: pa.Schema) -> pd.DataFrame:
         raise _not_parquet(exc, path) from None
     for field in schema:
         if field.name not in found.names:
-            raise FileError(f"no column {field.name!r}, which engine run writes (an older version's results? run it again)", path)
+            raise FileError(
+                f"no column {field.name!r}, which engine run writes (an older version's results? run it again)", path
+            )
         got = found.field(field.name).type
         if not _fits(got, field.type):
-            raise FileError(f"holds {got}, expected {'numbers' if _numeric(field.type) else field.type}", path, column=field.name)
+            raise FileError(
+                f"holds {got}, expected {'numbers' if _numeric(field.type) else field.type}", path, column=field.name
+            )
     try:
         return pd.read_parquet(path)
     except (OSError, pa.ArrowException) as exc:  # a footer that reads, pages that do not

@@ -48,22 +48,59 @@ def trace_events(run: RunFiles):
     for step, event, rid in zip(events.step, events.event, events.request_id):
         if event in ("admitted", "prefill", "swapped_in", "preempted") and isinstance(rid, str):
             batch[int(step)][event].append(rid)
-    cols = ("prefill_groups", "prefill_tokens", "decode_seqs", "kv_tokens_read", "blocks_swapped_in", "blocks_swapped_out", "finished")
+    cols = (
+        "prefill_groups",
+        "prefill_tokens",
+        "decode_seqs",
+        "kv_tokens_read",
+        "blocks_swapped_in",
+        "blocks_swapped_out",
+        "finished",
+    )
     queues = blocks = None
-    for row in zip(steps.step, start, steps.duration_s, *(steps[c] for c in cols),
-                   steps.num_waiting, steps.num_running, steps.num_swapped, steps.gpu_blocks_used, steps.cpu_blocks_used):
+    for row in zip(
+        steps.step,
+        start,
+        steps.duration_s,
+        *(steps[c] for c in cols),
+        steps.num_waiting,
+        steps.num_running,
+        steps.num_swapped,
+        steps.gpu_blocks_used,
+        steps.cpu_blocks_used,
+    ):
         step, t0, dur = int(row[0]), row[1], row[2]
-        counts = dict(zip(cols, (int(v) for v in row[3:3 + len(cols)])))
+        counts = dict(zip(cols, (int(v) for v in row[3 : 3 + len(cols)])))
         args = {"step": step, **{k: v for k, v in counts.items() if v}, **batch.get(step, {})}
-        yield {"ph": "X", "name": step_name(counts["prefill_tokens"], counts["decode_seqs"]), "cat": "step",
-               "pid": ENGINE, "tid": STEPS_TRACK, "ts": _us(t0), "dur": _us(dur), "args": args}
+        yield {
+            "ph": "X",
+            "name": step_name(counts["prefill_tokens"], counts["decode_seqs"]),
+            "cat": "step",
+            "pid": ENGINE,
+            "tid": STEPS_TRACK,
+            "ts": _us(t0),
+            "dur": _us(dur),
+            "args": args,
+        }
         waiting, running, swapped, gpu, cpu = (int(v) for v in row[-5:])
         if (waiting, running, swapped) != queues:
             queues = waiting, running, swapped
-            yield {"ph": "C", "name": "queues", "pid": ENGINE, "ts": _us(t0 + dur), "args": {"waiting": waiting, "running": running, "swapped": swapped}}
+            yield {
+                "ph": "C",
+                "name": "queues",
+                "pid": ENGINE,
+                "ts": _us(t0 + dur),
+                "args": {"waiting": waiting, "running": running, "swapped": swapped},
+            }
         if (gpu, cpu) != blocks:
             blocks = gpu, cpu
-            yield {"ph": "C", "name": "KV blocks used", "pid": ENGINE, "ts": _us(t0 + dur), "args": {"GPU": gpu, "CPU": cpu}}
+            yield {
+                "ph": "C",
+                "name": "KV blocks used",
+                "pid": ENGINE,
+                "ts": _us(t0 + dur),
+                "args": {"GPU": gpu, "CPU": cpu},
+            }
     ids = sampled_ids(events, requests)
     phases = all_phases(events, requests, start, end, ids)
     tracks = (sid for rid in requests.sort_values("arrival_time", kind="stable").request_id for sid in ids[rid])
@@ -74,8 +111,16 @@ def trace_events(run: RunFiles):
             args = {"request_id": rid, "first_step": p.first_step, "last_step": p.last_step}
             if p.detail:
                 args["detail"] = p.detail
-            yield {"ph": "X", "name": p.kind, "cat": "request", "pid": REQUESTS, "tid": tid,
-                   "ts": _us(p.start_s), "dur": _us(p.end_s - p.start_s), "args": args}
+            yield {
+                "ph": "X",
+                "name": p.kind,
+                "cat": "request",
+                "pid": REQUESTS,
+                "tid": tid,
+                "ts": _us(p.start_s),
+                "dur": _us(p.end_s - p.start_s),
+                "args": args,
+            }
 
 
 def write_trace(run: RunFiles, path: Path) -> Path:
@@ -84,8 +129,13 @@ def write_trace(run: RunFiles, path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".partial")
     s = run.summary
-    meta = {"policy": s["policy"], "workload": s.get("workload"), "profile": s.get("profile"), "clock": "engine (simulated) seconds × 1e6"}
-    with (gzip.open(tmp, "wt", encoding="utf-8") if path.suffix == ".gz" else tmp.open("w", encoding="utf-8")) as f:
+    meta = {
+        "policy": s["policy"],
+        "workload": s.get("workload"),
+        "profile": s.get("profile"),
+        "clock": "engine (simulated) seconds × 1e6",
+    }
+    with gzip.open(tmp, "wt", encoding="utf-8") if path.suffix == ".gz" else tmp.open("w", encoding="utf-8") as f:
         f.write('{"displayTimeUnit":"ms","otherData":' + json.dumps(meta) + ',"traceEvents":[\n')
         encode = json.JSONEncoder(separators=(",", ":")).encode
         f.write(",\n".join(map(encode, trace_events(run))))

@@ -59,8 +59,10 @@ class PowerOfTwo:
             return replicas[0]
         i, a, b = two_choices(len(replicas), lambda k: replicas[k].in_flight_requests, self.rng)
         first, second = replicas[a], replicas[b]
-        return Route(replicas[i], f"of {first.name} ({first.in_flight_requests} in flight) and {second.name} "
-                                  f"({second.in_flight_requests})")
+        return Route(
+            replicas[i],
+            f"of {first.name} ({first.in_flight_requests} in flight) and {second.name} ({second.in_flight_requests})",
+        )
 
 
 class VllmDp:

@@ -19,11 +19,22 @@ from typing import Any
 
 import pluggy
 
+from kvsched.core.boundary import call_hook, exception_text
 from kvsched.core.decisions import held_problem
 from kvsched.core.errors import PolicyError, UnknownPolicyError, quote
 from kvsched.core.loading import (
-    GROUPS, PolicyInfo, available_policies, call_hook, checked_options, describe, exception_text, guarded, identity,
-    installed_policies, instantiate, load_policy, policy_attribute, resolve_plugin,
+    GROUPS,
+    PolicyInfo,
+    available_policies,
+    checked_options,
+    describe,
+    guarded,
+    identity,
+    installed_policies,
+    instantiate,
+    load_policy,
+    policy_attribute,
+    resolve_plugin,
 )
 from kvsched.core.plugins import dispatch
 from kvsched.routers import hookspecs, view
@@ -112,15 +123,23 @@ class RouterHooks:
         if not hook.route_request.get_hookimpls():
             raise RouterError(self.name, "implements no route_request: mark it with @kvsched.routers.hookimpl")
         self._route = dispatch(hook.route_request, ("request", "replicas"))
-        self._on_routed = dispatch(hook.on_routed, ("request", "replica"), False) if hook.on_routed.get_hookimpls() else None
-        self._on_finished = dispatch(hook.on_finished, ("request", "replica"), False) if hook.on_finished.get_hookimpls() else None
+        self._on_routed = (
+            dispatch(hook.on_routed, ("request", "replica"), False) if hook.on_routed.get_hookimpls() else None
+        )
+        self._on_finished = (
+            dispatch(hook.on_finished, ("request", "replica"), False) if hook.on_finished.get_hookimpls() else None
+        )
         if self.reads_reports_only and self._on_finished is not None:
-            raise RouterError(self.name, "declares reads_reports_only and implements on_finished: a router routed ahead "
-                                         "learns of finishes after later choices; drop one of the two")
+            raise RouterError(
+                self.name,
+                "declares reads_reports_only and implements on_finished: a router routed ahead "
+                "learns of finishes after later choices; drop one of the two",
+            )
 
     def _register(self, router: Any) -> None:
         """Register it with pluggy, which reads its attributes and markers (plugin code) and checks
         each hook implementation's signature: what fails names the router."""
+
         def register() -> None:
             self.pm.register(router, name=self.name)
             self.pm.check_pending()
@@ -132,7 +151,9 @@ class RouterHooks:
                 raise RouterError(self.name, "invalid plugin: " + "; ".join(str(exc.__cause__).splitlines())) from None
             raise
 
-    def route(self, request, replicas: list, now: float, staleness: float, reports_only: bool = False) -> tuple[Any, str]:
+    def route(
+        self, request, replicas: list, now: float, staleness: float, reports_only: bool = False
+    ) -> tuple[Any, str]:
         """Ask the router for ``request`` among ``replicas`` (the cluster's ``Replica`` objects) at ``now``;
         the chosen replica and the router's reason. Views show reports at least ``staleness`` old, and
         only those if ``reports_only``."""
@@ -146,19 +167,26 @@ class RouterHooks:
                 raise RouterError(self.name, f"gave the reason {quote(reason)}: {problem}", ROUTE)
         replica, wrong = chosen(answer, call)
         if replica is None:
-            raise RouterError(self.name, f"returned {wrong} for request {request.request_id!r}: "
-                                         "return one of the replicas given in this call", ROUTE)
+            raise RouterError(
+                self.name,
+                f"returned {wrong} for request {request.request_id!r}: return one of the replicas given in this call",
+                ROUTE,
+            )
         return replica, reason
 
     def routed(self, request, replica, now: float, staleness: float = 0.0, reports_only: bool = False) -> None:
         """Tell the router where ``request`` went (its view as stale as a routing call's: the router knows no more then)."""
         if self._on_routed is not None:
-            self._call(self._on_routed, RoutingCall(now, staleness, self.name, reports_only, ON_ROUTED, request, [replica]))
+            self._call(
+                self._on_routed, RoutingCall(now, staleness, self.name, reports_only, ON_ROUTED, request, [replica])
+            )
 
     def finished(self, request, replica, now: float, staleness: float = 0.0) -> None:
         """Tell the router that ``request`` finished on ``replica``."""
         if self._on_finished is not None:
-            self._call(self._on_finished, RoutingCall(now, staleness, self.name, False, ON_FINISHED, request, [replica]))
+            self._call(
+                self._on_finished, RoutingCall(now, staleness, self.name, False, ON_FINISHED, request, [replica])
+            )
 
     def _call(self, hook, call: RoutingCall):
         """A hook call, with the views ``call`` makes (the replicas for ``route_request``, the one replica
@@ -167,8 +195,12 @@ class RouterHooks:
         caught it; the views close when it returns."""
         request, views = call.begin()
         try:
-            return call_hook(hook, (request, views if call.hook == ROUTE else views[0]), lambda: call.refused,
-                             lambda exc: RouterError(self.name, f"raised {exception_text(exc, _OWN_FILES)}", call.hook),
-                             RouterError)
+            return call_hook(
+                hook,
+                (request, views if call.hook == ROUTE else views[0]),
+                lambda: call.refused,
+                lambda exc: RouterError(self.name, f"raised {exception_text(exc, _OWN_FILES)}", call.hook),
+                RouterError,
+            )
         finally:
             call.end()

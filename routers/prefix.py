@@ -74,8 +74,14 @@ class PrefixAffinity:
 
     name = "prefix-affinity"
 
-    def __init__(self, block_size: int = 16, capacity: int = 31_250, imbalanced_threshold: float = 2,
-                 match_rate_threshold: float = 0.1, seed: int = 0) -> None:
+    def __init__(
+        self,
+        block_size: int = 16,
+        capacity: int = 31_250,
+        imbalanced_threshold: float = 2,
+        match_rate_threshold: float = 0.1,
+        seed: int = 0,
+    ) -> None:
         self.table = _Table(block_size, capacity)
         self.imbalanced = options.number("imbalanced_threshold", imbalanced_threshold, 0.0)
         self.match_rate = options.number("match_rate_threshold", match_rate_threshold, 0.0, 1.0)
@@ -87,14 +93,19 @@ class PrefixAffinity:
         low, high = min(in_flight), max(in_flight)
         if high - low > self.imbalanced:
             i, a, b = two_choices(len(loads), loads.__getitem__, self.rng)
-            return Route(replicas[i], f"imbalanced ({high} vs {low} in flight): the less loaded of "
-                                      f"{replicas[a].name} and {replicas[b].name}")
-        i, rate, by_prefix = self.table.choose(request, replicas, loads, self.rng,
-                                               lambda share: share >= self.match_rate)
+            return Route(
+                replicas[i],
+                f"imbalanced ({high} vs {low} in flight): the less loaded of {replicas[a].name} and {replicas[b].name}",
+            )
+        i, rate, by_prefix = self.table.choose(
+            request, replicas, loads, self.rng, lambda share: share >= self.match_rate
+        )
         if by_prefix:
             return Route(replicas[i], f"sent {rate:.0%} of this prompt before; {in_flight[i]} in flight")
-        return Route(replicas[i], f"prefix match {rate:.0%}, below {self.match_rate:.0%}: a smallest table, "
-                                  f"{in_flight[i]} in flight")
+        return Route(
+            replicas[i],
+            f"prefix match {rate:.0%}, below {self.match_rate:.0%}: a smallest table, {in_flight[i]} in flight",
+        )
 
     @hookimpl
     def on_routed(self, request, replica):
@@ -112,8 +123,15 @@ class CacheAware:
 
     name = "cache-aware"
 
-    def __init__(self, cache_threshold: float = 0.3, balance_abs_threshold: int = 2, balance_rel_threshold: float = 1.5,
-                 block_size: int = 16, capacity: int = 31_250, seed: int = 0) -> None:
+    def __init__(
+        self,
+        cache_threshold: float = 0.3,
+        balance_abs_threshold: int = 2,
+        balance_rel_threshold: float = 1.5,
+        block_size: int = 16,
+        capacity: int = 31_250,
+        seed: int = 0,
+    ) -> None:
         self.cache_threshold = options.number("cache_threshold", cache_threshold, 0.0, 1.0)
         self.abs = options.integer("balance_abs_threshold", balance_abs_threshold, 0, MAX_INT64)
         self.rel = options.number("balance_rel_threshold", balance_rel_threshold, 0.0)
@@ -127,12 +145,16 @@ class CacheAware:
         if high - low > self.abs and high > self.rel * low:
             i = lowest([(n, tokens) for tokens, n in loads], self.rng)
             return Route(replicas[i], f"imbalanced ({high} vs {low} in flight): least loaded")
-        i, rate, by_prefix = self.table.choose(request, replicas, loads, self.rng,
-                                               lambda share: share > self.cache_threshold)
+        i, rate, by_prefix = self.table.choose(
+            request, replicas, loads, self.rng, lambda share: share > self.cache_threshold
+        )
         if by_prefix:
             return Route(replicas[i], f"prefix match {rate:.0%} of the prompt; {in_flight[i]} in flight")
-        return Route(replicas[i], f"prefix match below {self.cache_threshold:.0%}: a smallest table "
-                                  f"({self.table.index.size(replicas[i].name)} blocks), {in_flight[i]} in flight")
+        return Route(
+            replicas[i],
+            f"prefix match below {self.cache_threshold:.0%}: a smallest table "
+            f"({self.table.index.size(replicas[i].name)} blocks), {in_flight[i]} in flight",
+        )
 
     @hookimpl
     def on_routed(self, request, replica):

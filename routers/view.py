@@ -27,7 +27,9 @@ if TYPE_CHECKING:
     from kvsched.routers.plugins import RouterError
     from kvsched.routers.replica import RoutedReplica
 
-FIELDS = tuple(f for f in Request.model_fields if f not in UNKNOWABLE)  # what a RequestView shows: not the answer's length
+FIELDS = tuple(
+    f for f in Request.model_fields if f not in UNKNOWABLE
+)  # what a RequestView shows: not the answer's length
 
 
 class Signals(NamedTuple):
@@ -53,13 +55,39 @@ class RoutingCall:
     request and replicas it shows, the views it handed out, and the first read it refused (raised at
     the call's end even if the router caught it). Open from ``begin`` to ``end``."""
 
-    __slots__ = ("number", "now", "as_of", "router", "reports_only", "hook", "refused", "request", "replicas", "views",
-                 "signals", "_hashes")
+    __slots__ = (
+        "number",
+        "now",
+        "as_of",
+        "router",
+        "reports_only",
+        "hook",
+        "refused",
+        "request",
+        "replicas",
+        "views",
+        "signals",
+        "_hashes",
+    )
 
-    def __init__(self, now: float, staleness: float, router: str, reports_only: bool = False, hook: str | None = None,
-                 request: Request | None = None, replicas: Sequence[RoutedReplica] = ()) -> None:
+    def __init__(
+        self,
+        now: float,
+        staleness: float,
+        router: str,
+        reports_only: bool = False,
+        hook: str | None = None,
+        request: Request | None = None,
+        replicas: Sequence[RoutedReplica] = (),
+    ) -> None:
         self.number, self.now, self.as_of, self.router = next(_NUMBERS), now, now - staleness, router
-        self.reports_only, self.hook, self.refused, self.request, self.replicas = reports_only, hook, None, request, replicas
+        self.reports_only, self.hook, self.refused, self.request, self.replicas = (
+            reports_only,
+            hook,
+            None,
+            request,
+            replicas,
+        )
         self.views: tuple[ReplicaView, ...] = ()
         self.signals: list[Signals | None] = [None] * len(replicas)  # each replica's report, once a view has read it
         self._hashes: dict[tuple[int, int], tuple[object, list[int]]] = {}  # (id, block size) -> (request, hashes)
@@ -113,7 +141,9 @@ _NUMBERS = count()
 def _closed(what: str, router: str) -> RouterError:
     from kvsched.routers.plugins import RouterError
 
-    return RouterError(router, f"read a {what} after its call returned: a view is valid only during the call that received it")
+    return RouterError(
+        router, f"read a {what} after its call returned: a view is valid only during the call that received it"
+    )
 
 
 def _call_of(view: ReplicaView) -> tuple[RoutingCall, int]:
@@ -157,8 +187,10 @@ def _fresh(view: ReplicaView, name: str):
     routed ahead of them)."""
     call, index = _call_of(view)
     if call.reports_only:
-        raise call.refuse(f"declares reads_reports_only but read {name}, which is fresh: "
-                          "drop the declaration, or read only reported fields")
+        raise call.refuse(
+            f"declares reads_reports_only but read {name}, which is fresh: "
+            "drop the declaration, or read only reported fields"
+        )
     return call.replicas[index]
 
 
@@ -181,17 +213,26 @@ class ReplicaView:
     num_running = _reported_field(2, "running requests, as reported")
     num_swapped = _reported_field(3, "swapped requests, as reported")
     num_free_gpu_blocks = _reported_field(4, "free GPU blocks, as reported")
-    report = _reported_field(None, "the whole report those fields come from, a read-only ``Signals(time, num_waiting, "
-                                   "num_running, num_swapped, num_free_gpu_blocks)``: one read for a router that reads several")
-    in_flight_requests = property(lambda self: _fresh(self, "in_flight_requests").in_flight_requests,
-                                  doc="requests the router sent it that have not finished (its own count: fresh)")
-    in_flight_tokens = property(lambda self: _fresh(self, "in_flight_tokens").in_flight_tokens,
-                                doc="prompt tokens of those requests (fresh)")
-    in_prefill_requests = property(lambda self: _fresh(self, "in_prefill_requests").in_prefill()[0],
-                                   doc="of those, the requests whose first token has not come back: queued or in "
-                                       "prefill (fresh: the router sees each response's first token)")
-    in_prefill_tokens = property(lambda self: _fresh(self, "in_prefill_tokens").in_prefill()[1],
-                                 doc="prompt tokens of those requests (fresh)")
+    report = _reported_field(
+        None,
+        "the whole report those fields come from, a read-only ``Signals(time, num_waiting, "
+        "num_running, num_swapped, num_free_gpu_blocks)``: one read for a router that reads several",
+    )
+    in_flight_requests = property(
+        lambda self: _fresh(self, "in_flight_requests").in_flight_requests,
+        doc="requests the router sent it that have not finished (its own count: fresh)",
+    )
+    in_flight_tokens = property(
+        lambda self: _fresh(self, "in_flight_tokens").in_flight_tokens, doc="prompt tokens of those requests (fresh)"
+    )
+    in_prefill_requests = property(
+        lambda self: _fresh(self, "in_prefill_requests").in_prefill()[0],
+        doc="of those, the requests whose first token has not come back: queued or in "
+        "prefill (fresh: the router sees each response's first token)",
+    )
+    in_prefill_tokens = property(
+        lambda self: _fresh(self, "in_prefill_tokens").in_prefill()[1], doc="prompt tokens of those requests (fresh)"
+    )
 
     @property
     def kv_usage(self) -> float:

@@ -47,8 +47,14 @@ class Weighted:
     name = "weighted"
     SCORERS = ("precise-prefix-cache", "prefix-affinity", "queue-depth", "kv-utilization", "active-requests")
 
-    def __init__(self, weights: str = "precise-prefix-cache:2,queue-depth:1,kv-utilization:1", block_size: int = 16,
-                 capacity: int = 31_250, least_queue: bool = True, seed: int = 0) -> None:
+    def __init__(
+        self,
+        weights: str = "precise-prefix-cache:2,queue-depth:1,kv-utilization:1",
+        block_size: int = 16,
+        capacity: int = 31_250,
+        least_queue: bool = True,
+        seed: int = 0,
+    ) -> None:
         if type(weights) is not str:
             raise ValueError(f"weights must be a string such as 'queue-depth:1,kv-utilization:1', got {quote(weights)}")
         self.weights = {}

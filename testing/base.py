@@ -58,8 +58,14 @@ class PolicyConformance:
     def test_invariants_under_random_operation(self):
         """Random arrivals, aborts, steps and tight configs: every universal invariant (and priority-preemption if claimed)."""
         examples, steps = self._examples()
-        results = check_machine(self._resolved(), self.policy_options, examples, steps, derandomize=False,
-                                shrink_seconds=self.shrink_seconds)
+        results = check_machine(
+            self._resolved(),
+            self.policy_options,
+            examples,
+            steps,
+            derandomize=False,
+            shrink_seconds=self.shrink_seconds,
+        )
         failures = format_failures(results)
         if failures:
             pytest.fail(failures, pytrace=False)

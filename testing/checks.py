@@ -18,7 +18,14 @@ from hypothesis.stateful import run_state_machine_as_test
 
 from kvsched.core.errors import shorten
 from kvsched.testing import invariants as inv
-from kvsched.testing.claims import BOUNDED_PREEMPTION, CLAIMS, PRIORITY_PREEMPTION, STARVATION_FREE, declared_claims, preemption_bound
+from kvsched.testing.claims import (
+    BOUNDED_PREEMPTION,
+    CLAIMS,
+    PRIORITY_PREEMPTION,
+    STARVATION_FREE,
+    declared_claims,
+    preemption_bound,
+)
 from kvsched.testing.machine import PolicyMachine
 from kvsched.testing.starvation import run_overload
 from kvsched.testing.strategies import overload_scenarios
@@ -40,14 +47,24 @@ class CheckResult:
 
 def check_settings(max_examples: int, steps: int, derandomize: bool, shrink: bool = True) -> settings:
     phases = tuple(Phase) if shrink else tuple(p for p in Phase if p is not Phase.shrink)
-    return settings(max_examples=max_examples, phases=phases, stateful_step_count=steps, deadline=None, database=None,
-                    derandomize=derandomize, print_blob=False, report_multiple_bugs=False,
-                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.data_too_large])
+    return settings(
+        max_examples=max_examples,
+        phases=phases,
+        stateful_step_count=steps,
+        deadline=None,
+        database=None,
+        derandomize=derandomize,
+        print_blob=False,
+        report_multiple_bugs=False,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.data_too_large],
+    )
 
 
 def counterexample(exc: BaseException) -> str:
     """Hypothesis's reproduction, minus the invariant calls between steps and its coverage hints."""
-    text = "\n".join(n for n in getattr(exc, "__notes__", []) if not n.startswith(("You can reproduce", "Explanation:")))
+    text = "\n".join(
+        n for n in getattr(exc, "__notes__", []) if not n.startswith(("You can reproduce", "Explanation:"))
+    )
     text = text.split("\n    These lines were always and only run")[0]
     return "\n".join(line for line in text.splitlines() if line.strip() != "state.allocator_consistent()").strip()
 
@@ -79,7 +96,9 @@ def shrink_budget(seconds: float | None):
 
     def report(text) -> None:
         if "shrink" in str(text) and not capped:
-            capped.append(f"(shrinking stopped after {seconds if seconds is not None else old:g} s: the counter-example may not be minimal)")
+            capped.append(
+                f"(shrinking stopped after {seconds if seconds is not None else old:g} s: the counter-example may not be minimal)"
+            )
 
     try:
         with with_reporter(report):
@@ -89,9 +108,16 @@ def shrink_budget(seconds: float | None):
             engine.MAX_SHRINKING_SECONDS = old
 
 
-def check_machine(policy: Any, options: dict | None = None, max_examples: int = 40, steps: int = 30,
-                  derandomize: bool = True, only: set[str] | None = None, shrink: bool = True,
-                  shrink_seconds: float | None = None) -> list[CheckResult]:
+def check_machine(
+    policy: Any,
+    options: dict | None = None,
+    max_examples: int = 40,
+    steps: int = 30,
+    derandomize: bool = True,
+    only: set[str] | None = None,
+    shrink: bool = True,
+    shrink_seconds: float | None = None,
+) -> list[CheckResult]:
     """The universal invariants (and priority-preemption if claimed), one result per invariant."""
     policy = _loaded(policy)
     names = list(inv.INVARIANTS) + ([PRIORITY_PREEMPTION] if PRIORITY_PREEMPTION in declared_claims(policy) else [])
@@ -106,28 +132,37 @@ def check_machine(policy: Any, options: dict | None = None, max_examples: int = 
             with shrink_budget(shrink_seconds) as capped:
                 run_state_machine_as_test(machine, settings=check_settings(max_examples, steps, derandomize, shrink))
         except inv.InvariantViolation as exc:
-            results[exc.invariant] = CheckResult(exc.invariant, FAIL, exc.detail, "\n".join([counterexample(exc), *capped]).strip())
+            results[exc.invariant] = CheckResult(
+                exc.invariant, FAIL, exc.detail, "\n".join([counterexample(exc), *capped]).strip()
+            )
             continue
         except Unsatisfiable as exc:
             for name in names:
-                results.setdefault(name, CheckResult(name, UNDECIDED, f"every example tripped an earlier failure ({exc})"))
+                results.setdefault(
+                    name, CheckResult(name, UNDECIDED, f"every example tripped an earlier failure ({exc})")
+                )
             break
         except Exception as exc:  # the suite itself could not run to a verdict: say so in the table
             for name in names:
-                results.setdefault(name, CheckResult(name, UNDECIDED, f"the check stopped: {type(exc).__name__}: {shorten(str(exc))}"))
+                results.setdefault(
+                    name, CheckResult(name, UNDECIDED, f"the check stopped: {type(exc).__name__}: {shorten(str(exc))}")
+                )
             break
         for name in names:
             results.setdefault(name, CheckResult(name, PASS))
     return [results[n] for n in names]
 
 
-def check_starvation(policy: Any, options: dict | None = None, max_examples: int = 4, derandomize: bool = True) -> CheckResult:
+def check_starvation(
+    policy: Any, options: dict | None = None, max_examples: int = 4, derandomize: bool = True
+) -> CheckResult:
     """``starvation-free``: the victims of an overload scenario finish before the stream ends."""
     return check_overload(policy, options, max_examples, derandomize)[0]
 
 
-def check_overload(policy: Any, options: dict | None = None, max_examples: int = 4,
-                   derandomize: bool = True) -> tuple[CheckResult, CheckResult]:
+def check_overload(
+    policy: Any, options: dict | None = None, max_examples: int = 4, derandomize: bool = True
+) -> tuple[CheckResult, CheckResult]:
     """The overload scenarios' claims: ``starvation-free`` (the victims finish before the stream ends) and
     ``bounded-preemption`` (no request preempted more than ``max_preemptions_per_request`` times). Where only the
     first is claimed, the second's row says how often the most preempted request was (victim churn the
@@ -146,14 +181,21 @@ def check_overload(policy: Any, options: dict | None = None, max_examples: int =
         try:
             result = run_overload(policy, scenario, options)
         except Exception as exc:  # a policy that fails under overload does not keep its claims
-            raise inv.InvariantViolation(min(claimed & {STARVATION_FREE, BOUNDED_PREEMPTION}),
-                                         f"the policy failed in the overload scenario: {shorten(str(exc), 300)}") from exc
+            raise inv.InvariantViolation(
+                min(claimed & {STARVATION_FREE, BOUNDED_PREEMPTION}),
+                f"the policy failed in the overload scenario: {shorten(str(exc), 300)}",
+            ) from exc
         worst.append(result.churn)
         if STARVATION_FREE in claimed and result.starved:
-            raise inv.InvariantViolation(STARVATION_FREE, f"{', '.join(result.starved_ids)} had not finished after {result.horizon_s:.0f} "
-                                         f"simulated seconds of overload, while {result.stream_served} favoured requests were served")
+            raise inv.InvariantViolation(
+                STARVATION_FREE,
+                f"{', '.join(result.starved_ids)} had not finished after {result.horizon_s:.0f} "
+                f"simulated seconds of overload, while {result.stream_served} favoured requests were served",
+            )
         if bound is not None and result.churn.preemptions > bound:
-            raise inv.InvariantViolation(BOUNDED_PREEMPTION, f"{result.churn}, more than its max_preemptions_per_request of {bound}")
+            raise inv.InvariantViolation(
+                BOUNDED_PREEMPTION, f"{result.churn}, more than its max_preemptions_per_request of {bound}"
+            )
 
     failed = None
     try:
@@ -170,16 +212,29 @@ def check_overload(policy: Any, options: dict | None = None, max_examples: int =
             seen = f"in its overload scenarios {most}" if most is not None else ""
             results[claim] = CheckResult(claim, NOT_CLAIMED, seen if claim == BOUNDED_PREEMPTION else "")
         else:
-            results[claim] = CheckResult(claim, UNDECIDED, f"{failed.invariant} failed first") if failed else CheckResult(claim, PASS)
+            results[claim] = (
+                CheckResult(claim, UNDECIDED, f"{failed.invariant} failed first")
+                if failed
+                else CheckResult(claim, PASS)
+            )
     return results[STARVATION_FREE], results[BOUNDED_PREEMPTION]
 
 
-def run_checks(policy: Any, options: dict | None = None, max_examples: int = 40, steps: int = 30,
-               starvation_examples: int = 4, derandomize: bool = True, shrink: bool = True,
-               shrink_seconds: float | None = None) -> list[CheckResult]:
+def run_checks(
+    policy: Any,
+    options: dict | None = None,
+    max_examples: int = 40,
+    steps: int = 30,
+    starvation_examples: int = 4,
+    derandomize: bool = True,
+    shrink: bool = True,
+    shrink_seconds: float | None = None,
+) -> list[CheckResult]:
     """Every invariant, then every claim (``not claimed`` rows for claims the policy does not make)."""
     policy = _loaded(policy)
-    results = check_machine(policy, options, max_examples, steps, derandomize, shrink=shrink, shrink_seconds=shrink_seconds)
+    results = check_machine(
+        policy, options, max_examples, steps, derandomize, shrink=shrink, shrink_seconds=shrink_seconds
+    )
     results += check_overload(policy, options, starvation_examples, derandomize)
     if PRIORITY_PREEMPTION not in declared_claims(policy):
         results.append(CheckResult(PRIORITY_PREEMPTION, NOT_CLAIMED))

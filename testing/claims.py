@@ -49,6 +49,8 @@ def preemption_bound(policy: Any) -> int:
 
     bound = policy_attribute(policy, "max_preemptions_per_request", None)
     if type(bound) is not int or bound < 0:
-        raise ValueError(f"a policy claiming {BOUNDED_PREEMPTION} states max_preemptions_per_request, a whole number >= 0; "
-                         f"got {bound!r}")
+        raise ValueError(
+            f"a policy claiming {BOUNDED_PREEMPTION} states max_preemptions_per_request, a whole number >= 0; "
+            f"got {bound!r}"
+        )
     return bound

@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections import Counter
 from typing import TYPE_CHECKING
 
-from kvsched.core.errors import AuditError
 from kvsched.cluster.records import FIELDS
+from kvsched.core.errors import AuditError
 from kvsched.testing.invariants import InvariantViolation
 
 if TYPE_CHECKING:
@@ -29,13 +29,14 @@ CLUSTER_INVARIANTS = {
     NO_REQUEST_LOST: "every request that arrived has exactly one record, and no replica still holds one",
     NO_REQUEST_DUPLICATED: "no request is recorded twice, or routed twice to one pool, or run by two replicas of a pool",
     NO_LEAK_ANYWHERE: "every replica's blocks are free and its allocator audit passes; the router's in-flight and "
-                      "in-prefill counts are back to 0",
+    "in-prefill counts are back to 0",
     ROUTES_IN_POOL: "each request was routed into the pool of its phase: mixed, or prefill then decode",
     TIMELINES_IN_ORDER: "arrival <= first scheduled <= first token <= finish, in the fleet's one clock",
 }
 
-_ID, _ARRIVAL, _SCHEDULED, _FIRST, _FINISH = (FIELDS.index(f) for f in ("request_id", "arrival_time", "first_scheduled_time",
-                                                                        "first_token_time", "finish_time"))
+_ID, _ARRIVAL, _SCHEDULED, _FIRST, _FINISH = (
+    FIELDS.index(f) for f in ("request_id", "arrival_time", "first_scheduled_time", "first_token_time", "finish_time")
+)
 
 
 def check_cluster(cluster: Cluster, requests: list[Request]) -> list[tuple[str, str]]:
@@ -47,10 +48,17 @@ def check_cluster(cluster: Cluster, requests: list[Request]) -> list[tuple[str, 
     expected = {r.request_id for r in requests}
     lost = expected - set(counts)
     if lost or rec.num_arrived != len(requests):
-        problems.append((NO_REQUEST_LOST, f"{len(lost)} of {len(requests)} requests have no record (e.g. {sorted(lost)[:3]}); arrived {rec.num_arrived}"))
+        problems.append(
+            (
+                NO_REQUEST_LOST,
+                f"{len(lost)} of {len(requests)} requests have no record (e.g. {sorted(lost)[:3]}); arrived {rec.num_arrived}",
+            )
+        )
     for r in cluster.replicas:
         if r.engine.has_unfinished() or r.engine.sequence_groups:
-            problems.append((NO_REQUEST_LOST, f"{r.name} still holds {len(r.engine.sequence_groups)} requests after the run"))
+            problems.append(
+                (NO_REQUEST_LOST, f"{r.name} still holds {len(r.engine.sequence_groups)} requests after the run")
+            )
     twice = [i for i, n in counts.items() if n > 1]
     if twice:
         problems.append((NO_REQUEST_DUPLICATED, f"{len(twice)} requests recorded more than once, e.g. {twice[:3]}"))
@@ -68,14 +76,23 @@ def check_cluster(cluster: Cluster, requests: list[Request]) -> list[tuple[str, 
         except AuditError as exc:
             problems.append((NO_LEAK_ANYWHERE, f"{r.name}: {exc}"))
         if r.in_flight_requests or r.in_flight_tokens or r.in_prefill() != (0, 0):
-            problems.append((NO_LEAK_ANYWHERE, f"{r.name}: {r.in_flight_requests} requests ({r.in_flight_tokens} "
-                                               f"tokens) still in flight, {r.in_prefill()[0]} awaiting a first token"))
+            problems.append(
+                (
+                    NO_LEAK_ANYWHERE,
+                    f"{r.name}: {r.in_flight_requests} requests ({r.in_flight_tokens} "
+                    f"tokens) still in flight, {r.in_prefill()[0]} awaiting a first token",
+                )
+            )
         if r.cached_by_request:
-            problems.append((NO_LEAK_ANYWHERE, f"{r.name}: cache-hit notes of {len(r.cached_by_request)} requests left behind"))
+            problems.append(
+                (NO_LEAK_ANYWHERE, f"{r.name}: cache-hit notes of {len(r.cached_by_request)} requests left behind")
+            )
     pools = {"mixed"} if not cluster.disaggregated else {"prefill", "decode"}
     for request_id, pool, _, index, _ in rec.routes:
         if pool not in pools or cluster.replicas[index].role != pool:
-            problems.append((ROUTES_IN_POOL, f"{request_id} routed to {cluster.replicas[index].name} in the {pool} pool"))
+            problems.append(
+                (ROUTES_IN_POOL, f"{request_id} routed to {cluster.replicas[index].name} in the {pool} pool")
+            )
             break
     if cluster.disaggregated:
         decoded = {request_id for request_id, pool in routed if pool == "decode"}
@@ -85,7 +102,9 @@ def check_cluster(cluster: Cluster, requests: list[Request]) -> list[tuple[str, 
     for row in rec.rows:
         times = [t for t in (row[_ARRIVAL], row[_SCHEDULED], row[_FIRST], row[_FINISH]) if t is not None]
         if times != sorted(times):
-            problems.append((TIMELINES_IN_ORDER, f"{row[_ID]}: arrival, first scheduled, first token, finish = {times}"))
+            problems.append(
+                (TIMELINES_IN_ORDER, f"{row[_ID]}: arrival, first scheduled, first token, finish = {times}")
+            )
             break
     return problems
 

@@ -18,12 +18,12 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 
 from kvsched.core.decisions import Preemption
 from kvsched.core.engine import Engine
-from kvsched.executors.simulated import SimulatedExecutor
 from kvsched.core.errors import AuditError, PolicyError, shorten
 from kvsched.core.hookspecs import hookimpl
 from kvsched.core.loading import load_policy
 from kvsched.core.sequence import SequenceStatus
 from kvsched.core.view import frozen
+from kvsched.executors.simulated import SimulatedExecutor
 from kvsched.testing import invariants as inv
 from kvsched.testing.claims import PRIORITY_PREEMPTION, declared_claims
 from kvsched.testing.strategies import engine_configs, request_specs
@@ -66,8 +66,11 @@ class PolicyMachine(RuleBasedStateMachine):
     def for_policy(cls, policy: Any, options: dict[str, Any] | None = None, skip=frozenset()) -> type[PolicyMachine]:
         if isinstance(policy, str):
             policy = load_policy(policy)  # once, not per example
-        return type(f"{cls.__name__}_{getattr(policy, '__name__', 'policy')}", (cls,),
-                    {"policy": policy, "policy_options": options, "skip": frozenset(skip)})
+        return type(
+            f"{cls.__name__}_{getattr(policy, '__name__', 'policy')}",
+            (cls,),
+            {"policy": policy, "policy_options": options, "skip": frozenset(skip)},
+        )
 
     def __init__(self) -> None:
         super().__init__()
@@ -93,10 +96,18 @@ class PolicyMachine(RuleBasedStateMachine):
         watching = PRIORITY_PREEMPTION in declared_claims(policy) and self._checking(PRIORITY_PREEMPTION)
         self.watch = PreemptionWatch() if watching else None
         try:
-            self.engine = Engine(config, policy, SimulatedExecutor(), policy_options=self.policy_options, observers=(self.watch,) if watching else ())
+            self.engine = Engine(
+                config,
+                policy,
+                SimulatedExecutor(),
+                policy_options=self.policy_options,
+                observers=(self.watch,) if watching else (),
+            )
         except PolicyError as exc:
             self._violation(inv.VALID_DECISIONS, str(exc))
-        self.limits = frozen(self.engine.config)  # what the budgets are judged by: taken before any hook ran, out of every hook's reach
+        self.limits = frozen(
+            self.engine.config
+        )  # what the budgets are judged by: taken before any hook ran, out of every hook's reach
         if watching:  # judge by this engine's own policy instance
             self.watch.urgency = getattr(self.engine.hooks.policy, "urgency", None) or (lambda step, g: g.priority)
 
@@ -157,21 +168,32 @@ class PolicyMachine(RuleBasedStateMachine):
     def _drain(self) -> None:
         engine = self.engine
         groups = [g for g in engine.sequence_groups.values() if not g.is_finished]
-        bound = 200 + 8 * sum((g.request.prompt_len + g.request.sampling.max_tokens) * g.request.sampling.n for g in groups)
+        bound = 200 + 8 * sum(
+            (g.request.prompt_len + g.request.sampling.max_tokens) * g.request.sampling.n for g in groups
+        )
         steps = idle = 0
         while engine.has_unfinished():
             if steps >= bound or idle >= STALL_STEPS:
-                why = f"no progress for {idle} steps" if idle >= STALL_STEPS else f"still unfinished after {steps} steps (bound {bound})"
+                why = (
+                    f"no progress for {idle} steps"
+                    if idle >= STALL_STEPS
+                    else f"still unfinished after {steps} steps (bound {bound})"
+                )
                 left = [g.request_id for g in engine.sequence_groups.values() if not g.is_finished]
-                self._violation(inv.FINISHES_WITHIN_BOUND, f"{why}: unfinished {left[:5]}; {engine.scheduler.stuck_report()}")
+                self._violation(
+                    inv.FINISHES_WITHIN_BOUND, f"{why}: unfinished {left[:5]}; {engine.scheduler.stuck_report()}"
+                )
                 return
             report = self._step()
             idle = idle + 1 if report.output.is_empty and not report.finished else 0
             steps += 1
         bm = engine.scheduler.block_manager
         if engine.leaked_blocks or bm.gpu.num_free != bm.gpu.num_blocks or bm.cpu.num_free != bm.cpu.num_blocks:
-            self._violation(inv.NO_LEAKED_BLOCKS, f"{engine.leaked_blocks} blocks still held after every request finished "
-                            f"(gpu free {bm.gpu.num_free}/{bm.gpu.num_blocks}, cpu free {bm.cpu.num_free}/{bm.cpu.num_blocks})")
+            self._violation(
+                inv.NO_LEAKED_BLOCKS,
+                f"{engine.leaked_blocks} blocks still held after every request finished "
+                f"(gpu free {bm.gpu.num_free}/{bm.gpu.num_blocks}, cpu free {bm.cpu.num_free}/{bm.cpu.num_blocks})",
+            )
 
 
 def budget_violation(engine: Engine, report, config=None) -> str | None:

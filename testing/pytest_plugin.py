@@ -9,10 +9,20 @@ from __future__ import annotations
 
 def pytest_addoption(parser) -> None:
     group = parser.getgroup("kvsched", "kvsched policy conformance")
-    group.addoption("--policy", action="append", default=[], metavar="NAME",
-                    help="policy to check with kvsched.testing (installed name, file.py:Attr or module:Attr); repeatable")
-    group.addoption("--policy-opt", action="append", default=[], metavar="KEY=VALUE",
-                    help="constructor option for the policies under check; repeatable")
+    group.addoption(
+        "--policy",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="policy to check with kvsched.testing (installed name, file.py:Attr or module:Attr); repeatable",
+    )
+    group.addoption(
+        "--policy-opt",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="constructor option for the policies under check; repeatable",
+    )
 
 
 def pytest_generate_tests(metafunc) -> None:

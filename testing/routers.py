@@ -20,13 +20,20 @@ from __future__ import annotations
 from typing import Any
 
 from hypothesis import given, settings
-from hypothesis.errors import FlakyFailure
 from hypothesis import strategies as st
+from hypothesis.errors import FlakyFailure
 
 from kvsched.core.errors import PolicyError, shorten
 from kvsched.core.request import Request, SamplingParams
 from kvsched.testing.checks import (
-    FAIL, NOT_CLAIMED, PASS, UNDECIDED, CheckResult, check_settings, counterexample, shrink_budget,
+    FAIL,
+    NOT_CLAIMED,
+    PASS,
+    UNDECIDED,
+    CheckResult,
+    check_settings,
+    counterexample,
+    shrink_budget,
 )
 from kvsched.testing.invariants import InvariantViolation
 
@@ -40,17 +47,32 @@ ROUTER_CHECKS = {
     DETERMINISTIC: "the same fleet and requests are routed the same way by a new instance of the router",
     RESPECTS_STALENESS: "a router that reads only reports routes the same ahead of the replicas as at each arrival",
 }
-SETTINGS = {"num_gpu_blocks": 64, "block_size": 16, "max_num_batched_tokens": 1024, "max_model_len": 1024,
-            "audit_every_step": True}
+SETTINGS = {
+    "num_gpu_blocks": 64,
+    "block_size": 16,
+    "max_num_batched_tokens": 1024,
+    "max_model_len": 1024,
+    "audit_every_step": True,
+}
 
 
 def fleet_scenarios() -> st.SearchStrategy[dict[str, Any]]:
     """A fleet's shape and a stream of requests, each ``(shared prefix length, output, gap, prefix family, own
     tokens)``: short enough to read in a counter-example (``requests`` makes them)."""
-    return st.fixed_dictionaries({
-        "requests": st.lists(st.tuples(st.integers(1, 700), st.integers(1, 60), st.floats(0, 0.3), st.integers(0, 3),
-                                       st.integers(0, 40)), min_size=1, max_size=30),
-        "replicas": st.integers(1, 4), "caching": st.booleans(), "staleness": st.sampled_from((0.0, 0.01, 0.05, 0.2))})
+    return st.fixed_dictionaries(
+        {
+            "requests": st.lists(
+                st.tuples(
+                    st.integers(1, 700), st.integers(1, 60), st.floats(0, 0.3), st.integers(0, 3), st.integers(0, 40)
+                ),
+                min_size=1,
+                max_size=30,
+            ),
+            "replicas": st.integers(1, 4),
+            "caching": st.booleans(),
+            "staleness": st.sampled_from((0.0, 0.01, 0.05, 0.2)),
+        }
+    )
 
 
 def requests(scenario: dict[str, Any]) -> list[Request]:
@@ -60,8 +82,16 @@ def requests(scenario: dict[str, Any]) -> list[Request]:
         t += gap
         own = 9_000_000 + 100 * i
         tokens = tuple(range(family * 10_000, family * 10_000 + prompt)) + tuple(range(own, own + extra))
-        made.append(Request(request_id=f"r{i}", prompt_token_ids=tokens, output_len=output, arrival_time=round(t, 6),
-                            sampling=SamplingParams(max_tokens=64), session_id=f"s{family}"))
+        made.append(
+            Request(
+                request_id=f"r{i}",
+                prompt_token_ids=tokens,
+                output_len=output,
+                arrival_time=round(t, 6),
+                sampling=SamplingParams(max_tokens=64),
+                session_id=f"s{family}",
+            )
+        )
     return made
 
 
@@ -87,6 +117,7 @@ def _routed(router: Any, options: dict | None, scenario: dict[str, Any], lookahe
 
 def _run(check: str, test, examples: int, derandomize: bool) -> CheckResult:
     """One check over ``examples`` fleet scenarios: the first failing scenario, unshrunk (each runs a fleet)."""
+
     @settings(check_settings(examples, 1, derandomize, shrink=False))
     @given(scenario=fleet_scenarios())
     def conforms(scenario):
@@ -108,8 +139,9 @@ def _run(check: str, test, examples: int, derandomize: bool) -> CheckResult:
     return CheckResult(broken.invariant, FAIL, broken.detail, counterexample(broken))
 
 
-def run_router_checks(router: Any, options: dict | None = None, examples: int = 20,
-                      derandomize: bool = True) -> list[CheckResult]:
+def run_router_checks(
+    router: Any, options: dict | None = None, examples: int = 20, derandomize: bool = True
+) -> list[CheckResult]:
     """Every router check on ``router`` (an installed name, ``file.py:Class`` or a router object), one result each."""
     from kvsched.testing.cluster import check_cluster
 
@@ -126,15 +158,20 @@ def run_router_checks(router: Any, options: dict | None = None, examples: int = 
         first, again = _routed(router, options, scenario), _routed(router, options, scenario)
         if first != again:
             at = next((i for i, (a, b) in enumerate(zip(first, again)) if a != b), min(len(first), len(again)))
-            raise InvariantViolation(DETERMINISTIC, f"routed differently the second time, from route {at}: "
-                                     f"{first[at:at + 1]} then {again[at:at + 1]}")
+            raise InvariantViolation(
+                DETERMINISTIC,
+                f"routed differently the second time, from route {at}: {first[at : at + 1]} then {again[at : at + 1]}",
+            )
 
     def respects_staleness(scenario):
         ahead, at_arrival = _routed(router, options, scenario), _routed(router, options, scenario, lookahead=False)
         if ahead != at_arrival:
-            raise InvariantViolation(RESPECTS_STALENESS, "routed ahead of the replicas it chose otherwise than at each "
-                                     f"arrival (staleness {scenario['staleness']} s): it reads something fresher "
-                                     "than the reports it declares")
+            raise InvariantViolation(
+                RESPECTS_STALENESS,
+                "routed ahead of the replicas it chose otherwise than at each "
+                f"arrival (staleness {scenario['staleness']} s): it reads something fresher "
+                "than the reports it declares",
+            )
 
     results = [_run(ROUTES_EVERY_REQUEST, routes_every_request, examples, derandomize)]
     if results[0].failed:  # a router the cluster refuses cannot be judged on the rest

@@ -21,8 +21,11 @@ class Churn:
 
     def __str__(self) -> str:
         times = "once" if self.preemptions == 1 else f"{self.preemptions} times"
-        return (f"{self.request_id} was preempted {times}, {self.discarded_tokens:,} computed tokens thrown away"
-                if self.preemptions else "no request was preempted")
+        return (
+            f"{self.request_id} was preempted {times}, {self.discarded_tokens:,} computed tokens thrown away"
+            if self.preemptions
+            else "no request was preempted"
+        )
 
 
 @dataclass(frozen=True)
@@ -51,7 +54,9 @@ def run_overload(policy: Any, scenario: OverloadScenario, policy_options: dict |
             if group.request_id.startswith("victim"):
                 victims.append(group)
         if len(victims) == len(VICTIM_TENANTS) and all(v.is_finished for v in victims):
-            return StarvationResult(max(v.finish_time for v in victims), scenario.horizon_s, _served(engine), churn=_churn(engine))
+            return StarvationResult(
+                max(v.finish_time for v in victims), scenario.horizon_s, _served(engine), churn=_churn(engine)
+            )
         if not engine.has_unfinished():
             clock.wait_until(pending[0].arrival_time)
             continue
@@ -64,10 +69,16 @@ def run_overload(policy: Any, scenario: OverloadScenario, policy_options: dict |
 
 def _churn(engine: Engine) -> Churn:
     """The most preempted request of the run so far, finished or not."""
-    group = max(engine.sequence_groups.values(), key=lambda g: (g.num_recompute_preemptions + g.num_swap_preemptions, -g.index), default=None)
+    group = max(
+        engine.sequence_groups.values(),
+        key=lambda g: (g.num_recompute_preemptions + g.num_swap_preemptions, -g.index),
+        default=None,
+    )
     if group is None:
         return Churn()
-    return Churn(group.request_id, group.num_recompute_preemptions + group.num_swap_preemptions, group.num_discarded_tokens)
+    return Churn(
+        group.request_id, group.num_recompute_preemptions + group.num_swap_preemptions, group.num_discarded_tokens
+    )
 
 
 def _served(engine: Engine) -> int:

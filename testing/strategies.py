@@ -94,16 +94,32 @@ class OverloadScenario:
         import random
 
         rng = random.Random(self.seed)
-        out = [Request(request_id=f"victim-{tenant}", prompt_len=self.victim_prompt, arrival_time=self.victim_arrival_s,
-                       priority=self.victim_priority, tenant=tenant, output_len=self.victim_output,
-                       sampling=SamplingParams(max_tokens=self.victim_output))
-               for tenant in VICTIM_TENANTS]
+        out = [
+            Request(
+                request_id=f"victim-{tenant}",
+                prompt_len=self.victim_prompt,
+                arrival_time=self.victim_arrival_s,
+                priority=self.victim_priority,
+                tenant=tenant,
+                output_len=self.victim_output,
+                sampling=SamplingParams(max_tokens=self.victim_output),
+            )
+            for tenant in VICTIM_TENANTS
+        ]
         rate = OVERLOAD_BASE_RATE * self.overload
         t, i = 0.0, 0
         while t < self.horizon_s:
-            out.append(Request(request_id=f"stream-{i}", prompt_len=rng.randint(32, 64), arrival_time=round(t, 6),
-                               priority=0, tenant="vip", output_len=(o := rng.randint(4, 12)),
-                               sampling=SamplingParams(max_tokens=o)))
+            out.append(
+                Request(
+                    request_id=f"stream-{i}",
+                    prompt_len=rng.randint(32, 64),
+                    arrival_time=round(t, 6),
+                    priority=0,
+                    tenant="vip",
+                    output_len=(o := rng.randint(4, 12)),
+                    sampling=SamplingParams(max_tokens=o),
+                )
+            )
             t += rng.expovariate(rate)
             i += 1
         return sorted(out, key=lambda r: r.arrival_time)

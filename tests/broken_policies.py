@@ -74,4 +74,12 @@ class PreemptsMostUrgent(ContinuousBatching):
         return min(candidates, key=lambda g: g.priority)
 
 
-__all__ = ["AdmitsRunning", "StarvesTenant", "Raises", "RaisesClaimingStarvationFree", "ChunksByNaN", "PreemptsMostUrgent", "Outcome"]
+__all__ = [
+    "AdmitsRunning",
+    "StarvesTenant",
+    "Raises",
+    "RaisesClaimingStarvationFree",
+    "ChunksByNaN",
+    "PreemptsMostUrgent",
+    "Outcome",
+]

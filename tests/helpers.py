@@ -10,7 +10,9 @@ from kvsched.policies.vllm_default import VllmDefault
 _counter = iter(range(10**9))
 
 
-def make_group(tokens, n: int = 1, max_tokens: int = 64, arrival: float = 0.0, request_id: str | None = None) -> SequenceGroup:
+def make_group(
+    tokens, n: int = 1, max_tokens: int = 64, arrival: float = 0.0, request_id: str | None = None
+) -> SequenceGroup:
     """A bare SequenceGroup (no engine) with sequence ids unique across the test session."""
     index = next(_counter)
     request = Request(
@@ -22,11 +24,17 @@ def make_group(tokens, n: int = 1, max_tokens: int = 64, arrival: float = 0.0, r
     return SequenceGroup(request, index, first_seq_id=index * 1000)
 
 
-def req(rid: str, prompt_len: int, output_len: int, arrival: float = 0.0, n: int = 1, max_tokens: int | None = None, **kw) -> Request:
+def req(
+    rid: str, prompt_len: int, output_len: int, arrival: float = 0.0, n: int = 1, max_tokens: int | None = None, **kw
+) -> Request:
     """A simulation request: prompt given by length, true output length known."""
     return Request(
-        request_id=rid, prompt_len=prompt_len, output_len=output_len, arrival_time=arrival,
-        sampling=SamplingParams(n=n, max_tokens=max_tokens or output_len), **kw,
+        request_id=rid,
+        prompt_len=prompt_len,
+        output_len=output_len,
+        arrival_time=arrival,
+        sampling=SamplingParams(n=n, max_tokens=max_tokens or output_len),
+        **kw,
     )
 
 
@@ -54,10 +62,28 @@ def unit_engine(policy="vllm-default", **config):
     from kvsched.executors.cost_model import CostProfile
     from kvsched.executors.simulated import SimulatedExecutor
 
-    unit = CostProfile(name="unit", base_ms=1000, prefill_token_ms=0, decode_seq_ms=0, kv_token_ms=0,
-                       kv_bytes_per_token=0, swap_gb_per_s=1, copy_gb_per_s=1)
-    cfg = EngineConfig(**{"block_size": 4, "num_gpu_blocks": 64, "num_cpu_blocks": 64, "watermark": 0.0,
-                          "max_num_batched_tokens": 256, "max_num_seqs": 64, "audit_every_step": True, **config})
+    unit = CostProfile(
+        name="unit",
+        base_ms=1000,
+        prefill_token_ms=0,
+        decode_seq_ms=0,
+        kv_token_ms=0,
+        kv_bytes_per_token=0,
+        swap_gb_per_s=1,
+        copy_gb_per_s=1,
+    )
+    cfg = EngineConfig(
+        **{
+            "block_size": 4,
+            "num_gpu_blocks": 64,
+            "num_cpu_blocks": 64,
+            "watermark": 0.0,
+            "max_num_batched_tokens": 256,
+            "max_num_seqs": 64,
+            "audit_every_step": True,
+            **config,
+        }
+    )
     return Engine(cfg, policy, SimulatedExecutor(unit))
 
 

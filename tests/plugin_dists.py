@@ -17,8 +17,14 @@ ENGINE = str(Path(sys.executable).parent / "engine")
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def make_dist(folder: Path, dist: str, policies: dict[str, str], modules: dict[str, str], version: str = "0.1",
-              group: str = "kvsched.policies") -> Path:
+def make_dist(
+    folder: Path,
+    dist: str,
+    policies: dict[str, str],
+    modules: dict[str, str],
+    version: str = "0.1",
+    group: str = "kvsched.policies",
+) -> Path:
     """Write ``modules`` (module name → source) and a distribution ``dist`` registering ``policies``
     (entry-point name → ``module:attr``) under ``group`` (``kvsched.policies``, or ``kvsched.routers``), into ``folder``."""
     folder.mkdir(parents=True, exist_ok=True)

@@ -49,8 +49,14 @@ def test_queues_in_order_outside_a_step():
 
 def test_free_and_cached_blocks_per_device():
     engine = unit_engine(enable_prefix_caching=True, num_gpu_blocks=16, num_cpu_blocks=8)
-    assert (engine.cache.num_free_gpu_blocks, engine.cache.num_free_cpu_blocks, engine.cache.num_cached_gpu_blocks) == (16, 8, 0)
-    engine.add_request(Request(request_id="a", prompt_token_ids=tuple(range(12)), output_len=2, sampling={"max_tokens": 2}))
+    assert (engine.cache.num_free_gpu_blocks, engine.cache.num_free_cpu_blocks, engine.cache.num_cached_gpu_blocks) == (
+        16,
+        8,
+        0,
+    )
+    engine.add_request(
+        Request(request_id="a", prompt_token_ids=tuple(range(12)), output_len=2, sampling={"max_tokens": 2})
+    )
     engine.step()
     assert engine.cache.num_free_gpu_blocks == 16 - 3  # 12 prompt tokens (+1 sampled) in blocks of 4
     engine.run()
@@ -63,8 +69,12 @@ def test_the_output_lists_the_groups_swapped_in():
     for rid in "abc":
         engine.add_request(req(rid, 4, 12))
     swapped_in, swapped_out = [], []
-    engine.run(on_step=lambda r: (swapped_in.extend(g.request_id for g in r.output.swapped_in),
-                                  swapped_out.extend(g.request_id for g, _ in r.output.preempted)))
+    engine.run(
+        on_step=lambda r: (
+            swapped_in.extend(g.request_id for g in r.output.swapped_in),
+            swapped_out.extend(g.request_id for g, _ in r.output.preempted),
+        )
+    )
     assert swapped_out and sorted(swapped_in) == sorted(swapped_out)
 
 
@@ -73,7 +83,9 @@ def test_a_prefix_hit_reports_the_full_prompt_next_to_its_uncached_part():
     prompt = tuple(range(20))
     engine.add_request(Request(request_id="first", prompt_token_ids=prompt, output_len=1, sampling={"max_tokens": 1}))
     engine.run()
-    engine.add_request(Request(request_id="second", prompt_token_ids=prompt + (99,), output_len=1, sampling={"max_tokens": 1}))
+    engine.add_request(
+        Request(request_id="second", prompt_token_ids=prompt + (99,), output_len=1, sampling={"max_tokens": 1})
+    )
     (entry,) = engine.step().output.scheduled
     assert entry.is_prefill and entry.num_cached_tokens == 20 and entry.num_tokens == 1
     assert entry.num_cached_tokens + entry.num_tokens == engine._groups["second"].view.prompt_len
@@ -121,7 +133,9 @@ def test_a_step_can_be_split_and_a_request_ended_while_it_runs():
     (a client went away): the step then applies without it, and its blocks are free."""
     from kvsched import SequenceStatus, StepResult
 
-    engine = unit_engine(decode_lane=False)  # the lane is the simulator's; an embedding engine's executor knows no tokens ahead
+    engine = unit_engine(
+        decode_lane=False
+    )  # the lane is the simulator's; an embedding engine's executor knows no tokens ahead
     for rid in "ab":
         engine.add_request(req(rid, 4, 5))
     engine.step()
@@ -131,7 +145,9 @@ def test_a_step_can_be_split_and_a_request_ended_while_it_runs():
     seq_b = engine._groups["b"].seqs[0].seq_id
     report = engine.complete(output, StepResult(1.0, {seq_b: [7]}))
     assert [sg.group.request_id for sg in report.output.scheduled] == ["b"]
-    assert engine._groups["a"].status is SequenceStatus.FINISHED_STOPPED and engine._groups["b"].num_generated_tokens == 2
+    assert (
+        engine._groups["a"].status is SequenceStatus.FINISHED_STOPPED and engine._groups["b"].num_generated_tokens == 2
+    )
     engine.run()
     assert engine.leaked_blocks == 0
     with pytest.raises(ValueError, match="not a finished state"):

@@ -19,13 +19,26 @@ from kvsched.testing.machine import PolicyMachine
 from kvsched.testing.strategies import engine_configs
 
 # Every step that runs anything takes 10 ms, whatever it runs.
-TEN_MS = CostProfile(name="ten-ms", base_ms=10, prefill_token_ms=0, decode_seq_ms=0, kv_token_ms=0,
-                     kv_bytes_per_token=0, swap_gb_per_s=1, copy_gb_per_s=1)
+TEN_MS = CostProfile(
+    name="ten-ms",
+    base_ms=10,
+    prefill_token_ms=0,
+    decode_seq_ms=0,
+    kv_token_ms=0,
+    kv_bytes_per_token=0,
+    swap_gb_per_s=1,
+    copy_gb_per_s=1,
+)
 
 
 def _request(i: int, prompt: int, output: int | None, arrival: float = 0.0, max_tokens: int = 64) -> Request:
-    return Request(request_id=f"r{i}", prompt_len=prompt, output_len=output, arrival_time=arrival,
-                   sampling=SamplingParams(max_tokens=max_tokens))
+    return Request(
+        request_id=f"r{i}",
+        prompt_len=prompt,
+        output_len=output,
+        arrival_time=arrival,
+        sampling=SamplingParams(max_tokens=max_tokens),
+    )
 
 
 def _run(policy: str = "vllm-default", requests=None, profile=TEN_MS, **config):
@@ -46,8 +59,10 @@ def _requests(n: int = 60):
 
 
 def _rows(engine):
-    return [(g.request_id, g.status, g.first_token_time, g.finish_time, tuple(tuple(s.output) for s in g.seqs))
-            for g in sorted(engine.finished, key=lambda g: g.request_id)]
+    return [
+        (g.request_id, g.status, g.first_token_time, g.finish_time, tuple(tuple(s.output) for s in g.seqs))
+        for g in sorted(engine.finished, key=lambda g: g.request_id)
+    ]
 
 
 @pytest.mark.parametrize("policy", ["vllm-default", "vllm-v1"])
@@ -119,10 +134,27 @@ def test_async_defaults_to_vllm_v1s_scheduler_time():
 def test_under_kv_pressure_every_request_ends_and_no_block_leaks(policy):
     # Preemptions, and stops of requests that were preempted meanwhile: audited every step by _run.
     requests = [_request(i, 40 + 13 * i % 70, 5 + 11 * i % 60) for i in range(40)]
-    sync, _ = _run(policy, requests, profile="llama2-7b-a100", num_gpu_blocks=40, num_cpu_blocks=40, block_size=8,
-                   max_num_batched_tokens=256, max_num_seqs=16)
-    lagged, _ = _run(policy, requests, profile="llama2-7b-a100", num_gpu_blocks=40, num_cpu_blocks=40, block_size=8,
-                     max_num_batched_tokens=256, max_num_seqs=16, async_scheduling=True)
+    sync, _ = _run(
+        policy,
+        requests,
+        profile="llama2-7b-a100",
+        num_gpu_blocks=40,
+        num_cpu_blocks=40,
+        block_size=8,
+        max_num_batched_tokens=256,
+        max_num_seqs=16,
+    )
+    lagged, _ = _run(
+        policy,
+        requests,
+        profile="llama2-7b-a100",
+        num_gpu_blocks=40,
+        num_cpu_blocks=40,
+        block_size=8,
+        max_num_batched_tokens=256,
+        max_num_seqs=16,
+        async_scheduling=True,
+    )
     assert [r[4] for r in _rows(lagged)] == [r[4] for r in _rows(sync)]  # the same tokens, whatever the lag
     model = lagged.completion
     if policy == "vllm-default":  # here some stop while preempted: they end all the same
@@ -141,8 +173,15 @@ def pressed_workloads(draw, n_max: int = 3):
         t += draw(st.floats(0, 0.05))
         shared = tuple(range(500, 500 + draw(st.sampled_from((0, 0, 16, 40)))))
         own = tuple(range(10_000 * (i + 1), 10_000 * (i + 1) + draw(st.integers(1, 120))))
-        requests.append(Request(request_id=f"r{i}", prompt_token_ids=shared + own, output_len=draw(st.integers(1, 40)),
-                                arrival_time=t, sampling=SamplingParams(n=draw(st.integers(1, n_max)), max_tokens=48)))
+        requests.append(
+            Request(
+                request_id=f"r{i}",
+                prompt_token_ids=shared + own,
+                output_len=draw(st.integers(1, 40)),
+                arrival_time=t,
+                sampling=SamplingParams(n=draw(st.integers(1, n_max)), max_tokens=48),
+            )
+        )
     return requests
 
 
@@ -161,17 +200,32 @@ def _outputs(groups):
 
 
 @settings(max_examples=max(10, settings.default.max_examples // 5))
-@given(policy=st.sampled_from(BUILT_IN), requests=pressed_workloads(), blocks=st.integers(24, 120),
-       block_size=st.sampled_from((4, 8, 16)), caching=st.booleans(), retain=st.booleans())
+@given(
+    policy=st.sampled_from(BUILT_IN),
+    requests=pressed_workloads(),
+    blocks=st.integers(24, 120),
+    block_size=st.sampled_from((4, 8, 16)),
+    caching=st.booleans(),
+    retain=st.booleans(),
+)
 def test_async_runs_end_every_request_once_with_n_samples_under_kv_pressure(
     policy, requests, blocks, block_size, caching, retain
 ):
     """Every built-in policy, async scheduling, ``n > 1``, prefix caching and a small pool together (issue 36: a
     stop of a V1 fan-out child in the step before, not run in this one, ended the child as if it were a request)."""
-    config = EngineConfig(num_gpu_blocks=blocks, block_size=block_size, enable_prefix_caching=caching, max_num_seqs=16,
-                          audit_every_step=True)
-    ended, engine = [], Engine(config.model_copy(update={"async_scheduling": True}), policy, SimulatedExecutor(),
-                               retain_finished=retain)
+    config = EngineConfig(
+        num_gpu_blocks=blocks,
+        block_size=block_size,
+        enable_prefix_caching=caching,
+        max_num_seqs=16,
+        audit_every_step=True,
+    )
+    ended, engine = (
+        [],
+        Engine(
+            config.model_copy(update={"async_scheduling": True}), policy, SimulatedExecutor(), retain_finished=retain
+        ),
+    )
     engine.run(requests, on_step=lambda report: ended.extend(map(group_of, report.finished)))
     assert sorted(g.request_id for g in ended) == sorted(r.request_id for r in requests)
     assert engine.leaked_blocks == 0
@@ -182,13 +236,23 @@ def test_async_runs_end_every_request_once_with_n_samples_under_kv_pressure(
 
 
 @settings(max_examples=max(10, settings.default.max_examples // 5))
-@given(policy=st.sampled_from(["vllm-v1", "lcf", "hrrn", "session-affinity"]), requests=pressed_workloads(),
-       blocks=st.integers(30, 120), caching=st.booleans())
+@given(
+    policy=st.sampled_from(["vllm-v1", "lcf", "hrrn", "session-affinity"]),
+    requests=pressed_workloads(),
+    blocks=st.integers(30, 120),
+    caching=st.booleans(),
+)
 def test_with_async_scheduling_a_fanned_out_request_is_its_children(policy, requests, blocks, caching):
     """Under V1 mechanics a request with ``n`` samples runs as ``n`` requests and ends with its last one, the lag
     included: its first token and finish are its children's first and last, when they run as requests of their own."""
-    config = EngineConfig(num_gpu_blocks=blocks, block_size=8, enable_prefix_caching=caching, max_num_seqs=16,
-                          async_scheduling=True, audit_every_step=True)
+    config = EngineConfig(
+        num_gpu_blocks=blocks,
+        block_size=8,
+        enable_prefix_caching=caching,
+        max_num_seqs=16,
+        async_scheduling=True,
+        audit_every_step=True,
+    )
     parents, children = Engine(config, policy, SimulatedExecutor()), Engine(config, policy, SimulatedExecutor())
     parents.run(requests)
     children.run(_fanned_out(requests))
@@ -225,5 +289,13 @@ class AsyncMachine(PolicyMachine):
 @pytest.mark.parametrize("policy", ["vllm-default", "vllm-v1", "lpm", "lcf"])
 def test_the_invariants_hold_with_async_scheduling(policy):
     machine = AsyncMachine.for_policy(policy)
-    run_state_machine_as_test(machine, settings=settings(max_examples=60, stateful_step_count=40, derandomize=True,
-                                                         deadline=None, suppress_health_check=list(HealthCheck)))
+    run_state_machine_as_test(
+        machine,
+        settings=settings(
+            max_examples=60,
+            stateful_step_count=40,
+            derandomize=True,
+            deadline=None,
+            suppress_health_check=list(HealthCheck),
+        ),
+    )

@@ -15,22 +15,33 @@ from kvsched.core.sequence import Sequence
 from kvsched.policies.vllm_default import VllmDefault
 
 
-@pytest.mark.parametrize("fields, where", [
-    ({"prompt_len": 2**63}, "prompt_len"),
-    ({"prompt_token_ids": (1, 2**63)}, "prompt_token_ids.1"),
-    ({"prompt_len": 4, "priority": 10**20}, "priority"),
-    ({"prompt_len": 4, "output_len": 2**63, "sampling": {"max_tokens": 2**63}}, "max_tokens"),
-    ({"prompt_len": 4, "arrival_time": math.inf}, "arrival_time"),
-    ({"prompt_len": 4, "tenant": ""}, "tenant"),
-    ({"prompt_len": 4, "tenant": "  "}, "tenant"),
-])
+@pytest.mark.parametrize(
+    "fields, where",
+    [
+        ({"prompt_len": 2**63}, "prompt_len"),
+        ({"prompt_token_ids": (1, 2**63)}, "prompt_token_ids.1"),
+        ({"prompt_len": 4, "priority": 10**20}, "priority"),
+        ({"prompt_len": 4, "output_len": 2**63, "sampling": {"max_tokens": 2**63}}, "max_tokens"),
+        ({"prompt_len": 4, "arrival_time": math.inf}, "arrival_time"),
+        ({"prompt_len": 4, "tenant": ""}, "tenant"),
+        ({"prompt_len": 4, "tenant": "  "}, "tenant"),
+    ],
+)
 def test_requests_out_of_range_are_refused_naming_the_field(fields, where):
     with pytest.raises(ValidationError, match=where.replace(".", r"\.")):
         Request(request_id="r", **fields)
 
 
-@pytest.mark.parametrize("fields", [{"num_gpu_blocks": 10**20}, {"num_gpu_blocks": 10**8}, {"num_cpu_blocks": 10**8},
-                                    {"max_num_batched_tokens": 2**64}, {"delay_factor": math.inf}])
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"num_gpu_blocks": 10**20},
+        {"num_gpu_blocks": 10**8},
+        {"num_cpu_blocks": 10**8},
+        {"max_num_batched_tokens": 2**64},
+        {"delay_factor": math.inf},
+    ],
+)
 def test_configs_out_of_range_are_refused_before_anything_is_allocated(fields):
     with pytest.raises(ValidationError, match=next(iter(fields))):
         EngineConfig(**fields)
@@ -40,10 +51,16 @@ class NoHooks:
     name = "no-hooks"
 
 
-@pytest.mark.parametrize("policy, message", [
-    (None, "is None, not a policy"), (5, "is 5, not a policy"), (False, "is False, not a policy"),
-    (NoHooks, "implements no hook"), (NoHooks(), "implements no hook"),
-])
+@pytest.mark.parametrize(
+    "policy, message",
+    [
+        (None, "is None, not a policy"),
+        (5, "is 5, not a policy"),
+        (False, "is False, not a policy"),
+        (NoHooks, "implements no hook"),
+        (NoHooks(), "implements no hook"),
+    ],
+)
 def test_what_is_not_a_policy_is_refused_instead_of_running_the_default(policy, message):
     with pytest.raises(PolicyError, match=message):
         Engine(EngineConfig(), policy, SimulatedExecutor())
@@ -56,7 +73,9 @@ def test_an_exception_in_a_hook_names_the_hook_and_the_plugins_own_line():
     with pytest.raises(PolicyError) as caught:
         engine.step()
     text = str(caught.value)
-    assert text.startswith("policy 'broken-raises' in select_batch: raised RuntimeError: queue too long for this policy")
+    assert text.startswith(
+        "policy 'broken-raises' in select_batch: raised RuntimeError: queue too long for this policy"
+    )
     line = next(i for i, s in enumerate(open(bp.__file__), 1) if "queue too long" in s)
     assert text.endswith(f"broken_policies.py:{line})") and caught.value.hook == "select_batch"
 
@@ -69,7 +88,10 @@ def test_an_observer_that_raises_is_named_as_the_observer():
 
     engine = Engine(EngineConfig(), "vllm-default", SimulatedExecutor(), observers=(Boom(),))
     engine.add_request(req("a", 8, 2))
-    with pytest.raises(PolicyError, match=r"^observer 'Boom-0' in on_step: raised KeyError: 'no-such-request' \(at .*test_bad_inputs\.py:\d+\)"):
+    with pytest.raises(
+        PolicyError,
+        match=r"^observer 'Boom-0' in on_step: raised KeyError: 'no-such-request' \(at .*test_bad_inputs\.py:\d+\)",
+    ):
         engine.step()
     engine.hooks.pm.unregister(name="Boom-0")
     assert engine.scheduler.audit() == [] and engine.num_steps == 1  # the step itself stood
@@ -110,8 +132,12 @@ def test_a_policy_that_waits_for_time_to_pass_is_not_a_stall():
 def test_a_long_prompt_with_prefix_caching_is_hashed_only_up_to_its_first_miss(monkeypatch):
     calls = []
     slice_tokens = Sequence.token_slice
-    monkeypatch.setattr(Sequence, "token_slice", lambda self, start, stop: calls.append(start) or slice_tokens(self, start, stop))
-    engine = Engine(EngineConfig(enable_prefix_caching=True), "lpm", SimulatedExecutor())  # lpm asks for cache hits to order
+    monkeypatch.setattr(
+        Sequence, "token_slice", lambda self, start, stop: calls.append(start) or slice_tokens(self, start, stop)
+    )
+    engine = Engine(
+        EngineConfig(enable_prefix_caching=True), "lpm", SimulatedExecutor()
+    )  # lpm asks for cache hits to order
     engine.add_request(req("huge", 10**6, 4))
     engine.add_request(req("small", 40, 4))
     engine.step()
@@ -137,7 +163,11 @@ def test_an_error_quotes_a_huge_value_briefly():
             return ["OK"] * 10**6
 
     engine = Engine(EngineConfig(), HugeAnswer, SimulatedExecutor())
-    engine.add_request(Request(request_id="x" * 10**5, prompt_len=8, output_len=2, sampling=SamplingParams(max_tokens=2)))
-    with pytest.raises(PolicyError, match=r"in can_allocate: returned \['OK', 'OK', 'OK', 'OK', \.\.\.\], expected an AllocStatus") as caught:
+    engine.add_request(
+        Request(request_id="x" * 10**5, prompt_len=8, output_len=2, sampling=SamplingParams(max_tokens=2))
+    )
+    with pytest.raises(
+        PolicyError, match=r"in can_allocate: returned \['OK', 'OK', 'OK', 'OK', \.\.\.\], expected an AllocStatus"
+    ) as caught:
         engine.step()
     assert len(str(caught.value)) < 300

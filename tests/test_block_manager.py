@@ -185,7 +185,9 @@ class BlockManagerMachine(RuleBasedStateMachine):
     def __init__(self):
         super().__init__()
         self.bs = 2
-        self.bm = BlockManager(self.bs, num_gpu_blocks=14, num_cpu_blocks=10, watermark_blocks=1, enable_prefix_caching=True)
+        self.bm = BlockManager(
+            self.bs, num_gpu_blocks=14, num_cpu_blocks=10, watermark_blocks=1, enable_prefix_caching=True
+        )
         self.gpu_data: dict[int, dict[int, int]] = {}
         self.cpu_data: dict[int, dict[int, int]] = {}
         self.groups = []
@@ -229,8 +231,12 @@ class BlockManagerMachine(RuleBasedStateMachine):
         self.groups.append(g)
         note(f"admit {g.request_id} prompt={prompt} n={n}")
 
-    @rule(ids=st.lists(st.integers(0, 3), min_size=1, max_size=5), block=st.integers(1, 3), cut=st.integers(0, 2),
-          n=st.integers(1, 3))
+    @rule(
+        ids=st.lists(st.integers(0, 3), min_size=1, max_size=5),
+        block=st.integers(1, 3),
+        cut=st.integers(0, 2),
+        n=st.integers(1, 3),
+    )
     def admit_blocks(self, ids, block, cut, n):
         """A prompt given as blocks (a hash-id trace's): named without its tokens, a hit only on equal tokens."""
         self.admit(BlockPrompt(ids, max(1, len(ids) * block - min(cut, block - 1)), block), n)
@@ -293,8 +299,12 @@ class BlockManagerMachine(RuleBasedStateMachine):
     @rule(data=st.data(), prompt=tokens)
     def rolled_back_transaction(self, data, prompt):
         """Mutations inside begin/rollback leave no trace at all."""
-        snapshot = ({k: list(v) for k, v in self.bm.gpu_tables.items()}, {k: list(v) for k, v in self.bm.cpu_tables.items()},
-                    list(self.bm.gpu.ref_counts), list(self.bm.cpu.ref_counts))
+        snapshot = (
+            {k: list(v) for k, v in self.bm.gpu_tables.items()},
+            {k: list(v) for k, v in self.bm.cpu_tables.items()},
+            list(self.bm.gpu.ref_counts),
+            list(self.bm.cpu.ref_counts),
+        )
         g = data.draw(st.sampled_from(self._live(RUNNING)))
         self.bm.begin()
         if self.bm.can_swap_out(g):
@@ -307,8 +317,12 @@ class BlockManagerMachine(RuleBasedStateMachine):
                 for s in h.unfinished_seqs():
                     self.bm.append_slots(s)
         self.bm.rollback()
-        assert ({k: list(v) for k, v in self.bm.gpu_tables.items()}, {k: list(v) for k, v in self.bm.cpu_tables.items()},
-                list(self.bm.gpu.ref_counts), list(self.bm.cpu.ref_counts)) == snapshot
+        assert (
+            {k: list(v) for k, v in self.bm.gpu_tables.items()},
+            {k: list(v) for k, v in self.bm.cpu_tables.items()},
+            list(self.bm.gpu.ref_counts),
+            list(self.bm.cpu.ref_counts),
+        ) == snapshot
 
     # -- invariants
     @invariant()
@@ -319,7 +333,9 @@ class BlockManagerMachine(RuleBasedStateMachine):
     def every_sequence_reads_back_its_tokens(self):
         for g in self.groups:
             for s in g.unfinished_seqs():
-                tables, data = (self.bm.gpu_tables, self.gpu_data) if g.status is RUNNING else (self.bm.cpu_tables, self.cpu_data)
+                tables, data = (
+                    (self.bm.gpu_tables, self.gpu_data) if g.status is RUNNING else (self.bm.cpu_tables, self.cpu_data)
+                )
                 table = tables[s.seq_id]
                 for pos in range(s.num_computed_tokens):
                     stored = data.get(table[pos // self.bs], {}).get(pos % self.bs)
@@ -356,7 +372,9 @@ def test_recomputed_group_shares_its_full_prompt_blocks_again():
     assert bm.num_free_gpu_blocks == 12 and bm.audit() == []
 
 
-@given(st.lists(st.tuples(st.sampled_from(["free", "take", "evict"]), st.integers(0, 11), st.integers(1, 5)), max_size=300))
+@given(
+    st.lists(st.tuples(st.sampled_from(["free", "take", "evict"]), st.integers(0, 11), st.integers(1, 5)), max_size=300)
+)
 def test_the_evictors_order_is_an_ordered_dicts(ops):
     """The queue with stale entries (blocks taken back, freed again, evicted one or many at a time, rebuilt when
     mostly stale) keeps exactly the least-recently-freed order of an ``OrderedDict`` of the same blocks."""

@@ -31,7 +31,7 @@ def names_of(tokens: tuple[int, ...], block_size: int) -> list[int]:
     """The block manager's naming before prompts as blocks: the chained hash of each full block's token ids."""
     names, parent = [], ROOT
     for start in range(0, len(tokens) - block_size + 1, block_size):
-        parent = hash((parent, tokens[start:start + block_size]))
+        parent = hash((parent, tokens[start : start + block_size]))
         names.append(parent)
     return names
 
@@ -44,8 +44,9 @@ def block_prompts(draw, block: int | None = None):
     """Ids from a few, so that prompts share blocks and ids follow each other (runs that cross a block)."""
     block = block or draw(BLOCKS)
     length = draw(st.integers(1, 6 * block))
-    return BlockPrompt(draw(st.lists(st.integers(0, 5), min_size=-(-length // block), max_size=-(-length // block))),
-                       length, block)
+    return BlockPrompt(
+        draw(st.lists(st.integers(0, 5), min_size=-(-length // block), max_size=-(-length // block))), length, block
+    )
 
 
 @given(block_prompts(), st.data())
@@ -55,7 +56,10 @@ def test_a_prompt_as_blocks_reads_as_its_token_ids(prompt, data):
     assert prompt == tokens and tokens == prompt and hash(prompt) == hash(tokens) and prompt != tokens[:-1]
     index = data.draw(st.integers(-len(tokens), len(tokens) - 1))
     assert prompt[index] == tokens[index]
-    start, stop = data.draw(st.integers(-len(tokens) - 2, len(tokens) + 2)), data.draw(st.integers(-len(tokens) - 2, len(tokens) + 2))
+    start, stop = (
+        data.draw(st.integers(-len(tokens) - 2, len(tokens) + 2)),
+        data.draw(st.integers(-len(tokens) - 2, len(tokens) + 2)),
+    )
     step = data.draw(st.sampled_from([None, 1, 2, -1]))
     assert prompt[start:stop:step] == tokens[start:stop:step]
     assert pickle.loads(pickle.dumps(prompt)) == prompt and prompt + (9,) == tokens + (9,)
@@ -63,8 +67,10 @@ def test_a_prompt_as_blocks_reads_as_its_token_ids(prompt, data):
         prompt[len(tokens)]
 
 
-@pytest.mark.parametrize("ids, length, block", [([], 1, 4), ([1, 2], 4, 4), ([1], 0, 4), ([-1], 3, 4), ([1], 3, 0),
-                                                 ([2**62], 3, 4), ([1.0], 3, 4)])
+@pytest.mark.parametrize(
+    "ids, length, block",
+    [([], 1, 4), ([1, 2], 4, 4), ([1], 0, 4), ([-1], 3, 4), ([1], 3, 0), ([2**62], 3, 4), ([1.0], 3, 4)],
+)
 def test_a_bad_prompt_as_blocks_is_refused(ids, length, block):
     with pytest.raises(ValueError):
         BlockPrompt(ids, length, block)
@@ -102,9 +108,17 @@ def test_a_request_keeps_its_prompt_as_blocks():
 def small_sessions(sessions: int = 40) -> LongContextSpec:
     """Long-context sessions shrunk to fit a small pool: prompts of a few hundred to a few thousand tokens on
     64-token hash blocks (engine blocks of 16 lie four to a hash block; 24 cross one, as 40 would not divide)."""
-    return LongContextSpec(num_sessions=sessions, rate=4.0, think_time_s=5.0, system_blocks=3, block_size=64,
-                           context=LogNormal(median=300, sigma=0.8, max=3_000), turn=LogNormal(median=200, sigma=0.8, max=2_000),
-                           output=LogNormal(median=20, sigma=0.5, max=200), max_context=4_096)
+    return LongContextSpec(
+        num_sessions=sessions,
+        rate=4.0,
+        think_time_s=5.0,
+        system_blocks=3,
+        block_size=64,
+        context=LogNormal(median=300, sigma=0.8, max=3_000),
+        turn=LogNormal(median=200, sigma=0.8, max=2_000),
+        output=LogNormal(median=20, sigma=0.5, max=200),
+        max_context=4_096,
+    )
 
 
 def as_tokens(requests: list[Request]) -> list[Request]:
@@ -119,8 +133,13 @@ def test_a_run_with_prompts_as_blocks_is_the_run_with_their_tokens(block_size):
     assert all(type(r.prompt_token_ids) is BlockPrompt for r in requests)
     asked = sum(r.prompt_len + r.output_len for r in requests)
     for policy in ("vllm-v1", "vllm-default"):
-        config = EngineConfig(enable_prefix_caching=True, block_size=block_size, num_gpu_blocks=4_800 // block_size,
-                              max_model_len=4_096, max_num_batched_tokens=4_096)
+        config = EngineConfig(
+            enable_prefix_caching=True,
+            block_size=block_size,
+            num_gpu_blocks=4_800 // block_size,
+            max_model_len=4_096,
+            max_num_batched_tokens=4_096,
+        )
         blocks, tokens = (run_simulation(rs, policy, config) for rs in (requests, as_tokens(requests)))
         assert [r.as_dict() for r in blocks.requests] == [r.as_dict() for r in tokens.requests]
         assert blocks.summary == tokens.summary and blocks.summary["recompute"]["computed_tokens"] < 0.8 * asked  # hits
@@ -129,8 +148,12 @@ def test_a_run_with_prompts_as_blocks_is_the_run_with_their_tokens(block_size):
 @pytest.mark.parametrize("router", ["precise-prefix", "cache-aware"])
 def test_a_prefix_aware_fleet_routes_prompts_as_blocks_as_it_routes_their_tokens(router):
     requests = small_sessions(30).requests()
-    fleet = FleetSpec(replicas=[ReplicaGroup(count=3, policy="vllm-v1", settings={"enable_prefix_caching": True,
-                                                                                  "max_model_len": 4_096})], router=router)
+    fleet = FleetSpec(
+        replicas=[
+            ReplicaGroup(count=3, policy="vllm-v1", settings={"enable_prefix_caching": True, "max_model_len": 4_096})
+        ],
+        router=router,
+    )
     runs = []
     for rs in (requests, as_tokens(requests)):
         cluster = Cluster(fleet)
@@ -179,6 +202,12 @@ def test_the_pools_calls_on_many_blocks_are_its_calls_one_at_a_time(ops):
             many.release_many(blocks[::-1])
             for b in blocks[::-1]:
                 one.release(b)
-        assert (many.hash_to_block, many.block_hash, many._duplicates, list(many.evictor), many._free, many.num_free) == (
-            one.hash_to_block, one.block_hash, one._duplicates, list(one.evictor), one._free, one.num_free)
+        assert (
+            many.hash_to_block,
+            many.block_hash,
+            many._duplicates,
+            list(many.evictor),
+            many._free,
+            many.num_free,
+        ) == (one.hash_to_block, one.block_hash, one._duplicates, list(one.evictor), one._free, one.num_free)
         assert many.audit([sum(b in t for t in held) for b in range(12)]) == []

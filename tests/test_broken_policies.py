@@ -31,12 +31,15 @@ def test_engine_wraps_an_exception_from_the_policy():
         small_run(bp.Raises).step()
 
 
-@pytest.mark.parametrize(("policy", "invariant", "message"), [
-    (bp.AdmitsRunning, "valid-decisions", "is RUNNING, not WAITING"),
-    (bp.Raises, "valid-decisions", "raised RuntimeError"),
-    (bp.StarvesTenant, "finishes-within-bound", "no progress for"),
-    (bp.PreemptsMostUrgent, "priority-preemption", "was preempted for the less urgent"),
-])
+@pytest.mark.parametrize(
+    ("policy", "invariant", "message"),
+    [
+        (bp.AdmitsRunning, "valid-decisions", "is RUNNING, not WAITING"),
+        (bp.Raises, "valid-decisions", "raised RuntimeError"),
+        (bp.StarvesTenant, "finishes-within-bound", "no progress for"),
+        (bp.PreemptsMostUrgent, "priority-preemption", "was preempted for the less urgent"),
+    ],
+)
 def test_suite_reports_the_broken_invariant_with_a_counterexample(policy, invariant, message):
     (result,) = check_machine(policy, max_examples=400, steps=20, only={invariant}, shrink=False)
     assert result.status == FAIL and message in result.detail
@@ -88,7 +91,9 @@ def test_budgets_are_judged_from_the_batch_not_from_the_counter_it_carries():
     machine.engine = engine = unit_engine(max_num_batched_tokens=16, max_num_seqs=4)
     machine.limits = frozen(engine.config)  # as start() takes them
     machine.watch = None
-    group = engine.add_request(Request(request_id="big", prompt_len=40, output_len=2, sampling=SamplingParams(max_tokens=2)))
+    group = engine.add_request(
+        Request(request_id="big", prompt_len=40, output_len=2, sampling=SamplingParams(max_tokens=2))
+    )
     output = SchedulerOutput(scheduled=[ScheduledGroup(group, 40, True)], num_batched_tokens=0)
     engine.step = lambda: StepReport(0, 1.0, 1.0, OutputView(output), (), 0, 1, 0, engine.cache)
     with pytest.raises(InvariantViolation, match="batched 40 tokens > max_num_batched_tokens 16") as caught:
@@ -114,7 +119,11 @@ def test_victim_churn_is_bounded_where_claimed_and_reported_where_not():
         max_preemptions_per_request = 0  # it preempts: the bound is broken at once
 
     starvation, churn = check_overload(NeverTwice, max_examples=1)
-    assert churn.status == FAIL and "more than its max_preemptions_per_request of 0" in churn.detail and "preempted" in churn.detail
+    assert (
+        churn.status == FAIL
+        and "more than its max_preemptions_per_request of 0" in churn.detail
+        and "preempted" in churn.detail
+    )
     assert starvation.status == "undecided" and "bounded-preemption failed first" in starvation.detail
 
     class Restates(VllmV1):

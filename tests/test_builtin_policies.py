@@ -9,7 +9,11 @@ from kvsched import Engine, EngineConfig, PolicyError, SimulatedExecutor
 from kvsched.core.loading import available_policies
 from kvsched.core.request import Request, SamplingParams
 from kvsched.policies.length_predictors import (
-    BucketedPredictor, HistoryPredictor, NoisyOraclePredictor, OraclePredictor, make_predictor,
+    BucketedPredictor,
+    HistoryPredictor,
+    NoisyOraclePredictor,
+    OraclePredictor,
+    make_predictor,
 )
 from kvsched.policies.sjf import Sjf
 from kvsched.policies.vtc import Vtc
@@ -169,7 +173,10 @@ def test_sjf_accepts_a_predictor_object_and_cli_strings_and_names_it():
         def predict(self, group):
             return -group.max_tokens
 
-    assert Sjf(predictor=Reverse()).predictor.__class__ is Reverse and Sjf(predictor=Reverse()).length_predictor == "reverse"
+    assert (
+        Sjf(predictor=Reverse()).predictor.__class__ is Reverse
+        and Sjf(predictor=Reverse()).length_predictor == "reverse"
+    )
     assert isinstance(Sjf(predictor="noisy", sigma="0.3").predictor, NoisyOraclePredictor)
     assert Sjf().length_predictor == "history(window=64)"  # the oracle is never the default
     with pytest.raises(TypeError, match="needs a name"):
@@ -189,8 +196,14 @@ def test_a_run_says_which_predictor_its_policy_used():
 
 # ------------------------------------------------------------------------------------------ vtc
 def tenant_req(rid, tenant, prompt=8, out=4, arrival=0.0):
-    return Request(request_id=rid, prompt_len=prompt, output_len=out, tenant=tenant, arrival_time=arrival,
-                   sampling=SamplingParams(max_tokens=out))
+    return Request(
+        request_id=rid,
+        prompt_len=prompt,
+        output_len=out,
+        tenant=tenant,
+        arrival_time=arrival,
+        sampling=SamplingParams(max_tokens=out),
+    )
 
 
 def test_vtc_admits_from_the_least_served_tenant():
@@ -233,8 +246,13 @@ def test_vtc_shares_service_between_backlogged_tenants():
 # ------------------------------------------------------------------------------------------ lpm
 def prefixed(rid, prefix, suffix_start, arrival=0.0):
     tokens = tuple(range(prefix * 1000, prefix * 1000 + 32)) + tuple(range(suffix_start, suffix_start + 4))
-    return Request(request_id=rid, prompt_token_ids=tokens, output_len=2, arrival_time=arrival,
-                   sampling=SamplingParams(max_tokens=2))
+    return Request(
+        request_id=rid,
+        prompt_token_ids=tokens,
+        output_len=2,
+        arrival_time=arrival,
+        sampling=SamplingParams(max_tokens=2),
+    )
 
 
 def cold_then_hit_behind_a_warm_prefix(max_queue: int | None = None):

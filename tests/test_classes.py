@@ -31,7 +31,9 @@ def test_each_class_is_its_requests_alone(tiered):
     assert set(classes) == {"slo_class", "session"}  # one tenant and one priority: no breakdown of either
     assert sum(c["requests"] for c in classes["slo_class"].values()) == len(records)
     for name, c in classes["slo_class"].items():
-        mine = [r for r in records if r.slo_class == name and r.status in ("FINISHED_STOPPED", "FINISHED_LENGTH_CAPPED")]
+        mine = [
+            r for r in records if r.slo_class == name and r.status in ("FINISHED_STOPPED", "FINISHED_LENGTH_CAPPED")
+        ]
         assert c["finished"] == len(mine) and c["ttft_s"]["mean"] == pytest.approx(np.mean([r.ttft for r in mine]))
     sessions = {r.session_id for r in records}
     means = [np.mean([r.ttft for r in records if r.session_id == s]) for s in sessions]
@@ -40,8 +42,9 @@ def test_each_class_is_its_requests_alone(tiered):
 
 
 def test_a_streamed_run_has_the_same_classes(tiered, tmp_path):
-    streamed = SimJob(build_workload("tiered-sessions", num_requests=40), "sla-tiers", record_timeseries=False,
-                      stream_to=tmp_path).run()
+    streamed = SimJob(
+        build_workload("tiered-sessions", num_requests=40), "sla-tiers", record_timeseries=False, stream_to=tmp_path
+    ).run()
     assert streamed.summary["classes"] == tiered.summary["classes"]
 
 
@@ -64,9 +67,17 @@ def test_compare_has_a_row_per_class_with_its_paired_change(tiered):
 
 
 def test_the_printed_summary_and_the_report_show_the_classes(tmp_path):
-    done = subprocess.run([ENGINE, "run", "-p", "sla-tiers", "-w", "tiered-sessions", "-n", "12", "-o", tmp_path / "out", "--plot"],
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [ENGINE, "run", "-p", "sla-tiers", "-w", "tiered-sessions", "-n", "12", "-o", tmp_path / "out", "--plot"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr
-    assert "per class" in done.stdout and "slo_class interactive" in done.stdout and "12 sessions: a session's mean TTFT" in done.stdout
+    assert (
+        "per class" in done.stdout
+        and "slo_class interactive" in done.stdout
+        and "12 sessions: a session's mean TTFT" in done.stdout
+    )
     assert 'id="classes"' in (tmp_path / "out" / "report.html").read_text()
     assert "slo_class" in json.loads((tmp_path / "out" / "summary.json").read_text())["classes"]

@@ -34,8 +34,20 @@ def test_main_job_writes_a_clean_deterministic_summary(tmp_path):
 
 
 def test_run_subcommand_takes_config_overrides(tmp_path):
-    res = engine("run", "-n", "60", "--set", "delay_factor=0.5", "--set", "max_num_batched_tokens=512",
-                 "--set", "max_num_seqs=64", "-o", str(tmp_path), "-q")
+    res = engine(
+        "run",
+        "-n",
+        "60",
+        "--set",
+        "delay_factor=0.5",
+        "--set",
+        "max_num_batched_tokens=512",
+        "--set",
+        "max_num_seqs=64",
+        "-o",
+        str(tmp_path),
+        "-q",
+    )
     assert res.returncode == 0, res.stderr
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["num_requests"] == 60

@@ -20,13 +20,19 @@ def engine(*args, cwd=ROOT):
 
 
 def test_every_option_says_what_it_does():
-    missing = [f"{name} {param.opts[0]}" for name, command in COMMANDS.items() for param in command.params if not param.help]
+    missing = [
+        f"{name} {param.opts[0]}" for name, command in COMMANDS.items() for param in command.params if not param.help
+    ]
     assert not missing
 
 
 def test_boolean_options_are_flags_shown_without_a_value():
-    shown = [f"{name} {p.opts[0]}" for name, command in COMMANDS.items() for p in command.params
-             if getattr(p, "is_flag", False) and p.metavar != ""]
+    shown = [
+        f"{name} {p.opts[0]}"
+        for name, command in COMMANDS.items()
+        for p in command.params
+        if getattr(p, "is_flag", False) and p.metavar != ""
+    ]
     assert not shown
     help_text = engine("run", "--help").stdout
     assert [line for line in help_text.splitlines() if "<bool>" in line and "--help" not in line] == []
@@ -38,7 +44,9 @@ def test_quiet_is_accepted_wherever_progress_is_shown():
 
 
 def test_run_and_verify_default_to_the_same_model():
-    defaults = {name: next(p.default for p in COMMANDS[name].params if "--model" in p.opts) for name in ("run", "verify")}
+    defaults = {
+        name: next(p.default for p in COMMANDS[name].params if "--model" in p.opts) for name in ("run", "verify")
+    }
     assert defaults == {"run": "smollm2-135m", "verify": "smollm2-135m"}
 
 
@@ -48,7 +56,9 @@ def test_plot_is_a_flag_that_writes_under_output_in_run_and_compare(tmp_path):
         assert plot.is_flag, name
     proc = engine("compare", "-p", "fcfs", "-p", "sjf", "-n", "30", "--seeds", "1", "--plot", "-q")
     assert proc.returncode == 2 and "--plot needs --output DIR" in proc.stderr
-    proc = engine("compare", "-p", "fcfs", "-p", "sjf", "-n", "30", "--seeds", "1", "-o", tmp_path / "cmp", "--plot", "-q")
+    proc = engine(
+        "compare", "-p", "fcfs", "-p", "sjf", "-n", "30", "--seeds", "1", "-o", tmp_path / "cmp", "--plot", "-q"
+    )
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr == ""  # -q: no progress bar
     csv = (tmp_path / "cmp" / "comparison.csv").read_text().splitlines()

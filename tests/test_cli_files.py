@@ -48,12 +48,27 @@ DEEP = "[" * 100_000 + "]" * 100_000
 
 
 INPUTS = [  # (option, file name, content, what the line must say)
-    ("-w", "latin1.json", b'{"kind": "synthetic", "tenants": {"caf\xe9": 1.0}}', "latin1.json:1: not UTF-8 text: byte 0xe9"),
+    (
+        "-w",
+        "latin1.json",
+        b'{"kind": "synthetic", "tenants": {"caf\xe9": 1.0}}',
+        "latin1.json:1: not UTF-8 text: byte 0xe9",
+    ),
     ("-w", "deep.json", DEEP.encode(), "deep.json: not valid JSON: nested too deeply"),
-    ("-w", "nan.json", b'{"kind": "synthetic", "num_requests": NaN}', "nan.json: not valid JSON: NaN is not a JSON number"),
+    (
+        "-w",
+        "nan.json",
+        b'{"kind": "synthetic", "num_requests": NaN}',
+        "nan.json: not valid JSON: NaN is not a JSON number",
+    ),
     ("--profile", "latin1-profile.json", b'{"name": "m\xfcde"}', "latin1-profile.json:1: not UTF-8 text: byte 0xfc"),
     ("--profile", "deep-profile.json", DEEP.encode(), "deep-profile.json: not valid JSON: nested too deeply"),
-    ("--trace", "latin1.csv", b"arrival_time_s,prompt_tokens,output_tokens\n0,5,1\n1,5,\xff\n", "latin1.csv:3: not UTF-8 text: byte 0xff"),
+    (
+        "--trace",
+        "latin1.csv",
+        b"arrival_time_s,prompt_tokens,output_tokens\n0,5,1\n1,5,\xff\n",
+        "latin1.csv:3: not UTF-8 text: byte 0xff",
+    ),
 ]
 
 
@@ -76,8 +91,10 @@ def test_an_unreadable_input_file_is_one_line_naming_it(input_runs, option, name
 
 
 def test_a_recorded_run_that_is_not_utf8_is_one_line_naming_its_line(tmp_path):
-    (tmp_path / "steps.csv").write_bytes(b"prefill_tokens,decode_seqs,kv_tokens_read,blocks_swapped,blocks_copied,duration_s\n"
-                                         b"1,2,3,0,0,0.01\n1,2,3,0,0,0.0\xb51\n")
+    (tmp_path / "steps.csv").write_bytes(
+        b"prefill_tokens,decode_seqs,kv_tokens_read,blocks_swapped,blocks_copied,duration_s\n"
+        b"1,2,3,0,0,0.01\n1,2,3,0,0,0.0\xb51\n"
+    )
     line = one_error_line(engine("calibrate", tmp_path / "steps.csv", "-o", tmp_path / "p.json"))
     assert f"{tmp_path / 'steps.csv'}:3: not UTF-8 text: byte 0xb5 at column 14" in line, line
 
@@ -101,41 +118,153 @@ def _set(frame, column, row, value):
 
 # (name, command, file, how it is damaged, what the line must say)
 DAMAGE = [
-    ("summary not JSON", "explain", "summary.json", lambda p: p.write_text("{broken"), "summary.json:1: not valid JSON"),
-    ("summary not UTF-8", "compare", "summary.json", lambda p: p.write_bytes(b'{"policy": "\xff"}'), "summary.json:1: not UTF-8 text"),
-    ("summary a list", "explain", "summary.json", lambda p: p.write_text("[1, 2]"), "summary.json: the file holds [1, 2], expected an object"),
-    ("summary a list (compare)", "compare", "summary.json", lambda p: p.write_text("[1, 2]"), "summary.json: the file holds [1, 2]"),
-    ("summary without config", "explain", "summary.json", lambda p: _rewrite_json(p, lambda d: d.pop("config")), "summary.json: no key 'config'"),
-    ("watermark a string", "explain", "summary.json", lambda p: _rewrite_json(p, lambda d: d["config"].update(watermark="1%")),
-     "summary.json: key 'config.watermark' holds '1%', expected a finite number"),
-    ("ttft a string", "compare", "summary.json", lambda p: _rewrite_json(p, lambda d: d["ttft_s"].update(p99="slow")),
-     "summary.json: key 'ttft_s.p99' holds 'slow', expected a finite number or null"),
-    ("a number no float holds", "compare", "summary.json", lambda p: _rewrite_json(p, lambda d: d.update(requests_per_s=10**400)),
-     "summary.json: key 'requests_per_s' holds <int of 401 digits>, expected a finite number"),
-    ("requests.csv without ttft", "compare", "requests.csv", lambda p: p.write_text("request_id,tpot\nr1,0.1\n"), "requests.csv:1: no column 'ttft'"),
-    ("requests.csv with a word", "compare", "requests.csv", lambda p: p.write_text("request_id,ttft,tpot\nr0,0.5,0.1\nr1,abc,0.1\n"),
-     "requests.csv:3: column 'ttft': not a finite number: 'abc'"),
-    ("requests.csv with inf", "compare", "requests.csv", lambda p: p.write_text("request_id,ttft,tpot\nr0,0.5,inf\n"),
-     "requests.csv:2: column 'tpot': not a finite number: 'inf'"),
-    ("requests.csv cut short", "compare", "requests.csv", lambda p: p.write_text("request_id,ttft,tpot\nr0,0.5,0.1\nr1,0.5\n"),
-     "requests.csv:3: expected 3 fields, got 2"),
-    ("requests.csv not UTF-8", "compare", "requests.csv", lambda p: p.write_bytes(b"request_id,ttft\nr\xe91,1\n"), "requests.csv:2: not UTF-8 text"),
-    ("requests.parquet garbage", "explain", "requests.parquet", lambda p: p.write_text("garbage"), "requests.parquet: not a readable Parquet file"),
-    ("requests.parquet without its columns", "explain", "requests.parquet", lambda p: _rewrite_parquet(p, lambda f: f[["request_id"]]),
-     "requests.parquet: no column 'status'"),
-    ("ttft as text", "explain", "requests.parquet", lambda p: _rewrite_parquet(p, lambda f: f.assign(ttft=f.ttft.astype(str))),
-     "requests.parquet: column 'ttft': holds"),
-    ("timeseries without its columns", "explain", "timeseries.parquet", lambda p: _rewrite_parquet(p, lambda f: f.drop(columns="time_s")),
-     "timeseries.parquet: no column 'time_s'"),
-    ("decisions without steps", "explain", "decisions.parquet", lambda p: _rewrite_parquet(p, lambda f: f.drop(columns="step")),
-     "decisions.parquet: no column 'step'"),
-    ("a step that is not in the run", "explain", "decisions.parquet", lambda p: _rewrite_parquet(p, lambda f: _set(f, "step", 0, 10**6)),
-     "decisions.parquet: column 'step': step 1000000, but timeseries.parquet has steps 0-"),
-    ("a request that is not in the run", "explain", "decisions.parquet",
-     lambda p: _rewrite_parquet(p, lambda f: _set(f, "request_id", f.request_id.first_valid_index(), "ghost")),
-     "decisions.parquet: column 'request_id': request 'ghost'"),
-    ("time series cut short", "explain", "timeseries.parquet", lambda p: _rewrite_parquet(p, lambda f: f.iloc[:3]),
-     "decisions.parquet: column 'step': step"),
+    (
+        "summary not JSON",
+        "explain",
+        "summary.json",
+        lambda p: p.write_text("{broken"),
+        "summary.json:1: not valid JSON",
+    ),
+    (
+        "summary not UTF-8",
+        "compare",
+        "summary.json",
+        lambda p: p.write_bytes(b'{"policy": "\xff"}'),
+        "summary.json:1: not UTF-8 text",
+    ),
+    (
+        "summary a list",
+        "explain",
+        "summary.json",
+        lambda p: p.write_text("[1, 2]"),
+        "summary.json: the file holds [1, 2], expected an object",
+    ),
+    (
+        "summary a list (compare)",
+        "compare",
+        "summary.json",
+        lambda p: p.write_text("[1, 2]"),
+        "summary.json: the file holds [1, 2]",
+    ),
+    (
+        "summary without config",
+        "explain",
+        "summary.json",
+        lambda p: _rewrite_json(p, lambda d: d.pop("config")),
+        "summary.json: no key 'config'",
+    ),
+    (
+        "watermark a string",
+        "explain",
+        "summary.json",
+        lambda p: _rewrite_json(p, lambda d: d["config"].update(watermark="1%")),
+        "summary.json: key 'config.watermark' holds '1%', expected a finite number",
+    ),
+    (
+        "ttft a string",
+        "compare",
+        "summary.json",
+        lambda p: _rewrite_json(p, lambda d: d["ttft_s"].update(p99="slow")),
+        "summary.json: key 'ttft_s.p99' holds 'slow', expected a finite number or null",
+    ),
+    (
+        "a number no float holds",
+        "compare",
+        "summary.json",
+        lambda p: _rewrite_json(p, lambda d: d.update(requests_per_s=10**400)),
+        "summary.json: key 'requests_per_s' holds <int of 401 digits>, expected a finite number",
+    ),
+    (
+        "requests.csv without ttft",
+        "compare",
+        "requests.csv",
+        lambda p: p.write_text("request_id,tpot\nr1,0.1\n"),
+        "requests.csv:1: no column 'ttft'",
+    ),
+    (
+        "requests.csv with a word",
+        "compare",
+        "requests.csv",
+        lambda p: p.write_text("request_id,ttft,tpot\nr0,0.5,0.1\nr1,abc,0.1\n"),
+        "requests.csv:3: column 'ttft': not a finite number: 'abc'",
+    ),
+    (
+        "requests.csv with inf",
+        "compare",
+        "requests.csv",
+        lambda p: p.write_text("request_id,ttft,tpot\nr0,0.5,inf\n"),
+        "requests.csv:2: column 'tpot': not a finite number: 'inf'",
+    ),
+    (
+        "requests.csv cut short",
+        "compare",
+        "requests.csv",
+        lambda p: p.write_text("request_id,ttft,tpot\nr0,0.5,0.1\nr1,0.5\n"),
+        "requests.csv:3: expected 3 fields, got 2",
+    ),
+    (
+        "requests.csv not UTF-8",
+        "compare",
+        "requests.csv",
+        lambda p: p.write_bytes(b"request_id,ttft\nr\xe91,1\n"),
+        "requests.csv:2: not UTF-8 text",
+    ),
+    (
+        "requests.parquet garbage",
+        "explain",
+        "requests.parquet",
+        lambda p: p.write_text("garbage"),
+        "requests.parquet: not a readable Parquet file",
+    ),
+    (
+        "requests.parquet without its columns",
+        "explain",
+        "requests.parquet",
+        lambda p: _rewrite_parquet(p, lambda f: f[["request_id"]]),
+        "requests.parquet: no column 'status'",
+    ),
+    (
+        "ttft as text",
+        "explain",
+        "requests.parquet",
+        lambda p: _rewrite_parquet(p, lambda f: f.assign(ttft=f.ttft.astype(str))),
+        "requests.parquet: column 'ttft': holds",
+    ),
+    (
+        "timeseries without its columns",
+        "explain",
+        "timeseries.parquet",
+        lambda p: _rewrite_parquet(p, lambda f: f.drop(columns="time_s")),
+        "timeseries.parquet: no column 'time_s'",
+    ),
+    (
+        "decisions without steps",
+        "explain",
+        "decisions.parquet",
+        lambda p: _rewrite_parquet(p, lambda f: f.drop(columns="step")),
+        "decisions.parquet: no column 'step'",
+    ),
+    (
+        "a step that is not in the run",
+        "explain",
+        "decisions.parquet",
+        lambda p: _rewrite_parquet(p, lambda f: _set(f, "step", 0, 10**6)),
+        "decisions.parquet: column 'step': step 1000000, but timeseries.parquet has steps 0-",
+    ),
+    (
+        "a request that is not in the run",
+        "explain",
+        "decisions.parquet",
+        lambda p: _rewrite_parquet(p, lambda f: _set(f, "request_id", f.request_id.first_valid_index(), "ghost")),
+        "decisions.parquet: column 'request_id': request 'ghost'",
+    ),
+    (
+        "time series cut short",
+        "explain",
+        "timeseries.parquet",
+        lambda p: _rewrite_parquet(p, lambda f: f.iloc[:3]),
+        "decisions.parquet: column 'step': step",
+    ),
 ]
 
 
@@ -164,7 +293,7 @@ def test_a_damaged_results_folder_is_one_line_naming_the_file(damaged_runs, name
 
 # -------------------------------------------------------------------------- messages
 
-MULTI_LINE = '''
+MULTI_LINE = """
 from pydantic import BaseModel
 
 from kvsched import hookimpl
@@ -182,17 +311,20 @@ class ValidatesBadly(VllmDefault):
     @hookimpl
     def on_step(self, report):
         Settings(x="a", y="b\\udcff\\x1b[31m")  # a multi-line ValidationError, with a lone surrogate and an escape
-'''
+"""
 
 
 def test_a_multi_line_policy_error_prints_as_one_printable_line(tmp_path):
     (tmp_path / "multi_line.py").write_text(MULTI_LINE)
     line = one_error_line(engine("run", "-n", "5", "-q", "-p", f"{tmp_path / 'multi_line.py'}:ValidatesBadly"))
-    assert "policy 'validates-badly' in on_step: raised ValidationError: 2 validation errors for Settings · x · " in line, line
+    assert (
+        "policy 'validates-badly' in on_step: raised ValidationError: 2 validation errors for Settings · x · " in line
+    ), line
     assert "\x1b" not in line and len(line) < 1100
 
 
 # --------------------------------------------------------------------------- outputs
+
 
 def test_an_output_over_an_input_or_another_output_is_refused_before_the_run(tmp_path):
     trace = tmp_path / "trace.csv"
@@ -203,12 +335,27 @@ def test_an_output_over_an_input_or_another_output_is_refused_before_the_run(tmp
     (tmp_path / "spec.json").write_text(json.dumps({"kind": "trace", "path": "trace.csv"}))
     os.symlink("/nonexistent/kvsched-out", tmp_path / "dangling")
     cases = [
-        (["-n", "5", "-o", "out", "--trace-out", "out/requests.csv"], "--trace-out out/requests.csv: is where --output out writes requests.csv"),
-        (["--trace", "trace.csv", "-o", "out", "--trace-out", "trace.csv"], "--trace-out trace.csv: would overwrite --trace trace.csv"),
-        (["--trace", "same-trace.csv", "-o", "out", "--trace-out", "trace.csv"], "--trace-out trace.csv: would overwrite --trace same-trace.csv"),
+        (
+            ["-n", "5", "-o", "out", "--trace-out", "out/requests.csv"],
+            "--trace-out out/requests.csv: is where --output out writes requests.csv",
+        ),
+        (
+            ["--trace", "trace.csv", "-o", "out", "--trace-out", "trace.csv"],
+            "--trace-out trace.csv: would overwrite --trace trace.csv",
+        ),
+        (
+            ["--trace", "same-trace.csv", "-o", "out", "--trace-out", "trace.csv"],
+            "--trace-out trace.csv: would overwrite --trace same-trace.csv",
+        ),
         (["-w", "spec.json", "-o", "out", "--trace-out", "trace.csv"], f"would overwrite the workload's trace {trace}"),
-        (["--trace", "in-results/requests.csv", "-o", "in-results"], "--output in-results: its requests.csv would overwrite --trace"),
-        (["-n", "5", "-o", "dangling"], "--output dangling: dangling is a symbolic link to /nonexistent/kvsched-out, which does not exist"),
+        (
+            ["--trace", "in-results/requests.csv", "-o", "in-results"],
+            "--output in-results: its requests.csv would overwrite --trace",
+        ),
+        (
+            ["-n", "5", "-o", "dangling"],
+            "--output dangling: dangling is a symbolic link to /nonexistent/kvsched-out, which does not exist",
+        ),
         (["-n", "5", "-o", "dangling/sub"], "dangling is a symbolic link to /nonexistent/kvsched-out"),
     ]
     for args, expected in cases:
@@ -220,17 +367,36 @@ def test_an_output_over_an_input_or_another_output_is_refused_before_the_run(tmp
     line = one_error_line(engine("calibrate", "steps.csv", "-o", "steps.csv", cwd=tmp_path))
     assert "--output steps.csv: would overwrite RECORDED steps.csv" in line
     shutil.copy(trace, tmp_path / "comparison.csv")
-    line = one_error_line(engine("compare", "--policy", "fcfs", "--policy", "sjf", "--trace", "comparison.csv", "-o", ".", cwd=tmp_path))
+    line = one_error_line(
+        engine("compare", "--policy", "fcfs", "--policy", "sjf", "--trace", "comparison.csv", "-o", ".", cwd=tmp_path)
+    )
     assert "its comparison.csv would overwrite --trace comparison.csv" in line
     assert (tmp_path / "comparison.csv").read_text() == trace.read_text()
     spec = '{"kind": "synthetic", "num_requests": 5}'
     (tmp_path / "board").mkdir()
     (tmp_path / "board" / "leaderboard.json").write_text(spec)
-    line = one_error_line(engine("leaderboard", "-p", "fcfs", "-p", "sjf", "-w", "board/leaderboard.json", "--seeds", "1", "-o", "board", cwd=tmp_path))
+    line = one_error_line(
+        engine(
+            "leaderboard",
+            "-p",
+            "fcfs",
+            "-p",
+            "sjf",
+            "-w",
+            "board/leaderboard.json",
+            "--seeds",
+            "1",
+            "-o",
+            "board",
+            cwd=tmp_path,
+        )
+    )
     assert "its leaderboard.json would overwrite --workload board/leaderboard.json" in line
     assert (tmp_path / "board" / "leaderboard.json").read_text() == spec
     shutil.copy(trace, tmp_path / "in-results" / "requests.csv")
-    line = one_error_line(engine("run", "--replicas", "2", "--trace", "in-results/requests.csv", "-o", "in-results", cwd=tmp_path))
+    line = one_error_line(
+        engine("run", "--replicas", "2", "--trace", "in-results/requests.csv", "-o", "in-results", cwd=tmp_path)
+    )
     assert "--output in-results: its requests.csv would overwrite --trace" in line
     assert (tmp_path / "in-results" / "requests.csv").read_text() == trace.read_text()
 
@@ -269,6 +435,7 @@ def _publish_and_stop_at(out: Path, k: int, how: str, inside: bool = False) -> i
                         os._exit(9)
                     raise OSError(28, "No space left on device")
                 return fn(*args, **kwargs)
+
             return call
 
         for name in ("rename", "replace", "unlink", "link", "rmdir", "chmod"):
@@ -301,7 +468,9 @@ def test_publishing_over_old_results_stopped_anywhere_leaves_the_old_or_the_new_
         assert _results(out) in (OLD, NEW), (k, how, _results(out))  # never a mix, never neither
         assert (out / "notes.txt").read_text() == "mine", k
         kept = [p for p in [out / "sub" / "kept.txt", *tmp_path.glob(f".out-{k}.*/sub/kept.txt")] if p.exists()]
-        assert kept, f"{k}: sub/kept.txt is gone"  # in the new folder, or (killed just after the swap) in the old one beside it
+        assert kept, (
+            f"{k}: sub/kept.txt is gone"
+        )  # in the new folder, or (killed just after the swap) in the old one beside it
         if status == 0:
             assert _results(out) == NEW and (out / "sub" / "kept.txt").exists()
             assert not list(tmp_path.glob(f".out-{k}.*")), "a staging folder was left behind"

@@ -28,12 +28,24 @@ from tests.test_routers import BUILT_INS, registered  # noqa: F401  (the routers
 ROOT = Path(__file__).resolve().parents[1]
 ENGINE = str(Path(sys.executable).parent / "engine")  # the console script beside the interpreter running the tests
 WIDE = {**__import__("os").environ, "COLUMNS": "200"}  # the tables unwrapped
-SMALL = {"num_gpu_blocks": 64, "block_size": 16, "max_num_batched_tokens": 1024, "max_model_len": 1024, "audit_every_step": True}
+SMALL = {
+    "num_gpu_blocks": 64,
+    "block_size": 16,
+    "max_num_batched_tokens": 1024,
+    "max_model_len": 1024,
+    "audit_every_step": True,
+}
 
 
 def req(rid: str, prompt_len: int, output_len: int, arrival: float, tokens=None) -> Request:
     prompt = {"prompt_token_ids": tuple(tokens)} if tokens is not None else {"prompt_len": prompt_len}
-    return Request(request_id=rid, **prompt, output_len=output_len, arrival_time=arrival, sampling=SamplingParams(max_tokens=output_len))
+    return Request(
+        request_id=rid,
+        **prompt,
+        output_len=output_len,
+        arrival_time=arrival,
+        sampling=SamplingParams(max_tokens=output_len),
+    )
 
 
 def test_one_replica_behind_a_router_is_the_engine_itself():
@@ -51,26 +63,42 @@ def test_one_replica_behind_a_router_is_the_engine_itself():
 
 requests_strategy = st.lists(
     st.tuples(st.integers(1, 700), st.integers(1, 120), st.floats(0, 0.3), st.integers(0, 3), st.integers(0, 40)),
-    min_size=1, max_size=40,
+    min_size=1,
+    max_size=40,
 )
 
 
 @settings(max_examples=25)
-@given(specs=requests_strategy, router=st.sampled_from(BUILT_INS), replicas=st.integers(1, 4),
-       staleness=st.sampled_from([0.0, 0.01, 0.05, 0.2]), split=st.one_of(st.none(), st.tuples(st.integers(1, 2), st.integers(1, 2))),
-       caching=st.booleans(), policy=st.sampled_from(["vllm-default", "vllm-v1", "sarathi"]))
-def test_any_fleet_loses_no_request_duplicates_none_and_leaks_nothing(specs, router, replicas, staleness, split, caching, policy):
+@given(
+    specs=requests_strategy,
+    router=st.sampled_from(BUILT_INS),
+    replicas=st.integers(1, 4),
+    staleness=st.sampled_from([0.0, 0.01, 0.05, 0.2]),
+    split=st.one_of(st.none(), st.tuples(st.integers(1, 2), st.integers(1, 2))),
+    caching=st.booleans(),
+    policy=st.sampled_from(["vllm-default", "vllm-v1", "sarathi"]),
+)
+def test_any_fleet_loses_no_request_duplicates_none_and_leaks_nothing(
+    specs, router, replicas, staleness, split, caching, policy
+):
     """Random arrivals (some sharing prefixes, some too long to ever fit), every built-in router, 1-4
     replicas or P/D pools, every staleness; each replica audits its allocator every step."""
     t, requests = 0.0, []
     for i, (prompt, output, gap, family, extra) in enumerate(specs):
         t += gap
-        tokens = list(range(family * 10_000, family * 10_000 + prompt)) + list(range(9_000_000 + 100 * i, 9_000_000 + 100 * i + extra))
+        tokens = list(range(family * 10_000, family * 10_000 + prompt)) + list(
+            range(9_000_000 + 100 * i, 9_000_000 + 100 * i + extra)
+        )
         requests.append(req(f"r{i}", 0, output, t, tokens=tokens))
     settings_ = {**SMALL, "enable_prefix_caching": caching}
-    groups = ([ReplicaGroup(count=replicas, policy=policy, settings=settings_)] if split is None else
-              [ReplicaGroup(count=split[0], role="prefill", policy=policy, settings=settings_),
-               ReplicaGroup(count=split[1], role="decode", policy=policy, settings=settings_)])
+    groups = (
+        [ReplicaGroup(count=replicas, policy=policy, settings=settings_)]
+        if split is None
+        else [
+            ReplicaGroup(count=split[0], role="prefill", policy=policy, settings=settings_),
+            ReplicaGroup(count=split[1], role="decode", policy=policy, settings=settings_),
+        ]
+    )
     cluster = Cluster(FleetSpec(replicas=groups, router=router, staleness_s=staleness))
     cluster.run(requests)
     assert_cluster(cluster, requests)
@@ -97,22 +125,38 @@ def test_pd_takes_ttft_from_the_prefill_pool_and_charges_the_transfer():
     moved = 0.25 + 1000 * prefill.engine.executor.profile.kv_bytes_per_token / 0.5e9
     assert row["output_tokens"] == 20 and row["status"] == "FINISHED_STOPPED"
     routes = cluster.records.routes
-    assert [(pool, cluster.replicas[i].name) for _, pool, _, i, _ in routes] == [("prefill", "prefill-0"), ("decode", "decode-0")]
+    assert [(pool, cluster.replicas[i].name) for _, pool, _, i, _ in routes] == [
+        ("prefill", "prefill-0"),
+        ("decode", "decode-0"),
+    ]
     assert routes[1][2] == pytest.approx(row["first_token_time"] + moved)
     assert row["ttft"] == pytest.approx(row["first_token_time"])
 
 
 @settings(max_examples=60)
-@given(bandwidth=st.floats(1e-6, 1e300), latency=st.floats(0, 3600), tokens=st.integers(1, MAX_TOKENS),
-       per_token=st.integers(0, MAX_KV_BYTES_PER_TOKEN))
+@given(
+    bandwidth=st.floats(1e-6, 1e300),
+    latency=st.floats(0, 3600),
+    tokens=st.integers(1, MAX_TOKENS),
+    per_token=st.integers(0, MAX_KV_BYTES_PER_TOKEN),
+)
 def test_every_transfer_a_spec_allows_takes_a_finite_time(bandwidth, latency, tokens, per_token):
     """Before: a bandwidth of 1e-320 GB/s made each transfer infinite (no request reached the decode pool, exit 0)
     and a set-up of 1e308 s wrote Infinity into summary.json."""
     assert math.isfinite(KvTransfer(bandwidth_gb_per_s=bandwidth, base_latency_s=latency).seconds(tokens, per_token))
 
 
-@pytest.mark.parametrize("fields", [{"bandwidth_gb_per_s": 1e-320}, {"bandwidth_gb_per_s": 0.0}, {"bandwidth_gb_per_s": math.nan},
-                                    {"base_latency_s": 1e308}, {"base_latency_s": -1.0}, {"base_latency_s": math.inf}])
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"bandwidth_gb_per_s": 1e-320},
+        {"bandwidth_gb_per_s": 0.0},
+        {"bandwidth_gb_per_s": math.nan},
+        {"base_latency_s": 1e308},
+        {"base_latency_s": -1.0},
+        {"base_latency_s": math.inf},
+    ],
+)
 def test_a_transfer_that_would_never_end_is_refused(fields):
     with pytest.raises(ValidationError):
         KvTransfer(**fields)
@@ -125,13 +169,24 @@ def test_the_slowest_transfer_allowed_still_records_every_request_in_a_finite_su
     cluster.run(requests)
     assert_cluster(cluster, requests)
     summary = fleet_summary(cluster)
-    assert summary["finished"] == 4 and json.loads(json.dumps(summary, allow_nan=False, default=str))["e2e_s"]["mean"] > 3600
+    assert (
+        summary["finished"] == 4
+        and json.loads(json.dumps(summary, allow_nan=False, default=str))["e2e_s"]["mean"] > 3600
+    )
 
 
-@pytest.mark.parametrize("requests", [
-    [req("a", 30, 4, 0.0), req("a", 30, 4, 0.1)],  # round-robin: the second to the other replica
-    [req("a", 30, 4, 0.0), req("b", 30, 4, 0.0), req("a", 30, 4, 50.0)],  # the same replica, long after the first ended
-], ids=["to another replica", "after it ended"])
+@pytest.mark.parametrize(
+    "requests",
+    [
+        [req("a", 30, 4, 0.0), req("a", 30, 4, 0.1)],  # round-robin: the second to the other replica
+        [
+            req("a", 30, 4, 0.0),
+            req("b", 30, 4, 0.0),
+            req("a", 30, 4, 50.0),
+        ],  # the same replica, long after the first ended
+    ],
+    ids=["to another replica", "after it ended"],
+)
 @pytest.mark.parametrize("roles", [("mixed", "mixed"), ("prefill", "decode")])
 def test_a_request_id_the_fleet_saw_before_is_refused(requests, roles):
     """Before: each replica knew only its own requests, took the second, and the id was recorded twice."""
@@ -169,14 +224,22 @@ def test_a_one_token_request_under_pd_ends_in_the_prefill_pool():
 
 
 def test_a_heterogeneous_fleet_from_a_spec(tmp_path):
-    spec = {"replicas": [{"count": 2, "policy": "vllm-default", "settings": {"num_gpu_blocks": 100}},
-                         {"count": 1, "policy": "sarathi", "profile": "llama2-7b-a100", "settings": {"num_gpu_blocks": 300}}],
-            "router": "least-outstanding", "staleness_s": 0.02}
+    spec = {
+        "replicas": [
+            {"count": 2, "policy": "vllm-default", "settings": {"num_gpu_blocks": 100}},
+            {"count": 1, "policy": "sarathi", "profile": "llama2-7b-a100", "settings": {"num_gpu_blocks": 300}},
+        ],
+        "router": "least-outstanding",
+        "staleness_s": 0.02,
+    }
     path = tmp_path / "fleet.json"
     path.write_text(json.dumps(spec))
     cluster = Cluster(load_fleet(path))
     assert [(r.name, r.engine.policy_name, r.engine.config.num_gpu_blocks) for r in cluster.replicas] == [
-        ("replica-0", "vllm-default", 100), ("replica-1", "vllm-default", 100), ("replica-2", "sarathi", 300)]
+        ("replica-0", "vllm-default", 100),
+        ("replica-1", "vllm-default", 100),
+        ("replica-2", "sarathi", 300),
+    ]
     requests = [req(f"r{i}", 200, 30, 0.05 * i) for i in range(30)]
     cluster.run(requests)
     assert_cluster(cluster, requests)
@@ -195,7 +258,7 @@ def test_sessions_come_in_arrival_order_and_grow_their_prompts():
         turns.setdefault(r.request_id.split("-")[0], []).append(r)
     for session in turns.values():
         for before, after in zip(session, session[1:]):
-            assert after.prompt_token_ids[:before.prompt_len] == before.prompt_token_ids
+            assert after.prompt_token_ids[: before.prompt_len] == before.prompt_token_ids
             assert after.arrival_time >= before.arrival_time
 
 
@@ -228,8 +291,31 @@ def _router(name: str) -> str:
 
 def test_engine_run_replicas_end_to_end(tmp_path):
     out = tmp_path / "fleet"
-    run = subprocess.run([ENGINE, "run", "--replicas", "3", "--router", _router("vllm-dp"), "--staleness", "0.05", "--workload", "synthetic",
-                          "-n", "60", "--rate", "10", "-q", "--output", str(out)], capture_output=True, text=True, timeout=300, env=WIDE)
+    run = subprocess.run(
+        [
+            ENGINE,
+            "run",
+            "--replicas",
+            "3",
+            "--router",
+            _router("vllm-dp"),
+            "--staleness",
+            "0.05",
+            "--workload",
+            "synthetic",
+            "-n",
+            "60",
+            "--rate",
+            "10",
+            "-q",
+            "--output",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=WIDE,
+    )
     assert run.returncode == 0, run.stderr
     assert "3 replicas" in run.stdout and "replica-2" in run.stdout
     summary = json.loads((out / "summary.json").read_text())
@@ -237,29 +323,58 @@ def test_engine_run_replicas_end_to_end(tmp_path):
     assert sum(r["routed"] for r in summary["replicas"]) == 60 and summary["leaked_blocks"] == 0
     lines = (out / "routes.csv").read_text().splitlines()
     assert len(lines) == 61 and "least waiting×4+running" in lines[1]
-    explained = subprocess.run([ENGINE, "explain", str(out), "--request", "req-5"], capture_output=True, text=True, timeout=120)
+    explained = subprocess.run(
+        [ENGINE, "explain", str(out), "--request", "req-5"], capture_output=True, text=True, timeout=120
+    )
     assert explained.returncode == 0 and "mixed pool → replica-" in explained.stdout
     row = next(r for r in (out / "requests.csv").read_text().splitlines() if r.startswith('"req-5"'))
     finished_on = summary["replicas"][int(row.split(",")[-3])]["replica"]
-    assert "ended FINISHED_" in explained.stdout and f" on {finished_on}:" in explained.stdout and "TTFT" in explained.stdout
+    assert (
+        "ended FINISHED_" in explained.stdout
+        and f" on {finished_on}:" in explained.stdout
+        and "TTFT" in explained.stdout
+    )
 
 
 def test_engine_run_pd_end_to_end(tmp_path):
-    run = subprocess.run([ENGINE, "run", "--prefill-replicas", "1", "--decode-replicas", "2", "--workload", "synthetic", "-n", "30",
-                          "--transfer-gbps", "10", "-q", "--output", str(tmp_path / "pd")], capture_output=True, text=True, timeout=300)
+    run = subprocess.run(
+        [
+            ENGINE,
+            "run",
+            "--prefill-replicas",
+            "1",
+            "--decode-replicas",
+            "2",
+            "--workload",
+            "synthetic",
+            "-n",
+            "30",
+            "--transfer-gbps",
+            "10",
+            "-q",
+            "--output",
+            str(tmp_path / "pd"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert run.returncode == 0, run.stderr
     summary = json.loads((tmp_path / "pd" / "summary.json").read_text())
     assert summary["fleet"]["disaggregated"] and summary["fleet"]["transfer"]["bandwidth_gb_per_s"] == 10
     assert [r["role"] for r in summary["replicas"]] == ["prefill", "decode", "decode"] and summary["finished"] == 30
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--replicas", "2", "--router", "nope"], "unknown router 'nope'"),
-    (["--prefill-replicas", "2"], "needs both --prefill-replicas and --decode-replicas"),
-    (["--router", "round-robin"], "--router does not apply to one engine: it routes or shapes a fleet"),
-    (["--replicas", "2", "--router-opt", "x=1"], "has no option 'x'"),
-    (["--replicas", "0"], "--replicas"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--replicas", "2", "--router", "nope"], "unknown router 'nope'"),
+        (["--prefill-replicas", "2"], "needs both --prefill-replicas and --decode-replicas"),
+        (["--router", "round-robin"], "--router does not apply to one engine: it routes or shapes a fleet"),
+        (["--replicas", "2", "--router-opt", "x=1"], "has no option 'x'"),
+        (["--replicas", "0"], "--replicas"),
+    ],
+)
 def test_bad_fleet_options_are_one_line_and_exit_2(args, message):
     run = subprocess.run([ENGINE, "run", "-n", "5", "-q", *args], capture_output=True, text=True, timeout=120)
     assert run.returncode == 2, (run.stdout, run.stderr)
@@ -268,9 +383,29 @@ def test_bad_fleet_options_are_one_line_and_exit_2(args, message):
 
 def test_engine_run_a_session_workload_on_a_fleet(tmp_path):
     """The documented example: multi-turn sessions from a JSON spec, prefix-affinity over prefix-caching replicas."""
-    run = subprocess.run([ENGINE, "run", "--replicas", "2", "--router", _router("prefix-affinity"), "--set", "enable_prefix_caching=true",
-                          "--workload", str(ROOT / "docs/examples/sessions.json"), "-n", "6", "-q", "--output", str(tmp_path / "s")],
-                         capture_output=True, text=True, timeout=300, env=WIDE)
+    run = subprocess.run(
+        [
+            ENGINE,
+            "run",
+            "--replicas",
+            "2",
+            "--router",
+            _router("prefix-affinity"),
+            "--set",
+            "enable_prefix_caching=true",
+            "--workload",
+            str(ROOT / "docs/examples/sessions.json"),
+            "-n",
+            "6",
+            "-q",
+            "--output",
+            str(tmp_path / "s"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=WIDE,
+    )
     assert run.returncode == 0, run.stderr
     summary = json.loads((tmp_path / "s" / "summary.json").read_text())
     assert summary["workload"]["kind"] == "sessions" and summary["workload"]["num_sessions"] == 6

@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 from kvsched.cluster import Cluster, FleetSpec, ReplicaGroup
 from kvsched.cluster.loop import MAX_AHEAD_S
 from kvsched.routers import Route, hookimpl
-from kvsched.routers.plugins import RouterError, RouterHooks
 from kvsched.routers.balance import VllmDp
+from kvsched.routers.plugins import RouterError, RouterHooks
 from kvsched.testing.cluster import assert_cluster
 from kvsched.workloads.arrivals import Poisson
 from kvsched.workloads.synthetic import SyntheticSpec
@@ -58,18 +58,31 @@ class RecordingDp(VllmDp):
 
 
 def fleet(router, replicas: int, staleness: float, policy: str, caching: bool, lookahead: bool) -> Cluster:
-    settings_ = {"num_gpu_blocks": 96, "block_size": 16, "max_num_batched_tokens": 512, "max_model_len": 1024,
-                 "enable_prefix_caching": caching}
+    settings_ = {
+        "num_gpu_blocks": 96,
+        "block_size": 16,
+        "max_num_batched_tokens": 512,
+        "max_model_len": 1024,
+        "enable_prefix_caching": caching,
+    }
     spec = FleetSpec(replicas=[ReplicaGroup(count=replicas, policy=policy, settings=settings_)], staleness_s=staleness)
     return Cluster(spec, RouterHooks(router), lookahead=lookahead)
 
 
 @settings(max_examples=max(10, settings.default.max_examples // 6), deadline=None)
-@given(router=st.sampled_from([ReadsEveryReport, RecordingDp]), replicas=st.integers(1, 10),
-       staleness=st.sampled_from([1e-4, 0.005, 0.02, 0.05, 0.2, 1.0, 3600.0]), rate=st.floats(2.0, 120.0),
-       n=st.integers(20, 250), policy=st.sampled_from(["vllm-default", "vllm-v1"]), caching=st.booleans(),
-       seed=st.integers(0, 10_000))
-def test_routing_ahead_shows_every_router_the_same_views_and_changes_no_result(router, replicas, staleness, rate, n, policy, caching, seed):
+@given(
+    router=st.sampled_from([ReadsEveryReport, RecordingDp]),
+    replicas=st.integers(1, 10),
+    staleness=st.sampled_from([1e-4, 0.005, 0.02, 0.05, 0.2, 1.0, 3600.0]),
+    rate=st.floats(2.0, 120.0),
+    n=st.integers(20, 250),
+    policy=st.sampled_from(["vllm-default", "vllm-v1"]),
+    caching=st.booleans(),
+    seed=st.integers(0, 10_000),
+)
+def test_routing_ahead_shows_every_router_the_same_views_and_changes_no_result(
+    router, replicas, staleness, rate, n, policy, caching, seed
+):
     runs = []
     for lookahead in (False, True):
         chosen = router()
@@ -111,7 +124,10 @@ class DeclaresButReadsTheCache:
         return max(replicas, key=lambda r: r.cached_prefix_tokens(request))
 
 
-@pytest.mark.parametrize("router, read", [(DeclaresButReadsInFlight, "in_flight_requests"), (DeclaresButReadsTheCache, "cached_prefix_tokens")])
+@pytest.mark.parametrize(
+    "router, read",
+    [(DeclaresButReadsInFlight, "in_flight_requests"), (DeclaresButReadsTheCache, "cached_prefix_tokens")],
+)
 def test_a_router_that_declares_reports_only_and_reads_a_fresh_signal_is_refused(router, read):
     cluster = fleet(router(), 3, 0.05, "vllm-v1", True, True)
     with pytest.raises(RouterError, match=f"declares reads_reports_only but read {read}"):

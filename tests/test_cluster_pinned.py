@@ -25,8 +25,14 @@ CACHING = {"enable_prefix_caching": True}
 def digest(cluster: Cluster) -> str:
     """One hash over the fleet's rows, routes and each replica's steps (floats by repr: exact)."""
     records, h = cluster.records, hashlib.sha256()
-    for part in (records.rows, records.replica, records.prompt_replica, records.cached_tokens, records.routes,
-                 [(r.name, r.steps, r.requests) for r in cluster.replicas]):
+    for part in (
+        records.rows,
+        records.replica,
+        records.prompt_replica,
+        records.cached_tokens,
+        records.routes,
+        [(r.name, r.steps, r.requests) for r in cluster.replicas],
+    ):
         h.update(repr(part).encode())
     return h.hexdigest()[:16]
 
@@ -41,14 +47,38 @@ def sessions():
 
 CASES = {
     # The benchmark's shape, small: vllm-dp reading 50 ms stale reports of 16 replicas.
-    "vllm-dp-16": (lambda: synthetic(3000, 64.0), dict(replicas=[ReplicaGroup(count=16)], router="vllm-dp", staleness_s=0.05)),
-    "round-robin-8-fresh": (lambda: synthetic(1500, 40.0), dict(replicas=[ReplicaGroup(count=8)], router="round-robin")),
-    "power-of-two-8-stale": (lambda: synthetic(1500, 40.0), dict(replicas=[ReplicaGroup(count=8)], router="power-of-two", staleness_s=0.01)),
-    "weighted-sessions": (sessions, dict(replicas=[ReplicaGroup(count=4, settings=CACHING)], router="weighted", staleness_s=0.05)),
-    "precise-prefix-sessions": (sessions, dict(replicas=[ReplicaGroup(count=4, settings=CACHING)], router="precise-prefix", staleness_s=0.01)),
-    "prefix-affinity-v1": (sessions, dict(replicas=[ReplicaGroup(count=4, policy="vllm-v1", settings=CACHING)], router="prefix-affinity")),
-    "pd-2-2": (lambda: synthetic(800, 16.0), dict(replicas=[ReplicaGroup(count=2, role="prefill"), ReplicaGroup(count=2, role="decode")],
-                                                   router="least-outstanding", staleness_s=0.05)),
+    "vllm-dp-16": (
+        lambda: synthetic(3000, 64.0),
+        dict(replicas=[ReplicaGroup(count=16)], router="vllm-dp", staleness_s=0.05),
+    ),
+    "round-robin-8-fresh": (
+        lambda: synthetic(1500, 40.0),
+        dict(replicas=[ReplicaGroup(count=8)], router="round-robin"),
+    ),
+    "power-of-two-8-stale": (
+        lambda: synthetic(1500, 40.0),
+        dict(replicas=[ReplicaGroup(count=8)], router="power-of-two", staleness_s=0.01),
+    ),
+    "weighted-sessions": (
+        sessions,
+        dict(replicas=[ReplicaGroup(count=4, settings=CACHING)], router="weighted", staleness_s=0.05),
+    ),
+    "precise-prefix-sessions": (
+        sessions,
+        dict(replicas=[ReplicaGroup(count=4, settings=CACHING)], router="precise-prefix", staleness_s=0.01),
+    ),
+    "prefix-affinity-v1": (
+        sessions,
+        dict(replicas=[ReplicaGroup(count=4, policy="vllm-v1", settings=CACHING)], router="prefix-affinity"),
+    ),
+    "pd-2-2": (
+        lambda: synthetic(800, 16.0),
+        dict(
+            replicas=[ReplicaGroup(count=2, role="prefill"), ReplicaGroup(count=2, role="decode")],
+            router="least-outstanding",
+            staleness_s=0.05,
+        ),
+    ),
 }
 
 PINNED = {

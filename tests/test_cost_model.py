@@ -9,12 +9,12 @@ from hypothesis import strategies as st
 
 from kvsched.core.config import EngineConfig
 from kvsched.core.engine import Engine
-from kvsched.executors.simulated import SimulatedExecutor
+from kvsched.core.outputs import SchedulerOutput
+from kvsched.core.request import Request, SamplingParams
 from kvsched.executors.calibration import StepRecorder
 from kvsched.executors.cost_model import LLAMA2_7B_A100, CostProfile
 from kvsched.executors.profiles import ProfileError, resolve_profile
-from kvsched.core.outputs import SchedulerOutput
-from kvsched.core.request import Request, SamplingParams
+from kvsched.executors.simulated import SimulatedExecutor
 from kvsched.experiments.simulation import run_simulation
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -39,9 +39,19 @@ def test_vidur_refit_reproduces_the_builtin_llama2_7b_a100_profile(capsys):
 
 
 def test_swap_time_is_blocks_times_block_bytes_over_bandwidth():
-    prof = CostProfile(name="t", base_ms=1, prefill_token_ms=0, decode_seq_ms=0, kv_token_ms=0,
-                       kv_bytes_per_token=1000, swap_gb_per_s=2.0, copy_gb_per_s=4.0)
-    out = SchedulerOutput(blocks_to_swap_out=[(0, 0), (1, 1), (2, 2)], blocks_to_swap_in=[(3, 3)], blocks_to_copy=[(4, 5)])
+    prof = CostProfile(
+        name="t",
+        base_ms=1,
+        prefill_token_ms=0,
+        decode_seq_ms=0,
+        kv_token_ms=0,
+        kv_bytes_per_token=1000,
+        swap_gb_per_s=2.0,
+        copy_gb_per_s=4.0,
+    )
+    out = SchedulerOutput(
+        blocks_to_swap_out=[(0, 0), (1, 1), (2, 2)], blocks_to_swap_in=[(3, 3)], blocks_to_copy=[(4, 5)]
+    )
     # 4 swapped blocks × 16 tok × 1000 B at 2 GB/s = 0.032 ms; one copy reads+writes 16 kB at 4 GB/s = 0.008 ms.
     assert out.features.blocks_swapped == 4 and out.features.blocks_copied == 1
     assert prof.step_seconds(out, 16) == pytest.approx((1 + 0.032 + 0.008) / 1000)
@@ -50,10 +60,23 @@ def test_swap_time_is_blocks_times_block_bytes_over_bandwidth():
 
 def test_recompute_costs_its_re_prefill():
     """A request preempted by recompute runs its prompt (plus generated tokens) through prefill again."""
-    unit = CostProfile(name="tok", base_ms=0, prefill_token_ms=1, decode_seq_ms=0, kv_token_ms=0,
-                       kv_bytes_per_token=0, swap_gb_per_s=1, copy_gb_per_s=1)
-    cfg = EngineConfig(block_size=4, num_gpu_blocks=6, num_cpu_blocks=0, watermark=0.0, max_num_batched_tokens=64, max_num_seqs=8)
-    reqs = [Request(request_id=f"r{i}", prompt_len=8, output_len=12, sampling=SamplingParams(max_tokens=12)) for i in range(2)]
+    unit = CostProfile(
+        name="tok",
+        base_ms=0,
+        prefill_token_ms=1,
+        decode_seq_ms=0,
+        kv_token_ms=0,
+        kv_bytes_per_token=0,
+        swap_gb_per_s=1,
+        copy_gb_per_s=1,
+    )
+    cfg = EngineConfig(
+        block_size=4, num_gpu_blocks=6, num_cpu_blocks=0, watermark=0.0, max_num_batched_tokens=64, max_num_seqs=8
+    )
+    reqs = [
+        Request(request_id=f"r{i}", prompt_len=8, output_len=12, sampling=SamplingParams(max_tokens=12))
+        for i in range(2)
+    ]
     rec = StepRecorder()
     res = run_simulation(reqs, config=cfg, profile=unit, on_step=rec)
     recomputes = res.summary["preemptions"]["recompute"]
@@ -126,13 +149,24 @@ def test_step_features_counted_while_scheduling_match_a_per_sequence_recount(pol
     """Prefills, chunks, prefix-cache hits, n > 1 forks, swaps and recomputes all counted right."""
 
     oracle = _FeatureOracle()
-    cfg = EngineConfig(block_size=4, num_gpu_blocks=24, num_cpu_blocks=64, max_num_batched_tokens=40, max_num_seqs=8,
-                       enable_prefix_caching=caching)
+    cfg = EngineConfig(
+        block_size=4,
+        num_gpu_blocks=24,
+        num_cpu_blocks=64,
+        max_num_batched_tokens=40,
+        max_num_seqs=8,
+        enable_prefix_caching=caching,
+    )
     engine = Engine(cfg, policy, oracle)
     shared = tuple(range(100, 112))
     requests = [
-        Request(request_id=f"r{i}", prompt_token_ids=shared + tuple(range(1000 * i, 1000 * i + 3 + i % 7)),
-                output_len=8 + 2 * (i % 9), arrival_time=0.01 * i, sampling=SamplingParams(n=1 + (i % 4 == 0) * 2, max_tokens=30))
+        Request(
+            request_id=f"r{i}",
+            prompt_token_ids=shared + tuple(range(1000 * i, 1000 * i + 3 + i % 7)),
+            output_len=8 + 2 * (i % 9),
+            arrival_time=0.01 * i,
+            sampling=SamplingParams(n=1 + (i % 4 == 0) * 2, max_tokens=30),
+        )
         for i in range(24)
     ]
     engine.run(requests)
@@ -145,9 +179,23 @@ def test_simulated_tokens_are_the_output_position_shared_across_requests():
     """Placeholder token p is -2 - p (EOS, -1, as the output_len-th), and one int object per
     position serves every request, so a long simulation keeps pointers, not new ints."""
 
-    engine = Engine(EngineConfig(block_size=4, num_gpu_blocks=256, max_num_batched_tokens=512, max_num_seqs=8), "vllm-default", SimulatedExecutor())
-    engine.run([Request(request_id=f"r{i}", prompt_len=5, output_len=300 + i, arrival_time=0.0,
-                        sampling=SamplingParams(max_tokens=400)) for i in range(2)])
+    engine = Engine(
+        EngineConfig(block_size=4, num_gpu_blocks=256, max_num_batched_tokens=512, max_num_seqs=8),
+        "vllm-default",
+        SimulatedExecutor(),
+    )
+    engine.run(
+        [
+            Request(
+                request_id=f"r{i}",
+                prompt_len=5,
+                output_len=300 + i,
+                arrival_time=0.0,
+                sampling=SamplingParams(max_tokens=400),
+            )
+            for i in range(2)
+        ]
+    )
     a, b = (engine._groups[r].seqs[0].output for r in ("r0", "r1"))
     assert a[:3] == [-3, -4, -5] and a[-1] == -1 and len(a) == 300 and len(b) == 301
     assert all(x is y for x, y in zip(a[:299], b[:299]))
@@ -156,13 +204,29 @@ def test_simulated_tokens_are_the_output_position_shared_across_requests():
 _coefficient = st.floats(0, 1e3, allow_nan=False, allow_infinity=False)
 
 
-@given(base=_coefficient, prefill=_coefficient, decode=_coefficient, kv=_coefficient, pair=_coefficient,
-       n=st.integers(0, 1024), k=st.lists(st.integers(0, 1 << 30), min_size=1, max_size=8))
+@given(
+    base=_coefficient,
+    prefill=_coefficient,
+    decode=_coefficient,
+    kv=_coefficient,
+    pair=_coefficient,
+    n=st.integers(0, 1024),
+    k=st.lists(st.integers(0, 1 << 30), min_size=1, max_size=8),
+)
 def test_a_steady_runs_step_durations_are_the_cost_models_to_the_bit(base, prefill, decode, kv, pair, n, k):
     """What the engine charges a step of a steady run (decode_seconds, lane_seconds) is what execute charges it,
     whatever the attention term (a decode step has no prefill pairs)."""
-    profile = CostProfile(name="p", base_ms=base, prefill_token_ms=prefill, decode_seq_ms=decode, kv_token_ms=kv,
-                          attention_pair_ms=pair, kv_bytes_per_token=1024, swap_gb_per_s=10, copy_gb_per_s=100)
+    profile = CostProfile(
+        name="p",
+        base_ms=base,
+        prefill_token_ms=prefill,
+        decode_seq_ms=decode,
+        kv_token_ms=kv,
+        attention_pair_ms=pair,
+        kv_bytes_per_token=1024,
+        swap_gb_per_s=10,
+        copy_gb_per_s=100,
+    )
     executor = SimulatedExecutor(profile, block_size=16)
     for tokens in k:
         assert profile.decode_seconds(n)(tokens) == profile.seconds(0, n, tokens, 0, 0, 16)

@@ -3,7 +3,13 @@
 import pytest
 
 from kvsched.executors.calibration import (
-    CalibrationError, StepRecord, StepRecorder, fit_errors, fit_profile, load_records, save_records,
+    CalibrationError,
+    StepRecord,
+    StepRecorder,
+    fit_errors,
+    fit_profile,
+    load_records,
+    save_records,
 )
 from kvsched.executors.cost_model import LLAMA2_7B_A100
 from kvsched.experiments.simulation import run_simulation

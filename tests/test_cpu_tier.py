@@ -79,18 +79,35 @@ TestTierMachine = TierMachine.TestCase
 def _shared(rid: str, prefix: int, own: int, out: int, arrival: float) -> Request:
     """A prompt of ``prefix`` shared tokens then ``own`` tokens of its own."""
     tokens = tuple(range(prefix)) + tuple(10_000 + 100 * int(rid[1:]) + i for i in range(own))
-    return Request(request_id=rid, prompt_token_ids=tokens, output_len=out, arrival_time=arrival,
-                   sampling=SamplingParams(max_tokens=out))
+    return Request(
+        request_id=rid,
+        prompt_token_ids=tokens,
+        output_len=out,
+        arrival_time=arrival,
+        sampling=SamplingParams(max_tokens=out),
+    )
 
 
 @settings(deadline=None)
-@given(gpu=st.integers(8, 24), cpu=st.integers(1, 40), policy=st.sampled_from(["lru", "arc"]),
-       prompt_only=st.booleans(),
-       shapes=st.lists(st.tuples(st.integers(0, 24), st.integers(1, 20), st.integers(1, 12), st.integers(0, 6)),
-                       min_size=1, max_size=8))
+@given(
+    gpu=st.integers(8, 24),
+    cpu=st.integers(1, 40),
+    policy=st.sampled_from(["lru", "arc"]),
+    prompt_only=st.booleans(),
+    shapes=st.lists(
+        st.tuples(st.integers(0, 24), st.integers(1, 20), st.integers(1, 12), st.integers(0, 6)), min_size=1, max_size=8
+    ),
+)
 def test_every_step_keeps_both_tiers_whole_and_a_reload_fits_the_gpu_pool(gpu, cpu, policy, prompt_only, shapes):
-    eng = unit_engine(VllmV1(), num_gpu_blocks=gpu, enable_prefix_caching=True, kv_offloading_blocks=cpu,
-                      kv_offloading_policy=policy, offload_prompt_only=prompt_only, max_model_len=64)
+    eng = unit_engine(
+        VllmV1(),
+        num_gpu_blocks=gpu,
+        enable_prefix_caching=True,
+        kv_offloading_blocks=cpu,
+        kv_offloading_policy=policy,
+        offload_prompt_only=prompt_only,
+        max_model_len=64,
+    )
     for i, (prefix, own, out, arrival) in enumerate(shapes):
         eng.add_request(_shared(f"r{i}", prefix, own, out, float(arrival)))
     offloading, bm = eng.scheduler.offloading, eng.scheduler.block_manager
@@ -109,7 +126,11 @@ def test_every_step_keeps_both_tiers_whole_and_a_reload_fits_the_gpu_pool(gpu, c
         assert all(n == 0 or n == -1 for n in offloading.tier.ref_counts.values()), "a load outlived its step"
     assert not eng.has_unfinished()
     left = {request for request, *_ in offloading.finished}  # closed at the next step
-    assert bm.gpu.num_free == bm.gpu.num_blocks and set(offloading.next_offer) <= left and set(offloading.tier.requests) <= left
+    assert (
+        bm.gpu.num_free == bm.gpu.num_blocks
+        and set(offloading.next_offer) <= left
+        and set(offloading.tier.requests) <= left
+    )
 
 
 def _prefix_engine(**config):
@@ -133,6 +154,7 @@ def test_a_prefix_evicted_from_the_gpu_is_found_in_the_cpu_tier_and_counted_as_i
 def test_a_preempted_request_reloads_its_prompt_and_recomputes_only_the_rest():
     """a (40 tokens), b (5) and c (21) fill the pool; c is preempted and two of its cached GPU blocks are taken:
     with a CPU tier those two come back from the CPU, and only its last token is computed again."""
+
     def run(**config):
         eng = unit_engine(VllmV1(), num_gpu_blocks=19, enable_prefix_caching=True, **config)
         for rid, n in (("a", 40), ("b", 5), ("c", 21)):
@@ -165,13 +187,29 @@ SESSIONS = str(Path(__file__).resolve().parents[1] / "docs" / "examples" / "sess
 
 
 def _engine(*args: str, caching: str = "true") -> subprocess.CompletedProcess:
-    return subprocess.run([ENGINE, "run", "--policy", "vllm-v1", "--set", f"enable_prefix_caching={caching}", *args],
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [ENGINE, "run", "--policy", "vllm-v1", "--set", f"enable_prefix_caching={caching}", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def test_engine_run_with_a_cpu_tier_shows_its_hits_and_the_split_recompute_tax(tmp_path):
-    proc = _engine("--workload", SESSIONS, "-n", "20", "--set", "num_gpu_blocks=120",
-                   "--set", "kv_offloading_blocks=1000", "--set", "kv_offloading_policy=arc", "-o", str(tmp_path))
+    proc = _engine(
+        "--workload",
+        SESSIONS,
+        "-n",
+        "20",
+        "--set",
+        "num_gpu_blocks=120",
+        "--set",
+        "kv_offloading_blocks=1000",
+        "--set",
+        "kv_offloading_policy=arc",
+        "-o",
+        str(tmp_path),
+    )
     assert proc.returncode == 0, proc.stderr
     for row in ("prefix hits (GPU / CPU tier)", "redone after preemption (reloaded / recomputed)", "(arc)"):
         assert row in proc.stdout
@@ -183,12 +221,23 @@ def test_engine_run_with_a_cpu_tier_shows_its_hits_and_the_split_recompute_tax(t
     assert summary["blocks_swapped_in"] == tier["loaded_blocks"] > 0 and summary["leaked_blocks"] == 0
 
 
-@pytest.mark.parametrize(("args", "caching", "says"), [
-    (["--set", "kv_offloading_blocks=-1"], "true", "kv_offloading_blocks: Input should be greater than or equal to 0"),
-    (["--set", "kv_offloading_blocks=8", "--set", "kv_offloading_policy=fifo"], "true", "Input should be 'lru' or 'arc'"),
-    (["--set", "kv_offloading_blocks=8"], "false", "needs vllm_engine v1 and enable_prefix_caching"),
-    (["--set", "kv_offloading_blocks=8", "--policy", "fcfs"], "true", "needs V1 mechanics"),
-])
+@pytest.mark.parametrize(
+    ("args", "caching", "says"),
+    [
+        (
+            ["--set", "kv_offloading_blocks=-1"],
+            "true",
+            "kv_offloading_blocks: Input should be greater than or equal to 0",
+        ),
+        (
+            ["--set", "kv_offloading_blocks=8", "--set", "kv_offloading_policy=fifo"],
+            "true",
+            "Input should be 'lru' or 'arc'",
+        ),
+        (["--set", "kv_offloading_blocks=8"], "false", "needs vllm_engine v1 and enable_prefix_caching"),
+        (["--set", "kv_offloading_blocks=8", "--policy", "fcfs"], "true", "needs V1 mechanics"),
+    ],
+)
 def test_bad_offloading_settings_get_one_line_and_exit_2(args, caching, says):
     proc = _engine("-n", "5", "-q", *args, caching=caching)
     assert proc.returncode == 2, proc.stdout + proc.stderr

@@ -16,7 +16,9 @@ pytest.importorskip("vllm", reason="vLLM is not installed; make test-vllm-matrix
 from vllm_release import RELEASE, RELEASE_KEY  # noqa: E402
 
 if RELEASE_KEY < (0, 34):
-    pytest.skip(f"the native CPU offloading manager checked here is vLLM 0.34's (here {RELEASE})", allow_module_level=True)
+    pytest.skip(
+        f"the native CPU offloading manager checked here is vLLM 0.34's (here {RELEASE})", allow_module_level=True
+    )
 
 from test_vllm_v1_differential import SameTokens  # noqa: E402
 from vllm.v1.kv_offload.base import LookupResult, ReqContext, make_offload_key  # noqa: E402
@@ -76,7 +78,7 @@ class Both:
 
     def load(self, request: str, keys: list[int], start: int) -> None:
         run = []
-        for key in keys[start:start + self.lookup(request, keys, start)]:
+        for key in keys[start : start + self.lookup(request, keys, start)]:
             if not self.ours.is_ready(key):
                 break
             run.append(key)
@@ -163,8 +165,11 @@ class OffloadingReference:
         from vllm.v1.outputs import KVConnectorOutput
         from vllm_v1_reference import V1Reference
 
-        transfer = KVTransferConfig(kv_connector="OffloadingConnector", kv_role="kv_both", kv_connector_extra_config={
-            "cpu_bytes_to_use": cpu_blocks * 4096, "eviction_policy": policy})  # a block of the test's model: 4 KiB
+        transfer = KVTransferConfig(
+            kv_connector="OffloadingConnector",
+            kv_role="kv_both",
+            kv_connector_extra_config={"cpu_bytes_to_use": cpu_blocks * 4096, "eviction_policy": policy},
+        )  # a block of the test's model: 4 KiB
         self.vllm = V1Reference(**config, kv_transfer_config=transfer)
         self.stores: list[tuple[str, int]] = []
         self.loads: list[tuple[str, int]] = []
@@ -177,7 +182,8 @@ class OffloadingReference:
             done = {j: 1 for j in (*meta.load_jobs, *meta.store_jobs)}
             runner.kv_connector_output = KVConnectorOutput(
                 finished_recving={job.req_id for job in meta.load_jobs.values()},
-                kv_connector_worker_meta=OffloadingWorkerMetadata(completed_jobs=done) if done else None)
+                kv_connector_worker_meta=OffloadingWorkerMetadata(completed_jobs=done) if done else None,
+            )
             return update(out, runner)
 
         self.vllm.scheduler.update_from_output = answered
@@ -186,26 +192,47 @@ class OffloadingReference:
 @st.composite
 def offloading_scenarios(draw):
     # every request fits alone (10 blocks of 4 and the null block): one that cannot is a known difference, out of scope
-    config = dict(block_size=4, num_gpu_blocks=draw(st.integers(11, 20)), max_num_batched_tokens=draw(st.sampled_from([16, 32])),
-                  max_num_seqs=draw(st.integers(1, 4)), max_model_len=40, enable_prefix_caching=True)
+    config = dict(
+        block_size=4,
+        num_gpu_blocks=draw(st.integers(11, 20)),
+        max_num_batched_tokens=draw(st.sampled_from([16, 32])),
+        max_num_seqs=draw(st.integers(1, 4)),
+        max_model_len=40,
+        enable_prefix_caching=True,
+    )
     prefixes = [[1000 * p + i for i in range(draw(st.integers(8, 24)))] for p in range(draw(st.integers(1, 3)))]
     requests = []
     for i in range(draw(st.integers(1, 8))):
-        prompt = prefixes[draw(st.integers(0, len(prefixes) - 1))] + [50_000 + 100 * i + j for j in range(draw(st.integers(1, 8)))]
-        requests.append(dict(rid=f"r{i}", prompt=prompt[:32], max_tokens=draw(st.integers(1, 6)), step=draw(st.integers(0, 30))))
+        prompt = prefixes[draw(st.integers(0, len(prefixes) - 1))] + [
+            50_000 + 100 * i + j for j in range(draw(st.integers(1, 8)))
+        ]
+        requests.append(
+            dict(rid=f"r{i}", prompt=prompt[:32], max_tokens=draw(st.integers(1, 6)), step=draw(st.integers(0, 30)))
+        )
     return config, draw(st.integers(1, 16)), draw(st.sampled_from(["lru", "arc"])), requests
 
 
-def run_both(config: dict, cpu_blocks: int, policy: str, requests: list[dict], events: bool = False) -> list[tuple[str, int]]:
+def run_both(
+    config: dict, cpu_blocks: int, policy: str, requests: list[dict], events: bool = False
+) -> list[tuple[str, int]]:
     """Both schedulers, the same requests at the same steps: every step must schedule the same tokens and store the
     same number of blocks for the same requests, until the first load from the CPU, which must be the same request
     loading as many blocks (returned; none if the run ends first). From there vLLM spends a step on the load (the
     request holds its blocks and runs a step later) where kvsched loads and computes in one step: the timing is
     modelled (docs/simulation.md), not mirrored."""
     theirs = OffloadingReference(cpu_blocks, policy, **config)
-    ours = Engine(EngineConfig(**config, vllm_engine="v1", kv_offloading_blocks=cpu_blocks, kv_offloading_policy=policy,
-                               audit_every_step=True), "vllm-v1", SameTokens(),
-                  policy_options={"policy": "fcfs", "vllm_release": RELEASE})
+    ours = Engine(
+        EngineConfig(
+            **config,
+            vllm_engine="v1",
+            kv_offloading_blocks=cpu_blocks,
+            kv_offloading_policy=policy,
+            audit_every_step=True,
+        ),
+        "vllm-v1",
+        SameTokens(),
+        policy_options={"policy": "fcfs", "vllm_release": RELEASE},
+    )
     tier, stored, loaded = ours.scheduler.offloading.tier, [], []
     prepare_store, prepare_load = tier.prepare_store, tier.prepare_load
 
@@ -223,8 +250,14 @@ def run_both(config: dict, cpu_blocks: int, policy: str, requests: list[dict], e
     for k in range(400):
         for r in requests:
             if r["step"] == k:
-                ours.add_request(Request(request_id=r["rid"], prompt_token_ids=tuple(r["prompt"]), arrival_time=float(k),
-                                         sampling=SamplingParams(max_tokens=r["max_tokens"], ignore_eos=True)))
+                ours.add_request(
+                    Request(
+                        request_id=r["rid"],
+                        prompt_token_ids=tuple(r["prompt"]),
+                        arrival_time=float(k),
+                        sampling=SamplingParams(max_tokens=r["max_tokens"], ignore_eos=True),
+                    )
+                )
                 theirs.vllm.add(r["rid"], r["prompt"], r["max_tokens"], arrival_time=float(k))
         if k > max(r["step"] for r in requests) and not ours.has_unfinished() and not theirs.vllm.has_unfinished():
             return []
@@ -251,10 +284,19 @@ def test_the_cpu_tier_stores_what_vllm_0_34s_offloading_connector_stores_step_by
 def test_a_prefix_evicted_from_the_gpu_is_loaded_from_the_cpu_as_vllm_0_34_loads_it():
     """A's 13 tokens are stored (3 full blocks), B's 36 evict two of A's cached GPU blocks, C (A's first 12 tokens and
     2 more) finds the first block in the GPU and the other two on the CPU: both load those 2 in the same step."""
-    config = dict(block_size=4, num_gpu_blocks=11, max_num_batched_tokens=16, max_num_seqs=2, max_model_len=40,
-                  enable_prefix_caching=True)
+    config = dict(
+        block_size=4,
+        num_gpu_blocks=11,
+        max_num_batched_tokens=16,
+        max_num_seqs=2,
+        max_model_len=40,
+        enable_prefix_caching=True,
+    )
     a = list(range(100, 113))
-    requests = [dict(rid="A", prompt=a, max_tokens=2, step=0), dict(rid="B", prompt=list(range(200, 236)), max_tokens=1, step=4),
-                dict(rid="C", prompt=a[:12] + [5, 6], max_tokens=1, step=12)]
+    requests = [
+        dict(rid="A", prompt=a, max_tokens=2, step=0),
+        dict(rid="B", prompt=list(range(200, 236)), max_tokens=1, step=4),
+        dict(rid="C", prompt=a[:12] + [5, 6], max_tokens=1, step=12),
+    ]
     for policy in ("lru", "arc"):
         assert run_both(config, 16, policy, requests) == [("C", 2)]

@@ -12,10 +12,10 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
+from helpers import req
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from helpers import req
 from kvsched.core.config import EngineConfig
 from kvsched.core.decisions import Outcome
 from kvsched.core.hookspecs import hookimpl
@@ -26,10 +26,25 @@ from kvsched.metrics.phases import all_phases
 from kvsched.metrics.wait_reasons import WaitReasons
 from kvsched.reporting.files import read_run, write_outputs
 
-UNIT = CostProfile(name="unit-second", base_ms=1000, prefill_token_ms=0, decode_seq_ms=0, kv_token_ms=0,
-                   kv_bytes_per_token=0, swap_gb_per_s=1e9, copy_gb_per_s=1e9)
-UNIT_CONFIG = dict(block_size=4, num_gpu_blocks=64, num_cpu_blocks=64, watermark=0.0, max_num_batched_tokens=256,
-                   max_num_seqs=64, audit_every_step=True)
+UNIT = CostProfile(
+    name="unit-second",
+    base_ms=1000,
+    prefill_token_ms=0,
+    decode_seq_ms=0,
+    kv_token_ms=0,
+    kv_bytes_per_token=0,
+    swap_gb_per_s=1e9,
+    copy_gb_per_s=1e9,
+)
+UNIT_CONFIG = dict(
+    block_size=4,
+    num_gpu_blocks=64,
+    num_cpu_blocks=64,
+    watermark=0.0,
+    max_num_batched_tokens=256,
+    max_num_seqs=64,
+    audit_every_step=True,
+)
 KEY = ["step", "event", "request_id", "reason", "queue", "needed", "available", "other_request"]
 
 
@@ -47,7 +62,13 @@ class Given:
 
 
 def run(tmp_path, requests, policy="vllm-default", profile=UNIT, **config):
-    job = SimJob(Given(requests), policy, EngineConfig(**{**UNIT_CONFIG, **config}), profile, decision_log=tmp_path / "decisions.parquet")
+    job = SimJob(
+        Given(requests),
+        policy,
+        EngineConfig(**{**UNIT_CONFIG, **config}),
+        profile,
+        decision_log=tmp_path / "decisions.parquet",
+    )
     write_outputs(job.run(), tmp_path)
     return read_run(tmp_path)
 
@@ -61,8 +82,10 @@ def rows(events: pd.DataFrame, *events_of: str) -> list[tuple]:
 
 
 def runs(why: WaitReasons, rid: str, queue: str, first: int, last: int, start: float):
-    return [(r.key, r.first_step, r.last_step, dict(r.seconds), {k: list(v) for k, v in r.numbers.items() if v}, r.blockers)
-            for r in why.reason_runs(rid, queue, first, last, start)]
+    return [
+        (r.key, r.first_step, r.last_step, dict(r.seconds), {k: list(v) for k, v in r.numbers.items() if v}, r.blockers)
+        for r in why.reason_runs(rid, queue, first, last, start)
+    ]
 
 
 def test_token_and_sequence_budgets_head_of_line_and_prefill_only_steps(tmp_path):
@@ -82,18 +105,26 @@ def test_token_and_sequence_budgets_head_of_line_and_prefill_only_steps(tmp_path
         ("seq_budget", 1, 1, {"seq_budget": 1.0}, {"seq_budget": [(1, 0)]}, []),
     ]
     table = why.time_by_reason().set_index(["queue", "key"]).request_s.to_dict()
-    assert table == {("waiting", "token_budget"): 1.0, ("waiting", "behind:token_budget"): 1.0, ("waiting", "seq_budget"): 1.0,
-                     ("running", "prefill_only"): 2.0}  # a, left out of steps 1 and 2
+    assert table == {
+        ("waiting", "token_budget"): 1.0,
+        ("waiting", "behind:token_budget"): 1.0,
+        ("waiting", "seq_budget"): 1.0,
+        ("running", "prefill_only"): 2.0,
+    }  # a, left out of steps 1 and 2
 
 
 def test_no_blocks_with_the_numbers_compared_against_the_watermark(tmp_path):
     log = run(tmp_path, [req("a", 16, 3), req("b", 12, 1), req("c", 4, 1)], num_gpu_blocks=8, watermark=0.25)
     # 8 blocks, 2 kept free: a takes 4; b needs 3 and 4 - 3 < 2 (LATER) until a grows to 5 blocks, then ends
-    assert rows(log.events, "wait") == [(0, "wait", "b", "no_blocks", "waiting", 3, 4, None),
-                                         (1, "wait", "b", "no_blocks", "waiting", 3, 4, None),
-                                         (2, "wait", "b", "no_blocks", "waiting", 3, 3, None)]
+    assert rows(log.events, "wait") == [
+        (0, "wait", "b", "no_blocks", "waiting", 3, 4, None),
+        (1, "wait", "b", "no_blocks", "waiting", 3, 4, None),
+        (2, "wait", "b", "no_blocks", "waiting", 3, 3, None),
+    ]
     why = WaitReasons(log.events, log.steps, log.requests)
-    assert runs(why, "c", "waiting", 0, 2, 0.0) == [("behind", 0, 2, {"behind:no_blocks": 3.0}, {"behind:no_blocks": [(3, 4), (3, 4), (3, 3)]}, ["b"])]
+    assert runs(why, "c", "waiting", 0, 2, 0.0) == [
+        ("behind", 0, 2, {"behind:no_blocks": 3.0}, {"behind:no_blocks": [(3, 4), (3, 4), (3, 3)]}, ["b"])
+    ]
     assert why.step_reason("waiting", 1) == ("behind:no_blocks", "b", None)
 
 
@@ -115,26 +146,48 @@ def test_swap_preemption_swap_first_and_swap_in_later(tmp_path):
     assert rows(log.events, "preempted", "swapped_in", "held")[:3] == [
         # step 1: b's two sequences each need a block, one is free and a was already scheduled: b itself goes, by swap (n=2)
         (1, "preempted", "b", "swap", "running", None, None, "b"),
-        (2, "held", None, "swapped queue not empty", None, None, None, None),  # c arrived at 1.5: vllm-default admits nothing
+        (
+            2,
+            "held",
+            None,
+            "swapped queue not empty",
+            None,
+            None,
+            None,
+            None,
+        ),  # c arrived at 1.5: vllm-default admits nothing
         (3, "held", None, "swapped queue not empty", None, None, None, None),
     ]
     swap_ins = rows(log.events[(log.events.request_id == "b") & (log.events.queue == "swapped")])
     # b's 2 blocks come back with a spare per sequence: 4 needed; a holds 3 blocks (then 4 from its 13th token)
-    assert swap_ins == [(s, "wait", "b", "no_blocks", "swapped", 4, free, None) for s, free in ((2, 3), (3, 3), (4, 3), (5, 2))] + [
-        (6, "swapped_in", "b", None, "swapped", 2, None, None)]
+    assert swap_ins == [
+        (s, "wait", "b", "no_blocks", "swapped", 4, free, None) for s, free in ((2, 3), (3, 3), (4, 3), (5, 2))
+    ] + [(6, "swapped_in", "b", None, "swapped", 2, None, None)]
     why = WaitReasons(log.events, log.steps, log.requests)
     phases = all_phases(log.events, log.requests, why.start, why.end)
     # b sampled its first token at the end of step 0 and was swapped out before its second
     assert [(p.kind, p.first_step, p.last_step, p.detail) for p in phases["b"]] == [
-        ("prefill", 0, 0, ""), ("swapped", 1, 5, "swap, for b"), ("decode", 6, 9, "")]
+        ("prefill", 0, 0, ""),
+        ("swapped", 1, 5, "swap, for b"),
+        ("decode", 6, 9, ""),
+    ]
     assert [(p.kind, p.first_step, p.last_step) for p in phases["c"]] == [("queued", 2, 6), ("prefill", 7, 7)]
-    assert runs(why, "c", "waiting", 2, 6, 2.0) == [("held:swapped queue not empty", 2, 6, {"held:swapped queue not empty": 5.0}, {}, [])]
+    assert runs(why, "c", "waiting", 2, 6, 2.0) == [
+        ("held:swapped queue not empty", 2, 6, {"held:swapped queue not empty": 5.0}, {}, [])
+    ]
 
 
 def test_recompute_and_an_ignored_prompt(tmp_path):
-    log = run(tmp_path, [req("a", 8, 6), req("b", 8, 4), req("x", 40, 2), req("c", 4, 1, arrival=1.5)], num_gpu_blocks=5, max_model_len=32)
-    assert rows(log.events, "preempted", "ignored") == [(0, "ignored", "x", None, "waiting", None, None, None),
-                                                        (1, "preempted", "b", "recompute", "running", None, None, "b")]
+    log = run(
+        tmp_path,
+        [req("a", 8, 6), req("b", 8, 4), req("x", 40, 2), req("c", 4, 1, arrival=1.5)],
+        num_gpu_blocks=5,
+        max_model_len=32,
+    )
+    assert rows(log.events, "preempted", "ignored") == [
+        (0, "ignored", "x", None, "waiting", None, None, None),
+        (1, "preempted", "b", "recompute", "running", None, None, "b"),
+    ]
     assert log.events.detail[log.events.event == "ignored"].tolist() == ["40 tokens exceed max_model_len (32)"]
     again = log.events[(log.events.request_id == "b") & (log.events.event == "admitted")]
     assert again.step.tolist() == [0, 6] and again.tokens.tolist() == [8, 9]  # re-prefilled with its first output token
@@ -167,14 +220,28 @@ class LeavesRunningOut:
 
 def _workloads():
     """Small random workloads and configs that queue, preempt (both ways), chunk and ignore."""
-    request = st.builds(lambda i, p, o, t, n: req(f"r{i}", p, o, arrival=t, n=n),
-                        st.just(0), st.integers(1, 60), st.integers(1, 30), st.floats(0, 8).map(lambda t: round(t, 2)), st.sampled_from([1, 1, 1, 1, 2]))
+    request = st.builds(
+        lambda i, p, o, t, n: req(f"r{i}", p, o, arrival=t, n=n),
+        st.just(0),
+        st.integers(1, 60),
+        st.integers(1, 30),
+        st.floats(0, 8).map(lambda t: round(t, 2)),
+        st.sampled_from([1, 1, 1, 1, 2]),
+    )
     return st.tuples(
-        st.lists(request, min_size=1, max_size=14).map(lambda rs: [r.model_copy(update={"request_id": f"r{i}"}) for i, r in enumerate(rs)]),
+        st.lists(request, min_size=1, max_size=14).map(
+            lambda rs: [r.model_copy(update={"request_id": f"r{i}"}) for i, r in enumerate(rs)]
+        ),
         st.sampled_from(["vllm-default", "fcfs", "sarathi", "sjf", LeavesRunningOut]),
-        st.fixed_dictionaries({"num_gpu_blocks": st.integers(10, 40), "max_num_batched_tokens": st.sampled_from([32, 64, 256]),
-                               "max_num_seqs": st.integers(1, 8), "preemption_mode": st.sampled_from([None, "swap", "recompute"]),
-                               "delay_factor": st.sampled_from([0.0, 0.5])}),
+        st.fixed_dictionaries(
+            {
+                "num_gpu_blocks": st.integers(10, 40),
+                "max_num_batched_tokens": st.sampled_from([32, 64, 256]),
+                "max_num_seqs": st.integers(1, 8),
+                "preemption_mode": st.sampled_from([None, "swap", "recompute"]),
+                "delay_factor": st.sampled_from([0.0, 0.5]),
+            }
+        ),
     )
 
 
@@ -191,8 +258,12 @@ def test_the_log_adds_up(tmp_path_factory, case):
     why = WaitReasons(log.events, log.steps, log.requests)
     table = why.time_by_reason()
     phases = all_phases(log.events, log.requests, why.start, why.end)
-    in_queues = sum(p.end_s - p.start_s for ps in phases.values() for p in ps if p.kind in ("queued", "preempted", "swapped"))
-    attributed = table[table.queue != "running"].request_s.sum() + table[table.key.str.startswith("preempted_")].request_s.sum()
+    in_queues = sum(
+        p.end_s - p.start_s for ps in phases.values() for p in ps if p.kind in ("queued", "preempted", "swapped")
+    )
+    attributed = (
+        table[table.queue != "running"].request_s.sum() + table[table.key.str.startswith("preempted_")].request_s.sum()
+    )
     assert attributed == pytest.approx(in_queues, abs=1e-6)
     gaps, counts = inter_token_latencies(log.events, log.steps)
     done = log.requests[log.requests.status.isin(["FINISHED_STOPPED", "FINISHED_LENGTH_CAPPED"])]

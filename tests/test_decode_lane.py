@@ -17,12 +17,11 @@ from kvsched import Engine, EngineConfig
 from kvsched.core.config import PreemptionMode
 from kvsched.core.decisions import Outcome
 from kvsched.core.errors import PolicyError
-from kvsched.executors.simulated import EOS, SimulatedExecutor
 from kvsched.core.hookspecs import hookimpl
 from kvsched.core.request import Request, SamplingParams
+from kvsched.executors.simulated import EOS, SimulatedExecutor
 from kvsched.policies.continuous import decode_then_resume
 from kvsched.policies.vllm_default import VllmDefault
-
 
 
 class ChunkedAfterDecoding:
@@ -73,21 +72,41 @@ class CappedDecodesThenTheRest:
                 break
 
 
-POLICIES = ["vllm-default", "fcfs", "sjf", "sarathi", "vtc", "lpm", ChunkedAfterDecoding, DecodesTwice, CappedDecodesThenTheRest]
+POLICIES = [
+    "vllm-default",
+    "fcfs",
+    "sjf",
+    "sarathi",
+    "vtc",
+    "lpm",
+    ChunkedAfterDecoding,
+    DecodesTwice,
+    CappedDecodesThenTheRest,
+]
 
 configs = engine_configs(max_model_len=st.sampled_from([None, 48, 80]), delay_factor=st.sampled_from([0.0, 0.5]))
 requests = st.lists(
     st.tuples(
-        st.integers(1, 60), st.integers(1, 30), st.sampled_from([1, 1, 1, 2]), st.floats(0, 3, allow_nan=False),
-        st.integers(0, 8), st.booleans(), st.sampled_from([(), (-5,), (-1, -9)]),
+        st.integers(1, 60),
+        st.integers(1, 30),
+        st.sampled_from([1, 1, 1, 2]),
+        st.floats(0, 3, allow_nan=False),
+        st.integers(0, 8),
+        st.booleans(),
+        st.sampled_from([(), (-5,), (-1, -9)]),
     ),
-    min_size=1, max_size=14,
+    min_size=1,
+    max_size=14,
 )
 
 
 def _request(i, prompt, output, n, arrival, extra, ignore_eos, stops) -> Request:
     return Request(
-        request_id=f"r{i}", prompt_len=prompt, output_len=output, arrival_time=round(arrival, 3), tenant=f"t{i % 2}",
+        request_id=f"r{i}",
+        prompt_len=prompt,
+        output_len=output,
+        arrival_time=round(arrival, 3),
+        tenant=f"t{i % 2}",
         sampling=SamplingParams(n=n, max_tokens=output + extra, ignore_eos=ignore_eos, stop_token_ids=stops),
     )
 
@@ -101,30 +120,52 @@ def _trace(policy, config, reqs, aborts, abort_step, lane):
     def record(report):
         out = report.output
         lane_steps[0] += out.lane_decodes > 0
-        steps.append((
-            report.step, report.now, report.duration,
-            [(s.group.request_id, s.num_tokens, s.is_prefill) for s in out.scheduled],
-            [(g.request_id, mode.value) for g, mode in out.preempted],
-            out.blocks_to_swap_in, out.blocks_to_swap_out, out.blocks_to_copy,
-            report.features, [g.request_id for g in report.finished], report.num_waiting, report.num_running,
-            {sid: tuple(t) for sid, t in bm.gpu_tables.items()}, {sid: tuple(t) for sid, t in bm.cpu_tables.items()},
-        ))
+        steps.append(
+            (
+                report.step,
+                report.now,
+                report.duration,
+                [(s.group.request_id, s.num_tokens, s.is_prefill) for s in out.scheduled],
+                [(g.request_id, mode.value) for g, mode in out.preempted],
+                out.blocks_to_swap_in,
+                out.blocks_to_swap_out,
+                out.blocks_to_copy,
+                report.features,
+                [g.request_id for g in report.finished],
+                report.num_waiting,
+                report.num_running,
+                {sid: tuple(t) for sid, t in bm.gpu_tables.items()},
+                {sid: tuple(t) for sid, t in bm.cpu_tables.items()},
+            )
+        )
         if report.step == abort_step:
             for i in aborts:
                 engine.abort(f"r{i}")
 
     engine.run(reqs, on_step=record)
     finals = {
-        g.request_id: (g.status, g.finish_time, g.first_token_time, g.num_generated_tokens,
-                       [list(s.output) for s in g.seqs], g.num_recompute_preemptions, g.num_swap_preemptions)
+        g.request_id: (
+            g.status,
+            g.finish_time,
+            g.first_token_time,
+            g.num_generated_tokens,
+            [list(s.output) for s in g.seqs],
+            g.num_recompute_preemptions,
+            g.num_swap_preemptions,
+        )
         for g in engine._groups.values()
     }
     assert engine.leaked_blocks == 0
     return steps, finals, lane_steps[0]
 
 
-@given(policy=st.sampled_from(POLICIES), config=configs, spec=requests,
-       aborts=st.lists(st.integers(0, 13), max_size=3), abort_step=st.integers(0, 40))
+@given(
+    policy=st.sampled_from(POLICIES),
+    config=configs,
+    spec=requests,
+    aborts=st.lists(st.integers(0, 13), max_size=3),
+    abort_step=st.integers(0, 40),
+)
 def test_the_lane_changes_nothing_observable(policy, config, spec, aborts, abort_step):
     reqs = [_request(i, *row) for i, row in enumerate(spec)]
     with_lane = _trace(policy, config, reqs, aborts, abort_step, lane=True)
@@ -149,11 +190,18 @@ def test_reading_a_member_mid_run_sees_every_token_it_decoded():
     reqs = [req(f"r{i}", 9, 30, arrival=0.01 * i) for i in range(5)]
     seen = {True: [], False: []}
     for lane in (True, False):
-        engine = Engine(EngineConfig(block_size=4, num_gpu_blocks=200, decode_lane=lane), "vllm-default", SimulatedExecutor())
+        engine = Engine(
+            EngineConfig(block_size=4, num_gpu_blocks=200, decode_lane=lane), "vllm-default", SimulatedExecutor()
+        )
 
         def look(report, lane=lane, engine=engine):
-            seen[lane].append([(g.request_id, s.num_tokens, s.num_computed_tokens, list(s.output), g.num_generated_tokens)
-                               for g in engine.scheduler.running for s in g.seqs])
+            seen[lane].append(
+                [
+                    (g.request_id, s.num_tokens, s.num_computed_tokens, list(s.output), g.num_generated_tokens)
+                    for g in engine.scheduler.running
+                    for s in g.seqs
+                ]
+            )
 
         engine.run(reqs, on_step=look)
     assert seen[True] == seen[False]
@@ -164,9 +212,13 @@ def test_a_prompt_finished_by_its_last_chunk_gets_its_first_token_time():
     """A one-token prompt remainder samples the first token: it runs outside the lane, which records no first-token time."""
     reqs = [req("a", 8, 12), req("b", 8, 12, arrival=0.01)]
     for lane in (True, False):
-        engine = Engine(EngineConfig(block_size=4, num_gpu_blocks=100, decode_lane=lane), ChunkedAfterDecoding, SimulatedExecutor())
+        engine = Engine(
+            EngineConfig(block_size=4, num_gpu_blocks=100, decode_lane=lane), ChunkedAfterDecoding, SimulatedExecutor()
+        )
         engine.run(reqs)
-        assert all(g.first_token_time is not None and g.first_token_time < g.finish_time for g in engine._groups.values())
+        assert all(
+            g.first_token_time is not None and g.first_token_time < g.finish_time for g in engine._groups.values()
+        )
 
 
 def test_a_second_advance_running_in_a_lane_step_is_a_no_op():
@@ -234,17 +286,42 @@ def test_members_behind_a_prefill_take_blocks_in_running_order():
 def test_members_finishing_together_finish_in_running_order():
     """sarathi with a small token budget: r6 is still in its chunked prefill when r8, behind it,
     joins the lane; both end in the same step, and are reported in running order (r6 first)."""
-    def r(rid, prompt, out, arrival, max_tokens, **sampling):
-        return Request(request_id=rid, prompt_len=prompt, output_len=out, arrival_time=arrival,
-                       sampling=SamplingParams(max_tokens=max_tokens, **sampling))
 
-    reqs = [r("r1", 1, 27, 0.158, 37), r("r2", 38, 19, 0.18, 23), r("r4", 28, 28, 0.059, 29),
-            r("r6", 37, 4, 0.211, 7, stop_token_ids=(-1, -16)), r("r8", 10, None, 0.178, 40, ignore_eos=True)]
-    config = EngineConfig(block_size=2, num_gpu_blocks=48, num_cpu_blocks=200, watermark=0.0, max_num_batched_tokens=16,
-                          max_num_seqs=16, max_model_len=64, preemption_mode="swap", audit_every_step=True)
+    def r(rid, prompt, out, arrival, max_tokens, **sampling):
+        return Request(
+            request_id=rid,
+            prompt_len=prompt,
+            output_len=out,
+            arrival_time=arrival,
+            sampling=SamplingParams(max_tokens=max_tokens, **sampling),
+        )
+
+    reqs = [
+        r("r1", 1, 27, 0.158, 37),
+        r("r2", 38, 19, 0.18, 23),
+        r("r4", 28, 28, 0.059, 29),
+        r("r6", 37, 4, 0.211, 7, stop_token_ids=(-1, -16)),
+        r("r8", 10, None, 0.178, 40, ignore_eos=True),
+    ]
+    config = EngineConfig(
+        block_size=2,
+        num_gpu_blocks=48,
+        num_cpu_blocks=200,
+        watermark=0.0,
+        max_num_batched_tokens=16,
+        max_num_seqs=16,
+        max_model_len=64,
+        preemption_mode="swap",
+        audit_every_step=True,
+    )
     finished = {}
     for lane in (True, False):
-        engine = Engine(config.model_copy(update={"decode_lane": lane}), "sarathi", SimulatedExecutor(), policy_options={"token_budget": 8})
+        engine = Engine(
+            config.model_copy(update={"decode_lane": lane}),
+            "sarathi",
+            SimulatedExecutor(),
+            policy_options={"token_budget": 8},
+        )
         steps = []
         engine.run(reqs, on_step=lambda report, steps=steps: steps.append([g.request_id for g in report.finished]))
         finished[lane] = steps, [g.request_id for g in engine.finished]
@@ -276,17 +353,27 @@ class _RaisesAfterDecoding(CountingPolicy):
 
 def test_a_policy_failing_after_a_lane_step_leaves_the_engine_as_before_the_step():
     # Every call counts: a steady step would be repeated without calling the policy.
-    engine = Engine(EngineConfig(block_size=4, num_gpu_blocks=200), _RaisesAfterDecoding, SimulatedExecutor(), steady_steps=False)
+    engine = Engine(
+        EngineConfig(block_size=4, num_gpu_blocks=200), _RaisesAfterDecoding, SimulatedExecutor(), steady_steps=False
+    )
     for i in range(4):
         engine.add_request(req(f"r{i}", 10, 50))
     engine.step()  # the prompts
     for _ in range(10):
         assert engine.step().output.lane_decodes == 4
-    before = [(s.num_tokens, list(s.output), engine.scheduler.block_manager.block_table(s.seq_id)) for g in engine.scheduler.running for s in g.seqs]
+    before = [
+        (s.num_tokens, list(s.output), engine.scheduler.block_manager.block_table(s.seq_id))
+        for g in engine.scheduler.running
+        for s in g.seqs
+    ]
     free = engine.scheduler.block_manager.num_free_gpu_blocks
     with pytest.raises(PolicyError, match="boom"):
         engine.step()
-    after = [(s.num_tokens, list(s.output), engine.scheduler.block_manager.block_table(s.seq_id)) for g in engine.scheduler.running for s in g.seqs]
+    after = [
+        (s.num_tokens, list(s.output), engine.scheduler.block_manager.block_table(s.seq_id))
+        for g in engine.scheduler.running
+        for s in g.seqs
+    ]
     assert after == before and engine.scheduler.block_manager.num_free_gpu_blocks == free
     engine.check()
 

@@ -42,18 +42,27 @@ def test_the_documented_vllm_v1_subclass_restates_its_claims_and_gives_its_reaso
 
     policy = example_policy("building-on-vllm-v1", "OldestFirstVictim")
     assert declared_claims(policy) == {"starvation-free"}
-    assert declared_claims(type("Silent", (policy.__mro__[1],), {})) == frozenset()  # a subclass that says nothing claims nothing
+    assert (
+        declared_claims(type("Silent", (policy.__mro__[1],), {})) == frozenset()
+    )  # a subclass that says nothing claims nothing
     e = unit_engine(policy(), num_gpu_blocks=6, block_size=4)
     victims = []
-    e.run([req(f"r{i}", prompt_len=6, output_len=12, arrival=0.01 * i) for i in range(3)],
-          on_step=lambda r: victims.extend(d for d in r.output.decisions if d.kind.name == "PREEMPTED"))
+    e.run(
+        [req(f"r{i}", prompt_len=6, output_len=12, arrival=0.01 * i) for i in range(3)],
+        on_step=lambda r: victims.extend(d for d in r.output.decisions if d.kind.name == "PREEMPTED"),
+    )
     reasons = [d.reason for d in victims]
     assert reasons and all(r.startswith("arrived first") or r == "no other running request" for r in reasons)
     assert e.leaked_blocks == 0
 
 
-@pytest.mark.parametrize("example", [("shortest-prompt-first", "ShortestPromptFirst"),
-                                     ("shortest-prompt-first-skeleton", "ShortestPromptFirstSkeleton")])
+@pytest.mark.parametrize(
+    "example",
+    [
+        ("shortest-prompt-first", "ShortestPromptFirst"),
+        ("shortest-prompt-first-skeleton", "ShortestPromptFirstSkeleton"),
+    ],
+)
 def test_documented_policy_serves_shorter_prompts_first(example):
     e = unit_engine(example_policy(*example), max_num_batched_tokens=64, max_num_seqs=8)
     for length in (60, 40, 20, 10):
@@ -86,7 +95,7 @@ def test_hooks_md_names_every_public_member_of_what_a_policy_is_handed(cls):
 def _section(text: str, heading: str) -> str:
     start = text.index(f"\n## {heading}\n")
     end = text.find("\n## ", start + 1)
-    return text[start:end if end >= 0 else None]
+    return text[start : end if end >= 0 else None]
 
 
 def test_the_release_feature_table_names_tests_that_exist():

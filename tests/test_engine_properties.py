@@ -17,7 +17,8 @@ from kvsched.executors.simulated import SimulatedExecutor
 configs = engine_configs(delay_factor=st.sampled_from([0.0, 0.5, 2.0]), enable_prefix_caching=st.booleans())
 requests = st.lists(
     st.tuples(st.integers(1, 60), st.integers(1, 30), st.integers(1, 3), st.floats(0, 5, allow_nan=False)),
-    min_size=1, max_size=16,
+    min_size=1,
+    max_size=16,
 )
 
 

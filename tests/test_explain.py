@@ -14,8 +14,10 @@ from pathlib import Path
 import pytest
 
 ENGINE = str(Path(sys.executable).parent / "engine")
-UNIT = ('{"name":"unit","base_ms":1000,"prefill_token_ms":0,"decode_seq_ms":0,"kv_token_ms":0,'
-        '"kv_bytes_per_token":0,"swap_gb_per_s":1e9,"copy_gb_per_s":1e9}')
+UNIT = (
+    '{"name":"unit","base_ms":1000,"prefill_token_ms":0,"decode_seq_ms":0,"kv_token_ms":0,'
+    '"kv_bytes_per_token":0,"swap_gb_per_s":1e9,"copy_gb_per_s":1e9}'
+)
 
 
 def engine(*args):
@@ -27,8 +29,22 @@ def run_dir(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("explain")
     (tmp / "t.csv").write_text("arrival_time_s,prompt_tokens,output_tokens\n0,8,6\n0,8,4\n1.5,4,1\n")
     (tmp / "unit.json").write_text(UNIT)
-    proc = engine("run", "-q", "--trace", tmp / "t.csv", "--profile", tmp / "unit.json", "--set", "block_size=4",
-                  "--set", "num_gpu_blocks=5", "--set", "watermark=0", "--output", tmp / "out")
+    proc = engine(
+        "run",
+        "-q",
+        "--trace",
+        tmp / "t.csv",
+        "--profile",
+        tmp / "unit.json",
+        "--set",
+        "block_size=4",
+        "--set",
+        "num_gpu_blocks=5",
+        "--set",
+        "watermark=0",
+        "--output",
+        tmp / "out",
+    )
     assert proc.returncode == 0, proc.stderr
     return tmp / "out"
 
@@ -45,7 +61,10 @@ def test_a_preempted_request_timeline(run_dir):
     i = out.index("steps 2–5 4.000 s not enough free KV blocks (LATER)")
     assert out[i + 1] == "needed 3 blocks, 2 free (0 stay free: the watermark)"
     assert "admitted at step 6: 9 tokens" in out  # the prompt and its one generated token, recomputed
-    assert out[-1] == "waited 5.000 s in all: 80.0% not enough free KV blocks (LATER); 20.0% preempted (recompute): back to the waiting queue"
+    assert (
+        out[-1]
+        == "waited 5.000 s in all: 80.0% not enough free KV blocks (LATER); 20.0% preempted (recompute): back to the waiting queue"
+    )
 
 
 def test_a_request_that_waited_behind_another(run_dir):
@@ -53,15 +72,21 @@ def test_a_request_that_waited_behind_another(run_dir):
     assert "1.500 – 6.000 s steps 2–5 queued" in out
     assert "0.500 s arrived while a step ran (waits for the next one)" in out
     i = out.index("steps 2–5 4.000 s head-of-line: behind a request that lacked free KV blocks")
-    assert out[i + 1:i + 3] == ["needed 3 blocks, 2 free (0 stay free: the watermark)", "stopped at 1 request: req-1"]
+    assert out[i + 1 : i + 3] == ["needed 3 blocks, 2 free (0 stay free: the watermark)", "stopped at 1 request: req-1"]
 
 
 def test_one_step_its_batch_and_who_was_left_out(run_dir):
     out = lines(engine("explain", run_dir, "--step", "3"))
     assert out[1] == "as it began: 2 waiting · 1 running · 0 swapped · after it: 3 of 5 GPU KV blocks used"
     assert "decoded req-0" in out
-    assert "req-1 (waiting): not enough free KV blocks (LATER): needed 3 blocks, 2 free (0 stay free: the watermark)" in out
-    assert "waiting: 1 more not offered: head-of-line: behind a request that lacked free KV blocks (stopped at req-1)" in out
+    assert (
+        "req-1 (waiting): not enough free KV blocks (LATER): needed 3 blocks, 2 free (0 stay free: the watermark)"
+        in out
+    )
+    assert (
+        "waiting: 1 more not offered: head-of-line: behind a request that lacked free KV blocks (stopped at req-1)"
+        in out
+    )
     step1 = lines(engine("explain", run_dir, "--step", "1"))
     assert "preempted req-1 (recompute) to make room for req-1" in step1
 
@@ -76,11 +101,14 @@ def test_the_run_weighted_by_time(run_dir):
     assert out[-1] == "req-2: 4.5 s"
 
 
-@pytest.mark.parametrize("args, message", [
-    (("--request", "nope"), "no request 'nope'"),
-    (("--step", "99"), "step 99 is not in this run"),
-    (("--step", "1", "--request", "req-1"), "not both"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (("--request", "nope"), "no request 'nope'"),
+        (("--step", "99"), "step 99 is not in this run"),
+        (("--step", "1", "--request", "req-1"), "not both"),
+    ],
+)
 def test_bad_questions_are_one_line(run_dir, args, message):
     proc = engine("explain", run_dir, *args)
     assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr
@@ -95,21 +123,37 @@ def test_a_long_timeline_is_shortened_unless_full_and_a_victim_says_why(tmp_path
     """explain --request printed 1,006 lines for one request; a policy could not say why it chose its victim."""
     engine = str(Path(sys.executable).parent / "engine")
     out = tmp_path / "run"
-    done = subprocess.run([engine, "run", "-p", "lcf", "-w", "sharegpt-4k", "--rate", "3", "-n", "200", "-o", out, "-q"],
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [engine, "run", "-p", "lcf", "-w", "sharegpt-4k", "--rate", "3", "-n", "200", "-o", out, "-q"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr
     import pandas as pd
 
     rows = pd.read_csv(out / "requests.csv")
     victim = rows.sort_values(["preemptions_recompute", "request_id"]).request_id.iloc[-1]
-    short = subprocess.run([engine, "explain", out, "--request", victim], capture_output=True, text=True).stdout.splitlines()
-    full = subprocess.run([engine, "explain", out, "--request", victim, "--full"], capture_output=True, text=True).stdout.splitlines()
-    assert len(short) <= 45 < len(full) and short[-1].startswith("(shortened from") and "--full shows every one" in short[-1]
+    short = subprocess.run(
+        [engine, "explain", out, "--request", victim], capture_output=True, text=True
+    ).stdout.splitlines()
+    full = subprocess.run(
+        [engine, "explain", out, "--request", victim, "--full"], capture_output=True, text=True
+    ).stdout.splitlines()
+    assert (
+        len(short) <= 45 < len(full)
+        and short[-1].startswith("(shortened from")
+        and "--full shows every one" in short[-1]
+    )
     assert any("the policy's reason: lcf victim:" in line for line in full) and short[:2] == full[:2]
     events = pd.read_parquet(out / "decisions.parquet")
     step = int(events[(events.event == "preempted") & (events.request_id == victim)].step.iloc[0])
-    assert any(f"preempted  {victim} (recompute) to make room for" in line and ": lcf victim:" in line
-               for line in subprocess.run([engine, "explain", out, "--step", str(step)], capture_output=True, text=True).stdout.splitlines())
+    assert any(
+        f"preempted  {victim} (recompute) to make room for" in line and ": lcf victim:" in line
+        for line in subprocess.run(
+            [engine, "explain", out, "--step", str(step)], capture_output=True, text=True
+        ).stdout.splitlines()
+    )
     refused = subprocess.run([engine, "explain", out, "--full"], capture_output=True, text=True)
     assert refused.returncode == 2 and "give it with --request" in refused.stderr
 
@@ -142,8 +186,21 @@ def test_a_request_fanned_out_under_v1_is_explained_child_by_child(tmp_path):
     import pandas as pd
 
     out_dir, trace = tmp_path / "v1", tmp_path / "trace.json"
-    proc = engine("run", "-q", "--policy", "vllm-v1", "-n", "40", "--seed", "1", "--decision-log", "--trace-out", trace,
-                  "--output", out_dir)
+    proc = engine(
+        "run",
+        "-q",
+        "--policy",
+        "vllm-v1",
+        "-n",
+        "40",
+        "--seed",
+        "1",
+        "--decision-log",
+        "--trace-out",
+        trace,
+        "--output",
+        out_dir,
+    )
     assert proc.returncode == 0, proc.stderr
     requests = pd.read_parquet(out_dir / "requests.parquet")
     parent = requests[requests.n > 1].iloc[0]

@@ -27,29 +27,53 @@ def engine(*args, cwd=None) -> subprocess.CompletedProcess:
 
 def one_line_error(proc: subprocess.CompletedProcess) -> str:
     assert proc.returncode == 2, (proc.stdout, proc.stderr)
-    assert proc.stderr.startswith("error: ") and proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.startswith("error: ") and proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr, (
+        proc.stderr
+    )
     return proc.stderr
 
 
 # ------------------------------------------------------------------------------ --fleet
 SPECS = {  # name: (the file's bytes, what the error says)
-    "not UTF-8": (b'{"replicas": [{"count": 2}], "router": "\xff"}', "spec.json:1: not UTF-8 text: byte 0xff at column 41"),
-    "nested too deeply": (b'{"replicas": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", "spec.json: not valid JSON: nested too deeply"),
-    "a 5,001-digit count": (b'{"replicas": [{"count": ' + b"9" * 5001 + b"}]}", "spec.json: not valid JSON: Exceeds the limit (4300 digits)"),
+    "not UTF-8": (
+        b'{"replicas": [{"count": 2}], "router": "\xff"}',
+        "spec.json:1: not UTF-8 text: byte 0xff at column 41",
+    ),
+    "nested too deeply": (
+        b'{"replicas": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",
+        "spec.json: not valid JSON: nested too deeply",
+    ),
+    "a 5,001-digit count": (
+        b'{"replicas": [{"count": ' + b"9" * 5001 + b"}]}",
+        "spec.json: not valid JSON: Exceeds the limit (4300 digits)",
+    ),
     "not JSON": (b'{"replicas": [}', "spec.json:1: not valid JSON: Expecting value (column 15)"),
     "NaN": (b'{"replicas": [{"count": 2}], "staleness_s": NaN}', "spec.json: not valid JSON: NaN is not a JSON number"),
     "not an object": (b"[1, 2]", "spec.json: a fleet spec is a JSON object with a 'replicas' list"),
-    "a count past the bound": (b'{"replicas": [{"count": 5000}]}', "spec.json: invalid fleet spec: replicas[0].count: Input should be less than or equal to 4096"),
-    "too many replicas in all": (b'{"replicas": [' + b", ".join([b'{"count": 4096}'] * 1000) + b"]}",
-                                 "invalid fleet spec: a fleet has at most 4,096 replicas, all groups together; this one has 4,096,000"),
-    "too many replicas in two groups": (b'{"replicas": [{"count": 4096}, {"count": 1}]}',
-                                        "invalid fleet spec: a fleet has at most 4,096 replicas, all groups together; this one has 4,097"),
-    "a transfer that never ends": (b'{"replicas": [{"role": "prefill"}, {"role": "decode"}], "transfer": {"bandwidth_gb_per_s": 1e-320}}',
-                                   "invalid fleet spec: transfer.bandwidth_gb_per_s: Input should be greater than or equal to 0.000001"),
-    "a staleness past any run": (b'{"replicas": [{"count": 2}], "staleness_s": 1e308}',
-                                  "invalid fleet spec: staleness_s: Input should be less than or equal to 3600"),
-    "a set-up that never ends": (b'{"replicas": [{"role": "prefill"}, {"role": "decode"}], "transfer": {"base_latency_s": 1e308}}',
-                                 "invalid fleet spec: transfer.base_latency_s: Input should be less than or equal to 3600"),
+    "a count past the bound": (
+        b'{"replicas": [{"count": 5000}]}',
+        "spec.json: invalid fleet spec: replicas[0].count: Input should be less than or equal to 4096",
+    ),
+    "too many replicas in all": (
+        b'{"replicas": [' + b", ".join([b'{"count": 4096}'] * 1000) + b"]}",
+        "invalid fleet spec: a fleet has at most 4,096 replicas, all groups together; this one has 4,096,000",
+    ),
+    "too many replicas in two groups": (
+        b'{"replicas": [{"count": 4096}, {"count": 1}]}',
+        "invalid fleet spec: a fleet has at most 4,096 replicas, all groups together; this one has 4,097",
+    ),
+    "a transfer that never ends": (
+        b'{"replicas": [{"role": "prefill"}, {"role": "decode"}], "transfer": {"bandwidth_gb_per_s": 1e-320}}',
+        "invalid fleet spec: transfer.bandwidth_gb_per_s: Input should be greater than or equal to 0.000001",
+    ),
+    "a staleness past any run": (
+        b'{"replicas": [{"count": 2}], "staleness_s": 1e308}',
+        "invalid fleet spec: staleness_s: Input should be less than or equal to 3600",
+    ),
+    "a set-up that never ends": (
+        b'{"replicas": [{"role": "prefill"}, {"role": "decode"}], "transfer": {"base_latency_s": 1e308}}',
+        "invalid fleet spec: transfer.base_latency_s: Input should be less than or equal to 3600",
+    ),
 }
 
 
@@ -60,7 +84,9 @@ def test_a_bad_fleet_spec_is_one_error_naming_the_file(tmp_path, case):
     path.write_bytes(content)
     with pytest.raises((FileError, FleetError)) as caught:
         load_fleet(path)
-    assert message in str(caught.value) and str(path) in str(caught.value) and "\n" not in str(caught.value), str(caught.value)
+    assert message in str(caught.value) and str(path) in str(caught.value) and "\n" not in str(caught.value), str(
+        caught.value
+    )
 
 
 def test_a_fleet_spec_with_a_byte_order_mark_loads_as_any_file_does(tmp_path):
@@ -84,7 +110,9 @@ def test_the_spec_is_never_an_output_of_its_own_run(tmp_path):
     spec.write_text('{"replicas": [{"count": 2}]}')
     error = one_line_error(engine("run", "--fleet", spec, "-o", out, "-n", "5", "-q"))
     assert f"--output {out}: its summary.json would overwrite --fleet {spec}, which the command reads" in error
-    assert spec.read_text() == '{"replicas": [{"count": 2}]}' and sorted(p.name for p in out.iterdir()) == ["summary.json"]
+    assert spec.read_text() == '{"replicas": [{"count": 2}]}' and sorted(p.name for p in out.iterdir()) == [
+        "summary.json"
+    ]
 
 
 def test_a_file_the_spec_names_is_never_an_output_either(tmp_path):
@@ -95,7 +123,9 @@ def test_a_file_the_spec_names_is_never_an_output_either(tmp_path):
     spec = tmp_path / "spec.json"
     spec.write_text(json.dumps({"replicas": [{"count": 2, "profile": str(profile)}]}))
     error = one_line_error(engine("run", "--fleet", spec, "-o", out, "-n", "5", "-q"))
-    assert f"its summary.json would overwrite the profile of replica group 0 {profile}, which the command reads" in error
+    assert (
+        f"its summary.json would overwrite the profile of replica group 0 {profile}, which the command reads" in error
+    )
     assert profile.read_text() == "{}"
 
 
@@ -121,19 +151,55 @@ def damaged(fleet_dir: Path, tmp_path: Path, name: str, content: bytes | None) -
 HEADER = b"request_id,pool,time,replica,reason\n"
 DAMAGE = {  # name: (the file, its new content (None: removed), the request asked about (None: the overview), what the error says)
     "routes.csv empty": ("routes.csv", b"", None, "routes.csv: not a readable CSV file (Empty CSV file)"),
-    "routes.csv without a column": ("routes.csv", b"request_id,pool\nreq-1,mixed\n", None, "routes.csv:1: no column 'time'"),
-    "routes.csv not UTF-8": ("routes.csv", HEADER + b"\xff,mixed,0,replica-0,x\n", None, "routes.csv:2: not UTF-8 text: byte 0xff"),
-    "routes.csv a time not a number": ("routes.csv", HEADER + b"req-1,mixed,soon,replica-0,x\n", None,
-                                       "routes.csv:2: column 'time': 'soon' is not a number"),
-    "routes.csv an empty time": ("routes.csv", HEADER + b"req-1,mixed,,replica-0,x\n", "req-1",
-                                 "routes.csv:2: column 'time': an empty cell, where engine run writes a value"),
-    "routes.csv a short line": ("routes.csv", HEADER + b"req-1,mixed,0.1,replica-0,x\nreq-2,mixed\n", None,
-                                "routes.csv:3: expected 5 fields, got 2"),
+    "routes.csv without a column": (
+        "routes.csv",
+        b"request_id,pool\nreq-1,mixed\n",
+        None,
+        "routes.csv:1: no column 'time'",
+    ),
+    "routes.csv not UTF-8": (
+        "routes.csv",
+        HEADER + b"\xff,mixed,0,replica-0,x\n",
+        None,
+        "routes.csv:2: not UTF-8 text: byte 0xff",
+    ),
+    "routes.csv a time not a number": (
+        "routes.csv",
+        HEADER + b"req-1,mixed,soon,replica-0,x\n",
+        None,
+        "routes.csv:2: column 'time': 'soon' is not a number",
+    ),
+    "routes.csv an empty time": (
+        "routes.csv",
+        HEADER + b"req-1,mixed,,replica-0,x\n",
+        "req-1",
+        "routes.csv:2: column 'time': an empty cell, where engine run writes a value",
+    ),
+    "routes.csv a short line": (
+        "routes.csv",
+        HEADER + b"req-1,mixed,0.1,replica-0,x\nreq-2,mixed\n",
+        None,
+        "routes.csv:3: expected 5 fields, got 2",
+    ),
     "requests.csv empty": ("requests.csv", b"", "req-1", "requests.csv: not a readable CSV file (Empty CSV file)"),
-    "summary.json replicas a number": ("summary.json", b'{"replicas": 5}', "req-1", "summary.json: key 'replicas' holds 5, expected a list"),
-    "summary.json a replica without a name": ("summary.json", b'{"replicas": [{"replica": 1}]}', "req-1",
-                                              "summary.json: key 'replicas[0].replica' holds 1, expected a string"),
-    "summary.json missing": ("summary.json", None, "req-1", "summary.json: cannot read summary: No such file or directory"),
+    "summary.json replicas a number": (
+        "summary.json",
+        b'{"replicas": 5}',
+        "req-1",
+        "summary.json: key 'replicas' holds 5, expected a list",
+    ),
+    "summary.json a replica without a name": (
+        "summary.json",
+        b'{"replicas": [{"replica": 1}]}',
+        "req-1",
+        "summary.json: key 'replicas[0].replica' holds 1, expected a string",
+    ),
+    "summary.json missing": (
+        "summary.json",
+        None,
+        "req-1",
+        "summary.json: cannot read summary: No such file or directory",
+    ),
 }
 
 
@@ -149,7 +215,9 @@ def test_explaining_a_damaged_fleet_folder_names_the_file_line_and_column(fleet_
 
 def test_the_console_script_explains_a_damaged_fleet_in_one_line(fleet_dir, tmp_path):
     folder = damaged(fleet_dir, tmp_path, "summary.json", b'{"replicas": 5}')
-    assert "summary.json: key 'replicas' holds 5, expected a list" in one_line_error(engine("explain", folder, "--request", "req-1"))
+    assert "summary.json: key 'replicas' holds 5, expected a list" in one_line_error(
+        engine("explain", folder, "--request", "req-1")
+    )
     said = one_line_error(engine("explain", fleet_dir, "--step", "3"))
     assert "--step does not apply to a fleet's folder: it has no steps to explain" in said
 

@@ -13,8 +13,25 @@ runner = CliRunner()
 
 
 def test_run_hf_prints_completions_and_summary(tmp_path):
-    result = runner.invoke(app, ["run", "--executor", "hf", "--model", "tiny-llama", "--prompt", "Hello", "--prompt", "queues",
-                                 "--max-tokens", "6", "--output", str(tmp_path), "-q"])
+    result = runner.invoke(
+        app,
+        [
+            "run",
+            "--executor",
+            "hf",
+            "--model",
+            "tiny-llama",
+            "--prompt",
+            "Hello",
+            "--prompt",
+            "queues",
+            "--max-tokens",
+            "6",
+            "--output",
+            str(tmp_path),
+            "-q",
+        ],
+    )
     assert result.exit_code == 0, result.output
     # -q hides progress, not results: the summary of a real run prints as a simulated one's does
     assert "requests (finished / ignored / aborted)" in result.output and "2 / 0 / 0" in result.output
@@ -24,16 +41,18 @@ def test_run_hf_prints_completions_and_summary(tmp_path):
 
 
 def test_run_hf_streams_one_prompts_text_as_it_is_generated():
+    from rich.console import Console
+
     from kvsched.cli.real import Streamer
     from kvsched.core.request import Request, SamplingParams
     from kvsched.executors.hf import hf_engine
     from kvsched.executors.hf_models import load_model
 
-    from rich.console import Console
-
     loaded = load_model("tiny-llama")
     engine = hf_engine(loaded)
-    request = Request(request_id="p0", prompt_token_ids=tuple(loaded.encode_prompt("Hello")), sampling=SamplingParams(max_tokens=8))
+    request = Request(
+        request_id="p0", prompt_token_ids=tuple(loaded.encode_prompt("Hello")), sampling=SamplingParams(max_tokens=8)
+    )
     out = Console(file=io.StringIO())
     streamer, shown = Streamer(engine, loaded, [request], out), []
     engine.run([request], on_step=lambda report: (streamer(report), shown.append(out.file.getvalue())))
@@ -42,20 +61,55 @@ def test_run_hf_streams_one_prompts_text_as_it_is_generated():
 
 
 def test_an_empty_result_says_why():
-    result = runner.invoke(app, ["run", "--executor", "hf", "--model", "tiny-llama", "--prompt", "a prompt too long for two blocks",
-                                 "--max-tokens", "4", "--set", "num_gpu_blocks=2", "-q"])
+    result = runner.invoke(
+        app,
+        [
+            "run",
+            "--executor",
+            "hf",
+            "--model",
+            "tiny-llama",
+            "--prompt",
+            "a prompt too long for two blocks",
+            "--max-tokens",
+            "4",
+            "--set",
+            "num_gpu_blocks=2",
+            "-q",
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert "0 / 1 / 0" in result.output
     # it ran, was preempted by recompute, and its prompt with the token it had made needs more than the 2 blocks
-    assert "[p0: ignored after 1 generated token(s): prompt can never fit in the GPU KV cache (can_allocate: NEVER); " \
-           "its prompt has 32 tokens, the GPU KV cache 2 blocks of 16]" in result.output
+    assert (
+        "[p0: ignored after 1 generated token(s): prompt can never fit in the GPU KV cache (can_allocate: NEVER); "
+        "its prompt has 32 tokens, the GPU KV cache 2 blocks of 16]" in result.output
+    )
     assert "warning: 1 of 1 requests ignored: prompt can never fit in the GPU KV cache" in result.output
 
 
 def test_run_hf_workload_of_real_prompts_through_another_policy():
     """Sarathi chunks long prompts: the real executor runs its mixed chunked steps."""
-    result = runner.invoke(app, ["run", "--executor", "hf", "--model", "tiny-gpt2", "-n", "6", "--max-tokens", "4",
-                                 "--set", "num_gpu_blocks=200", "--set", "block_size=8", "--policy", "sarathi"])
+    result = runner.invoke(
+        app,
+        [
+            "run",
+            "--executor",
+            "hf",
+            "--model",
+            "tiny-gpt2",
+            "-n",
+            "6",
+            "--max-tokens",
+            "4",
+            "--set",
+            "num_gpu_blocks=200",
+            "--set",
+            "block_size=8",
+            "--policy",
+            "sarathi",
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert "6 / 0 / 0" in result.output
 
@@ -68,10 +122,14 @@ def test_run_rejects_unknown_executor_and_model():
 
 
 def test_verify_command():
-    result = runner.invoke(app, ["verify", "--model", "tiny-llama", "--scenario", "swap", "--scenario", "n3-cow", "--max-tokens", "8"])
+    result = runner.invoke(
+        app, ["verify", "--model", "tiny-llama", "--scenario", "swap", "--scenario", "n3-cow", "--max-tokens", "8"]
+    )
     assert result.exit_code == 0, result.output
     assert "equal generate() token for token" in result.output
-    assert "loading tiny-llama: " in result.output  # the steps that take time say so (the bar itself draws on a terminal)
+    assert (
+        "loading tiny-llama: " in result.output
+    )  # the steps that take time say so (the bar itself draws on a terminal)
     result = runner.invoke(app, ["verify", "--scenario", "nope"])
     assert result.exit_code == 2 and "unknown scenario" in result.output
 
@@ -81,7 +139,9 @@ def test_verify_a_local_model_folder(tmp_path):
     from kvsched.executors.hf_models import load_model
 
     load_model("tiny-qwen2").model.save_pretrained(tmp_path / "my-model")
-    result = runner.invoke(app, ["verify", "--model", str(tmp_path / "my-model"), "--scenario", "mixed", "--max-tokens", "6"])
+    result = runner.invoke(
+        app, ["verify", "--model", str(tmp_path / "my-model"), "--scenario", "mixed", "--max-tokens", "6"]
+    )
     assert result.exit_code == 0, result.output
     assert "equal generate() token for token" in result.output
 

@@ -9,12 +9,12 @@ import pytest
 import torch
 
 from kvsched.core.config import EngineConfig
-from kvsched.executors.hf import HFExecutor, UnsupportedModel, check_supported, hf_engine
-from kvsched.executors.hf_models import load_model
-from kvsched.executors.sampler import filter_logits
 from kvsched.core.outputs import SchedulerOutput
 from kvsched.core.request import Request, SamplingParams
 from kvsched.core.sequence import SequenceStatus
+from kvsched.executors.hf import HFExecutor, UnsupportedModel, check_supported, hf_engine
+from kvsched.executors.hf_models import load_model
+from kvsched.executors.sampler import filter_logits
 
 PROMPTS = [(5, 9, 200, 31, 7, 1, 2, 3, 4), (44, 3), (10, 20, 30, 40, 50, 60, 70, 80, 90, 100, 110, 120, 130)]
 ROOMY = EngineConfig(block_size=4, num_gpu_blocks=64, num_cpu_blocks=64)
@@ -89,7 +89,9 @@ def test_stop_tokens_and_eos(loaded):
     assert engine._groups["e"].seqs[0].output == tokens[:cut]
     engine = hf_engine(loaded, ROOMY)
     engine.executor.eos_token_id = stop
-    engine.run([Request(request_id="e", prompt_token_ids=PROMPTS[0], sampling=SamplingParams(max_tokens=8, ignore_eos=True))])
+    engine.run(
+        [Request(request_id="e", prompt_token_ids=PROMPTS[0], sampling=SamplingParams(max_tokens=8, ignore_eos=True))]
+    )
     assert engine._groups["e"].seqs[0].output == tokens
 
 
@@ -119,7 +121,9 @@ def test_unsupported_configs_are_rejected():
     from transformers import GPT2Config, Qwen2Config
 
     with pytest.raises(UnsupportedModel, match="sliding"):
-        check_supported(Qwen2Config(use_sliding_window=True, sliding_window=16, max_window_layers=0, num_hidden_layers=2))
+        check_supported(
+            Qwen2Config(use_sliding_window=True, sliding_window=16, max_window_layers=0, num_hidden_layers=2)
+        )
     with pytest.raises(UnsupportedModel, match="per-layer"):
         check_supported(GPT2Config(scale_attn_by_inverse_layer_idx=True))
     with pytest.raises(KeyError, match="unknown model"):

@@ -20,7 +20,11 @@ def smollm2():
 
 
 def test_smollm2_greedy_equals_generate(smollm2):
-    prompts = [smollm2.encode_prompt(PROMPTS[0]), smollm2.encode_prompt(PROMPTS[1], chat=False), smollm2.encode_prompt(PROMPTS[2], chat=False)]
+    prompts = [
+        smollm2.encode_prompt(PROMPTS[0]),
+        smollm2.encode_prompt(PROMPTS[1], chat=False),
+        smollm2.encode_prompt(PROMPTS[2], chat=False),
+    ]
     results = verify(smollm2, ["mixed", "swap", "chunked"], max_new_tokens=16, prompts=prompts)
     for r in results:
         bad = [(c.request_id, c.first_mismatch, c.margin, c.max_logit_diff) for c in r.checks if not c.ok]
@@ -31,8 +35,8 @@ def test_smollm2_greedy_equals_generate(smollm2):
 
 
 def test_smollm2_writes_text(smollm2):
-    from kvsched.executors.hf import hf_engine
     from kvsched.core.request import Request, SamplingParams
+    from kvsched.executors.hf import hf_engine
 
     engine = hf_engine(smollm2)
     ids = smollm2.encode_prompt("What is the capital of France?")

@@ -22,7 +22,6 @@ from enum import Enum
 from types import BuiltinFunctionType, FunctionType, MappingProxyType, MemberDescriptorType, MethodType, ModuleType
 
 import numpy as np
-
 import pytest
 from helpers import req
 from hypothesis import HealthCheck, event, given, settings
@@ -124,37 +123,105 @@ ACTS = {
     "advance a foreign view": ("select_batch", lambda p, s: s.advance(_foreign(p, "RUNNING")), PolicyError),
     "swap in a foreign view": ("select_batch", lambda p, s: s.swap_in(_foreign(p, "SWAPPED")), PolicyError),
     "preempt a foreign view": ("select_batch", lambda p, s: s.preempt(_foreign(p, "RUNNING")), PolicyError),
-    "ask the cache about a foreign view": ("select_batch", lambda p, s: s.cache.blocks_to_allocate(_foreign(p, "WAITING")), PolicyError),
+    "ask the cache about a foreign view": (
+        "select_batch",
+        lambda p, s: s.cache.blocks_to_allocate(_foreign(p, "WAITING")),
+        PolicyError,
+    ),
     "pick a foreign victim": ("choose_preemption", lambda p, s, r: Preemption(_foreign(p, "RUNNING")), PolicyError),
     # 2: max_tokens that is not a positive integer
-    "admit with max_tokens=NaN": ("select_batch", lambda p, s: s.admit(_first(s, "waiting"), max_tokens=math.nan), PolicyError),
-    "advance with max_tokens=2.5": ("select_batch", lambda p, s: s.advance(_first(s, "running"), max_tokens=2.5), PolicyError),
+    "admit with max_tokens=NaN": (
+        "select_batch",
+        lambda p, s: s.admit(_first(s, "waiting"), max_tokens=math.nan),
+        PolicyError,
+    ),
+    "advance with max_tokens=2.5": (
+        "select_batch",
+        lambda p, s: s.advance(_first(s, "running"), max_tokens=2.5),
+        PolicyError,
+    ),
     "admit with max_tokens=0": ("select_batch", lambda p, s: s.admit(_first(s, "waiting"), max_tokens=0), PolicyError),
-    "admit with max_tokens=True": ("select_batch", lambda p, s: s.admit(_first(s, "waiting"), max_tokens=True), PolicyError),
-    "swap in with max_tokens='8'": ("select_batch", lambda p, s: s.swap_in(_first(s, "swapped"), max_tokens="8"), PolicyError),
-    "advance decodes with max_tokens=inf": ("select_batch", lambda p, s: s.advance_decodes(max_tokens=math.inf), PolicyError),
+    "admit with max_tokens=True": (
+        "select_batch",
+        lambda p, s: s.admit(_first(s, "waiting"), max_tokens=True),
+        PolicyError,
+    ),
+    "swap in with max_tokens='8'": (
+        "select_batch",
+        lambda p, s: s.swap_in(_first(s, "swapped"), max_tokens="8"),
+        PolicyError,
+    ),
+    "advance decodes with max_tokens=inf": (
+        "select_batch",
+        lambda p, s: s.advance_decodes(max_tokens=math.inf),
+        PolicyError,
+    ),
     # 3: writes to what the step hands out
     "zero the token counter": ("select_batch", lambda p, s: _setattr(s, "num_batched_tokens", 0), PolicyError),
-    "zero the output's token counter": ("select_batch", lambda p, s: _setattr(s.output, "num_batched_tokens", 0), PolicyError),
+    "zero the output's token counter": (
+        "select_batch",
+        lambda p, s: _setattr(s.output, "num_batched_tokens", 0),
+        PolicyError,
+    ),
     "zero the running-sequence count": ("select_batch", lambda p, s: _setattr(s, "num_running_seqs", 0), PolicyError),
     "rewind the clock": ("select_batch", lambda p, s: _setattr(s, "now", 0.0), PolicyError),
     "append to admitted": ("select_batch", lambda p, s: s.admitted.append(_any_view(s)), PolicyError),
-    "write a view's status": ("select_batch", lambda p, s: _setattr(_any_view(s), "status", SequenceStatus.WAITING), PolicyError),
+    "write a view's status": (
+        "select_batch",
+        lambda p, s: _setattr(_any_view(s), "status", SequenceStatus.WAITING),
+        PolicyError,
+    ),
     # 3b: writes to the frozen objects a view reaches, past their frozen __setattr__ (issue 21)
-    "raise the token budget through the config's __dict__": ("select_batch", lambda p, s: s.config.__dict__.update(max_num_batched_tokens=10**6), PolicyError),
-    "raise the sequence budget with object.__setattr__": ("select_batch", lambda p, s: object.__setattr__(s.config, "max_num_seqs", 10**6), PolicyError),
-    "shorten a request through its __dict__": ("select_batch", lambda p, s: _any_view(s).request.__dict__.update(output_len=1), PolicyError),
-    "cap a request's tokens through its sampling's __dict__": ("can_allocate", lambda p, s, g: g.request.sampling.__dict__.update(max_tokens=1), PolicyError),
-    "raise a priority with object.__setattr__": ("on_step", lambda p, r: object.__setattr__(next(iter(r.output.scheduled)).group.request, "priority", -9), PolicyError),
+    "raise the token budget through the config's __dict__": (
+        "select_batch",
+        lambda p, s: s.config.__dict__.update(max_num_batched_tokens=10**6),
+        PolicyError,
+    ),
+    "raise the sequence budget with object.__setattr__": (
+        "select_batch",
+        lambda p, s: object.__setattr__(s.config, "max_num_seqs", 10**6),
+        PolicyError,
+    ),
+    "shorten a request through its __dict__": (
+        "select_batch",
+        lambda p, s: _any_view(s).request.__dict__.update(output_len=1),
+        PolicyError,
+    ),
+    "cap a request's tokens through its sampling's __dict__": (
+        "can_allocate",
+        lambda p, s, g: g.request.sampling.__dict__.update(max_tokens=1),
+        PolicyError,
+    ),
+    "raise a priority with object.__setattr__": (
+        "on_step",
+        lambda p, r: object.__setattr__(next(iter(r.output.scheduled)).group.request, "priority", -9),
+        PolicyError,
+    ),
     # 4: a step kept after it was built
     "admit on a kept step": ("select_batch", lambda p, s: p.kept_step.admit(_first(s, "waiting")), PolicyError),
     "advance on a kept step in on_step": ("on_step", lambda p, r: p.kept_step.advance_running(), PolicyError),
     # 5: re-entrant calls
     "engine.step() inside select_batch": ("select_batch", lambda p, s: p.engine.step(), PolicyError),
-    "engine.abort() inside select_batch": ("select_batch", lambda p, s: p.engine.abort(_any_view(s).request_id), PolicyError),
-    "engine.add_request() inside select_batch": ("select_batch", lambda p, s: p.engine.add_request(req("late", 4, 2)), PolicyError),
-    "engine.abort() inside on_step": ("on_step", lambda p, r: p.engine.abort(next(iter(p.engine._groups))), PolicyError),
-    "advance the requester inside choose_preemption": ("choose_preemption", lambda p, s, r: (s.advance(r), Preemption(r))[1], PolicyError),
+    "engine.abort() inside select_batch": (
+        "select_batch",
+        lambda p, s: p.engine.abort(_any_view(s).request_id),
+        PolicyError,
+    ),
+    "engine.add_request() inside select_batch": (
+        "select_batch",
+        lambda p, s: p.engine.add_request(req("late", 4, 2)),
+        PolicyError,
+    ),
+    "engine.abort() inside on_step": (
+        "on_step",
+        lambda p, r: p.engine.abort(next(iter(p.engine._groups))),
+        PolicyError,
+    ),
+    "advance the requester inside choose_preemption": (
+        "choose_preemption",
+        lambda p, s, r: (s.advance(r), Preemption(r))[1],
+        PolicyError,
+    ),
     "admit inside can_allocate": ("can_allocate", lambda p, s, g: (s.admit(g), AllocStatus.OK)[1], PolicyError),
     "a refusal caught by the policy": ("select_batch", _caught, PolicyError),
     # 6: exceptions after real work, BaseExceptions included
@@ -165,8 +232,16 @@ ACTS = {
     "raise in can_allocate": ("can_allocate", lambda p, s, g: 1 / 0, PolicyError),
     "raise in on_step": ("on_step", lambda p, r: 1 / 0, PolicyError),
     # 7: the report is read-only
-    "rewrite a finished status": ("on_step", lambda p, r: _setattr((r.finished or [p.engine._groups["r0"].view])[0], "status", SequenceStatus.WAITING), PolicyError),
-    "shrink a batch entry": ("on_step", lambda p, r: _setattr(next(iter(r.output.scheduled)), "num_tokens", 0), PolicyError),
+    "rewrite a finished status": (
+        "on_step",
+        lambda p, r: _setattr((r.finished or [p.engine._groups["r0"].view])[0], "status", SequenceStatus.WAITING),
+        PolicyError,
+    ),
+    "shrink a batch entry": (
+        "on_step",
+        lambda p, r: _setattr(next(iter(r.output.scheduled)), "num_tokens", 0),
+        PolicyError,
+    ),
     "append a block copy": ("on_step", lambda p, r: r.output.blocks_to_copy.append((0, 10**9)), PolicyError),
     # 8: private state one attribute away
     "pop a request through a queue view": ("select_batch", lambda p, s: s.waiting._groups.pop(), PolicyError),
@@ -181,7 +256,9 @@ ACTS = {
     "admit None": ("select_batch", lambda p, s: s.admit(None), PolicyError),
 }
 
-CONFIG = dict(block_size=4, num_gpu_blocks=14, num_cpu_blocks=12, watermark=0.0, max_num_batched_tokens=64, max_num_seqs=16)
+CONFIG = dict(
+    block_size=4, num_gpu_blocks=14, num_cpu_blocks=12, watermark=0.0, max_num_batched_tokens=64, max_num_seqs=16
+)
 
 
 def _engine(config: dict, specs) -> Engine:
@@ -197,13 +274,34 @@ def snapshot(e: Engine):
     s, bm = e.scheduler, e.scheduler.block_manager
     return (
         [[g.request_id for g in q] for q in (s.waiting, s.running, s.swapped)],
-        [(g.request_id, g.status, g.num_generated_tokens, g.num_unfinished_seqs, g.first_scheduled_time, g.first_token_time,
-          g.finish_time, g.num_recompute_preemptions, g.num_swap_preemptions,
-          [(x.seq_id, x.status, x.num_tokens, x.num_computed_tokens, tuple(x.output)) for x in g.seqs]) for g in e._groups.values()],
-        {k: tuple(v) for k, v in bm.gpu_tables.items()}, {k: tuple(v) for k, v in bm.cpu_tables.items()},
-        tuple(bm.gpu.ref_counts), tuple(bm.cpu.ref_counts), tuple(bm.gpu._free), tuple(bm.cpu._free),
-        tuple(bm.gpu.evictor), tuple(bm.cpu.evictor), tuple(bm.gpu.block_hash),
-        s.num_running_seqs, e.num_steps, e.clock.now(), [g.request_id for g in e.finished],
+        [
+            (
+                g.request_id,
+                g.status,
+                g.num_generated_tokens,
+                g.num_unfinished_seqs,
+                g.first_scheduled_time,
+                g.first_token_time,
+                g.finish_time,
+                g.num_recompute_preemptions,
+                g.num_swap_preemptions,
+                [(x.seq_id, x.status, x.num_tokens, x.num_computed_tokens, tuple(x.output)) for x in g.seqs],
+            )
+            for g in e._groups.values()
+        ],
+        {k: tuple(v) for k, v in bm.gpu_tables.items()},
+        {k: tuple(v) for k, v in bm.cpu_tables.items()},
+        tuple(bm.gpu.ref_counts),
+        tuple(bm.cpu.ref_counts),
+        tuple(bm.gpu._free),
+        tuple(bm.cpu._free),
+        tuple(bm.gpu.evictor),
+        tuple(bm.cpu.evictor),
+        tuple(bm.gpu.block_hash),
+        s.num_running_seqs,
+        e.num_steps,
+        e.clock.now(),
+        [g.request_id for g in e.finished],
     )
 
 
@@ -245,9 +343,14 @@ def play(act_name: str, config: dict, specs, warmup: int, work_first: bool) -> b
     for engine in (armed, twin, foreign):
         engine.run()
         assert engine.leaked_blocks == 0 and engine.scheduler.audit() == []
-        assert all(g.status in (SequenceStatus.FINISHED_STOPPED, SequenceStatus.FINISHED_LENGTH_CAPPED, SequenceStatus.FINISHED_IGNORED)
-                   for g in engine._groups.values())
-    assert [(g.request_id, g.status, g.finish_time) for g in armed.finished] == [(g.request_id, g.status, g.finish_time) for g in twin.finished]
+        assert all(
+            g.status
+            in (SequenceStatus.FINISHED_STOPPED, SequenceStatus.FINISHED_LENGTH_CAPPED, SequenceStatus.FINISHED_IGNORED)
+            for g in engine._groups.values()
+        )
+    assert [(g.request_id, g.status, g.finish_time) for g in armed.finished] == [
+        (g.request_id, g.status, g.finish_time) for g in twin.finished
+    ]
     return fired
 
 
@@ -264,7 +367,9 @@ def test_each_hostile_act_is_refused_and_leaves_no_trace(act_name):
         warmup = 1
     if act_name.startswith("swap in"):
         warmup = _first_step_with_a_swapped_group()
-    assert play(act_name, CONFIG, SPECS, warmup, work_first=hook == "select_batch" and "with max_tokens" not in act_name), act_name
+    assert play(
+        act_name, CONFIG, SPECS, warmup, work_first=hook == "select_batch" and "with max_tokens" not in act_name
+    ), act_name
 
 
 def _first_step_with_a_swapped_group() -> int:
@@ -275,15 +380,35 @@ def _first_step_with_a_swapped_group() -> int:
 
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(act_name=st.sampled_from(sorted(ACTS)), warmup=st.integers(0, 12), work_first=st.booleans(),
-       blocks=st.integers(10, 24), specs=st.lists(st.tuples(st.integers(1, 14), st.integers(1, 30), st.integers(1, 2)), min_size=2, max_size=7))
+@given(
+    act_name=st.sampled_from(sorted(ACTS)),
+    warmup=st.integers(0, 12),
+    work_first=st.booleans(),
+    blocks=st.integers(10, 24),
+    specs=st.lists(st.tuples(st.integers(1, 14), st.integers(1, 30), st.integers(1, 2)), min_size=2, max_size=7),
+)
 def test_random_hostile_acts_never_corrupt_the_engine(act_name, warmup, work_first, blocks, specs):
     fired = play(act_name, {**CONFIG, "num_gpu_blocks": blocks}, specs, warmup, work_first)
     event(f"fired: {fired}")
 
 
-CONSTANTS = (int, float, complex, str, bytes, bool, type(None), Enum, type, ModuleType, FunctionType, BuiltinFunctionType, MethodType,
-             property, range)  # values, and the class-level constants every engine shares (enum members, classes, code)
+CONSTANTS = (
+    int,
+    float,
+    complex,
+    str,
+    bytes,
+    bool,
+    type(None),
+    Enum,
+    type,
+    ModuleType,
+    FunctionType,
+    BuiltinFunctionType,
+    MethodType,
+    property,
+    range,
+)  # values, and the class-level constants every engine shares (enum members, classes, code)
 MUTABLE = (list, dict, set, bytearray, deque, array, np.ndarray)
 
 
@@ -304,8 +429,11 @@ def writable(obj) -> bool:
         return True
     except AttributeError:
         pass
-    return any(isinstance(klass.__dict__.get(slot), MemberDescriptorType)
-               for klass in type(obj).__mro__ for slot in getattr(klass, "__slots__", ()))
+    return any(
+        isinstance(klass.__dict__.get(slot), MemberDescriptorType)
+        for klass in type(obj).__mro__
+        for slot in getattr(klass, "__slots__", ())
+    )
 
 
 def engine_owned(engine, *aside) -> dict[int, object]:
@@ -336,7 +464,9 @@ def reachable(root, depth: int = 7):
         if isinstance(obj, CONSTANTS) or callable(obj):
             continue
         if isinstance(obj, (Mapping, MappingProxyType)):
-            todo += [(v, f"{path}[{k!r}]", left - 1) for k, v in obj.items()] + [(k, f"{path}.keys()", left - 1) for k in obj]
+            todo += [(v, f"{path}[{k!r}]", left - 1) for k, v in obj.items()] + [
+                (k, f"{path}.keys()", left - 1) for k in obj
+            ]
         elif isinstance(obj, (tuple, Sequence, Set, np.ndarray)):
             todo += [(item, f"{path}[{i}]", left - 1) for i, item in enumerate(obj)]
         for name in dir(obj):
@@ -395,7 +525,9 @@ def assert_nothing_writable_of(engine: Engine, handed) -> set[str]:
     return kinds
 
 
-@pytest.mark.parametrize("mechanics", [{}, {"vllm_engine": "v1", "enable_prefix_caching": True, "preemption_mode": "recompute"}])
+@pytest.mark.parametrize(
+    "mechanics", [{}, {"vllm_engine": "v1", "enable_prefix_caching": True, "preemption_mode": "recompute"}]
+)
 def test_nothing_a_hook_is_handed_leads_to_mutable_engine_state(mechanics):
     """Walked like a plugin would (``__dict__``, slots, mappings, sequences), from every hook's arguments after each
     step: the config, the requests and their sampling parameters, the decision notes, all read-only copies or views."""
@@ -451,7 +583,7 @@ def behind_slots(handed) -> tuple:
     ``__class__`` to a class of its own with the same layout (``_same_layout``), and back: nothing where the switch
     is refused."""
     found = []
-    for obj in (handed if isinstance(handed, tuple) else (handed,)):
+    for obj in handed if isinstance(handed, tuple) else (handed,):
         if isinstance(obj, tuple):
             found += behind_slots(obj)
             continue
@@ -510,18 +642,32 @@ def test_nothing_a_router_hook_is_handed_leads_to_mutable_fleet_state(roles):
     held the replica itself.)"""
     looks = LooksAround()
     settings = {**CONFIG, "enable_prefix_caching": True, "num_gpu_blocks": 64}
-    cluster = Cluster(FleetSpec(replicas=[ReplicaGroup(count=2, role=role, settings=settings) for role in roles],
-                                router=looks, staleness_s=0.01))
+    cluster = Cluster(
+        FleetSpec(
+            replicas=[ReplicaGroup(count=2, role=role, settings=settings) for role in roles],
+            router=looks,
+            staleness_s=0.01,
+        )
+    )
     looks.cluster = cluster
-    cluster.run([req(f"r{i}", prompt, output, arrival=0.002 * i, session_id=f"s{i % 2}") for i, (prompt, output, _) in enumerate(SPECS)])
+    cluster.run(
+        [
+            req(f"r{i}", prompt, output, arrival=0.002 * i, session_id=f"s{i % 2}")
+            for i, (prompt, output, _) in enumerate(SPECS)
+        ]
+    )
     assert looks.kinds == {"route_request", "on_routed", "on_finished"} and looks.walked > 100
 
 
 # What a select_batch hook reads from the slots of what it is handed, hidden ones included (``behind_slots``): the
 # engine's SequenceGroup, StepState, queue and block manager while the views kept them in hidden slots.
 UNWRAPS = {
-    "a request's view": pytest.param(lambda step: behind_slots(_any_view(step)), marks=pytest.mark.xfail(
-        strict=True, reason="open (issue 33): a request's view keeps its group in a hidden slot (core/view.py)")),
+    "a request's view": pytest.param(
+        lambda step: behind_slots(_any_view(step)),
+        marks=pytest.mark.xfail(
+            strict=True, reason="open (issue 33): a request's view keeps its group in a hidden slot (core/view.py)"
+        ),
+    ),
     "the step": lambda step: [getattr(x, "bm", x) for x in behind_slots(step)],  # a StepState: its block manager
     "the waiting queue": lambda step: behind_slots(step.waiting),
     "the cache view": lambda step: behind_slots(step.cache),

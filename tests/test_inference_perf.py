@@ -24,8 +24,16 @@ from kvsched.workloads.inference_perf import STAGE_START_S, load_inference_perf
 from kvsched.workloads.inference_perf_draws import Distribution, constant_times, generate, poisson_times, sample
 
 ENGINE = str(Path(sys.executable).with_name("engine"))
-UNIT = CostProfile(name="unit", base_ms=10.0, prefill_token_ms=0.01, decode_seq_ms=0.1, kv_token_ms=0.0,
-                   kv_bytes_per_token=0, swap_gb_per_s=1.0, copy_gb_per_s=1.0)
+UNIT = CostProfile(
+    name="unit",
+    base_ms=10.0,
+    prefill_token_ms=0.01,
+    decode_seq_ms=0.1,
+    kv_token_ms=0.0,
+    kv_bytes_per_token=0,
+    swap_gb_per_s=1.0,
+    copy_gb_per_s=1.0,
+)
 
 
 def config_file(tmp_path, data: dict, name: str = "ip.yaml"):
@@ -35,10 +43,18 @@ def config_file(tmp_path, data: dict, name: str = "ip.yaml"):
 
 
 def shared(**sp) -> dict:
-    prefix = {"num_groups": 3, "num_prompts_per_group": 4, "system_prompt_len": 20, "question_len": 30, "output_len": 5,
-              **sp}
-    return {"data": {"type": "shared_prefix", "shared_prefix": prefix},
-            "load": {"type": "constant", "stages": [{"rate": 10, "duration": 2}, {"rate": 5, "duration": 2}]}}
+    prefix = {
+        "num_groups": 3,
+        "num_prompts_per_group": 4,
+        "system_prompt_len": 20,
+        "question_len": 30,
+        "output_len": 5,
+        **sp,
+    }
+    return {
+        "data": {"type": "shared_prefix", "shared_prefix": prefix},
+        "load": {"type": "constant", "stages": [{"rate": 10, "duration": 2}, {"rate": 5, "duration": 2}]},
+    }
 
 
 def test_fixed_lengths_and_the_samplers_are_inference_perfs():
@@ -99,8 +115,9 @@ def test_older_field_names_are_read(tmp_path):
 def test_lengths_are_drawn_in_inference_perfs_order(tmp_path):
     """System lengths for every group, then per group its question and output lengths, from one seeded generator."""
     dist = {"min": 5, "max": 50, "mean": 20, "std_dev": 8}
-    w = load_inference_perf(config_file(tmp_path, shared(system_prompt_len=dist, question_len=dist, output_len=dist,
-                                                         seed=9)))
+    w = load_inference_perf(
+        config_file(tmp_path, shared(system_prompt_len=dist, question_len=dist, output_len=dist, seed=9))
+    )
     rng = np.random.default_rng(9)
     d = Distribution(**dist)
     system = sample(d, 3, rng)
@@ -117,11 +134,14 @@ def test_lengths_are_drawn_in_inference_perfs_order(tmp_path):
 
 
 def test_random_data_takes_the_ith_length_each_stage(tmp_path):
-    data = {"data": {"type": "random", "input_distribution": {"min": 10, "max": 100, "mean": 50, "std_dev": 20,
-                                                              "total_count": 40},
-                     "output_distribution": {"min": 2, "max": 9, "mean": 5, "std_dev": 2, "total_count": 40}},
-            "load": {"type": "poisson", "base_seed": 5, "stages": [{"rate": 4, "duration": 5}, {"rate": 4,
-                                                                                                "duration": 5}]}}
+    data = {
+        "data": {
+            "type": "random",
+            "input_distribution": {"min": 10, "max": 100, "mean": 50, "std_dev": 20, "total_count": 40},
+            "output_distribution": {"min": 2, "max": 9, "mean": 5, "std_dev": 2, "total_count": 40},
+        },
+        "load": {"type": "poisson", "base_seed": 5, "stages": [{"rate": 4, "duration": 5}, {"rate": 4, "duration": 5}]},
+    }
     w = load_inference_perf(config_file(tmp_path, data))
     rng = np.random.default_rng(5)
     inputs = generate(Distribution(min=10, max=100, mean=50, std_dev=20, total_count=40), 40, rng)
@@ -133,13 +153,16 @@ def test_random_data_takes_the_ith_length_each_stage(tmp_path):
         load_inference_perf(config_file(tmp_path, data))
 
 
-@pytest.mark.parametrize("change, message", [
-    ({"data": {"type": "shareGPT"}}, "field data.type: data type 'shareGPT' is not reproduced"),
-    ({"load": {"type": "concurrent", "stages": [{"rate": 1, "duration": 1}]}}, "load.type"),
-    ({"load": {"stages": [{"rate": -1, "duration": 1}]}}, "load.stages.0.rate"),
-    ({"data": {"type": "shared_prefix", "shared_prefix": {"num_groupz": 3}}}, "data.shared_prefix.num_groupz"),
-    ({"data": {"type": "random"}}, "random needs input_distribution with a total_count"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"data": {"type": "shareGPT"}}, "field data.type: data type 'shareGPT' is not reproduced"),
+        ({"load": {"type": "concurrent", "stages": [{"rate": 1, "duration": 1}]}}, "load.type"),
+        ({"load": {"stages": [{"rate": -1, "duration": 1}]}}, "load.stages.0.rate"),
+        ({"data": {"type": "shared_prefix", "shared_prefix": {"num_groupz": 3}}}, "data.shared_prefix.num_groupz"),
+        ({"data": {"type": "random"}}, "random needs input_distribution with a total_count"),
+    ],
+)
 def test_a_bad_config_names_its_file_and_field(tmp_path, change, message):
     path = config_file(tmp_path, {**shared(), **change})
     with pytest.raises(WorkloadError, match=message) as err:
@@ -154,9 +177,19 @@ def test_the_cli_refuses_a_bad_config_in_one_line(tmp_path):
 
 
 def drive(workload, config: EngineConfig | None = None, profile=UNIT):
-    engine = Engine(config or EngineConfig(vllm_engine="v1", enable_prefix_caching=True, max_num_seqs=16,
-                                           max_num_batched_tokens=512, max_model_len=512, num_gpu_blocks=400),
-                    "vllm-v1", SimulatedExecutor(profile))
+    engine = Engine(
+        config
+        or EngineConfig(
+            vllm_engine="v1",
+            enable_prefix_caching=True,
+            max_num_seqs=16,
+            max_num_batched_tokens=512,
+            max_model_len=512,
+            num_gpu_blocks=400,
+        ),
+        "vllm-v1",
+        SimulatedExecutor(profile),
+    )
     workload.drive(engine)
     return engine
 
@@ -206,9 +239,14 @@ def test_too_long_a_request_is_refused(tmp_path):
 
 
 @settings(max_examples=25, deadline=None)
-@given(rates=st.lists(st.floats(0.5, 20), min_size=1, max_size=3), duration=st.integers(1, 5),
-       groups=st.integers(1, 4), per=st.integers(1, 4), kind=st.sampled_from(["constant",
-                                                                              "poisson"]), seed=st.integers(0, 99))
+@given(
+    rates=st.lists(st.floats(0.5, 20), min_size=1, max_size=3),
+    duration=st.integers(1, 5),
+    groups=st.integers(1, 4),
+    per=st.integers(1, 4),
+    kind=st.sampled_from(["constant", "poisson"]),
+    seed=st.integers(0, 99),
+)
 def test_every_stage_sends_rate_times_duration_in_order(tmp_path_factory, rates, duration, groups, per, kind, seed):
     data = shared(num_groups=groups, num_prompts_per_group=per)
     data["load"] = {"type": kind, "stages": [{"rate": r, "duration": duration} for r in rates]}

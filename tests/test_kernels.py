@@ -6,8 +6,13 @@ import pytest
 import torch
 
 from kvsched.kernels import (
-    PagedKVCache, choose_backend, copy_blocks, paged_attention_loop, paged_attention_torch,
-    reshape_and_cache, swap_blocks,
+    PagedKVCache,
+    choose_backend,
+    copy_blocks,
+    paged_attention_loop,
+    paged_attention_torch,
+    reshape_and_cache,
+    swap_blocks,
 )
 from tests.kernel_cases import MIXED, make_problem, tolerance
 
@@ -48,7 +53,9 @@ def test_torch_pure_decode_batch_and_step_plan_reuse(heads):
     torch.testing.assert_close(paged_attention_torch(*problem), want, **tolerance(torch.float32))
     problem[4][:] = torch.tensor([2, 14, 16, 20, 33, 49, 1, 30], dtype=torch.int32)
     problem[5][:] = problem[5].flip(0)
-    torch.testing.assert_close(paged_attention_torch(*problem), paged_attention_loop(*problem), **tolerance(torch.float32))
+    torch.testing.assert_close(
+        paged_attention_torch(*problem), paged_attention_loop(*problem), **tolerance(torch.float32)
+    )
 
 
 def test_torch_step_plan_is_keyed_on_the_query_rows_too():
@@ -78,7 +85,9 @@ def test_loop_reference_is_causal_softmax():
     dense = torch.nn.functional.scaled_dot_product_attention(
         q.transpose(0, 1), keys.transpose(0, 1), values.transpose(0, 1), is_causal=True, scale=scale
     ).transpose(0, 1)
-    torch.testing.assert_close(paged_attention_loop(q, k_cache, v_cache, cu, lens, tables, scale), dense, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(
+        paged_attention_loop(q, k_cache, v_cache, cu, lens, tables, scale), dense, atol=1e-5, rtol=1e-5
+    )
 
 
 def test_attention_reads_only_its_own_blocks():
@@ -130,10 +139,18 @@ def test_swap_blocks_round_trip_between_pools():
     gpu, cpu = torch.randn(5, 4, 2, 8), torch.zeros(3, 4, 2, 8)
     original = gpu.clone()
     swap_blocks(gpu, cpu, [(4, 0), (1, 2)])
-    assert torch.equal(cpu[0], original[4]) and torch.equal(cpu[2], original[1]) and torch.equal(cpu[1], torch.zeros(4, 2, 8))
+    assert (
+        torch.equal(cpu[0], original[4])
+        and torch.equal(cpu[2], original[1])
+        and torch.equal(cpu[1], torch.zeros(4, 2, 8))
+    )
     gpu.zero_()
     swap_blocks(cpu, gpu, [(0, 2), (2, 3)])
-    assert torch.equal(gpu[2], original[4]) and torch.equal(gpu[3], original[1]) and torch.equal(gpu[0], torch.zeros(4, 2, 8))
+    assert (
+        torch.equal(gpu[2], original[4])
+        and torch.equal(gpu[3], original[1])
+        and torch.equal(gpu[0], torch.zeros(4, 2, 8))
+    )
 
 
 def test_paged_cache_moves_every_layer_and_both_k_and_v():

@@ -28,7 +28,21 @@ MAY_IMPORT = {
     "integrations": {"core", "allocators", "policies", "routers"},
     "routers": {"core", "allocators"},
     "cluster": {"core", "executors", "experiments", "metrics", "routers", "userfiles"},
-    "cli": {"core", "allocators", "executors", "workloads", "metrics", "experiments", "reporting", "testing", "policies", "integrations", "routers", "cluster", "userfiles"},
+    "cli": {
+        "core",
+        "allocators",
+        "executors",
+        "workloads",
+        "metrics",
+        "experiments",
+        "reporting",
+        "testing",
+        "policies",
+        "integrations",
+        "routers",
+        "cluster",
+        "userfiles",
+    },
 }
 HEAVY = {"typer", "rich", "matplotlib", "pandas", "pyarrow", "torch", "numpy"}
 
@@ -50,7 +64,9 @@ def _imports(path: Path) -> set[str]:
 
 def test_every_package_folder_is_on_the_map():
     folders = {p.parent.name for p in ROOT.glob("*/__init__.py")} - {"plugins_example"}
-    assert folders <= set(MAY_IMPORT), f"add {sorted(folders - set(MAY_IMPORT))} to the map (and to docs/architecture.md)"
+    assert folders <= set(MAY_IMPORT), (
+        f"add {sorted(folders - set(MAY_IMPORT))} to the map (and to docs/architecture.md)"
+    )
 
 
 def test_the_map_in_the_docs_is_this_map():
@@ -102,8 +118,11 @@ def test_the_core_is_small_and_light():
     # Issue 34's CPU KV tier added 42, to 3,113: its settings and their check (10), the scheduler creating,
     # committing, rolling back and finishing it (11), V1's admission loading from it (18), the mechanics that allow
     # it (1), its finish on a stop (2); the tier itself and its engine side are allocators/cpu_tier.py and
-    # allocators/offloading.py.
-    assert lines <= 3113, f"core/ has {lines} non-blank lines (about 2,000 was the aim, 3,113 is the limit)"
+    # allocators/offloading.py. ruff format (issue 33 step 5) laid the same code out in 3,421 (+308: slot tuples,
+    # calls and conditions one part a line where they pass 120 columns); the modules it pushed past 400 lines were
+    # split along their seams (core/preemption.py out of step_state.py, core/boundary.py out of loading.py: +29 of
+    # docstrings and imports), to 3,450.
+    assert lines <= 3450, f"core/ has {lines} non-blank lines (about 2,000 was the aim, 3,450 is the limit)"
 
 
 def test_no_module_is_over_400_lines():
@@ -156,8 +175,14 @@ def _defined_privates(package: str) -> set[str]:
                         names.add(item.name)
                     elif isinstance(item, ast.Attribute) and isinstance(item.ctx, ast.Store) and _private(item.attr):
                         names.add(item.attr)
-                    elif isinstance(item, ast.Assign) and any(getattr(t, "id", "") == "__slots__" for t in item.targets):
-                        names.update(c.value for c in ast.walk(item.value) if isinstance(c, ast.Constant) and _private(str(c.value)))
+                    elif isinstance(item, ast.Assign) and any(
+                        getattr(t, "id", "") == "__slots__" for t in item.targets
+                    ):
+                        names.update(
+                            c.value
+                            for c in ast.walk(item.value)
+                            if isinstance(c, ast.Constant) and _private(str(c.value))
+                        )
     return names
 
 
@@ -185,8 +210,11 @@ def _reaches(path: Path, package: str, foreign: set[str], own: set[str]) -> list
     for node in ast.walk(tree):
         bases = [ast.unparse(b).split(".")[0] for b in node.bases] if isinstance(node, ast.ClassDef) else []
         if any(b in imported | modules for b in bases):
-            found += [f"{item.lineno}: {node.name}.{item.name} overrides a private" for item in node.body
-                      if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) and item.name in foreign]
+            found += [
+                f"{item.lineno}: {node.name}.{item.name} overrides a private"
+                for item in node.body
+                if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) and item.name in foreign
+            ]
         if isinstance(node, ast.Attribute) and _private(node.attr):
             if isinstance(node.value, ast.Name) and node.value.id in modules:
                 found.append(f"{node.lineno}: {node.value.id}.{node.attr}")

@@ -17,13 +17,30 @@ from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-
 from test_bench_hostile import Liar
 from test_report_browser import CHROMIUM, chromium
 
 ENGINE = str(Path(sys.executable).parent / "engine")
-TINY = ["-p", "vllm-default", "-p", "vllm-v1", "-p", "vllm-v1:policy=priority", "-w", "sharegpt@6", "--seeds", "2", "-n", "30", "-j", "1",
-        "--baseline", "vllm-v1", "--set", "max_num_seqs=32"]
+TINY = [
+    "-p",
+    "vllm-default",
+    "-p",
+    "vllm-v1",
+    "-p",
+    "vllm-v1:policy=priority",
+    "-w",
+    "sharegpt@6",
+    "--seeds",
+    "2",
+    "-n",
+    "30",
+    "-j",
+    "1",
+    "--baseline",
+    "vllm-v1",
+    "--set",
+    "max_num_seqs=32",
+]
 
 
 def engine(*args, timeout=300) -> subprocess.CompletedProcess:
@@ -60,7 +77,9 @@ def test_the_three_files_and_every_cell(board):
     doc = json.loads((board / "leaderboard.json").read_text())
     assert doc["command"].startswith("engine leaderboard -q -p vllm-default") and doc["versions"]["kvsched"]
     assert doc["workloads"][0]["seeds"] == [0, 1] and doc["primary"] == "ttft_mean_s" and doc["baseline"] == "vllm-v1"
-    assert doc["policies"] == ["vllm-default", "vllm-v1", "vllm-v1:policy=priority"] and doc["settings"] == {"max_num_seqs": "32"}
+    assert doc["policies"] == ["vllm-default", "vllm-v1", "vllm-v1:policy=priority"] and doc["settings"] == {
+        "max_num_seqs": "32"
+    }
     assert doc["options"]["vllm-v1:policy=priority"] == {"policy": "priority"}
     assert len(doc["cells"]) == 3 * 7  # policies × metrics, one workload
     for cell in doc["cells"]:
@@ -79,14 +98,41 @@ def test_the_three_files_and_every_cell(board):
 
 
 def test_cells_changes_and_ranking_are_what_compare_says_for_the_same_runs(board, tmp_path):
-    done = engine("compare", "-q", "-p", "vllm-default", "-p", "vllm-v1", "-p", "vllm-v1:policy=priority", "-w", "sharegpt",
-                  "--rate", "6", "--seeds", "2", "-n", "30", "--set", "max_num_seqs=32", "-o", tmp_path / "cmp")
+    done = engine(
+        "compare",
+        "-q",
+        "-p",
+        "vllm-default",
+        "-p",
+        "vllm-v1",
+        "-p",
+        "vllm-v1:policy=priority",
+        "-w",
+        "sharegpt",
+        "--rate",
+        "6",
+        "--seeds",
+        "2",
+        "-n",
+        "30",
+        "--set",
+        "max_num_seqs=32",
+        "-o",
+        tmp_path / "cmp",
+    )
     assert done.returncode == 0, done.stderr
     with open(tmp_path / "cmp" / "comparison.csv") as f:
         compared = {row["metric"]: row for row in csv.DictReader(f)}
     table = _tables((board / "leaderboard.md").read_text())["sharegpt@6"]
     at = {p: i for i, p in enumerate(table["policy"])}
-    for label in ("TTFT mean (s)", "TTFT p99 (s)", "E2E p99 (s)", "throughput (tok/s)", "recompute tax (%)", "not served (%)"):
+    for label in (
+        "TTFT mean (s)",
+        "TTFT p99 (s)",
+        "E2E p99 (s)",
+        "throughput (tok/s)",
+        "recompute tax (%)",
+        "not served (%)",
+    ):
         for policy in at:
             assert table[label][at[policy]] == compared[label][policy], (label, policy)
     for policy in ("vllm-default", "vllm-v1:policy=priority"):
@@ -101,8 +147,26 @@ def test_cells_changes_and_ranking_are_what_compare_says_for_the_same_runs(board
 
 def test_every_workload_together_is_paired_over_each_workload_and_seed(tmp_path):
     out = tmp_path / "two"
-    done = engine("leaderboard", "-q", "-p", "vllm-v1", "-p", "sjf-aging", "-w", "sharegpt@6", "-w", "synthetic@30", "--seeds", "2",
-                  "-n", "40", "-j", "1", "-o", out)
+    done = engine(
+        "leaderboard",
+        "-q",
+        "-p",
+        "vllm-v1",
+        "-p",
+        "sjf-aging",
+        "-w",
+        "sharegpt@6",
+        "-w",
+        "synthetic@30",
+        "--seeds",
+        "2",
+        "-n",
+        "40",
+        "-j",
+        "1",
+        "-o",
+        out,
+    )
     assert done.returncode == 0, done.stderr
     doc = json.loads((out / "leaderboard.json").read_text())
     assert doc["overall"]["units"] == 4 and doc["baseline"] == "vllm-v1"
@@ -126,7 +190,10 @@ BAD = [
     (["--set", "max_num_seqs=many"], "max_num_seqs"),
     (["-o", "{file}"], "is a file, not a folder"),
     (["-o", "{file}/below"], "is a file, so nothing can be written under it"),
-    (["-p", "vllm-v1", "--real", "http://127.0.0.1:9"], "cannot reach an OpenAI-compatible server at http://127.0.0.1:9"),
+    (
+        ["-p", "vllm-v1", "--real", "http://127.0.0.1:9"],
+        "cannot reach an OpenAI-compatible server at http://127.0.0.1:9",
+    ),
 ]
 
 
@@ -137,12 +204,16 @@ def test_bad_input_is_one_line_and_exit_2_before_any_run(tmp_path):
     from kvsched.cli.app import app
 
     done = engine("leaderboard", "-q", "-p", "no-such-policy", "-o", tmp_path / "out", timeout=120)
-    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1 and "no-such-policy" in done.stderr, done.stderr
+    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1 and "no-such-policy" in done.stderr, (
+        done.stderr
+    )
     afile = tmp_path / "afile"
     afile.write_text("x")
     for args, message in BAD:
         out = [] if "-o" in args else ["-o", str(tmp_path / "out")]
-        result = CliRunner().invoke(app, ["leaderboard", "-q", "-n", "5", "--seeds", "1", *[a.format(file=afile) for a in args], *out])
+        result = CliRunner().invoke(
+            app, ["leaderboard", "-q", "-n", "5", "--seeds", "1", *[a.format(file=afile) for a in args], *out]
+        )
         assert result.exit_code == 2, (args, result.output)
         assert len(result.stderr.strip().splitlines()) == 1 and message in result.stderr, (args, result.stderr)
     assert [p.name for p in tmp_path.iterdir()] == ["afile"]  # nothing written
@@ -154,12 +225,36 @@ def test_real_adds_a_measured_row_from_a_served_engine(tmp_path):
     server = ThreadingHTTPServer(("127.0.0.1", 0), Liar)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     spec = tmp_path / "six.json"
-    spec.write_text(json.dumps({"kind": "synthetic", "num_requests": 6, "arrivals": {"kind": "poisson", "rate": 200.0},
-                                "prompt": {"kind": "lognormal", "median": 8, "sigma": 0.1, "max": 16},
-                                "output": {"kind": "lognormal", "median": 8, "sigma": 0.1, "max": 12}}))
+    spec.write_text(
+        json.dumps(
+            {
+                "kind": "synthetic",
+                "num_requests": 6,
+                "arrivals": {"kind": "poisson", "rate": 200.0},
+                "prompt": {"kind": "lognormal", "median": 8, "sigma": 0.1, "max": 16},
+                "output": {"kind": "lognormal", "median": 8, "sigma": 0.1, "max": 12},
+            }
+        )
+    )
     try:
-        done = engine("leaderboard", "-q", "-p", "vllm-v1", "-w", spec, "--seeds", "1", "-j", "1", "-o", tmp_path / "out",
-                      "--real", f"http://127.0.0.1:{server.server_address[1]}", "--label", "served-v1")
+        done = engine(
+            "leaderboard",
+            "-q",
+            "-p",
+            "vllm-v1",
+            "-w",
+            spec,
+            "--seeds",
+            "1",
+            "-j",
+            "1",
+            "-o",
+            tmp_path / "out",
+            "--real",
+            f"http://127.0.0.1:{server.server_address[1]}",
+            "--label",
+            "served-v1",
+        )
     finally:
         server.shutdown()
         server.server_close()
@@ -173,14 +268,36 @@ def test_real_adds_a_measured_row_from_a_served_engine(tmp_path):
 
 def test_real_against_a_server_that_sends_headers_and_then_nothing_ends_after_the_timeout(tmp_path):
     """The client once waited an hour for each request."""
-    Liar.counts, Liar.reasons, Liar.acts, Liar.context = iter(lambda: None, 0), iter(lambda: "length",
-                                                                                     0), iter(lambda: "hang", 0), None
+    Liar.counts, Liar.reasons, Liar.acts, Liar.context = (
+        iter(lambda: None, 0),
+        iter(lambda: "length", 0),
+        iter(lambda: "hang", 0),
+        None,
+    )
     server = ThreadingHTTPServer(("127.0.0.1", 0), Liar)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        done = engine("leaderboard", "-q", "-p", "fcfs", "-w", "sharegpt@6", "-n", "3", "--seeds", "1", "-j", "1",
-                      "-o", tmp_path / "out",
-                      "--real", f"http://127.0.0.1:{server.server_address[1]}", "--timeout", "1", timeout=120)
+        done = engine(
+            "leaderboard",
+            "-q",
+            "-p",
+            "fcfs",
+            "-w",
+            "sharegpt@6",
+            "-n",
+            "3",
+            "--seeds",
+            "1",
+            "-j",
+            "1",
+            "-o",
+            tmp_path / "out",
+            "--real",
+            f"http://127.0.0.1:{server.server_address[1]}",
+            "--timeout",
+            "1",
+            timeout=120,
+        )
     finally:
         server.shutdown()
         server.server_close()
@@ -196,7 +313,11 @@ def test_the_page_renders_the_table_and_sorts_in_headless_chromium(board, tmp_pa
     assert "<script src" not in page.read_text() and not re.search(r"""(src|href)=["']https?:""", markup)
     order = {}
     for direction in ("asc", "desc"):
-        proc = chromium(tmp_path, "--dump-dom", page.as_uri() + f"#metric=ttft_mean_s&sort=sharegpt%406%7Cttft_mean_s&dir={direction}")
+        proc = chromium(
+            tmp_path,
+            "--dump-dom",
+            page.as_uri() + f"#metric=ttft_mean_s&sort=sharegpt%406%7Cttft_mean_s&dir={direction}",
+        )
         assert proc.returncode == 0, proc.stderr[-2000:]
         dom = proc.stdout
         assert 'data-rendered="3"' in dom and f'data-sorted="sharegpt@6|ttft_mean_s:{direction}"' in dom
@@ -206,14 +327,21 @@ def test_the_page_renders_the_table_and_sorts_in_headless_chromium(board, tmp_pa
     doc = json.loads((board / "leaderboard.json").read_text())
     mean = {c["policy"]: c["mean"] for c in doc["cells"] if c["metric"] == "ttft_mean_s"}
     assert sorted(order["asc"]) == ["vllm-default", "vllm-v1", "vllm-v1:policy=priority"]
-    assert [mean[p] for p in order["asc"]] == sorted(mean.values()) and [mean[p] for p in order["desc"]] == sorted(mean.values(), reverse=True)
+    assert [mean[p] for p in order["asc"]] == sorted(mean.values()) and [mean[p] for p in order["desc"]] == sorted(
+        mean.values(), reverse=True
+    )
 
 
 def test_a_workload_names_its_rate_or_its_rate_scale():
     from kvsched.experiments.leaderboard import BoardWorkload
 
-    assert BoardWorkload.parse("sharegpt@6").options(None, 3) == {"workload": "sharegpt", "num_requests": 200, "rate": 6.0,
-                                                                   "rate_scale": 1.0, "seed": 3}
+    assert BoardWorkload.parse("sharegpt@6").options(None, 3) == {
+        "workload": "sharegpt",
+        "num_requests": 200,
+        "rate": 6.0,
+        "rate_scale": 1.0,
+        "seed": 3,
+    }
     assert BoardWorkload.parse("azure-conv@x1.5", rate=None).options(50, 0)["rate_scale"] == 1.5
     assert BoardWorkload.parse("spec.json").options(None, 0)["num_requests"] is None  # a spec keeps its own count
     for bad in ("sharegpt@0", "sharegpt@xinf", "@6"):
@@ -253,12 +381,27 @@ def test_the_page_script_draws_and_sorts_under_node(board, tmp_path):
     script = tmp_path / "dom.js"
     script.write_text(FAKE_DOM)
     column = "sharegpt@6|ttft_mean_s"
-    done = subprocess.run(["node", str(script), str(board / "leaderboard.html"), "#metric=ttft_mean_s&sort=rank%3Asharegpt%406&dir=asc", column],
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [
+            "node",
+            str(script),
+            str(board / "leaderboard.html"),
+            "#metric=ttft_mean_s&sort=rank%3Asharegpt%406&dir=asc",
+            column,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 0, done.stderr
     got = json.loads(done.stdout)
     doc = json.loads((board / "leaderboard.json").read_text())
-    assert got["first"][0] == ["policy", "sharegpt@6 rank", "sharegpt@6 TTFT mean vs vllm-v1", "sharegpt@6 TTFT mean (s)"]
+    assert got["first"][0] == [
+        "policy",
+        "sharegpt@6 rank",
+        "sharegpt@6 TTFT mean vs vllm-v1",
+        "sharegpt@6 TTFT mean (s)",
+    ]
     assert got["sorted"] == "rank:sharegpt@6:asc"
     ranks = doc["ranks"]["sharegpt@6"]
     assert [row[0] for row in got["first"][1:]] == sorted(ranks, key=lambda p: (ranks[p]["best"], ranks[p]["worst"]))
@@ -286,12 +429,35 @@ def test_paths_and_labels_that_hold_markup_leave_the_page_whole_in_headless_chro
     folder = tmp_path / f"w{HOSTILE_NAME}"
     folder.mkdir()
     spec = folder / f"load{HOSTILE_NAME}.json"
-    spec.write_text(json.dumps({"kind": "synthetic", "num_requests": 6, "arrivals": {"kind": "poisson", "rate": 50.0},
-                                "prompt": {"kind": "fixed", "value": 30}, "output": {"kind": "fixed", "value": 5}}))
+    spec.write_text(
+        json.dumps(
+            {
+                "kind": "synthetic",
+                "num_requests": 6,
+                "arrivals": {"kind": "poisson", "rate": 50.0},
+                "prompt": {"kind": "fixed", "value": 30},
+                "output": {"kind": "fixed", "value": 5},
+            }
+        )
+    )
     policy = folder / "policy.py"
     policy.write_text("from kvsched.policies.fcfs import Fcfs\n\n\nclass Mine(Fcfs):\n    pass\n")
-    done = engine("leaderboard", "-q", "-p", "fcfs", "-p", f"{policy}:Mine", "-w", spec, "--seeds", "1", "-j", "1",
-                  "-o", tmp_path / "out")
+    done = engine(
+        "leaderboard",
+        "-q",
+        "-p",
+        "fcfs",
+        "-p",
+        f"{policy}:Mine",
+        "-w",
+        spec,
+        "--seeds",
+        "1",
+        "-j",
+        "1",
+        "-o",
+        tmp_path / "out",
+    )
     assert done.returncode == 0, done.stderr
     page = (tmp_path / "out" / "leaderboard.html").read_text()
     assert HOSTILE_NAME not in page.split('id="board">')[1].split("</script>")[0]  # inlined only as escapes

@@ -59,7 +59,7 @@ def test_a_turn_extends_its_sessions_last_prompt_and_sessions_share_only_the_sys
             assert full == len(ids) or later[full] != ids[full]  # a partial block filled in is a new block
     assert systems <= {(0, 1), (2, 3)}
     owned = [set(ids[2:]) for turns in by_session.values() for ids in [turns[-1][2]]]
-    assert all(not (a & b) for i, a in enumerate(owned) for b in owned[i + 1:])
+    assert all(not (a & b) for i, a in enumerate(owned) for b in owned[i + 1 :])
 
 
 def test_written_as_a_trace_it_replays_as_the_same_requests(tmp_path):
@@ -87,8 +87,24 @@ def test_the_name_and_a_spec_build_it_and_bad_input_is_named(tmp_path):
 
 
 def test_engine_runs_it_on_a_fleet():
-    command = [ENGINE, "run", "-w", "long-context", "-n", "6", "--replicas", "2", "--router", "precise-prefix",
-               "--policy", "vllm-v1", "--set", "enable_prefix_caching=true", "--set", "max_model_len=131072"]
+    command = [
+        ENGINE,
+        "run",
+        "-w",
+        "long-context",
+        "-n",
+        "6",
+        "--replicas",
+        "2",
+        "--router",
+        "precise-prefix",
+        "--policy",
+        "vllm-v1",
+        "--set",
+        "enable_prefix_caching=true",
+        "--set",
+        "max_model_len=131072",
+    ]
     out = subprocess.run(command, capture_output=True, text=True, timeout=300, env={**os.environ, "COLUMNS": "200"})
     assert out.returncode == 0, out.stderr
     assert "router precise-prefix" in out.stdout and "14 / 0 / 0" in out.stdout  # 6 sessions, 14 turns, all finished

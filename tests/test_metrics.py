@@ -15,14 +15,24 @@ import pytest
 
 from kvsched.core.config import EngineConfig
 from kvsched.executors.cost_model import CostProfile
-from kvsched.metrics.fairness import jain_index
 from kvsched.experiments.simulation import SimJob
+from kvsched.metrics.fairness import jain_index
 from kvsched.reporting.files import write_outputs
 from kvsched.workloads import TraceWorkload
 
-UNIT = CostProfile(name="unit-second", base_ms=1000, prefill_token_ms=0, decode_seq_ms=0, kv_token_ms=0,
-                   kv_bytes_per_token=0, swap_gb_per_s=1, copy_gb_per_s=1)
-CONFIG = EngineConfig(block_size=4, num_gpu_blocks=64, num_cpu_blocks=16, watermark=0.0, max_num_batched_tokens=256, max_num_seqs=16)
+UNIT = CostProfile(
+    name="unit-second",
+    base_ms=1000,
+    prefill_token_ms=0,
+    decode_seq_ms=0,
+    kv_token_ms=0,
+    kv_bytes_per_token=0,
+    swap_gb_per_s=1,
+    copy_gb_per_s=1,
+)
+CONFIG = EngineConfig(
+    block_size=4, num_gpu_blocks=64, num_cpu_blocks=16, watermark=0.0, max_num_batched_tokens=256, max_num_seqs=16
+)
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +50,10 @@ def outcome(tiny):
 def test_per_request_metrics(outcome):
     m = {r.request_id: r for r in outcome.result.requests}
     assert [(m[i].ttft, m[i].tpot, m[i].e2e, m[i].queueing_time) for i in ("req-0", "req-1", "req-2")] == [
-        (1.0, 1.0, 3.0, 0.0), (1.0, 1.0, 2.0, 0.0), (1.0, None, 1.0, 0.0)]
+        (1.0, 1.0, 3.0, 0.0),
+        (1.0, 1.0, 2.0, 0.0),
+        (1.0, None, 1.0, 0.0),
+    ]
     assert [m[i].finish_time for i in ("req-0", "req-1", "req-2")] == [3.0, 2.0, 1.0]
     assert {m[i].finish_reason for i in m} == {"stop"} and sum(m[i].output_tokens for i in m) == 6
 
@@ -90,8 +103,18 @@ def test_time_series(outcome):
 def test_output_files(tiny, tmp_path):
     outcome = dataclasses.replace(tiny, decision_log=tmp_path / "decisions.parquet").run()
     paths = {p.name for p in write_outputs(outcome, tmp_path, plot=True)}
-    assert {"summary.json", "requests.csv", "requests.parquet", "timeseries.parquet", "decisions.parquet", "trace.json",
-            "report.html", "latency_cdf.png", "queues_kv.png", "batch_composition.png"} <= paths
+    assert {
+        "summary.json",
+        "requests.csv",
+        "requests.parquet",
+        "timeseries.parquet",
+        "decisions.parquet",
+        "trace.json",
+        "report.html",
+        "latency_cdf.png",
+        "queues_kv.png",
+        "batch_composition.png",
+    } <= paths
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["slo"]["requests_meeting_slo"] == 1 and summary["workload"]["kind"] == "trace"
     req = pd.read_parquet(tmp_path / "requests.parquet")
@@ -108,9 +131,19 @@ def test_fairness_metrics_tell_vtc_from_fcfs():
     from kvsched.workloads import Poisson, SyntheticSpec
     from kvsched.workloads.distributions import LogNormal
 
-    spec = SyntheticSpec(num_requests=600, arrivals=Poisson(rate=30.0), tenants={"heavy": 0.8, "light": 0.2},
-                         prompt=LogNormal(median=400, sigma=0.6, max=1500), output=LogNormal(median=100, sigma=0.6, max=300), seed=2)
-    fair = {pol: SimJob(spec, pol, EngineConfig(num_gpu_blocks=1500, max_num_seqs=32), record_timeseries=False).run().summary["fairness"]
-            for pol in ("fcfs", "vtc")}
+    spec = SyntheticSpec(
+        num_requests=600,
+        arrivals=Poisson(rate=30.0),
+        tenants={"heavy": 0.8, "light": 0.2},
+        prompt=LogNormal(median=400, sigma=0.6, max=1500),
+        output=LogNormal(median=100, sigma=0.6, max=300),
+        seed=2,
+    )
+    fair = {
+        pol: SimJob(spec, pol, EngineConfig(num_gpu_blocks=1500, max_num_seqs=32), record_timeseries=False)
+        .run()
+        .summary["fairness"]
+        for pol in ("fcfs", "vtc")
+    }
     assert fair["vtc"]["jain_index"] > 0.9 > 0.8 > fair["fcfs"]["jain_index"]
     assert fair["vtc"]["max_service_gap"] * 20 < fair["fcfs"]["max_service_gap"]

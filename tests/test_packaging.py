@@ -1,7 +1,8 @@
 """The root-mapped layout: every package folder is listed in pyproject, and nothing else is."""
 
-import tomllib
 from pathlib import Path
+
+import tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
 NOT_PACKAGES = {"tests", "docs", "benchmarks", "plugins_example", ".venv", ".ci", ".git"}
@@ -15,7 +16,11 @@ def test_packages_list_matches_folders():
     found = {"kvsched", *setuptools["package-data"]}
     for init in ROOT.rglob("__init__.py"):
         rel = init.parent.relative_to(ROOT)
-        if rel.parts and rel.parts[0] in NOT_PACKAGES or any(p.startswith(".") or p == "build" or p.endswith(".egg-info") for p in rel.parts):
+        if (
+            rel.parts
+            and rel.parts[0] in NOT_PACKAGES
+            or any(p.startswith(".") or p == "build" or p.endswith(".egg-info") for p in rel.parts)
+        ):
             continue
         if rel.parts:
             found.add("kvsched." + ".".join(rel.parts))

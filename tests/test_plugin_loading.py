@@ -20,8 +20,8 @@ from kvsched import Engine, EngineConfig, SimulatedExecutor, hookimpl
 from kvsched.core.errors import PolicyError, UnknownPolicyError
 from kvsched.core.loading import AmbiguousPolicyError, available_policies, load_policy
 from kvsched.core.plugins import PolicyHooks
-from kvsched.experiments.settings import fit_to_profile
 from kvsched.executors.profiles import resolve_profile
+from kvsched.experiments.settings import fit_to_profile
 from kvsched.policies.vllm_default import VllmDefault
 from kvsched.testing.resolve import resolve_policy
 
@@ -41,8 +41,12 @@ def install(tmp_path, monkeypatch):
     def install(source: str, policies: dict[str, str], dist: str | None = None) -> str:
         n = next(_COUNT)
         module = f"hostile_loading_{n}"
-        folder = make_dist(tmp_path / f"d{n}", dist or f"hostile-{n}", {k: f"{module}:{v}" for k, v in policies.items()},
-                           {module: HEADER + source})
+        folder = make_dist(
+            tmp_path / f"d{n}",
+            dist or f"hostile-{n}",
+            {k: f"{module}:{v}" for k, v in policies.items()},
+            {module: HEADER + source},
+        )
         monkeypatch.syspath_prepend(str(folder))
         monkeypatch.delitem(sys.modules, module, raising=False)
         return module
@@ -56,10 +60,16 @@ def load_error(spec: str) -> str:
     return str(caught.value)
 
 
-@pytest.mark.parametrize("raised, shown", [
-    ("SystemExit(0)", "SystemExit: 0"), ("SystemExit()", "SystemExit"), ("GeneratorExit('gone')", "GeneratorExit: gone"),
-    ("type('Odd', (BaseException,), {})('odd')", "Odd: odd"), ("RuntimeError('no GPU here')", "RuntimeError: no GPU here"),
-])
+@pytest.mark.parametrize(
+    "raised, shown",
+    [
+        ("SystemExit(0)", "SystemExit: 0"),
+        ("SystemExit()", "SystemExit"),
+        ("GeneratorExit('gone')", "GeneratorExit: gone"),
+        ("type('Odd', (BaseException,), {})('odd')", "Odd: odd"),
+        ("RuntimeError('no GPU here')", "RuntimeError: no GPU here"),
+    ],
+)
 def test_whatever_an_import_raises_names_the_entry_point_and_its_distribution(install, raised, shown):
     install(f"raise {raised}\n", {"leaves": "Policy"}, dist="leaving-dist")
     text = load_error("leaves")
@@ -75,8 +85,12 @@ def test_keyboard_interrupt_on_import_is_not_swallowed(install):
 
 def test_a_plugin_raising_keyboard_interrupt_at_import_is_one_row_of_the_listing(tmp_path):
     """engine policies once ended with exit 130 and listed nothing: only a real Ctrl-C ends the listing."""
-    folder = make_dist(tmp_path / "dists", "interrupting-dist", {"interrupting": "interrupting_mod:Policy"},
-                       {"interrupting_mod": "raise KeyboardInterrupt('not mine to end')\n"})
+    folder = make_dist(
+        tmp_path / "dists",
+        "interrupting-dist",
+        {"interrupting": "interrupting_mod:Policy"},
+        {"interrupting_mod": "raise KeyboardInterrupt('not mine to end')\n"},
+    )
     listed = engine(folder, "policies")
     assert listed.returncode == 0, listed.stderr
     rows = [line for line in listed.stdout.splitlines() if "interrupting-dist" in line]
@@ -88,7 +102,6 @@ def test_a_plugin_raising_keyboard_interrupt_at_import_is_one_row_of_the_listing
 def test_ctrl_c_while_the_policies_are_listed_still_ends_the_listing():
     import os
     import signal
-
     from types import SimpleNamespace
 
     from kvsched.cli.common import print_plugins
@@ -107,7 +120,9 @@ def test_ctrl_c_while_the_policies_are_listed_still_ends_the_listing():
 def test_a_policy_file_or_module_that_exits_on_import_is_named_by_its_path(install, tmp_path):
     draft = tmp_path / "exits_draft.py"
     draft.write_text("raise SystemExit(3)\n")
-    with pytest.raises(PolicyError, match=rf"policy '{draft}:Policy': the file fails to load: SystemExit: 3 \(at .*exits_draft.py:1\)"):
+    with pytest.raises(
+        PolicyError, match=rf"policy '{draft}:Policy': the file fails to load: SystemExit: 3 \(at .*exits_draft.py:1\)"
+    ):
         load_policy(f"{draft}:Policy")
     module = install("raise SystemExit('bye')\n", {})
     with pytest.raises(PolicyError, match=rf"policy '{module}:Policy': the module fails to load: SystemExit: bye"):
@@ -142,7 +157,10 @@ class MetaCall(VllmDefault, metaclass=Meta):
 """
 
 
-@pytest.mark.parametrize("name, shown", [("exits", "SystemExit: 1"), ("breaks", "OSError: no such device"), ("meta-call", "LookupError: not today")])
+@pytest.mark.parametrize(
+    "name, shown",
+    [("exits", "SystemExit: 1"), ("breaks", "OSError: no such device"), ("meta-call", "LookupError: not today")],
+)
 def test_a_constructor_that_raises_anything_names_the_policy_and_its_line(install, name, shown):
     install(CONSTRUCTORS, {"exits": "Exits", "breaks": "Breaks", "meta-call": "MetaCall"}, dist="ctor-dist")
     text = load_error(name)
@@ -207,29 +225,46 @@ def __getattr__(attr):
 """
 
 
-@pytest.mark.parametrize("name, message", [
-    ("number-name", "its name is 42, not a non-empty string"),
-    ("number-defaults", "its engine_defaults is 7, not a dict of engine settings"),
-    ("list-defaults", "its engine_defaults is ['watermark'], not a dict of engine settings"),
-    ("number-keys", "its engine_defaults has 1 as a setting name, not a string"),
-    ("raising-defaults", "reading its 'engine_defaults' fails: SystemExit: defaults (at "),
-    ("instance-getattr", "reading its 'engine_defaults' fails: RuntimeError: no engine_defaults (at "),
-    ("raising-dir", "registering it fails: SystemExit: no listing (at "),
-    ("module-getattr", "its entry point hostile_loading_"),
-])
+@pytest.mark.parametrize(
+    "name, message",
+    [
+        ("number-name", "its name is 42, not a non-empty string"),
+        ("number-defaults", "its engine_defaults is 7, not a dict of engine settings"),
+        ("list-defaults", "its engine_defaults is ['watermark'], not a dict of engine settings"),
+        ("number-keys", "its engine_defaults has 1 as a setting name, not a string"),
+        ("raising-defaults", "reading its 'engine_defaults' fails: SystemExit: defaults (at "),
+        ("instance-getattr", "reading its 'engine_defaults' fails: RuntimeError: no engine_defaults (at "),
+        ("raising-dir", "registering it fails: SystemExit: no listing (at "),
+        ("module-getattr", "its entry point hostile_loading_"),
+    ],
+)
 def test_an_attribute_read_that_fails_or_has_the_wrong_type_names_the_policy(install, name, message):
-    install(ATTRIBUTES, {"number-name": "NumberName", "number-defaults": "NumberDefaults", "list-defaults": "ListDefaults",
-                         "number-keys": "NumberKeys", "raising-defaults": "RaisingDefaults", "meta-getattr": "MetaGetattr",
-                         "instance-getattr": "InstanceGetattr", "raising-dir": "RaisingDir",
-                         "module-getattr": "NoSuchAttribute"}, dist="attr-dist")
+    install(
+        ATTRIBUTES,
+        {
+            "number-name": "NumberName",
+            "number-defaults": "NumberDefaults",
+            "list-defaults": "ListDefaults",
+            "number-keys": "NumberKeys",
+            "raising-defaults": "RaisingDefaults",
+            "meta-getattr": "MetaGetattr",
+            "instance-getattr": "InstanceGetattr",
+            "raising-dir": "RaisingDir",
+            "module-getattr": "NoSuchAttribute",
+        },
+        dist="attr-dist",
+    )
     text = load_error(name)
     assert text.startswith(f"policy '{name}': {message}") and text.endswith("(from distribution attr-dist 0.1)"), text
 
 
-@pytest.mark.parametrize("name, message", [
-    ("number-defaults", "its engine_defaults is 7, not a dict"),
-    ("meta-getattr", "reading its 'engine_defaults' fails: OSError: no engine_defaults"),
-])
+@pytest.mark.parametrize(
+    "name, message",
+    [
+        ("number-defaults", "its engine_defaults is 7, not a dict"),
+        ("meta-getattr", "reading its 'engine_defaults' fails: OSError: no engine_defaults"),
+    ],
+)
 def test_engine_defaults_that_fail_name_the_policy_when_a_job_fits_its_profile(install, name, message):
     """SimJob reads them from the class before any engine exists (``fit_to_profile``)."""
     install(ATTRIBUTES, {"number-defaults": "NumberDefaults", "meta-getattr": "MetaGetattr"}, dist="attr-dist")
@@ -241,8 +276,11 @@ def test_policy_options_checked_against_a_constructor_whose_signature_raises_nam
     from kvsched.cli.common import policy_options
 
     install(ATTRIBUTES, {"raising-signature": "RaisingSignature"}, dist="attr-dist")
-    with pytest.raises(PolicyError, match=r"^policy 'raising-signature': reading its constructor's signature fails: "
-                                          r"SystemExit: no signature \(at .*\(from distribution attr-dist 0.1\)$"):
+    with pytest.raises(
+        PolicyError,
+        match=r"^policy 'raising-signature': reading its constructor's signature fails: "
+        r"SystemExit: no signature \(at .*\(from distribution attr-dist 0.1\)$",
+    ):
         policy_options("raising-signature", ["budget=1"])
 
 
@@ -265,17 +303,25 @@ def test_a_wrong_hook_signature_is_blamed_on_the_class_that_defines_it_not_the_i
         PolicyHooks(WrongSignature)
     text = str(caught.value)
     line = WrongSignature.select_batch.__code__.co_firstlineno
-    assert text.startswith("policy 'WrongSignature': invalid plugin: WrongSignature.select_batch(step, budget) "
-                           f"(at tests/test_plugin_loading.py:{line}): Argument(s) {{'budget'}} are declared")
+    assert text.startswith(
+        "policy 'WrongSignature': invalid plugin: WrongSignature.select_batch(step, budget) "
+        f"(at tests/test_plugin_loading.py:{line}): Argument(s) {{'budget'}} are declared"
+    )
     assert "vllm-default" not in text and "\n" not in text
-    with pytest.raises(PolicyError, match=r"policy 'Misspelt': invalid plugin: Misspelt.select_btach\(step\) .*"
-                                          r"kvsched has no hook 'select_btach' \(hooks: select_batch, "):
+    with pytest.raises(
+        PolicyError,
+        match=r"policy 'Misspelt': invalid plugin: Misspelt.select_btach\(step\) .*"
+        r"kvsched has no hook 'select_btach' \(hooks: select_batch, ",
+    ):
         PolicyHooks(Misspelt)
 
 
 def test_a_wrong_hook_signature_of_an_installed_policy_is_named_by_its_entry_point(install):
-    install("class Child(VllmDefault):\n    @hookimpl\n    def choose_preemption(self, step, victim):\n        return None\n",
-            {"child": "Child"}, dist="child-dist")
+    install(
+        "class Child(VllmDefault):\n    @hookimpl\n    def choose_preemption(self, step, victim):\n        return None\n",
+        {"child": "Child"},
+        dist="child-dist",
+    )
     assert load_error("child").startswith("policy 'child': invalid plugin: Child.choose_preemption(step, victim) (at ")
 
 
@@ -292,7 +338,8 @@ def test_a_name_two_distributions_register_is_refused_naming_both_until_one_is_c
     assert str(caught.value) == (
         f"policy name 'vllm-default' is registered by 2 distributions: Impostor_Dist 0.1 ({module}:Impostor), "
         "kvsched 0.1.0 (kvsched.policies.vllm_default:VllmDefault); "
-        "choose one with --policy Impostor_Dist:vllm-default or --policy kvsched:vllm-default")
+        "choose one with --policy Impostor_Dist:vllm-default or --policy kvsched:vllm-default"
+    )
     assert load_policy("kvsched:vllm-default") is VllmDefault
     assert load_policy("impostor-dist:vllm-default").__name__ == "Impostor"  # as pip compares names
     assert Engine(EngineConfig(), "kvsched:vllm-default", SimulatedExecutor()).hooks.name == "kvsched:vllm-default"
@@ -300,8 +347,14 @@ def test_a_name_two_distributions_register_is_refused_naming_both_until_one_is_c
     assert "vllm-default" not in specs and specs["kvsched:vllm-default"].distribution == "kvsched"
     assert specs["Impostor_Dist:vllm-default"].target.endswith(":Impostor")
     assert resolve_policy("kvsched:vllm-default") == ("kvsched:vllm-default", VllmDefault)  # engine check, compare
-    assert resolve_policy("kvsched.policies.vllm_default:VllmDefault") == ("vllm-default", VllmDefault)  # module:Attr as before
-    with pytest.raises(UnknownPolicyError, match=r"^distribution 'impostor-dist' registers no policy 'nope'; its policies: vllm-default$"):
+    assert resolve_policy("kvsched.policies.vllm_default:VllmDefault") == (
+        "vllm-default",
+        VllmDefault,
+    )  # module:Attr as before
+    with pytest.raises(
+        UnknownPolicyError,
+        match=r"^distribution 'impostor-dist' registers no policy 'nope'; its policies: vllm-default$",
+    ):
         load_policy("impostor-dist:nope")
 
 
@@ -337,26 +390,45 @@ class Impostor(VllmDefault):
 
 # name: (arguments, what the one error line on stderr must contain)
 CLI_CASES = {
-    "SystemExit on import": (["run", "-p", "exits", "-n", "5", "-q"],
-                             ["policy 'exits': its entry point cli_exits:Policy fails to load: SystemExit: 0", "cli-dist 0.1"]),
-    "SystemExit on import, serve": (["serve", "-p", "exits"], ["policy 'exits': its entry point cli_exits:Policy fails to load: SystemExit: 0"]),
-    "a raising constructor": (["run", "-p", "breaks", "-n", "5", "-q"],
-                              ["policy 'breaks': its constructor fails: RuntimeError: constructor broke (at ", "cli-dist 0.1"]),
-    "a raising constructor, compare": (["compare", "-p", "fcfs", "-p", "breaks", "-n", "5", "--seeds", "1", "-q"],
-                                       ["policy 'breaks': its constructor fails: RuntimeError: constructor broke"]),
-    "the duplicate name": (["run", "-n", "5", "-q"],
-                           ["policy name 'vllm-default' is registered by 2 distributions: cli-dist 0.1 (cli_policies:Impostor), kvsched 0.1.0",
-                            "--policy cli-dist:vllm-default or --policy kvsched:vllm-default"]),
+    "SystemExit on import": (
+        ["run", "-p", "exits", "-n", "5", "-q"],
+        ["policy 'exits': its entry point cli_exits:Policy fails to load: SystemExit: 0", "cli-dist 0.1"],
+    ),
+    "SystemExit on import, serve": (
+        ["serve", "-p", "exits"],
+        ["policy 'exits': its entry point cli_exits:Policy fails to load: SystemExit: 0"],
+    ),
+    "a raising constructor": (
+        ["run", "-p", "breaks", "-n", "5", "-q"],
+        ["policy 'breaks': its constructor fails: RuntimeError: constructor broke (at ", "cli-dist 0.1"],
+    ),
+    "a raising constructor, compare": (
+        ["compare", "-p", "fcfs", "-p", "breaks", "-n", "5", "--seeds", "1", "-q"],
+        ["policy 'breaks': its constructor fails: RuntimeError: constructor broke"],
+    ),
+    "the duplicate name": (
+        ["run", "-n", "5", "-q"],
+        [
+            "policy name 'vllm-default' is registered by 2 distributions: cli-dist 0.1 (cli_policies:Impostor), kvsched 0.1.0",
+            "--policy cli-dist:vllm-default or --policy kvsched:vllm-default",
+        ],
+    ),
 }
 
 
 @pytest.fixture(scope="module")
 def cli(tmp_path_factory):
-    folder = make_dist(tmp_path_factory.mktemp("cli-dists"), "cli-dist",
-                       {"exits": "cli_exits:Policy", "breaks": "cli_policies:Breaks", "vllm-default": "cli_policies:Impostor"},
-                       {"cli_exits": "raise SystemExit(0)\n", "cli_policies": HEADER + CLI_POLICIES})
-    runs = {**{name: args for name, (args, _) in CLI_CASES.items()}, "chosen": ["run", "-p", "kvsched:vllm-default", "-n", "5", "-q"],
-            "policies": ["policies"]}
+    folder = make_dist(
+        tmp_path_factory.mktemp("cli-dists"),
+        "cli-dist",
+        {"exits": "cli_exits:Policy", "breaks": "cli_policies:Breaks", "vllm-default": "cli_policies:Impostor"},
+        {"cli_exits": "raise SystemExit(0)\n", "cli_policies": HEADER + CLI_POLICIES},
+    )
+    runs = {
+        **{name: args for name, (args, _) in CLI_CASES.items()},
+        "chosen": ["run", "-p", "kvsched:vllm-default", "-n", "5", "-q"],
+        "policies": ["policies"],
+    }
     with ThreadPoolExecutor(3) as pool:
         return dict(zip(runs, pool.map(lambda args: engine(folder, *args), runs.values())))
 
@@ -380,9 +452,14 @@ def test_the_console_script_runs_the_policy_chosen_as_dist_name(cli):
 def test_engine_policies_lists_both_distributions_and_shows_what_fails_to_load(cli):
     proc = cli["policies"]
     assert proc.returncode == 0, proc.stderr
-    rows = [line.split("│")[1:3] for line in proc.stdout.splitlines() if line.startswith("│") and line.split("│")[1].strip()]
+    rows = [
+        line.split("│")[1:3] for line in proc.stdout.splitlines() if line.startswith("│") and line.split("│")[1].strip()
+    ]
     rows = {name.strip(): dist.strip() for name, dist in rows}
     assert rows["kvsched:vllm-default"] == "kvsched" and rows["cli-dist:vllm-default"] == "cli-dist"
     assert "vllm-default" not in rows and rows["fcfs"] == "kvsched" and rows["exits"] == "cli-dist"
     assert "(fails to load: policy 'exits': its entry point" in proc.stdout
-    assert "warning: vllm-default is registered by cli-dist and kvsched: choose one with --policy DIST:vllm-default" in proc.stdout
+    assert (
+        "warning: vllm-default is registered by cli-dist and kvsched: choose one with --policy DIST:vllm-default"
+        in proc.stdout
+    )

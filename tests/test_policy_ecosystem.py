@@ -68,14 +68,18 @@ def test_a_policy_file_runs_in_run_compare_and_sweep_before_it_is_packaged(tmp_p
     proc = engine("compare", "-p", "fcfs", "-p", spec, "-n", "30", "--seeds", "1", "-q")
     assert proc.returncode == 0, proc.stderr
     assert "NewestFirst" in next(line for line in proc.stdout.splitlines() if "metric" in line)
-    proc = engine("sweep", "-p", spec, "--set", "max_num_seqs=4,16", "-n", "30", "-j", "2", "-q", "-o", tmp_path / "sweep")
+    proc = engine(
+        "sweep", "-p", spec, "--set", "max_num_seqs=4,16", "-n", "30", "-j", "2", "-q", "-o", tmp_path / "sweep"
+    )
     assert proc.returncode == 0, proc.stderr
     rows = (tmp_path / "sweep" / "sweep.csv").read_text().splitlines()[1:]
     assert len(rows) == 2 and all(f",{spec}," in row for row in rows)  # the policy column reruns the draft
 
 
 def test_engine_check_passes_priority_vip():
-    proc = engine("check", "--policy", "priority-vip", "--examples", "15", "--steps", "20", "--starvation-examples", "1")
+    proc = engine(
+        "check", "--policy", "priority-vip", "--examples", "15", "--steps", "20", "--starvation-examples", "1"
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     for row in ("valid-decisions", "no-leaked-blocks", "starvation-free", "priority-preemption"):
         assert row in proc.stdout
@@ -83,8 +87,19 @@ def test_engine_check_passes_priority_vip():
 
 
 def test_engine_check_fails_a_broken_policy_with_the_shrunk_counterexample():
-    proc = engine("check", "--policy", "tests/broken_policies.py:AdmitsRunning", "--examples", "15", "--steps", "8",
-                  "--starvation-examples", "1", "--shrink-seconds", "4")
+    proc = engine(
+        "check",
+        "--policy",
+        "tests/broken_policies.py:AdmitsRunning",
+        "--examples",
+        "15",
+        "--steps",
+        "8",
+        "--starvation-examples",
+        "1",
+        "--shrink-seconds",
+        "4",
+    )
     assert proc.returncode == 1
     assert "FAIL" in proc.stdout and "is RUNNING, not WAITING" in proc.stdout
     assert "state.start(" in proc.stdout and "1 failed: valid-decisions" in proc.stdout
@@ -97,8 +112,22 @@ def test_engine_check_unknown_policy_is_one_line():
 
 def test_engine_compare_prints_side_by_side_and_plots(tmp_path):
     png = tmp_path / "comparison_cdf.png"
-    proc = engine("compare", "--policy", "fcfs", "--policy", "sjf", "--policy", "priority-vip", "-n", "80",
-                  "--policy-opt", "sjf.predictor=bucketed", "--output", tmp_path, "--plot")
+    proc = engine(
+        "compare",
+        "--policy",
+        "fcfs",
+        "--policy",
+        "sjf",
+        "--policy",
+        "priority-vip",
+        "-n",
+        "80",
+        "--policy-opt",
+        "sjf.predictor=bucketed",
+        "--output",
+        tmp_path,
+        "--plot",
+    )
     assert proc.returncode == 0, proc.stderr
     header = next(line for line in proc.stdout.splitlines() if "metric" in line)
     assert "fcfs" in header and "sjf" in header and "priority-vip" in header
@@ -112,16 +141,34 @@ def test_engine_compare_needs_two_policies():
 
 @pytest.mark.parametrize("policy", ["fcfs"])
 def test_pytest_pyargs_runs_the_suite_on_an_installed_policy(policy, tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "pytest", "--pyargs", "kvsched.testing", "--policy", policy, "-q",
-                           "-p", "no:cacheprovider"], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "--pyargs",
+            "kvsched.testing",
+            "--policy",
+            policy,
+            "-q",
+            "-p",
+            "no:cacheprovider",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stdout[-2000:]
     assert "3 passed" in proc.stdout
 
 
 def test_pytest_plugin_module_is_import_light():
     """pytest loads it in every run of this environment: it must not pull in the engine or Hypothesis."""
-    code = ("import sys, kvsched.testing.pytest_plugin; "
-            "print(sorted(m for m in ('hypothesis', 'kvsched.core.engine', 'kvsched.testing.machine', 'pydantic') if m in sys.modules))")
+    code = (
+        "import sys, kvsched.testing.pytest_plugin; "
+        "print(sorted(m for m in ('hypothesis', 'kvsched.core.engine', 'kvsched.testing.machine', 'pydantic') if m in sys.modules))"
+    )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd="/")
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "[]"

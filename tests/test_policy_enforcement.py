@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from helpers import req, unit_engine
 
-from kvsched.allocators import AllocStatus
 from kvsched import Engine, EngineConfig, Outcome, PolicyError, Preemption, SimulatedExecutor, hookimpl
+from kvsched.allocators import AllocStatus
 from kvsched.core.sequence import SequenceStatus
 from kvsched.core.view import GroupView
 from kvsched.policies.vllm_default import VllmDefault
@@ -14,9 +14,15 @@ from kvsched.policies.vllm_default import VllmDefault
 
 def state(e: Engine):
     s, bm = e.scheduler, e.scheduler.block_manager
-    return ([g.request_id for g in s.waiting], [g.request_id for g in s.running], [g.request_id for g in s.swapped],
-            {k: list(v) for k, v in bm.gpu_tables.items()}, list(bm.gpu.ref_counts), s.num_running_seqs,
-            [(g.status, [x.status for x in g.seqs]) for g in e._groups.values()])
+    return (
+        [g.request_id for g in s.waiting],
+        [g.request_id for g in s.running],
+        [g.request_id for g in s.swapped],
+        {k: list(v) for k, v in bm.gpu_tables.items()},
+        list(bm.gpu.ref_counts),
+        s.num_running_seqs,
+        [(g.status, [x.status for x in g.seqs]) for g in e._groups.values()],
+    )
 
 
 def started(policy, n=3, **config):
@@ -71,10 +77,13 @@ class RaisesMidStep:
             raise ZeroDivisionError("boom")
 
 
-@pytest.mark.parametrize("policy, message", [
-    (AdmitRunning, "admit: 'r0' is RUNNING, not WAITING"),
-    (Twice, "advance: 'r0' was already scheduled in this step"),
-])
+@pytest.mark.parametrize(
+    "policy, message",
+    [
+        (AdmitRunning, "admit: 'r0' is RUNNING, not WAITING"),
+        (Twice, "advance: 'r0' was already scheduled in this step"),
+    ],
+)
 def test_invalid_operation_is_a_policy_error_and_changes_nothing(policy, message):
     e = started(policy)
     e.step()  # the first step falls through to vllm-default: everything admitted
@@ -128,10 +137,13 @@ class JunkAnswers(VllmDefault):
         return "the tail please"
 
 
-@pytest.mark.parametrize("policy, message", [
-    (BadVictim, "in choose_preemption: picked 'r0', which is scheduled, not an unscheduled running group"),
-    (JunkAnswers, "in choose_preemption: returned 'the tail please', expected a Preemption"),
-])
+@pytest.mark.parametrize(
+    "policy, message",
+    [
+        (BadVictim, "in choose_preemption: picked 'r0', which is scheduled, not an unscheduled running group"),
+        (JunkAnswers, "in choose_preemption: returned 'the tail please', expected a Preemption"),
+    ],
+)
 def test_invalid_victims_are_rejected(policy, message):
     e = started(policy, n=3, num_gpu_blocks=6)
     with pytest.raises(PolicyError, match=message):
@@ -290,16 +302,28 @@ def test_queue_views_are_lazy_read_only_sequences():
         @hookimpl
         def select_batch(self, step):
             w = step.waiting
-            seen.update(len=len(w), first=w[0].request_id, last=w[-1].request_id, ids=[g.request_id for g in w],
-                        sliced=[g.request_id for g in w[1:]], reversed=[g.request_id for g in reversed(w)])
+            seen.update(
+                len=len(w),
+                first=w[0].request_id,
+                last=w[-1].request_id,
+                ids=[g.request_id for g in w],
+                sliced=[g.request_id for g in w[1:]],
+                reversed=[g.request_id for g in reversed(w)],
+            )
             with pytest.raises(TypeError):
                 w[0] = w[1]
             return super().select_batch(step)
 
     e = started(Peek, n=3)
     e.step()
-    assert seen == {"len": 3, "first": "r0", "last": "r2", "ids": ["r0", "r1", "r2"], "sliced": ["r1", "r2"],
-                    "reversed": ["r2", "r1", "r0"]}
+    assert seen == {
+        "len": 3,
+        "first": "r0",
+        "last": "r2",
+        "ids": ["r0", "r1", "r2"],
+        "sliced": ["r1", "r2"],
+        "reversed": ["r2", "r1", "r0"],
+    }
 
 
 class Loosens(VllmDefault):
@@ -319,8 +343,15 @@ def test_engine_check_fails_a_policy_that_loosens_the_config():
     from kvsched.testing.checks import FAIL, check_machine
     from kvsched.testing.invariants import BUDGETS_RESPECTED, VALID_DECISIONS
 
-    results = {r.invariant: r for r in check_machine(Loosens, max_examples=8, steps=12, only={VALID_DECISIONS, BUDGETS_RESPECTED}, shrink=False)}
-    assert results[VALID_DECISIONS].status == FAIL and "__dict__" in results[VALID_DECISIONS].detail, results[VALID_DECISIONS]
+    results = {
+        r.invariant: r
+        for r in check_machine(
+            Loosens, max_examples=8, steps=12, only={VALID_DECISIONS, BUDGETS_RESPECTED}, shrink=False
+        )
+    }
+    assert results[VALID_DECISIONS].status == FAIL and "__dict__" in results[VALID_DECISIONS].detail, results[
+        VALID_DECISIONS
+    ]
 
 
 class Reorders:
@@ -349,13 +380,16 @@ class Reorders:
                 raise ZeroDivisionError("boom")
 
 
-@pytest.mark.parametrize("how, message", [
-    ("after-admit", "reorder_waiting: expected the first waiting groups, each once, before any admission"),
-    ("missing", "reorder_waiting: expected the first waiting groups"),
-    ("twice", "reorder_waiting: expected the first waiting groups"),
-    ("not-a-view", "reorder_waiting: expected a GroupView"),
-    ("then-raise", "raised ZeroDivisionError: boom"),
-])
+@pytest.mark.parametrize(
+    "how, message",
+    [
+        ("after-admit", "reorder_waiting: expected the first waiting groups, each once, before any admission"),
+        ("missing", "reorder_waiting: expected the first waiting groups"),
+        ("twice", "reorder_waiting: expected the first waiting groups"),
+        ("not-a-view", "reorder_waiting: expected a GroupView"),
+        ("then-raise", "raised ZeroDivisionError: boom"),
+    ],
+)
 def test_a_reorder_of_the_waiting_queue_is_checked_and_undone_with_a_failed_step(how, message):
     """``reorder_waiting`` takes only a permutation of the queue's front, before any admission; a step that fails
     after a valid reorder leaves the queue as it found it."""

@@ -23,7 +23,9 @@ def test_a_profile_carries_its_context_and_a_kv_capacity_computed_as_vllm_does()
     assert LLAMA2_7B_A100.max_model_len == 4096 and SMOLLM2_135M_CPU.max_model_len == 8192
     memory = LLAMA2_7B_A100.kv_memory
     left = memory.device_gib * memory.gpu_memory_utilization - memory.weights_gib - memory.activations_gib
-    assert memory.gpu_memory_utilization == 0.9 and 55 < left < 60  # GiB: what vLLM leaves an A100-80GB running Llama-2-7B
+    assert (
+        memory.gpu_memory_utilization == 0.9 and 55 < left < 60
+    )  # GiB: what vLLM leaves an A100-80GB running Llama-2-7B
     block_bytes = 16 * 2 * 32 * 4096 * 2  # 16 tokens of K and V, 32 layers, 4096 wide, fp16
     assert LLAMA2_7B_A100.num_kv_blocks(16) == int(left * GIB // block_bytes) == 7319
     assert LLAMA2_7B_A100.num_kv_blocks(32) == 7319 // 2
@@ -64,9 +66,19 @@ def test_explicit_settings_and_a_policys_engine_defaults_win():
     class PinsALongContext:
         engine_defaults = {"max_model_len": 8192}
 
-    assert fit_to_profile(EngineConfig(), LLAMA2_7B_A100, PinsALongContext).max_num_batched_tokens == 8192  # its length fits a step
-    unknown = CostProfile(name="fitted", base_ms=1, prefill_token_ms=0, decode_seq_ms=0, kv_token_ms=0,
-                          kv_bytes_per_token=0, swap_gb_per_s=1, copy_gb_per_s=1)  # what engine calibrate writes
+    assert (
+        fit_to_profile(EngineConfig(), LLAMA2_7B_A100, PinsALongContext).max_num_batched_tokens == 8192
+    )  # its length fits a step
+    unknown = CostProfile(
+        name="fitted",
+        base_ms=1,
+        prefill_token_ms=0,
+        decode_seq_ms=0,
+        kv_token_ms=0,
+        kv_bytes_per_token=0,
+        swap_gb_per_s=1,
+        copy_gb_per_s=1,
+    )  # what engine calibrate writes
     plain = EngineConfig()
     assert fit_to_profile(plain, unknown, VllmDefault) is plain
 
@@ -75,8 +87,12 @@ def test_engine_run_on_azure_ignores_only_what_the_model_cannot_take_and_says_ho
     with builtin_path("azure-conv").open() as f:
         rows = list(csv.DictReader(f))
     too_long = sum(int(r["ContextTokens"]) > 4096 for r in rows)
-    proc = subprocess.run([ENGINE, "run", "--workload", "azure-conv", "-q", "--no-decision-log", "--output", tmp_path],
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [ENGINE, "run", "--workload", "azure-conv", "-q", "--no-decision-log", "--output", tmp_path],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["ignored"] == too_long and 0 < too_long < 0.03 * len(rows)

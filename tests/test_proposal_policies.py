@@ -27,8 +27,13 @@ def tokens(start: int, n: int, **kw) -> dict:
 
 
 def ask(rid: str, output_len: int = 2, arrival: float = 0.0, **kw) -> Request:
-    return Request(request_id=rid, output_len=output_len, arrival_time=arrival,
-                   sampling=SamplingParams(max_tokens=output_len), **kw)
+    return Request(
+        request_id=rid,
+        output_len=output_len,
+        arrival_time=arrival,
+        sampling=SamplingParams(max_tokens=output_len),
+        **kw,
+    )
 
 
 def admitted(report) -> list[str]:
@@ -137,6 +142,7 @@ def test_cache_affinity_admits_the_warm_request_within_its_window_only():
 def test_ewsjf_serves_the_short_prompt_queue_first_then_the_one_it_passed_over():
     def queue(now):
         return [ask("long", arrival=now, prompt_len=200), ask("short", arrival=now, prompt_len=8)]
+
     assert first_admitted(Ewsjf(edges="64"), queue) == "short"
     assert first_admitted(VllmV1(), queue) == "long"
     # one prompt-length queue for both: FCFS inside it
@@ -152,8 +158,10 @@ TURN1 = [ask("s1-turn1", session_id="s1", **tokens(0, 40))]
 
 
 def _other_then_turn2(now):
-    return [ask("other", arrival=now, session_id="s2", **tokens(5000, 12)),
-            ask("s1-turn2", arrival=now, session_id="s1", **tokens(0, 48))]
+    return [
+        ask("other", arrival=now, session_id="s2", **tokens(5000, 12)),
+        ask("s1-turn2", arrival=now, session_id="s1", **tokens(0, 48)),
+    ]
 
 
 def test_session_affinity_promotes_the_warm_continuation_of_a_recent_session():
@@ -162,9 +170,17 @@ def test_session_affinity_promotes_the_warm_continuation_of_a_recent_session():
 
 
 def test_session_affinity_is_bounded_by_the_heads_wait_and_by_the_session_ttl():
-    assert first_admitted(SessionAffinity(max_head_wait_s=0.0), lambda now: [
-        ask("other", arrival=now - 1.0, session_id="s2", **tokens(5000, 12)),
-        ask("s1-turn2", arrival=now, session_id="s1", **tokens(0, 48))], warm=TURN1) == "other"
+    assert (
+        first_admitted(
+            SessionAffinity(max_head_wait_s=0.0),
+            lambda now: [
+                ask("other", arrival=now - 1.0, session_id="s2", **tokens(5000, 12)),
+                ask("s1-turn2", arrival=now, session_id="s1", **tokens(0, 48)),
+            ],
+            warm=TURN1,
+        )
+        == "other"
+    )
     assert first_admitted(SessionAffinity(session_ttl_s=1.0), _other_then_turn2, warm=[*TURN1, pause(3)]) == "other"
 
 
@@ -176,9 +192,12 @@ def test_session_affinity_needs_a_cached_prefix():
 # ------------------------------------------------------------------------------------ sla-tiers
 def test_sla_tiers_admit_by_tier_then_arrival():
     def queue(now):
-        return [ask("bg", arrival=now, prompt_len=4, slo_class="background"),
-                ask("plain", arrival=now, prompt_len=4),
-                ask("chat", arrival=now, prompt_len=4, slo_class="interactive")]
+        return [
+            ask("bg", arrival=now, prompt_len=4, slo_class="background"),
+            ask("plain", arrival=now, prompt_len=4),
+            ask("chat", arrival=now, prompt_len=4, slo_class="interactive"),
+        ]
+
     assert first_admitted(SlaTiers(), queue) == "chat"
     assert first_admitted(SlaTiers(), lambda now: queue(now)[:2]) == "plain"  # no tier: batch, ahead of background
 

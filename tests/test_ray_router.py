@@ -43,7 +43,9 @@ def router(name="round-robin") -> KvschedRequestRouter:
 def pending(body) -> PendingRequest:
     """A request as the fleet's ingress sends it (made inside an event loop: it holds a future)."""
     rid = f"i{next(_ids)}"
-    return PendingRequest(args=[CompletionBody(body)], kwargs={}, metadata=RequestMetadata(request_id=rid, internal_request_id=rid))
+    return PendingRequest(
+        args=[CompletionBody(body)], kwargs={}, metadata=RequestMetadata(request_id=rid, internal_request_id=rid)
+    )
 
 
 def ranks(answer) -> list[list[str]]:
@@ -53,35 +55,66 @@ def ranks(answer) -> list[list[str]]:
 SERVES_ORDER = [["r0", "r1", "r2"]]
 
 
-@pytest.mark.parametrize("body", [
-    {"prompt": [2**64]}, {"prompt": [-(2**63) - 1]}, {"prompt": [True, 1]}, {"prompt": [1.5]}, {"prompt": []}, {"prompt": ""},
-    {"prompt": {"a": 1}}, {"prompt": [[2**70]]}, {"messages": 5}, {"messages": "hi"}, {"messages": [5, None]},
-    {"messages": [{"content": 5}]}, {"messages": [{"content": [{"type": "image"}]}]}, {}, {"prompt": None},
-])
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"prompt": [2**64]},
+        {"prompt": [-(2**63) - 1]},
+        {"prompt": [True, 1]},
+        {"prompt": [1.5]},
+        {"prompt": []},
+        {"prompt": ""},
+        {"prompt": {"a": 1}},
+        {"prompt": [[2**70]]},
+        {"messages": 5},
+        {"messages": "hi"},
+        {"messages": [5, None]},
+        {"messages": [{"content": 5}]},
+        {"messages": [{"content": [{"type": "image"}]}]},
+        {},
+        {"prompt": None},
+    ],
+)
 def test_a_body_without_a_prompt_it_can_take_goes_in_serves_order(body):
     """Before: ``[2**64]`` raised pydantic's multi-line ValidationError out of the router, ``messages: 5`` a TypeError."""
+
     async def route():
         return await router().choose_replicas(REPLICAS, pending(body))
 
     assert ranks(asyncio.run(route())) == SERVES_ORDER
 
 
-@pytest.mark.parametrize("body, ids", [
-    ({"prompt": [1000, 1001, 1002]}, [1000, 1001, 1002]),
-    ({"prompt": [[7, 8], [9]]}, [7, 8]),
-    ({"prompt": "ab"}, [97, 98]),
-    ({"prompt": ["ab", "cd"]}, [97, 98]),
-    ({"prompt": "\udc80"}, list("\udc80".encode("utf-8", "surrogatepass"))),
-    ({"messages": [{"role": "user", "content": "ab"}, {"content": [{"type": "text", "text": "c"}, {"type": "image"}]}]}, [97, 98, 99]),
-])
+@pytest.mark.parametrize(
+    "body, ids",
+    [
+        ({"prompt": [1000, 1001, 1002]}, [1000, 1001, 1002]),
+        ({"prompt": [[7, 8], [9]]}, [7, 8]),
+        ({"prompt": "ab"}, [97, 98]),
+        ({"prompt": ["ab", "cd"]}, [97, 98]),
+        ({"prompt": "\udc80"}, list("\udc80".encode("utf-8", "surrogatepass"))),
+        (
+            {
+                "messages": [
+                    {"role": "user", "content": "ab"},
+                    {"content": [{"type": "text", "text": "c"}, {"type": "image"}]},
+                ]
+            },
+            [97, 98, 99],
+        ),
+    ],
+)
 def test_the_prompt_is_its_token_ids_or_the_bytes_of_its_text(body, ids):
     assert prompt_ids(SimpleNamespace(args=[CompletionBody(body)], kwargs={})) == ids
 
 
-JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
-                    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.sampled_from(["prompt", "messages", "content", "text",
-                                                                                                   "type", "x"]), inner, max_size=4),
-                    max_leaves=20)
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
+    lambda inner: (
+        st.lists(inner, max_size=4)
+        | st.dictionaries(st.sampled_from(["prompt", "messages", "content", "text", "type", "x"]), inner, max_size=4)
+    ),
+    max_leaves=20,
+)
 
 
 @settings(max_examples=150, deadline=None)
@@ -106,6 +139,7 @@ def test_cancelled_requests_are_not_kept():
             request = pending({"prompt": [i, i + 1, i + 2]})
             await made.choose_replicas(REPLICAS, request)
             request.future.cancel()  # the client went away before a replica took it
+
     asyncio.run(crowd())
     assert len(made.asked) < 130
 
@@ -122,6 +156,7 @@ def test_a_request_is_forgotten_once_serve_says_it_completed():
         for request in (sent, refused):  # a refused dispatch completes without being routed
             made.on_request_completed(REPLICAS[0].replica_id, request.metadata.internal_request_id)
         return busy
+
     assert asyncio.run(serve()) == 1
     assert made.asked == {} and made.routed == {}
     assert all(r.in_flight_requests == 0 and r.in_flight_tokens == 0 for r in made.replicas.values())
@@ -130,6 +165,7 @@ def test_a_request_is_forgotten_once_serve_says_it_completed():
 @pytest.mark.parametrize("body", [b"5", b"[1, 2]", b"not json", b"[" * 5000 + b"]" * 5000])
 def test_the_fleets_front_refuses_a_body_that_is_not_a_json_object(body):
     """Before: an AttributeError (or RecursionError) in the ingress, an HTTP 500."""
+
     async def receive():
         return {"type": "http.request", "body": body, "more_body": False}
 
@@ -161,4 +197,7 @@ def test_a_router_that_fails_fails_the_request_with_its_error():
 
 def test_a_serve_replica_is_the_replica_routers_read():
     replica = ServeReplica(REPLICAS[0], router())
-    assert isinstance(replica, RoutedReplica) and (replica.policy_name, replica.block_size) == ("?", router().block_size)
+    assert isinstance(replica, RoutedReplica) and (replica.policy_name, replica.block_size) == (
+        "?",
+        router().block_size,
+    )

@@ -36,9 +36,8 @@ def fleet():
         model_folder("smollm2-135m")
     except Exception as exc:  # noqa: BLE001 - the reason is the skip's
         pytest.skip(f"SmolLM2-135M is not available here: {exc}")
-    from kvsched.integrations.ray.fleet import start_fleet, stop_fleet, wait_ready
-
     from kvsched.experiments.ray_backend import start_ray
+    from kvsched.integrations.ray.fleet import start_fleet, stop_fleet, wait_ready
 
     start_ray(num_cpus=2, include_dashboard=False, log_to_driver=False)
     pids: list[int] = []
@@ -98,17 +97,44 @@ def test_engine_bench_measures_the_fleet(fleet, tmp_path):
     # a synthetic workload (prompts given by length: engine bench sends ids of its own)
     workload = tmp_path / "small.json"
     fixed = lambda n: {"kind": "fixed", "value": n}  # noqa: E731
-    workload.write_text(json.dumps({"kind": "synthetic", "num_requests": 6, "arrivals": {"kind": "poisson", "rate": 4.0},
-                                    "prompt": fixed(64), "output": fixed(8), "seed": 1}))
-    out = subprocess.run([ENGINE, "bench", "--url", url, "--workload", str(workload), "--output", str(tmp_path / "b"), "-q",
-                          "--label", "ray-serve-fleet"], capture_output=True, text=True, timeout=600)
+    workload.write_text(
+        json.dumps(
+            {
+                "kind": "synthetic",
+                "num_requests": 6,
+                "arrivals": {"kind": "poisson", "rate": 4.0},
+                "prompt": fixed(64),
+                "output": fixed(8),
+                "seed": 1,
+            }
+        )
+    )
+    out = subprocess.run(
+        [
+            ENGINE,
+            "bench",
+            "--url",
+            url,
+            "--workload",
+            str(workload),
+            "--output",
+            str(tmp_path / "b"),
+            "-q",
+            "--label",
+            "ray-serve-fleet",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert out.returncode == 0, out.stderr
     summary = json.loads((tmp_path / "b" / "summary.json").read_text())
     assert summary["finished"] == 6 and summary["ttft_s"]["p50"] > 0
 
 
-@pytest.mark.parametrize("failure", [TimeoutError("HTTP proxies not available after 60s."),
-                                     ray.exceptions.ActorDiedError()])
+@pytest.mark.parametrize(
+    "failure", [TimeoutError("HTTP proxies not available after 60s."), ray.exceptions.ActorDiedError()]
+)
 def test_a_proxy_slower_than_serves_fixed_waits_is_left_to_the_health_check(monkeypatch, failure):
     """Serve's 60 s wait for its first HTTP proxy ran out, and its controller killed a proxy slow to
     answer its ready check (the first wait then fails with ActorDiedError), in fresh-clone ``make
@@ -141,7 +167,12 @@ def test_rays_own_prefix_router_sees_a_token_id_prompt_as_text_and_ours_its_ids(
 
     ray_router = object.__new__(PrefixCacheAffinityRouter)  # only its text extraction is used
     first, longer = [1000, 1001, 1002], [1000, 1001, 1002, 2000, 2001]
-    texts = [ray_router._extract_text_from_request(SimpleNamespace(args=[CompletionBody({"prompt": p})])) for p in (first, longer)]
+    texts = [
+        ray_router._extract_text_from_request(SimpleNamespace(args=[CompletionBody({"prompt": p})]))
+        for p in (first, longer)
+    ]
     assert texts[0] and texts[1].startswith(texts[0]) and len(texts[1]) == 5
     assert prompt_ids(SimpleNamespace(args=[CompletionBody({"prompt": longer})], kwargs={})) == longer
-    assert ray_router._extract_text_from_request(SimpleNamespace(args=[CompletionBody({"prompt": "a text"})])) == "a text"
+    assert (
+        ray_router._extract_text_from_request(SimpleNamespace(args=[CompletionBody({"prompt": "a text"})])) == "a text"
+    )

@@ -26,8 +26,13 @@ def scripts(monkeypatch):
 def test_vllm_rounds_alternate_which_side_goes_first_and_report_each_rounds_ratio(scripts, monkeypatch, capsys):
     real_throughput, vllm_integration = scripts
     calls, vllm_speeds, our_seconds = [], iter([200.0, 250.0, 100.0]), iter([50.0, 20.0])
-    monkeypatch.setattr(vllm_integration, "run_side", lambda side: calls.append("vllm") or
-                        {"tokens": 1000, "prompt_tokens": 300, "seconds": 1000 / next(vllm_speeds)})
+    monkeypatch.setattr(
+        vllm_integration,
+        "run_side",
+        lambda side: (
+            calls.append("vllm") or {"tokens": 1000, "prompt_tokens": 300, "seconds": 1000 / next(vllm_speeds)}
+        ),
+    )
     monkeypatch.setattr(real_throughput, "run_ours", lambda *a: calls.append("ours") or (None, next(our_seconds), 1000))
     monkeypatch.setattr(real_throughput, "requests_for", lambda *a, **k: [])
     figures = {"ours_tok_s": 100.0, "output_tokens": 1000, "prompt_tokens": 300, "prefix_caching_tok_s": 150.0}
@@ -40,7 +45,9 @@ def test_vllm_rounds_alternate_which_side_goes_first_and_report_each_rounds_rati
 
 def test_vllm_rounds_refuse_a_vllm_run_that_did_other_work(scripts, monkeypatch):
     real_throughput, vllm_integration = scripts
-    monkeypatch.setattr(vllm_integration, "run_side", lambda side: {"tokens": 1000, "prompt_tokens": 299, "seconds": 5.0})
+    monkeypatch.setattr(
+        vllm_integration, "run_side", lambda side: {"tokens": 1000, "prompt_tokens": 299, "seconds": 5.0}
+    )
     figures = {"ours_tok_s": 100.0, "output_tokens": 1000, "prompt_tokens": 300, "prefix_caching_tok_s": 150.0}
     with pytest.raises(AssertionError, match="other work"):
         real_throughput.vllm_rounds(None, [], [], None, figures, 1)
@@ -48,8 +55,11 @@ def test_vllm_rounds_refuse_a_vllm_run_that_did_other_work(scripts, monkeypatch)
 
 def test_a_failed_vllm_throughput_run_ends_with_the_tail_of_its_stderr(scripts, monkeypatch):
     _, vllm_integration = scripts
-    monkeypatch.setattr(vllm_integration.subprocess, "run",
-                        lambda *a, **k: subprocess.CompletedProcess(a[0], 1, stderr="noise\nValueError: no KV cache space"))
+    monkeypatch.setattr(
+        vllm_integration.subprocess,
+        "run",
+        lambda *a, **k: subprocess.CompletedProcess(a[0], 1, stderr="noise\nValueError: no KV cache space"),
+    )
     with pytest.raises(SystemExit, match="(?s)vllm throughput run failed.*no KV cache space"):
         vllm_integration.run_side("vllm")
 
@@ -78,4 +88,7 @@ def test_the_case_study_summary_reads_the_kept_rounds_and_gives_each_ratios_rang
     out = capsys.readouterr().out
     assert "round 1 vllm-fcfs     not in" in out
     assert "priority-vip / vllm-fcfs: VIP p99 TTFT 0.125 (0.125-0.125)" in out and "(mean and range of rounds 2)" in out
-    assert "priority-vip / vllm-priority: VIP p99 TTFT 0.375 (0.250-0.500)" in out and "(mean and range of rounds 1, 2)" in out
+    assert (
+        "priority-vip / vllm-priority: VIP p99 TTFT 0.375 (0.250-0.500)" in out
+        and "(mean and range of rounds 1, 2)" in out
+    )

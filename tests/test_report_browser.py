@@ -13,33 +13,57 @@ import pytest
 
 ENGINE = str(Path(sys.executable).parent / "engine")
 CHROMIUM = next((p for p in map(shutil.which, ("chromium", "chromium-browser", "google-chrome")) if p), None)
-FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-         "--disable-component-update", "--disable-sync", "--enable-logging=stderr", "--v=0", "--virtual-time-budget=20000")
+FLAGS = (
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--enable-logging=stderr",
+    "--v=0",
+    "--virtual-time-budget=20000",
+)
 _profiles = count()
 
-pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="Chromium is not installed (Debian: apt-get install chromium "
-                                "chromium-driver); the Makefile's test set-up installs it where it can")
+pytestmark = pytest.mark.skipif(
+    CHROMIUM is None,
+    reason="Chromium is not installed (Debian: apt-get install chromium "
+    "chromium-driver); the Makefile's test set-up installs it where it can",
+)
 
 
 def chromium(tmp_path: Path, *args) -> subprocess.CompletedProcess:
     """Chromium with a fresh profile, its console messages on stderr."""
     profile = tmp_path / f"profile-{next(_profiles)}"
-    return subprocess.run([CHROMIUM, *FLAGS, f"--user-data-dir={profile}", *map(str, args)], capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [CHROMIUM, *FLAGS, f"--user-data-dir={profile}", *map(str, args)], capture_output=True, text=True, timeout=120
+    )
 
 
 @pytest.fixture(scope="module")
 def report(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("report") / "out"
-    proc = subprocess.run([ENGINE, "run", "-q", "-n", "150", "--set", "num_gpu_blocks=400", "--output", str(out), "--plot"],
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [ENGINE, "run", "-q", "-n", "150", "--set", "num_gpu_blocks=400", "--output", str(out), "--plot"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr
     return out / "report.html"
 
 
 def test_every_chart_renders_without_javascript_errors(report, tmp_path):
     page = report.read_text()
-    markup = re.sub(r"<script[^>]*>.*?</script>", "", page, flags=re.S)  # (Plotly's bundle names URLs it never loads here)
-    assert "<script src" not in page and not re.search(r"""(src|href)=["']https?:""", markup), "one file: nothing from the network"
+    markup = re.sub(
+        r"<script[^>]*>.*?</script>", "", page, flags=re.S
+    )  # (Plotly's bundle names URLs it never loads here)
+    assert "<script src" not in page and not re.search(r"""(src|href)=["']https?:""", markup), (
+        "one file: nothing from the network"
+    )
     charts = re.findall(r'<div class="chart" id="([^"]+)"></div>', page)
     assert len(charts) == 9
     proc = chromium(tmp_path, "--dump-dom", report.as_uri())
@@ -67,12 +91,16 @@ def test_a_policy_name_and_folder_that_hold_markup_leave_the_report_whole(tmp_pa
     hostile = "<!--<script>&amp;"
     folder = tmp_path / f"run{hostile}"
     folder.mkdir()
-    (folder / "policy.py").write_text("from kvsched.policies.fcfs import Fcfs\n\n\nclass Mine(Fcfs):\n"
-                                      "    name = 'mine</script><!--<script>'\n")
+    (folder / "policy.py").write_text(
+        "from kvsched.policies.fcfs import Fcfs\n\n\nclass Mine(Fcfs):\n    name = 'mine</script><!--<script>'\n"
+    )
     out = folder / "out"
-    proc = subprocess.run([ENGINE, "run", "-q", "-n", "40", "--policy", f"{folder}/policy.py:Mine", "--output",
-                           str(out), "--plot"],
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [ENGINE, "run", "-q", "-n", "40", "--policy", f"{folder}/policy.py:Mine", "--output", str(out), "--plot"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr
     page = (out / "report.html").read_text()
     scripts = re.findall(r'<script type="application/json"[^>]*>(.*?)</script>', page, re.S)

@@ -24,7 +24,9 @@ def _trace(policy, num_gpu_blocks=19):
     steps = []
     while eng.has_unfinished():
         out = eng.step().output
-        steps.append(([(s.group.request_id, s.num_tokens) for s in out.scheduled], [g.request_id for g, _ in out.preempted]))
+        steps.append(
+            ([(s.group.request_id, s.num_tokens) for s in out.scheduled], [g.request_id for g, _ in out.preempted])
+        )
     return steps
 
 
@@ -35,6 +37,7 @@ def test_with_no_plugins_it_is_vllm_v1():
 def test_a_score_orders_the_candidates_higher_first():
     def queue(now):
         return [req("long", 40, 2, arrival=now), req("short", 4, 2, arrival=now)]
+
     assert first_admitted(Rfc51608(scorers=((lambda r, s: -r.prompt_len, 1.0),)), queue) == "short"
     assert first_admitted(Rfc51608(scorers=((lambda r, s: -r.prompt_len, -1.0),)), queue) == "long"
 
@@ -53,8 +56,10 @@ def test_a_rejected_request_waits_a_cycle_in_the_skipped_queue_which_goes_first(
     assert admitted(eng.step()) == ["x"]
     assert seen[-1] == {"x": SKIPPED}
     picks = []
-    policy = Rfc51608(filters=(lambda r, s: Reject("hold") if r.request_id == "x" and not picks else None,),
-                      select_queue=lambda w, s: picks.append((w and w.request_id, s and s.request_id)) or WAITING)
+    policy = Rfc51608(
+        filters=(lambda r, s: Reject("hold") if r.request_id == "x" and not picks else None,),
+        select_queue=lambda w, s: picks.append((w and w.request_id, s and s.request_id)) or WAITING,
+    )
     eng = unit_engine(policy, max_num_seqs=1)
     for rid in ("x", "y", "z"):
         eng.add_request(req(rid, 4, 1))
@@ -71,10 +76,13 @@ def test_the_largest_preemption_key_is_the_victim():
     assert [g.request_id for g, _ in eng.step().output.preempted] == ["b"]  # V1's own tail would be c
 
 
-@pytest.mark.parametrize(("plugins", "message"), [
-    ({"scorers": ((lambda r, s: float("nan"), 1.0),)}, "not a finite number"),
-    ({"filters": (lambda r, s: "no",)}, "allow with None or True"),
-])
+@pytest.mark.parametrize(
+    ("plugins", "message"),
+    [
+        ({"scorers": ((lambda r, s: float("nan"), 1.0),)}, "not a finite number"),
+        ({"filters": (lambda r, s: "no",)}, "allow with None or True"),
+    ],
+)
 def test_an_answer_the_rfc_does_not_allow_is_a_policy_error(plugins, message):
     eng = unit_engine(Rfc51608(**plugins))
     eng.add_request(req("a", 4, 2))

@@ -14,13 +14,21 @@ from kvsched.executors.cost_model import GIB
 from kvsched.executors.hardware import Efficiency, HardwareError, load_hardware
 from kvsched.executors.model_config import ModelConfigError, load_model_shape, model_shape, shipped_models
 from kvsched.executors.profiles import ProfileError, roofline_profile
-from kvsched.executors.roofline import StepShape, step_time
 from kvsched.executors.simulated import SimulatedExecutor
-from kvsched.executors.step_work import AttentionWork, attention_work, pairs, read
+from kvsched.executors.step_work import attention_work, pairs, read
 
 H100 = dict(peak=989.4e12, fp8=1978.9e12, hbm=3.35e12, link=450e9)
-E = Efficiency(flops_share=0.5, attention_flops_share=0.25, bandwidth_share=0.8, allreduce_us=8.0, step_ms=1.5,
-               layer_us=20.0, request_us=30.0, api_ms=0.0, response_ms=0.0)
+E = Efficiency(
+    flops_share=0.5,
+    attention_flops_share=0.25,
+    bandwidth_share=0.8,
+    allreduce_us=8.0,
+    step_ms=1.5,
+    layer_us=20.0,
+    request_us=30.0,
+    api_ms=0.0,
+    response_ms=0.0,
+)
 
 
 def profile(model: str, tp: int = 1, dtype: str | None = None, **kw):
@@ -52,8 +60,9 @@ def test_a_long_prefill_is_compute_bound_with_its_causal_attention():
     assert gemm > 32 * layer * 2 / (H100["hbm"] * 0.8)  # past the ridge
     lm_head = max(2 * 32000 * 4096 / (H100["peak"] * 0.5), 32000 * 4096 * 2 / (H100["hbm"] * 0.8))
     pair_flops = 4 * 32 * 128  # QK^T and PV, per query-key pair and layer
-    attention = 32 * max(t * (t + 1) // 2 * pair_flops / (H100["peak"] * 0.25),
-                         t * 2 * 32 * 128 * 2 / (H100["hbm"] * 0.8))
+    attention = 32 * max(
+        t * (t + 1) // 2 * pair_flops / (H100["peak"] * 0.25), t * 2 * 32 * 128 * 2 / (H100["hbm"] * 0.8)
+    )
     expected = gemm + lm_head + attention + overheads(32, 1)
     assert p.seconds(t, 0, 0, 0, 0, 16) == pytest.approx(expected, rel=1e-12)
 
@@ -117,21 +126,36 @@ def test_window_pairs_and_reads():
 
 def test_a_chunk_after_its_context_costs_its_pairs_and_the_decodes_their_reads():
     """A real engine step: a prompt chunked behind a decode, as the executor sees it before the step applies."""
-    config = EngineConfig(vllm_engine="v1", max_num_batched_tokens=64, max_num_seqs=8, max_model_len=1024,
-                          num_gpu_blocks=200,
-                          enable_prefix_caching=False, watermark=0.0)
+    config = EngineConfig(
+        vllm_engine="v1",
+        max_num_batched_tokens=64,
+        max_num_seqs=8,
+        max_model_len=1024,
+        num_gpu_blocks=200,
+        enable_prefix_caching=False,
+        watermark=0.0,
+    )
     seen = []
 
     class Recording(SimulatedExecutor):
         def execute(self, output):
-            seen.append((attention_work(output), [(sg.num_tokens,
-                                                   sg.group.seqs[0].num_computed_tokens) for sg in output.scheduled]))
+            seen.append(
+                (
+                    attention_work(output),
+                    [(sg.num_tokens, sg.group.seqs[0].num_computed_tokens) for sg in output.scheduled],
+                )
+            )
             return super().execute(output)
 
     engine = Engine(config, "vllm-v1", Recording(profile("llama-2-7b")))
-    engine.run([Request(request_id="a", prompt_len=10, output_len=5, sampling=SamplingParams(max_tokens=5)),
-                Request(request_id="b", prompt_len=150, output_len=2, sampling=SamplingParams(max_tokens=2),
-                        arrival_time=1e-6)])
+    engine.run(
+        [
+            Request(request_id="a", prompt_len=10, output_len=5, sampling=SamplingParams(max_tokens=5)),
+            Request(
+                request_id="b", prompt_len=150, output_len=2, sampling=SamplingParams(max_tokens=2), arrival_time=1e-6
+            ),
+        ]
+    )
     for work, entries in seen:
         assert work.prefill_pairs == sum(pairs(ctx, n) for n, ctx in entries if n > 1)
         assert work.decode_kv == sum(ctx + 1 for n, ctx in entries if n == 1)
@@ -152,8 +176,12 @@ def test_decode_seconds_is_what_a_decode_step_is_charged():
             return result
 
     engine = Engine(config.model_copy(update={"decode_lane": False}), "vllm-default", Recording(p))
-    engine.run([Request(request_id=str(i), prompt_len=20 + i, output_len=6,
-                        sampling=SamplingParams(max_tokens=6)) for i in range(3)])
+    engine.run(
+        [
+            Request(request_id=str(i), prompt_len=20 + i, output_len=6, sampling=SamplingParams(max_tokens=6))
+            for i in range(3)
+        ]
+    )
     assert charged
     for d, k, seconds in charged:
         assert p.decode_seconds(d)(k) == seconds
@@ -168,14 +196,17 @@ def write(tmp_path, data, name="config.json"):
 LLAMA = json.loads(shipped_models()["llama-3.1-8b"].read_text())
 
 
-@pytest.mark.parametrize("change, field", [
-    ({"num_hidden_layers": None}, "num_hidden_layers"),
-    ({"hidden_size": "4096"}, "hidden_size"),
-    ({"architectures": ["DeepseekV3ForCausalLM"]}, "architectures"),
-    ({"architectures": None}, "architectures"),
-    ({"num_key_value_heads": 7}, "num_key_value_heads"),
-    ({"torch_dtype": "int4"}, "torch_dtype"),
-])
+@pytest.mark.parametrize(
+    "change, field",
+    [
+        ({"num_hidden_layers": None}, "num_hidden_layers"),
+        ({"hidden_size": "4096"}, "hidden_size"),
+        ({"architectures": ["DeepseekV3ForCausalLM"]}, "architectures"),
+        ({"architectures": None}, "architectures"),
+        ({"num_key_value_heads": 7}, "num_key_value_heads"),
+        ({"torch_dtype": "int4"}, "torch_dtype"),
+    ],
+)
 def test_a_bad_config_names_its_file_and_field(tmp_path, change, field):
     data = {k: v for k, v in {**LLAMA, **change}.items() if v is not None}
     path = write(tmp_path, data)
@@ -188,8 +219,9 @@ def test_tp_that_does_not_divide_the_heads_is_refused(tmp_path):
     with pytest.raises(ModelConfigError, match="num_attention_heads.*32 attention heads do not split over --tp 3"):
         roofline_profile("h100-sxm", "llama-3.1-8b", 3)
     with pytest.raises(ModelConfigError, match="num_key_value_heads"):
-        roofline_profile("h100-sxm", "qwen2.5-7b",
-                         14)  # 28 heads split over 14, 4 KV heads neither split nor replicate evenly
+        roofline_profile(
+            "h100-sxm", "qwen2.5-7b", 14
+        )  # 28 heads split over 14, 4 KV heads neither split nor replicate evenly
     with pytest.raises(HardwareError, match="unknown hardware 'tpu'"):
         roofline_profile("tpu", "llama-3.1-8b")
     with pytest.raises(ProfileError, match="--dtype"):
@@ -198,8 +230,12 @@ def test_tp_that_does_not_divide_the_heads_is_refused(tmp_path):
 
 def test_moe_and_windowed_shapes_read_from_their_configs():
     mixtral = load_model_shape("mixtral-8x7b")
-    assert (mixtral.num_experts, mixtral.experts_per_token, mixtral.moe_layers, mixtral.intermediate_size) == (8, 2,
-                                                                                                               32, 0)
+    assert (mixtral.num_experts, mixtral.experts_per_token, mixtral.moe_layers, mixtral.intermediate_size) == (
+        8,
+        2,
+        32,
+        0,
+    )
     assert abs(mixtral.num_params() - 46.7e9) < 0.1e9
     qwen = load_model_shape("qwen3-30b-a3b")
     assert (qwen.num_experts, qwen.experts_per_token, qwen.expert_intermediate_size) == (128, 8, 768)
@@ -223,8 +259,12 @@ def test_a_windowed_model_runs_step_by_step_and_an_exact_one_takes_the_fast_path
     for p in (windowed, exact):
         fitted = fit_to_profile(config, p, load_policy("vllm-default"))
         engines[p.decode_exact] = engine = Engine(fitted, "vllm-default", SimulatedExecutor(p))
-        engine.run([Request(request_id=str(i), prompt_len=100, output_len=50, sampling=SamplingParams(max_tokens=50))
-                    for i in range(4)])
+        engine.run(
+            [
+                Request(request_id=str(i), prompt_len=100, output_len=50, sampling=SamplingParams(max_tokens=50))
+                for i in range(4)
+            ]
+        )
         assert len(engine.finished) == 4
     assert engines[False].config.decode_lane is False
     assert engines[False].scheduler.lane is None and engines[False].runs is None

@@ -25,7 +25,9 @@ def verdicts(router, examples: int = 6) -> dict[str, str]:
 def test_built_in_routers_conform(router):
     got = verdicts(router)
     assert got[ROUTES_EVERY_REQUEST] == got[DETERMINISTIC] == PASS
-    assert got[RESPECTS_STALENESS] == (PASS if router in ("round-robin", "vllm-dp") else NOT_CLAIMED)  # those read reports only
+    assert got[RESPECTS_STALENESS] == (
+        PASS if router in ("round-robin", "vllm-dp") else NOT_CLAIMED
+    )  # those read reports only
 
 
 class Raises:
@@ -75,7 +77,12 @@ def test_a_router_that_raises_or_returns_nonsense_is_refused_by_name():
     for router, why in ((Raises, "boom"), (Nonsense, "returned 'replica-0', not one of the ReplicaViews")):
         results = run_router_checks(router, examples=3)
         first = results[0]
-        assert first.invariant == ROUTES_EVERY_REQUEST and first.status == FAIL and why in first.detail and "refused" in first.detail
+        assert (
+            first.invariant == ROUTES_EVERY_REQUEST
+            and first.status == FAIL
+            and why in first.detail
+            and "refused" in first.detail
+        )
         assert "scenario=" in first.counterexample  # the fleet and requests that showed it
         assert [r.status for r in results[1:]] == [UNDECIDED, UNDECIDED]
 
@@ -83,7 +90,6 @@ def test_a_router_that_raises_or_returns_nonsense_is_refused_by_name():
 def test_a_router_that_routes_differently_each_time_is_not_deterministic():
     got = verdicts(Moody, examples=10)
     assert got[ROUTES_EVERY_REQUEST] == PASS and got[DETERMINISTIC] == FAIL
-
 
 
 def test_a_check_that_breaks_once_and_holds_when_hypothesis_runs_it_again_is_failed():
@@ -103,25 +109,50 @@ def test_a_check_that_breaks_once_and_holds_when_hypothesis_runs_it_again_is_fai
     assert len(calls) >= 2 and (result.invariant, result.status) == (DETERMINISTIC, FAIL)
     assert result.detail == "routed differently the second time"
 
+
 def test_a_router_that_reads_fresher_than_it_declares_fails_the_staleness_check():
     got = verdicts(Peeks, examples=10)
     assert got[DETERMINISTIC] == PASS and got[RESPECTS_STALENESS] == FAIL
 
 
 def test_engine_check_router_from_the_command_line(tmp_path):
-    done = subprocess.run([ENGINE, "check", "--router", "round-robin", "--examples", "3", "-q"], capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [ENGINE, "check", "--router", "round-robin", "--examples", "3", "-q"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr
-    assert "router conformance of round-robin" in done.stdout and "routes-every-request" in done.stdout and "FAIL" not in done.stdout
+    assert (
+        "router conformance of round-robin" in done.stdout
+        and "routes-every-request" in done.stdout
+        and "FAIL" not in done.stdout
+    )
     bad = tmp_path / "bad.py"
-    bad.write_text("from kvsched.routers.hookspecs import hookimpl\n\n\nclass Bad:\n    @hookimpl\n"
-                   "    def route_request(self, request, replicas):\n        return None\n")
-    failed = subprocess.run([ENGINE, "check", "--router", f"{bad}:Bad", "--examples", "3", "-q"], capture_output=True, text=True, timeout=300)
-    assert failed.returncode == 1 and "returned None" in failed.stdout and "Traceback" not in failed.stdout + failed.stderr
-    for args, message in ((["check"], "give --policy NAME"), (["check", "--router", "round-robin", "--steps", "5"], "--steps"),
-                          (["check", "--policy", "fcfs", "--router-opt", "x=1"], "--router-opt is the option of a router"),
-                          (["check", "--router", "no-such-router"], "unknown router")):
+    bad.write_text(
+        "from kvsched.routers.hookspecs import hookimpl\n\n\nclass Bad:\n    @hookimpl\n"
+        "    def route_request(self, request, replicas):\n        return None\n"
+    )
+    failed = subprocess.run(
+        [ENGINE, "check", "--router", f"{bad}:Bad", "--examples", "3", "-q"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert (
+        failed.returncode == 1 and "returned None" in failed.stdout and "Traceback" not in failed.stdout + failed.stderr
+    )
+    for args, message in (
+        (["check"], "give --policy NAME"),
+        (["check", "--router", "round-robin", "--steps", "5"], "--steps"),
+        (["check", "--policy", "fcfs", "--router-opt", "x=1"], "--router-opt is the option of a router"),
+        (["check", "--router", "no-such-router"], "unknown router"),
+    ):
         done = subprocess.run([ENGINE, *args], capture_output=True, text=True, timeout=120)
-        assert done.returncode == 2 and message in done.stderr and len(done.stderr.strip().splitlines()) == 1, (args, done.stderr)
+        assert done.returncode == 2 and message in done.stderr and len(done.stderr.strip().splitlines()) == 1, (
+            args,
+            done.stderr,
+        )
 
 
 def test_a_router_sees_the_cap_not_the_answer_s_length():
@@ -138,5 +169,6 @@ def test_a_router_sees_the_cap_not_the_answer_s_length():
             return replicas[0]
 
     Cluster(FleetSpec(replicas=[ReplicaGroup(count=2)], router=Curious)).run(
-        [Request(request_id="a", prompt_len=9, output_len=3, sampling=SamplingParams(max_tokens=50))])
+        [Request(request_id="a", prompt_len=9, output_len=3, sampling=SamplingParams(max_tokens=50))]
+    )
     assert seen == [(False, 50, 9)]

@@ -96,8 +96,12 @@ def test_weighted_scores_a_prefix_by_its_share_of_the_prompt_and_filters_long_qu
     prompt = req("p", prompt_len=400)
     one_block = views({"cached": 16, "kv_usage": 0.6}, {"cached": 0, "kv_usage": 0.1})
     assert chosen(Weighted().route_request(prompt, one_block)).index == 1  # 2×0.04 + 1 + 0.4 < 0 + 1 + 0.9
-    queues = views({"in_prefill_tokens": 0}, {"cached": 400, "in_prefill_tokens": 5000}, {"in_prefill_tokens": 100},
-                   {"in_prefill_tokens": 0})
+    queues = views(
+        {"in_prefill_tokens": 0},
+        {"cached": 400, "in_prefill_tokens": 5000},
+        {"in_prefill_tokens": 100},
+        {"in_prefill_tokens": 0},
+    )
     picks = {chosen(Weighted(seed=s).route_request(prompt, queues)).index for s in range(20)}
     assert 1 not in picks  # the whole prompt is cached there, but its queue is past 1/4 of the range
     assert 1 in {chosen(Weighted(least_queue=False, seed=s).route_request(prompt, queues)).index for s in range(5)}
@@ -109,21 +113,32 @@ def test_ties_go_at_random_and_the_seed_fixes_them(router):
     runs = {}
     for seed in (1, 1, 2):
         r = router(seed=seed)
-        runs.setdefault(seed, []).append([route(r, req(f"x{i}", tokens=range(10**5 * (i + 1), 10**5 * (i + 1) + 64)),
-                                                replicas).index for i in range(30)])
+        runs.setdefault(seed, []).append(
+            [
+                route(r, req(f"x{i}", tokens=range(10**5 * (i + 1), 10**5 * (i + 1) + 64)), replicas).index
+                for i in range(30)
+            ]
+        )
     assert runs[1][0] == runs[1][1] != runs[2][0]
     assert len(set(runs[1][0])) > 1
 
 
-@pytest.mark.parametrize("router, options, message", [
-    ("prefix-affinity", {"imbalanced_threshold": -1}, "imbalanced_threshold must be a finite number from 0"),
-    ("prefix-affinity", {"match_rate_threshold": 1.5}, "match_rate_threshold must be a finite number from 0 to 1"),
-    ("precise-prefix", {"overlap_weight": float("inf")}, r"overlap_weight must be a finite number from 0 to 1e\+06"),
-    ("precise-prefix", {"temperature": -0.5}, "temperature must be a finite number from 0"),
-    ("cache-aware", {"seed": 2**64}, "seed must be an integer"),
-    ("least-outstanding", {"seed": "x"}, "seed"),
-    ("weighted", {"least_queue": "maybe"}, "least_queue"),
-])
+@pytest.mark.parametrize(
+    "router, options, message",
+    [
+        ("prefix-affinity", {"imbalanced_threshold": -1}, "imbalanced_threshold must be a finite number from 0"),
+        ("prefix-affinity", {"match_rate_threshold": 1.5}, "match_rate_threshold must be a finite number from 0 to 1"),
+        (
+            "precise-prefix",
+            {"overlap_weight": float("inf")},
+            r"overlap_weight must be a finite number from 0 to 1e\+06",
+        ),
+        ("precise-prefix", {"temperature": -0.5}, "temperature must be a finite number from 0"),
+        ("cache-aware", {"seed": 2**64}, "seed must be an integer"),
+        ("least-outstanding", {"seed": "x"}, "seed"),
+        ("weighted", {"least_queue": "maybe"}, "least_queue"),
+    ],
+)
 def test_the_new_options_are_bounded(router, options, message):
     with pytest.raises(RouterError, match=message):
         RouterHooks(router, options)
@@ -141,8 +156,13 @@ def test_in_prefill_counts_the_requests_whose_first_token_has_not_come_back():
 
     settings_ = {"num_gpu_blocks": 256, "block_size": 16}
     cluster = Cluster(FleetSpec(replicas=[ReplicaGroup(count=2, settings=settings_)]), router=RouterHooks(Recorder))
-    cluster.run([req("a", prompt_len=40, output_len=400), req("b", prompt_len=60, output_len=4),
-                 req("c", prompt_len=8, output_len=4, arrival=1.0)])
+    cluster.run(
+        [
+            req("a", prompt_len=40, output_len=400),
+            req("b", prompt_len=60, output_len=4),
+            req("c", prompt_len=8, output_len=4, arrival=1.0),
+        ]
+    )
     assert seen == [[(0, 0, 0), (0, 0, 0)], [(1, 40, 1), (0, 0, 0)], [(0, 0, 1), (0, 0, 0)]]  # at 1 s, a decodes
     assert all(r.in_prefill() == (0, 0) for r in cluster.replicas)
 
@@ -173,10 +193,22 @@ def test_a_decode_replica_is_sent_prompts_already_answered():
             return replicas[0]
 
     settings_ = {"num_gpu_blocks": 256, "block_size": 16}
-    spec = FleetSpec(replicas=[ReplicaGroup(count=1, role="prefill", settings=settings_),
-                               ReplicaGroup(count=1, role="decode", settings=settings_)])
-    requests = [Request(request_id=f"r{i}", prompt_len=64, output_len=20, arrival_time=0.01 * i,
-                        sampling=SamplingParams(max_tokens=20)) for i in range(4)]
+    spec = FleetSpec(
+        replicas=[
+            ReplicaGroup(count=1, role="prefill", settings=settings_),
+            ReplicaGroup(count=1, role="decode", settings=settings_),
+        ]
+    )
+    requests = [
+        Request(
+            request_id=f"r{i}",
+            prompt_len=64,
+            output_len=20,
+            arrival_time=0.01 * i,
+            sampling=SamplingParams(max_tokens=20),
+        )
+        for i in range(4)
+    ]
     cluster = Cluster(spec, router=RouterHooks(Recorder))
     cluster.run(requests)
     assert_cluster(cluster, requests)
@@ -188,10 +220,23 @@ def test_a_table_router_in_a_pd_fleet_follows_the_prefix_within_each_pool(name):
     """The nightly profile found it: a table holds the prefixes sent to every pool's replicas, and the decode
     pool's choice looked for the longest match among replicas it was not offered (none: a crash)."""
     settings_ = {"num_gpu_blocks": 256, "block_size": 16}
-    spec = FleetSpec(replicas=[ReplicaGroup(count=1, role="prefill", settings=settings_),
-                               ReplicaGroup(count=2, role="decode", settings=settings_)], router=name)
-    requests = [Request(request_id=f"r{i}", prompt_token_ids=shared_prompt(i, 48, 16), output_len=4,
-                        arrival_time=0.01 * i, sampling=SamplingParams(max_tokens=4)) for i in range(6)]
+    spec = FleetSpec(
+        replicas=[
+            ReplicaGroup(count=1, role="prefill", settings=settings_),
+            ReplicaGroup(count=2, role="decode", settings=settings_),
+        ],
+        router=name,
+    )
+    requests = [
+        Request(
+            request_id=f"r{i}",
+            prompt_token_ids=shared_prompt(i, 48, 16),
+            output_len=4,
+            arrival_time=0.01 * i,
+            sampling=SamplingParams(max_tokens=4),
+        )
+        for i in range(6)
+    ]
     cluster = Cluster(spec)
     cluster.run(requests)
     assert_cluster(cluster, requests)
@@ -222,9 +267,16 @@ class Recording:
     def route_request(self, request, replicas):
         answer = self.inner.route_request(request, replicas)
         view = answer.replica if isinstance(answer, Route) else answer
-        self.decisions.append(Decision(request.prompt_len, [r.in_flight_requests for r in replicas],
-                                       [r.in_flight_tokens for r in replicas], [r.in_prefill_tokens for r in replicas],
-                                       [r.cached_prefix_tokens(request) for r in replicas], view.index))
+        self.decisions.append(
+            Decision(
+                request.prompt_len,
+                [r.in_flight_requests for r in replicas],
+                [r.in_flight_tokens for r in replicas],
+                [r.in_prefill_tokens for r in replicas],
+                [r.cached_prefix_tokens(request) for r in replicas],
+                view.index,
+            )
+        )
         return answer
 
     @hookimpl
@@ -264,16 +316,28 @@ def idle_passed_over(name: str, router, decisions: list[Decision]) -> int:
 
 
 OPTIONS = {
-    "prefix-affinity": st.fixed_dictionaries({"imbalanced_threshold": st.sampled_from([0, 1, 2, 4, 10]),
-                                              "match_rate_threshold": st.sampled_from([0.0, 0.1, 0.5])}),
-    "cache-aware": st.fixed_dictionaries({"balance_abs_threshold": st.sampled_from([0, 1, 2, 8, 64]),
-                                          "balance_rel_threshold": st.sampled_from([1.0, 1.5, 3.0]),
-                                          "cache_threshold": st.sampled_from([0.0, 0.3, 0.9])}),
+    "prefix-affinity": st.fixed_dictionaries(
+        {
+            "imbalanced_threshold": st.sampled_from([0, 1, 2, 4, 10]),
+            "match_rate_threshold": st.sampled_from([0.0, 0.1, 0.5]),
+        }
+    ),
+    "cache-aware": st.fixed_dictionaries(
+        {
+            "balance_abs_threshold": st.sampled_from([0, 1, 2, 8, 64]),
+            "balance_rel_threshold": st.sampled_from([1.0, 1.5, 3.0]),
+            "cache_threshold": st.sampled_from([0.0, 0.3, 0.9]),
+        }
+    ),
     "precise-prefix": st.fixed_dictionaries({"overlap_weight": st.sampled_from([0.0, 0.5, 1.0, 4.0])}),
-    "weighted": st.fixed_dictionaries({
-        "weights": st.sampled_from(["precise-prefix-cache:2,queue-depth:1,kv-utilization:1",
-                                    "precise-prefix-cache:8,active-requests:1"]),
-        "least_queue": st.booleans()}),
+    "weighted": st.fixed_dictionaries(
+        {
+            "weights": st.sampled_from(
+                ["precise-prefix-cache:2,queue-depth:1,kv-utilization:1", "precise-prefix-cache:8,active-requests:1"]
+            ),
+            "least_queue": st.booleans(),
+        }
+    ),
 }
 
 
@@ -303,8 +367,13 @@ def prefix_workloads(draw):
 
 
 @settings(max_examples=40)
-@given(router=routers(), requests=prefix_workloads(), replicas=st.integers(2, 6),
-       policy=st.sampled_from(["vllm-default", "vllm-v1"]), staleness=st.sampled_from([0.0, 0.05]))
+@given(
+    router=routers(),
+    requests=prefix_workloads(),
+    replicas=st.integers(2, 6),
+    policy=st.sampled_from(["vllm-default", "vllm-v1"]),
+    staleness=st.sampled_from([0.0, 0.05]),
+)
 def test_every_decision_keeps_its_routers_bound_on_load(router, requests, replicas, policy, staleness):
     """Random fleets, prefix-sharing workloads and options: every decision of every prefix-aware router keeps
     the bound its page states; a replica with nothing in flight is passed over for one holding more than the
@@ -333,11 +402,19 @@ def mean_ttft(requests, replicas: int, policy: str, router: str) -> float:
 
 @pytest.mark.slow
 @settings(max_examples=10)
-@given(replicas=st.integers(2, 4), per_replica=st.integers(80, 150), shared=st.integers(16, 2048),
-       own=st.integers(16, 1024), output=st.integers(8, 200), rate=st.floats(2.0, 12.0),
-       policy=st.sampled_from(["vllm-default", "vllm-v1"]), seed=st.integers(0, 2**32))
+@given(
+    replicas=st.integers(2, 4),
+    per_replica=st.integers(80, 150),
+    shared=st.integers(16, 2048),
+    own=st.integers(16, 1024),
+    output=st.integers(8, 200),
+    rate=st.floats(2.0, 12.0),
+    policy=st.sampled_from(["vllm-default", "vllm-v1"]),
+    seed=st.integers(0, 2**32),
+)
 def test_on_prompts_everyone_shares_no_prefix_aware_router_costs_more_than_a_tenth_of_ttft(
-        replicas, per_replica, shared, own, output, rate, policy, seed):
+    replicas, per_replica, shared, own, output, rate, policy, seed
+):
     """Every prompt begins with the same ``shared`` tokens (a system prompt), so following the prefix gains
     nothing past each replica's first request: each prefix-aware router's mean TTFT is within 10 % of
     round-robin's (llama2-7b-a100, 2 to 12 requests a second per replica, 80 to 150 requests each)."""
@@ -345,8 +422,15 @@ def test_on_prompts_everyone_shares_no_prefix_aware_router_costs_more_than_a_ten
     for i in range(replicas * per_replica):
         t += rng.expovariate(rate * replicas)
         out = rng.randint(1, output)
-        requests.append(Request(request_id=f"r{i}", prompt_token_ids=shared_prompt(i, shared, rng.randint(1, own)),
-                                output_len=out, arrival_time=round(t, 6), sampling=SamplingParams(max_tokens=out)))
+        requests.append(
+            Request(
+                request_id=f"r{i}",
+                prompt_token_ids=shared_prompt(i, shared, rng.randint(1, own)),
+                output_len=out,
+                arrival_time=round(t, 6),
+                sampling=SamplingParams(max_tokens=out),
+            )
+        )
     baseline = mean_ttft(requests, replicas, policy, "round-robin")
     ratios = {name: mean_ttft(requests, replicas, policy, name) / baseline for name in PREFIX_AWARE}
     assert max(ratios.values()) <= 1.10, ratios
@@ -358,10 +442,12 @@ def test_each_prefix_aware_routers_page_names_its_guard_its_source_and_its_bound
     from pathlib import Path
 
     text = (Path(__file__).resolve().parents[1] / "docs" / "routers.md").read_text()
-    sources = {"prefix-affinity": ("ray-project/ray", PrefixAffinity, "imbalanced_threshold"),
-               "cache-aware": ("sgl-project/sglang", CacheAware, "balance_abs_threshold"),
-               "precise-prefix": ("ai-dynamo/dynamo", PrecisePrefix, "overlap_weight"),
-               "weighted": ("llm-d/llm-d-inference-scheduler", Weighted, "least_queue")}
+    sources = {
+        "prefix-affinity": ("ray-project/ray", PrefixAffinity, "imbalanced_threshold"),
+        "cache-aware": ("sgl-project/sglang", CacheAware, "balance_abs_threshold"),
+        "precise-prefix": ("ai-dynamo/dynamo", PrecisePrefix, "overlap_weight"),
+        "weighted": ("llm-d/llm-d-inference-scheduler", Weighted, "least_queue"),
+    }
     for name, (source, _router, option) in sources.items():
         page = text.split(f"\n## {name}: ")[1].split("\n## ")[0]
         assert f"Source: {source}" in page and "**Guard" in page and "**Bound.**" in page, name

@@ -43,8 +43,13 @@ def install(tmp_path, monkeypatch):
     def install(source: str, routers: dict[str, str], dist: str | None = None) -> str:
         n = next(_COUNT)
         module = f"hostile_routers_{n}"
-        folder = make_dist(tmp_path / f"d{n}", dist or f"hostile-routers-{n}", {k: f"{module}:{v}" for k, v in routers.items()},
-                           {module: HEADER + source}, group="kvsched.routers")
+        folder = make_dist(
+            tmp_path / f"d{n}",
+            dist or f"hostile-routers-{n}",
+            {k: f"{module}:{v}" for k, v in routers.items()},
+            {module: HEADER + source},
+            group="kvsched.routers",
+        )
         monkeypatch.syspath_prepend(str(folder))
         monkeypatch.delitem(sys.modules, module, raising=False)
         return module
@@ -53,7 +58,9 @@ def install(tmp_path, monkeypatch):
 
 
 def run_fleet(router, n: int = 6, **fields) -> Cluster:
-    cluster = Cluster(FleetSpec(replicas=[ReplicaGroup(count=2, settings={"num_gpu_blocks": 256})], router=router, **fields))
+    cluster = Cluster(
+        FleetSpec(replicas=[ReplicaGroup(count=2, settings={"num_gpu_blocks": 256})], router=router, **fields)
+    )
     cluster.run([Request(request_id=f"r{i}", prompt_len=40, output_len=4, arrival_time=0.01 * i) for i in range(n)])
     return cluster
 
@@ -67,15 +74,23 @@ def error_of(router, **fields) -> str:
 
 
 # -------------------------------------------------------------------------------- loading
-@pytest.mark.parametrize("raised, shown", [
-    ("SystemExit(0)", "SystemExit: 0"), ("GeneratorExit('gone')", "GeneratorExit: gone"), ("RuntimeError('no GPU here')", "RuntimeError: no GPU here"),
-])
+@pytest.mark.parametrize(
+    "raised, shown",
+    [
+        ("SystemExit(0)", "SystemExit: 0"),
+        ("GeneratorExit('gone')", "GeneratorExit: gone"),
+        ("RuntimeError('no GPU here')", "RuntimeError: no GPU here"),
+    ],
+)
 def test_whatever_an_import_raises_names_the_router_and_its_distribution(install, raised, shown):
     module = install(f"raise {raised}\n", {"leaves": "First"})
     with pytest.raises(RouterError) as caught:
         RouterHooks("leaves")
     text = str(caught.value)
-    assert text.startswith(f"router 'leaves': its entry point {module}:First fails to load: {shown}") and "hostile-routers-" in text
+    assert (
+        text.startswith(f"router 'leaves': its entry point {module}:First fails to load: {shown}")
+        and "hostile-routers-" in text
+    )
 
 
 def test_keyboard_interrupt_on_import_is_not_swallowed(install):
@@ -87,7 +102,9 @@ def test_keyboard_interrupt_on_import_is_not_swallowed(install):
 def test_a_router_file_that_exits_on_import_is_named_by_its_path(tmp_path):
     draft = tmp_path / "draft_router.py"
     draft.write_text("raise SystemExit(3)\n")
-    with pytest.raises(RouterError, match=rf"^router '{draft}:Mine': the file fails to load: SystemExit: 3 \(at .*draft_router.py:1\)"):
+    with pytest.raises(
+        RouterError, match=rf"^router '{draft}:Mine': the file fails to load: SystemExit: 3 \(at .*draft_router.py:1\)"
+    ):
         RouterHooks(f"{draft}:Mine")
     with pytest.raises(UnknownRouterError, match="router file '.*nowhere.py' does not exist"):
         RouterHooks(f"{tmp_path}/nowhere.py:Mine")
@@ -171,26 +188,31 @@ class Misspelt(First):
 """
 
 
-@pytest.mark.parametrize("attr, message", [
-    ("Breaks", "its constructor fails: RuntimeError: constructor broke (at "),
-    ("Exits", "its constructor fails: SystemExit: 0 (at "),
-    ("NumberName", "its name is 5, not a non-empty string"),
-    ("EmptyName", "its name is '', not a non-empty string"),
-    ("SlyName", "its name is 'sly', not a non-empty string"),
-    ("RaisingName", "its name is <property object at "),  # read on the class, where it is a property
-    ("RaisingDeclaration", "reading its 'reads_reports_only' fails: RuntimeError: undecided"),
-    ("RaisingDir", "registering it fails: RuntimeError: nothing to see"),
-    ("RaisingDoc", "reading its docstring fails: RuntimeError: undocumented"),
-    ("WrongSignature", "invalid plugin: "),
-    ("Misspelt", "invalid plugin: "),
-])
+@pytest.mark.parametrize(
+    "attr, message",
+    [
+        ("Breaks", "its constructor fails: RuntimeError: constructor broke (at "),
+        ("Exits", "its constructor fails: SystemExit: 0 (at "),
+        ("NumberName", "its name is 5, not a non-empty string"),
+        ("EmptyName", "its name is '', not a non-empty string"),
+        ("SlyName", "its name is 'sly', not a non-empty string"),
+        ("RaisingName", "its name is <property object at "),  # read on the class, where it is a property
+        ("RaisingDeclaration", "reading its 'reads_reports_only' fails: RuntimeError: undecided"),
+        ("RaisingDir", "registering it fails: RuntimeError: nothing to see"),
+        ("RaisingDoc", "reading its docstring fails: RuntimeError: undocumented"),
+        ("WrongSignature", "invalid plugin: "),
+        ("Misspelt", "invalid plugin: "),
+    ],
+)
 def test_a_router_whose_code_fails_as_it_loads_is_one_error_naming_it(install, attr, message):
     """The constructor, the attributes the cluster reads (its name, its docstring, its declaration), pluggy's look."""
     install(SOURCES, {"the-router": attr})
     with pytest.raises(RouterError) as caught:
         RouterHooks("the-router")
     text = str(caught.value)
-    assert text.startswith("router 'the-router': ") and message in text and "\n" not in text, text  # named as it was chosen
+    assert text.startswith("router 'the-router': ") and message in text and "\n" not in text, (
+        text
+    )  # named as it was chosen
 
 
 # ---------------------------------------------------------------------------- the hooks
@@ -233,10 +255,16 @@ def _raise(exc):
 
 
 @pytest.mark.parametrize("hook", ["route_request", "on_routed", "on_finished"])
-@pytest.mark.parametrize("exc, shown", [
-    (SystemExit(0), "raised SystemExit: 0"), (SystemExit(), "raised SystemExit"), (GeneratorExit("gone"), "raised GeneratorExit: gone"),
-    (BadStr(), "raised BadStr: <BadStr whose str() raised>"), (ValueError("a\nb"), "raised ValueError: a b"),
-])
+@pytest.mark.parametrize(
+    "exc, shown",
+    [
+        (SystemExit(0), "raised SystemExit: 0"),
+        (SystemExit(), "raised SystemExit"),
+        (GeneratorExit("gone"), "raised GeneratorExit: gone"),
+        (BadStr(), "raised BadStr: <BadStr whose str() raised>"),
+        (ValueError("a\nb"), "raised ValueError: a b"),
+    ],
+)
 def test_whatever_a_hook_raises_is_one_error_naming_the_router_the_hook_and_its_line(hook, exc, shown):
     text = error_of(hostile(lambda arg: _raise(exc), hook))
     assert text.startswith(f"router 'hostile' in {hook}: {shown} (at ") and "test_router_plugins.py:" in text, text
@@ -247,24 +275,39 @@ def test_keyboard_interrupt_in_a_hook_is_not_swallowed():
         run_fleet(hostile(lambda replicas: _raise(KeyboardInterrupt())))
 
 
-@pytest.mark.parametrize("reason, problem", [
-    ("a lone \udc80 surrogate", "valid UTF-8"), ("x" * 201, "at most 200 characters"), (b"bytes", "must be a str"),
-    (type("Sly", (str,), {})("a str subclass"), "must be a str"), ("two\nlines", "one printable line"), ("\x1b[2Jclear", "one printable line"),
-])
+@pytest.mark.parametrize(
+    "reason, problem",
+    [
+        ("a lone \udc80 surrogate", "valid UTF-8"),
+        ("x" * 201, "at most 200 characters"),
+        (b"bytes", "must be a str"),
+        (type("Sly", (str,), {})("a str subclass"), "must be a str"),
+        ("two\nlines", "one printable line"),
+        ("\x1b[2Jclear", "one printable line"),
+    ],
+)
 def test_a_reason_that_cannot_be_recorded_is_refused_when_given(reason, problem):
     """Before: a lone surrogate failed writing routes.csv after the whole run."""
-    text = error_of(hostile(lambda replicas: __import__("kvsched.routers", fromlist=["Route"]).Route(replicas[0], reason)))
+    text = error_of(
+        hostile(lambda replicas: __import__("kvsched.routers", fromlist=["Route"]).Route(replicas[0], reason))
+    )
     assert text.startswith("router 'hostile' in route_request: gave the reason ") and problem in text, text
 
 
 # ------------------------------------------------------------------ two distributions, one name
 def test_a_router_name_two_distributions_register_is_refused_naming_both_until_one_is_chosen(install):
-    module = install("class Impostor(First):\n    '''Not the real round-robin.'''\n", {"round-robin": "Impostor"}, dist="Impostor_Routers")
+    module = install(
+        "class Impostor(First):\n    '''Not the real round-robin.'''\n",
+        {"round-robin": "Impostor"},
+        dist="Impostor_Routers",
+    )
     with pytest.raises(AmbiguousPolicyError) as caught:
         RouterHooks("round-robin")
-    assert str(caught.value) == (f"router name 'round-robin' is registered by 2 distributions: Impostor_Routers 0.1 ({module}:Impostor), "
-                                 "kvsched 0.1.0 (kvsched.routers.balance:RoundRobin); choose one with --router Impostor_Routers:round-robin "
-                                 "or --router kvsched:round-robin")
+    assert str(caught.value) == (
+        f"router name 'round-robin' is registered by 2 distributions: Impostor_Routers 0.1 ({module}:Impostor), "
+        "kvsched 0.1.0 (kvsched.routers.balance:RoundRobin); choose one with --router Impostor_Routers:round-robin "
+        "or --router kvsched:round-robin"
+    )
     with pytest.raises(AmbiguousPolicyError):
         Cluster(FleetSpec(replicas=[ReplicaGroup(count=2)]))  # the default router is no exception
     assert type(RouterHooks("kvsched:round-robin").router).__name__ == "RoundRobin"
@@ -274,21 +317,32 @@ def test_a_router_name_two_distributions_register_is_refused_naming_both_until_o
 
 
 # --------------------------------------------------------------------------------- options
-@pytest.mark.parametrize("router, options, message", [
-    ("weighted", {"weights": "queue-depth:-1"}, "the weight of queue-depth must be a finite number from 0, got -1.0"),
-    ("weighted", {"weights": "queue-depth:nan"}, "must be a finite number from 0, got nan"),
-    ("weighted", {"weights": "queue-depth:1,queue-depth:2"}, "scorer queue-depth is weighted twice"),
-    ("weighted", {"weights": "queue-depth:0"}, "weights names no scorer of a weight above 0"),
-    ("weighted", {"weights": "cache:1"}, "unknown scorer 'cache'"),
-    ("weighted", {"capacity": "0"}, "capacity must be an integer from 1 to 4,194,304, got 0"),
-    ("prefix-affinity", {"block_size": "0"}, "block_size must be an integer from 1 to 2,147,483,648, got 0"),
-    ("prefix-affinity", {"block_size": str(2**40)}, "block_size must be an integer from 1"),
-    ("cache-aware", {"cache_threshold": "nan"}, "cache_threshold must be a finite number from 0 to 1, got nan"),
-    ("cache-aware", {"balance_rel_threshold": "-1"}, "balance_rel_threshold must be a finite number from 0, got -1.0"),
-    ("power-of-two", {"seed": str(2**70)}, "seed must be an integer from"),
-    ("power-of-two", {"seed": "x"}, "option seed='x': Input should be a valid integer"),
-    ("round-robin", {"x": "1"}, "has no option 'x'; its options: none"),
-])
+@pytest.mark.parametrize(
+    "router, options, message",
+    [
+        (
+            "weighted",
+            {"weights": "queue-depth:-1"},
+            "the weight of queue-depth must be a finite number from 0, got -1.0",
+        ),
+        ("weighted", {"weights": "queue-depth:nan"}, "must be a finite number from 0, got nan"),
+        ("weighted", {"weights": "queue-depth:1,queue-depth:2"}, "scorer queue-depth is weighted twice"),
+        ("weighted", {"weights": "queue-depth:0"}, "weights names no scorer of a weight above 0"),
+        ("weighted", {"weights": "cache:1"}, "unknown scorer 'cache'"),
+        ("weighted", {"capacity": "0"}, "capacity must be an integer from 1 to 4,194,304, got 0"),
+        ("prefix-affinity", {"block_size": "0"}, "block_size must be an integer from 1 to 2,147,483,648, got 0"),
+        ("prefix-affinity", {"block_size": str(2**40)}, "block_size must be an integer from 1"),
+        ("cache-aware", {"cache_threshold": "nan"}, "cache_threshold must be a finite number from 0 to 1, got nan"),
+        (
+            "cache-aware",
+            {"balance_rel_threshold": "-1"},
+            "balance_rel_threshold must be a finite number from 0, got -1.0",
+        ),
+        ("power-of-two", {"seed": str(2**70)}, "seed must be an integer from"),
+        ("power-of-two", {"seed": "x"}, "option seed='x': Input should be a valid integer"),
+        ("round-robin", {"x": "1"}, "has no option 'x'; its options: none"),
+    ],
+)
 def test_router_options_are_bounded_as_policy_options_are(router, options, message):
     with pytest.raises(RouterError) as caught:
         RouterHooks(router, options)
@@ -297,7 +351,9 @@ def test_router_options_are_bounded_as_policy_options_are(router, options, messa
 
 def test_options_to_a_router_that_is_not_a_class_are_refused():
     with pytest.raises(RouterError, match="router 'First': options {'seed': 1} given, but the router is not a class"):
-        RouterHooks(type("First", (), {"route_request": hookimpl(lambda self, request, replicas: replicas[0])})(), {"seed": 1})
+        RouterHooks(
+            type("First", (), {"route_request": hookimpl(lambda self, request, replicas: replicas[0])})(), {"seed": 1}
+        )
 
 
 # -------------------------------------------------------------------- the console script
@@ -324,29 +380,86 @@ class Surrogate(First):
 
 # name: (arguments, what the one error line on stderr must contain); {tmp}: a folder of the run's own
 CLI_CASES = {
-    "the default router is ambiguous": (["run", "--replicas", "2", "-n", "5", "-q"],
-                                        ["router name 'round-robin' is registered by 2 distributions", "--router kvsched:round-robin"]),
-    "SystemExit on import": (["run", "--replicas", "2", "--router", "exits", "-n", "5", "-q"],
-                             ["router 'exits': its entry point cli_router_exits:First fails to load: SystemExit: 0", "cli-routers 0.1"]),
-    "SystemExit in a hook": (["run", "--replicas", "2", "--router", "cli-routers:exits-in-hook", "-n", "5", "-q", "-o", "{tmp}/o1"],
-                             ["router 'cli-routers:exits-in-hook' in route_request: raised SystemExit: 0 (at "]),
-    "a lone surrogate reason": (["run", "--replicas", "2", "--router", "cli-routers:surrogate", "-n", "5", "-q", "-o", "{tmp}/o2"],
-                                ["in route_request: gave the reason '\\udc80': "]),
-    "a negative weight": (["run", "--replicas", "2", "--router", "kvsched:weighted", "--router-opt", "weights=queue-depth:-1", "-n", "5", "-q"],
-                          ["router 'kvsched:weighted': bad options", "the weight of queue-depth must be a finite number from 0"]),
-    "an absurd block size": (["run", "--replicas", "2", "--router", "kvsched:prefix-affinity", "--router-opt", "block_size=0", "-n", "5", "-q"],
-                             ["block_size must be an integer from 1"]),
-    "a repeated option": (["run", "--replicas", "2", "--router", "kvsched:power-of-two", "--router-opt", "seed=1", "--router-opt", "seed=2",
-                           "-n", "5", "-q"], ["--router-opt seed is given twice ('1', then '2'): give it once"]),
+    "the default router is ambiguous": (
+        ["run", "--replicas", "2", "-n", "5", "-q"],
+        ["router name 'round-robin' is registered by 2 distributions", "--router kvsched:round-robin"],
+    ),
+    "SystemExit on import": (
+        ["run", "--replicas", "2", "--router", "exits", "-n", "5", "-q"],
+        ["router 'exits': its entry point cli_router_exits:First fails to load: SystemExit: 0", "cli-routers 0.1"],
+    ),
+    "SystemExit in a hook": (
+        ["run", "--replicas", "2", "--router", "cli-routers:exits-in-hook", "-n", "5", "-q", "-o", "{tmp}/o1"],
+        ["router 'cli-routers:exits-in-hook' in route_request: raised SystemExit: 0 (at "],
+    ),
+    "a lone surrogate reason": (
+        ["run", "--replicas", "2", "--router", "cli-routers:surrogate", "-n", "5", "-q", "-o", "{tmp}/o2"],
+        ["in route_request: gave the reason '\\udc80': "],
+    ),
+    "a negative weight": (
+        [
+            "run",
+            "--replicas",
+            "2",
+            "--router",
+            "kvsched:weighted",
+            "--router-opt",
+            "weights=queue-depth:-1",
+            "-n",
+            "5",
+            "-q",
+        ],
+        ["router 'kvsched:weighted': bad options", "the weight of queue-depth must be a finite number from 0"],
+    ),
+    "an absurd block size": (
+        [
+            "run",
+            "--replicas",
+            "2",
+            "--router",
+            "kvsched:prefix-affinity",
+            "--router-opt",
+            "block_size=0",
+            "-n",
+            "5",
+            "-q",
+        ],
+        ["block_size must be an integer from 1"],
+    ),
+    "a repeated option": (
+        [
+            "run",
+            "--replicas",
+            "2",
+            "--router",
+            "kvsched:power-of-two",
+            "--router-opt",
+            "seed=1",
+            "--router-opt",
+            "seed=2",
+            "-n",
+            "5",
+            "-q",
+        ],
+        ["--router-opt seed is given twice ('1', then '2'): give it once"],
+    ),
 }
 
 
 @pytest.fixture(scope="module")
 def cli(tmp_path_factory):
-    folder = make_dist(tmp_path_factory.mktemp("cli-routers"), "cli-routers",
-                       {"exits": "cli_router_exits:First", "round-robin": "cli_routers:Impostor", "exits-in-hook": "cli_routers:ExitsInHook",
-                        "surrogate": "cli_routers:Surrogate"},
-                       {"cli_router_exits": "raise SystemExit(0)\n", "cli_routers": HEADER + CLI_ROUTERS}, group="kvsched.routers")
+    folder = make_dist(
+        tmp_path_factory.mktemp("cli-routers"),
+        "cli-routers",
+        {
+            "exits": "cli_router_exits:First",
+            "round-robin": "cli_routers:Impostor",
+            "exits-in-hook": "cli_routers:ExitsInHook",
+            "surrogate": "cli_routers:Surrogate",
+        },
+        {"cli_router_exits": "raise SystemExit(0)\n", "cli_routers": HEADER + CLI_ROUTERS},
+        group="kvsched.routers",
+    )
     tmp = tmp_path_factory.mktemp("cli-runs")
     runs = {name: [a.format(tmp=tmp) for a in args] for name, (args, _) in CLI_CASES.items()}
     runs["routers"] = ["routers"]
@@ -359,7 +472,9 @@ def test_the_console_script_says_what_broke_in_one_line_and_exits_2(cli, case):
     tmp, procs = cli
     proc, expected = procs[case], CLI_CASES[case][1]
     assert proc.returncode == 2, (proc.stdout, proc.stderr)
-    assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("error: ") and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("error: ") and "Traceback" not in proc.stderr, (
+        proc.stderr
+    )
     for text in expected:
         assert text in proc.stderr, proc.stderr
     assert not list(tmp.iterdir()), "a failed run wrote results"
@@ -368,9 +483,17 @@ def test_the_console_script_says_what_broke_in_one_line_and_exits_2(cli, case):
 def test_engine_routers_lists_both_distributions_and_shows_what_fails_to_load(cli):
     proc = cli[1]["routers"]
     assert proc.returncode == 0, proc.stderr
-    rows = [line.split("│")[1:3] for line in proc.stdout.splitlines() if line.startswith("│") and line.split("│")[1].strip()]
+    rows = [
+        line.split("│")[1:3] for line in proc.stdout.splitlines() if line.startswith("│") and line.split("│")[1].strip()
+    ]
     rows = {name.strip(): dist.strip() for name, dist in rows}
     assert rows["kvsched:round-robin"] == "kvsched" and rows["cli-routers:round-robin"] == "cli-routers"
     assert "round-robin" not in rows and rows["weighted"] == "kvsched" and rows["exits"] == "cli-routers"
-    assert "(fails to load: router 'exits': its entry point cli_router_exits:First fails to load: SystemExit: 0" in proc.stdout
-    assert "warning: round-robin is registered by cli-routers and kvsched: choose one with --router DIST:round-robin" in proc.stdout
+    assert (
+        "(fails to load: router 'exits': its entry point cli_router_exits:First fails to load: SystemExit: 0"
+        in proc.stdout
+    )
+    assert (
+        "warning: round-robin is registered by cli-routers and kvsched: choose one with --router DIST:round-robin"
+        in proc.stdout
+    )

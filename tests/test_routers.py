@@ -28,7 +28,16 @@ from kvsched.routers.view import ReplicaView, Route, RoutingCall, Signals
 from kvsched.routers.weighted import Weighted
 
 ROOT = Path(__file__).resolve().parents[1]
-BUILT_INS = ("round-robin", "least-outstanding", "power-of-two", "vllm-dp", "prefix-affinity", "precise-prefix", "cache-aware", "weighted")
+BUILT_INS = (
+    "round-robin",
+    "least-outstanding",
+    "power-of-two",
+    "vllm-dp",
+    "prefix-affinity",
+    "precise-prefix",
+    "cache-aware",
+    "weighted",
+)
 
 
 def _declared() -> EntryPoints:
@@ -56,7 +65,13 @@ def registered(monkeypatch):
 
 def req(rid: str, tokens=None, prompt_len: int = 40, output_len: int = 8, arrival: float = 0.0) -> Request:
     prompt = {"prompt_token_ids": tuple(tokens)} if tokens is not None else {"prompt_len": prompt_len}
-    return Request(request_id=rid, **prompt, output_len=output_len, arrival_time=arrival, sampling=SamplingParams(max_tokens=output_len))
+    return Request(
+        request_id=rid,
+        **prompt,
+        output_len=output_len,
+        arrival_time=arrival,
+        sampling=SamplingParams(max_tokens=output_len),
+    )
 
 
 def fleet(n: int = 3, router="round-robin", caching: bool = False, **fields) -> Cluster:
@@ -108,12 +123,18 @@ class Kept:
         return self.kept
 
 
-@pytest.mark.parametrize("answer, message", [
-    (lambda rs: None, "returned None for request 'r0'"),
-    (lambda rs: 0, "returned 0, not one of the ReplicaViews"),
-    (lambda rs: Route(rs[0], 5), "gave the reason 5: the reason must be a str"),
-    (lambda rs: 1 / 0, r"in route_request: raised ZeroDivisionError: division by zero \(at .*test_routers.py:\d+\)"),
-])
+@pytest.mark.parametrize(
+    "answer, message",
+    [
+        (lambda rs: None, "returned None for request 'r0'"),
+        (lambda rs: 0, "returned 0, not one of the ReplicaViews"),
+        (lambda rs: Route(rs[0], 5), "gave the reason 5: the reason must be a str"),
+        (
+            lambda rs: 1 / 0,
+            r"in route_request: raised ZeroDivisionError: division by zero \(at .*test_routers.py:\d+\)",
+        ),
+    ],
+)
 def test_a_bad_choice_is_an_error_naming_the_router(answer, message):
     class Bad:
         name = "bad"
@@ -266,7 +287,10 @@ class ReportsOnly:
 def test_a_router_cannot_defeat_its_reads_reports_only_declaration(write):
     """Before: ``replicas[0]._call.reports_only = False`` let it read fresh signals while routed ahead of them. A
     refused read is the run's error even if the router catches it."""
-    with pytest.raises(RouterError, match="router 'reports-only' in route_request: declares reads_reports_only but read in_flight_requests"):
+    with pytest.raises(
+        RouterError,
+        match="router 'reports-only' in route_request: declares reads_reports_only but read in_flight_requests",
+    ):
         fleet(2, ReportsOnly(VIEW_WRITES[write]), staleness_s=0.05).run([req("r0"), req("r1", arrival=0.01)])
 
 
@@ -313,16 +337,23 @@ def _switched(view):
     return made
 
 
-@pytest.mark.parametrize("make, message", [
-    (_forged, "returned a ReplicaView the cluster did not make (a copy, or one made by hand)"),
-    (lambda rs: copy.copy(rs[0]), "returned a ReplicaView the cluster did not make"),
-    (lambda rs: copy.deepcopy(rs[0]), "returned a ReplicaView the cluster did not make"),
-    (lambda rs: pickle.loads(pickle.dumps(rs[0])), "returned a ReplicaView the cluster did not make"),
-    (lambda rs: _switched(rs[0]), "returned a ReplicaView the cluster did not make"),
-    (lambda rs: (rs[0], "a plain tuple"), "returned (<ReplicaView replica-0>, 'a plain tuple'), not one of the ReplicaViews"),
-])
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (_forged, "returned a ReplicaView the cluster did not make (a copy, or one made by hand)"),
+        (lambda rs: copy.copy(rs[0]), "returned a ReplicaView the cluster did not make"),
+        (lambda rs: copy.deepcopy(rs[0]), "returned a ReplicaView the cluster did not make"),
+        (lambda rs: pickle.loads(pickle.dumps(rs[0])), "returned a ReplicaView the cluster did not make"),
+        (lambda rs: _switched(rs[0]), "returned a ReplicaView the cluster did not make"),
+        (
+            lambda rs: (rs[0], "a plain tuple"),
+            "returned (<ReplicaView replica-0>, 'a plain tuple'), not one of the ReplicaViews",
+        ),
+    ],
+)
 def test_a_forged_copied_or_made_view_is_refused_as_the_routers_error(make, message):
     """Before: each of these ended in ``unexpected AttributeError`` (exit 1), naming no router."""
+
     class Forger:
         name = "forger"
 
@@ -343,7 +374,9 @@ def test_reading_a_forged_or_copied_view_is_the_routers_error_at_its_line():
             _ = copy.copy(replicas[0]).num_waiting
             return replicas[0]
 
-    with pytest.raises(RouterError, match=r"router 'reader' in route_request: raised AttributeError: .* \(at .*test_routers.py:\d+\)"):
+    with pytest.raises(
+        RouterError, match=r"router 'reader' in route_request: raised AttributeError: .* \(at .*test_routers.py:\d+\)"
+    ):
         fleet(router=Reader).run([req("r0")])
 
 
@@ -355,7 +388,6 @@ def test_a_stale_view_shows_the_newest_report_at_least_staleness_old():
     assert replica.signals_as_of(0.045 - 0.05).num_waiting == 0  # nothing reported that long ago: the first report
     assert replica.signals_as_of(0.095 - 0.05).num_waiting == 5
     assert replica.signals_as_of(0.13 - 0.05).num_running == 6
-
 
 
 def test_views_read_a_replica_only_through_the_declared_protocol():
@@ -379,13 +411,25 @@ def test_views_read_a_replica_only_through_the_declared_protocol():
     call = RoutingCall(1.0, 0.25, "reader", replicas=[StandIn()])
     _, (view,) = call.begin()
     try:
-        shown = (view.name, view.role, view.profile, view.policy, view.block_size, view.num_gpu_blocks, view.report,
-                 view.in_flight_requests, view.in_flight_tokens, view.in_prefill_requests, view.in_prefill_tokens,
-                 view.kv_usage,
-                 view.cached_prefix_tokens(req("a", tokens=list(range(40)))))
+        shown = (
+            view.name,
+            view.role,
+            view.profile,
+            view.policy,
+            view.block_size,
+            view.num_gpu_blocks,
+            view.report,
+            view.in_flight_requests,
+            view.in_flight_tokens,
+            view.in_prefill_requests,
+            view.in_prefill_tokens,
+            view.kv_usage,
+            view.cached_prefix_tokens(req("a", tokens=list(range(40)))),
+        )
     finally:
         call.end()
     assert shown == ("s0", "mixed", "p", "fcfs", 16, 100, Signals(0.75, 4, 3, 1, 25), 2, 300, 1, 120, 0.75, 16)
+
 
 def test_staleness_changes_what_a_router_sees():
     """The same arrivals under vllm-dp: with no staleness the reports of finished steps steer it; with
@@ -397,7 +441,9 @@ def test_staleness_changes_what_a_router_sees():
     seen_fresh = [r for *_, r in fresh.records.routes]
     seen_stale = [r for *_, r in stale.records.routes]
     assert seen_fresh != seen_stale
-    assert all(r.endswith((": 0", ": 4", ": 8", ": 12", ": 16", ": 20", ": 24", ": 28", ": 32", ": 36")) for r in seen_stale)
+    assert all(
+        r.endswith((": 0", ": 4", ": 8", ": 12", ": 16", ": 20", ": 24", ": 28", ": 32", ": 36")) for r in seen_stale
+    )
 
 
 def test_prefix_hashes_name_the_blocks_the_engine_caches():
@@ -430,14 +476,26 @@ def test_in_flight_counts_are_the_routers_own_and_fresh():
 # -------------------------------------------------------------------- the rules (unit)
 def views(*loads, **fields):
     """Duck-typed replica views: each load a dict of view attributes."""
-    base = {"reported_at": 0.0, "num_waiting": 0, "num_running": 0, "in_flight_requests": 0, "in_flight_tokens": 0,
-            "in_prefill_requests": 0, "in_prefill_tokens": 0, "kv_usage": 0.0}
+    base = {
+        "reported_at": 0.0,
+        "num_waiting": 0,
+        "num_running": 0,
+        "in_flight_requests": 0,
+        "in_flight_tokens": 0,
+        "in_prefill_requests": 0,
+        "in_prefill_tokens": 0,
+        "kv_usage": 0.0,
+    }
     out = []
     for i, load in enumerate(loads):
         cached = load.pop("cached", 0)
         f = {**base, **load}
         report = Signals(f["reported_at"], f["num_waiting"], f["num_running"], 0, 0)
-        out.append(SimpleNamespace(name=f"replica-{i}", index=i, **f, report=report, cached_prefix_tokens=lambda request, c=cached: c))
+        out.append(
+            SimpleNamespace(
+                name=f"replica-{i}", index=i, **f, report=report, cached_prefix_tokens=lambda request, c=cached: c
+            )
+        )
     return tuple(out)
 
 
@@ -448,7 +506,12 @@ def chosen(answer):
 def test_round_robin_and_least_outstanding():
     rr = RoundRobin()
     replicas = views({}, {}, {})
-    assert [chosen(rr.route_request(None, replicas)).name for _ in range(4)] == ["replica-0", "replica-1", "replica-2", "replica-0"]
+    assert [chosen(rr.route_request(None, replicas)).name for _ in range(4)] == [
+        "replica-0",
+        "replica-1",
+        "replica-2",
+        "replica-0",
+    ]
     loads = views({"in_flight_requests": 3}, {"in_flight_requests": 1}, {"in_flight_requests": 1})
     router = LeastOutstanding(seed=3)
     picks = [chosen(router.route_request(None, loads)).index for _ in range(40)]
@@ -467,11 +530,16 @@ def test_power_of_two_takes_the_less_loaded_of_two_draws():
 
 def test_vllm_dp_scores_waiting_four_times_and_counts_its_own_sends_until_a_new_report():
     router = VllmDp()
-    replicas = views({"num_waiting": 1, "num_running": 0}, {"num_waiting": 0, "num_running": 3}, {"num_waiting": 0, "num_running": 5})
+    replicas = views(
+        {"num_waiting": 1, "num_running": 0}, {"num_waiting": 0, "num_running": 3}, {"num_waiting": 0, "num_running": 5}
+    )
     picks = [chosen(router.route_request(None, replicas)).index for _ in range(3)]
     assert picks == [1, 0, 2]  # scores 4, 3, 5; then replica 1 counts one sent as waiting (7); then replica 0 (8)
-    fresh = views({"num_waiting": 1, "num_running": 0, "reported_at": 1.0}, {"num_waiting": 0, "num_running": 3, "reported_at": 1.0},
-                  {"num_waiting": 0, "num_running": 5, "reported_at": 1.0})
+    fresh = views(
+        {"num_waiting": 1, "num_running": 0, "reported_at": 1.0},
+        {"num_waiting": 0, "num_running": 3, "reported_at": 1.0},
+        {"num_waiting": 0, "num_running": 5, "reported_at": 1.0},
+    )
     assert chosen(router.route_request(None, fresh)).index == 1  # a new report: the sends are in it
 
 
@@ -509,8 +577,11 @@ def test_cache_aware_falls_back_to_the_least_loaded_when_imbalanced():
 
 def test_weighted_sums_llm_d_scorers():
     router = Weighted()
-    replicas = views({"cached": 64, "num_waiting": 4, "kv_usage": 0.9}, {"cached": 0, "num_waiting": 0, "kv_usage": 0.1},
-                     {"cached": 32, "num_waiting": 0, "kv_usage": 0.5})
+    replicas = views(
+        {"cached": 64, "num_waiting": 4, "kv_usage": 0.9},
+        {"cached": 0, "num_waiting": 0, "kv_usage": 0.1},
+        {"cached": 32, "num_waiting": 0, "kv_usage": 0.5},
+    )
     prompt = req("p", prompt_len=64)  # the prefix scores are the share of its 64 tokens cached: 1, 0, 0.5
     # totals: 2×1 + 0 + 0.1 = 2.1; 0 + 1 + 0.9 = 1.9; 2×0.5 + 1 + 0.5 = 2.5
     answer = router.route_request(prompt, replicas)
@@ -525,7 +596,9 @@ def test_engine_routers_lists_the_built_ins():
 
     if not list(entry_points(group="kvsched.routers")):
         pytest.skip("the installed metadata predates kvsched.routers: reinstall (make setup) to list them")
-    out = subprocess.run([str(Path(sys.executable).parent / "engine"), "routers"], capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [str(Path(sys.executable).parent / "engine"), "routers"], capture_output=True, text=True, timeout=120
+    )
     assert out.returncode == 0, out.stderr
     for name in BUILT_INS:
         assert name in out.stdout

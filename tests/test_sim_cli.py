@@ -16,12 +16,37 @@ def engine(*args, cwd=None):
 
 def test_run_builtin_azure_writes_every_output(tmp_path):
     out = tmp_path / "out"
-    proc = engine("run", "--policy", "vllm-default", "--workload", "azure-conv", "-n", "400", "--output", out,
-                  "--plot", "--slo-ttft", "2", "--slo-tpot", "0.05", "-q")
+    proc = engine(
+        "run",
+        "--policy",
+        "vllm-default",
+        "--workload",
+        "azure-conv",
+        "-n",
+        "400",
+        "--output",
+        out,
+        "--plot",
+        "--slo-ttft",
+        "2",
+        "--slo-tpot",
+        "0.05",
+        "-q",
+    )
     assert proc.returncode == 0, proc.stderr
     assert "SLO goodput" in proc.stdout
-    for name in ("summary.json", "requests.csv", "requests.parquet", "timeseries.parquet", "decisions.parquet", "trace.json",
-                 "report.html", "latency_cdf.png", "queues_kv.png", "batch_composition.png"):
+    for name in (
+        "summary.json",
+        "requests.csv",
+        "requests.parquet",
+        "timeseries.parquet",
+        "decisions.parquet",
+        "trace.json",
+        "report.html",
+        "latency_cdf.png",
+        "queues_kv.png",
+        "batch_composition.png",
+    ):
         assert (out / name).stat().st_size > 0, name
     summary = json.loads((out / "summary.json").read_text())
     assert summary["profile"] == "llama2-7b-a100" and summary["workload"]["name"] == "azure-conv"
@@ -33,13 +58,29 @@ def test_run_builtin_azure_writes_every_output(tmp_path):
 
 def test_trace_rate_scale_and_sweep(tmp_path):
     trace = tmp_path / "t.csv"
-    trace.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + "".join(
-        f"2024-01-01 00:00:{i // 2:02d}.{5 * (i % 2)}000000,{100 + 13 * i},{10 + i}\n" for i in range(40)))
+    trace.write_text(
+        "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+        + "".join(f"2024-01-01 00:00:{i // 2:02d}.{5 * (i % 2)}000000,{100 + 13 * i},{10 + i}\n" for i in range(40))
+    )
     proc = engine("run", "--trace", trace, "--rate-scale", "2", "--output", tmp_path / "r", "-q")
     assert proc.returncode == 0, proc.stderr
     assert json.loads((tmp_path / "r" / "summary.json").read_text())["workload"]["rate_scale"] == 2.0
-    proc = engine("sweep", "--policy", "vllm-default", "--set", "delay_factor=0,1", "--set", "max_num_batched_tokens=512,2048",
-                  "--trace", trace, "-o", tmp_path / "sw", "-j", "2", "-q")
+    proc = engine(
+        "sweep",
+        "--policy",
+        "vllm-default",
+        "--set",
+        "delay_factor=0,1",
+        "--set",
+        "max_num_batched_tokens=512,2048",
+        "--trace",
+        trace,
+        "-o",
+        tmp_path / "sw",
+        "-j",
+        "2",
+        "-q",
+    )
     assert proc.returncode == 0, proc.stderr
     table = pd.read_csv(tmp_path / "sw" / "sweep.csv")
     assert len(table) == 4 and set(table.delay_factor) == {0.0, 1.0}
@@ -70,10 +111,12 @@ def test_calibrate_then_run_with_the_fitted_profile(tmp_path):
 def test_bad_inputs_are_one_line_exit_2(tmp_path):
     bad = tmp_path / "steps.csv"
     bad.write_text("prefill_tokens,decode_seqs\n1,2\n")
-    for args, text in ((("calibrate", bad), "missing column(s) kv_tokens_read"),
-                       (("run", "--profile", "nope"), "unknown cost profile 'nope'"),
-                       (("run", "--workload", "nope"), "unknown workload 'nope'"),
-                       (("sweep", "--set", "nope=1", "-q"), "unknown engine setting 'nope'")):
+    for args, text in (
+        (("calibrate", bad), "missing column(s) kv_tokens_read"),
+        (("run", "--profile", "nope"), "unknown cost profile 'nope'"),
+        (("run", "--workload", "nope"), "unknown workload 'nope'"),
+        (("sweep", "--set", "nope=1", "-q"), "unknown engine setting 'nope'"),
+    ):
         proc = engine(*args)
         assert proc.returncode == 2, (args, proc.stderr)
         lines = [line for line in proc.stderr.splitlines() if line.strip()]

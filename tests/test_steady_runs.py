@@ -14,8 +14,18 @@ import pyarrow.parquet as pq
 from helpers import req
 from hypothesis import given, note
 from hypothesis import strategies as st
-from test_steady_steps import (POLICIES, STEADY, _request, configs, finals, fitted, observed, pressure_configs, pressure_requests,
-                               requests)
+from test_steady_steps import (
+    POLICIES,
+    STEADY,
+    _request,
+    configs,
+    finals,
+    fitted,
+    observed,
+    pressure_configs,
+    pressure_requests,
+    requests,
+)
 
 from kvsched import Engine, EngineConfig, hookimpl
 from kvsched.executors.simulated import SimulatedExecutor
@@ -45,11 +55,29 @@ class _Recorder:
         batch = [(s.group.request_id, s.num_tokens, s.is_prefill, s.num_cached_tokens) for s in out.scheduled]
         assert out.decisions == tuple(run.decisions(0)) and out.features == run.features(0)
         for i in range(last + 1):
-            self.steps.append((
-                run.first + i, run.now[i], run.duration[i], run.features(i), out.lane_decodes, out.num_batched_tokens, batch,
-                [], [], (), (), (), tuple(run.decisions(i)), [g.request_id for g in run.finished] if i == last else [],
-                run.num_waiting[i], run.num_running[i], run.num_swapped, run.free_gpu_blocks[i], run.cache.num_free_cpu_blocks,
-            ))
+            self.steps.append(
+                (
+                    run.first + i,
+                    run.now[i],
+                    run.duration[i],
+                    run.features(i),
+                    out.lane_decodes,
+                    out.num_batched_tokens,
+                    batch,
+                    [],
+                    [],
+                    (),
+                    (),
+                    (),
+                    tuple(run.decisions(i)),
+                    [g.request_id for g in run.finished] if i == last else [],
+                    run.num_waiting[i],
+                    run.num_running[i],
+                    run.num_swapped,
+                    run.free_gpu_blocks[i],
+                    run.cache.num_free_cpu_blocks,
+                )
+            )
         self.sizes.append(last + 1)
         self._reported(run.first + last)
 
@@ -69,14 +97,21 @@ def _trace(policy, config, reqs, aborts, abort_at, runs):
     return recorder, finals(engine)
 
 
-@given(policy=st.sampled_from(POLICIES), config=configs, spec=requests,
-       aborts=st.lists(st.integers(0, 15), max_size=3), abort_step=st.integers(0, 60))
+@given(
+    policy=st.sampled_from(POLICIES),
+    config=configs,
+    spec=requests,
+    aborts=st.lists(st.integers(0, 15), max_size=3),
+    abort_step=st.integers(0, 60),
+)
 def test_steady_runs_change_nothing_observable(policy, config, spec, aborts, abort_step):
     config = fitted(policy, config)
     reqs = [_request(i, *row) for i, row in enumerate(spec)]
     runs, run_finals = _trace(policy, config, reqs, aborts, abort_step, runs=True)
     # The runs side aborts after the first report at or past abort_step; the reference aborts after that very step.
-    each, each_finals = _trace(policy, config, reqs, aborts, runs.aborted_after if runs.aborted_after is not None else 1 << 30, runs=False)
+    each, each_finals = _trace(
+        policy, config, reqs, aborts, runs.aborted_after if runs.aborted_after is not None else 1 << 30, runs=False
+    )
     note(f"{len(each.steps)} steps, runs of {runs.sizes}")
     assert each.sizes == []
     assert runs.steps == each.steps
@@ -85,8 +120,13 @@ def test_steady_runs_change_nothing_observable(policy, config, spec, aborts, abo
         assert tables == each.tables[step], step
 
 
-@given(policy=st.sampled_from(STEADY), config=pressure_configs, spec=pressure_requests,
-       aborts=st.lists(st.integers(0, 23), max_size=2), abort_step=st.integers(0, 200))
+@given(
+    policy=st.sampled_from(STEADY),
+    config=pressure_configs,
+    spec=pressure_requests,
+    aborts=st.lists(st.integers(0, 23), max_size=2),
+    abort_step=st.integers(0, 200),
+)
 def test_steady_runs_under_kv_pressure_change_nothing_observable(policy, config, spec, aborts, abort_step):
     test_steady_runs_change_nothing_observable.hypothesis.inner_test(policy, config, spec, aborts, abort_step)
 
@@ -107,8 +147,10 @@ class _Counts:
 
 def test_most_steps_of_a_long_run_are_taken_in_runs():
     """Under KV pressure (the head refused for want of blocks, arrivals joining behind it) and at low load."""
-    for reqs, blocks in (([req(f"r{i}", 40, 60 + 7 * i, arrival=0.01 * i) for i in range(30)], 200),
-                         ([req(f"r{i}", 10, 50, arrival=2.0 * i) for i in range(5)], 200)):
+    for reqs, blocks in (
+        ([req(f"r{i}", 40, 60 + 7 * i, arrival=0.01 * i) for i in range(30)], 200),
+        ([req(f"r{i}", 10, 50, arrival=2.0 * i) for i in range(5)], 200),
+    ):
         engine = Engine(EngineConfig(block_size=4, num_gpu_blocks=blocks), "vllm-default", SimulatedExecutor())
         counts = _Counts()
         engine.run(reqs, on_step=counts)
@@ -156,9 +198,16 @@ def test_streamed_files_are_the_same_with_and_without_runs(tmp_path):
     """SimJob's time series, decision log and records, written from runs or from every step's report."""
     files = {}
     for name, observer in (("runs", None), ("each", lambda report: None)):
-        job = SimJob(build_workload("synthetic", num_requests=400, rate=6.0, seed=2), config=EngineConfig(num_gpu_blocks=300),
-                     stream_to=tmp_path / name, decision_log=tmp_path / name / "decisions.parquet")
+        job = SimJob(
+            build_workload("synthetic", num_requests=400, rate=6.0, seed=2),
+            config=EngineConfig(num_gpu_blocks=300),
+            stream_to=tmp_path / name,
+            decision_log=tmp_path / name / "decisions.parquet",
+        )
         job.run(on_step=observer)
-        files[name] = {f: pq.read_table(tmp_path / name / f) for f in ("timeseries.parquet", "decisions.parquet", "requests.parquet")}
+        files[name] = {
+            f: pq.read_table(tmp_path / name / f)
+            for f in ("timeseries.parquet", "decisions.parquet", "requests.parquet")
+        }
     for f, table in files["runs"].items():
         assert table.num_rows > 100 and table.equals(files["each"][f]), f

@@ -96,32 +96,72 @@ class OwnAdmissionRule:
         return None
 
 
-POLICIES = ["vllm-default", "vllm-v1", "fcfs", "sarathi", "sjf", "vtc", "lpm", "priority-vip",
-            CappedDecodesFirst, HoldsBackWhileBusy, OwnAdmissionRule]
+POLICIES = [
+    "vllm-default",
+    "vllm-v1",
+    "fcfs",
+    "sarathi",
+    "sjf",
+    "vtc",
+    "lpm",
+    "priority-vip",
+    CappedDecodesFirst,
+    HoldsBackWhileBusy,
+    OwnAdmissionRule,
+]
 
-configs = engine_configs(max_model_len=st.sampled_from([None, 48, 80]), delay_factor=st.sampled_from([0.0, 0.5]),
-                         vllm_engine=st.sampled_from(["v0", "v0", "v1"]), num_gpu_blocks=st.integers(8, 160))
+configs = engine_configs(
+    max_model_len=st.sampled_from([None, 48, 80]),
+    delay_factor=st.sampled_from([0.0, 0.5]),
+    vllm_engine=st.sampled_from(["v0", "v0", "v1"]),
+    num_gpu_blocks=st.integers(8, 160),
+)
 requests = st.lists(
-    st.tuples(st.integers(1, 60), st.integers(1, 120), st.sampled_from([1, 1, 1, 2]), st.floats(0, 3, allow_nan=False),
-              st.integers(0, 8), st.sampled_from([(), (-5,)])),
-    min_size=1, max_size=24,
+    st.tuples(
+        st.integers(1, 60),
+        st.integers(1, 120),
+        st.sampled_from([1, 1, 1, 2]),
+        st.floats(0, 3, allow_nan=False),
+        st.integers(0, 8),
+        st.sampled_from([(), (-5,)]),
+    ),
+    min_size=1,
+    max_size=24,
 )
 
 
 # Under KV pressure: the head of the queue refused for want of blocks while the rest decode, then blocks freed.
-pressure_configs = engine_configs(num_gpu_blocks=st.integers(8, 64), max_num_seqs=st.integers(4, 32), delay_factor=st.just(0.0),
-                                  vllm_engine=st.just("v0"), max_model_len=st.just(None))
+pressure_configs = engine_configs(
+    num_gpu_blocks=st.integers(8, 64),
+    max_num_seqs=st.integers(4, 32),
+    delay_factor=st.just(0.0),
+    vllm_engine=st.just("v0"),
+    max_model_len=st.just(None),
+)
 pressure_requests = st.lists(
-    st.tuples(st.integers(1, 60), st.integers(20, 120), st.sampled_from([1, 1, 1, 1, 2]), st.floats(0, 1, allow_nan=False),
-              st.integers(0, 8), st.sampled_from([(), (), (-5,)])),
-    min_size=4, max_size=24,
+    st.tuples(
+        st.integers(1, 60),
+        st.integers(20, 120),
+        st.sampled_from([1, 1, 1, 1, 2]),
+        st.floats(0, 1, allow_nan=False),
+        st.integers(0, 8),
+        st.sampled_from([(), (), (-5,)]),
+    ),
+    min_size=4,
+    max_size=24,
 )
 STEADY = ["vllm-default", "fcfs", CappedDecodesFirst, HoldsBackWhileBusy]
 
 
 def _request(i, prompt, output, n, arrival, extra, stops) -> Request:
-    return Request(request_id=f"r{i}", prompt_len=prompt, output_len=output, arrival_time=round(arrival, 3), tenant=f"t{i % 2}",
-                   sampling=SamplingParams(n=n, max_tokens=output + extra, stop_token_ids=stops))
+    return Request(
+        request_id=f"r{i}",
+        prompt_len=prompt,
+        output_len=output,
+        arrival_time=round(arrival, 3),
+        tenant=f"t{i % 2}",
+        sampling=SamplingParams(n=n, max_tokens=output + extra, stop_token_ids=stops),
+    )
 
 
 def _trace(policy, config, reqs, aborts, abort_step, steady):
@@ -130,8 +170,13 @@ def _trace(policy, config, reqs, aborts, abort_step, steady):
     bm, steps = engine.scheduler.block_manager, []
 
     def record(report):
-        steps.append((*observed(report), {sid: tuple(t) for sid, t in bm.gpu_tables.items()},
-                      {sid: tuple(t) for sid, t in bm.cpu_tables.items()}))
+        steps.append(
+            (
+                *observed(report),
+                {sid: tuple(t) for sid, t in bm.gpu_tables.items()},
+                {sid: tuple(t) for sid, t in bm.cpu_tables.items()},
+            )
+        )
         if report.step == abort_step:
             for i in aborts:
                 engine.abort(f"r{i}")
@@ -144,12 +189,25 @@ def observed(report) -> tuple:
     """What a step's report says: batch, notes, preemptions, block movements, features, duration, finishes, queues."""
     out = report.output
     return (
-        report.step, report.now, report.duration, report.features, out.lane_decodes, out.num_batched_tokens,
+        report.step,
+        report.now,
+        report.duration,
+        report.features,
+        out.lane_decodes,
+        out.num_batched_tokens,
         [(s.group.request_id, s.num_tokens, s.is_prefill, s.num_cached_tokens) for s in out.scheduled],
-        [(g.request_id, mode.value) for g, mode in out.preempted], [g.request_id for g in out.ignored],
-        out.blocks_to_swap_in, out.blocks_to_swap_out, out.blocks_to_copy, out.decisions,
-        [g.request_id for g in report.finished], report.num_waiting, report.num_running, report.num_swapped,
-        report.cache.num_free_gpu_blocks, report.cache.num_free_cpu_blocks,
+        [(g.request_id, mode.value) for g, mode in out.preempted],
+        [g.request_id for g in out.ignored],
+        out.blocks_to_swap_in,
+        out.blocks_to_swap_out,
+        out.blocks_to_copy,
+        out.decisions,
+        [g.request_id for g in report.finished],
+        report.num_waiting,
+        report.num_running,
+        report.num_swapped,
+        report.cache.num_free_gpu_blocks,
+        report.cache.num_free_cpu_blocks,
     )
 
 
@@ -157,21 +215,37 @@ def finals(engine) -> dict:
     """Every request as it ended (and no block leaked)."""
     assert engine.leaked_blocks == 0
     return {
-        g.request_id: (g.status, g.finish_detail, g.first_scheduled_time, g.first_token_time, g.finish_time, g.num_generated_tokens,
-                       [list(s.output) for s in g.seqs], g.num_recompute_preemptions, g.num_swap_preemptions)
+        g.request_id: (
+            g.status,
+            g.finish_detail,
+            g.first_scheduled_time,
+            g.first_token_time,
+            g.finish_time,
+            g.num_generated_tokens,
+            [list(s.output) for s in g.seqs],
+            g.num_recompute_preemptions,
+            g.num_swap_preemptions,
+        )
         for g in engine._groups.values()
     }
 
 
 def fitted(policy, config: dict) -> dict:
     """``config`` with V1 mechanics for vllm-v1."""
-    if policy == "vllm-v1":  # V1 has no swap: on v0 mechanics with preemption_mode=swap its swapped groups stay there (a stall)
+    if (
+        policy == "vllm-v1"
+    ):  # V1 has no swap: on v0 mechanics with preemption_mode=swap its swapped groups stay there (a stall)
         config = {**config, "vllm_engine": "v1"}
     return config
 
 
-@given(policy=st.sampled_from(POLICIES), config=configs, spec=requests,
-       aborts=st.lists(st.integers(0, 15), max_size=3), abort_step=st.integers(0, 60))
+@given(
+    policy=st.sampled_from(POLICIES),
+    config=configs,
+    spec=requests,
+    aborts=st.lists(st.integers(0, 15), max_size=3),
+    abort_step=st.integers(0, 60),
+)
 def test_repeating_steady_steps_changes_nothing_observable(policy, config, spec, aborts, abort_step):
     config = fitted(policy, config)
     reqs = [_request(i, *row) for i, row in enumerate(spec)]
@@ -182,10 +256,17 @@ def test_repeating_steady_steps_changes_nothing_observable(policy, config, spec,
     assert repeated[1] == called[1]
 
 
-@given(policy=st.sampled_from(STEADY), config=pressure_configs, spec=pressure_requests,
-       aborts=st.lists(st.integers(0, 23), max_size=2), abort_step=st.integers(0, 200))
+@given(
+    policy=st.sampled_from(STEADY),
+    config=pressure_configs,
+    spec=pressure_requests,
+    aborts=st.lists(st.integers(0, 23), max_size=2),
+    abort_step=st.integers(0, 200),
+)
 def test_repeating_steady_steps_under_kv_pressure_changes_nothing_observable(policy, config, spec, aborts, abort_step):
-    test_repeating_steady_steps_changes_nothing_observable.hypothesis.inner_test(policy, config, spec, aborts, abort_step)
+    test_repeating_steady_steps_changes_nothing_observable.hypothesis.inner_test(
+        policy, config, spec, aborts, abort_step
+    )
 
 
 def _calls(steady: bool, reqs, **config) -> int:

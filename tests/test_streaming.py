@@ -29,7 +29,9 @@ def tenants_workload():
     return SyntheticSpec(num_requests=300, tenants={"a": 1, "b": 3}, n={1: 0.8, 3: 0.2}, seed=4)
 
 
-@pytest.mark.parametrize("workload", [build_workload(num_requests=300), tenants_workload()], ids=["embedded", "tenants-n3"])
+@pytest.mark.parametrize(
+    "workload", [build_workload(num_requests=300), tenants_workload()], ids=["embedded", "tenants-n3"]
+)
 def test_streamed_run_equals_the_in_memory_run(workload, tmp_path):
     kept = SimJob(workload, config=TIGHT, slo_ttft=5.0, slo_tpot=0.1).run()
     streamed = SimJob(workload, config=TIGHT, slo_ttft=5.0, slo_tpot=0.1, stream_to=tmp_path).run()
@@ -109,8 +111,10 @@ def test_retaining_is_the_default_and_ids_stay_unique():
 
 def test_requests_in_order_must_be_in_order():
     engine = Engine(EngineConfig(), "vllm-default", SimulatedExecutor())
-    late, early = (Request(request_id=i, prompt_len=8, arrival_time=t, output_len=2, sampling=SamplingParams(max_tokens=2))
-                   for i, t in (("late", 1.0), ("early", 0.5)))
+    late, early = (
+        Request(request_id=i, prompt_len=8, arrival_time=t, output_len=2, sampling=SamplingParams(max_tokens=2))
+        for i, t in (("late", 1.0), ("early", 0.5))
+    )
     with pytest.raises(ValueError, match="'early' arrives before 'late'"):
         engine.run(iter([late, early]), in_order=True)
 

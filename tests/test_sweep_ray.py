@@ -33,7 +33,10 @@ def _strip(rows):
 @pytest.fixture(scope="module")
 def tiny_trace(tmp_path_factory):
     p = tmp_path_factory.mktemp("trace") / "t.csv"
-    p.write_text("arrival_time_s,prompt_tokens,output_tokens\n" + "".join(f"{i * 0.05:.2f},{200 + 37 * i % 300},{20 + 7 * i % 40}\n" for i in range(60)))
+    p.write_text(
+        "arrival_time_s,prompt_tokens,output_tokens\n"
+        + "".join(f"{i * 0.05:.2f},{200 + 37 * i % 300},{20 + 7 * i % 40}\n" for i in range(60))
+    )
     return p
 
 
@@ -54,8 +57,9 @@ pytestmark_ray = pytest.mark.skipif(ray is None, reason="the ray extra is not in
 def _ray_processes(driver_pid: int) -> set[str]:
     """The GCS and raylet of the Ray a driver started: Ray names its session after the driver's pid
     (session_<date>_<pid>), so another run's Ray on the same machine is not counted."""
-    out = subprocess.run(["pgrep", "-f", f"(gcs_server|raylet).*session_[0-9_-]+_{driver_pid}( |/|$)"],
-                         capture_output=True, text=True).stdout
+    out = subprocess.run(
+        ["pgrep", "-f", f"(gcs_server|raylet).*session_[0-9_-]+_{driver_pid}( |/|$)"], capture_output=True, text=True
+    ).stdout
     return set(out.split())
 
 
@@ -63,26 +67,62 @@ def _ray_processes(driver_pid: int) -> set[str]:
 @pytestmark_ray
 def test_cli_sweep_on_its_own_local_ray_writes_the_process_pools_table(tiny_trace, tmp_path):
     """``engine sweep --ray`` starts a Ray, runs the grid, stops it: its sweep.csv is ``-j 2``'s."""
-    engine = [ENGINE, "sweep", "--trace", str(tiny_trace), "--fix", "num_gpu_blocks=256",
-              "--set", "max_num_batched_tokens=512,2048", "--set", "max_num_seqs=4,64", "-p", "vllm-default", "-p", "fcfs", "-j", "2", "-q"]
+    engine = [
+        ENGINE,
+        "sweep",
+        "--trace",
+        str(tiny_trace),
+        "--fix",
+        "num_gpu_blocks=256",
+        "--set",
+        "max_num_batched_tokens=512,2048",
+        "--set",
+        "max_num_seqs=4,64",
+        "-p",
+        "vllm-default",
+        "-p",
+        "fcfs",
+        "-j",
+        "2",
+        "-q",
+    ]
     pool = subprocess.run(engine + ["-o", str(tmp_path / "pool")], capture_output=True, text=True, timeout=300)
     assert pool.returncode == 0, pool.stderr
-    sweep = subprocess.Popen(engine + ["--ray", "-o", str(tmp_path / "ray")], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                             text=True)
+    sweep = subprocess.Popen(
+        engine + ["--ray", "-o", str(tmp_path / "ray")], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     stdout, stderr = sweep.communicate(timeout=300)
     on_ray = subprocess.CompletedProcess(sweep.args, sweep.returncode, stdout, stderr)
     assert on_ray.returncode == 0, on_ray.stderr
     a, b = (pd.read_csv(tmp_path / name / "sweep.csv").drop(columns="wall_s") for name in ("pool", "ray"))
     assert len(a) == 8 and a.finished.eq(60).all()
     pd.testing.assert_frame_equal(a, b)
-    assert (tmp_path / "pool" / "sweep.csv").read_text().splitlines()[0] == (tmp_path / "ray" / "sweep.csv").read_text().splitlines()[0]
+    assert (tmp_path / "pool" / "sweep.csv").read_text().splitlines()[0] == (
+        tmp_path / "ray" / "sweep.csv"
+    ).read_text().splitlines()[0]
     assert not _ray_processes(sweep.pid), "the command left its Ray's GCS or raylet running"
 
 
 @pytestmark_ray
 def test_cli_bad_ray_address_is_one_line(tiny_trace, tmp_path):
-    out = subprocess.run([ENGINE, "sweep", "--trace", str(tiny_trace), "--set", "max_num_seqs=4,64",
-                          "--ray-address", "127.0.0.1", "-q", "-o", str(tmp_path / "x")], capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [
+            ENGINE,
+            "sweep",
+            "--trace",
+            str(tiny_trace),
+            "--set",
+            "max_num_seqs=4,64",
+            "--ray-address",
+            "127.0.0.1",
+            "-q",
+            "-o",
+            str(tmp_path / "x"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 2, out.stderr
     assert "Ray could not start or connect" in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
 
@@ -101,10 +141,14 @@ def test_rows_on_ray_equal_process_pool_and_serial(ray_session, tiny_trace):
     spec = SweepSpec({"trace": tiny_trace}, {"num_gpu_blocks": "256"}, slo_ttft=0.5)
     points = grid_points(["vllm-default", "sjf"], parse_grid(["max_num_seqs=4,64"]))
     seen = []
-    on_ray = run_sweep(spec, points, workers=2, on_done=seen.append, ray_address="auto")  # the Ray already initialized is used
+    on_ray = run_sweep(
+        spec, points, workers=2, on_done=seen.append, ray_address="auto"
+    )  # the Ray already initialized is used
     assert ray_session.is_initialized(), "a Ray the sweep did not start is left running"
     assert _strip(on_ray) == _strip(run_sweep(spec, points, workers=2)) == _strip(run_sweep(spec, points, workers=1))
-    assert [r["label"] for r in on_ray] == [p.label for p in points] and sorted(r["label"] for r in seen) == sorted(p.label for p in points)
+    assert [r["label"] for r in on_ray] == [p.label for p in points] and sorted(r["label"] for r in seen) == sorted(
+        p.label for p in points
+    )
 
 
 @pytestmark_ray
@@ -129,14 +173,20 @@ def test_a_policy_failing_in_a_ray_task_fails_as_in_one_process(ray_session, tin
     with pytest.raises(KvschedError) as on_ray:
         run_sweep(spec, points, workers=2, ray_address="auto")
     strip = lambda exc: re.sub(r" at 0x[0-9a-f]+", "", str(exc.value))  # noqa: E731 (a lambda's address differs)
-    assert strip(on_ray) == strip(here) and strip(here).startswith("policy 'worker-"), (str(on_ray.value),
-                                                                                        str(here.value))
+    assert strip(on_ray) == strip(here) and strip(here).startswith("policy 'worker-"), (
+        str(on_ray.value),
+        str(here.value),
+    )
 
 
 def _sweep(tmp_path, *args, env=None):
-    return subprocess.run([ENGINE, "sweep", "-n", "5", "-q", "-o", str(tmp_path / "out"), *args], capture_output=True,
-                          text=True,
-                          timeout=300, env=env)
+    return subprocess.run(
+        [ENGINE, "sweep", "-n", "5", "-q", "-o", str(tmp_path / "out"), *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
 
 
 @pytestmark_ray

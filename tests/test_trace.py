@@ -20,7 +20,12 @@ import pytest
 
 ENGINE = str(Path(sys.executable).parent / "engine")
 PHASES = {"queued", "prefill", "decode", "preempted", "swapped"}
-METADATA = {"process_name": "name", "thread_name": "name", "process_sort_index": "sort_index", "thread_sort_index": "sort_index"}
+METADATA = {
+    "process_name": "name",
+    "thread_name": "name",
+    "process_sort_index": "sort_index",
+    "thread_sort_index": "sort_index",
+}
 
 
 def engine(*args):
@@ -55,8 +60,20 @@ def check_event(e: dict) -> None:
 def traced(tmp_path_factory):
     """A run under KV pressure with forced swapping, so that every phase kind occurs."""
     tmp = tmp_path_factory.mktemp("trace")
-    proc = engine("run", "-q", "-n", "120", "--set", "num_gpu_blocks=300", "--set", "preemption_mode=swap",
-                  "--output", tmp / "out", "--trace-out", tmp / "trace.json.gz")
+    proc = engine(
+        "run",
+        "-q",
+        "-n",
+        "120",
+        "--set",
+        "num_gpu_blocks=300",
+        "--set",
+        "preemption_mode=swap",
+        "--output",
+        tmp / "out",
+        "--trace-out",
+        tmp / "trace.json.gz",
+    )
     assert proc.returncode == 0, proc.stderr
     with gzip.open(tmp / "trace.json.gz", "rt") as f:
         return json.load(f), tmp / "out"
@@ -99,7 +116,9 @@ def test_one_track_per_request_covers_its_life(traced):
     doc, out = traced
     requests = pd.read_parquet(out / "requests.parquet").set_index("request_id")
     events = doc["traceEvents"]
-    names = {e["tid"]: e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "thread_name" and e["pid"] == 2}
+    names = {
+        e["tid"]: e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "thread_name" and e["pid"] == 2
+    }
     assert sorted(names.values()) == sorted(requests.index)
     spans = defaultdict(list)
     for e in events:
@@ -115,10 +134,15 @@ def test_one_track_per_request_covers_its_life(traced):
             assert a["ts"] + a["dur"] == pytest.approx(b["ts"], abs=0.2)
 
 
-@pytest.mark.parametrize("args, message", [
-    (("--trace-out", "t.json"), "--trace-out needs --output"),
-    (("--plot", "--output", "o", "--no-decision-log"), "drop --no-decision-log"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (("--trace-out", "t.json"), "--trace-out needs --output"),
+        (("--plot", "--output", "o", "--no-decision-log"), "drop --no-decision-log"),
+    ],
+)
 def test_trace_and_report_need_the_log(tmp_path, args, message):
-    proc = subprocess.run([ENGINE, "run", "-q", "-n", "5", *args], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    proc = subprocess.run(
+        [ENGINE, "run", "-q", "-n", "5", *args], capture_output=True, text=True, timeout=120, cwd=tmp_path
+    )
     assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr

@@ -16,9 +16,17 @@ from hypothesis import strategies as st
 
 from kvsched.executors.hardware import load_hardware
 from kvsched.experiments.gpu_fit import PRIORS, fit, in_overload, record
-from kvsched.experiments.validation import (counted_outputs, experiment_profile, inverse_count_mean, mean_errors,
-                                            mean_inverse, quantile_values, read_experiment, stretch_tail,
-                                            validate)
+from kvsched.experiments.validation import (
+    counted_outputs,
+    experiment_profile,
+    inverse_count_mean,
+    mean_errors,
+    mean_inverse,
+    quantile_values,
+    read_experiment,
+    stretch_tail,
+    validate,
+)
 from kvsched.metrics.lifecycle import read_lifecycle
 
 ENGINE = str(Path(sys.executable).with_name("engine"))
@@ -44,13 +52,30 @@ def test_the_shipped_runs_read_and_the_overloaded_ones_are_known():
     assert {x.tp for x in runs} == {1, 2, 4} and len({x.model for x in runs}) == 4
     assert sorted(x.name.split("-")[-1] for x in runs if in_overload(x)) == ["reasoning"] * 4
     codegen = read_experiment(CODELLAMA)
-    assert codegen.client.name == "config.yaml" and codegen.stages == ["stage_0_lifecycle_metrics.json",
-                                                                       "stage_1_lifecycle_metrics.json"]
+    assert codegen.client.name == "config.yaml" and codegen.stages == [
+        "stage_0_lifecycle_metrics.json",
+        "stage_1_lifecycle_metrics.json",
+    ]
 
 
 def test_a_quick_validation_is_close_and_its_files_have_inference_perfs_schema(tmp_path):
-    result = subprocess.run([ENGINE, "validate", str(CODELLAMA), "--hardware", "h100-sxm", "--scale", "0.05", "-q",
-                             "--output", str(tmp_path)], capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [
+            ENGINE,
+            "validate",
+            str(CODELLAMA),
+            "--hardware",
+            "h100-sxm",
+            "--scale",
+            "0.05",
+            "-q",
+            "--output",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr
     assert "e2e" in result.stdout and "time per experiment" in result.stdout
     rows = json.loads((tmp_path / "validation.json").read_text())["rows"]
@@ -89,24 +114,47 @@ def test_retiming_a_tape_with_its_own_efficiencies_is_the_simulation():
 
 def test_calibrate_from_writes_a_gpu_the_validator_takes(tmp_path):
     out = tmp_path / "my-h100.json"
-    result = subprocess.run([ENGINE, "calibrate", "--from", str(CODELLAMA), "--from", str(REASONING),
-                             "--hardware", "h100-sxm",
-                             "--rounds", "1", "--scale", "0.02", "-o", str(out)],
-                            capture_output=True, text=True, timeout=600)
+    result = subprocess.run(
+        [
+            ENGINE,
+            "calibrate",
+            "--from",
+            str(CODELLAMA),
+            "--from",
+            str(REASONING),
+            "--hardware",
+            "h100-sxm",
+            "--rounds",
+            "1",
+            "--scale",
+            "0.02",
+            "-o",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stderr
     assert "left out (in overload" in result.stdout and REASONING.name in result.stdout
     gpu = load_hardware(out)
     assert CODELLAMA.name in gpu.efficiency.fitted_on and gpu.bf16_tflops == 989.4
 
 
-@pytest.mark.parametrize("args, message", [
-    (("validate", "nowhere", "--hardware", "h100-sxm"), "nowhere/exp-config.yaml: cannot read"),
-    (("validate", str(CODELLAMA), "--hardware", "tpu-v9"), "unknown hardware 'tpu-v9'"),
-    (("validate", str(CODELLAMA)), "Missing option '--hardware'"),
-    (("run", "--hardware", "h100-sxm", "-q"), "--hardware and --model-config go together"),
-    (("run", "--hardware", "h100-sxm", "--model-config", "llama-3.1-8b", "--tp", "3", "-q"), "--tp 3"),
-    (("run", "--hardware", "h100-sxm", "--model-config", "nothing.json", "-q"), "nothing.json: no such model config"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (("validate", "nowhere", "--hardware", "h100-sxm"), "nowhere/exp-config.yaml: cannot read"),
+        (("validate", str(CODELLAMA), "--hardware", "tpu-v9"), "unknown hardware 'tpu-v9'"),
+        (("validate", str(CODELLAMA)), "Missing option '--hardware'"),
+        (("run", "--hardware", "h100-sxm", "-q"), "--hardware and --model-config go together"),
+        (("run", "--hardware", "h100-sxm", "--model-config", "llama-3.1-8b", "--tp", "3", "-q"), "--tp 3"),
+        (
+            ("run", "--hardware", "h100-sxm", "--model-config", "nothing.json", "-q"),
+            "nothing.json: no such model config",
+        ),
+    ],
+)
 def test_bad_gpu_options_are_one_line_and_exit_2(args, message):
     result = subprocess.run([ENGINE, *args], capture_output=True, text=True, timeout=120)
     assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr
@@ -114,12 +162,38 @@ def test_bad_gpu_options_are_one_line_and_exit_2(args, message):
 
 def test_engine_run_on_a_gpu_writes_inference_perfs_files(tmp_path):
     config = CODELLAMA / "results" / "config.yaml"
-    result = subprocess.run([ENGINE, "run", "--hardware", "h100-sxm", "--model-config", "codellama-34b", "--tp", "2",
-                             "--workload", str(config), "-p", "vllm-v1", "--set", "max_num_seqs=128",
-                             "--set", "max_num_batched_tokens=2048", "--set", "num_gpu_blocks=20000",
-                             "--set", "enable_prefix_caching=true", "-n", "300", "-q",
-                             "--output", str(tmp_path / "out")],
-                            capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [
+            ENGINE,
+            "run",
+            "--hardware",
+            "h100-sxm",
+            "--model-config",
+            "codellama-34b",
+            "--tp",
+            "2",
+            "--workload",
+            str(config),
+            "-p",
+            "vllm-v1",
+            "--set",
+            "max_num_seqs=128",
+            "--set",
+            "max_num_batched_tokens=2048",
+            "--set",
+            "num_gpu_blocks=20000",
+            "--set",
+            "enable_prefix_caching=true",
+            "-n",
+            "300",
+            "-q",
+            "--output",
+            str(tmp_path / "out"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr
     stage = read_lifecycle(tmp_path / "out" / "stage_0_lifecycle_metrics.json")
     assert stage["successes"]["count"] == 300 and stage["load_summary"]["requested_rate"] == 5.0
@@ -158,8 +232,7 @@ def test_where_the_server_stopped_at_eos_the_counts_are_the_quantile_draw_alone(
     assert plain != counted_outputs(x, log)
 
 
-@given(st.lists(st.tuples(st.integers(0, 400), st.booleans()), min_size=1, max_size=60),
-       st.floats(1e-3, 1.5))
+@given(st.lists(st.tuples(st.integers(0, 400), st.booleans()), min_size=1, max_size=60), st.floats(1e-3, 1.5))
 def test_stretching_the_tail_only_moves_its_non_zero_counts_and_only_towards_the_target(draws, target):
     counts = np.array([n for n, _ in draws], dtype=float)
     tail = np.array([t for _, t in draws])
@@ -172,8 +245,10 @@ def test_stretching_the_tail_only_moves_its_non_zero_counts_and_only_towards_the
 
 
 def test_mean_errors_average_absolute_errors():
-    rows = [{"metric": "e2e", "err_mean": 0.1, "err_p90": -0.2, "err_p99": 0.0}, {"metric": "e2e", "err_mean": -0.3,
-            "err_p90": 0.2, "err_p99": float("nan")}]
+    rows = [
+        {"metric": "e2e", "err_mean": 0.1, "err_p90": -0.2, "err_p99": 0.0},
+        {"metric": "e2e", "err_mean": -0.3, "err_p90": 0.2, "err_p99": float("nan")},
+    ]
     errors = mean_errors(rows)
     assert errors["e2e_mean"] == pytest.approx(0.2) and errors["e2e_p90"] == pytest.approx(0.2)
     assert errors["e2e_p99"] == 0.0
@@ -187,8 +262,12 @@ def test_engine_validate_prints_the_documented_numbers(tmp_path):
     documented = json.loads((figures / "rows.json").read_text())
     run = DATA / "20260218-084319-llama-2-70b-tp4-roleplay"
     expected = [r for r in documented if r["fold"] == "in sample" and r["experiment"] == run.name]
-    result = subprocess.run([ENGINE, "validate", str(run), "--hardware", "h100-sxm", "-q", "--output", str(tmp_path)],
-                            capture_output=True, text=True, timeout=600)
+    result = subprocess.run(
+        [ENGINE, "validate", str(run), "--hardware", "h100-sxm", "-q", "--output", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stderr
     rows = json.loads((tmp_path / "validation.json").read_text())["rows"]
     assert len(rows) == len(expected) == 3

@@ -34,10 +34,16 @@ pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
 def make_scheduler(cls, *, kvsched=None, **config):
     """``cls`` (vLLM's scheduler or ours) built as vLLM's engine core builds it, from ``vllm_configs(**config)``."""
-    vllm_config, kv_config = vllm_configs(**{"async_scheduling": True, **config},
-                                          additional_config={"kvsched": kvsched} if kvsched else {})
-    return cls(vllm_config=vllm_config, kv_cache_config=kv_config, block_size=config["block_size"],
-               structured_output_manager=_AnyTokens(), log_stats=False)
+    vllm_config, kv_config = vllm_configs(
+        **{"async_scheduling": True, **config}, additional_config={"kvsched": kvsched} if kvsched else {}
+    )
+    return cls(
+        vllm_config=vllm_config,
+        kv_cache_config=kv_config,
+        block_size=config["block_size"],
+        structured_output_manager=_AnyTokens(),
+        log_stats=False,
+    )
 
 
 class AsyncDriver:
@@ -53,20 +59,43 @@ class AsyncDriver:
         hash_fn = get_hash_fn_by_name("sha256")
         init_none_hash(hash_fn)
         self._hasher = get_request_block_hasher(sched.block_size, hash_fn)
-        self.in_flight: deque[tuple[object, dict[str, int]]] = deque()  # (output, request id -> output position it samples)
-        self.compiling: dict[str, tuple[int, object]] = {}  # request id -> (schedule() calls until its grammar is ready, request)
+        self.in_flight: deque[tuple[object, dict[str, int]]] = (
+            deque()
+        )  # (output, request id -> output position it samples)
+        self.compiling: dict[
+            str, tuple[int, object]
+        ] = {}  # request id -> (schedule() calls until its grammar is ready, request)
 
-    def add(self, rid: str, prompt: list[int], max_tokens: int, priority: int, arrival: float, stop: tuple[int, ...],
-            grammar: int | None = None) -> None:
+    def add(
+        self,
+        rid: str,
+        prompt: list[int],
+        max_tokens: int,
+        priority: int,
+        arrival: float,
+        stop: tuple[int, ...],
+        grammar: int | None = None,
+    ) -> None:
         """With ``grammar``, a structured-output request whose grammar vLLM finds compiled that many ``schedule()``
         calls from now (-1: it fails to compile at once)."""
         from vllm.sampling_params import SamplingParams, StructuredOutputsParams
         from vllm.v1.request import Request
 
-        params = SamplingParams(max_tokens=max_tokens, ignore_eos=True, stop_token_ids=list(stop),
-                                structured_outputs=None if grammar is None else StructuredOutputsParams(regex="[0-9]*"))
-        request = Request(request_id=rid, prompt_token_ids=list(prompt), sampling_params=params, pooling_params=None,
-                          arrival_time=arrival, priority=priority, block_hasher=self._hasher)
+        params = SamplingParams(
+            max_tokens=max_tokens,
+            ignore_eos=True,
+            stop_token_ids=list(stop),
+            structured_outputs=None if grammar is None else StructuredOutputsParams(regex="[0-9]*"),
+        )
+        request = Request(
+            request_id=rid,
+            prompt_token_ids=list(prompt),
+            sampling_params=params,
+            pooling_params=None,
+            arrival_time=arrival,
+            priority=priority,
+            block_hasher=self._hasher,
+        )
         if grammar is not None:
             self.compiling[rid] = (grammar, request)
             if grammar < 0:
@@ -97,8 +126,11 @@ class AsyncDriver:
         if mirror is not None and self.sched.abandoned is None:  # what a prefix-aware policy reads is vLLM's probe
             # (but of a request preempted with its output in flight: the mirror holds the token to come, vLLM not yet)
             groups, cache = mirror.engine.groups, mirror.engine.cache
-            vllm_side = {r.request_id: num_cached_tokens(self.sched.kv_cache_manager, r) for r in self.sched.waiting
-                         if groups[r.request_id].num_tokens == r.num_tokens}
+            vllm_side = {
+                r.request_id: num_cached_tokens(self.sched.kv_cache_manager, r)
+                for r in self.sched.waiting
+                if groups[r.request_id].num_tokens == r.num_tokens
+            }
             assert vllm_side == {rid: cache.num_cached_tokens(groups[rid]) for rid in vllm_side}
         samples = {}  # a request whose step ends its prompt (or decodes) samples the token at its next output position
         self.chunks = 0  # prefills with prompt left after this step
@@ -113,9 +145,13 @@ class AsyncDriver:
         cached = out.scheduled_cached_reqs
         resumed = getattr(cached, "resumed_req_ids", ())  # up to 0.33; from 0.34 a resumed request is sent as a new one
         self.prefix_hits = sum(1 for new in out.scheduled_new_reqs if new.num_computed_tokens) + sum(
-            1 for rid, computed in zip(cached.req_ids, cached.num_computed_tokens) if rid in resumed and computed)
-        return {"scheduled": dict(out.num_scheduled_tokens), "preempted": sorted(out.preempted_req_ids or ()),
-                "free_blocks": self.free_blocks}
+            1 for rid, computed in zip(cached.req_ids, cached.num_computed_tokens) if rid in resumed and computed
+        )
+        return {
+            "scheduled": dict(out.num_scheduled_tokens),
+            "preempted": sorted(out.preempted_req_ids or ()),
+            "free_blocks": self.free_blocks,
+        }
 
     def should_update(self, scheduled_nothing: bool) -> bool:
         return len(self.in_flight) >= self.depth or (scheduled_nothing and bool(self.in_flight))
@@ -139,21 +175,37 @@ def scenarios(draw):
     max_model_len = draw(st.integers(2, min(64, (num_gpu_blocks - 1) * block_size)))
     max_num_seqs = draw(st.integers(1, 6))
     config = dict(
-        block_size=block_size, num_gpu_blocks=num_gpu_blocks, max_model_len=max_model_len, max_num_seqs=max_num_seqs,
-        max_num_batched_tokens=draw(st.integers(max(max_num_seqs, 4), 48)), enable_prefix_caching=draw(st.booleans()),
-        watermark=draw(st.sampled_from([0.0, 0.0, 0.1])), policy=draw(st.sampled_from(["fcfs", "priority"])),
+        block_size=block_size,
+        num_gpu_blocks=num_gpu_blocks,
+        max_model_len=max_model_len,
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=draw(st.integers(max(max_num_seqs, 4), 48)),
+        enable_prefix_caching=draw(st.booleans()),
+        watermark=draw(st.sampled_from([0.0, 0.0, 0.1])),
+        policy=draw(st.sampled_from(["fcfs", "priority"])),
         long_prefill_token_threshold=min(draw(st.sampled_from([0, 0, 2, 5])), max_model_len),
     )
     prefixes = [draw(st.lists(st.integers(0, 3), max_size=16)) for _ in range(2)]
     requests = []
     for i in range(draw(st.integers(1, 10))):
-        prompt = (draw(st.sampled_from(prefixes)) + draw(st.lists(st.integers(0, 3), max_size=8)))[: max_model_len - 1] or [i % 4]
-        requests.append(dict(
-            rid=f"r{i}", prompt=prompt, max_tokens=draw(st.integers(1, 16)), priority=draw(st.integers(0, 2)),
-            step=draw(st.integers(0, 12)), stop=draw(st.sampled_from([(), (), (token_at(draw(st.integers(1, 5))),)])),
-            abort=draw(st.one_of(st.none(), st.integers(0, 30))), abort_in_flight=draw(st.booleans()),
-            grammar=draw(st.sampled_from([None, None, None, 0, 1, 3])),  # structured outputs: schedule() calls until compiled
-        ))
+        prompt = (draw(st.sampled_from(prefixes)) + draw(st.lists(st.integers(0, 3), max_size=8)))[
+            : max_model_len - 1
+        ] or [i % 4]
+        requests.append(
+            dict(
+                rid=f"r{i}",
+                prompt=prompt,
+                max_tokens=draw(st.integers(1, 16)),
+                priority=draw(st.integers(0, 2)),
+                step=draw(st.integers(0, 12)),
+                stop=draw(st.sampled_from([(), (), (token_at(draw(st.integers(1, 5))),)])),
+                abort=draw(st.one_of(st.none(), st.integers(0, 30))),
+                abort_in_flight=draw(st.booleans()),
+                grammar=draw(
+                    st.sampled_from([None, None, None, 0, 1, 3])
+                ),  # structured outputs: schedule() calls until compiled
+            )
+        )
     return config, requests
 
 
@@ -166,13 +218,25 @@ def run_both(config, requests, max_steps=300) -> dict[str, int]:
     from kvsched.integrations.vllm.scheduler import KvschedAsyncScheduler, KvschedScheduler
 
     in_flight = config.get("async_scheduling", True)
-    theirs = AsyncDriver(make_scheduler(AsyncScheduler if in_flight else Scheduler, **config), depth=2 if in_flight else 1)
+    theirs = AsyncDriver(
+        make_scheduler(AsyncScheduler if in_flight else Scheduler, **config), depth=2 if in_flight else 1
+    )
     ours = AsyncDriver(make_scheduler(KvschedScheduler, **config), depth=theirs.depth)
     assert type(ours.sched) is (KvschedAsyncScheduler if in_flight else KvschedScheduler)
     both = (theirs, ours)
     epoch = time.time()  # vLLM stamps arrivals with time.time(); the mirror counts from its own start, before this
-    seen = dict(steps=0, chunks=0, preempted=0, preempted_in_flight=0, aborted=0, aborted_in_flight=0, stopped=0, prefix_hits=0,
-                grammar_waits=0, grammar_errors=0)
+    seen = dict(
+        steps=0,
+        chunks=0,
+        preempted=0,
+        preempted_in_flight=0,
+        aborted=0,
+        aborted_in_flight=0,
+        stopped=0,
+        prefix_hits=0,
+        grammar_waits=0,
+        grammar_errors=0,
+    )
     last_arrival = max(r["step"] for r in requests)
 
     def same(what: str, k: int, a: dict, b: dict) -> None:
@@ -229,8 +293,14 @@ def test_the_class_given_to_vllm_picks_the_async_variant_from_vllms_config():
 
     from kvsched.integrations.vllm.scheduler import KvschedAsyncScheduler, KvschedScheduler
 
-    config = dict(block_size=4, num_gpu_blocks=8, max_num_batched_tokens=16, max_num_seqs=2, max_model_len=16,
-                  enable_prefix_caching=False)
+    config = dict(
+        block_size=4,
+        num_gpu_blocks=8,
+        max_num_batched_tokens=16,
+        max_num_seqs=2,
+        max_model_len=16,
+        enable_prefix_caching=False,
+    )
     sched = make_scheduler(KvschedScheduler, **config)
     assert isinstance(sched, AsyncScheduler) and type(sched) is KvschedAsyncScheduler and sched.in_flight
 
@@ -238,11 +308,28 @@ def test_the_class_given_to_vllm_picks_the_async_variant_from_vllms_config():
 def test_a_hand_built_workload_preempts_with_output_in_flight_and_aborts_between_schedule_and_update():
     """Fixed, so that a regression names itself: preemptions of requests whose step is in flight, a
     prefix hit on a recomputed request's blocks, and an abort of a request in the step in flight."""
-    requests = [dict(rid=f"r{i}", prompt=[1, 2, 3, 4, 5, 6, 7, 8] + [i] * 5, max_tokens=10, priority=i % 2, step=i,
-                     stop=(), abort=None, abort_in_flight=False) for i in range(5)]
+    requests = [
+        dict(
+            rid=f"r{i}",
+            prompt=[1, 2, 3, 4, 5, 6, 7, 8] + [i] * 5,
+            max_tokens=10,
+            priority=i % 2,
+            step=i,
+            stop=(),
+            abort=None,
+            abort_in_flight=False,
+        )
+        for i in range(5)
+    ]
     requests[0].update(abort=4, abort_in_flight=True)
-    config = dict(block_size=4, num_gpu_blocks=12, max_model_len=40, max_num_seqs=4, max_num_batched_tokens=16,
-                  enable_prefix_caching=True)
+    config = dict(
+        block_size=4,
+        num_gpu_blocks=12,
+        max_model_len=40,
+        max_num_seqs=4,
+        max_num_batched_tokens=16,
+        enable_prefix_caching=True,
+    )
     for policy in ("fcfs", "priority"):
         seen = run_both({**config, "policy": policy}, requests)
         assert seen["preempted_in_flight"] and seen["prefix_hits"] and seen["aborted_in_flight"], seen

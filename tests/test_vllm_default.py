@@ -85,7 +85,7 @@ def test_single_sequence_victim_is_recomputed_from_the_tail_to_the_front_of_wait
     for i in range(3):
         e.add_request(req(f"r{i}", prompt_len=7, output_len=12))  # 2 blocks each: the pool is full
     report = fill_until_preemption(e)
-    (victim, mode), = report.output.preempted
+    ((victim, mode),) = report.output.preempted
     assert victim.request_id == "r2" and mode is PreemptionMode.RECOMPUTE  # the newest goes
     assert ids(report.output.scheduled) == ["r0", "r1"]
     assert ids(e.scheduler.waiting)[0] == "r2" and victim.status is SequenceStatus.WAITING
@@ -115,7 +115,7 @@ def test_multi_sequence_victim_is_swapped_to_the_back_of_swapped_and_blocks_prom
     e.add_request(req("solo", prompt_len=7, output_len=30))
     e.add_request(req("pair", prompt_len=7, output_len=30, n=2))
     report = fill_until_preemption(e)
-    (victim, mode), = report.output.preempted
+    ((victim, mode),) = report.output.preempted
     assert victim.request_id == "pair" and mode is PreemptionMode.SWAP
     assert report.output.blocks_to_swap_out and ids(e.scheduler.swapped) == ["pair"]
     e.add_request(req("newcomer", prompt_len=2, output_len=2, arrival=e.clock.now()))

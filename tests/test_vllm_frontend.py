@@ -37,9 +37,18 @@ def client():
     return TestClient(CheckKvschedFields(app), raise_server_exceptions=False)
 
 
-@pytest.mark.parametrize("content_type", [None, "application/json", "Application/JSON",
-                                          "APPLICATION/JSON; charset=utf-8",
-                                          "application/json;charset=UTF-8", "text/plain", "application/vnd.api+json"])
+@pytest.mark.parametrize(
+    "content_type",
+    [
+        None,
+        "application/json",
+        "Application/JSON",
+        "APPLICATION/JSON; charset=utf-8",
+        "application/json;charset=UTF-8",
+        "text/plain",
+        "application/vnd.api+json",
+    ],
+)
 def test_a_field_kvsched_refuses_is_a_400_whatever_the_content_type_says(client, content_type):
     """Another case or a charset once skipped the check: the engine core failed the request (HTTP 500)."""
     headers = {"content-type": content_type} if content_type else {}
@@ -53,8 +62,11 @@ def test_a_body_nested_past_the_parser_is_a_400(client):
 
 
 def test_what_kvsched_takes_and_forms_pass_unchanged(client):
-    fine = client.post("/v1/completions", content=json.dumps({"prompt": "Hi", "priority": 3}).encode(),
-                       headers={"content-type": "Application/JSON"})
+    fine = client.post(
+        "/v1/completions",
+        content=json.dumps({"prompt": "Hi", "priority": 3}).encode(),
+        headers={"content-type": "Application/JSON"},
+    )
     assert fine.status_code == 200 and fine.json() == {"priority": 3}
     form = client.post("/v1/completions", files={"file": ("a.wav", b"\x00" * 100)})
     assert form.status_code == 200 and form.json()["form"] > 100

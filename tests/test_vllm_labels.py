@@ -44,8 +44,14 @@ class _Recording:
 
 def test_engine_bench_sends_the_labels_a_policy_reads():
     client = _Recording()
-    request = Request(request_id="r", prompt_len=4, tenant="gold", session_id="chat-7", slo_class="batch",
-                      sampling=SamplingParams(max_tokens=2))
+    request = Request(
+        request_id="r",
+        prompt_len=4,
+        tenant="gold",
+        session_id="chat-7",
+        slo_class="batch",
+        sampling=SamplingParams(max_tokens=2),
+    )
     asyncio.run(_send(client, "m", Sent(request), 0.0, 60.0))
     assert client.sent["extra_body"]["vllm_xargs"] == {"tenant": "gold", "session_id": "chat-7", "slo_class": "batch"}
     asyncio.run(_send(client, "m", Sent(Request(request_id="q", prompt_len=4)), 0.0, 60.0))

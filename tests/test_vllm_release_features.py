@@ -17,14 +17,32 @@ import test_vllm_async as inside  # noqa: E402
 from kvsched.core.errors import KvschedError  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
-SMALL = dict(block_size=4, num_gpu_blocks=12, max_model_len=40, max_num_seqs=4, max_num_batched_tokens=16,
-             enable_prefix_caching=True)
+SMALL = dict(
+    block_size=4,
+    num_gpu_blocks=12,
+    max_model_len=40,
+    max_num_seqs=4,
+    max_num_batched_tokens=16,
+    enable_prefix_caching=True,
+)
 
 
 def shared_prefix_requests(n: int = 5, **overrides) -> list[dict]:
     """Prompts sharing an 8-token prefix, arriving one a step, half of them more urgent."""
-    return [dict(rid=f"r{i}", prompt=[1, 2, 3, 4, 5, 6, 7, 8] + [i] * 5, max_tokens=10, priority=i % 2, step=i, stop=(),
-                 abort=None, abort_in_flight=False, **overrides) for i in range(n)]
+    return [
+        dict(
+            rid=f"r{i}",
+            prompt=[1, 2, 3, 4, 5, 6, 7, 8] + [i] * 5,
+            max_tokens=10,
+            priority=i % 2,
+            step=i,
+            stop=(),
+            abort=None,
+            abort_in_flight=False,
+            **overrides,
+        )
+        for i in range(n)
+    ]
 
 
 @pytest.mark.parametrize("policy", ["fcfs", "priority"])
@@ -37,10 +55,19 @@ def test_sync_scheduling_preempts_resumes_and_hits_the_prefix_cache_as_vllm_does
 def test_chunked_prefill_on_and_off_as_vllm_does(async_scheduling):
     """A 20-token prompt does not fit what the first leaves of a 32-token budget: it waits whole, and
     the short one behind it waits too; with chunked prefill on, the same prompts run in chunks."""
-    requests = [dict(rid=rid, prompt=prompt, max_tokens=4, priority=0, step=0, stop=(), abort=None, abort_in_flight=False)
-                for rid, prompt in (("r0", list(range(20))), ("r1", list(range(30, 50))), ("r2", [7, 7]))]
-    config = dict(block_size=4, num_gpu_blocks=40, max_model_len=32, max_num_seqs=4, max_num_batched_tokens=32,
-                  enable_prefix_caching=True, async_scheduling=async_scheduling)
+    requests = [
+        dict(rid=rid, prompt=prompt, max_tokens=4, priority=0, step=0, stop=(), abort=None, abort_in_flight=False)
+        for rid, prompt in (("r0", list(range(20))), ("r1", list(range(30, 50))), ("r2", [7, 7]))
+    ]
+    config = dict(
+        block_size=4,
+        num_gpu_blocks=40,
+        max_model_len=32,
+        max_num_seqs=4,
+        max_num_batched_tokens=32,
+        enable_prefix_caching=True,
+        async_scheduling=async_scheduling,
+    )
     assert inside.run_both({**config, "enable_chunked_prefill": False}, requests)["chunks"] == 0
     assert inside.run_both(config, requests)["chunks"] > 0
 
@@ -60,11 +87,30 @@ def test_a_priority_request_that_preempts_itself_follows_the_installed_releases_
     """The one scheduling rule vLLM 0.33 changed (policies/vllm_v1.py, ``vllm_release``): r0, the least
     urgent, preempts itself; 0.33 runs r1 in the same step, earlier releases nothing. Inside vLLM the
     installed release picks the rule (``realize.installed_release``)."""
-    requests = [dict(rid=f"r{i}", prompt=[i + 1] * 5, max_tokens=1, priority=0, step=0, stop=(), abort=None,
-                     abort_in_flight=False) for i in range(2)]
-    config = dict(block_size=2, num_gpu_blocks=5, max_model_len=8, max_num_seqs=4, max_num_batched_tokens=8,
-                  enable_prefix_caching=False, policy="priority", long_prefill_token_threshold=1,
-                  async_scheduling=async_scheduling)
+    requests = [
+        dict(
+            rid=f"r{i}",
+            prompt=[i + 1] * 5,
+            max_tokens=1,
+            priority=0,
+            step=0,
+            stop=(),
+            abort=None,
+            abort_in_flight=False,
+        )
+        for i in range(2)
+    ]
+    config = dict(
+        block_size=2,
+        num_gpu_blocks=5,
+        max_model_len=8,
+        max_num_seqs=4,
+        max_num_batched_tokens=8,
+        enable_prefix_caching=False,
+        policy="priority",
+        long_prefill_token_threshold=1,
+        async_scheduling=async_scheduling,
+    )
     assert inside.run_both(config, requests)["preempted"] == 1
 
 

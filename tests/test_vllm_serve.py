@@ -31,9 +31,13 @@ POLICY = Path(__file__).with_name("vllm_policies.py")
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 MODEL = "smollm2-135m"
 # What a client may send that kvsched's mirror refuses, and the field the refusal names.
-HOSTILE = [({"priority": 2**40}, "priority"), ({"priority": -(2**31) - 1}, "priority"),
-           ({"vllm_xargs": {"tenant": "   "}}, "vllm_xargs.tenant"), ({"vllm_xargs": {"tenant": ""}}, "vllm_xargs.tenant"),
-           ({"vllm_xargs": {"tenant": 7}}, "vllm_xargs.tenant")]
+HOSTILE = [
+    ({"priority": 2**40}, "priority"),
+    ({"priority": -(2**31) - 1}, "priority"),
+    ({"vllm_xargs": {"tenant": "   "}}, "vllm_xargs.tenant"),
+    ({"vllm_xargs": {"tenant": ""}}, "vllm_xargs.tenant"),
+    ({"vllm_xargs": {"tenant": 7}}, "vllm_xargs.tenant"),
+]
 
 
 def free_port() -> int:
@@ -98,8 +102,11 @@ def healthy_and_idle(base: str) -> None:
     deadline = time.monotonic() + 60
     while True:
         values = metrics(base)
-        busy = [name for name in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc")
-                if metric(values, name)]
+        busy = [
+            name
+            for name in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc")
+            if metric(values, name)
+        ]
         if not busy:
             return
         assert time.monotonic() < deadline, f"still {busy} after the last request"
@@ -109,8 +116,21 @@ def healthy_and_idle(base: str) -> None:
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     seen = tmp_path_factory.mktemp("serve") / "seen.txt"
-    command = [str(ENGINE), "serve", "--policy", f"{POLICY}:RecordsWhatItSees", "--policy-opt", f"path={seen}",
-               "--port", str(free_port()), "--", "--max-num-seqs", "8", "--max-model-len", "1024"]
+    command = [
+        str(ENGINE),
+        "serve",
+        "--policy",
+        f"{POLICY}:RecordsWhatItSees",
+        "--policy-opt",
+        f"path={seen}",
+        "--port",
+        str(free_port()),
+        "--",
+        "--max-num-seqs",
+        "8",
+        "--max-model-len",
+        "1024",
+    ]
     base, proc = start(command, seen.with_name("server.log"))
     yield base, seen
     stop(proc)
@@ -118,8 +138,12 @@ def server(tmp_path_factory):
 
 @pytest.mark.parametrize("setting", ["block_size=16", "max_num_seqs=4", "decode_lane=true"])
 def test_a_setting_vllm_owns_is_refused_in_one_line_before_anything_starts(setting):
-    done = subprocess.run([str(ENGINE), "serve", "--set", setting, "--port", str(free_port())],
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [str(ENGINE), "serve", "--set", setting, "--port", str(free_port())],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     name = setting.split("=")[0]
     assert done.returncode == 2 and done.stderr.count("\n") == 1 and name in done.stderr, done.stderr
     assert "set by vLLM inside vLLM" in done.stderr
@@ -136,18 +160,24 @@ class WrongSignature(VllmV1):
 """
 
 
-@pytest.mark.parametrize("policy, says", [
-    ("{root}/routers/balance.py:PowerOfTwo", "implements no hook: mark select_batch"),
-    ("{tmp}/wrong.py:WrongSignature", "WrongSignature.select_batch(step, budget) (at "),
-])
+@pytest.mark.parametrize(
+    "policy, says",
+    [
+        ("{root}/routers/balance.py:PowerOfTwo", "implements no hook: mark select_batch"),
+        ("{tmp}/wrong.py:WrongSignature", "WrongSignature.select_batch(step, budget) (at "),
+    ],
+)
 def test_what_is_not_a_policy_is_refused_in_one_line_before_vllm_starts(tmp_path, policy, says):
     """A router's file and a hook of the wrong signature once passed: vLLM's engine core died 25-130 s later."""
     (tmp_path / "wrong.py").write_text(WRONG_SIGNATURE)
     before = set(Path(tempfile.gettempdir()).glob("kvsched-metrics-*"))
     start = time.monotonic()
-    done = subprocess.run([str(ENGINE), "serve", "--policy", policy.format(root=DOCS.parent, tmp=tmp_path), "--port",
-                           str(free_port())],
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [str(ENGINE), "serve", "--policy", policy.format(root=DOCS.parent, tmp=tmp_path), "--port", str(free_port())],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 2 and done.stderr.count("\n") == 1 and says in done.stderr, done.stderr
     assert time.monotonic() - start < 60 and set(Path(tempfile.gettempdir()).glob("kvsched-metrics-*")) <= before
 
@@ -156,23 +186,44 @@ def test_the_openai_client_gets_completions_and_chat_streamed_and_not(server):
     base, _ = server
     client = OpenAI(base_url=f"{base}/v1", api_key="none")
     assert client.models.list().data[0].id == "smollm2-135m"
-    plain = client.completions.create(model="smollm2-135m", prompt="The capital of France is", max_tokens=6, temperature=0)
-    streamed = client.completions.create(model="smollm2-135m", prompt="The capital of France is", max_tokens=6, temperature=0, stream=True)
-    assert "".join(c.choices[0].text for c in streamed if c.choices) == plain.choices[0].text and plain.usage.completion_tokens == 6
-    chat = client.chat.completions.create(model="smollm2-135m", messages=[{"role": "user", "content": "Say hello"}],
-                                          max_tokens=8, temperature=0)
-    chunks = client.chat.completions.create(model="smollm2-135m", messages=[{"role": "user", "content": "Say hello"}],
-                                            max_tokens=8, temperature=0, stream=True)
+    plain = client.completions.create(
+        model="smollm2-135m", prompt="The capital of France is", max_tokens=6, temperature=0
+    )
+    streamed = client.completions.create(
+        model="smollm2-135m", prompt="The capital of France is", max_tokens=6, temperature=0, stream=True
+    )
+    assert (
+        "".join(c.choices[0].text for c in streamed if c.choices) == plain.choices[0].text
+        and plain.usage.completion_tokens == 6
+    )
+    chat = client.chat.completions.create(
+        model="smollm2-135m", messages=[{"role": "user", "content": "Say hello"}], max_tokens=8, temperature=0
+    )
+    chunks = client.chat.completions.create(
+        model="smollm2-135m",
+        messages=[{"role": "user", "content": "Say hello"}],
+        max_tokens=8,
+        temperature=0,
+        stream=True,
+    )
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == chat.choices[0].message.content
 
 
 def test_priority_and_tenant_reach_the_policy_and_metrics_are_served(server):
     base, seen = server
     client = OpenAI(base_url=f"{base}/v1", api_key="none")
-    client.completions.create(model="smollm2-135m", prompt="One two three", max_tokens=2,
-                              extra_body={"priority": 3, "vllm_xargs": {"tenant": "gold"}, "request_id": "tagged"})
+    client.completions.create(
+        model="smollm2-135m",
+        prompt="One two three",
+        max_tokens=2,
+        extra_body={"priority": 3, "vllm_xargs": {"tenant": "gold"}, "request_id": "tagged"},
+    )
     lines = [line.split() for line in seen.read_text().splitlines()]
-    assert any(rid.startswith("cmpl-tagged") or "tagged" in rid for rid, priority, tenant in lines if priority == "3" and tenant == "gold"), lines
+    assert any(
+        rid.startswith("cmpl-tagged") or "tagged" in rid
+        for rid, priority, tenant in lines
+        if priority == "3" and tenant == "gold"
+    ), lines
     values = metrics(base)
     assert metric(values, "vllm:request_success") >= 1 and "kvsched:policy_fallback_steps_total" not in "".join(values)
 
@@ -180,8 +231,12 @@ def test_priority_and_tenant_reach_the_policy_and_metrics_are_served(server):
 def test_a_raising_policy_does_not_stop_the_server_and_is_counted(server):
     base, _ = server
     client = OpenAI(base_url=f"{base}/v1", api_key="none")
-    out = client.completions.create(model="smollm2-135m", prompt="Tell me a story", max_tokens=5,
-                                    extra_body={"vllm_xargs": {"tenant": "boom"}, "ignore_eos": True})
+    out = client.completions.create(
+        model="smollm2-135m",
+        prompt="Tell me a story",
+        max_tokens=5,
+        extra_body={"vllm_xargs": {"tenant": "boom"}, "ignore_eos": True},
+    )
     assert out.usage.completion_tokens == 5
     assert metric(metrics(base), "kvsched:policy_fallback_steps_total") >= 1
     again = client.completions.create(model="smollm2-135m", prompt="Another one", max_tokens=3)
@@ -192,8 +247,12 @@ def test_a_raising_policy_does_not_stop_the_server_and_is_counted(server):
 def test_a_policy_whose_on_step_raises_does_not_stop_the_server_and_is_counted(server):
     base, _ = server
     client = OpenAI(base_url=f"{base}/v1", api_key="none", max_retries=0)
-    out = client.completions.create(model=MODEL, prompt="Tell me a story", max_tokens=5,
-                                    extra_body={"vllm_xargs": {"tenant": "boom-on-step"}, "ignore_eos": True})
+    out = client.completions.create(
+        model=MODEL,
+        prompt="Tell me a story",
+        max_tokens=5,
+        extra_body={"vllm_xargs": {"tenant": "boom-on-step"}, "ignore_eos": True},
+    )
     assert out.usage.completion_tokens == 5
     assert contained(base, "on_step") >= 5  # each step that ran it
     assert client.completions.create(model=MODEL, prompt="Another one", max_tokens=3).usage.completion_tokens >= 1
@@ -204,9 +263,12 @@ def test_a_request_the_policy_would_refuse_gets_a_400_and_the_server_serves_on(s
     base, _ = server
     client = OpenAI(base_url=f"{base}/v1", api_key="none", max_retries=0)
     for extra, field in HOSTILE:
-        for call in (lambda: client.completions.create(model=MODEL, prompt="Hi", max_tokens=2, extra_body=extra),
-                     lambda: client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}],
-                                                            max_tokens=2, stream=True, extra_body=extra)):
+        for call in (
+            lambda: client.completions.create(model=MODEL, prompt="Hi", max_tokens=2, extra_body=extra),
+            lambda: client.chat.completions.create(
+                model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=2, stream=True, extra_body=extra
+            ),
+        ):
             with pytest.raises(BadRequestError) as refused:
                 call()
             assert f"kvsched refuses this request: {field}:" in refused.value.message, refused.value.message
@@ -214,15 +276,23 @@ def test_a_request_the_policy_would_refuse_gets_a_400_and_the_server_serves_on(s
     deep = "[" * 2000 + "]" * 2000  # once a RecursionError in the check itself: HTTP 500
     # no content type (FastAPI reads JSON anyway), another case or a charset (which once skipped the check)
     json_type = {"Content-Type": "application/json"}
-    for body, headers in ((hostile, {}), (hostile, {"Content-Type": "Application/JSON"}),
-                          (hostile, {"Content-Type": "application/json; charset=utf-8"}), (deep, json_type)):
+    for body, headers in (
+        (hostile, {}),
+        (hostile, {"Content-Type": "Application/JSON"}),
+        (hostile, {"Content-Type": "application/json; charset=utf-8"}),
+        (deep, json_type),
+    ):
         bare = http.client.HTTPConnection(base.removeprefix("http://"), timeout=60)
         bare.request("POST", "/v1/completions", body, headers)
         answer = bare.getresponse()
         assert answer.status == 400 and b"kvsched refuses this request" in answer.read(), headers
         bare.close()
-    out = client.completions.create(model=MODEL, prompt="Hi", max_tokens=3,
-                                    extra_body={"priority": 2**31 - 1, "vllm_xargs": {"tenant": "gold"}, "ignore_eos": True})
+    out = client.completions.create(
+        model=MODEL,
+        prompt="Hi",
+        max_tokens=3,
+        extra_body={"priority": 2**31 - 1, "vllm_xargs": {"tenant": "gold"}, "ignore_eos": True},
+    )
     assert out.usage.completion_tokens == 3 and contained(base, "add_request") == 0  # none reached the engine core
     healthy_and_idle(base)
 
@@ -231,8 +301,13 @@ def test_a_client_that_disconnects_aborts_its_request_and_frees_its_blocks(serve
     base, _ = server
     client = OpenAI(base_url=f"{base}/v1", api_key="none")
     generated = metric(metrics(base), "vllm:generation_tokens_total")
-    stream = client.completions.create(model="smollm2-135m", prompt="Count slowly to one thousand", max_tokens=900,
-                                       extra_body={"ignore_eos": True}, stream=True)
+    stream = client.completions.create(
+        model="smollm2-135m",
+        prompt="Count slowly to one thousand",
+        max_tokens=900,
+        extra_body={"ignore_eos": True},
+        stream=True,
+    )
     for i, _ in enumerate(stream):
         if i == 3:
             break
@@ -251,24 +326,48 @@ def test_a_client_that_disconnects_aborts_its_request_and_frees_its_blocks(serve
 def test_engine_bench_writes_a_summary_beside_a_simulated_one(server, tmp_path):
     base, _ = server
     spec = tmp_path / "short.json"  # prompts and answers that fit the server's 1,024-token context
-    spec.write_text(json.dumps({"kind": "synthetic", "num_requests": 6, "arrivals": {"kind": "poisson", "rate": 4.0},
-                                "prompt": {"kind": "lognormal", "median": 60, "sigma": 0.3, "max": 200},
-                                "output": {"kind": "lognormal", "median": 16, "sigma": 0.3, "max": 32}}))
+    spec.write_text(
+        json.dumps(
+            {
+                "kind": "synthetic",
+                "num_requests": 6,
+                "arrivals": {"kind": "poisson", "rate": 4.0},
+                "prompt": {"kind": "lognormal", "median": 60, "sigma": 0.3, "max": 200},
+                "output": {"kind": "lognormal", "median": 16, "sigma": 0.3, "max": 32},
+            }
+        )
+    )
     out = tmp_path / "bench"
-    done = subprocess.run([str(ENGINE), "bench", "--url", base, "--workload", str(spec), "--output", str(out), "-q",
-                           "--label", "served"], capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [str(ENGINE), "bench", "--url", base, "--workload", str(spec), "--output", str(out), "-q", "--label", "served"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr
     summary = json.loads((out / "summary.json").read_text())
     assert summary["finished"] == 6 and summary["ttft_s"]["mean"] > 0 and summary["itl_s"]["p50"] > 0
     simulated = tmp_path / "sim"
-    subprocess.run([str(ENGINE), "run", "--workload", str(spec), "--output", str(simulated), "-q"], check=True,
-                   capture_output=True, timeout=300)
+    subprocess.run(
+        [str(ENGINE), "run", "--workload", str(spec), "--output", str(simulated), "-q"],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
     sim_keys = set(json.loads((simulated / "summary.json").read_text()))
     assert {"ttft_s", "tpot_s", "e2e_s", "finished", "requests_per_s"} <= set(summary) & sim_keys
-    assert (out / "requests.csv").read_text().splitlines()[0] == (simulated / "requests.csv").read_text().splitlines()[0]
-    side_by_side = subprocess.run([str(ENGINE), "compare", str(out), str(simulated)], capture_output=True, text=True, timeout=120)
+    assert (out / "requests.csv").read_text().splitlines()[0] == (simulated / "requests.csv").read_text().splitlines()[
+        0
+    ]
+    side_by_side = subprocess.run(
+        [str(ENGINE), "compare", str(out), str(simulated)], capture_output=True, text=True, timeout=120
+    )
     assert side_by_side.returncode == 0, side_by_side.stderr
-    assert "bench (served)" in side_by_side.stdout and "sim (vllm-default)" in side_by_side.stdout and "TTFT p99" in side_by_side.stdout
+    assert (
+        "bench (served)" in side_by_side.stdout
+        and "sim (vllm-default)" in side_by_side.stdout
+        and "TTFT p99" in side_by_side.stdout
+    )
 
 
 def documented_command() -> list[str]:
@@ -283,10 +382,24 @@ def documented_server(tmp_path_factory):
     from kvsched.executors.hf_models import model_folder
 
     folder, policy = str(model_folder(MODEL)), f"{POLICY}:ExitsOnTenant"
-    command = [sys.executable if arg == ".venv/bin/python" else arg.replace("MODEL_DIR", folder).replace("/path/to/my_policy.py:MyPolicy", policy)
-               for arg in documented_command()]
+    command = [
+        sys.executable
+        if arg == ".venv/bin/python"
+        else arg.replace("MODEL_DIR", folder).replace("/path/to/my_policy.py:MyPolicy", policy)
+        for arg in documented_command()
+    ]
     assert policy in " ".join(command)
-    command += [*CPU_ARGS, "--served-model-name", MODEL, "--port", str(free_port()), "--max-num-seqs", "8", "--max-model-len", "1024"]
+    command += [
+        *CPU_ARGS,
+        "--served-model-name",
+        MODEL,
+        "--port",
+        str(free_port()),
+        "--max-num-seqs",
+        "8",
+        "--max-model-len",
+        "1024",
+    ]
     log = tmp_path_factory.mktemp("documented") / "server.log"
     base, proc = start(command, log, server_env(os.environ))
     yield base, log
@@ -300,14 +413,25 @@ def test_the_documented_command_serves_a_policy_file_and_neither_client_nor_poli
     for extra, _ in HOSTILE[:3]:
         with pytest.raises(InternalServerError):
             client.completions.create(model=MODEL, prompt="Hi", max_tokens=2, extra_body=extra)
-        assert client.completions.create(model=MODEL, prompt="Hi", max_tokens=2, extra_body={"ignore_eos": True}).usage.completion_tokens == 2
+        assert (
+            client.completions.create(
+                model=MODEL, prompt="Hi", max_tokens=2, extra_body={"ignore_eos": True}
+            ).usage.completion_tokens
+            == 2
+        )
     healthy_and_idle(base)
     assert contained(base, "add_request") == 3
     # A policy raising what no hook call catches: the mirror is given up, vLLM's own scheduler serves on.
-    out = client.completions.create(model=MODEL, prompt="Tell me a story", max_tokens=4,
-                                    extra_body={"vllm_xargs": {"tenant": "exit"}, "ignore_eos": True})
+    out = client.completions.create(
+        model=MODEL,
+        prompt="Tell me a story",
+        max_tokens=4,
+        extra_body={"vllm_xargs": {"tenant": "exit"}, "ignore_eos": True},
+    )
     assert out.usage.completion_tokens == 4
-    streamed = client.completions.create(model=MODEL, prompt="Count to ten", max_tokens=5, stream=True, extra_body={"ignore_eos": True})
+    streamed = client.completions.create(
+        model=MODEL, prompt="Count to ten", max_tokens=5, stream=True, extra_body={"ignore_eos": True}
+    )
     assert any(chunk.choices and chunk.choices[0].finish_reason == "length" for chunk in streamed)
     healthy_and_idle(base)
     assert contained(base, "schedule") == 1 and "kvsched's mirror is given up" in log.read_text()
@@ -317,8 +441,21 @@ def test_the_documented_command_serves_a_policy_file_and_neither_client_nor_poli
 def whole_prompt_server(tmp_path_factory):
     """priority-vip admits whole prompts (no chunking): one longer than a step's 256 tokens can never run.
     Its base URL and process (tests/test_vllm_serve.py's last test stops it)."""
-    command = [str(ENGINE), "serve", "--policy", "priority-vip", "--port", str(free_port()),
-               "--", "--max-num-seqs", "4", "--max-model-len", "512", "--max-num-batched-tokens", "256"]
+    command = [
+        str(ENGINE),
+        "serve",
+        "--policy",
+        "priority-vip",
+        "--port",
+        str(free_port()),
+        "--",
+        "--max-num-seqs",
+        "4",
+        "--max-model-len",
+        "512",
+        "--max-num-batched-tokens",
+        "256",
+    ]
     base, proc = start(command, tmp_path_factory.mktemp("whole") / "server.log")
     yield base, proc
     stop(proc)
@@ -331,11 +468,17 @@ def test_engine_bench_records_what_the_server_refused_or_could_not_run_and_says_
     trace = tmp_path / "lengths.csv"
     trace.write_text("arrival_time_s,prompt_tokens,output_tokens\n0.0,100,4\n0.1,300,4\n0.2,600,4\n0.3,50,4\n")
     out = tmp_path / "bench"
-    done = subprocess.run([str(ENGINE), "bench", "--url", base, "--trace", str(trace), "--output", str(out), "-q"],
-                          capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [str(ENGINE), "bench", "--url", base, "--trace", str(trace), "--output", str(out), "-q"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr
-    assert done.stderr == ("warning: 1 of 4 requests need more than the server's context of 512 tokens "
-                           "(prompt + output; req-2: 600 + 4): the server will refuse them\n")
+    assert done.stderr == (
+        "warning: 1 of 4 requests need more than the server's context of 512 tokens "
+        "(prompt + output; req-2: 600 + 4): the server will refuse them\n"
+    )
     with open(out / "requests.csv") as f:
         rows = {r["request_id"]: r for r in csv.DictReader(f)}
     assert [rows[r]["status"] for r in ("req-0", "req-3")] == ["FINISHED_LENGTH_CAPPED"] * 2

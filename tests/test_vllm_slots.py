@@ -30,8 +30,14 @@ def state(kv, manager, rid: str) -> tuple:
 def test_unchanged_is_said_only_where_allocate_slots_changes_nothing(prefix_caching):
     from vllm.v1.request import RequestStatus
 
-    ref = V1Reference(block_size=8, num_gpu_blocks=14, max_num_batched_tokens=32, max_num_seqs=6, max_model_len=64,
-                      enable_prefix_caching=prefix_caching)
+    ref = V1Reference(
+        block_size=8,
+        num_gpu_blocks=14,
+        max_num_batched_tokens=32,
+        max_num_seqs=6,
+        max_model_len=64,
+        enable_prefix_caching=prefix_caching,
+    )
     kv = ref.scheduler.kv_cache_manager
     slots = SteadySlots(kv)
     assert slots.manager is not None  # one group of plain full attention: the layout it answers for
@@ -59,8 +65,14 @@ def test_unchanged_is_said_only_where_allocate_slots_changes_nothing(prefix_cach
 
 
 def test_another_layout_always_goes_through_allocate_slots():
-    ref = V1Reference(block_size=4, num_gpu_blocks=24, max_num_batched_tokens=24, max_num_seqs=6, max_model_len=64,
-                      enable_prefix_caching=True)
+    ref = V1Reference(
+        block_size=4,
+        num_gpu_blocks=24,
+        max_num_batched_tokens=24,
+        max_num_seqs=6,
+        max_model_len=64,
+        enable_prefix_caching=True,
+    )
     kv = ref.scheduler.kv_cache_manager
     ref.add("r0", [1, 2, 3, 4, 5, 6], max_tokens=4)
     ref.step()

@@ -30,9 +30,17 @@ def _group(engine: Engine, request_id: str):
 
 
 def _engine(vllm_engine: str, policy: str = "vllm-v1", **config) -> Engine:
-    base = dict(block_size=4, num_gpu_blocks=64, max_model_len=64, max_num_batched_tokens=64, max_num_seqs=16,
-                enable_prefix_caching=True)
-    return Engine(EngineConfig(**{**base, **config}, vllm_engine=vllm_engine, audit_every_step=True), policy, SimulatedExecutor())
+    base = dict(
+        block_size=4,
+        num_gpu_blocks=64,
+        max_model_len=64,
+        max_num_batched_tokens=64,
+        max_num_seqs=16,
+        enable_prefix_caching=True,
+    )
+    return Engine(
+        EngineConfig(**{**base, **config}, vllm_engine=vllm_engine, audit_every_step=True), policy, SimulatedExecutor()
+    )
 
 
 def _n3(rid: str = "a", output_len: int = 5) -> Request:
@@ -47,9 +55,13 @@ def test_n_above_one_is_one_request_with_n_outputs_under_v1_as_under_v0():
         engine = _engine(mechanics, policy)
         seen = set()
         finished = []
-        engine.run([_n3(), Request(request_id="b", prompt_len=6, output_len=3)],
-                   on_step=lambda r: (seen.update(sg.group.request_id for sg in r.output.scheduled),
-                                      finished.extend(g.request_id for g in r.finished)))
+        engine.run(
+            [_n3(), Request(request_id="b", prompt_len=6, output_len=3)],
+            on_step=lambda r: (
+                seen.update(sg.group.request_id for sg in r.output.scheduled),
+                finished.extend(g.request_id for g in r.finished),
+            ),
+        )
         assert sorted(engine._groups) == ["a", "b"] and sorted(finished) == ["a", "b"] and engine.leaked_blocks == 0
         parent = engine._groups["a"]
         assert [len(s.output) for s in parent.seqs] == [5, 5, 5]
@@ -65,7 +77,11 @@ def test_the_children_share_the_prompt_through_the_prefix_cache():
     engine = _engine("v1")
     engine.add_request(_n3())
     report = engine.step()  # the three prompts run in one step; the later two find the first's full blocks
-    assert [(sg.group.request_id, sg.num_cached_tokens) for sg in report.output.scheduled] == [("0_a", 0), ("1_a", 12), ("2_a", 12)]
+    assert [(sg.group.request_id, sg.num_cached_tokens) for sg in report.output.scheduled] == [
+        ("0_a", 0),
+        ("1_a", 12),
+        ("2_a", 12),
+    ]
 
 
 def test_aborting_a_fanned_out_request_ends_every_child_and_frees_their_blocks():
@@ -81,7 +97,9 @@ def test_aborting_a_fanned_out_request_ends_every_child_and_frees_their_blocks()
 
 def test_engine_run_with_vllm_v1_runs_the_embedded_workload_to_the_end(tmp_path):
     """Issue 21: its n > 1 requests made the run stop ('chunked prefill ... with several sequences')."""
-    res = subprocess.run([ENGINE, "run", "--policy", "vllm-v1", "-o", str(tmp_path), "-q"], capture_output=True, text=True, timeout=120)
+    res = subprocess.run(
+        [ENGINE, "run", "--policy", "vllm-v1", "-o", str(tmp_path), "-q"], capture_output=True, text=True, timeout=120
+    )
     assert res.returncode == 0, res.stderr
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["finished"] + summary["ignored"] == summary["num_requests"] == 400 and summary["leaked_blocks"] == 0
@@ -94,8 +112,16 @@ def test_without_chunked_prefill_the_budget_holds_the_model_length_as_vllm_sets_
     config = fit_to_profile(EngineConfig(enable_chunked_prefill=False), LLAMA2_7B_A100, VllmV1)
     assert (config.max_model_len, config.max_num_batched_tokens) == (4096, 4096)
     with pytest.raises(ValueError, match="smaller than max_model_len"):
-        EngineConfig(vllm_engine="v1", enable_chunked_prefill=False, max_num_batched_tokens=512, max_num_seqs=8, max_model_len=1024)
-    EngineConfig(vllm_engine="v0", enable_chunked_prefill=False, max_num_batched_tokens=512, max_num_seqs=8, max_model_len=1024)
+        EngineConfig(
+            vllm_engine="v1",
+            enable_chunked_prefill=False,
+            max_num_batched_tokens=512,
+            max_num_seqs=8,
+            max_model_len=1024,
+        )
+    EngineConfig(
+        vllm_engine="v0", enable_chunked_prefill=False, max_num_batched_tokens=512, max_num_seqs=8, max_model_len=1024
+    )
 
 
 class AdmitsEveryone:
@@ -117,7 +143,9 @@ def test_under_v1_the_core_refuses_a_request_whose_grammar_is_not_ready():
     """The core enforces what vllm-v1 decides: a policy that offers a structured-output request too
     early gets LATER (V1's WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR), and the request keeps its place."""
     policy = AdmitsEveryone()
-    config = EngineConfig(block_size=4, num_gpu_blocks=32, max_model_len=64, max_num_batched_tokens=64, max_num_seqs=8, vllm_engine="v1")
+    config = EngineConfig(
+        block_size=4, num_gpu_blocks=32, max_model_len=64, max_num_batched_tokens=64, max_num_seqs=8, vllm_engine="v1"
+    )
     engine = Engine(config, policy, SimulatedExecutor())
     engine.add_request(Request(request_id="json", prompt_len=5, output_len=2, grammar_compile_s=0.05))
     engine.add_request(Request(request_id="plain", prompt_len=5, output_len=2))
@@ -136,8 +164,10 @@ def test_speculative_decoding_with_an_executor_that_rejects_every_draft_changes_
     for k in (0, 3):
         engine = _engine("v1", num_speculative_tokens=k)
         widths = []
-        engine.run([Request(request_id=f"r{i}", prompt_len=5 + i, output_len=6) for i in range(4)],
-                   on_step=lambda r: widths.extend(sg.num_tokens for sg in r.output.scheduled if not sg.is_prefill))
+        engine.run(
+            [Request(request_id=f"r{i}", prompt_len=5 + i, output_len=6) for i in range(4)],
+            on_step=lambda r: widths.extend(sg.num_tokens for sg in r.output.scheduled if not sg.is_prefill),
+        )
         assert engine.leaked_blocks == 0
         runs[k] = ({rid: [len(s.output) for s in _group(engine, rid).seqs] for rid in engine.groups}, set(widths))
     assert runs[0][0] == runs[3][0] and runs[0][1] == {1} and runs[3][1] == {4}
@@ -146,8 +176,26 @@ def test_speculative_decoding_with_an_executor_that_rejects_every_draft_changes_
 
 def test_engine_run_takes_the_v1_knobs_from_the_command_line(tmp_path):
     """``--set`` gives them before the policy's engine defaults (vllm_engine v1) apply."""
-    res = subprocess.run([ENGINE, "run", "--policy", "vllm-v1", "-n", "40", "--set", "num_speculative_tokens=2",
-                          "--set", "enable_chunked_prefill=false", "-o", str(tmp_path), "-q"], capture_output=True, text=True, timeout=120)
+    res = subprocess.run(
+        [
+            ENGINE,
+            "run",
+            "--policy",
+            "vllm-v1",
+            "-n",
+            "40",
+            "--set",
+            "num_speculative_tokens=2",
+            "--set",
+            "enable_chunked_prefill=false",
+            "-o",
+            str(tmp_path),
+            "-q",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert res.returncode == 0, res.stderr
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["config"]["num_speculative_tokens"] == 2 and summary["leaked_blocks"] == 0
@@ -156,14 +204,32 @@ def test_engine_run_takes_the_v1_knobs_from_the_command_line(tmp_path):
 def test_vllm_release_033_lets_the_requests_after_a_self_preempted_one_run_in_its_step():
     """``vllm_release``: two prompts in one-token chunks fill the cache; r0 (the least urgent, first of
     a tie) preempts itself. From 0.33 the step goes on and runs r1; up to 0.32 it ends there."""
+
     def step_of_the_preemption(release: str) -> dict[str, int]:
-        engine = Engine(EngineConfig(vllm_engine="v1", block_size=2, num_gpu_blocks=5, max_model_len=8, max_num_seqs=4,
-                                     max_num_batched_tokens=8, watermark=0.0,
-                                     audit_every_step=True), "vllm-v1", SimulatedExecutor(),
-                        policy_options={"policy": "priority", "long_prefill_token_threshold": 1, "vllm_release": release})
+        engine = Engine(
+            EngineConfig(
+                vllm_engine="v1",
+                block_size=2,
+                num_gpu_blocks=5,
+                max_model_len=8,
+                max_num_seqs=4,
+                max_num_batched_tokens=8,
+                watermark=0.0,
+                audit_every_step=True,
+            ),
+            "vllm-v1",
+            SimulatedExecutor(),
+            policy_options={"policy": "priority", "long_prefill_token_threshold": 1, "vllm_release": release},
+        )
         for i in range(2):
-            engine.add_request(Request(request_id=f"r{i}", prompt_token_ids=(i + 1,) * 5, output_len=1,
-                                       sampling=SamplingParams(max_tokens=1)))
+            engine.add_request(
+                Request(
+                    request_id=f"r{i}",
+                    prompt_token_ids=(i + 1,) * 5,
+                    output_len=1,
+                    sampling=SamplingParams(max_tokens=1),
+                )
+            )
         while True:
             report = engine.step()
             if report.output.preempted:
@@ -179,9 +245,21 @@ def test_vllm_release_033_lets_the_requests_after_a_self_preempted_one_run_in_it
 def test_vllm_release_030_cuts_a_lone_prompt_to_the_threshold_and_later_ones_do_not(release, chunk):
     """vLLM 0.30 applies ``long_prefill_token_threshold`` to every prefill; from 0.31 only when more than
     one request is eligible, so a request alone runs its prompt whole."""
-    engine = Engine(EngineConfig(vllm_engine="v1", block_size=4, num_gpu_blocks=16, max_model_len=16, max_num_seqs=4,
-                                 max_num_batched_tokens=16, watermark=0.0, audit_every_step=True), "vllm-v1",
-                    SimulatedExecutor(), policy_options={"long_prefill_token_threshold": 2, "vllm_release": release})
+    engine = Engine(
+        EngineConfig(
+            vllm_engine="v1",
+            block_size=4,
+            num_gpu_blocks=16,
+            max_model_len=16,
+            max_num_seqs=4,
+            max_num_batched_tokens=16,
+            watermark=0.0,
+            audit_every_step=True,
+        ),
+        "vllm-v1",
+        SimulatedExecutor(),
+        policy_options={"long_prefill_token_threshold": 2, "vllm_release": release},
+    )
     engine.add_request(Request(request_id="alone", prompt_len=7, output_len=2, sampling=SamplingParams(max_tokens=2)))
     assert [sg.num_tokens for sg in engine.step().output.scheduled] == [chunk]
 
@@ -190,12 +268,27 @@ def test_vllm_release_030_cuts_a_lone_prompt_to_the_threshold_and_later_ones_do_
 def test_vllm_release_030_offers_a_structured_output_request_first_under_fcfs(release, first):
     """vLLM 0.30 keeps a request that arrives waiting for its grammar in a queue of its own, which fcfs
     serves first once the grammar is ready; from 0.31 it keeps its place in the one waiting queue."""
-    engine = Engine(EngineConfig(vllm_engine="v1", block_size=4, num_gpu_blocks=16, max_model_len=16, max_num_seqs=1,
-                                 max_num_batched_tokens=16, watermark=0.0, audit_every_step=True), "vllm-v1",
-                    SimulatedExecutor(), policy_options={"vllm_release": release})
+    engine = Engine(
+        EngineConfig(
+            vllm_engine="v1",
+            block_size=4,
+            num_gpu_blocks=16,
+            max_model_len=16,
+            max_num_seqs=1,
+            max_num_batched_tokens=16,
+            watermark=0.0,
+            audit_every_step=True,
+        ),
+        "vllm-v1",
+        SimulatedExecutor(),
+        policy_options={"vllm_release": release},
+    )
     engine.add_request(Request(request_id="plain", prompt_len=3, output_len=2, sampling=SamplingParams(max_tokens=2)))
-    engine.add_request(Request(request_id="json", prompt_len=3, output_len=2, sampling=SamplingParams(max_tokens=2),
-                               grammar_compile_s=0.0))
+    engine.add_request(
+        Request(
+            request_id="json", prompt_len=3, output_len=2, sampling=SamplingParams(max_tokens=2), grammar_compile_s=0.0
+        )
+    )
     assert [sg.group.request_id for sg in engine.step().output.scheduled] == [first]
 
 
@@ -203,20 +296,35 @@ def test_vllm_release_030_offers_a_structured_output_request_first_under_fcfs(re
 def test_vllm_release_034_cuts_at_the_threshold_only_with_chunked_prefill(release, chunks):
     """Without chunked prefill vLLM 0.33 still cut a waiting prompt at ``long_prefill_token_threshold``
     (before its whole-prompt check); 0.34 ignores the threshold then: a prompt runs whole or waits."""
-    engine = Engine(EngineConfig(vllm_engine="v1", block_size=4, num_gpu_blocks=16, max_model_len=16, max_num_seqs=4,
-                                 max_num_batched_tokens=16, watermark=0.0, enable_chunked_prefill=False,
-                                 audit_every_step=True), "vllm-v1", SimulatedExecutor(),
-                    policy_options={"long_prefill_token_threshold": 3, "vllm_release": release})
+    engine = Engine(
+        EngineConfig(
+            vllm_engine="v1",
+            block_size=4,
+            num_gpu_blocks=16,
+            max_model_len=16,
+            max_num_seqs=4,
+            max_num_batched_tokens=16,
+            watermark=0.0,
+            enable_chunked_prefill=False,
+            audit_every_step=True,
+        ),
+        "vllm-v1",
+        SimulatedExecutor(),
+        policy_options={"long_prefill_token_threshold": 3, "vllm_release": release},
+    )
     for rid in ("a", "b"):
         engine.add_request(Request(request_id=rid, prompt_len=7, output_len=2, sampling=SamplingParams(max_tokens=2)))
     assert [sg.num_tokens for sg in engine.step().output.scheduled] == chunks
 
 
-@pytest.mark.parametrize(("options", "message"), [
-    ({"vllm_release": "0.33", "cache_aware_admission_window": 16}, "is vLLM 0.34's; vllm_release='0.33' has none"),
-    ({"vllm_release": "0.34", "cache_aware_admission_window": -1}, "must be >= 0"),
-    ({"vllm_release": "0.34", "cache_aware_admission_threshold": 1.5}, "within 0..1"),
-])
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"vllm_release": "0.33", "cache_aware_admission_window": 16}, "is vLLM 0.34's; vllm_release='0.33' has none"),
+        ({"vllm_release": "0.34", "cache_aware_admission_window": -1}, "must be >= 0"),
+        ({"vllm_release": "0.34", "cache_aware_admission_threshold": 1.5}, "within 0..1"),
+    ],
+)
 def test_cache_aware_admission_options_are_checked(options, message):
     with pytest.raises(ValueError, match=message):
         VllmV1(**options)

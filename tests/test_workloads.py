@@ -5,10 +5,10 @@ import statistics
 
 import pytest
 
-from kvsched.workloads.embedded import SyntheticWorkload
-from kvsched.workloads.errors import WorkloadError
 from kvsched.workloads import Gamma, Poisson, SyntheticSpec, TraceWorkload, build_workload, builtin_path
 from kvsched.workloads.distributions import Empirical, Fixed, LogNormal, Uniform
+from kvsched.workloads.embedded import SyntheticWorkload
+from kvsched.workloads.errors import WorkloadError
 
 
 def gaps(reqs):
@@ -33,8 +33,13 @@ def test_poisson_and_gamma_rates_and_burstiness():
 
 def test_length_distributions_and_mixes():
     spec = SyntheticSpec(
-        num_requests=4000, prompt=Uniform(low=10, high=20), output=Fixed(value=7),
-        priorities={0: 1, 5: 3}, tenants={"a": 1, "b": 1}, n={1: 1, 3: 1}, seed=1,
+        num_requests=4000,
+        prompt=Uniform(low=10, high=20),
+        output=Fixed(value=7),
+        priorities={0: 1, 5: 3},
+        tenants={"a": 1, "b": 1},
+        n={1: 1, 3: 1},
+        seed=1,
     )
     reqs = spec.requests()
     assert {r.prompt_len for r in reqs} == set(range(10, 21))
@@ -42,7 +47,9 @@ def test_length_distributions_and_mixes():
     assert sum(r.priority == 5 for r in reqs) / len(reqs) == pytest.approx(0.75, abs=0.03)
     assert {r.tenant for r in reqs} == {"a", "b"} and {r.sampling.n for r in reqs} == {1, 3}
     assert spec.requests() == reqs  # same spec and seed: same requests
-    emp = SyntheticSpec(num_requests=500, prompt=Empirical(values=(3, 99)), output=LogNormal(median=50, sigma=1, max=60)).requests()
+    emp = SyntheticSpec(
+        num_requests=500, prompt=Empirical(values=(3, 99)), output=LogNormal(median=50, sigma=1, max=60)
+    ).requests()
     assert {r.prompt_len for r in emp} == {3, 99} and max(r.output_len for r in emp) == 60
 
 
@@ -62,7 +69,11 @@ def azure(tmp_path):
 def test_azure_replay_times_scale_offset_and_cap(azure):
     reqs = TraceWorkload(path=azure).requests()
     assert [r.arrival_time for r in reqs] == [0.0, 0.5, 3.0, 60.0]
-    assert [(r.prompt_len, r.output_len, r.sampling.max_tokens) for r in reqs][1] == (200, 20, 40)  # the cap: the longest answer
+    assert [(r.prompt_len, r.output_len, r.sampling.max_tokens) for r in reqs][1] == (
+        200,
+        20,
+        40,
+    )  # the cap: the longest answer
     fast = TraceWorkload(path=azure, rate_scale=2).requests()
     assert [r.arrival_time for r in fast] == [0.0, 0.25, 1.5, 30.0]
     window = TraceWorkload(path=azure, start_offset=0.5, max_requests=2).requests()
@@ -93,8 +104,11 @@ def test_azure_conv_under_vidurs_cut(tmp_path):
 
 
 def test_workloads_stream_the_same_requests_they_list():
-    for workload in (build_workload(num_requests=50), build_workload("synthetic", num_requests=50),
-                     build_workload("azure-conv", num_requests=50)):
+    for workload in (
+        build_workload(num_requests=50),
+        build_workload("synthetic", num_requests=50),
+        build_workload("azure-conv", num_requests=50),
+    ):
         stream = workload.iter_requests()
         assert not isinstance(stream, list)
         assert list(stream) == workload.requests() and workload.num_requests == 50
@@ -122,15 +136,21 @@ def test_plain_format_with_priority_and_tenant(tmp_path):
     p.write_text("arrival_time_s,prompt_tokens,output_tokens,priority,tenant\n0.0,5,2,1,alice\n1.5,6,3,0,bob\n")
     reqs = TraceWorkload(path=p).requests()
     assert [(r.arrival_time, r.prompt_len, r.output_len, r.priority, r.tenant) for r in reqs] == [
-        (0.0, 5, 2, 1, "alice"), (1.5, 6, 3, 0, "bob")]
+        (0.0, 5, 2, 1, "alice"),
+        (1.5, 6, 3, 0, "bob"),
+    ]
 
 
 def test_length_only_file_gets_synthetic_arrivals(tmp_path):
     p = tmp_path / "lengths.csv"
-    p.write_text("num_prefill_tokens,num_decode_tokens,num_total_tokens,pd_ratio\n"
-                 + "".join(f"{i},{i + 1},{2 * i + 1},1.0\n" for i in range(1, 2001)))
+    p.write_text(
+        "num_prefill_tokens,num_decode_tokens,num_total_tokens,pd_ratio\n"
+        + "".join(f"{i},{i + 1},{2 * i + 1},1.0\n" for i in range(1, 2001))
+    )
     reqs = build_workload(trace=p, rate=50.0).requests()
-    assert len(reqs) == 2000 and {(r.prompt_len, r.output_len - r.prompt_len) for r in reqs} == {(1, 1)} | {(i, 1) for i in range(2, 2001)}
+    assert len(reqs) == 2000 and {(r.prompt_len, r.output_len - r.prompt_len) for r in reqs} == {(1, 1)} | {
+        (i, 1) for i in range(2, 2001)
+    }
     assert reqs[-1].arrival_time / 2000 == pytest.approx(1 / 50, rel=0.1)
     assert len(build_workload(trace=p, num_requests=10).requests()) == 10
 
@@ -147,7 +167,9 @@ def test_builtin_workloads_ship_in_the_package():
 def test_documented_json_spec_loads(tmp_path):
     from pathlib import Path
 
-    spec = build_workload(str(Path(__file__).resolve().parents[1] / "docs" / "examples" / "bursty-tenants.json"), num_requests=300)
+    spec = build_workload(
+        str(Path(__file__).resolve().parents[1] / "docs" / "examples" / "bursty-tenants.json"), num_requests=300
+    )
     reqs = spec.requests()
     assert len(reqs) == 300 and {r.tenant for r in reqs} == {"free", "pro", "batch"}
     trace_spec = tmp_path / "t.json"
@@ -159,11 +181,14 @@ def test_documented_json_spec_loads(tmp_path):
 def test_builtin_data_is_declared_as_package_data():
     """A wheel or regular install carries the traces only if pyproject says so."""
     import fnmatch
-    import tomllib
     from pathlib import Path
 
+    import tomllib
+
     root = Path(__file__).resolve().parents[1]
-    patterns = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["kvsched.workloads.data"]
+    patterns = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"][
+        "kvsched.workloads.data"
+    ]
     for f in (root / "workloads" / "data").iterdir():
         assert any(fnmatch.fnmatch(f.name, p) for p in patterns), f.name
 
@@ -184,7 +209,7 @@ def test_a_sessions_turns_carry_their_sessions_id_for_session_aware_policies():
     assert len(by_session) == 5
     for sid, turns in by_session.items():
         assert {t.request_id.split("-")[0] for t in turns} == {sid}  # s3-t0, s3-t1, ... all s3
-        assert all(b.prompt_token_ids[:a.prompt_len] == a.prompt_token_ids for a, b in zip(turns, turns[1:]))
+        assert all(b.prompt_token_ids[: a.prompt_len] == a.prompt_token_ids for a, b in zip(turns, turns[1:]))
 
 
 def test_slo_class_mixes_label_requests_and_sessions_and_leave_unlabelled_workloads_unchanged():
@@ -197,7 +222,9 @@ def test_slo_class_mixes_label_requests_and_sessions_and_leave_unlabelled_worklo
     assert {r.slo_class for r in plain} == {None}
     counts = Counter(r.slo_class for r in tiered)
     assert set(counts) == {"interactive", "batch"} and 45 <= counts["interactive"] <= 105  # a quarter of 300
-    one = SyntheticSpec(num_requests=300, seed=4, slo_classes={"batch": 1}).requests()  # no choice, no draw: same lengths
+    one = SyntheticSpec(
+        num_requests=300, seed=4, slo_classes={"batch": 1}
+    ).requests()  # no choice, no draw: same lengths
     assert [r.slo_class for r in one] == ["batch"] * 300
     assert [(r.prompt_len, r.arrival_time) for r in one] == [(r.prompt_len, r.arrival_time) for r in plain]
     turns = SessionSpec(num_sessions=40, seed=1, slo_classes={"interactive": 1, "background": 1}).requests()
@@ -226,20 +253,34 @@ def test_a_request_is_sent_with_a_cap_not_with_its_answer_s_length(azure):
     from kvsched.workloads.sessions import SessionSpec
 
     plain = SyntheticSpec(num_requests=300, seed=4).requests()
-    assert {r.sampling.max_tokens for r in plain} == {480}  # the output distribution's maximum: the same for every request
+    assert {r.sampling.max_tokens for r in plain} == {
+        480
+    }  # the output distribution's maximum: the same for every request
     assert len({r.output_len for r in plain}) > 100
     exact = SyntheticSpec(num_requests=300, seed=4, cap={"kind": "exact"}).requests()
     assert all(r.sampling.max_tokens == r.output_len for r in exact)  # the oracle cap, only when asked for
-    assert [(r.prompt_len, r.arrival_time, r.output_len) for r in exact] == [(r.prompt_len, r.arrival_time, r.output_len) for r in plain]
+    assert [(r.prompt_len, r.arrival_time, r.output_len) for r in exact] == [
+        (r.prompt_len, r.arrival_time, r.output_len) for r in plain
+    ]
     drawn = SyntheticSpec(num_requests=300, seed=4, cap={"kind": "drawn", "caps": {"64": 1, "1024": 1}}).requests()
-    assert {r.sampling.max_tokens for r in drawn} == {64, 1024} and all(r.output_len <= r.sampling.max_tokens for r in drawn)
+    assert {r.sampling.max_tokens for r in drawn} == {64, 1024} and all(
+        r.output_len <= r.sampling.max_tokens for r in drawn
+    )
     cut = [(p.output_len, d.output_len) for p, d in zip(plain, drawn) if d.sampling.max_tokens == 64]
     assert all(d == min(o, 64) for o, d in cut) and any(o > 64 for o, _ in cut)  # an answer past its cap ends there
     assert [r.prompt_len for r in drawn] == [r.prompt_len for r in plain]  # the caps draw from a stream of their own
     assert {r.sampling.max_tokens for r in TraceWorkload(path=azure).requests()} == {40}  # the trace's longest answer
-    assert [r.output_len for r in TraceWorkload(path=azure, cap={"kind": "fixed", "tokens": 25}).requests()] == [10, 20, 25, 25]
+    assert [r.output_len for r in TraceWorkload(path=azure, cap={"kind": "fixed", "tokens": 25}).requests()] == [
+        10,
+        20,
+        25,
+        25,
+    ]
     sessions = SessionSpec(num_sessions=5).requests()
-    assert {r.sampling.max_tokens for r in sessions} == {512} and SessionSpec().describe()["cap"] == {"kind": "fixed", "tokens": None}
+    assert {r.sampling.max_tokens for r in sessions} == {512} and SessionSpec().describe()["cap"] == {
+        "kind": "fixed",
+        "tokens": None,
+    }
 
 
 def test_a_bad_cap_model_is_refused_by_name(tmp_path):

@@ -11,14 +11,26 @@ from kvsched.workloads import TraceWorkload, WorkloadError, build_workload
 ENGINE = Path(sys.executable).parent / "engine"
 
 CASES = [
-    ("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.1,10,1\n2023-11-16 18:15:47,ten,1\n",
-     r":3: column 'ContextTokens': not an integer: 'ten'"),
-    ("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.1,10,1\nyesterday,10,1\n",
-     r":3: column 'TIMESTAMP': not a timestamp"),
-    ("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.1,10,0\n",
-     r":2: column 'GeneratedTokens': must be >= 1, got '0'"),
-    ("arrival_time_s,prompt_tokens,output_tokens\n0,1,1\n-1,1,1\n", r":3: column 'arrival_time_s': must be a finite time >= 0"),
-    ("arrival_time_s,prompt_tokens,output_tokens\n0,1,1\n1,2.5,1\n", r":3: column 'prompt_tokens': not an integer: '2.5'"),
+    (
+        "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.1,10,1\n2023-11-16 18:15:47,ten,1\n",
+        r":3: column 'ContextTokens': not an integer: 'ten'",
+    ),
+    (
+        "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.1,10,1\nyesterday,10,1\n",
+        r":3: column 'TIMESTAMP': not a timestamp",
+    ),
+    (
+        "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.1,10,0\n",
+        r":2: column 'GeneratedTokens': must be >= 1, got '0'",
+    ),
+    (
+        "arrival_time_s,prompt_tokens,output_tokens\n0,1,1\n-1,1,1\n",
+        r":3: column 'arrival_time_s': must be a finite time >= 0",
+    ),
+    (
+        "arrival_time_s,prompt_tokens,output_tokens\n0,1,1\n1,2.5,1\n",
+        r":3: column 'prompt_tokens': not an integer: '2.5'",
+    ),
     ("arrival_time_s,prompt_tokens,output_tokens\n0,1,1\n1,2\n", r":3: expected 3 fields, got 2"),
     ("arrival_time_s,prompt_tokens,output_tokens\n0,1,1\n\n2,1,1\n", r":3: empty row"),
     ("num_prefill_tokens,num_decode_tokens\n5,x\n", r":2: column 'num_decode_tokens': not an integer: 'x'"),

@@ -24,4 +24,5 @@ RELEASE_KEY = tuple(int(p) for p in RELEASE.split(".")[:2]) if RELEASE else (0, 
 # no platform, its device named in its config (vllm_v1_reference.vllm_configs)
 CPU_PLATFORM = CPU_BUILD is not None or (RELEASE is not None and RELEASE_KEY < (0, 34))
 needs_engine = pytest.mark.skipif(
-    CPU_BUILD is None, reason=f"vLLM {RELEASE} here is its scheduler only (no CPU build): its engine cannot run a model")
+    CPU_BUILD is None, reason=f"vLLM {RELEASE} here is its scheduler only (no CPU build): its engine cannot run a model"
+)

@@ -47,41 +47,85 @@ def _model_dir() -> str:
     return str(model_folder("smollm2-135m"))
 
 
-def vllm_configs(*, block_size: int, num_gpu_blocks: int, max_num_batched_tokens: int, max_num_seqs: int,
-                 max_model_len: int, enable_prefix_caching: bool, policy: str = "fcfs",
-                 long_prefill_token_threshold: int = 0, watermark: float = 0.0, enable_chunked_prefill: bool = True,
-                 num_speculative_tokens: int = 0, async_scheduling: bool = False,
-                 additional_config: dict | None = None, kv_transfer_config=None, **admission) -> tuple:
+def vllm_configs(
+    *,
+    block_size: int,
+    num_gpu_blocks: int,
+    max_num_batched_tokens: int,
+    max_num_seqs: int,
+    max_model_len: int,
+    enable_prefix_caching: bool,
+    policy: str = "fcfs",
+    long_prefill_token_threshold: int = 0,
+    watermark: float = 0.0,
+    enable_chunked_prefill: bool = True,
+    num_speculative_tokens: int = 0,
+    async_scheduling: bool = False,
+    additional_config: dict | None = None,
+    kv_transfer_config=None,
+    **admission,
+) -> tuple:
     """vLLM's ``VllmConfig`` and a ``KVCacheConfig`` of ``num_gpu_blocks`` blocks of one full-attention layer, what
     a scheduler is built from. The device is named: a scheduler-only release from 0.34 on runs on no platform
     (``vllm_release.CPU_PLATFORM``). ``async_scheduling`` is set after the platform has had its say (the CPU one
     turns it off). ``admission``: 0.34's cache-aware admission fields of ``SchedulerConfig``, given only when set;
     ``kv_transfer_config``: a KV connector (tests/test_cpu_tier_vllm.py's native CPU offloading)."""
     import torch
-    from vllm.config import (CacheConfig, DeviceConfig, ModelConfig, ParallelConfig, SchedulerConfig, SpeculativeConfig,
-                             VllmConfig)
+    from vllm.config import (
+        CacheConfig,
+        DeviceConfig,
+        ModelConfig,
+        ParallelConfig,
+        SchedulerConfig,
+        SpeculativeConfig,
+        VllmConfig,
+    )
     from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
 
     scheduler_config = SchedulerConfig(
-        max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len,
-        long_prefill_token_threshold=long_prefill_token_threshold, enable_chunked_prefill=enable_chunked_prefill,
-        policy=policy, watermark=watermark, is_encoder_decoder=False, async_scheduling=async_scheduling, **admission,
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=max_num_batched_tokens,
+        max_model_len=max_model_len,
+        long_prefill_token_threshold=long_prefill_token_threshold,
+        enable_chunked_prefill=enable_chunked_prefill,
+        policy=policy,
+        watermark=watermark,
+        is_encoder_decoder=False,
+        async_scheduling=async_scheduling,
+        **admission,
     )
-    model_config = ModelConfig(model=_model_dir(), dtype="float32", seed=0, skip_tokenizer_init=True,
-                               max_model_len=max_model_len)
+    model_config = ModelConfig(
+        model=_model_dir(), dtype="float32", seed=0, skip_tokenizer_init=True, max_model_len=max_model_len
+    )
     cache_config = CacheConfig(block_size=block_size, enable_prefix_caching=enable_prefix_caching)
     cache_config.num_gpu_blocks = num_gpu_blocks
     # ngram drafts: no draft model, no lookahead slots
-    speculative = None if not num_speculative_tokens else SpeculativeConfig(
-        method="ngram", num_speculative_tokens=num_speculative_tokens, prompt_lookup_max=3, prompt_lookup_min=1,
-        target_model_config=model_config, target_parallel_config=ParallelConfig())
-    vllm_config = VllmConfig(device_config=DeviceConfig(device="cpu"), scheduler_config=scheduler_config,
-                             model_config=model_config, cache_config=cache_config, speculative_config=speculative,
-                             additional_config=additional_config or {}, kv_transfer_config=kv_transfer_config)
+    speculative = (
+        None
+        if not num_speculative_tokens
+        else SpeculativeConfig(
+            method="ngram",
+            num_speculative_tokens=num_speculative_tokens,
+            prompt_lookup_max=3,
+            prompt_lookup_min=1,
+            target_model_config=model_config,
+            target_parallel_config=ParallelConfig(),
+        )
+    )
+    vllm_config = VllmConfig(
+        device_config=DeviceConfig(device="cpu"),
+        scheduler_config=scheduler_config,
+        model_config=model_config,
+        cache_config=cache_config,
+        speculative_config=speculative,
+        additional_config=additional_config or {},
+        kv_transfer_config=kv_transfer_config,
+    )
     scheduler_config.async_scheduling = async_scheduling
     spec = FullAttentionSpec(block_size=block_size, num_kv_heads=1, head_size=1, dtype=torch.float32)
-    kv_config = KVCacheConfig(num_blocks=num_gpu_blocks, kv_cache_tensors=[],
-                              kv_cache_groups=[KVCacheGroupSpec(["layer"], spec)])
+    kv_config = KVCacheConfig(
+        num_blocks=num_gpu_blocks, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(["layer"], spec)]
+    )
     return vllm_config, kv_config
 
 
@@ -91,30 +135,60 @@ def model_runner_output(request_ids: list[str], sampled: list[list[int]]):
     from vllm.v1.outputs import ModelRunnerOutput
 
     index = {"req_id_to_index": {r: i for i, r in enumerate(request_ids)}}
-    return ModelRunnerOutput(req_ids=request_ids, sampled_token_ids=sampled,
-                             **(index if "req_id_to_index" in ModelRunnerOutput.__dataclass_fields__ else {}))
+    return ModelRunnerOutput(
+        req_ids=request_ids,
+        sampled_token_ids=sampled,
+        **(index if "req_id_to_index" in ModelRunnerOutput.__dataclass_fields__ else {}),
+    )
 
 
 class V1Reference:
     """One vLLM V1 ``Scheduler`` with a ``KVCacheConfig`` of ``num_gpu_blocks`` blocks (block 0 is V1's null block)."""
 
-    def __init__(self, *, block_size: int, num_gpu_blocks: int, max_num_batched_tokens: int, max_num_seqs: int,
-                 max_model_len: int, enable_prefix_caching: bool, policy: str = "fcfs",
-                 long_prefill_token_threshold: int = 0, watermark: float = 0.0, enable_chunked_prefill: bool = True,
-                 num_speculative_tokens: int = 0, acceptance_salt: int = 0, **admission) -> None:
+    def __init__(
+        self,
+        *,
+        block_size: int,
+        num_gpu_blocks: int,
+        max_num_batched_tokens: int,
+        max_num_seqs: int,
+        max_model_len: int,
+        enable_prefix_caching: bool,
+        policy: str = "fcfs",
+        long_prefill_token_threshold: int = 0,
+        watermark: float = 0.0,
+        enable_chunked_prefill: bool = True,
+        num_speculative_tokens: int = 0,
+        acceptance_salt: int = 0,
+        **admission,
+    ) -> None:
+        from vllm.utils.hashing import get_hash_fn_by_name
         from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
         from vllm.v1.core.sched.scheduler import Scheduler
         from vllm.v1.structured_output import StructuredOutputManager
-        from vllm.utils.hashing import get_hash_fn_by_name
 
         vllm_config, kv_config = vllm_configs(
-            block_size=block_size, num_gpu_blocks=num_gpu_blocks, max_num_batched_tokens=max_num_batched_tokens,
-            max_num_seqs=max_num_seqs, max_model_len=max_model_len, enable_prefix_caching=enable_prefix_caching,
-            policy=policy, long_prefill_token_threshold=long_prefill_token_threshold, watermark=watermark,
-            enable_chunked_prefill=enable_chunked_prefill, num_speculative_tokens=num_speculative_tokens, **admission)
+            block_size=block_size,
+            num_gpu_blocks=num_gpu_blocks,
+            max_num_batched_tokens=max_num_batched_tokens,
+            max_num_seqs=max_num_seqs,
+            max_model_len=max_model_len,
+            enable_prefix_caching=enable_prefix_caching,
+            policy=policy,
+            long_prefill_token_threshold=long_prefill_token_threshold,
+            watermark=watermark,
+            enable_chunked_prefill=enable_chunked_prefill,
+            num_speculative_tokens=num_speculative_tokens,
+            **admission,
+        )
         self.num_speculative_tokens, self.acceptance_salt = num_speculative_tokens, acceptance_salt
-        self.scheduler = Scheduler(vllm_config=vllm_config, kv_cache_config=kv_config, block_size=block_size,
-                                   structured_output_manager=StructuredOutputManager(vllm_config), log_stats=False)
+        self.scheduler = Scheduler(
+            vllm_config=vllm_config,
+            kv_cache_config=kv_config,
+            block_size=block_size,
+            structured_output_manager=StructuredOutputManager(vllm_config),
+            log_stats=False,
+        )
         hash_fn = get_hash_fn_by_name("sha256")  # what vLLM's engine core uses by default
         init_none_hash(hash_fn)
         self._hasher = get_request_block_hasher(block_size, hash_fn)
@@ -127,6 +201,7 @@ class V1Reference:
         self.num_reorders = 0  # steps whose cache-aware admission (0.34) changed the waiting order
         reorder = getattr(self.scheduler, "_reorder_waiting_by_cached_prefix", None)
         if reorder is not None:
+
             def counted() -> None:
                 before = list(self.scheduler.waiting)
                 reorder()
@@ -134,10 +209,18 @@ class V1Reference:
 
             self.scheduler._reorder_waiting_by_cached_prefix = counted
 
-
-    def add(self, request_id: str, prompt_token_ids: list[int], max_tokens: int, *, priority: int = 0,
-            arrival_time: float = 0.0, stop_token_ids: tuple[int, ...] = (), n: int = 1,
-            grammar_steps: int | None = None) -> None:
+    def add(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        max_tokens: int,
+        *,
+        priority: int = 0,
+        arrival_time: float = 0.0,
+        stop_token_ids: tuple[int, ...] = (),
+        n: int = 1,
+        grammar_steps: int | None = None,
+    ) -> None:
         """Add a request; with ``n > 1``, its children ``"{i}_{request_id}"`` in order, as
         ``LLMEngine.add_request`` fans it out (``ParentRequest.get_child_info``); with
         ``grammar_steps``, a structured-output request whose grammar is ready ``grammar_steps``
@@ -146,8 +229,13 @@ class V1Reference:
         from vllm.v1.engine.parallel_sampling import ParentRequest
         from vllm.v1.request import Request
 
-        params = SamplingParams(max_tokens=max_tokens, ignore_eos=True, stop_token_ids=list(stop_token_ids), n=n,
-                                structured_outputs=None if grammar_steps is None else StructuredOutputsParams(regex="[0-9]*"))
+        params = SamplingParams(
+            max_tokens=max_tokens,
+            ignore_eos=True,
+            stop_token_ids=list(stop_token_ids),
+            n=n,
+            structured_outputs=None if grammar_steps is None else StructuredOutputsParams(regex="[0-9]*"),
+        )
         ids = [(request_id, params)]
         if n > 1:
             parent = ParentRequest(_FrontEndRequest(request_id, params))
@@ -156,8 +244,13 @@ class V1Reference:
             self._left[request_id] = n
         for rid, child_params in ids:
             request = Request(
-                request_id=rid, prompt_token_ids=list(prompt_token_ids), sampling_params=child_params, pooling_params=None,
-                arrival_time=arrival_time, priority=priority, block_hasher=self._hasher,
+                request_id=rid,
+                prompt_token_ids=list(prompt_token_ids),
+                sampling_params=child_params,
+                pooling_params=None,
+                arrival_time=arrival_time,
+                priority=priority,
+                block_hasher=self._hasher,
             )
             if grammar_steps is not None:
                 self._compiling[rid] = (self.num_steps + grammar_steps, request)
@@ -218,14 +311,22 @@ class V1Reference:
             for o in outputs.outputs:
                 if o.finish_reason is not None:
                     self._finished(o.request_id, str(o.finish_reason), finished)
-        if self.num_speculative_tokens:  # the drafter proposes k tokens for each request that sampled (prefill chunks are skipped)
+        if (
+            self.num_speculative_tokens
+        ):  # the drafter proposes k tokens for each request that sampled (prefill chunks are skipped)
             from vllm.v1.outputs import DraftTokenIds
 
-            proposing = [r for r, s in zip(ids, sampled) if s and r in sched.requests and not sched.requests[r].is_finished()]
-            drafts = [[token_at(len(sched.requests[r].output_token_ids) + 1 + i) for i in range(self.num_speculative_tokens)]
-                      for r in proposing]
+            proposing = [
+                r for r, s in zip(ids, sampled) if s and r in sched.requests and not sched.requests[r].is_finished()
+            ]
+            drafts = [
+                [token_at(len(sched.requests[r].output_token_ids) + 1 + i) for i in range(self.num_speculative_tokens)]
+                for r in proposing
+            ]
             sched.update_draft_token_ids(DraftTokenIds(proposing, drafts))
-        return StepSeen(dict(out.num_scheduled_tokens), frozenset(out.preempted_req_ids or ()), finished, self.free_blocks)
+        return StepSeen(
+            dict(out.num_scheduled_tokens), frozenset(out.preempted_req_ids or ()), finished, self.free_blocks
+        )
 
 
 @dataclass

@@ -18,13 +18,20 @@ def located(message: str, path: Path | str | None = None, line: int | None = Non
     """``path:line: column 'c': message``, with what is known of the place."""
     if path is None:
         return message
-    return f"{path}" + (f":{line}" if line is not None else "") + (f": column {column!r}" if column is not None else "") + f": {message}"
+    return (
+        f"{path}"
+        + (f":{line}" if line is not None else "")
+        + (f": column {column!r}" if column is not None else "")
+        + f": {message}"
+    )
 
 
 class FileError(KvschedError):
     """A file cannot be read as what it should be; names the file, the 1-based line and the column or key."""
 
-    def __init__(self, message: str, path: Path | str | None = None, line: int | None = None, column: str | None = None) -> None:
+    def __init__(
+        self, message: str, path: Path | str | None = None, line: int | None = None, column: str | None = None
+    ) -> None:
         super().__init__(located(message, path, line, column))
         self.path, self.line, self.column = path, line, column
 
@@ -32,7 +39,9 @@ class FileError(KvschedError):
 def _not_utf8(raw: bytes, at: int, path: Path | str, line: int = 1) -> FileError:
     """The error for the byte ``raw[at]`` that is not UTF-8 (``line``: the line ``raw`` starts on)."""
     start = raw.rfind(b"\n", 0, at) + 1
-    return FileError(f"not UTF-8 text: byte 0x{raw[at]:02x} at column {at - start + 1}", path, line + raw.count(b"\n", 0, at))
+    return FileError(
+        f"not UTF-8 text: byte 0x{raw[at]:02x} at column {at - start + 1}", path, line + raw.count(b"\n", 0, at)
+    )
 
 
 def _unreadable(exc: OSError, path: Path | str, what: str) -> FileError:
@@ -59,7 +68,9 @@ def read_json(path: Path | str, what: str = "file") -> Any:
     except json.JSONDecodeError as exc:
         raise FileError(f"not valid JSON: {exc.msg} (column {exc.colno})", path, exc.lineno) from None
     except (RecursionError, ValueError) as exc:  # ValueError: an integer of more digits than Python converts
-        raise FileError("not valid JSON: nested too deeply" if isinstance(exc, RecursionError) else f"not valid JSON: {exc}", path) from None
+        raise FileError(
+            "not valid JSON: nested too deeply" if isinstance(exc, RecursionError) else f"not valid JSON: {exc}", path
+        ) from None
 
 
 def _no_constant(name: str) -> None:

@@ -9,8 +9,8 @@ from typing import Any, Protocol
 
 from pydantic import TypeAdapter, ValidationError
 
-from kvsched.userfiles.reader import read_json
 from kvsched.core.request import Request
+from kvsched.userfiles.reader import read_json
 from kvsched.workloads.arrivals import Gamma, Poisson, make_arrivals
 from kvsched.workloads.builtin import BUILTIN_SPECS, BUILTIN_TRACES, SHAREGPT_DEFAULT_RATE, builtin_path
 from kvsched.workloads.errors import MAX_REQUESTS, WorkloadError
@@ -89,10 +89,14 @@ def build_workload(
     if trace is not None and Path(trace).suffix == ".jsonl":  # hash ids: a trace with prefix structure
         from kvsched.workloads.prefix_trace import prefix_trace
 
-        return prefix_trace(Path(trace), num_requests, rate_scale, seed, custom_arrivals or start_offset or max_total_tokens)
+        return prefix_trace(
+            Path(trace), num_requests, rate_scale, seed, custom_arrivals or start_offset or max_total_tokens
+        )
     if trace is None and workload in BUILTIN_SPECS:
         if arrival not in (None, "poisson") or start_offset or max_total_tokens is not None:
-            raise WorkloadError(f"{workload} is a named spec: --arrival, --start-offset and max_total_tokens are its own")
+            raise WorkloadError(
+                f"{workload} is a named spec: --arrival, --start-offset and max_total_tokens are its own"
+            )
         return _named_spec(workload, num_requests, seed, rate, rate_scale)
     if trace is not None or workload in BUILTIN_TRACES:
         path = Path(trace) if trace is not None else builtin_path(workload)
@@ -100,8 +104,13 @@ def build_workload(
         if workload == "sharegpt" or custom_arrivals:
             arrivals = make_arrivals(rate or SHAREGPT_DEFAULT_RATE, arrival or "poisson", cv)
         return TraceWorkload(
-            path=path, name=None if trace is not None else workload, rate_scale=rate_scale,
-            start_offset=start_offset, max_requests=num_requests, arrivals=arrivals, seed=seed,
+            path=path,
+            name=None if trace is not None else workload,
+            rate_scale=rate_scale,
+            start_offset=start_offset,
+            max_requests=num_requests,
+            arrivals=arrivals,
+            seed=seed,
             max_total_tokens=max_total_tokens,
         )
     if max_total_tokens is not None:
@@ -110,7 +119,9 @@ def build_workload(
         raise WorkloadError("--start-offset applies to traces only")
     if workload in (None, "default"):
         if arrival not in (None, "poisson"):
-            raise WorkloadError("the embedded default job has Poisson arrivals: use --workload synthetic for --arrival gamma")
+            raise WorkloadError(
+                "the embedded default job has Poisson arrivals: use --workload synthetic for --arrival gamma"
+            )
         fields: dict[str, Any] = {"seed": seed}
         if num_requests is not None:
             fields["num_requests"] = num_requests
@@ -120,18 +131,24 @@ def build_workload(
             fields["rate"] = (rate or SyntheticWorkload.model_fields["rate"].default) * rate_scale
         return _Embedded(**fields)
     if workload == "synthetic":
-        spec = SyntheticSpec(seed=seed, arrivals=make_arrivals((rate or 4.0) * rate_scale, arrival or "poisson", cv),
-                             **({"num_requests": num_requests} if num_requests else {}))
+        spec = SyntheticSpec(
+            seed=seed,
+            arrivals=make_arrivals((rate or 4.0) * rate_scale, arrival or "poisson", cv),
+            **({"num_requests": num_requests} if num_requests else {}),
+        )
         return spec
     if Path(workload).suffix in (".yaml", ".yml"):  # an inference-perf config: its own data and load stages
         if custom_arrivals or rate_scale != 1.0:
-            raise WorkloadError("an inference-perf config sets its own load stages: "
-                                "drop --rate, --arrival and --rate-scale")
+            raise WorkloadError(
+                "an inference-perf config sets its own load stages: drop --rate, --arrival and --rate-scale"
+            )
         from kvsched.workloads.inference_perf import load_inference_perf
 
         return load_inference_perf(Path(workload), seed, num_requests)
     if custom_arrivals and Path(workload).suffix == ".json":
-        raise WorkloadError("a workload .json spec sets its own arrivals: drop --rate and --arrival (--rate-scale scales them)")
+        raise WorkloadError(
+            "a workload .json spec sets its own arrivals: drop --rate and --arrival (--rate-scale scales them)"
+        )
     return load_spec(Path(workload), num_requests=num_requests, seed=seed, rate_scale=rate_scale)
 
 
@@ -142,7 +159,9 @@ def _named_spec(name: str, num_requests: int | None, seed: int, rate: float | No
         return spec
     arrivals = getattr(spec, "arrivals", None)
     if arrivals is None:
-        raise WorkloadError(f"{name} starts sessions at its own rate: scale it with --rate-scale (or {name}@xSCALE on a board)")
+        raise WorkloadError(
+            f"{name} starts sessions at its own rate: scale it with --rate-scale (or {name}@xSCALE on a board)"
+        )
     return spec.model_copy(update={"arrivals": arrivals.model_copy(update={"rate": rate * rate_scale})})
 
 
@@ -155,7 +174,9 @@ def check_options(num_requests: int | None = None, rate: float | None = None, **
         raise WorkloadError(f"--rate must be a positive number of requests per second, got {rate}")
     for name, value in positive.items():
         if not math.isfinite(value) or value < 0 or (value == 0 and name != "start_offset"):
-            raise WorkloadError(f"--{name.replace('_', '-')} must be a finite {'non-negative' if name == 'start_offset' else 'positive'} number, got {value}")
+            raise WorkloadError(
+                f"--{name.replace('_', '-')} must be a finite {'non-negative' if name == 'start_offset' else 'positive'} number, got {value}"
+            )
 
 
 _SPEC = TypeAdapter(SyntheticSpec | TraceWorkload)
@@ -165,8 +186,9 @@ def load_spec(path: Path, *, num_requests: int | None = None, seed: int = 0, rat
     """A workload from a JSON spec (``{"kind": "synthetic", ...}`` or ``{"kind": "trace", "path": ...}``)."""
     if path.suffix != ".json":
         names = ", ".join(WORKLOAD_NAMES)
-        raise WorkloadError(f"unknown workload {str(path)!r}; use one of {names}, a .json spec file "
-                            "or an inference-perf .yaml config")
+        raise WorkloadError(
+            f"unknown workload {str(path)!r}; use one of {names}, a .json spec file or an inference-perf .yaml config"
+        )
     data = read_json(path, "workload spec")
     if isinstance(data, dict) and data.get("kind") == "sessions":  # multi-turn chat sessions (workloads/sessions.py)
         from kvsched.workloads.sessions import session_spec
@@ -190,7 +212,10 @@ def load_spec(path: Path, *, num_requests: int | None = None, seed: int = 0, rat
     except ValidationError as exc:
         first = exc.errors()[0]
         field = ".".join(str(p) for p in first["loc"] if p != "")
-        raise WorkloadError(f"invalid workload spec: {field}: {first['msg']}" if field else f"invalid workload spec: {first['msg']}", path) from None
+        raise WorkloadError(
+            f"invalid workload spec: {field}: {first['msg']}" if field else f"invalid workload spec: {first['msg']}",
+            path,
+        ) from None
     given: dict[str, Any] = {}  # what the command line changes, validated with the rest: it cannot pass a bound
     if num_requests is not None:
         given["num_requests" if isinstance(spec, SyntheticSpec) else "max_requests"] = num_requests
@@ -206,11 +231,21 @@ def load_spec(path: Path, *, num_requests: int | None = None, seed: int = 0, rat
     except ValidationError as exc:
         first = exc.errors()[0]
         field = ".".join(str(p) for p in first["loc"] if p != "")
-        raise WorkloadError(f"invalid workload spec with --num-requests and --rate-scale: {field}: {first['msg']}",
-                            path) from None
+        raise WorkloadError(
+            f"invalid workload spec with --num-requests and --rate-scale: {field}: {first['msg']}", path
+        ) from None
 
 
 __all__ = [
-    "WORKLOAD_NAMES", "Workload", "WorkloadError", "SyntheticSpec", "TraceWorkload", "Poisson", "Gamma",
-    "build_workload", "check_options", "load_spec", "builtin_path",
+    "WORKLOAD_NAMES",
+    "Workload",
+    "WorkloadError",
+    "SyntheticSpec",
+    "TraceWorkload",
+    "Poisson",
+    "Gamma",
+    "build_workload",
+    "check_options",
+    "load_spec",
+    "builtin_path",
 ]

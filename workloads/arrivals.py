@@ -8,7 +8,7 @@ traces show), ``cv < 1`` spaces them more evenly.
 from __future__ import annotations
 
 import random
-from typing import Annotated, Literal, Union
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -34,7 +34,11 @@ class Gamma(BaseModel):
 
     kind: Literal["gamma"] = "gamma"
     rate: Rate
-    cv: float = Field(gt=0, le=100, description="coefficient of variation of the gaps (1 = Poisson; at most 100, a gamma shape of 1e-4)")
+    cv: float = Field(
+        gt=0,
+        le=100,
+        description="coefficient of variation of the gaps (1 = Poisson; at most 100, a gamma shape of 1e-4)",
+    )
 
     def gaps(self, rng: random.Random):
         shape = 1.0 / (self.cv * self.cv)
@@ -43,7 +47,7 @@ class Gamma(BaseModel):
             yield rng.gammavariate(shape, scale)
 
 
-ArrivalProcess = Annotated[Union[Poisson, Gamma], Field(discriminator="kind")]
+ArrivalProcess = Annotated[Poisson | Gamma, Field(discriminator="kind")]
 
 
 def make_arrivals(rate: float, kind: str = "poisson", cv: float = 1.0) -> Poisson | Gamma:

@@ -23,7 +23,9 @@ def is_trace(name: str) -> bool:
     """Whether a built-in name replays a trace's requests (a trace, or a named spec of one): the many-request kind."""
     import json
 
-    return name in BUILTIN_TRACES or (name in BUILTIN_SPECS and json.loads(builtin_path(name).read_text()).get("kind") == "trace")
+    return name in BUILTIN_TRACES or (
+        name in BUILTIN_SPECS and json.loads(builtin_path(name).read_text()).get("kind") == "trace"
+    )
 
 
 def builtin_path(name: str) -> Path:

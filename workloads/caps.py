@@ -22,7 +22,7 @@ An answer longer than its cap is cut to it (it ends by length, as a server would
 from __future__ import annotations
 
 import random
-from typing import Annotated, Literal, Union
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -54,7 +54,7 @@ class ExactCap(_Cap):
     kind: Literal["exact"] = "exact"
 
 
-CapModel = Annotated[Union[FixedCap, DrawnCap, ExactCap], Field(discriminator="kind")]
+CapModel = Annotated[FixedCap | DrawnCap | ExactCap, Field(discriminator="kind")]
 
 
 class Capper:

@@ -38,8 +38,9 @@ if TYPE_CHECKING:
 
 
 class ClientLoop:
-    def __init__(self, workload: InferencePerfWorkload, engine: Engine, overheads: tuple[float, float] = (0.0,
-                                                                                                          0.0)) -> None:
+    def __init__(
+        self, workload: InferencePerfWorkload, engine: Engine, overheads: tuple[float, float] = (0.0, 0.0)
+    ) -> None:
         self.workload, self.engine = workload, engine
         self.api_s, self.response_s = overheads
         self.records: list[ClientRecord] = []

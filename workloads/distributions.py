@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import random
-from typing import Annotated, Literal, Union
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -122,4 +122,4 @@ class Empirical(_Dist):
         return max(self.values)
 
 
-LengthDist = Annotated[Union[Fixed, Uniform, LogNormal, Empirical], Field(discriminator="kind")]
+LengthDist = Annotated[Fixed | Uniform | LogNormal | Empirical, Field(discriminator="kind")]

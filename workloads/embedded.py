@@ -52,7 +52,9 @@ class SyntheticWorkload(BaseModel):
             sp = params.get(n)
             if sp is None:  # one shared (frozen) object per n, not one per request
                 sp = params[n] = SamplingParams(n=n, max_tokens=self.output_max)
-            yield Request(request_id=f"req-{i}", prompt_len=prompt, arrival_time=round(t, 6), output_len=output, sampling=sp)
+            yield Request(
+                request_id=f"req-{i}", prompt_len=prompt, arrival_time=round(t, 6), output_len=output, sampling=sp
+            )
 
 
 def _lognormal(rng: random.Random, median: int, sigma: float, cap: int) -> int:

@@ -39,8 +39,8 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from kvsched.userfiles.reader import read_text
 from kvsched.core.request import Request, SamplingParams
+from kvsched.userfiles.reader import read_text
 from kvsched.workloads.errors import MAX_REQUESTS, WorkloadError
 from kvsched.workloads.inference_perf_draws import Distribution, constant_times, generate, poisson_times, sample
 
@@ -52,11 +52,12 @@ STAGE_START_S = 1.5  # a stage's first send: a second after it starts, and half 
 class SharedPrefix(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
-    num_groups: int = Field(10, ge=1, le=100_000, validation_alias=AliasChoices("num_groups",
-                                                                                "num_unique_system_prompts"))
-    num_prompts_per_group: int = Field(10, ge=1, le=100_000,
-                                       validation_alias=AliasChoices("num_prompts_per_group",
-                                                                     "num_users_per_system_prompt"))
+    num_groups: int = Field(
+        10, ge=1, le=100_000, validation_alias=AliasChoices("num_groups", "num_unique_system_prompts")
+    )
+    num_prompts_per_group: int = Field(
+        10, ge=1, le=100_000, validation_alias=AliasChoices("num_prompts_per_group", "num_users_per_system_prompt")
+    )
     system_prompt_len: int | Distribution = 100
     question_len: int | Distribution = 50
     output_len: int | Distribution = 50
@@ -155,15 +156,23 @@ class StagePlan:
 class InferencePerfWorkload:
     """The requests an inference-perf config sends (``drive`` runs them as its client does)."""
 
-    def __init__(self, config: InferencePerfConfig, path: Path | None = None, seed: int = 0,
-                 max_requests: int | None = None,
-                 prompt_extra: int = 0, duration_scale: float = 1.0) -> None:
+    def __init__(
+        self,
+        config: InferencePerfConfig,
+        path: Path | None = None,
+        seed: int = 0,
+        max_requests: int | None = None,
+        prompt_extra: int = 0,
+        duration_scale: float = 1.0,
+    ) -> None:
         self.config, self.path, self.seed, self.prompt_extra = config, path, seed, prompt_extra
         load = config.load
         self.timeout_s = load.request_timeout or DEFAULT_TIMEOUT_S
         # duration_scale < 1: each stage cut short (a quick look at a long run; the fit's rounds)
-        self.stages = [StagePlan(s.rate, s.duration * duration_scale,
-                                 int(s.rate * s.duration * duration_scale)) for s in load.stages]
+        self.stages = [
+            StagePlan(s.rate, s.duration * duration_scale, int(s.rate * s.duration * duration_scale))
+            for s in load.stages
+        ]
         total = sum(s.count for s in self.stages)
         self.num_requests = min(total, max_requests) if max_requests else total
         if self.num_requests > MAX_REQUESTS:
@@ -203,13 +212,17 @@ class InferencePerfWorkload:
         base_seed = self.config.load.base_seed
         rng = np.random.default_rng(_seed(self.seed if base_seed is None else base_seed))
         self.input_lens = generate(data.input_distribution, data.input_distribution.total_count, rng)
-        self.output_lens = [max(1, int(n)) for n in generate(data.output_distribution,
-                                                             data.output_distribution.total_count, rng)]
+        self.output_lens = [
+            max(1, int(n)) for n in generate(data.output_distribution, data.output_distribution.total_count, rng)
+        ]
         short = min(len(self.input_lens), len(self.output_lens))
         for i, stage in enumerate(self.stages):
             if stage.count > short:
-                raise WorkloadError(f"load.stages.{i}: {stage.count:,} requests, but only {short:,} lengths drawn "
-                                    "(data.input_distribution.total_count): inference-perf fails the rest", self.path)
+                raise WorkloadError(
+                    f"load.stages.{i}: {stage.count:,} requests, but only {short:,} lengths drawn "
+                    "(data.input_distribution.total_count): inference-perf fails the rest",
+                    self.path,
+                )
 
     def _fresh(self, n: int) -> tuple[int, ...]:
         start = self._next_id
@@ -232,9 +245,14 @@ class InferencePerfWorkload:
     def request(self, stage: int, index: int, sent: float, context: tuple[int, ...] = ()) -> Request:
         out = self.output_len(index)
         user = self.user(index)
-        return Request(request_id=f"s{stage}-{index}", prompt_token_ids=context + self.prompt(index), output_len=out,
-                       arrival_time=sent, sampling=SamplingParams(max_tokens=out, ignore_eos=self.config.ignore_eos),
-                       session_id=None if user is None else f"u{user}")
+        return Request(
+            request_id=f"s{stage}-{index}",
+            prompt_token_ids=context + self.prompt(index),
+            output_len=out,
+            arrival_time=sent,
+            sampling=SamplingParams(max_tokens=out, ignore_eos=self.config.ignore_eos),
+            session_id=None if user is None else f"u{user}",
+        )
 
     # ----------------------------------------------------------------- when
     def send_times(self, stage: int, start: float) -> np.ndarray:
@@ -283,10 +301,16 @@ class InferencePerfWorkload:
         return {"default"}
 
     def describe(self) -> dict[str, Any]:
-        return {"kind": "inference-perf", "path": str(self.path) if self.path else None, "seed": self.seed,
-                "data": self.config.data.model_dump(mode="json", exclude_none=True),
-                "load": self.config.load.model_dump(mode="json", exclude_none=True), "timeout_s": self.timeout_s,
-                "prompt_extra": self.prompt_extra, "num_requests": self.num_requests}
+        return {
+            "kind": "inference-perf",
+            "path": str(self.path) if self.path else None,
+            "seed": self.seed,
+            "data": self.config.data.model_dump(mode="json", exclude_none=True),
+            "load": self.config.load.model_dump(mode="json", exclude_none=True),
+            "timeout_s": self.timeout_s,
+            "prompt_extra": self.prompt_extra,
+            "num_requests": self.num_requests,
+        }
 
 
 def _seed(seed: int) -> int:
@@ -305,8 +329,9 @@ class ClientRecord:
     outcome: Literal["ok", "timeout", "refused"]
 
 
-def load_inference_perf(path: Path, seed: int = 0, max_requests: int | None = None, prompt_extra: int = 0,
-                        duration_scale: float = 1.0) -> InferencePerfWorkload:
+def load_inference_perf(
+    path: Path, seed: int = 0, max_requests: int | None = None, prompt_extra: int = 0, duration_scale: float = 1.0
+) -> InferencePerfWorkload:
     """The workload of an inference-perf config file (YAML or JSON); a bad field is one error naming file and field."""
     import yaml
 
@@ -315,16 +340,18 @@ def load_inference_perf(path: Path, seed: int = 0, max_requests: int | None = No
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
-        raise WorkloadError(f"not valid YAML: {getattr(exc, 'problem', None) or exc}", path,
-                            None if mark is None else mark.line + 1) from None
+        raise WorkloadError(
+            f"not valid YAML: {getattr(exc, 'problem', None) or exc}", path, None if mark is None else mark.line + 1
+        ) from None
     if not isinstance(data, dict):
         raise WorkloadError("not an inference-perf config: expected a mapping with data and load sections", path)
     try:
         config = InferencePerfConfig.model_validate(data)
     except ValidationError as exc:
         first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"] if not isinstance(p, str) or not p.startswith(("int",
-                                                                                                     "Distribution")))
+        where = ".".join(
+            str(p) for p in first["loc"] if not isinstance(p, str) or not p.startswith(("int", "Distribution"))
+        )
         message = first["msg"].removeprefix("Value error, ")
         raise WorkloadError(f"field {where}: {message}" if where else message, path) from None
     return InferencePerfWorkload(config, path, seed, max_requests, prompt_extra, duration_scale)

@@ -106,8 +106,9 @@ def generate(dist: Distribution, count: int, rng: np.random.Generator) -> np.nda
             raise ValueError("Mean cannot be outside min and max range.")
         values = rng.normal(loc=dist.mean, scale=dist.std_dev, size=count)
     else:
-        raise ValueError(f"Unknown dist_type {dist.type!r}. "
-                         "Supported types: 'normal', 'lognormal', 'uniform', 'fixed'.")
+        raise ValueError(
+            f"Unknown dist_type {dist.type!r}. Supported types: 'normal', 'lognormal', 'uniform', 'fixed'."
+        )
     return _bounded(values, dist)
 
 

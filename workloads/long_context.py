@@ -57,11 +57,13 @@ class LongContextSpec(BaseModel):
     context: LengthDist = LogNormal(median=3_200, sigma=0.8, max=100_000)
     turn: LengthDist = LogNormal(median=7_600, sigma=0.8, max=100_000)
     output: LengthDist = LogNormal(median=250, sigma=0.8, max=4_096)
-    max_context: int = Field(131_072, ge=2, le=MAX_CONTEXT, description="a session ends before a prompt and its answer "
-                                                                         "would pass this")
+    max_context: int = Field(
+        131_072, ge=2, le=MAX_CONTEXT, description="a session ends before a prompt and its answer would pass this"
+    )
     block_size: int = Field(512, ge=1, le=1 << 16, description="prompt tokens per hash id (Mooncake: 512)")
-    cap: CapModel = Field(FixedCap(), description="the max_tokens a client sends (workloads/caps.py); default: "
-                                                   "the longest output")
+    cap: CapModel = Field(
+        FixedCap(), description="the max_tokens a client sends (workloads/caps.py); default: the longest output"
+    )
     seed: int = 0
 
     def rows(self) -> Iterator[Row]:
@@ -78,8 +80,9 @@ class LongContextSpec(BaseModel):
             system = rng.randrange(self.system_prompts)
             yield start * 1000.0, self._session(s, start, turns, system, random.Random(rng.getrandbits(64)), new_ids)
 
-    def _session(self, s: int, t: float, turns: int, system: int, rng: random.Random,
-                 new_ids: Iterator[int]) -> Iterator[Row]:
+    def _session(
+        self, s: int, t: float, turns: int, system: int, rng: random.Random, new_ids: Iterator[int]
+    ) -> Iterator[Row]:
         """One session's turns. New blocks take the next ids of ``new_ids``, which all sessions share (they
         are made in one order, the rows' own, so the ids are the same on every replay)."""
         full = list(range(system * self.system_blocks, (system + 1) * self.system_blocks))  # ids of the full blocks
@@ -119,5 +122,15 @@ class LongContextSpec(BaseModel):
         ``block_size`` as ``hash_block_size``, 512 by default in both, and its cap)."""
         with open(path, "w", encoding="utf-8") as out:
             for t, prompt, output, ids, session in self.rows():
-                out.write(json.dumps({"timestamp": t, "input_length": prompt, "output_length": output,
-                                      "hash_ids": ids, "session_id": session}) + "\n")
+                out.write(
+                    json.dumps(
+                        {
+                            "timestamp": t,
+                            "input_length": prompt,
+                            "output_length": output,
+                            "hash_ids": ids,
+                            "session_id": session,
+                        }
+                    )
+                    + "\n"
+                )

@@ -24,8 +24,8 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from kvsched.core.errors import quote
-from kvsched.userfiles.reader import text_lines
 from kvsched.core.request import MAX_INT64, MAX_TOKENS, BlockPrompt, Request, SamplingParams
+from kvsched.userfiles.reader import text_lines
 from kvsched.workloads.caps import CapModel, Capper, FixedCap
 from kvsched.workloads.errors import MAX_PROMPT_IDS, MAX_REQUESTS, WorkloadError
 
@@ -38,7 +38,9 @@ def _count(value, key: str, path, line: int, minimum: int = 1, maximum: int = MA
     return value
 
 
-def read_prefix_trace(path: Path | str, hash_block_size: int = 512) -> Iterator[tuple[float, int, int, list[int], str | None]]:
+def read_prefix_trace(
+    path: Path | str, hash_block_size: int = 512
+) -> Iterator[tuple[float, int, int, list[int], str | None]]:
     """``(arrival ms, input length, output length, hash ids, session id)`` per line, in file order."""
     last = -math.inf
     seen = False
@@ -58,7 +60,12 @@ def read_prefix_trace(path: Path | str, hash_block_size: int = 512) -> Iterator[
         if type(t) not in (int, float) or not math.isfinite(t) or t < 0:
             raise WorkloadError(f"must be a finite time in ms >= 0, got {quote(t)}", path, line, "timestamp")
         if t < last:
-            raise WorkloadError(f"timestamp {t} precedes the previous line's {last}: lines must be in time order", path, line, "timestamp")
+            raise WorkloadError(
+                f"timestamp {t} precedes the previous line's {last}: lines must be in time order",
+                path,
+                line,
+                "timestamp",
+            )
         last = t
         prompt = _count(row["input_length"], "input_length", path, line, maximum=MAX_PROMPT_IDS)  # made as token ids
         output = _count(row["output_length"], "output_length", path, line)
@@ -67,13 +74,21 @@ def read_prefix_trace(path: Path | str, hash_block_size: int = 512) -> Iterator[
             raise WorkloadError(f"must be a list of integers >= 0, got {quote(ids)}", path, line, "hash_ids")
         blocks = -(-prompt // hash_block_size)
         if len(ids) != blocks:
-            raise WorkloadError(f"{len(ids)} hash ids for {prompt} tokens: expected {blocks} (one per {hash_block_size}-token block)",
-                                path, line, "hash_ids")
+            raise WorkloadError(
+                f"{len(ids)} hash ids for {prompt} tokens: expected {blocks} (one per {hash_block_size}-token block)",
+                path,
+                line,
+                "hash_ids",
+            )
         if max(ids, default=0) > MAX_INT64 // hash_block_size - 1:
             raise WorkloadError(f"a hash id too large to make token ids of: {max(ids)}", path, line, "hash_ids")
         session = row.get("session_id")
-        if session is not None and (not isinstance(session, (str, int)) or isinstance(session, bool) or not str(session).strip()):
-            raise WorkloadError(f"must be a non-empty string or integer, got {quote(session)}", path, line, "session_id")
+        if session is not None and (
+            not isinstance(session, (str, int)) or isinstance(session, bool) or not str(session).strip()
+        ):
+            raise WorkloadError(
+                f"must be a non-empty string or integer, got {quote(session)}", path, line, "session_id"
+            )
         seen = True
         yield t, prompt, output, ids, None if session is None else str(session)
     if not seen:
@@ -83,8 +98,9 @@ def read_prefix_trace(path: Path | str, hash_block_size: int = 512) -> Iterator[
 Row = tuple[float, int, int, list[int], "str | None"]  # (arrival ms, input length, output length, hash ids, session id)
 
 
-def trace_requests(rows: Iterable[Row], hash_block_size: int, capper: Capper,
-                   rate_scale: float = 1.0) -> Iterator[Request]:
+def trace_requests(
+    rows: Iterable[Row], hash_block_size: int, capper: Capper, rate_scale: float = 1.0
+) -> Iterator[Request]:
     """The requests of a trace's rows, made one at a time: arrivals counted from the first row (in
     seconds, divided by ``rate_scale``), each prompt kept as its hash ids (``BlockPrompt``), each answer capped."""
     start = None
@@ -93,9 +109,14 @@ def trace_requests(rows: Iterable[Row], hash_block_size: int, capper: Capper,
         start = t if start is None else start
         cap, output = capper(output)
         sp = params.get(cap) or params.setdefault(cap, SamplingParams(max_tokens=cap))
-        yield Request(request_id=f"req-{i}", prompt_token_ids=BlockPrompt(ids, prompt, hash_block_size),
-                      output_len=output, sampling=sp, arrival_time=round((t - start) / 1000.0 / rate_scale, 6),
-                      session_id=session)
+        yield Request(
+            request_id=f"req-{i}",
+            prompt_token_ids=BlockPrompt(ids, prompt, hash_block_size),
+            output_len=output,
+            sampling=sp,
+            arrival_time=round((t - start) / 1000.0 / rate_scale, 6),
+            session_id=session,
+        )
 
 
 def reusable_share(rows: Iterable[Row], hash_block_size: int) -> float:
@@ -127,7 +148,9 @@ class PrefixTraceWorkload(BaseModel):
     hash_block_size: int = Field(512, ge=1, le=4096, description="prompt tokens per hash id (Mooncake: 512)")
     rate_scale: float = Field(1.0, gt=0)
     max_requests: int | None = Field(None, ge=1, le=MAX_REQUESTS)
-    cap: CapModel = Field(FixedCap(), description="the max_tokens a client sends (workloads/caps.py); default: the longest answer")
+    cap: CapModel = Field(
+        FixedCap(), description="the max_tokens a client sends (workloads/caps.py); default: the longest answer"
+    )
     seed: int = 0
 
     def _rows(self):
@@ -139,7 +162,11 @@ class PrefixTraceWorkload(BaseModel):
     def iter_requests(self) -> Iterator[Request]:
         # the default cap is the whole file's longest answer: a pass of its own, made only for it (a given cap streams at once)
         default = isinstance(self.cap, FixedCap) and self.cap.tokens is None
-        capper = Capper(self.cap, max(row[2] for row in read_prefix_trace(self.path, self.hash_block_size)) if default else 0, self.seed)
+        capper = Capper(
+            self.cap,
+            max(row[2] for row in read_prefix_trace(self.path, self.hash_block_size)) if default else 0,
+            self.seed,
+        )
         yield from trace_requests(self._rows(), self.hash_block_size, capper, self.rate_scale)
 
     def requests(self) -> list[Request]:
@@ -156,11 +183,16 @@ class PrefixTraceWorkload(BaseModel):
         return self.model_dump(mode="json")
 
 
-def prefix_trace(path: Path, num_requests: int | None, rate_scale: float, seed: int, other_options) -> PrefixTraceWorkload:
+def prefix_trace(
+    path: Path, num_requests: int | None, rate_scale: float, seed: int, other_options
+) -> PrefixTraceWorkload:
     """``--trace FILE.jsonl``: Mooncake's 512-token hash blocks (a spec file sets ``hash_block_size``)."""
     if other_options:
-        raise WorkloadError("a .jsonl trace replays its own timestamps: --rate, --arrival, --start-offset and "
-                            "--max-total-tokens do not apply (--rate-scale and --num-requests do)", path)
+        raise WorkloadError(
+            "a .jsonl trace replays its own timestamps: --rate, --arrival, --start-offset and "
+            "--max-total-tokens do not apply (--rate-scale and --num-requests do)",
+            path,
+        )
     return PrefixTraceWorkload(path=path, rate_scale=rate_scale, max_requests=num_requests, seed=seed)
 
 

@@ -37,8 +37,12 @@ class TraceWorkload(BaseModel):
     start_offset: float = Field(0.0, ge=0, description="trace seconds to skip (timed traces)")
     max_requests: int | None = Field(None, ge=1, le=MAX_REQUESTS)
     arrivals: ArrivalProcess | None = Field(None, description="for length-only files; default Poisson 1 req/s")
-    max_total_tokens: int | None = Field(None, ge=2, description="cut prompts so that prompt + output <= this (Vidur's max_tokens)")
-    cap: CapModel = Field(FixedCap(), description="the max_tokens a client sends (workloads/caps.py); default: the longest answer")
+    max_total_tokens: int | None = Field(
+        None, ge=2, description="cut prompts so that prompt + output <= this (Vidur's max_tokens)"
+    )
+    cap: CapModel = Field(
+        FixedCap(), description="the max_tokens a client sends (workloads/caps.py); default: the longest answer"
+    )
     seed: int = 0
 
     def rows(self, read: tuple[str, list[TraceRow]] | None = None) -> tuple[str, list[TraceRow]]:
@@ -49,13 +53,18 @@ class TraceWorkload(BaseModel):
             random.Random(self.seed).shuffle(rows)
             return fmt, rows[: self.max_requests]
         if self.arrivals is not None:
-            raise WorkloadError("has its own arrival times; an arrival process applies only to length-only files", self.path)
+            raise WorkloadError(
+                "has its own arrival times; an arrival process applies only to length-only files", self.path
+            )
         rows = sorted(rows, key=lambda r: r.arrival_time)
         start = rows[0].arrival_time + self.start_offset
         kept = [r for r in rows if r.arrival_time >= start][: self.max_requests]
         if not kept:
-            raise WorkloadError(f"no requests at or after start offset {self.start_offset} s (trace spans "
-                                f"{rows[-1].arrival_time - rows[0].arrival_time:.1f} s)", self.path)
+            raise WorkloadError(
+                f"no requests at or after start offset {self.start_offset} s (trace spans "
+                f"{rows[-1].arrival_time - rows[0].arrival_time:.1f} s)",
+                self.path,
+            )
         return fmt, kept
 
     def requests(self) -> list[Request]:
@@ -79,8 +88,11 @@ class TraceWorkload(BaseModel):
         cap = self.max_total_tokens
         too_long = next((i for i, r in enumerate(rows) if cap is not None and r.output_tokens >= cap), None)
         if too_long is not None:
-            raise WorkloadError(f"request {too_long}: its {rows[too_long].output_tokens} output tokens alone reach "
-                                f"max_total_tokens {cap}", self.path)
+            raise WorkloadError(
+                f"request {too_long}: its {rows[too_long].output_tokens} output tokens alone reach "
+                f"max_total_tokens {cap}",
+                self.path,
+            )
         capper = Capper(self.cap, max(r.output_tokens for r in read[1]), self.seed)
         cache: dict[int, SamplingParams] = {}
         for i, (row, t) in enumerate(zip(rows, times)):
@@ -92,8 +104,13 @@ class TraceWorkload(BaseModel):
             if cap is not None and prompt + output > cap:
                 prompt = cap - output
             yield Request(
-                request_id=f"req-{i}", prompt_len=prompt, output_len=output,
-                arrival_time=round(t, 6), sampling=sp, priority=row.priority, tenant=row.tenant,
+                request_id=f"req-{i}",
+                prompt_len=prompt,
+                output_len=output,
+                arrival_time=round(t, 6),
+                sampling=sp,
+                priority=row.priority,
+                tenant=row.tenant,
             )
 
     def num_cut(self) -> int:

@@ -45,10 +45,15 @@ class SessionSpec(BaseModel):
     system_len: int = Field(512, ge=1, le=1_000_000)
     user: LengthDist = LogNormal(median=120, sigma=0.6, max=1024)
     output: LengthDist = LogNormal(median=150, sigma=0.6, max=512)
-    max_context: int = Field(3584, ge=2, le=MAX_PROMPT_IDS,
-                             description="a session ends before its prompt would pass this many tokens")
-    slo_classes: dict[Label, float] | None = Field(None, description="weights of each session's SLO class; none: no class")
-    cap: CapModel = Field(FixedCap(), description="the max_tokens a client sends (workloads/caps.py); default: the longest output")
+    max_context: int = Field(
+        3584, ge=2, le=MAX_PROMPT_IDS, description="a session ends before its prompt would pass this many tokens"
+    )
+    slo_classes: dict[Label, float] | None = Field(
+        None, description="weights of each session's SLO class; none: no class"
+    )
+    cap: CapModel = Field(
+        FixedCap(), description="the max_tokens a client sends (workloads/caps.py); default: the longest output"
+    )
     seed: int = 0
 
     _weights = field_validator("slo_classes")(classmethod(lambda cls, v: check_weights(v)))
@@ -59,8 +64,10 @@ class SessionSpec(BaseModel):
         (a user's, an answer's) to a context of at most ``max_context``."""
         turns = min(self.turns.most, self.max_context // 2)
         if self.num_sessions * turns > MAX_REQUESTS:
-            raise ValueError(f"{self.num_sessions:,} sessions of up to {turns:,} turns make up to "
-                             f"{self.num_sessions * turns:,} requests; at most {MAX_REQUESTS:,}")
+            raise ValueError(
+                f"{self.num_sessions:,} sessions of up to {turns:,} turns make up to "
+                f"{self.num_sessions * turns:,} requests; at most {MAX_REQUESTS:,}"
+            )
         return self
 
     def requests(self) -> list[Request]:
@@ -83,8 +90,17 @@ class SessionSpec(BaseModel):
             yield start, self._session(s, start, turns, system, own, fresh, slo_mix.pick(rng), capper)
             fresh += 1 << 24  # each session's own ids
 
-    def _session(self, s: int, t: float, turns: int, system: int, rng: random.Random, fresh: int, slo_class: str | None,
-                 capper: Capper) -> Iterator[Request]:
+    def _session(
+        self,
+        s: int,
+        t: float,
+        turns: int,
+        system: int,
+        rng: random.Random,
+        fresh: int,
+        slo_class: str | None,
+        capper: Capper,
+    ) -> Iterator[Request]:
         prompt = tuple(range(system * self.system_len, (system + 1) * self.system_len))
         answer: tuple[int, ...] = ()
         for k in range(turns):
@@ -96,9 +112,16 @@ class SessionSpec(BaseModel):
                 return
             cap, output = capper(output)
             prompt = longer
-            yield Request(request_id=f"s{s}-t{k}", prompt_token_ids=prompt, output_len=output, arrival_time=round(t, 6),
-                          sampling=SamplingParams(max_tokens=cap), tenant="default", session_id=f"s{s}",
-                          slo_class=slo_class)
+            yield Request(
+                request_id=f"s{s}-t{k}",
+                prompt_token_ids=prompt,
+                output_len=output,
+                arrival_time=round(t, 6),
+                sampling=SamplingParams(max_tokens=cap),
+                tenant="default",
+                session_id=f"s{s}",
+                slo_class=slo_class,
+            )
             answer = tuple(range(fresh, fresh + output))
             fresh += output
             t += rng.expovariate(1.0 / self.think_time_s)
@@ -156,5 +179,8 @@ def session_spec(data: dict, path, num_requests: int | None, seed: int, rate_sca
         field = ".".join(map(str, first["loc"]))
         kind = model.model_fields["kind"].default
         options = " (with --num-requests and --rate-scale)" if num_requests is not None or rate_scale != 1.0 else ""
-        raise WorkloadError(f"invalid {kind} spec{options}: {field + ': ' if field else ''}"
-                            f"{first['msg'].removeprefix('Value error, ')}", path) from None
+        raise WorkloadError(
+            f"invalid {kind} spec{options}: {field + ': ' if field else ''}"
+            f"{first['msg'].removeprefix('Value error, ')}",
+            path,
+        ) from None

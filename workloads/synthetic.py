@@ -43,7 +43,9 @@ def check_weights(table: dict | None) -> dict | None:
     if not table:
         raise ValueError("a mix needs at least one entry")
     total = sum(table.values())
-    if any(w < 0 for w in table.values()) or not 0 < total < math.inf:  # an infinite sum would draw past the table's end
+    if (
+        any(w < 0 for w in table.values()) or not 0 < total < math.inf
+    ):  # an infinite sum would draw past the table's end
         raise ValueError("mix weights must be >= 0 with a positive, finite sum")
     return table
 
@@ -58,14 +60,22 @@ class SyntheticSpec(BaseModel):
     arrivals: ArrivalProcess = Poisson(rate=4.0)
     prompt: LengthDist = LogNormal(median=400, sigma=0.8, max=1536)
     output: LengthDist = LogNormal(median=180, sigma=0.7, max=480)
-    n: dict[Annotated[int, Field(ge=1, le=64)], float] = Field(default_factory=lambda: {1: 1.0}, description="weights of each n")
+    n: dict[Annotated[int, Field(ge=1, le=64)], float] = Field(
+        default_factory=lambda: {1: 1.0}, description="weights of each n"
+    )
     priorities: dict[Priority, float] = Field(default_factory=lambda: {0: 1.0})
     tenants: dict[Annotated[str, Field(min_length=1)], float] = Field(default_factory=lambda: {"default": 1.0})
-    slo_classes: dict[Label, float] | None = Field(None, description="weights of each SLO class (sla-tiers' tiers); none: no class")
-    cap: CapModel = Field(FixedCap(), description="the max_tokens a client sends (workloads/caps.py); default: the longest output")
+    slo_classes: dict[Label, float] | None = Field(
+        None, description="weights of each SLO class (sla-tiers' tiers); none: no class"
+    )
+    cap: CapModel = Field(
+        FixedCap(), description="the max_tokens a client sends (workloads/caps.py); default: the longest output"
+    )
     seed: int = 0
 
-    _weights = field_validator("n", "priorities", "tenants", "slo_classes")(classmethod(lambda cls, v: check_weights(v)))
+    _weights = field_validator("n", "priorities", "tenants", "slo_classes")(
+        classmethod(lambda cls, v: check_weights(v))
+    )
 
     def requests(self) -> list[Request]:
         return list(self.iter_requests())
@@ -88,8 +98,14 @@ class SyntheticSpec(BaseModel):
             if sp is None:
                 sp = params[(n, cap)] = SamplingParams(n=n, max_tokens=cap)
             yield Request(
-                request_id=f"req-{i}", prompt_len=prompt, output_len=output, arrival_time=round(t, 6),
-                sampling=sp, priority=prio_mix.pick(rng), tenant=tenant_mix.pick(rng), slo_class=slo_mix.pick(rng),
+                request_id=f"req-{i}",
+                prompt_len=prompt,
+                output_len=output,
+                arrival_time=round(t, 6),
+                sampling=sp,
+                priority=prio_mix.pick(rng),
+                tenant=tenant_mix.pick(rng),
+                slo_class=slo_mix.pick(rng),
             )
 
     def tenant_names(self) -> set[str]:

@@ -20,8 +20,8 @@ from datetime import datetime
 from pathlib import Path
 
 from kvsched.core.errors import quote
-from kvsched.userfiles.reader import text_lines
 from kvsched.core.request import MAX_TOKENS
+from kvsched.userfiles.reader import text_lines
 from kvsched.workloads.errors import WorkloadError
 
 AZURE = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
@@ -68,7 +68,9 @@ def read_trace(path: Path | str) -> tuple[str, list[TraceRow]]:
     except ValueError:
         raise WorkloadError(
             f"unknown header {','.join(header)!r}; expected {','.join(AZURE)} (Azure), "
-            f"{','.join(PLAIN)}[,priority,tenant] (plain) or {','.join(LENGTHS)} (lengths)", path, 1,
+            f"{','.join(PLAIN)}[,priority,tenant] (plain) or {','.join(LENGTHS)} (lengths)",
+            path,
+            1,
         ) from None
     parse = _ROW_PARSERS[fmt]
     col = {name: i for i, name in enumerate(header)}
@@ -102,7 +104,14 @@ def _int(row, col, name, path, line, minimum: int, maximum: int = MAX_TOKENS) ->
             raise WorkloadError(f"not an integer: {quote(cell)}", path, line, name) from None
         value = int(f)
     if not minimum <= value <= maximum:
-        raise WorkloadError(f"must be >= {minimum}, got {quote(cell)}" if value < minimum else f"must be <= {maximum}, got {quote(cell)}", path, line, name)
+        raise WorkloadError(
+            f"must be >= {minimum}, got {quote(cell)}"
+            if value < minimum
+            else f"must be <= {maximum}, got {quote(cell)}",
+            path,
+            line,
+            name,
+        )
     return value
 
 
@@ -115,7 +124,9 @@ def _timestamp(cell: str, path, line) -> datetime:
                 raise ValueError
             t = t.replace(microsecond=int((frac + "000000")[:6]))
     except ValueError:
-        raise WorkloadError(f"not a timestamp YYYY-MM-DD HH:MM:SS.fffffff: {quote(cell)}", path, line, "TIMESTAMP") from None
+        raise WorkloadError(
+            f"not a timestamp YYYY-MM-DD HH:MM:SS.fffffff: {quote(cell)}", path, line, "TIMESTAMP"
+        ) from None
     return t
 
 
@@ -125,9 +136,13 @@ def _azure(row, col, path, line, t0: list[datetime]) -> TraceRow:
         t0.append(t)
     offset = (t - t0[0]).total_seconds()
     if offset < 0:
-        raise WorkloadError(f"timestamp {row[col['TIMESTAMP']].strip()!r} precedes the first row's", path, line, "TIMESTAMP")
+        raise WorkloadError(
+            f"timestamp {row[col['TIMESTAMP']].strip()!r} precedes the first row's", path, line, "TIMESTAMP"
+        )
     return TraceRow(
-        offset, _int(row, col, "ContextTokens", path, line, 1), _int(row, col, "GeneratedTokens", path, line, 1),
+        offset,
+        _int(row, col, "ContextTokens", path, line, 1),
+        _int(row, col, "GeneratedTokens", path, line, 1),
     )
 
 
@@ -144,13 +159,19 @@ def _plain(row, col, path, line, _t0) -> TraceRow:
     if "tenant" in col and not tenant:
         raise WorkloadError("empty tenant", path, line, "tenant")
     return TraceRow(
-        t, _int(row, col, "prompt_tokens", path, line, 1), _int(row, col, "output_tokens", path, line, 1), prio, tenant,
+        t,
+        _int(row, col, "prompt_tokens", path, line, 1),
+        _int(row, col, "output_tokens", path, line, 1),
+        prio,
+        tenant,
     )
 
 
 def _lengths(row, col, path, line, _t0) -> TraceRow:
     return TraceRow(
-        None, _int(row, col, "num_prefill_tokens", path, line, 1), _int(row, col, "num_decode_tokens", path, line, 1),
+        None,
+        _int(row, col, "num_prefill_tokens", path, line, 1),
+        _int(row, col, "num_decode_tokens", path, line, 1),
     )
 
 

@@ -26,7 +26,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from fastapi import FastAPI, Request as HttpRequest
+from fastapi import FastAPI
+from fastapi import Request as HttpRequest
 from fastapi.responses import JSONResponse, StreamingResponse
 from ray import serve
 from ray.exceptions import RayActorError
@@ -62,18 +63,42 @@ def _die_with_parent() -> None:
 class EngineServe:
     """One Serve replica: an ``engine serve`` process of its own, and completions forwarded to it."""
 
-    def __init__(self, policy: str = "vllm-v1", model: str = "smollm2-135m", kv_cache_gib: int = 1,
-                 startup_s: float = 900.0, threads: int = 1, vllm_args: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self,
+        policy: str = "vllm-v1",
+        model: str = "smollm2-135m",
+        kv_cache_gib: int = 1,
+        startup_s: float = 900.0,
+        threads: int = 1,
+        vllm_args: tuple[str, ...] = (),
+    ) -> None:
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         engine = str(Path(sys.executable).with_name("engine"))
-        command = [engine, "serve", "--policy", policy, "--model", model, "--port", str(self.port), "--kv-cache-gib", str(kv_cache_gib)]
+        command = [
+            engine,
+            "serve",
+            "--policy",
+            policy,
+            "--model",
+            model,
+            "--port",
+            str(self.port),
+            "--kv-cache-gib",
+            str(kv_cache_gib),
+        ]
         if vllm_args:  # engine serve passes what follows -- to vLLM unchanged
             command += ["--", *vllm_args]
         env = dict(os.environ, OMP_NUM_THREADS=str(threads))
         self.log = tempfile.NamedTemporaryFile(prefix=f"kvsched-serve-{self.port}-", suffix=".log", delete=False)
-        self.proc = subprocess.Popen(command, env=env, stdout=self.log, stderr=subprocess.STDOUT,
-                                     start_new_session=True, preexec_fn=_die_with_parent)
+        self.proc = subprocess.Popen(
+            command,
+            env=env,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=_die_with_parent,
+        )
         self.name = serve.get_replica_context().replica_id.unique_id
         deadline = time.monotonic() + startup_s
         while True:
@@ -84,7 +109,9 @@ class EngineServe:
                 if self.proc.poll() is not None or time.monotonic() > deadline:
                     self.shutdown()
                     tail = Path(self.log.name).read_text(errors="replace")[-2000:]
-                    raise RuntimeError(f"engine serve did not start on port {self.port} (exit {self.proc.returncode}); its log ends:\n{tail}") from None
+                    raise RuntimeError(
+                        f"engine serve did not start on port {self.port} (exit {self.proc.returncode}); its log ends:\n{tail}"
+                    ) from None
                 time.sleep(2)
         import httpx
 
@@ -157,16 +184,29 @@ class Fleet:
         return JSONResponse(reply, status_code=status, headers={"x-kvsched-replica": name})
 
 
-def build_fleet(replicas: int = 2, router: str = "prefix-affinity", router_options: dict | None = None,
-                policy: str = "vllm-v1", model: str = "smollm2-135m", kv_cache_gib: int = 1,
-                router_class: str = ROUTER_CLASS, router_kwargs: dict | None = None, vllm_args: tuple[str, ...] = ()):
+def build_fleet(
+    replicas: int = 2,
+    router: str = "prefix-affinity",
+    router_options: dict | None = None,
+    policy: str = "vllm-v1",
+    model: str = "smollm2-135m",
+    kv_cache_gib: int = 1,
+    router_class: str = ROUTER_CLASS,
+    router_kwargs: dict | None = None,
+    vllm_args: tuple[str, ...] = (),
+):
     """The application: ``replicas`` EngineServe replicas behind ``router`` (a kvsched router's name;
     ``router_class``/``router_kwargs`` for another Serve request router instead); ``vllm_args`` go to each
     replica's vLLM (``engine serve ... -- ARGS``)."""
     kwargs = router_kwargs if router_kwargs is not None else {"router": router, "router_options": router_options or {}}
-    backend = serve.deployment(EngineServe, name="EngineServe", num_replicas=replicas, max_ongoing_requests=64,
-                               ray_actor_options={"num_cpus": 0},
-                               request_router_config=RequestRouterConfig(request_router_class=router_class, request_router_kwargs=kwargs))
+    backend = serve.deployment(
+        EngineServe,
+        name="EngineServe",
+        num_replicas=replicas,
+        max_ongoing_requests=64,
+        ray_actor_options={"num_cpus": 0},
+        request_router_config=RequestRouterConfig(request_router_class=router_class, request_router_kwargs=kwargs),
+    )
     ingress = serve.deployment(Fleet, name="Fleet", ray_actor_options={"num_cpus": 0})
     return ingress.bind(backend.bind(policy, model, kv_cache_gib, vllm_args=tuple(vllm_args)), model)
 

@@ -102,12 +102,18 @@ def _texts(messages: list) -> Iterator[str]:
 class KvschedRequestRouter(RequestRouter):
     """Ray Serve's ``RequestRouter`` that asks a kvsched router plugin (``router``) for each request."""
 
-    def initialize_state(self, router: str = "prefix-affinity", router_options: dict[str, Any] | None = None, block_size: int = 16) -> None:
+    def initialize_state(
+        self, router: str = "prefix-affinity", router_options: dict[str, Any] | None = None, block_size: int = 16
+    ) -> None:
         self.hooks = RouterHooks(router, router_options)
         self.block_size = block_size
         self.replicas: dict[ReplicaID, ServeReplica] = {}
-        self.asked: dict[str, tuple[Request, PendingRequest]] = {}  # internal request id -> (as routed, as Serve has it)
-        self.routed: dict[str, tuple[Request, ServeReplica]] = {}  # internal request id -> what it was and where it went
+        self.asked: dict[
+            str, tuple[Request, PendingRequest]
+        ] = {}  # internal request id -> (as routed, as Serve has it)
+        self.routed: dict[
+            str, tuple[Request, ServeReplica]
+        ] = {}  # internal request id -> what it was and where it went
         self.sweep_at = 64  # the size of ``asked`` at which cancelled requests are swept from it
         self.start = time.monotonic()
 
@@ -117,7 +123,9 @@ class KvschedRequestRouter(RequestRouter):
             found = self.replicas[replica.replica_id] = ServeReplica(replica, self)
         return found
 
-    async def choose_replicas(self, candidate_replicas: list[RunningReplica], pending_request: PendingRequest | None = None) -> list[list[RunningReplica]]:
+    async def choose_replicas(
+        self, candidate_replicas: list[RunningReplica], pending_request: PendingRequest | None = None
+    ) -> list[list[RunningReplica]]:
         if pending_request is None or not candidate_replicas:
             return [candidate_replicas]
         ids = prompt_ids(pending_request)

@@ -29,10 +29,18 @@ FALLBACK = "this step and every step it fails again fall back to vllm-v1's decis
 def _counters():
     from prometheus_client import Counter
 
-    return (Counter("kvsched:policy_fallback_steps", "Steps whose decision fell back to vllm-v1 because the policy failed",
-                    ["policy", "cause"]),
-            Counter("kvsched:contained_faults", "Failures of a policy or of kvsched inside a call from vLLM, contained",
-                    ["policy", "where", "cause"]))
+    return (
+        Counter(
+            "kvsched:policy_fallback_steps",
+            "Steps whose decision fell back to vllm-v1 because the policy failed",
+            ["policy", "cause"],
+        ),
+        Counter(
+            "kvsched:contained_faults",
+            "Failures of a policy or of kvsched inside a call from vLLM, contained",
+            ["policy", "where", "cause"],
+        ),
+    )
 
 
 class PolicyFaults:
@@ -54,7 +62,9 @@ class PolicyFaults:
         first = cause not in self.counts
         self.counts[cause] = self.counts.get(cause, 0) + 1
         raised = error.__cause__ if policy else error
-        label = type(raised).__name__ if raised is not None else "invalid decision"  # few values: a label, not a message
+        label = (
+            type(raised).__name__ if raised is not None else "invalid decision"
+        )  # few values: a label, not a message
         fallback, contained = PolicyFaults._COUNTERS
         if where == "select_batch":
             fallback.labels(policy=self.policy, cause=label).inc()
@@ -62,5 +72,10 @@ class PolicyFaults:
             contained.labels(policy=self.policy, where=where, cause=label).inc()
         if first:
             counter = "policy_fallback_steps" if where == "select_batch" else "contained_faults"
-            logger.error("kvsched: %s; %s (counted in kvsched:%s_total)", message, consequence, counter,
-                         exc_info=not policy and where != "add_request")  # a bug of ours: its traceback
+            logger.error(
+                "kvsched: %s; %s (counted in kvsched:%s_total)",
+                message,
+                consequence,
+                counter,
+                exc_info=not policy and where != "add_request",
+            )  # a bug of ours: its traceback

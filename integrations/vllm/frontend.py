@@ -15,7 +15,6 @@ from typing import Any
 
 from kvsched.integrations.vllm.mirror import RefusedField, request_fields
 
-
 FORMS = (b"multipart/form-data", b"application/x-www-form-urlencoded")  # bodies no endpoint reads as JSON
 
 

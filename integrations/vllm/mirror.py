@@ -29,7 +29,10 @@ if TYPE_CHECKING:
     from kvsched.core.report import StepReport
 
 # vLLM's finished states in kvsched's terms (anything else, an error or a repetition stop, ends as aborted).
-_FINISHED = {"FINISHED_STOPPED": SequenceStatus.FINISHED_STOPPED, "FINISHED_LENGTH_CAPPED": SequenceStatus.FINISHED_LENGTH_CAPPED}
+_FINISHED = {
+    "FINISHED_STOPPED": SequenceStatus.FINISHED_STOPPED,
+    "FINISHED_LENGTH_CAPPED": SequenceStatus.FINISHED_LENGTH_CAPPED,
+}
 
 
 class EpochClock:
@@ -62,10 +65,16 @@ class TokensFromVllm:
 
 # The engine settings vLLM decides, with the vLLM option that sets each (None: fixed by the integration).
 VLLM_OWNS = {
-    "block_size": "--block-size", "num_gpu_blocks": "--num-gpu-blocks-override", "watermark": "--watermark",
-    "enable_prefix_caching": "--enable-prefix-caching", "max_num_batched_tokens": "--max-num-batched-tokens",
-    "max_num_seqs": "--max-num-seqs", "max_model_len": "--max-model-len",
-    "vllm_engine": None, "num_cpu_blocks": None, "decode_lane": None,
+    "block_size": "--block-size",
+    "num_gpu_blocks": "--num-gpu-blocks-override",
+    "watermark": "--watermark",
+    "enable_prefix_caching": "--enable-prefix-caching",
+    "max_num_batched_tokens": "--max-num-batched-tokens",
+    "max_num_seqs": "--max-num-seqs",
+    "max_model_len": "--max-model-len",
+    "vllm_engine": None,
+    "num_cpu_blocks": None,
+    "decode_lane": None,
 }
 
 
@@ -75,8 +84,10 @@ def check_settings(settings: dict[str, Any]) -> None:
     clash = [name for name in settings if name in VLLM_OWNS]
     if clash:
         how = [f"vLLM's {VLLM_OWNS[n]}" if VLLM_OWNS[n] else f"{n} is fixed: vLLM V1's mechanics" for n in clash]
-        raise KvschedError(f"{', '.join(clash)} {'is' if len(clash) == 1 else 'are'} set by vLLM inside vLLM, "
-                           f"not by the kvsched config ({'; '.join(how)})")
+        raise KvschedError(
+            f"{', '.join(clash)} {'is' if len(clash) == 1 else 'are'} set by vLLM inside vLLM, "
+            f"not by the kvsched config ({'; '.join(how)})"
+        )
 
 
 class RefusedField(ValueError):
@@ -97,7 +108,9 @@ def request_fields(priority: Any, extra_args: dict[str, Any] | None) -> dict[str
         error = exc.errors()[0]
         name = str(error["loc"][0])
         field = f"vllm_xargs.{name}" if name in LABELS else name
-        raise RefusedField(field, f"{error['msg'].removeprefix('Value error, ')} (got {quote(error.get('input'))})") from None
+        raise RefusedField(
+            field, f"{error['msg'].removeprefix('Value error, ')} (got {quote(error.get('input'))})"
+        ) from None
     return {"priority": probe.priority, **{name: getattr(probe, name) for name in LABELS}}
 
 
@@ -115,7 +128,9 @@ def mirror_config(vllm_config: Any, num_blocks: int, settings: dict[str, Any] | 
         enable_prefix_caching=bool(cache.enable_prefix_caching),
         max_num_batched_tokens=sched.max_num_batched_tokens,
         max_num_seqs=sched.max_num_seqs,
-        enable_chunked_prefill=bool(sched.enable_chunked_prefill),  # off: whole prompts, head of line (vLLM's --no-enable-chunked-prefill)
+        enable_chunked_prefill=bool(
+            sched.enable_chunked_prefill
+        ),  # off: whole prompts, head of line (vLLM's --no-enable-chunked-prefill)
         max_model_len=vllm_config.model_config.max_model_len,
         decode_lane=False,
     )
@@ -131,7 +146,9 @@ class Mirror:
     tokens arrive (``complete``).
     """
 
-    def __init__(self, config: EngineConfig, policy: str, options: dict[str, Any] | None = None, in_flight: bool = False) -> None:
+    def __init__(
+        self, config: EngineConfig, policy: str, options: dict[str, Any] | None = None, in_flight: bool = False
+    ) -> None:
         mechanics = V1_IN_FLIGHT if in_flight else None
         self.engine = Engine(config, policy, TokensFromVllm(), mechanics=mechanics, policy_options=options)
         self._seq_of: dict[str, int] = {}  # request id -> the mirror sequence's id
@@ -146,13 +163,15 @@ class Mirror:
         params = request.sampling_params
         fields = request_fields(request.priority, getattr(params, "extra_args", None))
         arrival = max(0.0, request.arrival_time - self.engine.clock.start)
-        group = self.engine.add_request(Request(
-            request_id=request.request_id,
-            prompt_token_ids=tuple(request.prompt_token_ids),
-            sampling=SamplingParams(max_tokens=max(1, params.max_tokens or 1), ignore_eos=True),
-            arrival_time=arrival,
-            **fields,
-        ))
+        group = self.engine.add_request(
+            Request(
+                request_id=request.request_id,
+                prompt_token_ids=tuple(request.prompt_token_ids),
+                sampling=SamplingParams(max_tokens=max(1, params.max_tokens or 1), ignore_eos=True),
+                arrival_time=arrival,
+                **fields,
+            )
+        )
         self._seq_of[request.request_id] = group.seqs[0].seq_id
         if request.use_structured_output:  # vLLM compiles its grammar in the background: not ready until vLLM says so
             group.grammar_ready_at = math.inf
@@ -184,9 +203,11 @@ class Mirror:
             seq = group.seqs[0]
             pending = num_placeholders(seq)
             if len(ids) > pending:
-                raise KvschedError(f"vLLM sampled {len(ids)} tokens for {rid!r}, the mirror holds {pending} placeholders")
+                raise KvschedError(
+                    f"vLLM sampled {len(ids)} tokens for {rid!r}, the mirror holds {pending} placeholders"
+                )
             start = len(seq.output) - pending
-            seq.output[start:start + len(ids)] = ids
+            seq.output[start : start + len(ids)] = ids
             if seq.status is SequenceStatus.RUNNING:
                 bm.mark_computed(seq, seq.num_computed_tokens - (pending - len(ids)))
 

@@ -55,7 +55,11 @@ def realize(sched: Any, step: KvschedOutput) -> SchedulerOutput:
             group.append(request)
             request.status = RequestStatus.RUNNING
         else:
-            new = slots.empty if slots.unchanged(request, tokens) else kv.allocate_slots(request, tokens - request.num_computed_tokens)
+            new = (
+                slots.empty
+                if slots.unchanged(request, tokens)
+                else kv.allocate_slots(request, tokens - request.num_computed_tokens)
+            )
             if new is None:
                 raise MirrorDrift(f"vLLM has no blocks for {rid} ({tokens} tokens) where the mirror had")
             blocks[rid] = new
@@ -74,8 +78,9 @@ def _admit(sched: Any, kv: Any, request: Any, tokens: int) -> Any:
     if request.num_computed_tokens == 0:
         hits, num_hits, request.shared_prefix_boundary = kv.get_computed_blocks(request)
     # The policy has admitted it, by its own rules (its watermark included): vLLM only allocates.
-    new = kv.allocate_slots(request, tokens - num_hits, num_new_computed_tokens=num_hits, new_computed_blocks=hits,
-                            has_scheduled_reqs=False)
+    new = kv.allocate_slots(
+        request, tokens - num_hits, num_new_computed_tokens=num_hits, new_computed_blocks=hits, has_scheduled_reqs=False
+    )
     if new is None:
         raise MirrorDrift(f"vLLM has no blocks to admit {request.request_id} ({tokens} tokens) where the mirror had")
     kv.record_prefix_cache_stats(request, num_hits)
@@ -128,17 +133,23 @@ def grammar_compiled(sched: Any, request: Any) -> bool:
     return check(request)
 
 
-def _request_data(sched: Any, new_reqs: list, resumed: list, running: list, scheduled: dict[str, int], blocks: dict,
-                  as_new: bool) -> tuple[list, Any]:
+def _request_data(
+    sched: Any, new_reqs: list, resumed: list, running: list, scheduled: dict[str, int], blocks: dict, as_new: bool
+) -> tuple[list, Any]:
     """The step's new requests' data and the running ones' (``CachedRequestData``), as the installed release sends
     them: from 0.34 (or 0.33's V2 model runner) a resumed request is among the new ones with every token to prefill
     (``Request.prefill_token_ids`` in 0.34, ``_all_token_ids`` before) and ``_make_cached_request_data`` takes no
     resumed list; up to 0.33 the V1 model runner is told which requests ran in the step before."""
+
     def prefill(r: Any) -> dict[str, Any]:
         return {"prefill_token_ids": r.prefill_token_ids if RESUMED_AS_NEW else r._all_token_ids} if as_new else {}
 
-    new_data = [NewRequestData.from_request(r, blocks[r.request_id].get_block_ids(), uses_mrope=sched.model_uses_mrope,
-                                            **prefill(r)) for r in new_reqs]
+    new_data = [
+        NewRequestData.from_request(
+            r, blocks[r.request_id].get_block_ids(), uses_mrope=sched.model_uses_mrope, **prefill(r)
+        )
+        for r in new_reqs
+    ]
     if RESUMED_AS_NEW:
         return new_data, sched._make_cached_request_data(running, scheduled, {}, blocks)
     cached_data = sched._make_cached_request_data(running, resumed, scheduled, {}, blocks)

@@ -64,8 +64,11 @@ def settings_of(vllm_config: Any) -> tuple[str, dict[str, Any], dict[str, Any]]:
 def vllm_v1_options(vllm_config: Any) -> dict[str, Any]:
     """``vllm-v1``'s options that mean what vLLM is configured with: its queue policy, long-prefill threshold and release."""
     sched = vllm_config.scheduler_config
-    return {"policy": sched.policy, "long_prefill_token_threshold": sched.long_prefill_token_threshold,
-            "vllm_release": installed_release()}
+    return {
+        "policy": sched.policy,
+        "long_prefill_token_threshold": sched.long_prefill_token_threshold,
+        "vllm_release": installed_release(),
+    }
 
 
 class PolicyScheduler(Scheduler):
@@ -75,23 +78,35 @@ class PolicyScheduler(Scheduler):
     def __init__(self, vllm_config: Any, kv_cache_config: Any, *args: Any, **kwargs: Any) -> None:
         super().__init__(vllm_config, kv_cache_config, *args, **kwargs)
         self.in_flight = isinstance(self, AsyncScheduler)  # vLLM schedules step N+1 before step N's tokens arrive
-        unsupported = [name for name, on in (
-            ("speculative decoding", self.num_spec_tokens),
-            ("KV connectors", self.connector is not None), ("LoRA", self.lora_config is not None),
-            ("multimodal inputs", self.max_num_encoder_input_tokens), ("pipeline parallelism", self.use_pp),
-        ) if on]
+        unsupported = [
+            name
+            for name, on in (
+                ("speculative decoding", self.num_spec_tokens),
+                ("KV connectors", self.connector is not None),
+                ("LoRA", self.lora_config is not None),
+                ("multimodal inputs", self.max_num_encoder_input_tokens),
+                ("pipeline parallelism", self.use_pp),
+            )
+            if on
+        ]
         if unsupported:
             raise KvschedError(f"kvsched policies inside vLLM do not support {', '.join(unsupported)} yet")
         policy, options, settings = settings_of(vllm_config)
         config = mirror_config(vllm_config, kv_cache_config.num_blocks, settings)
         self.mirror = Mirror(config, policy, options, in_flight=self.in_flight)
-        self.steady_slots = SteadySlots(self.kv_cache_manager)  # the steps realize() need not ask vLLM's KV-cache manager for
+        self.steady_slots = SteadySlots(
+            self.kv_cache_manager
+        )  # the steps realize() need not ask vLLM's KV-cache manager for
         self._fallback = PolicyHooks(FALLBACK_POLICY, vllm_v1_options(vllm_config))
         self.faults = PolicyFaults(self.mirror.policy_name)
-        self._dispatched: deque[tuple[Any, Any]] = deque()  # (vLLM's output, the mirror's step) of each step vLLM runs, oldest first
+        self._dispatched: deque[tuple[Any, Any]] = (
+            deque()
+        )  # (vLLM's output, the mirror's step) of each step vLLM runs, oldest first
         self._started = 0.0  # when the last step was dispatched
         self._stopped: list[tuple[str, str]] | None = None  # requests vLLM ends while it applies a step
-        self._tell: list[tuple[Any, FinishReason]] = []  # requests ended here (ignored, failed), told to their clients at the next update
+        self._tell: list[
+            tuple[Any, FinishReason]
+        ] = []  # requests ended here (ignored, failed), told to their clients at the next update
         self.abandoned: str | None = None  # why the mirror was given up; then vLLM's own scheduler decides
         self._compiling: dict[str, Any] = {}  # structured-output requests whose grammar vLLM compiles, by id
 
@@ -104,7 +119,9 @@ class PolicyScheduler(Scheduler):
             self.mirror.add(request)
             if request.status is RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR:
                 self._compiling[request.request_id] = request
-        except Exception as exc:  # a request the mirror refuses (engine serve's front end answers 400 first) fails alone
+        except (
+            Exception
+        ) as exc:  # a request the mirror refuses (engine serve's front end answers 400 first) fails alone
             self.faults.record(exc, "add_request", "that request fails (its client gets an error), the others run on")
             self.finish_requests(request.request_id, RequestStatus.FINISHED_ERROR)
             self._tell.append((request, FinishReason.ERROR))
@@ -151,8 +168,13 @@ class PolicyScheduler(Scheduler):
                         self._tell.append((request, FinishReason.ERROR))
             else:
                 free = self.kv_cache_manager.block_pool.get_num_free_blocks()
-                if free != self.mirror.num_free_blocks:  # vLLM's state is its own and whole: run this step, then vLLM decides
-                    self._abandon("schedule", MirrorDrift(f"vLLM has {free} free blocks, the mirror {self.mirror.num_free_blocks}"))
+                if (
+                    free != self.mirror.num_free_blocks
+                ):  # vLLM's state is its own and whole: run this step, then vLLM decides
+                    self._abandon(
+                        "schedule",
+                        MirrorDrift(f"vLLM has {free} free blocks, the mirror {self.mirror.num_free_blocks}"),
+                    )
                 else:
                     self._dispatch(output, step)
                 return output
@@ -175,7 +197,9 @@ class PolicyScheduler(Scheduler):
     def _decide(self) -> Any:
         """The policy's step on the mirror (``vllm-v1``'s if the policy fails: counted, logged once); ignored requests ended."""
         for rid, request in list(self._compiling.items()) if self._compiling else ():  # what vLLM's waiting loop checks
-            if request.status is not RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR or grammar_compiled(self, request):
+            if request.status is not RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR or grammar_compiled(
+                self, request
+            ):
                 del self._compiling[rid]
                 if not request.is_finished():
                     self.mirror.grammar_compiled(rid)
@@ -212,13 +236,20 @@ class PolicyScheduler(Scheduler):
             try:
                 if step is not None:
                     # What vLLM appended to each request (after its stop checks) is what it reports to the client.
-                    sampled = {o.request_id: o.new_token_ids for eco in outputs.values() for o in eco.outputs if o.new_token_ids}
+                    sampled = {
+                        o.request_id: o.new_token_ids
+                        for eco in outputs.values()
+                        for o in eco.outputs
+                        if o.new_token_ids
+                    }
                     if self.in_flight:
                         self.mirror.sampled(sampled)
                     else:
                         try:
                             self.mirror.complete(step, sampled, time.perf_counter() - self._started)
-                        except PolicyError as exc:  # on_step raised after the core applied the whole step: nothing to undo
+                        except (
+                            PolicyError
+                        ) as exc:  # on_step raised after the core applied the whole step: nothing to undo
                             self.faults.record(exc, "on_step", "the step stands; only the policy's report of it failed")
                 for request_id, status in stopped:
                     self.mirror.finish(request_id, status)

@@ -33,8 +33,10 @@ class SteadySlots:
     def __init__(self, kv: Any) -> None:
         managers = kv.coordinator.single_type_managers
         manager = managers[0] if len(managers) == 1 else None
-        if manager is not None and (type(manager) is not FullAttentionManager or
-                                    (manager.enable_caching and kv.block_pool.hash_block_size != manager.block_size)):
+        if manager is not None and (
+            type(manager) is not FullAttentionManager
+            or (manager.enable_caching and kv.block_pool.hash_block_size != manager.block_size)
+        ):
             manager = None
         self.manager = manager  # None: every step goes through allocate_slots
         self.empty = kv.empty_kv_cache_blocks

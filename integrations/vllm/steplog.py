@@ -35,7 +35,9 @@ class StepLogging:
         path = step_log_path(vllm_config)
         self._log = open(path, "a", buffering=1) if path else None  # line-buffered: a killed server loses no step
         self._logged_steps = 0
-        self._lines: dict[int, dict[str, Any]] = {}  # id of each step's output vLLM has yet to update -> its line (two under async scheduling)
+        self._lines: dict[
+            int, dict[str, Any]
+        ] = {}  # id of each step's output vLLM has yet to update -> its line (two under async scheduling)
 
     def schedule(self, *args: Any, **kwargs: Any) -> Any:
         if self._log is None:
@@ -46,8 +48,12 @@ class StepLogging:
         took = time.perf_counter() - started
         scheduled = dict(output.num_scheduled_tokens)
         self._lines[id(output)] = {
-            "step": self._logged_steps, "t_schedule": started, "schedule_s": took, "scheduled": scheduled,
-            "computed": {rid: computed[rid] for rid in scheduled}, "preempted": sorted(output.preempted_req_ids or ()),
+            "step": self._logged_steps,
+            "t_schedule": started,
+            "schedule_s": took,
+            "scheduled": scheduled,
+            "computed": {rid: computed[rid] for rid in scheduled},
+            "preempted": sorted(output.preempted_req_ids or ()),
             "free_blocks": self.kv_cache_manager.block_pool.get_num_free_blocks(),
         }
         self._logged_steps += 1
@@ -63,7 +69,9 @@ class StepLogging:
         line["t_update"] = started = time.perf_counter()
         outputs = super().update_from_output(scheduler_output, model_runner_output)
         line["update_s"] = time.perf_counter() - started
-        line["finished"] = sorted(o.request_id for eco in outputs.values() for o in eco.outputs if o.finish_reason is not None)
+        line["finished"] = sorted(
+            o.request_id for eco in outputs.values() for o in eco.outputs if o.finish_reason is not None
+        )
         try:
             self._log.write(json.dumps(line) + "\n")
         except OSError as exc:  # a full disk ends the log, never the engine core

@@ -10,20 +10,45 @@ from kvsched.testing import PolicyConformance
 from kvsched.testing.starvation import run_overload
 from kvsched.testing.strategies import OverloadScenario
 
-UNIT = CostProfile(name="unit", base_ms=1000, prefill_token_ms=0, decode_seq_ms=0, kv_token_ms=0,
-                   kv_bytes_per_token=0, swap_gb_per_s=1, copy_gb_per_s=1)
+UNIT = CostProfile(
+    name="unit",
+    base_ms=1000,
+    prefill_token_ms=0,
+    decode_seq_ms=0,
+    kv_token_ms=0,
+    kv_bytes_per_token=0,
+    swap_gb_per_s=1,
+    copy_gb_per_s=1,
+)
 
 
 def engine(policy=None, **config) -> Engine:
     """One simulated second per step, audited after every step."""
-    cfg = EngineConfig(**{"block_size": 4, "num_gpu_blocks": 64, "num_cpu_blocks": 64, "watermark": 0.0,
-                          "max_num_batched_tokens": 256, "max_num_seqs": 64, "audit_every_step": True, **config})
+    cfg = EngineConfig(
+        **{
+            "block_size": 4,
+            "num_gpu_blocks": 64,
+            "num_cpu_blocks": 64,
+            "watermark": 0.0,
+            "max_num_batched_tokens": 256,
+            "max_num_seqs": 64,
+            "audit_every_step": True,
+            **config,
+        }
+    )
     return Engine(cfg, policy or PriorityVip(), SimulatedExecutor(UNIT))
 
 
 def req(rid, priority=0, tenant="default", prompt=8, out=4, arrival=0.0):
-    return Request(request_id=rid, prompt_len=prompt, output_len=out, priority=priority, tenant=tenant,
-                   arrival_time=arrival, sampling=SamplingParams(max_tokens=out))
+    return Request(
+        request_id=rid,
+        prompt_len=prompt,
+        output_len=out,
+        priority=priority,
+        tenant=tenant,
+        arrival_time=arrival,
+        sampling=SamplingParams(max_tokens=out),
+    )
 
 
 def admitted(report):

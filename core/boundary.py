@@ -1,0 +1,62 @@
+"""The one boundary between the engine and plugin code: a hook's call, and its failure as one line.
+
+Whatever a policy's or a router's code raises (SystemExit and GeneratorExit included; KeyboardInterrupt
+is the user's and passes) becomes one error naming the plugin, the hook and the plugin's own line,
+never a traceback: the file and line are those of the innermost frame outside the engine, pluggy and
+Python's own library.
+"""
+
+from __future__ import annotations
+
+import os
+import sysconfig
+import traceback
+from typing import Any
+
+import pluggy
+
+from kvsched import allocators
+from kvsched.core import hookspecs
+from kvsched.core.errors import PolicyError, error_text, type_name
+
+# Frames in these files are the engine's, pluggy's or Python's own, never a plugin's.
+_ENGINE_FILES = tuple(os.path.dirname(m.__file__) + os.sep for m in (pluggy, hookspecs, allocators))
+_STDLIB, _SITE = sysconfig.get_paths()["stdlib"], (sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"])
+
+
+def call_hook(hook, args: tuple, first, failure, own: type[PolicyError] = PolicyError) -> Any:
+    """``hook(*args)``, the one boundary of a plugin's hook call (policy or router): what it raises but
+    KeyboardInterrupt is ``failure(exc)``, naming plugin, hook and line, unless one of ours (``own``); the call's
+    first refusal (``first()``) is raised in its place, and after the call returns, even if the plugin caught it."""
+    try:
+        result = hook(*args)
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:
+        error = first() or (exc if isinstance(exc, own) else failure(exc))
+        if error is exc:
+            raise
+        raise error from exc
+    refused = first()
+    if refused is not None:
+        raise refused
+    return result
+
+
+def exception_text(exc: BaseException, skip: tuple[str, ...] = ()) -> str:
+    """``Type: message (at file:line)`` on one line, even when the exception's own ``__str__`` raises
+    (the line: of the innermost frame of plugin code, files in ``skip`` aside)."""
+    text, name = " ".join(error_text(exc).split()), type_name(exc)
+    frames = [frame for frame in traceback.walk_tb(exc.__traceback__) if frame[0].f_code.co_filename not in skip][::-1]
+    return f"{name}: {text}{plugin_line(frames)}" if text else f"{name}{plugin_line(frames)}"
+
+
+def plugin_line(frames) -> str:
+    """`` (at file:line)`` of the innermost frame of plugin code: not the engine's, pluggy's or Python's own."""
+    for frame, line in frames:
+        path = frame.f_code.co_filename
+        if not path.startswith((*_ENGINE_FILES, "<frozen ")) and (
+            not path.startswith(_STDLIB) or path.startswith(_SITE)
+        ):
+            return f" (at {path.removeprefix(os.getcwd() + os.sep)}:{line})"
+    return ""

@@ -1,0 +1,104 @@
+"""How a step preempts, on the core's side: the policy's victim checked, the mode settled, the blocks let go.
+
+A mixin of ``StepState`` (``core/step_state.py``): the policy names a victim through
+``choose_preemption`` or ``StepBuilder.preempt``; the core checks it is an unscheduled running group
+of this engine, settles the mode (the config's, else the policy's, else vLLM's default) and frees
+or swaps out its blocks at once, so the next operation sees the room it made.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from kvsched.core.config import PreemptionMode
+from kvsched.core.decisions import Decision, Preempted, Preemption, held_problem
+from kvsched.core.errors import quote
+from kvsched.core.sequence import SequenceStatus
+from kvsched.core.view import GroupView, group_of
+
+if TYPE_CHECKING:
+    from kvsched.core.sequence import SequenceGroup
+
+
+class Preemptions:
+    """The part of ``StepState`` that makes room by preempting (a mixin over its hooks, block manager and batch)."""
+
+    __slots__ = ()
+
+    def _make_room(self, g: SequenceGroup) -> bool:
+        """Preempt until every unfinished sequence of ``g`` could take a new block (vLLM's worst case): True if ``g``
+        itself had to go, False once it can decode."""
+        bm = self.bm
+        while bm.gpu.num_free < g.num_unfinished_seqs:  # bm.can_append_slots, inlined: the hot path
+            victim, mode, reason = self._choose_victim(g)
+            if victim is g:
+                # Deliberate difference from vLLM: do not preempt the last candidate when its
+                # exact need fits (vLLM's worst case makes a lone request thrash).
+                if bm.blocks_to_append(g) <= bm.gpu.num_free:
+                    return False
+                self._preempt(g, mode, g, reason)
+                return True
+            self._preempt(victim, mode, g, reason)
+        return False
+
+    def _choose_victim(self, requester: SequenceGroup) -> tuple[SequenceGroup, PreemptionMode | None, str | None]:
+        choice = self.hooks.choose_preemption(self.step, requester.view)
+        if type(choice) is not Preemption or type(choice.victim) is not GroupView:
+            self.refuse(f"returned {quote(choice)}, expected a Preemption of a GroupView", "choose_preemption")
+        if choice.reason is not None and held_problem(choice.reason, {}):
+            self.refuse(
+                f"gave the reason {quote(choice.reason)}: a Preemption's reason is a line of text or None",
+                "choose_preemption",
+            )
+        victim = group_of(choice.victim)
+        if victim is not requester:
+            if victim.block_manager is not self.bm:
+                self.refuse(
+                    f"picked {quote(choice.victim)}, which is not a request of this engine", "choose_preemption"
+                )
+            if not self._accepts_victim(victim):
+                state = self.touched.get(victim, victim.status.name)
+                self.refuse(
+                    f"picked {quote(victim.request_id)}, which is {state}, not an unscheduled running group",
+                    "choose_preemption",
+                )
+        return victim, self._mode_arg(choice.mode, "Preemption", "choose_preemption"), choice.reason
+
+    def _accepts_victim(self, victim: SequenceGroup) -> bool:
+        return victim.status is SequenceStatus.RUNNING and victim not in self.touched
+
+    def _preemption_mode(self, g: SequenceGroup, mode: PreemptionMode | None) -> PreemptionMode:
+        """The mode used: forced by the config, else the policy's, else recompute one sequence and swap several."""
+        if self.config.preemption_mode is not None:
+            mode = self.config.preemption_mode
+        elif mode is None:
+            mode = PreemptionMode.RECOMPUTE if g.max_running_seqs == 1 else PreemptionMode.SWAP
+        if mode is PreemptionMode.SWAP and not self.bm.can_swap_out(g):
+            mode = PreemptionMode.RECOMPUTE  # the CPU pool is full: recompute instead of failing
+        return mode
+
+    def _preempt(
+        self, g: SequenceGroup, mode: PreemptionMode | None, requester: SequenceGroup | None = None, reason=None
+    ) -> PreemptionMode:
+        out_of_lane(g)
+        mode = self._preemption_mode(g, mode)
+        requested = requester.request_id if requester is not None else None
+        self._note(None, Preempted(Decision.PREEMPTED, g.request_id, mode, requested, reason))
+        if mode is PreemptionMode.SWAP:
+            self.output.blocks_to_swap_out += self.bm.swap_out(g)
+            self.swapped_out.append(g)
+        else:
+            for seq in g.seqs:
+                self.bm.free(seq)
+            self.recomputed.append(g)
+        self.touched[g] = f"preempted ({mode.value})"
+        self.output.preempted.append((g, mode))
+        self.num_running_seqs -= g.max_running_seqs
+        return mode
+
+
+def out_of_lane(g: SequenceGroup) -> None:
+    """Dissolve the decode lane if ``g`` rides it (members change only together)."""
+    lane = g.seqs[0].lane
+    if lane is not None:
+        lane.dissolve()
