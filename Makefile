@@ -25,7 +25,10 @@ $(STAMP): pyproject.toml plugins_example/pyproject.toml Makefile
 run: setup
 	$(BIN)/engine --policy vllm-default
 
+# Formatting and lint first (seconds; `make format` fixes what they find), then the suite.
 test: setup browser
+	$(BIN)/ruff format --check .
+	$(BIN)/ruff check .
 	$(BIN)/python -m pytest
 
 # The tree formatted and linted as pyproject.toml's [tool.ruff] says, with the pinned ruff (.ci/format).
