@@ -24,15 +24,20 @@ _ENGINE_FILES = tuple(os.path.dirname(m.__file__) + os.sep for m in (pluggy, hoo
 _STDLIB, _SITE = sysconfig.get_paths()["stdlib"], (sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"])
 
 
-def call_hook(hook, args: tuple, first, failure, own: type[PolicyError] = PolicyError) -> Any:
-    """``hook(*args)``, the one boundary of a plugin's hook call (policy or router): what it raises but
-    KeyboardInterrupt is ``failure(exc)``, naming plugin, hook and line, unless one of ours (``own``); the call's
+# What a policy's hook call turns into its PolicyError: a BaseException of the plugin's own escapes it, as the
+# vLLM integration's last line of defence expects (it hands the server to vLLM's scheduler: vllm-integration.md).
+POLICY_CAUGHT = (Exception, SystemExit, GeneratorExit)
+
+
+def call_hook(hook, args: tuple, first, failure, own: type[PolicyError] = PolicyError, caught=BaseException) -> Any:
+    """``hook(*args)``, the one boundary of a plugin's hook call (policy or router): what it raises of ``caught``
+    but KeyboardInterrupt is ``failure(exc)``, naming plugin, hook and line, unless one of ours (``own``); the call's
     first refusal (``first()``) is raised in its place, and after the call returns, even if the plugin caught it."""
     try:
         result = hook(*args)
     except KeyboardInterrupt:
         raise
-    except BaseException as exc:
+    except caught as exc:
         error = first() or (exc if isinstance(exc, own) else failure(exc))
         if error is exc:
             raise

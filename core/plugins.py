@@ -12,7 +12,7 @@ from typing import Any
 import pluggy
 
 from kvsched.core import hookspecs
-from kvsched.core.boundary import call_hook, plugin_line
+from kvsched.core.boundary import POLICY_CAUGHT, call_hook, plugin_line
 from kvsched.core.defaults import CoreDefaults
 from kvsched.core.errors import PolicyError, error_text, quote
 from kvsched.core.loading import (
@@ -167,7 +167,7 @@ class PolicyHooks:
     def _call(self, name: str, hook, *args):
         outer, self.in_hook = self.in_hook, name
         try:
-            return call_hook(hook, args, self._first, self._failure)
+            return call_hook(hook, args, self._first, self._failure, caught=POLICY_CAUGHT)
         finally:
             self.in_hook = outer
             if outer is None:
