@@ -121,8 +121,9 @@ def test_the_core_is_small_and_light():
     # allocators/offloading.py. ruff format (issue 33 step 5) laid the same code out in 3,421 (+308: slot tuples,
     # calls and conditions one part a line where they pass 120 columns); the modules it pushed past 400 lines were
     # split along their seams (core/preemption.py out of step_state.py, core/boundary.py out of loading.py: +29 of
-    # docstrings and imports), to 3,450.
-    assert lines <= 3450, f"core/ has {lines} non-blank lines (about 2,000 was the aim, 3,450 is the limit)"
+    # docstrings and imports), to 3,450. What a policy's hook call catches at that boundary, named (POLICY_CAUGHT: a
+    # BaseException of the plugin's own escapes, as the vLLM integration expects), to 3,453.
+    assert lines <= 3453, f"core/ has {lines} non-blank lines (about 2,000 was the aim, 3,453 is the limit)"
 
 
 def test_no_module_is_over_400_lines():
