@@ -101,9 +101,9 @@ def start(policy: str, log: Path, blocks: int = BLOCKS):
 def checked(parser: argparse.ArgumentParser, args: argparse.Namespace, order: list[str]):
     """What the run needs, checked before a server starts (each a usage error naming its option): the policies
     served, the profile (None: fitted in the run), the folders written, and --resume's saved runs."""
-    from kvsched.core.errors import KvschedError
-    from kvsched.core.loading import load_policy
+    from kvsched.errors import KvschedError
     from kvsched.executors.profiles import resolve_profile
+    from kvsched.plugins.discovery import load_policy
     from kvsched.reporting.destination import check_folder
     from kvsched.userfiles.reader import read_json
 

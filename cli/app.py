@@ -266,7 +266,8 @@ FLEET_SPEC_FIELDS = frozenset({"policy", "policy_opt", "set_", "profile"})
 def policies() -> None:
     """List installed policies: name, distribution, version, description (a name that several distributions register, as DIST:NAME)."""
     from kvsched.cli.common import print_plugins
-    from kvsched.core.loading import describe, installed_policies, load_policy
+    from kvsched.plugins.discovery import installed_policies, load_policy
+    from kvsched.plugins.identity import describe
 
     print_plugins("policy", installed_policies(), lambda spec: describe(load_policy(spec)))
 

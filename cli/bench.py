@@ -20,7 +20,7 @@ from kvsched.cli.common import (
 )
 from kvsched.cli.simulate import RateScaleOpt, TraceOpt, WorkloadOpt
 from kvsched.cli.tables import print_summary
-from kvsched.core.errors import error_text, quote
+from kvsched.errors import error_text, quote
 from kvsched.reporting.destination import check_folder
 
 UrlOpt = Annotated[

@@ -23,7 +23,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from kvsched.core.errors import KvschedError, error_text, quote, shorten
+from kvsched.errors import KvschedError, error_text, quote, shorten
 
 PIPED_WIDTH = 1_000  # columns of output that is not a terminal's: rich would cut a table at 80 and fold its cells
 
@@ -212,7 +212,8 @@ def policy_options(spec: str, pairs: list[str] | dict[str, str] | None, prefix: 
     is named (as ``--policy-opt PREFIX KEY=VALUE``; compare's prefix is ``POLICY.``)."""
     import inspect
 
-    from kvsched.core.loading import OptionError, checked_options, load_policy, policy_name
+    from kvsched.plugins.discovery import load_policy, policy_name
+    from kvsched.plugins.options import OptionError, checked_options
 
     policy = load_policy(spec)
     name = policy_name(spec, policy)
@@ -277,8 +278,8 @@ def print_plugins(kind: str, infos: Iterable[Any], describe: Callable[[str], str
     so that a broken third-party plugin does not hide the others (a ``KeyboardInterrupt`` its import raises
     too: only a real Ctrl-C, SIGINT, ends the listing). A name that several distributions register is
     listed as DIST:NAME, each, with a warning that says how to choose."""
-    from kvsched.core.boundary import exception_text
-    from kvsched.core.loading import GROUPS
+    from kvsched.plugins.boundary import exception_text
+    from kvsched.plugins.discovery import GROUPS
 
     group = GROUPS[kind]
     table = Table(title=f"installed {group.removeprefix('kvsched.')} (entry-point group {group})")

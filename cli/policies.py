@@ -265,8 +265,8 @@ def option_name(name: str) -> str:
 def policy_contenders(policy: list[str], policy_opt: list[str] | None, at_least: int = 2) -> tuple[list, list[str]]:
     """The compared policies as ``Contender``s with their options checked, and their column labels."""
     from kvsched.cli.common import fail, parse_pairs, policy_options
-    from kvsched.core.loading import load_policy, policy_name
     from kvsched.experiments.compare import Contender, split_options
+    from kvsched.plugins.discovery import load_policy, policy_name
 
     contenders = [Contender.parse(p) for p in policy]
     extra = split_options(parse_pairs(policy_opt, "--policy-opt"), sorted({c.spec for c in contenders}))

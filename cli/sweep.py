@@ -93,10 +93,10 @@ def sweep(
     from rich.table import Table
 
     from kvsched.cli.common import check_finite, console, input_files, parse_pairs, progress_bar, refuse_unread
-    from kvsched.core.loading import load_policy
     from kvsched.executors.profiles import resolve_profile
     from kvsched.experiments.settings import check_names
     from kvsched.experiments.sweep import SweepSpec, grid_points, parse_grid, run_sweep
+    from kvsched.plugins.discovery import load_policy
     from kvsched.reporting.destination import SWEEP_FILES, check_apart, check_folder
     from kvsched.reporting.files import write_sweep
     from kvsched.workloads import build_workload

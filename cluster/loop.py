@@ -23,8 +23,8 @@ from kvsched.cluster.records import FleetRecords
 from kvsched.cluster.replica import DECODE, PREFILL, Replica
 from kvsched.cluster.spec import FleetError, FleetSpec
 from kvsched.core.engine import arriving
-from kvsched.core.errors import StallError
 from kvsched.core.request import Request
+from kvsched.errors import StallError
 from kvsched.routers.plugins import RouterHooks
 
 END, ARRIVE, SCHEDULE = 0, 1, 2  # heap event kinds; at one instant: steps end, then requests arrive, then steps start

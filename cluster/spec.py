@@ -13,11 +13,11 @@ from kvsched.cluster.replica import DECODE, MIXED, PREFILL, Replica
 from kvsched.cluster.transfer import DecodeExecutor, KvTransfer
 from kvsched.core.config import EngineConfig
 from kvsched.core.engine import Engine
-from kvsched.core.errors import KvschedError
-from kvsched.core.loading import load_policy
+from kvsched.errors import KvschedError
 from kvsched.executors.profiles import resolve_profile
 from kvsched.executors.simulated import SimulatedExecutor
 from kvsched.experiments.settings import check_names, fit_to_profile
+from kvsched.plugins.discovery import load_policy
 from kvsched.userfiles.reader import read_json
 
 MAX_REPLICAS = 4096  # replicas in a fleet, all groups together (--replicas takes as many)

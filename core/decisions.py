@@ -7,7 +7,7 @@ from enum import Enum, IntEnum
 from typing import TYPE_CHECKING, NamedTuple
 
 from kvsched.core.config import PreemptionMode
-from kvsched.core.errors import quote
+from kvsched.errors import quote
 
 if TYPE_CHECKING:
     from collections.abc import Mapping

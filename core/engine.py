@@ -9,7 +9,6 @@ from types import MappingProxyType
 from typing import Any
 
 from kvsched.core.config import EngineConfig
-from kvsched.core.errors import AuditError, StallError, quote
 from kvsched.core.executor import Clock, Executor, KnownDurations, KnownTokens, StepResult
 from kvsched.core.fanout import FanOut
 from kvsched.core.mechanics import Mechanics, mechanics_of
@@ -20,6 +19,7 @@ from kvsched.core.request import Request
 from kvsched.core.scheduler import Scheduler
 from kvsched.core.sequence import SequenceGroup, SequenceStatus
 from kvsched.core.view import CacheView, GroupMap, OutputView, QueueView
+from kvsched.errors import AuditError, StallError, quote
 
 # A stall: this many steps in a row ran nothing, over this much engine time (a policy may wait, not forever).
 STALL_STEPS, STALL_SECONDS = 1_000, 10.0

@@ -1,38 +1,25 @@
-"""Running a policy's hooks (``PolicyHooks``): the chosen policy plus the core defaults, on pluggy.
-Finding and loading a policy is ``loading.py``'s."""
+"""Running a policy's hooks (``PolicyHooks``): the chosen policy plus the core defaults, on pluggy. Finding,
+loading and calling a plugin is the plugin layer's (``kvsched/plugins/``); what is the policy's contract is here."""
 
 from __future__ import annotations
 
-import inspect
-import os
-import re
 import traceback
 from typing import Any
 
 import pluggy
 
 from kvsched.core import hookspecs
-from kvsched.core.boundary import POLICY_CAUGHT, call_hook, plugin_line
 from kvsched.core.defaults import CoreDefaults
-from kvsched.core.errors import PolicyError, error_text, quote
-from kvsched.core.loading import (
-    BUILTIN_DISTRIBUTION,
-    CAN_ALLOCATE,
-    CHOOSE_PREEMPTION,
-    DEFAULT_POLICY,
-    HOOKS,
-    ON_STEP,
-    SELECT_BATCH,
-    _own_name,
-    checked_options,
-    engine_defaults,
-    guarded,
-    identity,
-    instantiate,
-    load_policy,
-    policy_attribute,
-    resolve_plugin,
-)
+from kvsched.errors import PolicyError, error_text, quote
+from kvsched.plugins.boundary import POLICY_CAUGHT, call_hook, guarded, plugin_line
+from kvsched.plugins.discovery import BUILTIN_DISTRIBUTION, load_policy, resolve_plugin
+from kvsched.plugins.hooks import dispatch, invalid_plugin
+from kvsched.plugins.identity import engine_defaults, identity, policy_attribute
+from kvsched.plugins.options import checked_options, instantiate
+
+DEFAULT_POLICY = "vllm-default"
+SELECT_BATCH, CHOOSE_PREEMPTION, CAN_ALLOCATE, ON_STEP = "select_batch", "choose_preemption", "can_allocate", "on_step"
+HOOKS = (SELECT_BATCH, CHOOSE_PREEMPTION, CAN_ALLOCATE, ON_STEP)
 
 
 class PolicyHooks:
@@ -49,9 +36,8 @@ class PolicyHooks:
     def __init__(
         self, policy: str | Any = DEFAULT_POLICY, options: dict[str, Any] | None = None, observers: tuple = ()
     ) -> None:
-        policy, self.name, self._chosen_by_name = resolve_plugin(
-            policy
-        )  # chosen by name: an installed policy, as the user knows it
+        # chosen by name: an installed policy, as the user knows it
+        policy, self.name, self._chosen_by_name = resolve_plugin(policy)
         self.policy = instantiate(policy, checked_options(policy, options, self.name), self.name)
         self.pm = pluggy.PluginManager(hookspecs.PROJECT)
         self.pm.add_hookspecs(hookspecs)
@@ -62,9 +48,8 @@ class PolicyHooks:
         try:
             self.pm.check_pending()
         except pluggy.PluginValidationError as exc:
-            raise self._invalid(
-                exc, exc.plugin, self.name if exc.plugin is self.policy else self._observer_name(exc.plugin)
-            ) from exc
+            name = self.name if exc.plugin is self.policy else self._observer_name(exc.plugin)
+            raise invalid_plugin(self.pm, exc, exc.plugin, name, HOOKS, self._chosen_by_name) from exc
         if not self.pm.get_hookcallers(self.policy):
             raise PolicyError(
                 self.name,
@@ -101,44 +86,13 @@ class PolicyHooks:
         except PolicyError as exc:
             cause = exc.__cause__
             if isinstance(cause, pluggy.PluginValidationError):
-                raise self._invalid(cause, plugin, name) from cause
+                raise invalid_plugin(self.pm, cause, plugin, name, HOOKS, self._chosen_by_name) from cause
             if isinstance(cause, ValueError) and "already registered" in str(cause):
                 raise PolicyError(name, f"invalid plugin: {cause}") from cause
             raise
 
     def _observer_name(self, plugin: Any) -> str:
         return next((n for n in self._observers if self.pm.get_plugin(n) is plugin), type(plugin).__name__)
-
-    def _invalid(self, exc: pluggy.PluginValidationError, plugin: Any, name: str) -> PolicyError:
-        """pluggy's complaint about one hook implementation, on one line, blamed on the class that
-        defines it (not a name it inherits), at the line where it does."""
-        reason = str(exc).splitlines()
-        hook = re.search(r"hook '(\w+)'", reason[0])
-        function = self._hookimpl_function(plugin, hook.group(1)) if hook else None
-        if function is None:
-            return PolicyError(name, "invalid plugin: " + "; ".join(reason))
-        code = getattr(function, "__code__", None)
-        where = f" (at {code.co_filename.removeprefix(os.getcwd() + os.sep)}:{code.co_firstlineno})" if code else ""
-        qualname = getattr(function, "__qualname__", hook.group(1))
-        owner = _defining_class(plugin, getattr(function, "__func__", function))
-        culprit = name if self._chosen_by_name or owner is None else _own_name(owner) or owner.__qualname__
-        why = (
-            reason[-1]
-            if reason[0].startswith("Plugin")
-            else f"kvsched has no hook {hook.group(1)!r} (hooks: {', '.join(HOOKS)})"
-        )
-        return PolicyError(culprit, f"invalid plugin: {qualname}{_signature(function)}{where}: {why}")
-
-    def _hookimpl_function(self, plugin: Any, hook: str) -> Any:
-        """The function ``plugin`` marks as its implementation of ``hook`` (None if it cannot be told)."""
-        try:
-            for attr in dir(plugin):
-                opts = self.pm.parse_hookimpl_opts(plugin, attr)
-                if opts is not None and (opts.get("specname") or attr) == hook:
-                    return inspect.unwrap(getattr(plugin, attr))
-        except Exception:
-            return None
-        return None
 
     def configure(self, config):
         """``config`` with the policy's ``engine_defaults`` (the settings it is meant to run with, such
@@ -201,40 +155,3 @@ class PolicyHooks:
         if hook is not None and self._first_error is None:
             self._first_error = error
         return error
-
-
-def dispatch(caller: pluggy.HookCaller, names: tuple[str, ...], firstresult: bool = True):
-    """A function of the hook's arguments (``names``, in order) that calls its implementations as
-    pluggy does, newest first, up to the first result that is not None (``firstresult``), without
-    pluggy's per-call bookkeeping (a good part of a step's cost). pluggy's own call when a wrapper
-    or an implementation taking other arguments is registered."""
-    impls = caller.get_hookimpls()
-    if any(i.hookwrapper or i.wrapper or i.kwargnames or i.argnames not in (names, ()) for i in impls):
-        return lambda *args: caller(**dict(zip(names, args)))
-    chain = [(i.function, bool(i.argnames)) for i in reversed(impls)]
-
-    def call(*args):
-        for function, takes_args in chain:
-            result = function(*args) if takes_args else function()
-            if firstresult and result is not None:
-                return result
-        return None
-
-    return call
-
-
-def _defining_class(plugin: Any, function: Any) -> type | None:
-    """The class in ``plugin``'s MRO whose own body defines ``function``."""
-    classes = plugin.__mro__ if inspect.isclass(plugin) else type(plugin).__mro__
-    for cls in classes:
-        for value in vars(cls).values():
-            if inspect.unwrap(getattr(value, "__func__", value)) is function:
-                return cls
-    return None
-
-
-def _signature(function: Any) -> str:
-    try:
-        return str(inspect.signature(function))
-    except (TypeError, ValueError):
-        return "(...)"

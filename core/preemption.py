@@ -12,9 +12,9 @@ from typing import TYPE_CHECKING
 
 from kvsched.core.config import PreemptionMode
 from kvsched.core.decisions import Decision, Preempted, Preemption, held_problem
-from kvsched.core.errors import quote
 from kvsched.core.sequence import SequenceStatus
 from kvsched.core.view import GroupView, group_of
+from kvsched.errors import quote
 
 if TYPE_CHECKING:
     from kvsched.core.sequence import SequenceGroup

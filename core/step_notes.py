@@ -12,7 +12,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING
 
 from kvsched.core.decisions import Decision, Held, Outcome, Refused, held_problem
-from kvsched.core.errors import quote
+from kvsched.errors import quote
 
 if TYPE_CHECKING:
     from kvsched.core.sequence import SequenceGroup

@@ -14,13 +14,13 @@ from typing import TYPE_CHECKING
 from kvsched.allocators.alloc_status import AllocStatus
 from kvsched.core.config import PreemptionMode
 from kvsched.core.decisions import Decision, Ignored, Outcome, Prefill, SwappedIn
-from kvsched.core.errors import quote
 from kvsched.core.outputs import ScheduledGroup, SchedulerOutput
 from kvsched.core.preemption import Preemptions, out_of_lane
 from kvsched.core.sequence import SequenceStatus
 from kvsched.core.step import StepBuilder
 from kvsched.core.step_notes import DecisionNotes
 from kvsched.core.view import GroupView, forget, group_of
+from kvsched.errors import quote
 
 if TYPE_CHECKING:
     from kvsched.core.plugins import PolicyHooks

@@ -20,7 +20,7 @@ from weakref import ref
 
 from pydantic import BaseModel
 
-from kvsched.core.errors import quote
+from kvsched.errors import quote
 
 if TYPE_CHECKING:
     from kvsched.allocators.alloc_status import AllocStatus

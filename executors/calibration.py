@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
 
-from kvsched.core.errors import KvschedError, quote
 from kvsched.core.request import MAX_TOKENS
+from kvsched.errors import KvschedError, quote
 from kvsched.executors.cost_model import MAX_MS, CostProfile
 from kvsched.userfiles.reader import text_lines
 

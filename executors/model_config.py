@@ -17,7 +17,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from kvsched.core.errors import quote
+from kvsched.errors import quote
 from kvsched.userfiles.reader import FileError, read_json
 
 DENSE = frozenset(

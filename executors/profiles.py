@@ -7,7 +7,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from kvsched.core.errors import KvschedError
+from kvsched.errors import KvschedError
 from kvsched.executors.cost_model import PROFILES, CostProfile, StepCost
 from kvsched.executors.hardware import Hardware, load_hardware
 from kvsched.executors.model_config import ModelShape, load_model_shape

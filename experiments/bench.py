@@ -19,8 +19,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvsched.core.errors import error_text, quote, shorten
 from kvsched.core.request import LABELS, Request
+from kvsched.errors import error_text, quote, shorten
 from kvsched.metrics.requests import RequestMetrics
 
 VOCAB_START, VOCAB_SPAN = 1000, 30000  # token ids sent for length-only prompts: ordinary words in most vocabularies

@@ -132,9 +132,9 @@ def plan(
 ) -> tuple[dict[str, list[int]], dict[str, dict]]:
     """Check every policy, workload and the profile, and find each workload's seeds (one where the seed
     does not change its requests), before anything runs."""
-    from kvsched.core.loading import load_policy
     from kvsched.executors.profiles import resolve_profile
     from kvsched.experiments.compare import seed_workloads
+    from kvsched.plugins.discovery import load_policy
     from kvsched.workloads import build_workload
 
     texts = [p.text for p in policies]

@@ -16,7 +16,7 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-from kvsched.core.errors import error_text, shorten
+from kvsched.errors import error_text, shorten
 
 LOCAL = "local"  # the address that means "start a Ray of our own on this machine"
 

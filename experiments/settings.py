@@ -21,8 +21,8 @@ from __future__ import annotations
 from typing import Any
 
 from kvsched.core.config import EngineConfig
-from kvsched.core.loading import engine_defaults, policy_attribute
 from kvsched.executors.cost_model import StepCost
+from kvsched.plugins.identity import engine_defaults, policy_attribute
 
 V0_MIN_BATCHED_TOKENS = 2048
 POLICY = "the policy"  # a setting filled from the policy's engine_defaults  # vLLM v0: max_num_batched_tokens = max(max_model_len, 2048) without chunked prefill

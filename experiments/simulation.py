@@ -23,7 +23,6 @@ from typing import Any
 
 from kvsched.core.config import EngineConfig
 from kvsched.core.engine import Engine
-from kvsched.core.loading import load_policy
 from kvsched.core.report import StepReport
 from kvsched.core.request import Request
 from kvsched.executors.profiles import resolve_profile
@@ -37,6 +36,7 @@ from kvsched.metrics.lifecycle import run_reports
 from kvsched.metrics.records import RequestLog, RequestTable
 from kvsched.metrics.requests import RequestMetrics, summarize
 from kvsched.metrics.timeseries import TimeSeriesRecorder
+from kvsched.plugins.discovery import load_policy
 
 Observer = Callable[[StepReport], None]
 

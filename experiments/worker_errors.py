@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import pickle
 
-from kvsched.core.errors import KvschedError, error_text
+from kvsched.errors import KvschedError, error_text
 
 
 class WorkerError(KvschedError):

@@ -14,9 +14,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from kvsched.core.loading import policy_attribute
 from kvsched.core.sequence import SequenceStatus
 from kvsched.metrics.warnings import run_warnings
+from kvsched.plugins.identity import policy_attribute
 
 if TYPE_CHECKING:
     from kvsched.core.engine import Engine

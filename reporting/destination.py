@@ -30,7 +30,7 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from kvsched.core.errors import KvschedError
+from kvsched.errors import KvschedError
 
 # inference-perf's report files (an inference-perf workload's run): the summary and one per load stage
 LIFECYCLE_FILES = ("summary_lifecycle_metrics.json", *(f"stage_{i}_lifecycle_metrics.json" for i in range(100)))

@@ -12,7 +12,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kvsched.core.errors import quote
+from kvsched.errors import quote
 from kvsched.metrics.records import RequestTable, record_rows
 from kvsched.metrics.requests import FIELDS, RequestMetrics
 from kvsched.reporting.destination import COMPARE_FILES, FLEET_FILES, SWEEP_FILES, publishing_file, publishing_folder

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kvsched.core.errors import quote
+from kvsched.errors import quote
 from kvsched.userfiles.reader import FileError, read_json, text_lines
 
 if TYPE_CHECKING:

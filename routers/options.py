@@ -7,8 +7,8 @@ from __future__ import annotations
 import math
 
 from kvsched.core.config import MAX_BLOCKS
-from kvsched.core.errors import quote
 from kvsched.core.request import MAX_INT64, MAX_TOKENS
+from kvsched.errors import quote
 
 
 def integer(name: str, value: object, low: int, high: int) -> int:

@@ -1,6 +1,6 @@
 """Finding, loading and calling routers (entry-point group ``kvsched.routers``).
 
-A router is loaded by the policies' own loading (``core/loading.py``, plugins of kind ``router``):
+A router is loaded by the plugin layer policies are loaded by (``kvsched/plugins/``, plugins of kind ``router``):
 whatever its import, attributes, constructor or hook markers raise, SystemExit included, is one
 ``RouterError`` naming it and where it comes from, and a name that two distributions register is
 refused until one is chosen as ``DIST:NAME``. ``RouterHooks`` calls it with its own plugin manager
@@ -19,24 +19,20 @@ from typing import Any
 
 import pluggy
 
-from kvsched.core.boundary import call_hook, exception_text
 from kvsched.core.decisions import held_problem
-from kvsched.core.errors import PolicyError, UnknownPolicyError, quote
-from kvsched.core.loading import (
+from kvsched.errors import PolicyError, UnknownPolicyError, quote
+from kvsched.plugins.boundary import call_hook, exception_text, guarded
+from kvsched.plugins.discovery import (
     GROUPS,
     PolicyInfo,
     available_policies,
-    checked_options,
-    describe,
-    guarded,
-    identity,
     installed_policies,
-    instantiate,
     load_policy,
-    policy_attribute,
     resolve_plugin,
 )
-from kvsched.core.plugins import dispatch
+from kvsched.plugins.hooks import dispatch
+from kvsched.plugins.identity import describe, identity, policy_attribute
+from kvsched.plugins.options import checked_options, instantiate
 from kvsched.routers import hookspecs, view
 from kvsched.routers.view import Route, RoutingCall, chosen
 

@@ -17,9 +17,9 @@ from __future__ import annotations
 from itertools import count
 from typing import TYPE_CHECKING, NamedTuple
 
-from kvsched.core.errors import quote
 from kvsched.core.request import Request
 from kvsched.core.view import UNKNOWABLE, frozen, hidden_slot
+from kvsched.errors import quote
 
 if TYPE_CHECKING:
     from collections.abc import Sequence

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import random
 
-from kvsched.core.errors import quote
+from kvsched.errors import quote
 from kvsched.routers import options
 from kvsched.routers.choice import draw
 from kvsched.routers.hookspecs import hookimpl

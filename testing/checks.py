@@ -16,7 +16,7 @@ from hypothesis.errors import Unsatisfiable
 from hypothesis.reporting import with_reporter
 from hypothesis.stateful import run_state_machine_as_test
 
-from kvsched.core.errors import shorten
+from kvsched.errors import shorten
 from kvsched.testing import invariants as inv
 from kvsched.testing.claims import (
     BOUNDED_PREEMPTION,
@@ -72,7 +72,7 @@ def counterexample(exc: BaseException) -> str:
 def _loaded(policy: Any) -> Any:
     """An installed policy's object from its name, so that its declared claims can be read."""
     if isinstance(policy, str):
-        from kvsched.core.loading import load_policy
+        from kvsched.plugins.discovery import load_policy
 
         return load_policy(policy)
     return policy

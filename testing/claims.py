@@ -29,7 +29,7 @@ def declared_claims(policy: Any) -> frozenset[str]:
     raises on unknown names."""
     import inspect
 
-    from kvsched.core.loading import policy_attribute  # a raising property is the policy's error, named
+    from kvsched.plugins.identity import policy_attribute  # a raising property is the policy's error, named
 
     cls = policy if inspect.isclass(policy) else None if inspect.ismodule(policy) else type(policy)
     own = cls is None or "claims" in vars(cls) or "claims" in getattr(policy, "__dict__", {})
@@ -45,7 +45,7 @@ def declared_claims(policy: Any) -> frozenset[str]:
 
 def preemption_bound(policy: Any) -> int:
     """The ``max_preemptions_per_request`` a policy claiming ``bounded-preemption`` states (a whole number >= 0)."""
-    from kvsched.core.loading import policy_attribute
+    from kvsched.plugins.identity import policy_attribute
 
     bound = policy_attribute(policy, "max_preemptions_per_request", None)
     if type(bound) is not int or bound < 0:

@@ -12,7 +12,7 @@ from collections import Counter
 from typing import TYPE_CHECKING
 
 from kvsched.cluster.records import FIELDS
-from kvsched.core.errors import AuditError
+from kvsched.errors import AuditError
 from kvsched.testing.invariants import InvariantViolation
 
 if TYPE_CHECKING:

@@ -18,12 +18,12 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 
 from kvsched.core.decisions import Preemption
 from kvsched.core.engine import Engine
-from kvsched.core.errors import AuditError, PolicyError, shorten
 from kvsched.core.hookspecs import hookimpl
-from kvsched.core.loading import load_policy
 from kvsched.core.sequence import SequenceStatus
 from kvsched.core.view import frozen
+from kvsched.errors import AuditError, PolicyError, shorten
 from kvsched.executors.simulated import SimulatedExecutor
+from kvsched.plugins.discovery import load_policy
 from kvsched.testing import invariants as inv
 from kvsched.testing.claims import PRIORITY_PREEMPTION, declared_claims
 from kvsched.testing.strategies import engine_configs, request_specs

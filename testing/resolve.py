@@ -1,10 +1,10 @@
-"""Turn what a user typed after ``--policy`` into a policy object (``kvsched.core.loading.load_policy``)."""
+"""Turn what a user typed after ``--policy`` into a policy object (``kvsched.plugins.discovery.load_policy``)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from kvsched.core.loading import load_policy, policy_name
+from kvsched.plugins.discovery import load_policy, policy_name
 
 
 def resolve_policy(spec: str) -> tuple[str, Any]:

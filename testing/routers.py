@@ -23,8 +23,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.errors import FlakyFailure
 
-from kvsched.core.errors import PolicyError, shorten
 from kvsched.core.request import Request, SamplingParams
+from kvsched.errors import PolicyError, shorten
 from kvsched.testing.checks import (
     FAIL,
     NOT_CLAIMED,

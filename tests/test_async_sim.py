@@ -11,10 +11,10 @@ from hypothesis.stateful import initialize, run_state_machine_as_test
 from kvsched import Engine, EngineConfig, Request, SamplingParams
 from kvsched.core.async_lag import VLLM_V1_SCHEDULER_MS, VLLM_V1_SCHEDULER_REQUEST_MS, AsyncLag
 from kvsched.core.completion import Completion
-from kvsched.core.loading import BUILTIN_DISTRIBUTION, installed_policies
 from kvsched.core.view import group_of
 from kvsched.executors.cost_model import CostProfile
 from kvsched.executors.simulated import SimulatedExecutor
+from kvsched.plugins.discovery import BUILTIN_DISTRIBUTION, installed_policies
 from kvsched.testing.machine import PolicyMachine
 from kvsched.testing.strategies import engine_configs
 

@@ -24,9 +24,9 @@ from pydantic import ValidationError
 
 from kvsched.core.config import EngineConfig, PreemptionMode
 from kvsched.core.engine import Engine
-from kvsched.core.errors import PolicyError, error_text, quote
 from kvsched.core.hookspecs import hookimpl
 from kvsched.core.request import MAX_TOKENS, Request, SamplingParams
+from kvsched.errors import PolicyError, error_text, quote
 from kvsched.executors.calibration import CalibrationError, StepRecord, fit_profile
 from kvsched.executors.cost_model import LLAMA2_7B_A100, CostProfile
 from kvsched.executors.simulated import SimulatedExecutor

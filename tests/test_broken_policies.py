@@ -6,8 +6,8 @@ import broken_policies as bp
 import pytest
 
 from kvsched import Engine, EngineConfig, SimulatedExecutor
-from kvsched.core.errors import PolicyError
 from kvsched.core.request import Request, SamplingParams
+from kvsched.errors import PolicyError
 from kvsched.testing.checks import FAIL, PASS, check_machine, check_starvation
 
 

@@ -6,8 +6,8 @@ import pytest
 from helpers import ids, req, unit_engine
 
 from kvsched import Engine, EngineConfig, PolicyError, SimulatedExecutor
-from kvsched.core.loading import available_policies
 from kvsched.core.request import Request, SamplingParams
+from kvsched.plugins.discovery import available_policies
 from kvsched.policies.length_predictors import (
     BucketedPredictor,
     HistoryPredictor,

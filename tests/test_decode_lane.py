@@ -16,9 +16,9 @@ from hypothesis import strategies as st
 from kvsched import Engine, EngineConfig
 from kvsched.core.config import PreemptionMode
 from kvsched.core.decisions import Outcome
-from kvsched.core.errors import PolicyError
 from kvsched.core.hookspecs import hookimpl
 from kvsched.core.request import Request, SamplingParams
+from kvsched.errors import PolicyError
 from kvsched.executors.simulated import EOS, SimulatedExecutor
 from kvsched.policies.continuous import decode_then_resume
 from kvsched.policies.vllm_default import VllmDefault

@@ -162,7 +162,7 @@ def test_a_preemption_reason_must_be_a_line_of_text():
     from helpers import req, unit_engine
 
     from kvsched import Preemption, PreemptionMode, hookimpl
-    from kvsched.core.errors import PolicyError
+    from kvsched.errors import PolicyError
     from kvsched.policies.vllm_v1 import VllmV1
 
     class Mumbles(VllmV1):

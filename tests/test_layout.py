@@ -16,20 +16,22 @@ ROOT = Path(__file__).resolve().parents[1]
 MAY_IMPORT = {
     "allocators": set(),
     "kernels": set(),
-    "core": {"allocators"},
+    "plugins": set(),
+    "core": {"allocators", "plugins"},
     "userfiles": {"core"},
     "policies": {"core", "allocators"},
     "executors": {"core", "allocators", "kernels", "userfiles"},
     "workloads": {"core", "userfiles"},
-    "metrics": {"core", "userfiles"},
-    "experiments": {"core", "executors", "metrics", "workloads", "userfiles"},
+    "metrics": {"core", "plugins", "userfiles"},
+    "experiments": {"core", "plugins", "executors", "metrics", "workloads", "userfiles"},
     "reporting": {"core", "metrics", "experiments", "userfiles"},
-    "testing": {"core", "allocators", "executors", "policies", "cluster"},
+    "testing": {"core", "plugins", "allocators", "executors", "policies", "cluster"},
     "integrations": {"core", "allocators", "policies", "routers"},
-    "routers": {"core", "allocators"},
-    "cluster": {"core", "executors", "experiments", "metrics", "routers", "userfiles"},
+    "routers": {"core", "plugins", "allocators"},
+    "cluster": {"core", "plugins", "executors", "experiments", "metrics", "routers", "userfiles"},
     "cli": {
         "core",
+        "plugins",
         "allocators",
         "executors",
         "workloads",
@@ -44,6 +46,8 @@ MAY_IMPORT = {
         "userfiles",
     },
 }
+# Root modules, not packages: every package may import them, and they import no kvsched package.
+ROOT_MODULES = {"errors"}
 HEAVY = {"typer", "rich", "matplotlib", "pandas", "pyarrow", "torch", "numpy"}
 
 
@@ -82,7 +86,7 @@ def test_the_map_in_the_docs_is_this_map():
 
 @pytest.mark.parametrize("package", [p for p in MAY_IMPORT if (ROOT / p).is_dir()])
 def test_dependencies_point_one_way(package):
-    allowed = MAY_IMPORT[package] | {package}
+    allowed = MAY_IMPORT[package] | {package} | ROOT_MODULES
     wrong = []
     for path in _modules(package):
         for name in _imports(path):
@@ -90,6 +94,14 @@ def test_dependencies_point_one_way(package):
             if parts[0] == "kvsched" and len(parts) > 1 and parts[1] not in allowed:
                 wrong.append(f"{path.relative_to(ROOT)} imports {name}")
     assert not wrong, "\n".join(wrong)
+
+
+@pytest.mark.parametrize("module", sorted(ROOT_MODULES))
+def test_root_modules_import_no_kvsched_package(module):
+    """A root module (``kvsched.errors``) sits below every package that imports it, so it imports none of them."""
+    path = ROOT / f"{module}.py"
+    wrong = [name for name in _imports(path) if name == "kvsched" or name.startswith("kvsched.")]
+    assert path.is_file() and not wrong, f"{module}.py imports {sorted(wrong)}"
 
 
 def test_the_core_is_small_and_light():
@@ -122,8 +134,10 @@ def test_the_core_is_small_and_light():
     # calls and conditions one part a line where they pass 120 columns); the modules it pushed past 400 lines were
     # split along their seams (core/preemption.py out of step_state.py, core/boundary.py out of loading.py: +29 of
     # docstrings and imports), to 3,450. What a policy's hook call catches at that boundary, named (POLICY_CAUGHT: a
-    # BaseException of the plugin's own escapes, as the vLLM integration expects), to 3,453.
-    assert lines <= 3453, f"core/ has {lines} non-blank lines (about 2,000 was the aim, 3,453 is the limit)"
+    # BaseException of the plugin's own escapes, as the vLLM integration expects), to 3,453. Its one plugin layer
+    # then left the core, which it serves but is not (-493): finding, loading and calling a plugin, policy or router,
+    # is plugins/, below the core, and the errors every package raises are the root module kvsched.errors, to 2,960.
+    assert lines <= 2960, f"core/ has {lines} non-blank lines (about 2,000 was the aim, 2,960 is the limit)"
 
 
 def test_no_module_is_over_400_lines():

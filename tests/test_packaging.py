@@ -29,8 +29,9 @@ def test_packages_list_matches_folders():
 
 def test_no_stray_root_modules():
     """A root *.py is installed as kvsched.<name> (conftest.py especially would be): only the
-    package's own and ``kvsched.rfc51608``, the RFC #51608 adapter, meant to be imported so."""
-    assert sorted(p.name for p in ROOT.glob("*.py")) == ["__init__.py", "rfc51608.py"]
+    package's own, ``kvsched.errors`` (the errors every package raises) and ``kvsched.rfc51608``, the RFC #51608
+    adapter, meant to be imported so."""
+    assert sorted(p.name for p in ROOT.glob("*.py")) == ["__init__.py", "errors.py", "rfc51608.py"]
 
 
 def test_no_tests_package():

@@ -17,8 +17,8 @@ import pytest
 from plugin_dists import engine, make_dist
 
 from kvsched.cluster import Cluster, FleetSpec, ReplicaGroup
-from kvsched.core.loading import AmbiguousPolicyError
 from kvsched.core.request import Request
+from kvsched.plugins.discovery import AmbiguousPolicyError
 from kvsched.routers import RouterError, UnknownRouterError, hookimpl
 from kvsched.routers.plugins import RouterHooks, available_routers, load_router
 

@@ -16,8 +16,8 @@ from types import SimpleNamespace
 import pytest
 
 from kvsched.cluster import Cluster, FleetSpec, ReplicaGroup
-from kvsched.core import loading
 from kvsched.core.request import Request, SamplingParams
+from kvsched.plugins import discovery
 from kvsched.routers import RouterError, UnknownRouterError, hookimpl, plugins
 from kvsched.routers.balance import LeastOutstanding, PowerOfTwo, RoundRobin, VllmDp
 from kvsched.routers.plugins import RouterHooks, available_routers, load_router
@@ -53,14 +53,14 @@ def registered(monkeypatch):
     """The built-in routers by name: from the installed metadata, or, in a checkout installed before
     they were declared, from pyproject.toml's declaration (the same entry points)."""
     if set(BUILT_INS) - set(available_routers()):
-        declared, installed = _declared(), loading.entry_points
+        declared, installed = _declared(), discovery.entry_points
 
         def entry_points(group, name=None):
             if group != plugins.ENTRY_POINT_GROUP:
                 return installed(group=group) if name is None else installed(group=group, name=name)
             return EntryPoints(ep for ep in declared if name is None or ep.name == name)
 
-        monkeypatch.setattr(loading, "entry_points", entry_points)
+        monkeypatch.setattr(discovery, "entry_points", entry_points)
 
 
 def req(rid: str, tokens=None, prompt_len: int = 40, output_len: int = 8, arrival: float = 0.0) -> Request:

@@ -19,9 +19,9 @@ from hypothesis import strategies as st
 from kvsched import Engine, EngineConfig
 from kvsched.allocators.alloc_status import AllocStatus
 from kvsched.core.decisions import Outcome
-from kvsched.core.errors import PolicyError
 from kvsched.core.hookspecs import hookimpl
 from kvsched.core.request import Request, SamplingParams
+from kvsched.errors import PolicyError
 from kvsched.executors.simulated import SimulatedExecutor
 from kvsched.policies.continuous import ContinuousBatching
 

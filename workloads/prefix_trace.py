@@ -23,8 +23,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from kvsched.core.errors import quote
 from kvsched.core.request import MAX_INT64, MAX_TOKENS, BlockPrompt, Request, SamplingParams
+from kvsched.errors import quote
 from kvsched.userfiles.reader import text_lines
 from kvsched.workloads.caps import CapModel, Capper, FixedCap
 from kvsched.workloads.errors import MAX_PROMPT_IDS, MAX_REQUESTS, WorkloadError

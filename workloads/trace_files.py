@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
-from kvsched.core.errors import quote
 from kvsched.core.request import MAX_TOKENS
+from kvsched.errors import quote
 from kvsched.userfiles.reader import text_lines
 from kvsched.workloads.errors import WorkloadError
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import re
 
-from kvsched.core.errors import PolicyError
+from kvsched.errors import PolicyError
 
 logger = logging.getLogger("kvsched.integrations.vllm")
 

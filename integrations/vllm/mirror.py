@@ -17,10 +17,10 @@ from pydantic import ValidationError
 
 from kvsched.core.config import EngineConfig
 from kvsched.core.engine import Engine
-from kvsched.core.errors import KvschedError, quote
 from kvsched.core.executor import StepResult
 from kvsched.core.request import LABELS, Request, SamplingParams
 from kvsched.core.sequence import SequenceStatus
+from kvsched.errors import KvschedError, quote
 from kvsched.integrations.vllm.inflight import PLACEHOLDER, V1_IN_FLIGHT, num_placeholders
 
 if TYPE_CHECKING:

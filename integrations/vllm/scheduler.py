@@ -28,8 +28,8 @@ from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.engine import EngineCoreOutput, EngineCoreOutputs, FinishReason
 from vllm.v1.request import RequestStatus
 
-from kvsched.core.errors import KvschedError, PolicyError
 from kvsched.core.plugins import PolicyHooks
+from kvsched.errors import KvschedError, PolicyError
 from kvsched.integrations.vllm.faults import PolicyFaults
 from kvsched.integrations.vllm.mirror import Mirror, mirror_config
 from kvsched.integrations.vllm.realize import MirrorDrift, grammar_compiled, installed_release, realize

@@ -15,12 +15,15 @@ from typing import Any
 
 import pluggy
 
-from kvsched import allocators
-from kvsched.core import hookspecs
-from kvsched.core.errors import PolicyError, error_text, type_name
+from kvsched.errors import PolicyError, error_text, type_name
 
-# Frames in these files are the engine's, pluggy's or Python's own, never a plugin's.
-_ENGINE_FILES = tuple(os.path.dirname(m.__file__) + os.sep for m in (pluggy, hookspecs, allocators))
+# Frames in these files are the engine's (the core, the allocators, this layer), pluggy's or Python's own, never a
+# plugin's. The engine's packages are named by their folders: this layer sits below the core and imports none of it.
+_KVSCHED = os.path.dirname(os.path.dirname(__file__))
+_ENGINE_FILES = (
+    os.path.dirname(pluggy.__file__) + os.sep,
+    *(os.path.join(_KVSCHED, package) + os.sep for package in ("core", "allocators", "plugins")),
+)
 _STDLIB, _SITE = sysconfig.get_paths()["stdlib"], (sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"])
 
 
@@ -46,6 +49,19 @@ def call_hook(hook, args: tuple, first, failure, own: type[PolicyError] = Policy
     if refused is not None:
         raise refused
     return result
+
+
+def guarded(who: str, origin: str, doing: str, call, *args, **kwargs) -> Any:
+    """``call(*args, **kwargs)``: plugin code. Anything it raises but KeyboardInterrupt (SystemExit,
+    GeneratorExit, a PolicyError of its own too) becomes one ``PolicyError`` naming the plugin
+    (``who``, from ``origin``), what failed (``doing``) and the plugin's line."""
+    failure = lambda exc: PolicyError(who, f"{doing}: {exception_text(exc)}{from_origin(origin)}")  # noqa: E731
+    return call_hook(lambda: call(*args, **kwargs), (), lambda: None, failure, ())
+
+
+def from_origin(origin: str) -> str:
+    """`` (from ORIGIN)`` at the end of a message about a plugin, where it is known where the plugin comes from."""
+    return f" (from {origin})" if origin else ""
 
 
 def exception_text(exc: BaseException, skip: tuple[str, ...] = ()) -> str:
