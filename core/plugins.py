@@ -11,10 +11,10 @@ import pluggy
 from kvsched.core import hookspecs
 from kvsched.core.defaults import CoreDefaults
 from kvsched.errors import PolicyError, error_text, quote
-from kvsched.plugins.boundary import POLICY_CAUGHT, call_hook, guarded, plugin_line
+from kvsched.plugins.boundary import POLICY_CAUGHT, call_hook, plugin_line
 from kvsched.plugins.discovery import BUILTIN_DISTRIBUTION, load_policy, resolve_plugin
-from kvsched.plugins.hooks import dispatch, invalid_plugin
-from kvsched.plugins.identity import engine_defaults, identity, policy_attribute
+from kvsched.plugins.hooks import dispatch, invalid_plugin, register
+from kvsched.plugins.identity import engine_defaults, policy_attribute
 from kvsched.plugins.options import checked_options, instantiate
 
 DEFAULT_POLICY = "vllm-default"
@@ -44,12 +44,12 @@ class PolicyHooks:
         self.pm.register(CoreDefaults(), name="kvsched-core-defaults")
         self._observers = [f"{type(o).__name__}-{i}" for i, o in enumerate(observers)]
         for plugin, name in ((self.policy, self.name), *zip(observers, self._observers)):
-            self._register(plugin, name)
+            register(self.pm, plugin, name, self._invalid)
         try:
             self.pm.check_pending()
         except pluggy.PluginValidationError as exc:
             name = self.name if exc.plugin is self.policy else self._observer_name(exc.plugin)
-            raise invalid_plugin(self.pm, exc, exc.plugin, name, HOOKS, self._chosen_by_name) from exc
+            raise self._invalid(exc, exc.plugin, name) from exc
         if not self.pm.get_hookcallers(self.policy):
             raise PolicyError(
                 self.name,
@@ -77,22 +77,11 @@ class PolicyHooks:
         self._first_error: PolicyError | None = None
         self._first = lambda: self._first_error  # the hook call's first refusal (call_hook)
 
-    def _register(self, plugin: Any, name: str) -> None:
-        """Register ``plugin``: pluggy reads its attributes and markers (plugin code) and checks each
-        hook implementation's signature; what fails names the plugin, or the class at fault."""
-        _, origin = identity(plugin, name)
-        try:
-            guarded(name, origin, "registering it fails", self.pm.register, plugin, name=name)
-        except PolicyError as exc:
-            cause = exc.__cause__
-            if isinstance(cause, pluggy.PluginValidationError):
-                raise invalid_plugin(self.pm, cause, plugin, name, HOOKS, self._chosen_by_name) from cause
-            if isinstance(cause, ValueError) and "already registered" in str(cause):
-                raise PolicyError(name, f"invalid plugin: {cause}") from cause
-            raise
-
     def _observer_name(self, plugin: Any) -> str:
         return next((n for n in self._observers if self.pm.get_plugin(n) is plugin), type(plugin).__name__)
+
+    def _invalid(self, exc: pluggy.PluginValidationError, plugin: Any, name: str) -> PolicyError:
+        return invalid_plugin(self.pm, exc, plugin, name, HOOKS, self._chosen_by_name)
 
     def configure(self, config):
         """``config`` with the policy's ``engine_defaults`` (the settings it is meant to run with, such

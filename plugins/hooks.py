@@ -1,5 +1,6 @@
-"""A plugin's hooks on pluggy, for policies and routers alike: each hook as a plain call of its implementations
-(``dispatch``), and pluggy's complaint about an implementation as one line naming the function and its line."""
+"""A plugin's hooks on pluggy, for policies and routers alike: its registration, each hook as a plain call of its
+implementations (``dispatch``), and pluggy's complaint about an implementation as one line naming the function and
+its line."""
 
 from __future__ import annotations
 
@@ -11,7 +12,23 @@ from typing import Any
 import pluggy
 
 from kvsched.errors import PolicyError
-from kvsched.plugins.identity import own_name
+from kvsched.plugins.boundary import guarded
+from kvsched.plugins.identity import identity, own_name
+
+
+def register(pm: pluggy.PluginManager, plugin: Any, name: str, invalid) -> None:
+    """Register ``plugin`` as ``name``: pluggy reads its attributes and markers (plugin code) and checks each hook
+    implementation's signature; what fails names the plugin, and pluggy's complaint is ``invalid(complaint, plugin,
+    name)``."""
+    try:
+        guarded(name, identity(plugin, name)[1], "registering it fails", pm.register, plugin, name=name)
+    except PolicyError as exc:
+        cause = exc.__cause__
+        if isinstance(cause, pluggy.PluginValidationError):
+            raise invalid(cause, plugin, name) from cause
+        if isinstance(cause, ValueError) and "already registered" in str(cause):
+            raise PolicyError(name, f"invalid plugin: {cause}") from cause
+        raise
 
 
 def dispatch(caller: pluggy.HookCaller, names: tuple[str, ...], firstresult: bool = True):

@@ -21,7 +21,7 @@ import pluggy
 
 from kvsched.core.decisions import held_problem
 from kvsched.errors import PolicyError, UnknownPolicyError, quote
-from kvsched.plugins.boundary import call_hook, exception_text, guarded
+from kvsched.plugins.boundary import call_hook, exception_text
 from kvsched.plugins.discovery import (
     GROUPS,
     PolicyInfo,
@@ -30,8 +30,8 @@ from kvsched.plugins.discovery import (
     load_policy,
     resolve_plugin,
 )
-from kvsched.plugins.hooks import dispatch
-from kvsched.plugins.identity import describe, identity, policy_attribute
+from kvsched.plugins.hooks import dispatch, register
+from kvsched.plugins.identity import describe, policy_attribute
 from kvsched.plugins.options import checked_options, instantiate
 from kvsched.routers import hookspecs, view
 from kvsched.routers.view import Route, RoutingCall, chosen
@@ -135,17 +135,15 @@ class RouterHooks:
     def _register(self, router: Any) -> None:
         """Register it with pluggy, which reads its attributes and markers (plugin code) and checks
         each hook implementation's signature: what fails names the router."""
-
-        def register() -> None:
-            self.pm.register(router, name=self.name)
-            self.pm.check_pending()
-
+        register(self.pm, router, self.name, self._invalid)
         try:
-            guarded(self.name, identity(router, self.name)[1], "registering it fails", register)
-        except PolicyError as exc:
-            if isinstance(exc.__cause__, pluggy.PluginValidationError):
-                raise RouterError(self.name, "invalid plugin: " + "; ".join(str(exc.__cause__).splitlines())) from None
-            raise
+            self.pm.check_pending()
+        except pluggy.PluginValidationError as exc:
+            raise self._invalid(exc) from None
+
+    def _invalid(self, exc: pluggy.PluginValidationError, *_) -> RouterError:
+        """pluggy's complaint, on one line."""
+        return RouterError(self.name, "invalid plugin: " + "; ".join(str(exc).splitlines()))
 
     def route(
         self, request, replicas: list, now: float, staleness: float, reports_only: bool = False

@@ -135,9 +135,9 @@ def test_the_core_is_small_and_light():
     # split along their seams (core/preemption.py out of step_state.py, core/boundary.py out of loading.py: +29 of
     # docstrings and imports), to 3,450. What a policy's hook call catches at that boundary, named (POLICY_CAUGHT: a
     # BaseException of the plugin's own escapes, as the vLLM integration expects), to 3,453. Its one plugin layer
-    # then left the core, which it serves but is not (-493): finding, loading and calling a plugin, policy or router,
-    # is plugins/, below the core, and the errors every package raises are the root module kvsched.errors, to 2,960.
-    assert lines <= 2960, f"core/ has {lines} non-blank lines (about 2,000 was the aim, 2,960 is the limit)"
+    # then left the core, which it serves but is not (-504): finding, loading and calling a plugin, policy or router,
+    # is plugins/, below the core, and the errors every package raises are the root module kvsched.errors, to 2,949.
+    assert lines <= 2949, f"core/ has {lines} non-blank lines (about 2,000 was the aim, 2,949 is the limit)"
 
 
 def test_no_module_is_over_400_lines():
