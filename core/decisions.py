@@ -122,18 +122,3 @@ class Preemption:
     victim: GroupView
     mode: PreemptionMode | None = None
     reason: str | None = None
-
-
-__all__ = [
-    "Decision",
-    "Held",
-    "Ignored",
-    "Outcome",
-    "Preempted",
-    "Preemption",
-    "PreemptionMode",
-    "Prefill",
-    "Refused",
-    "SwappedIn",
-    "held_problem",
-]
