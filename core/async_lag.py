@@ -70,9 +70,8 @@ class AsyncLag(SchedulerTime):
         if engine.config.num_speculative_tokens:
             raise ValueError("async_scheduling with num_speculative_tokens is not modelled")
         super().__init__(engine)
-        self.pending: dict[
-            int, tuple[Sequence, float]
-        ] = {}  # seq id: (a sequence stopped, when its stop token came out)
+        # seq id: (a sequence stopped, when its stop token came out)
+        self.pending: dict[int, tuple[Sequence, float]] = {}
         self._due: dict[int, tuple[Sequence, float]] = {}  # the previous step's pending, resolved in this step
         self._ends: dict[SequenceGroup, float] = {}
         self.wasted_tokens = 0  # slots computed for a request that had already stopped

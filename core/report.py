@@ -25,6 +25,5 @@ class StepReport(NamedTuple):
     num_swapped: int
     cache: CacheView
     features: StepFeatures | None = None  # P, D, K and blocks moved, as of before the step applied
-    started: float | None = (
-        None  # engine clock as the step was scheduled: requests that arrived by then were in its queues
-    )
+    # The engine clock as the step was scheduled: requests that arrived by then were in its queues.
+    started: float | None = None

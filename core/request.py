@@ -36,11 +36,8 @@ class SamplingParams(BaseModel):
     ignore_eos: bool = False
 
 
-LABELS = (
-    "tenant",
-    "session_id",
-    "slo_class",
-)  # the names a request carries for policies (and clients send vLLM in vllm_xargs)
+# The names a request carries for policies (and clients send vLLM in vllm_xargs).
+LABELS = ("tenant", "session_id", "slo_class")
 
 
 class Request(BaseModel):

@@ -161,9 +161,8 @@ class SequenceGroup:
         self.seqs = [Sequence(first_seq_id, self, prompt)]
         self.status = SequenceStatus.WAITING
         self.finish_detail: str | None = None
-        self.arrival_time = self.last_queued_time = (
-            request.arrival_time
-        )  # the latter moves on at each recompute (Scheduler._commit)
+        # last_queued_time moves on at each recompute (Scheduler._commit)
+        self.arrival_time = self.last_queued_time = request.arrival_time
         # When its structured-output grammar is compiled (None: it has none); inside vLLM the mirror learns it as vLLM does.
         self.grammar_ready_at = (
             None if request.grammar_compile_s is None else request.arrival_time + request.grammar_compile_s
@@ -190,9 +189,8 @@ class SequenceGroup:
         limit = len(prompt) + params.max_tokens
         self.max_seq_tokens = limit if max_seq_len is None else min(limit, max_seq_len)
         self.block_manager = None  # the block manager of the engine it was added to: whose operations may take it
-        self.refused: int | None = (
-            None  # the blocks its last admission lacked (LATER, StepState.admit), if the core counted them
-        )
+        # The blocks its last admission lacked (LATER, StepState.admit), if the core counted them.
+        self.refused: int | None = None
 
     @property
     def is_forked(self) -> bool:

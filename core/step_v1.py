@@ -82,9 +82,8 @@ class V1StepState(StepState):
 
     def admit(self, group, max_tokens: int | None) -> Outcome:
         if type(group) is GroupView and not grammar_ready(group_of(group), self.now):  # V1's WAITING_FOR_..._GRAMMAR
-            self._resolve(
-                group, SequenceStatus.WAITING, "admit"
-            )  # still one of this engine's waiting groups, untouched
+            # still one of this engine's waiting groups, untouched
+            self._resolve(group, SequenceStatus.WAITING, "admit")
             return Outcome.LATER
         load = self._load(group)
         outcome = super().admit(group, max_tokens)
