@@ -23,8 +23,6 @@ if TYPE_CHECKING:
 class Preemptions:
     """The part of ``StepState`` that makes room by preempting (a mixin over its hooks, block manager and batch)."""
 
-    __slots__ = ()
-
     def _make_room(self, g: SequenceGroup) -> bool:
         """Preempt until every unfinished sequence of ``g`` could take a new block (vLLM's worst case): True if ``g``
         itself had to go, False once it can decode."""

@@ -21,8 +21,6 @@ if TYPE_CHECKING:
 class DecisionNotes:
     """The part of ``StepState`` that notes decisions (a mixin over its output, budgets and block manager)."""
 
-    __slots__ = ()
-
     def hold_back(self, reason: str, numbers: dict[str, float]) -> None:
         problem = held_problem(reason, numbers)
         if problem is not None:

@@ -34,32 +34,6 @@ class StepState(Preemptions, DecisionNotes):
     """The step's batch, budgets and touched groups, and the operations of ``StepBuilder`` (each
     noting why it turned a group away, ``core/step_notes.py``)."""
 
-    __slots__ = (
-        "sched",
-        "bm",
-        "hooks",
-        "config",
-        "now",
-        "output",
-        "num_running_seqs",
-        "touched",
-        "max_tokens",
-        "max_seqs",
-        "prompt_limit",
-        "admitted",
-        "swapped_in",
-        "recomputed",
-        "swapped_out",
-        "cached_tokens",
-        "ignore_reasons",
-        "victim_cursor",
-        "open",
-        "step",
-        "lane_call",
-        "refusals",
-        "handed",
-    )
-
     def __init__(self, scheduler: Scheduler, now: float, hooks: PolicyHooks) -> None:
         self.sched = scheduler
         self.bm = scheduler.block_manager

@@ -71,8 +71,6 @@ def remember_drafts(drafting: set[int], output, running: list[SequenceGroup]) ->
 class V1StepState(StepState):
     """One step under V1's block rules (see the module docstring); a policy sees no other difference."""
 
-    __slots__ = ("caching", "drafts", "in_flight")
-
     def __init__(self, scheduler: Scheduler, now: float, hooks: PolicyHooks) -> None:
         super().__init__(scheduler, now, hooks)
         self.prompt_limit = self.config.model_len - 1
