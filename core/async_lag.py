@@ -36,16 +36,12 @@ class SchedulerTime(Completion):
     def __init__(self, engine: Engine) -> None:
         super().__init__(engine)
         config = engine.config
-        on = config.async_scheduling
-        self.hidden = on
-        step_ms = config.scheduler_ms if config.scheduler_ms is not None else VLLM_V1_SCHEDULER_MS if on else 0.0
-        request_ms = (
-            config.scheduler_request_ms
-            if config.scheduler_request_ms is not None
-            else VLLM_V1_SCHEDULER_REQUEST_MS
-            if on
-            else 0.0
-        )
+        self.hidden = config.async_scheduling
+        step_ms, request_ms = (VLLM_V1_SCHEDULER_MS, VLLM_V1_SCHEDULER_REQUEST_MS) if self.hidden else (0.0, 0.0)
+        if config.scheduler_ms is not None:
+            step_ms = config.scheduler_ms
+        if config.scheduler_request_ms is not None:
+            request_ms = config.scheduler_request_ms
         self.step_s, self.request_s = step_ms / 1000.0, request_ms / 1000.0
         self.busy_until: float | None = None  # when the last step that ran something ended
 
@@ -83,7 +79,6 @@ class AsyncLag(SchedulerTime):
         self._due, self.pending, self._ends = self.pending, {}, {}
         finished = super().apply(output, tokens, now)
         sched = self.sched
-        ended = []
         for seq, at in self._due.values():  # vLLM delivers an in-flight token to a preempted request too
             group = seq.group
             if seq.status.is_finished:  # aborted meanwhile
@@ -91,12 +86,11 @@ class AsyncLag(SchedulerTime):
             self.stops_unscheduled += 1
             if group.num_unfinished_seqs == 1:
                 sched.abort(group, at, SequenceStatus.FINISHED_STOPPED)
-                ended.append(group)
+                finished.append(group)
             else:  # a forked group goes on without it
                 super().stop_if_done(seq, seq.output[-1])
                 if group.status is SequenceStatus.RUNNING:
                     sched.num_running_seqs -= 1
-        finished += ended
         for group in finished:  # before the engine reports them: a fanned-out parent ends with its last child
             at = self._ends.get(group)
             if at is not None:
