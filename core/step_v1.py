@@ -127,18 +127,13 @@ class V1StepState(StepState):
         return newest
 
     def _run(self, g: SequenceGroup, max_tokens: int | None, op: str, room: bool = False) -> Outcome:
-        if self.in_flight is not None:
-            seqs = g.seqs
-            if len(seqs) == 1 and seqs[0].num_tokens >= g.max_seq_tokens - 1 and self.in_flight(seqs[0]):
+        seqs = g.seqs
+        if (self.in_flight is not None or self.drafts) and len(seqs) == 1:
+            seq = seqs[0]
+            if self.in_flight is not None and seq.num_tokens >= g.max_seq_tokens - 1 and self.in_flight(seq):
                 return Outcome.LATER  # its in-flight step samples its last token: vLLM passes over it
-        if self.drafts:
-            seqs = g.seqs
-            if (
-                len(seqs) == 1
-                and seqs[0].num_tokens - seqs[0].num_computed_tokens == 1
-                and seqs[0].seq_id in self.sched.drafting
-            ):
-                return self._speculate(g, seqs[0], max_tokens)
+            if self.drafts and seq.num_tokens - seq.num_computed_tokens == 1 and seq.seq_id in self.sched.drafting:
+                return self._speculate(g, seq, max_tokens)
         return super()._run(g, max_tokens, op, room)
 
     def _speculate(self, g: SequenceGroup, seq: Sequence, max_tokens: int | None) -> Outcome:
