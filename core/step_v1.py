@@ -195,10 +195,8 @@ class V1StepState(StepState):
         out.kv_tokens_read += seq.num_computed_tokens
         return Outcome.SCHEDULED
 
-    def _make_room(self, g: SequenceGroup, needed: Callable[[], int] | None = None) -> bool:
+    def _make_room(self, g: SequenceGroup, needed: Callable[[], int]) -> bool:
         """Preempt until the blocks ``g`` needs now are free; True if ``g`` itself had to go."""
-        if needed is None:
-            needed = lambda: self.bm.blocks_to_append(g)  # noqa: E731
         while needed() > self.bm.gpu.num_free:
             victim, mode, reason = self._choose_victim(g)
             self._preempt(victim, mode, g, reason)
