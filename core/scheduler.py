@@ -46,17 +46,14 @@ class Scheduler:
         self.hooks = hooks
         self.block_manager = mechanics.block_manager(config)
         self.mechanics = mechanics
-        if config.kv_offloading_blocks and not mechanics.offloads:
-            raise ValueError(
-                f"kv_offloading_blocks needs V1 mechanics (vllm_engine v1, as vllm-v1 sets), not {mechanics.name}"
-            )
-        self.offloading = (
-            Offloading(
-                self.block_manager, config.kv_offloading_blocks, config.kv_offloading_policy, config.offload_prompt_only
-            )
-            if config.kv_offloading_blocks
-            else None
-        )
+        self.offloading = None
+        if config.kv_offloading_blocks:
+            if not mechanics.offloads:
+                raise ValueError(
+                    f"kv_offloading_blocks needs V1 mechanics (vllm_engine v1, as vllm-v1 sets), not {mechanics.name}"
+                )
+            blocks, policy = config.kv_offloading_blocks, config.kv_offloading_policy
+            self.offloading = Offloading(self.block_manager, blocks, policy, config.offload_prompt_only)
         # Speculative decoding: the sequences that sampled the last time they ran, and were not preempted since:
         # the drafter gave them draft tokens for their next step (core/step_v1.py remember_drafts).
         self.drafting: set[int] | None = set() if mechanics.drafts and config.num_speculative_tokens else None

@@ -110,13 +110,8 @@ class StepState(Preemptions, DecisionNotes):
         tokens = self._admitted_tokens(g, cached, chunk)
         if status is AllocStatus.LATER:  # g.refused: what can_allocate counted, for the scheduler to prove again
             needed = self.bm.blocks_to_allocate(g, tokens)
-            g.refused = (
-                None
-                if self.hooks.decides_admission or self.bm.enable_prefix_caching
-                else needed
-                if tokens is None
-                else self.bm.blocks_to_allocate(g)
-            )
+            counted = not (self.hooks.decides_admission or self.bm.enable_prefix_caching)
+            g.refused = (needed if tokens is None else self.bm.blocks_to_allocate(g)) if counted else None
             return self._no_blocks(g, needed)
         if self._over_budget(g, chunk):
             return Outcome.BUDGET
