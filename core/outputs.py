@@ -79,7 +79,7 @@ class ScheduledGroup:
         samples: ``n`` for the prompt of a group not yet forked (the engine forks one sequence per extra token), else one.
         Like ``seq_chunks``, call it before the engine applies the step; a decode with draft tokens (V1 speculative
         decoding) computes past its tokens and samples too: one token rejects every draft, 1 + a accepts a of them."""
-        samples = 1 if self.group.is_forked else self.group.n
+        samples = self.group.n if len(self.group.seqs) == 1 else 1  # one sequence: unforked, or n is 1
         return [(seq, samples) for seq, n in self.seq_chunks() if seq.num_computed_tokens + n >= seq.num_tokens]
 
     def __repr__(self) -> str:

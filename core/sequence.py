@@ -192,10 +192,6 @@ class SequenceGroup:
         # The blocks its last admission lacked (LATER, StepState.admit), if the core counted them.
         self.refused: int | None = None
 
-    @property
-    def is_forked(self) -> bool:
-        return self.n == 1 or len(self.seqs) > 1
-
     def unfinished_seqs(self) -> list[Sequence]:
         return [s for s in self.seqs if s.status <= _LAST_ACTIVE]
 
