@@ -232,16 +232,15 @@ class V1StepState(StepState):
         entry = out.scheduled.pop(i)
         running = [s for s in g.seqs if s.status <= _SWAPPED]
         out.num_batched_tokens -= entry.num_tokens
-        if entry.is_prefill:
-            out.prefill_tokens -= entry.num_tokens
-        else:  # one sequence (V1 fans n > 1 out), and its drafts, if any
-            out.decode_seqs -= 1
-            out.prefill_tokens -= entry.num_tokens - 1
         out.kv_tokens_read -= sum(s.num_computed_tokens for s in running)
         if entry.is_prefill:  # the decision log must not say it prefilled: its note goes with it
+            out.prefill_tokens -= entry.num_tokens
             notes, prefill = out.decisions, Decision.PREFILL
             last = max(i for i, n in enumerate(notes) if n.kind is prefill and n.request_id == g.request_id)
             del out.decisions[last]
+        else:  # one sequence (V1 fans n > 1 out), and its drafts, if any
+            out.decode_seqs -= 1
+            out.prefill_tokens -= entry.num_tokens - 1
         held = {b for s in running for b in self.bm.gpu_tables.get(s.seq_id, ())}
         out.blocks_to_copy[:] = [pair for pair in out.blocks_to_copy if pair[1] not in held]
         del self.touched[g]
