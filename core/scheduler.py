@@ -179,11 +179,9 @@ class Scheduler:
         """End every unfinished sequence of ``group`` with ``status`` and free all its blocks."""
         if self.offloading is not None:
             self.offloading.finish(group.request_id, group.seqs[0])
+        _set_status(group, status)
         for s in group.seqs:
-            if not s.status.is_finished:
-                s.status = status
             self.block_manager.free(s)
-        group.status = status
         group.num_unfinished_seqs = 0
         group.finish_time = now
 
