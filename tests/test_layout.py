@@ -137,7 +137,9 @@ def test_the_core_is_small_and_light():
     # BaseException of the plugin's own escapes, as the vLLM integration expects), to 3,453. Its one plugin layer
     # then left the core, which it serves but is not (-504): finding, loading and calling a plugin, policy or router,
     # is plugins/, below the core, and the errors every package raises are the root module kvsched.errors, to 2,949.
-    assert lines <= 2949, f"core/ has {lines} non-blank lines (about 2,000 was the aim, 2,949 is the limit)"
+    # Step 5's deletions in the rest of the core took 76 more (an __all__ nothing read, StepState's slot list,
+    # comments the formatter had wrapped statements around, a default and a property no caller used), to 2,873.
+    assert lines <= 2873, f"core/ has {lines} non-blank lines (about 2,000 was the aim, 2,873 is the limit)"
 
 
 def test_no_module_is_over_400_lines():
