@@ -18,7 +18,7 @@ from kvsched.core.report import StepReport
 from kvsched.core.request import Request
 from kvsched.core.scheduler import Scheduler
 from kvsched.core.sequence import SequenceGroup, SequenceStatus
-from kvsched.core.view import CacheView, GroupMap, OutputView, QueueView
+from kvsched.core.view import CacheView, GroupMap, OutputView, QueueView, let_go
 from kvsched.errors import AuditError, StallError, quote
 
 # A stall: this many steps in a row ran nothing, over this much engine time (a policy may wait, not forever).
@@ -62,9 +62,9 @@ class Engine:
         if attach is not None:  # an executor that reads block tables, or the block size, of this engine
             attach(sched.block_manager)
         self.clock = clock if clock is not None else executor.make_clock()
-        self._max_seq_len = config.max_seq_len
         self._groups: dict[str, SequenceGroup] = {}  # the engine's own; ``groups`` shows them as views
         self.finished: list[SequenceGroup] = []
+        self._reported: list[SequenceGroup] = []  # let go (retired, not retained; taken): shown until the next step
         self.retain_finished = retain_finished
         self.num_requests = 0  # added so far; a group's index
         self.num_steps = 0
@@ -82,7 +82,7 @@ class Engine:
         self.runs = executor.steady_runs(self) if runs and not self.hooks.observes_steps else None  # KnownDurations
         # A request with n > 1 fanned out into n requests (core/fanout.py), or scheduled as one group.
         eos = executor.eos_token_id
-        self.fan_out = FanOut(sched, self.new_seq_id, eos, self._max_seq_len) if mechanics.fans_out else None
+        self.fan_out = FanOut(sched, self.new_seq_id, eos, config.max_seq_len) if mechanics.fans_out else None
         self._idle_steps = 0
         self._idle_since = 0.0
         self._in_flight: SchedulerOutput | None = None  # a step scheduled and not yet completed
@@ -102,7 +102,7 @@ class Engine:
         if request.request_id in self._groups:
             raise ValueError(f"duplicate request id {request.request_id!r}")
         eos = self.executor.eos_token_id
-        group = SequenceGroup(request, self.num_requests, self.new_seq_id(), eos, self._max_seq_len)
+        group = SequenceGroup(request, self.num_requests, self.new_seq_id(), eos, self.config.max_seq_len)
         self._groups[request.request_id] = group
         self.num_requests += 1
         if group.n > 1 and self.fan_out is not None:
@@ -188,10 +188,9 @@ class Engine:
         return self.complete(output, self.executor.execute(output))
 
     def schedule(self, hooks: PolicyHooks | None = None) -> SchedulerOutput:
-        """The first half of ``step``: the policy (or ``hooks``, another one) builds the step, for a
-        caller that runs it elsewhere, as vLLM does."""
-        if self.hooks.in_hook is not None:
-            self._refuse_in_hook("step")
+        """The first half of ``step``: the policy (or ``hooks``, another one) builds the step, run elsewhere (vLLM)."""
+        self._refuse_in_hook("step")
+        let_go(self._reported)  # what the engine let go since its last step: their views show nothing from now on
         self.scheduled_at = self.clock.now()
         self._in_flight = self.scheduler.schedule(self.scheduled_at, hooks)
         return self._in_flight
@@ -244,6 +243,7 @@ class Engine:
         finished, self.finished = self.finished, []
         for group in finished:
             del self._groups[group.request_id]
+        self._reported += finished  # their views show them until the next step
         return finished
 
     def complete(self, output: SchedulerOutput, result: StepResult) -> StepReport:
@@ -298,9 +298,10 @@ class Engine:
     def _retire(self, groups: list[SequenceGroup]) -> None:
         if self.retain_finished:
             self.finished += groups
-        else:  # the step's report has them: nothing else keeps them (nor their tokens)
+        else:  # the step's report names them: nothing else keeps them (nor their tokens) after the next step starts
             for group in groups:
                 del self._groups[group.request_id]
+            self._reported += groups
 
     def new_seq_id(self) -> int:
         """A sequence id not given before (the step's forks and fan-outs take theirs here)."""

@@ -6,7 +6,7 @@ import functools
 from enum import IntEnum
 from typing import TYPE_CHECKING
 
-from kvsched.core.view import GroupView
+from kvsched.core.view import GroupView, view_of
 
 if TYPE_CHECKING:
     from kvsched.core.executor import DecodeLane
@@ -142,6 +142,7 @@ class SequenceGroup:
         "recompute_frontier",
         "life_start",
         "request_copy",
+        "__weakref__",  # its view finds it by a weak reference (core/view.py)
     )
 
     def __init__(
@@ -180,7 +181,7 @@ class SequenceGroup:
         self.num_generated_tokens = 0
         self.num_unfinished_seqs = 1  # kept by the engine as sequences fork and finish
         self.request_copy = None  # the request as hooks read it (core.view.frozen), made on a view's first read
-        self.view: GroupView = GroupView(self)
+        self.view: GroupView = view_of(self)
         # What ends a sequence, fixed once: a token in ``stop_tokens`` (EOS unless ignored, plus the
         # request's stop ids), or reaching ``max_seq_tokens`` (max_tokens generated, or the engine's limit).
         params = request.sampling

@@ -1,13 +1,11 @@
 """Read-only windows onto engine state: what a policy or an observer may look at but never change.
 
-A view holds nothing of what it shows: the core finds that by the view's identity in a table (``_SHOWN``) nothing a
-plugin is handed leads to, so a view's ``__class__`` switched to a class of the same layout, which reads any hidden
-slot, finds nothing (``tests/test_hostile_plugins.py``; the routers' views hold only numbers, ``routers/view.py``).
-A request's view is the exception, still: its group must live as long as the view (a finished request's view is
-reported after the engine let the group go) and the group holds its view, so the table would keep both for ever;
-it keeps its group in a hidden slot. The engine's pydantic objects (config, requests) are handed out as named-tuple
-copies (``frozen``), which nothing can write (code that imports the core or walks the garbage collector can reach
-anything: Python has no private memory).
+A view holds nothing of what it shows: the core finds that by the view's identity in a table nothing a plugin is
+handed leads to (``_SHOWN``; a request's view in ``_GROUPS``, which its engine empties as it lets requests go), so a
+view's ``__class__`` switched to a class of the same layout, which reads any hidden slot, finds nothing
+(``tests/test_hostile_plugins.py``; the routers' views hold only numbers, ``routers/view.py``). The engine's pydantic
+objects (config, requests) are handed out as named-tuple copies (``frozen``), which nothing can write (code that
+imports the core or walks the garbage collector can reach anything: Python has no private memory).
 """
 
 from __future__ import annotations
@@ -15,8 +13,9 @@ from __future__ import annotations
 import functools
 from collections import namedtuple
 from collections.abc import Iterator, Mapping, Sequence
+from types import NoneType
 from typing import TYPE_CHECKING, NamedTuple
-from weakref import ref
+from weakref import KeyedRef, ref
 
 from pydantic import BaseModel
 
@@ -39,30 +38,19 @@ def _forget(key: ref) -> None:
         del _SHOWN[key]
 
 
-def show(view: object, target: object) -> None:
-    """The core's: ``view`` (of a class with ``__slots__ = ("__weakref__",)``) shows ``target`` while it lives."""
-    _SHOWN[ref(view, _forget)] = target
-
-
-def show_in_step(view: object, target: object, handed: list) -> None:
-    """The core's: ``view`` shows ``target`` until the step that keeps its key in ``handed`` closes (``forget``)."""
-    key = ref(view)
+def show(view: object, target: object, handed: list | None = None) -> None:
+    """The core's: ``view`` (of a class with ``__slots__ = ("__weakref__",)``) shows ``target`` while it lives; one a
+    step hands out (its key kept in the step's list ``handed``) no longer than the step (``forget``)."""
+    key = ref(view, _forget) if handed is None else ref(view)  # a step's: no callback to run as each view goes
     _SHOWN[key] = target
-    handed.append(key)
+    if handed is not None:
+        handed.append(key)
 
 
 def forget(handed: list) -> None:
     """A step closed: what the views it handed out showed is let go."""
     for key in handed:
         _SHOWN.pop(key, None)
-
-
-def hidden_slot(cls: type, name: str):
-    """Take slot ``name`` off ``cls``'s attributes; return its (getter, setter) for the core. It keeps what it holds
-    from a read of the attribute, not from a class of the same layout: only what a plugin may hold goes in one."""
-    slot = cls.__dict__[name]
-    delattr(cls, name)
-    return slot.__get__, slot.__set__
 
 
 def shown(view: object):
@@ -92,7 +80,7 @@ def frozen(model: BaseModel) -> tuple:
 
 
 def true_output_len(view: GroupView) -> int | None:  # the answer's length, not on the view: a named predictor's door
-    return group_of(view).request.output_len
+    return _GROUPS[view]().request.output_len
 
 
 @functools.cache
@@ -102,9 +90,7 @@ def _record_type(cls: type) -> type:
         for name, attr in vars(klass).items():
             if isinstance(attr, property):
                 setattr(record, name, attr)
-    record.__doc__ = (
-        f"A read-only copy of a {cls.__name__} (core.view.frozen): its fields and properties, in a named tuple"
-    )
+    record.__doc__ = f"A read-only copy of a {cls.__name__} (core.view.frozen): its fields and properties"
     return record
 
 
@@ -112,65 +98,86 @@ class GroupView:
     """A request as a policy sees it. Every attribute is read-only; pass the view back to the
     step's operations (``admit``, ``advance``, ``swap_in``, ``preempt``) to act on it."""
 
-    __slots__ = ("_group",)  # hidden: its group must live while the view does, and the group holds its view
+    __slots__ = ("__weakref__",)
 
-    def __init__(self, group: SequenceGroup) -> None:
-        _set_group(self, group)
-
-    request_id = property(lambda self: group_of(self).request_id, doc="the request's id")
+    request_id = property(lambda self: _GROUPS[self]().request_id, doc="the request's id")
 
     @property
     def request(self) -> Request:
         """The validated request as a read-only copy (``frozen``: the engine's own is not handed out), made on first use."""
-        group = group_of(self)
+        group = _GROUPS[self]()
         if group.request_copy is None:
             group.request_copy = frozen(group.request)
         return group.request_copy
 
-    arrival_time = property(lambda self: group_of(self).arrival_time)
-    priority = property(lambda self: group_of(self).request.priority, doc="lower is more urgent")
-    tenant = property(lambda self: group_of(self).request.tenant)
-    session_id = property(lambda self: group_of(self).request.session_id, doc="the conversation it continues, or None")
-    slo_class = property(lambda self: group_of(self).request.slo_class, doc="its service class, or None")
+    arrival_time = property(lambda self: _GROUPS[self]().arrival_time)
+    priority = property(lambda self: _GROUPS[self]().request.priority, doc="lower is more urgent")
+    tenant = property(lambda self: _GROUPS[self]().request.tenant)
+    session_id = property(lambda self: _GROUPS[self]().request.session_id, doc="the conversation it continues, or None")
+    slo_class = property(lambda self: _GROUPS[self]().request.slo_class, doc="its service class, or None")
     grammar_ready_at = property(
-        lambda self: group_of(self).grammar_ready_at, doc="when its structured-output grammar is compiled, or None"
+        lambda self: _GROUPS[self]().grammar_ready_at, doc="when its structured-output grammar is compiled, or None"
     )
     last_queued_time = property(
-        lambda self: group_of(self).last_queued_time,
+        lambda self: _GROUPS[self]().last_queued_time,
         doc="when it last joined the waiting queue: its arrival, or its last preemption by recompute",
     )
-    prompt_len = property(lambda self: group_of(self).request.prompt_len)
-    max_tokens = property(lambda self: group_of(self).request.sampling.max_tokens)
-    status: SequenceStatus = property(lambda self: group_of(self).status)
-    num_seqs = property(lambda self: group_of(self).num_unfinished_seqs, doc="unfinished sequences")
-    max_running_seqs = property(lambda self: group_of(self).max_running_seqs, doc="sequences it needs at once")
-    num_generated_tokens = property(lambda self: group_of(self).num_generated_tokens)
+    prompt_len = property(lambda self: _GROUPS[self]().request.prompt_len)
+    max_tokens = property(lambda self: _GROUPS[self]().request.sampling.max_tokens)
+    status: SequenceStatus = property(lambda self: _GROUPS[self]().status)
+    num_seqs = property(lambda self: _GROUPS[self]().num_unfinished_seqs, doc="unfinished sequences")
+    max_running_seqs = property(lambda self: _GROUPS[self]().max_running_seqs, doc="sequences it needs at once")
+    num_generated_tokens = property(lambda self: _GROUPS[self]().num_generated_tokens)
     num_uncomputed_tokens = property(
-        lambda self: group_of(self).num_uncomputed_tokens, doc="tokens its next step computes"
+        lambda self: _GROUPS[self]().num_uncomputed_tokens, doc="tokens its next step computes"
     )
     num_preemptions = property(
-        lambda self: group_of(self).num_recompute_preemptions + group_of(self).num_swap_preemptions
+        lambda self: _GROUPS[self]().num_recompute_preemptions + _GROUPS[self]().num_swap_preemptions
     )
-    first_scheduled_time = property(lambda self: group_of(self).first_scheduled_time)
-    first_token_time = property(lambda self: group_of(self).first_token_time)
-    finish_time = property(lambda self: group_of(self).finish_time)
+    first_scheduled_time = property(lambda self: _GROUPS[self]().first_scheduled_time)
+    first_token_time = property(lambda self: _GROUPS[self]().first_token_time)
+    finish_time = property(lambda self: _GROUPS[self]().finish_time)
 
     @property
     def num_tokens(self) -> int:
         """Tokens of its longest sequence (prompt plus generated)."""
-        return max(s.num_tokens for s in group_of(self).seqs)
+        return max(s.num_tokens for s in _GROUPS[self]().seqs)
 
     @property
     def num_computed_tokens(self) -> int:
         """KV-computed tokens of its furthest sequence (0 while waiting): what a preemption by recompute throws away."""
-        return max(s.num_computed_tokens for s in group_of(self).seqs)
+        return max(s.num_computed_tokens for s in _GROUPS[self]().seqs)
 
     def __repr__(self) -> str:
         g = group_of(self)
-        return f"<{g.request_id} {g.status.name}>"
+        return "<a GroupView that shows nothing>" if g is None else f"<{g.request_id} {g.status.name}>"
 
 
-group_of, _set_group = hidden_slot(GroupView, "_group")
+# Each request's view -> a weak reference to its group (``view_of``): the table keeps no group alive. A plain dict, read
+# at C speed: a view its engine let go (or one the core did not make) raises KeyError, naming it as showing nothing.
+_GROUPS: dict[GroupView, KeyedRef] = {}
+
+
+def view_of(group: SequenceGroup) -> GroupView:
+    """The core's: ``group``'s view (made once: ``group.view``), showing it until its engine lets it go."""
+    _GROUPS[view] = KeyedRef(group, _gone, view := GroupView())
+    return view
+
+
+def _gone(key: KeyedRef) -> None:  # a group went before its engine let it go (with the engine, or a fan-out's child)
+    _GROUPS.pop(key.key, None)
+
+
+def group_of(view: object, _key=_GROUPS.get, _none=NoneType) -> SequenceGroup | None:
+    """The group ``view`` shows, or None (``NoneType()``): called on every operation, so no test and no global."""
+    return _key(view, _none)()
+
+
+def let_go(groups: list[SequenceGroup]) -> None:
+    """Their engine let ``groups`` go (now emptied): their views show nothing from now on."""
+    for group in groups:
+        _GROUPS.pop(group.view, None)
+    groups.clear()
 
 
 class _LazyTuple(Sequence):
@@ -179,8 +186,8 @@ class _LazyTuple(Sequence):
 
     __slots__ = ("__weakref__",)
 
-    def __init__(self, items: list) -> None:
-        show(self, items)
+    def __init__(self, items: list, handed: list | None = None) -> None:
+        show(self, items, handed)
 
     def __len__(self) -> int:
         return len(shown(self))
@@ -202,13 +209,6 @@ class QueueView(_LazyTuple):
     """
 
     __slots__ = ()
-
-    def __init__(self, items: list, handed: list | None = None) -> None:
-        if handed is None:
-            show(self, items)
-        else:
-            show_in_step(self, items, handed)
-
     _show = staticmethod(lambda g: g.view)
 
     def __repr__(self) -> str:
@@ -232,9 +232,6 @@ class GroupMap(Mapping):
 
     def __len__(self) -> int:
         return len(shown(self))
-
-    def __contains__(self, request_id: object) -> bool:
-        return request_id in shown(self)
 
     def __repr__(self) -> str:
         return f"GroupMap({list(shown(self))})"

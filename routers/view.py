@@ -18,7 +18,7 @@ from itertools import count
 from typing import TYPE_CHECKING, NamedTuple
 
 from kvsched.core.request import Request
-from kvsched.core.view import UNKNOWABLE, frozen, hidden_slot
+from kvsched.core.view import UNKNOWABLE, frozen
 from kvsched.errors import quote
 
 if TYPE_CHECKING:
@@ -192,6 +192,14 @@ def _fresh(view: ReplicaView, name: str):
             "drop the declaration, or read only reported fields"
         )
     return call.replicas[index]
+
+
+def hidden_slot(cls: type, name: str):
+    """Take slot ``name`` off ``cls``'s attributes; return its (getter, setter). It keeps what it holds from a read
+    of the attribute, not from a class of the same layout: only what a router may hold (numbers, names) goes in one."""
+    slot = cls.__dict__[name]
+    delattr(cls, name)
+    return slot.__get__, slot.__set__
 
 
 class ReplicaView:

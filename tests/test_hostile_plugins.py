@@ -668,12 +668,7 @@ def test_nothing_a_router_hook_is_handed_leads_to_mutable_fleet_state(roles):
 # What a select_batch hook reads from the slots of what it is handed, hidden ones included (``behind_slots``): the
 # engine's SequenceGroup, StepState, queue and block manager while the views kept them in hidden slots.
 UNWRAPS = {
-    "a request's view": pytest.param(
-        lambda step: behind_slots(_any_view(step)),
-        marks=pytest.mark.xfail(
-            strict=True, reason="open (issue 33): a request's view keeps its group in a hidden slot (core/view.py)"
-        ),
-    ),
+    "a request's view": lambda step: behind_slots(_any_view(step)),
     "the step": lambda step: [getattr(x, "bm", x) for x in behind_slots(step)],  # a StepState: its block manager
     "the waiting queue": lambda step: behind_slots(step.waiting),
     "the cache view": lambda step: behind_slots(step.cache),
@@ -684,8 +679,8 @@ UNWRAPS = {
 def test_a_hook_cannot_unwrap_what_it_is_handed_by_switching_its_class(unwrap):
     """A policy switches the ``__class__`` of a view it is handed to a class of its own with the same layout, which
     Python allows, and reads the hidden slot through that class's descriptor: it must find none of the engine's own
-    (a refused switch finds nothing). The core's views hold nothing of what they show (core/view.py; a request's view
-    still keeps its group), the routers' views only numbers and names (routers/view.py)."""
+    (a refused switch finds nothing). The core's views hold nothing of what they show (core/view.py: a request's view
+    once kept its group in a hidden slot), the routers' views only numbers and names (routers/view.py)."""
     found = []
 
     class Unwraps(VllmDefault):
@@ -725,3 +720,59 @@ def test_what_a_view_shows_is_let_go_with_the_view():
     del engine, bm, outputs
     gc.collect()
     assert not [r() for r in kept if r() is not None]
+
+
+@pytest.mark.parametrize("retain", [True, False], ids=["taken", "not retained"])
+def test_a_request_view_shows_nothing_once_its_engine_let_it_go(retain):
+    """A request's view finds its group in the core's table (core/view.py), not in a slot of its own. The engine lets
+    a request go when it is taken (``take_finished``) or, not retained, retired; its report still shows it, and from
+    the engine's next step its view shows nothing, a policy that kept it is refused, and the table keeps no let-go
+    group alive, nor any of an engine dropped with requests unfinished."""
+    import weakref
+
+    from kvsched.core import view
+
+    kept = []
+
+    class AdmitsWhatItKept(VllmDefault):
+        name = "admits-what-it-kept"
+
+        @hookimpl
+        def select_batch(self, step):
+            if kept:
+                step.admit(kept[0])
+            super().select_batch(step)
+
+    engine = Engine(EngineConfig(**CONFIG), AdmitsWhatItKept, SimulatedExecutor(), retain_finished=retain)
+    for i, (prompt, output, n) in enumerate(SPECS):
+        engine.add_request(req(f"r{i}", prompt, output, n=n))
+    report = engine.step()
+    while not report.finished:
+        report = engine.step()
+    views, groups = report.finished, [weakref.ref(view.group_of(v)) for v in report.finished]
+    del report  # its output holds the groups it scheduled
+    assert [v.request_id for v in views] == [g().request_id for g in groups]  # shown while its report is read
+    if retain:
+        engine.step()
+        assert [v.status.is_finished for v in views] == [True] * len(views)  # retained: shown
+        assert [g.view for g in engine.take_finished()] == list(views)
+    engine.step()
+    with pytest.raises(KeyError, match="<a GroupView that shows nothing>"):
+        _ = views[0].request_id
+    assert view.group_of(views[0]) is None and repr(views[0]) == "<a GroupView that shows nothing>"
+    gc.collect()
+    assert not [g() for g in groups if g() is not None]  # nothing keeps them, the table least of all
+    kept.append(views[0])
+    with pytest.raises(PolicyError, match="admit: <a GroupView that shows nothing> is not a request of this engine"):
+        engine.step()
+    dropped = Engine(EngineConfig(**CONFIG), "vllm-default", SimulatedExecutor(), retain_finished=retain)
+    for i, (prompt, output, n) in enumerate(SPECS):
+        dropped.add_request(req(f"r{i}", prompt, output, n=n))
+    for _ in range(3):
+        dropped.step()
+    live = [weakref.ref(g) for g in dropped.sequence_groups.values()]
+    live_views = [g().view for g in live]
+    assert live and [view.group_of(v) for v in live_views] == [g() for g in live]
+    del dropped
+    gc.collect()
+    assert not [g() for g in live if g() is not None] and not [v for v in live_views if view.group_of(v)]

@@ -139,7 +139,10 @@ def test_the_core_is_small_and_light():
     # is plugins/, below the core, and the errors every package raises are the root module kvsched.errors, to 2,949.
     # Step 5's deletions in the rest of the core took 76 more (an __all__ nothing read, StepState's slot list,
     # comments the formatter had wrapped statements around, a default and a property no caller used), to 2,873.
-    assert lines <= 2873, f"core/ has {lines} non-blank lines (about 2,000 was the aim, 2,873 is the limit)"
+    # A request's view finding its group in the core's table as well (the table, and the engine letting requests go)
+    # took it to 2,872: the hidden-slot helper went to its one user (routers/view.py), a step's views joined show(),
+    # and lines were deleted.
+    assert lines <= 2872, f"core/ has {lines} non-blank lines (about 2,000 was the aim, 2,872 is the limit)"
 
 
 def test_no_module_is_over_400_lines():
