@@ -113,7 +113,8 @@ class Rfc51608(VllmV1):
                 return False
             if verdict not in (None, True):
                 raise ValueError(
-                    f"Filter {getattr(fn, '__name__', fn)!r} returned {verdict!r}: allow with None or True, or Reject(reason)"
+                    f"Filter {getattr(fn, '__name__', fn)!r} returned {verdict!r}: allow with None or True, or "
+                    "Reject(reason)"
                 )
         return True
 

@@ -55,10 +55,12 @@ def main() -> None:
     assert torch.cuda.is_available(), "needs a CUDA device"
     heads, kv_heads, head_dim, block_size = 32, 8, 128, 16  # a Llama-3-8B-like layer
     print(
-        f"device: {torch.cuda.get_device_name()}; layer H={heads} KVH={kv_heads} D={head_dim}, block {block_size}, one layer per call"
+        f"device: {torch.cuda.get_device_name()}; layer H={heads} KVH={kv_heads} D={head_dim}, block {block_size}, one "
+        "layer per call"
     )
     print(
-        f"{'dtype':<6}{'batch':>6}{'context':>8}{'tile':>6}{'splits':>7}{'KV MB':>9}{'time us':>10}{'floor us':>10}{'GB/s':>9}{'% peak':>8}{'max err':>10}"
+        f"{'dtype':<6}{'batch':>6}{'context':>8}{'tile':>6}{'splits':>7}{'KV MB':>9}{'time us':>10}{'floor us':>10}"
+        f"{'GB/s':>9}{'% peak':>8}{'max err':>10}"
     )
     for dtype in (torch.bfloat16, torch.float32):
         for batch, context in ((8, 1024), (32, 2048), (128, 1024), (64, 8192)):
@@ -77,7 +79,8 @@ def main() -> None:
                     floor_us = nbytes / (args.peak_gbs * 1e9) * 1e6
                     name = str(dtype).removeprefix("torch.")
                     print(
-                        f"{name:<6}{batch:>6}{context:>8}{tile:>6}{splits:>7}{nbytes / 1e6:>9.1f}{ms * 1e3:>10.1f}{floor_us:>10.1f}{gbs:>9.0f}{100 * gbs / args.peak_gbs:>7.1f}%{err:>10.1e}"
+                        f"{name:<6}{batch:>6}{context:>8}{tile:>6}{splits:>7}{nbytes / 1e6:>9.1f}{ms * 1e3:>10.1f}"
+                        f"{floor_us:>10.1f}{gbs:>9.0f}{100 * gbs / args.peak_gbs:>7.1f}%{err:>10.1e}"
                     )
 
 

@@ -65,8 +65,9 @@ def main(argv=None):
 
     rows = []
     print(
-        f"| rate scale | offered req/s | served req/s | output tok/s | TTFT p50 / p99 (s) | TPOT mean / p99 (ms) | "
-        f"queueing p99 (s) | peak waiting | mean GPU KV use | preemptions | ignored | SLO attainment (TTFT ≤ {args.slo_ttft:g} s, TPOT ≤ {1000 * args.slo_tpot:g} ms) | wall |"
+        "| rate scale | offered req/s | served req/s | output tok/s | TTFT p50 / p99 (s) | TPOT mean / p99 (ms) | "
+        "queueing p99 (s) | peak waiting | mean GPU KV use | preemptions | ignored | SLO attainment (TTFT ≤ "
+        f"{args.slo_ttft:g} s, TPOT ≤ {1000 * args.slo_tpot:g} ms) | wall |"
     )
     print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for scale, s, req, ts, wall in results:
@@ -76,9 +77,10 @@ def main(argv=None):
         rows.append((scale, offered, s))
         print(
             f"| ×{scale:g} | {offered:.2f} | {s['requests_per_s']:.2f} | {s['throughput_tokens_per_s']:,.0f} | "
-            f"{s['ttft_s']['p50']:.2f} / {s['ttft_s']['p99']:.1f} | {1000 * s['tpot_s']['mean']:.1f} / {1000 * s['tpot_s']['p99']:.1f} | "
-            f"{s['queueing_s']['p99']:.1f} | {kv['waiting_peak']:,} | {100 * kv['gpu_utilization_mean']:.0f}% | "
-            f"{s['preemptions']['recompute']} R / {s['preemptions']['swap']} S | {s['ignored']} | {100 * s['slo']['slo_attainment']:.0f}% | {wall:.0f} s |"
+            f"{s['ttft_s']['p50']:.2f} / {s['ttft_s']['p99']:.1f} | {1000 * s['tpot_s']['mean']:.1f} / "
+            f"{1000 * s['tpot_s']['p99']:.1f} | {s['queueing_s']['p99']:.1f} | {kv['waiting_peak']:,} | "
+            f"{100 * kv['gpu_utilization_mean']:.0f}% | {s['preemptions']['recompute']} R / {s['preemptions']['swap']} "
+            f"S | {s['ignored']} | {100 * s['slo']['slo_attainment']:.0f}% | {wall:.0f} s |"
         )
         if scale in DETAIL:
             queues_and_kv(ts, s, args.out / f"azure_x{scale:g}_queues_kv.png")

@@ -6,7 +6,8 @@ import argparse
 
 
 def bounded(kind: type, low: float, high: float):
-    """An argparse type: a number of ``kind`` from ``low`` to ``high`` (a count a run could never finish is a usage error)."""
+    """An argparse type: a number of ``kind`` from ``low`` to ``high`` (a count a run could never finish is a usage
+    error)."""
 
     def parse(text: str):
         try:

@@ -89,7 +89,8 @@ def markdown(rows: list[dict]) -> str:
         return "—" if row is base else f"{100 * (row[key] / base[key] - 1):+.0f}%"
 
     lines = [
-        "| config | policy | p99 TTFT all (s) | Δ | p99 TTFT VIP (s) | Δ | p50 TTFT (s) | p50 TPOT (ms) | throughput (tok/s) | Δ |",
+        "| config | policy | p99 TTFT all (s) | Δ | p99 TTFT VIP (s) | Δ | p50 TTFT (s) | p50 TPOT (ms) | throughput "
+        "(tok/s) | Δ |",
         "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:

@@ -2,8 +2,8 @@
 multi-turn sessions, two SmolLM2-135M replicas behind Ray Serve, with the cluster simulator beside it.
 
 Each router gets a fresh fleet (``integrations/ray/fleet.py``: two ``engine serve --policy vllm-v1``
-replicas, vLLM 0.32 on the CPU, one torch thread each; at least 2 idle cores) and the same sessions workload, replayed by
-``engine bench`` through the fleet's one URL (a sessions workload's ids are folded into the model's
+replicas, vLLM 0.32 on the CPU, one torch thread each; at least 2 idle cores) and the same sessions workload, replayed
+by ``engine bench`` through the fleet's one URL (a sessions workload's ids are folded into the model's
 vocabulary with their sharing kept). Measured: TTFT and E2E from the client, and prefix-cache hits
 from each replica's own ``vllm:prefix_cache_hits`` / ``queries`` counters (tokens). Simulated: the same
 requests through ``Cluster`` with two ``vllm-v1`` replicas on the ``smollm2-135m-vllm-cpu`` profile
@@ -142,7 +142,8 @@ def simulate(name: str) -> dict:
 
 def markdown(result: dict) -> str:
     lines = [
-        "| router | side | finished | prefix-cache hits (tokens) | TTFT mean s | TTFT p50 s | TTFT p99 s | E2E mean s |",
+        "| router | side | finished | prefix-cache hits (tokens) | TTFT mean s | TTFT p50 s | TTFT p99 s | E2E mean "
+        "s |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for side in ("measured", "simulated"):

@@ -1,7 +1,8 @@
 """The shapes of issue 24 item 4, reproduced on the cluster simulator (docs/cluster.md), one table each.
 
     .venv/bin/python benchmarks/cluster_shapes.py sessions     # prefix-affinity vs round-robin on multi-turn sessions
-    .venv/bin/python benchmarks/cluster_shapes.py collapse     # prefix-only routing under rising load vs prefix plus load
+    # prefix-only routing under rising load vs prefix plus load
+    .venv/bin/python benchmarks/cluster_shapes.py collapse
     .venv/bin/python benchmarks/cluster_shapes.py staleness    # TTFT p99 at 0, 10, 50, 100 ms of staleness
     .venv/bin/python benchmarks/cluster_shapes.py pd           # P/D at a few prefill:decode ratios vs co-located
 
@@ -58,7 +59,8 @@ def row(label: str, s: dict, **more) -> dict:
 
 
 def sessions(scale: float) -> list[dict]:
-    """8 replicas with prefix caching; 300 multi-turn sessions (2–8 turns, 5 s apart on average), 32 system prompts among them."""
+    """8 replicas with prefix caching; 300 multi-turn sessions (2–8 turns, 5 s apart on average), 32 system prompts
+    among them."""
     workload = SessionSpec(num_sessions=int(300 * scale), rate=4.0, system_prompts=32, seed=0).requests()
     return [
         row(router, run(workload, 8, router, settings=CACHING), requests=len(workload))
@@ -116,7 +118,8 @@ def staleness(scale: float) -> list[dict]:
 
 
 def pd(scale: float) -> list[dict]:
-    """8 replicas in all, co-located or split into prefill:decode pools; 2,000 requests with long prompts, Poisson at 24/s."""
+    """8 replicas in all, co-located or split into prefill:decode pools; 2,000 requests with long prompts, Poisson at
+    24/s."""
     workload = SyntheticSpec(
         num_requests=int(2000 * scale),
         arrivals=Poisson(rate=8 * 3.0),

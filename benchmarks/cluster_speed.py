@@ -22,7 +22,8 @@ of the collector's passes in the main measurement; ``--gc freeze|off`` freezes t
     .venv/bin/python benchmarks/cluster_speed.py --router round-robin --staleness 0
     .venv/bin/python benchmarks/cluster_speed.py -n 4000 --one-engine 10000   # the fleet against one engine, same load
     .venv/bin/python benchmarks/cluster_speed.py -n 0 --pair 20000            # routed ahead against routed at arrival
-    .venv/bin/python benchmarks/cluster_speed.py -n 60000 --gc freeze         # the collector's share (gc_cpu_s), frozen or off
+    # the collector's share (gc_cpu_s), frozen or off
+    .venv/bin/python benchmarks/cluster_speed.py -n 60000 --gc freeze
 """
 
 from __future__ import annotations

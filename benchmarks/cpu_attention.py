@@ -150,7 +150,8 @@ def main() -> None:
                 for f in (baseline_paged_attention_torch, paged_attention_torch)
             )
         print(
-            f"{batch:>5} {f'{lo}-{hi}':>8} {kv_mb:>10.0f} {base:>12.1f} {cur:>11.1f} {base / cur:>5.1f}x {errs[0]:>9} {errs[1]:>9}"
+            f"{batch:>5} {f'{lo}-{hi}':>8} {kv_mb:>10.0f} {base:>12.1f} {cur:>11.1f} {base / cur:>5.1f}x {errs[0]:>9} "
+            f"{errs[1]:>9}"
         )
 
 

@@ -85,7 +85,8 @@ def main() -> None:
     )
 
     print(
-        f"decode step with {running} running sequences (mean of {args.steps}, under the profiler): {1e3 * step_s:.0f} ms"
+        f"decode step with {running} running sequences (mean of {args.steps}, under the profiler): {1e3 * step_s:.0f} "
+        "ms"
     )
     print(f"  linear layers   {1e3 * linear_s:6.0f} ms  ({flops / linear_s / 1e9:.0f} GFLOP/s)")
     print(f"  paged attention {1e3 * attn_s:6.0f} ms")

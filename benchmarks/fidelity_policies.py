@@ -1,4 +1,5 @@
-"""Does the simulator predict the engine, policy by policy? Each policy simulated and served by real vLLM, same workload.
+"""Does the simulator predict the engine, policy by policy? Each policy simulated and served by real vLLM, same
+workload.
 
 For ``vllm-v1`` and the issue-23 proposals, one workload (the same requests and arrival times) is
 simulated with the ``smollm2-135m-vllm-cpu`` cost model and served for real by ``engine serve
@@ -14,7 +15,8 @@ simulation error (``kvsched.experiments.fidelity``). The next server starts whil
 ``--workload tiered-sessions`` serves multi-turn sessions with SLO classes instead (the prefix-aware
 and tiered proposals' workload): each class's mean TTFT is compared as well.
 
-    .venv/bin/python benchmarks/fidelity_policies.py --out docs/figures   # 11 servers (8, --sequential, took 33 min on the idle machine)
+    # 11 servers (8, --sequential, took 33 min on the idle machine)
+    .venv/bin/python benchmarks/fidelity_policies.py --out docs/figures
     .venv/bin/python benchmarks/fidelity_policies.py --out OUT --workload tiered-sessions --sequential \
         --order vllm-v1,sla-tiers,cache-affinity,vllm-v1,session-affinity,hrrn,vllm-v1
 """

@@ -107,7 +107,8 @@ def simulate(name: str, workdir: Path, profile) -> dict:
 
 
 def simulate_run(spec: Path, blocks: int, profile, policy: str = "vllm-v1"):
-    """The workload ``spec`` simulated by ``policy`` on vLLM's settings of these runs (``FLAGS``, ``blocks`` KV blocks)."""
+    """The workload ``spec`` simulated by ``policy`` on vLLM's settings of these runs (``FLAGS``, ``blocks`` KV
+    blocks)."""
     from kvsched.core.config import EngineConfig
     from kvsched.experiments.simulation import SimJob
     from kvsched.workloads import build_workload
@@ -153,9 +154,9 @@ def calibrate(workdir: Path):
     )
     errors = fit_errors(profile, records)
     print(
-        f"fitted to {len(records)} steps: a={profile.base_ms:.2f} ms, b={profile.prefill_token_ms:.4f} ms/prefill token, "
-        f"c={profile.decode_seq_ms:.3f} ms/decode, d={profile.kv_token_ms:.2e} ms/KV token; "
-        f"mean step error {100 * errors['mape']:.1f}%",
+        f"fitted to {len(records)} steps: a={profile.base_ms:.2f} ms, b={profile.prefill_token_ms:.4f} ms/prefill "
+        f"token, c={profile.decode_seq_ms:.3f} ms/decode, d={profile.kv_token_ms:.2e} ms/KV token; mean step error "
+        f"{100 * errors['mape']:.1f}%",
         flush=True,
     )
     return profile

@@ -147,13 +147,16 @@ def main(argv: list[str] | None = None) -> dict:
     lin = linear_table()
     dec, pre, dec_err, pre_err, n_dec, n_pre = attention_models()
     print(
-        f"attention decode  (per layer, ms) = {dec[0]:.5f} + {dec[1]:.5f}·bs + {dec[2]:.3g}·Σkv   MAPE {100 * dec_err:.1f}% (n={n_dec})"
+        f"attention decode  (per layer, ms) = {dec[0]:.5f} + {dec[1]:.5f}·bs + {dec[2]:.3g}·Σkv   MAPE "
+        f"{100 * dec_err:.1f}% (n={n_dec})"
     )
     print(
-        f"attention prefill (per layer, ms) = {pre[0]:.4f} + {pre[1]:.3g}·c + {pre[2]:.3g}·c·kv + {pre[3]:.3g}·c²   MAPE {100 * pre_err:.1f}% (n={n_pre})"
+        f"attention prefill (per layer, ms) = {pre[0]:.4f} + {pre[1]:.3g}·c + {pre[2]:.3g}·c·kv + {pre[3]:.3g}·c²   "
+        f"MAPE {100 * pre_err:.1f}% (n={n_pre})"
     )
     print(
-        f"linear layers, 32 layers: 1 token {LAYERS * interp(1, *lin):.1f} ms, 512 tokens {LAYERS * interp(512, *lin):.1f} ms, 4096 tokens {LAYERS * interp(4096, *lin):.0f} ms"
+        f"linear layers, 32 layers: 1 token {LAYERS * interp(1, *lin):.1f} ms, 512 tokens "
+        f"{LAYERS * interp(512, *lin):.1f} ms, 4096 tokens {LAYERS * interp(4096, *lin):.0f} ms"
     )
 
     pair_ms = LAYERS * pre[2]
@@ -198,7 +201,8 @@ def main(argv: list[str] | None = None) -> dict:
         f"p95 {100 * o['p95']:.1f}%, max {100 * o['max']:.1f}%"
     )
     print(
-        f"built-in profile on the same steps: mean error {100 * result['builtin']['mape']:.2f}%, p95 {100 * result['builtin']['p95']:.1f}%"
+        f"built-in profile on the same steps: mean error {100 * result['builtin']['mape']:.2f}%, p95 "
+        f"{100 * result['builtin']['p95']:.1f}%"
     )
     print(
         "\none prompt's prefill alone in 512-token chunks (past 4,096 tokens the reference extrapolates Vidur's fits):"

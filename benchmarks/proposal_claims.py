@@ -100,7 +100,8 @@ def main(argv=None) -> None:
         base = got["vllm-v1"]
         where = f"x{args.azure_scale} rate" if workload == "azure-conv" else f"{args.sharegpt_rate} req/s Poisson"
         print(
-            f"\n{workload}, first {args.requests} requests at {where}; SLO TTFT <= {args.slo_ttft} s, TPOT <= {args.slo_tpot} s"
+            f"\n{workload}, first {args.requests} requests at {where}; SLO TTFT <= {args.slo_ttft} s, TPOT <= "
+            f"{args.slo_tpot} s"
         )
         print("| policy | mean TTFT (s) | p90 TTFT | p99 TTFT | tokens/s | goodput (req/s) | preemptions | tax |")
         print("|---|---|---|---|---|---|---|---|")

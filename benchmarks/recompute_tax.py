@@ -117,13 +117,15 @@ def fixed_input(args, caching: bool) -> None:
     with ProcessPoolExecutor(args.workers) as pool:
         rows = list(pool.map(run, *zip(*jobs)))
     print(
-        f"{args.workload} outputs, every prompt {args.fixed_input} tokens, {args.requests} requests at {args.rate} req/s Poisson (seed {args.seed})"
+        f"{args.workload} outputs, every prompt {args.fixed_input} tokens, {args.requests} requests at {args.rate} "
+        f"req/s Poisson (seed {args.seed})"
     )
     print("| blocks | victim | preemptions | discarded tokens | discarded share | mean TTFT (s) | p99 TTFT (s) |")
     print("|---|---|---|---|---|---|---|")
     for r in rows:
         print(
-            f"| {r['blocks']} | {r['victim']} | {r['preemptions']} | {r['discarded_tokens']:,} | {r['discarded_share_pct']} % | {r['mean_ttft_s']} | {r['p99_ttft_s']} |"
+            f"| {r['blocks']} | {r['victim']} | {r['preemptions']} | {r['discarded_tokens']:,} | "
+            f"{r['discarded_share_pct']} % | {r['mean_ttft_s']} | {r['p99_ttft_s']} |"
         )
     if args.out:
         write_rows(args.out, rows)
@@ -165,8 +167,9 @@ def main(argv=None) -> None:
         row["rfc_blocks"] = next(rfc for rfc, b in sizes.items() if b == row["blocks"])
     cutting = f"prompts cut to {cut} tokens with their output; " if cut else ""
     print(
-        f"{args.workload}, {args.requests} requests at once, seed {args.seed}, prefix caching {'on' if caching else 'off'}; "
-        f"{cutting}no preemption from {full} blocks; tax = recomputed / computed (discarded share: as if none were cached)"
+        f"{args.workload}, {args.requests} requests at once, seed {args.seed}, prefix caching "
+        f"{'on' if caching else 'off'}; {cutting}no preemption from {full} blocks; tax = recomputed / computed "
+        "(discarded share: as if none were cached)"
     )
     print(
         "| RFC size | our blocks | RFC tax (lifo) | "

@@ -48,8 +48,8 @@ def main() -> None:
             pass
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     print(
-        f"exit {child.returncode}; wall {time.perf_counter() - start:.0f} s; CPU {usage.ru_utime + usage.ru_stime:.0f} s; "
-        f"peak RSS {usage.ru_maxrss / 1024:,.0f} MB",
+        f"exit {child.returncode}; wall {time.perf_counter() - start:.0f} s; CPU "
+        f"{usage.ru_utime + usage.ru_stime:.0f} s; peak RSS {usage.ru_maxrss / 1024:,.0f} MB",
         flush=True,
     )
     sys.exit(child.returncode)

@@ -245,10 +245,16 @@ def main() -> None:
         v0_times, _, v0_preempted = measure(label, n, blocks, steps, "vllm-default")
         med = statistics.median(times)
         ratio = f"{med / bare_loop(n, steps):12.1f}" if blocks is None else f"{'':>12}"
-        line = f"{label:>22} {med * 1e3:10.3f} {p99(times) * 1e3:8.3f} {med / n * 1e6:7.2f} {ratio} {statistics.median(lane) * 1e3:8.3f}"
+        line = (
+            f"{label:>22} {med * 1e3:10.3f} {p99(times) * 1e3:8.3f} {med / n * 1e6:7.2f} {ratio} "
+            f"{statistics.median(lane) * 1e3:8.3f}"
+        )
         if version:
             sched, both, v1_preempted = time_v1(n, blocks, steps)
-            line += f" {statistics.median(sched) * 1e3:12.3f} {statistics.median(both) * 1e3:13.3f} {statistics.median(both) / med:9.1f}×"
+            line += (
+                f" {statistics.median(sched) * 1e3:12.3f} {statistics.median(both) * 1e3:13.3f} "
+                f"{statistics.median(both) / med:9.1f}×"
+            )
         line += f" {statistics.median(v0_times) * 1e3:12.3f}"
         if blocks is not None:
             line += (

@@ -114,22 +114,24 @@ def table(rows: list[dict]) -> str:
     """Markdown; CPU columns too, because on a shared machine wall time measures the neighbours.
     Peak RSS is the process's peak so far (the runs share one process)."""
     head = (
-        "| run | requests simulated | ignored | steps | simulated | engine wall | engine CPU | req / wall s | req / CPU s | "
-        "simulated : wall | simulated : CPU | workload build | peak RSS |\n"
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+        "| run | requests simulated | ignored | steps | simulated | engine wall | engine CPU | req / wall s | req / "
+        "CPU s | simulated : wall | simulated : CPU | workload build | peak RSS "
+        "|\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
     )
     lines = [head]
     for r in rows:
         lines.append(
-            f"| {r['run']} | {r['requests']:,} | {r['ignored']:,} | {r['steps']:,} | {r['simulated_s']:,.0f} s | {r['wall_s']:,.1f} s | "
-            f"{r['cpu_s']:,.1f} s | {r['requests_per_wall_s']:,.0f} | {r['requests'] / r['cpu_s']:,.0f} | "
-            f"{r['sim_to_wall']:,.0f}× | {r['simulated_s'] / r['cpu_s']:,.0f}× | {r['build_s']:.1f} s | {r['max_rss_mb']:,.0f} MB |"
+            f"| {r['run']} | {r['requests']:,} | {r['ignored']:,} | {r['steps']:,} | {r['simulated_s']:,.0f} s | "
+            f"{r['wall_s']:,.1f} s | {r['cpu_s']:,.1f} s | {r['requests_per_wall_s']:,.0f} | "
+            f"{r['requests'] / r['cpu_s']:,.0f} | {r['sim_to_wall']:,.0f}× | {r['simulated_s'] / r['cpu_s']:,.0f}× | "
+            f"{r['build_s']:.1f} s | {r['max_rss_mb']:,.0f} MB |"
         )
     return "\n".join(lines)
 
 
 def split_profile(scale: float = 1.0, limit: int | None = None, like_vidur: bool = False) -> str:
-    """cProfile one Azure replay (the like-Vidur one if asked); attribute cumulative time to the parts of the step loop."""
+    """cProfile one Azure replay (the like-Vidur one if asked); attribute cumulative time to the parts of the step
+    loop."""
     import cProfile
     import pstats
 
@@ -222,7 +224,8 @@ def ours_like_vidur(policy: str) -> dict:
 
 
 def _child(cmd: list[str], **kwargs) -> dict:
-    """Run one side in its own process; its last output line that is a JSON object is its result (Vidur logs after it)."""
+    """Run one side in its own process; its last output line that is a JSON object is its result (Vidur logs after
+    it)."""
     done = subprocess.run(cmd, capture_output=True, text=True, **kwargs)
     if done.returncode != 0:
         sys.exit(f"{' '.join(cmd)} failed:\n{done.stderr[-3000:]}")
@@ -269,9 +272,9 @@ def like_vidur(rounds: int, policy: str, vidur: Path | None, vidur_python: Path)
     o = ours[0]
     print(
         f"Azure conv, like Vidur: {o['requests'] + o['ignored']:,} requests ({o['prompts_cut']:,} prompts cut to "
-        f"prompt + output <= {VIDUR_MAX_TOKENS:,}), engine config {LIKE_VIDUR}, policy {policy}, profile llama2-7b-a100; "
-        f"python {platform.python_version()}, each run in its own process; medians of {rounds} rounds; CPU = the "
-        f"process's CPU time in the loop (on a shared machine, wall time also measures the neighbours)\n"
+        f"prompt + output <= {VIDUR_MAX_TOKENS:,}), engine config {LIKE_VIDUR}, policy {policy}, profile "
+        f"llama2-7b-a100; python {platform.python_version()}, each run in its own process; medians of {rounds} rounds; "
+        "CPU = the process's CPU time in the loop (on a shared machine, wall time also measures the neighbours)\n"
     )
     print(
         "| | requests simulated | ignored | steps | simulated | loop wall | loop CPU | req / wall s | steps / wall s "
@@ -286,8 +289,8 @@ def like_vidur(rounds: int, policy: str, vidur: Path | None, vidur_python: Path)
         print(
             f"| {name} | {r['requests']:,} | {r.get('ignored', 0):,} | {r['steps']:,} | {r['simulated_s']:,.0f} s | "
             f"{median(rows, 'loop_s'):.2f} s | {median(rows, 'loop_cpu_s'):.2f} s | {median(rows, 'req_per_s'):,.0f} | "
-            f"{median(rows, 'steps_per_s'):,.0f} | {median(rows, 'req_per_cpu_s'):,.0f} | {median(rows, 'steps_per_cpu_s'):,.0f} | "
-            f"{max(x['max_rss_mb'] for x in rows):,.0f} MB |"
+            f"{median(rows, 'steps_per_s'):,.0f} | {median(rows, 'req_per_cpu_s'):,.0f} | "
+            f"{median(rows, 'steps_per_cpu_s'):,.0f} | {max(x['max_rss_mb'] for x in rows):,.0f} MB |"
         )
     result = {"ours": ours, "vidur": theirs}
     pairs = (
@@ -416,7 +419,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
         rows.append(measure(f"synthetic {args.synthetic:,} (Poisson {args.rate:g}/s)", spec, args.policy))
         print(table(rows[-1:]).splitlines()[-1], file=sys.stderr, flush=True)
     print(
-        f"python {platform.python_version()} on {platform.machine()}, one process; policy {args.policy}; engine config {A100_CONFIG}\n"
+        f"python {platform.python_version()} on {platform.machine()}, one process; policy {args.policy}; engine config "
+        f"{A100_CONFIG}\n"
     )
     print(table(rows))
     if not args.no_baseline:

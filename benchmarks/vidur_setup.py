@@ -12,7 +12,8 @@ two things are supplied, which this script does:
    file (``benchmarks/data/calibration``), so it is **good for timing, not for fidelity**: Vidur
    schedules the same way whatever its step times, but its batches last what this fit says.
 
-    python benchmarks/vidur_setup.py /path/to/vidur-checkout     # then: sim_speed.py --like-vidur --vidur /path/to/vidur-checkout
+    python benchmarks/vidur_setup.py /path/to/vidur-checkout
+    # then: sim_speed.py --like-vidur --vidur /path/to/vidur-checkout
 """
 
 from __future__ import annotations

@@ -18,7 +18,8 @@
     .venv/bin/python benchmarks/vllm_integration.py                 # both parts, about 20 minutes here
     .venv/bin/python benchmarks/vllm_integration.py --part throughput --rounds 2
     .venv/bin/python benchmarks/vllm_integration.py --part case-study --rounds 2 --workdir /tmp/case
-    .venv/bin/python benchmarks/vllm_integration.py --part case-study --rounds 2 --workdir /tmp/case --summarize   # again, from the kept folders
+    # again, from the kept folders
+    .venv/bin/python benchmarks/vllm_integration.py --part case-study --rounds 2 --workdir /tmp/case --summarize
 """
 
 from __future__ import annotations
@@ -211,15 +212,16 @@ def case_round(workdir: Path, name: str, r: int) -> dict:
 
 def print_case_round(name: str, r: int, f: dict) -> None:
     print(
-        f"round {r} {name:13s} VIP p99 TTFT {f['vip']:6.2f} s · others {f['other']:6.2f} s · {f['tput']:.1f} output tok/s · "
-        f"{f['finished']} finished · {f['burst']} delivered in one burst",
+        f"round {r} {name:13s} VIP p99 TTFT {f['vip']:6.2f} s · others {f['other']:6.2f} s · {f['tput']:.1f} output "
+        f"tok/s · {f['finished']} finished · {f['burst']} delivered in one burst",
         flush=True,
     )
 
 
 def print_case_summary(results: dict[str, dict[int, dict]]) -> None:
     """priority-vip against each of vLLM's policies, and vLLM's priority against its fcfs: per-round
-    ratios of VIP p99 TTFT, others' p99 TTFT and output throughput over the rounds both sides ran, their mean and range."""
+    ratios of VIP p99 TTFT, others' p99 TTFT and output throughput over the rounds both sides ran, their mean and
+    range."""
     for side, base in (
         ("priority-vip", "vllm-fcfs"),
         ("priority-vip", "vllm-priority"),
@@ -234,8 +236,8 @@ def print_case_summary(results: dict[str, dict[int, dict]]) -> None:
 
 
 def part_case_study(workdir: Path, rounds: int, run: bool = True) -> None:
-    """Run the three sides for ``rounds`` alternating rounds (or, without ``run``, summarize the rounds kept in ``workdir``,
-    skipping those that are not there)."""
+    """Run the three sides for ``rounds`` alternating rounds (or, without ``run``, summarize the rounds kept in
+    ``workdir``, skipping those that are not there)."""
     traces = case_traces(workdir) if run else {}
     flags = ["--max-model-len", "2048", "--max-num-seqs", "8", "--max-num-batched-tokens", "512"]  # requests queue
     sides = {  # name: (server command, the trace it is sent)

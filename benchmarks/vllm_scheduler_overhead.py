@@ -118,8 +118,8 @@ def main() -> None:
 
     clock = time.thread_time if args.clock == "cpu" else time.perf_counter
     print(
-        f"vLLM {vllm.__version__}: its Scheduler and KvschedScheduler (vllm-v1) in this process, interleaved step by step, "
-        f"{args.rounds} rounds, {args.steps} steps each, {args.clock} clock; same schedules checked every step"
+        f"vLLM {vllm.__version__}: its Scheduler and KvschedScheduler (vllm-v1) in this process, interleaved step by "
+        f"step, {args.rounds} rounds, {args.steps} steps each, {args.clock} clock; same schedules checked every step"
     )
     print(f"{'case':>16} {'vLLM ms/step':>13} {'ours ms/step':>13} {'ours / vLLM':>12} {'range over rounds':>18}")
     for case in args.cases:

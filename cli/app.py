@@ -116,7 +116,8 @@ def run(
     dtype: sim.DtypeOpt = None,
     gpu_memory_utilization: sim.GpuMemoryOpt = 0.9,
 ) -> None:
-    """Run a policy on a workload with every option (simulated executor, or a real model with --executor hf; a fleet with --replicas)."""
+    """Run a policy on a workload with every option (simulated executor, or a real model with --executor hf; a fleet
+    with --replicas)."""
     if executor not in ("sim", "hf"):
         fail(f"unknown executor {executor!r}: use sim or hf")
     if fleet.wanted(replicas, prefill_replicas, decode_replicas, fleet_spec):
@@ -264,7 +265,8 @@ FLEET_SPEC_FIELDS = frozenset({"policy", "policy_opt", "set_", "profile"})
 @app.command()
 @cli_errors
 def policies() -> None:
-    """List installed policies: name, distribution, version, description (a name that several distributions register, as DIST:NAME)."""
+    """List installed policies: name, distribution, version, description (a name that several distributions register,
+    as DIST:NAME)."""
     from kvsched.cli.common import print_plugins
     from kvsched.plugins.discovery import installed_policies, load_policy
     from kvsched.plugins.identity import describe

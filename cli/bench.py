@@ -27,7 +27,8 @@ UrlOpt = Annotated[
     str,
     typer.Option(
         "--url",
-        help="the server, as its root (http://127.0.0.1:8000, as vllm bench serve --base-url) or its OpenAI API base (.../v1)",
+        help="the server, as its root (http://127.0.0.1:8000, as vllm bench serve --base-url) or its OpenAI API base "
+        "(.../v1)",
     ),
 ]
 BenchModelOpt = Annotated[

@@ -93,7 +93,8 @@ def calibrate(
         table.add_row(label, f"{value:.6g}")
     console.print(table)
     console.print(
-        f"relative error: mean {100 * errors['mape']:.2f}%, p95 {100 * errors['p95']:.2f}%, max {100 * errors['max']:.2f}%"
+        f"relative error: mean {100 * errors['mape']:.2f}%, p95 {100 * errors['p95']:.2f}%, max "
+        f"{100 * errors['max']:.2f}%"
     )
     with publishing_file(path) as temp:
         temp.write_text(profile.model_dump_json(indent=2) + "\n")

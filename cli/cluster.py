@@ -161,8 +161,8 @@ def run_command(spec, workload, output, quiet, inputs: dict | None = None, plot:
     console.print(replica_table(summary), highlight=False)
     console.print(
         f"simulated {table.num_rows} requests on {len(cluster.replicas)} replicas in {wall:.2f} s wall "
-        f"({table.num_rows / max(wall, 1e-9):,.0f} req/s); router {cluster.router.name}, staleness {cluster.staleness * 1000:g} ms, "
-        f"prefix-cache hits {summary['prefix_hit_rate']:.1%} of prompt tokens",
+        f"({table.num_rows / max(wall, 1e-9):,.0f} req/s); router {cluster.router.name}, staleness "
+        f"{cluster.staleness * 1000:g} ms, prefix-cache hits {summary['prefix_hit_rate']:.1%} of prompt tokens",
         highlight=False,
     )
     if not any(r.engine.config.enable_prefix_caching for r in cluster.replicas):

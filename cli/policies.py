@@ -70,7 +70,7 @@ def check(
     ] = 30.0,
     quiet: QuietOpt = False,
 ) -> None:
-    """Run the conformance suite on POLICY (or ROUTER): invariant, result, shrunk counter-example. Exit 1 on any failure."""
+    """Run the conformance suite on POLICY (or ROUTER): invariant, result, shrunk counter-example; exit 1 on failure."""
     from kvsched.cli.common import err_console, fail, parse_pairs, policy_options
 
     try:
@@ -83,9 +83,8 @@ def check(
     if router is not None:
         refused = sorted(given & {"policy_opt", "steps", "starvation_examples", "shrink_seconds"})
         if refused:
-            fail(
-                f"{', '.join(option_name(n) for n in refused)}: a policy's checks; a router's take --router-opt and --examples"
-            )
+            names = ", ".join(option_name(n) for n in refused)
+            fail(f"{names}: a policy's checks; a router's take --router-opt and --examples")
         from kvsched.routers.plugins import load_router
         from kvsched.testing.routers import ROUTER_CHECKS, run_router_checks
 
@@ -186,8 +185,8 @@ def compare(
     plot: ComparePlotOpt = False,
     quiet: QuietOpt = False,
 ) -> None:
-    """Run the same workloads (same seeds) under each --policy (or each --router); print each metric's mean and interval,
-    each one's paired change against the baseline, and ranks."""
+    """Run the same workloads (same seeds) under each --policy (or each --router); print each metric's mean and
+    interval, each one's paired change against the baseline, and ranks."""
     from kvsched.cli.common import build_config, check_finite, fail, progress_bar
     from kvsched.experiments.compare import seed_workloads
     from kvsched.workloads import build_workload
@@ -253,8 +252,9 @@ def compare(
     )
     several = len(loads) > 1
     fleet_text = f" · {replicas} replicas of {policy[0] if policy else 'vllm-v1'}" if router else ""
-    title = f"{name} · {first['num_requests']} requests · {seeded}{', mean (95% interval)' if several else ''}{fleet_text} · profile {profile}"
-    pooled = f"{name} · {first['num_requests']} requests · {seeded}{', pooled' if several else ''}{fleet_text} · profile {profile}"
+    head = f"{name} · {first['num_requests']} requests · {seeded}"
+    title = f"{head}{', mean (95% interval)' if several else ''}{fleet_text} · profile {profile}"
+    pooled = f"{head}{', pooled' if several else ''}{fleet_text} · profile {profile}"
     show(runs, title, output, plot, pooled, base)
 
 
@@ -280,12 +280,13 @@ def policy_contenders(policy: list[str], policy_opt: list[str] | None, at_least:
         labels.append(checked[-1].label(policy_name(c.spec, load_policy(c.spec))))
     if len(set(labels)) != len(labels):
         fail(
-            f"--policy {', '.join(sorted({x for x in labels if labels.count(x) > 1}))} given twice (a policy under other options "
-            "is another: NAME:KEY=VALUE)"
+            f"--policy {', '.join(sorted({x for x in labels if labels.count(x) > 1}))} given twice (a policy under "
+            "other options is another: NAME:KEY=VALUE)"
         )
     if len(labels) < at_least:
         fail(
-            "compare needs at least two different --policy (a policy under other options counts: NAME:KEY=VALUE), or result folders"
+            "compare needs at least two different --policy (a policy under other options counts: NAME:KEY=VALUE), or "
+            "result folders"
         )
     return checked, labels
 
@@ -317,7 +318,7 @@ def baseline_label(labels: list[str], contenders: list, given: str | None) -> st
 
 
 def fleet_of(policy: str, config, profile: str, replicas: int, staleness: float | None):
-    """The fleet a router comparison runs: ``replicas`` of ``policy`` (inline options allowed), its settings and profile."""
+    """A router comparison's fleet: ``replicas`` of ``policy`` (inline options allowed), its settings and profile."""
     from kvsched.cli.common import policy_options
     from kvsched.cluster import FleetSpec, ReplicaGroup
     from kvsched.experiments.compare import Contender

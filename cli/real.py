@@ -26,7 +26,8 @@ ModelOpt = Annotated[
     typer.Option(
         "--model",
         "-m",
-        help="smollm2-135m, tiny-llama, tiny-qwen2, tiny-gpt2 (seeded random, fast), or a local model folder / .gguf file",
+        help="smollm2-135m, tiny-llama, tiny-qwen2, tiny-gpt2 (seeded random, fast), or a local model folder / .gguf "
+        "file",
     ),
 ]
 PromptOpt = Annotated[
@@ -177,7 +178,8 @@ def run_command(
     ]
     if not quiet:
         err_console.print(
-            f"running {len(requests)} request(s) on {model} ({engine.executor.backend} attention, policy {engine.policy_name})",
+            f"running {len(requests)} request(s) on {model} ({engine.executor.backend} attention, policy "
+            f"{engine.policy_name})",
             highlight=False,
         )
     with progress_bar(quiet or bool(prompts), "generating") as bar:  # given prompts show their text instead
@@ -282,7 +284,8 @@ def verify_table(model: str, results: list) -> Table:
         where = (
             "-"
             if bad is None
-            else f"{bad.request_id}/{bad.sample} at {bad.first_mismatch}, top-2 margin {bad.margin if bad.margin is None else f'{bad.margin:.2g}'}"
+            else f"{bad.request_id}/{bad.sample} at {bad.first_mismatch}, top-2 margin "
+            f"{bad.margin if bad.margin is None else f'{bad.margin:.2g}'}"
         )
         table.add_row(
             r.scenario,

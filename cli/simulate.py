@@ -43,7 +43,8 @@ DecisionLogOpt = Annotated[
     bool,
     flag(
         "--decision-log/--no-decision-log",
-        help="with --output: write decisions.parquet, every scheduling decision and its reason (read by engine explain)",
+        help="with --output: write decisions.parquet, every scheduling decision and its reason (read by engine "
+        "explain)",
     ),
 ]
 HardwareOpt = Annotated[

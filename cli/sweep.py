@@ -63,7 +63,8 @@ def sweep(
         bool,
         flag(
             "--ray",
-            help="run the points as Ray tasks on a local Ray of --workers CPUs, started and stopped here (the ray extra)",
+            help="run the points as Ray tasks on a local Ray of --workers CPUs, started and stopped here (the ray "
+            "extra)",
         ),
     ] = False,
     ray_address: Annotated[
@@ -71,7 +72,8 @@ def sweep(
         typer.Option(
             "--ray-address",
             metavar="ADDRESS",
-            help="run the points as Ray tasks on this running Ray cluster (auto, host:port, ray://host:10001); implies --ray",
+            help="run the points as Ray tasks on this running Ray cluster (auto, host:port, ray://host:10001); "
+            "implies --ray",
         ),
     ] = None,
     ray_timeout: Annotated[

@@ -123,7 +123,8 @@ def summary_table(summary: dict) -> Table:
             )
             table.add_row(
                 "CPU tier blocks (stored / evicted / loaded)",
-                f"{c['stored_blocks']:,} / {c['evicted_blocks']:,} / {c['loaded_blocks']:,} of {c['blocks']:,} ({c['policy']})",
+                f"{c['stored_blocks']:,} / {c['evicted_blocks']:,} / {c['loaded_blocks']:,} of {c['blocks']:,} "
+                f"({c['policy']})",
             )
         table.add_row("leaked blocks", str(summary["leaked_blocks"]))
     return table

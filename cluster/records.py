@@ -99,7 +99,8 @@ class FleetRecords:
             from kvsched.cluster.spec import FleetError
 
             raise FleetError(
-                f"request {request.request_id!r}: P/D disaggregation runs one sequence per request (n=1), not n={request.sampling.n}"
+                f"request {request.request_id!r}: P/D disaggregation runs one sequence per request (n=1), not "
+                f"n={request.sampling.n}"
             )
         self._prefills[request.request_id] = (request, None, -1, 0)
         if request.output_len == 1:  # its one token is all it has: it runs whole in the prefill pool

@@ -18,7 +18,8 @@ EXTRA = pa.schema([("replica", pa.int64()), ("prompt_replica", pa.int64()), ("ca
 
 
 def fleet_table(cluster: Cluster) -> pa.Table:
-    """Every request's record, with the replica that finished it, the one that ran its prompt, and its prefix-cache hits."""
+    """Every request's record, with the replica that finished it, the one that ran its prompt, and its prefix-cache
+    hits."""
     rec = cluster.records
     table = arrow_table(rec.rows, SCHEMA)
     for field, column in zip(EXTRA, (rec.replica, rec.prompt_replica, rec.cached_tokens)):

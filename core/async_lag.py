@@ -109,7 +109,7 @@ class AsyncLag(SchedulerTime):
         ends[seq.group] = max(ends.get(seq.group, due[1]), due[1])
 
     def stop_if_done(self, seq: Sequence, token: int) -> bool:
-        """A stop token is seen one step late (the sequence stays scheduled); a length cap at once (vLLM foresees it)."""
+        """A stop token is seen a step late (the sequence stays scheduled); a length cap at once (vLLM foresees it)."""
         if token in seq.group.stop_tokens:
             self.pending[seq.seq_id] = (seq, self.engine.clock.now())
             return False

@@ -9,7 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from kvsched.core.request import MAX_TOKENS
 
-# Each block costs the pools about a hundred bytes: a bound that keeps a typo (1e9 blocks) a clear error, not a MemoryError.
+# A block costs the pools about a hundred bytes: a bound keeping a typo (1e9 blocks) a clear error, not a MemoryError.
 MAX_BLOCKS = 1 << 22
 
 
@@ -46,12 +46,13 @@ class EngineConfig(BaseModel):
     )
     decode_lane: bool = Field(
         True,
-        description="advance plain decodes together when the executor knows its tokens (the simulator); same results either way",
+        description="advance plain decodes together when the executor knows its tokens (the simulator); "
+        "same results either way",
     )
     enable_chunked_prefill: bool = Field(
         True,
-        description="vLLM V1's knob, read by vllm-v1: off, a prompt is scheduled whole or waits (head of line), and under "
-        "v1 mechanics max_num_batched_tokens must hold max_model_len (docs/vllm-v1.md)",
+        description="vLLM V1's knob, read by vllm-v1: off, a prompt is scheduled whole or waits (head of line), "
+        "and under v1 mechanics max_num_batched_tokens must hold max_model_len (docs/vllm-v1.md)",
     )
     async_scheduling: bool = Field(
         False,
@@ -76,8 +77,9 @@ class EngineConfig(BaseModel):
         0,
         ge=0,
         le=64,
-        description="V1 speculative decoding at the scheduler level: draft tokens a decoding request is "
-        "scheduled with, verified in the step, the rejected ones rolled back (under v1 mechanics; v0 ignores it; docs/vllm-v1.md)",
+        description="V1 speculative decoding at the scheduler level: draft tokens a decoding request is scheduled "
+        "with, verified in the step, the rejected ones rolled back (under v1 mechanics; v0 ignores it; "
+        "docs/vllm-v1.md)",
     )
     kv_offloading_blocks: int = Field(
         0,
@@ -99,8 +101,8 @@ class EngineConfig(BaseModel):
             and self.max_num_batched_tokens < self.model_len
         ):
             raise ValueError(  # vLLM's SchedulerConfig.verify_max_model_len
-                f"max_num_batched_tokens ({self.max_num_batched_tokens}) is smaller than max_model_len ({self.model_len}) "
-                "with chunked prefill off: no longer prompt could ever be scheduled"
+                f"max_num_batched_tokens ({self.max_num_batched_tokens}) is smaller than "
+                f"max_model_len ({self.model_len}) with chunked prefill off: no longer prompt could ever be scheduled"
             )
         if self.kv_offloading_blocks and (
             self.vllm_engine != "v1" and "vllm_engine" in self.model_fields_set or not self.enable_prefix_caching

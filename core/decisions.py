@@ -1,4 +1,4 @@
-"""The vocabulary of decisions: what a step operation answered, a preemption choice, and why (the notes of the decision log)."""
+"""The vocabulary of decisions: what a step operation answered, a preemption choice, why (the decision log's notes)."""
 
 from __future__ import annotations
 
@@ -117,7 +117,7 @@ def held_problem(reason: object, numbers: dict) -> str | None:
 
 @dataclass(frozen=True, slots=True)
 class Preemption:
-    """A policy's answer to ``choose_preemption``: evict ``victim``, by ``mode`` (None: the default rule), for ``reason``."""
+    """A policy's answer to ``choose_preemption``: evict ``victim`` by ``mode`` (None: the default) for ``reason``."""
 
     victim: GroupView
     mode: PreemptionMode | None = None

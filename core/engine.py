@@ -153,7 +153,7 @@ class Engine:
 
     @property
     def groups(self) -> GroupMap:
-        """Every request by id (a finished one too, unless ``retain_finished=False``), as read-only ``GroupView``s (live)."""
+        """Each request by id (finished too, unless ``retain_finished=False``) as a read-only ``GroupView`` (live)."""
         return GroupMap(self._groups)
 
     @property

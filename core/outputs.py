@@ -76,7 +76,7 @@ class ScheduledGroup:
 
     def samples(self) -> list[tuple[Sequence, int]]:
         """(sequence, tokens to sample) for each sequence that finishes computing in this step, what an executor
-        samples: ``n`` for the prompt of a group not yet forked (the engine forks one sequence per extra token), else one.
+        samples: ``n`` for the prompt of a group not yet forked (the engine forks a sequence per extra token), else one.
         Like ``seq_chunks``, call it before the engine applies the step; a decode with draft tokens (V1 speculative
         decoding) computes past its tokens and samples too: one token rejects every draft, 1 + a accepts a of them."""
         samples = self.group.n if len(self.group.seqs) == 1 else 1  # one sequence: unforked, or n is 1

@@ -101,7 +101,8 @@ class Sequence:
         return tuple(self.prompt[start:]) + tuple(self.output[: stop - p])
 
     def __repr__(self) -> str:
-        return f"Sequence({self.seq_id}, {self.status.name}, tokens={self.num_tokens}, computed={self.num_computed_tokens})"
+        status = self.status.name
+        return f"Sequence({self.seq_id}, {status}, tokens={self.num_tokens}, computed={self.num_computed_tokens})"
 
 
 class SequenceGroup:
@@ -164,7 +165,7 @@ class SequenceGroup:
         self.finish_detail: str | None = None
         # last_queued_time moves on at each recompute (Scheduler._commit)
         self.arrival_time = self.last_queued_time = request.arrival_time
-        # When its structured-output grammar is compiled (None: it has none); inside vLLM the mirror learns it as vLLM does.
+        # When its structured-output grammar is compiled (None: none); inside vLLM the mirror learns it as vLLM does.
         self.grammar_ready_at = (
             None if request.grammar_compile_s is None else request.arrival_time + request.grammar_compile_s
         )

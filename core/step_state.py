@@ -99,7 +99,8 @@ class StepState(Preemptions, DecisionNotes):
         if max_tokens is None and uncomputed > self.max_tokens:
             return self._ignore(
                 g,
-                f"prompt of {uncomputed} tokens exceeds max_num_batched_tokens ({self.max_tokens}) without chunked prefill",
+                f"prompt of {uncomputed} tokens exceeds max_num_batched_tokens ({self.max_tokens}) "
+                "without chunked prefill",
             )
         # Capacity before budget, as vLLM does: a NEVER group is dropped even when the budget is spent.
         status = self.hooks.can_allocate(self.step, g.view) if self.hooks.decides_admission else self.bm.can_allocate(g)

@@ -68,9 +68,9 @@ UNKNOWABLE = ("output_len",)  # no scheduler knows the answer's length: a hook s
 
 
 def frozen(model: BaseModel) -> tuple:
-    """A read-only copy of a frozen pydantic model (a ``Request``, its ``SamplingParams``, the ``EngineConfig``) as hooks
-    are handed it: a named tuple of its fields (nested models likewise; ``UNKNOWABLE`` ones left out) with its properties.
-    A frozen pydantic object is still writable through ``__dict__`` or ``object.__setattr__``; a tuple is not, by any path."""
+    """A read-only copy of a frozen pydantic model (a ``Request``, its ``SamplingParams``, the ``EngineConfig``) as
+    hooks get it: a named tuple of its fields (nested models likewise; ``UNKNOWABLE`` ones left out) and properties. A
+    frozen pydantic object is still writable through ``__dict__`` or ``object.__setattr__``; a tuple by no path."""
     return _record_type(type(model))._make(
         [
             frozen(v) if isinstance(v, BaseModel) else v
@@ -104,7 +104,7 @@ class GroupView:
 
     @property
     def request(self) -> Request:
-        """The validated request as a read-only copy (``frozen``: the engine's own is not handed out), made on first use."""
+        """The request as a read-only copy (``frozen``: the engine's own is not handed out), made on its first read."""
         group = _GROUPS[self]()
         if group.request_copy is None:
             group.request_copy = frozen(group.request)

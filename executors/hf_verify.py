@@ -255,7 +255,8 @@ def verify(
     seed: int = 0,
     on_done: Callable[[ScenarioResult], None] | None = None,
 ) -> list[ScenarioResult]:
-    """Every scenario (or ``names``) for one model, ``on_done`` told of each; references are computed once per prompt."""
+    """Every scenario (or ``names``) for one model, ``on_done`` told of each; references are computed once per
+    prompt."""
     plain = prompts or random_prompts(loaded, num_prompts, seed)
     prefixed = prompts or random_prompts(loaded, num_prompts, seed + 1, shared_prefix=True)
     lens = [len(p) for p in plain + prefixed]

@@ -44,7 +44,8 @@ class SimulatedExecutor:
             self.block_size = block_manager.block_size
         elif self.block_size != block_manager.block_size:
             raise ValueError(
-                f"SimulatedExecutor(block_size={self.block_size}) on an engine with block_size {block_manager.block_size}"
+                f"SimulatedExecutor(block_size={self.block_size}) on an engine with block_size "
+                f"{block_manager.block_size}"
             )
 
     def decode_lane(self, block_manager) -> DecodeLane:
@@ -86,7 +87,8 @@ class SimulatedExecutor:
         return StepResult(charged(self.profile.step_seconds(output, self.block_size)), tokens)
 
     def lane_seconds(self, num_seqs: int) -> Callable[[int], float]:
-        """What ``execute`` charges a step of ``num_seqs`` lane decodes, by the context tokens they read (``KnownDurations``)."""
+        """What ``execute`` charges a step of ``num_seqs`` lane decodes, by the context tokens they read
+        (``KnownDurations``)."""
         seconds = self.profile.decode_seconds(num_seqs)
         return (
             seconds if seconds(0) > 0 else lambda kv_tokens: charged(seconds(kv_tokens))

@@ -94,8 +94,9 @@ class Sent:
 def prompt_of(request: Request) -> list[int]:
     """The request's token ids, or ids of its own for a prompt given only by length. Ids no vocabulary
     need hold (``VOCAB_START + VOCAB_SPAN`` and up: a sessions workload's fresh ids, a hash-id trace's
-    blocks; and negative ones, which ``Request`` takes and no server does) are folded into the span, equal ids alike, so the prefix sharing the workload records is
-    what the server's cache sees (two different ids may meet; a whole shared block by chance hardly)."""
+    blocks; and negative ones, which ``Request`` takes and no server does) are folded into the span, equal ids alike, so
+    the prefix sharing the workload records is what the server's cache sees (two different ids may meet; a whole shared
+    block by chance hardly)."""
     if request.prompt_token_ids:
         end = VOCAB_START + VOCAB_SPAN
         return [

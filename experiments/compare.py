@@ -59,7 +59,8 @@ class Contender:
     @classmethod
     def parse(cls, text: str) -> Contender:
         """``SPEC`` or ``SPEC:KEY=VALUE,KEY=VALUE`` (a value may hold commas: ``ewsjf:edges=256,1024``); SPEC is
-        any policy spec (a name, ``DIST:NAME``, ``file.py:Class``), told from options by the ``=`` after its last colon."""
+        any policy spec (a name, ``DIST:NAME``, ``file.py:Class``), told from options by the ``=`` after its last
+        colon."""
         head, colon, tail = text.rpartition(":")
         if not (colon and head and "=" in tail):
             return cls(text, text, {})
@@ -110,7 +111,8 @@ def run_policies(
     profile: str,
     on_done: Callable[[], None] | None = None,
 ) -> list[PolicyRun]:
-    """Simulate each of ``workloads`` (one per seed, the same for every contender) once per contender; ``on_done`` after each."""
+    """Simulate each of ``workloads`` (one per seed, the same for every contender) once per contender; ``on_done``
+    after each."""
     from kvsched.experiments.simulation import SimJob
 
     runs = []

@@ -60,7 +60,8 @@ def class_means(ttft: dict[str, float], classes: dict[str, str | None]) -> dict[
 
 
 def sim_errors(sim: dict, real: dict, sim_e2e: dict[str, float], real_e2e: dict[str, float]) -> dict[str, float | None]:
-    """The simulation's error against one measured run: median |per-request E2E error|, signed TTFT mean and p99 errors."""
+    """The simulation's error against one measured run: median |per-request E2E error|, signed TTFT mean and p99
+    errors."""
     common = [rid for rid in real_e2e if rid in sim_e2e and real_e2e[rid] > 0]
     per_request = [abs(sim_e2e[rid] - real_e2e[rid]) / real_e2e[rid] for rid in common]
     return {
@@ -140,8 +141,8 @@ def gains_table(gains: dict) -> list[str]:
 
 def errors_table(runs: list[dict]) -> list[str]:
     lines = [
-        "| run | median per-request E2E error | TTFT mean error | TTFT p99 error | mean TTFT measured / simulated (s) | "
-        "measured TPOT ÷ simulated | preemptions measured / simulated |",
+        "| run | median per-request E2E error | TTFT mean error | TTFT p99 error | mean TTFT measured / simulated "
+        "(s) | measured TPOT ÷ simulated | preemptions measured / simulated |",
         "|---|---|---|---|---|---|---|",
     ]
     for run in runs:
@@ -155,7 +156,8 @@ def errors_table(runs: list[dict]) -> list[str]:
         lines.append(
             f"| {run['label']} | {cell('e2e_median', False)} | {cell('ttft_mean')} | {cell('ttft_p99')} | "
             f"{metric(run['real'], 'ttft_mean'):.2f} / {metric(run['sim'], 'ttft_mean'):.2f} | "
-            f"{run['real']['tpot_s']['mean'] / run['sim']['tpot_s']['mean']:.2f}× | {preemptions(run['real'])} / {preemptions(run['sim'])} |"
+            f"{run['real']['tpot_s']['mean'] / run['sim']['tpot_s']['mean']:.2f}× | {preemptions(run['real'])} / "
+            f"{preemptions(run['sim'])} |"
         )
     return lines
 
@@ -183,7 +185,8 @@ def markdown(result: dict) -> str:
 
 
 def build(result_runs: list[dict], baseline: str = "vllm-v1") -> dict:
-    """The gains of every metric in ``GAIN_METRICS`` that every run's summaries have, from runs ``{policy, label, sim, real, errors}``."""
+    """The gains of every metric in ``GAIN_METRICS`` that every run's summaries have, from runs ``{policy, label,
+    sim, real, errors}``."""
     sim = {r["policy"]: r["sim"] for r in result_runs}
     real: dict[str, list[dict]] = {}
     for r in result_runs:

@@ -81,7 +81,8 @@ class BoardWorkload:
 
     def options(self, num_requests: int | None, seed: int) -> dict[str, Any]:
         """``build_workload``'s keyword arguments for one seed (a sweep spec's workload); without
-        ``num_requests`` a built-in trace (or named spec of one) gives its first ``DEFAULT_REQUESTS``, a spec its own count."""
+        ``num_requests`` a built-in trace (or named spec of one) gives its first ``DEFAULT_REQUESTS``, a spec its own
+        count."""
         from kvsched.workloads.builtin import is_trace
 
         if num_requests is None and is_trace(self.name):
@@ -163,7 +164,8 @@ def run_board(
     workers: int | None = None,
     on_done: Callable[[dict], None] | None = None,
 ) -> Board:
-    """Simulate every policy on every workload and seed of ``board`` (``plan``'s seeds), a sweep per workload and seed."""
+    """Simulate every policy on every workload and seed of ``board`` (``plan``'s seeds), a sweep per workload and
+    seed."""
     from kvsched.experiments.evidence import dropped_share
     from kvsched.experiments.sweep import Point, SweepSpec, run_sweep
 

@@ -101,7 +101,8 @@ def start_ray(address: str = "local", attempts: int = 3, **options: Any) -> None
                 continue
             where = "a local Ray" if address == LOCAL else address
             raise ValueError(
-                f"--ray: {where}: Ray could not start or connect: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
+                f"--ray: {where}: Ray could not start or connect: "
+                f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
             ) from None
 
 

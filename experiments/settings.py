@@ -24,8 +24,9 @@ from kvsched.core.config import EngineConfig
 from kvsched.executors.cost_model import StepCost
 from kvsched.plugins.identity import engine_defaults, policy_attribute
 
+# vLLM v0: max_num_batched_tokens = max(max_model_len, 2048) without chunked prefill
 V0_MIN_BATCHED_TOKENS = 2048
-POLICY = "the policy"  # a setting filled from the policy's engine_defaults  # vLLM v0: max_num_batched_tokens = max(max_model_len, 2048) without chunked prefill
+POLICY = "the policy"  # a setting filled from the policy's engine_defaults
 
 
 def check_names(names, option: str = "--set") -> None:

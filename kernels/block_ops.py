@@ -51,7 +51,8 @@ def copy_blocks(cache: torch.Tensor, pairs: Sequence[tuple[int, int]], block_dim
 def swap_blocks(
     src_cache: torch.Tensor, dst_cache: torch.Tensor, pairs: Sequence[tuple[int, int]], block_dim: int = 0
 ) -> None:
-    """Swap out or in: block ``s`` of ``src_cache`` → block ``d`` of ``dst_cache`` (pools may sit on different devices)."""
+    """Swap out or in: block ``s`` of ``src_cache`` → block ``d`` of ``dst_cache`` (pools may sit on different
+    devices)."""
     if not pairs:
         return
     src, dst = _index(pairs, src_cache.device)

@@ -1,4 +1,5 @@
-"""The paged KV cache: one tensor per device pool, viewed per layer as ``[num_blocks, block_size, num_kv_heads, head_dim]``."""
+"""The paged KV cache: one tensor per device pool, viewed per layer as ``[num_blocks, block_size, num_kv_heads,
+head_dim]``."""
 
 from __future__ import annotations
 

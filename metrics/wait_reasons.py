@@ -51,7 +51,8 @@ def label(key: str) -> str:
 
 
 def coarse(key: str) -> str:
-    """``behind:no_blocks`` → ``behind``: one stretch of head-of-line waiting, whatever stopped admission in each step."""
+    """``behind:no_blocks`` → ``behind``: one stretch of head-of-line waiting, whatever stopped admission in each
+    step."""
     return "behind" if key.startswith("behind:") else key
 
 
@@ -129,7 +130,8 @@ class WaitReasons:
         return ctx
 
     def step_reason(self, queue: str, step: int) -> tuple[str, str | None, str | None]:
-        """(reason key, the request admission stopped at, the policy's numbers) for a ``queue`` request not offered in ``step``."""
+        """(reason key, the request admission stopped at, the policy's numbers) for a ``queue`` request not offered
+        in ``step``."""
         row = self._context[queue].iloc[step]
         return row.key, row.blocker, row.detail
 

@@ -3,8 +3,8 @@
 Latencies and throughput are measured over the requests that finished, so a run that ignored
 the long prompts, or lost requests, looks better than the service it models; and a run whose
 waiting queue never empties measures how long the run was, not the engine. Each warning is
-``{"count": N, "reason": "..."}``, read as "N requests <reason>"; ``summary.json`` lists them under ``warnings``, the terminal
-summary ends with them and ``report.html`` shows them above its table.
+``{"count": N, "reason": "..."}``, read as "N requests <reason>"; ``summary.json`` lists them under ``warnings``, the
+terminal summary ends with them and ``report.html`` shows them above its table.
 """
 
 from __future__ import annotations
@@ -91,7 +91,7 @@ def _overload(records) -> dict[str, Any] | None:
     return {
         "count": int((arrival > drained).sum()),
         "reason": (
-            f"arrived after the waiting queue last emptied, {drained - first:.1f} s into {last - first:.1f} s of arrivals "
-            "(overload): their latencies grow with the length of the run, not with the engine's speed"
+            f"arrived after the waiting queue last emptied, {drained - first:.1f} s into {last - first:.1f} s of "
+            "arrivals (overload): their latencies grow with the length of the run, not with the engine's speed"
         ),
     }

@@ -59,7 +59,7 @@ def policy_attribute(policy: Any, attr: str, default: Any = None, who: str | Non
 
 
 def declared_name(policy: Any, who: str | None = None) -> str | None:
-    """The policy's own ``name`` attribute: a non-empty ``str`` (no subclass, whose methods are plugin code), or None."""
+    """The policy's ``name`` attribute: a non-empty ``str`` (no subclass, whose methods are plugin code), or None."""
     name = policy_attribute(policy, "name", None, who)
     if name is None or (type(name) is str and name):
         return name

@@ -14,8 +14,8 @@ class Sjf(ContinuousBatching):
     ``history`` with ``window``, the default and the one a server could run; the oracles ``oracle``,
     ``noisy`` with ``sigma``, ``bucketed`` with ``edges``; or any object with ``predict`` and a ``name``;
     policies/length_predictors.py; the run's summary names it). The guard: a request whose age (now −
-    arrival) exceeds ``starvation_s`` seconds jumps ahead of every non-starving one, oldest first, and is not picked as a victim
-    while another candidate exists. Short of blocks, the running group with the longest predicted
+    arrival) exceeds ``starvation_s`` seconds jumps ahead of every non-starving one, oldest first, and is not picked as
+    a victim while another candidate exists. Short of blocks, the running group with the longest predicted
     remaining work is preempted (SRPT), the newest among equals.
     """
 

@@ -32,7 +32,8 @@ class VllmDefault:
         self._last_prompt_latency = 0.0
 
     def _passed_delay(self, step) -> bool:
-        """vLLM's gate: the oldest waiting request waited longer than delay_factor × the last prompt latency, or nothing runs."""
+        """vLLM's gate: the oldest waiting request waited longer than delay_factor × the last prompt latency, or
+        nothing runs."""
         now = step.now
         if self._prev_prompt:
             self._last_prompt_latency = now - self._prev_time

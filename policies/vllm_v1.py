@@ -72,7 +72,8 @@ class VllmV1:
         release = release_key(vllm_release)
         # vLLM 0.30 cuts a long prefill to the threshold even when it is the only request; 0.31 only among others
         self.threshold_alone = release < (0, 31)
-        # vLLM 0.30 queues a request that arrives waiting for its grammar apart (skipped_waiting), served first under fcfs
+        # vLLM 0.30 queues a request that arrives waiting for its grammar apart (skipped_waiting), served first under
+        # fcfs
         self.grammar_queue_first = release < (0, 31) and not self.priority
         # vLLM 0.33: the least urgent running request, having preempted itself, freed its blocks for the ones after it
         self.past_self_preemption = release >= (0, 33) and self.priority
@@ -128,7 +129,8 @@ class VllmV1:
                 chunked and group.max_running_seqs == 1
             ):  # a group of several (v0 mechanics; V1 fans n > 1 out) runs whole
                 chunk = step.remaining_tokens if threshold <= 0 else min(threshold, step.remaining_tokens)
-            else:  # the whole prompt, or a threshold's cut, as vLLM still makes it; BUDGET if it does not fit what is left
+            else:
+                # the whole prompt, or a threshold's cut, as vLLM still makes it; BUDGET if it does not fit what is left
                 chunk = threshold if threshold > 0 and group.max_running_seqs == 1 else None
             if step.admit(group, max_tokens=chunk) in (Outcome.LATER, Outcome.BUDGET):
                 break

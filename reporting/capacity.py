@@ -1,5 +1,6 @@
-"""``engine capacity``'s files: ``capacity.json`` (every load tried, every capacity, the paired statistics), ``capacity.md``
-(the table) and, with ``--plot``, ``capacity.png`` (SLO goodput against the offered rate, a colour per contender)."""
+"""``engine capacity``'s files: ``capacity.json`` (every load tried, every capacity, the paired statistics),
+``capacity.md`` (the table) and, with ``--plot``, ``capacity.png`` (SLO goodput against the offered rate, a colour per
+contender)."""
 
 from __future__ import annotations
 

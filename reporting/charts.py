@@ -109,10 +109,10 @@ def latency(requests: pd.DataFrame, itl: tuple[np.ndarray, np.ndarray]) -> Chart
         "latency",
         "TTFT, E2E, TPOT and ITL",
         (
-            "Cumulative distributions over finished requests (left, seconds): TTFT is arrival to first token, E2E arrival to "
-            "last token. Right (milliseconds, log scale): TPOT is a request's mean gap between output tokens after the "
-            "first; ITL is every such gap, over all tokens of all requests, so stalls (prefill-only steps, preemptions) "
-            "show in its tail. These are vllm bench serve's four latency metrics."
+            "Cumulative distributions over finished requests (left, seconds): TTFT is arrival to first token, E2E "
+            "arrival to last token. Right (milliseconds, log scale): TPOT is a request's mean gap between output "
+            "tokens after the first; ITL is every such gap, over all tokens of all requests, so stalls (prefill-only "
+            "steps, preemptions) show in its tail. These are vllm bench serve's four latency metrics."
         ),
         figure_layout(fig, hovermode="closest"),
     )
@@ -154,8 +154,9 @@ def queues(steps: pd.DataFrame) -> Chart:
         "queues",
         "Queues over time",
         (
-            "Requests in each queue after each step, time-weighted means per time bin. The waiting queue has its own axis "
-            "(left) because under overload it is orders of magnitude longer than the running and swapped queues (right)."
+            "Requests in each queue after each step, time-weighted means per time bin. The waiting queue has its own "
+            "axis (left) because under overload it is orders of magnitude longer than the running and swapped queues "
+            "(right)."
         ),
         figure_layout(fig),
     )
@@ -187,9 +188,9 @@ def kv_usage(steps: pd.DataFrame, summary: dict) -> Chart:
         "kv",
         "KV-cache usage",
         (
-            f"Share of the {config['num_gpu_blocks']:,} GPU KV blocks (and of the {config['num_cpu_blocks']:,} CPU swap blocks) "
-            f"held after each step, time-weighted per bin. Admission keeps the watermark ({watermark:g}% of the GPU pool) free, "
-            "so a pool that stays near the top means prompts wait for blocks."
+            f"Share of the {config['num_gpu_blocks']:,} GPU KV blocks (and of the {config['num_cpu_blocks']:,} CPU "
+            f"swap blocks) held after each step, time-weighted per bin. Admission keeps the watermark ({watermark:g}% "
+            "of the GPU pool) free, so a pool that stays near the top means prompts wait for blocks."
         ),
         figure_layout(fig),
     )
@@ -214,8 +215,8 @@ def throughput(steps: pd.DataFrame, requests: pd.DataFrame, events: pd.DataFrame
         "throughput",
         "Throughput and arrivals over time",
         (
-            f"Requests arriving and finishing per second, and output tokens generated per second, in bins of {width:,.1f} s. "
-            "Arrivals above finishes for long stretches mean the waiting queue grows."
+            "Requests arriving and finishing per second, and output tokens generated per second, in bins of "
+            f"{width:,.1f} s. Arrivals above finishes for long stretches mean the waiting queue grows."
         ),
         figure_layout(fig),
     )
@@ -234,8 +235,9 @@ def batch_over_time(steps: pd.DataFrame) -> Chart:
         "batch-time",
         "Batch composition over time",
         (
-            "Mean per step within each time bin: sequences that decode one token (left axis) and prompt tokens prefilled "
-            "(right axis, its own scale: a prompt step computes hundreds of tokens where a decode computes one per sequence)."
+            "Mean per step within each time bin: sequences that decode one token (left axis) and prompt tokens "
+            "prefilled (right axis, its own scale: a prompt step computes hundreds of tokens where a decode computes "
+            "one per sequence)."
         ),
         figure_layout(fig),
     )
@@ -264,9 +266,9 @@ def batch_distributions(steps: pd.DataFrame) -> Chart:
         "batch-dist",
         "Batch size and batched tokens",
         (
-            "Vidur's batch distributions, over the steps that ran something: sequences per step (prefills plus decodes) "
-            "and tokens computed per step (prompt tokens plus one per decoding sequence, at most max_num_batched_tokens; "
-            "log scale, so that the few prompt-heavy steps show beside the many decode steps)."
+            "Vidur's batch distributions, over the steps that ran something: sequences per step (prefills plus "
+            "decodes) and tokens computed per step (prompt tokens plus one per decoding sequence, at most "
+            "max_num_batched_tokens; log scale, so that the few prompt-heavy steps show beside the many decode steps)."
         ),
         figure_layout(fig, hovermode="closest", bargap=0),
     )
@@ -320,8 +322,8 @@ def preempted_and_ignored(events: pd.DataFrame) -> Chart:
         "preempted-ignored",
         "Preempted and ignored requests, by reason",
         (
-            f"Left: the run's {len(pre):,} preemptions by mode (recompute: back to waiting; swap: blocks to the CPU) and "
-            f"cause. Right: the {int(rules.sum()):,} requests that could never run, by the rule that stopped them "
+            f"Left: the run's {len(pre):,} preemptions by mode (recompute: back to waiting; swap: blocks to the CPU) "
+            f"and cause. Right: the {int(rules.sum()):,} requests that could never run, by the rule that stopped them "
             "(numbers written N)."
         ),
         figure_layout(fig, hovermode="closest", showlegend=False),

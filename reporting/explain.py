@@ -154,7 +154,8 @@ class Explainer:
         r = self.requests.loc[parent]
         samples = self.samples[parent] if rid == parent else [rid]
         lines = [
-            f"{rid}{'' if rid == parent else f' (one of the {r.n} requests {parent} fanned out into)'} · prompt {r.prompt_tokens:,} tokens · {r.output_tokens:,} output tokens · {r.status}"
+            f"{rid}{'' if rid == parent else f' (one of the {r.n} requests {parent} fanned out into)'} · prompt "
+            f"{r.prompt_tokens:,} tokens · {r.output_tokens:,} output tokens · {r.status}"
             + (f" ({r.detail})" if isinstance(r.detail, str) else ""),
             "  ".join(
                 f"{name} {value:,.3f} s"
@@ -265,8 +266,8 @@ class Explainer:
         for key in dict.fromkeys(self.why.running_key[at]):
             mine = at[self.why.running_key[at] == key]
             lines.append(
-                f"{'':40}not run in {_count(len(mine), 'step')} ({self.why.interval[mine].sum():,.3f} s): {label(key)}, "
-                f"first at step {int(mine[0]):,}"
+                f"{'':40}not run in {_count(len(mine), 'step')} ({self.why.interval[mine].sum():,.3f} s): "
+                f"{label(key)}, first at step {int(mine[0]):,}"
             )
         for reason, rows in budget.groupby("reason"):
             lines.append(f"{'':40}not run in {_count(len(rows), 'step')}: {label(reason)}")
@@ -295,10 +296,12 @@ class Explainer:
         ev = why.in_steps(n, n)
         at = {q: int(why.at_start[q][n]) for q in ("waiting", "running", "swapped")}
         lines = [
-            f"step {n:,} · {why.start[n]:,.3f} → {why.end[n]:,.3f} s ({1000 * st.duration_s:,.1f} ms) · policy {self.run.summary['policy']}",
-            f"as it began: {at['waiting']:,} waiting · {at['running']:,} running · {at['swapped']:,} swapped · "
-            f"after it: {int(st.gpu_blocks_used):,} of {self.run.summary['config']['num_gpu_blocks']:,} GPU KV blocks used",
-            f"batch: {int(st.prefill_groups):,} prefills ({int(st.prefill_tokens):,} tokens), {int(st.decode_seqs):,} decodes",
+            f"step {n:,} · {why.start[n]:,.3f} → {why.end[n]:,.3f} s ({1000 * st.duration_s:,.1f} ms) · policy "
+            f"{self.run.summary['policy']}",
+            f"as it began: {at['waiting']:,} waiting · {at['running']:,} running · {at['swapped']:,} swapped · after "
+            f"it: {int(st.gpu_blocks_used):,} of {self.run.summary['config']['num_gpu_blocks']:,} GPU KV blocks used",
+            f"batch: {int(st.prefill_groups):,} prefills ({int(st.prefill_tokens):,} tokens), {int(st.decode_seqs):,} "
+            "decodes",
         ]
         for row in ev[ev.event.isin(("admitted", "prefill", "swapped_in"))].itertuples():
             what = (

@@ -1,4 +1,5 @@
-"""A fleet run's ``report.html`` (``engine run --replicas N --plot``): one offline page on how the router spread the load.
+"""A fleet run's ``report.html`` (``engine run --replicas N --plot``): one offline page on how the router spread the
+load.
 
 Made from the fleet's own files (``summary.json`` with a row per replica, ``requests.csv`` with each
 request's replica and prefix-cache hit, ``routes.csv`` with each routing decision): the fleet's
@@ -66,8 +67,8 @@ def fleet_charts(summary: dict, requests: pd.DataFrame, routes: pd.DataFrame) ->
         Chart(
             "load",
             "Load per replica",
-            f"What router {router} sent each replica and what it finished (bars), and the share of "
-            "the run it was busy (line): an even router gives even bars; a replica busy all along is the fleet's bottleneck.",
+            f"What router {router} sent each replica and what it finished (bars), and the share of the run it was "
+            "busy (line): an even router gives even bars; a replica busy all along is the fleet's bottleneck.",
             load,
         ),
         Chart(
@@ -126,7 +127,8 @@ def write_fleet_report(directory: Path, path: Path) -> Path:
 {"".join(chart_html(c) for c in charts)}
 <h2>The router's commonest reasons</h2>
 <table id="reasons"><tr><th>reason</th><th>requests</th></tr>{why}</table>
-<p class="caption">Each request's route and reason: <code>engine explain {html.escape(directory.name)} --request ID</code>;
+<p class="caption">Each request's route and reason: \
+<code>engine explain {html.escape(directory.name)} --request ID</code>;
 {len(routes):,} routing decisions in routes.csv.</p>""",
         charts,
     )

@@ -29,8 +29,10 @@ TABLE_ROWS = 100  # requests in the table (the longest waits), each with its exp
 STYLE = """body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}
 h1{font-size:1.5em;margin-bottom:.2em}.sub{color:#555;margin-top:0}
 table{border-collapse:collapse;margin:1em 0;font-size:14px}td,th{border:1px solid #ccc;padding:3px 9px;text-align:right}
-td:first-child,th:first-child{text-align:left}.chart{margin:1.5em 0 .3em}.caption{color:#444;font-size:14px;margin:0 0 2em;max-width:900px}
-pre{background:#f6f6f6;padding:.8em;overflow:auto;font-size:12px}details{margin:.4em 0}summary{cursor:pointer;font-family:monospace}
+td:first-child,th:first-child{text-align:left}.chart{margin:1.5em 0 .3em}\
+.caption{color:#444;font-size:14px;margin:0 0 2em;max-width:900px}
+pre{background:#f6f6f6;padding:.8em;overflow:auto;font-size:12px}details{margin:.4em 0}\
+summary{cursor:pointer;font-family:monospace}
 #js-errors{background:#fdd;border:1px solid #c00;padding:.5em 1em}
 .warnings{background:#fff4d6;border:1px solid #d9a400;padding:.4em 1em;margin:1em 0}.warnings li{margin:.2em 0}"""
 
@@ -141,9 +143,11 @@ def classes_html(summary: dict) -> str:
         return ""
     cells = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in rows)
     return (
-        f'<h2>Per class</h2><table id="classes"><tr>{"".join(f"<th>{html.escape(h)}</th>" for h in head)}</tr>{cells}</table>'
-        '<p class="caption">Each SLO class, tenant and priority of the run (where it has more than one), and over its '
-        "sessions the distribution of each session's mean TTFT: a tiered or session-aware policy moves each its own way.</p>"
+        "<h2>Per class</h2><table "
+        f'id="classes"><tr>{"".join(f"<th>{html.escape(h)}</th>" for h in head)}</tr>{cells}</table><p '
+        'class="caption">Each SLO class, tenant and priority of the run (where it has more than one), and over its '
+        "sessions the distribution of each session's mean TTFT: a tiered or session-aware policy moves each its own "
+        "way.</p>"
     )
 
 
@@ -153,7 +157,8 @@ def warnings_html(summary: dict) -> str:
         f"<li>{html.escape(warning_text(w, summary['num_requests']))}</li>" for w in summary.get("warnings") or ()
     )
     return (
-        f'<div class="warnings" id="warnings"><strong>Warnings: these results are not all they seem.</strong><ul>{items}</ul></div>'
+        '<div class="warnings" id="warnings"><strong>Warnings: these results are not all they '
+        f"seem.</strong><ul>{items}</ul></div>"
         if items
         else ""
     )
@@ -214,9 +219,9 @@ def _request_table(ex: Explainer) -> str:
     head = "<tr>" + "".join(f"<th>{h}</th>" for h in heads) + "</tr>"
     return (
         f"<table>{head}{''.join(rows)}</table>"
-        f'<p class="caption">The {len(shown):,} requests with the longest scheduling delay (of {len(req):,}). Each links to '
-        "its explain view below: its phases, each wait with its reasons and step numbers, its preemptions and what it "
-        "waited behind. <code>engine explain DIR --request ID</code> prints the same for any request.</p>"
+        f'<p class="caption">The {len(shown):,} requests with the longest scheduling delay (of {len(req):,}). Each '
+        "links to its explain view below: its phases, each wait with its reasons and step numbers, its preemptions "
+        "and what it waited behind. <code>engine explain DIR --request ID</code> prints the same for any request.</p>"
         + "".join(views)
     )
 
@@ -243,7 +248,8 @@ def write_report(run: RunFiles, path: Path) -> Path:
 {body}
 <h2>Requests that waited longest</h2>
 {_request_table(ex)}
-<h2>summary.json</h2><details><summary>the run's summary as written</summary><pre>{html.escape(json.dumps(s, indent=2))}</pre></details>""",
+<h2>summary.json</h2><details><summary>the run's summary as written</summary>\
+<pre>{html.escape(json.dumps(s, indent=2))}</pre></details>""",
         charts,
     )
 

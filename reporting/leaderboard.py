@@ -107,9 +107,10 @@ def markdown(doc: dict) -> str:
     seeds = seeds_text(doc)
     settings = ", ".join(f"{k}={v}" for k, v in doc["settings"].items())
     notes = [
-        f"Each cell: the mean over the seeds and its {round(100 * doc['level'])}% interval; rank by {heading(primary)}, "
-        f"{primary['better']} is better; the best of each column in bold. {statistics_note(doc['level'])} {seeds}. "
-        f"Profile {doc['profile']}{f'; settings {settings}' if settings else ''}.",
+        f"Each cell: the mean over the seeds and its {round(100 * doc['level'])}% interval; rank by "
+        f"{heading(primary)}, {primary['better']} is better; the best of each column in bold. "
+        f"{statistics_note(doc['level'])} {seeds}. Profile "
+        f"{doc['profile']}{f'; settings {settings}' if settings else ''}.",
         "",
         f"`{doc['command']}`",
     ]
@@ -117,7 +118,8 @@ def markdown(doc: dict) -> str:
     if doc["measured"]:
         notes.insert(
             1,
-            "A measured row is one replay against the served engine, timed from the client (engine bench); it is not ranked.",
+            "A measured row is one replay against the served engine, timed from the client (engine bench); it is not "
+            "ranked.",
         )
     return "\n".join(lines) + "\n" + "\n".join(notes) + "\n"
 
@@ -131,7 +133,8 @@ def _change_text(change: dict | None) -> str:
     return change["text"] if change else "baseline"
 
 
-PAGE_STYLE = """th{cursor:pointer;user-select:none}th[aria-sort=ascending]::after{content:" ▲"}th[aria-sort=descending]::after{content:" ▼"}
+PAGE_STYLE = """th{cursor:pointer;user-select:none}th[aria-sort=ascending]::after{content:" ▲"}\
+th[aria-sort=descending]::after{content:" ▼"}
 td.best{font-weight:bold}tr.measured td{font-style:italic;background:#f4f8ff}.controls{margin:1em 0}"""
 
 # Draws the table from the inlined document; sorting and the metric shown come from the address or the
@@ -169,7 +172,8 @@ function rows() {
       r.cells['change:' + w.key] = changeCell(byKey.get(w.key + '\\u0000' + r.policy + '\\u0000' + doc.primary).change);
       for (const m of doc.metrics) {
         const c = byKey.get(w.key + '\\u0000' + r.policy + '\\u0000' + m.key);
-        r.cells[w.key + '|' + m.key] = {value: c ? c.mean : null, text: c ? c.text : '\\u2013', best: doc.best[w.key][m.key].includes(r.policy)};
+        r.cells[w.key + '|' + m.key] = {value: c ? c.mean : null, text: c ? c.text : '\\u2013', \
+best: doc.best[w.key][m.key].includes(r.policy)};
       }
     }
     if (several) {
@@ -241,21 +245,25 @@ def page(doc: dict) -> str:
     data = in_script(json.dumps(doc, allow_nan=False))
     primary = next(m for m in doc["metrics"] if m["key"] == doc["primary"])
     seeds = html.escape(seeds_text(doc))
+    measured = " A measured row is one replay against the served engine, not ranked." if doc["measured"] else ""
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>kvsched leaderboard</title>
 <style>{STYLE}
 {PAGE_STYLE}</style><script>{CATCH}</script></head><body>
 <div id="js-errors" hidden></div>
 <h1>kvsched leaderboard</h1>
-<p class="sub">{len(doc["policies"])} policies × {len(doc["workloads"])} workloads · {seeds} · profile {html.escape(doc["profile"])}
+<p class="sub">{len(doc["policies"])} policies × {len(doc["workloads"])} workloads · {seeds} · \
+profile {html.escape(doc["profile"])}
 · ranked by {html.escape(heading(primary))} ({primary["better"]} is better)</p>
 <div class="controls"><label>metric <select id="metric"><option value="">all</option></select></label>
 (click a heading to sort by it; again to reverse)</div>
 <table id="leaderboard"></table>
-<p class="caption">Each cell: the mean over the seeds and its {round(100 * doc["level"])}% interval; the best of each column in bold;
-baseline {html.escape(doc["baseline"])}. {html.escape(statistics_note(doc["level"]))}{" A measured row is one replay against the served engine, not ranked." if doc["measured"] else ""}</p>
+<p class="caption">Each cell: the mean over the seeds and its {round(100 * doc["level"])}% interval; \
+the best of each column in bold;
+baseline {html.escape(doc["baseline"])}. {html.escape(statistics_note(doc["level"]))}{measured}</p>
 {"".join(f'<p class="caption warnings">{html.escape(text)}</p>' for text in warnings(doc))}
-<p class="caption">Made by <code>{html.escape(doc["command"])}</code> (kvsched {html.escape(doc["versions"]["kvsched"])}).</p>
+<p class="caption">Made by <code>{html.escape(doc["command"])}</code> \
+(kvsched {html.escape(doc["versions"]["kvsched"])}).</p>
 <script type="application/json" id="board">{data}</script>
 <script>{PAGE_SCRIPT}</script>
 </body></html>

@@ -169,7 +169,8 @@ class RouterHooks:
         return replica, reason
 
     def routed(self, request, replica, now: float, staleness: float = 0.0, reports_only: bool = False) -> None:
-        """Tell the router where ``request`` went (its view as stale as a routing call's: the router knows no more then)."""
+        """Tell the router where ``request`` went (its view as stale as a routing call's: the router knows no more
+        then)."""
         if self._on_routed is not None:
             self._call(
                 self._on_routed, RoutingCall(now, staleness, self.name, reports_only, ON_ROUTED, request, [replica])

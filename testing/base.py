@@ -56,7 +56,8 @@ class PolicyConformance:
         declared_claims(self._resolved())
 
     def test_invariants_under_random_operation(self):
-        """Random arrivals, aborts, steps and tight configs: every universal invariant (and priority-preemption if claimed)."""
+        """Random arrivals, aborts, steps and tight configs: every universal invariant (and priority-preemption if
+        claimed)."""
         examples, steps = self._examples()
         results = check_machine(
             self._resolved(),

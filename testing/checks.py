@@ -97,7 +97,8 @@ def shrink_budget(seconds: float | None):
     def report(text) -> None:
         if "shrink" in str(text) and not capped:
             capped.append(
-                f"(shrinking stopped after {seconds if seconds is not None else old:g} s: the counter-example may not be minimal)"
+                f"(shrinking stopped after {seconds if seconds is not None else old:g} s: the counter-example may not "
+                "be minimal)"
             )
 
     try:

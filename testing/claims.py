@@ -17,10 +17,12 @@ PRIORITY_PREEMPTION = "priority-preemption"
 BOUNDED_PREEMPTION = "bounded-preemption"
 
 CLAIMS = {
-    STARVATION_FREE: "a request finishes while a continuous stream of more favoured requests keeps the engine overloaded",
+    STARVATION_FREE: "a request finishes while a continuous stream of more favoured requests keeps the engine "
+    "overloaded",
     PRIORITY_PREEMPTION: "a preemption victim is never more urgent than the requester "
     "(the policy's urgency(step, group) if it has one, else the request priority)",
-    BOUNDED_PREEMPTION: "in those overload scenarios no request is preempted more than the policy's max_preemptions_per_request times",
+    BOUNDED_PREEMPTION: "in those overload scenarios no request is preempted more than the policy's "
+    "max_preemptions_per_request times",
 }
 
 

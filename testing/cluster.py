@@ -27,7 +27,8 @@ TIMELINES_IN_ORDER = "timelines-in-order"
 
 CLUSTER_INVARIANTS = {
     NO_REQUEST_LOST: "every request that arrived has exactly one record, and no replica still holds one",
-    NO_REQUEST_DUPLICATED: "no request is recorded twice, or routed twice to one pool, or run by two replicas of a pool",
+    NO_REQUEST_DUPLICATED: "no request is recorded twice, or routed twice to one pool, or run by two replicas of a "
+    "pool",
     NO_LEAK_ANYWHERE: "every replica's blocks are free and its allocator audit passes; the router's in-flight and "
     "in-prefill counts are back to 0",
     ROUTES_IN_POOL: "each request was routed into the pool of its phase: mixed, or prefill then decode",
@@ -51,7 +52,8 @@ def check_cluster(cluster: Cluster, requests: list[Request]) -> list[tuple[str, 
         problems.append(
             (
                 NO_REQUEST_LOST,
-                f"{len(lost)} of {len(requests)} requests have no record (e.g. {sorted(lost)[:3]}); arrived {rec.num_arrived}",
+                f"{len(lost)} of {len(requests)} requests have no record (e.g. {sorted(lost)[:3]}); arrived "
+                f"{rec.num_arrived}",
             )
         )
     for r in cluster.replicas:

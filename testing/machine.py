@@ -209,9 +209,15 @@ def budget_violation(engine: Engine, report, config=None) -> str | None:
         return f"step {report.step} left {len(running)} sequences running > max_num_seqs {config.max_num_seqs}"
     held = {b for table in bm.gpu_tables.values() for b in table}
     if len(held) > config.num_gpu_blocks or any(b >= config.num_gpu_blocks for b in held):
-        return f"step {report.step} left block tables that name {len(held)} GPU blocks, of a pool of {config.num_gpu_blocks}"
+        return (
+            f"step {report.step} left block tables that name {len(held)} GPU blocks, of a pool of "
+            f"{config.num_gpu_blocks}"
+        )
     for seq in running:
         table = bm.gpu_tables.get(seq.seq_id, ())
         if len(table) * config.block_size < seq.num_computed_tokens:
-            return f"step {report.step} left {seq.group.request_id} with {seq.num_computed_tokens} computed tokens in {len(table)} blocks"
+            return (
+                f"step {report.step} left {seq.group.request_id} with {seq.num_computed_tokens} computed tokens in "
+                f"{len(table)} blocks"
+            )
     return None

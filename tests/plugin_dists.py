@@ -26,7 +26,8 @@ def make_dist(
     group: str = "kvsched.policies",
 ) -> Path:
     """Write ``modules`` (module name → source) and a distribution ``dist`` registering ``policies``
-    (entry-point name → ``module:attr``) under ``group`` (``kvsched.policies``, or ``kvsched.routers``), into ``folder``."""
+    (entry-point name → ``module:attr``) under ``group`` (``kvsched.policies``, or ``kvsched.routers``), into
+    ``folder``."""
     folder.mkdir(parents=True, exist_ok=True)
     for module, source in modules.items():
         (folder / f"{module}.py").write_text(textwrap.dedent(source))

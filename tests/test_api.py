@@ -28,7 +28,10 @@ def test_every_public_name_imports_and_is_documented():
 
 
 def test_importing_kvsched_loads_no_engine_until_a_name_is_used():
-    code = "import sys, kvsched; print('kvsched.core.engine' in sys.modules); kvsched.Engine; print('kvsched.core.engine' in sys.modules)"
+    code = (
+        "import sys, kvsched; print('kvsched.core.engine' in sys.modules); kvsched.Engine; "
+        "print('kvsched.core.engine' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert out == ["False", "True"]
 

@@ -142,7 +142,8 @@ def test_the_engine_s_token_settings_are_at_most_max_tokens(name):
 
 
 def test_a_trace_of_huge_prompts_is_one_line_not_an_overflowed_column(tmp_path):
-    """Three 2**62-token prompts (with a 2**62-token block they once ran, and their sums wrapped int64): refused as read."""
+    """Three 2**62-token prompts (with a 2**62-token block they once ran, and their sums wrapped int64): refused as
+    read."""
     trace = tmp_path / "big.csv"
     trace.write_text("arrival_time_s,prompt_tokens,output_tokens\n" + "".join(f"0,{2**62},1\n" for _ in range(3)))
     assert "big.csv:2: column 'prompt_tokens': must be <= 2147483648" in _line(

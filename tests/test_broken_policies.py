@@ -60,7 +60,8 @@ def test_starvation_claim_is_checked_under_continuous_arrivals():
 
 def test_starvation_check_catches_sjf_without_its_guard():
     """Shortest-first alone starves long requests under a stream of short ones; the guard is what makes the claim true.
-    (With the oracle's lengths: what sjf predicts by default, the history of finished answers, ranks no request apart.)"""
+    (With the oracle's lengths: what sjf predicts by default, the history of finished answers, ranks no request
+    apart.)"""
     assert check_starvation("sjf", {"starvation_s": "1e9", "predictor": "oracle"}, max_examples=1).status == FAIL
     assert check_starvation("sjf", {"predictor": "oracle"}, max_examples=1).status == PASS
 

@@ -109,7 +109,8 @@ CASES = {
     ),
     "spec with a 2**63-token prompt": (
         ["run", "-w", "{tmp}/huge-prompt.json", "-o", "{tmp}/o3"],
-        "huge-prompt.json: invalid workload spec: SyntheticSpec.prompt.fixed.value: Input should be less than or equal to 2147483648",
+        "huge-prompt.json: invalid workload spec: SyntheticSpec.prompt.fixed.value: Input should be less than or "
+        "equal to 2147483648",
         ["o3"],
     ),
     "1e20 GPU blocks": (
@@ -119,12 +120,14 @@ CASES = {
     ),
     "on_step raises": (
         ["run", "--policy", "raises-on-step", "-n", "5", "-o", "{tmp}/o4"],
-        "policy 'raises-on-step' in on_step: raised RuntimeError: the observer broke (at {plugins}/hostile_cli_policies.py:11)",
+        "policy 'raises-on-step' in on_step: raised RuntimeError: the observer broke (at "
+        "{plugins}/hostile_cli_policies.py:11)",
         ["o4"],
     ),
     "entry point fails to import": (
         ["run", "--policy", "fails-to-import"],
-        "policy 'fails-to-import': its entry point hostile_cli_no_such_module:Policy fails to load: ModuleNotFoundError",
+        "policy 'fails-to-import': its entry point hostile_cli_no_such_module:Policy fails to load: "
+        "ModuleNotFoundError",
         [],
     ),
     "entry point is False": (
@@ -142,7 +145,8 @@ CASES = {
     "SLO inf": (["run", "-n", "5", "--slo-ttft", "inf"], "--slo-ttft must be a finite number, got inf", []),
     "spec error names the file": (
         ["run", "-w", "{tmp}/no-requests.json"],
-        "no-requests.json: invalid workload spec: SyntheticSpec.num_requests: Input should be greater than or equal to 1",
+        "no-requests.json: invalid workload spec: SyntheticSpec.num_requests: Input should be greater than or equal "
+        "to 1",
         [],
     ),
     "duplicate CSV column": (
@@ -157,7 +161,8 @@ CASES = {
     ),
     "empty tenant in a spec": (
         ["run", "-w", "{tmp}/empty-tenant.json"],
-        "empty-tenant.json: invalid workload spec: SyntheticSpec.tenants.[key]: String should have at least 1 character",
+        "empty-tenant.json: invalid workload spec: SyntheticSpec.tenants.[key]: String should have at least 1 "
+        "character",
         [],
     ),
     "a usage error": (["run", "-n", "many"], "engine run: Invalid value for '--num-requests' / '-n'", []),
@@ -168,7 +173,8 @@ CASES = {
     ),
     "bad policy option value": (
         ["run", "-p", "priority-vip", "--policy-opt", "aging_s=abc"],
-        "--policy-opt aging_s=abc: Input should be a valid number, unable to parse string as a number (policy priority-vip's option aging_s is float)",
+        "--policy-opt aging_s=abc: Input should be a valid number, unable to parse string as a number (policy "
+        "priority-vip's option aging_s is float)",
         [],
     ),
     "unknown policy option": (

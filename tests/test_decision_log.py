@@ -144,7 +144,8 @@ def test_the_delay_gate_with_its_numbers_and_a_mid_step_arrival(tmp_path):
 def test_swap_preemption_swap_first_and_swap_in_later(tmp_path):
     log = run(tmp_path, [req("a", 8, 6), req("b", 8, 4, n=2), req("c", 4, 1, arrival=1.5)], num_gpu_blocks=6)
     assert rows(log.events, "preempted", "swapped_in", "held")[:3] == [
-        # step 1: b's two sequences each need a block, one is free and a was already scheduled: b itself goes, by swap (n=2)
+        # step 1: b's two sequences each need a block, one is free and a was already scheduled: b itself goes, by swap
+        # (n=2)
         (1, "preempted", "b", "swap", "running", None, None, "b"),
         (
             2,
@@ -267,7 +268,8 @@ def test_the_log_adds_up(tmp_path_factory, case):
     assert attributed == pytest.approx(in_queues, abs=1e-6)
     gaps, counts = inter_token_latencies(log.events, log.steps)
     done = log.requests[log.requests.status.isin(["FINISHED_STOPPED", "FINISHED_LENGTH_CAPPED"])]
-    # a request ignored after a preemption streamed tokens, but its last one's time is in no file: count only finished ones
+    # a request ignored after a preemption streamed tokens, but its last one's time is in no file: count only finished
+    # ones
     assume(not (log.requests.first_token_time.notna() & (log.requests.status == "FINISHED_IGNORED")).any())
     assert (gaps * counts).sum() == pytest.approx((done.finish_time - done.first_token_time).sum(), abs=1e-6)
     if (done.n == 1).all():  # one stream per request: a gap before each token after the first

@@ -209,7 +209,8 @@ def test_reading_a_member_mid_run_sees_every_token_it_decoded():
 
 
 def test_a_prompt_finished_by_its_last_chunk_gets_its_first_token_time():
-    """A one-token prompt remainder samples the first token: it runs outside the lane, which records no first-token time."""
+    """A one-token prompt remainder samples the first token: it runs outside the lane, which records no first-token
+    time."""
     reqs = [req("a", 8, 12), req("b", 8, 12, arrival=0.01)]
     for lane in (True, False):
         engine = Engine(

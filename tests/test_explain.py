@@ -63,7 +63,8 @@ def test_a_preempted_request_timeline(run_dir):
     assert "admitted at step 6: 9 tokens" in out  # the prompt and its one generated token, recomputed
     assert (
         out[-1]
-        == "waited 5.000 s in all: 80.0% not enough free KV blocks (LATER); 20.0% preempted (recompute): back to the waiting queue"
+        == "waited 5.000 s in all: 80.0% not enough free KV blocks (LATER); 20.0% preempted (recompute): back to the "
+        "waiting queue"
     )
 
 

@@ -149,7 +149,8 @@ def damaged(fleet_dir: Path, tmp_path: Path, name: str, content: bytes | None) -
 
 
 HEADER = b"request_id,pool,time,replica,reason\n"
-DAMAGE = {  # name: (the file, its new content (None: removed), the request asked about (None: the overview), what the error says)
+# name: (the file, its new content (None: removed), the request asked about (None: the overview), what the error says)
+DAMAGE = {
     "routes.csv empty": ("routes.csv", b"", None, "routes.csv: not a readable CSV file (Empty CSV file)"),
     "routes.csv without a column": (
         "routes.csv",

@@ -106,8 +106,9 @@ def _setattr(obj, name, value):
 
 
 def _same_layout(cls: type) -> type:
-    """A class of a plugin's own with ``cls``'s layout (the class that adds its slots: the same bases and ``__slots__``),
-    which Python lets it assign to an object of ``cls``; its slot descriptors read the slots ``cls`` hides."""
+    """A class of a plugin's own with ``cls``'s layout (the class that adds its slots: the same bases and
+    ``__slots__``), which Python lets it assign to an object of ``cls``; its slot descriptors read the slots ``cls``
+    hides."""
     solid = next(k for k in cls.__mro__ if vars(k).get("__slots__"))
     return type("Same", solid.__bases__, {"__slots__": vars(solid)["__slots__"]})
 

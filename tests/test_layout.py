@@ -141,8 +141,9 @@ def test_the_core_is_small_and_light():
     # comments the formatter had wrapped statements around, a default and a property no caller used), to 2,873.
     # A request's view finding its group in the core's table as well (the table, and the engine letting requests go)
     # took it to 2,872: the hidden-slot helper went to its one user (routers/view.py), a step's views joined show(),
-    # and lines were deleted.
-    assert lines <= 2872, f"core/ has {lines} non-blank lines (about 2,000 was the aim, 2,872 is the limit)"
+    # and lines were deleted. E501 (lines over 120) in ruff's checks split four strings whose value must stay (two
+    # config descriptions, an error message, a repr), to 2,876; comments and docstrings were reworded to fit instead.
+    assert lines <= 2876, f"core/ has {lines} non-blank lines (about 2,000 was the aim, 2,876 is the limit)"
 
 
 def test_no_module_is_over_400_lines():

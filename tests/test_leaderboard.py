@@ -359,7 +359,8 @@ function el(tag) {
   return {tag, children: [], dataset: {}, attrs: {}, className: '', textContent: '', listeners: {}, value: '',
     replaceChildren() { this.children = []; }, insertRow() { const r = el('tr'); this.children.push(r); return r; },
     insertCell() { const c = el('td'); this.children.push(c); return c; }, appendChild(c) { this.children.push(c); },
-    setAttribute(k, v) { this.attrs[k] = v; }, addEventListener(k, f) { this.listeners[k] = f; }, add(o) { this.children.push(o); }};
+    setAttribute(k, v) { this.attrs[k] = v; }, addEventListener(k, f) { this.listeners[k] = f; },
+    add(o) { this.children.push(o); }};
 }
 const els = {board: {textContent: data}, leaderboard: el('table'), metric: el('select')};
 global.document = {getElementById: id => els[id], createElement: el, body: {dataset: {}}};

@@ -318,7 +318,8 @@ def test_a_wrong_hook_signature_is_blamed_on_the_class_that_defines_it_not_the_i
 
 def test_a_wrong_hook_signature_of_an_installed_policy_is_named_by_its_entry_point(install):
     install(
-        "class Child(VllmDefault):\n    @hookimpl\n    def choose_preemption(self, step, victim):\n        return None\n",
+        "class Child(VllmDefault):\n    @hookimpl\n    def choose_preemption(self, step, victim):\n        return "
+        "None\n",
         {"child": "Child"},
         dist="child-dist",
     )
@@ -409,7 +410,8 @@ CLI_CASES = {
     "the duplicate name": (
         ["run", "-n", "5", "-q"],
         [
-            "policy name 'vllm-default' is registered by 2 distributions: cli-dist 0.1 (cli_policies:Impostor), kvsched 0.1.0",
+            "policy name 'vllm-default' is registered by 2 distributions: cli-dist 0.1 (cli_policies:Impostor), "
+            "kvsched 0.1.0",
             "--policy cli-dist:vllm-default or --policy kvsched:vllm-default",
         ],
     ),

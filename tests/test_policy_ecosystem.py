@@ -1,4 +1,5 @@
-"""The whole path a policy author sees: installed distribution → engine policies → engine --policy → check/compare → pytest."""
+"""The whole path a policy author sees: installed distribution → engine policies → engine --policy → check/compare →
+pytest."""
 
 from __future__ import annotations
 
@@ -166,8 +167,8 @@ def test_pytest_pyargs_runs_the_suite_on_an_installed_policy(policy, tmp_path):
 def test_pytest_plugin_module_is_import_light():
     """pytest loads it in every run of this environment: it must not pull in the engine or Hypothesis."""
     code = (
-        "import sys, kvsched.testing.pytest_plugin; "
-        "print(sorted(m for m in ('hypothesis', 'kvsched.core.engine', 'kvsched.testing.machine', 'pydantic') if m in sys.modules))"
+        "import sys, kvsched.testing.pytest_plugin; print(sorted(m for m in ('hypothesis', 'kvsched.core.engine', "
+        "'kvsched.testing.machine', 'pydantic') if m in sys.modules))"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd="/")
     assert proc.returncode == 0, proc.stderr

@@ -327,7 +327,8 @@ def test_queue_views_are_lazy_read_only_sequences():
 
 
 class Loosens(VllmDefault):
-    """Loosens its budgets through the config's ``__dict__``, past its frozen ``__setattr__``, then admits what they let in."""
+    """Loosens its budgets through the config's ``__dict__``, past its frozen ``__setattr__``, then admits what they
+    let in."""
 
     name = "loosens"
 

@@ -76,7 +76,8 @@ SERVES_ORDER = [["r0", "r1", "r2"]]
     ],
 )
 def test_a_body_without_a_prompt_it_can_take_goes_in_serves_order(body):
-    """Before: ``[2**64]`` raised pydantic's multi-line ValidationError out of the router, ``messages: 5`` a TypeError."""
+    """Before: ``[2**64]`` raised pydantic's multi-line ValidationError out of the router, ``messages: 5`` a
+    TypeError."""
 
     async def route():
         return await router().choose_replicas(REPLICAS, pending(body))

@@ -250,7 +250,8 @@ class TriesEverything:
 
 
 def test_no_router_hook_can_write_the_request_or_reach_past_a_view():
-    """Before: ``request.__dict__["output_len"] = 1`` from a router hook changed the run (every output one token long)."""
+    """Before: ``request.__dict__["output_len"] = 1`` from a router hook changed the run (every output one token
+    long)."""
     requests = [req(f"r{i}", prompt_len=30 + i, output_len=20, arrival=0.01 * i) for i in range(12)]
     honest = TriesEverything()
     honest.attempt = lambda request, views: None

@@ -2,10 +2,10 @@
 unit tests drive it.
 
 Not a test module: the differential tests import it. ``V1Reference`` takes requests (one with
-``n > 1`` fanned out into ``n`` child requests, as vLLM's front end does it), aborts and steps; each step runs ``Scheduler.schedule()``, answers it with the tokens ``token_at`` gives (the
-same tokens the kvsched side samples), applies them with ``update_from_output`` and reports what
-happened in kvsched's terms. vLLM is given a local model folder (SmolLM2's config, converted once)
-because its ``ModelConfig`` insists on one; no weights are loaded.
+``n > 1`` fanned out into ``n`` child requests, as vLLM's front end does it), aborts and steps; each step runs
+``Scheduler.schedule()``, answers it with the tokens ``token_at`` gives (the same tokens the kvsched side samples),
+applies them with ``update_from_output`` and reports what happened in kvsched's terms. vLLM is given a local model
+folder (SmolLM2's config, converted once) because its ``ModelConfig`` insists on one; no weights are loaded.
 """
 
 from __future__ import annotations

@@ -175,7 +175,8 @@ def check_options(num_requests: int | None = None, rate: float | None = None, **
     for name, value in positive.items():
         if not math.isfinite(value) or value < 0 or (value == 0 and name != "start_offset"):
             raise WorkloadError(
-                f"--{name.replace('_', '-')} must be a finite {'non-negative' if name == 'start_offset' else 'positive'} number, got {value}"
+                f"--{name.replace('_', '-')} must be a finite "
+                f"{'non-negative' if name == 'start_offset' else 'positive'} number, got {value}"
             )
 
 

@@ -12,8 +12,10 @@ BUILTIN_TRACES = {
 }
 # Named workload specs (JSON beside the traces): what the leaderboard's default workloads are made of.
 BUILTIN_SPECS = {
-    "sharegpt-4k": "sharegpt_4k.json",  # ShareGPT's lengths, prompts cut to fit a 4,096-token context (Vidur's cut): none ignored
-    "tiered-sessions": "tiered_sessions.json",  # multi-turn sessions on 8 shared system prompts, each session an SLO tier
+    # ShareGPT's lengths, prompts cut to fit a 4,096-token context (Vidur's cut): none ignored
+    "sharegpt-4k": "sharegpt_4k.json",
+    # multi-turn sessions on 8 shared system prompts, each session an SLO tier
+    "tiered-sessions": "tiered_sessions.json",
     "long-context": "long_context.json",  # long-context sessions as block hashes, Mooncake's conversation trace's shape
 }
 SHAREGPT_DEFAULT_RATE = 1.0  # req/s; ShareGPT requests are long (2.3k prompt, 440 output on average)

@@ -160,7 +160,8 @@ class PrefixTraceWorkload(BaseModel):
             yield row
 
     def iter_requests(self) -> Iterator[Request]:
-        # the default cap is the whole file's longest answer: a pass of its own, made only for it (a given cap streams at once)
+        # the default cap is the whole file's longest answer: a pass of its own, made only for it (a given cap streams
+        # at once)
         default = isinstance(self.cap, FixedCap) and self.cap.tokens is None
         capper = Capper(
             self.cap,
@@ -197,7 +198,8 @@ def prefix_trace(
 
 
 def prefix_spec(data: dict, spec_path: Path, num_requests: int | None, rate_scale: float) -> PrefixTraceWorkload:
-    """A ``{"kind": "prefix-trace", "path": ..., "hash_block_size": ...}`` spec; its path is relative to the spec file."""
+    """A ``{"kind": "prefix-trace", "path": ..., "hash_block_size": ...}`` spec; its path is relative to the spec
+    file."""
     data = dict(data)
     if isinstance(data.get("path"), str):
         data["path"] = str((spec_path.parent / data["path"]).resolve())

@@ -9,7 +9,8 @@ the new user message as fresh token ids (the simulator's answer tokens are place
 answer's own KV blocks are not shared: only the previous prompt is), and a session ends early once
 its prompt would pass ``max_context``. Each turn carries its session's id (``session_id``, e.g.
 ``s3``), which session-aware policies and ``engine bench`` read, and its session's SLO class when
-``slo_classes`` gives a mix (one class a session, as a chat product's tier is the user's). Requests are made one at a time, in arrival order.
+``slo_classes`` gives a mix (one class a session, as a chat product's tier is the user's). Requests are made one at a
+time, in arrival order.
 """
 
 from __future__ import annotations

@@ -110,7 +110,8 @@ class EngineServe:
                     self.shutdown()
                     tail = Path(self.log.name).read_text(errors="replace")[-2000:]
                     raise RuntimeError(
-                        f"engine serve did not start on port {self.port} (exit {self.proc.returncode}); its log ends:\n{tail}"
+                        f"engine serve did not start on port {self.port} (exit {self.proc.returncode}); its log "
+                        f"ends:\n{tail}"
                     ) from None
                 time.sleep(2)
         import httpx

@@ -18,8 +18,8 @@ only if the choice is full). What a Serve replica can report differs from a simu
 
 A router that fails (a ``RouterError``: it raised, or chose what it was not given) fails the request
 it was asked about, with that error; Serve's routing task would otherwise die and leave the
-request waiting forever. What it remembers of a request lasts while Serve routes it: one cancelled before a replica took it
-is forgotten (Serve tells a router nothing then: the table is swept of them as it grows), one
+request waiting forever. What it remembers of a request lasts while Serve routes it: one cancelled before a replica took
+it is forgotten (Serve tells a router nothing then: the table is swept of them as it grows), one
 dispatched is forgotten when Serve says it completed.
 
 Configured as a deployment's ``RequestRouterConfig(request_router_class=

@@ -1,8 +1,8 @@
 """vLLM front-end middleware: a request kvsched's mirror would refuse gets HTTP 400 before it reaches the engine core.
 
 Give it to vLLM's server as ``--middleware kvsched.integrations.vllm.frontend.CheckKvschedFields``
-(``engine serve`` does). A client's ``priority`` and ``vllm_xargs`` labels (tenant, session_id, slo_class) are checked by the same
-rule the mirror applies (``mirror.request_fields``), whatever the body's Content-Type says
+(``engine serve`` does). A client's ``priority`` and ``vllm_xargs`` labels (tenant, session_id, slo_class) are checked
+by the same rule the mirror applies (``mirror.request_fields``), whatever the body's Content-Type says
 (``Application/JSON``, a charset, none at all) but a form's; a body nested past what the JSON parser
 takes is a 400 too. Without the middleware such a request still cannot stop the server: the
 scheduler fails it alone (its client gets an HTTP 500).

@@ -62,7 +62,8 @@ def settings_of(vllm_config: Any) -> tuple[str, dict[str, Any], dict[str, Any]]:
 
 
 def vllm_v1_options(vllm_config: Any) -> dict[str, Any]:
-    """``vllm-v1``'s options that mean what vLLM is configured with: its queue policy, long-prefill threshold and release."""
+    """``vllm-v1``'s options that mean what vLLM is configured with: its queue policy, long-prefill threshold and
+    release."""
     sched = vllm_config.scheduler_config
     return {
         "policy": sched.policy,
@@ -195,7 +196,8 @@ class PolicyScheduler(Scheduler):
                 self._abandon("schedule", exc)
 
     def _decide(self) -> Any:
-        """The policy's step on the mirror (``vllm-v1``'s if the policy fails: counted, logged once); ignored requests ended."""
+        """The policy's step on the mirror (``vllm-v1``'s if the policy fails: counted, logged once); ignored
+        requests ended."""
         for rid, request in list(self._compiling.items()) if self._compiling else ():  # what vLLM's waiting loop checks
             if request.status is not RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR or grammar_compiled(
                 self, request
