@@ -29,9 +29,10 @@ class FleetRecords:
         self.replica: list[int] = []  # the replica that finished it
         self.prompt_replica: list[int] = []  # the one that ran its prompt (the same unless P/D)
         self.cached_tokens: list[int] = []
+        self.arrival: list[int] = []  # its place in the order of arrival (0, 1, ...): the file's rows are in that order
         self.routes: list[tuple[str, str, float, int, str]] = []  # (request, pool role, time, replica, reason)
         self.num_arrived = 0
-        self._ids: set[str] = set()  # every request id that arrived: a fleet, like one engine, serves each id once
+        self._ids: dict[str, int] = {}  # each request id that arrived, to its place: a fleet serves each id once
         self._prefills: dict[str, tuple] = {}  # P/D: request id -> (original request, its prefill's record, replica)
 
     def arrived(self, request: Request) -> None:
@@ -40,7 +41,7 @@ class FleetRecords:
         ids = self._ids
         if request.request_id in ids:
             raise ValueError(f"duplicate request id {request.request_id!r}")
-        ids.add(request.request_id)
+        ids[request.request_id] = self.num_arrived
         self.num_arrived += 1
 
     def routed(self, request: Request, replica: Replica, t: float, reason: str) -> None:
@@ -91,6 +92,7 @@ class FleetRecords:
         self.replica.append(replica)
         self.prompt_replica.append(prompt_replica)
         self.cached_tokens.append(cached)
+        self.arrival.append(self._ids[m.request_id])
 
     # ------------------------------------------------------------------ P/D disaggregation
     def prefill_part(self, request: Request) -> Request:

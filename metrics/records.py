@@ -10,7 +10,7 @@ its rows as ``RequestMetrics``, or single columns, which is all the run summary 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from operator import attrgetter
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -110,8 +110,7 @@ class RequestTable:
 
     def rows(self) -> Iterator[tuple]:
         """Every record's fields as a tuple in ``FIELDS`` order, a row group's columns at a time (what a CSV writes)."""
-        for batch in self._file.iter_batches(columns=list(FIELDS)):
-            yield from zip(*[column.to_pylist() for column in batch.columns])
+        return batch_rows(self._file.iter_batches(columns=list(FIELDS)))
 
     def column(self, name: str) -> pa.ChunkedArray:
         """One column; a label column (status, tenant, ...) dictionary-encoded, so ten million rows stay small."""
@@ -122,6 +121,17 @@ class RequestTable:
         return self._file.read().to_pandas()
 
 
-def record_rows(records: list[RequestMetrics] | RequestTable) -> Iterator[tuple]:
-    """The records' fields as tuples in ``FIELDS`` order, kept in memory or read from their file."""
-    return records.rows() if isinstance(records, RequestTable) else map(row_of, records)
+def batch_rows(batches: Iterable[pa.RecordBatch]) -> Iterator[tuple]:
+    """Each row of ``batches`` as a tuple of Python values, a batch's columns at a time."""
+    for batch in batches:
+        yield from zip(*[column.to_pylist() for column in batch.columns])
+
+
+def record_rows(records: list[RequestMetrics] | RequestTable | pa.Table) -> tuple[tuple[str, ...], Iterator[tuple]]:
+    """The records' column names and their rows as tuples, kept in memory, read from their file, or a table's: a run's
+    records have the columns ``FIELDS``; a fleet's table (``cluster/summary.py``) has those first, then its own."""
+    if isinstance(records, pa.Table):
+        if tuple(records.column_names[: len(FIELDS)]) != FIELDS:
+            raise ValueError(f"a table of records starts with the columns {FIELDS}, not {records.column_names}")
+        return tuple(records.column_names), batch_rows(records.to_batches())
+    return FIELDS, records.rows() if isinstance(records, RequestTable) else map(row_of, records)

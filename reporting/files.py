@@ -1,20 +1,22 @@
 """The results folder: summary.json, requests.csv, requests.parquet, timeseries.parquet, decisions.parquet
 (the decision log, written during the run and moved in with the rest), and with ``--plot`` the
-plots, report.html and trace.json; a fleet's summary.json, requests.csv (each request's replicas with its
-record), routes.csv and report.html; all of it published atomically (``reporting/destination.py``)."""
+plots, report.html and trace.json; a fleet's summary.json, requests.csv (a run's columns, then each request's
+replicas), routes.csv and report.html; all of it published atomically (``reporting/destination.py``). Every CSV
+is written one way (``write_csv``), a run's and a fleet's requests.csv by one writer (``write_requests``)."""
 
 from __future__ import annotations
 
 import csv
 import json
 import shutil
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kvsched.errors import quote
-from kvsched.metrics.records import RequestTable, record_rows
-from kvsched.metrics.requests import FIELDS, RequestMetrics
+from kvsched.metrics.records import RequestTable, batch_rows, record_rows
+from kvsched.metrics.requests import RequestMetrics
 from kvsched.reporting.destination import COMPARE_FILES, FLEET_FILES, SWEEP_FILES, publishing_file, publishing_folder
 
 if TYPE_CHECKING:
@@ -33,16 +35,14 @@ def write_results(result: RunResult, directory: Path) -> list[Path]:
 
 
 def write_fleet(summary: dict, requests: pa.Table, routes: pa.Table, output: Path, plot: bool = False) -> list[Path]:
-    """A fleet's folder, atomically: ``summary.json`` (the fleet and its replicas), ``requests.csv`` (each record with
-    its replicas: ``cluster/summary.py``'s ``fleet_table``), ``routes.csv`` (where each request went and why), and with
-    ``plot`` ``report.html`` (load, prefix hits and latency per replica: ``reporting/fleet.py``)."""
-    import pyarrow.csv as pacsv
-
+    """A fleet's folder, atomically: ``summary.json`` (the fleet and its replicas), ``requests.csv`` (a single run's
+    columns, then the fleet's own: ``cluster/summary.py``'s ``fleet_table``), ``routes.csv`` (where each request went and
+    why), and with ``plot`` ``report.html`` (load, prefix hits and latency per replica: ``reporting/fleet.py``)."""
     names = FLEET_FILES if plot else FLEET_FILES[:-1]
     with publishing_folder(output, FLEET_FILES) as stage:  # the folder is replaced whole, as a run's is
         write_summary(summary, stage / "summary.json")
-        pacsv.write_csv(requests, stage / "requests.csv")
-        pacsv.write_csv(routes, stage / "routes.csv")
+        write_requests(requests, stage / "requests.csv")
+        write_csv(stage / "routes.csv", routes.column_names, batch_rows(routes.to_batches()))
         if plot:
             from kvsched.reporting.fleet import write_fleet_report
 
@@ -56,14 +56,29 @@ def write_summary(summary: dict, path: Path) -> Path:
     return path
 
 
-def _summary_and_requests(result: RunResult, directory: Path) -> list[Path]:
-    summary_path = write_summary(result.summary, directory / "summary.json")
-    requests_path = directory / "requests.csv"
-    with requests_path.open("w", newline="") as f:  # row by row: the records may be a streamed RequestTable
+def write_requests(records: list[RequestMetrics] | RequestTable | pa.Table, path: Path) -> Path:
+    """``requests.csv``, a single run's or a fleet's, one row per request in the order the requests arrived: a run's
+    columns (``metrics/requests.py``'s ``FIELDS``), then a fleet's own (``cluster/summary.py``'s ``EXTRA``); with no
+    request, the header ``request_id`` alone. Written row by row: a run's records may be a streamed RequestTable."""
+    columns, rows = record_rows(records)
+    return write_csv(path, columns if len(records) else ["request_id"], rows)
+
+
+def write_csv(path: Path, columns: Sequence[str], rows: Iterable[Sequence]) -> Path:
+    """Every CSV a run writes, one way: Python's ``csv`` (quoted only where a cell needs it), UTF-8, a number as
+    Python writes it (``repr``: ``0.0``, ``1e-05``), a missing value (None) as an empty cell."""
+    with path.open("w", newline="", encoding="utf-8") as f:
         writer = csv.writer(f)
-        writer.writerow(FIELDS if len(result.requests) else ["request_id"])
-        writer.writerows(record_rows(result.requests))
-    return [summary_path, requests_path]
+        writer.writerow(columns)
+        writer.writerows(rows)
+    return path
+
+
+def _summary_and_requests(result: RunResult, directory: Path) -> list[Path]:
+    return [
+        write_summary(result.summary, directory / "summary.json"),
+        write_requests(result.requests, directory / "requests.csv"),
+    ]
 
 
 def requests_frame(metrics: list[RequestMetrics]) -> pd.DataFrame:
@@ -160,11 +175,7 @@ def write_comparison(
     from kvsched.reporting.comparisons import plot_cdfs
 
     with publishing_folder(directory, COMPARE_FILES) as stage:
-        with (stage / "comparison.csv").open("w", newline="") as f:
-            writer = csv.writer(f)
-            writer.writerow(head)
-            writer.writerows(rows)
-        written = [stage / "comparison.csv"]
+        written = [write_csv(stage / "comparison.csv", head, rows)]
         if plot_title is not None:
             written.append(plot_cdfs(runs, stage / "comparison_cdf.png", plot_title))
     return [Path(directory) / p.name for p in written]

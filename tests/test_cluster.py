@@ -327,7 +327,7 @@ def test_engine_run_replicas_end_to_end(tmp_path):
         [ENGINE, "explain", str(out), "--request", "req-5"], capture_output=True, text=True, timeout=120
     )
     assert explained.returncode == 0 and "mixed pool → replica-" in explained.stdout
-    row = next(r for r in (out / "requests.csv").read_text().splitlines() if r.startswith('"req-5"'))
+    row = next(r for r in (out / "requests.csv").read_text().splitlines() if r.startswith("req-5,"))
     finished_on = summary["replicas"][int(row.split(",")[-3])]["replica"]
     assert (
         "ended FINISHED_" in explained.stdout
