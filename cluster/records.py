@@ -2,8 +2,9 @@
 served it (one, or a prefill and a decode replica), where the router sent it and why.
 
 Rows are ``RequestMetrics`` field tuples (what ``metrics.requests.summarize`` reads) with three
-columns more: the replica that finished the request, the one that ran its prompt, and the prompt
-tokens its first admission found in that replica's prefix cache.
+columns more (``EXTRA``): the replica that finished the request, the one that ran its prompt, and the
+prompt tokens its first admission found in that replica's prefix cache. They are kept as a single
+run's are (``metrics/records.py``'s ``Recorder``), in the order the requests arrived at the fleet.
 """
 
 from __future__ import annotations
@@ -11,13 +12,19 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
+import pyarrow as pa
+
 from kvsched.core.request import Request
-from kvsched.metrics.records import row_of
-from kvsched.metrics.requests import FIELDS, RequestMetrics  # noqa: F401  (FIELDS: the order of a row, for testing/cluster.py)
+from kvsched.metrics.records import SCHEMA, Recorder, row_of
+from kvsched.metrics.requests import FIELDS, RequestMetrics  # noqa: F401  (FIELDS: a row's order, for testing/)
 
 if TYPE_CHECKING:
     from kvsched.cluster.replica import Replica
     from kvsched.core.sequence import SequenceGroup
+
+
+EXTRA = pa.schema([("replica", pa.int64()), ("prompt_replica", pa.int64()), ("cached_tokens", pa.int64())])
+FLEET_SCHEMA = pa.schema([*SCHEMA, *EXTRA])  # a single run's columns, then the fleet's own
 
 
 class FleetRecords:
@@ -25,11 +32,9 @@ class FleetRecords:
 
     def __init__(self, replicas: list[Replica]) -> None:
         self.replicas = replicas
-        self.rows: list[tuple] = []  # RequestMetrics fields, in order
-        self.replica: list[int] = []  # the replica that finished it
-        self.prompt_replica: list[int] = []  # the one that ran its prompt (the same unless P/D)
-        self.cached_tokens: list[int] = []
-        self.arrival: list[int] = []  # its place in the order of arrival (0, 1, ...): the file's rows are in that order
+        self.recorder = Recorder(FLEET_SCHEMA)
+        self.rows = self.recorder.rows  # FLEET_SCHEMA's columns, in the order the requests arrived
+        self.table: pa.Table | None = None  # the rows as a table, once the run is over
         self.routes: list[tuple[str, str, float, int, str]] = []  # (request, pool role, time, replica, reason)
         self.num_arrived = 0
         self._ids: dict[str, int] = {}  # each request id that arrived, to its place: a fleet serves each id once
@@ -88,11 +93,7 @@ class FleetRecords:
         self._append(merged, replica.index, prompt_replica, cached)
 
     def _append(self, m: RequestMetrics, replica: int, prompt_replica: int, cached: int) -> None:
-        self.rows.append(row_of(m))
-        self.replica.append(replica)
-        self.prompt_replica.append(prompt_replica)
-        self.cached_tokens.append(cached)
-        self.arrival.append(self._ids[m.request_id])
+        self.recorder.add(self._ids[m.request_id], (*row_of(m), replica, prompt_replica, cached))
 
     # ------------------------------------------------------------------ P/D disaggregation
     def prefill_part(self, request: Request) -> Request:
@@ -143,4 +144,5 @@ class FleetRecords:
         )
 
     def close(self) -> None:
-        """The run is over: every request has a row (``testing/cluster.py`` checks it)."""
+        """The run is over: every request has a row (``testing/cluster.py`` checks it), kept in ``table``."""
+        self.table = self.recorder.close()

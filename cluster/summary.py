@@ -5,27 +5,18 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import pyarrow as pa
 
-from kvsched.metrics.parquet_rows import arrow_table
-from kvsched.metrics.records import SCHEMA
 from kvsched.metrics.requests import distribution, done_mask, numbers, summarize
 
 if TYPE_CHECKING:
     from kvsched.cluster.loop import Cluster
 
-EXTRA = pa.schema([("replica", pa.int64()), ("prompt_replica", pa.int64()), ("cached_tokens", pa.int64())])
-
 
 def fleet_table(cluster: Cluster) -> pa.Table:
     """Every request's record, with the replica that finished it, the one that ran its prompt, and its prefix-cache
-    hits: a single run's columns, then ``EXTRA``; in the order the requests arrived, as a single run's records are."""
-    rec = cluster.records
-    table = arrow_table(rec.rows, SCHEMA)
-    for field, column in zip(EXTRA, (rec.replica, rec.prompt_replica, rec.cached_tokens)):
-        table = table.append_column(field, pa.array(column, type=field.type))
-    return table.take(np.argsort(rec.arrival, kind="stable"))
+    hits: a single run's columns, then ``cluster/records.py``'s ``EXTRA``, in the order the requests arrived."""
+    return cluster.records.table
 
 
 def fleet_summary(cluster: Cluster, table: pa.Table | None = None, **extra: Any) -> dict:

@@ -1,10 +1,11 @@
 """Per-request records on disk: streamed to Parquet as requests finish, read back a column at a time.
 
-``RequestLog`` is an ``on_step`` observer for an engine that does not retain finished groups: each
-finished group becomes a ``RequestMetrics`` row the step it ends, rows leave in the order the
-requests were added (one that finishes early waits for those added before it, so the file reads
-as the in-memory records do), and every ``row_group_size`` rows become one Parquet row group. The
-file appears under its name only when ``close()`` completes it. ``RequestTable`` reads it back:
+``Recorder`` keeps records in the order the requests arrived (one that finishes early waits for
+those that arrived before it, so the file reads as the in-memory records do), in memory or in a
+Parquet file, ``row_group_size`` rows a row group; a fleet's records (``cluster/records.py``) are
+kept by one. ``RequestLog`` is an ``on_step`` observer for an engine that does not retain finished
+groups: each finished group becomes a ``RequestMetrics`` row the step it ends, streamed through a
+``Recorder``. The file appears under its name only when ``close()`` completes it. ``RequestTable`` reads it back:
 its rows as ``RequestMetrics``, or single columns, which is all the run summary needs.
 """
 
@@ -57,36 +58,67 @@ def records_table(records: list[RequestMetrics]) -> pa.Table:
     return arrow_table([row_of(r) for r in records], SCHEMA)
 
 
+class Recorder:
+    """The records of finished requests, kept in the order the requests arrived whatever order they finish in (one
+    that finishes early waits for those that arrived before it): in memory (``rows``), or streamed to a Parquet file
+    at ``path``, ``row_group_size`` rows a row group. A single run's records (``RequestLog``) and a fleet's
+    (``cluster/records.py``: a run's columns, then the fleet's own) are both kept by one."""
+
+    def __init__(self, schema: pa.Schema = SCHEMA, path: Path | None = None, row_group_size: int = 65_536) -> None:
+        self.schema = schema
+        self.rows: list[tuple] = []  # in memory: the records kept so far
+        self.file = None if path is None else ParquetRows(path, schema, row_group_size)
+        self._keep = self.rows.append if self.file is None else self.file.append
+        self._waiting: dict[int, tuple] = {}  # finished before a request that arrived earlier: place -> row
+        self._next = 0  # the place of the next record to keep
+
+    def add(self, place: int, row: tuple) -> None:
+        """The record of the request that arrived ``place``-th (0, 1, ...); a place recorded before is refused."""
+        waiting = self._waiting
+        if place < self._next or place in waiting:
+            raise ValueError(f"request {row[0]!r} is recorded twice")
+        waiting[place] = row
+        keep = self._keep
+        while self._next in waiting:
+            keep(waiting.pop(self._next))
+            self._next += 1
+
+    def close(self) -> RequestTable | pa.Table:
+        """Keep what is left (records waiting for an earlier one never recorded, in order): the records, as a
+        ``RequestTable`` on the completed file, or in memory as a table."""
+        for place in sorted(self._waiting):
+            self._keep(self._waiting.pop(place))
+        return arrow_table(self.rows, self.schema) if self.file is None else RequestTable(self.file.close())
+
+    def abandon(self) -> None:
+        if self.file is not None:
+            self.file.abandon()
+
+
 class RequestLog:
-    """Streams the records of finished requests to ``path``; call ``close()`` after the run."""
+    """An engine's observer that streams the records of its finished requests to ``path``, in the order they were
+    added (a group's ``index``); call ``close()`` after the run."""
 
     def __init__(self, path: Path, row_group_size: int = 65_536) -> None:
-        self.file = ParquetRows(path, SCHEMA, row_group_size)
-        self._waiting: dict[int, tuple] = {}  # finished before a request added earlier: index -> row
-        self._next = 0  # index of the next request to write
+        self.recorder = Recorder(SCHEMA, path, row_group_size)
+        self.file = self.recorder.file
 
     def __call__(self, report: StepReport) -> None:
         if not report.finished:
             return
-        waiting = self._waiting
+        add = self.recorder.add
         for view in report.finished:  # read-only views; the record is made from the group behind each
             group = group_of(view)
-            waiting[group.index] = row_of(RequestMetrics.of(group))
-        append = self.file.append
-        while self._next in waiting:
-            append(waiting.pop(self._next))
-            self._next += 1
+            add(group.index, row_of(RequestMetrics.of(group)))
 
     on_steps = __call__  # a steady run's finished groups, ended in its last step, as a step report's
 
     def close(self) -> RequestTable:
-        """Write what is left (requests still waiting for an earlier one, in order) and name the file."""
-        for i in sorted(self._waiting):
-            self.file.append(self._waiting.pop(i))
-        return RequestTable(self.file.close())
+        """Write what is left and name the file."""
+        return self.recorder.close()
 
     def abandon(self) -> None:
-        self.file.abandon()
+        self.recorder.abandon()
 
 
 class RequestTable:

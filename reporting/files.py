@@ -36,8 +36,9 @@ def write_results(result: RunResult, directory: Path) -> list[Path]:
 
 def write_fleet(summary: dict, requests: pa.Table, routes: pa.Table, output: Path, plot: bool = False) -> list[Path]:
     """A fleet's folder, atomically: ``summary.json`` (the fleet and its replicas), ``requests.csv`` (a single run's
-    columns, then the fleet's own: ``cluster/summary.py``'s ``fleet_table``), ``routes.csv`` (where each request went and
-    why), and with ``plot`` ``report.html`` (load, prefix hits and latency per replica: ``reporting/fleet.py``)."""
+    columns, then the fleet's own: ``cluster/summary.py``'s ``fleet_table``), ``routes.csv`` (where each request
+    went and why), and with ``plot`` ``report.html`` (load, prefix hits and latency per replica:
+    ``reporting/fleet.py``)."""
     names = FLEET_FILES if plot else FLEET_FILES[:-1]
     with publishing_folder(output, FLEET_FILES) as stage:  # the folder is replaced whole, as a run's is
         write_summary(summary, stage / "summary.json")
@@ -58,7 +59,7 @@ def write_summary(summary: dict, path: Path) -> Path:
 
 def write_requests(records: list[RequestMetrics] | RequestTable | pa.Table, path: Path) -> Path:
     """``requests.csv``, a single run's or a fleet's, one row per request in the order the requests arrived: a run's
-    columns (``metrics/requests.py``'s ``FIELDS``), then a fleet's own (``cluster/summary.py``'s ``EXTRA``); with no
+    columns (``metrics/requests.py``'s ``FIELDS``), then a fleet's own (``cluster/records.py``'s ``EXTRA``); with no
     request, the header ``request_id`` alone. Written row by row: a run's records may be a streamed RequestTable."""
     columns, rows = record_rows(records)
     return write_csv(path, columns if len(records) else ["request_id"], rows)

@@ -20,7 +20,8 @@ from kvsched.cluster.summary import fleet_summary
 from kvsched.core.request import MAX_TOKENS, Request, SamplingParams
 from kvsched.executors.cost_model import MAX_KV_BYTES_PER_TOKEN
 from kvsched.experiments.simulation import run_simulation
-from kvsched.metrics.requests import RequestMetrics
+from kvsched.metrics.records import row_of
+from kvsched.metrics.requests import FIELDS, RequestMetrics
 from kvsched.testing.cluster import assert_cluster, check_cluster
 from kvsched.workloads.sessions import SessionSpec
 from tests.test_routers import BUILT_INS, registered  # noqa: F401  (the routers by name, installed or declared)
@@ -49,16 +50,15 @@ def req(rid: str, prompt_len: int, output_len: int, arrival: float, tokens=None)
 
 
 def test_one_replica_behind_a_router_is_the_engine_itself():
-    """Same requests, same records, whether Engine.run replays them or a one-replica fleet does
-    (steady runs taken in both)."""
+    """Same requests, same records in the same order (then the fleet's own columns), whether Engine.run replays
+    them or a one-replica fleet does (steady runs taken in both)."""
     from kvsched.core.config import EngineConfig
 
     requests = [req(f"r{i}", 50 + 37 * i % 400, 5 + 11 * i % 90, 0.02 * i) for i in range(120)]
     alone = run_simulation(requests, "vllm-default", EngineConfig(num_gpu_blocks=128))
     fleet = run_cluster(requests, FleetSpec(replicas=[ReplicaGroup(settings={"num_gpu_blocks": 128})]))
-    by_id = {row[0]: row for row in fleet.rows}
-    for m in alone.requests:
-        assert by_id[m.request_id] == tuple(getattr(m, f) for f in RequestMetrics.__dataclass_fields__), m.request_id
+    assert [row[: len(FIELDS)] for row in fleet.rows] == [row_of(m) for m in alone.requests]
+    assert {row[len(FIELDS) :] for row in fleet.rows} == {(0, 0, 0)}  # replica 0 ran all, no prefix caching
 
 
 requests_strategy = st.lists(

@@ -6,7 +6,9 @@ those two columns dropped, so nothing else had moved. Re-pinned again for the ro
 on purpose (least-outstanding's and the prefix-aware routers' seeded ties, the prefix-aware routers' load
 guards); the fleets of the routers it left alone keep their digests. Re-pinned once more when the built-in
 profile gained its attention term (issue 35, new coefficients): with the cost model's new term and the old
-coefficients (attention_pair_ms 0) every digest before it came back."""
+coefficients (attention_pair_ms 0) every digest before it came back. Re-pinned when a fleet's records came to be
+kept as a single run's are (issue 33: one recorder): each row holds its replica, prompt replica and cached tokens,
+in the order the requests arrived; the code before it, its rows so joined and reordered, gives these digests."""
 
 from __future__ import annotations
 
@@ -25,14 +27,7 @@ CACHING = {"enable_prefix_caching": True}
 def digest(cluster: Cluster) -> str:
     """One hash over the fleet's rows, routes and each replica's steps (floats by repr: exact)."""
     records, h = cluster.records, hashlib.sha256()
-    for part in (
-        records.rows,
-        records.replica,
-        records.prompt_replica,
-        records.cached_tokens,
-        records.routes,
-        [(r.name, r.steps, r.requests) for r in cluster.replicas],
-    ):
+    for part in (records.rows, records.routes, [(r.name, r.steps, r.requests) for r in cluster.replicas]):
         h.update(repr(part).encode())
     return h.hexdigest()[:16]
 
@@ -82,13 +77,13 @@ CASES = {
 }
 
 PINNED = {
-    "pd-2-2": "90fe9e96d8f1c6f5",
-    "power-of-two-8-stale": "ebf3df6e97156b43",
-    "precise-prefix-sessions": "6f2775be4dc853c4",
-    "prefix-affinity-v1": "2d656f2dc946d832",
-    "round-robin-8-fresh": "4ae3704ce68a0808",
-    "vllm-dp-16": "299ee12c16f0f7a7",
-    "weighted-sessions": "3660719cb24f183b",
+    "pd-2-2": "b6751af83b4da303",
+    "power-of-two-8-stale": "2b281334cf88e746",
+    "precise-prefix-sessions": "0d4ba9c2d9fe2023",
+    "prefix-affinity-v1": "250daabd3b240146",
+    "round-robin-8-fresh": "673346f20dda37c9",
+    "vllm-dp-16": "a86866f496051e7b",
+    "weighted-sessions": "e563d47257546443",
 }
 
 

@@ -1,6 +1,6 @@
 """One ``requests.csv`` writer for a single run and a fleet (``reporting/files.py``'s ``write_requests``): the same
 row order (the order the requests arrived), the same numbers, the same quoting; a fleet's file is a single run's
-columns, then the fleet's own (``cluster/summary.py``'s ``EXTRA``)."""
+columns, then the fleet's own (``cluster/records.py``'s ``EXTRA``)."""
 
 from __future__ import annotations
 
@@ -10,12 +10,13 @@ import sys
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kvsched.cluster.summary import EXTRA
-from kvsched.metrics.records import SCHEMA, records_table
+from kvsched.cluster.records import EXTRA
+from kvsched.metrics.records import SCHEMA, Recorder, records_table
 from kvsched.metrics.requests import FIELDS, RequestMetrics
 from kvsched.reporting.explain_fleet import FLEET_REQUESTS
 from kvsched.reporting.files import write_requests
@@ -114,3 +115,27 @@ def test_a_table_that_does_not_start_with_a_runs_columns_is_refused(tmp_path):
     with pytest.raises(ValueError, match="starts with the columns"):
         write_requests(table, tmp_path / "requests.csv")
     assert not (tmp_path / "requests.csv").exists()
+
+
+@given(st.permutations(range(12)), st.integers(1, 5))
+def test_the_recorder_keeps_records_in_the_order_of_arrival_in_memory_or_in_its_file(tmp_path_factory, finished, group):
+    """Whatever order the requests finish in, a run's file and a fleet's rows are in the order they arrived."""
+    path = tmp_path_factory.mktemp("recorder") / "requests.parquet"
+    schema = pa.schema([("request_id", pa.string()), ("place", pa.int64())])
+    kept, streamed = Recorder(schema), Recorder(schema, path, row_group_size=group)
+    for place in finished:
+        kept.add(place, (f"r{place}", place))
+        streamed.add(place, (f"r{place}", place))
+    assert kept.close().column("place").to_pylist() == list(range(12))
+    assert pq.read_table(streamed.close().path).column("place").to_pylist() == list(range(12))
+
+
+def test_the_recorder_refuses_a_request_recorded_twice():
+    recorder = Recorder(pa.schema([("request_id", pa.string())]))
+    recorder.add(1, ("b",))
+    with pytest.raises(ValueError, match="request 'b' is recorded twice"):
+        recorder.add(1, ("b",))
+    recorder.add(0, ("a",))
+    with pytest.raises(ValueError, match="request 'a' is recorded twice"):
+        recorder.add(0, ("a",))
+    assert recorder.rows == [("a",), ("b",)]
