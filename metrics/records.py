@@ -5,8 +5,8 @@ those that arrived before it, so the file reads as the in-memory records do), in
 Parquet file, ``row_group_size`` rows a row group; a fleet's records (``cluster/records.py``) are
 kept by one. ``RequestLog`` is an ``on_step`` observer for an engine that does not retain finished
 groups: each finished group becomes a ``RequestMetrics`` row the step it ends, streamed through a
-``Recorder``. The file appears under its name only when ``close()`` completes it. ``RequestTable`` reads it back:
-its rows as ``RequestMetrics``, or single columns, which is all the run summary needs.
+``Recorder``. The file appears under its name only when ``close()`` completes it. ``RequestTable``
+reads it back: its rows as ``RequestMetrics``, or single columns, which is all the run summary needs.
 """
 
 from __future__ import annotations
@@ -161,7 +161,7 @@ def batch_rows(batches: Iterable[pa.RecordBatch]) -> Iterator[tuple]:
 
 def record_rows(records: list[RequestMetrics] | RequestTable | pa.Table) -> tuple[tuple[str, ...], Iterator[tuple]]:
     """The records' column names and their rows as tuples, kept in memory, read from their file, or a table's: a run's
-    records have the columns ``FIELDS``; a fleet's table (``cluster/summary.py``) has those first, then its own."""
+    records have the columns ``FIELDS``; a fleet's table (``cluster/records.py``) has those first, then its own."""
     if isinstance(records, pa.Table):
         if tuple(records.column_names[: len(FIELDS)]) != FIELDS:
             raise ValueError(f"a table of records starts with the columns {FIELDS}, not {records.column_names}")
