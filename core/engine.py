@@ -9,7 +9,7 @@ from types import MappingProxyType
 from typing import Any
 
 from kvsched.core.config import EngineConfig
-from kvsched.core.executor import Clock, Executor, KnownDurations, KnownTokens, StepResult
+from kvsched.core.executor import Clock, Executor, KnownTokens, StepResult
 from kvsched.core.fanout import FanOut
 from kvsched.core.mechanics import Mechanics, mechanics_of
 from kvsched.core.outputs import SchedulerOutput
@@ -56,7 +56,7 @@ class Engine:
         self.mechanics = mechanics = mechanics or mechanics_of(config)
         if mechanics.vllm_engine != config.vllm_engine:
             raise ValueError(f"mechanics {mechanics.name!r} are not the config's vllm_engine {config.vllm_engine!r}")
-        self.scheduler = sched = Scheduler(config, self.hooks, mechanics, steady_steps)
+        self.scheduler = sched = Scheduler(config, self.hooks, mechanics)
         self.executor = executor
         attach = getattr(executor, "attach", None)
         if attach is not None:  # an executor that reads block tables, or the block size, of this engine
@@ -72,14 +72,10 @@ class Engine:
         self.num_blocks_swapped_out = 0
         self._next_seq_id = 0
         self.completion = mechanics.completion(self)
-        # The decode lane takes v0's plain decodes when the executor knows their tokens: not with prefix caching
-        # (blocks hashed as they fill) nor timed steps. Steady runs, when the executor can also advance them
-        # (unless an on_step plugin sees every step).
-        lane = mechanics.lane and config.decode_lane and isinstance(executor, KnownTokens)
-        if lane and not config.enable_prefix_caching and not self.completion.timed:
-            sched.lane = executor.decode_lane(sched.block_manager)
-        runs = sched.repeats and sched.lane is not None and isinstance(executor, KnownDurations)
-        self.runs = executor.steady_runs(self) if runs and not self.hooks.observes_steps else None  # KnownDurations
+        # The simulator's fast path (decode lane, steady steps and runs), when the executor knows its tokens.
+        self.fast_path = executor.fast_path(self, steady_steps) if isinstance(executor, KnownTokens) else None
+        if self.fast_path is not None:
+            sched.fast_path, sched.lane = self.fast_path, self.fast_path.lane
         # A request with n > 1 fanned out into n requests (core/fanout.py), or scheduled as one group.
         eos = executor.eos_token_id
         self.fan_out = FanOut(sched, self.new_seq_id, eos, config.max_seq_len) if mechanics.fans_out else None
@@ -214,14 +210,15 @@ class Engine:
     def may_run_steadily(self, join: bool = False) -> bool:
         """Whether ``advance_to`` takes a steady run now: the last step may be repeated, the executor advances runs,
         and an arrival would end the run (or, with ``join``, may join its queue instead)."""
-        steady = self.scheduler.steady
-        return self.runs is not None and steady is not None and (join or steady.arrivals)
+        return self.fast_path is not None and self.fast_path.may_run(join)
 
     def advance_to(self, t: float, limit: int = -1, observe=None, join=None, resume: bool = False):
         """With nothing arriving before ``t``, the steady step's repeats that start before it, taken at once (a steady
         run: ``SteadyRuns.advance``; ``resume``: the last, stopped at its ``t`` with nothing done since, goes on).
         None unless ``may_run_steadily`` (``join``: queues the arrivals that change nothing for the policy)."""
-        return self.runs.advance(t, limit, observe, join, resume) if self.may_run_steadily(join is not None) else None
+        if not self.may_run_steadily(join is not None):
+            return None
+        return self.fast_path.advance(t, limit, observe, join, resume)
 
     def next_step_at(self, arrival: float) -> float:
         """When the next step starts, ``arrival`` being the next request's (infinity: none): now, or at the arrival

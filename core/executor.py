@@ -6,7 +6,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
-    from kvsched.allocators.block_manager import BlockManager
+    from collections.abc import Callable
+
     from kvsched.core.engine import Engine
     from kvsched.core.outputs import SchedulerOutput
     from kvsched.core.sequence import Sequence, SequenceGroup
@@ -47,13 +48,13 @@ class Executor(Protocol):
 
 @runtime_checkable
 class KnownTokens(Protocol):
-    """An executor whose decode tokens are known before it runs (the simulator's): it hands the engine a decode
-    lane, which advances plain decodes together (``kvsched.executors.decode_lane``). A promise: ``execute`` skips
+    """An executor whose decode tokens are known before it runs (the simulator's): it hands the engine its fast path
+    (``kvsched.executors.fast_path``), whose decode lane advances plain decodes together. A promise: ``execute`` skips
     (returns no tokens for) the first ``output.lane_decodes`` entries of ``output.scheduled``, which the engine
     takes from the lane; an executor that cannot keep it must not offer a lane (or run with ``decode_lane=False``).
     The lane reads the tokens from ``tokens_at`` and ``first_stop`` (``kvsched.executors.decode_lane.Tokens``)."""
 
-    def decode_lane(self, block_manager: BlockManager) -> DecodeLane: ...
+    def fast_path(self, engine: Engine, steady_steps: bool) -> FastPath | None: ...
 
     def tokens_at(self, group: SequenceGroup, start: int, stop: int) -> list[int]: ...
 
@@ -62,35 +63,43 @@ class KnownTokens(Protocol):
 
 @runtime_checkable
 class KnownDurations(Protocol):
-    """An executor that knows what a step of lane decodes costs without running it (the simulator's): it advances
-    an engine's steady runs itself, repeats taken at once (``kvsched.executors.steady_runs``; docs/hooks.md)."""
+    """An executor that knows what a step of lane decodes costs without running it (the simulator's): its fast path
+    advances the engine's steady runs, repeats taken at once (``kvsched.executors.steady_runs``; docs/hooks.md)."""
 
-    def steady_runs(self, engine: Engine): ...
+    def lane_seconds(self, num_seqs: int) -> Callable[[int], float]: ...
+
+
+class FastPath(Protocol):
+    """The one door from the core to the simulator's fast path (``kvsched.executors.fast_path`` has the why): the
+    scheduler asks it to ``replay`` the last step (a steady one, if still valid) before asking the policy, and tells
+    it each step it ``record``s, rolls back, and each group it aborts; the engine asks it for steady runs."""
+
+    lane: DecodeLane
+
+    def replay(self, policy: bool) -> SchedulerOutput | None: ...
+
+    def record(self, step, waiting: list[SequenceGroup]) -> None: ...
+
+    def rollback(self) -> None: ...
+
+    def abort(self, group: SequenceGroup) -> None: ...
+
+    def audit(self, running: list[SequenceGroup]) -> list[str]: ...
+
+    def may_run(self, join: bool) -> bool: ...
+
+    def advance(self, until: float, limit: int, observe, join, resume: bool): ...
 
 
 class DecodeLane(Protocol):
-    """What the core asks of a decode lane (``kvsched.executors.decode_lane`` has the why and how): ``take`` a step's
-    ``advance_running``/``advance_decodes`` whole if it is exact, ``schedule`` its batch again (a steady repeat),
-    ``apply`` a lane step (the members that sampled their last token), ``dissolve``, ``rollback``, ``audit``."""
+    """What the step builder and the completion ask of the decode lane (``kvsched.executors.decode_lane``): ``take``
+    a step's ``advance_running``/``advance_decodes`` whole if it is exact, ``apply`` a lane step (the members that
+    sampled their last token), ``dissolve`` when a member changes on its own."""
 
     scheduled: int  # members in the step being built (0: the step is not a lane step)
 
     def take(self, step, decodes_only: bool, cap: int | None) -> bool: ...
 
-    def schedule(
-        self,
-        running: list[SequenceGroup],
-        out: SchedulerOutput | None,
-        max_tokens: int,
-        touched: dict | None,
-        decodes_only: bool = False,
-        cap: int | None = None,
-    ) -> bool: ...
-
     def apply(self) -> list[Sequence]: ...
 
     def dissolve(self) -> None: ...
-
-    def rollback(self) -> None: ...
-
-    def audit(self, running: list[SequenceGroup]) -> list[str]: ...

@@ -2,36 +2,23 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING
 
 from kvsched.allocators.alloc_status import AllocStatus
 from kvsched.allocators.offloading import Offloading
 from kvsched.core.config import EngineConfig, PreemptionMode
 from kvsched.core.outputs import SchedulerOutput
 from kvsched.core.sequence import SequenceGroup, SequenceStatus
-from kvsched.core.step_notes import repeated_notes
 from kvsched.core.step_state import StepState
 from kvsched.core.step_v1 import remember_drafts
 from kvsched.core.view import CacheView, frozen
 
 if TYPE_CHECKING:
-    from kvsched.core.executor import DecodeLane
+    from kvsched.core.executor import DecodeLane, FastPath
     from kvsched.core.mechanics import Mechanics
     from kvsched.core.plugins import PolicyHooks
 
 _RUNNING, _WAITING, _SWAPPED = SequenceStatus.RUNNING, SequenceStatus.WAITING, SequenceStatus.SWAPPED
-
-
-class Steady(NamedTuple):
-    """The last step, when the scheduler may repeat it without the policy (``Scheduler.repeat``; docs/hooks.md)."""
-
-    arrivals: bool  # an arrival would change the policy's calls: nothing waited (else it joins behind the refused head)
-    decodes_only: bool  # how the policy called the lane: advance_decodes, else advance_running
-    cap: int | None  # advance_decodes' cap on the decodes' tokens
-    notes_at: int  # notes taken before the lane call (a refusal noted after it saw the lane's due blocks taken)
-    refusals: list[SequenceGroup]  # refused for want of blocks, each with the blocks it lacked (``refused``)
-    notes: list[tuple]  # the step's decision notes
-    num_waiting: int
 
 
 class Scheduler:
@@ -41,7 +28,7 @@ class Scheduler:
     KeyboardInterrupt and SystemExit included, which then propagate unchanged), and otherwise commits the queue and
     status changes in one place."""
 
-    def __init__(self, config: EngineConfig, hooks: PolicyHooks, mechanics: Mechanics, repeats: bool = True) -> None:
+    def __init__(self, config: EngineConfig, hooks: PolicyHooks, mechanics: Mechanics) -> None:
         self.config = config
         self.hooks = hooks
         self.block_manager = mechanics.block_manager(config)
@@ -63,9 +50,10 @@ class Scheduler:
         self.running: list[SequenceGroup] = []
         self.swapped: list[SequenceGroup] = []
         self.num_running_seqs = 0  # sum of max_running_seqs over running groups
-        self.lane: DecodeLane | None = None  # set by the engine when its executor knows its tokens
-        self.repeats = repeats  # steady steps are repeated without the policy (docs/hooks.md); same results either way
-        self.steady: Steady | None = None  # the last step, if the scheduler may repeat it
+        # Set by the engine when its executor knows its tokens (the simulator's fast path, executors/fast_path.py):
+        # it may repeat the last step without the policy, and its decode lane takes a step's plain decodes.
+        self.fast_path: FastPath | None = None
+        self.lane: DecodeLane | None = None
 
     def add(self, group: SequenceGroup) -> None:
         group.block_manager = self.block_manager
@@ -78,9 +66,8 @@ class Scheduler:
     def schedule(self, now: float, hooks: PolicyHooks | None = None) -> SchedulerOutput:
         """Build, validate and commit one step with the policy (or with ``hooks``: another policy
         deciding on the same state, e.g. a fallback after this one failed)."""
-        if self.steady is not None and hooks is None and self.repeat(out := SchedulerOutput()):
+        if self.fast_path is not None and (out := self.fast_path.replay(hooks is None)) is not None:
             return out
-        self.steady = None
         waiting = self.waiting
         hooks = hooks or self.hooks
         step = self.mechanics.step(self, now, hooks)
@@ -102,38 +89,16 @@ class Scheduler:
             )
         if self.drafting is not None:
             remember_drafts(self.drafting, step.output, self.running)
-        if self.repeats and hooks is self.hooks and hooks.fcfs:
-            self.steady = _steady(step, waiting)
+        if self.fast_path is not None and hooks is self.hooks:
+            self.fast_path.record(step, waiting)
         return step.output
-
-    def repeat(self, out: SchedulerOutput | None) -> bool:
-        """Schedule the last, steady step again (into ``out``, or none) if it is still valid: no arrival it depends
-        on, each refusal still short of blocks, the decode lane still exact; False if not (given an output, a lane no
-        longer exact is dissolved, as the policy's own call of the lane would)."""
-        steady = self.steady
-        if steady.arrivals and len(self.waiting) != steady.num_waiting:  # an event for the policy
-            return False
-        bm = self.block_manager
-        free = bm.gpu.num_free
-        for g in steady.refusals:
-            if free - g.refused >= bm.watermark_blocks:
-                return False
-        budget = self.config.max_num_batched_tokens
-        if not self.lane.schedule(self.running, out, budget, None, steady.decodes_only, steady.cap):
-            if out is not None:
-                self.lane.dissolve()
-            return False
-        if out is not None:  # the notes as of now: a refusal noted after the lane saw its due blocks taken
-            out.lane_decodes = self.lane.scheduled
-            out.decisions = repeated_notes(steady.notes, steady.notes_at, free, bm.gpu.num_free)
-        return True
 
     def _rollback(self) -> None:
         self.block_manager.rollback()
         if self.offloading is not None:
             self.offloading.rollback()
-        if self.lane is not None:
-            self.lane.rollback()
+        if self.fast_path is not None:
+            self.fast_path.rollback()
 
     def _commit(self, step: StepState) -> None:
         out, now = step.output, step.now
@@ -194,9 +159,8 @@ class Scheduler:
 
     def abort(self, group: SequenceGroup, now: float, status: SequenceStatus = SequenceStatus.FINISHED_ABORTED) -> None:
         """Take ``group`` out of whichever queue holds it, free every block it held, and end it with ``status``."""
-        self.steady = None
-        if self.lane is not None and any(s.lane is not None for s in group.seqs):
-            self.lane.dissolve()
+        if self.fast_path is not None:
+            self.fast_path.abort(group)
         for name in ("waiting", "running", "swapped"):
             queue = getattr(self, name)
             if group in queue:
@@ -244,24 +208,11 @@ class Scheduler:
         counted = sum(g.max_running_seqs for g in self.running)
         if counted != self.num_running_seqs:
             problems.append(f"running sequence count {self.num_running_seqs} != {counted}")
-        if self.lane is not None:
-            problems += self.lane.audit(self.running)
+        if self.fast_path is not None:
+            problems += self.fast_path.audit(self.running)
         if self.num_running_seqs > self.config.max_num_seqs:
             problems.append(f"{self.num_running_seqs} running sequences exceed max_num_seqs {self.config.max_num_seqs}")
         return problems
-
-
-def _steady(step: StepState, waiting: list[SequenceGroup]) -> Steady | None:
-    """``step`` as the scheduler may repeat it for a policy that declared ``fcfs``, or None: a decode-lane step of every
-    running group whose only note is the refusal of the head of ``waiting`` (as the step began) for want of blocks."""
-    out, lane_call, refusals = step.output, step.lane_call, step.refusals
-    if lane_call is None or out.lane_decodes != len(out.scheduled) or len(out.decisions) != len(refusals):
-        return None
-    if step.sched.swapped or out.preempted or out.ignored or out.blocks_to_swap_in or out.blocks_to_swap_out:
-        return None
-    if refusals and (refusals != waiting[:1] or refusals[0].refused is None):
-        return None
-    return Steady(not refusals, *lane_call, refusals, out.decisions, len(step.sched.waiting))
 
 
 def _without_prefix(waiting: list[SequenceGroup], left: int) -> list[SequenceGroup]:

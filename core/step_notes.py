@@ -50,13 +50,3 @@ class DecisionNotes:
         else:
             return False
         return True
-
-
-def repeated_notes(notes: list[tuple], at: int, free: int, after: int) -> list[tuple]:
-    """A steady step's notes as its repeat takes them: a refusal's free blocks as of the repeat (``after``
-    the lane's due blocks for those noted after the lane call, the ``at``-th note on)."""
-    refused = Decision.NO_BLOCKS
-    return [
-        Refused(n.kind, n.request_id, n.needed, free if i < at else after) if n.kind is refused else n
-        for i, n in enumerate(notes)
-    ]

@@ -10,8 +10,7 @@ from kvsched.core.outputs import SchedulerOutput
 from kvsched.core.sequence import SequenceGroup
 from kvsched.executors.clocks import VirtualClock
 from kvsched.executors.cost_model import DEFAULT_PROFILE, PROFILES, StepCost
-from kvsched.executors.decode_lane import DecodeLane
-from kvsched.executors.steady_runs import SteadyRuns
+from kvsched.executors.fast_path import FastPath
 
 EOS = -1
 IDLE_SECONDS = 1e-3  # time charged for a step that ran nothing, so time-based policies move on
@@ -48,9 +47,10 @@ class SimulatedExecutor:
                 f"{block_manager.block_size}"
             )
 
-    def decode_lane(self, block_manager) -> DecodeLane:
-        """The lane of plain decodes whose tokens ``tokens_at`` knows (``KnownTokens``)."""
-        return DecodeLane(block_manager, self)
+    def fast_path(self, engine, steady_steps: bool) -> FastPath | None:
+        """``engine``'s fast path: a decode lane of plain decodes whose tokens ``tokens_at`` knows (``KnownTokens``),
+        steady steps, and steady runs at ``lane_seconds``' cost (``KnownDurations``)."""
+        return FastPath.of(engine, self, steady_steps)
 
     def make_clock(self) -> VirtualClock:
         return VirtualClock()
@@ -93,10 +93,6 @@ class SimulatedExecutor:
         return (
             seconds if seconds(0) > 0 else lambda kv_tokens: charged(seconds(kv_tokens))
         )  # more tokens never cost less
-
-    def steady_runs(self, engine) -> SteadyRuns:
-        """``engine``'s steady runs, each step at ``lane_seconds``' cost (``KnownDurations``)."""
-        return SteadyRuns(engine)
 
     def tokens_at(self, group: SequenceGroup, start: int, stop: int) -> list[int]:
         """What ``execute`` samples for a one-sequence group at output positions ``start`` .. ``stop - 1``."""

@@ -1,7 +1,7 @@
 """Steady runs: a repeated steady step advanced many times at once (docs/hooks.md "Steady runs").
 
 The simulator's fast paths are the decode lane (``decode_lane.py``: plain decodes advanced together) and
-this: while the scheduler may repeat the last step (``Scheduler.repeat``) and nothing arrives, an engine's
+this: while the scheduler may repeat the last step (``FastPath.repeat``) and nothing arrives, an engine's
 steps differ only in what falls due (the lane's blocks), their duration, the clock and the counters, so a
 run takes each at that cost, with no output, report or observer call, and tells an observer that asks
 (``on_steps``) the whole run as one ``StepRun``. A single engine (``Engine.run``) and a fleet's replicas
@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, NamedTuple
 
+from kvsched.core.decisions import Decision, Refused
 from kvsched.core.outputs import SchedulerOutput, StepFeatures
-from kvsched.core.step_notes import repeated_notes
 from kvsched.core.view import OutputView
 
 if TYPE_CHECKING:
@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from kvsched.core.engine import Engine
     from kvsched.core.sequence import SequenceGroup
     from kvsched.core.view import CacheView
+    from kvsched.executors.fast_path import FastPath
 
 
 class StepRun(NamedTuple):
@@ -64,10 +65,11 @@ class Run(NamedTuple):
 
 
 class SteadyRuns:
-    """The steady runs of one engine (``Engine.runs``, when its executor advances them)."""
+    """The steady runs of one engine (its ``FastPath.runs``, when its executor advances them)."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, fast_path: FastPath) -> None:
         self.engine = engine
+        self.fast_path = fast_path
         self._coasting: tuple[int, Callable[[int], float] | None] = (0, None)  # the run's batch size and its step cost
 
     def advance(self, until: float, limit: int = -1, observe=None, join=None, resume: bool = False) -> Run:
@@ -79,7 +81,8 @@ class SteadyRuns:
         coasting (its first step needs no full check)."""
         engine = self.engine
         sched, clock, executor = engine.scheduler, engine.clock, engine.executor
-        lane, gpu, arrivals = sched.lane, sched.block_manager.gpu, sched.steady.arrivals
+        fast = self.fast_path
+        lane, gpu, arrivals = fast.lane, sched.block_manager.gpu, fast.steady.arrivals
         audit = engine.config.audit_every_step
         started, durations, kv, waiting, free, finished = [], [], [], [], [], []  # per step; the groups that finished
         batch, (n, seconds) = None, (self._coasting if resume else (0, None))
@@ -93,7 +96,7 @@ class SteadyRuns:
             # No member finishing, nothing the repeat checks changes (due blocks keep every refusal refused): it coasts.
             coasting = n and lane.coast()
             if not coasting:
-                if not sched.repeat(None):
+                if not fast.repeat(None):
                     break
                 if n != lane.scheduled:  # the run's first step (later ones keep the batch)
                     n, seconds = lane.scheduled, executor.lane_seconds(lane.scheduled)
@@ -121,7 +124,7 @@ class SteadyRuns:
     def _report(self, batch, started, durations, kv, waiting, free, finished, observe) -> None:
         """Tell the observers a steady run (``StepRun``), as ``Engine.complete`` tells them a step."""
         engine = self.engine
-        sched, n, steps, steady = engine.scheduler, len(batch), len(durations), engine.scheduler.steady
+        sched, n, steps, steady = engine.scheduler, len(batch), len(durations), self.fast_path.steady
         out = SchedulerOutput(
             scheduled=batch, num_batched_tokens=n, decode_seqs=n, kv_tokens_read=kv[0], lane_decodes=n
         )
@@ -143,3 +146,13 @@ class SteadyRuns:
         )
         out.decisions = run.decisions(0)
         observe(run)
+
+
+def repeated_notes(notes: list[tuple], at: int, free: int, after: int) -> list[tuple]:
+    """A steady step's notes as its repeat takes them: a refusal's free blocks as of the repeat (``after``
+    the lane's due blocks for those noted after the lane call, the ``at``-th note on)."""
+    refused = Decision.NO_BLOCKS
+    return [
+        Refused(n.kind, n.request_id, n.needed, free if i < at else after) if n.kind is refused else n
+        for i, n in enumerate(notes)
+    ]

@@ -248,7 +248,7 @@ def test_moe_and_windowed_shapes_read_from_their_configs():
 
 def test_a_windowed_model_runs_step_by_step_and_an_exact_one_takes_the_fast_paths():
     """A profile whose decode time depends on each context (decode_exact False) turns off the decode lane, and
-    with it the steady runs built on the lane (executors/steady_runs.py); an exact profile keeps both."""
+    with it the steady runs built on the lane (executors/fast_path.py); an exact profile keeps both."""
     from kvsched.experiments.settings import fit_to_profile
     from kvsched.plugins.discovery import load_policy
 
@@ -267,5 +267,5 @@ def test_a_windowed_model_runs_step_by_step_and_an_exact_one_takes_the_fast_path
         )
         assert len(engine.finished) == 4
     assert engines[False].config.decode_lane is False
-    assert engines[False].scheduler.lane is None and engines[False].runs is None
-    assert engines[True].scheduler.lane is not None and engines[True].runs is not None
+    assert engines[False].scheduler.lane is None and engines[False].fast_path is None
+    assert engines[True].scheduler.lane is not None and engines[True].fast_path.runs is not None

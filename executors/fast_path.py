@@ -1,0 +1,132 @@
+"""The simulator's fast path for one engine: its decode lane, its steady steps and its steady runs.
+
+An executor that knows its tokens before it runs (``KnownTokens``: the simulator) hands its engine one
+``FastPath``, the only door through which the core reaches any of this: the scheduler asks it to repeat the
+last step before asking the policy (``replay``), tells it each step it commits (``record``) or rolls back, and
+each request it aborts; the engine asks it for steady runs (``may_run``, ``advance``). The decode lane
+(``decode_lane.py``) advances plain decodes together, the step builder and the completion step driving it; a
+steady step is one the scheduler may repeat without the policy (docs/hooks.md "Steady steps"): a decode-lane step
+of every running group, for a policy that declared its order first come, first served (``fcfs``), whose only
+note is the refusal of the waiting queue's head for want of blocks; steady runs (``steady_runs.py``) advance
+such a step many times at once. Results are the same with every part of it off.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, NamedTuple
+
+from kvsched.core.executor import KnownDurations
+from kvsched.core.outputs import SchedulerOutput
+from kvsched.executors.decode_lane import DecodeLane
+from kvsched.executors.steady_runs import Run, SteadyRuns, repeated_notes
+
+if TYPE_CHECKING:
+    from kvsched.core.engine import Engine
+    from kvsched.core.sequence import SequenceGroup
+    from kvsched.core.step_state import StepState
+
+
+class Steady(NamedTuple):
+    """The last step, when the scheduler may repeat it without the policy (``FastPath.repeat``; docs/hooks.md)."""
+
+    arrivals: bool  # an arrival would change the policy's calls: nothing waited (else it joins behind the refused head)
+    decodes_only: bool  # how the policy called the lane: advance_decodes, else advance_running
+    cap: int | None  # advance_decodes' cap on the decodes' tokens
+    notes_at: int  # notes taken before the lane call (a refusal noted after it saw the lane's due blocks taken)
+    refusals: list[SequenceGroup]  # refused for want of blocks, each with the blocks it lacked (``refused``)
+    notes: list[tuple]  # the step's decision notes
+    num_waiting: int
+
+
+class FastPath:
+    """An engine's decode lane (``lane``), the steady step it may repeat (``steady``), and its steady runs."""
+
+    def __init__(self, engine: Engine, tokens, steady_steps: bool) -> None:
+        self.scheduler = sched = engine.scheduler
+        self.lane = DecodeLane(sched.block_manager, tokens)
+        self.repeats = steady_steps  # steady steps are repeated without the policy; same results either way
+        self.steady: Steady | None = None  # the last step, if the scheduler may repeat it
+        # Steady runs, when the executor can also advance them (unless an on_step plugin sees every step).
+        runs = steady_steps and isinstance(engine.executor, KnownDurations) and not engine.hooks.observes_steps
+        self.runs = SteadyRuns(engine, self) if runs else None
+
+    @classmethod
+    def of(cls, engine: Engine, tokens, steady_steps: bool) -> FastPath | None:
+        """``engine``'s fast path, or None where the lane would not be exact: the lane takes v0's plain decodes
+        (its block rule is v0's worst case), not with prefix caching (blocks hashed as they fill) nor timed steps."""
+        config = engine.config
+        if not (engine.mechanics.lane and config.decode_lane) or config.enable_prefix_caching:
+            return None
+        return None if engine.completion.timed else cls(engine, tokens, steady_steps)
+
+    # ------------------------------------------------------------------------- the scheduler's calls
+    def replay(self, policy: bool) -> SchedulerOutput | None:
+        """The last, steady step scheduled again if the scheduler may (``policy``: it would call its own policy)
+        and it is still valid; else None, and the scheduler asks the policy."""
+        if self.steady is not None and policy:
+            if self.repeat(out := SchedulerOutput()):
+                return out
+        self.steady = None
+        return None
+
+    def repeat(self, out: SchedulerOutput | None) -> bool:
+        """Schedule the steady step again (into ``out``, or none: a steady run's step) if it is still valid: no
+        arrival it depends on, each refusal still short of blocks, the decode lane still exact; False if not (given
+        an output, a lane no longer exact is dissolved, as the policy's own call of the lane would)."""
+        steady, sched = self.steady, self.scheduler
+        if steady.arrivals and len(sched.waiting) != steady.num_waiting:  # an event for the policy
+            return False
+        bm = sched.block_manager
+        free = bm.gpu.num_free
+        for g in steady.refusals:
+            if free - g.refused >= bm.watermark_blocks:
+                return False
+        budget = sched.config.max_num_batched_tokens
+        if not self.lane.schedule(sched.running, out, budget, None, steady.decodes_only, steady.cap):
+            if out is not None:
+                self.lane.dissolve()
+            return False
+        if out is not None:  # the notes as of now: a refusal noted after the lane saw its due blocks taken
+            out.lane_decodes = self.lane.scheduled
+            out.decisions = repeated_notes(steady.notes, steady.notes_at, free, bm.gpu.num_free)
+        return True
+
+    def record(self, step: StepState, waiting: list[SequenceGroup]) -> None:
+        """The policy's step was committed (``waiting``: the queue as it began): note it if it is steady."""
+        if self.repeats and step.hooks.fcfs:
+            self.steady = _steady(step, waiting)
+
+    def rollback(self) -> None:
+        """The step failed: the lane as before it."""
+        self.lane.rollback()
+
+    def abort(self, group: SequenceGroup) -> None:
+        """``group`` is aborted: no step is steady any more, and the lane dissolves if ``group`` rides it."""
+        self.steady = None
+        if any(s.lane is not None for s in group.seqs):
+            self.lane.dissolve()
+
+    def audit(self, running: list[SequenceGroup]) -> list[str]:
+        return self.lane.audit(running)
+
+    # --------------------------------------------------------------------------- the engine's calls
+    def may_run(self, join: bool) -> bool:
+        """Whether a steady run may start: the last step may be repeated, runs are taken, and an arrival would end
+        the run (or, with ``join``, may join its queue instead)."""
+        return self.runs is not None and self.steady is not None and (join or self.steady.arrivals)
+
+    def advance(self, until: float, limit: int, observe, join, resume: bool) -> Run:
+        return self.runs.advance(until, limit, observe, join, resume)
+
+
+def _steady(step: StepState, waiting: list[SequenceGroup]) -> Steady | None:
+    """``step`` as the scheduler may repeat it for a policy that declared ``fcfs``, or None: a decode-lane step of every
+    running group whose only note is the refusal of the head of ``waiting`` (as the step began) for want of blocks."""
+    out, lane_call, refusals = step.output, step.lane_call, step.refusals
+    if lane_call is None or out.lane_decodes != len(out.scheduled) or len(out.decisions) != len(refusals):
+        return None
+    if step.sched.swapped or out.preempted or out.ignored or out.blocks_to_swap_in or out.blocks_to_swap_out:
+        return None
+    if refusals and (refusals != waiting[:1] or refusals[0].refused is None):
+        return None
+    return Steady(not refusals, *lane_call, refusals, out.decisions, len(step.sched.waiting))
