@@ -34,7 +34,6 @@ class DecisionNotes:
 
     def _no_blocks(self, g: SequenceGroup, needed: int) -> Outcome:
         """LATER, noted with the blocks ``g`` needs and the free ones (of which the watermark stays free)."""
-        self.refusals.append(g)
         return self._note(Outcome.LATER, Refused(Decision.NO_BLOCKS, g.request_id, needed, self.bm.gpu.num_free))
 
     def _no_tokens(self, g: SequenceGroup, needed: int, left: int) -> Outcome:

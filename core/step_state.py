@@ -56,8 +56,6 @@ class StepState(Preemptions, DecisionNotes):
         self.open = True  # until the scheduler commits or rolls the step back
         self.step = StepBuilder(self)  # what the hooks are handed
         self.handed: list | None = []  # what the views it hands out show (core/view.py), let go as it closes
-        self.lane_call: tuple[bool, int | None, int] | None = None  # (decodes only, their cap, notes before the call)
-        self.refusals: list[SequenceGroup] = []  # groups refused for want of blocks (LATER), in order
 
     def close(self) -> None:
         """The step is over: its builder refuses every operation from now on."""

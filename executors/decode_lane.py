@@ -94,11 +94,12 @@ class DecodeLane:
         self._finishing: dict[int, list[Sequence]] = {}  # lane step -> members that end in it
         self._kv_tokens = 0  # sum of the members' computed tokens
         self.scheduled = 0  # members in the step being built (0: the step is not a lane step)
+        self.call: tuple[bool, int | None, int] = (False, None, 0)  # the last taken: decodes only, cap, notes before
 
     # ----------------------------------------------------------------------------- scheduling
     def take(self, step: StepState, decodes_only: bool, cap: int | None) -> bool:
         """A step's ``advance_running`` (``advance_decodes`` with ``cap``, ``decodes_only``): schedule its decodes in
-        the lane if it is exact now (noting the call in ``step.lane_call``, for a repeat); else make sure no member
+        the lane if it is exact now (noting the call in ``call``, for a repeat); else make sure no member
         is left in the lane, since the loop that follows advances them one by one."""
         if self.scheduled:  # a second call: the lane's members are all touched already
             return False
@@ -106,7 +107,7 @@ class DecodeLane:
         running, budget, touched = step.sched.running, step.max_tokens, step.touched
         if not (out.scheduled or out.preempted) and self.schedule(running, out, budget, touched, decodes_only, cap):
             out.lane_decodes = self.scheduled
-            step.lane_call = (decodes_only, cap, len(out.decisions))
+            self.call = (decodes_only, cap, len(out.decisions))
             return True
         self.dissolve()
         return False

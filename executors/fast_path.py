@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, NamedTuple
 
+from kvsched.core.decisions import Decision
 from kvsched.core.executor import KnownDurations
 from kvsched.core.outputs import SchedulerOutput
 from kvsched.executors.decode_lane import DecodeLane
@@ -24,6 +25,9 @@ if TYPE_CHECKING:
     from kvsched.core.engine import Engine
     from kvsched.core.sequence import SequenceGroup
     from kvsched.core.step_state import StepState
+
+
+_NO_BLOCKS = Decision.NO_BLOCKS
 
 
 class Steady(NamedTuple):
@@ -94,7 +98,7 @@ class FastPath:
     def record(self, step: StepState, waiting: list[SequenceGroup]) -> None:
         """The policy's step was committed (``waiting``: the queue as it began): note it if it is steady."""
         if self.repeats and step.hooks.fcfs:
-            self.steady = _steady(step, waiting)
+            self.steady = _steady(step, waiting, self.lane.call)
 
     def rollback(self) -> None:
         """The step failed: the lane as before it."""
@@ -119,14 +123,18 @@ class FastPath:
         return self.runs.advance(until, limit, observe, join, resume)
 
 
-def _steady(step: StepState, waiting: list[SequenceGroup]) -> Steady | None:
+def _steady(step: StepState, waiting: list[SequenceGroup], lane_call: tuple[bool, int | None, int]) -> Steady | None:
     """``step`` as the scheduler may repeat it for a policy that declared ``fcfs``, or None: a decode-lane step of every
-    running group whose only note is the refusal of the head of ``waiting`` (as the step began) for want of blocks."""
-    out, lane_call, refusals = step.output, step.lane_call, step.refusals
-    if lane_call is None or out.lane_decodes != len(out.scheduled) or len(out.decisions) != len(refusals):
+    running group (the lane's ``lane_call``) whose only note is the refusal of the head of ``waiting`` (as the step
+    began) for want of blocks."""
+    out, notes = step.output, step.output.decisions
+    if not out.lane_decodes or out.lane_decodes != len(out.scheduled) or len(notes) > 1:
         return None
     if step.sched.swapped or out.preempted or out.ignored or out.blocks_to_swap_in or out.blocks_to_swap_out:
         return None
-    if refusals and (refusals != waiting[:1] or refusals[0].refused is None):
+    refusals = waiting[:1] if notes else []
+    if notes and not (refusals and notes[0].kind is _NO_BLOCKS and notes[0].request_id == refusals[0].request_id):
         return None
-    return Steady(not refusals, *lane_call, refusals, out.decisions, len(step.sched.waiting))
+    if refusals and refusals[0].refused is None:
+        return None
+    return Steady(not refusals, *lane_call, refusals, notes, len(step.sched.waiting))
