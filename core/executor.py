@@ -6,8 +6,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
-
     from kvsched.core.engine import Engine
     from kvsched.core.outputs import SchedulerOutput
     from kvsched.core.sequence import Sequence, SequenceGroup
@@ -59,14 +57,6 @@ class KnownTokens(Protocol):
     def tokens_at(self, group: SequenceGroup, start: int, stop: int) -> list[int]: ...
 
     def first_stop(self, group: SequenceGroup, start: int) -> int | None: ...
-
-
-@runtime_checkable
-class KnownDurations(Protocol):
-    """An executor that knows what a step of lane decodes costs without running it (the simulator's): its fast path
-    advances the engine's steady runs, repeats taken at once (``kvsched.executors.steady_runs``; docs/hooks.md)."""
-
-    def lane_seconds(self, num_seqs: int) -> Callable[[int], float]: ...
 
 
 class FastPath(Protocol):

@@ -13,21 +13,30 @@ such a step many times at once. Results are the same with every part of it off.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple, Protocol, runtime_checkable
 
 from kvsched.core.decisions import Decision
-from kvsched.core.executor import KnownDurations
 from kvsched.core.outputs import SchedulerOutput
 from kvsched.executors.decode_lane import DecodeLane
 from kvsched.executors.steady_runs import Run, SteadyRuns, repeated_notes
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from kvsched.core.engine import Engine
     from kvsched.core.sequence import SequenceGroup
     from kvsched.core.step_state import StepState
 
 
 _NO_BLOCKS = Decision.NO_BLOCKS
+
+
+@runtime_checkable
+class KnownDurations(Protocol):
+    """An executor that knows what a step of lane decodes costs without running it (the simulator's): the fast path
+    advances the engine's steady runs, repeats taken at once (``steady_runs.py``; docs/hooks.md)."""
+
+    def lane_seconds(self, num_seqs: int) -> Callable[[int], float]: ...
 
 
 class Steady(NamedTuple):
