@@ -120,6 +120,7 @@ class FastPath:
             self.lane.dissolve()
 
     def audit(self, running: list[SequenceGroup]) -> list[str]:
+        """What is wrong with the lane's members against the running queue (``Scheduler.audit``)."""
         return self.lane.audit(running)
 
     # --------------------------------------------------------------------------- the engine's calls
@@ -129,6 +130,7 @@ class FastPath:
         return self.runs is not None and self.steady is not None and (join or self.steady.arrivals)
 
     def advance(self, until: float, limit: int, observe, join, resume: bool) -> Run:
+        """A steady run (``SteadyRuns.advance``), where ``may_run``."""
         return self.runs.advance(until, limit, observe, join, resume)
 
 
