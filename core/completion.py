@@ -66,7 +66,7 @@ class Completion:
     def apply_lane(self, now: float, finished: list[SequenceGroup]) -> bool:
         """The lane's step ran: end the members that sampled their last token (into ``finished``); True if any."""
         sched = self.sched
-        ended = sched.lane.apply()
+        ended = sched.fast_path.apply()
         for seq in ended:
             if not self.stop_if_done(seq, seq.output[-1]):  # the executor's first_stop and tokens_at disagree
                 raise RuntimeError(f"the decode lane ended {seq!r}, but its tokens do not stop it")

@@ -74,8 +74,7 @@ class Engine:
         self.completion = mechanics.completion(self)
         # The simulator's fast path (decode lane, steady steps and runs), when the executor knows its tokens.
         self.fast_path = executor.fast_path(self, steady_steps) if isinstance(executor, KnownTokens) else None
-        if self.fast_path is not None:
-            sched.fast_path, sched.lane = self.fast_path, self.fast_path.lane
+        sched.fast_path = self.fast_path
         # A request with n > 1 fanned out into n requests (core/fanout.py), or scheduled as one group.
         eos = executor.eos_token_id
         self.fan_out = FanOut(sched, self.new_seq_id, eos, config.max_seq_len) if mechanics.fans_out else None

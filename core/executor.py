@@ -61,10 +61,13 @@ class KnownTokens(Protocol):
 
 class FastPath(Protocol):
     """The one door from the core to the simulator's fast path (``kvsched.executors.fast_path`` has the why): the
-    scheduler asks it to ``replay`` the last step (a steady one, if still valid) before asking the policy, and tells
-    it each step it ``record``s, rolls back, and each group it aborts; the engine asks it for steady runs."""
+    step builder and the completion step drive its decode lane (``take``, ``apply``); the scheduler asks it to
+    ``replay`` the last step (a steady one, if still valid) before asking the policy, and tells it each step it
+    ``record``s, rolls back, and each group it aborts; the engine asks it for steady runs."""
 
-    lane: DecodeLane
+    def take(self, step, decodes_only: bool, cap: int | None) -> bool: ...  # the lane takes a step's decodes
+
+    def apply(self) -> list[Sequence]: ...  # a lane step ran: its members that sampled their last token
 
     def replay(self, policy: bool) -> SchedulerOutput | None: ...
 
@@ -79,17 +82,3 @@ class FastPath(Protocol):
     def may_run(self, join: bool) -> bool: ...
 
     def advance(self, until: float, limit: int, observe, join, resume: bool): ...
-
-
-class DecodeLane(Protocol):
-    """What the step builder and the completion ask of the decode lane (``kvsched.executors.decode_lane``): ``take``
-    a step's ``advance_running``/``advance_decodes`` whole if it is exact, ``apply`` a lane step (the members that
-    sampled their last token), ``dissolve`` when a member changes on its own."""
-
-    scheduled: int  # members in the step being built (0: the step is not a lane step)
-
-    def take(self, step, decodes_only: bool, cap: int | None) -> bool: ...
-
-    def apply(self) -> list[Sequence]: ...
-
-    def dissolve(self) -> None: ...

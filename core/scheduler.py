@@ -14,7 +14,7 @@ from kvsched.core.step_v1 import remember_drafts
 from kvsched.core.view import CacheView, frozen
 
 if TYPE_CHECKING:
-    from kvsched.core.executor import DecodeLane, FastPath
+    from kvsched.core.executor import FastPath
     from kvsched.core.mechanics import Mechanics
     from kvsched.core.plugins import PolicyHooks
 
@@ -53,7 +53,6 @@ class Scheduler:
         # Set by the engine when its executor knows its tokens (the simulator's fast path, executors/fast_path.py):
         # it may repeat the last step without the policy, and its decode lane takes a step's plain decodes.
         self.fast_path: FastPath | None = None
-        self.lane: DecodeLane | None = None
 
     def add(self, group: SequenceGroup) -> None:
         group.block_manager = self.block_manager

@@ -9,7 +9,6 @@ from typing import TYPE_CHECKING
 from kvsched.core.view import GroupView, view_of
 
 if TYPE_CHECKING:
-    from kvsched.core.executor import DecodeLane
     from kvsched.core.request import Request
 
 
@@ -79,7 +78,7 @@ class Sequence:
         self.num_tokens = len(prompt) + len(self.output)  # kept by append_token: read on every step
         self.status = SequenceStatus.WAITING
         self.num_computed_tokens = 0
-        self.lane: DecodeLane | None = None  # set while the sequence rides a decode lane (then it is a LaneSequence)
+        self.lane = None  # the decode lane it rides, if any (executors/decode_lane.py; then it is a LaneSequence)
         self.lane_mark = 0
 
     def append_token(self, token: int) -> None:

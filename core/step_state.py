@@ -181,8 +181,8 @@ class StepState(Preemptions, DecisionNotes):
         self.sched.waiting = groups + waiting[len(groups) :]  # a new list: a failed step puts the old one back
 
     def advance_running(self, stop_on_preempted: bool) -> Outcome:
-        lane = self.sched.lane  # the decode lane takes the step's decodes whole when it is exact
-        if lane is not None and lane.take(self, False, None):
+        fast = self.sched.fast_path  # the simulator's decode lane takes the step's decodes whole when it is exact
+        if fast is not None and fast.take(self, False, None):
             return Outcome.SCHEDULED
         touched = self.touched
         for g in self.sched.running:
@@ -197,8 +197,8 @@ class StepState(Preemptions, DecisionNotes):
 
     def advance_decodes(self, max_tokens: int | None) -> Outcome:
         max_tokens = self._tokens_arg(max_tokens, "advance_decodes", minimum=None)
-        lane = self.sched.lane
-        if lane is not None and lane.take(self, True, max_tokens):
+        fast = self.sched.fast_path
+        if fast is not None and fast.take(self, True, max_tokens):
             return Outcome.SCHEDULED
         touched, out = self.touched, self.output
         left = self.max_tokens if max_tokens is None else max_tokens

@@ -56,7 +56,10 @@ class FastPath:
 
     def __init__(self, engine: Engine, tokens, steady_steps: bool) -> None:
         self.scheduler = sched = engine.scheduler
-        self.lane = DecodeLane(sched.block_manager, tokens)
+        self.lane = lane = DecodeLane(sched.block_manager, tokens)
+        # What the rules ask of the lane, its own methods: take a step's advance_running or advance_decodes whole
+        # if it is exact (the step builder), apply a lane step (the completion).
+        self.take, self.apply = lane.take, lane.apply
         self.repeats = steady_steps  # steady steps are repeated without the policy; same results either way
         self.steady: Steady | None = None  # the last step, if the scheduler may repeat it
         # Steady runs, when the executor can also advance them (unless an on_step plugin sees every step).

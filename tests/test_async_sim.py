@@ -73,7 +73,7 @@ def test_off_is_the_engine_as_it_was(policy):
     assert [(r.now, r.duration) for r in off_reports] == [(r.now, r.duration) for r in absent_reports]
     assert type(off.completion) is Completion  # steps complete as they come: the hot path is the plain one
     if policy == "vllm-default":
-        assert off.scheduler.lane is not None  # the decode lane (and with it steady runs) is kept
+        assert off.scheduler.fast_path is not None  # the decode lane (and with it steady runs) is kept
 
 
 def test_a_stopping_request_occupies_one_more_step_and_leaves_on_time():
@@ -127,7 +127,7 @@ def test_async_defaults_to_vllm_v1s_scheduler_time():
     engine = Engine(EngineConfig(async_scheduling=True), "vllm-v1", SimulatedExecutor())
     model = engine.completion
     assert (model.step_s, model.request_s) == (VLLM_V1_SCHEDULER_MS / 1e3, VLLM_V1_SCHEDULER_REQUEST_MS / 1e3)
-    assert engine.scheduler.lane is None
+    assert engine.scheduler.fast_path is None
 
 
 @pytest.mark.parametrize("policy", ["vllm-default", "vllm-v1"])

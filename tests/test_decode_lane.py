@@ -336,10 +336,13 @@ class _UnknownTokens(SimulatedExecutor):
 
 
 def test_prefix_caching_and_executors_without_known_tokens_do_not_use_the_lane():
-    assert Engine(EngineConfig(enable_prefix_caching=True), "vllm-default", SimulatedExecutor()).scheduler.lane is None
-    assert Engine(EngineConfig(decode_lane=False), "vllm-default", SimulatedExecutor()).scheduler.lane is None
-    assert Engine(EngineConfig(), "vllm-default", _UnknownTokens()).scheduler.lane is None
-    assert Engine(EngineConfig(), "vllm-default", SimulatedExecutor()).scheduler.lane is not None
+    assert (
+        Engine(EngineConfig(enable_prefix_caching=True), "vllm-default", SimulatedExecutor()).scheduler.fast_path
+        is None
+    )
+    assert Engine(EngineConfig(decode_lane=False), "vllm-default", SimulatedExecutor()).scheduler.fast_path is None
+    assert Engine(EngineConfig(), "vllm-default", _UnknownTokens()).scheduler.fast_path is None
+    assert Engine(EngineConfig(), "vllm-default", SimulatedExecutor()).scheduler.fast_path is not None
 
 
 class _RaisesAfterDecoding(CountingPolicy):

@@ -267,5 +267,5 @@ def test_a_windowed_model_runs_step_by_step_and_an_exact_one_takes_the_fast_path
         )
         assert len(engine.finished) == 4
     assert engines[False].config.decode_lane is False
-    assert engines[False].scheduler.lane is None and engines[False].fast_path is None
-    assert engines[True].scheduler.lane is not None and engines[True].fast_path.runs is not None
+    assert engines[False].scheduler.fast_path is None and engines[False].fast_path is None
+    assert engines[True].scheduler.fast_path is not None and engines[True].fast_path.runs is not None
