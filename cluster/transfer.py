@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from kvsched.core.executor import StepResult
 from kvsched.core.outputs import SchedulerOutput, causal_pairs
+from kvsched.executors.cost_model import DEFAULT_PROFILE, StepCost
 from kvsched.executors.simulated import SimulatedExecutor, charged
 
 
@@ -36,15 +37,30 @@ class KvTransfer(BaseModel):
 
 
 class DecodeExecutor(SimulatedExecutor):
-    """The simulator on a decode replica: a received prompt's KV is loaded, not computed."""
+    """The simulator on a decode replica: a received prompt's KV is loaded, not computed.
+
+    What it received is the original prompt's positions (all but the handed-over prompt's last token,
+    the first token, which it computes itself) that its prefill steps ran before any preemption by
+    recompute; ``received`` keeps the count per request (by its group's index) until the fleet's
+    records take it: the tokens a request's decode half counts as computed but did not compute."""
+
+    def __init__(self, profile: str | StepCost = DEFAULT_PROFILE, block_size: int | None = None) -> None:
+        super().__init__(profile, block_size)
+        self.received: dict[int, int] = {}
 
     def execute(self, output: SchedulerOutput) -> StepResult:
         result = super().execute(output)
         received = received_pairs = 0
+        tally = self.received
         for sg in output.scheduled[output.lane_decodes :]:
-            if sg.is_prefill and not sg.group.num_recompute_preemptions:
-                received += sg.num_tokens - 1  # the first token it samples there is computed there
-                received_pairs += causal_pairs(sg.group.seqs[0].num_computed_tokens, sg.num_tokens - 1)
+            group = sg.group
+            if sg.is_prefill and not group.num_recompute_preemptions:
+                start = group.seqs[0].num_computed_tokens
+                loaded = max(0, min(sg.num_tokens, group.request.prompt_len - 1 - start))
+                if loaded:
+                    tally[group.index] = tally.get(group.index, 0) + loaded
+                    received += loaded
+                    received_pairs += causal_pairs(start, loaded)
         if not received:
             return result
         p, d, k, swapped, copied, pairs = output.features

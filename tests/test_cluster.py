@@ -215,6 +215,29 @@ def test_a_decode_replica_computes_no_prefill_for_a_received_prompt():
     assert durations["SimulatedExecutor"] - durations["DecodeExecutor"] == pytest.approx(saved_ms / 1000)
 
 
+def test_a_decode_replica_chunking_a_received_prompt_computes_none_of_it():
+    """A received prompt longer than the decode replica's token budget runs in chunks: the chunks before
+    the last load KV and compute nothing (a step that ran nothing), the last computes the first token
+    only, about what the unchunked step costs; ``received`` counts the 1,000 prompt tokens it loaded."""
+    from kvsched.cluster.transfer import DecodeExecutor
+    from kvsched.core.config import EngineConfig
+    from kvsched.core.engine import Engine
+    from kvsched.executors.simulated import IDLE_SECONDS
+
+    durations, received = {}, {}
+    for budget in (256, 2048):
+        executor = DecodeExecutor("llama2-7b-a100")
+        config = EngineConfig(num_gpu_blocks=200, max_num_batched_tokens=budget, max_num_seqs=32, max_model_len=2048)
+        engine = Engine(config, "vllm-v1", executor)
+        engine.add_request(req("a", 1001, 1, 0.0))
+        durations[budget] = [engine.step().duration for _ in range(4 if budget == 256 else 1)]
+        assert not engine.has_unfinished()
+        received[budget] = executor.received
+    assert durations[256][:3] == [IDLE_SECONDS] * 3  # old: a token computed in each (base cost + one token)
+    assert durations[256][3] == pytest.approx(durations[2048][0], rel=0.05)  # the last also reads its chunk's context
+    assert received == {256: {0: 1000}, 2048: {0: 1000}}
+
+
 def test_a_one_token_request_under_pd_ends_in_the_prefill_pool():
     requests = [req("a", 100, 1, 0.0), req("b", 100, 3, 0.0)]
     cluster = Cluster(FleetSpec(replicas=[ReplicaGroup(role="prefill"), ReplicaGroup(role="decode")]))
