@@ -59,7 +59,7 @@ class FleetRecords:
         if prefill is None:
             self._append(RequestMetrics.of(group), replica.index, replica.index, cached)
             return
-        original, first, prompt_replica, cached = prefill
+        original, first, prompt_replica, prompt_cached = prefill
         m = RequestMetrics.of(group)
         output = 1 + m.output_tokens
         tpot = (
@@ -87,10 +87,11 @@ class FleetRecords:
             e2e=None if m.finish_time is None else m.finish_time - original.arrival_time,
             preemptions_recompute=first.preemptions_recompute + m.preemptions_recompute,
             preemptions_swap=first.preemptions_swap + m.preemptions_swap,
+            **fleet_counts(first, m, group, replica.engine.executor.received.pop(group.index, 0), cached),
             slo_class=original.slo_class,
             session_id=original.session_id,
         )
-        self._append(merged, replica.index, prompt_replica, cached)
+        self._append(merged, replica.index, prompt_replica, prompt_cached)
 
     def _append(self, m: RequestMetrics, replica: int, prompt_replica: int, cached: int) -> None:
         self.recorder.add(self._ids[m.request_id], (*row_of(m), replica, prompt_replica, cached))
@@ -146,3 +147,23 @@ class FleetRecords:
     def close(self) -> None:
         """The run is over: every request has a row (``testing/cluster.py`` checks it), kept in ``table``."""
         self.table = self.recorder.close()
+
+
+def fleet_counts(
+    prefill: RequestMetrics, decode: RequestMetrics, group: SequenceGroup, received: int, cached: int
+) -> dict:
+    """A P/D request's recompute-tax counts as the fleet's (docs/cluster.md), from its prefill half's (``prefill``)
+    and its decode half's (``decode``, of ``group``, which loaded ``received`` prompt tokens from the transfer and
+    found ``cached`` in its prefix cache at its first admission). The decode half computed what it counts
+    less what it received; of that, the positions past the prompt up to the furthest it reached are computed
+    for the first time, the rest again (the prompt the prefill replica computed, or what a preemption threw
+    away). A preemption by recompute before it had loaded the whole transfer throws away the rest too."""
+    prompt = group.request.prompt_len - 1  # the handed-over prompt ends with the first token, computed here
+    computed = decode.computed_tokens - received
+    reach = max(group.recompute_frontier, group.seqs[0].num_computed_tokens)
+    dropped = max(0, prompt - cached - received) if decode.preemptions_recompute else 0
+    return {
+        "recomputed_tokens": prefill.recomputed_tokens + computed - max(0, reach - prompt),
+        "discarded_tokens": prefill.discarded_tokens + decode.discarded_tokens + dropped,
+        "computed_tokens": prefill.computed_tokens + computed,
+    }

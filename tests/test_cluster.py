@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from kvsched.cluster import Cluster, FleetError, FleetSpec, KvTransfer, ReplicaGroup, load_fleet, run_cluster
+from kvsched.cluster.records import FLEET_SCHEMA
 from kvsched.cluster.summary import fleet_summary
 from kvsched.core.request import MAX_TOKENS, Request, SamplingParams
 from kvsched.executors.cost_model import MAX_KV_BYTES_PER_TOKEN
@@ -236,6 +237,70 @@ def test_a_decode_replica_chunking_a_received_prompt_computes_none_of_it():
     assert durations[256][:3] == [IDLE_SECONDS] * 3  # old: a token computed in each (base cost + one token)
     assert durations[256][3] == pytest.approx(durations[2048][0], rel=0.05)  # the last also reads its chunk's context
     assert received == {256: {0: 1000}, 2048: {0: 1000}}
+
+
+def test_engine_run_pd_counts_what_a_single_engine_computes(tmp_path):
+    """Same workload, no preemption, no prefix caching: each request's computed tokens in a 1 + 1 P/D fleet's
+    requests.csv are the single engine's (its prompt on the prefill replica, its first token onward on the
+    decode replica, not the KV it received), and nothing is recomputed or discarded."""
+    import csv
+
+    for name, fleet in (("single", []), ("pd", ["--prefill-replicas", "1", "--decode-replicas", "1"])):
+        args = [ENGINE, "run", *fleet, "--workload", "synthetic", "-n", "30", "-q", "--output", str(tmp_path / name)]
+        run = subprocess.run(args, capture_output=True, text=True, timeout=300)
+        assert run.returncode == 0, run.stderr
+    single, pd = (list(csv.DictReader((tmp_path / name / "requests.csv").open())) for name in ("single", "pd"))
+    assert [r["request_id"] for r in pd] == [r["request_id"] for r in single] and len(single) == 30
+    assert {r["preemptions_recompute"] for r in single + pd} == {"0"}
+    assert [r["computed_tokens"] for r in pd] == [r["computed_tokens"] for r in single]
+    assert {(r["recomputed_tokens"], r["discarded_tokens"]) for r in pd} == {("0", "0")}
+
+
+@pytest.mark.parametrize(
+    "policy, caching, budget, prefill_blocks",
+    [
+        ("vllm-default", False, 4096, 4000),  # preempted on the decode replica, whole prompts
+        ("vllm-v1", False, 64, 4000),  # chunked: some preempted before they had loaded all the transfer
+        ("sarathi", True, 64, 40),  # preempted on both replicas, prefix hits on both
+    ],
+)
+def test_pd_counts_what_the_fleet_recomputes(policy, caching, budget, prefill_blocks):
+    """Replicas short of KV preempt by recompute: each request's counts are the fleet's. Its computed tokens
+    are what a single engine computes without preemption (prompt + output - 1, less its prompt's prefix hits)
+    plus what it recomputed; it recomputed no more than was thrown away, and without a prefix cache all of
+    it (so a decode replica preempted before it had loaded the whole transfer discards the rest too)."""
+    shared = tuple(range(1, 161))
+    requests = [
+        req(
+            f"r{i}",
+            0,
+            5 + 11 * i % 90,
+            0.02 * i,
+            shared[: 16 * (i % 6)] + tuple(range(1000 * i, 1000 * i + 50 + 37 * i % 400)),
+        )
+        for i in range(1, 41)
+    ]
+    settings = {"enable_prefix_caching": caching, "max_num_batched_tokens": budget, "max_num_seqs": 32}
+    spec = FleetSpec(
+        replicas=[
+            ReplicaGroup(role="prefill", policy=policy, settings={**settings, "num_gpu_blocks": prefill_blocks}),
+            ReplicaGroup(role="decode", policy=policy, settings={**settings, "num_gpu_blocks": 40}),
+        ]
+    )
+    cluster = Cluster(spec)
+    cluster.run(requests)
+    assert_cluster(cluster, requests)
+    rows = [dict(zip(FLEET_SCHEMA.names, row)) for row in cluster.records.rows]
+    assert sum(r["recomputed_tokens"] > 0 for r in rows) >= 5
+    for r in rows:
+        first_time = r["prompt_tokens"] + r["output_tokens"] - 1 - r["cached_tokens"]
+        assert r["computed_tokens"] == first_time + r["recomputed_tokens"], r
+        assert (
+            r["recomputed_tokens"] <= r["discarded_tokens"]
+            if caching
+            else r["recomputed_tokens"] == r["discarded_tokens"]
+        )
+    assert not cluster.replicas[1].engine.executor.received  # each request's count taken by its row
 
 
 def test_a_one_token_request_under_pd_ends_in_the_prefill_pool():

@@ -8,7 +8,9 @@ guards); the fleets of the routers it left alone keep their digests. Re-pinned o
 profile gained its attention term (issue 35, new coefficients): with the cost model's new term and the old
 coefficients (attention_pair_ms 0) every digest before it came back. Re-pinned when a fleet's records came to be
 kept as a single run's are (issue 33: one recorder): each row holds its replica, prompt replica and cached tokens,
-in the order the requests arrived; the code before it, its rows so joined and reordered, gives these digests."""
+in the order the requests arrived; the code before it, its rows so joined and reordered, gives these digests.
+pd-2-2 re-pinned when a P/D request's row came to hold the fleet's recompute-tax counts (computed, recomputed and
+discarded tokens, 0 before): its new rows with those three columns zeroed give the old digest."""
 
 from __future__ import annotations
 
@@ -77,7 +79,7 @@ CASES = {
 }
 
 PINNED = {
-    "pd-2-2": "b6751af83b4da303",
+    "pd-2-2": "8465c85b9a0f315a",
     "power-of-two-8-stale": "2b281334cf88e746",
     "precise-prefix-sessions": "0d4ba9c2d9fe2023",
     "prefix-affinity-v1": "250daabd3b240146",
