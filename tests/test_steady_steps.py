@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from kvsched import Engine, EngineConfig
 from kvsched.allocators.alloc_status import AllocStatus
-from kvsched.core.decisions import Outcome
+from kvsched.core.decisions import Decision, Outcome
 from kvsched.core.hookspecs import hookimpl
 from kvsched.core.request import Request, SamplingParams
 from kvsched.errors import PolicyError
@@ -333,6 +333,39 @@ class CountingHolds(HoldsBackWhileBusy):
     def select_batch(self, step):
         self.calls.append(step.now)
         return super().select_batch(step)
+
+
+class AdmitsBeforeDecoding:
+    """FCFS (declared), offering the waiting groups before advancing the running ones (a refusal noted before the
+    lane call, the free blocks it saw then taken by the decodes after it); counts its calls."""
+
+    name = "admits-before-decoding"
+    fcfs = True
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    @hookimpl
+    def select_batch(self, step):
+        self.calls += 1
+        _admit_in_order(step)
+        step.advance_running()
+
+
+def test_a_step_whose_one_note_is_not_a_refusal_for_blocks_is_not_repeated():
+    """The head (two sequences), refused for want of blocks, is refused two seats once ``a`` finishes (SEQ_BUDGET);
+    ``b``'s decode then takes a block, so the head is short of the blocks it lacked again. That step is not the
+    core's to prove again: the policy is called for the next one, which refuses the head for blocks."""
+    engine = Engine(
+        EngineConfig(block_size=16, num_gpu_blocks=6, max_num_seqs=2, audit_every_step=True),
+        AdmitsBeforeDecoding,
+        SimulatedExecutor(),
+    )
+    for r in (req("a", 16, 2), req("b", 15, 200), req("c", 80, 5, n=2)):
+        engine.add_request(r)
+    kinds = [[note[0] for note in engine.step().output.decisions][-1:] for _ in range(4)]
+    assert kinds == [[Decision.NO_BLOCKS], [Decision.NO_BLOCKS], [Decision.SEQ_BUDGET], [Decision.NO_BLOCKS]]
+    assert engine.hooks.policy.calls == 4  # without the kind check, the fourth step replays the third's note
 
 
 @pytest.mark.parametrize("value", ["yes", 1, None])
