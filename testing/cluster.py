@@ -89,6 +89,9 @@ def check_cluster(cluster: Cluster, requests: list[Request]) -> list[tuple[str, 
             problems.append(
                 (NO_LEAK_ANYWHERE, f"{r.name}: cache-hit notes of {len(r.cached_by_request)} requests left behind")
             )
+        received = getattr(r.engine.executor, "received", None)  # a decode replica's (cluster/transfer.py)
+        if received:
+            problems.append((NO_LEAK_ANYWHERE, f"{r.name}: received-KV counts of {len(received)} requests left behind"))
     pools = {"mixed"} if not cluster.disaggregated else {"prefill", "decode"}
     for request_id, pool, _, index, _ in rec.routes:
         if pool not in pools or cluster.replicas[index].role != pool:

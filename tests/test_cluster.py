@@ -300,7 +300,6 @@ def test_pd_counts_what_the_fleet_recomputes(policy, caching, budget, prefill_bl
             if caching
             else r["recomputed_tokens"] == r["discarded_tokens"]
         )
-    assert not cluster.replicas[1].engine.executor.received  # each request's count taken by its row
 
 
 def test_a_one_token_request_under_pd_ends_in_the_prefill_pool():
