@@ -1,0 +1,93 @@
+"""One benchmark on several commits, alternating round by round in one run: on a shared machine only ratios
+measured side by side mean anything.
+
+Each commit is unpacked with ``git archive`` into a temporary folder named ``kvsched`` and every round runs the
+benchmark once per commit, each in its own process with that folder's parent first on the import path (entry
+points come from the installed metadata; they name modules, which resolve to the commit's). The benchmark prints
+a JSON object on its last line, of which ``--key`` is read. Prints each commit's median and fastest round and
+their ratios against the first commit's.
+
+    .venv/bin/python benchmarks/commits_speed.py 58525b8 a0c3fc7 HEAD --rounds 9 --key loop_cpu_s \\
+        -- benchmarks/sim_speed.py --one-like-vidur --policy vllm-default
+    .venv/bin/python benchmarks/commits_speed.py a0c3fc7 HEAD --rounds 7 --key cpu_us_per_request \\
+        -- benchmarks/cluster_speed.py --replicas 16 -n 30000
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tarfile
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def unpack(commit: str, into: Path) -> tuple[str, Path]:
+    """``commit``'s tree as ``into/<sha>/kvsched``; its short sha and that folder."""
+    sha = subprocess.run(
+        ["git", "rev-parse", "--short=7", f"{commit}^{{commit}}"], cwd=ROOT, capture_output=True, text=True
+    )
+    if sha.returncode:
+        raise SystemExit(f"not a commit of this repository: {commit!r}")
+    short = sha.stdout.strip()
+    folder = into / short / "kvsched"
+    folder.mkdir(parents=True)
+    tree = subprocess.run(["git", "archive", "--format=tar", short], cwd=ROOT, check=True, capture_output=True).stdout
+    with tarfile.open(fileobj=io.BytesIO(tree)) as archive:
+        archive.extractall(folder, filter="data")
+    return short, folder
+
+
+def one_round(folder: Path, command: list[str], key: str) -> float:
+    """The benchmark run once on the code in ``folder``: the ``key`` of the JSON object on its last line."""
+    env = {**os.environ, "PYTHONPATH": str(folder.parent)}
+    done = subprocess.run([sys.executable, *command], cwd=folder, env=env, capture_output=True, text=True)
+    if done.returncode:
+        raise SystemExit(f"{folder.parent.name}: {' '.join(command)} exited {done.returncode}: {done.stderr[-500:]}")
+    last = json.loads(done.stdout.strip().splitlines()[-1])
+    if key not in last:
+        raise SystemExit(f"the benchmark's last line has no {key!r}: it has {', '.join(last)}")
+    return float(last[key])
+
+
+def main(argv: list[str]) -> None:
+    cut = argv.index("--") if "--" in argv else len(argv)
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("commits", nargs="+", help="the first is the baseline")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument(
+        "--key", required=True, help="the cost read from the benchmark's last JSON line (lower is faster)"
+    )
+    args = parser.parse_args(argv[:cut])
+    command = argv[cut + 1 :]
+    if not command:
+        parser.error("give the benchmark after --, e.g. -- benchmarks/sim_speed.py --one-like-vidur")
+    with tempfile.TemporaryDirectory(prefix="kvsched-commits-") as tmp:
+        codes = [unpack(commit, Path(tmp)) for commit in args.commits]
+        runs: dict[str, list[float]] = {short: [] for short, _ in codes}
+        for r in range(args.rounds):
+            for short, folder in codes:
+                runs[short].append(one_round(folder, command, args.key))
+                print(f"round {r + 1} {short} {runs[short][-1]:g} (load {os.getloadavg()[0]:.2f})", file=sys.stderr)
+    base = runs[codes[0][0]]
+    base_median, base_fastest = statistics.median(base), min(base)
+    print(f"{' '.join(command)}: {args.key}, {args.rounds} alternating rounds")
+    print("| commit | median | fastest | median / first's | fastest / first's | rounds |")
+    print("|---|---:|---:|---:|---:|---|")
+    for short, values in runs.items():
+        median, fastest = statistics.median(values), min(values)
+        print(
+            f"| {short} | {median:g} | {fastest:g} | {median / base_median:.3f} | {fastest / base_fastest:.3f} "
+            f"| {' '.join(f'{v:g}' for v in values)} |"
+        )
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
