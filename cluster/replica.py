@@ -41,7 +41,7 @@ class Replica:
         self.arrivals: deque[float] = deque()  # times of the requests routed to it that have not arrived yet
         # Steady runs, where the engine takes them (a decode replica of P/D takes none: a prompt
         # handed over from the prefill pool may arrive at any moment, and would wait for the run's end).
-        self._runs = steady_runs
+        self._fast_path = engine.fast_path if steady_runs else None
         self._reports = deque([Signals(0.0, 0, 0, 0, engine.cache.num_free_gpu_blocks)])
         self._stepping = False  # a step under way (begin_step); else its last was a steady run, applied as it ran
         self.resumable = (
@@ -133,10 +133,11 @@ class Replica:
         if not self.resumable:  # else its clock is at t already
             engine.clock.wait_until(t)
         self._trim(t)  # here, not when a report is kept: arrivals up to t, which read older ones, have been routed
-        if self._runs and t < horizon and engine.may_run_steadily():  # an arrival ends the run: at the horizon
+        fast = self._fast_path
+        if fast is not None and t < horizon and fast.may_run(False):  # an arrival ends the run: at the horizon
             sched = engine.scheduler  # the counts hold until the run's last step: the cut reports show them
             counts = (len(sched.waiting), len(sched.running), len(sched.swapped)) if cuts else None
-            run = engine.advance_to(horizon, resume=self.resumable)
+            run = fast.advance(horizon, resume=self.resumable)
             now = engine.clock.now()
             self.resumable = bool(run.started) and not run.finished and now >= horizon
             if run.started:

@@ -128,7 +128,7 @@ class Engine:
             ]
         for member in members:
             self.scheduler.abort(member, self.clock.now(), status)
-        self._retire(self.fan_out.ended(members) if self.fan_out is not None else members)
+        self.retire(self.fan_out.ended(members) if self.fan_out is not None else members)
         return True
 
     def has_unfinished(self) -> bool:
@@ -206,19 +206,6 @@ class Engine:
         result, self._result = self._result, None
         return self.complete(self._in_flight, result)
 
-    def may_run_steadily(self, join: bool = False) -> bool:
-        """Whether ``advance_to`` takes a steady run now: the last step may be repeated, the executor advances runs,
-        and an arrival would end the run (or, with ``join``, may join its queue instead)."""
-        return self.fast_path is not None and self.fast_path.may_run(join)
-
-    def advance_to(self, t: float, limit: int = -1, observe=None, join=None, resume: bool = False):
-        """With nothing arriving before ``t``, the steady step's repeats that start before it, taken at once (a steady
-        run: ``SteadyRuns.advance``; ``resume``: the last, stopped at its ``t`` with nothing done since, goes on).
-        None unless ``may_run_steadily`` (``join``: queues the arrivals that change nothing for the policy)."""
-        if not self.may_run_steadily(join is not None):
-            return None
-        return self.fast_path.advance(t, limit, observe, join, resume)
-
     def next_step_at(self, arrival: float) -> float:
         """When the next step starts, ``arrival`` being the next request's (infinity: none): now, or at the arrival
         after a step that ran nothing; ``StallError`` after ``STALL_STEPS`` and ``STALL_SECONDS`` of those with none."""
@@ -255,7 +242,7 @@ class Engine:
         finished = completion.apply(output, result.tokens, now)  # the scheduler's groups that ended (V1: children)
         if finished and self.fan_out is not None:  # as the engine reports them: a child by its parent
             finished = self.fan_out.ended(finished)
-        self._retire(finished)
+        self.retire(finished)
         self.num_blocks_swapped_in += len(output.blocks_to_swap_in)
         self.num_blocks_swapped_out += len(output.blocks_to_swap_out)
         idle = output.is_empty and not finished
@@ -283,15 +270,8 @@ class Engine:
             completion.ran(output, now)
         return report
 
-    def apply_lane_step(self, now: float) -> list[SequenceGroup]:
-        """The decode lane's step ran to ``now`` without an output (a steady run's): the groups it ended, retired."""
-        finished = []
-        if self.completion.apply_lane(now, finished):
-            self.scheduler.remove_finished(finished)
-            self._retire(finished)
-        return finished
-
-    def _retire(self, groups: list[SequenceGroup]) -> None:
+    def retire(self, groups: list[SequenceGroup]) -> None:
+        """``groups`` ended and left the scheduler's queues: kept for ``take_finished``, or let go."""
         if self.retain_finished:
             self.finished += groups
         else:  # the step's report names them: nothing else keeps them (nor their tokens) after the next step starts
@@ -334,46 +314,29 @@ class Engine:
                 gc.unfreeze()
 
     def _run(self, requests, on_step, max_steps, in_order) -> list[SequenceGroup]:
-        source = iter(arriving(requests) if in_order else sorted(requests, key=lambda r: r.arrival_time))
-        upcoming, clock, steps = next(source, None), self.clock, 0
-        steady = on_step is None or hasattr(on_step, "on_steps")  # an observer that sees every step takes no runs
-
-        def join(now: float) -> float:  # a steady run's arrivals that change nothing for the policy join its queue
-            nonlocal upcoming
-            upcoming = self._arrive(upcoming, source, now)
-            return math.inf if upcoming is None else upcoming.arrival_time
-
-        while upcoming is not None or self.has_unfinished():
+        arrivals = Arrivals(
+            self, iter(arriving(requests) if in_order else sorted(requests, key=lambda r: r.arrival_time))
+        )
+        clock, steps = self.clock, 0
+        runs = self.fast_path if on_step is None or hasattr(on_step, "on_steps") else None  # else it sees every step
+        observe = getattr(on_step, "on_steps", None)
+        while arrivals.upcoming is not None or self.has_unfinished():
             now = clock.now()
-            if upcoming is not None and upcoming.arrival_time <= now:
-                upcoming = self._arrive(upcoming, source, self.completion.seen_at(now))
+            if arrivals.at <= now:
+                arrivals.admit(self.completion.seen_at(now))
             if not self.has_unfinished():
-                clock.wait_until(upcoming.arrival_time)
+                clock.wait_until(arrivals.at)
                 continue
             report = self.step()
             if on_step is not None:
                 on_step(report)
             steps += 1
-            while steady and steps != max_steps:  # after a finish, another run
-                until = math.inf if upcoming is None else upcoming.arrival_time
-                limit = -1 if max_steps is None else max_steps - steps
-                run = self.advance_to(until, limit, on_step and on_step.on_steps, join)
-                if run is None:
-                    break
-                steps += len(run.started)
-                if not run.finished:
-                    break
+            if runs is not None:  # the simulator's steady runs, after a step it may repeat
+                steps += runs.run(arrivals, -1 if max_steps is None else max_steps - steps, observe)
             if max_steps is not None and steps >= max_steps:
                 break
-            clock.wait_until(self.next_step_at(math.inf if upcoming is None else upcoming.arrival_time))
+            clock.wait_until(self.next_step_at(arrivals.at))
         return self.finished
-
-    def _arrive(self, upcoming: Request, source, now: float) -> Request | None:
-        """Queue ``upcoming`` and every later request of ``source`` that has arrived by ``now``; the next one."""
-        while upcoming is not None and upcoming.arrival_time <= now:
-            self.add_request(upcoming)
-            upcoming = next(source, None)
-        return upcoming
 
     def check(self) -> None:
         """Raise ``AuditError`` if any allocator or queue invariant is broken."""
@@ -385,6 +348,25 @@ class Engine:
     def leaked_blocks(self) -> int:
         """Blocks still held although no request is unfinished (0 unless something is wrong)."""
         return 0 if self.has_unfinished() else self.scheduler.block_manager.num_held_blocks
+
+
+class Arrivals:
+    """Requests fed to an engine as they arrive (``Engine.run``): ``at`` is the next one's arrival (infinity: none)."""
+
+    def __init__(self, engine: Engine, requests: Iterator[Request]) -> None:
+        self.add, self.requests = engine.add_request, requests
+        self.upcoming = next(requests, None)
+        self.at = math.inf if self.upcoming is None else self.upcoming.arrival_time
+
+    def admit(self, now: float) -> float:
+        """Queue every request that has arrived by ``now``; the next one's arrival."""
+        upcoming = self.upcoming
+        while upcoming is not None and upcoming.arrival_time <= now:
+            self.add(upcoming)
+            upcoming = next(self.requests, None)
+        self.upcoming = upcoming
+        self.at = math.inf if upcoming is None else upcoming.arrival_time
+        return self.at
 
 
 def arriving(requests: Iterable[Request]) -> Iterator[Request]:

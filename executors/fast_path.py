@@ -3,7 +3,8 @@
 An executor that knows its tokens before it runs (``KnownTokens``: the simulator) hands its engine one
 ``FastPath``, the only door through which the core reaches any of this: the scheduler asks it to repeat the
 last step before asking the policy (``replay``), tells it each step it commits (``record``) or rolls back, and
-each request it aborts; the engine asks it for steady runs (``may_run``, ``advance``). The decode lane
+each request it aborts; ``Engine.run`` asks it for steady runs after each step (``run``), a fleet's replica
+(``cluster/replica.py``) for one run up to its next arrival (``may_run``, ``advance``). The decode lane
 (``decode_lane.py``) advances plain decodes together, the step builder and the completion step driving it; a
 steady step is one the scheduler may repeat without the policy (docs/hooks.md "Steady steps"): a decode-lane step
 of every running group, for a policy that declared its order first come, first served (``fcfs``), whose only
@@ -23,7 +24,7 @@ from kvsched.executors.steady_runs import Run, SteadyRuns, repeated_notes
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from kvsched.core.engine import Engine
+    from kvsched.core.engine import Arrivals, Engine
     from kvsched.core.sequence import SequenceGroup
     from kvsched.core.step_state import StepState
 
@@ -132,9 +133,21 @@ class FastPath:
         the run (or, with ``join``, may join its queue instead)."""
         return self.runs is not None and self.steady is not None and (join or self.steady.arrivals)
 
-    def advance(self, until: float, limit: int, observe, join, resume: bool) -> Run:
+    def advance(self, until: float, limit: int = -1, observe=None, join=None, resume: bool = False) -> Run:
         """A steady run (``SteadyRuns.advance``), where ``may_run``."""
         return self.runs.advance(until, limit, observe, join, resume)
+
+    def run(self, arrivals: Arrivals, limit: int, observe) -> int:
+        """The steady runs after a step (``Engine.run``): one after another while each ends with a group finishing, up
+        to ``limit`` steps (-1: no limit), an arrival that changes nothing for the policy joining the queue; the
+        steps they took."""
+        taken = 0
+        while taken != limit and self.may_run(True):
+            run = self.runs.advance(arrivals.at, -1 if limit < 0 else limit - taken, observe, arrivals.admit)
+            taken += len(run.started)
+            if not run.finished:
+                break
+        return taken
 
 
 def _steady(step: StepState, waiting: list[SequenceGroup], lane_call: tuple[bool, int | None, int]) -> Steady | None:

@@ -4,8 +4,8 @@ The simulator's fast paths are the decode lane (``decode_lane.py``: plain decode
 this: while the scheduler may repeat the last step (``FastPath.repeat``) and nothing arrives, an engine's
 steps differ only in what falls due (the lane's blocks), their duration, the clock and the counters, so a
 run takes each at that cost, with no output, report or observer call, and tells an observer that asks
-(``on_steps``) the whole run as one ``StepRun``. A single engine (``Engine.run``) and a fleet's replicas
-(``Engine.advance_to``) take runs alike; a run stopped by an arrival for another replica goes on coasting.
+(``on_steps``) the whole run as one ``StepRun``. A single engine (``Engine.run``: ``FastPath.run``) and a fleet's
+replicas (``FastPath.advance``) take runs alike; a run stopped by an arrival for another replica goes on coasting.
 A step's duration is the executor's ``lane_seconds(n)(kv_tokens)``, a promise: what ``execute`` would charge it.
 """
 
@@ -80,7 +80,7 @@ class SteadyRuns:
         given one. ``resume``: the last run, stopped by an arrival and nothing done to the engine since, goes on
         coasting (its first step needs no full check)."""
         engine = self.engine
-        sched, clock, executor = engine.scheduler, engine.clock, engine.executor
+        sched, clock, executor, completion = engine.scheduler, engine.clock, engine.executor, engine.completion
         fast = self.fast_path
         lane, gpu, arrivals = fast.lane, sched.block_manager.gpu, fast.steady.arrivals
         audit = engine.config.audit_every_step
@@ -109,8 +109,9 @@ class SteadyRuns:
             kv.append(k)
             waiting.append(len(sched.waiting))
             free.append((before, gpu.num_free))
-            if not coasting:
-                finished += engine.apply_lane_step(clock.now())
+            if not coasting and completion.apply_lane(clock.now(), finished):  # the groups it ended, retired
+                sched.remove_finished(finished)
+                engine.retire(finished)
             if audit:
                 engine.check()
             if finished:

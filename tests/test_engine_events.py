@@ -1,6 +1,7 @@
 """A single engine is a fleet of one (issue 33): ``Engine.run`` and the fleet's loop drive an engine by the same
-events, so when a step may start, a stall, whether a steady run may be taken and the arrival order are decided in
-one place (``core/engine.py``) for both, and read the same from either."""
+events, so when a step may start, a stall and the arrival order are decided in one place (``core/engine.py``), and
+whether a steady run may be taken in another (the simulator's ``executors/fast_path.py``), for both, and read the same
+from either."""
 
 from __future__ import annotations
 
@@ -57,18 +58,19 @@ def test_after_a_step_that_ran_nothing_the_next_waits_for_the_next_arrival():
     assert engine.next_step_at(5.0) == engine.now
 
 
-def test_a_steady_run_is_taken_only_where_the_engine_says_it_may():
+def test_a_steady_run_is_taken_only_where_the_fast_path_says_it_may():
     engine = Engine(EngineConfig(), "vllm-default", SimulatedExecutor())
-    assert not engine.may_run_steadily() and engine.advance_to(10.0) is None  # nothing ran yet: no step to repeat
+    fast = engine.fast_path
+    assert not fast.may_run(False) and not fast.may_run(True)  # nothing ran yet: no step to repeat
     engine.add_request(req("a", 40, 200))
     engine.step()  # the prompt
     engine.step()  # a decode: the step the scheduler may repeat
-    assert engine.may_run_steadily()
+    assert fast.may_run(False)
     steps = engine.num_steps
-    run = engine.advance_to(engine.now + 0.5)
-    assert run is not None and len(run.started) == engine.num_steps - steps > 1
+    run = fast.advance(engine.now + 0.5)
+    assert len(run.started) == engine.num_steps - steps > 1
     assert all(t < engine.now for t in run.started) and not run.finished
     observed = Engine(EngineConfig(), "vllm-default", SimulatedExecutor(), observers=(Watcher(),))
     observed.add_request(req("a", 40, 200))
     observed.step(), observed.step()
-    assert not observed.may_run_steadily() and observed.advance_to(10.0) is None  # an observer sees every step
+    assert not observed.fast_path.may_run(True)  # an observer sees every step: no steady run
