@@ -36,7 +36,7 @@ class Completion:
         """Apply the step's computed and sampled ``tokens`` (by sequence id) at ``now``: the groups that ended."""
         sched, bm, caching, append = self.sched, self.bm, self.caching, self.append
         finished = list(output.ignored)
-        any_finished = self.apply_lane(now, finished) if output.lane_decodes else False
+        any_finished = sched.fast_path.apply(self, now, finished) if output.lane_decodes else False
         for sg in islice(output.scheduled, output.lane_decodes, None):
             group = sg.group
             seqs = group.seqs
@@ -62,17 +62,6 @@ class Completion:
         if any_finished:
             sched.remove_finished()
         return finished
-
-    def apply_lane(self, now: float, finished: list[SequenceGroup]) -> bool:
-        """The lane's step ran: end the members that sampled their last token (into ``finished``); True if any."""
-        sched = self.sched
-        ended = sched.fast_path.apply()
-        for seq in ended:
-            if not self.stop_if_done(seq, seq.output[-1]):  # the executor's first_stop and tokens_at disagree
-                raise RuntimeError(f"the decode lane ended {seq!r}, but its tokens do not stop it")
-            end_group(seq.group, now, finished)
-            sched.num_running_seqs -= 1
-        return bool(ended)
 
     def compute(self, seq: Sequence, n: int, tokens: dict[int, list[int]], now: float) -> None:
         """The step computed ``n`` more tokens of ``seq``; once none is left, it takes its sampled token(s)."""

@@ -32,8 +32,7 @@ class Engine:
     (``kvsched.SimulatedExecutor`` for simulation); ``mechanics`` are whose the core follows (``core/mechanics.py``;
     by default those ``config.vllm_engine`` names). The engine keeps the executor's clock unless
     ``clock`` is given: a caller that drives time itself passes any object with ``now()``,
-    ``advance(seconds)`` and ``wait_until(t)``. ``retain_finished=False`` leaves finished groups to ``on_step``;
-    ``steady_steps=False`` calls the policy even for a step it could repeat (docs/hooks.md; same results).
+    ``advance(seconds)`` and ``wait_until(t)``. ``retain_finished=False`` leaves finished groups to ``on_step``.
     """
 
     def __init__(
@@ -47,7 +46,6 @@ class Engine:
         observers: tuple = (),
         clock: Clock | None = None,
         retain_finished: bool = True,
-        steady_steps: bool = True,
     ) -> None:
         if not isinstance(config, EngineConfig):
             raise TypeError(f"config must be an EngineConfig, got {type(config).__name__}")
@@ -73,7 +71,7 @@ class Engine:
         self._next_seq_id = 0
         self.completion = mechanics.completion(self)
         # The simulator's fast path (decode lane, steady steps and runs), when the executor knows its tokens.
-        self.fast_path = executor.fast_path(self, steady_steps) if isinstance(executor, KnownTokens) else None
+        self.fast_path = executor.fast_path(self) if isinstance(executor, KnownTokens) else None
         sched.fast_path = self.fast_path
         # A request with n > 1 fanned out into n requests (core/fanout.py), or scheduled as one group.
         eos = executor.eos_token_id

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 if TYPE_CHECKING:
     from kvsched.core.engine import Engine
     from kvsched.core.outputs import SchedulerOutput
-    from kvsched.core.sequence import Sequence, SequenceGroup
+    from kvsched.core.sequence import SequenceGroup
 
 
 class Clock(Protocol):
@@ -47,16 +47,12 @@ class Executor(Protocol):
 @runtime_checkable
 class KnownTokens(Protocol):
     """An executor whose decode tokens are known before it runs (the simulator's): it hands the engine its fast path
-    (``kvsched.executors.fast_path``), whose decode lane advances plain decodes together. A promise: ``execute`` skips
-    (returns no tokens for) the first ``output.lane_decodes`` entries of ``output.scheduled``, which the engine
-    takes from the lane; an executor that cannot keep it must not offer a lane (or run with ``decode_lane=False``).
-    The lane reads the tokens from ``tokens_at`` and ``first_stop`` (``kvsched.executors.decode_lane.Tokens``)."""
+    (``kvsched.executors.fast_path``), whose decode lane advances plain decodes together, reading their tokens from
+    the executor (``kvsched.executors.decode_lane.Tokens``). A promise: ``execute`` skips (returns no tokens for) the
+    first ``output.lane_decodes`` entries of ``output.scheduled``, which the engine takes from the lane; an executor
+    that cannot keep it must not offer a lane (or run with ``decode_lane=False``)."""
 
-    def fast_path(self, engine: Engine, steady_steps: bool) -> FastPath | None: ...
-
-    def tokens_at(self, group: SequenceGroup, start: int, stop: int) -> list[int]: ...
-
-    def first_stop(self, group: SequenceGroup, start: int) -> int | None: ...
+    def fast_path(self, engine: Engine) -> FastPath | None: ...
 
 
 class FastPath(Protocol):
@@ -67,7 +63,7 @@ class FastPath(Protocol):
 
     def take(self, step, decodes_only: bool, cap: int | None) -> bool: ...  # the lane takes a step's decodes
 
-    def apply(self) -> list[Sequence]: ...  # a lane step ran: its members that sampled their last token
+    def apply(self, completion, now: float, finished: list[SequenceGroup]) -> bool: ...  # a lane step ran: it ends some
 
     def replay(self, policy: bool) -> SchedulerOutput | None: ...
 

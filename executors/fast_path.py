@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, NamedTuple, Protocol, runtime_checkable
 
+from kvsched.core.completion import end_group
 from kvsched.core.decisions import Decision
 from kvsched.core.outputs import SchedulerOutput
 from kvsched.executors.decode_lane import DecodeLane
@@ -24,6 +25,7 @@ from kvsched.executors.steady_runs import Run, SteadyRuns, repeated_notes
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from kvsched.core.completion import Completion
     from kvsched.core.engine import Arrivals, Engine
     from kvsched.core.sequence import SequenceGroup
     from kvsched.core.step_state import StepState
@@ -58,9 +60,9 @@ class FastPath:
     def __init__(self, engine: Engine, tokens, steady_steps: bool) -> None:
         self.scheduler = sched = engine.scheduler
         self.lane = lane = DecodeLane(sched.block_manager, tokens)
-        # What the rules ask of the lane, its own methods: take a step's advance_running or advance_decodes whole
-        # if it is exact (the step builder), apply a lane step (the completion).
-        self.take, self.apply = lane.take, lane.apply
+        # What the step builder asks of the lane, its own method: take a step's advance_running or advance_decodes whole
+        # if it is exact.
+        self.take = lane.take
         self.repeats = steady_steps  # steady steps are repeated without the policy; same results either way
         self.steady: Steady | None = None  # the last step, if the scheduler may repeat it
         # Steady runs, when the executor can also advance them (unless an on_step plugin sees every step).
@@ -107,6 +109,17 @@ class FastPath:
             out.lane_decodes = self.lane.scheduled
             out.decisions = repeated_notes(steady.notes, steady.notes_at, free, bm.gpu.num_free)
         return True
+
+    def apply(self, completion: Completion, now: float, finished: list[SequenceGroup]) -> bool:
+        """The lane's step ran to ``now`` (``completion`` applies the step): end the members that sampled their last
+        token (into ``finished``); True if any."""
+        ended = self.lane.apply()
+        for seq in ended:
+            if not completion.stop_if_done(seq, seq.output[-1]):  # the executor's first_stop and tokens_at disagree
+                raise RuntimeError(f"the decode lane ended {seq!r}, but its tokens do not stop it")
+            end_group(seq.group, now, finished)
+            self.scheduler.num_running_seqs -= 1
+        return bool(ended)
 
     def record(self, step: StepState, waiting: list[SequenceGroup]) -> None:
         """The policy's step was committed (``waiting``: the queue as it began): note it if it is steady."""

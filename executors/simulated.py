@@ -26,13 +26,17 @@ class SimulatedExecutor:
 
     eos_token_id = EOS
 
-    def __init__(self, profile: str | StepCost = DEFAULT_PROFILE, block_size: int | None = None) -> None:
+    def __init__(
+        self, profile: str | StepCost = DEFAULT_PROFILE, block_size: int | None = None, *, steady_steps: bool = True
+    ) -> None:
         if isinstance(profile, str):
             if profile not in PROFILES:
                 raise KeyError(f"unknown cost profile {profile!r}; available: {', '.join(PROFILES)}")
             profile = PROFILES[profile]
         self.profile = profile
         self.block_size = block_size  # None: the engine's, taken at ``attach``
+        # False: the policy is called even for a step the scheduler could repeat (docs/hooks.md; same results).
+        self.steady_steps = steady_steps
         # Placeholder token of each output position, one shared int object per position, so a
         # million simulated requests keep pointers to the same few thousand ints, not new ones.
         self._placeholders: list[int] = []
@@ -47,10 +51,11 @@ class SimulatedExecutor:
                 f"{block_manager.block_size}"
             )
 
-    def fast_path(self, engine, steady_steps: bool) -> FastPath | None:
+    def fast_path(self, engine) -> FastPath | None:
         """``engine``'s fast path: a decode lane of plain decodes whose tokens ``tokens_at`` knows (``KnownTokens``),
-        steady steps, and steady runs at ``lane_seconds``' cost (``KnownDurations``)."""
-        return FastPath.of(engine, self, steady_steps)
+        steady steps (unless ``steady_steps`` is False), and steady runs at ``lane_seconds``' cost
+        (``KnownDurations``)."""
+        return FastPath.of(engine, self, self.steady_steps)
 
     def make_clock(self) -> VirtualClock:
         return VirtualClock()

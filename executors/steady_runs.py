@@ -109,7 +109,7 @@ class SteadyRuns:
             kv.append(k)
             waiting.append(len(sched.waiting))
             free.append((before, gpu.num_free))
-            if not coasting and completion.apply_lane(clock.now(), finished):  # the groups it ended, retired
+            if not coasting and fast.apply(completion, clock.now(), finished):  # the groups it ended, retired
                 sched.remove_finished(finished)
                 engine.retire(finished)
             if audit:

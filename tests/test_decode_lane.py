@@ -330,9 +330,9 @@ def test_members_finishing_together_finish_in_running_order():
 
 
 class _UnknownTokens(SimulatedExecutor):
-    """An executor that, like a real model, cannot say its tokens in advance (no KnownTokens)."""
+    """An executor that, like a real model, cannot say its tokens in advance (no KnownTokens): no fast path."""
 
-    tokens_at = first_stop = None
+    fast_path = None
 
 
 def test_prefix_caching_and_executors_without_known_tokens_do_not_use_the_lane():
@@ -358,7 +358,7 @@ class _RaisesAfterDecoding(CountingPolicy):
 def test_a_policy_failing_after_a_lane_step_leaves_the_engine_as_before_the_step():
     # Every call counts: a steady step would be repeated without calling the policy.
     engine = Engine(
-        EngineConfig(block_size=4, num_gpu_blocks=200), _RaisesAfterDecoding, SimulatedExecutor(), steady_steps=False
+        EngineConfig(block_size=4, num_gpu_blocks=200), _RaisesAfterDecoding, SimulatedExecutor(steady_steps=False)
     )
     for i in range(4):
         engine.add_request(req(f"r{i}", 10, 50))

@@ -693,7 +693,7 @@ def test_a_hook_cannot_unwrap_what_it_is_handed_by_switching_its_class(unwrap):
                 found.extend(unwrap(step))
             super().select_batch(step)
 
-    engine = Engine(EngineConfig(**CONFIG), Unwraps, SimulatedExecutor(), steady_steps=False)
+    engine = Engine(EngineConfig(**CONFIG), Unwraps, SimulatedExecutor(steady_steps=False))
     for i, (prompt, output, n) in enumerate(SPECS):
         engine.add_request(req(f"r{i}", prompt, output, n=n))
     for _ in range(3):

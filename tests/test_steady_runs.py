@@ -90,7 +90,7 @@ class _Recorder:
 
 
 def _trace(policy, config, reqs, aborts, abort_at, runs):
-    engine = Engine(EngineConfig(**config, audit_every_step=True), policy, SimulatedExecutor(), steady_steps=runs)
+    engine = Engine(EngineConfig(**config, audit_every_step=True), policy, SimulatedExecutor(steady_steps=runs))
     recorder = _Recorder(engine, runs, abort_at, aborts)
     engine.run(reqs, on_step=recorder)
     assert [s[0] for s in recorder.steps] == list(range(engine.num_steps))

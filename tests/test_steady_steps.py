@@ -166,7 +166,7 @@ def _request(i, prompt, output, n, arrival, extra, stops) -> Request:
 
 def _trace(policy, config, reqs, aborts, abort_step, steady):
     """Everything observable of a run, step by step, then request by request."""
-    engine = Engine(EngineConfig(**config, audit_every_step=True), policy, SimulatedExecutor(), steady_steps=steady)
+    engine = Engine(EngineConfig(**config, audit_every_step=True), policy, SimulatedExecutor(steady_steps=steady))
     bm, steps = engine.scheduler.block_manager, []
 
     def record(report):
@@ -270,7 +270,7 @@ def test_repeating_steady_steps_under_kv_pressure_changes_nothing_observable(pol
 
 
 def _calls(steady: bool, reqs, **config) -> int:
-    engine = Engine(EngineConfig(block_size=4, **config), CountingPolicy, SimulatedExecutor(), steady_steps=steady)
+    engine = Engine(EngineConfig(block_size=4, **config), CountingPolicy, SimulatedExecutor(steady_steps=steady))
     engine.run(reqs)
     return engine.hooks.policy.calls, engine.num_steps
 
