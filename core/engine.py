@@ -312,10 +312,8 @@ class Engine:
                 gc.unfreeze()
 
     def _run(self, requests, on_step, max_steps, in_order) -> list[SequenceGroup]:
-        arrivals = Arrivals(
-            self, iter(arriving(requests) if in_order else sorted(requests, key=lambda r: r.arrival_time))
-        )
-        clock, steps = self.clock, 0
+        ordered = arriving(requests) if in_order else sorted(requests, key=lambda r: r.arrival_time)
+        arrivals, clock, steps = Arrivals(self, ordered), self.clock, 0
         runs = self.fast_path if on_step is None or hasattr(on_step, "on_steps") else None  # else it sees every step
         observe = getattr(on_step, "on_steps", None)
         while arrivals.upcoming is not None or self.has_unfinished():
@@ -351,9 +349,9 @@ class Engine:
 class Arrivals:
     """Requests fed to an engine as they arrive (``Engine.run``): ``at`` is the next one's arrival (infinity: none)."""
 
-    def __init__(self, engine: Engine, requests: Iterator[Request]) -> None:
-        self.add, self.requests = engine.add_request, requests
-        self.upcoming = next(requests, None)
+    def __init__(self, engine: Engine, requests: Iterable[Request]) -> None:
+        self.add, self.requests = engine.add_request, iter(requests)
+        self.upcoming = next(self.requests, None)
         self.at = math.inf if self.upcoming is None else self.upcoming.arrival_time
 
     def admit(self, now: float) -> float:
