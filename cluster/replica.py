@@ -39,8 +39,8 @@ class Replica:
         self._unanswered: dict[str, list] = {}
         self.tracks_first_tokens = True
         self.arrivals: deque[float] = deque()  # times of the requests routed to it that have not arrived yet
-        # Steady runs, where the engine takes them (a decode replica of P/D takes none: a prompt
-        # handed over from the prefill pool may arrive at any moment, and would wait for the run's end).
+        # Steady runs, through the engine's fast path where it has one (a decode replica of P/D takes none: a
+        # prompt handed over from the prefill pool may arrive at any moment, and would wait for the run's end).
         self._fast_path = engine.fast_path if steady_runs else None
         self._reports = deque([Signals(0.0, 0, 0, 0, engine.cache.num_free_gpu_blocks)])
         self._stepping = False  # a step under way (begin_step); else its last was a steady run, applied as it ran
