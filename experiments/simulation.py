@@ -7,8 +7,8 @@ settings its config leaves unset from what the profile models (``experiments/set
 person running a model on a device would get them. The CLI, sweeps and benchmarks all go through ``SimJob``.
 
 Either keeps every request in memory to the end (the default), or, given a ``stream_to`` folder,
-runs in memory bounded by the requests in flight: requests are made as they arrive, the engine
-retains no finished one, and the per-request records and the time series are written there as
+runs in memory bounded by the requests in flight: requests are made as they arrive, the finished
+ones are taken from the engine after each step, and the per-request records and the time series are written there as
 Parquet row groups while the run goes (``requests.parquet``, ``timeseries.parquet``); the summary
 is then read from those files, with the same result.
 """
@@ -60,32 +60,29 @@ def run_simulation(
 ) -> RunResult:
     """Run ``requests`` through a simulated engine and summarize; deterministic for equal inputs.
 
-    With ``stream_to`` (a folder), ``requests`` come in arrival order (a generator is read as
-    they arrive), the engine retains no finished request and their records are streamed to
-    ``stream_to/requests.parquet``; ``RunResult.requests`` is then a ``RequestTable`` on it.
-    ``requests`` may instead be a workload that drives the engine itself (``drive(engine, on_step,
-    serving_seconds)``: inference-perf's client, whose next requests depend on the engine's answers);
-    its records are then kept in memory.
+    The records are made from the groups the engine hands over (``metrics/records.py``'s ``RequestLog``). With
+    ``stream_to`` (a folder), ``requests`` come in arrival order (a generator is read as they arrive), the finished
+    requests are taken from the engine after each step and their records streamed to ``stream_to/requests.parquet``;
+    ``RunResult.requests`` is then a ``RequestTable`` on it. ``requests`` may instead be a workload that drives the
+    engine itself (``drive(engine, on_step, serving_seconds)``: inference-perf's client, whose next requests depend
+    on the engine's answers).
     """
     config = config or EngineConfig()
     executor = SimulatedExecutor(profile)
+    engine = Engine(config, policy, executor, policy_options=policy_options)
+    streaming = stream_to is not None
+    log = RequestLog(engine, Path(stream_to) / "requests.parquet" if streaming else None)
+    observe = fan_out([log, on_step]) if streaming else on_step  # streamed: the groups that ended, after each step
     drive = getattr(requests, "drive", None)  # a workload that answers the engine (workloads/client_loop.py)
-    if stream_to is None or drive is not None:  # a driver aborts requests between steps: no step reports them
-        engine = Engine(config, policy, executor, policy_options=policy_options)
+    try:
         if drive is not None:
-            drive(engine, on_step, executor.profile.serving_seconds)
+            drive(engine, observe, executor.profile.serving_seconds)
         else:
-            engine.run(requests, on_step=on_step)
-        records: list[RequestMetrics] | RequestTable = [RequestMetrics.of(g) for g in engine.sequence_groups.values()]
-    else:
-        engine = Engine(config, policy, executor, policy_options=policy_options, retain_finished=False)
-        log = RequestLog(Path(stream_to) / "requests.parquet")
-        try:
-            engine.run(requests, on_step=fan_out([log, on_step]), in_order=True)
-        except BaseException:
-            log.abandon()
-            raise
-        records = log.close()
+            engine.run(requests, on_step=observe, in_order=streaming)
+    except BaseException:
+        log.abandon()
+        raise
+    records = log.close()  # what ended since (a driver's aborts between steps), or, in memory, every record
     summary = summarize(engine, records, profile=executor.profile.name, **summary_extra)
     return RunResult(engine, records, summary)
 

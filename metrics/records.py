@@ -3,9 +3,9 @@
 ``Recorder`` keeps records in the order the requests arrived (one that finishes early waits for
 those that arrived before it, so the file reads as the in-memory records do), in memory or in a
 Parquet file, ``row_group_size`` rows a row group; a fleet's records (``cluster/records.py``) are
-kept by one. ``RequestLog`` is an ``on_step`` observer for an engine that does not retain finished
-groups: each finished group becomes a ``RequestMetrics`` row the step it ends, streamed through a
-``Recorder``. The file appears under its name only when ``close()`` completes it. ``RequestTable``
+kept by one. ``RequestLog`` makes a single run's records from the groups its engine hands over as they
+end (``Engine.take_finished``, as a fleet's replicas do): each a ``RequestMetrics`` row, streamed through a
+``Recorder`` as the run goes. The file appears under its name only when ``close()`` completes it. ``RequestTable``
 reads it back: its rows as ``RequestMetrics``, or single columns, which is all the run summary needs.
 """
 
@@ -19,13 +19,13 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from kvsched.core.view import group_of
 from kvsched.metrics.parquet_rows import ParquetRows, arrow_table
 from kvsched.metrics.requests import FIELDS, RequestMetrics
 
 if TYPE_CHECKING:
     import pandas as pd
 
+    from kvsched.core.engine import Engine
     from kvsched.core.report import StepReport
 
 _TYPES = {
@@ -96,29 +96,34 @@ class Recorder:
 
 
 class RequestLog:
-    """An engine's observer that streams the records of its finished requests to ``path``, in the order they were
-    added (a group's ``index``); call ``close()`` after the run."""
+    """The records of an engine's finished requests, made from the groups it hands over (``Engine.take_finished``),
+    as a fleet's replicas hand theirs to its records (``cluster/records.py``), in the order the requests were added
+    (a group's ``index``): streamed to ``path`` as they end where it is the run's ``on_step`` observer (memory bounded
+    by the requests in flight), or, without a path, made in memory once the run is over (``close``)."""
 
-    def __init__(self, path: Path, row_group_size: int = 65_536) -> None:
-        self.recorder = Recorder(SCHEMA, path, row_group_size)
-        self.file = self.recorder.file
+    def __init__(self, engine: Engine, path: Path | None = None, row_group_size: int = 65_536) -> None:
+        self.take_finished = engine.take_finished
+        self.recorder = None if path is None else Recorder(SCHEMA, path, row_group_size)
+        self.file = None if path is None else self.recorder.file
 
-    def __call__(self, report: StepReport) -> None:
-        if not report.finished:
-            return
+    def __call__(self, report: StepReport | None = None) -> None:
+        """Record the requests that ended since the last call: in a step (``report``, unread), or a steady run."""
         add = self.recorder.add
-        for view in report.finished:  # read-only views; the record is made from the group behind each
-            group = group_of(view)
+        for group in self.take_finished():
             add(group.index, row_of(RequestMetrics.of(group)))
 
-    on_steps = __call__  # a steady run's finished groups, ended in its last step, as a step report's
+    on_steps = __call__
 
-    def close(self) -> RequestTable:
-        """Write what is left and name the file."""
+    def close(self) -> list[RequestMetrics] | RequestTable:
+        """The run is over: every record, in memory, or as a ``RequestTable`` on the completed file."""
+        if self.recorder is None:
+            return [RequestMetrics.of(group) for group in sorted(self.take_finished(), key=attrgetter("index"))]
+        self()
         return self.recorder.close()
 
     def abandon(self) -> None:
-        self.recorder.abandon()
+        if self.recorder is not None:
+            self.recorder.abandon()
 
 
 class RequestTable:

@@ -11,6 +11,7 @@ import json
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -18,9 +19,10 @@ from kvsched import Engine, EngineConfig, Request, SamplingParams
 from kvsched.core.sequence import SequenceGroup
 from kvsched.executors.simulated import SimulatedExecutor
 from kvsched.experiments.simulation import SimJob
-from kvsched.metrics.records import RequestLog
+from kvsched.metrics.records import RequestLog, RequestTable
 from kvsched.metrics.requests import ordered_sum
 from kvsched.workloads import SyntheticSpec, build_workload
+from kvsched.workloads.inference_perf import load_inference_perf
 
 TIGHT = EngineConfig(num_gpu_blocks=300, num_cpu_blocks=200, max_model_len=1400, max_num_batched_tokens=1400)
 
@@ -53,9 +55,31 @@ def test_ignored_requests_are_recorded_in_order(tmp_path):
     assert list(streamed.result.requests) == kept.result.requests
 
 
+def test_a_driven_run_streams_too_and_equals_the_in_memory_run(tmp_path):
+    """inference-perf's client aborts the requests it gives up on between steps, where no step reports them: the
+    records, made from the groups the engine hands over, have them all the same (streamed, they used to be kept)."""
+    config = yaml.safe_dump(
+        {
+            "data": {"type": "shared_prefix", "shared_prefix": {"num_groups": 3, "num_prompts_per_group": 4}},
+            "load": {"type": "constant", "stages": [{"rate": 40, "duration": 2}], "request_timeout": 2.0},
+        }
+    )
+    (tmp_path / "ip.yaml").write_text(config)
+    tight = TIGHT.model_copy(update={"num_gpu_blocks": 120})
+    kept, streamed = (
+        SimJob(load_inference_perf(tmp_path / "ip.yaml"), config=tight, stream_to=to).run()
+        for to in (None, tmp_path / "streamed")
+    )
+    assert kept.summary["aborted"] > 0  # the client timed some out
+    assert isinstance(streamed.result.requests, RequestTable) and (tmp_path / "streamed" / "requests.parquet").exists()
+    assert json.dumps(streamed.summary) == json.dumps(kept.summary) and streamed.lifecycle == kept.lifecycle
+    assert list(streamed.result.requests) == kept.result.requests
+    assert streamed.result.engine._groups == {} and streamed.result.engine.finished == []
+
+
 def test_row_groups_are_written_while_the_run_goes(tmp_path):
-    log = RequestLog(tmp_path / "requests.parquet", row_group_size=25)
-    engine = Engine(EngineConfig(), "vllm-default", SimulatedExecutor(), retain_finished=False)
+    engine = Engine(EngineConfig(), "vllm-default", SimulatedExecutor())
+    log = RequestLog(engine, tmp_path / "requests.parquet", row_group_size=25)
     seen = []
 
     def observe(report):
