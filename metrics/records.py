@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 
     from kvsched.core.engine import Engine
     from kvsched.core.report import StepReport
+    from kvsched.core.sequence import SequenceGroup
 
 _TYPES = {
     "priority": pa.int64(),
@@ -99,26 +100,31 @@ class RequestLog:
     """The records of an engine's finished requests, made from the groups it hands over (``Engine.take_finished``),
     as a fleet's replicas hand theirs to its records (``cluster/records.py``), in the order the requests were added
     (a group's ``index``): streamed to ``path`` as they end where it is the run's ``on_step`` observer (memory bounded
-    by the requests in flight), or, without a path, made in memory once the run is over (``close``)."""
+    by the requests in flight), or, without a path, kept in memory and made once the run is over (``close``)."""
 
     def __init__(self, engine: Engine, path: Path | None = None, row_group_size: int = 65_536) -> None:
         self.take_finished = engine.take_finished
         self.recorder = None if path is None else Recorder(SCHEMA, path, row_group_size)
         self.file = None if path is None else self.recorder.file
+        self.finished: list[SequenceGroup] = []  # in memory: the groups taken so far
 
     def __call__(self, report: StepReport | None = None) -> None:
-        """Record the requests that ended since the last call: in a step (``report``, unread), or a steady run."""
+        """Take the requests that ended since the last call (in a step, ``report``, unread; or in a steady run)."""
+        finished = self.take_finished()
+        if self.recorder is None:
+            self.finished += finished
+            return
         add = self.recorder.add
-        for group in self.take_finished():
+        for group in finished:
             add(group.index, row_of(RequestMetrics.of(group)))
 
     on_steps = __call__
 
     def close(self) -> list[RequestMetrics] | RequestTable:
         """The run is over: every record, in memory, or as a ``RequestTable`` on the completed file."""
-        if self.recorder is None:
-            return [RequestMetrics.of(group) for group in sorted(self.take_finished(), key=attrgetter("index"))]
         self()
+        if self.recorder is None:
+            return [RequestMetrics.of(group) for group in sorted(self.finished, key=attrgetter("index"))]
         return self.recorder.close()
 
     def abandon(self) -> None:
