@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from functools import partial
 from itertools import islice, takewhile
-from operator import is_not
+from operator import is_not, itemgetter
 from typing import TYPE_CHECKING
 
 from kvsched.allocators.alloc_status import AllocStatus
@@ -24,6 +24,13 @@ if TYPE_CHECKING:
     from kvsched.allocators.shapes import Sequence, SequenceGroup
 
 _is_block = partial(is_not, None)  # a lookup's hit
+
+
+def _num_held(ref_counts: list[int], blocks: list[int]) -> int:
+    """How many of ``blocks`` some table holds (a prompt's hits, dozens to hundreds: read in one call)."""
+    if len(blocks) > 1:
+        return len(blocks) - itemgetter(*blocks)(ref_counts).count(0)
+    return sum(map(bool, map(ref_counts.__getitem__, blocks)))
 
 
 class BlockManager(Transactions):
@@ -66,14 +73,17 @@ class BlockManager(Transactions):
     def cached_blocks(self, seq: Sequence) -> list[int]:
         """GPU blocks that already hold this sequence's leading tokens (prefix-cache hits).
 
-        At least one token is always left to compute, so that the step can sample from it. The answer is kept
-        while the cache's names stay the same (``BlockPool.version``): admitting a prompt asks three times.
+        At least one token is always left to compute, so that the step can sample from it.
         """
-        if not self.enable_prefix_caching:
-            return []
+        return list(self._hits(seq)) if self.enable_prefix_caching else []
+
+    def _hits(self, seq: Sequence) -> list[int]:
+        """``cached_blocks`` as the block manager's own list, read and not changed: it is kept while the cache's
+        names stay the same (``BlockPool.version``), for admitting a prompt asks three times (a refused one, each step).
+        """
         key = (seq.seq_id, seq.num_tokens, self.gpu.version)
         if self._last_hits[0] == key:
-            return list(self._last_hits[1])
+            return self._last_hits[1]
         full, hashes = seq.num_tokens // self.block_size, self._hashes.get(seq.seq_id, ())
         hits = list(takewhile(_is_block, map(lookup := self.gpu.hash_to_block.get, hashes)))
         while len(hits) == len(hashes) < full:  # hashing a window at a time, it stops near the first miss
@@ -82,17 +92,17 @@ class BlockManager(Transactions):
         if hits and len(hits) * self.block_size >= seq.num_tokens:
             hits.pop()
         self._last_hits = (key, hits)
-        return list(hits)
+        return hits
 
     def num_cached_tokens(self, seq: Sequence) -> int:
-        return len(self.cached_blocks(seq)) * self.block_size
+        return len(self._hits(seq)) * self.block_size if self.enable_prefix_caching else 0
 
     def planned_cached_tokens(self, group: SequenceGroup) -> dict[int, int]:
         """Per waiting sequence, the leading tokens ``allocate`` will find already computed (or
         computed by the group's first sequence in the same step): what the step need not count."""
         seqs = group.waiting_seqs()
-        if len(seqs) == 1 and not self.enable_prefix_caching:  # the common case: nothing cached, nothing shared
-            return {seqs[0].seq_id: 0}
+        if len(seqs) == 1:  # the common case: nothing shared
+            return {seqs[0].seq_id: self.num_cached_tokens(seqs[0])}
         shared = self._shared_prompt_blocks(seqs) * self.block_size
         return {s.seq_id: self.num_cached_tokens(s) if k == 0 else shared for k, s in enumerate(seqs)}
 
@@ -120,11 +130,11 @@ class BlockManager(Transactions):
         needed = 0
         for k, seq in enumerate(seqs):
             if k == 0:
-                hits = self.cached_blocks(seq)
+                hits = self._hits(seq) if self.enable_prefix_caching else []
                 covered = self.num_blocks(
                     seq.num_tokens if num_tokens is None else max(num_tokens, len(hits) * self.block_size)
                 )
-                needed += covered - sum(map(bool, map(self.gpu.ref_counts.__getitem__, hits)))  # held hits are free
+                needed += covered - _num_held(self.gpu.ref_counts, hits)  # held hits cost no free block
             else:
                 needed += self.num_blocks(seq.num_tokens) - shared
         return needed
@@ -257,8 +267,10 @@ class BlockManager(Transactions):
         """Give the sequence's table fresh blocks until it holds ``num_tokens`` tokens (a V1 prefill chunk)."""
         needed = self.blocks_to_grow(seq, num_tokens)
         if needed:
-            self._log_tables([seq])
-            self.gpu_tables[seq.seq_id] += self.gpu.allocate_many(needed)
+            table = self.gpu_tables[seq.seq_id]
+            if self._journal is not None:  # its length, not a copy of a table of hundreds of blocks each chunk
+                self._journal.append(("grew", seq.seq_id, len(table)))
+            table += self.gpu.allocate_many(needed)
 
     def fork(self, parent: Sequence, child: Sequence) -> None:
         """The child shares every block of the parent (one more reference each); no copy yet."""

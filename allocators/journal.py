@@ -1,7 +1,7 @@
 """A step's allocator mutations as one transaction: journaled as they happen, undone newest first.
 
 A mixin of ``BlockManager`` (``allocators/block_manager.py``): between ``begin`` and ``commit`` each
-mutation appends what undoes it (a block appended, a block named, a copy-on-write, a sequence's whole
+mutation appends what undoes it (a block appended, a table grown, a block named, a copy-on-write, a sequence's whole
 tables before a move or a free); ``rollback`` replays the journal backwards, so that a step a policy
 broke halfway leaves ref counts, tables and names exactly as they were.
 """
@@ -25,6 +25,10 @@ class Transactions:
             kind, sid = entry[0], entry[1]
             if kind == "append":
                 self.gpu.release(self.gpu_tables[sid].pop())
+            elif kind == "grew":  # the blocks a prefill chunk added, newest first (unnamed again by now)
+                table = self.gpu_tables[sid]
+                self.gpu.release_many(table[entry[2] :][::-1])
+                del table[entry[2] :]
             elif kind == "named":
                 self.gpu.forget(entry[3])
                 self._registered[sid] = entry[2]

@@ -131,7 +131,7 @@ class Scheduler:
         self.num_running_seqs = step.num_running_seqs
         if left_waiting or step.recomputed:
             # Recompute victims go to the front, the earliest-evicted (newest) last, as vLLM's extendleft.
-            self.waiting = step.recomputed[::-1] + _without_prefix(self.waiting, left_waiting)
+            self.waiting = _without_prefix(self.waiting, left_waiting, step.recomputed)
         if out.preempted:
             self.running = [g for g in self.running if g.status is _RUNNING] + step.admitted + step.swapped_in
         elif step.admitted or step.swapped_in:
@@ -214,13 +214,13 @@ class Scheduler:
         return problems
 
 
-def _without_prefix(waiting: list[SequenceGroup], left: int) -> list[SequenceGroup]:
+def _without_prefix(waiting: list[SequenceGroup], left: int, recomputed: list[SequenceGroup]) -> list[SequenceGroup]:
     """``waiting`` without the ``left`` groups that stopped waiting in this step: usually its front (first come,
-    first served), looked at before the whole list (thousands under overload) is filtered."""
-    i = 0
-    while i < left and waiting[i].status is not _WAITING:
-        i += 1
-    return waiting[i:] if i == left else [g for g in waiting if g.status is _WAITING]
+    first served), looked at before the whole list (thousands under overload) is filtered; ``recomputed`` in front,
+    the newest first. Copied once: a step admits from a queue of thousands."""
+    i = next((k for k in range(left) if waiting[k].status is _WAITING), left)
+    rest = waiting[i:] if i == left else [g for g in waiting if g.status is _WAITING]
+    return recomputed[::-1] + rest if recomputed else rest
 
 
 def _set_status(group: SequenceGroup, status: SequenceStatus) -> None:

@@ -168,6 +168,46 @@ def test_rollback_restores_tables_and_ref_counts_exactly():
     assert bm.cpu_tables == {} and bm.num_free_cpu_blocks == 8 and bm.audit() == []
 
 
+def test_rollback_undoes_a_grown_table_with_its_names_and_free_order():
+    """A V1 prefill chunk's growth is journaled by its length: undone, the blocks go back to the free stack
+    in the order a whole-table undo gave them, unnamed, and the evicted cached blocks stay evicted."""
+    bm = BlockManager(4, 12, 0, enable_prefix_caching=True, keep_duplicates=True)
+    old = make_group(range(100, 116))
+    start(bm, old)
+    bm.mark_computed(old.seqs[0], 16)
+    bm.free(old.seqs[0])  # four cached free blocks, evicted only when the plain free ones run out
+    g = make_group(range(36))
+    bm.allocate(g, 8)
+    g.seqs[0].status = g.status = RUNNING
+    bm.mark_computed(g.seqs[0], 8)
+    pool = bm.gpu
+
+    def state():
+        return (
+            {k: list(v) for k, v in bm.gpu_tables.items()},
+            list(pool.ref_counts),
+            pool.num_free,
+            list(pool._free),
+            dict(pool.hash_to_block),
+            list(pool.evictor),
+            dict(bm._registered),
+        )
+
+    before = state()
+    bm.begin()
+    bm.grow(g.seqs[0], 20)
+    bm.mark_computed(g.seqs[0], 20)
+    bm.grow(g.seqs[0], 36)  # past the plain free blocks: the oldest cached one evicted
+    assert len(bm.gpu_tables[g.seqs[0].seq_id]) == 9 and len(pool.evictor) == 3
+    bm.rollback()
+    after = state()
+    evicted = before[5][0]  # stays evicted: a plain free block now, at the bottom of the stack
+    assert after[:3] == before[:3] and after[6] == before[6]
+    assert after[3] == [evicted, *before[3]] and after[5] == before[5][1:]
+    assert after[4] == {h: b for h, b in before[4].items() if b != evicted}
+    assert bm.audit() == []
+
+
 def test_audit_reports_a_corrupted_ref_count():
     bm = BlockManager(4, 4, 0)
     start(bm, make_group(range(4)))
