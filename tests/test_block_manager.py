@@ -350,8 +350,13 @@ class BlockManagerMachine(RuleBasedStateMachine):
         if self.bm.can_swap_out(g):
             self.bm.swap_out(g)
         other = make_group(prompt)
+        chunk = data.draw(st.sampled_from([None, *range(1, len(prompt) + 1)]), label="chunk")
         if self.bm.can_allocate(other) is AllocStatus.OK:
-            self.bm.allocate(other)
+            self.bm.allocate(other, chunk)  # a chunk (V1): its blocks named, then its table grown to the prompt
+            if chunk is not None:
+                self.bm.mark_computed(other.seqs[0], chunk)
+                self.bm.grow(other.seqs[0], len(prompt))
+                self.bm.mark_computed(other.seqs[0], len(prompt))
         for h in self._live(RUNNING):
             if h is not g and self.bm.blocks_to_append(h) <= self.bm.num_free_gpu_blocks:
                 for s in h.unfinished_seqs():
