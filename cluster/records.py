@@ -34,7 +34,8 @@ class FleetRecords:
         self.replicas = replicas
         self.recorder = Recorder(FLEET_SCHEMA)
         self.rows = self.recorder.rows  # FLEET_SCHEMA's columns, in the order the requests arrived
-        self.table: pa.Table | None = None  # the rows as a table, once the run is over
+        self.over = False  # the run is over: every request has its row
+        self._table: pa.Table | None = None
         self.routes: list[tuple[str, str, float, int, str]] = []  # (request, pool role, time, replica, reason)
         self.num_arrived = 0
         self._ids: dict[str, int] = {}  # each request id that arrived, to its place: a fleet serves each id once
@@ -145,8 +146,17 @@ class FleetRecords:
         )
 
     def close(self) -> None:
-        """The run is over: every request has a row (``testing/cluster.py`` checks it), kept in ``table``."""
-        self.table = self.recorder.close()
+        """The run is over: every request has a row (``testing/cluster.py`` checks it), in ``table`` once asked."""
+        self.recorder.finish()
+        self.over = True
+
+    @property
+    def table(self) -> pa.Table | None:
+        """The rows as a table once the run is over (None before), made when first asked: the summary's work, not
+        the run's (pyarrow's first array from Python lists imports pandas, a third of a second)."""
+        if self._table is None and self.over:
+            self._table = self.recorder.close()
+        return self._table
 
 
 def fleet_counts(

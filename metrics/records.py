@@ -84,11 +84,14 @@ class Recorder:
             keep(waiting.pop(self._next))
             self._next += 1
 
-    def close(self) -> RequestTable | pa.Table:
-        """Keep what is left (records waiting for an earlier one never recorded, in order): the records, as a
-        ``RequestTable`` on the completed file, or in memory as a table."""
+    def finish(self) -> None:
+        """Keep what is left: records waiting for an earlier one never recorded, in order."""
         for place in sorted(self._waiting):
             self._keep(self._waiting.pop(place))
+
+    def close(self) -> RequestTable | pa.Table:
+        """``finish``, then the records: as a ``RequestTable`` on the completed file, or in memory as a table."""
+        self.finish()
         return arrow_table(self.rows, self.schema) if self.file is None else RequestTable(self.file.close())
 
     def abandon(self) -> None:
