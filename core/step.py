@@ -94,8 +94,11 @@ _state_of = shown
 
 
 def _queue(step: StepBuilder, name: str) -> QueueView:
-    """One of the scheduler's queues, shown until the step closes."""
-    return QueueView(getattr(_state_of(step).sched, name), _state_of(step).handed)
+    """One of the scheduler's queues, shown until the step closes (an empty one: no queue, shown always)."""
+    return QueueView(queue, _state_of(step).handed) if (queue := getattr(_state_of(step).sched, name)) else _NO_GROUPS
+
+
+_NO_GROUPS = QueueView([])  # what an empty queue shows: the step's queues change only as it commits
 
 
 def _live(step: StepBuilder, op: str) -> StepState:

@@ -41,8 +41,7 @@ def _forget(key: ref) -> None:
 def show(view: object, target: object, handed: list | None = None) -> None:
     """The core's: ``view`` (of a class with ``__slots__ = ("__weakref__",)``) shows ``target`` while it lives; one a
     step hands out (its key kept in the step's list ``handed``) no longer than the step (``forget``)."""
-    key = ref(view, _forget) if handed is None else ref(view)  # a step's: no callback to run as each view goes
-    _SHOWN[key] = target
+    _SHOWN[key := ref(view, _forget) if handed is None else ref(view)] = target  # a step's: no callback as it goes
     if handed is not None:
         handed.append(key)
 
