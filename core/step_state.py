@@ -132,11 +132,10 @@ class StepState(Preemptions, DecisionNotes):
 
     def _unfit(self, g: SequenceGroup, longest: int) -> str | None:
         """Why ``g`` can never be admitted, whatever the cache holds (its length, its sequences), or None."""
-        model_len = self.config.model_len
-        if longest > model_len:
-            return f"{longest} tokens exceed max_model_len ({model_len})"
-        if longest > self.prompt_limit:  # prompt_limit <= model_len
-            return f"{longest} tokens leave no room for an output token within max_model_len ({model_len})"
+        if longest > self.prompt_limit:  # prompt_limit <= model_len: the model's length asked only then
+            model_len = self.config.model_len
+            why = "exceed" if longest > model_len else "leave no room for an output token within"
+            return f"{longest} tokens {why} max_model_len ({model_len})"
         if g.max_running_seqs > self.max_seqs:  # vLLM would keep it forever, blocking the queue
             return f"n={g.max_running_seqs} sequences exceed max_num_seqs ({self.max_seqs})"
         return None
