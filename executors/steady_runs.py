@@ -106,8 +106,9 @@ class SteadyRuns:
             clock.advance(duration)
             started.append(now)
             durations.append(duration)
-            kv.append(k)
-            waiting.append(len(sched.waiting))
+            if observe is not None:  # what only the observers' StepRun reads
+                kv.append(k)
+                waiting.append(len(sched.waiting))
             free.append((before, gpu.num_free))
             if not coasting and fast.apply(completion, clock.now(), finished):  # the groups it ended, retired
                 sched.remove_finished(finished)
