@@ -248,11 +248,6 @@ class DecodeLane:
         return self.steps + max(0, len(self._bm.gpu_tables[seq.seq_id]) * self._block_size - num_tokens + 1)
 
     @property
-    def kv_tokens(self) -> int:
-        """Context tokens the members' next decodes read (a lane step's ``kv_tokens_read``)."""
-        return self._kv_tokens
-
-    @property
     def batch(self) -> list[ScheduledGroup]:
         """The members' decode entries, in running order (a copy)."""
         return list(self._batch)

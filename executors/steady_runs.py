@@ -92,7 +92,7 @@ class SteadyRuns:
                 if arrivals or join is None:  # the policy decides again
                     break
                 until = join(now)
-            before, k = gpu.num_free, lane.kv_tokens
+            before, k = gpu.num_free, lane._kv_tokens  # what the members' next decodes read
             # No member finishing, nothing the repeat checks changes (due blocks keep every refusal refused): it coasts.
             coasting = n and lane.coast()
             if not coasting:
