@@ -113,6 +113,21 @@ def test_the_invariants_catch_a_lost_request():
     assert [name for name, _ in check_cluster(cluster, requests)] == ["no-request-lost"]
 
 
+def test_a_fleets_table_is_made_when_first_read_not_by_the_run(monkeypatch):
+    """The run keeps rows; the table (pyarrow's first array from Python lists imports pandas, a third of a second) is
+    the summary's work: none before the run ends, made once at the first read, every row in it."""
+    from kvsched.metrics import records
+
+    made = []
+    monkeypatch.setattr(records, "arrow_table", lambda rows, schema: made.append(len(rows)) or ("table", len(rows)))
+    requests = [req(f"r{i}", 30 + i, 4, 0.05 * i) for i in range(6)]
+    cluster = Cluster(FleetSpec(replicas=[ReplicaGroup(count=2)]))
+    assert cluster.records.table is None
+    cluster.run(requests)
+    assert made == [] and len(cluster.records.rows) == 6
+    assert cluster.records.table == ("table", 6) and cluster.records.table == ("table", 6) and made == [6]
+
+
 def test_pd_takes_ttft_from_the_prefill_pool_and_charges_the_transfer():
     """A request's first token comes from its prefill replica; its KV reaches the decode replica after
     base latency + bytes / bandwidth; the decode replica computes no prefill for it."""
