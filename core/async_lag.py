@@ -120,5 +120,4 @@ class AsyncLag(SchedulerTime):
 
     def seen_at(self, now: float) -> float:
         """As of when the next step was scheduled: while the last step ran, from its start."""
-        engine = self.engine
-        return engine.scheduled_at if self.busy_until == now and engine.has_unfinished() else now
+        return self.engine.scheduled_at if self.busy_until == now and self.engine.has_unfinished() else now

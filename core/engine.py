@@ -192,7 +192,9 @@ class Engine:
     def begin_step(self) -> SchedulerOutput:
         """Schedule and execute the next step, applied by ``end_step`` at its end (engines sharing one clock)."""
         output = self.schedule()
-        self._result = self.executor.execute(output)
+        self._result = result = self.executor.execute(output)
+        if self.completion.timed:  # charged now: the step's end (next_event_time) counts the scheduler's time
+            self.completion.charge(output, result)
         return output
 
     def next_event_time(self) -> float:
@@ -202,7 +204,7 @@ class Engine:
     def end_step(self) -> StepReport:
         """Apply the step under way, the clock moving to its end."""
         result, self._result = self._result, None
-        return self.complete(self._in_flight, result)
+        return self.complete(self._in_flight, result, charged=True)
 
     def next_step_at(self, arrival: float) -> float:
         """When the next step starts, ``arrival`` being the next request's (infinity: none): now, or at the arrival
@@ -227,12 +229,12 @@ class Engine:
         self._reported += finished  # their views show them until the next step
         return finished
 
-    def complete(self, output: SchedulerOutput, result: StepResult) -> StepReport:
-        """The second half of ``step``: ``output`` ran and took ``result.duration`` (the clock moves by it),
-        sampling ``result.tokens``; apply them and tell ``on_step`` observers."""
+    def complete(self, output: SchedulerOutput, result: StepResult, charged: bool = False) -> StepReport:
+        """The second half of ``step``: ``output`` ran and took ``result.duration`` (the clock moves by it; with the
+        scheduler's time, unless ``charged`` already), sampling ``result.tokens``; apply them and tell observers."""
         sched, completion = self.scheduler, self.completion
         self._in_flight = None
-        if completion.timed:  # the scheduler's own time in the step's
+        if completion.timed and not charged:  # the scheduler's own time in the step's
             completion.charge(output, result)
         features = output.features  # counted by the step builder, before the completion changes the sequences
         self.clock.advance(result.duration)
@@ -300,8 +302,7 @@ class Engine:
         if max_steps is not None and (type(max_steps) is bool or not isinstance(max_steps, int) or max_steps < 1):
             wrong = TypeError if type(max_steps) is bool or not isinstance(max_steps, int) else ValueError
             raise wrong(f"max_steps must be a positive int or None, got {type(max_steps).__name__} {quote(max_steps)}")
-        # What exists as the run starts (its requests, the engine) is frozen out of the collector's passes, as
-        # vLLM freezes its heap once started; a caller that froze objects itself is left alone.
+        # What exists as the run starts is frozen out of the collector's passes, as vLLM freezes its heap once started.
         freeze = gc.isenabled() and not gc.get_freeze_count()
         if freeze:
             gc.freeze()

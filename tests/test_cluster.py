@@ -23,6 +23,7 @@ from kvsched.executors.cost_model import MAX_KV_BYTES_PER_TOKEN
 from kvsched.experiments.simulation import run_simulation
 from kvsched.metrics.records import row_of
 from kvsched.metrics.requests import FIELDS, RequestMetrics
+from kvsched.routers import hookimpl
 from kvsched.testing.cluster import assert_cluster, check_cluster
 from kvsched.workloads.sessions import SessionSpec
 from tests.test_routers import BUILT_INS, registered  # noqa: F401  (the routers by name, installed or declared)
@@ -60,6 +61,44 @@ def test_one_replica_behind_a_router_is_the_engine_itself():
     fleet = run_cluster(requests, FleetSpec(replicas=[ReplicaGroup(settings={"num_gpu_blocks": 128})]))
     assert [row[: len(FIELDS)] for row in fleet.rows] == [row_of(m) for m in alone.requests]
     assert {row[len(FIELDS) :] for row in fleet.rows} == {(0, 0, 0)}  # replica 0 ran all, no prefix caching
+
+
+TIMINGS = [{}, {"scheduler_ms": 1.0}, {"async_scheduling": True}, {"async_scheduling": True, "scheduler_ms": 2.0}]
+
+
+class FewestInFlight:
+    """Routes to the replica with the fewest requests in flight, noting the counts each call saw."""
+
+    name = "fewest-in-flight"
+
+    def __init__(self):
+        self.calls: list[tuple[float, tuple[int, ...]]] = []
+        self.sent: list[tuple[str, str]] = []
+
+    @hookimpl
+    def route_request(self, request, replicas):
+        self.calls.append((request.arrival_time, tuple(view.in_flight_requests for view in replicas)))
+        return min(replicas, key=lambda view: (view.in_flight_requests, view.index))
+
+    @hookimpl
+    def on_routed(self, request, replica):
+        self.sent.append((request.request_id, replica.name))
+
+
+@pytest.mark.parametrize("timing", TIMINGS[:2], ids=["no scheduler time", "scheduler_ms"])
+def test_a_request_counts_toward_its_replica_until_it_ends(timing):
+    """A router sees each request in flight on its replica from its routing until the step that ends it ends.
+    Before: a step's end event came at the executor's time, before the scheduler's was added, and released its
+    requests that much early (a router choosing by load chose otherwise)."""
+    requests = [req(f"r{i}", 40 + 97 * i % 300, 3 + 7 * i % 20, 0.004 * i) for i in range(60)]
+    router = FewestInFlight()
+    cluster = Cluster(FleetSpec(replicas=[ReplicaGroup(count=3, settings={**SMALL, **timing})], router=router))
+    cluster.run(requests)
+    assert_cluster(cluster, requests)
+    ends = {row[0]: row[FIELDS.index("finish_time")] for row in cluster.records.rows}
+    for k, (arrival, counts) in enumerate(router.calls):
+        ongoing = [name for rid, name in router.sent[:k] if ends[rid] > arrival]  # routed before, not ended by then
+        assert counts == tuple(ongoing.count(r.name) for r in cluster.replicas)
 
 
 requests_strategy = st.lists(
