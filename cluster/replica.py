@@ -7,6 +7,7 @@ from __future__ import annotations
 from bisect import bisect_left
 from collections import deque
 
+from kvsched.core.completion import Completion
 from kvsched.core.engine import Engine
 from kvsched.core.request import Request
 from kvsched.routers.view import Signals
@@ -217,3 +218,38 @@ class Replica:
         reports, oldest = self._reports, t - self.staleness
         while len(reports) > 1 and reports[1].time <= oldest:
             reports.popleft()
+
+
+class LaggingReplica(Replica):
+    """A replica whose engine's scheduler sees an arrival later than it comes (its completion step's ``seen_at``: async
+    scheduling, where a request arriving while a step runs is first seen by the step after next). A request routed
+    here counts toward its load at once, but waits here until a step starts whose scheduler saw it, and joins the
+    engine's queue then, as ``Engine.run`` admits it; a replica whose scheduler sees at once pays nothing for it."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.unseen: deque[Request] = deque()  # arrived, in arrival order, not yet seen by its scheduler
+
+    def add(self, request: Request) -> None:
+        self.resumable = False
+        self.unseen.append(request)
+
+    def begin_step(self, t: float, horizon: float, cuts=()) -> float:
+        self._admit(t)
+        return super().begin_step(t, horizon, cuts)
+
+    def end_step(self) -> list:
+        finished = super().end_step()
+        self._admit(self.engine.clock.now())  # now, not at the next start: the cluster sees the work it has
+        return finished
+
+    def _admit(self, now: float) -> None:
+        """Queue the requests that have arrived by when the scheduler of a step starting at ``now`` looks."""
+        unseen, seen = self.unseen, self.engine.completion.seen_at(now)
+        while unseen and unseen[0].arrival_time <= seen:
+            super().add(unseen.popleft())
+
+
+def replica_class(engine: Engine) -> type[Replica]:
+    """The replica that drives ``engine``: a ``LaggingReplica`` where its scheduler sees arrivals late."""
+    return Replica if type(engine.completion).seen_at is Completion.seen_at else LaggingReplica

@@ -9,7 +9,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from kvsched.cluster.replica import DECODE, MIXED, PREFILL, Replica
+from kvsched.cluster.replica import DECODE, MIXED, PREFILL, Replica, replica_class
 from kvsched.cluster.transfer import DecodeExecutor, KvTransfer
 from kvsched.core.config import EngineConfig
 from kvsched.core.engine import Engine
@@ -99,7 +99,8 @@ def _replica(name: str, group: ReplicaGroup, staleness: float) -> Replica:
     config = fit_to_profile(config, profile, load_policy(group.policy))
     executor = (DecodeExecutor if group.role == DECODE else SimulatedExecutor)(profile)
     engine = Engine(config, group.policy, executor, policy_options=group.policy_options or None)
-    return Replica(name, group.role, engine, profile.name, staleness, steady_runs=group.role != DECODE)
+    kind = replica_class(engine)
+    return kind(name, group.role, engine, profile.name, staleness, steady_runs=group.role != DECODE)
 
 
 def load_fleet(path: Path, **overrides: Any) -> FleetSpec:

@@ -66,6 +66,28 @@ def test_one_replica_behind_a_router_is_the_engine_itself():
 TIMINGS = [{}, {"scheduler_ms": 1.0}, {"async_scheduling": True}, {"async_scheduling": True, "scheduler_ms": 2.0}]
 
 
+@settings(max_examples=40)
+@given(
+    specs=st.lists(st.tuples(st.integers(1, 700), st.integers(1, 120), st.floats(0, 0.1)), min_size=1, max_size=40),
+    policy=st.sampled_from(["vllm-default", "vllm-v1", "fcfs"]),
+    timing=st.sampled_from(TIMINGS),
+)
+def test_a_one_replica_fleet_is_the_engine_sync_or_async(specs, policy, timing):
+    """Same records, with the scheduler's time charged or not, synchronous or async. Before: under async scheduling
+    a replica queued a request arriving mid-step at once, where the engine's next step, scheduled as the last began,
+    had not seen it (every record differed)."""
+    from kvsched.core.config import EngineConfig
+
+    t, requests = 0.0, []
+    for i, (prompt, output, gap) in enumerate(specs):
+        t += gap
+        requests.append(req(f"r{i}", prompt, output, t))
+    settings_ = {**SMALL, **timing}  # every setting a replica's profile would fill given: equal configs
+    alone = run_simulation(requests, policy, EngineConfig(**settings_))
+    fleet = run_cluster(requests, FleetSpec(replicas=[ReplicaGroup(policy=policy, settings=settings_)]))
+    assert [row[: len(FIELDS)] for row in fleet.rows] == [row_of(m) for m in alone.requests]
+
+
 class FewestInFlight:
     """Routes to the replica with the fewest requests in flight, noting the counts each call saw."""
 
@@ -117,12 +139,13 @@ requests_strategy = st.lists(
     split=st.one_of(st.none(), st.tuples(st.integers(1, 2), st.integers(1, 2))),
     caching=st.booleans(),
     policy=st.sampled_from(["vllm-default", "vllm-v1", "sarathi"]),
+    timing=st.sampled_from(TIMINGS),
 )
 def test_any_fleet_loses_no_request_duplicates_none_and_leaks_nothing(
-    specs, router, replicas, staleness, split, caching, policy
+    specs, router, replicas, staleness, split, caching, policy, timing
 ):
     """Random arrivals (some sharing prefixes, some too long to ever fit), every built-in router, 1-4
-    replicas or P/D pools, every staleness; each replica audits its allocator every step."""
+    replicas or P/D pools, every staleness, sync or async; each replica audits its allocator every step."""
     t, requests = 0.0, []
     for i, (prompt, output, gap, family, extra) in enumerate(specs):
         t += gap
@@ -130,7 +153,7 @@ def test_any_fleet_loses_no_request_duplicates_none_and_leaks_nothing(
             range(9_000_000 + 100 * i, 9_000_000 + 100 * i + extra)
         )
         requests.append(req(f"r{i}", 0, output, t, tokens=tokens))
-    settings_ = {**SMALL, "enable_prefix_caching": caching}
+    settings_ = {**SMALL, "enable_prefix_caching": caching, **timing}
     groups = (
         [ReplicaGroup(count=replicas, policy=policy, settings=settings_)]
         if split is None
