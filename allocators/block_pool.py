@@ -2,9 +2,23 @@
 
 from __future__ import annotations
 
+import os
 from operator import itemgetter
 
 from kvsched.allocators.evictor import LRUEvictor
+
+try:  # the prefix cache's index in C (allocators/_nameindex.c), where it is built; else a dict and the Python loops
+    from kvsched.allocators._nameindex import NameIndex, forget_names, register_names
+except ImportError:
+    NameIndex = None
+COMPILED_INDEX = NameIndex is not None and not os.environ.get("KVSCHED_DICT_INDEX")  # "1": a dict even if built
+
+
+def index_in_use() -> str:
+    """What ``engine policies`` says of the pools' index."""
+    if COMPILED_INDEX:
+        return "compiled (allocators/_nameindex.c)"
+    return "a dict (KVSCHED_DICT_INDEX is set)" if NameIndex else "a dict (allocators/_nameindex.c is not built)"
 
 
 class OutOfBlocks(RuntimeError):
@@ -45,7 +59,8 @@ class BlockPool:
         # an undone step takes a particular free block back (``take``), a search of the stack.
         self._free: list[int] = list(range(num_blocks - 1, -1, -1))
         self.evictor = LRUEvictor()
-        self.hash_to_block: dict[int, int] = {}  # content hash -> the block a lookup finds
+        # content hash -> the block a lookup finds: a dict, or the same mapping as a compact table
+        self.hash_to_block: dict[int, int] = NameIndex(num_blocks) if COMPILED_INDEX else {}
         self.block_hash: list[int | None] = [None] * num_blocks  # each block's content hash, None while unnamed
         self.keep_duplicates = keep_duplicates
         self._duplicates: dict[int, list[int]] = {}  # content hash -> younger blocks with it, oldest first
@@ -148,8 +163,12 @@ class BlockPool:
 
     def register(self, blocks: list[int], content_hashes: list[int]) -> list[int]:
         """Name held, fully written blocks by their content hashes (see the class docstring); those named."""
-        named, first_of, keep, done = self.block_hash, self.hash_to_block.setdefault, self.keep_duplicates, []
         self.version += 1
+        if type(self.hash_to_block) is not dict:  # the same loop in C
+            return register_names(
+                self.hash_to_block, self.block_hash, blocks, content_hashes, self.keep_duplicates, self._duplicates
+            )
+        named, first_of, keep, done = self.block_hash, self.hash_to_block.setdefault, self.keep_duplicates, []
         for block, content_hash in zip(blocks, content_hashes):  # one probe of the index a block
             if named[block] is not None:
                 continue
@@ -167,6 +186,8 @@ class BlockPool:
         named, index, duplicates = self.block_hash, self.hash_to_block, self._duplicates
         self.version += 1
         if not duplicates:  # the common case: each the only block with its content, in the index
+            if type(index) is not dict:  # the same loop in C
+                return forget_names(index, named, blocks)
             for block in blocks:
                 del index[named[block]]
                 named[block] = None

@@ -266,12 +266,14 @@ FLEET_SPEC_FIELDS = frozenset({"policy", "policy_opt", "set_", "profile"})
 @cli_errors
 def policies() -> None:
     """List installed policies: name, distribution, version, description (a name that several distributions register,
-    as DIST:NAME)."""
+    as DIST:NAME); and which prefix-cache index the pools use."""
+    from kvsched.allocators.block_pool import index_in_use
     from kvsched.cli.common import print_plugins
     from kvsched.plugins.discovery import installed_policies, load_policy
     from kvsched.plugins.identity import describe
 
     print_plugins("policy", installed_policies(), lambda spec: describe(load_policy(spec)))
+    print(f"prefix-cache index: {index_in_use()}")
 
 
 sim.register(app)  # engine sweep, engine calibrate (kvsched.cli.simulate)

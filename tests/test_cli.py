@@ -76,3 +76,4 @@ def test_policies_lists_the_reference_policy_with_its_distribution():
     assert res.returncode == 0
     line = next(x for x in res.stdout.splitlines() if "vllm-default" in x)
     assert "kvsched" in line
+    assert res.stdout.splitlines()[-1].startswith("prefix-cache index: ")  # compiled, or which dict and why

@@ -1,0 +1,489 @@
+/* The prefix cache's index, BlockPool.hash_to_block, as a compact table: block names (ints) to block ids.
+
+Why: a long-context run names, looks up and forgets hundreds of thousands of blocks, and a dict holds each entry
+as two boxed ints behind a hash slot. Here a name is 8 bytes and a block 4, in open addressing with linear probing
+(deletion shifts the run back, so there are no tombstones), and the pool's two bulk loops, register_names and
+forget_names, run in C. It behaves as the dict it replaces for every operation the pool and the block manager use
+(get, setdefault, [], del, in, len, items, iteration, ==, copy and pickle); a name outside int64, or not an int,
+is kept in a plain dict beside the table ("strays"), so any name a dict takes is taken. Without this module
+built, the pool uses a dict and its Python loops: those are the reference this is tested against. */
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+#define EMPTY (-1)
+
+typedef struct {
+    PyObject_HEAD
+    int bits;            /* the table has 2**bits slots */
+    size_t mask;         /* 2**bits - 1 */
+    Py_ssize_t used;     /* names in the table */
+    Py_ssize_t hint;     /* the number of blocks it was made for (kept by pickle) */
+    int64_t *names;
+    int32_t *blocks;     /* EMPTY: a free slot */
+    PyObject *strays;    /* dict of the names the table cannot hold; NULL until one comes */
+} NameIndex;
+
+static PyTypeObject NameIndexType;
+
+static inline size_t home(const NameIndex *t, int64_t name) {
+    return (size_t)(((uint64_t)name * 0x9E3779B97F4A7C15ULL) >> (64 - t->bits));
+}
+
+/* 1: ``key`` is an int in int64, stored in *name; 0: a stray; -1: an error is set. */
+static int name_of(PyObject *key, int64_t *name) {
+    if (!PyLong_Check(key)) return 0;
+    int overflow;
+    long long v = PyLong_AsLongLongAndOverflow(key, &overflow);
+    if (overflow) return 0;
+    if (v == -1 && PyErr_Occurred()) return -1;
+    *name = (int64_t)v;
+    return 1;
+}
+
+static int block_of(PyObject *value, int32_t *block) {
+    long v = PyLong_AsLong(value);
+    if (v == -1 && PyErr_Occurred()) return -1;
+    if (v < 0 || v > INT32_MAX) {
+        PyErr_Format(PyExc_ValueError, "a block id is an int from 0 to 2**31-1, not %ld", v);
+        return -1;
+    }
+    *block = (int32_t)v;
+    return 0;
+}
+
+static Py_ssize_t slot_of(const NameIndex *t, int64_t name) {
+    for (size_t i = home(t, name);; i = (i + 1) & t->mask) {
+        if (t->blocks[i] == EMPTY) return -1;
+        if (t->names[i] == name) return (Py_ssize_t)i;
+    }
+}
+
+static int alloc_slots(NameIndex *t, int bits) {
+    t->names = PyMem_Malloc(sizeof(int64_t) << bits);
+    t->blocks = PyMem_Malloc(sizeof(int32_t) << bits);
+    if (!t->names || !t->blocks) {
+        PyMem_Free(t->names);
+        PyMem_Free(t->blocks);
+        t->names = NULL;
+        t->blocks = NULL;
+        PyErr_NoMemory();
+        return -1;
+    }
+    memset(t->blocks, 0xff, sizeof(int32_t) << bits); /* every slot EMPTY */
+    t->bits = bits;
+    t->mask = ((size_t)1 << bits) - 1;
+    return 0;
+}
+
+/* Puts a name known to be absent; the table is at most half full, so a free slot is always found. */
+static void place(NameIndex *t, int64_t name, int32_t block) {
+    size_t i = home(t, name);
+    while (t->blocks[i] != EMPTY) i = (i + 1) & t->mask;
+    t->names[i] = name;
+    t->blocks[i] = block;
+    t->used++;
+}
+
+/* Doubles the table when one more name would fill it past half (only if used beyond its num_blocks). */
+static int make_room(NameIndex *t) {
+    if (2 * (size_t)(t->used + 1) <= t->mask + 1) return 0;
+    int64_t *names = t->names;
+    int32_t *blocks = t->blocks;
+    size_t n = t->mask + 1;
+    if (alloc_slots(t, t->bits + 1) < 0) {
+        t->names = names;
+        t->blocks = blocks;
+        return -1;
+    }
+    t->used = 0;
+    for (size_t i = 0; i < n; i++)
+        if (blocks[i] != EMPTY) place(t, names[i], blocks[i]);
+    PyMem_Free(names);
+    PyMem_Free(blocks);
+    return 0;
+}
+
+/* Empties slot i, shifting back each later name of its run that may not be left behind the gap. */
+static void erase(NameIndex *t, size_t i) {
+    for (size_t j = (i + 1) & t->mask; t->blocks[j] != EMPTY; j = (j + 1) & t->mask) {
+        size_t k = home(t, t->names[j]);
+        int reachable = (i <= j) ? (i < k && k <= j) : (i < k || k <= j); /* k in (i, j], cyclically */
+        if (!reachable) {
+            t->names[i] = t->names[j];
+            t->blocks[i] = t->blocks[j];
+            i = j;
+        }
+    }
+    t->blocks[i] = EMPTY;
+    t->used--;
+}
+
+static PyObject *strays(NameIndex *t) {
+    if (!t->strays) t->strays = PyDict_New();
+    return t->strays;
+}
+
+/* The block stored under ``key`` (a new reference), NULL with no error set if absent, NULL with one on error. */
+static PyObject *lookup(NameIndex *t, PyObject *key) {
+    int64_t name;
+    int kind = name_of(key, &name);
+    if (kind < 0) return NULL;
+    if (kind == 0) {
+        PyObject *v = t->strays ? PyDict_GetItemWithError(t->strays, key) : NULL;
+        Py_XINCREF(v);
+        return v;
+    }
+    Py_ssize_t i = slot_of(t, name);
+    return i < 0 ? NULL : PyLong_FromLong(t->blocks[i]);
+}
+
+/* dict.setdefault(key, value): the block stored under ``key`` after the call (a new reference). */
+static PyObject *set_default(NameIndex *t, PyObject *key, PyObject *value) {
+    int64_t name;
+    int32_t block;
+    int kind = name_of(key, &name);
+    if (kind < 0 || block_of(value, &block) < 0) return NULL;
+    if (kind == 0) {
+        PyObject *d = strays(t);
+        PyObject *v = d ? PyDict_SetDefault(d, key, value) : NULL;
+        Py_XINCREF(v);
+        return v;
+    }
+    Py_ssize_t i = slot_of(t, name);
+    if (i >= 0) return PyLong_FromLong(t->blocks[i]);
+    if (make_room(t) < 0) return NULL;
+    place(t, name, block);
+    Py_INCREF(value);
+    return value;
+}
+
+/* ---------------------------------------------------------------- the type */
+
+static int add_pairs(NameIndex *t, PyObject *pairs) {
+    PyObject *it = PyObject_GetIter(pairs);
+    if (!it) return -1;
+    PyObject *pair;
+    while ((pair = PyIter_Next(it))) {
+        PyObject *key, *value, *stored = NULL;
+        if (PyArg_ParseTuple(pair, "OO:NameIndex pair", &key, &value)) stored = set_default(t, key, value);
+        Py_DECREF(pair);
+        if (!stored) break;
+        Py_DECREF(stored);
+    }
+    Py_DECREF(it);
+    return PyErr_Occurred() ? -1 : 0;
+}
+
+static PyObject *ni_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
+    static char *kwlist[] = {"num_blocks", "pairs", NULL};
+    Py_ssize_t n;
+    PyObject *pairs = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "n|O:NameIndex", kwlist, &n, &pairs)) return NULL;
+    if (n < 0) return PyErr_Format(PyExc_ValueError, "num_blocks must be >= 0, not %zd", n);
+    NameIndex *t = (NameIndex *)type->tp_alloc(type, 0);
+    if (!t) return NULL;
+    int bits = 4;
+    while (((size_t)1 << bits) < 4 * (size_t)n) bits++; /* at most a quarter full while it holds num_blocks */
+    t->hint = n;
+    if (alloc_slots(t, bits) < 0 || (pairs && add_pairs(t, pairs) < 0)) {
+        Py_DECREF(t);
+        return NULL;
+    }
+    return (PyObject *)t;
+}
+
+static int ni_traverse(NameIndex *t, visitproc visit, void *arg) {
+    Py_VISIT(t->strays);
+    return 0;
+}
+
+static int ni_clear(NameIndex *t) {
+    Py_CLEAR(t->strays);
+    return 0;
+}
+
+static void ni_dealloc(NameIndex *t) {
+    PyObject_GC_UnTrack(t);
+    ni_clear(t);
+    PyMem_Free(t->names);
+    PyMem_Free(t->blocks);
+    Py_TYPE(t)->tp_free((PyObject *)t);
+}
+
+static Py_ssize_t ni_len(NameIndex *t) {
+    return t->used + (t->strays ? PyDict_GET_SIZE(t->strays) : 0);
+}
+
+static PyObject *ni_getitem(NameIndex *t, PyObject *key) {
+    PyObject *v = lookup(t, key);
+    if (!v && !PyErr_Occurred()) PyErr_SetObject(PyExc_KeyError, key);
+    return v;
+}
+
+static int ni_setitem(NameIndex *t, PyObject *key, PyObject *value) {
+    int64_t name;
+    int32_t block;
+    int kind = name_of(key, &name);
+    if (kind < 0 || (value && block_of(value, &block) < 0)) return -1;
+    if (kind == 0) {
+        if (value) return strays(t) ? PyDict_SetItem(t->strays, key, value) : -1;
+        if (t->strays) return PyDict_DelItem(t->strays, key);
+        PyErr_SetObject(PyExc_KeyError, key);
+        return -1;
+    }
+    Py_ssize_t i = slot_of(t, name);
+    if (!value) {
+        if (i < 0) {
+            PyErr_SetObject(PyExc_KeyError, key);
+            return -1;
+        }
+        erase(t, (size_t)i);
+        return 0;
+    }
+    if (i >= 0) {
+        t->blocks[i] = block;
+        return 0;
+    }
+    if (make_room(t) < 0) return -1;
+    place(t, name, block);
+    return 0;
+}
+
+static int ni_contains(NameIndex *t, PyObject *key) {
+    PyObject *v = lookup(t, key);
+    if (!v) return PyErr_Occurred() ? -1 : 0;
+    Py_DECREF(v);
+    return 1;
+}
+
+static int arity(const char *name, Py_ssize_t nargs, Py_ssize_t least, Py_ssize_t most) {
+    if (nargs >= least && nargs <= most) return 1;
+    PyErr_Format(PyExc_TypeError, "%s expected %zd to %zd arguments, got %zd", name, least, most, nargs);
+    return 0;
+}
+
+static PyObject *ni_get(NameIndex *t, PyObject *const *args, Py_ssize_t nargs) {
+    if (!arity("get", nargs, 1, 2)) return NULL;
+    PyObject *v = lookup(t, args[0]);
+    if (v || PyErr_Occurred()) return v;
+    v = nargs == 2 ? args[1] : Py_None;
+    Py_INCREF(v);
+    return v;
+}
+
+static PyObject *ni_setdefault(NameIndex *t, PyObject *const *args, Py_ssize_t nargs) {
+    if (!arity("setdefault", nargs, 2, 2)) return NULL;
+    return set_default(t, args[0], args[1]);
+}
+
+static PyObject *ni_items(NameIndex *t, PyObject *unused) {
+    PyObject *out = PyList_New(0);
+    if (!out) return NULL;
+    for (size_t i = 0; i <= t->mask; i++) {
+        if (t->blocks[i] == EMPTY) continue;
+        PyObject *pair = Py_BuildValue("(Li)", (long long)t->names[i], (int)t->blocks[i]);
+        if (!pair || PyList_Append(out, pair) < 0) {
+            Py_XDECREF(pair);
+            Py_DECREF(out);
+            return NULL;
+        }
+        Py_DECREF(pair);
+    }
+    if (t->strays) {
+        PyObject *rest = PyDict_Items(t->strays);
+        int failed = !rest || PyList_SetSlice(out, PY_SSIZE_T_MAX, PY_SSIZE_T_MAX, rest) < 0;
+        Py_XDECREF(rest);
+        if (failed) {
+            Py_DECREF(out);
+            return NULL;
+        }
+    }
+    return out;
+}
+
+static PyObject *as_dict(NameIndex *t) {
+    PyObject *items = ni_items(t, NULL), *d = PyDict_New();
+    if (!items || !d || PyDict_MergeFromSeq2(d, items, 1) < 0) Py_CLEAR(d);
+    Py_XDECREF(items);
+    return d;
+}
+
+static PyObject *ni_iter(NameIndex *t) {
+    PyObject *d = as_dict(t);
+    PyObject *it = d ? PyObject_GetIter(d) : NULL;
+    Py_XDECREF(d);
+    return it;
+}
+
+/* == and != as between dicts, against a dict or another NameIndex. */
+static PyObject *ni_richcompare(PyObject *a, PyObject *b, int op) {
+    if ((op != Py_EQ && op != Py_NE) || !(PyDict_Check(b) || PyObject_TypeCheck(b, &NameIndexType)) ||
+        !(PyDict_Check(a) || PyObject_TypeCheck(a, &NameIndexType)))
+        Py_RETURN_NOTIMPLEMENTED;
+    PyObject *x = PyDict_Check(a) ? Py_NewRef(a) : as_dict((NameIndex *)a);
+    PyObject *y = PyDict_Check(b) ? Py_NewRef(b) : as_dict((NameIndex *)b);
+    PyObject *result = x && y ? PyObject_RichCompare(x, y, op) : NULL;
+    Py_XDECREF(x);
+    Py_XDECREF(y);
+    return result;
+}
+
+static PyObject *ni_repr(NameIndex *t) {
+    PyObject *d = as_dict(t);
+    PyObject *r = d ? PyUnicode_FromFormat("NameIndex(%R)", d) : NULL;
+    Py_XDECREF(d);
+    return r;
+}
+
+static PyObject *ni_reduce(NameIndex *t, PyObject *unused) {
+    PyObject *items = ni_items(t, NULL);
+    if (!items) return NULL;
+    return Py_BuildValue("O(nN)", Py_TYPE(t), t->hint, items);
+}
+
+/* ---------------------------------------------------------------- the pool's bulk loops */
+
+/* ``named[block]``, or an IndexError as the list would raise (a negative block is refused too). */
+static PyObject *name_at(PyObject *named, PyObject *block, Py_ssize_t *b) {
+    *b = PyLong_AsSsize_t(block);
+    if (*b == -1 && PyErr_Occurred()) return NULL;
+    if (*b < 0 || *b >= PyList_GET_SIZE(named)) {
+        PyErr_SetString(PyExc_IndexError, "list index out of range");
+        return NULL;
+    }
+    return PyList_GET_ITEM(named, *b);
+}
+
+static void rename_at(PyObject *named, Py_ssize_t b, PyObject *name) {
+    PyObject *old = PyList_GET_ITEM(named, b);
+    Py_INCREF(name);
+    PyList_SET_ITEM(named, b, name);
+    Py_DECREF(old);
+}
+
+/* What BlockPool.register's Python loop does: name each unnamed block (``named``, the pool's block_hash) by its
+   content hash in ``index``; a content already cached elsewhere is named only with ``keep`` (its block joins
+   ``duplicates``). Returns the blocks named. */
+static PyObject *register_names(PyObject *module, PyObject *args) {
+    NameIndex *t;
+    PyObject *named, *blocks, *hashes, *duplicates;
+    int keep;
+    if (!PyArg_ParseTuple(args, "O!O!OOpO!:register_names", &NameIndexType, &t, &PyList_Type, &named, &blocks,
+                          &hashes, &keep, &PyDict_Type, &duplicates))
+        return NULL;
+    PyObject *bs = PySequence_Fast(blocks, "blocks must be a sequence");
+    PyObject *hs = bs ? PySequence_Fast(hashes, "content hashes must be a sequence") : NULL;
+    PyObject *done = hs ? PyList_New(0) : NULL;
+    if (!done) goto fail;
+    Py_ssize_t n = Py_MIN(PySequence_Fast_GET_SIZE(bs), PySequence_Fast_GET_SIZE(hs));
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *block = PySequence_Fast_GET_ITEM(bs, i), *h = PySequence_Fast_GET_ITEM(hs, i);
+        Py_ssize_t b;
+        PyObject *current = name_at(named, block, &b);
+        if (!current) goto fail;
+        if (current != Py_None) continue;
+        PyObject *first = set_default(t, h, block);
+        if (!first) goto fail;
+        int other = PyObject_RichCompareBool(first, block, Py_NE);
+        Py_DECREF(first);
+        if (other < 0) goto fail;
+        if (other) { /* the content is cached in another block already */
+            if (!keep) continue;
+            PyObject *fresh = PyList_New(0);
+            PyObject *younger = fresh ? PyDict_SetDefault(duplicates, h, fresh) : NULL;
+            Py_XDECREF(fresh);
+            if (!younger || PyList_Append(younger, block) < 0) goto fail;
+        }
+        rename_at(named, b, h);
+        if (PyList_Append(done, block) < 0) goto fail;
+    }
+    Py_DECREF(bs);
+    Py_DECREF(hs);
+    return done;
+fail:
+    Py_XDECREF(bs);
+    Py_XDECREF(hs);
+    Py_XDECREF(done);
+    return NULL;
+}
+
+/* What BlockPool.forget's Python loop does while no content has duplicates: each block's name leaves ``index``
+   and the block is unnamed. */
+static PyObject *forget_names(PyObject *module, PyObject *args) {
+    NameIndex *t;
+    PyObject *named, *blocks;
+    if (!PyArg_ParseTuple(args, "O!O!O:forget_names", &NameIndexType, &t, &PyList_Type, &named, &blocks))
+        return NULL;
+    PyObject *bs = PySequence_Fast(blocks, "blocks must be a sequence");
+    if (!bs) return NULL;
+    for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(bs); i++) {
+        Py_ssize_t b;
+        PyObject *name = name_at(named, PySequence_Fast_GET_ITEM(bs, i), &b);
+        if (!name || ni_setitem(t, name, NULL) < 0) {
+            Py_DECREF(bs);
+            return NULL;
+        }
+        rename_at(named, b, Py_None);
+    }
+    Py_DECREF(bs);
+    Py_RETURN_NONE;
+}
+
+/* ---------------------------------------------------------------- the module */
+
+static PyMappingMethods ni_mapping = {
+    .mp_length = (lenfunc)ni_len,
+    .mp_subscript = (binaryfunc)ni_getitem,
+    .mp_ass_subscript = (objobjargproc)ni_setitem,
+};
+static PySequenceMethods ni_sequence = {.sq_contains = (objobjproc)ni_contains};
+static PyMethodDef ni_methods[] = {
+    {"get", (PyCFunction)(void (*)(void))ni_get, METH_FASTCALL, "get(name, default=None), as dict.get"},
+    {"setdefault", (PyCFunction)(void (*)(void))ni_setdefault, METH_FASTCALL,
+     "setdefault(name, block): the block stored under name, block if none was"},
+    {"items", (PyCFunction)ni_items, METH_NOARGS, "a list of (name, block) pairs"},
+    {"__reduce__", (PyCFunction)ni_reduce, METH_NOARGS, NULL},
+    {NULL},
+};
+static PyTypeObject NameIndexType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "kvsched.allocators._nameindex.NameIndex",
+    .tp_doc = "NameIndex(num_blocks, pairs=()): block names (ints) to block ids, as a dict",
+    .tp_basicsize = sizeof(NameIndex),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_new = ni_new,
+    .tp_dealloc = (destructor)ni_dealloc,
+    .tp_traverse = (traverseproc)ni_traverse,
+    .tp_clear = (inquiry)ni_clear,
+    .tp_repr = (reprfunc)ni_repr,
+    .tp_as_mapping = &ni_mapping,
+    .tp_as_sequence = &ni_sequence,
+    .tp_iter = (getiterfunc)ni_iter,
+    .tp_richcompare = ni_richcompare,
+    .tp_hash = PyObject_HashNotImplemented,
+    .tp_methods = ni_methods,
+};
+static PyMethodDef module_methods[] = {
+    {"register_names", register_names, METH_VARARGS,
+     "register_names(index, named, blocks, hashes, keep, duplicates): BlockPool.register's loop"},
+    {"forget_names", forget_names, METH_VARARGS, "forget_names(index, named, blocks): BlockPool.forget's loop"},
+    {NULL},
+};
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "kvsched.allocators._nameindex", "The prefix cache's index in C", -1, module_methods,
+};
+
+PyMODINIT_FUNC PyInit__nameindex(void) {
+    if (PyType_Ready(&NameIndexType) < 0) return NULL;
+    PyObject *m = PyModule_Create(&module);
+    if (!m) return NULL;
+    Py_INCREF(&NameIndexType);
+    if (PyModule_AddObject(m, "NameIndex", (PyObject *)&NameIndexType) < 0) {
+        Py_DECREF(&NameIndexType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}
