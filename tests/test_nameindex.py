@@ -1,0 +1,184 @@
+"""The prefix cache's index in C (allocators/_nameindex.c) against the dict it replaces.
+
+Two state machines: the table and a dict given the same random operations (names that share a home slot so that
+probing runs wrap around the table's end and deletions shift them back, int64's extremes, names beyond int64,
+growth past the size it was made for); and two pools, one on each index, given the same random allocations,
+namings and releases, whose whole state must stay equal. Without the built module these skip, saying so, except
+under ``make test`` (KVSCHED_REQUIRE_COMPILED=1), where the module must be built and in use.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import pickle
+
+import pytest
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from kvsched.allocators import block_pool
+from kvsched.allocators.block_pool import BlockPool, NameIndex
+
+needs_c = pytest.mark.skipif(NameIndex is None, reason="allocators/_nameindex.c is not built (python setup.py ...)")
+
+
+def test_the_compiled_index_is_in_use_under_make_test():
+    if os.environ.get("KVSCHED_REQUIRE_COMPILED") != "1":
+        pytest.skip("KVSCHED_REQUIRE_COMPILED is not set (make test sets it)")
+    assert NameIndex is not None, "kvsched.allocators._nameindex is not built: `make test` builds it"
+    assert block_pool.COMPILED_INDEX, "KVSCHED_DICT_INDEX is set: the pool runs on a dict"
+    assert type(BlockPool("gpu", 4).hash_to_block) is NameIndex
+
+
+# A table made for up to 4 blocks has 16 slots; its slot for a name is the top 4 bits of name * 0x9E37...15.
+def _home(name: int) -> int:
+    return ((name * 0x9E3779B97F4A7C15) % 2**64) >> 60
+
+
+_LAST_SLOT = [n for n in range(-(2**20), 2**20) if _home(n) == 15][:12]  # their runs wrap round to slot 0
+_FIRST_SLOT = [n for n in range(-(2**20), 2**20) if _home(n) == 0][:6]
+names = st.one_of(
+    st.sampled_from(_LAST_SLOT + _FIRST_SLOT),
+    st.sampled_from([-(2**63), 2**63 - 1, 0, -1, 2**63, -(2**63) - 1, 2**100]),  # the last three: beyond int64
+    st.integers(-(2**63), 2**63 - 1),
+)
+blocks = st.integers(0, 2**31 - 1)
+
+
+@needs_c
+class IndexMachine(RuleBasedStateMachine):
+    """The table and a dict, the same operations; after each, the same answers and the same contents."""
+
+    def __init__(self):
+        super().__init__()
+        self.table, self.model = NameIndex(4), {}
+
+    @rule(name=names, block=blocks)
+    def setdefault(self, name, block):
+        assert self.table.setdefault(name, block) == self.model.setdefault(name, block)
+
+    @rule(name=names, block=blocks)
+    def set(self, name, block):
+        self.table[name] = self.model[name] = block
+
+    @rule(name=names)
+    def delete(self, name):
+        if name in self.model:
+            del self.table[name], self.model[name]
+        else:
+            with pytest.raises(KeyError):
+                del self.table[name]
+
+    @precondition(lambda self: self.model)
+    @rule(data=st.data())
+    def delete_a_present_one(self, data):
+        name = data.draw(st.sampled_from(sorted(self.model)))
+        del self.table[name], self.model[name]
+
+    @rule(name=names)
+    def look_up(self, name):
+        assert self.table.get(name) == self.model.get(name)
+        assert self.table.get(name, "none") == self.model.get(name, "none")
+        assert (name in self.table) == (name in self.model)
+        if name not in self.model:
+            with pytest.raises(KeyError):
+                self.table[name]
+
+    @rule()
+    def copy_and_pickle(self):
+        for other in (copy.copy(self.table), copy.deepcopy(self.table), pickle.loads(pickle.dumps(self.table))):
+            assert type(other) is NameIndex and other == self.model
+
+    @invariant()
+    def same_contents(self):
+        assert len(self.table) == len(self.model) and bool(self.table) == bool(self.model)
+        assert dict(self.table.items()) == self.model and sorted(self.table.items()) == sorted(self.model.items())
+        assert sorted(self.table) == sorted(self.model)
+        assert self.table == self.model and not self.table != self.model
+        assert all(self.table[name] == block for name, block in self.model.items())
+
+
+TestIndexMachine = IndexMachine.TestCase
+
+
+@needs_c
+def test_what_the_table_refuses_it_refuses_with_a_clear_error():
+    table = NameIndex(2)
+    with pytest.raises(ValueError, match="block id"):
+        table[1] = -1
+    with pytest.raises(TypeError):
+        table.setdefault(1, "a block")
+    with pytest.raises(TypeError):
+        table[[1]] = 0  # unhashable, as a dict's key
+    table["a name that is not an int"] = 3  # kept beside the table, as a dict would keep it
+    assert table == {"a name that is not an int": 3} and table != {"another": 3} and (table == [1]) is False
+    with pytest.raises(ValueError, match="num_blocks"):
+        NameIndex(-1)
+
+
+@needs_c
+class PoolMachine(RuleBasedStateMachine):
+    """A pool on the table and one on a dict: the same calls, the same answers, the same state after each."""
+
+    @initialize(keep=st.booleans())
+    def make(self, keep):
+        self.pools = [BlockPool("gpu", 8, keep), BlockPool("gpu", 8, keep)]
+        self.pools[0].hash_to_block = NameIndex(8)  # whatever KVSCHED_DICT_INDEX says
+        self.pools[1].hash_to_block = {}  # the reference: the dict and the Python loops
+        self.held: list[int] = []
+
+    def _each(self, call):
+        results = [call(pool) for pool in self.pools]
+        assert results[0] == results[1]
+        return results[0]
+
+    @rule(n=st.integers(1, 4))
+    def allocate(self, n):
+        if self.pools[0].num_free >= n:
+            self.held += self._each(lambda pool: pool.allocate_many(n))
+
+    @precondition(lambda self: self.held)
+    @rule(data=st.data(), content=st.lists(st.integers(0, 5), min_size=1, max_size=4))
+    def register(self, data, content):
+        chosen = data.draw(st.lists(st.sampled_from(self.held), min_size=1, max_size=4, unique=True))
+        hashes = [2**62 + 7 * c for c in content]
+        self._each(lambda pool: pool.register(chosen, hashes))
+
+    @precondition(lambda self: self.held)
+    @rule(data=st.data())
+    def release(self, data):
+        chosen = data.draw(st.lists(st.sampled_from(self.held), min_size=1, max_size=4, unique=True))
+        for block in chosen:
+            self.held.remove(block)
+        self._each(lambda pool: pool.release_many(chosen))
+
+    @precondition(lambda self: self.held)
+    @rule(data=st.data())
+    def forget_held(self, data):
+        """An undone step forgets the names it gave."""
+        named = [b for b in self.held if self.pools[0].block_hash[b] is not None]
+        if named:
+            chosen = data.draw(st.lists(st.sampled_from(named), min_size=1, max_size=3, unique=True))
+            self._each(lambda pool: pool.forget(chosen))
+
+    @rule(content=st.integers(0, 5))
+    def look_up(self, content):
+        self._each(lambda pool: pool.lookup(2**62 + 7 * content))
+
+    @invariant()
+    def same_state(self):
+        one, other = self.pools
+        assert one.hash_to_block == other.hash_to_block and one.block_hash == other.block_hash
+        assert one._duplicates == other._duplicates and list(one.evictor) == list(other.evictor)
+        assert (one._free, one.num_free, one.ref_counts, one.version) == (
+            other._free,
+            other.num_free,
+            other.ref_counts,
+            other.version,
+        )
+        holders = [self.held.count(b) for b in range(one.num_blocks)]
+        assert one.audit(holders) == other.audit(holders) == []
+
+
+TestPoolMachine = PoolMachine.TestCase
