@@ -357,11 +357,10 @@ static PyObject *name_at(PyObject *named, PyObject *block, Py_ssize_t *b) {
     return PyList_GET_ITEM(named, *b);
 }
 
-static void rename_at(PyObject *named, Py_ssize_t b, PyObject *name) {
-    PyObject *old = PyList_GET_ITEM(named, b);
+/* ``named[b] = name``; the list is checked again, as a stray name's __eq__ may have shortened it. */
+static int rename_at(PyObject *named, Py_ssize_t b, PyObject *name) {
     Py_INCREF(name);
-    PyList_SET_ITEM(named, b, name);
-    Py_DECREF(old);
+    return PyList_SetItem(named, b, name);
 }
 
 /* What BlockPool.register's Python loop does: name each unnamed block (``named``, the pool's block_hash) by its
@@ -374,13 +373,14 @@ static PyObject *register_names(PyObject *module, PyObject *args) {
     if (!PyArg_ParseTuple(args, "O!O!OOpO!:register_names", &NameIndexType, &t, &PyList_Type, &named, &blocks,
                           &hashes, &keep, &PyDict_Type, &duplicates))
         return NULL;
-    PyObject *bs = PySequence_Fast(blocks, "blocks must be a sequence");
-    PyObject *hs = bs ? PySequence_Fast(hashes, "content hashes must be a sequence") : NULL;
+    /* Tuples: what a stray name's Python code might do to the lists cannot pull an item from under the loop. */
+    PyObject *bs = PySequence_Tuple(blocks);
+    PyObject *hs = bs ? PySequence_Tuple(hashes) : NULL;
     PyObject *done = hs ? PyList_New(0) : NULL;
     if (!done) goto fail;
-    Py_ssize_t n = Py_MIN(PySequence_Fast_GET_SIZE(bs), PySequence_Fast_GET_SIZE(hs));
+    Py_ssize_t n = Py_MIN(PyTuple_GET_SIZE(bs), PyTuple_GET_SIZE(hs));
     for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *block = PySequence_Fast_GET_ITEM(bs, i), *h = PySequence_Fast_GET_ITEM(hs, i);
+        PyObject *block = PyTuple_GET_ITEM(bs, i), *h = PyTuple_GET_ITEM(hs, i);
         Py_ssize_t b;
         PyObject *current = name_at(named, block, &b);
         if (!current) goto fail;
@@ -397,8 +397,7 @@ static PyObject *register_names(PyObject *module, PyObject *args) {
             Py_XDECREF(fresh);
             if (!younger || PyList_Append(younger, block) < 0) goto fail;
         }
-        rename_at(named, b, h);
-        if (PyList_Append(done, block) < 0) goto fail;
+        if (rename_at(named, b, h) < 0 || PyList_Append(done, block) < 0) goto fail;
     }
     Py_DECREF(bs);
     Py_DECREF(hs);
@@ -417,16 +416,18 @@ static PyObject *forget_names(PyObject *module, PyObject *args) {
     PyObject *named, *blocks;
     if (!PyArg_ParseTuple(args, "O!O!O:forget_names", &NameIndexType, &t, &PyList_Type, &named, &blocks))
         return NULL;
-    PyObject *bs = PySequence_Fast(blocks, "blocks must be a sequence");
+    PyObject *bs = PySequence_Tuple(blocks);
     if (!bs) return NULL;
-    for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(bs); i++) {
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(bs); i++) {
         Py_ssize_t b;
-        PyObject *name = name_at(named, PySequence_Fast_GET_ITEM(bs, i), &b);
-        if (!name || ni_setitem(t, name, NULL) < 0) {
+        PyObject *name = name_at(named, PyTuple_GET_ITEM(bs, i), &b);
+        Py_XINCREF(name); /* held while a stray name's own code runs */
+        int failed = !name || ni_setitem(t, name, NULL) < 0 || rename_at(named, b, Py_None) < 0;
+        Py_XDECREF(name);
+        if (failed) {
             Py_DECREF(bs);
             return NULL;
         }
-        rename_at(named, b, Py_None);
     }
     Py_DECREF(bs);
     Py_RETURN_NONE;

@@ -182,3 +182,29 @@ class PoolMachine(RuleBasedStateMachine):
 
 
 TestPoolMachine = PoolMachine.TestCase
+
+
+@needs_c
+def test_a_name_whose_own_code_empties_the_pool_cannot_crash_the_loops():
+    """A name the table cannot hold is a dict's key, whose __eq__ runs Python code: here it empties the pool's list
+    of names under the loop, which then raises IndexError, as the Python loop would, and reads no freed memory."""
+    from kvsched.allocators._nameindex import forget_names, register_names
+
+    named: list = [None] * 4
+
+    class Hostile:
+        def __hash__(self):
+            return 1
+
+        def __eq__(self, other):
+            named.clear()
+            return False
+
+    index, first, second = NameIndex(4), Hostile(), Hostile()
+    assert register_names(index, named, [0], [first], False, {}) == [0] and named[0] is first
+    with pytest.raises(IndexError):
+        register_names(index, named, [1], [second], False, {})
+    named[:] = [first, None, None, None]
+    index[second] = 1
+    with pytest.raises(IndexError):
+        forget_names(index, named, [0])
