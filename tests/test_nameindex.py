@@ -20,7 +20,9 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from kvsched.allocators import block_pool
 from kvsched.allocators.block_pool import BlockPool, NameIndex
 
-needs_c = pytest.mark.skipif(NameIndex is None, reason="allocators/_nameindex.c is not built (python setup.py ...)")
+needs_c = pytest.mark.skipif(
+    NameIndex is None, reason="allocators/_nameindex.c is not built (make compiled, or pip install -e .)"
+)
 
 
 def test_the_compiled_index_is_in_use_under_make_test():
@@ -46,7 +48,6 @@ names = st.one_of(
 blocks = st.integers(0, 2**31 - 1)
 
 
-@needs_c
 class IndexMachine(RuleBasedStateMachine):
     """The table and a dict, the same operations; after each, the same answers and the same contents."""
 
@@ -99,7 +100,7 @@ class IndexMachine(RuleBasedStateMachine):
         assert all(self.table[name] == block for name, block in self.model.items())
 
 
-TestIndexMachine = IndexMachine.TestCase
+TestIndexMachine = needs_c(IndexMachine.TestCase)
 
 
 @needs_c
@@ -117,7 +118,6 @@ def test_what_the_table_refuses_it_refuses_with_a_clear_error():
         NameIndex(-1)
 
 
-@needs_c
 class PoolMachine(RuleBasedStateMachine):
     """A pool on the table and one on a dict: the same calls, the same answers, the same state after each."""
 
@@ -181,7 +181,7 @@ class PoolMachine(RuleBasedStateMachine):
         assert one.audit(holders) == other.audit(holders) == []
 
 
-TestPoolMachine = PoolMachine.TestCase
+TestPoolMachine = needs_c(PoolMachine.TestCase)
 
 
 @needs_c
