@@ -14,7 +14,8 @@ QUIET_NOTES := 'ignore:Editable installation,ignore:`[tool.setuptools.ext-module
 
 $(STAMP): pyproject.toml plugins_example/pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade pip
+	# setuptools in the venv too: `make compiled` builds the C index with it (74.1 reads ext-modules from pyproject.toml)
+	$(BIN)/python -m pip install -q --upgrade pip 'setuptools>=74.1'
 	# Both packages are editable through setuptools' import finder (kvsched is mapped from the repository
 	# root, package-dir kvsched = "."), and setuptools adds to each a note that a folder of the same name
 	# in the working directory would be imported instead. No such folder exists (the package is the root
