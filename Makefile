@@ -30,7 +30,8 @@ $(STAMP): pyproject.toml plugins_example/pyproject.toml Makefile
 # The prefix cache's index in C (allocators/_nameindex.c; the install builds it too), rebuilt in place whenever its
 # source is newer than the build. The old build goes first, so that a failed compile leaves none (the pool then
 # runs on a dict, and `make test` says so) rather than old code.
-NAMEINDEX := allocators/_nameindex$(shell $(PYTHON) -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')
+EXT_SUFFIX := $(shell $(PYTHON) -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')
+NAMEINDEX := allocators/_nameindex$(EXT_SUFFIX)
 compiled: $(NAMEINDEX)
 $(NAMEINDEX): allocators/_nameindex.c | $(STAMP)
 	rm -f $@

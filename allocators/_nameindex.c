@@ -3,10 +3,10 @@
 Why: a long-context run names, looks up and forgets hundreds of thousands of blocks, and a dict holds each entry
 as two boxed ints behind a hash slot. Here a name is 8 bytes and a block 4, in open addressing with linear probing
 (deletion shifts the run back, so there are no tombstones), and the pool's two bulk loops, register_names and
-forget_names, run in C. It behaves as the dict it replaces for every operation the pool and the block manager use
-(get, setdefault, [], del, in, len, items, iteration, ==, copy and pickle); a name outside int64, or not an int,
-is kept in a plain dict beside the table ("strays"), so any name a dict takes is taken. Without this module
-built, the pool uses a dict and its Python loops: those are the reference this is tested against. */
+forget_names, run in C. It behaves as the dict it replaces for every operation the pool, the block manager and
+their tests use (get, setdefault, [], del, in, len, items, keys, iteration, dict(), ==, copy and pickle); a name
+outside int64, or not an int, is kept in a plain dict beside the table ("strays"), so any name a dict takes is
+taken. Without this module built, the pool uses a dict and its Python loops: the reference this is tested against. */
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -304,6 +304,14 @@ static PyObject *ni_items(NameIndex *t, PyObject *unused) {
     return out;
 }
 
+static PyObject *ni_keys(NameIndex *t, PyObject *unused) {
+    PyObject *items = ni_items(t, NULL), *keys = items ? PyList_New(PyList_GET_SIZE(items)) : NULL;
+    for (Py_ssize_t i = 0; keys && i < PyList_GET_SIZE(items); i++)
+        PyList_SET_ITEM(keys, i, Py_NewRef(PyTuple_GET_ITEM(PyList_GET_ITEM(items, i), 0)));
+    Py_XDECREF(items);
+    return keys;
+}
+
 static PyObject *as_dict(NameIndex *t) {
     PyObject *items = ni_items(t, NULL), *d = PyDict_New();
     if (!items || !d || PyDict_MergeFromSeq2(d, items, 1) < 0) Py_CLEAR(d);
@@ -446,6 +454,7 @@ static PyMethodDef ni_methods[] = {
     {"setdefault", (PyCFunction)(void (*)(void))ni_setdefault, METH_FASTCALL,
      "setdefault(name, block): the block stored under name, block if none was"},
     {"items", (PyCFunction)ni_items, METH_NOARGS, "a list of (name, block) pairs"},
+    {"keys", (PyCFunction)ni_keys, METH_NOARGS, "a list of the names (so that dict(index) copies it)"},
     {"__reduce__", (PyCFunction)ni_reduce, METH_NOARGS, NULL},
     {NULL},
 };

@@ -95,7 +95,7 @@ class IndexMachine(RuleBasedStateMachine):
     def same_contents(self):
         assert len(self.table) == len(self.model) and bool(self.table) == bool(self.model)
         assert dict(self.table.items()) == self.model and sorted(self.table.items()) == sorted(self.model.items())
-        assert sorted(self.table) == sorted(self.model)
+        assert sorted(self.table) == sorted(self.table.keys()) == sorted(self.model) and dict(self.table) == self.model
         assert self.table == self.model and not self.table != self.model
         assert all(self.table[name] == block for name, block in self.model.items())
 
