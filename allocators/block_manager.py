@@ -11,19 +11,17 @@ small protocols of ``allocators/shapes.py`` (the core's ``Sequence`` and ``Seque
 from __future__ import annotations
 
 from functools import partial
-from itertools import islice, takewhile
-from operator import is_not, itemgetter
+from operator import itemgetter
 from typing import TYPE_CHECKING
 
 from kvsched.allocators.alloc_status import AllocStatus
 from kvsched.allocators.block_pool import BlockPool
-from kvsched.allocators.block_prompt import ROOT, WINDOW, chain_hashes
+from kvsched.allocators.block_prompt import ROOT, chain_hashes
+from kvsched.allocators.cache_hits import CacheHits
 from kvsched.allocators.journal import Transactions
 
 if TYPE_CHECKING:
     from kvsched.allocators.shapes import Sequence, SequenceGroup
-
-_is_block = partial(is_not, None)  # a lookup's hit
 
 
 def _num_held(ref_counts: list[int], blocks: list[int]) -> int:
@@ -55,7 +53,7 @@ class BlockManager(Transactions):
         self._hashes: dict[int, list[int]] = {}  # seq id -> content hash of each full block
         self._registered: dict[int, int] = {}  # seq id -> leading blocks already named in the cache
         self._journal: list[tuple] | None = None
-        self._last_hits: tuple[tuple, list[int]] = ((), [])  # (seq id, tokens, names version) -> its cached blocks
+        self._kept = CacheHits((-1, 0), self.gpu, (), list, block_size)  # the last sequence's cache hits
 
     # ----------------------------------------------------------------------------- queries
     num_free_gpu_blocks = property(lambda self: self.gpu.num_free)
@@ -78,21 +76,15 @@ class BlockManager(Transactions):
         return list(self._hits(seq)) if self.enable_prefix_caching else []
 
     def _hits(self, seq: Sequence) -> list[int]:
-        """``cached_blocks`` as the block manager's own list, read and not changed: it is kept while the cache's
-        names stay the same (``BlockPool.version``), for admitting a prompt asks three times (a refused one, each step).
-        """
-        key = (seq.seq_id, seq.num_tokens, self.gpu.version)
-        if self._last_hits[0] == key:
-            return self._last_hits[1]
-        full, hashes = seq.num_tokens // self.block_size, self._hashes.get(seq.seq_id, ())
-        hits = list(takewhile(_is_block, map(lookup := self.gpu.hash_to_block.get, hashes)))
-        while len(hits) == len(hashes) < full:  # hashing a window at a time, it stops near the first miss
-            hashes = self._block_hashes(seq, min(full, len(hashes) + max(1, WINDOW // self.block_size)))
-            hits += takewhile(_is_block, map(lookup, islice(hashes, len(hits), None)))
-        if hits and len(hits) * self.block_size >= seq.num_tokens:
-            hits.pop()
-        self._last_hits = (key, hits)
-        return hits
+        """``cached_blocks`` as the block manager's own list, read and not changed: the last sequence's answer is
+        kept while the cache's names stay the same, and checked, not looked up again, once they changed
+        (``allocators/cache_hits.py``): admitting a prompt asks three times, a refused one again each step."""
+        kept, key, pool = self._kept, (seq.seq_id, seq.num_tokens), self.gpu
+        if kept.key != key or kept.version != pool.version and not kept.holds(pool, self._hashes.get(key[0], ())):
+            self._kept = kept = CacheHits(
+                key, pool, self._hashes.get(key[0], ()), partial(self._block_hashes, seq), self.block_size
+            )
+        return kept.blocks
 
     def num_cached_tokens(self, seq: Sequence) -> int:
         return len(self._hits(seq)) * self.block_size if self.enable_prefix_caching else 0

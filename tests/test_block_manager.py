@@ -10,12 +10,13 @@ hit on the wrong content, not just bookkeeping slips.
 from __future__ import annotations
 
 from collections import OrderedDict
+from itertools import takewhile
 
 import pytest
 from helpers import make_group
 from hypothesis import assume, given, note
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from kvsched.allocators import AllocStatus, BlockManager
 from kvsched.allocators.block_prompt import BlockPrompt
@@ -138,6 +139,64 @@ def test_a_fully_cached_prompt_still_computes_its_last_block():
     assert bm.num_cached_tokens(make_group(range(8)).seqs[0]) == 4
 
 
+def fresh_lookup(bm: BlockManager, seq) -> list[int]:
+    """A sequence's cache hits from scratch: the index's blocks for its leading names up to the first it lacks,
+    less the last if they cover every token."""
+    full = seq.num_tokens // bm.block_size
+    hits = list(takewhile(lambda b: b is not None, map(bm.gpu.hash_to_block.get, bm.content_hashes(seq, full)[:full])))
+    return hits[:-1] if hits and len(hits) * bm.block_size >= seq.num_tokens else hits
+
+
+def test_a_kept_answer_reaches_a_block_named_since_at_the_name_it_stopped_at():
+    bm = BlockManager(4, 12, 0, enable_prefix_caching=True)
+    a = make_group(range(12))
+    start(bm, a)
+    table = bm.gpu_tables[a.seqs[0].seq_id]
+    bm.mark_computed(a.seqs[0], 4)  # V1: the step's first chunk names its block
+    queued = make_group([*range(12), 99]).seqs[0]  # refused for want of blocks: asked again each step
+    assert bm.cached_blocks(queued) == table[:1]
+    bm.mark_computed(a.seqs[0], 8)  # a name added, none dropped: the one the lookup stopped at
+    assert bm.cached_blocks(queued) == table[:2] == fresh_lookup(bm, queued)
+
+
+def test_a_kept_answer_loses_its_blocks_as_they_are_evicted_and_keeps_the_rest():
+    bm = BlockManager(4, 6, 0, enable_prefix_caching=True)
+    a = make_group(range(12))
+    start(bm, a)
+    a.seqs[0].num_computed_tokens = 12
+    bm.mark_computed(a.seqs[0])
+    table = list(bm.gpu_tables[a.seqs[0].seq_id])
+    bm.free(a.seqs[0])  # all three cached, the last block the least recently used
+    b = make_group(range(100, 112))
+    start(bm, b)  # the three free blocks: nothing evicted
+    queued = make_group([*range(12), 99]).seqs[0]
+    kept = bm._hits(queued)
+    assert kept == table
+    b.seqs[0].num_computed_tokens = 12
+    bm.mark_computed(b.seqs[0])  # names added, not the queued prompt's: its answer checked, not looked up again
+    assert bm._hits(queued) is kept
+    b.seqs[0].append_token(5)
+    bm.append_slots(b.seqs[0])  # a block more: the least recently used cached one evicted, its name dropped
+    assert bm.cached_blocks(queued) == table[:2] == fresh_lookup(bm, queued)
+
+
+def test_a_kept_answer_follows_a_name_to_its_next_oldest_block_v1():
+    bm = BlockManager(4, 8, 0, enable_prefix_caching=True, keep_duplicates=True)
+    a, b, c = make_group(range(8)), make_group(range(8)), make_group(range(100, 116))
+    for g in (a, b, c):
+        start(bm, g)  # a and b admitted before either was named: the same content in two pairs of blocks
+    for g in (a, b):
+        g.seqs[0].num_computed_tokens = 8
+        bm.mark_computed(g.seqs[0])
+    first, second = list(bm.gpu_tables[a.seqs[0].seq_id]), bm.gpu_tables[b.seqs[0].seq_id]
+    queued = make_group([*range(8), 99]).seqs[0]
+    assert bm.cached_blocks(queued) == first
+    bm.free(a.seqs[0])  # cached; b's copies still held
+    c.seqs[0].append_token(5)
+    bm.append_slots(c.seqs[0])  # no free block: a's last evicted, and its name passes to b's copy
+    assert bm.cached_blocks(queued) == [first[0], second[1]] == fresh_lookup(bm, queued)
+
+
 def test_free_twice_is_harmless_and_double_release_is_caught():
     bm = BlockManager(4, 4, 0)
     g = make_group(range(4))
@@ -222,11 +281,13 @@ tokens = st.lists(st.integers(0, 2), min_size=1, max_size=14)
 class BlockManagerMachine(RuleBasedStateMachine):
     """Random allocate / decode / fork / swap / free / rollback, against a shadow of the KV data."""
 
+    keep_duplicates = False
+
     def __init__(self):
         super().__init__()
         self.bs = 2
         self.bm = BlockManager(
-            self.bs, num_gpu_blocks=14, num_cpu_blocks=10, watermark_blocks=1, enable_prefix_caching=True
+            self.bs, 14, 10, watermark_blocks=1, enable_prefix_caching=True, keep_duplicates=self.keep_duplicates
         )
         self.gpu_data: dict[int, dict[int, int]] = {}
         self.cpu_data: dict[int, dict[int, int]] = {}
@@ -250,6 +311,18 @@ class BlockManagerMachine(RuleBasedStateMachine):
         return [g for g in self.groups if g.status is status]
 
     # -- rules
+    @initialize(prompt=tokens)
+    def queue(self, prompt):
+        """A prompt left waiting, its cache hits asked for after every rule (as a refused one is, each step)."""
+        self.queued = make_group(prompt).seqs[0]
+
+    @rule(data=st.data(), prompt=tokens)
+    def queue_another(self, data, prompt):
+        """Often a live sequence's tokens and more: hits kept, and a next block that sequence may name."""
+        seqs = [s for g in self.groups for s in g.unfinished_seqs()]
+        head = data.draw(st.sampled_from([None, *seqs]), label="after") if seqs else None
+        self.queue(list(head.token_slice(0, head.num_tokens)) + prompt if head is not None else prompt)
+
     @rule(prompt=tokens, n=st.integers(1, 3))
     def admit(self, prompt, n):
         g = make_group(prompt, n=n)
@@ -375,6 +448,10 @@ class BlockManagerMachine(RuleBasedStateMachine):
         assert self.bm.audit() == []
 
     @invariant()
+    def the_queued_prompts_kept_hits_are_a_fresh_lookups(self):
+        assert self.bm.cached_blocks(self.queued) == fresh_lookup(self.bm, self.queued)
+
+    @invariant()
     def every_sequence_reads_back_its_tokens(self):
         for g in self.groups:
             for s in g.unfinished_seqs():
@@ -394,6 +471,15 @@ class BlockManagerMachine(RuleBasedStateMachine):
 
 
 TestBlockManagerMachine = BlockManagerMachine.TestCase
+
+
+class DuplicatesMachine(BlockManagerMachine):
+    """The same under V1's names: a block computed twice keeps both, and a name evicted passes to the next oldest."""
+
+    keep_duplicates = True
+
+
+TestDuplicatesMachine = DuplicatesMachine.TestCase
 
 
 def test_recomputed_group_shares_its_full_prompt_blocks_again():
