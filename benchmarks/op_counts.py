@@ -20,18 +20,21 @@ from __future__ import annotations
 
 import gc
 import json
-import re
 import sys
 from collections import Counter
+from pathlib import Path
 
 
 def count(kind: str, n: int) -> dict[str, Counter]:
     """The bytecodes and calls of each function (``path inside kvsched:name``) in the loop of ``kind``."""
+    import kvsched
+
     ops, calls = Counter(), Counter()
+    root = str(Path(kvsched.__file__).parent) + "/"  # the package's folder, whatever the checkout is called
 
     def name(code) -> str:
-        inside = re.search(r"/kvsched/(.*)$", code.co_filename)
-        return f"{inside.group(1) if inside else code.co_filename.rsplit('/', 1)[-1]}:{code.co_name}"
+        path = code.co_filename
+        return f"{path[len(root) :] if path.startswith(root) else path.rsplit('/', 1)[-1]}:{code.co_name}"
 
     def each_op(frame, event, _arg):
         if event == "opcode":
