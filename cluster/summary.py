@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
+from kvsched.metrics.recompute import recompute_summary
 from kvsched.metrics.requests import distribution, done_mask, numbers, summarize
 
 if TYPE_CHECKING:
@@ -38,6 +39,7 @@ def fleet_summary(cluster: Cluster, table: pa.Table | None = None, **extra: Any)
         "recompute": int(numbers(table, "preemptions_recompute").sum()),
         "swap": int(numbers(table, "preemptions_swap").sum()),
     }
+    summary["recompute"] = recompute_summary(table)  # each row's counts are the fleet's (cluster/records.py)
     prompt = numbers(table, "prompt_tokens")
     cached = numbers(table, "cached_tokens")
     summary["prefix_hit_rate"] = float(cached.sum() / prompt.sum()) if prompt.sum() else 0.0

@@ -74,9 +74,12 @@ def test_one_replica_behind_a_router_is_the_engine_itself(policy, timing):
     requests = [req(f"r{i}", 50 + 37 * i % 400, 5 + 11 * i % 90, 0.02 * i) for i in range(120)]
     settings_ = {"num_gpu_blocks": 128, "max_num_batched_tokens": 4096, "max_model_len": 4096, **timing}
     alone = run_simulation(requests, policy, EngineConfig(**settings_))  # the settings a replica's profile fills, given
-    fleet = run_cluster(requests, FleetSpec(replicas=[ReplicaGroup(policy=policy, settings=settings_)]))
+    cluster = Cluster(FleetSpec(replicas=[ReplicaGroup(policy=policy, settings=settings_)]))
+    fleet = cluster.run(requests)
     assert [row[: len(FIELDS)] for row in fleet.rows] == [row_of(m) for m in alone.requests]
     assert {row[len(FIELDS) :] for row in fleet.rows} == {(0, 0, 0)}  # replica 0 ran all, no prefix caching
+    summary = fleet_summary(cluster)  # the recompute tax too (before: null in a fleet's summary)
+    assert summary["recompute"] == alone.summary["recompute"] and summary["recompute"]["recomputed_tokens"] > 0
 
 
 TIMINGS = [{}, {"scheduler_ms": 1.0}, ASYNC, {**ASYNC, "scheduler_ms": 2.0}]
@@ -385,6 +388,9 @@ def test_pd_counts_what_the_fleet_recomputes(policy, caching, budget, prefill_bl
     assert_cluster(cluster, requests)
     rows = [dict(zip(FLEET_SCHEMA.names, row)) for row in cluster.records.rows]
     assert sum(r["recomputed_tokens"] > 0 for r in rows) >= 5
+    recompute = fleet_summary(cluster)["recompute"]
+    for name in ("computed_tokens", "recomputed_tokens", "discarded_tokens"):
+        assert recompute[name] == sum(r[name] for r in rows)
     for r in rows:
         first_time = r["prompt_tokens"] + r["output_tokens"] - 1 - r["cached_tokens"]
         assert r["computed_tokens"] == first_time + r["recomputed_tokens"], r
