@@ -11,14 +11,15 @@ try:  # the prefix cache's index in C (allocators/_nameindex.c), where it is bui
     from kvsched.allocators._nameindex import NameIndex, forget_names, register_names
 except ImportError:
     NameIndex = None
-COMPILED_INDEX = NameIndex is not None and not os.environ.get("KVSCHED_DICT_INDEX")  # "1": a dict even if built
+# KVSCHED_DICT_INDEX=1: a dict even if built (unset, empty or 0: the table where built)
+COMPILED_INDEX = NameIndex is not None and os.environ.get("KVSCHED_DICT_INDEX", "0") in ("", "0")
 
 
 def index_in_use() -> str:
     """What ``engine policies`` says of the pools' index."""
     if COMPILED_INDEX:
         return "compiled (allocators/_nameindex.c)"
-    return "a dict (KVSCHED_DICT_INDEX is set)" if NameIndex else "a dict (allocators/_nameindex.c is not built)"
+    return "a dict (KVSCHED_DICT_INDEX=1)" if NameIndex else "a dict (allocators/_nameindex.c is not built)"
 
 
 class OutOfBlocks(RuntimeError):

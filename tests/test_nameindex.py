@@ -12,6 +12,8 @@ from __future__ import annotations
 import copy
 import os
 import pickle
+import subprocess
+import sys
 
 import pytest
 from hypothesis import strategies as st
@@ -29,8 +31,18 @@ def test_the_compiled_index_is_in_use_under_make_test():
     if os.environ.get("KVSCHED_REQUIRE_COMPILED") != "1":
         pytest.skip("KVSCHED_REQUIRE_COMPILED is not set (make test sets it)")
     assert NameIndex is not None, "kvsched.allocators._nameindex is not built: `make test` builds it"
-    assert block_pool.COMPILED_INDEX, "KVSCHED_DICT_INDEX is set: the pool runs on a dict"
+    assert block_pool.COMPILED_INDEX, "KVSCHED_DICT_INDEX=1: the pool runs on a dict"
     assert type(BlockPool("gpu", 4).hash_to_block) is NameIndex
+
+
+@needs_c
+@pytest.mark.parametrize("value, compiled", [("1", False), ("yes", False), ("0", True), ("", True)])
+def test_only_a_set_kvsched_dict_index_forces_the_dict(value, compiled):
+    """Before: any value, "0" included, forced the dict."""
+    env = {**os.environ, "KVSCHED_DICT_INDEX": value}
+    code = "from kvsched.allocators import block_pool as b; print(b.COMPILED_INDEX)"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+    assert out.strip() == str(compiled)
 
 
 # A table made for up to 4 blocks has 16 slots; its slot for a name is the top 4 bits of name * 0x9E37...15.
