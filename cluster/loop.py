@@ -96,7 +96,7 @@ class Cluster:
                 r.sent(request)
                 router.routed(request, r, tr, staleness, reports_only)
                 pending.append(tr)
-                r.arrivals.append(tr)
+                r.routed.append((tr, request))
                 push(heap, (tr, ARRIVE, next(tick), r.index, request))
                 continue
             if not heap:
@@ -104,10 +104,9 @@ class Cluster:
             t, kind, _, i, event = pop(heap)
             r = replicas[i]
             self.now = t
-            if kind == ARRIVE:  # a request routed to r arrives: it joins r's queue
+            if kind == ARRIVE:  # a request routed to r arrives: it joins r's queue (unless r's steady run took it in)
                 pending.popleft()
-                r.arrivals.popleft()
-                r.add(event)
+                r.arrive(event)
                 if not r.busy:
                     wake(r, t)
                 continue
@@ -133,9 +132,8 @@ class Cluster:
                 if tn <= at:  # requests arriving by then join its queue first
                     push(heap, (at, SCHEDULE, next(tick), i, r.generation))
                     continue
-            # A steady run stops at the next request that may be routed here: its own, or the next unrouted one.
-            horizon = r.arrivals[0] if r.arrivals else ta
-            push(heap, (r.begin_step(t, horizon, pending), END, next(tick), i, r.generation))
+            # A steady run stops at the next unrouted request (it may be routed here), or takes in its own first.
+            push(heap, (r.begin_step(t, ta, pending), END, next(tick), i, r.generation))
         records.close()
         return records
 

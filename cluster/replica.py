@@ -39,7 +39,11 @@ class Replica:
         # a router that may read it (the cluster sets tracks_first_tokens).
         self._unanswered: dict[str, list] = {}
         self.tracks_first_tokens = True
-        self.arrivals: deque[float] = deque()  # times of the requests routed to it that have not arrived yet
+        # The requests routed to it that have not arrived yet, with their arrival times (a steady run takes in those
+        # that change nothing for its policy: ``begin_step``), and the times of those it took in during its last run.
+        self.routed: deque[tuple[float, Request]] = deque()
+        self._joined: list[float] = []
+        self._until = self._fence = 0.0  # the run's next arrival to look at, and the fleet's next unrouted one
         # Steady runs, through the engine's fast path where it has one (a decode replica of P/D takes none: a
         # prompt handed over from the prefill pool may arrive at any moment, and would wait for the run's end).
         self._fast_path = engine.fast_path if steady_runs else None
@@ -105,9 +109,20 @@ class Replica:
         if self.tracks_first_tokens and self.role != DECODE:
             self._unanswered[request.request_id] = [request.prompt_len, None]
 
+    def arrive(self, request: Request) -> None:
+        """``request``, routed here, arrives now: it joins the engine's queue, unless a steady run took it in."""
+        routed = self.routed
+        if routed and routed[0][1] is request:
+            routed.popleft()
+            self.add(request)
+
     def add(self, request: Request) -> None:
         """``request`` arrives: it joins the engine's queue."""
         self.resumable = False
+        self._queue(request)
+
+    def _queue(self, request: Request) -> None:
+        """``request`` joins the engine's queue."""
         group = self.engine.add_request(request)
         if self._unanswered:
             waiting = self._unanswered.get(request.request_id)
@@ -121,32 +136,48 @@ class Replica:
         if self._unanswered:
             self._unanswered.pop(request.request_id, None)
 
-    def begin_step(self, t: float, horizon: float, cuts=()) -> float:
-        """Start the replica's next step at ``t`` (the cluster's now); the time it ends. While the last
-        step is steady and nothing can arrive before ``horizon``, advance its repeats at once, as
-        ``Engine.run`` does (the engine's steady run: same results, a fraction of the cost).
+    def begin_step(self, t: float, fence: float, cuts=()) -> float:
+        """Start the replica's next step at ``t`` (the cluster's now); the time it ends. While the last step is
+        steady, advance its repeats at once, as ``Engine.run`` does (the engine's steady run: same results, a
+        fraction of the cost), up to ``fence``, the fleet's next request not yet routed (the router must see every
+        replica as it is at its arrival), and up to the next request routed here where nothing waits (it changes
+        the policy's calls); behind a waiting queue's refused head, the requests routed here join the queue as the
+        run goes (``_join``), as they join ``Engine.run``'s.
 
-        ``cuts`` (ascending) are the times of requests routed ahead to other replicas: the run goes on
-        through them, keeping, at the first step end at or after each one in (t, horizon), the report
-        that an arrival stopping the run there would have kept (so a fleet routed ahead reports as one
-        routed at each arrival)."""
+        ``cuts`` (ascending) are the times of the requests routed ahead: where nothing waits, the run keeps, at
+        the first step end at or after each one in (t, run's end), the report that an arrival stopping the run
+        there would have kept (so a fleet routed ahead reports as one routed at each arrival). Where requests
+        wait, the run stands for steps a replica takes one at a time and ends with a report each (before runs
+        were taken there), so it keeps every step's report."""
         engine = self.engine
         if not self.resumable:  # else its clock is at t already
             engine.clock.wait_until(t)
         self._trim(t)  # here, not when a report is kept: arrivals up to t, which read older ones, have been routed
-        fast = self._fast_path
-        if fast is not None and t < horizon and fast.may_run(False):  # an arrival ends the run: at the horizon
-            sched = engine.scheduler  # the counts hold until the run's last step: the cut reports show them
-            counts = (len(sched.waiting), len(sched.running), len(sched.swapped)) if cuts else None
-            run = fast.advance(horizon, resume=self.resumable)
+        fast, routed = self._fast_path, self.routed
+        self._fence = fence
+        self._until = until = min(routed[0][0], fence) if routed else fence
+        if fast is not None and t < until and fast.may_run():
+            sched = engine.scheduler
+            joins = fast.may_join()  # a run behind a refused head: it stands for steps that were taken one at a time
+            # The counts hold until the run's last step (but for the arrivals it takes in): its reports show them.
+            counts = (len(sched.waiting), len(sched.running), len(sched.swapped)) if cuts or joins else None
+            self._joined.clear()
+            run = fast.advance(until, join=self._join, resume=self.resumable, fence=fence)
             now = engine.clock.now()
-            self.resumable = bool(run.started) and not run.finished and now >= horizon
+            self.resumable = run.stopped and bool(run.started)
             if run.started:
-                if cuts:
-                    self._report_cuts(cuts, t, counts, run)
+                if joins:
+                    self._report_steps(counts, run)
+                    busy = self.busy_s
+                    for duration in run.durations:  # as the steps one at a time added them
+                        busy += duration
+                    self.busy_s = busy
+                else:
+                    if cuts:
+                        self._report_cuts(cuts, t, counts, run)
+                    self.busy_s += now - t
                 self._stepping = False
                 self.steps += len(run.started)
-                self.busy_s += now - t
                 return now
         output = engine.begin_step()
         self._stepping = True
@@ -156,6 +187,29 @@ class Replica:
                 if sg.is_prefill and sg.group.index not in found:
                     found[sg.group.index] = sg.num_cached_tokens
         return engine.next_event_time()
+
+    def _join(self, now: float) -> float:
+        """A steady run's step starts at ``now``: the requests routed here that arrived by then join the queue (the
+        run's ``join``); the next time the run looks at its arrivals."""
+        routed, joined = self.routed, self._joined
+        while routed and routed[0][0] <= now:
+            at, request = routed.popleft()
+            joined.append(at)
+            self._queue(request)
+        self._until = until = min(routed[0][0], self._fence) if routed else self._fence
+        return until
+
+    def _report_steps(self, counts: tuple[int, int, int], run) -> None:
+        """The report of each step end of ``run`` but its last (the END event keeps that one), as the steps one at a
+        time kept them: the requests that joined the queue count from the first step end after they arrived."""
+        waiting, running, swapped = counts
+        started, free, joined, reports = run.started, run.free, self._joined, self._reports
+        j, last = 0, len(joined)
+        for k in range(1, len(started)):
+            end = started[k]  # step k - 1 ends where step k starts
+            while j < last and joined[j] < end:
+                j += 1
+            reports.append(Signals(end, waiting + j, running, swapped, free[k - 1][1]))
 
     def _report_cuts(self, cuts, t: float, counts: tuple[int, int, int], run) -> None:
         """The reports of the steady ``run`` just taken from ``t``, at the first step end at or after each cut
@@ -234,9 +288,9 @@ class LaggingReplica(Replica):
         self.resumable = False
         self.unseen.append(request)
 
-    def begin_step(self, t: float, horizon: float, cuts=()) -> float:
+    def begin_step(self, t: float, fence: float, cuts=()) -> float:
         self._admit(t)
-        return super().begin_step(t, horizon, cuts)
+        return super().begin_step(t, fence, cuts)
 
     def end_step(self) -> list:
         finished = super().end_step()

@@ -4,8 +4,8 @@ An executor that knows its tokens before it runs (``KnownTokens``: the simulator
 ``FastPath``, the only door through which the core reaches any of this: the scheduler asks it to repeat the
 last step before asking the policy (``replay``), tells it each step it commits (``record``) or rolls back, and
 each request it aborts; ``Engine.run`` asks it for steady runs after each step (``run``), a fleet's replica
-(``cluster/replica.py``) for one run up to its next arrival (``may_run``, ``advance``). The decode lane
-(``decode_lane.py``) advances plain decodes together, the step builder and the completion step driving it; a
+(``cluster/replica.py``) for one run up to the next arrival it may not take in (``may_run``, ``advance``). The
+decode lane (``decode_lane.py``) advances plain decodes together, the step builder and the completion step driving it; a
 steady step is one the scheduler may repeat without the policy (docs/hooks.md "Steady steps"): a decode-lane step
 of every running group, for a policy that declared its order first come, first served (``fcfs``), whose only
 note is the refusal of the waiting queue's head for want of blocks; steady runs (``steady_runs.py``) advance
@@ -14,6 +14,7 @@ such a step many times at once. Results are the same with every part of it off.
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, NamedTuple, Protocol, runtime_checkable
 
 from kvsched.core.completion import end_group
@@ -141,22 +142,29 @@ class FastPath:
         return self.lane.audit(running)
 
     # --------------------------------------------------------------------------- the engine's calls
-    def may_run(self, join: bool) -> bool:
-        """Whether a steady run may start: the last step may be repeated, runs are taken, and an arrival would end
-        the run (or, with ``join``, may join its queue instead)."""
-        return self.runs is not None and self.steady is not None and (join or self.steady.arrivals)
+    def may_run(self) -> bool:
+        """Whether a steady run may start: the last step may be repeated and runs are taken."""
+        return self.runs is not None and self.steady is not None
 
-    def advance(self, until: float, limit: int = -1, observe=None, join=None, resume: bool = False) -> Run:
-        """A steady run (``SteadyRuns.advance``), where ``may_run``."""
-        return self.runs.advance(until, limit, observe, join, resume)
+    def may_join(self) -> bool:
+        """Whether an arrival may join the steady step's waiting queue, behind the head it refused, where it changes
+        nothing for the policy (else it ends a steady run: the policy decides again)."""
+        return not self.steady.arrivals
+
+    def advance(
+        self, until: float, limit: int = -1, observe=None, join=None, resume: bool = False, fence: float = math.inf
+    ) -> Run:
+        """A steady run (``SteadyRuns.advance``), where ``may_run``: the arrivals that change nothing for the policy
+        join the queue through ``join``, the others end it, and so does ``fence`` (a fleet's next unrouted request)."""
+        return self.runs.advance(until, limit, observe, join, resume, fence)
 
     def run(self, arrivals: Arrivals, limit: int, observe) -> int:
         """The steady runs after a step (``Engine.run``): one after another while each ends with a group finishing, up
         to ``limit`` steps (-1: no limit), an arrival that changes nothing for the policy joining the queue; the
         steps they took."""
         taken = 0
-        while taken != limit and self.may_run(True):
-            run = self.runs.advance(arrivals.at, -1 if limit < 0 else limit - taken, observe, arrivals.admit)
+        while taken != limit and self.may_run():
+            run = self.advance(arrivals.at, -1 if limit < 0 else limit - taken, observe, arrivals.admit)
             taken += len(run.started)
             if not run.finished:
                 break

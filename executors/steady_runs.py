@@ -11,6 +11,7 @@ A step's duration is the executor's ``lane_seconds(n)(kv_tokens)``, a promise: w
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, NamedTuple
 
 from kvsched.core.decisions import Decision, Refused
@@ -56,12 +57,15 @@ class StepRun(NamedTuple):
 
 
 class Run(NamedTuple):
-    """A steady run as it went: its steps' start times, the free GPU blocks before and after each step, and
-    whether a group finished in its last step (then the next run starts with the scheduler's full check)."""
+    """A steady run as it went: its steps' start times and durations, the free GPU blocks before and after each
+    step, whether a group finished in its last step (then the next run starts with the scheduler's full check), and
+    whether an arrival stopped it."""
 
     started: list[float]
+    durations: list[float]
     free: list[tuple[int, int]]
     finished: bool
+    stopped: bool  # before an arrival it could not take in: it may go on coasting if nothing else is done to the engine
 
 
 class SteadyRuns:
@@ -72,13 +76,17 @@ class SteadyRuns:
         self.fast_path = fast_path
         self._coasting: tuple[int, Callable[[int], float] | None] = (0, None)  # the run's batch size and its step cost
 
-    def advance(self, until: float, limit: int = -1, observe=None, join=None, resume: bool = False) -> Run:
+    def advance(
+        self, until: float, limit: int = -1, observe=None, join=None, resume: bool = False, fence: float = math.inf
+    ) -> Run:
         """Repeat the steady step, no output, report or observer call, while it repeats unchanged: each step that
         starts before ``until`` (when a request arrives), up to ``limit`` steps (-1: no limit) and the first that
         finishes a group; then tell ``observe`` (``on_steps``) the run. An arrival the policy said changes nothing
-        joins the queue instead (``join(now)`` queues what arrived by ``now``, the next arrival's time), when
-        given one. ``resume``: the last run, stopped by an arrival and nothing done to the engine since, goes on
-        coasting (its first step needs no full check)."""
+        joins the queue instead as the step after it starts (``join(now)`` queues what arrived by ``now`` and
+        returns the next arrival's time), when given one, unless the step starts at or after ``fence`` (a fleet's
+        next request not yet routed: the router must see the replica as it is then). ``resume``: the last run,
+        stopped by an arrival and nothing done to the engine since, goes on coasting (its first step needs no full
+        check)."""
         engine = self.engine
         sched, clock, executor, completion = engine.scheduler, engine.clock, engine.executor, engine.completion
         fast = self.fast_path
@@ -86,12 +94,13 @@ class SteadyRuns:
         audit = engine.config.audit_every_step
         started, durations, kv, waiting, free, finished = [], [], [], [], [], []  # per step; the groups that finished
         batch, (n, seconds) = None, (self._coasting if resume else (0, None))
+        stopped = False  # by an arrival
         while len(durations) != limit:
             now = clock.now()
-            if until <= now:
-                if arrivals or join is None:  # the policy decides again
-                    break
-                until = join(now)
+            joining = until <= now
+            if joining and (arrivals or join is None or fence <= now):  # the policy (or a router) decides again
+                stopped = True
+                break
             before, k = gpu.num_free, lane._kv_tokens  # what the members' next decodes read
             # No member finishing, nothing the repeat checks changes (due blocks keep every refusal refused): it coasts.
             coasting = n and lane.coast()
@@ -102,6 +111,8 @@ class SteadyRuns:
                     n, seconds = lane.scheduled, executor.lane_seconds(lane.scheduled)
                 if batch is None and observe is not None:  # the members, before any leaves in the last step
                     batch = lane.batch
+            if joining:  # the step is taken: what arrived by its start joins the queue
+                until = join(now)
             duration = seconds(k)
             clock.advance(duration)
             started.append(now)
@@ -121,7 +132,7 @@ class SteadyRuns:
         self._coasting = (n, seconds)
         if durations and observe is not None:
             self._report(batch, started, durations, kv, waiting, free, finished, observe)
-        return Run(started, free, bool(finished))
+        return Run(started, durations, free, bool(finished), stopped)
 
     def _report(self, batch, started, durations, kv, waiting, free, finished, observe) -> None:
         """Tell the observers a steady run (``StepRun``), as ``Engine.complete`` tells them a step."""

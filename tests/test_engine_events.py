@@ -61,11 +61,11 @@ def test_after_a_step_that_ran_nothing_the_next_waits_for_the_next_arrival():
 def test_a_steady_run_is_taken_only_where_the_fast_path_says_it_may():
     engine = Engine(EngineConfig(), "vllm-default", SimulatedExecutor())
     fast = engine.fast_path
-    assert not fast.may_run(False) and not fast.may_run(True)  # nothing ran yet: no step to repeat
+    assert not fast.may_run()  # nothing ran yet: no step to repeat
     engine.add_request(req("a", 40, 200))
     engine.step()  # the prompt
     engine.step()  # a decode: the step the scheduler may repeat
-    assert fast.may_run(False)
+    assert fast.may_run()
     steps = engine.num_steps
     run = fast.advance(engine.now + 0.5)
     assert len(run.started) == engine.num_steps - steps > 1
@@ -73,4 +73,4 @@ def test_a_steady_run_is_taken_only_where_the_fast_path_says_it_may():
     observed = Engine(EngineConfig(), "vllm-default", SimulatedExecutor(), observers=(Watcher(),))
     observed.add_request(req("a", 40, 200))
     observed.step(), observed.step()
-    assert not observed.fast_path.may_run(True)  # an observer sees every step: no steady run
+    assert not observed.fast_path.may_run()  # an observer sees every step: no steady run

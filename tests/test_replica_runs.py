@@ -1,0 +1,76 @@
+"""A replica's steady runs behind a waiting queue change how fast a fleet runs, never what. Such a run goes on
+through the requests routed to the replica (they join its queue as the run goes, as they join ``Engine.run``'s) and
+keeps every step's report; against replicas that step one at a time while requests wait (as they did before), every
+view a router is shown, every route, row, step count and busy time is the same, routed at arrival or ahead
+(Hypothesis, with a router that reads every reported field)."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kvsched.cluster import Cluster
+from kvsched.executors.fast_path import FastPath
+from kvsched.testing.cluster import assert_cluster
+from kvsched.workloads.arrivals import Poisson
+from kvsched.workloads.synthetic import SyntheticSpec
+from tests.test_cluster_lookahead import ReadsEveryReport, RecordingDp, fleet
+from tests.test_cluster_pinned import digest
+
+
+def one_step_at_a_time_while_requests_wait(cluster: Cluster) -> None:
+    """Its replicas take no steady run behind a refused head: each such step is taken alone, with its report."""
+    for r in cluster.replicas:
+        fast = r.engine.fast_path
+        if fast is not None:
+            fast.may_run = lambda fast=fast: FastPath.may_run(fast) and not fast.may_join()
+
+
+def replay(router, replicas, staleness, rate, n, seed, lookahead, runs_while_waiting):
+    """The fleet's results, what its router was shown, and its replicas' full steps (``begin_step``) and busy times."""
+    chosen = router()
+    cluster = fleet(chosen, replicas, staleness, "vllm-default", False, lookahead)
+    if not runs_while_waiting:
+        one_step_at_a_time_while_requests_wait(cluster)
+    full = [0]
+    for r in cluster.replicas:
+        begin = r.engine.begin_step
+
+        def counted(begin=begin):
+            full[0] += 1
+            return begin()
+
+        r.engine.begin_step = counted
+    requests = list(SyntheticSpec(num_requests=n, arrivals=Poisson(rate=rate), seed=seed).iter_requests())
+    cluster.run(requests)
+    assert_cluster(cluster, requests)
+    return digest(cluster), chosen.seen, [r.busy_s for r in cluster.replicas], full[0]
+
+
+@settings(max_examples=max(10, settings.default.max_examples // 6), deadline=None)
+@given(
+    router=st.sampled_from([ReadsEveryReport, RecordingDp]),
+    replicas=st.integers(1, 6),
+    staleness=st.sampled_from([0.0, 1e-4, 0.02, 0.05, 0.2, 1.0]),
+    rate=st.floats(2.0, 120.0),
+    n=st.integers(20, 200),
+    lookahead=st.booleans(),
+    seed=st.integers(0, 10_000),
+)
+def test_runs_behind_a_waiting_queue_show_every_router_the_same_views_and_change_no_result(
+    router, replicas, staleness, rate, n, lookahead, seed
+):
+    fleet_args = (router, replicas, staleness, rate, n, seed, lookahead)
+    stepping, running = replay(*fleet_args, False), replay(*fleet_args, True)
+    assert running[0] == stepping[0]  # rows, routes, reasons, each replica's steps
+    assert running[1] == stepping[1]  # every report of every view, in order
+    assert running[2] == stepping[2]  # each replica's busy seconds, summed as the steps one at a time summed them
+    assert running[3] <= stepping[3]
+
+
+def test_a_fleet_under_kv_pressure_takes_runs_behind_its_waiting_queues():
+    """Routed ahead, where requests routed to a replica join its run: fewer full steps, the same fleet."""
+    fleet_args = (RecordingDp, 3, 0.05, 40.0, 200, 1, True)
+    stepping, running = replay(*fleet_args, False), replay(*fleet_args, True)
+    assert running[:3] == stepping[:3]
+    assert running[3] < stepping[3] // 2
