@@ -26,6 +26,7 @@ only ever slow a run down).
     .venv/bin/python benchmarks/sim_speed.py --policy sarathi --synthetic 0
     .venv/bin/python benchmarks/sim_speed.py --synthetic 0 --no-baseline --scales 1 --decision-log
     .venv/bin/python benchmarks/sim_speed.py --like-vidur --vidur ~/vidur    # Vidur beside us, 5 rounds
+    .venv/bin/python benchmarks/sim_speed.py --fleet-of-one --rounds 5     # Engine.run against a one-replica fleet
 """
 
 from __future__ import annotations
@@ -197,30 +198,68 @@ def split_profile(scale: float = 1.0, limit: int | None = None, like_vidur: bool
     )
 
 
-def ours_like_vidur(policy: str) -> dict:
-    """One like-Vidur replay in this process; only ``Engine.run`` (the simulation loop) is timed."""
+def ours_like_vidur(policy: str, fleet_of_one: bool = False) -> dict:
+    """One like-Vidur replay in this process; only ``Engine.run`` (the simulation loop) is timed. ``fleet_of_one``:
+    the same replay as a one-replica fleet behind ``round-robin`` (``Cluster.run``, its records included) instead."""
     from kvsched import Engine, EngineConfig, SimulatedExecutor
     from kvsched.core.sequence import SequenceStatus
     from kvsched.workloads import build_workload
 
     workload = build_workload("azure-conv", max_total_tokens=VIDUR_MAX_TOKENS)
     requests = workload.requests()
-    engine = Engine(EngineConfig(**LIKE_VIDUR), policy, SimulatedExecutor("llama2-7b-a100"))
+    if fleet_of_one:
+        from kvsched.cluster import Cluster, FleetSpec, ReplicaGroup
+        from kvsched.cluster.records import FIELDS
+
+        group = ReplicaGroup(policy=policy, profile="llama2-7b-a100", settings=LIKE_VIDUR)
+        cluster = Cluster(FleetSpec(replicas=[group], router="round-robin"))
+        engine = cluster.replicas[0].engine
+    else:
+        engine = Engine(EngineConfig(**LIKE_VIDUR), policy, SimulatedExecutor("llama2-7b-a100"))
     gc.collect()
     t0, c0 = time.perf_counter(), time.process_time()
-    engine.run(requests)
+    if fleet_of_one:
+        records = cluster.run(requests)
+        status = FIELDS.index("status")
+        ignored = sum(row[status] == SequenceStatus.FINISHED_IGNORED.name for row in records.rows)
+        steps = cluster.replicas[0].steps
+    else:
+        engine.run(requests)
+        steps = engine.num_steps
     loop_s, loop_cpu_s = time.perf_counter() - t0, time.process_time() - c0
-    ignored = sum(g.status is SequenceStatus.FINISHED_IGNORED for g in engine.sequence_groups.values())
+    if not fleet_of_one:
+        ignored = sum(g.status is SequenceStatus.FINISHED_IGNORED for g in engine.sequence_groups.values())
     return {
         "requests": len(requests) - ignored,
         "ignored": ignored,
         "prompts_cut": workload.num_cut(),
-        "steps": engine.num_steps,
+        "steps": steps,
         "loop_s": loop_s,
         "loop_cpu_s": loop_cpu_s,
         "simulated_s": engine.now,
         "max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
     }
+
+
+def fleet_of_one(rounds: int, policy: str) -> dict:
+    """The like-Vidur replay by ``Engine.run`` and as a one-replica fleet, alternating over ``rounds`` in fresh
+    processes: the loop's CPU seconds of each and their ratio (issue 33: a single engine as a fleet of one)."""
+    sides: dict[str, list[float]] = {"engine": [], "fleet of one": []}
+    for i in range(rounds):
+        for name, flag in (("engine", []), ("fleet of one", ["--fleet-of-one"])):
+            run = _child([sys.executable, __file__, "--one-like-vidur", "--policy", policy, *flag])
+            sides[name].append(run["loop_cpu_s"])
+        print(f"round {i + 1}: " + ", ".join(f"{k} {v[-1]:.3f} CPU s" for k, v in sides.items()), file=sys.stderr)
+    engine, fleet = sides["engine"], sides["fleet of one"]
+    result = {
+        "engine_cpu_s": statistics.median(engine),
+        "fleet_cpu_s": statistics.median(fleet),
+        "ratio_median": statistics.median(fleet) / statistics.median(engine),
+        "ratio_fastest": min(fleet) / min(engine),
+        "rounds": rounds,
+    }
+    print(json.dumps(result))
+    return result
 
 
 def _child(cmd: list[str], **kwargs) -> dict:
@@ -361,10 +400,18 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument(
         "--one-like-vidur", action="store_true", help=argparse.SUPPRESS
     )  # one of our rounds, in a child process
+    parser.add_argument(
+        "--fleet-of-one",
+        action="store_true",
+        help="the like-Vidur replay by Engine.run against a one-replica fleet, alternating over --rounds",
+    )
     args = parser.parse_args(argv)
 
     if args.one_like_vidur:
-        print(json.dumps(ours_like_vidur(args.policy)))
+        print(json.dumps(ours_like_vidur(args.policy, args.fleet_of_one)))
+        return []
+    if args.fleet_of_one:
+        fleet_of_one(args.rounds, args.policy)
         return []
     if args.cprofile:
         print(split_profile(args.scales[0], args.azure_limit, args.like_vidur))
