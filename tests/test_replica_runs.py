@@ -74,3 +74,40 @@ def test_a_fleet_under_kv_pressure_takes_runs_behind_its_waiting_queues():
     stepping, running = replay(*fleet_args, False), replay(*fleet_args, True)
     assert running[:3] == stepping[:3]
     assert running[3] < stepping[3] // 2
+
+
+def test_a_request_arriving_at_a_step_end_counts_in_the_next_report_only():
+    """A request routed here that arrives just as a step of a run behind a refused head ends joins the queue as the
+    next step starts, and the report at that step end does not count it, as it did not when each step ended with its
+    own event (steps end, then requests arrive). A second request, arriving a staleness later, is shown that report."""
+    stale = 0.25
+    base = list(SyntheticSpec(num_requests=80, arrivals=Poisson(rate=20.0), seed=4).iter_requests())
+
+    def run(requests, runs_while_waiting):
+        router = ReadsEveryReport()
+        cluster = fleet(router, 1, stale, "vllm-default", False, True)
+        if not runs_while_waiting:
+            one_step_at_a_time_while_requests_wait(cluster)
+        engine, ends = cluster.replicas[0].engine, []
+        end_step = engine.end_step
+
+        def ended():
+            report = end_step()
+            ends.append((report.now, report.num_waiting))
+            return report
+
+        engine.end_step = ended
+        cluster.run(requests)
+        return digest(cluster), router.seen, ends
+
+    ends = run(base, False)[2]
+    # Step ends between two with requests waiting, where the view a staleness later reads exactly that time.
+    at = [t for (t, w), (_, w2) in zip(ends, ends[1:]) if w and w2 and (t + stale) - stale == t]
+    for t in at[:: len(at) // 15][:6]:
+        first = base[0].model_copy(update={"request_id": "at-the-step-end", "arrival_time": t})
+        second = base[1].model_copy(update={"request_id": "a-staleness-later", "arrival_time": t + stale})
+        requests = sorted([*base, first, second], key=lambda r: r.arrival_time)
+        stepping, running = run(requests, False), run(requests, True)
+        assert running[:2] == stepping[:2]
+        shown = next(views for rid, *views in stepping[1] if rid == "a-staleness-later")
+        assert shown[0][0][0] == t  # the report of that step end
