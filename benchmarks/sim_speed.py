@@ -198,9 +198,10 @@ def split_profile(scale: float = 1.0, limit: int | None = None, like_vidur: bool
     )
 
 
-def ours_like_vidur(policy: str, fleet_of_one: bool = False) -> dict:
+def ours_like_vidur(policy: str, fleet_of_one: bool = False, records: bool = False) -> dict:
     """One like-Vidur replay in this process; only ``Engine.run`` (the simulation loop) is timed. ``fleet_of_one``:
-    the same replay as a one-replica fleet behind ``round-robin`` (``Cluster.run``, its records included) instead."""
+    the same replay as a one-replica fleet behind ``round-robin`` (``Cluster.run``, its records included) instead;
+    ``records``: the engine's run makes its records too (a ``RequestLog``, as ``engine run`` does)."""
     from kvsched import Engine, EngineConfig, SimulatedExecutor
     from kvsched.core.sequence import SequenceStatus
     from kvsched.workloads import build_workload
@@ -224,7 +225,12 @@ def ours_like_vidur(policy: str, fleet_of_one: bool = False) -> dict:
         ignored = sum(row[status] == SequenceStatus.FINISHED_IGNORED.name for row in records.rows)
         steps = cluster.replicas[0].steps
     else:
-        engine.run(requests)
+        from kvsched.metrics.records import RequestLog
+
+        log = RequestLog(engine) if records else None
+        engine.run(requests, on_step=log)
+        if log is not None:
+            log.close()
         steps = engine.num_steps
     loop_s, loop_cpu_s = time.perf_counter() - t0, time.process_time() - c0
     if not fleet_of_one:
@@ -242,20 +248,24 @@ def ours_like_vidur(policy: str, fleet_of_one: bool = False) -> dict:
 
 
 def fleet_of_one(rounds: int, policy: str) -> dict:
-    """The like-Vidur replay by ``Engine.run`` and as a one-replica fleet, alternating over ``rounds`` in fresh
-    processes: the loop's CPU seconds of each and their ratio (issue 33: a single engine as a fleet of one)."""
-    sides: dict[str, list[float]] = {"engine": [], "fleet of one": []}
+    """The like-Vidur replay by ``Engine.run`` (bare, and making its records) and as a one-replica fleet, alternating
+    over ``rounds`` in fresh processes: the loop's CPU seconds of each and the ratios (issue 33: a single engine as a
+    fleet of one)."""
+    sides: dict[str, list[float]] = {"engine": [], "engine + records": [], "fleet of one": []}
+    flags = {"engine": [], "engine + records": ["--records"], "fleet of one": ["--fleet-of-one"]}
     for i in range(rounds):
-        for name, flag in (("engine", []), ("fleet of one", ["--fleet-of-one"])):
+        for name, flag in flags.items():
             run = _child([sys.executable, __file__, "--one-like-vidur", "--policy", policy, *flag])
             sides[name].append(run["loop_cpu_s"])
         print(f"round {i + 1}: " + ", ".join(f"{k} {v[-1]:.3f} CPU s" for k, v in sides.items()), file=sys.stderr)
-    engine, fleet = sides["engine"], sides["fleet of one"]
+    engine, logged, fleet = sides["engine"], sides["engine + records"], sides["fleet of one"]
     result = {
         "engine_cpu_s": statistics.median(engine),
+        "engine_records_cpu_s": statistics.median(logged),
         "fleet_cpu_s": statistics.median(fleet),
         "ratio_median": statistics.median(fleet) / statistics.median(engine),
         "ratio_fastest": min(fleet) / min(engine),
+        "ratio_to_records_median": statistics.median(fleet) / statistics.median(logged),
         "rounds": rounds,
     }
     print(json.dumps(result))
@@ -400,6 +410,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument(
         "--one-like-vidur", action="store_true", help=argparse.SUPPRESS
     )  # one of our rounds, in a child process
+    parser.add_argument("--records", action="store_true", help=argparse.SUPPRESS)  # the child's engine records too
     parser.add_argument(
         "--fleet-of-one",
         action="store_true",
@@ -408,7 +419,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     args = parser.parse_args(argv)
 
     if args.one_like_vidur:
-        print(json.dumps(ours_like_vidur(args.policy, args.fleet_of_one)))
+        print(json.dumps(ours_like_vidur(args.policy, args.fleet_of_one, args.records)))
         return []
     if args.fleet_of_one:
         fleet_of_one(args.rounds, args.policy)
