@@ -216,24 +216,25 @@ def ours_like_vidur(policy: str, fleet_of_one: bool = False, records: bool = Fal
         cluster = Cluster(FleetSpec(replicas=[group], router="round-robin"))
         engine = cluster.replicas[0].engine
     else:
-        engine = Engine(EngineConfig(**LIKE_VIDUR), policy, SimulatedExecutor("llama2-7b-a100"))
+        engine, log = Engine(EngineConfig(**LIKE_VIDUR), policy, SimulatedExecutor("llama2-7b-a100")), None
+        if records:  # imported only here: the bare run's process is as it was
+            from kvsched.metrics.records import RequestLog
+
+            log = RequestLog(engine)
     gc.collect()
     t0, c0 = time.perf_counter(), time.process_time()
     if fleet_of_one:
-        records = cluster.run(requests)
-        status = FIELDS.index("status")
-        ignored = sum(row[status] == SequenceStatus.FINISHED_IGNORED.name for row in records.rows)
-        steps = cluster.replicas[0].steps
+        rows = cluster.run(requests).rows
     else:
-        from kvsched.metrics.records import RequestLog
-
-        log = RequestLog(engine) if records else None
         engine.run(requests, on_step=log)
         if log is not None:
             log.close()
-        steps = engine.num_steps
     loop_s, loop_cpu_s = time.perf_counter() - t0, time.process_time() - c0
-    if not fleet_of_one:
+    if fleet_of_one:
+        status, steps = FIELDS.index("status"), cluster.replicas[0].steps
+        ignored = sum(row[status] == SequenceStatus.FINISHED_IGNORED.name for row in rows)
+    else:
+        steps = engine.num_steps
         ignored = sum(g.status is SequenceStatus.FINISHED_IGNORED for g in engine.sequence_groups.values())
     return {
         "requests": len(requests) - ignored,
