@@ -43,7 +43,7 @@ class Replica:
         # that change nothing for its policy: ``begin_step``), and the times of those it took in during its last run.
         self.routed: deque[tuple[float, Request]] = deque()
         self._joined: list[float] = []
-        self._until = self._fence = 0.0  # the run's next arrival to look at, and the fleet's next unrouted one
+        self._fence = 0.0  # the fleet's next request not yet routed, as the replica's last run began
         # Steady runs, through the engine's fast path where it has one (a decode replica of P/D takes none: a
         # prompt handed over from the prefill pool may arrive at any moment, and would wait for the run's end).
         self._fast_path = engine.fast_path if steady_runs else None
@@ -155,7 +155,7 @@ class Replica:
         self._trim(t)  # here, not when a report is kept: arrivals up to t, which read older ones, have been routed
         fast, routed = self._fast_path, self.routed
         self._fence = fence
-        self._until = until = min(routed[0][0], fence) if routed else fence
+        until = min(routed[0][0], fence) if routed else fence
         if fast is not None and t < until and fast.may_run():
             sched = engine.scheduler
             joins = fast.may_join()  # a run behind a refused head: it stands for steps that were taken one at a time
@@ -196,8 +196,7 @@ class Replica:
             at, request = routed.popleft()
             joined.append(at)
             self._queue(request)
-        self._until = until = min(routed[0][0], self._fence) if routed else self._fence
-        return until
+        return min(routed[0][0], self._fence) if routed else self._fence
 
     def _report_steps(self, counts: tuple[int, int, int], run) -> None:
         """The report of each step end of ``run`` but its last (the END event keeps that one), as the steps one at a

@@ -82,11 +82,11 @@ class SteadyRuns:
         """Repeat the steady step, no output, report or observer call, while it repeats unchanged: each step that
         starts before ``until`` (when a request arrives), up to ``limit`` steps (-1: no limit) and the first that
         finishes a group; then tell ``observe`` (``on_steps``) the run. An arrival the policy said changes nothing
-        joins the queue instead as the step after it starts (``join(now)`` queues what arrived by ``now`` and
-        returns the next arrival's time), when given one, unless the step starts at or after ``fence`` (a fleet's
-        next request not yet routed: the router must see the replica as it is then). ``resume``: the last run,
-        stopped by an arrival and nothing done to the engine since, goes on coasting (its first step needs no full
-        check)."""
+        joins the queue instead, when given ``join``, as the first step at or after it starts (``join(now)`` queues
+        what arrived by ``now`` and returns the next arrival's time), unless that step starts at or after ``fence``
+        (a fleet's next request not yet routed: the router must see the replica as it is then). ``resume``: the last
+        run, stopped by an arrival and nothing done to the engine since, goes on coasting (its first step needs no
+        full check)."""
         engine = self.engine
         sched, clock, executor, completion = engine.scheduler, engine.clock, engine.executor, engine.completion
         fast = self.fast_path
