@@ -2,7 +2,7 @@
 through the requests routed to the replica (they join its queue as the run goes, as they join ``Engine.run``'s) and
 keeps every step's report; against replicas that step one at a time while requests wait (as they did before), every
 view a router is shown, every route, row, step count and busy time is the same, routed at arrival or ahead
-(Hypothesis, with a router that reads every reported field)."""
+(Hypothesis, with a router that reads every reported field, and one that reads the fresh counts too)."""
 
 from __future__ import annotations
 
@@ -11,11 +11,24 @@ from hypothesis import strategies as st
 
 from kvsched.cluster import Cluster
 from kvsched.executors.fast_path import FastPath
+from kvsched.routers import hookimpl
 from kvsched.testing.cluster import assert_cluster
 from kvsched.workloads.arrivals import Poisson
 from kvsched.workloads.synthetic import SyntheticSpec
 from tests.test_cluster_lookahead import ReadsEveryReport, RecordingDp, fleet
 from tests.test_cluster_pinned import digest
+
+
+class ReadsFreshSignalsToo(ReadsEveryReport):
+    """Every reported field and the fresh counts (in flight, in prefill): read at each arrival, as the replica is."""
+
+    reads_reports_only = False
+
+    @hookimpl
+    def route_request(self, request, replicas):
+        fresh = tuple((r.in_flight_requests, r.in_prefill_requests, r.in_prefill_tokens) for r in replicas)
+        self.seen.append(("fresh", request.request_id, fresh))
+        return super().route_request(request, replicas)
 
 
 def one_step_at_a_time_while_requests_wait(cluster: Cluster) -> None:
@@ -49,7 +62,7 @@ def replay(router, replicas, staleness, rate, n, seed, lookahead, runs_while_wai
 
 @settings(max_examples=max(10, settings.default.max_examples // 6), deadline=None)
 @given(
-    router=st.sampled_from([ReadsEveryReport, RecordingDp]),
+    router=st.sampled_from([ReadsEveryReport, RecordingDp, ReadsFreshSignalsToo]),
     replicas=st.integers(1, 6),
     staleness=st.sampled_from([0.0, 1e-4, 0.02, 0.05, 0.2, 1.0]),
     rate=st.floats(2.0, 120.0),
