@@ -25,7 +25,8 @@ class Completion:
         self.engine = engine
         self.sched = engine.scheduler
         self.bm = engine.scheduler.block_manager
-        self.caching = engine.config.enable_prefix_caching and engine.mechanics.names_on_apply
+        # Full blocks are named in the prefix cache as a step is applied (v0); V1's names them as it takes them.
+        self.caching = engine.config.enable_prefix_caching and engine.mechanics.vllm_engine == "v0"
         self.new_seq_id = engine.new_seq_id
 
     def seen_at(self, now: float) -> float:

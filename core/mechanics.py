@@ -34,7 +34,6 @@ class Mechanics:
     drafts: bool = False  # decoding requests take draft tokens (EngineConfig.num_speculative_tokens)
     lane: bool = False  # plain decodes may ride the decode lane (its block rule is v0's worst case)
     offloads: bool = False  # a CPU tier may stand behind the prefix cache (EngineConfig.kv_offloading_blocks)
-    names_on_apply: bool = True  # with prefix caching, blocks are named as a step is applied (else as it is built)
     # How many of a sequence's last tokens a step in flight samples (vLLM's placeholders; None: no step in flight)
     in_flight: Callable[[Sequence], int] | None = None
 

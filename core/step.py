@@ -6,9 +6,10 @@ operations work only inside the ``select_batch`` call the builder was given to.
 
 from __future__ import annotations
 
+from types import NoneType
 from typing import TYPE_CHECKING
 
-from kvsched.core.view import QueueView, group_of, show, shown
+from kvsched.core.view import GROUPS, SHOWN, QueueView, show, shown
 
 if TYPE_CHECKING:
     from kvsched.core.config import EngineConfig, PreemptionMode
@@ -29,27 +30,27 @@ class StepBuilder:
     waiting = property(lambda self: _queue(self, "waiting"), doc="waiting groups at the start of the step, front first")
     running = property(lambda self: _queue(self, "running"), doc="running groups, oldest first")
     swapped = property(lambda self: _queue(self, "swapped"), doc="swapped groups, oldest first")
-    now: float = property(lambda self: _state_of(self).now, doc="the engine clock")
+    now: float = property(lambda self: shown(self).now, doc="the engine clock")
     config: EngineConfig = property(
-        lambda self: _state_of(self).sched.config_view, doc="the engine config (a read-only copy, ``frozen``)"
+        lambda self: shown(self).sched.config_view, doc="the engine config (a read-only copy, ``frozen``)"
     )
-    cache: CacheView = property(lambda self: _state_of(self).sched.cache_view)
-    policy_name = property(lambda self: _state_of(self).hooks.name)
-    num_batched_tokens = property(lambda self: _state_of(self).output.num_batched_tokens)
-    remaining_tokens = property(lambda self: _state_of(self).max_tokens - _state_of(self).output.num_batched_tokens)
-    remaining_seqs = property(lambda self: _state_of(self).max_seqs - _state_of(self).num_running_seqs)
-    num_preempted = property(lambda self: len(_state_of(self).output.preempted))
-    admitted = property(lambda self: tuple([g.view for g in _state_of(self).admitted]), doc="groups admitted so far")
-    preempted = property(lambda self: tuple([g.view for g, _ in _state_of(self).output.preempted]))
-    scheduled = property(lambda self: tuple([s.group.view for s in _state_of(self).output.scheduled]))
+    cache: CacheView = property(lambda self: shown(self).sched.cache_view)
+    policy_name = property(lambda self: shown(self).hooks.name)
+    num_batched_tokens = property(lambda self: shown(self).output.num_batched_tokens)
+    remaining_tokens = property(lambda self: (st := SHOWN[self.__weakref__]).max_tokens - st.output.num_batched_tokens)
+    remaining_seqs = property(lambda self: shown(self).max_seqs - shown(self).num_running_seqs)
+    num_preempted = property(lambda self: len(shown(self).output.preempted))
+    admitted = property(lambda self: tuple([g.view for g in shown(self).admitted]), doc="groups admitted so far")
+    preempted = property(lambda self: tuple([g.view for g, _ in shown(self).output.preempted]))
+    scheduled = property(lambda self: tuple([s.group.view for s in shown(self).output.scheduled]))
 
     def was_touched(self, group: GroupView) -> bool:
         """True once ``group`` was scheduled, preempted or ignored in this step."""
-        return group_of(group) in _state_of(self).touched
+        return GROUPS.get(group, NoneType)() in SHOWN[self.__weakref__].touched  # group_of(group), inlined
 
     def newest_unscheduled(self, exclude: GroupView | None = None) -> GroupView | None:
         """The newest running group not yet touched in this step (vLLM's ``running.pop()``)."""
-        return _state_of(self).newest_unscheduled(exclude)
+        return shown(self).newest_unscheduled(exclude)
 
     # ------------------------------------------------------------------- what a policy does
     def admit(self, group: GroupView, max_tokens: int | None = None) -> Outcome:
@@ -90,12 +91,9 @@ class StepBuilder:
         return _live(self, "advance_decodes").advance_decodes(max_tokens)
 
 
-_state_of = shown
-
-
 def _queue(step: StepBuilder, name: str) -> QueueView:
     """One of the scheduler's queues, shown until the step closes (an empty one: no queue, shown always)."""
-    return QueueView(queue, _state_of(step).handed) if (queue := getattr(_state_of(step).sched, name)) else _NO_GROUPS
+    return QueueView(queue, shown(step).handed) if (queue := getattr(shown(step).sched, name)) else _NO_GROUPS
 
 
 _NO_GROUPS = QueueView([])  # what an empty queue shows: the step's queues change only as it commits
@@ -103,7 +101,7 @@ _NO_GROUPS = QueueView([])  # what an empty queue shows: the step's queues chang
 
 def _live(step: StepBuilder, op: str) -> StepState:
     """The step's state, if ``op`` may run now: inside the ``select_batch`` call of this very step."""
-    st = _state_of(step)
+    st = SHOWN[step.__weakref__]
     running = st.hooks.in_hook
     if st.open and running == "select_batch":
         return st

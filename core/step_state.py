@@ -9,6 +9,7 @@ that the scheduler commits after the hook returns, or rolls back if anything fai
 from __future__ import annotations
 
 import operator
+from types import NoneType
 from typing import TYPE_CHECKING
 
 from kvsched.allocators.alloc_status import AllocStatus
@@ -19,7 +20,7 @@ from kvsched.core.preemption import Preemptions, out_of_lane
 from kvsched.core.sequence import SequenceStatus
 from kvsched.core.step import StepBuilder
 from kvsched.core.step_notes import DecisionNotes
-from kvsched.core.view import GroupView, forget, group_of
+from kvsched.core.view import GROUPS, GroupView, forget, group_of
 from kvsched.errors import quote
 
 if TYPE_CHECKING:
@@ -304,7 +305,7 @@ class StepState(Preemptions, DecisionNotes):
     def _resolve(self, view: GroupView, expected: SequenceStatus, op: str) -> SequenceGroup:
         if type(view) is not GroupView:
             self.refuse(f"{op}: expected a GroupView, got {quote(view)}")
-        g = group_of(view)
+        g = GROUPS.get(view, NoneType)()  # group_of(view), inlined: once per operation
         if g is None or g.block_manager is not self.bm:
             self.refuse(f"{op}: {quote(view)} is not a request of this engine")
         state = self.touched.get(g)

@@ -92,14 +92,9 @@ class V1StepState(StepState):
             self.output.blocks_to_swap_in += load.moves if scheduled else ()
         if outcome is Outcome.SCHEDULED:
             entry = self.output.scheduled[-1]
-            self.output.block_ops.append((entry.group.request_id, entry.num_cached_tokens + entry.num_tokens))
-        if outcome is Outcome.SCHEDULED and self.caching:
-            seqs = entry.group.waiting_seqs()
-            if len(seqs) == 1:
-                self.bm.mark_computed(seqs[0], entry.num_cached_tokens + entry.num_tokens)
-            else:
-                for seq in seqs:
-                    self.bm.mark_computed(seq, seq.num_tokens)
+            self.output.block_ops.append((entry.group.request_id, upto := entry.num_cached_tokens + entry.num_tokens))
+            for seq in entry.group.waiting_seqs() if self.caching else ():  # its chunk; several sequences run whole
+                self.bm.mark_computed(seq, min(seq.num_tokens, upto))
         return outcome
 
     def _load(self, group) -> Load | None:
@@ -128,12 +123,14 @@ class V1StepState(StepState):
 
     def _run(self, g: SequenceGroup, max_tokens: int | None, op: str, room: bool = False) -> Outcome:
         seqs = g.seqs
-        if (self.in_flight is not None or self.drafts) and len(seqs) == 1:
+        if len(seqs) == 1:  # V1 fans n > 1 out: a decode goes straight to _decode_one
             seq = seqs[0]
             if self.in_flight is not None and seq.num_tokens >= g.max_seq_tokens - 1 and self.in_flight(seq):
                 return Outcome.LATER  # its in-flight step samples its last token: vLLM passes over it
-            if self.drafts and seq.num_tokens - seq.num_computed_tokens == 1 and seq.seq_id in self.sched.drafting:
-                return self._speculate(g, seq, max_tokens)
+            if seq.num_tokens - seq.num_computed_tokens == 1:
+                if self.drafts and seq.seq_id in self.sched.drafting:
+                    return self._speculate(g, seq, max_tokens)
+                return self._decode_one(g, seq, room)
         return super()._run(g, max_tokens, op, room)
 
     def _speculate(self, g: SequenceGroup, seq: Sequence, max_tokens: int | None) -> Outcome:

@@ -1,7 +1,7 @@
 """Read-only windows onto engine state: what a policy or an observer may look at but never change.
 
 A view holds nothing of what it shows: the core finds that by the view's identity in a table nothing a plugin is
-handed leads to (``_SHOWN``; a request's view in ``_GROUPS``, which its engine empties as it lets requests go), so a
+handed leads to (``SHOWN``; a request's view in ``GROUPS``, which its engine empties as it lets requests go), so a
 view's ``__class__`` switched to a class of the same layout, which reads any hidden slot, finds nothing
 (``tests/test_hostile_plugins.py``; the routers' views hold only numbers, ``routers/view.py``). The engine's pydantic
 objects (config, requests) are handed out as named-tuple copies (``frozen``), which nothing can write (code that
@@ -29,19 +29,31 @@ if TYPE_CHECKING:
     from kvsched.core.request import Request
     from kvsched.core.sequence import SequenceGroup, SequenceStatus
 
-_SHOWN: dict[ref, object] = {}  # what each live view shows, by a weak reference to the view
+
+class _Table(dict):
+    """What each live view shows, by a weak reference to the view: read at C speed (``SHOWN[view.__weakref__]``, as
+    the step builder's hot reads do); a view with no entry (a step's, after it; one the core did not make) raises."""
+
+    def __missing__(self, key: ref | None):
+        raise ReferenceError(
+            f"this {'view' if key is None else type(key()).__name__} shows nothing: one a step handed out is valid "
+            "only during that step, and one made otherwise than by the core shows nothing"
+        )
+
+
+SHOWN = _Table()
 
 
 def _forget(key: ref) -> None:
     """A view went: its entry goes (a live view's never: nothing can call this to break one)."""
     if key() is None:
-        del _SHOWN[key]
+        del SHOWN[key]
 
 
 def show(view: object, target: object, handed: list | None = None) -> None:
     """The core's: ``view`` (of a class with ``__slots__ = ("__weakref__",)``) shows ``target`` while it lives; one a
     step hands out (its key kept in the step's list ``handed``) no longer than the step (``forget``)."""
-    _SHOWN[key := ref(view, _forget) if handed is None else ref(view)] = target  # a step's: no callback as it goes
+    SHOWN[key := ref(view, _forget) if handed is None else ref(view)] = target  # a step's: no callback as it goes
     if handed is not None:
         handed.append(key)
 
@@ -49,18 +61,12 @@ def show(view: object, target: object, handed: list | None = None) -> None:
 def forget(handed: list) -> None:
     """A step closed: what the views it handed out showed is let go."""
     for key in handed:
-        _SHOWN.pop(key, None)
+        SHOWN.pop(key, None)
 
 
 def shown(view: object):
     """What ``view`` shows: found by its first weak reference (ours, or one equal to it), with no new one made."""
-    try:
-        return _SHOWN[view.__weakref__]
-    except (KeyError, AttributeError):
-        raise ReferenceError(
-            f"this {type(view).__name__} shows nothing: one a step handed out is valid only during "
-            "that step, and one made otherwise than by the core shows nothing"
-        ) from None
+    return SHOWN[view.__weakref__]
 
 
 UNKNOWABLE = ("output_len",)  # no scheduler knows the answer's length: a hook sees max_tokens, the cap (docs/hooks.md)
@@ -79,7 +85,7 @@ def frozen(model: BaseModel) -> tuple:
 
 
 def true_output_len(view: GroupView) -> int | None:  # the answer's length, not on the view: a named predictor's door
-    return _GROUPS[view]().request.output_len
+    return GROUPS[view]().request.output_len
 
 
 @functools.cache
@@ -99,53 +105,53 @@ class GroupView:
 
     __slots__ = ("__weakref__",)
 
-    request_id = property(lambda self: _GROUPS[self]().request_id, doc="the request's id")
+    request_id = property(lambda self: GROUPS[self]().request_id, doc="the request's id")
 
     @property
     def request(self) -> Request:
         """The request as a read-only copy (``frozen``: the engine's own is not handed out), made on its first read."""
-        group = _GROUPS[self]()
+        group = GROUPS[self]()
         if group.request_copy is None:
             group.request_copy = frozen(group.request)
         return group.request_copy
 
-    arrival_time = property(lambda self: _GROUPS[self]().arrival_time)
-    priority = property(lambda self: _GROUPS[self]().request.priority, doc="lower is more urgent")
-    tenant = property(lambda self: _GROUPS[self]().request.tenant)
-    session_id = property(lambda self: _GROUPS[self]().request.session_id, doc="the conversation it continues, or None")
-    slo_class = property(lambda self: _GROUPS[self]().request.slo_class, doc="its service class, or None")
+    arrival_time = property(lambda self: GROUPS[self]().arrival_time)
+    priority = property(lambda self: GROUPS[self]().request.priority, doc="lower is more urgent")
+    tenant = property(lambda self: GROUPS[self]().request.tenant)
+    session_id = property(lambda self: GROUPS[self]().request.session_id, doc="the conversation it continues, or None")
+    slo_class = property(lambda self: GROUPS[self]().request.slo_class, doc="its service class, or None")
     grammar_ready_at = property(
-        lambda self: _GROUPS[self]().grammar_ready_at, doc="when its structured-output grammar is compiled, or None"
+        lambda self: GROUPS[self]().grammar_ready_at, doc="when its structured-output grammar is compiled, or None"
     )
     last_queued_time = property(
-        lambda self: _GROUPS[self]().last_queued_time,
+        lambda self: GROUPS[self]().last_queued_time,
         doc="when it last joined the waiting queue: its arrival, or its last preemption by recompute",
     )
-    prompt_len = property(lambda self: _GROUPS[self]().request.prompt_len)
-    max_tokens = property(lambda self: _GROUPS[self]().request.sampling.max_tokens)
-    status: SequenceStatus = property(lambda self: _GROUPS[self]().status)
-    num_seqs = property(lambda self: _GROUPS[self]().num_unfinished_seqs, doc="unfinished sequences")
-    max_running_seqs = property(lambda self: _GROUPS[self]().max_running_seqs, doc="sequences it needs at once")
-    num_generated_tokens = property(lambda self: _GROUPS[self]().num_generated_tokens)
+    prompt_len = property(lambda self: GROUPS[self]().request.prompt_len)
+    max_tokens = property(lambda self: GROUPS[self]().request.sampling.max_tokens)
+    status: SequenceStatus = property(lambda self: GROUPS[self]().status)
+    num_seqs = property(lambda self: GROUPS[self]().num_unfinished_seqs, doc="unfinished sequences")
+    max_running_seqs = property(lambda self: GROUPS[self]().max_running_seqs, doc="sequences it needs at once")
+    num_generated_tokens = property(lambda self: GROUPS[self]().num_generated_tokens)
     num_uncomputed_tokens = property(
-        lambda self: _GROUPS[self]().num_uncomputed_tokens, doc="tokens its next step computes"
+        lambda self: GROUPS[self]().num_uncomputed_tokens, doc="tokens its next step computes"
     )
     num_preemptions = property(
-        lambda self: _GROUPS[self]().num_recompute_preemptions + _GROUPS[self]().num_swap_preemptions
+        lambda self: GROUPS[self]().num_recompute_preemptions + GROUPS[self]().num_swap_preemptions
     )
-    first_scheduled_time = property(lambda self: _GROUPS[self]().first_scheduled_time)
-    first_token_time = property(lambda self: _GROUPS[self]().first_token_time)
-    finish_time = property(lambda self: _GROUPS[self]().finish_time)
+    first_scheduled_time = property(lambda self: GROUPS[self]().first_scheduled_time)
+    first_token_time = property(lambda self: GROUPS[self]().first_token_time)
+    finish_time = property(lambda self: GROUPS[self]().finish_time)
 
     @property
     def num_tokens(self) -> int:
         """Tokens of its longest sequence (prompt plus generated)."""
-        return max(s.num_tokens for s in _GROUPS[self]().seqs)
+        return max(s.num_tokens for s in GROUPS[self]().seqs)
 
     @property
     def num_computed_tokens(self) -> int:
         """KV-computed tokens of its furthest sequence (0 while waiting): what a preemption by recompute throws away."""
-        return max(s.num_computed_tokens for s in _GROUPS[self]().seqs)
+        return max(s.num_computed_tokens for s in GROUPS[self]().seqs)
 
     def __repr__(self) -> str:
         g = group_of(self)
@@ -154,20 +160,20 @@ class GroupView:
 
 # Each request's view -> a weak reference to its group (``view_of``): the table keeps no group alive. A plain dict, read
 # at C speed: a view its engine let go (or one the core did not make) raises KeyError, naming it as showing nothing.
-_GROUPS: dict[GroupView, KeyedRef] = {}
+GROUPS: dict[GroupView, KeyedRef] = {}
 
 
 def view_of(group: SequenceGroup) -> GroupView:
     """The core's: ``group``'s view (made once: ``group.view``), showing it until its engine lets it go."""
-    _GROUPS[view] = KeyedRef(group, _gone, view := GroupView())
+    GROUPS[view] = KeyedRef(group, _gone, view := GroupView())
     return view
 
 
 def _gone(key: KeyedRef) -> None:  # a group went before its engine let it go (with the engine, or a fan-out's child)
-    _GROUPS.pop(key.key, None)
+    GROUPS.pop(key.key, None)
 
 
-def group_of(view: object, _key=_GROUPS.get, _none=NoneType) -> SequenceGroup | None:
+def group_of(view: object, _key=GROUPS.get, _none=NoneType) -> SequenceGroup | None:
     """The group ``view`` shows, or None (``NoneType()``): called on every operation, so no test and no global."""
     return _key(view, _none)()
 
@@ -175,7 +181,7 @@ def group_of(view: object, _key=_GROUPS.get, _none=NoneType) -> SequenceGroup | 
 def let_go(groups: list[SequenceGroup]) -> None:
     """Their engine let ``groups`` go (now emptied): their views show nothing from now on."""
     for group in groups:
-        _GROUPS.pop(group.view, None)
+        GROUPS.pop(group.view, None)
     groups.clear()
 
 

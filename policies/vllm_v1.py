@@ -102,13 +102,12 @@ class VllmV1:
         if self.threshold_needs_chunking and not chunked:
             threshold = 0
         for group in step.running:
-            if step.remaining_tokens <= 0:
+            left = step.remaining_tokens
+            if left <= 0:
                 break
             if step.was_touched(group):  # preempted earlier in this step
                 continue
-            cap = (
-                step.remaining_tokens if threshold <= 0 else min(threshold, step.remaining_tokens)
-            )  # of its tokens and drafts
+            cap = left if threshold <= 0 else min(threshold, left)  # of its tokens and drafts
             if step.advance(group, max_tokens=cap) is Outcome.PREEMPTED:
                 if self.past_self_preemption:
                     continue

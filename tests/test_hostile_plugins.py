@@ -723,6 +723,40 @@ def test_what_a_view_shows_is_let_go_with_the_view():
     assert not [r() for r in kept if r() is not None]
 
 
+def test_a_view_with_no_entry_says_it_shows_nothing():
+    """Every read of what a view shows misses the core's table the same way (core/view.py ``SHOWN``, which the step
+    builder's hot reads index at C speed): a queue kept past its step, or a builder the core did not make, raises
+    one ReferenceError saying so, never a KeyError nor an answer."""
+    from kvsched.core.step import StepBuilder
+
+    kept = []
+
+    class Keeps(VllmDefault):
+        name = "keeps"
+
+        @hookimpl
+        def select_batch(self, step):
+            kept.append(step.waiting)
+            super().select_batch(step)
+
+    engine = Engine(EngineConfig(**CONFIG), Keeps, SimulatedExecutor())
+    for i, (prompt, output, n) in enumerate(SPECS):
+        engine.add_request(req(f"r{i}", prompt, output, n=n))
+    engine.step()
+    assert len(kept) == 1 and type(kept[0]).__name__ == "QueueView"  # the queue was not empty
+    with pytest.raises(ReferenceError, match=r"^this \w+ shows nothing: one a step handed out is valid only during"):
+        len(kept[0])
+    forged = object.__new__(StepBuilder)
+    for read in (
+        lambda: forged.remaining_tokens,
+        lambda: forged.was_touched(engine.groups["r0"]),
+        lambda: forged.advance(engine.groups["r0"]),
+        lambda: forged.now,
+    ):
+        with pytest.raises(ReferenceError, match=r"^this \w+ shows nothing"):
+            read()
+
+
 @pytest.mark.parametrize("retain", [True, False], ids=["taken", "not retained"])
 def test_a_request_view_shows_nothing_once_its_engine_let_it_go(retain):
     """A request's view finds its group in the core's table (core/view.py), not in a slot of its own. The engine lets

@@ -47,5 +47,5 @@ def num_placeholders(seq: Sequence) -> int:
 
 
 # V1's mechanics with a step in flight: its steps built by the rules above, and the blocks a step fills named as
-# it is built (known tokens only) and when its tokens arrive (``Mirror.sampled``), not as it is applied (placeholders).
-V1_IN_FLIGHT = replace(V1, name="v1-in-flight", in_flight=num_placeholders, names_on_apply=False)
+# it is built (known tokens only) and when its tokens arrive (``Mirror.sampled``).
+V1_IN_FLIGHT = replace(V1, name="v1-in-flight", in_flight=num_placeholders)
