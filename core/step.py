@@ -93,7 +93,7 @@ class StepBuilder:
 
 def _queue(step: StepBuilder, name: str) -> QueueView:
     """One of the scheduler's queues, shown until the step closes (an empty one: no queue, shown always)."""
-    return QueueView(queue, shown(step).handed) if (queue := getattr(shown(step).sched, name)) else _NO_GROUPS
+    return QueueView(queue, st.handed) if (queue := getattr((st := shown(step)).sched, name)) else _NO_GROUPS
 
 
 _NO_GROUPS = QueueView([])  # what an empty queue shows: the step's queues change only as it commits

@@ -96,12 +96,13 @@ class VllmV1:
 
     @hookimpl
     def select_batch(self, step):
-        alone = len(step.running) + len(step.waiting) <= 1
+        running = step.running  # a view made once a step
+        alone = len(running) + len(step.waiting) <= 1
         threshold = 0 if alone and not self.threshold_alone else self.long_prefill_token_threshold
         chunked = step.config.enable_chunked_prefill
         if self.threshold_needs_chunking and not chunked:
             threshold = 0
-        for group in step.running:
+        for group in running:
             left = step.remaining_tokens
             if left <= 0:
                 break
