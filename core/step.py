@@ -30,19 +30,19 @@ class StepBuilder:
     waiting = property(lambda self: _queue(self, "waiting"), doc="waiting groups at the start of the step, front first")
     running = property(lambda self: _queue(self, "running"), doc="running groups, oldest first")
     swapped = property(lambda self: _queue(self, "swapped"), doc="swapped groups, oldest first")
-    now: float = property(lambda self: shown(self).now, doc="the engine clock")
+    now: float = property(lambda self: SHOWN[self.__weakref__].now, doc="the engine clock")
     config: EngineConfig = property(
-        lambda self: shown(self).sched.config_view, doc="the engine config (a read-only copy, ``frozen``)"
+        lambda self: SHOWN[self.__weakref__].sched.config_view, doc="the engine config (a read-only copy, ``frozen``)"
     )
-    cache: CacheView = property(lambda self: shown(self).sched.cache_view)
-    policy_name = property(lambda self: shown(self).hooks.name)
-    num_batched_tokens = property(lambda self: shown(self).output.num_batched_tokens)
+    cache: CacheView = property(lambda self: SHOWN[self.__weakref__].sched.cache_view)
+    policy_name = property(lambda self: SHOWN[self.__weakref__].hooks.name)
+    num_batched_tokens = property(lambda self: SHOWN[self.__weakref__].output.num_batched_tokens)
     remaining_tokens = property(lambda self: (st := SHOWN[self.__weakref__]).max_tokens - st.output.num_batched_tokens)
-    remaining_seqs = property(lambda self: shown(self).max_seqs - shown(self).num_running_seqs)
-    num_preempted = property(lambda self: len(shown(self).output.preempted))
-    admitted = property(lambda self: tuple([g.view for g in shown(self).admitted]), doc="groups admitted so far")
-    preempted = property(lambda self: tuple([g.view for g, _ in shown(self).output.preempted]))
-    scheduled = property(lambda self: tuple([s.group.view for s in shown(self).output.scheduled]))
+    remaining_seqs = property(lambda self: (st := SHOWN[self.__weakref__]).max_seqs - st.num_running_seqs)
+    num_preempted = property(lambda self: len(SHOWN[self.__weakref__].output.preempted))
+    admitted = property(lambda self: tuple([g.view for g in SHOWN[self.__weakref__].admitted]), doc="admitted so far")
+    preempted = property(lambda self: tuple([g.view for g, _ in SHOWN[self.__weakref__].output.preempted]))
+    scheduled = property(lambda self: tuple([s.group.view for s in SHOWN[self.__weakref__].output.scheduled]))
 
     def was_touched(self, group: GroupView) -> bool:
         """True once ``group`` was scheduled, preempted or ignored in this step."""
@@ -50,7 +50,7 @@ class StepBuilder:
 
     def newest_unscheduled(self, exclude: GroupView | None = None) -> GroupView | None:
         """The newest running group not yet touched in this step (vLLM's ``running.pop()``)."""
-        return shown(self).newest_unscheduled(exclude)
+        return SHOWN[self.__weakref__].newest_unscheduled(exclude)
 
     # ------------------------------------------------------------------- what a policy does
     def admit(self, group: GroupView, max_tokens: int | None = None) -> Outcome:

@@ -195,15 +195,15 @@ class _LazyTuple(Sequence):
         show(self, items, handed)
 
     def __len__(self) -> int:
-        return len(shown(self))
+        return len(SHOWN[self.__weakref__])
 
     def __getitem__(self, index):
         if isinstance(index, slice):
-            return tuple(map(self._show, shown(self)[index]))
-        return self._show(shown(self)[index])
+            return tuple(map(self._show, SHOWN[self.__weakref__][index]))
+        return self._show(SHOWN[self.__weakref__][index])
 
     def __iter__(self) -> Iterator:
-        return map(self._show, shown(self))
+        return map(self._show, SHOWN[self.__weakref__])
 
 
 class QueueView(_LazyTuple):
