@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 from collections import namedtuple
 from collections.abc import Iterator, Mapping, Sequence
+from operator import attrgetter
 from types import NoneType
 from typing import TYPE_CHECKING, NamedTuple
 from weakref import KeyedRef, ref
@@ -31,8 +32,7 @@ if TYPE_CHECKING:
 
 
 class _Table(dict):
-    """What each live view shows, by a weak reference to the view: read at C speed (``SHOWN[view.__weakref__]``, as
-    the step builder's hot reads do); a view with no entry (a step's, after it; one the core did not make) raises."""
+    """What each live view shows, by a weak reference to it (read inline: ``SHOWN[view.__weakref__]``), or raises."""
 
     def __missing__(self, key: ref | None):
         raise ReferenceError(
@@ -214,7 +214,7 @@ class QueueView(_LazyTuple):
     """
 
     __slots__ = ()
-    _show = staticmethod(lambda g: g.view)
+    _show = attrgetter("view")  # a group's view, read at C speed
 
     def __repr__(self) -> str:
         return f"QueueView({[g.request_id for g in shown(self)]})"
