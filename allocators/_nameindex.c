@@ -10,6 +10,7 @@ taken. Without this module built, the pool uses a dict and its Python loops: the
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <limits.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -354,6 +355,26 @@ static PyObject *ni_reduce(NameIndex *t, PyObject *unused) {
 
 /* ---------------------------------------------------------------- the pool's bulk loops */
 
+/* The loops below read, a block at a time, an index slot and (forgetting) a name's int that the rest of the
+   engine has long pushed out of the cache. Asked for AHEAD blocks before they are read, those reads overlap instead
+   of waiting one after another. Hints only: nothing is changed, no error is raised, no result depends on them. */
+#define AHEAD 8
+
+static inline void prefetch_slot(const NameIndex *t, PyObject *key) {
+    int overflow;
+    long long name = PyLong_CheckExact(key) ? PyLong_AsLongLongAndOverflow(key, &overflow) : 0;
+    size_t i = home(t, (int64_t)name);
+    __builtin_prefetch(&t->names[i]);
+    __builtin_prefetch(&t->blocks[i]);
+}
+
+/* ``named[block]`` if block is an int that indexes it, else NULL (no error set). */
+static inline PyObject *peek_name(PyObject *named, PyObject *block) {
+    Py_ssize_t b = PyLong_CheckExact(block) ? PyLong_AsSsize_t(block) : -1;
+    if (b == -1) PyErr_Clear();
+    return b >= 0 && b < PyList_GET_SIZE(named) ? PyList_GET_ITEM(named, b) : NULL;
+}
+
 /* ``named[block]``, or an IndexError as the list would raise (a negative block is refused too). */
 static PyObject *name_at(PyObject *named, PyObject *block, Py_ssize_t *b) {
     *b = PyLong_AsSsize_t(block);
@@ -389,6 +410,7 @@ static PyObject *register_names(PyObject *module, PyObject *args) {
     Py_ssize_t n = Py_MIN(PyTuple_GET_SIZE(bs), PyTuple_GET_SIZE(hs));
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *block = PyTuple_GET_ITEM(bs, i), *h = PyTuple_GET_ITEM(hs, i);
+        if (i + AHEAD < n) prefetch_slot(t, PyTuple_GET_ITEM(hs, i + AHEAD));
         Py_ssize_t b;
         PyObject *current = name_at(named, block, &b);
         if (!current) goto fail;
@@ -426,7 +448,11 @@ static PyObject *forget_names(PyObject *module, PyObject *args) {
         return NULL;
     PyObject *bs = PySequence_Tuple(blocks);
     if (!bs) return NULL;
-    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(bs); i++) {
+    for (Py_ssize_t i = 0, n = PyTuple_GET_SIZE(bs); i < n; i++) {
+        PyObject *ahead = i + 2 * AHEAD < n ? peek_name(named, PyTuple_GET_ITEM(bs, i + 2 * AHEAD)) : NULL;
+        if (ahead) __builtin_prefetch(ahead); /* its int, read AHEAD blocks later for its slot */
+        ahead = i + AHEAD < n ? peek_name(named, PyTuple_GET_ITEM(bs, i + AHEAD)) : NULL;
+        if (ahead) prefetch_slot(t, ahead);
         Py_ssize_t b;
         PyObject *name = name_at(named, PyTuple_GET_ITEM(bs, i), &b);
         Py_XINCREF(name); /* held while a stray name's own code runs */
@@ -438,6 +464,124 @@ static PyObject *forget_names(PyObject *module, PyObject *args) {
         }
     }
     Py_DECREF(bs);
+    Py_RETURN_NONE;
+}
+
+/* What BlockPool.release_many's Python code does: one reference to each block fewer (``counts``, the pool's
+   ref_counts), all at once when each count is 1 (a table no other holds), else block by block up to a double free.
+   Returns (the blocks now free, how many of them are unnamed in ``named``, the position of the double free or -1),
+   or None, having changed nothing, for a block id that is not an int from 0 to the lists' length or a count that
+   is not an int of a C long: the Python code then reads them, and raises or not, as it would. */
+static PyObject *release_refs(PyObject *module, PyObject *args) {
+    PyObject *counts, *named, *blocks;
+    if (!PyArg_ParseTuple(args, "O!O!O!:release_refs", &PyList_Type, &counts, &PyList_Type, &named, &PyList_Type,
+                          &blocks))
+        return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(blocks), size = Py_MIN(PyList_GET_SIZE(counts), PyList_GET_SIZE(named));
+    int sole = n > 1; /* every count 1: no other table holds any */
+    for (Py_ssize_t i = 0; i < n; i++) { /* first read every block: that runs no Python code */
+        PyObject *block = PyList_GET_ITEM(blocks, i);
+        Py_ssize_t b = PyLong_CheckExact(block) ? PyLong_AsSsize_t(block) : -1;
+        if (b < 0 || b >= size || !PyLong_CheckExact(PyList_GET_ITEM(counts, b))) {
+            PyErr_Clear();
+            Py_RETURN_NONE;
+        }
+        int overflow;
+        long count = PyLong_AsLongAndOverflow(PyList_GET_ITEM(counts, b), &overflow);
+        if (overflow) Py_RETURN_NONE;
+        sole &= count == 1;
+    }
+    PyObject *gone = PyList_New(0);
+    Py_ssize_t unnamed = 0, stop = -1;
+    for (Py_ssize_t i = 0; gone && i < n; i++) {
+        PyObject *block = PyList_GET_ITEM(blocks, i);
+        Py_ssize_t b = PyLong_AsSsize_t(block);
+        PyObject *count = PyList_GET_ITEM(counts, b);
+        long left = sole ? 0 : PyLong_AsLong(count) - 1;
+        if (left < 0) { /* a double free */
+            stop = i;
+            break;
+        }
+        PyObject *now = PyLong_FromLong(left);
+        if (!now) Py_CLEAR(gone);
+        if (!now) break;
+        PyList_SET_ITEM(counts, b, now);
+        Py_DECREF(count); /* an int: freeing it runs no Python code */
+        if (left == 0 && PyList_Append(gone, block) < 0) Py_CLEAR(gone);
+        unnamed += left == 0 && PyList_GET_ITEM(named, b) == Py_None;
+    }
+    return gone ? Py_BuildValue("(Nnn)", gone, unnamed, stop) : NULL;
+}
+
+/* ---------------------------------------------------------------- naming a run of blocks (BlockPrompt) */
+
+/* CPython's hash of an int in int64: its value modulo 2**61 - 1, the sign kept, -1 made -2. */
+static Py_uhash_t int_hash(int64_t v) {
+    uint64_t magnitude = v < 0 ? 0 - (uint64_t)v : (uint64_t)v;
+    int64_t h = (int64_t)(magnitude % _PyHASH_MODULUS);
+    h = v < 0 ? -h : h;
+    return (Py_uhash_t)(h == -1 ? -2 : h);
+}
+
+/* CPython's hash of a pair (its tuple hash, xxHash's rounds, since 3.8), given the hashes of its two items. */
+#define PRIME_1 11400714785074694791ULL
+#define PRIME_2 14029467366897019727ULL
+#define PRIME_5 2870177450012600261ULL
+static Py_hash_t pair_hash(Py_uhash_t first, Py_uhash_t second) {
+    Py_uhash_t acc = PRIME_5, lanes[2] = {first, second};
+    for (int i = 0; i < 2; i++) {
+        acc += lanes[i] * PRIME_2;
+        acc = (acc << 31) | (acc >> 33);
+        acc *= PRIME_1;
+    }
+    acc += 2 ^ (PRIME_5 ^ 3527539UL);
+    return acc == (Py_uhash_t)-1 ? 1546275796 : (Py_hash_t)acc;
+}
+
+/* 1 when pair_hash is this interpreter's hash of a pair (checked once, on sample pairs); else name_run builds the
+   tuples and hashes them, as the Python loop does. */
+static int pairs_hash_alike = -1;
+
+static int check_pair_hash(void) {
+    const long long samples[][2] = {{0, 0}, {-1, 7}, {LLONG_MIN, LLONG_MAX}, {-123456789012345, 2305843009213693951}};
+    for (size_t i = 0; i < sizeof samples / sizeof samples[0]; i++) {
+        PyObject *pair = Py_BuildValue("(LL)", samples[i][0], samples[i][1]);
+        Py_hash_t h = pair ? PyObject_Hash(pair) : -1;
+        Py_XDECREF(pair);
+        if (h == -1) return -1;
+        if (h != pair_hash(int_hash(samples[i][0]), int_hash(samples[i][1]))) return 0;
+    }
+    return 1;
+}
+
+/* What BlockPrompt.name_blocks's inner loop does: for first in range(start, stop, step), parent = hash((parent,
+   first)), appended to ``names``. The runs of a long prompt's blocks are hundreds of names a call. */
+static PyObject *name_run(PyObject *module, PyObject *args) {
+    PyObject *names, *parent;
+    long long start, stop, step;
+    if (!PyArg_ParseTuple(args, "O!OLLL:name_run", &PyList_Type, &names, &parent, &start, &stop, &step)) return NULL;
+    if (step <= 0 || start < 0)
+        return PyErr_Format(PyExc_ValueError, "name_run: a run up from 0, not from %lld by %lld", start, step);
+    if (pairs_hash_alike < 0 && (pairs_hash_alike = check_pair_hash()) < 0) return NULL;
+    Py_hash_t h = PyObject_Hash(parent);
+    if (h == -1) return NULL;
+    Py_INCREF(parent);
+    for (long long first = start; first < stop; first = stop - first > step ? first + step : stop) {
+        if (pairs_hash_alike) {
+            h = pair_hash((Py_uhash_t)h, int_hash(first));
+        } else {
+            PyObject *pair = Py_BuildValue("(OL)", parent, first);
+            h = pair ? PyObject_Hash(pair) : -1;
+            Py_XDECREF(pair);
+            if (h == -1) break;
+        }
+        Py_DECREF(parent);
+        parent = PyLong_FromSsize_t(h);
+        if (!parent || PyList_Append(names, parent) < 0) break;
+        h = int_hash(h); /* the next pair's first item: this name, an int */
+    }
+    Py_XDECREF(parent);
+    if (PyErr_Occurred()) return NULL;
     Py_RETURN_NONE;
 }
 
@@ -479,6 +623,10 @@ static PyMethodDef module_methods[] = {
     {"register_names", register_names, METH_VARARGS,
      "register_names(index, named, blocks, hashes, keep, duplicates): BlockPool.register's loop"},
     {"forget_names", forget_names, METH_VARARGS, "forget_names(index, named, blocks): BlockPool.forget's loop"},
+    {"release_refs", release_refs, METH_VARARGS,
+     "release_refs(counts, named, blocks): BlockPool.release_many's loop; (freed, unnamed among them, stop)"},
+    {"name_run", name_run, METH_VARARGS,
+     "name_run(names, parent, start, stop, step): BlockPrompt.name_blocks's loop over a run of blocks"},
     {NULL},
 };
 static struct PyModuleDef module = {

@@ -2,24 +2,17 @@
 
 from __future__ import annotations
 
-import os
 from operator import itemgetter
 
+from kvsched.allocators.compiled import (  # noqa: F401 (index_in_use: engine policies')
+    COMPILED_INDEX,
+    NameIndex,
+    forget_names,
+    index_in_use,
+    register_names,
+    release_refs,
+)
 from kvsched.allocators.evictor import LRUEvictor
-
-try:  # the prefix cache's index in C (allocators/_nameindex.c), where it is built; else a dict and the Python loops
-    from kvsched.allocators._nameindex import NameIndex, forget_names, register_names
-except ImportError:
-    NameIndex = None
-# KVSCHED_DICT_INDEX=1: a dict even if built (unset, empty or 0: the table where built)
-COMPILED_INDEX = NameIndex is not None and os.environ.get("KVSCHED_DICT_INDEX", "0") in ("", "0")
-
-
-def index_in_use() -> str:
-    """What ``engine policies`` says of the pools' index."""
-    if COMPILED_INDEX:
-        return "compiled (allocators/_nameindex.c)"
-    return "a dict (KVSCHED_DICT_INDEX=1)" if NameIndex else "a dict (allocators/_nameindex.c is not built)"
 
 
 class OutOfBlocks(RuntimeError):
@@ -128,6 +121,14 @@ class BlockPool:
 
     def release_many(self, blocks: list[int]) -> None:
         """``release`` each of ``blocks`` in order (a finished sequence gives back its whole table)."""
+        if type(self.hash_to_block) is not dict and type(blocks) is list:  # the same loop in C
+            released = release_refs(self.ref_counts, self.block_hash, blocks)
+            if released is not None:  # None: a block id it leaves to the Python code
+                gone, unnamed, stop = released
+                self._free_all(gone, unnamed)
+                if stop >= 0:
+                    raise RuntimeError(f"double free of {self.device} block {blocks[stop]}")
+                return
         ref_counts, gone = self.ref_counts, []
         try:
             if len(blocks) > 1 and itemgetter(*blocks)(ref_counts).count(1) == len(blocks):  # no other table holds any
@@ -143,21 +144,27 @@ class BlockPool:
                     if count == 0:
                         gone.append(block)
         finally:  # those released before a double free stay released: cached if named (as ``release`` does), else free
-            names = list(map(self.block_hash.__getitem__, gone)) if self.hash_to_block else ()  # () while none is named
+            self._free_all(gone, None)
+
+    def _free_all(self, gone: list[int], unnamed: int | None) -> None:
+        """The blocks ``gone`` (no table holds them now, ``unnamed`` of them without a name if known) become free:
+        cached, the newest last, if named, else plain free."""
+        names = None
+        if unnamed is None:
+            names = list(map(self.block_hash.__getitem__, gone)) if self.hash_to_block else ()  # () while none named
             unnamed = names.count(None) if names else len(gone)
-            if not unnamed:
-                self.evictor.add_many(gone)
-            elif unnamed == len(gone):
-                self._free += gone
-            elif (
-                unnamed == 1 and names[0] is None
-            ):  # a table's partial last block comes first (a table is freed newest first)
-                self._free.append(gone[0])
-                self.evictor.add_many(gone[1:])
-            else:
-                self.evictor.add_many([block for block, name in zip(gone, names) if name is not None])
-                self._free += [block for block, name in zip(gone, names) if name is None]
-            self.num_free += len(gone)
+        if not unnamed:
+            self.evictor.add_many(gone)
+        elif unnamed == len(gone):
+            self._free += gone
+        elif unnamed == 1 and self.block_hash[gone[0]] is None:  # a table's partial last block comes first
+            self._free.append(gone[0])
+            self.evictor.add_many(gone[1:])
+        else:
+            names = names or list(map(self.block_hash.__getitem__, gone))
+            self.evictor.add_many([block for block, name in zip(gone, names) if name is not None])
+            self._free += [block for block, name in zip(gone, names) if name is None]
+        self.num_free += len(gone)
 
     def lookup(self, content_hash: int) -> int | None:
         return self.hash_to_block.get(content_hash)

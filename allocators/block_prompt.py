@@ -21,6 +21,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from itertools import chain
 
+from kvsched.allocators.compiled import name_run
+
 ROOT = 0x9E3779B97F4A7C15  # the parent of every chain's first block
 MAX_ID = 2**63 - 1  # token ids are int64 (the results' columns, vLLM's)
 WINDOW = 512  # tokens named at a time while the cache is searched for a prompt's blocks (the search stops near a miss)
@@ -97,9 +99,13 @@ class BlockPrompt(Sequence):
             inside = min(n, (q + 1) * b // block_size)  # blocks j .. inside - 1 end by the end of block q
             if inside > j:
                 offset = ids[q] * b - q * b  # a token's id is its position plus this
-                for first in range(offset + j * block_size, offset + inside * block_size, block_size):
-                    parent = hash((parent, first))
-                    hashes.append(parent)
+                if name_run is not None:  # the same loop in C
+                    name_run(hashes, parent, offset + j * block_size, offset + inside * block_size, block_size)
+                    parent = hashes[-1]
+                else:
+                    for first in range(offset + j * block_size, offset + inside * block_size, block_size):
+                        parent = hash((parent, first))
+                        hashes.append(parent)
                 j = inside
             else:
                 parent = hash((parent, self.tokens(j * block_size, (j + 1) * block_size)))

@@ -1,10 +1,11 @@
-"""The prefix cache's index in C (allocators/_nameindex.c) against the dict it replaces.
+"""The allocators' loops in C (allocators/_nameindex.c) against the Python code they replace.
 
-Two state machines: the table and a dict given the same random operations (names that share a home slot so that
-probing runs wrap around the table's end and deletions shift them back, int64's extremes, names beyond int64,
-growth past the size it was made for); and two pools, one on each index, given the same random allocations,
-namings and releases, whose whole state must stay equal. Without the built module these skip, saying so, except
-under ``make test`` (KVSCHED_REQUIRE_COMPILED=1), where the module must be built and in use.
+Two state machines: the prefix cache's index as a table and a dict given the same random operations (names that
+share a home slot so that probing runs wrap around the table's end and deletions shift them back, int64's
+extremes, names beyond int64, growth past the size it was made for); and two pools, one on each index (the C loops
+and the Python ones), given the same random allocations, namings, extra references and releases, whose whole state
+must stay equal. And a prompt's run of blocks named in C as in Python. Without the built module these skip, saying
+so, except under ``make test`` (KVSCHED_REQUIRE_COMPILED=1), where the module must be built and in use.
 """
 
 from __future__ import annotations
@@ -16,11 +17,13 @@ import subprocess
 import sys
 
 import pytest
+from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from kvsched.allocators import block_pool
+from kvsched.allocators import block_pool, block_prompt
 from kvsched.allocators.block_pool import BlockPool, NameIndex
+from kvsched.allocators.block_prompt import ROOT, BlockPrompt
 
 needs_c = pytest.mark.skipif(
     NameIndex is None, reason="allocators/_nameindex.c is not built (make compiled, or pip install -e .)"
@@ -159,6 +162,14 @@ class PoolMachine(RuleBasedStateMachine):
 
     @precondition(lambda self: self.held)
     @rule(data=st.data())
+    def take(self, data):
+        """Another table holds a block too (a prefix hit, a fork): its count above 1, released one by one."""
+        block = data.draw(st.sampled_from(self.held))
+        self._each(lambda pool: pool.take(block))
+        self.held.append(block)
+
+    @precondition(lambda self: self.held)
+    @rule(data=st.data())
     def release(self, data):
         chosen = data.draw(st.lists(st.sampled_from(self.held), min_size=1, max_size=4, unique=True))
         for block in chosen:
@@ -220,3 +231,90 @@ def test_a_name_whose_own_code_empties_the_pool_cannot_crash_the_loops():
     index[second] = 1
     with pytest.raises(IndexError):
         forget_names(index, named, [0])
+
+
+def _pools_on_either_index(num_blocks: int) -> list[BlockPool]:
+    pools = [BlockPool("gpu", num_blocks), BlockPool("gpu", num_blocks)]
+    pools[0].hash_to_block, pools[1].hash_to_block = NameIndex(num_blocks), {}
+    return pools
+
+
+@needs_c
+@pytest.mark.parametrize("bad", [-1, 4, "1", 1.0, 2**70])
+def test_a_bad_block_id_is_released_as_the_python_code_releases_it(bad):
+    """The C path leaves an id it cannot read to the Python code, so the error (or the negative index's block) and
+    the state after it are the same on both pools."""
+    outcomes = []
+    for pool in _pools_on_either_index(4):
+        held = pool.allocate_many(3)
+        pool.register(held[:2], [11, 12])
+        try:
+            pool.release_many([held[0], bad, held[1]])
+            outcomes.append(None)
+        except Exception as error:  # noqa: BLE001 (the type and message are compared)
+            outcomes.append((type(error), str(error)))
+        outcomes.append((pool.ref_counts, pool._free, list(pool.evictor), pool.num_free, pool.block_hash))
+    assert outcomes[:2] == outcomes[2:]
+
+
+@needs_c
+def test_release_refs_leaves_what_it_cannot_read_to_the_python_code():
+    from kvsched.allocators._nameindex import release_refs
+
+    counts, named = [1, 2, 1, 1], [None, 5, 6, None]
+    assert release_refs(counts, named, [0, 2, 9]) is None and release_refs(counts, named, [0, "2"]) is None
+    assert release_refs([1, 2**70], named, [1, 0]) is None and counts == [1, 2, 1, 1]
+    assert release_refs(counts, named, [3, 2, 0]) == ([3, 2, 0], 2, -1) and counts == [0, 2, 0, 0]
+    assert release_refs(counts, named, [1, 1, 2]) == ([1], 0, 2) and counts == [0, 0, 0, 0]
+
+
+parents = st.one_of(st.integers(-(2**63), 2**63 - 1), st.sampled_from([ROOT, -1, -2, 2**61 - 1, -(2**61), 2**64]))
+
+
+@needs_c
+@given(parent=parents, start=st.integers(0, 2**63 - 1), step=st.integers(1, 64), count=st.integers(0, 40))
+def test_a_run_of_blocks_is_named_in_c_as_the_python_loop_names_it(parent, start, step, count):
+    """name_run's own hash of a pair (CPython's tuple hash, written out) against ``hash((parent, first))``."""
+    from kvsched.allocators._nameindex import name_run
+
+    stop = min(start + step * count, 2**63 - 1)
+    named, expected, name = [7], [7], parent
+    name_run(named, parent, start, stop, step)
+    for first in range(start, stop, step):
+        name = hash((name, first))
+        expected.append(name)
+    assert named == expected
+
+
+@needs_c
+def test_name_run_refuses_a_run_it_cannot_name():
+    from kvsched.allocators._nameindex import name_run
+
+    for start, step in ((-1, 16), (0, 0)):
+        with pytest.raises(ValueError, match="name_run"):
+            name_run([], ROOT, start, 64, step)
+
+
+@needs_c
+@given(
+    ids=st.lists(st.integers(0, 2**40), min_size=1, max_size=12),
+    block=st.sampled_from([16, 32, 512]),
+    block_size=st.sampled_from([4, 16, 48]),
+    cut=st.integers(0, 15),
+    steps=st.lists(st.integers(1, 40), min_size=1, max_size=4),
+)
+def test_a_prompt_as_blocks_is_named_alike_with_and_without_the_c_loop(ids, block, block_size, cut, steps):
+    prompt = BlockPrompt(ids, max(1, len(ids) * block - cut), block)
+    named = []
+    for c_loop in (True, False):
+        saved = block_prompt.name_run
+        if not c_loop:
+            block_prompt.name_run = None
+        try:
+            hashes: list[int] = []
+            for n in steps:  # a few blocks at a time, as the block manager asks
+                prompt.name_blocks(hashes, block_size, min(len(hashes) + n, len(prompt) // block_size))
+            named.append(hashes)
+        finally:
+            block_prompt.name_run = saved
+    assert named[0] == named[1]
