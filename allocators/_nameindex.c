@@ -515,11 +515,13 @@ static PyObject *release_refs(PyObject *module, PyObject *args) {
 
 /* ---------------------------------------------------------------- naming a run of blocks (BlockPrompt) */
 
-/* CPython's hash of an int in int64: its value modulo 2**61 - 1, the sign kept, -1 made -2. */
+/* CPython's hash of an int in int64: its magnitude modulo 2**61 - 1 (folded, not divided), the sign kept, -1 made
+   -2. */
 static Py_uhash_t int_hash(int64_t v) {
-    uint64_t magnitude = v < 0 ? 0 - (uint64_t)v : (uint64_t)v;
-    int64_t h = (int64_t)(magnitude % _PyHASH_MODULUS);
-    h = v < 0 ? -h : h;
+    uint64_t m = v < 0 ? 0 - (uint64_t)v : (uint64_t)v;
+    m = (m & _PyHASH_MODULUS) + (m >> _PyHASH_BITS);
+    m = m >= _PyHASH_MODULUS ? m - _PyHASH_MODULUS : m;
+    int64_t h = v < 0 ? -(int64_t)m : (int64_t)m;
     return (Py_uhash_t)(h == -1 ? -2 : h);
 }
 
@@ -538,7 +540,7 @@ static Py_hash_t pair_hash(Py_uhash_t first, Py_uhash_t second) {
     return acc == (Py_uhash_t)-1 ? 1546275796 : (Py_hash_t)acc;
 }
 
-/* 1 when pair_hash is this interpreter's hash of a pair (checked once, on sample pairs); else name_run builds the
+/* 1 when pair_hash is this interpreter's hash of a pair (checked once, on sample pairs); else name_inside builds the
    tuples and hashes them, as the Python loop does. */
 static int pairs_hash_alike = -1;
 
@@ -554,31 +556,45 @@ static int check_pair_hash(void) {
     return 1;
 }
 
-/* What BlockPrompt.name_blocks's inner loop does: for first in range(start, stop, step), parent = hash((parent,
-   first)), appended to ``names``. The runs of a long prompt's blocks are hundreds of names a call. */
-static PyObject *name_run(PyObject *module, PyObject *args) {
-    PyObject *names, *parent;
-    long long start, stop, step;
-    if (!PyArg_ParseTuple(args, "O!OLLL:name_run", &PyList_Type, &names, &parent, &start, &stop, &step)) return NULL;
-    if (step <= 0 || start < 0)
-        return PyErr_Format(PyExc_ValueError, "name_run: a run up from 0, not from %lld by %lld", start, step);
+/* What BlockPrompt.name_blocks does for blocks that lie inside one of the prompt's blocks: block j (of ``size``
+   tokens) inside prompt block q (of ``block`` tokens, id ids[q]) holds the run of ids from ids[q] * block - q * block
+   + j * size, and is named hash((parent, that first id)), parent the name before it. Appends the names of blocks
+   len(names) .. n - 1 to ``names``, up to the first that spans two prompt blocks (named by its tokens, in Python).
+   A long prompt's chunk is hundreds of names a call. */
+static PyObject *name_inside(PyObject *module, PyObject *args) {
+    PyObject *names, *parent, *ids;
+    long long block, size, n;
+    if (!PyArg_ParseTuple(args, "O!OO!LLL:name_inside", &PyList_Type, &names, &parent, &PyTuple_Type, &ids, &block,
+                          &size, &n))
+        return NULL;
+    if (block < 1 || size < 1)
+        return PyErr_Format(PyExc_ValueError, "name_inside: blocks of %lld and %lld tokens", block, size);
     if (pairs_hash_alike < 0 && (pairs_hash_alike = check_pair_hash()) < 0) return NULL;
     Py_hash_t h = PyObject_Hash(parent);
     if (h == -1) return NULL;
     Py_INCREF(parent);
-    for (long long first = start; first < stop; first = stop - first > step ? first + step : stop) {
-        if (pairs_hash_alike) {
-            h = pair_hash((Py_uhash_t)h, int_hash(first));
-        } else {
-            PyObject *pair = Py_BuildValue("(OL)", parent, first);
-            h = pair ? PyObject_Hash(pair) : -1;
-            Py_XDECREF(pair);
-            if (h == -1) break;
+    for (long long j = PyList_GET_SIZE(names); j < n && !PyErr_Occurred();) {
+        long long q = j * size / block, inside = Py_MIN(n, (q + 1) * block / size); /* j .. inside - 1 lie in q */
+        if (inside <= j) break; /* j spans two */
+        long long id = q < PyTuple_GET_SIZE(ids) ? PyLong_AsLongLong(PyTuple_GET_ITEM(ids, q)) : -1;
+        if (id < 0 || id > LLONG_MAX / block - 1) { /* BlockPrompt's bound: its tokens' ids stay in int64 */
+            if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "name_inside: an id outside the prompt's");
+            break;
         }
-        Py_DECREF(parent);
-        parent = PyLong_FromSsize_t(h);
-        if (!parent || PyList_Append(names, parent) < 0) break;
-        h = int_hash(h); /* the next pair's first item: this name, an int */
+        for (long long first = id * block - q * block + j * size; j < inside; j++, first += size) {
+            if (pairs_hash_alike) {
+                h = pair_hash((Py_uhash_t)h, int_hash(first));
+            } else {
+                PyObject *pair = Py_BuildValue("(OL)", parent, first);
+                h = pair ? PyObject_Hash(pair) : -1;
+                Py_XDECREF(pair);
+                if (h == -1) break;
+            }
+            Py_DECREF(parent);
+            parent = PyLong_FromSsize_t(h);
+            if (!parent || PyList_Append(names, parent) < 0) break;
+            h = int_hash(h); /* the next pair's first item: this name, an int */
+        }
     }
     Py_XDECREF(parent);
     if (PyErr_Occurred()) return NULL;
@@ -625,8 +641,8 @@ static PyMethodDef module_methods[] = {
     {"forget_names", forget_names, METH_VARARGS, "forget_names(index, named, blocks): BlockPool.forget's loop"},
     {"release_refs", release_refs, METH_VARARGS,
      "release_refs(counts, named, blocks): BlockPool.release_many's loop; (freed, unnamed among them, stop)"},
-    {"name_run", name_run, METH_VARARGS,
-     "name_run(names, parent, start, stop, step): BlockPrompt.name_blocks's loop over a run of blocks"},
+    {"name_inside", name_inside, METH_VARARGS,
+     "name_inside(names, parent, ids, block, size, n): BlockPrompt.name_blocks's loop, up to a block that spans two"},
     {NULL},
 };
 static struct PyModuleDef module = {

@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from itertools import chain
 
-from kvsched.allocators.compiled import name_run
+from kvsched.allocators.compiled import name_inside
 
 ROOT = 0x9E3779B97F4A7C15  # the parent of every chain's first block
 MAX_ID = 2**63 - 1  # token ids are int64 (the results' columns, vLLM's)
@@ -93,24 +93,22 @@ class BlockPrompt(Sequence):
         """``chain_hashes`` for this prompt: a block that lies inside one of its blocks holds the run of ids
         from its first, and is named by that id, not by the ids themselves (none are made); one that spans
         two of its blocks is named by its ids, as any other."""
-        parent, b, ids, j = hashes[-1] if hashes else ROOT, self.block, self.hash_ids, len(hashes)
-        while j < n:
+        b, ids = self.block, self.hash_ids
+        while len(hashes) < n:
+            j, parent = len(hashes), hashes[-1] if hashes else ROOT
+            if name_inside is not None:  # the loop over the blocks inside, in C
+                name_inside(hashes, parent, ids, b, block_size, n)
+                if len(hashes) > j:
+                    continue
             q = j * block_size // b
             inside = min(n, (q + 1) * b // block_size)  # blocks j .. inside - 1 end by the end of block q
             if inside > j:
                 offset = ids[q] * b - q * b  # a token's id is its position plus this
-                if name_run is not None:  # the same loop in C
-                    name_run(hashes, parent, offset + j * block_size, offset + inside * block_size, block_size)
-                    parent = hashes[-1]
-                else:
-                    for first in range(offset + j * block_size, offset + inside * block_size, block_size):
-                        parent = hash((parent, first))
-                        hashes.append(parent)
-                j = inside
+                for first in range(offset + j * block_size, offset + inside * block_size, block_size):
+                    parent = hash((parent, first))
+                    hashes.append(parent)
             else:
-                parent = hash((parent, self.tokens(j * block_size, (j + 1) * block_size)))
-                hashes.append(parent)
-                j += 1
+                hashes.append(hash((parent, self.tokens(j * block_size, (j + 1) * block_size))))
 
     def __reduce__(self):
         return BlockPrompt, (self.hash_ids, self.length, self.block)

@@ -272,34 +272,49 @@ parents = st.one_of(st.integers(-(2**63), 2**63 - 1), st.sampled_from([ROOT, -1,
 
 
 @needs_c
-@given(parent=parents, start=st.integers(0, 2**63 - 1), step=st.integers(1, 64), count=st.integers(0, 40))
-def test_a_run_of_blocks_is_named_in_c_as_the_python_loop_names_it(parent, start, step, count):
-    """name_run's own hash of a pair (CPython's tuple hash, written out) against ``hash((parent, first))``."""
-    from kvsched.allocators._nameindex import name_run
+@given(
+    parent=parents,
+    block=st.sampled_from([1, 3, 16, 512]),
+    size=st.sampled_from([1, 2, 5, 16]),
+    ids=st.lists(st.one_of(st.integers(0, 2**40), st.just(-1)), min_size=1, max_size=20),
+    named=st.integers(0, 3),
+    n=st.integers(0, 40),
+)
+def test_blocks_inside_a_prompts_blocks_are_named_in_c_as_the_python_loop_names_them(
+    parent, block, size, ids, named, n
+):
+    """name_inside's own hash of a pair (CPython's tuple hash, written out) against ``hash((parent, first))``, from
+    int64's extremes to a name past them (the root), up to the first block that spans two (-1: the largest id)."""
+    from kvsched.allocators._nameindex import name_inside
 
-    stop = min(start + step * count, 2**63 - 1)
-    named, expected, name = [7], [7], parent
-    name_run(named, parent, start, stop, step)
-    for first in range(start, stop, step):
-        name = hash((name, first))
+    ids = tuple((2**63 - 1) // block - 1 if i < 0 else i for i in ids)
+    n = min(n, len(ids) * block // size)
+    hashes, expected = [0] * named, [0] * named
+    name_inside(hashes, parent, ids, block, size, n)
+    name = parent
+    for j in range(named, n):
+        q = j * size // block
+        if (j + 1) * size > (q + 1) * block:
+            break
+        name = hash((name, ids[q] * block - q * block + j * size))
         expected.append(name)
-    assert named == expected
+    assert hashes == expected
 
 
 @needs_c
-def test_name_run_refuses_a_run_it_cannot_name():
-    from kvsched.allocators._nameindex import name_run
+def test_name_inside_refuses_what_it_cannot_name():
+    from kvsched.allocators._nameindex import name_inside
 
-    for start, step in ((-1, 16), (0, 0)):
-        with pytest.raises(ValueError, match="name_run"):
-            name_run([], ROOT, start, 64, step)
+    for ids, block, size in (((1,), 0, 16), ((1,), 16, 0), ((-1,), 16, 16), ((2**62,), 16, 16)):
+        with pytest.raises(ValueError, match="name_inside"):
+            name_inside([], ROOT, ids, block, size, 1)
 
 
 @needs_c
 @given(
     ids=st.lists(st.integers(0, 2**40), min_size=1, max_size=12),
     block=st.sampled_from([16, 32, 512]),
-    block_size=st.sampled_from([4, 16, 48]),
+    block_size=st.sampled_from([4, 16, 48, 100]),
     cut=st.integers(0, 15),
     steps=st.lists(st.integers(1, 40), min_size=1, max_size=4),
 )
@@ -307,14 +322,14 @@ def test_a_prompt_as_blocks_is_named_alike_with_and_without_the_c_loop(ids, bloc
     prompt = BlockPrompt(ids, max(1, len(ids) * block - cut), block)
     named = []
     for c_loop in (True, False):
-        saved = block_prompt.name_run
+        saved = block_prompt.name_inside
         if not c_loop:
-            block_prompt.name_run = None
+            block_prompt.name_inside = None
         try:
             hashes: list[int] = []
             for n in steps:  # a few blocks at a time, as the block manager asks
                 prompt.name_blocks(hashes, block_size, min(len(hashes) + n, len(prompt) // block_size))
             named.append(hashes)
         finally:
-            block_prompt.name_run = saved
+            block_prompt.name_inside = saved
     assert named[0] == named[1]
