@@ -513,6 +513,33 @@ static PyObject *release_refs(PyObject *module, PyObject *args) {
     return gone ? Py_BuildValue("(Nnn)", gone, unnamed, stop) : NULL;
 }
 
+/* What BlockPool.allocate_many's Python loop does: each of ``blocks`` (just taken from the free list or evicted) is
+   held by one table, its count in ``counts`` 1. Returns False, having changed nothing, for a block id that is not
+   an int from 0 to the list's length (the Python loop then reads it, and raises or not, as it would). */
+static PyObject *hold_refs(PyObject *module, PyObject *args) {
+    PyObject *counts, *blocks;
+    if (!PyArg_ParseTuple(args, "O!O!:hold_refs", &PyList_Type, &counts, &PyList_Type, &blocks)) return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(blocks);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *block = PyList_GET_ITEM(blocks, i);
+        Py_ssize_t b = PyLong_CheckExact(block) ? PyLong_AsSsize_t(block) : -1;
+        if (b < 0 || b >= PyList_GET_SIZE(counts)) {
+            PyErr_Clear();
+            Py_RETURN_FALSE;
+        }
+    }
+    PyObject *one = PyLong_FromLong(1);
+    if (!one) return NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Py_ssize_t b = PyLong_AsSsize_t(PyList_GET_ITEM(blocks, i));
+        PyObject *old = PyList_GET_ITEM(counts, b);
+        PyList_SET_ITEM(counts, b, Py_NewRef(one));
+        Py_DECREF(old); /* an int (ref counts are): freeing it runs no Python code */
+    }
+    Py_DECREF(one);
+    Py_RETURN_TRUE;
+}
+
 /* ---------------------------------------------------------------- naming a run of blocks (BlockPrompt) */
 
 /* CPython's hash of an int in int64: its magnitude modulo 2**61 - 1 (folded, not divided), the sign kept, -1 made
@@ -641,6 +668,7 @@ static PyMethodDef module_methods[] = {
     {"forget_names", forget_names, METH_VARARGS, "forget_names(index, named, blocks): BlockPool.forget's loop"},
     {"release_refs", release_refs, METH_VARARGS,
      "release_refs(counts, named, blocks): BlockPool.release_many's loop; (freed, unnamed among them, stop)"},
+    {"hold_refs", hold_refs, METH_VARARGS, "hold_refs(counts, blocks): BlockPool.allocate_many's loop (False: not)"},
     {"name_inside", name_inside, METH_VARARGS,
      "name_inside(names, parent, ids, block, size, n): BlockPrompt.name_blocks's loop, up to a block that spans two"},
     {NULL},

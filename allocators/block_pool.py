@@ -8,6 +8,7 @@ from kvsched.allocators.compiled import (  # noqa: F401 (index_in_use: engine po
     COMPILED_INDEX,
     NameIndex,
     forget_names,
+    hold_refs,
     index_in_use,
     register_names,
     release_refs,
@@ -90,9 +91,10 @@ class BlockPool:
             blocks = free[-n:] if n else []
             blocks.reverse()  # the newest first, as n calls of allocate() take them
             del free[len(free) - n :]
-        ref_counts = self.ref_counts
-        for block in blocks:
-            ref_counts[block] = 1
+        if type(self.hash_to_block) is dict or not hold_refs(self.ref_counts, blocks):  # else done in C
+            ref_counts = self.ref_counts
+            for block in blocks:
+                ref_counts[block] = 1
         self.num_free -= n
         return blocks
 

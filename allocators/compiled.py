@@ -10,9 +10,16 @@ from __future__ import annotations
 import os
 
 try:
-    from kvsched.allocators._nameindex import NameIndex, forget_names, name_inside, register_names, release_refs
+    from kvsched.allocators._nameindex import (
+        NameIndex,
+        forget_names,
+        hold_refs,
+        name_inside,
+        register_names,
+        release_refs,
+    )
 except ImportError:
-    NameIndex = forget_names = name_inside = register_names = release_refs = None
+    NameIndex = forget_names = hold_refs = name_inside = register_names = release_refs = None
 COMPILED_INDEX = NameIndex is not None and os.environ.get("KVSCHED_DICT_INDEX", "0") in ("", "0")
 # BlockPrompt's naming of a run of blocks: in C exactly when the pools' index is
 name_inside = name_inside if COMPILED_INDEX else None

@@ -258,8 +258,12 @@ def test_a_bad_block_id_is_released_as_the_python_code_releases_it(bad):
 
 
 @needs_c
-def test_release_refs_leaves_what_it_cannot_read_to_the_python_code():
-    from kvsched.allocators._nameindex import release_refs
+def test_the_c_loops_leave_what_they_cannot_read_to_the_python_code():
+    from kvsched.allocators._nameindex import hold_refs, release_refs
+
+    counts = [0, 0, 0]
+    assert hold_refs(counts, [0, 3]) is False and hold_refs(counts, [2, -1]) is False and counts == [0, 0, 0]
+    assert hold_refs(counts, [2, 0]) is True and counts == [1, 0, 1]
 
     counts, named = [1, 2, 1, 1], [None, 5, 6, None]
     assert release_refs(counts, named, [0, 2, 9]) is None and release_refs(counts, named, [0, "2"]) is None
