@@ -540,6 +540,26 @@ static PyObject *hold_refs(PyObject *module, PyObject *args) {
     Py_RETURN_TRUE;
 }
 
+/* What the block manager's _num_held does: how many of ``blocks`` (a prompt's cache hits, read twice each time a
+   waiting prompt is refused for want of blocks) some table holds, their counts in ``counts`` not 0. None for a block
+   id that is not an int from 0 to the list's length or a count that is not an int (the Python code then reads
+   them, and raises or not, as it would). */
+static PyObject *count_held(PyObject *module, PyObject *args) {
+    PyObject *counts, *blocks;
+    if (!PyArg_ParseTuple(args, "O!O!:count_held", &PyList_Type, &counts, &PyList_Type, &blocks)) return NULL;
+    Py_ssize_t held = 0;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(blocks); i++) {
+        PyObject *block = PyList_GET_ITEM(blocks, i);
+        Py_ssize_t b = PyLong_CheckExact(block) ? PyLong_AsSsize_t(block) : -1;
+        if (b < 0 || b >= PyList_GET_SIZE(counts) || !PyLong_CheckExact(PyList_GET_ITEM(counts, b))) {
+            PyErr_Clear();
+            Py_RETURN_NONE;
+        }
+        held += PyObject_IsTrue(PyList_GET_ITEM(counts, b)); /* an int: no error possible */
+    }
+    return PyLong_FromSsize_t(held);
+}
+
 /* ---------------------------------------------------------------- naming a run of blocks (BlockPrompt) */
 
 /* CPython's hash of an int in int64: its magnitude modulo 2**61 - 1 (folded, not divided), the sign kept, -1 made
@@ -669,6 +689,7 @@ static PyMethodDef module_methods[] = {
     {"release_refs", release_refs, METH_VARARGS,
      "release_refs(counts, named, blocks): BlockPool.release_many's loop; (freed, unnamed among them, stop)"},
     {"hold_refs", hold_refs, METH_VARARGS, "hold_refs(counts, blocks): BlockPool.allocate_many's loop (False: not)"},
+    {"count_held", count_held, METH_VARARGS, "count_held(counts, blocks): the blocks whose count is not 0, or None"},
     {"name_inside", name_inside, METH_VARARGS,
      "name_inside(names, parent, ids, block, size, n): BlockPrompt.name_blocks's loop, up to a block that spans two"},
     {NULL},

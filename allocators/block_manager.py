@@ -18,6 +18,7 @@ from kvsched.allocators.alloc_status import AllocStatus
 from kvsched.allocators.block_pool import BlockPool
 from kvsched.allocators.block_prompt import ROOT, chain_hashes
 from kvsched.allocators.cache_hits import CacheHits
+from kvsched.allocators.compiled import count_held
 from kvsched.allocators.journal import Transactions
 
 if TYPE_CHECKING:
@@ -26,6 +27,9 @@ if TYPE_CHECKING:
 
 def _num_held(ref_counts: list[int], blocks: list[int]) -> int:
     """How many of ``blocks`` some table holds (a prompt's hits, dozens to hundreds: read in one call)."""
+    held = count_held(ref_counts, blocks) if count_held is not None and type(blocks) is list else None  # C
+    if held is not None:
+        return held
     if len(blocks) > 1:
         return len(blocks) - itemgetter(*blocks)(ref_counts).count(0)
     return sum(map(bool, map(ref_counts.__getitem__, blocks)))

@@ -12,6 +12,7 @@ import os
 try:
     from kvsched.allocators._nameindex import (
         NameIndex,
+        count_held,
         forget_names,
         hold_refs,
         name_inside,
@@ -19,10 +20,11 @@ try:
         release_refs,
     )
 except ImportError:
-    NameIndex = forget_names = hold_refs = name_inside = register_names = release_refs = None
+    NameIndex = count_held = forget_names = hold_refs = name_inside = register_names = release_refs = None
 COMPILED_INDEX = NameIndex is not None and os.environ.get("KVSCHED_DICT_INDEX", "0") in ("", "0")
-# BlockPrompt's naming of a run of blocks: in C exactly when the pools' index is
-name_inside = name_inside if COMPILED_INDEX else None
+# The loops outside the pool (BlockPrompt's naming, the block manager's count of held hits): in C exactly when the
+# pools' index is
+name_inside, count_held = (name_inside, count_held) if COMPILED_INDEX else (None, None)
 
 
 def index_in_use() -> str:

@@ -21,7 +21,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from kvsched.allocators import block_pool, block_prompt
+from kvsched.allocators import block_manager, block_pool, block_prompt
 from kvsched.allocators.block_pool import BlockPool, NameIndex
 from kvsched.allocators.block_prompt import ROOT, BlockPrompt
 
@@ -337,3 +337,21 @@ def test_a_prompt_as_blocks_is_named_alike_with_and_without_the_c_loop(ids, bloc
         finally:
             block_prompt.name_inside = saved
     assert named[0] == named[1]
+
+
+@needs_c
+@given(counts=st.lists(st.integers(0, 3), min_size=1, max_size=12), data=st.data())
+def test_the_held_hits_are_counted_in_c_as_in_python(counts, data):
+    blocks = data.draw(st.lists(st.integers(-len(counts), len(counts) + 1), max_size=12))
+    answers = []
+    for c_loop in (True, False):
+        saved = block_manager.count_held
+        if not c_loop:
+            block_manager.count_held = None
+        try:
+            answers.append(block_manager._num_held(counts, blocks))
+        except IndexError:
+            answers.append(IndexError)
+        finally:
+            block_manager.count_held = saved
+    assert answers[0] == answers[1]
