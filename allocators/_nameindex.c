@@ -467,6 +467,29 @@ static PyObject *forget_names(PyObject *module, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* index.gives(names, blocks): whether each of ``blocks`` is what the index gives its name, the same place in
+   ``names`` (a sequence's kept cache hits, checked again each step it waits: CacheHits.holds). */
+static PyObject *ni_gives(NameIndex *t, PyObject *args) {
+    PyObject *names, *blocks;
+    if (!PyArg_ParseTuple(args, "O!O!:gives", &PyList_Type, &names, &PyList_Type, &blocks)) return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(blocks);
+    if (PyList_GET_SIZE(names) < n) Py_RETURN_FALSE;
+    /* Tuples: what a stray name's Python code might do to the lists cannot pull an item from under the loop. */
+    PyObject *ns = PyList_GetSlice(names, 0, n), *bs = ns ? PySequence_Tuple(blocks) : NULL;
+    PyObject *nt = bs ? PySequence_Tuple(ns) : NULL;
+    int same = nt ? 1 : -1;
+    for (Py_ssize_t i = 0; same > 0 && i < n; i++) {
+        if (i + AHEAD < n) prefetch_slot(t, PyTuple_GET_ITEM(nt, i + AHEAD));
+        PyObject *found = lookup(t, PyTuple_GET_ITEM(nt, i));
+        same = found ? PyObject_RichCompareBool(found, PyTuple_GET_ITEM(bs, i), Py_EQ) : PyErr_Occurred() ? -1 : 0;
+        Py_XDECREF(found);
+    }
+    Py_XDECREF(ns);
+    Py_XDECREF(bs);
+    Py_XDECREF(nt);
+    return same < 0 ? NULL : PyBool_FromLong(same);
+}
+
 /* What BlockPool.release_many's Python code does: one reference to each block fewer (``counts``, the pool's
    ref_counts), all at once when each count is 1 (a table no other holds), else block by block up to a double free.
    Returns (the blocks now free, how many of them are unnamed in ``named``, the position of the double free or -1),
@@ -663,6 +686,7 @@ static PyMethodDef ni_methods[] = {
     {"items", (PyCFunction)ni_items, METH_NOARGS, "a list of (name, block) pairs"},
     {"keys", (PyCFunction)ni_keys, METH_NOARGS, "a list of the names (so that dict(index) copies it)"},
     {"__reduce__", (PyCFunction)ni_reduce, METH_NOARGS, NULL},
+    {"gives", (PyCFunction)ni_gives, METH_VARARGS, "gives(names, blocks): whether each name gives its block"},
     {NULL},
 };
 static PyTypeObject NameIndexType = {

@@ -54,7 +54,10 @@ class CacheHits:
         index, found = pool.hash_to_block, self._found
         if names is not self._names or (self._stop is not None and self._stop in index):
             return False
-        if len(found) > 1:
+        if type(index) is not dict and type(names) is list:  # the compiled index reads them all in one call
+            if not index.gives(names, found):
+                return False
+        elif len(found) > 1:
             if self._check is None:  # made at the first check: most lookups are never checked
                 self._check = itemgetter(*names[: len(found)]), tuple(found)
             blocks_of, expected = self._check

@@ -101,6 +101,16 @@ class IndexMachine(RuleBasedStateMachine):
             with pytest.raises(KeyError):
                 self.table[name]
 
+    @rule(data=st.data())
+    def gives(self, data):
+        """Whether each of a list of names gives the block at its place (a kept cache hit's check)."""
+        chosen = data.draw(st.lists(st.one_of(names, st.sampled_from(sorted(self.model) or [0])), max_size=6))
+        given = [self.model.get(name, 0) for name in chosen][: data.draw(st.integers(0, len(chosen) + 1))]
+        if given and data.draw(st.booleans()):
+            given[-1] += 1  # one block that is not its name's
+        expected = len(chosen) >= len(given) and all(self.model.get(n) == b for n, b in zip(chosen, given))
+        assert self.table.gives(chosen, given) is expected
+
     @rule()
     def copy_and_pickle(self):
         for other in (copy.copy(self.table), copy.deepcopy(self.table), pickle.loads(pickle.dumps(self.table))):
