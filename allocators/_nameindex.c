@@ -1,12 +1,17 @@
-/* The prefix cache's index, BlockPool.hash_to_block, as a compact table: block names (ints) to block ids.
+/* The prefix cache's index, BlockPool.hash_to_block, as a compact table: block names (ints) to block ids; and the
+allocators' other loops over blocks.
 
 Why: a long-context run names, looks up and forgets hundreds of thousands of blocks, and a dict holds each entry
 as two boxed ints behind a hash slot. Here a name is 8 bytes and a block 4, in open addressing with linear probing
-(deletion shifts the run back, so there are no tombstones), and the pool's two bulk loops, register_names and
-forget_names, run in C. It behaves as the dict it replaces for every operation the pool, the block manager and
-their tests use (get, setdefault, [], del, in, len, items, keys, iteration, dict(), ==, copy and pickle); a name
-outside int64, or not an int, is kept in a plain dict beside the table ("strays"), so any name a dict takes is
-taken. Without this module built, the pool uses a dict and its Python loops: the reference this is tested against. */
+(deletion shifts the run back, so there are no tombstones). It behaves as the dict it replaces for every operation
+the pool, the block manager and their tests use (get, setdefault, [], del, in, len, items, keys, iteration, dict(),
+==, copy and pickle); a name outside int64, or not an int, is kept in a plain dict beside the table ("strays"), so
+any name a dict takes is taken. The loops an hour of long prompts runs some nine million times a block run here
+too, each the Python loop beside its call written out: the pool's naming, forgetting, holding and releasing
+(register_names, forget_names, hold_refs, release_refs), the block manager's count of held hits (count_held) and
+check of kept ones (NameIndex.gives), and a prompt's naming of its blocks (name_inside, CPython's hash of a pair
+written out). Without this module built, the allocators use a dict and their Python loops: the reference this is
+tested against (tests/test_nameindex.py). */
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
