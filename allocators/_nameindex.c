@@ -477,14 +477,26 @@ static PyObject *forget_names(PyObject *module, PyObject *args) {
 static PyObject *ni_gives(NameIndex *t, PyObject *args) {
     PyObject *names, *blocks;
     if (!PyArg_ParseTuple(args, "O!O!:gives", &PyList_Type, &names, &PyList_Type, &blocks)) return NULL;
-    Py_ssize_t n = PyList_GET_SIZE(blocks);
+    Py_ssize_t n = PyList_GET_SIZE(blocks), i = 0;
     if (PyList_GET_SIZE(names) < n) Py_RETURN_FALSE;
-    /* Tuples: what a stray name's Python code might do to the lists cannot pull an item from under the loop. */
+    for (; i < n; i++) { /* names in int64 and block ids, the engine's: read in place, no Python code runs */
+        PyObject *key = PyList_GET_ITEM(names, i), *block = PyList_GET_ITEM(blocks, i);
+        int64_t name;
+        if (!PyLong_CheckExact(block) || !PyLong_CheckExact(key) || name_of(key, &name) != 1) break;
+        if (i + AHEAD < n) prefetch_slot(t, PyList_GET_ITEM(names, i + AHEAD));
+        Py_ssize_t slot = slot_of(t, name);
+        if (slot < 0 || t->blocks[slot] != PyLong_AsLong(block)) {
+            PyErr_Clear(); /* a block id past a long is no block of the table's */
+            Py_RETURN_FALSE;
+        }
+    }
+    if (i == n) Py_RETURN_TRUE;
+    /* Else (a stray name) tuples: what its Python code might do to the lists cannot pull an item from under the
+       loop. */
     PyObject *ns = PyList_GetSlice(names, 0, n), *bs = ns ? PySequence_Tuple(blocks) : NULL;
     PyObject *nt = bs ? PySequence_Tuple(ns) : NULL;
     int same = nt ? 1 : -1;
-    for (Py_ssize_t i = 0; same > 0 && i < n; i++) {
-        if (i + AHEAD < n) prefetch_slot(t, PyTuple_GET_ITEM(nt, i + AHEAD));
+    for (; same > 0 && i < n; i++) { /* from the first stray on */
         PyObject *found = lookup(t, PyTuple_GET_ITEM(nt, i));
         same = found ? PyObject_RichCompareBool(found, PyTuple_GET_ITEM(bs, i), Py_EQ) : PyErr_Occurred() ? -1 : 0;
         Py_XDECREF(found);
