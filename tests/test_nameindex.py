@@ -324,6 +324,21 @@ def test_name_inside_refuses_what_it_cannot_name():
             name_inside([], ROOT, ids, block, size, 1)
 
 
+def _in_c_and_in_python(module, loop: str, call):
+    """``call()`` with the module's C loop, then with its Python loop (the name set to None, as without the build):
+    the two answers, an exception's type for its answer."""
+    answers, saved = [], getattr(module, loop)
+    for c_loop in (saved, None):
+        setattr(module, loop, c_loop)
+        try:
+            answers.append(call())
+        except Exception as error:  # noqa: BLE001 (compared)
+            answers.append(type(error))
+        finally:
+            setattr(module, loop, saved)
+    return answers
+
+
 @needs_c
 @given(
     ids=st.lists(st.integers(0, 2**40), min_size=1, max_size=12),
@@ -334,34 +349,20 @@ def test_name_inside_refuses_what_it_cannot_name():
 )
 def test_a_prompt_as_blocks_is_named_alike_with_and_without_the_c_loop(ids, block, block_size, cut, steps):
     prompt = BlockPrompt(ids, max(1, len(ids) * block - cut), block)
-    named = []
-    for c_loop in (True, False):
-        saved = block_prompt.name_inside
-        if not c_loop:
-            block_prompt.name_inside = None
-        try:
-            hashes: list[int] = []
-            for n in steps:  # a few blocks at a time, as the block manager asks
-                prompt.name_blocks(hashes, block_size, min(len(hashes) + n, len(prompt) // block_size))
-            named.append(hashes)
-        finally:
-            block_prompt.name_inside = saved
-    assert named[0] == named[1]
+
+    def named():
+        hashes: list[int] = []
+        for n in steps:  # a few blocks at a time, as the block manager asks
+            prompt.name_blocks(hashes, block_size, min(len(hashes) + n, len(prompt) // block_size))
+        return hashes
+
+    in_c, in_python = _in_c_and_in_python(block_prompt, "name_inside", named)
+    assert in_c == in_python and type(in_c) is list
 
 
 @needs_c
 @given(counts=st.lists(st.integers(0, 3), min_size=1, max_size=12), data=st.data())
 def test_the_held_hits_are_counted_in_c_as_in_python(counts, data):
     blocks = data.draw(st.lists(st.integers(-len(counts), len(counts) + 1), max_size=12))
-    answers = []
-    for c_loop in (True, False):
-        saved = block_manager.count_held
-        if not c_loop:
-            block_manager.count_held = None
-        try:
-            answers.append(block_manager._num_held(counts, blocks))
-        except IndexError:
-            answers.append(IndexError)
-        finally:
-            block_manager.count_held = saved
-    assert answers[0] == answers[1]
+    in_c, in_python = _in_c_and_in_python(block_manager, "count_held", lambda: block_manager._num_held(counts, blocks))
+    assert in_c == in_python
