@@ -22,6 +22,7 @@ of the collector's passes in the main measurement; ``--gc freeze|off`` freezes t
     .venv/bin/python benchmarks/cluster_speed.py --router round-robin --staleness 0
     .venv/bin/python benchmarks/cluster_speed.py -n 4000 --one-engine 10000   # the fleet against one engine, same load
     .venv/bin/python benchmarks/cluster_speed.py -n 0 --pair 20000            # routed ahead against routed at arrival
+    .venv/bin/python benchmarks/cluster_speed.py --replicas 4 --num-gpu-blocks 2048 -n 8000   # under KV pressure
     # the collector's share (gc_cpu_s), frozen or off
     .venv/bin/python benchmarks/cluster_speed.py -n 60000 --gc freeze
 """
@@ -55,6 +56,12 @@ def main() -> None:
     parser.add_argument("--policy", default="vllm-default")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
+        "--num-gpu-blocks",
+        type=bounded(int, 16, 10_000_000),
+        default=None,
+        help="each replica's (default: the profile's)",
+    )
+    parser.add_argument(
         "--progress", type=COUNT, default=0, metavar="N", help="a line to stderr each N finished requests"
     )
     parser.add_argument(
@@ -84,11 +91,15 @@ def main() -> None:
 
     from kvsched.cluster.summary import fleet_summary
 
+    settings = {} if args.num_gpu_blocks is None else {"num_gpu_blocks": args.num_gpu_blocks}
+
     def fleet(replicas: int, lookahead: bool = True):
         from kvsched.cluster import Cluster, FleetSpec, ReplicaGroup
 
         spec = FleetSpec(
-            replicas=[ReplicaGroup(count=replicas, policy=args.policy)], router=args.router, staleness_s=args.staleness
+            replicas=[ReplicaGroup(count=replicas, policy=args.policy, settings=settings)],
+            router=args.router,
+            staleness_s=args.staleness,
         )
         return Cluster(spec, lookahead=lookahead)
 

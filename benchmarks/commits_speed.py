@@ -11,6 +11,8 @@ their ratios against the first commit's.
         -- benchmarks/sim_speed.py --one-like-vidur --policy vllm-default
     .venv/bin/python benchmarks/commits_speed.py a0c3fc7 HEAD --rounds 7 --key cpu_us_per_request \\
         -- benchmarks/cluster_speed.py --replicas 16 -n 30000
+    .venv/bin/python benchmarks/commits_speed.py d7e2f69 HEAD --script-here --rounds 5 --key loop_cpu_s \\
+        -- benchmarks/sim_speed.py --one-like-vidur --fleet-of-one   # this script, each commit's package
 """
 
 from __future__ import annotations
@@ -45,10 +47,12 @@ def unpack(commit: str, into: Path) -> tuple[str, Path]:
     return short, folder
 
 
-def one_round(folder: Path, command: list[str], key: str) -> float:
-    """The benchmark run once on the code in ``folder``: the ``key`` of the JSON object on its last line."""
+def one_round(folder: Path, command: list[str], key: str, script_here: bool = False) -> float:
+    """The benchmark run once on the code in ``folder`` (its own script, or this checkout's if ``script_here``): the
+    ``key`` of the JSON object on its last line."""
     env = {**os.environ, "PYTHONPATH": str(folder.parent)}
-    done = subprocess.run([sys.executable, *command], cwd=folder, env=env, capture_output=True, text=True)
+    cwd = ROOT if script_here else folder
+    done = subprocess.run([sys.executable, *command], cwd=cwd, env=env, capture_output=True, text=True)
     if done.returncode:
         raise SystemExit(f"{folder.parent.name}: {' '.join(command)} exited {done.returncode}: {done.stderr[-500:]}")
     last = json.loads(done.stdout.strip().splitlines()[-1])
@@ -65,6 +69,11 @@ def main(argv: list[str]) -> None:
     parser.add_argument(
         "--key", required=True, help="the cost read from the benchmark's last JSON line (lower is faster)"
     )
+    parser.add_argument(
+        "--script-here",
+        action="store_true",
+        help="run this checkout's benchmark on each commit's code (an option older scripts lack)",
+    )
     args = parser.parse_args(argv[:cut])
     command = argv[cut + 1 :]
     if not command:
@@ -74,7 +83,7 @@ def main(argv: list[str]) -> None:
         runs: dict[str, list[float]] = {short: [] for short, _ in codes}
         for r in range(args.rounds):
             for short, folder in codes:
-                runs[short].append(one_round(folder, command, args.key))
+                runs[short].append(one_round(folder, command, args.key, args.script_here))
                 print(f"round {r + 1} {short} {runs[short][-1]:g} (load {os.getloadavg()[0]:.2f})", file=sys.stderr)
     base = runs[codes[0][0]]
     base_median, base_fastest = statistics.median(base), min(base)
