@@ -397,9 +397,29 @@ static int rename_at(PyObject *named, Py_ssize_t b, PyObject *name) {
     return PyList_SetItem(named, b, name);
 }
 
+/* Whether ``seq`` is a list or a tuple: read again by the Python loop if handed back, not an iterator used up. */
+static int listed(PyObject *seq) {
+    return PyList_CheckExact(seq) || PyTuple_CheckExact(seq);
+}
+
+/* Whether the first n of ``bs`` are ints from 0 to size - 1 (reading them runs no Python code); else the Python loop
+   indexes the list with them, and raises or not (a negative id, an int-like object), as it would. */
+static int blocks_of_list(PyObject *bs, Py_ssize_t n, Py_ssize_t size) {
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *block = PyTuple_GET_ITEM(bs, i);
+        Py_ssize_t b = PyLong_CheckExact(block) ? PyLong_AsSsize_t(block) : -1;
+        if (b < 0 || b >= size) {
+            PyErr_Clear();
+            return 0;
+        }
+    }
+    return 1;
+}
+
 /* What BlockPool.register's Python loop does: name each unnamed block (``named``, the pool's block_hash) by its
    content hash in ``index``; a content already cached elsewhere is named only with ``keep`` (its block joins
-   ``duplicates``). Returns the blocks named. */
+   ``duplicates``). Returns the blocks named, or None, having changed nothing, for blocks or hashes not a list or a
+   tuple or a block id not an int from 0 to the list's length (blocks_of_list). */
 static PyObject *register_names(PyObject *module, PyObject *args) {
     NameIndex *t;
     PyObject *named, *blocks, *hashes, *duplicates;
@@ -407,12 +427,19 @@ static PyObject *register_names(PyObject *module, PyObject *args) {
     if (!PyArg_ParseTuple(args, "O!O!OOpO!:register_names", &NameIndexType, &t, &PyList_Type, &named, &blocks,
                           &hashes, &keep, &PyDict_Type, &duplicates))
         return NULL;
+    if (!listed(blocks) || !listed(hashes)) Py_RETURN_NONE;
     /* Tuples: what a stray name's Python code might do to the lists cannot pull an item from under the loop. */
     PyObject *bs = PySequence_Tuple(blocks);
     PyObject *hs = bs ? PySequence_Tuple(hashes) : NULL;
     PyObject *done = hs ? PyList_New(0) : NULL;
     if (!done) goto fail;
     Py_ssize_t n = Py_MIN(PyTuple_GET_SIZE(bs), PyTuple_GET_SIZE(hs));
+    if (!blocks_of_list(bs, n, PyList_GET_SIZE(named))) {
+        Py_DECREF(bs);
+        Py_DECREF(hs);
+        Py_DECREF(done);
+        Py_RETURN_NONE;
+    }
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *block = PyTuple_GET_ITEM(bs, i), *h = PyTuple_GET_ITEM(hs, i);
         if (i + AHEAD < n) prefetch_slot(t, PyTuple_GET_ITEM(hs, i + AHEAD));
@@ -445,14 +472,19 @@ fail:
 }
 
 /* What BlockPool.forget's Python loop does while no content has duplicates: each block's name leaves ``index``
-   and the block is unnamed. */
+   and the block is unnamed. False, having changed nothing, as register_names returns None. */
 static PyObject *forget_names(PyObject *module, PyObject *args) {
     NameIndex *t;
     PyObject *named, *blocks;
     if (!PyArg_ParseTuple(args, "O!O!O:forget_names", &NameIndexType, &t, &PyList_Type, &named, &blocks))
         return NULL;
+    if (!listed(blocks)) Py_RETURN_FALSE;
     PyObject *bs = PySequence_Tuple(blocks);
     if (!bs) return NULL;
+    if (!blocks_of_list(bs, PyTuple_GET_SIZE(bs), PyList_GET_SIZE(named))) {
+        Py_DECREF(bs);
+        Py_RETURN_FALSE;
+    }
     for (Py_ssize_t i = 0, n = PyTuple_GET_SIZE(bs); i < n; i++) {
         PyObject *ahead = i + 2 * AHEAD < n ? peek_name(named, PyTuple_GET_ITEM(bs, i + 2 * AHEAD)) : NULL;
         if (ahead) __builtin_prefetch(ahead); /* its int, read AHEAD blocks later for its slot */
@@ -469,7 +501,7 @@ static PyObject *forget_names(PyObject *module, PyObject *args) {
         }
     }
     Py_DECREF(bs);
-    Py_RETURN_NONE;
+    Py_RETURN_TRUE;
 }
 
 /* index.gives(names, blocks): whether each of ``blocks`` is what the index gives its name, the same place in

@@ -175,9 +175,11 @@ class BlockPool:
         """Name held, fully written blocks by their content hashes (see the class docstring); those named."""
         self.version += 1
         if type(self.hash_to_block) is not dict:  # the same loop in C
-            return register_names(
+            done = register_names(
                 self.hash_to_block, self.block_hash, blocks, content_hashes, self.keep_duplicates, self._duplicates
             )
+            if done is not None:  # None: a block id it leaves to the Python loop
+                return done
         named, first_of, keep, done = self.block_hash, self.hash_to_block.setdefault, self.keep_duplicates, []
         for block, content_hash in zip(blocks, content_hashes):  # one probe of the index a block
             if named[block] is not None:
@@ -196,8 +198,8 @@ class BlockPool:
         named, index, duplicates = self.block_hash, self.hash_to_block, self._duplicates
         self.version += 1
         if not duplicates:  # the common case: each the only block with its content, in the index
-            if type(index) is not dict:  # the same loop in C
-                return forget_names(index, named, blocks)
+            if type(index) is not dict and forget_names(index, named, blocks):  # the same loop in C
+                return
             for block in blocks:
                 del index[named[block]]
                 named[block] = None

@@ -237,8 +237,8 @@ def test_a_name_whose_own_code_empties_the_pool_cannot_crash_the_loops():
     assert register_names(index, named, [0], [first], False, {}) == [0] and named[0] is first
     with pytest.raises(IndexError):
         register_names(index, named, [1], [second], False, {})
-    named[:] = [first, None, None, None]
     index[second] = 1
+    named[:] = [second, None, None, None]  # its deletion compares it with the first: the list is emptied mid-loop
     with pytest.raises(IndexError):
         forget_names(index, named, [0])
 
@@ -265,6 +265,39 @@ def test_a_bad_block_id_is_released_as_the_python_code_releases_it(bad):
             outcomes.append((type(error), str(error)))
         outcomes.append((pool.ref_counts, pool._free, list(pool.evictor), pool.num_free, pool.block_hash))
     assert outcomes[:2] == outcomes[2:]
+
+
+class _Index:
+    """A block id as numpy's ints are: an index, not an int."""
+
+    def __init__(self, value: int):
+        self.value = value
+
+    def __index__(self) -> int:
+        return self.value
+
+
+@needs_c
+@pytest.mark.parametrize(
+    "bad, forget", [(4, False), (2**70, False), ("1", False), (-1, True), (4, True), (2**70, True), (_Index(2), True)]
+)
+def test_a_bad_block_id_is_named_and_forgotten_as_the_python_code_does(bad, forget):
+    """Before: the C loops refused a negative id (the list's last block to Python), raised OverflowError for one past
+    a C ssize_t (IndexError in Python) and TypeError for an int-like one that Python indexes with. (Naming a block -1
+    or an int-like one is not compared: the table holds block ids, ints from 0, and refuses others by design.)"""
+    outcomes = []
+    for pool in _pools_on_either_index(4):
+        held = pool.allocate_many(3)
+        try:
+            if forget:
+                pool.register(held, [11, 12, 13])
+                pool.forget([held[0], bad])
+            else:
+                outcomes.append(pool.register([held[0], bad, held[1]], [11, 12, 13]))
+        except Exception as error:  # noqa: BLE001 (the type and message are compared)
+            outcomes.append((type(error), str(error)))
+        outcomes.append((dict(pool.hash_to_block), pool.block_hash, pool._duplicates))
+    assert outcomes[: len(outcomes) // 2] == outcomes[len(outcomes) // 2 :]
 
 
 @needs_c
