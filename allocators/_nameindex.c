@@ -127,6 +127,18 @@ static void erase(NameIndex *t, size_t i) {
     t->used--;
 }
 
+/* A missing key's KeyError as a dict raises it: the key its one argument (a tuple or None too). */
+static void key_error(PyObject *key) {
+    PyObject *args = PyTuple_Pack(1, key);
+    if (args) PyErr_SetObject(PyExc_KeyError, args);
+    Py_XDECREF(args);
+}
+
+/* A stray key looked up where there are no strays: absent (0), or unhashable (-1, a TypeError set), as a dict. */
+static int no_stray(PyObject *key) {
+    return PyObject_Hash(key) == -1 ? -1 : 0;
+}
+
 static PyObject *strays(NameIndex *t) {
     if (!t->strays) t->strays = PyDict_New();
     return t->strays;
@@ -138,7 +150,11 @@ static PyObject *lookup(NameIndex *t, PyObject *key) {
     int kind = name_of(key, &name);
     if (kind < 0) return NULL;
     if (kind == 0) {
-        PyObject *v = t->strays ? PyDict_GetItemWithError(t->strays, key) : NULL;
+        if (!t->strays) {
+            no_stray(key);
+            return NULL;
+        }
+        PyObject *v = PyDict_GetItemWithError(t->strays, key);
         Py_XINCREF(v);
         return v;
     }
@@ -225,7 +241,7 @@ static Py_ssize_t ni_len(NameIndex *t) {
 
 static PyObject *ni_getitem(NameIndex *t, PyObject *key) {
     PyObject *v = lookup(t, key);
-    if (!v && !PyErr_Occurred()) PyErr_SetObject(PyExc_KeyError, key);
+    if (!v && !PyErr_Occurred()) key_error(key);
     return v;
 }
 
@@ -237,13 +253,13 @@ static int ni_setitem(NameIndex *t, PyObject *key, PyObject *value) {
     if (kind == 0) {
         if (value) return strays(t) ? PyDict_SetItem(t->strays, key, value) : -1;
         if (t->strays) return PyDict_DelItem(t->strays, key);
-        PyErr_SetObject(PyExc_KeyError, key);
+        if (no_stray(key) == 0) key_error(key);
         return -1;
     }
     Py_ssize_t i = slot_of(t, name);
     if (!value) {
         if (i < 0) {
-            PyErr_SetObject(PyExc_KeyError, key);
+            key_error(key);
             return -1;
         }
         erase(t, (size_t)i);

@@ -143,6 +143,26 @@ def test_what_the_table_refuses_it_refuses_with_a_clear_error():
         NameIndex(-1)
 
 
+@needs_c
+@pytest.mark.parametrize("key", [None, (1, 2), [1], 2**70])
+@pytest.mark.parametrize("strays", [False, True])
+def test_a_missing_or_unhashable_key_raises_as_a_dict_does(key, strays):
+    """Before: KeyError() for None and KeyError(1, 2) for (1, 2), not the key as its one argument; and an unhashable
+    key was merely absent (KeyError, False, None) while no stray name was kept, where a dict raises TypeError."""
+
+    def outcomes(index):
+        found = []
+        for call in (lambda: index[key], lambda: index.__delitem__(key), lambda: key in index, lambda: index.get(key)):
+            try:
+                found.append(call())
+            except (KeyError, TypeError) as error:
+                found.append((type(error), error.args))
+        return found
+
+    made = {2**80: 1} if strays else {}
+    assert outcomes(NameIndex(4, made.items())) == outcomes(made)
+
+
 class PoolMachine(RuleBasedStateMachine):
     """A pool on the table and one on a dict: the same calls, the same answers, the same state after each."""
 
