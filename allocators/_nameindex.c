@@ -5,8 +5,8 @@ Why: a long-context run names, looks up and forgets hundreds of thousands of blo
 as two boxed ints behind a hash slot. Here a name is 8 bytes and a block 4, in open addressing with linear probing
 (deletion shifts the run back, so there are no tombstones). It behaves as the dict it replaces for every operation
 the pool, the block manager and their tests use (get, setdefault, [], del, in, len, items, keys, iteration, dict(),
-==, copy and pickle); a name outside int64, or not an int, is kept in a plain dict beside the table ("strays"), so
-any name a dict takes is taken. The loops an hour of long prompts runs some nine million times a block run here
+==, copy and pickle); a name outside int64, or not an int (or an int of its own hash), is kept in a plain dict
+beside the table ("strays"), so any name a dict takes is taken. The loops an hour of long prompts runs some nine million times a block run here
 too, each the Python loop beside its call written out: the pool's naming, forgetting, holding and releasing
 (register_names, forget_names, hold_refs, release_refs), the block manager's count of held hits (count_held) and
 check of kept ones (NameIndex.gives), and a prompt's naming of its blocks (name_inside, CPython's hash of a pair
@@ -38,9 +38,16 @@ static inline size_t home(const NameIndex *t, int64_t name) {
     return (size_t)(((uint64_t)name * 0x9E3779B97F4A7C15ULL) >> (64 - t->bits));
 }
 
-/* 1: ``key`` is an int in int64, stored in *name; 0: a stray; -1: an error is set. */
+/* Whether ``key`` hashes and compares as an int (an int, a bool): then its value is its whole identity as a key. */
+static int int_alike(PyObject *key) {
+    PyTypeObject *type = Py_TYPE(key);
+    return PyLong_CheckExact(key) || (PyLong_Check(key) && type->tp_hash == PyLong_Type.tp_hash &&
+                                      type->tp_richcompare == PyLong_Type.tp_richcompare);
+}
+
+/* 1: ``key`` is an int in int64, stored in *name; 0: a stray (an int of its own hash or == too); -1: an error. */
 static int name_of(PyObject *key, int64_t *name) {
-    if (!PyLong_Check(key)) return 0;
+    if (!int_alike(key)) return 0;
     int overflow;
     long long v = PyLong_AsLongLongAndOverflow(key, &overflow);
     if (overflow) return 0;

@@ -163,6 +163,23 @@ def test_a_missing_or_unhashable_key_raises_as_a_dict_does(key, strays):
     assert outcomes(NameIndex(4, made.items())) == outcomes(made)
 
 
+class _OddHash(int):
+    def __hash__(self):
+        return 12345
+
+
+@needs_c
+def test_an_int_of_its_own_hash_is_a_key_as_in_a_dict():
+    """Before: an int subclass was kept by its value, so _OddHash(5) found 5, which a dict (hashing it to 12345) does
+    not; a bool, hashed and compared as an int, still is its int."""
+
+    def outcomes(index):
+        index[5], index[_OddHash(7)] = 1, 2
+        return [_OddHash(5) in index, index.get(_OddHash(5)), 7 in index, _OddHash(7) in index, True in index, len(index)]
+
+    assert outcomes(NameIndex(4)) == outcomes({})
+
+
 class PoolMachine(RuleBasedStateMachine):
     """A pool on the table and one on a dict: the same calls, the same answers, the same state after each."""
 
