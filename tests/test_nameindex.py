@@ -175,7 +175,14 @@ def test_an_int_of_its_own_hash_is_a_key_as_in_a_dict():
 
     def outcomes(index):
         index[5], index[_OddHash(7)] = 1, 2
-        return [_OddHash(5) in index, index.get(_OddHash(5)), 7 in index, _OddHash(7) in index, True in index, len(index)]
+        return [
+            _OddHash(5) in index,
+            index.get(_OddHash(5)),
+            7 in index,
+            _OddHash(7) in index,
+            True in index,
+            len(index),
+        ]
 
     assert outcomes(NameIndex(4)) == outcomes({})
 
