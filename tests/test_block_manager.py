@@ -35,6 +35,15 @@ def start(bm: BlockManager, group) -> None:
     group.status = RUNNING
 
 
+def prefilled(bm: BlockManager, tokens):
+    """A group started and all its tokens computed: its full blocks named in the prefix cache."""
+    group = make_group(tokens)
+    start(bm, group)
+    group.seqs[0].num_computed_tokens = group.seqs[0].num_tokens
+    bm.mark_computed(group.seqs[0])
+    return group
+
+
 # ------------------------------------------------------------------------------- unit tests
 def test_can_allocate_ok_later_never_with_watermark():
     bm = BlockManager(block_size=4, num_gpu_blocks=10, num_cpu_blocks=0, watermark_blocks=2)
@@ -109,10 +118,7 @@ def test_can_swap_in_never_when_the_group_exceeds_the_pool_minus_watermark():
 
 def test_prefix_cache_hits_reuse_blocks_and_evict_lru_only_when_needed():
     bm = BlockManager(4, 6, 0, enable_prefix_caching=True)
-    a = make_group(list(range(8)) + [50])  # 2 full blocks + 1 partial
-    start(bm, a)
-    a.seqs[0].num_computed_tokens = 9
-    bm.mark_computed(a.seqs[0])
+    a = prefilled(bm, list(range(8)) + [50])  # 2 full blocks + 1 partial
     full = bm.gpu_tables[a.seqs[0].seq_id][:2]
     b = make_group(list(range(8)) + [60, 61])
     assert bm.num_cached_tokens(b.seqs[0]) == 8
@@ -132,10 +138,7 @@ def test_prefix_cache_hits_reuse_blocks_and_evict_lru_only_when_needed():
 
 def test_a_fully_cached_prompt_still_computes_its_last_block():
     bm = BlockManager(4, 8, 0, enable_prefix_caching=True)
-    a = make_group(range(8))
-    start(bm, a)
-    a.seqs[0].num_computed_tokens = 8
-    bm.mark_computed(a.seqs[0])
+    prefilled(bm, range(8))
     assert bm.num_cached_tokens(make_group(range(8)).seqs[0]) == 4
 
 
@@ -161,10 +164,7 @@ def test_a_kept_answer_reaches_a_block_named_since_at_the_name_it_stopped_at():
 
 def test_a_kept_answer_loses_its_blocks_as_they_are_evicted_and_keeps_the_rest():
     bm = BlockManager(4, 6, 0, enable_prefix_caching=True)
-    a = make_group(range(12))
-    start(bm, a)
-    a.seqs[0].num_computed_tokens = 12
-    bm.mark_computed(a.seqs[0])
+    a = prefilled(bm, range(12))
     table = list(bm.gpu_tables[a.seqs[0].seq_id])
     bm.free(a.seqs[0])  # all three cached, the last block the least recently used
     b = make_group(range(100, 112))
