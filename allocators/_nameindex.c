@@ -718,7 +718,8 @@ static PyObject *name_inside(PyObject *module, PyObject *args) {
     for (long long j = PyList_GET_SIZE(names); j < n && !PyErr_Occurred();) {
         long long q = j * size / block, inside = Py_MIN(n, (q + 1) * block / size); /* j .. inside - 1 lie in q */
         if (inside <= j) break; /* j spans two */
-        long long id = q < PyTuple_GET_SIZE(ids) ? PyLong_AsLongLong(PyTuple_GET_ITEM(ids, q)) : -1;
+        if (q >= PyTuple_GET_SIZE(ids)) break; /* past the prompt: left to the Python loop, which raises IndexError */
+        long long id = PyLong_AsLongLong(PyTuple_GET_ITEM(ids, q));
         if (id < 0 || id > LLONG_MAX / block - 1) { /* BlockPrompt's bound: its tokens' ids stay in int64 */
             if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "name_inside: an id outside the prompt's");
             break;

@@ -401,6 +401,20 @@ def test_name_inside_refuses_what_it_cannot_name():
             name_inside([], ROOT, ids, block, size, 1)
 
 
+@needs_c
+@pytest.mark.parametrize("block_size, n", [(4, 20), (16, 4), (3, 17)])
+def test_naming_blocks_past_a_prompts_end_fails_as_the_python_loop_does(monkeypatch, block_size, n):
+    """Before: name_inside raised ValueError for a block past the prompt's last, the Python loop IndexError."""
+    outcomes = []
+    for loop in (block_prompt.name_inside, None):
+        monkeypatch.setattr(block_prompt, "name_inside", loop)
+        names = []
+        with pytest.raises(IndexError) as error:
+            BlockPrompt((3, 5, 7), 40, 16).name_blocks(names, block_size, n)
+        outcomes.append((str(error.value), names))
+    assert outcomes[0] == outcomes[1]
+
+
 def _in_c_and_in_python(module, loop: str, call):
     """``call()`` with the module's C loop, then with its Python loop (the name set to None, as without the build):
     the two answers, an exception's type for its answer."""
