@@ -191,16 +191,18 @@ static PyObject *set_default(NameIndex *t, PyObject *key, PyObject *value) {
 
 /* ---------------------------------------------------------------- the type */
 
+static int ni_setitem(NameIndex *t, PyObject *key, PyObject *value);
+
+/* Each (name, block) of ``pairs`` stored in turn, the last of a name's kept, as dict(pairs). */
 static int add_pairs(NameIndex *t, PyObject *pairs) {
     PyObject *it = PyObject_GetIter(pairs);
     if (!it) return -1;
     PyObject *pair;
     while ((pair = PyIter_Next(it))) {
-        PyObject *key, *value, *stored = NULL;
-        if (PyArg_ParseTuple(pair, "OO:NameIndex pair", &key, &value)) stored = set_default(t, key, value);
+        PyObject *key, *value;
+        int failed = !PyArg_ParseTuple(pair, "OO:NameIndex pair", &key, &value) || ni_setitem(t, key, value) < 0;
         Py_DECREF(pair);
-        if (!stored) break;
-        Py_DECREF(stored);
+        if (failed) break;
     }
     Py_DECREF(it);
     return PyErr_Occurred() ? -1 : 0;

@@ -187,6 +187,13 @@ def test_an_int_of_its_own_hash_is_a_key_as_in_a_dict():
     assert outcomes(NameIndex(4)) == outcomes({})
 
 
+@needs_c
+def test_a_name_given_twice_keeps_its_last_block_as_dict_of_pairs_does():
+    """Before: NameIndex(n, pairs) kept a name's first block (setdefault), dict(pairs) keeps its last."""
+    pairs = [(1, 2), (2**70, 3), (1, 4), (2**70, 5)]
+    assert NameIndex(4, pairs) == dict(pairs)
+
+
 class PoolMachine(RuleBasedStateMachine):
     """A pool on the table and one on a dict: the same calls, the same answers, the same state after each."""
 
