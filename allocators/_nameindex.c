@@ -713,6 +713,8 @@ static PyObject *name_inside(PyObject *module, PyObject *args) {
         return NULL;
     if (block < 1 || size < 1)
         return PyErr_Format(PyExc_ValueError, "name_inside: blocks of %lld and %lld tokens", block, size);
+    /* Blocks of over 2**31 tokens are left to the Python loop: (q + 1) * block could pass a long long. */
+    if (block > INT32_MAX || size > INT32_MAX) Py_RETURN_NONE;
     if (pairs_hash_alike < 0 && (pairs_hash_alike = check_pair_hash()) < 0) return NULL;
     Py_hash_t h = PyObject_Hash(parent);
     if (h == -1) return NULL;

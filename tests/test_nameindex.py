@@ -422,6 +422,22 @@ def test_naming_blocks_past_a_prompts_end_fails_as_the_python_loop_does(monkeypa
     assert outcomes[0] == outcomes[1]
 
 
+@needs_c
+def test_blocks_of_over_2_to_the_31_tokens_are_left_to_the_python_loop(monkeypatch):
+    """name_inside's sums of block sizes are long longs: such blocks are named in Python, alike."""
+    from kvsched.allocators._nameindex import name_inside
+
+    names = []
+    assert name_inside(names, ROOT, (0, 0), 2**62, 2**61, 3) is None and names == []
+    outcomes = []
+    for loop in (block_prompt.name_inside, None):
+        monkeypatch.setattr(block_prompt, "name_inside", loop)
+        names = []
+        BlockPrompt((0, 0), 2**62 + 1, 2**62).name_blocks(names, 2**61, 3)
+        outcomes.append(names)
+    assert outcomes[0] == outcomes[1] and len(outcomes[0]) == 3
+
+
 def _in_c_and_in_python(module, loop: str, call):
     """``call()`` with the module's C loop, then with its Python loop (the name set to None, as without the build):
     the two answers, an exception's type for its answer."""
