@@ -92,7 +92,7 @@ class DecodeLane:
         self._ends: dict[Sequence, int] = {}  # member -> lane step that samples its last token
         self._blocks_due: dict[int, list[Sequence]] = {}  # lane step -> members that need a block in it
         self._finishing: dict[int, list[Sequence]] = {}  # lane step -> members that end in it
-        self._kv_tokens = 0  # sum of the members' computed tokens
+        self.kv_tokens = 0  # sum of the members' computed tokens
         self.scheduled = 0  # members in the step being built (0: the step is not a lane step)
         self.call: tuple[bool, int | None, int] = (False, None, 0)  # the last taken: decodes only, cap, notes before
 
@@ -148,7 +148,7 @@ class DecodeLane:
             out.scheduled += batch
             out.num_batched_tokens += n
             out.decode_seqs += n
-            out.kv_tokens_read += self._kv_tokens
+            out.kv_tokens_read += self.kv_tokens
         if touched is not None:  # None: nobody asks in this step
             touched.update(self._touched)
         self.scheduled = n
@@ -238,7 +238,7 @@ class DecodeLane:
         due = self._next_block_step(seq, num_tokens)
         if due <= end:
             self._blocks_due.setdefault(due, []).append(seq)
-        self._kv_tokens += num_tokens - 1  # a plain decode has computed all but its newest token
+        self.kv_tokens += num_tokens - 1  # a plain decode has computed all but its newest token
         self._entries[g] = ScheduledGroup(g, 1, False)
         return True
 
@@ -259,7 +259,7 @@ class DecodeLane:
         step, n = self.steps, self.scheduled
         self.steps = step + 1
         self.scheduled = 0
-        self._kv_tokens += n
+        self.kv_tokens += n
         ending = self._finishing.pop(step, None)
         if ending is None:
             return []
@@ -277,7 +277,7 @@ class DecodeLane:
         if step in self._finishing or not self._take_due():
             return False
         self.steps = step + 1
-        self._kv_tokens += len(self._batch)
+        self.kv_tokens += len(self._batch)
         return True
 
     def audit(self, running: list[SequenceGroup]) -> list[str]:
@@ -305,8 +305,8 @@ class DecodeLane:
         if self._members and [g for g in running if g in self._entries] != self._members:
             problems.append("the lane's members are not in running order")
         kv = sum(seq.num_computed_tokens for seq in self._ends)
-        if kv != self._kv_tokens:
-            problems.append(f"lane counts {self._kv_tokens} computed tokens, its members hold {kv}")
+        if kv != self.kv_tokens:
+            problems.append(f"lane counts {self.kv_tokens} computed tokens, its members hold {kv}")
         return problems
 
     # ------------------------------------------------------------------------- writing out
@@ -328,7 +328,7 @@ class DecodeLane:
         """``seq`` finished: out of the lane, and out of the batch, which stays in running order."""
         self._unlink(seq)
         group = seq.group
-        self._kv_tokens -= seq.num_computed_tokens
+        self.kv_tokens -= seq.num_computed_tokens
         del self._ends[seq]
         self._batch.remove(self._entries.pop(group))
         self._members.remove(group)
@@ -362,4 +362,4 @@ class DecodeLane:
         self._entries.clear()
         self._blocks_due.clear()
         self._finishing.clear()
-        self._kv_tokens = 0
+        self.kv_tokens = 0

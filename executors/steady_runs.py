@@ -101,7 +101,7 @@ class SteadyRuns:
             if joining and (arrivals or join is None or fence <= now):  # the policy (or a router) decides again
                 stopped = True
                 break
-            before, k = gpu.num_free, lane._kv_tokens  # what the members' next decodes read
+            before, k = gpu.num_free, lane.kv_tokens  # what the members' next decodes read
             # No member finishing, nothing the repeat checks changes (due blocks keep every refusal refused): it coasts.
             coasting = n and lane.coast()
             if not coasting:
