@@ -4,6 +4,7 @@ the router's own in-flight counts)."""
 
 from __future__ import annotations
 
+import math
 from bisect import bisect_left
 from collections import deque
 
@@ -43,7 +44,6 @@ class Replica:
         # that change nothing for its policy: ``begin_step``), and the times of those it took in during its last run.
         self.routed: deque[tuple[float, Request]] = deque()
         self._joined: list[float] = []
-        self._fence = 0.0  # the fleet's next request not yet routed, as the replica's last run began
         # Steady runs, through the engine's fast path where it has one (a decode replica of P/D takes none: a
         # prompt handed over from the prefill pool may arrive at any moment, and would wait for the run's end).
         self._fast_path = engine.fast_path if steady_runs else None
@@ -154,7 +154,6 @@ class Replica:
             engine.clock.wait_until(t)
         self._trim(t)  # here, not when a report is kept: arrivals up to t, which read older ones, have been routed
         fast, routed = self._fast_path, self.routed
-        self._fence = fence
         until = min(routed[0][0], fence) if routed else fence
         if fast is not None and t < until and fast.may_run():
             sched = engine.scheduler
@@ -190,13 +189,13 @@ class Replica:
 
     def _join(self, now: float) -> float:
         """A steady run's step starts at ``now``: the requests routed here that arrived by then join the queue (the
-        run's ``join``); the next time the run looks at its arrivals."""
+        run's ``join``); the next one's arrival (infinity: none yet routed)."""
         routed, joined = self.routed, self._joined
         while routed and routed[0][0] <= now:
             at, request = routed.popleft()
             joined.append(at)
             self._queue(request)
-        return min(routed[0][0], self._fence) if routed else self._fence
+        return routed[0][0] if routed else math.inf
 
     def _report_steps(self, counts: tuple[int, int, int], run) -> None:
         """The report of each step end of ``run`` but its last (the END event keeps that one), as the steps one at a

@@ -112,7 +112,7 @@ class SteadyRuns:
                 if batch is None and observe is not None:  # the members, before any leaves in the last step
                     batch = lane.batch
             if joining:  # the step is taken: what arrived by its start joins the queue
-                until = join(now)
+                until = min(join(now), fence)
             duration = seconds(k)
             clock.advance(duration)
             started.append(now)
