@@ -49,9 +49,8 @@ class Replica:
         self._fast_path = engine.fast_path if steady_runs else None
         self._reports = deque([Signals(0.0, 0, 0, 0, engine.cache.num_free_gpu_blocks)])
         self._stepping = False  # a step under way (begin_step); else its last was a steady run, applied as it ran
-        self.resumable = (
-            False  # its last step a steady run stopped by an arrival, nothing added since: it goes on coasting
-        )
+        # Its last step a steady run stopped by an arrival, nothing added since: it goes on coasting.
+        self.resumable = False
         self._gpu = engine.scheduler.block_manager.gpu if engine.config.enable_prefix_caching else None
         self.busy = False  # a step under way or one due: an event of this replica is on the cluster's heap
         self.generation = 0  # events of older generations on the heap are void
@@ -226,8 +225,8 @@ class Replica:
                 kept = k
 
     def report_steady(self, t: float) -> None:
-        """The end, at ``t``, of a steady run an arrival stopped (``resumable``: nothing ended in it and
-        nothing was added since): its report, as ``end_step`` keeps it, without the rest of ``end_step``."""
+        """The report at ``t``, the end of a steady run (its counts held through it): ``end_step``'s, and all of it
+        where an arrival stopped the run (``resumable``: nothing ended in it, nothing was added since)."""
         sched = self.engine.scheduler
         self._reports.append(
             Signals(t, len(sched.waiting), len(sched.running), len(sched.swapped), sched.block_manager.gpu.num_free)
@@ -239,16 +238,7 @@ class Replica:
         cluster's records now)."""
         engine = self.engine
         if not self._stepping:  # a steady run: its counts held through it, its last step may have finished some
-            sched = engine.scheduler
-            self._reports.append(
-                Signals(
-                    engine.clock.now(),
-                    len(sched.waiting),
-                    len(sched.running),
-                    len(sched.swapped),
-                    sched.block_manager.gpu.num_free,
-                )
-            )
+            self.report_steady(engine.clock.now())
         else:
             self._stepping = False
             report = engine.end_step()
