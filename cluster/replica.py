@@ -271,10 +271,11 @@ class LaggingReplica(Replica):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.unseen: deque[Request] = deque()  # arrived, in arrival order, not yet seen by its scheduler
+        # No steady runs (its timed steps have no fast path anyway): a run's ``_join`` would queue what it has not seen.
+        self._fast_path = None
 
     def add(self, request: Request) -> None:
-        self.resumable = False
-        self.unseen.append(request)
+        self.unseen.append(request)  # it joins the engine's queue (``Replica.add``) once seen: ``_admit``
 
     def begin_step(self, t: float, fence: float, cuts=()) -> float:
         self._admit(t)
