@@ -44,9 +44,9 @@ class Replica:
         # that change nothing for its policy: ``begin_step``), and the times of those it took in during its last run.
         self.routed: deque[tuple[float, Request]] = deque()
         self._joined: list[float] = []
-        # Steady runs, through the engine's fast path where it has one (a decode replica of P/D takes none: a
-        # prompt handed over from the prefill pool may arrive at any moment, and would wait for the run's end).
-        self._fast_path = engine.fast_path if steady_runs else None
+        # Steady runs, where the engine has a fast path (a decode replica of P/D takes none: a prompt handed over from
+        # the prefill pool may arrive at any moment, and would wait for the run's end).
+        self.steady_runs = steady_runs and engine.fast_path is not None
         self._reports = deque([Signals(0.0, 0, 0, 0, engine.cache.num_free_gpu_blocks)])
         self._stepping = False  # a step under way (begin_step); else its last was a steady run, applied as it ran
         # Its last step a steady run stopped by an arrival, nothing added since: it goes on coasting.
@@ -152,27 +152,24 @@ class Replica:
         if not self.resumable:  # else its clock is at t already
             engine.clock.wait_until(t)
         self._trim(t)  # here, not when a report is kept: arrivals up to t, which read older ones, have been routed
-        fast, routed = self._fast_path, self.routed
+        routed = self.routed
         until = min(routed[0][0], fence) if routed else fence
-        if fast is not None and t < until and fast.may_run():
-            sched = engine.scheduler
-            joins = fast.may_join()  # a run behind a refused head: it stands for steps that were taken one at a time
-            # The counts hold until the run's last step (but for the arrivals it takes in): its reports show them.
-            counts = (len(sched.waiting), len(sched.running), len(sched.swapped)) if cuts or joins else None
+        if self.steady_runs and t < until:
             self._joined.clear()
-            run = fast.advance(until, join=self._join, resume=self.resumable, fence=fence)
+            run = engine.steady_run(until, self._join, fence=fence, resume=self.resumable)
             now = engine.clock.now()
             self.resumable = run.stopped and bool(run.started)
             if run.started:
-                if joins:
-                    self._report_steps(counts, run)
+                # The counts hold until the run's last step (but for the arrivals it takes in): its reports show them.
+                if run.joins:  # behind a refused head: it stands for steps that were taken one at a time
+                    self._report_steps(run)
                     busy = self.busy_s
                     for duration in run.durations:  # as the steps one at a time added them
                         busy += duration
                     self.busy_s = busy
                 else:
                     if cuts:
-                        self._report_cuts(cuts, t, counts, run)
+                        self._report_cuts(cuts, t, run)
                     self.busy_s += now - t
                 self._stepping = False
                 self.steps += len(run.started)
@@ -196,10 +193,10 @@ class Replica:
             self._queue(request)
         return routed[0][0] if routed else math.inf
 
-    def _report_steps(self, counts: tuple[int, int, int], run) -> None:
+    def _report_steps(self, run) -> None:
         """The report of each step end of ``run`` but its last (the END event keeps that one), as the steps one at a
         time kept them: the requests that joined the queue count from the first step end after they arrived."""
-        waiting, running, swapped = counts
+        waiting, running, swapped = run.counts
         started, free, joined, reports = run.started, run.free, self._joined, self._reports
         j, last = 0, len(joined)
         for k in range(1, len(started)):
@@ -208,7 +205,7 @@ class Replica:
                 j += 1
             reports.append(Signals(end, waiting + j, running, swapped, free[k - 1][1]))
 
-    def _report_cuts(self, cuts, t: float, counts: tuple[int, int, int], run) -> None:
+    def _report_cuts(self, cuts, t: float, run) -> None:
         """The reports of the steady ``run`` just taken from ``t``, at the first step end at or after each cut
         past ``t``: what it would have kept had an arrival at each stopped it there. The run's last step
         end is not one: the END event there keeps that report, arrivals until then included."""
@@ -221,7 +218,7 @@ class Replica:
             if k == last:
                 break
             if k != kept:  # several arrivals in one step: one report
-                reports.append(Signals(started[k], *counts, free[k - 1][1]))
+                reports.append(Signals(started[k], *run.counts, free[k - 1][1]))
                 kept = k
 
     def report_steady(self, t: float) -> None:
@@ -272,7 +269,7 @@ class LaggingReplica(Replica):
         super().__init__(*args, **kwargs)
         self.unseen: deque[Request] = deque()  # arrived, in arrival order, not yet seen by its scheduler
         # No steady runs (its timed steps have no fast path anyway): a run's ``_join`` would queue what it has not seen.
-        self._fast_path = None
+        self.steady_runs = False
 
     def add(self, request: Request) -> None:
         self.unseen.append(request)  # it joins the engine's queue (``Replica.add``) once seen: ``_admit``

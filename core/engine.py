@@ -221,6 +221,10 @@ class Engine:
             )
         return now
 
+    def steady_run(self, until: float, join=None, limit=math.inf, observe=None, fence=math.inf, resume=False):
+        """A steady run (``FastPath.advance``: repeats advanced at once), as both loops take them after a step."""
+        return self.fast_path.advance(until, limit, observe, join, resume, fence)
+
     def take_finished(self) -> list[SequenceGroup]:
         """The requests that ended since the last call (``retain_finished``), handed over: the engine forgets them."""
         finished, self.finished = self.finished, []
@@ -293,46 +297,42 @@ class Engine:
         *,
         in_order: bool = False,
     ) -> list[SequenceGroup]:
-        """Feed ``requests`` at their arrival times and step until every request has finished
-        (``StallError`` after ``STALL_STEPS`` idle steps and ``STALL_SECONDS`` with none left to arrive);
-        ``in_order``: they come in arrival order, read one at a time as they arrive (a stream of millions).
-        An ``on_step`` with an ``on_steps`` method lets the engine advance steady runs at once (``StepRun``).
-        ``max_steps``: stop after this many steps (a positive int: a float or NaN would stop oddly), or None."""
+        """Feed ``requests`` at their arrival times and step until every request has finished (``StallError`` after
+        ``STALL_STEPS`` idle steps and ``STALL_SECONDS``, none left to arrive); ``in_order``: read as they arrive, in
+        arrival order (a stream of millions); ``on_step.on_steps``: told steady runs whole; ``max_steps``: a cap."""
         self._refuse_in_hook("run")
-        if max_steps is not None and (type(max_steps) is bool or not isinstance(max_steps, int) or max_steps < 1):
-            wrong = TypeError if type(max_steps) is bool or not isinstance(max_steps, int) else ValueError
+        if max_steps is not None and (type(max_steps) is not int or max_steps < 1):  # a bool is no int here
+            wrong = TypeError if type(max_steps) is not int else ValueError
             raise wrong(f"max_steps must be a positive int or None, got {type(max_steps).__name__} {quote(max_steps)}")
+        arrivals = Arrivals(self, arriving(requests) if in_order else sorted(requests, key=lambda r: r.arrival_time))
+        clock, left = self.clock, math.inf if max_steps is None else max_steps
+        runs = self.fast_path is not None and (on_step is None or hasattr(on_step, "on_steps"))  # else: each step
+        observe = getattr(on_step, "on_steps", None)
         # What exists as the run starts is frozen out of the collector's passes, as vLLM freezes its heap once started.
         freeze = gc.isenabled() and not gc.get_freeze_count()
         if freeze:
             gc.freeze()
         try:
-            return self._run(requests, on_step, max_steps, in_order)
+            while arrivals.upcoming is not None or self.has_unfinished():
+                if arrivals.at <= (now := clock.now()):
+                    arrivals.admit(self.completion.seen_at(now))
+                if not self.has_unfinished():
+                    clock.wait_until(arrivals.at)
+                    continue
+                report = self.step()
+                if on_step is not None:
+                    on_step(report)
+                left -= 1
+                more = runs  # steady runs after a step, one after another while each ends a group
+                while more and left:
+                    run = self.steady_run(arrivals.at, arrivals.admit, left, observe)
+                    left, more = left - len(run.started), run.finished
+                if not left:  # max_steps taken
+                    break
+                clock.wait_until(self.next_step_at(arrivals.at))
         finally:
             if freeze:
                 gc.unfreeze()
-
-    def _run(self, requests, on_step, max_steps, in_order) -> list[SequenceGroup]:
-        ordered = arriving(requests) if in_order else sorted(requests, key=lambda r: r.arrival_time)
-        arrivals, clock, steps = Arrivals(self, ordered), self.clock, 0
-        runs = self.fast_path if on_step is None or hasattr(on_step, "on_steps") else None  # else it sees every step
-        observe = getattr(on_step, "on_steps", None)
-        while arrivals.upcoming is not None or self.has_unfinished():
-            now = clock.now()
-            if arrivals.at <= now:
-                arrivals.admit(self.completion.seen_at(now))
-            if not self.has_unfinished():
-                clock.wait_until(arrivals.at)
-                continue
-            report = self.step()
-            if on_step is not None:
-                on_step(report)
-            steps += 1
-            if runs is not None:  # the simulator's steady runs, after a step it may repeat
-                steps += runs.run(arrivals, -1 if max_steps is None else max_steps - steps, observe)
-            if max_steps is not None and steps >= max_steps:
-                break
-            clock.wait_until(self.next_step_at(arrivals.at))
         return self.finished
 
     def check(self) -> None:

@@ -59,7 +59,7 @@ class FastPath(Protocol):
     """The one door from the core to the simulator's fast path (``kvsched.executors.fast_path`` has the why): the
     step builder and the completion step drive its decode lane (``take``, ``apply``); the scheduler asks it to
     ``replay`` the last step (a steady one, if still valid) before asking the policy, and tells it each step it
-    ``record``s, rolls back, and each group it aborts; ``Engine.run`` asks it for steady runs after each step."""
+    ``record``s, rolls back, and each group it aborts; ``Engine.steady_run`` asks it to ``advance`` a steady run."""
 
     def take(self, step, decodes_only: bool, cap: int | None) -> bool: ...  # the lane takes a step's decodes
 
@@ -75,4 +75,4 @@ class FastPath(Protocol):
 
     def audit(self, running: list[SequenceGroup]) -> list[str]: ...
 
-    def run(self, arrivals, limit: int, observe) -> int: ...  # steady runs after a step: the steps they took
+    def advance(self, until: float, limit: float, observe, join, resume: bool, fence: float): ...  # a steady run

@@ -3,8 +3,8 @@
 An executor that knows its tokens before it runs (``KnownTokens``: the simulator) hands its engine one
 ``FastPath``, the only door through which the core reaches any of this: the scheduler asks it to repeat the
 last step before asking the policy (``replay``), tells it each step it commits (``record``) or rolls back, and
-each request it aborts; ``Engine.run`` asks it for steady runs after each step (``run``), a fleet's replica
-(``cluster/replica.py``) for one run up to the next arrival it may not take in (``may_run``, ``advance``). The
+each request it aborts; the engine asks it for a steady run up to the next arrival it may not take in
+(``advance``, through ``Engine.steady_run``: ``Engine.run`` after each step, a fleet's replica before its next). The
 decode lane (``decode_lane.py``) advances plain decodes together, the step builder and the completion step driving it; a
 steady step is one the scheduler may repeat without the policy (docs/hooks.md "Steady steps"): a decode-lane step
 of every running group, for a policy that declared its order first come, first served (``fcfs``), whose only
@@ -21,13 +21,13 @@ from kvsched.core.completion import end_group
 from kvsched.core.decisions import Decision
 from kvsched.core.outputs import SchedulerOutput
 from kvsched.executors.decode_lane import DecodeLane
-from kvsched.executors.steady_runs import Run, SteadyRuns, repeated_notes
+from kvsched.executors.steady_runs import NO_RUN, Run, SteadyRuns, repeated_notes
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
     from kvsched.core.completion import Completion
-    from kvsched.core.engine import Arrivals, Engine
+    from kvsched.core.engine import Engine
     from kvsched.core.sequence import SequenceGroup
     from kvsched.core.step_state import StepState
 
@@ -152,23 +152,12 @@ class FastPath:
         return not self.steady.arrivals
 
     def advance(
-        self, until: float, limit: int = -1, observe=None, join=None, resume: bool = False, fence: float = math.inf
+        self, until: float, limit: float = math.inf, observe=None, join=None, resume: bool = False, fence=math.inf
     ) -> Run:
-        """A steady run (``SteadyRuns.advance``), where ``may_run``: the arrivals that change nothing for the policy
-        join the queue through ``join``, the others end it, and so does ``fence`` (a fleet's next unrouted request)."""
-        return self.runs.advance(until, limit, observe, join, resume, fence)
-
-    def run(self, arrivals: Arrivals, limit: int, observe) -> int:
-        """The steady runs after a step (``Engine.run``): one after another while each ends with a group finishing, up
-        to ``limit`` steps (-1: no limit), an arrival that changes nothing for the policy joining the queue; the
-        steps they took."""
-        taken = 0
-        while taken != limit and self.may_run():
-            run = self.advance(arrivals.at, -1 if limit < 0 else limit - taken, observe, arrivals.admit)
-            taken += len(run.started)
-            if not run.finished:
-                break
-        return taken
+        """A steady run (``SteadyRuns.advance``; ``Engine.steady_run``), where ``may_run`` (else one of no step): the
+        arrivals that change nothing for the policy join the queue through ``join``, the others end it, and so does
+        ``fence`` (a fleet's next unrouted request)."""
+        return self.runs.advance(until, limit, observe, join, resume, fence) if self.may_run() else NO_RUN
 
 
 def _steady(step: StepState, waiting: list[SequenceGroup], lane_call: tuple[bool, int | None, int]) -> Steady | None:

@@ -4,8 +4,8 @@ The simulator's fast paths are the decode lane (``decode_lane.py``: plain decode
 this: while the scheduler may repeat the last step (``FastPath.repeat``) and nothing arrives, an engine's
 steps differ only in what falls due (the lane's blocks), their duration, the clock and the counters, so a
 run takes each at that cost, with no output, report or observer call, and tells an observer that asks
-(``on_steps``) the whole run as one ``StepRun``. A single engine (``Engine.run``: ``FastPath.run``) and a fleet's
-replicas (``FastPath.advance``) take runs alike; a run stopped by an arrival for another replica goes on coasting.
+(``on_steps``) the whole run as one ``StepRun``. A single engine (``Engine.run``) and a fleet's replicas take runs
+alike (``Engine.steady_run``); a run stopped by an arrival for another replica goes on coasting.
 A step's duration is the executor's ``lane_seconds(n)(kv_tokens)``, a promise: what ``execute`` would charge it.
 """
 
@@ -58,14 +58,19 @@ class StepRun(NamedTuple):
 
 class Run(NamedTuple):
     """A steady run as it went: its steps' start times and durations, the free GPU blocks before and after each
-    step, whether a group finished in its last step (then the next run starts with the scheduler's full check), and
-    whether an arrival stopped it."""
+    step, whether a group finished in its last step (then the next run starts with the scheduler's full check),
+    whether an arrival stopped it, whether arrivals could join it, and the queues' lengths as it started."""
 
     started: list[float]
     durations: list[float]
     free: list[tuple[int, int]]
     finished: bool
     stopped: bool  # before an arrival it could not take in: it may go on coasting if nothing else is done to the engine
+    joins: bool  # behind a refused head: it stands for steps a fleet's replica would take one at a time
+    counts: tuple[int, int, int]  # waiting, running, swapped: what its steps' reports show (but for arrivals joining)
+
+
+NO_RUN = Run((), (), (), False, False, False, (0, 0, 0))  # where no steady run may go
 
 
 class SteadyRuns:
@@ -77,10 +82,10 @@ class SteadyRuns:
         self._coasting: tuple[int, Callable[[int], float] | None] = (0, None)  # the run's batch size and its step cost
 
     def advance(
-        self, until: float, limit: int = -1, observe=None, join=None, resume: bool = False, fence: float = math.inf
+        self, until: float, limit: float = math.inf, observe=None, join=None, resume: bool = False, fence=math.inf
     ) -> Run:
         """Repeat the steady step, no output, report or observer call, while it repeats unchanged: each step that
-        starts before ``until`` (when a request arrives), up to ``limit`` steps (-1: no limit) and the first that
+        starts before ``until`` (when a request arrives), up to ``limit`` steps (infinity: no limit) and the first that
         finishes a group; then tell ``observe`` (``on_steps``) the run. An arrival the policy said changes nothing
         joins the queue instead, when given ``join``, as the first step at or after it starts (``join(now)`` queues
         what arrived by ``now`` and returns the next arrival's time), unless that step starts at or after ``fence``
@@ -95,6 +100,7 @@ class SteadyRuns:
         started, durations, kv, waiting, free, finished = [], [], [], [], [], []  # per step; the groups that finished
         batch, (n, seconds) = None, (self._coasting if resume else (0, None))
         stopped = False  # by an arrival
+        counts = (len(sched.waiting), len(sched.running), len(sched.swapped))
         while len(durations) != limit:
             now = clock.now()
             joining = until <= now
@@ -132,7 +138,7 @@ class SteadyRuns:
         self._coasting = (n, seconds)
         if durations and observe is not None:
             self._report(batch, started, durations, kv, waiting, free, finished, observe)
-        return Run(started, durations, free, bool(finished), stopped)
+        return Run(started, durations, free, bool(finished), stopped, not arrivals, counts)
 
     def _report(self, batch, started, durations, kv, waiting, free, finished, observe) -> None:
         """Tell the observers a steady run (``StepRun``), as ``Engine.complete`` tells them a step."""
