@@ -156,10 +156,10 @@ class Replica:
         until = min(routed[0][0], fence) if routed else fence
         if self.steady_runs and t < until:
             self._joined.clear()
-            run = engine.steady_run(until, self._join, fence=fence, resume=self.resumable)
-            now = engine.clock.now()
+            run = engine.steady_run(until, self._join, math.inf, None, fence, self.resumable)
             self.resumable = run.stopped and bool(run.started)
             if run.started:
+                now = engine.clock.now()
                 # The counts hold until the run's last step (but for the arrivals it takes in): its reports show them.
                 if run.joins:  # behind a refused head: it stands for steps that were taken one at a time
                     self._report_steps(run)
