@@ -1,7 +1,7 @@
 """A single engine is a fleet of one (issue 33): ``Engine.run`` and the fleet's loop drive an engine by the same
 events, so when a step may start, a stall and the arrival order are decided in one place (``core/engine.py``), and
-whether a steady run may be taken in another (the simulator's ``executors/fast_path.py``), for both, and read the same
-from either."""
+steady runs are taken through one door (``Engine.steady_run``; whether one may go, the simulator's
+``executors/fast_path.py`` decides), for both, and read the same from either."""
 
 from __future__ import annotations
 
@@ -60,17 +60,39 @@ def test_after_a_step_that_ran_nothing_the_next_waits_for_the_next_arrival():
 
 def test_a_steady_run_is_taken_only_where_the_fast_path_says_it_may():
     engine = Engine(EngineConfig(), "vllm-default", SimulatedExecutor())
-    fast = engine.fast_path
-    assert not fast.may_run()  # nothing ran yet: no step to repeat
+    assert not engine.steady_run(math.inf).started and engine.num_steps == 0  # nothing ran yet: no step to repeat
     engine.add_request(req("a", 40, 200))
     engine.step()  # the prompt
     engine.step()  # a decode: the step the scheduler may repeat
-    assert fast.may_run()
     steps = engine.num_steps
-    run = fast.advance(engine.now + 0.5)
+    run = engine.steady_run(engine.now + 0.5)
     assert len(run.started) == engine.num_steps - steps > 1
     assert all(t < engine.now for t in run.started) and not run.finished
+    assert not run.joins and run.counts == (0, 1, 0)  # nothing waited: an arrival would have ended it
+    assert len(engine.steady_run(math.inf, limit=3).started) == 3
     observed = Engine(EngineConfig(), "vllm-default", SimulatedExecutor(), observers=(Watcher(),))
     observed.add_request(req("a", 40, 200))
     observed.step(), observed.step()
-    assert not observed.fast_path.may_run()  # an observer sees every step: no steady run
+    assert not observed.steady_run(math.inf).started  # an observer sees every step: no steady run
+    assert observed.num_steps == 2
+
+
+def test_one_engine_and_a_fleet_of_one_take_their_steady_runs_through_the_same_door():
+    requests = [req(f"r{i}", 40, 60, arrival=0.05 * i) for i in range(30)]
+    fleet = Cluster(FleetSpec(replicas=[ReplicaGroup()]))
+    replica = fleet.replicas[0]
+    alone = Engine(replica.engine.config, "vllm-default", SimulatedExecutor(replica.profile_name))
+    taken = {}
+    for name, engine in (("alone", alone), ("fleet", replica.engine)):
+        door = engine.steady_run
+
+        def counted(*args, door=door, name=name, **kwargs):
+            run = door(*args, **kwargs)
+            taken[name] = taken.get(name, 0) + len(run.started)
+            return run
+
+        engine.steady_run = counted
+    alone.run(requests)
+    fleet.run(requests)
+    assert alone.num_steps == replica.engine.num_steps
+    assert taken["alone"] == taken["fleet"] > alone.num_steps // 2  # most steps, advanced at once, alike
