@@ -146,11 +146,6 @@ class FastPath:
         """Whether a steady run may start: the last step may be repeated and runs are taken."""
         return self.runs is not None and self.steady is not None
 
-    def may_join(self) -> bool:
-        """Whether an arrival may join the steady step's waiting queue, behind the head it refused, where it changes
-        nothing for the policy (else it ends a steady run: the policy decides again)."""
-        return not self.steady.arrivals
-
     def advance(
         self, until: float, limit: float = math.inf, observe=None, join=None, resume: bool = False, fence=math.inf
     ) -> Run:

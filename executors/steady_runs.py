@@ -19,7 +19,7 @@ from kvsched.core.outputs import SchedulerOutput, StepFeatures
 from kvsched.core.view import OutputView
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Sequence
 
     from kvsched.core.engine import Engine
     from kvsched.core.sequence import SequenceGroup
@@ -61,9 +61,9 @@ class Run(NamedTuple):
     step, whether a group finished in its last step (then the next run starts with the scheduler's full check),
     whether an arrival stopped it, whether arrivals could join it, and the queues' lengths as it started."""
 
-    started: list[float]
-    durations: list[float]
-    free: list[tuple[int, int]]
+    started: Sequence[float]
+    durations: Sequence[float]
+    free: Sequence[tuple[int, int]]
     finished: bool
     stopped: bool  # before an arrival it could not take in: it may go on coasting if nothing else is done to the engine
     joins: bool  # behind a refused head: it stands for steps a fleet's replica would take one at a time

@@ -36,7 +36,7 @@ def one_step_at_a_time_while_requests_wait(cluster: Cluster) -> None:
     for r in cluster.replicas:
         fast = r.engine.fast_path
         if fast is not None:
-            fast.may_run = lambda fast=fast: FastPath.may_run(fast) and not fast.may_join()
+            fast.may_run = lambda fast=fast: FastPath.may_run(fast) and fast.steady.arrivals  # none behind a head
 
 
 def replay(router, replicas, staleness, rate, n, seed, lookahead, runs_while_waiting):
