@@ -75,6 +75,8 @@ def test_a_steady_run_is_taken_only_where_the_fast_path_says_it_may():
     observed.step(), observed.step()
     assert not observed.steady_run(math.inf).started  # an observer sees every step: no steady run
     assert observed.num_steps == 2
+    cached = Engine(EngineConfig(enable_prefix_caching=True), "vllm-default", SimulatedExecutor())
+    assert cached.fast_path is None and cached.steady_run(math.inf) is None  # no fast path: no run, and no error
 
 
 def test_one_engine_and_a_fleet_of_one_take_their_steady_runs_through_the_same_door():
