@@ -142,17 +142,15 @@ class FastPath:
         return self.lane.audit(running)
 
     # --------------------------------------------------------------------------- the engine's calls
-    def may_run(self) -> bool:
-        """Whether a steady run may start: the last step may be repeated and runs are taken."""
-        return self.runs is not None and self.steady is not None
-
     def advance(
         self, until: float, limit: float = math.inf, observe=None, join=None, resume: bool = False, fence=math.inf
     ) -> Run:
-        """A steady run (``SteadyRuns.advance``; ``Engine.steady_run``), where ``may_run`` (else one of no step): the
-        arrivals that change nothing for the policy join the queue through ``join``, the others end it, and so does
-        ``fence`` (a fleet's next unrouted request)."""
-        return self.runs.advance(until, limit, observe, join, resume, fence) if self.may_run() else NO_RUN
+        """A steady run (``SteadyRuns.advance``; ``Engine.steady_run``), where the last step may be repeated and runs
+        are taken (else one of no step): the arrivals that change nothing for the policy join the queue through
+        ``join``, the others end it, and so does ``fence`` (a fleet's next unrouted request)."""
+        if self.runs is None or self.steady is None:
+            return NO_RUN
+        return self.runs.advance(until, limit, observe, join, resume, fence)
 
 
 def _steady(step: StepState, waiting: list[SequenceGroup], lane_call: tuple[bool, int | None, int]) -> Steady | None:

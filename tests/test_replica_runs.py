@@ -10,7 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvsched.cluster import Cluster
-from kvsched.executors.fast_path import FastPath
+from kvsched.core.engine import Engine
+from kvsched.executors.steady_runs import NO_RUN
 from kvsched.routers import hookimpl
 from kvsched.testing.cluster import assert_cluster
 from kvsched.workloads.arrivals import Poisson
@@ -34,9 +35,14 @@ class ReadsFreshSignalsToo(ReadsEveryReport):
 def one_step_at_a_time_while_requests_wait(cluster: Cluster) -> None:
     """Its replicas take no steady run behind a refused head: each such step is taken alone, with its report."""
     for r in cluster.replicas:
-        fast = r.engine.fast_path
+        engine, fast = r.engine, r.engine.fast_path
         if fast is not None:
-            fast.may_run = lambda fast=fast: FastPath.may_run(fast) and fast.steady.arrivals  # none behind a head
+
+            def steady_run(*args, engine=engine, fast=fast):
+                behind_a_head = fast.steady is not None and not fast.steady.arrivals
+                return NO_RUN if behind_a_head else Engine.steady_run(engine, *args)
+
+            engine.steady_run = steady_run
 
 
 def replay(router, replicas, staleness, rate, n, seed, lookahead, runs_while_waiting):
