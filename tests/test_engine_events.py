@@ -11,6 +11,7 @@ import pytest
 
 from kvsched import Engine, EngineConfig, SimulatedExecutor, StallError, hookimpl
 from kvsched.cluster import Cluster, FleetSpec, ReplicaGroup
+from kvsched.policies.vllm_default import VllmDefault
 from tests.test_bad_inputs import NeverAdmits, req
 
 NEVER_ADMITS = "tests.test_bad_inputs:NeverAdmits"
@@ -98,3 +99,29 @@ def test_one_engine_and_a_fleet_of_one_take_their_steady_runs_through_the_same_d
     fleet.run(requests)
     assert alone.num_steps == replica.engine.num_steps
     assert taken["alone"] == taken["fleet"] > alone.num_steps // 2  # most steps, advanced at once, alike
+
+
+class AsksForARunInsideItsStep(VllmDefault):
+    """``vllm-default``, asking its own engine for a steady run from inside ``select_batch`` (a hook may read the
+    engine it runs in, never drive it): the policy is asked only where no step is to be repeated, so it gets none."""
+
+    engine = None
+    asked = taken = 0
+
+    @hookimpl
+    def select_batch(self, step):
+        self.asked += 1
+        self.taken += len(self.engine.steady_run(math.inf).started)
+        super().select_batch(step)
+
+
+def test_a_steady_run_asked_for_inside_a_hook_takes_no_step():
+    requests = [req(f"r{i}", 40, 60, arrival=0.05 * i) for i in range(30)]
+    policy = AsksForARunInsideItsStep()
+    engine = Engine(EngineConfig(), policy, SimulatedExecutor())
+    policy.engine = engine
+    plain = Engine(EngineConfig(), "vllm-default", SimulatedExecutor())
+    engine.run(requests)
+    plain.run(requests)
+    assert policy.asked > 0 and policy.taken == 0
+    assert engine.num_steps == plain.num_steps and engine.now == plain.now
