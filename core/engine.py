@@ -130,7 +130,8 @@ class Engine:
         return True
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.num_unfinished > 0
+        sched = self.scheduler
+        return bool(sched.waiting or sched.running or sched.swapped)
 
     def _refuse_in_hook(self, call: str) -> None:
         """A hook may read the engine it runs in, never drive it (that would change the step under construction)."""

@@ -58,10 +58,6 @@ class Scheduler:
         group.block_manager = self.block_manager
         self.waiting.append(group)
 
-    @property
-    def num_unfinished(self) -> int:
-        return len(self.waiting) + len(self.running) + len(self.swapped)
-
     def schedule(self, now: float, hooks: PolicyHooks | None = None) -> SchedulerOutput:
         """Build, validate and commit one step with the policy (or with ``hooks``: another policy
         deciding on the same state, e.g. a fallback after this one failed)."""

@@ -76,12 +76,8 @@ def frozen(model: BaseModel) -> tuple:
     """A read-only copy of a frozen pydantic model (a ``Request``, its ``SamplingParams``, the ``EngineConfig``) as
     hooks get it: a named tuple of its fields (nested models likewise; ``UNKNOWABLE`` ones left out) and properties. A
     frozen pydantic object is still writable through ``__dict__`` or ``object.__setattr__``; a tuple by no path."""
-    return _record_type(type(model))._make(
-        [
-            frozen(v) if isinstance(v, BaseModel) else v
-            for v in map(model.__dict__.get, _record_type(type(model))._fields)
-        ]
-    )
+    record = _record_type(type(model))
+    return record._make([frozen(v) if isinstance(v, BaseModel) else v for v in map(model.__dict__.get, record._fields)])
 
 
 def true_output_len(view: GroupView) -> int | None:  # the answer's length, not on the view: a named predictor's door
