@@ -1,8 +1,5 @@
-"""The core's fallback decisions, registered ``trylast`` under every policy.
-
-A policy that only builds batches still gets vLLM's victim rule and watermark admission; a
-policy that implements these hooks and returns None for a case defers to them.
-"""
+"""The core's fallback decisions, registered ``trylast`` under every policy: one that only builds batches still gets
+vLLM's victim rule and watermark admission, and one that returns None from these hooks defers to them."""
 
 from __future__ import annotations
 

@@ -15,10 +15,8 @@ if TYPE_CHECKING:
 
 
 class StepFeatures(NamedTuple):
-    """The quantities a step's time depends on (also what a calibration fit regresses on).
-
-    An immutable record built once per step; a named tuple costs a third of a frozen dataclass.
-    """
+    """The quantities a step's time depends on (also what a calibration fit regresses on); built once per step, so a
+    named tuple (a third of a frozen dataclass's cost)."""
 
     prefill_tokens: int  # P: prompt or chunk tokens computed
     decode_seqs: int  # D: sequences decoding one token
@@ -58,10 +56,8 @@ class ScheduledGroup:
         self._chunks: list[tuple[Sequence, int]] | None = None
 
     def seq_chunks(self) -> list[tuple[Sequence, int]]:
-        """(sequence, tokens it computes now) for each unfinished sequence.
-
-        Fixed at the first call, which must come before the engine applies the step.
-        """
+        """(sequence, tokens it computes now) for each unfinished sequence, fixed at the first call (which must come
+        before the engine applies the step)."""
         chunks = self._chunks
         if chunks is None:
             seqs = self.group.seqs
@@ -121,12 +117,11 @@ class SchedulerOutput:
     def chunks(self) -> Iterator[tuple[int, int]]:
         """(context, tokens it computes) of each sequence outside the decode lane, as before the step applies."""
         for sg in islice(self.scheduled, self.lane_decodes, None):
-            seqs = sg.group.seqs  # one sequence (most groups): its chunk is the group's, no chunk list made
-            yield from (
-                ((seqs[0].num_computed_tokens, sg.num_tokens),)
-                if len(seqs) == 1
-                else ((seq.num_computed_tokens, n) for seq, n in sg.seq_chunks())
-            )
+            seqs = sg.group.seqs
+            if len(seqs) == 1:  # most groups: its chunk is the group's, no chunk list made
+                yield seqs[0].num_computed_tokens, sg.num_tokens
+            else:
+                yield from ((seq.num_computed_tokens, n) for seq, n in sg.seq_chunks())
 
     @property
     def num_prefill_groups(self) -> int:

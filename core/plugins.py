@@ -23,15 +23,10 @@ HOOKS = (SELECT_BATCH, CHOOSE_PREEMPTION, CAN_ALLOCATE, ON_STEP)
 
 
 class PolicyHooks:
-    """A typed facade over one engine's plugin manager: the chosen policy plus the core defaults.
-
-    ``policy`` is an installed policy's name or a policy object (class, instance or module).
-    Observers (anything with ``on_step``) may be added; they never decide.
-
-    It runs the hooks: ``in_hook`` names the one running (so the core can ``refuse`` what it may not
-    do), an exception becomes a ``PolicyError`` naming plugin, hook and line, and the first error
-    of a hook call is the one it raises, even if the plugin caught it.
-    """
+    """One engine's plugin manager: the policy (an installed policy's name, or a class, instance or module), the core
+    defaults and observers (anything with ``on_step``; they never decide). It runs the hooks: ``in_hook`` names the one
+    running (so the core can ``refuse`` what it may not do), an exception becomes a ``PolicyError`` naming plugin, hook
+    and line, and the first error of a hook call is the one it raises, even if the plugin caught it."""
 
     def __init__(
         self, policy: str | Any = DEFAULT_POLICY, options: dict[str, Any] | None = None, observers: tuple = ()
@@ -67,8 +62,7 @@ class PolicyHooks:
         self._select_batch = dispatch(hook.select_batch, ("step",))
         self._choose_preemption = dispatch(hook.choose_preemption, ("step", "requester"))
         self._can_allocate = dispatch(hook.can_allocate, ("step", "group"))
-        # Without a policy's own admission rule, ``admit`` asks the block manager itself (what the
-        # core default answers), saving a hook call per admission.
+        # No admission rule of the policy's: ``admit`` asks the block manager itself, saving a hook call per admission.
         self.decides_admission = len(hook.can_allocate.get_hookimpls()) > 1
         # Everything is registered above, once: a run with no on_step implementation skips the hook call.
         self._on_step = dispatch(hook.on_step, ("report",), firstresult=False) if hook.on_step.get_hookimpls() else None
@@ -128,11 +122,8 @@ class PolicyHooks:
     def _error(self, message: str, hook: str | None, frames: list) -> PolicyError:
         """Name the plugin whose implementation of ``hook`` is on ``frames`` ((frame, line), innermost
         first) and the innermost line of plugin code; keep the first error of a hook call."""
-        impls = (
-            {getattr(i.function, "__code__", None): i.plugin_name for i in getattr(self.pm.hook, hook).get_hookimpls()}
-            if hook
-            else {}
-        )
+        hookimpls = getattr(self.pm.hook, hook).get_hookimpls() if hook else ()
+        impls = {getattr(i.function, "__code__", None): i.plugin_name for i in hookimpls}
         plugin = next((impls[f.f_code] for f, _ in frames if f.f_code in impls), self.name)
         observer = plugin in self._observers
         error = PolicyError(

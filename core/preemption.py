@@ -1,10 +1,6 @@
-"""How a step preempts, on the core's side: the policy's victim checked, the mode settled, the blocks let go.
-
-A mixin of ``StepState`` (``core/step_state.py``): the policy names a victim through
-``choose_preemption`` or ``StepBuilder.preempt``; the core checks it is an unscheduled running group
-of this engine, settles the mode (the config's, else the policy's, else vLLM's default) and frees
-or swaps out its blocks at once, so the next operation sees the room it made.
-"""
+"""How a step preempts (a mixin of ``StepState``): the victim a policy names (``choose_preemption``,
+``StepBuilder.preempt``) checked to be an unscheduled running group of this engine, the mode settled (the config's,
+else the policy's, else vLLM's default), its blocks freed or swapped out at once: the next operation sees the room."""
 
 from __future__ import annotations
 
@@ -21,8 +17,6 @@ if TYPE_CHECKING:
 
 
 class Preemptions:
-    """The part of ``StepState`` that makes room by preempting (a mixin over its hooks, block manager and batch)."""
-
     def _make_room(self, g: SequenceGroup) -> bool:
         """Preempt until every unfinished sequence of ``g`` could take a new block (vLLM's worst case): True if ``g``
         itself had to go, False once it can decode."""

@@ -1,9 +1,7 @@
-"""What the step builder notes for the decision log: why a group did not run, with the numbers compared.
-
-Each check that turns a group away (LATER, a spent budget), and each reason a policy gives for
-holding admission back (``hold_back``), appends one small tuple (``core.decisions.Decision``) to
-the step's ``SchedulerOutput.decisions``. Plain decodes note nothing, so the hot path pays nothing;
-``kvsched.metrics.decision_log`` turns the notes into the decision log, for every policy alike.
+"""What the step builder notes for the decision log (a mixin of ``StepState``): each check that turns a group away
+(LATER, a spent budget) and each reason a policy gives for holding admission back (``hold_back``) appends one small
+tuple (``core.decisions.Decision``) with the numbers compared to ``SchedulerOutput.decisions``; plain decodes note
+nothing, so the hot path pays nothing. ``kvsched.metrics.decision_log`` makes the log of them, for every policy alike.
 """
 
 from __future__ import annotations
@@ -19,8 +17,6 @@ if TYPE_CHECKING:
 
 
 class DecisionNotes:
-    """The part of ``StepState`` that notes decisions (a mixin over its output, budgets and block manager)."""
-
     def hold_back(self, reason: str, numbers: dict[str, float]) -> None:
         problem = held_problem(reason, numbers)
         if problem is not None:

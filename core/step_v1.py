@@ -1,22 +1,14 @@
-"""The step builder under vLLM V1's mechanics (``EngineConfig(vllm_engine="v1")``).
-
-The operations, their checks and their outcomes are ``StepBuilder``'s; what differs is how KV blocks are taken, as
-vLLM 0.32's ``KVCacheManager.allocate_slots`` takes them:
+"""The step builder under vLLM V1's mechanics (``EngineConfig(vllm_engine="v1")``; docs/vllm-v1.md sets each rule
+beside vLLM's code). The operations, checks and outcomes are ``StepBuilder``'s; what differs is how KV blocks are
+taken, as vLLM 0.32's ``KVCacheManager.allocate_slots`` takes them:
 
 - a prompt gets blocks for the tokens this step computes (chunk by chunk), not all at admission;
-- a running request takes exactly the blocks its new tokens need (no worst-case reserve), and while they do not fit
-  the policy is asked for victims;
-- full blocks are named in the prefix cache as they are allocated, so a prompt admitted later in the same step
-  already finds them;
-- a preemption recomputes (V1 has no CPU swap), and a victim scheduled earlier in the step gives its tokens back to
-  the budget;
-- a prompt of ``max_model_len`` tokens or more is ignored (V1 rejects it at the API: no room for even one output
-  token);
-- a structured-output request (``Request.grammar_compile_s``) cannot be admitted before its grammar is ready
-  (``grammar_ready``): LATER, as V1 keeps it WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR;
-- with ``num_speculative_tokens`` k, a decoding request runs its last token and k draft tokens (fewer if the budget,
-  the policy's cap or ``max_model_len`` leave fewer), with blocks for all of them; the engine rolls the rejected ones
-  back (``Completion.verify``).
+- a running request takes exactly the blocks its new tokens need; while they do not fit, the policy picks victims;
+- full blocks are named in the prefix cache as they are allocated (a prompt admitted later in the step finds them);
+- a preemption recomputes (no CPU swap), and a victim scheduled earlier in the step gives its tokens back;
+- a prompt of ``max_model_len`` tokens or more is ignored (no room for even one output token);
+- a structured-output request is LATER until its grammar is ready (``grammar_ready``);
+- with ``num_speculative_tokens`` k, a decode runs its last token and up to k drafts, with blocks for all.
 
 With a step in flight (``Mechanics.in_flight``, vLLM's async scheduler: ``integrations/vllm/inflight.py``), a request
 whose in-flight step samples its last token is passed over (LATER), only known tokens are named in the prefix cache,
