@@ -71,16 +71,16 @@ class V1StepState(StepState):
         self.in_flight = scheduler.mechanics.in_flight
 
     def admit(self, group, max_tokens: int | None) -> Outcome:
-        if type(group) is GroupView and not grammar_ready(group_of(group), self.now):  # V1's WAITING_FOR_..._GRAMMAR
-            # still one of this engine's waiting groups, untouched
-            self._resolve(group, SequenceStatus.WAITING, "admit")
+        g = group_of(group) if type(group) is GroupView else None  # None: refused as the admission resolves it
+        if g is not None and not grammar_ready(g, self.now):  # V1's WAITING_FOR_..._GRAMMAR
+            self._resolve(group, SequenceStatus.WAITING, "admit")  # still this engine's waiting group, untouched
             return Outcome.LATER
-        load = self._load(group)
+        load = self._load(g) if self.sched.offloading is not None else None
         outcome = super().admit(group, max_tokens)
         if load is not None:  # kept and counted if admitted, else dropped
             scheduled = outcome is Outcome.SCHEDULED
             cached = self.output.scheduled[-1].num_cached_tokens if scheduled else None
-            self.sched.offloading.admitted(load, cached, group_of(group).recompute_frontier)
+            self.sched.offloading.admitted(load, cached, g.recompute_frontier)
             self.output.blocks_to_swap_in += load.moves if scheduled else ()
         if outcome is Outcome.SCHEDULED:
             entry = self.output.scheduled[-1]
@@ -89,10 +89,9 @@ class V1StepState(StepState):
                 self.bm.mark_computed(seq, min(seq.num_tokens, upto))
         return outcome
 
-    def _load(self, group) -> Load | None:
+    def _load(self, g: SequenceGroup | None) -> Load | None:
         """With a CPU tier: its blocks after a waiting group's GPU hit, put in the GPU prefix cache before the
         admission looks the group up (allocators/offloading.py)."""
-        g = group_of(group) if type(group) is GroupView and self.sched.offloading is not None else None
         if g is None or g.block_manager is not self.bm or g in self.touched or g.status is not SequenceStatus.WAITING:
             return None
         if (

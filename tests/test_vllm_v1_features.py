@@ -157,6 +157,26 @@ def test_under_v1_the_core_refuses_a_request_whose_grammar_is_not_ready():
     assert engine._groups["json"].first_scheduled_time >= 0.05
 
 
+@pytest.mark.parametrize("vllm_engine", ["v0", "v1"])
+def test_admitting_a_view_that_shows_nothing_is_refused_by_name_under_either_mechanics(vllm_engine):
+    """V1's grammar check reads the group before the admission resolves it: a view of no engine's request (made by the
+    policy, or let go) is refused as under v0, by name, not as an AttributeError of the core's."""
+    from kvsched.errors import PolicyError
+
+    class AdmitsAViewOfNothing:
+        name = "admits-a-view-of-nothing"
+
+        @hookimpl
+        def select_batch(self, step):
+            step.admit(GroupView())
+
+    engine = _engine(vllm_engine, AdmitsAViewOfNothing)
+    engine.add_request(Request(request_id="a", prompt_len=5, output_len=2))
+    with pytest.raises(PolicyError, match="admit: <a GroupView that shows nothing> is not a request of this engine"):
+        engine.step()
+    assert [v.request_id for v in engine.waiting] == ["a"] and engine.check() is None
+
+
 def test_speculative_decoding_with_an_executor_that_rejects_every_draft_changes_only_the_steps():
     """The simulator samples one token per decode, so every draft is rejected and rolled back: the
     requests end with the same tokens as without drafts, after steps that ran ``1 + k`` tokens each."""
