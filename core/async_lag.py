@@ -37,11 +37,9 @@ class SchedulerTime(Completion):
         super().__init__(engine)
         config = engine.config
         self.hidden = config.async_scheduling
-        step_ms, request_ms = (VLLM_V1_SCHEDULER_MS, VLLM_V1_SCHEDULER_REQUEST_MS) if self.hidden else (0.0, 0.0)
-        if config.scheduler_ms is not None:
-            step_ms = config.scheduler_ms
-        if config.scheduler_request_ms is not None:
-            request_ms = config.scheduler_request_ms
+        default = (VLLM_V1_SCHEDULER_MS, VLLM_V1_SCHEDULER_REQUEST_MS) if self.hidden else (0.0, 0.0)
+        step_ms = default[0] if config.scheduler_ms is None else config.scheduler_ms
+        request_ms = default[1] if config.scheduler_request_ms is None else config.scheduler_request_ms
         self.step_s, self.request_s = step_ms / 1000.0, request_ms / 1000.0
         self.busy_until: float | None = None  # when the last step that ran something ended
 

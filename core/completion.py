@@ -27,7 +27,6 @@ class Completion:
         self.bm = engine.scheduler.block_manager
         # Full blocks are named in the prefix cache as a step is applied (v0); V1's names them as it takes them.
         self.caching = engine.config.enable_prefix_caching and engine.mechanics.vllm_engine == "v0"
-        self.new_seq_id = engine.new_seq_id
 
     def seen_at(self, now: float) -> float:
         """When the next step's scheduler sees the requests arriving by ``now`` (at once)."""
@@ -92,7 +91,7 @@ class Completion:
 
     def fork(self, parent: Sequence) -> Sequence:
         group = parent.group
-        child = Sequence(self.new_seq_id(), group, parent.prompt, list(parent.output))
+        child = Sequence(self.engine.new_seq_id(), group, parent.prompt, list(parent.output))
         child.status = parent.status
         child.num_computed_tokens = parent.num_computed_tokens
         self.bm.fork(parent, child)

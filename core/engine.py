@@ -74,8 +74,7 @@ class Engine:
         self.fast_path = executor.fast_path(self) if isinstance(executor, KnownTokens) else None
         sched.fast_path = self.fast_path
         # A request with n > 1 fanned out into n requests (core/fanout.py), or scheduled as one group.
-        eos = executor.eos_token_id
-        self.fan_out = FanOut(sched, self.new_seq_id, eos, config.max_seq_len) if mechanics.fans_out else None
+        self.fan_out = FanOut(self) if mechanics.fans_out else None
         self._idle_steps = 0
         self._idle_since = 0.0
         self._in_flight: SchedulerOutput | None = None  # a step scheduled and not yet completed

@@ -14,22 +14,16 @@ from typing import TYPE_CHECKING
 from kvsched.core.sequence import SequenceGroup
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
-
-    from kvsched.core.scheduler import Scheduler
+    from kvsched.core.engine import Engine
 
 
 class FanOut:
     """The parents of fanned-out requests and their children (``parent_of``: child group -> parent group)."""
 
-    __slots__ = ("sched", "new_seq_id", "eos_token_id", "max_seq_len", "parent_of", "children")
+    __slots__ = ("engine", "parent_of", "children")
 
-    def __init__(
-        self, scheduler: Scheduler, new_seq_id: Callable[[], int], eos_token_id: int | None, max_seq_len: int
-    ) -> None:
-        self.sched = scheduler
-        self.new_seq_id = new_seq_id
-        self.eos_token_id, self.max_seq_len = eos_token_id, max_seq_len
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine  # whose sequence ids, EOS and length limit the children take, and whose queue
         self.parent_of: dict[SequenceGroup, SequenceGroup] = {}
         self.children: dict[SequenceGroup, list[SequenceGroup]] = {}
 
@@ -39,16 +33,17 @@ class FanOut:
         A child keeps the parent's index, so a prompt given only by length has the same token ids
         in every child (their shared prefix) and the results keep the parent's place.
         """
-        request = parent.request
+        request, engine = parent.request, self.engine
         params = request.sampling
+        eos, max_seq_len = engine.executor.eos_token_id, engine.config.max_seq_len
         children = []
         for i in range(parent.n):
             sampling = params.model_copy(update={"n": 1, "seed": None if params.seed is None else params.seed + i})
             child_request = request.model_copy(update={"request_id": f"{i}_{request.request_id}", "sampling": sampling})
-            child = SequenceGroup(child_request, parent.index, self.new_seq_id(), self.eos_token_id, self.max_seq_len)
+            child = SequenceGroup(child_request, parent.index, engine.new_seq_id(), eos, max_seq_len)
             self.parent_of[child] = parent
             children.append(child)
-            self.sched.add(child)
+            engine.scheduler.add(child)
         self.children[parent] = children
         parent.seqs = [c.seqs[0] for c in children]
         parent.num_unfinished_seqs = parent.n
