@@ -9,7 +9,7 @@ from __future__ import annotations
 from types import NoneType
 from typing import TYPE_CHECKING
 
-from kvsched.core.view import GROUPS, SHOWN, QueueView, show, shown
+from kvsched.core.view import GROUPS, SHOWN, QueueView, Window, shown
 
 if TYPE_CHECKING:
     from kvsched.core.config import EngineConfig, PreemptionMode
@@ -18,13 +18,10 @@ if TYPE_CHECKING:
     from kvsched.core.view import CacheView, GroupView
 
 
-class StepBuilder:
+class StepBuilder(Window):
     """One step under construction: read-only queues and budgets plus validated operations."""
 
-    __slots__ = ("__weakref__",)
-
-    def __init__(self, state: StepState) -> None:
-        show(self, state)
+    __slots__ = ()
 
     # ------------------------------------------------------------------ what a policy reads
     waiting = property(lambda self: _queue(self, "waiting"), doc="waiting groups at the start of the step, front first")

@@ -24,9 +24,7 @@ from kvsched.errors import quote
 
 if TYPE_CHECKING:
     from kvsched.allocators.alloc_status import AllocStatus
-    from kvsched.allocators.block_manager import BlockManager
     from kvsched.core.config import PreemptionMode
-    from kvsched.core.outputs import SchedulerOutput
     from kvsched.core.request import Request
     from kvsched.core.sequence import SequenceGroup, SequenceStatus
 
@@ -67,6 +65,14 @@ def forget(handed: list) -> None:
 def shown(view: object):
     """What ``view`` shows: found by its first weak reference (ours, or one equal to it), with no new one made."""
     return SHOWN[view.__weakref__]
+
+
+class Window:
+    """A view of something the core shows (``show``, as it is made: ``Window(target, handed=None)``), holding none of
+    it: the queues, the step builder, the engine's groups by id, a step's output, the cache."""
+
+    __slots__ = ("__weakref__",)
+    __init__ = show
 
 
 UNKNOWABLE = ("output_len",)  # no scheduler knows the answer's length: a hook sees max_tokens, the cap (docs/hooks.md)
@@ -181,14 +187,11 @@ def let_go(groups: list[SequenceGroup]) -> None:
     groups.clear()
 
 
-class _LazyTuple(Sequence):
+class _LazyTuple(Window, Sequence):
     """A read-only sequence over a core list, converting each item as it is read (``_show``):
     a policy that stops at the first item that does not fit pays for what it looked at."""
 
-    __slots__ = ("__weakref__",)
-
-    def __init__(self, items: list, handed: list | None = None) -> None:
-        show(self, items, handed)
+    __slots__ = ()
 
     def __len__(self) -> int:
         return len(SHOWN[self.__weakref__])
@@ -216,14 +219,11 @@ class QueueView(_LazyTuple):
         return f"QueueView({[g.request_id for g in shown(self)]})"
 
 
-class GroupMap(Mapping):
+class GroupMap(Window, Mapping):
     """The engine's requests by id as ``GroupView``s (``Engine.groups``): read-only, and live (a request added or
     retired shows at once)."""
 
-    __slots__ = ("__weakref__",)
-
-    def __init__(self, groups: dict[str, SequenceGroup]) -> None:
-        show(self, groups)
+    __slots__ = ()
 
     def __getitem__(self, request_id: str) -> GroupView:
         return shown(self)[request_id].view
@@ -256,16 +256,13 @@ class BatchView(_LazyTuple):
     _show = staticmethod(lambda s: Scheduled(s.group.view, s.num_tokens, s.is_prefill, s.num_cached_tokens))
 
 
-class OutputView:
+class OutputView(Window):
     """A step's ``SchedulerOutput`` as ``on_step`` observers see it: the same names, read-only,
     groups as ``GroupView``s and block movements as tuples (``num_batched_tokens``,
     ``prefill_tokens``, ``decode_seqs``, ``kv_tokens_read``, ``lane_decodes``,
     ``num_prefill_groups``, ``features`` and ``is_empty`` are the output's own)."""
 
-    __slots__ = ("__weakref__",)
-
-    def __init__(self, output: SchedulerOutput) -> None:
-        show(self, output)
+    __slots__ = ()
 
     scheduled = property(lambda self: BatchView(shown(self).scheduled))
     swapped_in = property(lambda self: tuple(g.view for g in shown(self).swapped_in))
@@ -292,13 +289,10 @@ for _name in (
     setattr(OutputView, _name, property(lambda self, _name=_name: getattr(shown(self), _name)))
 
 
-class CacheView:
+class CacheView(Window):
     """Read-only questions to the block manager (about groups of its own engine only)."""
 
-    __slots__ = ("__weakref__",)
-
-    def __init__(self, bm: BlockManager) -> None:
-        show(self, bm)
+    __slots__ = ()
 
     block_size = property(lambda self: shown(self).block_size)
     num_gpu_blocks = property(lambda self: shown(self).gpu.num_blocks)
