@@ -28,11 +28,10 @@ STALL_STEPS, STALL_SECONDS = 1_000, 10.0
 class Engine:
     """``add_request``, ``abort``, ``step`` and ``run``, over a scheduler and an executor.
 
-    ``policy`` is an installed policy's name or a policy object; ``executor`` runs the steps
-    (``kvsched.SimulatedExecutor`` for simulation); ``mechanics`` are whose the core follows (``core/mechanics.py``;
-    by default those ``config.vllm_engine`` names). The engine keeps the executor's clock unless
-    ``clock`` is given: a caller that drives time itself passes any object with ``now()``,
-    ``advance(seconds)`` and ``wait_until(t)``. ``retain_finished=False`` leaves finished groups to ``on_step``.
+    ``policy`` is an installed policy's name or a policy object; ``executor`` runs the steps (``SimulatedExecutor``
+    for simulation); ``mechanics`` default to those ``config.vllm_engine`` names (``core/mechanics.py``). A caller
+    that drives time itself gives a ``clock`` (``now()``, ``advance(seconds)``, ``wait_until(t)``), else the
+    executor's is used. ``retain_finished=False`` leaves finished groups to ``on_step``.
     """
 
     def __init__(

@@ -99,17 +99,14 @@ class SchedulerOutput:
     preempted: list[tuple[SequenceGroup, PreemptionMode]] = field(default_factory=list)
     ignored: list[SequenceGroup] = field(default_factory=list)
     num_batched_tokens: int = 0
-    # The step's cost features, counted by the step builder as it schedules (see ``features``);
-    # an output assembled by hand must set them itself.
+    # The step's cost features (``features``), counted by the step builder as it schedules; set by hand otherwise.
     prefill_tokens: int = 0
     decode_seqs: int = 0
     kv_tokens_read: int = 0
-    # The first ``lane_decodes`` entries of ``scheduled`` are decodes of the engine's decode lane,
-    # whose tokens are known in advance: an executor with ``KnownTokens`` need not sample them.
+    # The first ``lane_decodes`` of ``scheduled`` ride the decode lane, their tokens known: ``KnownTokens`` skips them.
     lane_decodes: int = 0
-    # Under V1 mechanics, the order in which the step took blocks and gave them back: (request id,
-    # tokens its blocks now hold) or (request id, None) for a preemption. An engine that mirrors
-    # this one (vLLM, through kvsched.integrations.vllm) replays them in this order.
+    # Under V1 mechanics, the order the step took blocks and gave them back, which the vLLM integration's mirror
+    # replays: (request id, tokens its blocks now hold), or (request id, None) for a preemption.
     block_ops: list[tuple[str, int | None]] = field(default_factory=list)
     # Why, per decision that is not a plain decode (``core.decisions.Decision`` tuples, in the order taken).
     decisions: list[tuple] = field(default_factory=list)

@@ -106,7 +106,7 @@ class Scheduler:
             g.note_admission(sum(step.cached_tokens.get(s.seq_id, 0) for s in g.seqs))
             if g.first_scheduled_time is None:
                 g.first_scheduled_time = now
-        for g in step.swapped_in:
+        for g in out.swapped_in:
             _set_status(g, _RUNNING)
         for g, mode in out.preempted:
             if mode is PreemptionMode.RECOMPUTE:
@@ -129,10 +129,10 @@ class Scheduler:
             # Recompute victims go to the front, the earliest-evicted (newest) last, as vLLM's extendleft.
             self.waiting = _without_prefix(self.waiting, left_waiting, step.recomputed)
         if out.preempted:
-            self.running = [g for g in self.running if g.status is _RUNNING] + step.admitted + step.swapped_in
-        elif step.admitted or step.swapped_in:
-            self.running = self.running + step.admitted + step.swapped_in
-        if step.swapped_in or step.swapped_out or out.ignored:
+            self.running = [g for g in self.running if g.status is _RUNNING] + step.admitted + out.swapped_in
+        elif step.admitted or out.swapped_in:
+            self.running = self.running + step.admitted + out.swapped_in
+        if out.swapped_in or step.swapped_out or out.ignored:
             self.swapped = [g for g in self.swapped if g.status is _SWAPPED] + step.swapped_out
 
     def finish_group(self, group: SequenceGroup, status: SequenceStatus, now: float) -> None:

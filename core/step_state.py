@@ -48,7 +48,6 @@ class StepState(Preemptions, DecisionNotes):
         self.max_seqs = self.config.max_num_seqs
         self.prompt_limit = self.config.model_len  # the longest prompt (with any output, if recomputed) admitted
         self.admitted: list[SequenceGroup] = []
-        self.swapped_in: list[SequenceGroup] = self.output.swapped_in
         self.recomputed: list[SequenceGroup] = []
         self.swapped_out: list[SequenceGroup] = []
         self.cached_tokens: dict[int, int] = {}
@@ -165,7 +164,7 @@ class StepState(Preemptions, DecisionNotes):
         self.output.blocks_to_swap_in += moved
         self._note(None, SwappedIn(Decision.SWAPPED_IN, g.request_id, len(moved)))
         self.touched[g] = "swapped in"
-        self.swapped_in.append(g)
+        self.output.swapped_in.append(g)
         self.num_running_seqs += g.max_running_seqs
         # can_swap_in counted the block each sequence's next token touches: the decode needs no room made.
         return self._run(g, max_tokens, "swap_in", room=True)

@@ -206,11 +206,8 @@ class _LazyTuple(Window, Sequence):
 
 
 class QueueView(_LazyTuple):
-    """One queue as it was when the step began, as ``GroupView``s, front first.
-
-    Lazy (a queue under overload holds many thousands). Valid for the step it was handed out in (``handed``: the
-    step's list of what it handed out; a queue the engine shows outside a step lives as long as its view).
-    """
+    """One queue as it was when the step began, as ``GroupView``s, front first; lazy (a queue under overload holds
+    many thousands). Valid during the step that handed it out (one the engine shows outside a step: while it lives)."""
 
     __slots__ = ()
     _show = attrgetter("view")  # a group's view, read at C speed
