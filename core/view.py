@@ -254,10 +254,8 @@ class BatchView(_LazyTuple):
 
 
 class OutputView(Window):
-    """A step's ``SchedulerOutput`` as ``on_step`` observers see it: the same names, read-only,
-    groups as ``GroupView``s and block movements as tuples (``num_batched_tokens``,
-    ``prefill_tokens``, ``decode_seqs``, ``kv_tokens_read``, ``lane_decodes``,
-    ``num_prefill_groups``, ``features`` and ``is_empty`` are the output's own)."""
+    """A step's ``SchedulerOutput`` as ``on_step`` observers see it: the same names, read-only, groups as
+    ``GroupView``s and block movements as tuples (the numbers named after the class are the output's own)."""
 
     __slots__ = ()
 
