@@ -9,7 +9,7 @@ from __future__ import annotations
 from types import NoneType
 from typing import TYPE_CHECKING
 
-from kvsched.core.view import GROUPS, SHOWN, QueueView, Window, shown
+from kvsched.core.view import GROUPS, SHOWN, QueueView, show, shown
 
 if TYPE_CHECKING:
     from kvsched.core.config import EngineConfig, PreemptionMode
@@ -18,10 +18,14 @@ if TYPE_CHECKING:
     from kvsched.core.view import CacheView, GroupView
 
 
-class StepBuilder(Window):
-    """One step under construction: read-only queues and budgets plus validated operations."""
+class StepBuilder:
+    """One step under construction: read-only queues and budgets plus validated operations (its own ``__weakref__``
+    slot, not a ``Window``'s: its reads, three a running request in a step, find it a class nearer)."""
 
-    __slots__ = ()
+    __slots__ = ("__weakref__",)
+
+    def __init__(self, state: StepState) -> None:
+        show(self, state)
 
     # ------------------------------------------------------------------ what a policy reads
     waiting = property(lambda self: _queue(self, "waiting"), doc="waiting groups at the start of the step, front first")

@@ -69,7 +69,7 @@ def shown(view: object):
 
 class Window:
     """A view of something the core shows (``show``, as it is made: ``Window(target, handed=None)``), holding none of
-    it: the queues, the step builder, the engine's groups by id, a step's output, the cache."""
+    it: the queues, the engine's groups by id, a step's output, the cache (the step builder keeps its own slot)."""
 
     __slots__ = ("__weakref__",)
     __init__ = show
