@@ -264,15 +264,13 @@ class StepState(Preemptions, DecisionNotes):
         cow = self.bm.append_slots(seq)
         if cow is not None:
             out.blocks_to_copy.append(cow)
-        out.scheduled.append(ScheduledGroup(g, 1, False))  # _record(g, 1, False, computed), inlined
+        out.scheduled.append(ScheduledGroup(g, 1, False))  # _record(g, 1, False, computed, 0, 0), inlined
         out.num_batched_tokens += 1
         out.decode_seqs += 1
         out.kv_tokens_read += seq.num_computed_tokens
         return Outcome.SCHEDULED
 
-    def _record(
-        self, g: SequenceGroup, chunk: int, is_prefill: bool, context: int, cached: int = 0, left: int = 0
-    ) -> None:
+    def _record(self, g: SequenceGroup, chunk: int, is_prefill: bool, context: int, cached: int, left: int) -> None:
         """Add ``g`` to the batch and to the step's cost features (``context``: KV tokens it reads;
         ``cached``: prompt tokens an admission found in the prefix cache; ``left``: prompt tokens a
         prefill leaves for later chunks)."""
