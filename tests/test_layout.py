@@ -151,7 +151,11 @@ def test_the_core_is_small_and_light():
     # Both loops then took their steady runs through one door again, Engine.steady_run (3 lines: a replica no longer
     # calls the fast path, Engine.run no longer hands it its Arrivals), paid for in the loop's own lines (run and _run
     # one method, a steps budget instead of two max_steps tests, a shorter docstring), at 2,771.
-    assert lines <= 2771, f"core/ has {lines} non-blank lines (about 2,000 was the aim, 2,771 is the limit)"
+    # Then a hunt for what could go without a rule or a guarantee took 55 more: reads and defaults written once too
+    # often (a queue count, an alias, a bound method, _record's defaults), FanOut given its engine, not four of its
+    # parts, V1's admit reading its group once (a dead view there is refused by name now), one base (Window) for four
+    # views' slot and __init__, and docstrings that said the same in fewer lines, to 2,716. What remains is the rules.
+    assert lines <= 2716, f"core/ has {lines} non-blank lines (about 2,000 was the aim, 2,716 is the limit)"
 
 
 def test_no_module_is_over_400_lines():
