@@ -133,7 +133,7 @@ class Engine:
 
     def _refuse_in_hook(self, call: str) -> None:
         """A hook may read the engine it runs in, never drive it (that would change the step under construction)."""
-        if self.hooks.in_hook is not None:  # tested by the hot callers before calling
+        if self.hooks.in_hook is not None:
             raise self.hooks.refuse(
                 f"engine.{call}() called inside {self.hooks.in_hook}: a hook may not drive its own engine"
             )
