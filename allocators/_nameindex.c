@@ -429,9 +429,9 @@ static int listed(PyObject *seq) {
 
 /* Whether the first n of ``bs`` are ints from 0 to size - 1 (reading them runs no Python code); else the Python loop
    indexes the list with them, and raises or not (a negative id, an int-like object), as it would. */
-static int blocks_of_list(PyObject *bs, Py_ssize_t n, Py_ssize_t size) {
+static int blocks_of_list(PyObject *const *items, Py_ssize_t n, Py_ssize_t size) {
     for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *block = PyTuple_GET_ITEM(bs, i);
+        PyObject *block = items[i];
         Py_ssize_t b = PyLong_CheckExact(block) ? PyLong_AsSsize_t(block) : -1;
         if (b < 0 || b >= size) {
             PyErr_Clear();
@@ -459,7 +459,7 @@ static PyObject *register_names(PyObject *module, PyObject *args) {
     PyObject *done = hs ? PyList_New(0) : NULL;
     if (!done) goto fail;
     Py_ssize_t n = Py_MIN(PyTuple_GET_SIZE(bs), PyTuple_GET_SIZE(hs));
-    if (!blocks_of_list(bs, n, PyList_GET_SIZE(named))) {
+    if (!blocks_of_list(PySequence_Fast_ITEMS(bs), n, PyList_GET_SIZE(named))) {
         Py_DECREF(bs);
         Py_DECREF(hs);
         Py_DECREF(done);
@@ -496,21 +496,69 @@ fail:
     return NULL;
 }
 
+/* The stages of forget_plain's prefetching for the block ``ahead`` places on (0 <= ahead < n, the list's items
+   checked ints in range): at 4 * AHEAD its id's int, at 3 * AHEAD its place in ``named``, at 2 * AHEAD its name's
+   int, at AHEAD its slot. Each stage reads only what the one before asked for, so no read waits on memory. */
+static inline void prefetch_forget(const NameIndex *t, PyObject *named, PyObject *const *items, Py_ssize_t ahead,
+                                   int stage) {
+    if (stage == 4) {
+        __builtin_prefetch(items[ahead]);
+        return;
+    }
+    Py_ssize_t b = PyLong_AsSsize_t(items[ahead]);
+    PyObject **slot = &((PyListObject *)named)->ob_item[b];
+    if (stage == 3) {
+        __builtin_prefetch(slot);
+        return;
+    }
+    if (stage == 2) {
+        __builtin_prefetch(*slot);
+        return;
+    }
+    if (PyLong_CheckExact(*slot)) prefetch_slot(t, *slot);
+}
+
+/* forget_names's loop while each block's name is an int in int64 in the table (the engine's every name): the name
+   leaves the table and the block ``named`` None, no Python code run, so the list ``items`` of ``blocks`` is read in
+   place. Returns the position of the first block it leaves to the loop that copes with any name (a stray one, one
+   absent, None), n if none. */
+static Py_ssize_t forget_plain(NameIndex *t, PyObject *named, PyObject *const *items, Py_ssize_t n) {
+    Py_ssize_t i = 0;
+    for (; i < n; i++) {
+        for (int stage = 4; stage >= 1; stage--)
+            if (i + stage * AHEAD < n) prefetch_forget(t, named, items, i + stage * AHEAD, stage);
+        Py_ssize_t b = PyLong_AsSsize_t(items[i]);
+        PyObject *name = PyList_GET_ITEM(named, b);
+        int64_t key;
+        if (!PyLong_CheckExact(name) || name_of(name, &key) != 1) break; /* also PyErr-free: an exact int */
+        Py_ssize_t slot = slot_of(t, key);
+        if (slot < 0) break; /* absent: the loop below raises KeyError, as del does */
+        erase(t, (size_t)slot);
+        PyList_SET_ITEM(named, b, Py_NewRef(Py_None));
+        Py_DECREF(name); /* an int: freeing it runs no Python code */
+    }
+    return i;
+}
+
 /* What BlockPool.forget's Python loop does while no content has duplicates: each block's name leaves ``index``
-   and the block is unnamed. False, having changed nothing, as register_names returns None. */
+   and the block is unnamed. False, having changed nothing, as register_names returns None. The engine's blocks (a
+   list of block ids, ``named`` another list) go through forget_plain; what it leaves, from the first block it
+   stops at, through a tuple, as a stray name's own code may change the lists. */
 static PyObject *forget_names(PyObject *module, PyObject *args) {
     NameIndex *t;
     PyObject *named, *blocks;
     if (!PyArg_ParseTuple(args, "O!O!O:forget_names", &NameIndexType, &t, &PyList_Type, &named, &blocks))
         return NULL;
     if (!listed(blocks)) Py_RETURN_FALSE;
-    PyObject *bs = PySequence_Tuple(blocks);
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(blocks), done = 0;
+    if (!blocks_of_list(PySequence_Fast_ITEMS(blocks), n, PyList_GET_SIZE(named))) Py_RETURN_FALSE;
+    if (blocks != named) done = forget_plain(t, named, PySequence_Fast_ITEMS(blocks), n);
+    if (done == n) Py_RETURN_TRUE;
+    PyObject *rest = PySequence_GetSlice(blocks, done, n), *bs = rest ? PySequence_Tuple(rest) : NULL;
+    Py_XDECREF(rest);
     if (!bs) return NULL;
-    if (!blocks_of_list(bs, PyTuple_GET_SIZE(bs), PyList_GET_SIZE(named))) {
-        Py_DECREF(bs);
-        Py_RETURN_FALSE;
-    }
-    for (Py_ssize_t i = 0, n = PyTuple_GET_SIZE(bs); i < n; i++) {
+    n = PyTuple_GET_SIZE(bs);
+    for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *ahead = i + 2 * AHEAD < n ? peek_name(named, PyTuple_GET_ITEM(bs, i + 2 * AHEAD)) : NULL;
         if (ahead) __builtin_prefetch(ahead); /* its int, read AHEAD blocks later for its slot */
         ahead = i + AHEAD < n ? peek_name(named, PyTuple_GET_ITEM(bs, i + AHEAD)) : NULL;

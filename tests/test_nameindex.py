@@ -352,6 +352,28 @@ def test_a_bad_block_id_is_named_and_forgotten_as_the_python_code_does(bad, forg
 
 
 @needs_c
+@pytest.mark.parametrize("odd", [2**70, None, "name"])
+def test_forgetting_leaves_the_first_name_it_cannot_read_in_place_to_the_loop_that_copes(odd):
+    """forget_names reads int64 names in place and hands the rest, from the first other one, to the loop that copes
+    with any name: a stray name (beyond int64, a str) is forgotten there, and an unnamed block's None raises KeyError
+    there after the blocks before it were forgotten, as the Python loop does."""
+    outcomes = []
+    for pool in _pools_on_either_index(8):
+        held = pool.allocate_many(6)
+        pool.register(held, [11, 12, odd, 14, 15, 16] if odd is not None else [11, 12, 13, 14, 15, 16])
+        if odd is None:
+            pool.forget([held[2]])  # unnamed now: forgetting it again finds None
+        try:
+            pool.forget(held[:2] + [held[2]] + held[3:])
+            outcomes.append(None)
+        except Exception as error:  # noqa: BLE001 (the type and message are compared)
+            outcomes.append((type(error), str(error)))
+        outcomes.append((dict(pool.hash_to_block), pool.block_hash, pool.version))
+    assert outcomes[:2] == outcomes[2:]
+    assert outcomes[0] == ((KeyError, "None") if odd is None else None)
+
+
+@needs_c
 def test_the_c_loops_leave_what_they_cannot_read_to_the_python_code():
     from kvsched.allocators._nameindex import hold_refs, release_refs
 
