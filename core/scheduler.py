@@ -63,8 +63,7 @@ class Scheduler:
         deciding on the same state, e.g. a fallback after this one failed)."""
         if self.fast_path is not None and (out := self.fast_path.replay(hooks is None)) is not None:
             return out
-        waiting = self.waiting
-        hooks = hooks or self.hooks
+        waiting, hooks = self.waiting, hooks or self.hooks
         step = self.mechanics.step(self, now, hooks)
         bm = self.block_manager
         bm.begin()
@@ -77,6 +76,7 @@ class Scheduler:
         finally:
             step.close()
         bm.commit()
+        head = waiting[:1]  # the queue's head as the step found it: _commit cuts the queue in place
         self._commit(step)
         if self.offloading is not None:
             self.offloading.commit(
@@ -85,7 +85,7 @@ class Scheduler:
         if self.drafting is not None:
             remember_drafts(self.drafting, step.output, self.running)
         if self.fast_path is not None and hooks is self.hooks:
-            self.fast_path.record(step, waiting)
+            self.fast_path.record(step, head)
         return step.output
 
     def _rollback(self) -> None:
@@ -211,12 +211,12 @@ class Scheduler:
 
 
 def _without_prefix(waiting: list[SequenceGroup], left: int, recomputed: list[SequenceGroup]) -> list[SequenceGroup]:
-    """``waiting`` without the ``left`` groups that stopped waiting in this step: usually its front (first come,
-    first served), looked at before the whole list (thousands under overload) is filtered; ``recomputed`` in front,
-    the newest first. Copied once: a step admits from a queue of thousands."""
-    i = next((k for k in range(left) if waiting[k].status is _WAITING), left)
-    rest = waiting[i:] if i == left else [g for g in waiting if g.status is _WAITING]
-    return recomputed[::-1] + rest if recomputed else rest
+    """``waiting`` without the ``left`` groups that stopped waiting in this step: usually its front (first come, first
+    served), cut in place (a copy is thousands a step under overload), else filtered; ``recomputed`` in front."""
+    if next((k for k in range(left) if waiting[k].status is _WAITING), left) < left:  # not just its front
+        return recomputed[::-1] + [g for g in waiting if g.status is _WAITING]
+    del waiting[:left]
+    return recomputed[::-1] + waiting if recomputed else waiting
 
 
 def _set_status(group: SequenceGroup, status: SequenceStatus) -> None:
