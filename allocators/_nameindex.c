@@ -441,10 +441,40 @@ static int blocks_of_list(PyObject *const *items, Py_ssize_t n, Py_ssize_t size)
     return 1;
 }
 
+/* register_names's loop while each unnamed block's name is an int in int64 and, with ``keep``, its content is in
+   no other block (the engine's every block but V1's rare duplicates): no Python code runs, so the lists are read in place (``bs``,
+   ``hs``: the items of the blocks and their names, the first n checked block ids). Returns the position of the first
+   block it leaves to the loop that copes with any name or a duplicate, n if none; -1 with an error set. */
+static Py_ssize_t register_plain(NameIndex *t, PyObject *named, PyObject *const *bs, PyObject *const *hs,
+                                 Py_ssize_t n, int keep, PyObject *done) {
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (i + AHEAD < n && PyLong_CheckExact(hs[i + AHEAD])) prefetch_slot(t, hs[i + AHEAD]);
+        Py_ssize_t b = PyLong_AsSsize_t(bs[i]);
+        if (PyList_GET_ITEM(named, b) != Py_None) continue;
+        int64_t name;
+        if (!PyLong_CheckExact(hs[i]) || name_of(hs[i], &name) != 1 || b > INT32_MAX) return i;
+        Py_ssize_t slot = slot_of(t, name);
+        if (slot >= 0 && t->blocks[slot] != b) { /* the content is cached in another block already */
+            if (!keep) continue;
+            return i; /* a duplicate, kept in a dict whose keys' own code may run */
+        }
+        if (slot < 0) {
+            if (make_room(t) < 0) return -1;
+            place(t, name, (int32_t)b);
+        }
+        PyList_SET_ITEM(named, b, Py_NewRef(hs[i]));
+        Py_DECREF(Py_None); /* what the block's place held */
+        if (PyList_Append(done, bs[i]) < 0) return -1;
+    }
+    return n;
+}
+
 /* What BlockPool.register's Python loop does: name each unnamed block (``named``, the pool's block_hash) by its
    content hash in ``index``; a content already cached elsewhere is named only with ``keep`` (its block joins
    ``duplicates``). Returns the blocks named, or None, having changed nothing, for blocks or hashes not a list or a
-   tuple or a block id not an int from 0 to the list's length (blocks_of_list). */
+   tuple or a block id not an int from 0 to the list's length (blocks_of_list). The engine's blocks go through
+   register_plain; what it leaves, from the first block it stops at, through tuples, as a stray name's Python code
+   (its hash, its ==) might change the lists. */
 static PyObject *register_names(PyObject *module, PyObject *args) {
     NameIndex *t;
     PyObject *named, *blocks, *hashes, *duplicates;
@@ -453,21 +483,23 @@ static PyObject *register_names(PyObject *module, PyObject *args) {
                           &hashes, &keep, &PyDict_Type, &duplicates))
         return NULL;
     if (!listed(blocks) || !listed(hashes)) Py_RETURN_NONE;
-    /* Tuples: what a stray name's Python code might do to the lists cannot pull an item from under the loop. */
-    PyObject *bs = PySequence_Tuple(blocks);
-    PyObject *hs = bs ? PySequence_Tuple(hashes) : NULL;
-    PyObject *done = hs ? PyList_New(0) : NULL;
-    if (!done) goto fail;
-    Py_ssize_t n = Py_MIN(PyTuple_GET_SIZE(bs), PyTuple_GET_SIZE(hs));
-    if (!blocks_of_list(PySequence_Fast_ITEMS(bs), n, PyList_GET_SIZE(named))) {
-        Py_DECREF(bs);
-        Py_DECREF(hs);
-        Py_DECREF(done);
-        Py_RETURN_NONE;
-    }
-    for (Py_ssize_t i = 0; i < n; i++) {
+    Py_ssize_t n = Py_MIN(PySequence_Fast_GET_SIZE(blocks), PySequence_Fast_GET_SIZE(hashes)), from = 0;
+    if (!blocks_of_list(PySequence_Fast_ITEMS(blocks), n, PyList_GET_SIZE(named))) Py_RETURN_NONE;
+    PyObject *done = PyList_New(0), *bs = NULL, *hs = NULL, *cut = NULL;
+    if (!done) return NULL;
+    if (blocks != named && hashes != named)
+        from = register_plain(t, named, PySequence_Fast_ITEMS(blocks), PySequence_Fast_ITEMS(hashes), n, keep, done);
+    if (from == n) return done;
+    if (from < 0) goto fail;
+    cut = PySequence_GetSlice(blocks, from, n);
+    bs = cut ? PySequence_Tuple(cut) : NULL;
+    Py_XSETREF(cut, bs ? PySequence_GetSlice(hashes, from, n) : NULL);
+    hs = cut ? PySequence_Tuple(cut) : NULL;
+    Py_CLEAR(cut);
+    if (!hs) goto fail;
+    for (Py_ssize_t i = 0; i < n - from; i++) {
         PyObject *block = PyTuple_GET_ITEM(bs, i), *h = PyTuple_GET_ITEM(hs, i);
-        if (i + AHEAD < n) prefetch_slot(t, PyTuple_GET_ITEM(hs, i + AHEAD));
+        if (i + AHEAD < n - from) prefetch_slot(t, PyTuple_GET_ITEM(hs, i + AHEAD));
         Py_ssize_t b;
         PyObject *current = name_at(named, block, &b);
         if (!current) goto fail;
@@ -612,6 +644,20 @@ static PyObject *ni_gives(NameIndex *t, PyObject *args) {
     return same < 0 ? NULL : PyBool_FromLong(same);
 }
 
+/* release_refs's prefetching, read AHEAD blocks later (the next table's blocks lie anywhere in the pool): the int of
+   the block 2 * AHEAD on, and the places in ``counts`` and ``named`` of the block AHEAD on, if an id in range. */
+static inline void prefetch_release(PyObject *counts, PyObject *named, PyObject *blocks, Py_ssize_t i,
+                                    Py_ssize_t size) {
+    Py_ssize_t n = PyList_GET_SIZE(blocks);
+    if (i + 2 * AHEAD < n) __builtin_prefetch(PyList_GET_ITEM(blocks, i + 2 * AHEAD));
+    PyObject *block = i + AHEAD < n ? PyList_GET_ITEM(blocks, i + AHEAD) : NULL;
+    Py_ssize_t b = block && PyLong_CheckExact(block) ? PyLong_AsSsize_t(block) : -1;
+    if (b == -1) PyErr_Clear(); /* past a C ssize_t: read (and refused) in its turn */
+    if (b < 0 || b >= size) return;
+    __builtin_prefetch(&((PyListObject *)counts)->ob_item[b]);
+    __builtin_prefetch(&((PyListObject *)named)->ob_item[b]);
+}
+
 /* What BlockPool.release_many's Python code does: one reference to each block fewer (``counts``, the pool's
    ref_counts), all at once when each count is 1 (a table no other holds), else block by block up to a double free.
    Returns (the blocks now free, how many of them are unnamed in ``named``, the position of the double free or -1),
@@ -625,6 +671,7 @@ static PyObject *release_refs(PyObject *module, PyObject *args) {
     Py_ssize_t n = PyList_GET_SIZE(blocks), size = Py_MIN(PyList_GET_SIZE(counts), PyList_GET_SIZE(named));
     int sole = n > 1; /* every count 1: no other table holds any */
     for (Py_ssize_t i = 0; i < n; i++) { /* first read every block: that runs no Python code */
+        prefetch_release(counts, named, blocks, i, size);
         PyObject *block = PyList_GET_ITEM(blocks, i);
         Py_ssize_t b = PyLong_CheckExact(block) ? PyLong_AsSsize_t(block) : -1;
         if (b < 0 || b >= size || !PyLong_CheckExact(PyList_GET_ITEM(counts, b))) {

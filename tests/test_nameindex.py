@@ -374,6 +374,25 @@ def test_forgetting_leaves_the_first_name_it_cannot_read_in_place_to_the_loop_th
 
 
 @needs_c
+@pytest.mark.parametrize("keep", [False, True])
+@pytest.mark.parametrize("odd", [12, 2**70, "name"])
+def test_naming_leaves_the_first_name_it_cannot_read_in_place_to_the_loop_that_copes(keep, odd):
+    """register_names reads int64 names in place and hands the rest, from the first stray name (beyond int64, a str)
+    or, with duplicates kept, the first content already in another block (12 here), to the loop that copes with
+    any: the same blocks named, the same duplicates, as the Python loop."""
+    outcomes = []
+    for pool in _pools_on_either_index(8):
+        pool.keep_duplicates = keep
+        held = pool.allocate_many(6)
+        pool.register(held[:1], [12])  # a named block is passed over; its content taken
+        outcomes.append(pool.register(held, [12, 11, odd, 13, 12, 14]))
+        outcomes.append((dict(pool.hash_to_block), pool.block_hash, pool._duplicates, pool.version))
+    assert outcomes[:2] == outcomes[2:]
+    duplicates = (2, 4) if odd == 12 else (4,)
+    assert outcomes[0] == [b for k, b in enumerate(held) if k and (keep or k not in duplicates)]
+
+
+@needs_c
 def test_the_c_loops_leave_what_they_cannot_read_to_the_python_code():
     from kvsched.allocators._nameindex import hold_refs, release_refs
 
