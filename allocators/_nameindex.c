@@ -2,16 +2,16 @@
 allocators' other loops over blocks.
 
 Why: a long-context run names, looks up and forgets hundreds of thousands of blocks, and a dict holds each entry
-as two boxed ints behind a hash slot. Here a name is 8 bytes and a block 4, in open addressing with linear probing
-(deletion shifts the run back, so there are no tombstones). It behaves as the dict it replaces for every operation
-the pool, the block manager and their tests use (get, setdefault, [], del, in, len, items, keys, iteration, dict(),
-==, copy and pickle); a name outside int64, or not an int (or an int of its own hash), is kept in a plain dict
-beside the table ("strays"), so any name a dict takes is taken. The loops an hour of long prompts runs some nine million times a block run here
-too, each the Python loop beside its call written out: the pool's naming, forgetting, holding and releasing
-(register_names, forget_names, hold_refs, release_refs), the block manager's count of held hits (count_held) and
-check of kept ones (NameIndex.gives), and a prompt's naming of its blocks (name_inside, CPython's hash of a pair
-written out). Without this module built, the allocators use a dict and their Python loops: the reference this is
-tested against (tests/test_nameindex.py). */
+as two boxed ints behind a hash slot. Here a name is 8 bytes beside its block's 4 (a probe reads one cache line), in
+open addressing with linear probing (deletion shifts the run back, so there are no tombstones). It behaves as the
+dict it replaces for every operation the pool, the block manager and their tests use (get, setdefault, [], del, in,
+len, items, keys, iteration, dict(), ==, copy and pickle); a name outside int64, or not an int (or an int of its own
+hash), is kept in a plain dict beside the table ("strays"), so any name a dict takes is taken. The loops an hour of
+long prompts runs some nine million times a block run here too, each the Python loop beside its call written out:
+the pool's naming, forgetting, holding and releasing (register_names, forget_names, hold_refs, release_refs), the
+block manager's count of held hits (count_held) and check of kept ones (NameIndex.gives), and a prompt's naming of
+its blocks (name_inside, CPython's hash of a pair written out). Without this module built, the allocators use a
+dict and their Python loops: the reference this is tested against (tests/test_nameindex.py). */
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -21,14 +21,19 @@ tested against (tests/test_nameindex.py). */
 
 #define EMPTY (-1)
 
+/* A name beside its block, so that a probe reads one cache line, not one in each of two arrays. */
+typedef struct {
+    int64_t name;
+    int32_t block; /* EMPTY: a free slot */
+} Slot;
+
 typedef struct {
     PyObject_HEAD
     int bits;            /* the table has 2**bits slots */
     size_t mask;         /* 2**bits - 1 */
     Py_ssize_t used;     /* names in the table */
     Py_ssize_t hint;     /* the number of blocks it was made for (kept by pickle) */
-    int64_t *names;
-    int32_t *blocks;     /* EMPTY: a free slot */
+    Slot *slots;
     PyObject *strays;    /* dict of the names the table cannot hold; NULL until one comes */
 } NameIndex;
 
@@ -69,23 +74,18 @@ static int block_of(PyObject *value, int32_t *block) {
 
 static Py_ssize_t slot_of(const NameIndex *t, int64_t name) {
     for (size_t i = home(t, name);; i = (i + 1) & t->mask) {
-        if (t->blocks[i] == EMPTY) return -1;
-        if (t->names[i] == name) return (Py_ssize_t)i;
+        if (t->slots[i].block == EMPTY) return -1;
+        if (t->slots[i].name == name) return (Py_ssize_t)i;
     }
 }
 
 static int alloc_slots(NameIndex *t, int bits) {
-    t->names = PyMem_Malloc(sizeof(int64_t) << bits);
-    t->blocks = PyMem_Malloc(sizeof(int32_t) << bits);
-    if (!t->names || !t->blocks) {
-        PyMem_Free(t->names);
-        PyMem_Free(t->blocks);
-        t->names = NULL;
-        t->blocks = NULL;
+    t->slots = PyMem_Malloc(sizeof(Slot) << bits);
+    if (!t->slots) {
         PyErr_NoMemory();
         return -1;
     }
-    memset(t->blocks, 0xff, sizeof(int32_t) << bits); /* every slot EMPTY */
+    for (size_t i = 0; i < (size_t)1 << bits; i++) t->slots[i].block = EMPTY;
     t->bits = bits;
     t->mask = ((size_t)1 << bits) - 1;
     return 0;
@@ -94,43 +94,39 @@ static int alloc_slots(NameIndex *t, int bits) {
 /* Puts a name known to be absent; the table is at most half full, so a free slot is always found. */
 static void place(NameIndex *t, int64_t name, int32_t block) {
     size_t i = home(t, name);
-    while (t->blocks[i] != EMPTY) i = (i + 1) & t->mask;
-    t->names[i] = name;
-    t->blocks[i] = block;
+    while (t->slots[i].block != EMPTY) i = (i + 1) & t->mask;
+    t->slots[i].name = name;
+    t->slots[i].block = block;
     t->used++;
 }
 
 /* Doubles the table when one more name would fill it past half (only if used beyond its num_blocks). */
 static int make_room(NameIndex *t) {
     if (2 * (size_t)(t->used + 1) <= t->mask + 1) return 0;
-    int64_t *names = t->names;
-    int32_t *blocks = t->blocks;
+    Slot *slots = t->slots;
     size_t n = t->mask + 1;
     if (alloc_slots(t, t->bits + 1) < 0) {
-        t->names = names;
-        t->blocks = blocks;
+        t->slots = slots;
         return -1;
     }
     t->used = 0;
     for (size_t i = 0; i < n; i++)
-        if (blocks[i] != EMPTY) place(t, names[i], blocks[i]);
-    PyMem_Free(names);
-    PyMem_Free(blocks);
+        if (slots[i].block != EMPTY) place(t, slots[i].name, slots[i].block);
+    PyMem_Free(slots);
     return 0;
 }
 
 /* Empties slot i, shifting back each later name of its run that may not be left behind the gap. */
 static void erase(NameIndex *t, size_t i) {
-    for (size_t j = (i + 1) & t->mask; t->blocks[j] != EMPTY; j = (j + 1) & t->mask) {
-        size_t k = home(t, t->names[j]);
+    for (size_t j = (i + 1) & t->mask; t->slots[j].block != EMPTY; j = (j + 1) & t->mask) {
+        size_t k = home(t, t->slots[j].name);
         int reachable = (i <= j) ? (i < k && k <= j) : (i < k || k <= j); /* k in (i, j], cyclically */
         if (!reachable) {
-            t->names[i] = t->names[j];
-            t->blocks[i] = t->blocks[j];
+            t->slots[i] = t->slots[j];
             i = j;
         }
     }
-    t->blocks[i] = EMPTY;
+    t->slots[i].block = EMPTY;
     t->used--;
 }
 
@@ -166,7 +162,7 @@ static PyObject *lookup(NameIndex *t, PyObject *key) {
         return v;
     }
     Py_ssize_t i = slot_of(t, name);
-    return i < 0 ? NULL : PyLong_FromLong(t->blocks[i]);
+    return i < 0 ? NULL : PyLong_FromLong(t->slots[i].block);
 }
 
 /* dict.setdefault(key, value): the block stored under ``key`` after the call (a new reference). */
@@ -182,7 +178,7 @@ static PyObject *set_default(NameIndex *t, PyObject *key, PyObject *value) {
         return v;
     }
     Py_ssize_t i = slot_of(t, name);
-    if (i >= 0) return PyLong_FromLong(t->blocks[i]);
+    if (i >= 0) return PyLong_FromLong(t->slots[i].block);
     if (make_room(t) < 0) return NULL;
     place(t, name, block);
     Py_INCREF(value);
@@ -239,8 +235,7 @@ static int ni_clear(NameIndex *t) {
 static void ni_dealloc(NameIndex *t) {
     PyObject_GC_UnTrack(t);
     ni_clear(t);
-    PyMem_Free(t->names);
-    PyMem_Free(t->blocks);
+    PyMem_Free(t->slots);
     Py_TYPE(t)->tp_free((PyObject *)t);
 }
 
@@ -275,7 +270,7 @@ static int ni_setitem(NameIndex *t, PyObject *key, PyObject *value) {
         return 0;
     }
     if (i >= 0) {
-        t->blocks[i] = block;
+        t->slots[i].block = block;
         return 0;
     }
     if (make_room(t) < 0) return -1;
@@ -314,8 +309,8 @@ static PyObject *ni_items(NameIndex *t, PyObject *unused) {
     PyObject *out = PyList_New(0);
     if (!out) return NULL;
     for (size_t i = 0; i <= t->mask; i++) {
-        if (t->blocks[i] == EMPTY) continue;
-        PyObject *pair = Py_BuildValue("(Li)", (long long)t->names[i], (int)t->blocks[i]);
+        if (t->slots[i].block == EMPTY) continue;
+        PyObject *pair = Py_BuildValue("(Li)", (long long)t->slots[i].name, (int)t->slots[i].block);
         if (!pair || PyList_Append(out, pair) < 0) {
             Py_XDECREF(pair);
             Py_DECREF(out);
@@ -394,8 +389,7 @@ static inline void prefetch_slot(const NameIndex *t, PyObject *key) {
     int overflow;
     long long name = PyLong_CheckExact(key) ? PyLong_AsLongLongAndOverflow(key, &overflow) : 0;
     size_t i = home(t, (int64_t)name);
-    __builtin_prefetch(&t->names[i]);
-    __builtin_prefetch(&t->blocks[i]);
+    __builtin_prefetch(&t->slots[i]);
 }
 
 /* ``named[block]`` if block is an int that indexes it, else NULL (no error set). */
@@ -442,9 +436,10 @@ static int blocks_of_list(PyObject *const *items, Py_ssize_t n, Py_ssize_t size)
 }
 
 /* register_names's loop while each unnamed block's name is an int in int64 and, with ``keep``, its content is in
-   no other block (the engine's every block but V1's rare duplicates): no Python code runs, so the lists are read in place (``bs``,
-   ``hs``: the items of the blocks and their names, the first n checked block ids). Returns the position of the first
-   block it leaves to the loop that copes with any name or a duplicate, n if none; -1 with an error set. */
+   no other block (the engine's every block but V1's rare duplicates): no Python code runs, so the lists are read in
+   place (``bs``, ``hs``: the items of the blocks and their names, the first n checked block ids). Returns the
+   position of the first block it leaves to the loop that copes with any name or a duplicate, n if none; -1 with an
+   error set. */
 static Py_ssize_t register_plain(NameIndex *t, PyObject *named, PyObject *const *bs, PyObject *const *hs,
                                  Py_ssize_t n, int keep, PyObject *done) {
     for (Py_ssize_t i = 0; i < n; i++) {
@@ -454,7 +449,7 @@ static Py_ssize_t register_plain(NameIndex *t, PyObject *named, PyObject *const 
         int64_t name;
         if (!PyLong_CheckExact(hs[i]) || name_of(hs[i], &name) != 1 || b > INT32_MAX) return i;
         Py_ssize_t slot = slot_of(t, name);
-        if (slot >= 0 && t->blocks[slot] != b) { /* the content is cached in another block already */
+        if (slot >= 0 && t->slots[slot].block != b) { /* the content is cached in another block already */
             if (!keep) continue;
             return i; /* a duplicate, kept in a dict whose keys' own code may run */
         }
@@ -622,7 +617,7 @@ static PyObject *ni_gives(NameIndex *t, PyObject *args) {
         if (!PyLong_CheckExact(block) || !PyLong_CheckExact(key) || name_of(key, &name) != 1) break;
         if (i + AHEAD < n) prefetch_slot(t, PyList_GET_ITEM(names, i + AHEAD));
         Py_ssize_t slot = slot_of(t, name);
-        if (slot < 0 || t->blocks[slot] != PyLong_AsLong(block)) {
+        if (slot < 0 || t->slots[slot].block != PyLong_AsLong(block)) {
             PyErr_Clear(); /* a block id past a long is no block of the table's */
             Py_RETURN_FALSE;
         }
@@ -644,10 +639,11 @@ static PyObject *ni_gives(NameIndex *t, PyObject *args) {
     return same < 0 ? NULL : PyBool_FromLong(same);
 }
 
-/* release_refs's prefetching, read AHEAD blocks later (the next table's blocks lie anywhere in the pool): the int of
-   the block 2 * AHEAD on, and the places in ``counts`` and ``named`` of the block AHEAD on, if an id in range. */
-static inline void prefetch_release(PyObject *counts, PyObject *named, PyObject *blocks, Py_ssize_t i,
-                                    Py_ssize_t size) {
+/* release_refs's and hold_refs's prefetching, read AHEAD blocks later (a table's blocks lie anywhere in the pool):
+   the int of the block 2 * AHEAD on, and the places in ``counts`` and (if not NULL) ``named`` of the block AHEAD on,
+   if an id in range. */
+static inline void prefetch_places(PyObject *counts, PyObject *named, PyObject *blocks, Py_ssize_t i,
+                                   Py_ssize_t size) {
     Py_ssize_t n = PyList_GET_SIZE(blocks);
     if (i + 2 * AHEAD < n) __builtin_prefetch(PyList_GET_ITEM(blocks, i + 2 * AHEAD));
     PyObject *block = i + AHEAD < n ? PyList_GET_ITEM(blocks, i + AHEAD) : NULL;
@@ -655,7 +651,7 @@ static inline void prefetch_release(PyObject *counts, PyObject *named, PyObject 
     if (b == -1) PyErr_Clear(); /* past a C ssize_t: read (and refused) in its turn */
     if (b < 0 || b >= size) return;
     __builtin_prefetch(&((PyListObject *)counts)->ob_item[b]);
-    __builtin_prefetch(&((PyListObject *)named)->ob_item[b]);
+    if (named) __builtin_prefetch(&((PyListObject *)named)->ob_item[b]);
 }
 
 /* What BlockPool.release_many's Python code does: one reference to each block fewer (``counts``, the pool's
@@ -671,7 +667,7 @@ static PyObject *release_refs(PyObject *module, PyObject *args) {
     Py_ssize_t n = PyList_GET_SIZE(blocks), size = Py_MIN(PyList_GET_SIZE(counts), PyList_GET_SIZE(named));
     int sole = n > 1; /* every count 1: no other table holds any */
     for (Py_ssize_t i = 0; i < n; i++) { /* first read every block: that runs no Python code */
-        prefetch_release(counts, named, blocks, i, size);
+        prefetch_places(counts, named, blocks, i, size);
         PyObject *block = PyList_GET_ITEM(blocks, i);
         Py_ssize_t b = PyLong_CheckExact(block) ? PyLong_AsSsize_t(block) : -1;
         if (b < 0 || b >= size || !PyLong_CheckExact(PyList_GET_ITEM(counts, b))) {
@@ -713,6 +709,7 @@ static PyObject *hold_refs(PyObject *module, PyObject *args) {
     if (!PyArg_ParseTuple(args, "O!O!:hold_refs", &PyList_Type, &counts, &PyList_Type, &blocks)) return NULL;
     Py_ssize_t n = PyList_GET_SIZE(blocks);
     for (Py_ssize_t i = 0; i < n; i++) {
+        prefetch_places(counts, NULL, blocks, i, PyList_GET_SIZE(counts));
         PyObject *block = PyList_GET_ITEM(blocks, i);
         Py_ssize_t b = PyLong_CheckExact(block) ? PyLong_AsSsize_t(block) : -1;
         if (b < 0 || b >= PyList_GET_SIZE(counts)) {
