@@ -223,8 +223,7 @@ class BlockManager(Transactions):
         cached: dict[int, int] = {}
         for k, seq in enumerate(seqs):
             reused = self.cached_blocks(seq) if k == 0 else self.gpu_tables[seqs[0].seq_id][:shared]
-            for b in reused:
-                self.gpu.take(b)
+            self.gpu.take_many(reused)
             tokens = seq.num_tokens if k or num_tokens is None else max(num_tokens, len(reused) * self.block_size)
             table = reused + self.gpu.allocate_many(self.num_blocks(tokens) - len(reused))
             self.gpu_tables[seq.seq_id] = table
@@ -272,8 +271,7 @@ class BlockManager(Transactions):
         """The child shares every block of the parent (one more reference each); no copy yet."""
         self._log_tables([child])
         table = list(self.gpu_tables[parent.seq_id])
-        for b in table:
-            self.gpu.take(b)
+        self.gpu.take_many(table)
         self.gpu_tables[child.seq_id] = table
         if parent.seq_id in self._hashes:
             self._hashes[child.seq_id] = list(self._hashes[parent.seq_id])

@@ -100,13 +100,19 @@ class BlockPool:
 
     def take(self, block: int) -> None:
         """Hold one more reference to ``block``; if nobody held it, take it out of the free set."""
-        if self.ref_counts[block] == 0:
-            if self.block_hash[block] is not None:  # a free block is cached exactly when it is named
-                self.evictor.remove(block)
-            else:
-                self._free.remove(block)
-            self.num_free -= 1
-        self.ref_counts[block] += 1
+        self.take_many((block,))
+
+    def take_many(self, blocks) -> None:
+        """``take`` each of ``blocks`` in order (a long prompt's cache hits: hundreds)."""
+        ref_counts, named = self.ref_counts, self.block_hash
+        for block in blocks:
+            if ref_counts[block] == 0:
+                if named[block] is not None:  # a free block is cached exactly when it is named
+                    self.evictor.remove(block)
+                else:
+                    self._free.remove(block)
+                self.num_free -= 1
+            ref_counts[block] += 1
 
     def release(self, block: int) -> None:
         """Drop one reference; at zero the block becomes free (cached if it carries a hash)."""

@@ -60,8 +60,7 @@ class Offloading:
                 keys.append(key)
         if not keys:  # the GPU's blocks stay as they are (their eviction order too)
             return Load(request, len(hits), [], [], [])
-        for b in hits:  # the GPU hit must not be evicted to make room for what follows it
-            gpu.take(b)
+        gpu.take_many(hits)  # the GPU hit must not be evicted to make room for what follows it
         keys = keys[: gpu.num_free]
         blocks = gpu.allocate_many(len(keys))
         gpu.register(blocks, keys)
@@ -76,8 +75,7 @@ class Offloading:
             self.pending.append((load, cached_tokens, frontier))
             return
         gpu = self.bm.gpu
-        for b in load.blocks:
-            gpu.take(b)
+        gpu.take_many(load.blocks)
         gpu.forget(load.blocks)
         gpu.release_many(load.blocks)
 
