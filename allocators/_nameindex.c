@@ -703,7 +703,8 @@ static PyObject *release_refs(PyObject *module, PyObject *args) {
 
 /* What BlockPool.allocate_many's Python loop does: each of ``blocks`` (just taken from the free list or evicted) is
    held by one table, its count in ``counts`` 1. Returns False, having changed nothing, for a block id that is not
-   an int from 0 to the list's length (the Python loop then reads it, and raises or not, as it would). */
+   an int from 0 to the list's length or a count that is not an int (the Python loop then reads them, and raises or
+   not, as it would): freeing another object could run its own code, which could change the lists under the loop. */
 static PyObject *hold_refs(PyObject *module, PyObject *args) {
     PyObject *counts, *blocks;
     if (!PyArg_ParseTuple(args, "O!O!:hold_refs", &PyList_Type, &counts, &PyList_Type, &blocks)) return NULL;
@@ -712,7 +713,7 @@ static PyObject *hold_refs(PyObject *module, PyObject *args) {
         prefetch_places(counts, NULL, blocks, i, PyList_GET_SIZE(counts));
         PyObject *block = PyList_GET_ITEM(blocks, i);
         Py_ssize_t b = PyLong_CheckExact(block) ? PyLong_AsSsize_t(block) : -1;
-        if (b < 0 || b >= PyList_GET_SIZE(counts)) {
+        if (b < 0 || b >= PyList_GET_SIZE(counts) || !PyLong_CheckExact(PyList_GET_ITEM(counts, b))) {
             PyErr_Clear();
             Py_RETURN_FALSE;
         }
@@ -723,7 +724,7 @@ static PyObject *hold_refs(PyObject *module, PyObject *args) {
         Py_ssize_t b = PyLong_AsSsize_t(PyList_GET_ITEM(blocks, i));
         PyObject *old = PyList_GET_ITEM(counts, b);
         PyList_SET_ITEM(counts, b, Py_NewRef(one));
-        Py_DECREF(old); /* an int (ref counts are): freeing it runs no Python code */
+        Py_DECREF(old); /* an int, checked: freeing it runs no Python code */
     }
     Py_DECREF(one);
     Py_RETURN_TRUE;

@@ -407,6 +407,22 @@ def test_the_c_loops_leave_what_they_cannot_read_to_the_python_code():
     assert release_refs(counts, named, [1, 1, 2]) == ([1], 0, 2) and counts == [0, 0, 0, 0]
 
 
+@needs_c
+def test_holding_leaves_a_count_that_is_not_an_int_to_the_python_loop():
+    """Before: hold_refs replaced such a count in place and freed it, its own code running under the C loop, which
+    reads the lists in place (a __del__ emptying them: memory read past their end). Now nothing runs, it is refused."""
+    from kvsched.allocators._nameindex import hold_refs
+
+    freed = []
+
+    class Count(int):
+        def __del__(self):
+            freed.append(self)
+
+    counts = [Count(0), 0]
+    assert hold_refs(counts, [1, 0]) is False and counts == [0, 0] and not freed
+
+
 parents = st.one_of(st.integers(-(2**63), 2**63 - 1), st.sampled_from([ROOT, -1, -2, 2**61 - 1, -(2**61), 2**64]))
 
 
