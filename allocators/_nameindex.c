@@ -658,7 +658,8 @@ static inline void prefetch_places(PyObject *counts, PyObject *named, PyObject *
    ref_counts), all at once when each count is 1 (a table no other holds), else block by block up to a double free.
    Returns (the blocks now free, how many of them are unnamed in ``named``, the position of the double free or -1),
    or None, having changed nothing, for a block id that is not an int from 0 to the lists' length or a count that
-   is not an int of a C long: the Python code then reads them, and raises or not, as it would. */
+   is not an int from 0 to a C long's largest (one less than the least would overflow): the Python code then reads
+   them, and raises or not, as it would. */
 static PyObject *release_refs(PyObject *module, PyObject *args) {
     PyObject *counts, *named, *blocks;
     if (!PyArg_ParseTuple(args, "O!O!O!:release_refs", &PyList_Type, &counts, &PyList_Type, &named, &PyList_Type,
@@ -676,7 +677,7 @@ static PyObject *release_refs(PyObject *module, PyObject *args) {
         }
         int overflow;
         long count = PyLong_AsLongAndOverflow(PyList_GET_ITEM(counts, b), &overflow);
-        if (overflow) Py_RETURN_NONE;
+        if (overflow || count < 0) Py_RETURN_NONE;
         sole &= count == 1;
     }
     PyObject *gone = PyList_New(0);
