@@ -655,7 +655,7 @@ static inline void prefetch_places(PyObject *counts, PyObject *named, PyObject *
 }
 
 /* What BlockPool.release_many's Python code does: one reference to each block fewer (``counts``, the pool's
-   ref_counts), all at once when each count is 1 (a table no other holds), else block by block up to a double free.
+   ref_counts), block by block up to a double free (a block given twice with a count of 1 too).
    Returns (the blocks now free, how many of them are unnamed in ``named``, the position of the double free or -1),
    or None, having changed nothing, for a block id that is not an int from 0 to the lists' length or a count that
    is not an int from 0 to a C long's largest (one less than the least would overflow): the Python code then reads
@@ -666,7 +666,6 @@ static PyObject *release_refs(PyObject *module, PyObject *args) {
                           &blocks))
         return NULL;
     Py_ssize_t n = PyList_GET_SIZE(blocks), size = Py_MIN(PyList_GET_SIZE(counts), PyList_GET_SIZE(named));
-    int sole = n > 1; /* every count 1: no other table holds any */
     for (Py_ssize_t i = 0; i < n; i++) { /* first read every block: that runs no Python code */
         prefetch_places(counts, named, blocks, i, size);
         PyObject *block = PyList_GET_ITEM(blocks, i);
@@ -678,7 +677,6 @@ static PyObject *release_refs(PyObject *module, PyObject *args) {
         int overflow;
         long count = PyLong_AsLongAndOverflow(PyList_GET_ITEM(counts, b), &overflow);
         if (overflow || count < 0) Py_RETURN_NONE;
-        sole &= count == 1;
     }
     PyObject *gone = PyList_New(0);
     Py_ssize_t unnamed = 0, stop = -1;
@@ -686,7 +684,7 @@ static PyObject *release_refs(PyObject *module, PyObject *args) {
         PyObject *block = PyList_GET_ITEM(blocks, i);
         Py_ssize_t b = PyLong_AsSsize_t(block);
         PyObject *count = PyList_GET_ITEM(counts, b);
-        long left = sole ? 0 : PyLong_AsLong(count) - 1;
+        long left = PyLong_AsLong(count) - 1; /* read again: a block given twice is on its second release */
         if (left < 0) { /* a double free */
             stop = i;
             break;

@@ -139,7 +139,8 @@ class BlockPool:
                 return
         ref_counts, gone = self.ref_counts, []
         try:
-            if len(blocks) > 1 and itemgetter(*blocks)(ref_counts).count(1) == len(blocks):  # no other table holds any
+            # no other table holds any, and none is given twice (its second release a double free)
+            if len(blocks) > 1 and itemgetter(*blocks)(ref_counts).count(1) == len(blocks) == len(set(blocks)):
                 for block in blocks:
                     ref_counts[block] = 0
                 gone = blocks

@@ -435,6 +435,21 @@ def test_a_count_below_zero_is_a_double_free_on_either_index():
         assert pool.ref_counts[block] == -(2**63)
 
 
+@needs_c
+@pytest.mark.parametrize("named", [False, True])
+def test_a_block_given_twice_to_release_many_is_a_double_free_on_either_index(named):
+    """Before: with its count 1, both loops took the block's two releases as its only holder's and freed it twice
+    (free, or cached, twice; the free count one too many), where two calls of release raise at the second."""
+    for pool in _pools_on_either_index(4):
+        held = pool.allocate_many(2)
+        if named:
+            pool.register(held, [11, 12])
+        with pytest.raises(RuntimeError, match=f"double free of gpu block {held[0]}"):
+            pool.release_many([held[0], held[0], held[1]])
+        holders = [int(block == held[1]) for block in range(4)]  # the second never released
+        assert pool.ref_counts == holders and pool.num_free == 3 and pool.audit(holders) == []
+
+
 parents = st.one_of(st.integers(-(2**63), 2**63 - 1), st.sampled_from([ROOT, -1, -2, 2**61 - 1, -(2**61), 2**64]))
 
 
