@@ -392,11 +392,17 @@ static inline void prefetch_slot(const NameIndex *t, PyObject *key) {
     __builtin_prefetch(&t->slots[i]);
 }
 
+/* ``block``'s id if it is an int from 0 to size - 1, else -1, no error set: reading it runs no Python code. */
+static inline Py_ssize_t block_id(PyObject *block, Py_ssize_t size) {
+    Py_ssize_t b = PyLong_CheckExact(block) ? PyLong_AsSsize_t(block) : -1;
+    if (b == -1) PyErr_Clear(); /* an id past a C ssize_t */
+    return b >= 0 && b < size ? b : -1;
+}
+
 /* ``named[block]`` if block is an int that indexes it, else NULL (no error set). */
 static inline PyObject *peek_name(PyObject *named, PyObject *block) {
-    Py_ssize_t b = PyLong_CheckExact(block) ? PyLong_AsSsize_t(block) : -1;
-    if (b == -1) PyErr_Clear();
-    return b >= 0 && b < PyList_GET_SIZE(named) ? PyList_GET_ITEM(named, b) : NULL;
+    Py_ssize_t b = block_id(block, PyList_GET_SIZE(named));
+    return b < 0 ? NULL : PyList_GET_ITEM(named, b);
 }
 
 /* ``named[block]``, or an IndexError as the list would raise (a negative block is refused too). */
@@ -424,14 +430,8 @@ static int listed(PyObject *seq) {
 /* Whether the first n of ``bs`` are ints from 0 to size - 1 (reading them runs no Python code); else the Python loop
    indexes the list with them, and raises or not (a negative id, an int-like object), as it would. */
 static int blocks_of_list(PyObject *const *items, Py_ssize_t n, Py_ssize_t size) {
-    for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *block = items[i];
-        Py_ssize_t b = PyLong_CheckExact(block) ? PyLong_AsSsize_t(block) : -1;
-        if (b < 0 || b >= size) {
-            PyErr_Clear();
-            return 0;
-        }
-    }
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (block_id(items[i], size) < 0) return 0;
     return 1;
 }
 
@@ -646,10 +646,8 @@ static inline void prefetch_places(PyObject *counts, PyObject *named, PyObject *
                                    Py_ssize_t size) {
     Py_ssize_t n = PyList_GET_SIZE(blocks);
     if (i + 2 * AHEAD < n) __builtin_prefetch(PyList_GET_ITEM(blocks, i + 2 * AHEAD));
-    PyObject *block = i + AHEAD < n ? PyList_GET_ITEM(blocks, i + AHEAD) : NULL;
-    Py_ssize_t b = block && PyLong_CheckExact(block) ? PyLong_AsSsize_t(block) : -1;
-    if (b == -1) PyErr_Clear(); /* past a C ssize_t: read (and refused) in its turn */
-    if (b < 0 || b >= size) return;
+    Py_ssize_t b = i + AHEAD < n ? block_id(PyList_GET_ITEM(blocks, i + AHEAD), size) : -1;
+    if (b < 0) return; /* read (and refused) in its turn */
     __builtin_prefetch(&((PyListObject *)counts)->ob_item[b]);
     if (named) __builtin_prefetch(&((PyListObject *)named)->ob_item[b]);
 }
@@ -668,12 +666,8 @@ static PyObject *release_refs(PyObject *module, PyObject *args) {
     Py_ssize_t n = PyList_GET_SIZE(blocks), size = Py_MIN(PyList_GET_SIZE(counts), PyList_GET_SIZE(named));
     for (Py_ssize_t i = 0; i < n; i++) { /* first read every block: that runs no Python code */
         prefetch_places(counts, named, blocks, i, size);
-        PyObject *block = PyList_GET_ITEM(blocks, i);
-        Py_ssize_t b = PyLong_CheckExact(block) ? PyLong_AsSsize_t(block) : -1;
-        if (b < 0 || b >= size || !PyLong_CheckExact(PyList_GET_ITEM(counts, b))) {
-            PyErr_Clear();
-            Py_RETURN_NONE;
-        }
+        Py_ssize_t b = block_id(PyList_GET_ITEM(blocks, i), size);
+        if (b < 0 || !PyLong_CheckExact(PyList_GET_ITEM(counts, b))) Py_RETURN_NONE;
         int overflow;
         long count = PyLong_AsLongAndOverflow(PyList_GET_ITEM(counts, b), &overflow);
         if (overflow || count < 0) Py_RETURN_NONE;
@@ -710,12 +704,8 @@ static PyObject *hold_refs(PyObject *module, PyObject *args) {
     Py_ssize_t n = PyList_GET_SIZE(blocks);
     for (Py_ssize_t i = 0; i < n; i++) {
         prefetch_places(counts, NULL, blocks, i, PyList_GET_SIZE(counts));
-        PyObject *block = PyList_GET_ITEM(blocks, i);
-        Py_ssize_t b = PyLong_CheckExact(block) ? PyLong_AsSsize_t(block) : -1;
-        if (b < 0 || b >= PyList_GET_SIZE(counts) || !PyLong_CheckExact(PyList_GET_ITEM(counts, b))) {
-            PyErr_Clear();
-            Py_RETURN_FALSE;
-        }
+        Py_ssize_t b = block_id(PyList_GET_ITEM(blocks, i), PyList_GET_SIZE(counts));
+        if (b < 0 || !PyLong_CheckExact(PyList_GET_ITEM(counts, b))) Py_RETURN_FALSE;
     }
     PyObject *one = PyLong_FromLong(1);
     if (!one) return NULL;
@@ -738,12 +728,8 @@ static PyObject *count_held(PyObject *module, PyObject *args) {
     if (!PyArg_ParseTuple(args, "O!O!:count_held", &PyList_Type, &counts, &PyList_Type, &blocks)) return NULL;
     Py_ssize_t held = 0;
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(blocks); i++) {
-        PyObject *block = PyList_GET_ITEM(blocks, i);
-        Py_ssize_t b = PyLong_CheckExact(block) ? PyLong_AsSsize_t(block) : -1;
-        if (b < 0 || b >= PyList_GET_SIZE(counts) || !PyLong_CheckExact(PyList_GET_ITEM(counts, b))) {
-            PyErr_Clear();
-            Py_RETURN_NONE;
-        }
+        Py_ssize_t b = block_id(PyList_GET_ITEM(blocks, i), PyList_GET_SIZE(counts));
+        if (b < 0 || !PyLong_CheckExact(PyList_GET_ITEM(counts, b))) Py_RETURN_NONE;
         held += PyObject_IsTrue(PyList_GET_ITEM(counts, b)); /* an int: no error possible */
     }
     return PyLong_FromSsize_t(held);
