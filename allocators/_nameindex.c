@@ -405,23 +405,6 @@ static inline PyObject *peek_name(PyObject *named, PyObject *block) {
     return b < 0 ? NULL : PyList_GET_ITEM(named, b);
 }
 
-/* ``named[block]``, or an IndexError as the list would raise (a negative block is refused too). */
-static PyObject *name_at(PyObject *named, PyObject *block, Py_ssize_t *b) {
-    *b = PyLong_AsSsize_t(block);
-    if (*b == -1 && PyErr_Occurred()) return NULL;
-    if (*b < 0 || *b >= PyList_GET_SIZE(named)) {
-        PyErr_SetString(PyExc_IndexError, "list index out of range");
-        return NULL;
-    }
-    return PyList_GET_ITEM(named, *b);
-}
-
-/* ``named[b] = name``; the list is checked again, as a stray name's __eq__ may have shortened it. */
-static int rename_at(PyObject *named, Py_ssize_t b, PyObject *name) {
-    Py_INCREF(name);
-    return PyList_SetItem(named, b, name);
-}
-
 /* Whether ``seq`` is a list or a tuple: read again by the Python loop if handed back, not an iterator used up. */
 static int listed(PyObject *seq) {
     return PyList_CheckExact(seq) || PyTuple_CheckExact(seq);
@@ -464,12 +447,39 @@ static Py_ssize_t register_plain(NameIndex *t, PyObject *named, PyObject *const 
     return n;
 }
 
+/* One turn of BlockPool.register's Python loop, written out with the abstract API (``named[block]`` as Python reads
+   and writes it): the loop for any name, whose own code may change any of the lists. 0, or -1 with an error set. */
+static int register_one(NameIndex *t, PyObject *named, PyObject *block, PyObject *h, int keep, PyObject *duplicates,
+                        PyObject *done) {
+    PyObject *current = PyObject_GetItem(named, block);
+    if (!current) return -1;
+    int unnamed = current == Py_None;
+    Py_DECREF(current);
+    if (!unnamed) return 0;
+    PyObject *first = set_default(t, h, block);
+    if (!first) return -1;
+    int other = PyObject_RichCompareBool(first, block, Py_NE);
+    Py_DECREF(first);
+    if (other < 0) return -1;
+    if (other) { /* the content is cached in another block already */
+        if (!keep) return 0;
+        PyObject *fresh = PyList_New(0);
+        PyObject *younger = fresh ? PyDict_SetDefault(duplicates, h, fresh) : NULL;
+        Py_XINCREF(younger);
+        Py_XDECREF(fresh);
+        int failed = !younger || PyList_Append(younger, block) < 0;
+        Py_XDECREF(younger);
+        if (failed) return -1;
+    }
+    return PyObject_SetItem(named, block, h) < 0 || PyList_Append(done, block) < 0 ? -1 : 0;
+}
+
 /* What BlockPool.register's Python loop does: name each unnamed block (``named``, the pool's block_hash) by its
    content hash in ``index``; a content already cached elsewhere is named only with ``keep`` (its block joins
    ``duplicates``). Returns the blocks named, or None, having changed nothing, for blocks or hashes not a list or a
    tuple or a block id not an int from 0 to the list's length (blocks_of_list). The engine's blocks go through
-   register_plain; what it leaves, from the first block it stops at, through tuples, as a stray name's Python code
-   (its hash, its ==) might change the lists. */
+   register_plain; what it leaves, from the first block it stops at, through register_one, each list read again at
+   each turn as zip's list iterators read it (a stray name's Python code, its hash, its ==, may change them). */
 static PyObject *register_names(PyObject *module, PyObject *args) {
     NameIndex *t;
     PyObject *named, *blocks, *hashes, *duplicates;
@@ -480,46 +490,24 @@ static PyObject *register_names(PyObject *module, PyObject *args) {
     if (!listed(blocks) || !listed(hashes)) Py_RETURN_NONE;
     Py_ssize_t n = Py_MIN(PySequence_Fast_GET_SIZE(blocks), PySequence_Fast_GET_SIZE(hashes)), from = 0;
     if (!blocks_of_list(PySequence_Fast_ITEMS(blocks), n, PyList_GET_SIZE(named))) Py_RETURN_NONE;
-    PyObject *done = PyList_New(0), *bs = NULL, *hs = NULL, *cut = NULL;
+    PyObject *done = PyList_New(0);
     if (!done) return NULL;
     if (blocks != named && hashes != named)
         from = register_plain(t, named, PySequence_Fast_ITEMS(blocks), PySequence_Fast_ITEMS(hashes), n, keep, done);
     if (from == n) return done;
     if (from < 0) goto fail;
-    cut = PySequence_GetSlice(blocks, from, n);
-    bs = cut ? PySequence_Tuple(cut) : NULL;
-    Py_XSETREF(cut, bs ? PySequence_GetSlice(hashes, from, n) : NULL);
-    hs = cut ? PySequence_Tuple(cut) : NULL;
-    Py_CLEAR(cut);
-    if (!hs) goto fail;
-    for (Py_ssize_t i = 0; i < n - from; i++) {
-        PyObject *block = PyTuple_GET_ITEM(bs, i), *h = PyTuple_GET_ITEM(hs, i);
-        if (i + AHEAD < n - from) prefetch_slot(t, PyTuple_GET_ITEM(hs, i + AHEAD));
-        Py_ssize_t b;
-        PyObject *current = name_at(named, block, &b);
-        if (!current) goto fail;
-        if (current != Py_None) continue;
-        PyObject *first = set_default(t, h, block);
-        if (!first) goto fail;
-        int other = PyObject_RichCompareBool(first, block, Py_NE);
-        Py_DECREF(first);
-        if (other < 0) goto fail;
-        if (other) { /* the content is cached in another block already */
-            if (!keep) continue;
-            PyObject *fresh = PyList_New(0);
-            PyObject *younger = fresh ? PyDict_SetDefault(duplicates, h, fresh) : NULL;
-            Py_XDECREF(fresh);
-            if (!younger || PyList_Append(younger, block) < 0) goto fail;
-        }
-        if (rename_at(named, b, h) < 0 || PyList_Append(done, block) < 0) goto fail;
+    for (Py_ssize_t i = from; i < PySequence_Fast_GET_SIZE(blocks) && i < PySequence_Fast_GET_SIZE(hashes); i++) {
+        if (i + AHEAD < PySequence_Fast_GET_SIZE(hashes)) prefetch_slot(t, PySequence_Fast_GET_ITEM(hashes, i + AHEAD));
+        PyObject *block = Py_NewRef(PySequence_Fast_GET_ITEM(blocks, i));
+        PyObject *h = Py_NewRef(PySequence_Fast_GET_ITEM(hashes, i));
+        int failed = register_one(t, named, block, h, keep, duplicates, done) < 0;
+        Py_DECREF(block);
+        Py_DECREF(h);
+        if (failed) goto fail;
     }
-    Py_DECREF(bs);
-    Py_DECREF(hs);
     return done;
 fail:
-    Py_XDECREF(bs);
-    Py_XDECREF(hs);
-    Py_XDECREF(done);
+    Py_DECREF(done);
     return NULL;
 }
 
@@ -570,7 +558,7 @@ static Py_ssize_t forget_plain(NameIndex *t, PyObject *named, PyObject *const *i
 /* What BlockPool.forget's Python loop does while no content has duplicates: each block's name leaves ``index``
    and the block is unnamed. False, having changed nothing, as register_names returns None. The engine's blocks (a
    list of block ids, ``named`` another list) go through forget_plain; what it leaves, from the first block it
-   stops at, through a tuple, as a stray name's own code may change the lists. */
+   stops at, through the Python loop written out, as a stray name's own code may change the lists. */
 static PyObject *forget_names(PyObject *module, PyObject *args) {
     NameIndex *t;
     PyObject *named, *blocks;
@@ -581,26 +569,18 @@ static PyObject *forget_names(PyObject *module, PyObject *args) {
     if (!blocks_of_list(PySequence_Fast_ITEMS(blocks), n, PyList_GET_SIZE(named))) Py_RETURN_FALSE;
     if (blocks != named) done = forget_plain(t, named, PySequence_Fast_ITEMS(blocks), n);
     if (done == n) Py_RETURN_TRUE;
-    PyObject *rest = PySequence_GetSlice(blocks, done, n), *bs = rest ? PySequence_Tuple(rest) : NULL;
-    Py_XDECREF(rest);
-    if (!bs) return NULL;
-    n = PyTuple_GET_SIZE(bs);
-    for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *ahead = i + 2 * AHEAD < n ? peek_name(named, PyTuple_GET_ITEM(bs, i + 2 * AHEAD)) : NULL;
-        if (ahead) __builtin_prefetch(ahead); /* its int, read AHEAD blocks later for its slot */
-        ahead = i + AHEAD < n ? peek_name(named, PyTuple_GET_ITEM(bs, i + AHEAD)) : NULL;
+    for (Py_ssize_t i = done; i < PySequence_Fast_GET_SIZE(blocks); i++) { /* ``blocks`` read as its iterator would */
+        PyObject *ahead = i + AHEAD < PySequence_Fast_GET_SIZE(blocks)
+                              ? peek_name(named, PySequence_Fast_GET_ITEM(blocks, i + AHEAD))
+                              : NULL;
         if (ahead) prefetch_slot(t, ahead);
-        Py_ssize_t b;
-        PyObject *name = name_at(named, PyTuple_GET_ITEM(bs, i), &b);
-        Py_XINCREF(name); /* held while a stray name's own code runs */
-        int failed = !name || ni_setitem(t, name, NULL) < 0 || rename_at(named, b, Py_None) < 0;
+        PyObject *block = Py_NewRef(PySequence_Fast_GET_ITEM(blocks, i)), *name = PyObject_GetItem(named, block);
+        /* del index[named[block]]; named[block] = None, as Python does them (a stray name's own code may run) */
+        int failed = !name || ni_setitem(t, name, NULL) < 0 || PyObject_SetItem(named, block, Py_None) < 0;
         Py_XDECREF(name);
-        if (failed) {
-            Py_DECREF(bs);
-            return NULL;
-        }
+        Py_DECREF(block);
+        if (failed) return NULL;
     }
-    Py_DECREF(bs);
     Py_RETURN_TRUE;
 }
 

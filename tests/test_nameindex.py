@@ -450,6 +450,34 @@ def test_a_block_given_twice_to_release_many_is_a_double_free_on_either_index(na
         assert pool.ref_counts == holders and pool.num_free == 3 and pool.audit(holders) == []
 
 
+class _Appending:
+    """A stray name whose hash, the first time it is taken, appends items to lists (those a loop goes over)."""
+
+    def __init__(self, appends):
+        self.appends = appends
+
+    def __hash__(self):
+        for items, item in self.appends:
+            items.append(item)
+        self.appends = []
+        return 1
+
+
+@needs_c
+def test_a_block_appended_under_the_loops_by_a_names_own_code_is_named_and_forgotten_as_in_python():
+    """Before: what register_plain and forget_plain left was gone over from copies (tuples) made before, so a block
+    a stray name's own code appended to the list given was missed, where the Python loop's iterators read it."""
+    for pool in _pools_on_either_index(4):
+        held = pool.allocate_many(3)
+        blocks, hashes = held[:2], []
+        hashes += [_Appending([(blocks, held[2]), (hashes, 13)]), 12]
+        assert pool.register(blocks, hashes) == held and pool.block_hash[held[2]] == 13
+        blocks = held[:2]
+        pool.block_hash[held[0]].appends = [(blocks, held[2])]
+        pool.forget(blocks)
+        assert pool.block_hash == [None] * 4 and len(pool.hash_to_block) == 0
+
+
 parents = st.one_of(st.integers(-(2**63), 2**63 - 1), st.sampled_from([ROOT, -1, -2, 2**61 - 1, -(2**61), 2**64]))
 
 
