@@ -23,7 +23,7 @@ except ImportError:
     NameIndex = count_held = forget_names = hold_refs = name_inside = register_names = release_refs = None
 COMPILED_INDEX = NameIndex is not None and os.environ.get("KVSCHED_DICT_INDEX", "0") in ("", "0")
 # The loops outside the pool (BlockPrompt's naming, the block manager's count of held hits): in C exactly when the
-# pools' index is
+# pools' index is compiled (the pools' own loops follow the type of their index)
 name_inside, count_held = (name_inside, count_held) if COMPILED_INDEX else (None, None)
 
 
