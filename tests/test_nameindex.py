@@ -478,6 +478,23 @@ def test_a_block_appended_under_the_loops_by_a_names_own_code_is_named_and_forgo
         assert pool.block_hash == [None] * 4 and len(pool.hash_to_block) == 0
 
 
+@needs_c
+def test_the_pools_own_names_given_as_the_blocks_to_forget_are_read_as_python_reads_them():
+    """Given that very list (each name a block id here), Python reads the block it has just unnamed as None and
+    raises TypeError. Before: the blocks were read from a copy made first, so the C loop went on to forget block 0
+    too. (forget_plain, which reads the blocks in place, must not have it: it would take that None for a block id.)"""
+    outcomes = []
+    for pool in _pools_on_either_index(2):
+        pool.allocate_many(2)
+        pool.register([0, 1], [1, 0])  # block 0 named 1, block 1 named 0
+        try:
+            pool.forget(pool.block_hash)
+        except TypeError as error:
+            outcomes.append(str(error))
+        outcomes.append((dict(pool.hash_to_block), pool.block_hash))
+    assert outcomes[:2] == outcomes[2:] and outcomes[1] == ({1: 0}, [1, None])
+
+
 parents = st.one_of(st.integers(-(2**63), 2**63 - 1), st.sampled_from([ROOT, -1, -2, 2**61 - 1, -(2**61), 2**64]))
 
 
