@@ -101,7 +101,7 @@ class SteadyRuns:
         batch, (n, seconds) = None, (self._coasting if resume else (0, None))
         stopped = False  # by an arrival
         counts = (len(sched.waiting), len(sched.running), len(sched.swapped))
-        while len(durations) != limit:
+        while len(durations) < limit:  # a count: none at 0 or below
             now = clock.now()
             joining = until <= now
             if joining and (arrivals or join is None or fence <= now):  # the policy (or a router) decides again

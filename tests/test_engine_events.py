@@ -80,6 +80,19 @@ def test_a_steady_run_is_taken_only_where_the_fast_path_says_it_may():
     assert cached.fast_path is None and cached.steady_run(math.inf) is None  # no fast path: no run, and no error
 
 
+@pytest.mark.parametrize("limit", [0, -1, -math.inf, math.nan])
+def test_a_steady_run_takes_no_step_at_a_limit_of_none(limit):
+    """``limit`` counts steps, at most that many: before, a negative one (the old ``-1``: no limit) or NaN ran the
+    whole run."""
+    engine = Engine(EngineConfig(), "vllm-default", SimulatedExecutor())
+    engine.add_request(req("a", 40, 200))
+    engine.step(), engine.step()  # the prompt, then a decode: a step to repeat
+    steps, now = engine.num_steps, engine.now
+    assert not engine.steady_run(math.inf, limit=limit).started
+    assert (engine.num_steps, engine.now) == (steps, now)
+    assert len(engine.steady_run(math.inf, limit=2).started) == 2  # the step is still one to repeat
+
+
 def test_one_engine_and_a_fleet_of_one_take_their_steady_runs_through_the_same_door():
     requests = [req(f"r{i}", 40, 60, arrival=0.05 * i) for i in range(30)]
     fleet = Cluster(FleetSpec(replicas=[ReplicaGroup()]))
