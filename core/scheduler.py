@@ -76,7 +76,6 @@ class Scheduler:
         finally:
             step.close()
         bm.commit()
-        head = waiting[:1]  # the queue's head as the step found it: _commit cuts the queue in place
         self._commit(step)
         if self.offloading is not None:
             self.offloading.commit(
@@ -85,7 +84,7 @@ class Scheduler:
         if self.drafting is not None:
             remember_drafts(self.drafting, step.output, self.running)
         if self.fast_path is not None and hooks is self.hooks:
-            self.fast_path.record(step, head)
+            self.fast_path.record(step, waiting)  # cut in place by _commit only where it is not steady
         return step.output
 
     def _rollback(self) -> None:

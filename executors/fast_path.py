@@ -122,11 +122,10 @@ class FastPath:
             self.scheduler.num_running_seqs -= 1
         return bool(ended)
 
-    def record(self, step: StepState, head: list[SequenceGroup]) -> None:
-        """The policy's step was committed (``head``: the first of the queue as it began, if any): note it if it is
-        steady."""
+    def record(self, step: StepState, waiting: list[SequenceGroup]) -> None:
+        """The policy's step was committed (``waiting``: the queue as it began): note it if it is steady."""
         if self.repeats and step.hooks.fcfs:
-            self.steady = _steady(step, head, self.lane.call)
+            self.steady = _steady(step, waiting, self.lane.call)
 
     def rollback(self) -> None:
         """The step failed: the lane as before it."""
@@ -154,16 +153,17 @@ class FastPath:
         return self.runs.advance(until, limit, observe, join, resume, fence)
 
 
-def _steady(step: StepState, head: list[SequenceGroup], lane_call: tuple[bool, int | None, int]) -> Steady | None:
+def _steady(step: StepState, waiting: list[SequenceGroup], lane_call: tuple[bool, int | None, int]) -> Steady | None:
     """``step`` as the scheduler may repeat it for a policy that declared ``fcfs``, or None: a decode-lane step of every
-    running group (the lane's ``lane_call``) whose only note is the refusal of ``head``, the waiting queue's first
-    group as the step began, for want of blocks."""
+    running group (the lane's ``lane_call``) whose only note is the refusal of the head of ``waiting`` (as the step
+    began) for want of blocks. A step that admitted or ignored a group, whose commit cut ``waiting`` in place, is
+    none: its head is read only after those checks."""
     out, notes = step.output, step.output.decisions
     if not out.lane_decodes or out.lane_decodes != len(out.scheduled) or len(notes) > 1:
         return None
     if step.sched.swapped or out.preempted or out.ignored or out.blocks_to_swap_in or out.blocks_to_swap_out:
         return None
-    refusals = head if notes else []
+    refusals = waiting[:1] if notes else []
     if notes and not (refusals and notes[0].kind is _NO_BLOCKS and notes[0].request_id == refusals[0].request_id):
         return None
     if refusals and refusals[0].refused is None:
