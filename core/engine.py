@@ -222,7 +222,7 @@ class Engine:
 
     def steady_run(self, until: float, join=None, limit=math.inf, observe=None, fence=math.inf, resume=False):
         """A steady run, the last step's repeats advanced at once (``FastPath.advance``; None with no fast path)."""
-        return None if self.fast_path is None else self.fast_path.advance(until, limit, observe, join, resume, fence)
+        return None if self.fast_path is None else self.fast_path.advance(until, join, limit, observe, fence, resume)
 
     def take_finished(self) -> list[SequenceGroup]:
         """The requests that ended since the last call (``retain_finished``), handed over: the engine forgets them."""

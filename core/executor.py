@@ -75,4 +75,4 @@ class FastPath(Protocol):
 
     def audit(self, running: list[SequenceGroup]) -> list[str]: ...
 
-    def advance(self, until: float, limit: float, observe, join, resume: bool, fence: float): ...  # a steady run
+    def advance(self, until: float, join, limit: float, observe, fence: float, resume: bool): ...  # a steady run

@@ -14,7 +14,6 @@ such a step many times at once. Results are the same with every part of it off.
 
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING, NamedTuple, Protocol, runtime_checkable
 
 from kvsched.core.completion import end_group
@@ -142,15 +141,13 @@ class FastPath:
         return self.lane.audit(running)
 
     # --------------------------------------------------------------------------- the engine's calls
-    def advance(
-        self, until: float, limit: float = math.inf, observe=None, join=None, resume: bool = False, fence=math.inf
-    ) -> Run:
+    def advance(self, until: float, join, limit: float, observe, fence: float, resume: bool) -> Run:
         """A steady run (``SteadyRuns.advance``; ``Engine.steady_run``), where the last step may be repeated and runs
         are taken (else one of no step): the arrivals that change nothing for the policy join the queue through
         ``join``, the others end it, and so does ``fence`` (a fleet's next unrouted request)."""
         if self.runs is None or self.steady is None:
             return NO_RUN
-        return self.runs.advance(until, limit, observe, join, resume, fence)
+        return self.runs.advance(until, join, limit, observe, fence, resume)
 
 
 def _steady(step: StepState, waiting: list[SequenceGroup], lane_call: tuple[bool, int | None, int]) -> Steady | None:

@@ -11,7 +11,6 @@ A step's duration is the executor's ``lane_seconds(n)(kv_tokens)``, a promise: w
 
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING, NamedTuple
 
 from kvsched.core.decisions import Decision, Refused
@@ -81,9 +80,7 @@ class SteadyRuns:
         self.fast_path = fast_path
         self._coasting: tuple[int, Callable[[int], float] | None] = (0, None)  # the run's batch size and its step cost
 
-    def advance(
-        self, until: float, limit: float = math.inf, observe=None, join=None, resume: bool = False, fence=math.inf
-    ) -> Run:
+    def advance(self, until: float, join, limit: float, observe, fence: float, resume: bool) -> Run:
         """Repeat the steady step, no output, report or observer call, while it repeats unchanged: each step that
         starts before ``until`` (when a request arrives), up to ``limit`` steps (infinity: no limit) and the first that
         finishes a group; then tell ``observe`` (``on_steps``) the run. An arrival the policy said changes nothing
