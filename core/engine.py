@@ -117,8 +117,7 @@ class Engine:
         if group is None or group.is_finished:
             return False
         members = self.fan_out.members(group) if self.fan_out is not None else [group]
-        if self._in_flight is not None:  # between schedule() and complete(): the step no longer runs it
-            out = self._in_flight
+        if (out := self._in_flight) is not None:  # between schedule() and complete(): the step no longer runs it
             out.scheduled[out.lane_decodes :] = [
                 sg for sg in out.scheduled[out.lane_decodes :] if sg.group not in members
             ]
@@ -222,6 +221,7 @@ class Engine:
 
     def steady_run(self, until: float, join=None, limit=math.inf, observe=None, fence=math.inf, resume=False):
         """A steady run, the last step's repeats advanced at once (``FastPath.advance``; None with no fast path)."""
+        self._refuse_in_hook("steady_run")
         return None if self.fast_path is None else self.fast_path.advance(until, join, limit, observe, fence, resume)
 
     def take_finished(self) -> list[SequenceGroup]:
@@ -300,11 +300,12 @@ class Engine:
         ``STALL_STEPS`` idle steps and ``STALL_SECONDS``, none left to arrive); ``in_order``: read as they arrive, in
         arrival order (a stream of millions); ``on_step.on_steps``: told steady runs whole; ``max_steps``: a cap."""
         self._refuse_in_hook("run")
-        if max_steps is not None and (type(max_steps) is not int or max_steps < 1):  # a bool is no int here
-            wrong = TypeError if type(max_steps) is not int else ValueError
+        integer = isinstance(max_steps, int) and not isinstance(max_steps, bool)  # an IntEnum counts, a bool does not
+        if max_steps is not None and not (integer and int(max_steps) >= 1):
+            wrong = ValueError if integer else TypeError
             raise wrong(f"max_steps must be a positive int or None, got {type(max_steps).__name__} {quote(max_steps)}")
         arrivals = Arrivals(self, arriving(requests) if in_order else sorted(requests, key=lambda r: r.arrival_time))
-        clock, left = self.clock, math.inf if max_steps is None else max_steps
+        clock, left = self.clock, math.inf if max_steps is None else int(max_steps)
         runs = self.fast_path is not None and (on_step is None or hasattr(on_step, "on_steps"))  # else: each step
         observe = getattr(on_step, "on_steps", None)
         # What exists as the run starts is frozen out of the collector's passes, as vLLM freezes its heap once started.

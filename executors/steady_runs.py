@@ -98,40 +98,42 @@ class SteadyRuns:
         batch, (n, seconds) = None, (self._coasting if resume else (0, None))
         stopped = False  # by an arrival
         counts = (len(sched.waiting), len(sched.running), len(sched.swapped))
-        while len(durations) < limit:  # a count: none at 0 or below
-            now = clock.now()
-            joining = until <= now
-            if joining and (arrivals or join is None or fence <= now):  # the policy (or a router) decides again
-                stopped = True
-                break
-            before, k = gpu.num_free, lane.kv_tokens  # what the members' next decodes read
-            # No member finishing, nothing the repeat checks changes (due blocks keep every refusal refused): it coasts.
-            coasting = n and lane.coast()
-            if not coasting:
-                if not fast.repeat(None):
+        try:  # the steps taken count even if ``join`` (adding a request) or an audit raises partway
+            while len(durations) < limit:  # a count: none at 0 or below
+                now = clock.now()
+                joining = until <= now
+                if joining and (arrivals or join is None or fence <= now):  # the policy (or a router) decides again
+                    stopped = True
                     break
-                if n != lane.scheduled:  # the run's first step (later ones keep the batch)
-                    n, seconds = lane.scheduled, executor.lane_seconds(lane.scheduled)
-                if batch is None and observe is not None:  # the members, before any leaves in the last step
-                    batch = lane.batch
-            if joining:  # the step is taken: what arrived by its start joins the queue
-                until = min(join(now), fence)
-            duration = seconds(k)
-            clock.advance(duration)
-            started.append(now)
-            durations.append(duration)
-            if observe is not None:  # what only the observers' StepRun reads
-                kv.append(k)
-                waiting.append(len(sched.waiting))
-            free.append((before, gpu.num_free))
-            if not coasting and fast.apply(completion, clock.now(), finished):  # the groups it ended, retired
-                sched.remove_finished(finished)
-                engine.retire(finished)
-            if audit:
-                engine.check()
-            if finished:
-                break
-        engine.num_steps += len(durations)
+                before, k = gpu.num_free, lane.kv_tokens  # what the members' next decodes read
+                # No member finishing, nothing the repeat checks change (due blocks keep refusals refused): it coasts.
+                coasting = n and lane.coast()
+                if not coasting:
+                    if not fast.repeat(None):
+                        break
+                    if n != lane.scheduled:  # the run's first step (later ones keep the batch)
+                        n, seconds = lane.scheduled, executor.lane_seconds(lane.scheduled)
+                    if batch is None and observe is not None:  # the members, before any leaves in the last step
+                        batch = lane.batch
+                if joining:  # the step is taken: what arrived by its start joins the queue
+                    until = min(join(now), fence)
+                duration = seconds(k)
+                clock.advance(duration)
+                started.append(now)
+                durations.append(duration)
+                if observe is not None:  # what only the observers' StepRun reads
+                    kv.append(k)
+                    waiting.append(len(sched.waiting))
+                free.append((before, gpu.num_free))
+                if not coasting and fast.apply(completion, clock.now(), finished):  # the groups it ended, retired
+                    sched.remove_finished(finished)
+                    engine.retire(finished)
+                if audit:
+                    engine.check()
+                if finished:
+                    break
+        finally:
+            engine.num_steps += len(durations)
         self._coasting = (n, seconds)
         if durations and observe is not None:
             self._report(batch, started, durations, kv, waiting, free, finished, observe)

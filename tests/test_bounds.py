@@ -8,6 +8,7 @@ a plugin hands over (an int too long for ``str()``, a ``__repr__`` that raises, 
 
 from __future__ import annotations
 
+import enum
 import json
 import math
 import subprocess
@@ -273,6 +274,13 @@ def test_max_steps_is_a_positive_int_or_none(bad, error):
         engine.run(REQUESTS, max_steps=bad)
     assert engine.num_steps == 0
     engine.run(REQUESTS, max_steps=3)
+    assert engine.num_steps == 3
+
+
+def test_max_steps_may_be_an_int_subclass():
+    """An ``IntEnum`` is a count as its int is; only a ``bool`` is refused."""
+    engine = Engine(SMALL, "vllm-default", SimulatedExecutor())
+    engine.run(REQUESTS, max_steps=enum.IntEnum("Budget", {"THREE": 3}).THREE)
     assert engine.num_steps == 3
 
 

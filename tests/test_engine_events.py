@@ -9,7 +9,7 @@ import math
 
 import pytest
 
-from kvsched import Engine, EngineConfig, SimulatedExecutor, StallError, hookimpl
+from kvsched import Engine, EngineConfig, PolicyError, SimulatedExecutor, StallError, hookimpl
 from kvsched.cluster import Cluster, FleetSpec, ReplicaGroup
 from kvsched.policies.vllm_default import VllmDefault
 from tests.test_bad_inputs import NeverAdmits, req
@@ -115,26 +115,50 @@ def test_one_engine_and_a_fleet_of_one_take_their_steady_runs_through_the_same_d
 
 
 class AsksForARunInsideItsStep(VllmDefault):
-    """``vllm-default``, asking its own engine for a steady run from inside ``select_batch`` (a hook may read the
-    engine it runs in, never drive it): the policy is asked only where no step is to be repeated, so it gets none."""
+    """``vllm-default``, asking its own engine for a steady run while it builds a step."""
 
     engine = None
-    asked = taken = 0
 
     @hookimpl
     def select_batch(self, step):
-        self.asked += 1
-        self.taken += len(self.engine.steady_run(math.inf).started)
-        super().select_batch(step)
+        self.engine.steady_run(math.inf)
 
 
-def test_a_steady_run_asked_for_inside_a_hook_takes_no_step():
-    requests = [req(f"r{i}", 40, 60, arrival=0.05 * i) for i in range(30)]
+def test_a_steady_run_asked_for_inside_a_hook_is_refused_by_name():
+    """As ``step``, ``run``, ``add_request`` and ``abort`` are: a hook reads its engine, never drives it (before, the
+    call answered an empty run, which a caller could not tell from a run that may not go)."""
     policy = AsksForARunInsideItsStep()
     engine = Engine(EngineConfig(), policy, SimulatedExecutor())
     policy.engine = engine
-    plain = Engine(EngineConfig(), "vllm-default", SimulatedExecutor())
-    engine.run(requests)
-    plain.run(requests)
-    assert policy.asked > 0 and policy.taken == 0
-    assert engine.num_steps == plain.num_steps and engine.now == plain.now
+    with pytest.raises(PolicyError, match=r"engine\.steady_run\(\) called inside select_batch"):
+        engine.run([req(f"r{i}", 40, 60, arrival=0.05 * i) for i in range(3)])
+    assert engine.scheduler.audit() == []
+
+
+def test_the_steps_a_run_took_count_when_an_arrival_joining_it_is_refused():
+    """A steady run behind a refused head takes arrivals in as it goes; one refused there (a duplicate id) ends the
+    run with an error, and the steps it took before still count (before, ``num_steps`` missed the whole run)."""
+    engine = Engine(EngineConfig(num_gpu_blocks=100), "vllm-default", SimulatedExecutor())
+    taken = [0]
+    complete, lane_seconds = engine.complete, engine.executor.lane_seconds
+
+    def completed(*args, **kwargs):  # a step taken alone
+        taken[0] += 1
+        return complete(*args, **kwargs)
+
+    def seconds_of(n):  # a run's step costs one call of its cost function
+        cost = lane_seconds(n)
+
+        def counted(k):
+            taken[0] += 1
+            return cost(k)
+
+        return counted
+
+    engine.complete, engine.executor.lane_seconds = completed, seconds_of
+    requests = [req(f"r{i}", 64, 400) for i in range(2)] + [req("big", 1500, 10, arrival=0.01)]  # big waits refused
+    requests += [req(f"late{i}", 40, 4, arrival=0.5 + 0.1 * i) for i in range(5)] + [req("late2", 40, 4, arrival=1.2)]
+    with pytest.raises(ValueError, match="duplicate request id 'late2'"):
+        engine.run(requests)
+    assert engine.num_steps == taken[0] > 100
+    assert engine.scheduler.audit() == []

@@ -217,6 +217,7 @@ ACTS = {
         lambda p, s: p.engine.add_request(req("late", 4, 2)),
         PolicyError,
     ),
+    "engine.steady_run() inside select_batch": ("select_batch", lambda p, s: p.engine.steady_run(1e9), PolicyError),
     "engine.abort() inside on_step": (
         "on_step",
         lambda p, r: p.engine.abort(next(iter(p.engine._groups))),
