@@ -7,6 +7,10 @@ points come from the installed metadata; they name modules, which resolve to the
 a JSON object on its last line, of which ``--key`` is read. Prints each commit's median and fastest round and
 their ratios against the first commit's.
 
+A commit whose ``pyproject.toml`` declares C extensions (``[[tool.setuptools.ext-modules]]``, as ``make setup``
+builds them) has them built in its folder first, so each commit runs as it ships; ``--pure`` leaves them unbuilt
+(the Python fallbacks), which compares the Python code alone.
+
     .venv/bin/python benchmarks/commits_speed.py 58525b8 a0c3fc7 HEAD --rounds 9 --key loop_cpu_s \\
         -- benchmarks/sim_speed.py --one-like-vidur --policy vllm-default
     .venv/bin/python benchmarks/commits_speed.py a0c3fc7 HEAD --rounds 7 --key cpu_us_per_request \\
@@ -47,6 +51,18 @@ def unpack(commit: str, into: Path) -> tuple[str, Path]:
     return short, folder
 
 
+def build_extensions(short: str, folder: Path) -> bool:
+    """Build ``folder``'s C extensions in place, as ``make compiled`` does; False if the commit declares none."""
+    pyproject = folder / "pyproject.toml"
+    if not pyproject.is_file() or "[[tool.setuptools.ext-modules]]" not in pyproject.read_text():
+        return False
+    build = [sys.executable, "-c", "from setuptools import setup; setup()", "-q", "build_ext", "--inplace"]
+    done = subprocess.run(build, cwd=folder, capture_output=True, text=True)
+    if done.returncode:
+        raise SystemExit(f"{short}: building its C extensions failed: {done.stderr[-500:]}")
+    return True
+
+
 def one_round(folder: Path, command: list[str], key: str, script_here: bool = False) -> float:
     """The benchmark run once on the code in ``folder`` (its own script, or this checkout's if ``script_here``): the
     ``key`` of the JSON object on its last line."""
@@ -74,12 +90,14 @@ def main(argv: list[str]) -> None:
         action="store_true",
         help="run this checkout's benchmark on each commit's code (an option older scripts lack)",
     )
+    parser.add_argument("--pure", action="store_true", help="leave each commit's C extensions unbuilt (Python only)")
     args = parser.parse_args(argv[:cut])
     command = argv[cut + 1 :]
     if not command:
         parser.error("give the benchmark after --, e.g. -- benchmarks/sim_speed.py --one-like-vidur")
     with tempfile.TemporaryDirectory(prefix="kvsched-commits-") as tmp:
         codes = [unpack(commit, Path(tmp)) for commit in args.commits]
+        built = {short: not args.pure and build_extensions(short, folder) for short, folder in codes}
         runs: dict[str, list[float]] = {short: [] for short, _ in codes}
         for r in range(args.rounds):
             for short, folder in codes:
@@ -88,13 +106,13 @@ def main(argv: list[str]) -> None:
     base = runs[codes[0][0]]
     base_median, base_fastest = statistics.median(base), min(base)
     print(f"{' '.join(command)}: {args.key}, {args.rounds} alternating rounds")
-    print("| commit | median | fastest | median / first's | fastest / first's | rounds |")
-    print("|---|---:|---:|---:|---:|---|")
+    print("| commit | C extensions | median | fastest | median / first's | fastest / first's | rounds |")
+    print("|---|---|---:|---:|---:|---:|---|")
     for short, values in runs.items():
         median, fastest = statistics.median(values), min(values)
         print(
-            f"| {short} | {median:g} | {fastest:g} | {median / base_median:.3f} | {fastest / base_fastest:.3f} "
-            f"| {' '.join(f'{v:g}' for v in values)} |"
+            f"| {short} | {'built' if built[short] else 'none'} | {median:g} | {fastest:g} "
+            f"| {median / base_median:.3f} | {fastest / base_fastest:.3f} | {' '.join(f'{v:g}' for v in values)} |"
         )
 
 
