@@ -57,7 +57,7 @@ def main() -> None:
         engine.step()
 
     executor, attention_s = engine.executor, [0.0]
-    attend = executor._attend
+    attend = executor.attend
 
     def timed_attend(*a, **kw):
         start = time.perf_counter()
@@ -65,13 +65,13 @@ def main() -> None:
         attention_s[0] += time.perf_counter() - start
         return out
 
-    executor._attend = timed_attend
+    executor.attend = timed_attend
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         start = time.perf_counter()
         for _ in range(args.steps):
             engine.step()
         step_s = (time.perf_counter() - start) / args.steps
-    executor._attend = attend
+    executor.attend = attend
     linear_s = sum(e.self_cpu_time_total for e in prof.key_averages() if e.key in LINEAR_OPS) / 1e6 / args.steps
     attn_s = attention_s[0] / args.steps
     running = len(engine.scheduler.running)

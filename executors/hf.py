@@ -47,6 +47,9 @@ class HFExecutor:
 
     ``backend`` picks the attention implementation (default: Triton on CUDA, torch otherwise).
     ``record_logits`` keeps each sampled row's logits per sequence id (for ``engine verify``).
+    ``attend`` is the paged attention every layer of a step calls (``kvsched.kernels.get_attention(backend)``,
+    read once a step): assign a function of the same signature to time it or replace it from the next step on
+    (``benchmarks/cpu_decode_profile.py`` wraps it in a timer), and assign the old one back to undo that.
     """
 
     def __init__(
@@ -71,7 +74,7 @@ class HFExecutor:
         self.device = next(hf.parameters()).device
         self.eos_token_id = self.loaded.eos_token_id
         self.backend = choose_backend(self.device, backend)
-        self._attend = get_attention(self.backend)
+        self.attend = get_attention(self.backend)
         cfg = hf.config
         num_heads = cfg.num_attention_heads
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // num_heads
@@ -172,7 +175,7 @@ class HFExecutor:
         model = self.loaded.model
         if model.config._attn_implementation != self._attn_name:
             model.set_attn_implementation(self._attn_name)
-        with torch.inference_mode(), active_step(self.cache, meta, self._attend):
+        with torch.inference_mode(), active_step(self.cache, meta, self.attend):
             logits = model(
                 input_ids=torch.tensor([ids], device=dev),
                 position_ids=torch.tensor([positions], device=dev),

@@ -117,6 +117,25 @@ def test_engine_attaches_the_executor_which_must_match_its_pools(loaded):
         Engine(EngineConfig(block_size=8, num_gpu_blocks=64), "vllm-default", HFExecutor(loaded, ROOMY))
 
 
+def test_the_attention_a_step_calls_is_the_executors_attend(loaded):
+    """``HFExecutor.attend`` is a public seam: a wrapper assigned to it is called by every layer of the next steps
+    (a profiler times attention so), and the tokens are the same as without it."""
+    params = SamplingParams(max_tokens=6, ignore_eos=True)
+    _, plain = _run(loaded, ROOMY, params)
+    engine = hf_engine(loaded, ROOMY)
+    original, calls = engine.executor.attend, []
+
+    def counted(*args):
+        calls.append(len(args))
+        return original(*args)
+
+    engine.executor.attend = counted
+    engine.run([Request(request_id=f"r{i}", prompt_token_ids=p, sampling=params) for i, p in enumerate(PROMPTS)])
+    layers = loaded.model.config.num_hidden_layers
+    assert calls and len(calls) == layers * engine.num_steps
+    assert {r: [list(s.output) for s in engine._groups[r].seqs] for r in plain} == plain
+
+
 def test_unsupported_configs_are_rejected():
     from transformers import GPT2Config, Qwen2Config
 
