@@ -157,9 +157,23 @@ def test_the_cpu_tier_stores_evicts_and_loads_as_vllm_0_34s_manager(data, policy
     both.check(universe)
 
 
+class _InFinishOrder(dict):
+    """The ids of the requests that finished since the last step, in the order they finished: the set vLLM keeps
+    them in (``Scheduler.finished_req_ids``) iterates in an order of their string hashes, which Python draws anew
+    for each process, and the connector stores a step's finished requests in that order (which then decides what
+    its LRU evicts first). kvsched stores them as they finish, one of the orders vLLM may take."""
+
+    def add(self, request_id: str) -> None:
+        self[request_id] = None
+
+    def discard(self, request_id: str) -> None:
+        self.pop(request_id, None)
+
+
 class OffloadingReference:
     """vLLM 0.34's ``Scheduler`` with the ``OffloadingConnector`` (its native CPU tier) and a fake worker that
-    finishes every transfer within the step that issued it; what each step stored and loaded, per request."""
+    finishes every transfer within the step that issued it; what each step stored and loaded, per request. The
+    requests finished in a step reach the connector in the order they finished (``_InFinishOrder``)."""
 
     def __init__(self, cpu_blocks: int, policy: str, **config) -> None:
         from vllm.config import KVTransferConfig
@@ -186,9 +200,11 @@ class OffloadingReference:
                 finished_recving={job.req_id for job in meta.load_jobs.values()},
                 kv_connector_worker_meta=OffloadingWorkerMetadata(completed_jobs=done) if done else None,
             )
+            scheduler.finished_req_ids = _InFinishOrder.fromkeys(scheduler.finished_req_ids)  # emptied by schedule()
             return update(out, runner)
 
-        self.vllm.scheduler.update_from_output = answered
+        scheduler = self.vllm.scheduler
+        scheduler.update_from_output = answered
 
 
 @st.composite
