@@ -221,7 +221,8 @@ class Engine:
 
     def steady_run(self, until: float, join=None, limit=math.inf, observe=None, fence=math.inf, resume=False):
         """A steady run, the last step's repeats advanced at once (``FastPath.advance``; None with no fast path)."""
-        self._refuse_in_hook("steady_run")
+        if self.hooks.in_hook is not None:  # checked inline: the loop asks after each step
+            self._refuse_in_hook("steady_run")
         return None if self.fast_path is None else self.fast_path.advance(until, join, limit, observe, fence, resume)
 
     def take_finished(self) -> list[SequenceGroup]:
@@ -243,9 +244,9 @@ class Engine:
         self.clock.advance(result.duration)
         now = self.clock.now()
         finished = completion.apply(output, result.tokens, now)  # the scheduler's groups that ended (V1: children)
-        if finished and self.fan_out is not None:  # as the engine reports them: a child by its parent
-            finished = self.fan_out.ended(finished)
-        self.retire(finished)
+        if finished:  # as the engine reports them (a child by its parent), kept or let go
+            finished = self.fan_out.ended(finished) if self.fan_out is not None else finished
+            self.retire(finished)
         self.num_blocks_swapped_in += len(output.blocks_to_swap_in)
         self.num_blocks_swapped_out += len(output.blocks_to_swap_out)
         idle = output.is_empty and not finished
@@ -329,7 +330,8 @@ class Engine:
                     left, more = left - len(run.started), run.finished
                 if not left:  # max_steps taken
                     break
-                clock.wait_until(self.next_step_at(arrivals.at))
+                if self._idle_steps:  # else the next step starts now
+                    clock.wait_until(self.next_step_at(arrivals.at))
         finally:
             if freeze:
                 gc.unfreeze()

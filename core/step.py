@@ -6,10 +6,11 @@ operations work only inside the ``select_batch`` call the builder was given to.
 
 from __future__ import annotations
 
+from functools import partial
 from types import NoneType
 from typing import TYPE_CHECKING
 
-from kvsched.core.view import GROUPS, SHOWN, QueueView, show, shown
+from kvsched.core.view import GROUPS, SHOWN, QueueView, show
 
 if TYPE_CHECKING:
     from kvsched.core.config import EngineConfig, PreemptionMode
@@ -18,19 +19,25 @@ if TYPE_CHECKING:
     from kvsched.core.view import CacheView, GroupView
 
 
+def _queue(name: str, step: StepBuilder) -> QueueView:
+    """One of the scheduler's queues, shown until the step closes (an empty one: no queue, shown always)."""
+    return QueueView(q, st.handed) if (q := getattr((st := SHOWN[step.__weakref__]).sched, name)) else _NO_GROUPS
+
+
+_NO_GROUPS = QueueView([])  # what an empty queue shows: the step's queues change only as it commits
+
+
 class StepBuilder:
     """One step under construction: read-only queues and budgets plus validated operations (its own ``__weakref__``
     slot, not a ``Window``'s: its reads, three a running request in a step, find it a class nearer)."""
 
     __slots__ = ("__weakref__",)
-
-    def __init__(self, state: StepState) -> None:
-        show(self, state)
+    __init__ = show  # StepBuilder(state): it shows the step's state while it lives (as a Window does)
 
     # ------------------------------------------------------------------ what a policy reads
-    waiting = property(lambda self: _queue(self, "waiting"), doc="waiting groups at the start of the step, front first")
-    running = property(lambda self: _queue(self, "running"), doc="running groups, oldest first")
-    swapped = property(lambda self: _queue(self, "swapped"), doc="swapped groups, oldest first")
+    waiting = property(partial(_queue, "waiting"), doc="waiting groups at the start of the step, front first")
+    running = property(partial(_queue, "running"), doc="running groups, oldest first")
+    swapped = property(partial(_queue, "swapped"), doc="swapped groups, oldest first")
     now: float = property(lambda self: SHOWN[self.__weakref__].now, doc="the engine clock")
     config: EngineConfig = property(
         lambda self: SHOWN[self.__weakref__].sched.config_view, doc="the engine config (a read-only copy, ``frozen``)"
@@ -90,14 +97,6 @@ class StepBuilder:
         """``advance`` every untouched decoding group, oldest first, passing over prefills (Sarathi-Serve);
         stops at BUDGET, of the step or of ``max_tokens`` (this call's cap; 0 or less: nothing fits)."""
         return _live(self, "advance_decodes").advance_decodes(max_tokens)
-
-
-def _queue(step: StepBuilder, name: str) -> QueueView:
-    """One of the scheduler's queues, shown until the step closes (an empty one: no queue, shown always)."""
-    return QueueView(queue, st.handed) if (queue := getattr((st := shown(step)).sched, name)) else _NO_GROUPS
-
-
-_NO_GROUPS = QueueView([])  # what an empty queue shows: the step's queues change only as it commits
 
 
 def _live(step: StepBuilder, op: str) -> StepState:

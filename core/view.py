@@ -138,9 +138,7 @@ class GroupView:
     num_uncomputed_tokens = property(
         lambda self: GROUPS[self]().num_uncomputed_tokens, doc="tokens its next step computes"
     )
-    num_preemptions = property(
-        lambda self: GROUPS[self]().num_recompute_preemptions + GROUPS[self]().num_swap_preemptions
-    )
+    num_preemptions = property(lambda self: (g := GROUPS[self]()).num_recompute_preemptions + g.num_swap_preemptions)
     first_scheduled_time = property(lambda self: GROUPS[self]().first_scheduled_time)
     first_token_time = property(lambda self: GROUPS[self]().first_token_time)
     finish_time = property(lambda self: GROUPS[self]().finish_time)
