@@ -638,11 +638,22 @@ static inline void prefetch_places(PyObject *counts, PyObject *named, PyObject *
    or None, having changed nothing, for a block id that is not an int from 0 to the lists' length or a count that
    is not an int from 0 to a C long's largest (one less than the least would overflow): the Python code then reads
    them, and raises or not, as it would. */
-static PyObject *release_refs(PyObject *module, PyObject *args) {
-    PyObject *counts, *named, *blocks;
-    if (!PyArg_ParseTuple(args, "O!O!O!:release_refs", &PyList_Type, &counts, &PyList_Type, &named, &PyList_Type,
-                          &blocks))
-        return NULL;
+/* Whether the ``nargs`` arguments of ``name`` are ``n`` lists (as PyArg_ParseTuple's "O!" with PyList_Type checks
+   them, at a fraction of its cost: the loops below run many times a step), else a TypeError. */
+static int lists(const char *name, PyObject *const *args, Py_ssize_t nargs, Py_ssize_t n) {
+    if (!arity(name, nargs, n, n)) return 0;
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (!PyList_Check(args[i])) {
+            PyErr_Format(PyExc_TypeError, "%s() argument %zd must be list, not %.50s", name, i + 1,
+                         Py_TYPE(args[i])->tp_name);
+            return 0;
+        }
+    return 1;
+}
+
+static PyObject *release_refs(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (!lists("release_refs", args, nargs, 3)) return NULL;
+    PyObject *counts = args[0], *named = args[1], *blocks = args[2];
     Py_ssize_t n = PyList_GET_SIZE(blocks), size = Py_MIN(PyList_GET_SIZE(counts), PyList_GET_SIZE(named));
     for (Py_ssize_t i = 0; i < n; i++) { /* first read every block: that runs no Python code */
         prefetch_places(counts, named, blocks, i, size);
@@ -652,8 +663,8 @@ static PyObject *release_refs(PyObject *module, PyObject *args) {
         long count = PyLong_AsLongAndOverflow(PyList_GET_ITEM(counts, b), &overflow);
         if (overflow || count < 0) Py_RETURN_NONE;
     }
-    PyObject *gone = PyList_New(0);
-    Py_ssize_t unnamed = 0, stop = -1;
+    PyObject *gone = PyList_New(n); /* room for every block, its length cut to those freed (no append a block) */
+    Py_ssize_t unnamed = 0, stop = -1, freed = 0;
     for (Py_ssize_t i = 0; gone && i < n; i++) {
         PyObject *block = PyList_GET_ITEM(blocks, i);
         Py_ssize_t b = PyLong_AsSsize_t(block);
@@ -668,9 +679,10 @@ static PyObject *release_refs(PyObject *module, PyObject *args) {
         if (!now) break;
         PyList_SET_ITEM(counts, b, now);
         Py_DECREF(count); /* an int: freeing it runs no Python code */
-        if (left == 0 && PyList_Append(gone, block) < 0) Py_CLEAR(gone);
+        if (left == 0) PyList_SET_ITEM(gone, freed++, Py_NewRef(block));
         unnamed += left == 0 && PyList_GET_ITEM(named, b) == Py_None;
     }
+    if (gone) Py_SET_SIZE(gone, freed); /* the slots past it are NULL: nothing to release */
     return gone ? Py_BuildValue("(Nnn)", gone, unnamed, stop) : NULL;
 }
 
@@ -678,9 +690,9 @@ static PyObject *release_refs(PyObject *module, PyObject *args) {
    held by one table, its count in ``counts`` 1. Returns False, having changed nothing, for a block id that is not
    an int from 0 to the list's length or a count that is not an int (the Python loop then reads them, and raises or
    not, as it would): freeing another object could run its own code, which could change the lists under the loop. */
-static PyObject *hold_refs(PyObject *module, PyObject *args) {
-    PyObject *counts, *blocks;
-    if (!PyArg_ParseTuple(args, "O!O!:hold_refs", &PyList_Type, &counts, &PyList_Type, &blocks)) return NULL;
+static PyObject *hold_refs(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (!lists("hold_refs", args, nargs, 2)) return NULL;
+    PyObject *counts = args[0], *blocks = args[1];
     Py_ssize_t n = PyList_GET_SIZE(blocks);
     for (Py_ssize_t i = 0; i < n; i++) {
         prefetch_places(counts, NULL, blocks, i, PyList_GET_SIZE(counts));
@@ -845,9 +857,9 @@ static PyMethodDef module_methods[] = {
     {"register_names", register_names, METH_VARARGS,
      "register_names(index, named, blocks, hashes, keep, duplicates): BlockPool.register's loop"},
     {"forget_names", forget_names, METH_VARARGS, "forget_names(index, named, blocks): BlockPool.forget's loop"},
-    {"release_refs", release_refs, METH_VARARGS,
+    {"release_refs", (PyCFunction)(void (*)(void))release_refs, METH_FASTCALL,
      "release_refs(counts, named, blocks): BlockPool.release_many's loop; (freed, unnamed among them, stop)"},
-    {"hold_refs", hold_refs, METH_VARARGS, "hold_refs(counts, blocks): BlockPool.allocate_many's loop (False: not)"},
+    {"hold_refs", (PyCFunction)(void (*)(void))hold_refs, METH_FASTCALL, "hold_refs(counts, blocks): BlockPool.allocate_many's loop (False: not)"},
     {"count_held", count_held, METH_VARARGS, "count_held(counts, blocks): the blocks whose count is not 0, or None"},
     {"name_inside", name_inside, METH_VARARGS,
      "name_inside(names, parent, ids, block, size, n): BlockPrompt.name_blocks's loop, up to a block that spans two"},
