@@ -25,8 +25,7 @@ class Completion:
         self.engine = engine
         self.sched = engine.scheduler
         self.bm = engine.scheduler.block_manager
-        # Full blocks are named in the prefix cache as a step is applied (v0); V1's names them as it takes them.
-        self.caching = engine.config.enable_prefix_caching and engine.mechanics.vllm_engine == "v0"
+        self.caching = engine.config.enable_prefix_caching and engine.mechanics.names_as_applied
 
     def seen_at(self, now: float) -> float:
         """When the next step's scheduler sees the requests arriving by ``now`` (at once)."""

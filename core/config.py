@@ -123,10 +123,5 @@ class EngineConfig(BaseModel):
         return self.max_model_len or self.max_num_batched_tokens
 
     @property
-    def max_seq_len(self) -> int:
-        """The most tokens a sequence holds: vLLM v0 stops it once longer than max_model_len, V1 once that long."""
-        return self.model_len + (self.vllm_engine == "v0")
-
-    @property
     def watermark_blocks(self) -> int:
         return int(self.watermark * self.num_gpu_blocks)

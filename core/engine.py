@@ -53,6 +53,7 @@ class Engine:
         self.mechanics = mechanics = mechanics or mechanics_of(config)
         if mechanics.vllm_engine != config.vllm_engine:
             raise ValueError(f"mechanics {mechanics.name!r} are not the config's vllm_engine {config.vllm_engine!r}")
+        self.max_seq_len = config.model_len + mechanics.past_model_len  # the most tokens a sequence holds
         self.scheduler = sched = Scheduler(config, self.hooks, mechanics)
         self.executor = executor
         attach = getattr(executor, "attach", None)
@@ -93,7 +94,7 @@ class Engine:
         if request.request_id in self._groups:
             raise ValueError(f"duplicate request id {request.request_id!r}")
         eos = self.executor.eos_token_id
-        group = SequenceGroup(request, self.num_requests, self.new_seq_id(), eos, self.config.max_seq_len)
+        group = SequenceGroup(request, self.num_requests, self.new_seq_id(), eos, self.max_seq_len)
         self._groups[request.request_id] = group
         self.num_requests += 1
         if group.n > 1 and self.fan_out is not None:

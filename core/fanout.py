@@ -35,7 +35,7 @@ class FanOut:
         """
         request, engine = parent.request, self.engine
         params = request.sampling
-        eos, max_seq_len = engine.executor.eos_token_id, engine.config.max_seq_len
+        eos, max_seq_len = engine.executor.eos_token_id, engine.max_seq_len
         children = []
         for i in range(parent.n):
             sampling = params.model_copy(update={"n": 1, "seed": None if params.seed is None else params.seed + i})

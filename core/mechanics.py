@@ -33,6 +33,8 @@ class Mechanics:
     keeps_duplicates: bool = False  # a full block computed twice keeps both copies (V1), else one is shared (v0)
     drafts: bool = False  # decoding requests take draft tokens (EngineConfig.num_speculative_tokens)
     lane: bool = False  # plain decodes may ride the decode lane (its block rule is v0's worst case)
+    past_model_len: int = 0  # tokens a sequence holds past max_model_len: v0 caps it once longer, V1 once that long
+    names_as_applied: bool = False  # prefix caching names full blocks as a step is applied (v0), else as taken (V1)
     offloads: bool = False  # a CPU tier may stand behind the prefix cache (EngineConfig.kv_offloading_blocks)
     # How many of a sequence's last tokens a step in flight samples (vLLM's placeholders; None: no step in flight)
     in_flight: Callable[[Sequence], int] | None = None
@@ -59,7 +61,7 @@ class Mechanics:
         return Completion(engine)
 
 
-V0 = Mechanics("v0", "v0", StepState, lane=True)
+V0 = Mechanics("v0", "v0", StepState, lane=True, past_model_len=1, names_as_applied=True)
 V1 = Mechanics("v1", "v1", V1StepState, fans_out=True, null_block=1, keeps_duplicates=True, drafts=True, offloads=True)
 
 
