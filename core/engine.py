@@ -284,6 +284,10 @@ class Engine:
                 del self._groups[group.request_id]
             self._reported += groups
 
+    def steps_ran(self, n: int) -> None:
+        """``n`` steps ran without ``step`` (a steady run's, ``Engine.steady_run``): ``num_steps`` counts them."""
+        self.num_steps += n
+
     def new_seq_id(self) -> int:
         """A sequence id not given before (the step's forks and fan-outs take theirs here)."""
         self._next_seq_id += 1

@@ -59,7 +59,8 @@ class FastPath(Protocol):
     """The one door from the core to the simulator's fast path (``kvsched.executors.fast_path`` has the why): the
     step builder and the completion step drive its decode lane (``take``, ``apply``); the scheduler asks it to
     ``replay`` the last step (a steady one, if still valid) before asking the policy, and tells it each step it
-    ``record``s, rolls back, and each group it aborts; ``Engine.steady_run`` asks it to ``advance`` a steady run."""
+    ``record``s, rolls back, and each group it ``touch``es (aborts, preempts, operates on); ``Engine.steady_run`` asks
+    it to ``advance`` a steady run. Its counters are the core's (``Scheduler.seqs_ended``, ``Engine.steps_ran``)."""
 
     def take(self, step, decodes_only: bool, cap: int | None) -> bool: ...  # the lane takes a step's decodes
 
@@ -71,7 +72,7 @@ class FastPath(Protocol):
 
     def rollback(self) -> None: ...
 
-    def abort(self, group: SequenceGroup) -> None: ...
+    def touch(self, group: SequenceGroup) -> None: ...  # the core changes group on its own (preempted, aborted, ...)
 
     def audit(self, running: list[SequenceGroup]) -> list[str]: ...
 

@@ -72,7 +72,8 @@ class Preemptions:
     def _preempt(
         self, g: SequenceGroup, mode: PreemptionMode | None, requester: SequenceGroup | None = None, reason=None
     ) -> PreemptionMode:
-        out_of_lane(g)
+        if self.sched.fast_path is not None:  # its decode lane, if it rides one, dissolves
+            self.sched.fast_path.touch(g)
         mode = self._preemption_mode(g, mode)
         requested = requester.request_id if requester is not None else None
         self._note(None, Preempted(Decision.PREEMPTED, g.request_id, mode, requested, reason))
@@ -87,10 +88,3 @@ class Preemptions:
         self.output.preempted.append((g, mode))
         self.num_running_seqs -= g.max_running_seqs
         return mode
-
-
-def out_of_lane(g: SequenceGroup) -> None:
-    """Dissolve the decode lane if ``g`` rides it (members change only together)."""
-    lane = g.seqs[0].lane
-    if lane is not None:
-        lane.dissolve()

@@ -50,8 +50,7 @@ class Scheduler:
         self.running: list[SequenceGroup] = []
         self.swapped: list[SequenceGroup] = []
         self.num_running_seqs = 0  # sum of max_running_seqs over running groups
-        # Set by the engine when its executor knows its tokens (the simulator's fast path, executors/fast_path.py):
-        # it may repeat the last step without the policy, and its decode lane takes a step's plain decodes.
+        # The simulator's fast path (executor.py's FastPath, the door to it), set by the engine if its executor has one.
         self.fast_path: FastPath | None = None
 
     def add(self, group: SequenceGroup) -> None:
@@ -151,10 +150,14 @@ class Scheduler:
             running.remove(g)
         self.running = running
 
+    def seqs_ended(self, n: int) -> None:
+        """``n`` running sequences ended outside the completion step's count (the fast path's lane members)."""
+        self.num_running_seqs -= n
+
     def abort(self, group: SequenceGroup, now: float, status: SequenceStatus = SequenceStatus.FINISHED_ABORTED) -> None:
         """Take ``group`` out of whichever queue holds it, free every block it held, and end it with ``status``."""
         if self.fast_path is not None:
-            self.fast_path.abort(group)
+            self.fast_path.touch(group)
         for name in ("waiting", "running", "swapped"):
             queue = getattr(self, name)
             if group in queue:

@@ -78,8 +78,7 @@ class Sequence:
         self.num_tokens = len(prompt) + len(self.output)  # kept by append_token: read on every step
         self.status = SequenceStatus.WAITING
         self.num_computed_tokens = 0
-        self.lane = None  # the decode lane it rides, if any (executors/decode_lane.py; then it is a LaneSequence)
-        self.lane_mark = 0
+        self.lane = None  # the decode lane it rides, if any (executors/decode_lane.py; a LaneSequence then)
 
     def append_token(self, token: int) -> None:
         """Add a generated token (the only way the engine grows a sequence)."""

@@ -16,7 +16,7 @@ from kvsched.allocators.alloc_status import AllocStatus
 from kvsched.core.config import PreemptionMode
 from kvsched.core.decisions import Decision, Ignored, Outcome, Prefill, SwappedIn
 from kvsched.core.outputs import ScheduledGroup, SchedulerOutput
-from kvsched.core.preemption import Preemptions, out_of_lane
+from kvsched.core.preemption import Preemptions
 from kvsched.core.sequence import SequenceStatus
 from kvsched.core.step import StepBuilder
 from kvsched.core.step_notes import DecisionNotes
@@ -310,7 +310,8 @@ class StepState(Preemptions, DecisionNotes):
             self.refuse(f"{op}: {quote(g.request_id)} was already {state} in this step")
         if g.status is not expected:
             self.refuse(f"{op}: {quote(g.request_id)} is {g.status.name}, not {expected.name}")
-        out_of_lane(g)  # it may change on its own now
+        if self.sched.fast_path is not None:  # it may change on its own now (the fast path's decode lane dissolves)
+            self.sched.fast_path.touch(g)
         return g
 
     def _tokens_arg(self, value, op: str, minimum: int | None = 1) -> int | None:

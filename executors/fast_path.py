@@ -1,15 +1,17 @@
 """The simulator's fast path for one engine: its decode lane, its steady steps and its steady runs.
 
-An executor that knows its tokens before it runs (``KnownTokens``: the simulator) hands its engine one
-``FastPath``, the only door through which the core reaches any of this: the scheduler asks it to repeat the
-last step before asking the policy (``replay``), tells it each step it commits (``record``) or rolls back, and
-each request it aborts; the engine asks it for a steady run up to the next arrival it may not take in
-(``advance``, through ``Engine.steady_run``: ``Engine.run`` after each step, a fleet's replica before its next). The
-decode lane (``decode_lane.py``) advances plain decodes together, the step builder and the completion step driving it; a
-steady step is one the scheduler may repeat without the policy (docs/hooks.md "Steady steps"): a decode-lane step
-of every running group, for a policy that declared its order first come, first served (``fcfs``), whose only
-note is the refusal of the waiting queue's head for want of blocks; steady runs (``steady_runs.py``) advance
-such a step many times at once. Results are the same with every part of it off.
+An executor that knows its tokens before it runs (``KnownTokens``: the simulator) hands its engine one ``FastPath``,
+the only door through which the core reaches any of this: the scheduler asks it to repeat the last step before
+asking the policy (``replay``), tells it each step it commits (``record``) or rolls back, and each group it changes
+on its own (``touch``: an abort, a preemption, a step's operation on it); the engine asks it for a steady run up to
+the next arrival it may not take in (``advance``, through ``Engine.steady_run``: ``Engine.run`` after each step, a
+fleet's replica before its next). The decode lane (``decode_lane.py``) advances plain decodes together, the step
+builder and the completion step driving it; a steady step is one the scheduler may repeat without the policy
+(docs/hooks.md "Steady steps"): a decode-lane step of every running group, for a policy that declared its order
+first come, first served (``fcfs``), whose only note is the refusal of the waiting queue's head for want of blocks;
+steady runs (``steady_runs.py``) advance such a step many times at once. Results are the same with every part of it
+off. The core's counters stay the core's: the fast path changes them only through its calls (``Scheduler.seqs_ended``,
+``Engine.steps_ran``).
 """
 
 from __future__ import annotations
@@ -118,7 +120,7 @@ class FastPath:
             if not completion.stop_if_done(seq, seq.output[-1]):  # the executor's first_stop and tokens_at disagree
                 raise RuntimeError(f"the decode lane ended {seq!r}, but its tokens do not stop it")
             end_group(seq.group, now, finished)
-            self.scheduler.num_running_seqs -= 1
+            self.scheduler.seqs_ended(1)
         return bool(ended)
 
     def record(self, step: StepState, waiting: list[SequenceGroup]) -> None:
@@ -130,10 +132,12 @@ class FastPath:
         """The step failed: the lane as before it."""
         self.lane.rollback()
 
-    def abort(self, group: SequenceGroup) -> None:
-        """``group`` is aborted: no step is steady any more, and the lane dissolves if ``group`` rides it."""
+    def touch(self, group: SequenceGroup) -> None:
+        """The core changes ``group`` on its own (a step's operation on it, its preemption, its abort): no step is
+        steady any more (none is while a step is built), and the lane dissolves if ``group`` rides it (members change
+        only together; a member is a group's only sequence)."""
         self.steady = None
-        if any(s.lane is not None for s in group.seqs):
+        if group.seqs[0].lane is not None:
             self.lane.dissolve()
 
     def audit(self, running: list[SequenceGroup]) -> list[str]:

@@ -133,7 +133,7 @@ class SteadyRuns:
                 if finished:
                     break
         finally:
-            engine.num_steps += len(durations)
+            engine.steps_ran(len(durations))
         self._coasting = (n, seconds)
         if durations and observe is not None:
             self._report(batch, started, durations, kv, waiting, free, finished, observe)
