@@ -72,8 +72,8 @@ class Preemptions:
     def _preempt(
         self, g: SequenceGroup, mode: PreemptionMode | None, requester: SequenceGroup | None = None, reason=None
     ) -> PreemptionMode:
-        if self.sched.fast_path is not None:  # its decode lane, if it rides one, dissolves
-            self.sched.fast_path.touch(g)
+        if (fast := self.sched.fast_path) is not None:  # its decode lane, if it rides one, dissolves
+            fast.touch(g)
         mode = self._preemption_mode(g, mode)
         requested = requester.request_id if requester is not None else None
         self._note(None, Preempted(Decision.PREEMPTED, g.request_id, mode, requested, reason))

@@ -310,8 +310,8 @@ class StepState(Preemptions, DecisionNotes):
             self.refuse(f"{op}: {quote(g.request_id)} was already {state} in this step")
         if g.status is not expected:
             self.refuse(f"{op}: {quote(g.request_id)} is {g.status.name}, not {expected.name}")
-        if self.sched.fast_path is not None:  # it may change on its own now (the fast path's decode lane dissolves)
-            self.sched.fast_path.touch(g)
+        if (fast := self.sched.fast_path) is not None:  # it may change on its own now (the decode lane dissolves)
+            fast.touch(g)
         return g
 
     def _tokens_arg(self, value, op: str, minimum: int | None = 1) -> int | None:
