@@ -151,7 +151,7 @@ class Scheduler:
         self.running = running
 
     def seqs_ended(self, n: int) -> None:
-        """``n`` running sequences ended outside the completion step's count (the fast path's lane members)."""
+        """``n`` running sequences ended that the completion step did not count (the fast path's): uncounted."""
         self.num_running_seqs -= n
 
     def abort(self, group: SequenceGroup, now: float, status: SequenceStatus = SequenceStatus.FINISHED_ABORTED) -> None:
