@@ -6,14 +6,12 @@ from __future__ import annotations
 import traceback
 from typing import Any
 
-import pluggy
-
 from kvsched.core import hookspecs
 from kvsched.core.defaults import CoreDefaults
 from kvsched.errors import PolicyError, error_text, quote
 from kvsched.plugins.boundary import POLICY_CAUGHT, call_hook, plugin_line
 from kvsched.plugins.discovery import BUILTIN_DISTRIBUTION, load_policy, resolve_plugin
-from kvsched.plugins.hooks import dispatch, invalid_plugin, register
+from kvsched.plugins.hooks import dispatch, invalid_plugin, plugin_manager
 from kvsched.plugins.identity import engine_defaults, policy_attribute
 from kvsched.plugins.options import checked_options, instantiate
 
@@ -34,17 +32,10 @@ class PolicyHooks:
         # chosen by name: an installed policy, as the user knows it
         policy, self.name, self._chosen_by_name = resolve_plugin(policy)
         self.policy = instantiate(policy, checked_options(policy, options, self.name), self.name)
-        self.pm = pluggy.PluginManager(hookspecs.PROJECT)
-        self.pm.add_hookspecs(hookspecs)
-        self.pm.register(CoreDefaults(), name="kvsched-core-defaults")
-        self._observers = [f"{type(o).__name__}-{i}" for i, o in enumerate(observers)]
-        for plugin, name in ((self.policy, self.name), *zip(observers, self._observers)):
-            register(self.pm, plugin, name, self._invalid)
-        try:
-            self.pm.check_pending()
-        except pluggy.PluginValidationError as exc:
-            name = self.name if exc.plugin is self.policy else self._observer_name(exc.plugin)
-            raise self._invalid(exc, exc.plugin, name) from exc
+        named = [(o, f"{type(o).__name__}-{i}") for i, o in enumerate(observers)]
+        self._observers = [name for _, name in named]
+        plugins = [(CoreDefaults(), "kvsched-core-defaults"), (self.policy, self.name), *named]
+        self.pm = plugin_manager(hookspecs.PROJECT, hookspecs, plugins, self._invalid)
         if not self.pm.get_hookcallers(self.policy):
             raise PolicyError(
                 self.name,
@@ -71,11 +62,8 @@ class PolicyHooks:
         self._first_error: PolicyError | None = None
         self._first = lambda: self._first_error  # the hook call's first refusal (call_hook)
 
-    def _observer_name(self, plugin: Any) -> str:
-        return next((n for n in self._observers if self.pm.get_plugin(n) is plugin), type(plugin).__name__)
-
-    def _invalid(self, exc: pluggy.PluginValidationError, plugin: Any, name: str) -> PolicyError:
-        return invalid_plugin(self.pm, exc, plugin, name, HOOKS, self._chosen_by_name)
+    def _invalid(self, pm, exc, plugin: Any, name: str) -> PolicyError:
+        return invalid_plugin(pm, exc, plugin, name, HOOKS, self._chosen_by_name)
 
     def configure(self, config):
         """``config`` with the policy's ``engine_defaults`` (the settings it is meant to run with, such

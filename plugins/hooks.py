@@ -18,17 +18,33 @@ from kvsched.plugins.identity import identity, own_name
 
 def register(pm: pluggy.PluginManager, plugin: Any, name: str, invalid) -> None:
     """Register ``plugin`` as ``name``: pluggy reads its attributes and markers (plugin code) and checks each hook
-    implementation's signature; what fails names the plugin, and pluggy's complaint is ``invalid(complaint, plugin,
-    name)``."""
+    implementation's signature; what fails names the plugin, and pluggy's complaint is ``invalid(pm, complaint,
+    plugin, name)``."""
     try:
         guarded(name, identity(plugin, name)[1], "registering it fails", pm.register, plugin, name=name)
     except PolicyError as exc:
         cause = exc.__cause__
         if isinstance(cause, pluggy.PluginValidationError):
-            raise invalid(cause, plugin, name) from cause
+            raise invalid(pm, cause, plugin, name) from cause
         if isinstance(cause, ValueError) and "already registered" in str(cause):
             raise PolicyError(name, f"invalid plugin: {cause}") from cause
         raise
+
+
+def plugin_manager(project: str, specs: Any, plugins, invalid) -> pluggy.PluginManager:
+    """A pluggy manager of the hooks ``specs`` declares, with ``plugins`` ((plugin, name) pairs, in order: the last
+    is called first) registered as ``register`` does and each implementation checked against its spec: pluggy's
+    complaint about one is ``invalid(pm, complaint, plugin, name)``."""
+    pm = pluggy.PluginManager(project)
+    pm.add_hookspecs(specs)
+    for plugin, name in plugins:
+        register(pm, plugin, name, invalid)
+    try:
+        pm.check_pending()
+    except pluggy.PluginValidationError as exc:  # named as registered (by identity: == would be plugin code)
+        name = next((n for n, p in pm.list_name_plugin() if p is exc.plugin), type(exc.plugin).__name__)
+        raise invalid(pm, exc, exc.plugin, name) from exc
+    return pm
 
 
 def dispatch(caller: pluggy.HookCaller, names: tuple[str, ...], firstresult: bool = True):

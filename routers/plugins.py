@@ -17,8 +17,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-import pluggy
-
 from kvsched.core.decisions import held_problem
 from kvsched.errors import PolicyError, UnknownPolicyError, quote
 from kvsched.plugins.boundary import call_hook, exception_text
@@ -30,7 +28,7 @@ from kvsched.plugins.discovery import (
     load_policy,
     resolve_plugin,
 )
-from kvsched.plugins.hooks import dispatch, register
+from kvsched.plugins.hooks import dispatch, plugin_manager
 from kvsched.plugins.identity import describe, policy_attribute
 from kvsched.plugins.options import checked_options, instantiate
 from kvsched.routers import hookspecs, view
@@ -109,9 +107,7 @@ class RouterHooks:
             router, self.name, _ = resolve_plugin(router, KIND)
             router = self.router = instantiate(router, checked_options(router, options, self.name, KIND), self.name)
             self.description = describe(router)
-            self.pm = pluggy.PluginManager(hookspecs.PROJECT)
-            self.pm.add_hookspecs(hookspecs)
-            self._register(router)
+            self.pm = plugin_manager(hookspecs.PROJECT, hookspecs, [(router, self.name)], self._invalid)
             # A router whose choices depend on nothing but stale reports, its own past choices and fixed
             # attributes may be routed ahead of the replicas (cluster/loop.py); its views refuse fresh reads.
             self.reads_reports_only = policy_attribute(router, "reads_reports_only", False, self.name) is True
@@ -132,16 +128,7 @@ class RouterHooks:
                 "learns of finishes after later choices; drop one of the two",
             )
 
-    def _register(self, router: Any) -> None:
-        """Register it with pluggy, which reads its attributes and markers (plugin code) and checks
-        each hook implementation's signature: what fails names the router."""
-        register(self.pm, router, self.name, self._invalid)
-        try:
-            self.pm.check_pending()
-        except pluggy.PluginValidationError as exc:
-            raise self._invalid(exc) from None
-
-    def _invalid(self, exc: pluggy.PluginValidationError, *_) -> RouterError:
+    def _invalid(self, _, exc, *__) -> RouterError:
         """pluggy's complaint, on one line."""
         return RouterError(self.name, "invalid plugin: " + "; ".join(str(exc).splitlines()))
 
