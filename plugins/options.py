@@ -15,15 +15,29 @@ from kvsched.plugins.identity import identity
 
 
 def constructor_signature(policy: Any, who: str | None = None) -> tuple[dict[str, inspect.Parameter], dict[str, Any]]:
-    """A policy class's constructor parameters and their type hints (none where an annotation does
-    not resolve: the constructor checks what it gets), for checking options before an engine exists."""
+    """A policy class's constructor parameters and their type hints (``_hints``; none where an annotation does not
+    resolve: the constructor checks what it gets), for checking options before an engine exists."""
     name, origin = identity(policy, who)
     params = guarded(name, origin, "reading its constructor's signature fails", inspect.signature, policy).parameters
     try:
-        hints = guarded(name, origin, "", lambda: typing.get_type_hints(policy.__init__))
+        hints = guarded(name, origin, "", _hints, policy)
     except PolicyError:
         hints = {}
     return dict(params), hints
+
+
+def _hints(policy: type) -> dict[str, Any]:
+    """The type hints of a class's constructor and, where it takes ``**kwargs``, of the constructors of its bases it
+    passes them on to (a builtin's ``**v1`` to ``VllmV1``), up to one that takes none: an option is converted once,
+    here, whichever constructor names it."""
+    hints: dict[str, Any] = {}
+    for cls in policy.__mro__[:-1]:  # not object's
+        init = policy.__init__ if cls is policy else vars(cls).get("__init__")
+        if init is not None:
+            hints = {**typing.get_type_hints(init), **hints}
+            if all(p.kind is not p.VAR_KEYWORD for p in inspect.signature(init).parameters.values()):
+                break
+    return hints
 
 
 class OptionError(PolicyError):

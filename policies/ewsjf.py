@@ -36,8 +36,8 @@ class Ewsjf(VllmV1):
         if isinstance(edges, str):
             edges = tuple(int(e) for e in edges.split(",") if e.strip())
         self.edges = tuple(sorted(edges))
-        self.weights = (float(urgency_weight), float(fairness_weight), float(sjf_weight))
-        self.wait_scale_s, self.sjf_tokens = float(wait_scale_s), float(sjf_tokens)
+        self.weights = (urgency_weight, fairness_weight, sjf_weight)
+        self.wait_scale_s, self.sjf_tokens = wait_scale_s, sjf_tokens
         if min(self.weights) < 0 or self.weights[0] <= 0 or self.wait_scale_s <= 0 or self.sjf_tokens <= 0:
             raise ValueError("weights must be >= 0 (urgency_weight > 0), wait_scale_s and sjf_tokens > 0")
         self.last_first: dict[int, float] = {}  # queue -> when it was last offered first

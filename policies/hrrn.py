@@ -18,8 +18,8 @@ class Hrrn(WindowedV1):
 
     def __init__(self, prefill_tokens_per_s: float = 10_000.0, window: int = 128, **v1) -> None:
         super().__init__(window=window, **v1)
-        self.tokens_per_s = float(prefill_tokens_per_s)
-        if self.tokens_per_s <= 0:
+        self.tokens_per_s = prefill_tokens_per_s
+        if prefill_tokens_per_s <= 0:
             raise ValueError(f"prefill_tokens_per_s must be > 0, got {prefill_tokens_per_s}")
 
     def order_waiting(self, step):

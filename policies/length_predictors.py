@@ -45,8 +45,8 @@ class HistoryPredictor:
     """The mean output length of the last ``window`` finished requests, at most the request's cap."""
 
     def __init__(self, window: int = 64) -> None:
-        self.window = int(window)
-        if self.window < 1:
+        self.window = window
+        if window < 1:
             raise ValueError(f"window must be >= 1, got {window}")
         self.recent: deque[int] = deque(maxlen=self.window)
         self.name = f"history(window={self.window})"
@@ -78,10 +78,9 @@ class NoisyOraclePredictor:
     """
 
     def __init__(self, sigma: float = 0.5, seed: int = 0) -> None:
-        self.sigma = float(sigma)  # options from the CLI arrive as strings
-        if self.sigma < 0:
+        self.sigma, self.seed = sigma, seed
+        if sigma < 0:
             raise ValueError(f"sigma must be >= 0, got {sigma}")
-        self.seed = int(seed)
         self.name = f"noisy oracle(sigma={self.sigma:g})"
 
     def predict(self, group: GroupView) -> float:
@@ -94,9 +93,9 @@ class BucketedPredictor:
     """A classifier into length buckets: predicts the upper edge of the bucket the true length falls in."""
 
     def __init__(self, edges: tuple[int, ...] | str = (64, 256, 1024)) -> None:
-        if isinstance(edges, str):  # from the CLI: --policy-opt edges=64,256,1024
-            edges = tuple(int(e) for e in edges.split(",") if e.strip())
-        edges = tuple(sorted(int(e) for e in edges))
+        if isinstance(edges, str):  # as --policy-opt edges=64,256,1024 gives them
+            edges = (int(e) for e in edges.split(",") if e.strip())
+        edges = tuple(sorted(edges))
         if not edges or edges[0] < 1:
             raise ValueError(f"bucket edges must be positive integers, got {edges}")
         self.edges = edges

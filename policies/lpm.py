@@ -18,7 +18,7 @@ class Lpm(ContinuousBatching):
     name = "lpm"
 
     def __init__(self, max_queue: int = 128) -> None:
-        self.max_queue = int(max_queue)
+        self.max_queue = max_queue
 
     def order_waiting(self, step):
         waiting = step.waiting

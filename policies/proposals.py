@@ -41,6 +41,6 @@ class WindowedV1(VllmV1):
 
     def __init__(self, window: int = 128, **v1) -> None:
         super().__init__(**v1)
-        self.window = int(window)
-        if self.window < 1:
+        self.window = window
+        if window < 1:
             raise ValueError(f"window must be >= 1, got {window}")

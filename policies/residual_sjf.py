@@ -19,8 +19,8 @@ class ResidualSjf(WindowedV1):
 
     def __init__(self, max_wait_ms: float = 10_000.0, window: int = 128, **v1) -> None:
         super().__init__(window=window, **v1)
-        self.max_wait_s = float(max_wait_ms) / 1000.0
-        if self.max_wait_s <= 0:
+        self.max_wait_s = max_wait_ms / 1000.0
+        if max_wait_ms <= 0:
             raise ValueError(f"max_wait_ms must be > 0, got {max_wait_ms}")
 
     def order_waiting(self, step):

@@ -26,7 +26,7 @@ class Sarathi:
     chunked_prefill = True  # its budget is a chunk size, not a length limit (experiments/settings.py)
 
     def __init__(self, token_budget: int | None = None) -> None:
-        self.token_budget = None if token_budget is None else int(token_budget)
+        self.token_budget = token_budget
         if self.token_budget is not None and self.token_budget < 1:
             raise ValueError(f"token_budget must be >= 1, got {token_budget}")
 

@@ -31,9 +31,9 @@ class SessionAffinity(VllmV1):
         **v1,
     ) -> None:
         super().__init__(**v1)
-        self.window, self.min_cached_blocks = int(window), int(min_cached_blocks)
-        self.max_head_wait_s, self.session_ttl_s = float(max_head_wait_s), float(session_ttl_s)
-        if self.window < 1 or self.min_cached_blocks < 1 or self.max_head_wait_s < 0 or self.session_ttl_s <= 0:
+        self.window, self.min_cached_blocks = window, min_cached_blocks
+        self.max_head_wait_s, self.session_ttl_s = max_head_wait_s, session_ttl_s
+        if window < 1 or min_cached_blocks < 1 or max_head_wait_s < 0 or session_ttl_s <= 0:
             raise ValueError("window and min_cached_blocks must be >= 1, max_head_wait_s >= 0, session_ttl_s > 0")
         self.last_finished: dict[str, float] = {}  # session -> when its last request finished
 

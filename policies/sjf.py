@@ -36,8 +36,8 @@ class Sjf(ContinuousBatching):
             options["seed"] = seed
         self.predictor = make_predictor(predictor, **options)
         self.length_predictor = self.predictor.name  # what the run's summary says this policy knew
-        self.starvation_s = float(starvation_s)
-        if self.starvation_s <= 0:
+        self.starvation_s = starvation_s
+        if starvation_s <= 0:
             raise ValueError(f"starvation_s must be > 0, got {starvation_s}")
 
     def remaining(self, group) -> float:

@@ -27,9 +27,9 @@ class SjfAging(WindowedV1):
         **v1,
     ) -> None:
         super().__init__(window=window, **v1)
-        self.length_median, self.time_median = float(length_median), float(time_median)
-        self.length_weight, self.time_weight = float(length_weight), float(time_weight)
-        if min(self.length_median, self.time_median, self.time_weight) <= 0 or self.length_weight < 0:
+        self.length_median, self.time_median = length_median, time_median
+        self.length_weight, self.time_weight = length_weight, time_weight
+        if min(length_median, time_median, time_weight) <= 0 or length_weight < 0:
             raise ValueError("length_median, time_median and time_weight must be > 0, length_weight >= 0")
 
     def score(self, step, group) -> float:

@@ -24,7 +24,7 @@ class SlaTiers(VllmV1):
 
     def __init__(self, max_interactive_batch_tokens: int = 0, **v1) -> None:
         super().__init__(**v1)
-        self.cap = int(max_interactive_batch_tokens)
+        self.cap = max_interactive_batch_tokens
         if self.cap < 0:
             raise ValueError(f"max_interactive_batch_tokens must be >= 0, got {max_interactive_batch_tokens}")
 

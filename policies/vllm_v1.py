@@ -65,10 +65,10 @@ class VllmV1:
         if policy not in POLICIES:
             raise ValueError(f"policy must be one of {', '.join(POLICIES)}, got {policy!r}")
         self.priority = policy == "priority"
-        self.long_prefill_token_threshold = int(long_prefill_token_threshold)
-        if self.long_prefill_token_threshold < 0:
+        self.long_prefill_token_threshold = long_prefill_token_threshold
+        if long_prefill_token_threshold < 0:
             raise ValueError(f"long_prefill_token_threshold must be >= 0, got {long_prefill_token_threshold}")
-        self.vllm_release = str(vllm_release)
+        self.vllm_release = vllm_release
         release = release_key(vllm_release)
         # vLLM 0.30 cuts a long prefill to the threshold even when it is the only request; 0.31 only among others
         self.threshold_alone = release < (0, 31)
@@ -79,9 +79,9 @@ class VllmV1:
         self.past_self_preemption = release >= (0, 33) and self.priority
         # vLLM 0.34: no threshold cut without chunked prefill (a prompt runs whole or waits)
         self.threshold_needs_chunking = release >= (0, 34)
-        self.cache_aware_window = int(cache_aware_admission_window)
-        self.cache_aware_threshold = float(cache_aware_admission_threshold)
-        if self.cache_aware_window < 0 or not 0.0 <= self.cache_aware_threshold <= 1.0:
+        self.cache_aware_window = cache_aware_admission_window
+        self.cache_aware_threshold = cache_aware_admission_threshold
+        if cache_aware_admission_window < 0 or not 0.0 <= cache_aware_admission_threshold <= 1.0:
             raise ValueError(
                 "cache_aware_admission_window must be >= 0 and cache_aware_admission_threshold within "
                 f"0..1, got {cache_aware_admission_window} and {cache_aware_admission_threshold}"

@@ -25,8 +25,7 @@ class Vtc:
     claims = frozenset({"starvation-free"})
 
     def __init__(self, input_weight: float = 1.0, output_weight: float = 2.0) -> None:
-        self.input_weight = float(input_weight)
-        self.output_weight = float(output_weight)
+        self.input_weight, self.output_weight = input_weight, output_weight
         if self.input_weight < 0 or self.output_weight < 0:
             raise ValueError("token weights must be >= 0")
         self.counters: dict[str, float] = defaultdict(float)

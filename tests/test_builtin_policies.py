@@ -177,7 +177,7 @@ def test_sjf_accepts_a_predictor_object_and_cli_strings_and_names_it():
         Sjf(predictor=Reverse()).predictor.__class__ is Reverse
         and Sjf(predictor=Reverse()).length_predictor == "reverse"
     )
-    assert isinstance(Sjf(predictor="noisy", sigma="0.3").predictor, NoisyOraclePredictor)
+    assert isinstance(Sjf(predictor="noisy", sigma=0.3).predictor, NoisyOraclePredictor)
     assert Sjf().length_predictor == "history(window=64)"  # the oracle is never the default
     with pytest.raises(TypeError, match="needs a name"):
         Sjf(predictor=type("Nameless", (), {"predict": lambda self, g: 1.0})())

@@ -284,6 +284,27 @@ def test_policy_options_checked_against_a_constructor_whose_signature_raises_nam
         policy_options("raising-signature", ["budget=1"])
 
 
+def test_options_a_constructor_passes_on_to_its_base_are_converted_once_by_the_base_annotations():
+    from kvsched.cli.common import policy_options
+    from kvsched.policies.ewsjf import Ewsjf
+    from kvsched.policies.hrrn import Hrrn
+
+    # ewsjf takes **v1 and passes it to VllmV1; hrrn passes it through WindowedV1 to VllmV1
+    hooks = PolicyHooks("ewsjf", {"long_prefill_token_threshold": "8", "cache_aware_admission_threshold": "1"})
+    assert (hooks.policy.long_prefill_token_threshold, hooks.policy.cache_aware_threshold) == (8, 1.0)
+    assert type(hooks.policy.cache_aware_threshold) is float
+    assert PolicyHooks("hrrn", {"window": "4", "prefill_tokens_per_s": "5"}).policy.tokens_per_s == 5.0
+    with pytest.raises(ValueError, match=r"^--policy-opt long_prefill_token_threshold=x: .*valid integer.* is int\)$"):
+        policy_options("ewsjf", ["long_prefill_token_threshold=x"])
+    # built in Python, the constructors still check the ranges the loader does not
+    with pytest.raises(ValueError, match="long_prefill_token_threshold must be >= 0"):
+        Ewsjf(long_prefill_token_threshold=-1)
+    with pytest.raises(ValueError, match="prefill_tokens_per_s must be > 0"):
+        Hrrn(prefill_tokens_per_s=0)
+    with pytest.raises(PolicyError, match=r"bad options .*window must be >= 1, got 0"):
+        PolicyHooks("hrrn", {"window": "0"})
+
+
 class WrongSignature(VllmDefault):
     """Inherits vllm-default's name; its own select_batch takes an argument no hook passes."""
 
