@@ -209,7 +209,8 @@ def parse_pairs(pairs: list[str] | None, what: str) -> dict[str, Any]:
 def policy_options(spec: str, pairs: list[str] | dict[str, str] | None, prefix: str = "") -> dict[str, Any]:
     """``KEY=VALUE`` options for the policy ``spec`` (loaded: an unknown policy fails here), each
     checked against its constructor: an option it does not take, or a value its annotation refuses,
-    is named (as ``--policy-opt PREFIX KEY=VALUE``; compare's prefix is ``POLICY.``)."""
+    is named (as ``--policy-opt PREFIX KEY=VALUE``; compare's prefix is ``POLICY.``) before any work starts. They are
+    returned as given, since they label runs and results: the engine converts them when it builds the policy."""
     import inspect
 
     from kvsched.plugins.discovery import load_policy, policy_name
@@ -219,9 +220,9 @@ def policy_options(spec: str, pairs: list[str] | dict[str, str] | None, prefix: 
     name = policy_name(spec, policy)
     options = pairs if isinstance(pairs, dict) else parse_pairs(pairs, "--policy-opt")
     if not options or not inspect.isclass(policy):
-        return options  # a policy that is not a class takes no options: instantiate says so
+        return options  # a policy that is not a class takes no options: the engine's check says so
     try:
-        checked_options(policy, options, name)  # the policy gets the strings: its constructor converts them
+        checked_options(policy, options, name)
     except OptionError as exc:
         given = f"--policy-opt {prefix}{exc.key}={exc.value}"
         if exc.hint is None:
