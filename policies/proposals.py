@@ -37,7 +37,8 @@ def windowed(waiting, window: int, key):
 
 class WindowedV1(VllmV1):
     """``vllm-v1`` that reorders only the first ``window`` waiting requests (``windowed``): the bound on what a
-    step costs and on how far a rule can reach into the queue, as each proposal's ``order_waiting`` uses it."""
+    step costs and on how far a rule can reach into the queue, as each proposal's ``order_waiting`` uses it. The
+    builtins' internal base, not an API: a policy of one's own subclasses ``VllmV1`` (docs/writing-a-policy.md)."""
 
     def __init__(self, window: int = 128, **v1) -> None:
         super().__init__(**v1)
