@@ -1,6 +1,6 @@
-"""A plugin's hooks on pluggy, for policies and routers alike: its registration, each hook as a plain call of its
-implementations (``dispatch``), and pluggy's complaint about an implementation as one line naming the function and
-its line."""
+"""A plugin's hooks on pluggy, for policies and routers alike: their plugin manager (``plugin_manager``), each hook
+as a plain call of its implementations (``dispatch``), and pluggy's complaint about an implementation as one line
+naming the function and its line."""
 
 from __future__ import annotations
 
@@ -16,29 +16,22 @@ from kvsched.plugins.boundary import guarded
 from kvsched.plugins.identity import identity, own_name
 
 
-def register(pm: pluggy.PluginManager, plugin: Any, name: str, invalid) -> None:
-    """Register ``plugin`` as ``name``: pluggy reads its attributes and markers (plugin code) and checks each hook
-    implementation's signature; what fails names the plugin, and pluggy's complaint is ``invalid(pm, complaint,
-    plugin, name)``."""
-    try:
-        guarded(name, identity(plugin, name)[1], "registering it fails", pm.register, plugin, name=name)
-    except PolicyError as exc:
-        cause = exc.__cause__
-        if isinstance(cause, pluggy.PluginValidationError):
-            raise invalid(pm, cause, plugin, name) from cause
-        if isinstance(cause, ValueError) and "already registered" in str(cause):
-            raise PolicyError(name, f"invalid plugin: {cause}") from cause
-        raise
-
-
 def plugin_manager(project: str, specs: Any, plugins, invalid) -> pluggy.PluginManager:
-    """A pluggy manager of the hooks ``specs`` declares, with ``plugins`` ((plugin, name) pairs, in order: the last
-    is called first) registered as ``register`` does and each implementation checked against its spec: pluggy's
-    complaint about one is ``invalid(pm, complaint, plugin, name)``."""
+    """A pluggy manager of the hooks ``specs`` declares, with ``plugins`` ((plugin, name) pairs; the last is called
+    first) registered: pluggy reads their attributes and markers (plugin code) and checks each hook implementation
+    against its spec; what fails names the plugin; pluggy's complaint is ``invalid(pm, complaint, plugin, name)``."""
     pm = pluggy.PluginManager(project)
     pm.add_hookspecs(specs)
     for plugin, name in plugins:
-        register(pm, plugin, name, invalid)
+        try:
+            guarded(name, identity(plugin, name)[1], "registering it fails", pm.register, plugin, name=name)
+        except PolicyError as exc:
+            cause = exc.__cause__
+            if isinstance(cause, pluggy.PluginValidationError):
+                raise invalid(pm, cause, plugin, name) from cause
+            if isinstance(cause, ValueError) and "already registered" in str(cause):
+                raise PolicyError(name, f"invalid plugin: {cause}") from cause
+            raise
     try:
         pm.check_pending()
     except pluggy.PluginValidationError as exc:  # named as registered (by identity: == would be plugin code)
