@@ -155,7 +155,9 @@ def test_the_core_is_small_and_light():
     # often (a queue count, an alias, a bound method, _record's defaults), FanOut given its engine, not four of its
     # parts, V1's admit reading its group once (a dead view there is refused by name now), one base (Window) for four
     # views' slot and __init__, and docstrings that said the same in fewer lines, to 2,716. What remains is the rules.
-    assert lines <= 2716, f"core/ has {lines} non-blank lines (about 2,000 was the aim, 2,716 is the limit)"
+    # One pluggy set-up for policies and routers (plugins/hooks.py's plugin_manager) took 10 from core/plugins.py; the
+    # fast path's counters and lane dissolve behind its door (FastPath.touch) and Mechanics fields cost none: 2,706.
+    assert lines <= 2706, f"core/ has {lines} non-blank lines (about 2,000 was the aim, 2,706 is the limit)"
 
 
 def test_no_module_is_over_400_lines():
