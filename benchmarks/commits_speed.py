@@ -63,6 +63,21 @@ def build_extensions(short: str, folder: Path) -> bool:
     return True
 
 
+def code_folders(codes: list[str], into: Path, build: bool) -> dict[str, Path]:
+    """Each code by its label: a folder holding ``kvsched`` as given, or a commit unpacked under ``into`` (its C
+    extensions built if ``build``); the folder to put first on ``PYTHONPATH``."""
+    folders = {}
+    for code in codes:
+        if (Path(code) / "kvsched").is_dir():
+            folders[code] = Path(code)
+        else:
+            short, folder = unpack(code, into)
+            if build:
+                build_extensions(short, folder)
+            folders[f"{code} ({short})" if code != short else code] = folder.parent
+    return folders
+
+
 def one_round(folder: Path, command: list[str], key: str, script_here: bool = False) -> float:
     """The benchmark run once on the code in ``folder`` (its own script, or this checkout's if ``script_here``): the
     ``key`` of the JSON object on its last line."""

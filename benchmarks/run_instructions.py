@@ -21,7 +21,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from commits_speed import build_extensions, unpack  # noqa: E402
+from commits_speed import code_folders  # noqa: E402
 
 
 def inner(n: int) -> None:
@@ -65,14 +65,7 @@ def main(argv: list[str]) -> None:
     parser.add_argument("-n", type=int, default=300, help="requests of the replay (19,366 in all)")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="kvsched-run-instructions-") as tmp:
-        folders = {}
-        for code in args.codes:
-            if (Path(code) / "kvsched").is_dir():
-                folders[code] = Path(code)
-            else:
-                short, folder = unpack(code, Path(tmp))
-                build_extensions(short, folder)
-                folders[f"{code} ({short})" if code != short else code] = folder.parent
+        folders = code_folders(args.codes, Path(tmp), build=True)
         print(f"| code ({args.n} requests) | steps | instructions of Engine.run | per step | ratio |")
         print("|---|---:|---:|---:|---:|")
         base = None

@@ -22,7 +22,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from commits_speed import unpack  # noqa: E402
+from commits_speed import code_folders  # noqa: E402
 
 
 def inner(n: int, steps: int) -> None:
@@ -67,13 +67,7 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--long", type=int, default=120)
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="kvsched-instructions-") as tmp:
-        folders = {}
-        for code in args.codes:
-            if (Path(code) / "kvsched").is_dir():
-                folders[code] = Path(code)
-            else:
-                short, folder = unpack(code, Path(tmp))
-                folders[f"{code} ({short})" if code != short else code] = folder.parent
+        folders = code_folders(args.codes, Path(tmp), build=False)
         print("| code | " + " | ".join(f"{n} running: instructions a step" for n in args.n) + " |")
         print("|---|" + "---:|" * len(args.n))
         base = None

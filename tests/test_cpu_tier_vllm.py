@@ -294,18 +294,22 @@ def run_both(
     raise AssertionError("not finished after 400 steps")
 
 
+# 10 blocks of 4 tokens and the null block, two requests at once: a prefix cached on the GPU is soon evicted.
+SMALL = dict(
+    block_size=4,
+    num_gpu_blocks=11,
+    max_num_batched_tokens=16,
+    max_num_seqs=2,
+    max_model_len=40,
+    enable_prefix_caching=True,
+)
+
+
 @settings(deadline=None)
 @given(offloading_scenarios())
 @example(  # r4 loads one block and computes at once, taking the GPU blocks r0's prefix was cached in; vLLM waits
     (
-        dict(
-            block_size=4,
-            num_gpu_blocks=11,
-            max_num_batched_tokens=16,
-            max_num_seqs=2,
-            max_model_len=40,
-            enable_prefix_caching=True,
-        ),
+        SMALL,
         9,
         "lru",
         [
@@ -325,14 +329,7 @@ def test_the_cpu_tier_stores_what_vllm_0_34s_offloading_connector_stores_step_by
 def test_a_prefix_evicted_from_the_gpu_is_loaded_from_the_cpu_as_vllm_0_34_loads_it():
     """A's 13 tokens are stored (3 full blocks), B's 36 evict two of A's cached GPU blocks, C (A's first 12 tokens and
     2 more) finds the first block in the GPU and the other two on the CPU: both load those 2 in the same step."""
-    config = dict(
-        block_size=4,
-        num_gpu_blocks=11,
-        max_num_batched_tokens=16,
-        max_num_seqs=2,
-        max_model_len=40,
-        enable_prefix_caching=True,
-    )
+    config = SMALL
     a = list(range(100, 113))
     requests = [
         dict(rid="A", prompt=a, max_tokens=2, step=0),
