@@ -307,11 +307,11 @@ class Engine:
         arrival order (a stream of millions); ``on_step.on_steps``: told steady runs whole; ``max_steps``: a cap."""
         self._refuse_in_hook("run")
         integer = isinstance(max_steps, int) and not isinstance(max_steps, bool)  # an IntEnum counts, a bool does not
-        if max_steps is not None and not (integer and int(max_steps) >= 1):
+        clock, left = self.clock, math.inf if max_steps is None else int(max_steps) if integer else 0  # read once
+        if left < 1:
             wrong = ValueError if integer else TypeError
             raise wrong(f"max_steps must be a positive int or None, got {type(max_steps).__name__} {quote(max_steps)}")
         arrivals = Arrivals(self, arriving(requests) if in_order else sorted(requests, key=lambda r: r.arrival_time))
-        clock, left = self.clock, math.inf if max_steps is None else int(max_steps)
         runs = self.fast_path is not None and (on_step is None or hasattr(on_step, "on_steps"))  # else: each step
         observe = getattr(on_step, "on_steps", None)
         # What exists as the run starts is frozen out of the collector's passes, as vLLM freezes its heap once started.

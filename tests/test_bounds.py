@@ -284,6 +284,22 @@ def test_max_steps_may_be_an_int_subclass():
     assert engine.num_steps == 3
 
 
+class Shifty(int):
+    """An int whose ``int()`` answers 5 the first time and -1 after: read twice, the check and the budget differ."""
+
+    reads = 0
+
+    def __int__(self):
+        Shifty.reads += 1
+        return 5 if Shifty.reads == 1 else -1
+
+
+def test_max_steps_is_read_once():
+    engine = Engine(SMALL, "vllm-default", SimulatedExecutor())
+    engine.run(REQUESTS, max_steps=Shifty(7))
+    assert engine.num_steps == 5
+
+
 # ---------------------------------------------------------------------------------------- the CLI's counts
 def test_compare_refuses_a_trillion_seeds_at_once():
     start = time.perf_counter()
