@@ -34,7 +34,12 @@ def _hints(policy: type) -> dict[str, Any]:
     for cls in policy.__mro__[:-1]:  # not object's
         init = policy.__init__ if cls is policy else vars(cls).get("__init__")
         if init is not None:
-            hints = {**typing.get_type_hints(init), **hints}
+            try:
+                hints = {**typing.get_type_hints(init), **hints}
+            except Exception:  # a base's annotations that do not resolve: its own constructor checks what it gets
+                if cls is policy:
+                    raise
+                break
             if all(p.kind is not p.VAR_KEYWORD for p in inspect.signature(init).parameters.values()):
                 break
     return hints

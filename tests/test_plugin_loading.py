@@ -305,6 +305,25 @@ def test_options_a_constructor_passes_on_to_its_base_are_converted_once_by_the_b
         PolicyHooks("hrrn", {"window": "0"})
 
 
+class _BaseWithAnUnresolvableHint:
+    def __init__(self, depth: NoSuchType = 1) -> None:  # noqa: F821  (never resolves)
+        self.depth = depth
+
+
+class PassesOnToAnUnresolvableBase(_BaseWithAnUnresolvableHint):
+    def __init__(self, rate: float = 1.0, **rest) -> None:
+        super().__init__(**rest)
+        self.rate = rate
+
+
+def test_a_base_whose_hints_do_not_resolve_leaves_the_constructors_own_hints():
+    """The base's annotation is its own to check; the plugin's own ``rate: float`` is still converted (before, one
+    unresolvable hint up the chain dropped every hint, and ``rate`` arrived as the string ``"0.5"``)."""
+    from kvsched.plugins.options import constructor_signature
+
+    assert constructor_signature(PassesOnToAnUnresolvableBase, "passes-on")[1]["rate"] is float
+
+
 class WrongSignature(VllmDefault):
     """Inherits vllm-default's name; its own select_batch takes an argument no hook passes."""
 
