@@ -1,7 +1,5 @@
-"""The completion step: a step ran, and its outputs are applied to the scheduler's groups (computed tokens
-counted, samples appended, forks made, stops and length caps ending sequences and freeing their blocks).
-``Completion`` applies them as they come; the mechanics may choose another strategy (``core/async_lag.py``).
-"""
+"""The completion step: a step ran; count its computed tokens, append its samples, fork, and end the sequences that
+stopped or reached their cap. The mechanics may choose another strategy (``core/async_lag.py``)."""
 
 from __future__ import annotations
 
@@ -19,7 +17,7 @@ if TYPE_CHECKING:
 class Completion:
     """Applies each step's outputs as they come (a sync engine)."""
 
-    timed = False  # the step's time is the executor's alone (a strategy that adds the scheduler's says True)
+    timed = False  # True: the step's time includes the scheduler's (``charge`` and ``ran``)
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
@@ -28,18 +26,18 @@ class Completion:
         self.caching = engine.config.enable_prefix_caching and engine.mechanics.names_as_applied
 
     def seen_at(self, now: float) -> float:
-        """When the next step's scheduler sees the requests arriving by ``now`` (at once)."""
+        """When the next step's scheduler sees the requests arriving by ``now``."""
         return now
 
     def apply(self, output: SchedulerOutput, tokens: dict[int, list[int]], now: float) -> list[SequenceGroup]:
-        """Apply the step's computed and sampled ``tokens`` (by sequence id) at ``now``: the groups that ended."""
+        """Apply the step's sampled ``tokens`` (by sequence id) at ``now``: the groups that ended."""
         sched, bm, caching, append = self.sched, self.bm, self.caching, self.append
         finished = list(output.ignored)
         any_finished = sched.fast_path.apply(self, now, finished) if output.lane_decodes else False
         for sg in islice(output.scheduled, output.lane_decodes, None):
             group = sg.group
             seqs = group.seqs
-            single = group.n == 1  # then the step reserved one running sequence for the group
+            single = group.n == 1  # then the step reserved one running sequence for it
             reserved = 1 if single else group.max_running_seqs
             if single and len(seqs) == 1:  # the common case, compute() inlined: no fork, no chunk list
                 seq = seqs[0]
@@ -63,7 +61,6 @@ class Completion:
         return finished
 
     def compute(self, seq: Sequence, n: int, tokens: dict[int, list[int]], now: float) -> None:
-        """The step computed ``n`` more tokens of ``seq``; once none is left, it takes its sampled token(s)."""
         computed = seq.num_computed_tokens = seq.num_computed_tokens + n
         if self.caching:
             self.bm.mark_computed(seq)
@@ -71,14 +68,20 @@ class Completion:
             return  # a prefill chunk: nothing sampled yet
         sampled = tokens[seq.seq_id]
         if len(sampled) > 1:  # the prompt step of n > 1: one child per extra sample
+            group = seq.group
             for token in sampled[1:]:
-                self.append(self.fork(seq), token, now)
+                child = Sequence(self.engine.new_seq_id(), group, seq.prompt, list(seq.output))
+                child.status = seq.status
+                child.num_computed_tokens = seq.num_computed_tokens
+                self.bm.fork(seq, child)
+                group.seqs.append(child)
+                group.num_unfinished_seqs += 1
+                self.append(child, token, now)
         self.append(seq, sampled[0], now)
 
     def verify(self, seq: Sequence, scheduled: int, sampled: list[int], now: float) -> None:
-        """The step ran ``seq``'s last token and ``scheduled - 1`` drafts and sampled the accepted drafts
-        plus one token: the rejected drafts are rolled back (V1's ``num_computed_tokens -= num_rejected``),
-        the tokens appended until one stops the sequence (an executor that samples one rejects them all)."""
+        """``seq`` ran ``scheduled - 1`` drafts and sampled the accepted ones plus one: roll the rejected back (V1's
+        ``num_computed_tokens -= num_rejected``) and append the tokens until one stops it."""
         accepted = len(sampled) - 1
         if not 0 <= accepted < scheduled:
             raise RuntimeError(f"{seq!r} ran {scheduled - 1} draft tokens, the executor sampled {len(sampled)} tokens")
@@ -87,16 +90,6 @@ class Completion:
             self.append(seq, token, now)
             if seq.status > SequenceStatus.SWAPPED:
                 break
-
-    def fork(self, parent: Sequence) -> Sequence:
-        group = parent.group
-        child = Sequence(self.engine.new_seq_id(), group, parent.prompt, list(parent.output))
-        child.status = parent.status
-        child.num_computed_tokens = parent.num_computed_tokens
-        self.bm.fork(parent, child)
-        group.seqs.append(child)
-        group.num_unfinished_seqs += 1
-        return child
 
     def append(self, seq: Sequence, token: int, now: float) -> None:
         group = seq.group
@@ -107,7 +100,7 @@ class Completion:
         self.stop_if_done(seq, token)
 
     def stop_if_done(self, seq: Sequence, token: int) -> bool:
-        """End ``seq`` if ``token`` (its newest) stops it or it reached its length cap; free its blocks."""
+        """End ``seq`` if ``token`` (its newest) stops it or it reached its cap; free its blocks."""
         group = seq.group
         if token in group.stop_tokens:
             status = SequenceStatus.FINISHED_STOPPED
@@ -116,7 +109,7 @@ class Completion:
         else:
             return False
         seq.status = status
-        if self.sched.offloading is not None:  # what it computed of its prompt goes to the CPU tier first
+        if self.sched.offloading is not None:  # its prompt's blocks go to the CPU tier first
             self.sched.offloading.finish(group.request_id, seq)
         self.bm.free(seq)
         group.num_unfinished_seqs -= 1

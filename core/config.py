@@ -30,64 +30,19 @@ class EngineConfig(BaseModel):
     enable_prefix_caching: bool = Field(False, description="reuse full blocks with the same token prefix")
     max_num_batched_tokens: int = Field(2048, ge=1, le=MAX_TOKENS, description="token budget of one step")
     max_num_seqs: int = Field(256, ge=1, le=MAX_TOKENS, description="running sequences at most")
-    max_model_len: int | None = Field(
-        None, ge=1, le=MAX_TOKENS, description="longest sequence (prompt + output); defaults to max_num_batched_tokens"
-    )
+    max_model_len: int | None = Field(None, ge=1, le=MAX_TOKENS, description="longest sequence (prompt + output)")
     delay_factor: float = Field(0.0, ge=0.0, description="prefill delay gate, in units of the last prompt latency")
-    preemption_mode: PreemptionMode | None = Field(
-        None, description="force swap or recompute for every victim; default: recompute one sequence, swap several"
-    )
+    preemption_mode: PreemptionMode | None = Field(None, description="force swap or recompute for every victim")
     audit_every_step: bool = Field(False, description="check every allocator invariant after each step")
-    vllm_engine: Literal["v0", "v1"] = Field(
-        "v0",
-        description="whose mechanics the core follows: vLLM v0 (0.6: whole prompts allocated at admission, "
-        "worst-case decode check, swap, cap at max_model_len + 1 tokens) or V1 (0.32: blocks as tokens are scheduled, "
-        "exact growth, recompute only, cap at max_model_len); docs/vllm-v1.md",
-    )
-    decode_lane: bool = Field(
-        True,
-        description="advance plain decodes together when the executor knows its tokens (the simulator); "
-        "same results either way",
-    )
-    enable_chunked_prefill: bool = Field(
-        True,
-        description="vLLM V1's knob, read by vllm-v1: off, a prompt is scheduled whole or waits (head of line), "
-        "and under v1 mechanics max_num_batched_tokens must hold max_model_len (docs/vllm-v1.md)",
-    )
-    async_scheduling: bool = Field(
-        False,
-        description="model vLLM's AsyncScheduler: step N+1 scheduled while step N runs, its scheduler time hidden, "
-        "step N's stops and arrivals seen one step late (core/async_lag.py; docs/simulation.md)",
-    )
-    scheduler_ms: float | None = Field(
-        None,
-        ge=0,
-        le=3.6e6,
-        description="the scheduler's CPU time per step, added to a sync step, hidden in an async one; "
-        "unset: vLLM V1's 0.16 ms with async_scheduling, else 0 (the cost profile's time alone)",
-    )
-    scheduler_request_ms: float | None = Field(
-        None,
-        ge=0,
-        le=3.6e6,
-        description="the scheduler's CPU time per request a step runs, beside scheduler_ms; "
-        "unset: vLLM V1's 0.0266 ms with async_scheduling, else 0",
-    )
-    num_speculative_tokens: int = Field(
-        0,
-        ge=0,
-        le=64,
-        description="V1 speculative decoding at the scheduler level: draft tokens a decoding request is scheduled "
-        "with, verified in the step, the rejected ones rolled back (under v1 mechanics; v0 ignores it; "
-        "docs/vllm-v1.md)",
-    )
-    kv_offloading_blocks: int = Field(
-        0,
-        ge=0,
-        le=MAX_BLOCKS,
-        description="vLLM's native KV offloading: a CPU tier of this many blocks behind the GPU "
-        "prefix cache (v1 mechanics, prefix caching; 0: none; docs/simulation.md)",
-    )
+    vllm_engine: Literal["v0", "v1"] = Field("v0", description="whose mechanics the core follows (docs/vllm-v1.md)")
+    decode_lane: bool = Field(True, description="the simulator advances plain decodes together (same results)")
+    enable_chunked_prefill: bool = Field(True, description="V1's knob, read by vllm-v1: off, a prompt runs whole")
+    async_scheduling: bool = Field(False, description="vLLM's AsyncScheduler: outputs seen a step late (async_lag.py)")
+    # The scheduler's CPU time per step, and per request it runs. Unset: V1's with async_scheduling, else 0.
+    scheduler_ms: float | None = Field(None, ge=0, le=3.6e6, description="scheduler time per step")
+    scheduler_request_ms: float | None = Field(None, ge=0, le=3.6e6, description="scheduler time per request run")
+    num_speculative_tokens: int = Field(0, ge=0, le=64, description="V1's draft tokens per decode (v0 ignores it)")
+    kv_offloading_blocks: int = Field(0, ge=0, le=MAX_BLOCKS, description="a CPU tier behind V1's prefix cache")
     kv_offloading_policy: Literal["lru", "arc"] = Field("lru", description="how the CPU tier evicts: vLLM's lru or arc")
     offload_prompt_only: bool = Field(True, description="the CPU tier stores prompt blocks only (vLLM's default)")
 

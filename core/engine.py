@@ -11,7 +11,7 @@ from typing import Any
 from kvsched.core.config import EngineConfig
 from kvsched.core.executor import Clock, Executor, KnownTokens, StepResult
 from kvsched.core.fanout import FanOut
-from kvsched.core.mechanics import Mechanics, mechanics_of
+from kvsched.core.mechanics import MECHANICS, Mechanics
 from kvsched.core.outputs import SchedulerOutput
 from kvsched.core.plugins import PolicyHooks
 from kvsched.core.report import StepReport
@@ -21,18 +21,14 @@ from kvsched.core.sequence import SequenceGroup, SequenceStatus
 from kvsched.core.view import CacheView, GroupMap, OutputView, QueueView, let_go
 from kvsched.errors import AuditError, StallError, quote
 
-# A stall: this many steps in a row ran nothing, over this much engine time (a policy may wait, not forever).
+# A policy may wait, not forever: this many steps in a row that ran nothing, over this much time, is a stall.
 STALL_STEPS, STALL_SECONDS = 1_000, 10.0
 
 
 class Engine:
-    """``add_request``, ``abort``, ``step`` and ``run``, over a scheduler and an executor.
-
-    ``policy`` is an installed policy's name or a policy object; ``executor`` runs the steps (``SimulatedExecutor``
-    for simulation); ``mechanics`` default to those ``config.vllm_engine`` names (``core/mechanics.py``). A caller
-    that drives time itself gives a ``clock`` (``now()``, ``advance(seconds)``, ``wait_until(t)``), else the
-    executor's is used. ``retain_finished=False`` leaves finished groups to ``on_step``.
-    """
+    """``add_request``, ``abort``, ``step`` and ``run``, over a scheduler and an executor. ``policy``: a name or a
+    policy object; ``clock``: the executor's unless given; ``retain_finished=False`` leaves finished groups to
+    ``on_step``."""
 
     def __init__(
         self,
@@ -50,14 +46,14 @@ class Engine:
             raise TypeError(f"config must be an EngineConfig, got {type(config).__name__}")
         self.hooks = PolicyHooks(policy, policy_options, observers)
         self.config = config = self.hooks.configure(config)
-        self.mechanics = mechanics = mechanics or mechanics_of(config)
+        self.mechanics = mechanics = mechanics or MECHANICS[config.vllm_engine]
         if mechanics.vllm_engine != config.vllm_engine:
             raise ValueError(f"mechanics {mechanics.name!r} are not the config's vllm_engine {config.vllm_engine!r}")
         self.max_seq_len = config.model_len + mechanics.past_model_len  # the most tokens a sequence holds
         self.scheduler = sched = Scheduler(config, self.hooks, mechanics)
         self.executor = executor
         attach = getattr(executor, "attach", None)
-        if attach is not None:  # an executor that reads block tables, or the block size, of this engine
+        if attach is not None:  # an executor that reads this engine's block tables
             attach(sched.block_manager)
         self.clock = clock if clock is not None else executor.make_clock()
         self._groups: dict[str, SequenceGroup] = {}  # the engine's own; ``groups`` shows them as views
@@ -70,10 +66,8 @@ class Engine:
         self.num_blocks_swapped_out = 0
         self._next_seq_id = 0
         self.completion = mechanics.completion(self)
-        # The simulator's fast path (decode lane, steady steps and runs), when the executor knows its tokens.
         self.fast_path = executor.fast_path(self) if isinstance(executor, KnownTokens) else None
         sched.fast_path = self.fast_path
-        # A request with n > 1 fanned out into n requests (core/fanout.py), or scheduled as one group.
         self.fan_out = FanOut(self) if mechanics.fans_out else None
         self._idle_steps = 0
         self._idle_since = 0.0
@@ -85,9 +79,8 @@ class Engine:
     def policy_name(self) -> str:
         return self.hooks.name
 
-    # ----------------------------------------------------------------------------- requests
     def add_request(self, request: Request | dict) -> SequenceGroup:
-        """Queue a request (validated if given as a dict); it waits until the policy admits it."""
+        """Queue a request (validated if given as a dict) until the policy admits it."""
         self._refuse_in_hook("add_request")
         if not isinstance(request, Request):
             request = Request.model_validate(request)
@@ -109,8 +102,7 @@ class Engine:
         return self.finish_request(request_id, SequenceStatus.FINISHED_ABORTED)
 
     def finish_request(self, request_id: str, status: SequenceStatus) -> bool:
-        """End a request with ``status`` (any finished state), as an engine that embeds this one
-        decides it (a stop string, EOS of a model we do not run); False if it already ended."""
+        """``abort`` with another finished ``status``, for an engine embedding this one (a stop string, say)."""
         self._refuse_in_hook("abort")
         if not status.is_finished:
             raise ValueError(f"{status.name} is not a finished state")
@@ -119,9 +111,8 @@ class Engine:
             return False
         members = self.fan_out.members(group) if self.fan_out is not None else [group]
         if (out := self._in_flight) is not None:  # between schedule() and complete(): the step no longer runs it
-            out.scheduled[out.lane_decodes :] = [
-                sg for sg in out.scheduled[out.lane_decodes :] if sg.group not in members
-            ]
+            kept = [sg for sg in out.scheduled[out.lane_decodes :] if sg.group not in members]
+            out.scheduled[out.lane_decodes :] = kept
         for member in members:
             self.scheduler.abort(member, self.clock.now(), status)
         self.retire(self.fan_out.ended(members) if self.fan_out is not None else members)
@@ -132,64 +123,55 @@ class Engine:
         return bool(sched.waiting or sched.running or sched.swapped)
 
     def _refuse_in_hook(self, call: str) -> None:
-        """A hook may read the engine it runs in, never drive it (that would change the step under construction)."""
-        if self.hooks.in_hook is not None:
-            raise self.hooks.refuse(
-                f"engine.{call}() called inside {self.hooks.in_hook}: a hook may not drive its own engine"
-            )
+        hook = self.hooks.in_hook  # a hook may read its engine, not drive it
+        if hook is not None:
+            raise self.hooks.refuse(f"engine.{call}() called inside {hook}: a hook may not drive its own engine")
 
-    # ------------------------------------------------------------------------ what one can read
     @property
     def now(self) -> float:
         return self.clock.now()
 
     @property
     def groups(self) -> GroupMap:
-        """Each request by id (finished too, unless ``retain_finished=False``) as a read-only ``GroupView`` (live)."""
+        """Each request by id (finished too, unless ``retain_finished=False``) as a live read-only ``GroupView``."""
         return GroupMap(self._groups)
 
     @property
     def sequence_groups(self) -> Mapping[str, SequenceGroup]:
-        """The engine's own groups by id, read-only, for what runs it (metrics, harnesses); a policy sees ``groups``."""
+        """The engine's own groups, for what runs it (metrics, harnesses); a policy sees ``groups``."""
         return MappingProxyType(self._groups)
 
     @property
     def waiting(self) -> QueueView:
-        """The waiting queue now, front first, as read-only views (a snapshot: later steps do not change it)."""
+        """The waiting queue now, front first, as read-only views (a snapshot, as are ``running`` and ``swapped``)."""
         return QueueView(list(self.scheduler.waiting))
 
     @property
     def running(self) -> QueueView:
-        """The running queue now, oldest first (a snapshot)."""
         return QueueView(list(self.scheduler.running))
 
     @property
     def swapped(self) -> QueueView:
-        """The swapped queue now, oldest first (a snapshot)."""
         return QueueView(list(self.scheduler.swapped))
 
     @property
     def cache(self) -> CacheView:
-        """Read-only questions to the block manager: free and cached blocks per device, and more."""
         return self.scheduler.cache_view
 
-    # -------------------------------------------------------------------------------- steps
     def step(self) -> StepReport:
-        """Schedule, execute and apply one step; then tell ``on_step`` observers."""
         output = self.schedule()
         return self.complete(output, self.executor.execute(output))
 
     def schedule(self, hooks: PolicyHooks | None = None) -> SchedulerOutput:
-        """The first half of ``step``: the policy (or ``hooks``, another one) builds the step, run elsewhere (vLLM)."""
+        """The first half of ``step``, for a step run elsewhere (vLLM); ``hooks``: another policy's."""
         self._refuse_in_hook("step")
-        let_go(self._reported)  # what the engine let go since its last step: their views show nothing from now on
+        let_go(self._reported)  # their views show nothing from now on
         self.scheduled_at = self.clock.now()
         self._in_flight = self.scheduler.schedule(self.scheduled_at, hooks)
         return self._in_flight
 
-    # ------------------------------------------------------------------- events on a shared clock
     def begin_step(self) -> SchedulerOutput:
-        """Schedule and execute the next step, applied by ``end_step`` at its end (engines sharing one clock)."""
+        """Schedule and execute a step, applied by ``end_step`` at its end (engines sharing one clock)."""
         output = self.schedule()
         self._result = result = self.executor.execute(output)
         if self.completion.timed:  # charged now: the step's end (next_event_time) counts the scheduler's time
@@ -197,17 +179,15 @@ class Engine:
         return output
 
     def next_event_time(self) -> float:
-        """When the step under way ends (``begin_step``; infinity when none is): the engine's next event."""
         return math.inf if self._result is None else self.clock.now() + self._result.duration
 
     def end_step(self) -> StepReport:
-        """Apply the step under way, the clock moving to its end."""
         result, self._result = self._result, None
         return self.complete(self._in_flight, result, charged=True)
 
     def next_step_at(self, arrival: float) -> float:
-        """When the next step starts, ``arrival`` being the next request's (infinity: none): now, or at the arrival
-        after a step that ran nothing; ``StallError`` after ``STALL_STEPS`` and ``STALL_SECONDS`` of those with none."""
+        """When the next step starts: now, or at ``arrival`` (the next request's) after a step that ran nothing;
+        ``StallError`` once it has been idle too long with nothing to come."""
         now, idle = self.clock.now(), self._idle_steps
         if not idle:
             return now
@@ -221,13 +201,13 @@ class Engine:
         return now
 
     def steady_run(self, until: float, join=None, limit=math.inf, observe=None, fence=math.inf, resume=False):
-        """A steady run, the last step's repeats advanced at once (``FastPath.advance``; None with no fast path)."""
+        """The last step's repeats advanced at once (``FastPath.advance``); None without a fast path."""
         if self.hooks.in_hook is not None:  # checked inline: the loop asks after each step
             self._refuse_in_hook("steady_run")
         return None if self.fast_path is None else self.fast_path.advance(until, join, limit, observe, fence, resume)
 
     def take_finished(self) -> list[SequenceGroup]:
-        """The requests that ended since the last call (``retain_finished``), handed over: the engine forgets them."""
+        """The requests that ended since the last call, handed over: the engine forgets them."""
         finished, self.finished = self.finished, []
         for group in finished:
             del self._groups[group.request_id]
@@ -235,13 +215,12 @@ class Engine:
         return finished
 
     def complete(self, output: SchedulerOutput, result: StepResult, charged: bool = False) -> StepReport:
-        """The second half of ``step``: ``output`` ran and took ``result.duration`` (the clock moves by it; with the
-        scheduler's time, unless ``charged`` already), sampling ``result.tokens``; apply them and tell observers."""
+        """The second half of ``step``: ``output`` ran as ``result`` says; apply it and tell observers."""
         sched, completion = self.scheduler, self.completion
         self._in_flight = None
-        if completion.timed and not charged:  # the scheduler's own time in the step's
+        if completion.timed and not charged:
             completion.charge(output, result)
-        features = output.features  # counted by the step builder, before the completion changes the sequences
+        features = output.features  # as of before the completion changes the sequences
         self.clock.advance(result.duration)
         now = self.clock.now()
         finished = completion.apply(output, result.tokens, now)  # the scheduler's groups that ended (V1: children)
@@ -276,24 +255,20 @@ class Engine:
         return report
 
     def retire(self, groups: list[SequenceGroup]) -> None:
-        """``groups`` ended and left the scheduler's queues: kept for ``take_finished``, or let go."""
         if self.retain_finished:
             self.finished += groups
-        else:  # the step's report names them: nothing else keeps them (nor their tokens) after the next step starts
+        else:  # only the step's report keeps them, until the next step
             for group in groups:
                 del self._groups[group.request_id]
             self._reported += groups
 
     def steps_ran(self, n: int) -> None:
-        """``n`` steps ran without ``step`` (a steady run's, ``Engine.steady_run``): ``num_steps`` counts them."""
         self.num_steps += n
 
     def new_seq_id(self) -> int:
-        """A sequence id not given before (the step's forks and fan-outs take theirs here)."""
         self._next_seq_id += 1
         return self._next_seq_id - 1
 
-    # ---------------------------------------------------------------------------------- run
     def run(
         self,
         requests: Iterable[Request] = (),
@@ -302,9 +277,8 @@ class Engine:
         *,
         in_order: bool = False,
     ) -> list[SequenceGroup]:
-        """Feed ``requests`` at their arrival times and step until every request has finished (``StallError`` after
-        ``STALL_STEPS`` idle steps and ``STALL_SECONDS``, none left to arrive); ``in_order``: read as they arrive, in
-        arrival order (a stream of millions); ``on_step.on_steps``: told steady runs whole; ``max_steps``: a cap."""
+        """Feed ``requests`` at their arrival times and step until all finished. ``in_order``: read lazily, already in
+        arrival order (a stream of millions); ``on_step.on_steps``, if defined, is told steady runs whole."""
         self._refuse_in_hook("run")
         integer = isinstance(max_steps, int) and not isinstance(max_steps, bool)  # an IntEnum counts, a bool does not
         clock, left = self.clock, math.inf if max_steps is None else int(max_steps) if integer else 0  # read once
@@ -314,8 +288,7 @@ class Engine:
         arrivals = Arrivals(self, arriving(requests) if in_order else sorted(requests, key=lambda r: r.arrival_time))
         runs = self.fast_path is not None and (on_step is None or hasattr(on_step, "on_steps"))  # else: each step
         observe = getattr(on_step, "on_steps", None)
-        # What exists as the run starts is frozen out of the collector's passes, as vLLM freezes its heap once started.
-        freeze = gc.isenabled() and not gc.get_freeze_count()
+        freeze = gc.isenabled() and not gc.get_freeze_count()  # as vLLM freezes its heap once started
         if freeze:
             gc.freeze()
         try:
@@ -343,19 +316,18 @@ class Engine:
         return self.finished
 
     def check(self) -> None:
-        """Raise ``AuditError`` if any allocator or queue invariant is broken."""
         problems = self.scheduler.audit()
         if problems:
             raise AuditError("; ".join(problems[:5]) + (f" (+{len(problems) - 5} more)" if len(problems) > 5 else ""))
 
     @property
     def leaked_blocks(self) -> int:
-        """Blocks still held although no request is unfinished (0 unless something is wrong)."""
+        """Blocks held with no request unfinished: 0 unless something is wrong."""
         return 0 if self.has_unfinished() else self.scheduler.block_manager.num_held_blocks
 
 
 class Arrivals:
-    """Requests fed to an engine as they arrive (``Engine.run``): ``at`` is the next one's arrival (infinity: none)."""
+    """Requests fed to an engine as they arrive; ``at`` is the next one's arrival (infinity: none)."""
 
     def __init__(self, engine: Engine, requests: Iterable[Request]) -> None:
         self.add, self.requests = engine.add_request, iter(requests)
@@ -363,7 +335,6 @@ class Arrivals:
         self.at = math.inf if self.upcoming is None else self.upcoming.arrival_time
 
     def admit(self, now: float) -> float:
-        """Queue every request that has arrived by ``now``; the next one's arrival."""
         upcoming = self.upcoming
         while upcoming is not None and upcoming.arrival_time <= now:
             self.add(upcoming)
@@ -374,7 +345,7 @@ class Arrivals:
 
 
 def arriving(requests: Iterable[Request]) -> Iterator[Request]:
-    """``requests`` read as they arrive: ``ValueError`` at the first that arrives before the one it follows."""
+    """``requests``, checked to come in arrival order."""
     last = None
     for request in requests:
         if last is not None and request.arrival_time < last.arrival_time:

@@ -1,11 +1,6 @@
-"""``n > 1`` under vLLM V1's mechanics: one request fans out into ``n`` separate requests.
-
-V1's front end (0.32 ``llm_engine.py`` ``add_request``, ``parallel_sampling.ParentRequest``) turns a request with
-``n`` samples into child requests ``"{i}_{request_id}"`` with ``n = 1`` (``seed + i`` when seeded), each scheduled,
-preempted and finished on its own; with prefix caching the later ones find the shared prompt's blocks. The engine
-keeps the parent (what ``engine.groups``, reports and metrics see: one request with ``n`` outputs, as in v0) and
-queues the children; the parent is done when its last child is.
-"""
+"""``n > 1`` under V1's mechanics: as V1's front end does (``parallel_sampling.ParentRequest``), a request fans out
+into ``n`` child requests ``"{i}_{request_id}"`` with ``n = 1``, each scheduled on its own. The engine reports the
+parent (one request with ``n`` outputs, as in v0), done when its last child is."""
 
 from __future__ import annotations
 
@@ -23,16 +18,13 @@ class FanOut:
     __slots__ = ("engine", "parent_of", "children")
 
     def __init__(self, engine: Engine) -> None:
-        self.engine = engine  # whose sequence ids, EOS and length limit the children take, and whose queue
+        self.engine = engine
         self.parent_of: dict[SequenceGroup, SequenceGroup] = {}
         self.children: dict[SequenceGroup, list[SequenceGroup]] = {}
 
     def add(self, parent: SequenceGroup) -> None:
-        """Queue ``parent``'s ``n`` children, in order; the parent's sequences become theirs.
-
-        A child keeps the parent's index, so a prompt given only by length has the same token ids
-        in every child (their shared prefix) and the results keep the parent's place.
-        """
+        """Queue ``parent``'s children (``seed + i`` when seeded); the parent's sequences become theirs. A child keeps
+        the parent's index: a prompt given by length has the same tokens in each, and results keep its place."""
         request, engine = parent.request, self.engine
         params = request.sampling
         eos, max_seq_len = engine.executor.eos_token_id, engine.max_seq_len
@@ -54,7 +46,7 @@ class FanOut:
         return [group] if children is None else [c for c in children if not c.is_finished]
 
     def ended(self, groups: list[SequenceGroup]) -> list[SequenceGroup]:
-        """``groups`` (ended in one step) as the engine reports them: a child by its parent, once the last one ended."""
+        """``groups`` (ended in one step) as reported: a child by its parent, once the last one ended."""
         if not self.parent_of:
             return groups
         reported = []
@@ -70,8 +62,7 @@ class FanOut:
         return reported
 
     def _close(self, parent: SequenceGroup) -> None:
-        """The parent's results from its children's: the earliest start and first token, the last finish,
-        tokens and preemptions summed, the final state as a group's (the highest of its sequences')."""
+        """The parent's results from its children's: the earliest start, the last finish, counts summed."""
         children = self.children.pop(parent)
         started = [c.first_scheduled_time for c in children if c.first_scheduled_time is not None]
         first = [c.first_token_time for c in children if c.first_token_time is not None]

@@ -1,6 +1,5 @@
-"""Whose mechanics the core follows: how a step takes KV blocks, what a request with ``n > 1`` is, how a step
-completes; given to the ``Engine`` (by default those ``EngineConfig.vllm_engine`` names, as a policy's
-``engine_defaults`` set it). The policy and its hooks are the same on every one."""
+"""Whose mechanics the core follows (vLLM v0's or V1's): how a step takes blocks, what ``n > 1`` is, how a step
+completes. A policy and its hooks are the same on every one."""
 
 from __future__ import annotations
 
@@ -51,8 +50,6 @@ class Mechanics:
         )
 
     def completion(self, engine: Engine) -> Completion:
-        """How ``engine``'s steps complete: as they come; with the scheduler's time in their duration if the config
-        gives it; with ``async_scheduling``, vLLM's async scheduler (its time hidden, outputs seen a step late)."""
         config = engine.config
         if config.async_scheduling:
             return AsyncLag(engine)
@@ -64,7 +61,4 @@ class Mechanics:
 V0 = Mechanics("v0", "v0", StepState, lane=True, past_model_len=1, names_as_applied=True)
 V1 = Mechanics("v1", "v1", V1StepState, fans_out=True, null_block=1, keeps_duplicates=True, drafts=True, offloads=True)
 
-
-def mechanics_of(config: EngineConfig) -> Mechanics:
-    """The mechanics ``config.vllm_engine`` names."""
-    return V1 if config.vllm_engine == "v1" else V0
+MECHANICS = {"v0": V0, "v1": V1}  # by EngineConfig.vllm_engine

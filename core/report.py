@@ -25,5 +25,4 @@ class StepReport(NamedTuple):
     num_swapped: int
     cache: CacheView
     features: StepFeatures | None = None  # P, D, K and blocks moved, as of before the step applied
-    # The engine clock as the step was scheduled: requests that arrived by then were in its queues.
-    started: float | None = None
+    started: float | None = None  # engine clock as the step was scheduled (what had arrived was queued)
