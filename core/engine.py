@@ -97,12 +97,9 @@ class Engine:
         self._idle_steps = 0  # new work: a stall is counted afresh
         return group
 
-    def abort(self, request_id: str) -> bool:
-        """End a request wherever it is, freeing every block it holds; False if it already ended."""
-        return self.finish_request(request_id, SequenceStatus.FINISHED_ABORTED)
-
-    def finish_request(self, request_id: str, status: SequenceStatus) -> bool:
-        """``abort`` with another finished ``status``, for an engine embedding this one (a stop string, say)."""
+    def abort(self, request_id: str, status: SequenceStatus = SequenceStatus.FINISHED_ABORTED) -> bool:
+        """End a request wherever it is, freeing every block it holds; False if it already ended. An engine embedding
+        this one may end it with another finished ``status`` (a stop string, say)."""
         self._refuse_in_hook("abort")
         if not status.is_finished:
             raise ValueError(f"{status.name} is not a finished state")

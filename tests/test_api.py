@@ -144,7 +144,7 @@ def test_a_step_can_be_split_and_a_request_ended_while_it_runs():
     engine.step()
     output = engine.schedule()
     assert sorted(sg.group.request_id for sg in output.scheduled) == ["a", "b"]
-    assert engine.finish_request("a", SequenceStatus.FINISHED_STOPPED)
+    assert engine.abort("a", SequenceStatus.FINISHED_STOPPED)
     seq_b = engine._groups["b"].seqs[0].seq_id
     report = engine.complete(output, StepResult(1.0, {seq_b: [7]}))
     assert [sg.group.request_id for sg in report.output.scheduled] == ["b"]
@@ -154,7 +154,7 @@ def test_a_step_can_be_split_and_a_request_ended_while_it_runs():
     engine.run()
     assert engine.leaked_blocks == 0
     with pytest.raises(ValueError, match="not a finished state"):
-        engine.finish_request("b", SequenceStatus.RUNNING)
+        engine.abort("b", SequenceStatus.RUNNING)
 
 
 def test_a_group_tells_the_blocks_it_holds_counting_shared_ones_once():

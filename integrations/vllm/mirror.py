@@ -217,7 +217,7 @@ class Mirror:
 
     def finish(self, request_id: str, vllm_status: str) -> None:
         """vLLM ended the request (a stop token, EOS, a client abort): end it here too."""
-        self.engine.finish_request(request_id, _FINISHED.get(vllm_status, SequenceStatus.FINISHED_ABORTED))
+        self.engine.abort(request_id, _FINISHED.get(vllm_status, SequenceStatus.FINISHED_ABORTED))
         self._seq_of.pop(request_id, None)
 
     @property
