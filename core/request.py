@@ -8,13 +8,11 @@ from pydantic import BaseModel, ConfigDict, Field, PlainSerializer, WrapValidato
 
 from kvsched.allocators.block_prompt import BlockPrompt
 
-# Counts and ids must fit a signed 64-bit integer (the results' Parquet and NumPy columns);
-# priorities a 32-bit one, as trace files give them. Floats must be finite.
+# Counts and ids fit the results' int64 columns; priorities an int32, as trace files give them. Floats are finite.
 MAX_INT64 = 2**63 - 1
 Int64 = Annotated[int, Field(ge=-MAX_INT64 - 1, le=MAX_INT64)]
-# One request's tokens (its prompt, its max_tokens) at most, and the engine's token settings: a bound
-# vLLM's int32 token positions share, and one that keeps every sum a run takes (tokens per step, per
-# request, per run: at most 64 sequences × 2**31 tokens per request) far inside int64.
+# A request's tokens (prompt, max_tokens) and the engine's token settings at most: vLLM's int32 positions, and far
+# inside int64 for every sum a run takes (at most 64 sequences × 2**31 tokens per request).
 MAX_TOKENS = 1 << 31
 Tokens = Annotated[int, Field(ge=1, le=MAX_TOKENS)]
 Priority = Annotated[int, Field(ge=-(2**31), lt=2**31, description="lower is more urgent (vLLM convention)")]
@@ -36,18 +34,16 @@ class SamplingParams(BaseModel):
     ignore_eos: bool = False
 
 
-# The names a request carries for policies (and clients send vLLM in vllm_xargs).
+# The names a request carries for policies (clients send vLLM them in vllm_xargs).
 LABELS = ("tenant", "session_id", "slo_class")
 
 
 class Request(BaseModel):
-    """One user request: a prompt (token ids) plus how to sample it and scheduling metadata.
+    """One user request: a prompt, how to sample it and scheduling metadata.
 
-    A simulation may give only ``prompt_len``: the engine then uses token ids unique to the request, so that no
-    two such prompts share a cached prefix by accident. A hash-id trace's prompt is a ``BlockPrompt``: it reads as
-    its token ids, made only where they are read. ``output_len`` is the number of tokens the request will really
-    generate (from a workload or a trace): the simulated executor needs it because it has no model to emit EOS; a
-    real executor ignores it.
+    A simulation may give only ``prompt_len`` (the engine then makes token ids unique to the request), or a hash-id
+    trace's ``BlockPrompt`` (ids made where read). ``output_len``, the tokens it will really generate, is for the
+    simulated executor, which has no model to emit EOS.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
@@ -73,10 +69,16 @@ class Request(BaseModel):
         "until then V1 mechanics keep it waiting, skipped by vllm-v1 (docs/vllm-v1.md)",
     )
 
-    @field_validator(*LABELS)
+    @field_validator("request_id", *LABELS)
     @classmethod
     def _named(cls, name: str | None, info) -> str | None:
-        if name is not None and not name.strip():
+        """Names go into UTF-8 results (Parquet, CSV, JSON), which a lone surrogate would fail at the end of the run."""
+        if name is not None and not name.isascii():
+            try:
+                name.encode()
+            except UnicodeEncodeError:
+                raise ValueError(f"{info.field_name} is not valid UTF-8 (it holds a lone surrogate)") from None
+        if name is not None and not name.strip() and info.field_name != "request_id":
             raise ValueError(f"a {info.field_name} needs a name (it is empty or blank)")
         return name
 
@@ -97,17 +99,4 @@ class Request(BaseModel):
             raise ValueError("prompt is empty: give prompt_token_ids or prompt_len >= 1")
         if self.output_len is not None and self.output_len > self.sampling.max_tokens:
             raise ValueError(f"output_len ({self.output_len}) exceeds sampling.max_tokens ({self.sampling.max_tokens})")
-        if not (self.request_id.isascii() and self.tenant.isascii()) or self.session_id or self.slo_class:
-            _check_utf8(self)
         return self
-
-
-def _check_utf8(request: Request) -> None:
-    """The names go into UTF-8 results (Parquet, CSV, JSON): a lone surrogate would fail them at the end of the run."""
-    for name in ("request_id", *LABELS):
-        text = getattr(request, name)
-        if text is not None and not text.isascii():
-            try:
-                text.encode()
-            except UnicodeEncodeError:
-                raise ValueError(f"{name} is not valid UTF-8 (it holds a lone surrogate)") from None
