@@ -1,11 +1,8 @@
 """Read-only windows onto engine state: what a policy or an observer may look at but never change.
 
-A view holds nothing of what it shows: the core finds that by the view's identity in a table nothing a plugin is
-handed leads to (``SHOWN``; a request's view in ``GROUPS``, which its engine empties as it lets requests go), so a
-view's ``__class__`` switched to a class of the same layout, which reads any hidden slot, finds nothing
-(``tests/test_hostile_plugins.py``; the routers' views hold only numbers, ``routers/view.py``). The engine's pydantic
-objects (config, requests) are handed out as named-tuple copies (``frozen``), which nothing can write (code that
-imports the core or walks the garbage collector can reach anything: Python has no private memory).
+A view holds nothing of what it shows: the core finds that by the view's identity in a table no plugin is handed
+(``SHOWN``; a request's view in ``GROUPS``), so even a view whose ``__class__`` was switched finds nothing. The
+engine's pydantic objects (config, requests) are handed out as named-tuple copies (``frozen``), which nothing can write.
 """
 
 from __future__ import annotations
@@ -24,13 +21,12 @@ from kvsched.errors import quote
 
 if TYPE_CHECKING:
     from kvsched.allocators.alloc_status import AllocStatus
-    from kvsched.core.config import PreemptionMode
     from kvsched.core.request import Request
     from kvsched.core.sequence import SequenceGroup, SequenceStatus
 
 
 class _Table(dict):
-    """What each live view shows, by a weak reference to it (read inline: ``SHOWN[view.__weakref__]``), or raises."""
+    """What each live view shows, by a weak reference to it (``SHOWN[view.__weakref__]``), or raises."""
 
     def __missing__(self, key: ref | None):
         raise ReferenceError(
@@ -43,15 +39,14 @@ SHOWN = _Table()
 
 
 def _forget(key: ref) -> None:
-    """A view went: its entry goes (a live view's never: nothing can call this to break one)."""
+    """A view went: its entry goes (never a live view's, so nothing can break one by calling this)."""
     if key() is None:
         del SHOWN[key]
 
 
 def show(view: object, target: object, handed: list | None = None) -> None:
-    """The core's: ``view`` (of a class with ``__slots__ = ("__weakref__",)``) shows ``target`` while it lives; one a
-    step hands out (its key kept in the step's list ``handed``) no longer than the step (``forget``)."""
-    SHOWN[key := ref(view, _forget) if handed is None else ref(view)] = target  # a step's: no callback as it goes
+    """``view`` shows ``target`` while it lives, or, one a step hands out (kept in ``handed``), until ``forget``."""
+    SHOWN[key := ref(view, _forget) if handed is None else ref(view)] = target
     if handed is not None:
         handed.append(key)
 
@@ -63,13 +58,12 @@ def forget(handed: list) -> None:
 
 
 def shown(view: object):
-    """What ``view`` shows: found by its first weak reference (ours, or one equal to it), with no new one made."""
+    """What ``view`` shows, found by its first weak reference (no new one made)."""
     return SHOWN[view.__weakref__]
 
 
 class Window:
-    """A view of something the core shows (``show``, as it is made: ``Window(target, handed=None)``), holding none of
-    it: the queues, the engine's groups by id, a step's output, the cache (the step builder keeps its own slot)."""
+    """A view of what the core shows it (``Window(target, handed=None)``), holding none of it."""
 
     __slots__ = ("__weakref__",)
     __init__ = show
@@ -79,14 +73,13 @@ UNKNOWABLE = ("output_len",)  # no scheduler knows the answer's length: a hook s
 
 
 def frozen(model: BaseModel) -> tuple:
-    """A read-only copy of a frozen pydantic model (a ``Request``, its ``SamplingParams``, the ``EngineConfig``) as
-    hooks get it: a named tuple of its fields (nested models likewise; ``UNKNOWABLE`` ones left out) and properties. A
-    frozen pydantic object is still writable through ``__dict__`` or ``object.__setattr__``; a tuple by no path."""
+    """A pydantic model (a ``Request``, the ``EngineConfig``) as hooks get it: a named tuple of its fields (nested
+    models likewise, ``UNKNOWABLE`` ones left out) and properties. A frozen model is writable through ``__dict__``."""
     record = _record_type(type(model))
     return record._make([frozen(v) if isinstance(v, BaseModel) else v for v in map(model.__dict__.get, record._fields)])
 
 
-def true_output_len(view: GroupView) -> int | None:  # the answer's length, not on the view: a named predictor's door
+def true_output_len(view: GroupView) -> int | None:  # not on the view: the oracle length predictor's door
     return GROUPS[view]().request.output_len
 
 
@@ -102,8 +95,7 @@ def _record_type(cls: type) -> type:
 
 
 class GroupView:
-    """A request as a policy sees it. Every attribute is read-only; pass the view back to the
-    step's operations (``admit``, ``advance``, ``swap_in``, ``preempt``) to act on it."""
+    """A request as a policy sees it, read-only; pass it to the step's operations to act on it."""
 
     __slots__ = ("__weakref__",)
 
@@ -111,7 +103,7 @@ class GroupView:
 
     @property
     def request(self) -> Request:
-        """The request as a read-only copy (``frozen``: the engine's own is not handed out), made on its first read."""
+        """The request as a read-only copy (``frozen``), made on its first read."""
         group = GROUPS[self]()
         if group.request_copy is None:
             group.request_copy = frozen(group.request)
@@ -122,49 +114,35 @@ class GroupView:
     tenant = property(lambda self: GROUPS[self]().request.tenant)
     session_id = property(lambda self: GROUPS[self]().request.session_id, doc="the conversation it continues, or None")
     slo_class = property(lambda self: GROUPS[self]().request.slo_class, doc="its service class, or None")
-    grammar_ready_at = property(
-        lambda self: GROUPS[self]().grammar_ready_at, doc="when its structured-output grammar is compiled, or None"
-    )
-    last_queued_time = property(
-        lambda self: GROUPS[self]().last_queued_time,
-        doc="when it last joined the waiting queue: its arrival, or its last preemption by recompute",
-    )
+    grammar_ready_at = property(lambda self: GROUPS[self]().grammar_ready_at, doc="when its grammar is compiled")
+    last_queued_time = property(lambda self: GROUPS[self]().last_queued_time, doc="when it last joined the queue")
     prompt_len = property(lambda self: GROUPS[self]().request.prompt_len)
     max_tokens = property(lambda self: GROUPS[self]().request.sampling.max_tokens)
     status: SequenceStatus = property(lambda self: GROUPS[self]().status)
     num_seqs = property(lambda self: GROUPS[self]().num_unfinished_seqs, doc="unfinished sequences")
     max_running_seqs = property(lambda self: GROUPS[self]().max_running_seqs, doc="sequences it needs at once")
     num_generated_tokens = property(lambda self: GROUPS[self]().num_generated_tokens)
-    num_uncomputed_tokens = property(
-        lambda self: GROUPS[self]().num_uncomputed_tokens, doc="tokens its next step computes"
-    )
+    num_uncomputed_tokens = property(lambda self: GROUPS[self]().num_uncomputed_tokens)
     num_preemptions = property(lambda self: (g := GROUPS[self]()).num_recompute_preemptions + g.num_swap_preemptions)
     first_scheduled_time = property(lambda self: GROUPS[self]().first_scheduled_time)
     first_token_time = property(lambda self: GROUPS[self]().first_token_time)
     finish_time = property(lambda self: GROUPS[self]().finish_time)
-
-    @property
-    def num_tokens(self) -> int:
-        """Tokens of its longest sequence (prompt plus generated)."""
-        return max(s.num_tokens for s in GROUPS[self]().seqs)
-
-    @property
-    def num_computed_tokens(self) -> int:
-        """KV-computed tokens of its furthest sequence (0 while waiting): what a preemption by recompute throws away."""
-        return max(s.num_computed_tokens for s in GROUPS[self]().seqs)
+    num_tokens = property(lambda self: max(s.num_tokens for s in GROUPS[self]().seqs), doc="of its longest sequence")
+    num_computed_tokens = property(
+        lambda self: max(s.num_computed_tokens for s in GROUPS[self]().seqs), doc="of its furthest sequence"
+    )
 
     def __repr__(self) -> str:
         g = group_of(self)
         return "<a GroupView that shows nothing>" if g is None else f"<{g.request_id} {g.status.name}>"
 
 
-# Each request's view -> a weak reference to its group (``view_of``): the table keeps no group alive. A plain dict, read
-# at C speed: a view its engine let go (or one the core did not make) raises KeyError, naming it as showing nothing.
+# Each request's view -> a weak reference to its group: a view its engine let go (or a forged one) raises KeyError.
 GROUPS: dict[GroupView, KeyedRef] = {}
 
 
 def view_of(group: SequenceGroup) -> GroupView:
-    """The core's: ``group``'s view (made once: ``group.view``), showing it until its engine lets it go."""
+    """``group``'s view (made once: ``group.view``), showing it until its engine lets it go."""
     GROUPS[view] = KeyedRef(group, _gone, view := GroupView())
     return view
 
@@ -174,20 +152,19 @@ def _gone(key: KeyedRef) -> None:  # a group went before its engine let it go (w
 
 
 def group_of(view: object, _key=GROUPS.get, _none=NoneType) -> SequenceGroup | None:
-    """The group ``view`` shows, or None (``NoneType()``: no test); the hottest callers inline its one line."""
+    """The group ``view`` shows, or None; the hottest callers inline its one line."""
     return _key(view, _none)()
 
 
 def let_go(groups: list[SequenceGroup]) -> None:
-    """Their engine let ``groups`` go (now emptied): their views show nothing from now on."""
+    """Their engine let ``groups`` go (emptied here): their views show nothing from now on."""
     for group in groups:
         GROUPS.pop(group.view, None)
     groups.clear()
 
 
 class _LazyTuple(Window, Sequence):
-    """A read-only sequence over a core list, converting each item as it is read (``_show``):
-    a policy that stops at the first item that does not fit pays for what it looked at."""
+    """A read-only sequence over a core list, each item converted as it is read (``_show``)."""
 
     __slots__ = ()
 
@@ -204,19 +181,17 @@ class _LazyTuple(Window, Sequence):
 
 
 class QueueView(_LazyTuple):
-    """One queue as it was when the step began, as ``GroupView``s, front first; lazy (a queue under overload holds
-    many thousands). Valid during the step that handed it out (one the engine shows outside a step: while it lives)."""
+    """A queue as ``GroupView``s, front first; lazy: a queue under overload holds many thousands."""
 
     __slots__ = ()
-    _show = attrgetter("view")  # a group's view, read at C speed
+    _show = attrgetter("view")
 
     def __repr__(self) -> str:
         return f"QueueView({[g.request_id for g in shown(self)]})"
 
 
 class GroupMap(Window, Mapping):
-    """The engine's requests by id as ``GroupView``s (``Engine.groups``): read-only, and live (a request added or
-    retired shows at once)."""
+    """The engine's requests by id as ``GroupView``s (``Engine.groups``), read-only and live."""
 
     __slots__ = ()
 
@@ -252,34 +227,26 @@ class BatchView(_LazyTuple):
 
 
 class OutputView(Window):
-    """A step's ``SchedulerOutput`` as ``on_step`` observers see it: the same names, read-only, groups as
-    ``GroupView``s and block movements as tuples (the numbers named after the class are the output's own)."""
+    """A step's ``SchedulerOutput`` as observers see it: read-only, groups as ``GroupView``s, lists as tuples."""
 
     __slots__ = ()
 
     scheduled = property(lambda self: BatchView(shown(self).scheduled))
     swapped_in = property(lambda self: tuple(g.view for g in shown(self).swapped_in))
-    preempted: tuple[tuple[GroupView, PreemptionMode], ...] = property(
-        lambda self: tuple((g.view, m) for g, m in shown(self).preempted)
-    )
+    preempted = property(lambda self: tuple((g.view, m) for g, m in shown(self).preempted), doc="(group, mode) pairs")
     ignored = property(lambda self: tuple(g.view for g in shown(self).ignored))
     blocks_to_swap_in = property(lambda self: tuple(shown(self).blocks_to_swap_in))
     blocks_to_swap_out = property(lambda self: tuple(shown(self).blocks_to_swap_out))
     blocks_to_copy = property(lambda self: tuple(shown(self).blocks_to_copy))
-    decisions = property(lambda self: tuple(shown(self).decisions), doc="why: the step's Decision notes, in order")
-
-
-for _name in (
-    "num_batched_tokens",
-    "prefill_tokens",
-    "decode_seqs",
-    "kv_tokens_read",
-    "lane_decodes",
-    "num_prefill_groups",
-    "features",
-    "is_empty",
-):
-    setattr(OutputView, _name, property(lambda self, _name=_name: getattr(shown(self), _name)))
+    decisions = property(lambda self: tuple(shown(self).decisions), doc="the step's Decision notes, in order")
+    num_batched_tokens = property(lambda self: shown(self).num_batched_tokens)
+    prefill_tokens = property(lambda self: shown(self).prefill_tokens)
+    decode_seqs = property(lambda self: shown(self).decode_seqs)
+    kv_tokens_read = property(lambda self: shown(self).kv_tokens_read)
+    lane_decodes = property(lambda self: shown(self).lane_decodes)
+    num_prefill_groups = property(lambda self: shown(self).num_prefill_groups)
+    features = property(lambda self: shown(self).features)
+    is_empty = property(lambda self: shown(self).is_empty)
 
 
 class CacheView(Window):
@@ -292,9 +259,7 @@ class CacheView(Window):
     num_cpu_blocks = property(lambda self: shown(self).cpu.num_blocks)
     num_free_gpu_blocks = property(lambda self: shown(self).gpu.num_free)
     num_free_cpu_blocks = property(lambda self: shown(self).cpu.num_free)
-    num_cached_gpu_blocks = property(
-        lambda self: len(shown(self).gpu.evictor), doc="free blocks that still hold a cached prefix (counted as free)"
-    )
+    num_cached_gpu_blocks = property(lambda self: len(shown(self).gpu.evictor), doc="free blocks holding a prefix")
     watermark_blocks = property(lambda self: shown(self).watermark_blocks)
     enable_prefix_caching = property(lambda self: shown(self).enable_prefix_caching)
 
@@ -314,7 +279,7 @@ class CacheView(Window):
         return shown(self).can_append_slots(self._own(group))
 
     def blocks_held(self, group: GroupView) -> tuple[int, int]:
-        """The ``(gpu, cpu)`` blocks a group's sequences hold, a block they share (after a fork) counted once."""
+        """The ``(gpu, cpu)`` blocks a group's sequences hold, a shared block counted once."""
         return shown(self).blocks_held(self._own(group))
 
     def _own(self, view: GroupView) -> SequenceGroup:
