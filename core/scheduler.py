@@ -22,11 +22,9 @@ _RUNNING, _WAITING, _SWAPPED = SequenceStatus.RUNNING, SequenceStatus.WAITING, S
 
 
 class Scheduler:
-    """vLLM's three queues (``waiting``, ``running``, ``swapped``, oldest first) and the block manager.
-
-    ``schedule`` asks the policy to build a step, rolls everything back if the policy fails (any exception,
-    KeyboardInterrupt and SystemExit included, which then propagate unchanged), and otherwise commits the queue and
-    status changes in one place."""
+    """vLLM's three queues (``waiting``, ``running``, ``swapped``, oldest first) and the block manager. ``schedule``
+    has the policy build a step, rolls it all back if the policy fails (the exception then propagates unchanged), and
+    otherwise commits the queue and status changes in one place."""
 
     def __init__(self, config: EngineConfig, hooks: PolicyHooks, mechanics: Mechanics) -> None:
         self.config = config
@@ -41,16 +39,15 @@ class Scheduler:
                 )
             blocks, policy = config.kv_offloading_blocks, config.kv_offloading_policy
             self.offloading = Offloading(self.block_manager, blocks, policy, config.offload_prompt_only)
-        # Speculative decoding: the sequences that sampled the last time they ran, and were not preempted since:
-        # the drafter gave them draft tokens for their next step (core/step_v1.py remember_drafts).
+        # Speculative decoding: the sequences with draft tokens for their next step (core/step_v1.py remember_drafts).
         self.drafting: set[int] | None = set() if mechanics.drafts and config.num_speculative_tokens else None
         self.cache_view = CacheView(self.block_manager)
-        self.config_view = frozen(config)  # what hooks read as step.config: the engine's own config is not handed out
+        self.config_view = frozen(config)  # step.config: the engine's own is not handed out
         self.waiting: list[SequenceGroup] = []
         self.running: list[SequenceGroup] = []
         self.swapped: list[SequenceGroup] = []
         self.num_running_seqs = 0  # sum of max_running_seqs over running groups
-        # The simulator's fast path (executor.py's FastPath, the door to it), set by the engine if its executor has one.
+        # The simulator's fast path (executor.py's FastPath), set by the engine if its executor has one.
         self.fast_path: FastPath | None = None
 
     def add(self, group: SequenceGroup) -> None:
@@ -58,8 +55,7 @@ class Scheduler:
         self.waiting.append(group)
 
     def schedule(self, now: float, hooks: PolicyHooks | None = None) -> SchedulerOutput:
-        """Build, validate and commit one step with the policy (or with ``hooks``: another policy
-        deciding on the same state, e.g. a fallback after this one failed)."""
+        """Build, validate and commit one step with the policy (or ``hooks``, a fallback on the same state)."""
         if self.fast_path is not None and (out := self.fast_path.replay(hooks is None)) is not None:
             return out
         waiting, hooks = self.waiting, hooks or self.hooks
@@ -67,7 +63,7 @@ class Scheduler:
         bm = self.block_manager
         bm.begin()
         try:
-            hooks.select_batch(step.step)  # raises PolicyError for anything refused or raised
+            hooks.select_batch(step.step)
         except BaseException:
             self.waiting = waiting  # as the step found it, if the policy reordered it
             self._rollback()
@@ -167,21 +163,15 @@ class Scheduler:
         self.finish_group(group, status, now)
 
     def stuck_report(self) -> str:
-        """What a stall error says: the queues' lengths, the oldest waiting (else swapped, else running) request and
-        why it is not running."""
+        """What a stall error says: the queues and why the oldest waiting (else swapped, else running) request waits."""
         g = min(self.waiting or self.swapped or self.running, key=lambda g: g.index)
         bm, name = self.block_manager, self.hooks.name
         head = (
             f"{len(self.waiting)} waiting, {len(self.running)} running, {len(self.swapped)} swapped; "
             f"the oldest {g.status.name.lower()} request, {g.request_id} (arrived at {g.arrival_time:.3f} s),"
         )
-        status = (
-            AllocStatus.OK
-            if g.status is _RUNNING
-            else bm.can_allocate(g)
-            if g.status is _WAITING
-            else bm.can_swap_in(g)
-        )
+        allocate = bm.can_allocate if g.status is _WAITING else bm.can_swap_in
+        status = AllocStatus.OK if g.status is _RUNNING else allocate(g)
         if status is AllocStatus.NEVER or max(s.num_tokens for s in g.seqs) > self.config.model_len:
             return f"{head} can never run, but policy {name!r} does not try it (which would end it as ignored)"
         if status is AllocStatus.LATER:
@@ -189,8 +179,7 @@ class Scheduler:
         return f"{head} fits the KV cache and the budgets now, but policy {name!r} does not schedule it"
 
     def audit(self) -> list[str]:
-        """Allocator invariants plus queue/status agreement, who holds blocks, and the running-sequence count:
-        a finished (stopped, capped, aborted, ignored) or waiting sequence holds none."""
+        """The allocator's invariants, each queue's statuses, who holds blocks and the running-sequence count."""
         problems = self.block_manager.audit()
         for name, status in (("waiting", _WAITING), ("running", _RUNNING), ("swapped", _SWAPPED)):
             for g in getattr(self, name):
@@ -213,8 +202,8 @@ class Scheduler:
 
 
 def _without_prefix(waiting: list[SequenceGroup], left: int, recomputed: list[SequenceGroup]) -> list[SequenceGroup]:
-    """``waiting`` without the ``left`` groups that stopped waiting in this step: usually its front (first come, first
-    served), cut in place (a copy is thousands a step under overload), else filtered; ``recomputed`` in front."""
+    """``waiting`` without the ``left`` groups that stopped waiting, ``recomputed`` in front: usually its front, cut in
+    place (a copy is thousands a step under overload)."""
     if next((k for k in range(left) if waiting[k].status is _WAITING), left) < left:  # not just its front
         return recomputed[::-1] + [g for g in waiting if g.status is _WAITING]
     del waiting[:left]

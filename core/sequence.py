@@ -13,7 +13,7 @@ if TYPE_CHECKING:
 
 
 class SequenceStatus(IntEnum):
-    """vLLM's sequence states; every state above SWAPPED is final."""
+    """vLLM's sequence states; those above SWAPPED are final."""
 
     WAITING = 0
     RUNNING = 1
@@ -29,7 +29,7 @@ class SequenceStatus(IntEnum):
 
     @property
     def finish_reason(self) -> str | None:
-        """OpenAI-style reason: stop, length (also for ignored prompts, as vLLM does) or abort."""
+        """OpenAI's: stop, length (ignored prompts too, as in vLLM) or abort."""
         return _FINISH_REASONS.get(self)
 
 
@@ -38,7 +38,6 @@ _LAST_ACTIVE = SequenceStatus.SWAPPED  # hot paths compare ``status > _LAST_ACTI
 
 @functools.lru_cache(maxsize=1024)
 def _stop_set(stop_token_ids: tuple[int, ...], eos_token_id: int | None) -> frozenset[int]:
-    """The tokens that stop a sequence, one shared set per distinct request setting."""
     return frozenset(stop_token_ids if eos_token_id is None else (*stop_token_ids, eos_token_id))
 
 
@@ -51,12 +50,8 @@ _FINISH_REASONS = {
 
 
 class Sequence:
-    """One output sequence: the shared prompt plus its own generated tokens.
-
-    ``num_computed_tokens`` counts the tokens whose KV is in the cache. A step computes the
-    tokens after it (a whole prompt, a chunk of one, or the one newest token when decoding) and
-    the sequence samples a new token once none is left uncomputed.
-    """
+    """One output sequence: the shared prompt plus its own generated tokens. ``num_computed_tokens`` have their KV in
+    the cache; a step computes (some of) the rest, and the sequence samples a token once none is left."""
 
     __slots__ = (
         "seq_id",
@@ -75,13 +70,12 @@ class Sequence:
         self.group = group
         self.prompt = prompt
         self.output: list[int] = output if output is not None else []
-        self.num_tokens = len(prompt) + len(self.output)  # kept by append_token: read on every step
+        self.num_tokens = len(prompt) + len(self.output)  # kept, not derived: read on every step
         self.status = SequenceStatus.WAITING
         self.num_computed_tokens = 0
         self.lane = None  # the decode lane it rides, if any (executors/decode_lane.py; a LaneSequence then)
 
     def append_token(self, token: int) -> None:
-        """Add a generated token (the only way the engine grows a sequence)."""
         self.output.append(token)
         self.num_tokens += 1
 
@@ -104,13 +98,8 @@ class Sequence:
 
 
 class SequenceGroup:
-    """A request and its ``n`` sequences, scheduled atomically and sharing the prompt's blocks.
-
-    ``status`` is the queue the group sits in (WAITING, RUNNING, SWAPPED) or its final state.
-    A group with ``n > 1`` starts as one sequence; the engine forks the others after the prompt
-    step, so they share the prompt's blocks copy-on-write. ``eos_token_id`` and ``max_seq_len`` (the
-    most tokens a sequence may hold) are the engine's (None: no EOS, no limit).
-    """
+    """A request and its ``n`` sequences, scheduled together; ``status`` is its queue or its final state. It starts as
+    one sequence, forked after the prompt step to share the prompt's blocks copy-on-write."""
 
     __slots__ = (
         "request",
@@ -141,7 +130,7 @@ class SequenceGroup:
         "recompute_frontier",
         "life_start",
         "request_copy",
-        "__weakref__",  # its view finds it by a weak reference (core/view.py)
+        "__weakref__",  # for its view (core/view.py)
     )
 
     def __init__(
@@ -161,9 +150,8 @@ class SequenceGroup:
         self.seqs = [Sequence(first_seq_id, self, prompt)]
         self.status = SequenceStatus.WAITING
         self.finish_detail: str | None = None
-        # last_queued_time moves on at each recompute (Scheduler._commit)
         self.arrival_time = self.last_queued_time = request.arrival_time
-        # When its structured-output grammar is compiled (None: none); inside vLLM the mirror learns it as vLLM does.
+        # When its structured-output grammar is compiled, if it has one (inside vLLM, the mirror learns it).
         self.grammar_ready_at = (
             None if request.grammar_compile_s is None else request.arrival_time + request.grammar_compile_s
         )
@@ -172,25 +160,21 @@ class SequenceGroup:
         self.finish_time: float | None = None
         self.num_recompute_preemptions = 0
         self.num_swap_preemptions = 0
-        # The recompute tax (metrics/recompute.py): tokens thrown away by preemptions by recompute, those
-        # computed again, prefix-cache hits at admission; the furthest point computed before a preemption
-        # and the hit the current admission started from (counted over its sequences).
+        # The recompute tax (metrics/recompute.py; note_admission, note_recompute), counted over its sequences.
         self.num_discarded_tokens = self.num_recomputed_tokens = self.num_prefix_hit_tokens = 0
         self.recompute_frontier = self.life_start = 0
         self.num_generated_tokens = 0
         self.num_unfinished_seqs = 1  # kept by the engine as sequences fork and finish
-        self.request_copy = None  # the request as hooks read it (core.view.frozen), made on a view's first read
+        self.request_copy = None  # the request as hooks read it (core.view.frozen), made on first read
         self.view: GroupView = view_of(self)
-        # What ends a sequence, fixed once: a token in ``stop_tokens`` (EOS unless ignored, plus the
-        # request's stop ids), or reaching ``max_seq_tokens`` (max_tokens generated, or the engine's limit).
+        # What ends a sequence: a stop token, or ``max_seq_tokens`` (the engine's EOS and limit may be None: none).
         params = request.sampling
         eos = None if params.ignore_eos else eos_token_id
         self.stop_tokens = _stop_set(params.stop_token_ids, eos)
         limit = len(prompt) + params.max_tokens
         self.max_seq_tokens = limit if max_seq_len is None else min(limit, max_seq_len)
-        self.block_manager = None  # the block manager of the engine it was added to: whose operations may take it
-        # The blocks its last admission lacked (LATER, StepState.admit), if the core counted them.
-        self.refused: int | None = None
+        self.block_manager = None  # its engine's: only that engine's operations take it
+        self.refused: int | None = None  # the blocks its last admission lacked, if counted (StepState.admit)
 
     def unfinished_seqs(self) -> list[Sequence]:
         return [s for s in self.seqs if s.status <= _LAST_ACTIVE]
@@ -219,15 +203,14 @@ class SequenceGroup:
         return self.status.is_finished
 
     def note_admission(self, cached: int) -> None:
-        """Admitted with ``cached`` tokens found in the prefix cache: after a recompute, all it had computed
-        beyond them will be computed again (``note_recompute`` takes back what a new preemption spares)."""
+        """Admitted with ``cached`` tokens in the prefix cache: all it had computed beyond them is computed again."""
         self.num_prefix_hit_tokens += cached
         self.life_start = cached
         if self.recompute_frontier > cached:
             self.num_recomputed_tokens += self.recompute_frontier - cached
 
     def note_recompute(self, computed: int) -> None:
-        """Preempted by recompute with ``computed`` tokens in the KV cache, which are thrown away."""
+        """Preempted by recompute, throwing away ``computed`` tokens of KV."""
         self.num_discarded_tokens += computed
         if computed < self.recompute_frontier:  # preempted again before it had recomputed all it had lost
             self.num_recomputed_tokens -= self.recompute_frontier - max(computed, self.life_start)
