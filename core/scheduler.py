@@ -154,12 +154,11 @@ class Scheduler:
         """Take ``group`` out of whichever queue holds it, free every block it held, and end it with ``status``."""
         if self.fast_path is not None:
             self.fast_path.touch(group)
-        for name in ("waiting", "running", "swapped"):
-            queue = getattr(self, name)
+        if group in self.running:
+            self.num_running_seqs -= group.max_running_seqs
+        for queue in (self.waiting, self.running, self.swapped):
             if group in queue:
                 queue.remove(group)
-                if name == "running":
-                    self.num_running_seqs -= group.max_running_seqs
         self.finish_group(group, status, now)
 
     def stuck_report(self) -> str:
