@@ -59,14 +59,9 @@ class Request(BaseModel):
     tenant: str = "default"
     output_len: Tokens | None = None
     session_id: Label | None = Field(None, description="the conversation it continues (session affinity)")
-    slo_class: Label | None = Field(
-        None, description="its service class, e.g. interactive or batch (SLO-aware policies)"
-    )
+    slo_class: Label | None = Field(None, description="its service class, e.g. interactive or batch")
     grammar_compile_s: float | None = Field(
-        None,
-        ge=0.0,
-        description="a structured-output request: its grammar is ready this many seconds after arrival; "
-        "until then V1 mechanics keep it waiting, skipped by vllm-v1 (docs/vllm-v1.md)",
+        None, ge=0.0, description="structured output: seconds from arrival until its grammar is ready (docs/vllm-v1.md)"
     )
 
     @field_validator("request_id", *LABELS)

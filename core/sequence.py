@@ -152,9 +152,8 @@ class SequenceGroup:
         self.finish_detail: str | None = None
         self.arrival_time = self.last_queued_time = request.arrival_time
         # When its structured-output grammar is compiled, if it has one (inside vLLM, the mirror learns it).
-        self.grammar_ready_at = (
-            None if request.grammar_compile_s is None else request.arrival_time + request.grammar_compile_s
-        )
+        compile_s = request.grammar_compile_s
+        self.grammar_ready_at = None if compile_s is None else request.arrival_time + compile_s
         self.first_scheduled_time: float | None = None
         self.first_token_time: float | None = None
         self.finish_time: float | None = None
