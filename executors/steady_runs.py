@@ -43,7 +43,7 @@ class StepRun(NamedTuple):
     num_swapped: int
     finished: tuple[SequenceGroup, ...]  # groups (GroupViews) that ended in the last step
     cache: CacheView  # as of after the last step
-    notes: tuple  # what decisions() needs: the steady step's notes, where the lane call came in them, each step's free
+    notes: RepeatedNotes  # what decisions() needs
 
     def features(self, i: int) -> StepFeatures:
         """Step ``first + i``'s features, as its report would have them."""
@@ -51,25 +51,43 @@ class StepRun(NamedTuple):
 
     def decisions(self, i: int) -> list[tuple]:
         """Step ``first + i``'s ``Decision`` notes (the refusals' free blocks as of that step)."""
-        decisions, at, free = self.notes
-        return repeated_notes(decisions, at, *free[i]) if decisions else []
+        notes = self.notes
+        if not notes.decisions:
+            return []
+        return repeated_notes(notes.decisions, notes.lane_at, notes.free_before[i], notes.free_after[i])
+
+
+class RepeatedNotes(NamedTuple):
+    """What ``StepRun.decisions`` rebuilds each step's notes from: the steady step's ``Decision`` notes, how many
+    came before its lane call, and each step's free GPU blocks before and after its lane's due blocks (a refusal
+    noted before the lane call saw the first, one noted after it the second)."""
+
+    decisions: tuple
+    lane_at: int
+    free_before: tuple[int, ...]
+    free_after: tuple[int, ...]
 
 
 class Run(NamedTuple):
     """A steady run as it went: its steps' start times and durations, the free GPU blocks before and after each
     step, whether a group finished in its last step (then the next run starts with the scheduler's full check),
-    whether an arrival stopped it, whether arrivals could join it, and the queues' lengths as it started."""
+    whether an arrival stopped it, whether arrivals could join it, and the queues' lengths as it started (what its
+    steps' reports show, but for the arrivals that joined). Two lists of free blocks, not one of pairs: a step
+    appends to each, at no more cost than building a pair."""
 
     started: Sequence[float]
     durations: Sequence[float]
-    free: Sequence[tuple[int, int]]
+    free_before: Sequence[int]  # before each step's lane call (its due blocks)
+    free_after: Sequence[int]  # after it, before the step's finished groups are freed
     finished: bool
     stopped: bool  # before an arrival it could not take in: it may go on coasting if nothing else is done to the engine
     joins: bool  # behind a refused head: it stands for steps a fleet's replica would take one at a time
-    counts: tuple[int, int, int]  # waiting, running, swapped: what its steps' reports show (but for arrivals joining)
+    num_waiting: int
+    num_running: int
+    num_swapped: int
 
 
-NO_RUN = Run((), (), (), False, False, False, (0, 0, 0))  # where no steady run may go
+NO_RUN = Run((), (), (), (), False, False, False, 0, 0, 0)  # where no steady run may go
 
 
 class SteadyRuns:
@@ -94,10 +112,11 @@ class SteadyRuns:
         fast = self.fast_path
         lane, gpu, arrivals = fast.lane, sched.block_manager.gpu, fast.steady.arrivals
         audit = engine.config.audit_every_step
-        started, durations, kv, waiting, free, finished = [], [], [], [], [], []  # per step; the groups that finished
+        started, durations, kv, waiting, free_before, free_after = [], [], [], [], [], []  # per step
+        finished = []  # the groups that finished
         batch, (n, seconds) = None, (self._coasting if resume else (0, None))
         stopped = False  # by an arrival
-        counts = (len(sched.waiting), len(sched.running), len(sched.swapped))
+        num_waiting, num_running, num_swapped = len(sched.waiting), len(sched.running), len(sched.swapped)
         try:  # the steps taken count even if ``join`` (adding a request) or an audit raises partway
             while len(durations) < limit:  # a count: none at 0 or below
                 now = clock.now()
@@ -124,7 +143,8 @@ class SteadyRuns:
                 if observe is not None:  # what only the observers' StepRun reads
                     kv.append(k)
                     waiting.append(len(sched.waiting))
-                free.append((before, gpu.num_free))
+                free_before.append(before)
+                free_after.append(gpu.num_free)
                 if not coasting and fast.apply(completion, clock.now(), finished):  # the groups it ended, retired
                     sched.remove_finished(finished)
                     engine.retire(finished)
@@ -136,10 +156,21 @@ class SteadyRuns:
             engine.steps_ran(len(durations))
         self._coasting = (n, seconds)
         if durations and observe is not None:
-            self._report(batch, started, durations, kv, waiting, free, finished, observe)
-        return Run(started, durations, free, bool(finished), stopped, not arrivals, counts)
+            self._report(batch, started, durations, kv, waiting, free_before, free_after, finished, observe)
+        return Run(
+            started,
+            durations,
+            free_before,
+            free_after,
+            bool(finished),
+            stopped,
+            not arrivals,
+            num_waiting,
+            num_running,
+            num_swapped,
+        )
 
-    def _report(self, batch, started, durations, kv, waiting, free, finished, observe) -> None:
+    def _report(self, batch, started, durations, kv, waiting, free_before, free_after, finished, observe) -> None:
         """Tell the observers a steady run (``StepRun``), as ``Engine.complete`` tells them a step."""
         engine = self.engine
         sched, n, steps, steady = engine.scheduler, len(batch), len(durations), self.fast_path.steady
@@ -156,11 +187,11 @@ class SteadyRuns:
             tuple(kv),
             tuple(waiting),
             (len(sched.running) + len(finished),) * (steps - 1) + (len(sched.running),),
-            (*[after for _, after in free[:-1]], sched.block_manager.gpu.num_free),
+            (*free_after[:-1], sched.block_manager.gpu.num_free),
             len(sched.swapped),
             tuple([g.view for g in finished]),
             sched.cache_view,
-            (tuple(steady.notes), steady.notes_at, tuple(free)),
+            RepeatedNotes(tuple(steady.notes), steady.notes_at, tuple(free_before), tuple(free_after)),
         )
         out.decisions = run.decisions(0)
         observe(run)

@@ -69,7 +69,11 @@ def test_a_steady_run_is_taken_only_where_the_fast_path_says_it_may():
     run = engine.steady_run(engine.now + 0.5)
     assert len(run.started) == engine.num_steps - steps > 1
     assert all(t < engine.now for t in run.started) and not run.finished
-    assert not run.joins and run.counts == (0, 1, 0)  # nothing waited: an arrival would have ended it
+    assert not run.joins and (run.num_waiting, run.num_running, run.num_swapped) == (
+        0,
+        1,
+        0,
+    )  # nothing waited: an arrival would have ended it
     assert len(engine.steady_run(math.inf, limit=3).started) == 3
     observed = Engine(EngineConfig(), "vllm-default", SimulatedExecutor(), observers=(Watcher(),))
     observed.add_request(req("a", 40, 200))

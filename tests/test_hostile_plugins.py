@@ -565,7 +565,7 @@ def test_a_steady_run_hands_its_observers_nothing_writable():
 
     engine = Engine(EngineConfig(block_size=4, num_gpu_blocks=60), "vllm-default", SimulatedExecutor())
     engine.run([req(f"r{i}", 40, 30 + 7 * i, arrival=0.01 * i) for i in range(12)], on_step=Runs())
-    assert runs and any(run.notes[0] for _, run in runs)
+    assert runs and any(run.notes.decisions for _, run in runs)
     engine.add_request(req("late", 4, 2))  # an engine with state to protect
     assert_nothing_writable_of(engine, runs)
 
@@ -579,7 +579,7 @@ def test_an_observer_cannot_clear_the_notes_a_steady_step_repeats():
             pass
 
         def on_steps(self, run):
-            run.notes[0].clear()
+            run.notes.decisions.clear()
 
     engine = Engine(EngineConfig(block_size=4, num_gpu_blocks=60), "vllm-default", SimulatedExecutor())
     with pytest.raises(AttributeError):
