@@ -10,7 +10,7 @@ run's are (``metrics/records.py``'s ``Recorder``), in the order the requests arr
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import pyarrow as pa
 
@@ -27,6 +27,27 @@ EXTRA = pa.schema([("replica", pa.int64()), ("prompt_replica", pa.int64()), ("ca
 FLEET_SCHEMA = pa.schema([*SCHEMA, *EXTRA])  # a single run's columns, then the fleet's own
 
 
+class RouteRecord(NamedTuple):
+    """One of the router's decisions: the request, the pool it was routed into (its replica's role), when, the
+    replica (its index in the fleet) and the router's reason."""
+
+    request_id: str
+    pool: str
+    time: float
+    replica: int
+    reason: str
+
+
+class PrefillPart(NamedTuple):
+    """P/D: a request whose prompt the prefill pool runs, and once it has, that part's record, the replica that
+    ran it and the prompt tokens its first admission found in that replica's prefix cache."""
+
+    request: Request  # the original request, as it arrived at the fleet
+    first: RequestMetrics | None  # None until the prompt ran
+    replica: int  # -1 until then
+    cached: int
+
+
 class FleetRecords:
     """Rows of finished requests and the router's decisions, appended as the run goes."""
 
@@ -36,10 +57,10 @@ class FleetRecords:
         self.rows = self.recorder.rows  # FLEET_SCHEMA's columns, in the order the requests arrived
         self.over = False  # the run is over: every request has its row
         self._table: pa.Table | None = None
-        self.routes: list[tuple[str, str, float, int, str]] = []  # (request, pool role, time, replica, reason)
+        self.routes: list[RouteRecord] = []
         self.num_arrived = 0
         self._ids: dict[str, int] = {}  # each request id that arrived, to its place: a fleet serves each id once
-        self._prefills: dict[str, tuple] = {}  # P/D: request id -> (original request, its prefill's record, replica)
+        self._prefills: dict[str, PrefillPart] = {}  # P/D: by request id
 
     def arrived(self, request: Request) -> None:
         """``request`` arrived at the fleet: refused if its id did before (it would be recorded twice,
@@ -51,7 +72,7 @@ class FleetRecords:
         self.num_arrived += 1
 
     def routed(self, request: Request, replica: Replica, t: float, reason: str) -> None:
-        self.routes.append((request.request_id, replica.role, t, replica.index, reason))
+        self.routes.append(RouteRecord(request.request_id, replica.role, t, replica.index, reason))
 
     def done(self, group: SequenceGroup, replica: Replica) -> None:
         """``group`` ended on ``replica``: its row (merged with its prefill's under P/D)."""
@@ -60,7 +81,7 @@ class FleetRecords:
         if prefill is None:
             self._append(RequestMetrics.of(group), replica.index, replica.index, cached)
             return
-        original, first, prompt_replica, prompt_cached = prefill
+        original, first = prefill.request, prefill.first
         m = RequestMetrics.of(group)
         output = 1 + m.output_tokens
         tpot = (
@@ -92,7 +113,7 @@ class FleetRecords:
             slo_class=original.slo_class,
             session_id=original.session_id,
         )
-        self._append(merged, replica.index, prompt_replica, prompt_cached)
+        self._append(merged, replica.index, prefill.replica, prefill.cached)
 
     def _append(self, m: RequestMetrics, replica: int, prompt_replica: int, cached: int) -> None:
         self.recorder.add(self._ids[m.request_id], (*row_of(m), replica, prompt_replica, cached))
@@ -107,7 +128,7 @@ class FleetRecords:
                 f"request {request.request_id!r}: P/D disaggregation runs one sequence per request (n=1), not "
                 f"n={request.sampling.n}"
             )
-        self._prefills[request.request_id] = (request, None, -1, 0)
+        self._prefills[request.request_id] = PrefillPart(request, None, -1, 0)
         if request.output_len == 1:  # its one token is all it has: it runs whole in the prefill pool
             return request
         return request.model_copy(
@@ -118,7 +139,7 @@ class FleetRecords:
         """The prompt of ``group`` ran on ``replica``: the request for the decode pool (None if nothing
         is left to decode: its one token was all, or the prompt was ignored or aborted). A prefill part
         that goes on ends length-capped at its one token."""
-        original = self._prefills[group.request_id][0]
+        original = self._prefills[group.request_id].request
         first = RequestMetrics.of(group)
         cached = replica.cached_by_request.pop(group.index, 0)
         left = original.sampling.max_tokens - 1 if original.output_len is None else original.output_len - 1
@@ -126,7 +147,7 @@ class FleetRecords:
             del self._prefills[group.request_id]
             self._append(replace(first, n=original.sampling.n), replica.index, replica.index, cached)
             return None
-        self._prefills[group.request_id] = (original, first, replica.index, cached)
+        self._prefills[group.request_id] = PrefillPart(original, first, replica.index, cached)
         seq = group.seqs[0]
         prompt = (
             {"prompt_token_ids": original.prompt_token_ids + (seq.output[0],)}

@@ -7,13 +7,26 @@ from __future__ import annotations
 import math
 from bisect import bisect_left
 from collections import deque
+from typing import TYPE_CHECKING, NamedTuple
 
 from kvsched.core.completion import Completion
 from kvsched.core.engine import Engine
 from kvsched.core.request import Request
+from kvsched.routers.replica import InPrefill
 from kvsched.routers.view import Signals
 
+if TYPE_CHECKING:
+    from kvsched.core.sequence import SequenceGroup
+
 MIXED, PREFILL, DECODE = "mixed", "prefill", "decode"
+
+
+class Routed(NamedTuple):
+    """A request routed to a replica, and when it arrives there (a P/D decode part: when its KV has moved, later
+    than the arrival time it carries)."""
+
+    at: float
+    request: Request
 
 
 class Replica:
@@ -35,14 +48,15 @@ class Replica:
         self.num_gpu_blocks = engine.config.num_gpu_blocks
         self.in_flight_requests = 0
         self.in_flight_tokens = 0
-        # Of those, the ones whose first token has not come back (the router sees each response's first token):
-        # request id -> [prompt tokens, its group once it arrived]. Pruned when read (in_prefill); kept only for
-        # a router that may read it (the cluster sets tracks_first_tokens).
-        self._unanswered: dict[str, list] = {}
+        # Of those, the ones whose first token has not come back (the router sees each response's first token), by
+        # request id: their prompt tokens, and the groups of those that arrived. Pruned when read (in_prefill); kept
+        # only for a router that may read it (the cluster sets tracks_first_tokens).
+        self._unanswered: dict[str, int] = {}
+        self._unanswered_groups: dict[str, SequenceGroup] = {}
         self.tracks_first_tokens = True
         # The requests routed to it that have not arrived yet, with their arrival times (a steady run takes in those
         # that change nothing for its policy: ``begin_step``), and the times of those it took in during its last run.
-        self.routed: deque[tuple[float, Request]] = deque()
+        self.routed: deque[Routed] = deque()
         self._joined: list[float] = []
         # Steady runs, where the engine has a fast path (a decode replica of P/D takes none: a prompt handed over from
         # the prefill pool may arrive at any moment, and would wait for the run's end).
@@ -81,15 +95,16 @@ class Replica:
             n += 1
         return n
 
-    def in_prefill(self) -> tuple[int, int]:
+    def in_prefill(self) -> InPrefill:
         """The requests the router sent here whose first token has not come back (queued or in prefill), and
         their prompt tokens: Dynamo's active prefill load. Counted when read, from the groups' first tokens
         (each request is dropped once answered), so the steps pay nothing for it."""
-        unanswered = self._unanswered
-        answered = [rid for rid, (_, group) in unanswered.items() if group is not None and self._answered(group)]
+        unanswered, groups = self._unanswered, self._unanswered_groups
+        answered = [rid for rid, group in groups.items() if self._answered(group)]
         for rid in answered:
             del unanswered[rid]
-        return len(unanswered), sum(tokens for tokens, _ in unanswered.values())
+            del groups[rid]
+        return InPrefill(len(unanswered), sum(unanswered.values()))
 
     def _answered(self, group) -> bool:
         """Whether ``group``'s first token is out (a V1 fan-out's: its first child's)."""
@@ -106,12 +121,12 @@ class Replica:
         self.in_flight_tokens += request.prompt_len
         self.requests += 1
         if self.tracks_first_tokens and self.role != DECODE:
-            self._unanswered[request.request_id] = [request.prompt_len, None]
+            self._unanswered[request.request_id] = request.prompt_len
 
     def arrive(self, request: Request) -> None:
         """``request``, routed here, arrives now: it joins the engine's queue, unless a steady run took it in."""
         routed = self.routed
-        if routed and routed[0][1] is request:
+        if routed and routed[0].request is request:
             routed.popleft()
             self.add(request)
 
@@ -123,10 +138,8 @@ class Replica:
     def _queue(self, request: Request) -> None:
         """``request`` joins the engine's queue."""
         group = self.engine.add_request(request)
-        if self._unanswered:
-            waiting = self._unanswered.get(request.request_id)
-            if waiting is not None:
-                waiting[1] = group
+        if self._unanswered and request.request_id in self._unanswered:
+            self._unanswered_groups[request.request_id] = group
 
     def release(self, request: Request) -> None:
         """The router learns that ``request`` left this replica."""
@@ -134,6 +147,7 @@ class Replica:
         self.in_flight_tokens -= request.prompt_len
         if self._unanswered:
             self._unanswered.pop(request.request_id, None)
+            self._unanswered_groups.pop(request.request_id, None)
 
     def begin_step(self, t: float, fence: float, cuts=()) -> float:
         """Start the replica's next step at ``t`` (the cluster's now); the time it ends. While the last step is
@@ -153,7 +167,7 @@ class Replica:
             engine.clock.wait_until(t)
         self._trim(t)  # here, not when a report is kept: arrivals up to t, which read older ones, have been routed
         routed = self.routed
-        until = min(routed[0][0], fence) if routed else fence
+        until = min(routed[0].at, fence) if routed else fence
         if self.steady_runs and t < until:
             self._joined.clear()
             run = engine.steady_run(until, self._join, math.inf, None, fence, self.resumable)
@@ -187,29 +201,29 @@ class Replica:
         """A steady run's step starts at ``now``: the requests routed here that arrived by then join the queue (the
         run's ``join``); the next one's arrival (infinity: none yet routed)."""
         routed, joined = self.routed, self._joined
-        while routed and routed[0][0] <= now:
-            at, request = routed.popleft()
-            joined.append(at)
-            self._queue(request)
-        return routed[0][0] if routed else math.inf
+        while routed and routed[0].at <= now:
+            arrival = routed.popleft()
+            joined.append(arrival.at)
+            self._queue(arrival.request)
+        return routed[0].at if routed else math.inf
 
     def _report_steps(self, run) -> None:
         """The report of each step end of ``run`` but its last (the END event keeps that one), as the steps one at a
         time kept them: the requests that joined the queue count from the first step end after they arrived."""
-        waiting, running, swapped = run.counts
-        started, free, joined, reports = run.started, run.free, self._joined, self._reports
+        waiting, running, swapped = run.num_waiting, run.num_running, run.num_swapped
+        started, free, joined, reports = run.started, run.free_after, self._joined, self._reports
         j, last = 0, len(joined)
         for k in range(1, len(started)):
             end = started[k]  # step k - 1 ends where step k starts
             while j < last and joined[j] < end:
                 j += 1
-            reports.append(Signals(end, waiting + j, running, swapped, free[k - 1][1]))
+            reports.append(Signals(end, waiting + j, running, swapped, free[k - 1]))
 
     def _report_cuts(self, cuts, t: float, run) -> None:
         """The reports of the steady ``run`` just taken from ``t``, at the first step end at or after each cut
         past ``t``: what it would have kept had an arrival at each stopped it there. The run's last step
         end is not one: the END event there keeps that report, arrivals until then included."""
-        started, free = run.started, run.free  # step j ends where step j + 1 starts
+        started, free = run.started, run.free_after  # step j ends where step j + 1 starts
         reports, last, k, kept = self._reports, len(started), 1, 0
         for cut in cuts:
             if cut <= t:
@@ -218,7 +232,7 @@ class Replica:
             if k == last:
                 break
             if k != kept:  # several arrivals in one step: one report
-                reports.append(Signals(started[k], *run.counts, free[k - 1][1]))
+                reports.append(Signals(started[k], run.num_waiting, run.num_running, run.num_swapped, free[k - 1]))
                 kept = k
 
     def report_steady(self, t: float) -> None:

@@ -95,16 +95,12 @@ def route_table(cluster: Cluster) -> pa.Table:
     """The router's decisions: request, pool, time, replica (by name) and the router's reason."""
     names = [r.name for r in cluster.replicas]
     routes = cluster.records.routes
-    if not routes:
-        columns = [[], [], [], [], []]
-    else:
-        columns = [list(c) for c in zip(*routes)]
     return pa.table(
         {
-            "request_id": pa.array(columns[0], pa.string()),
-            "pool": pa.array(columns[1], pa.string()),
-            "time": pa.array(columns[2], pa.float64()),
-            "replica": pa.array([names[i] for i in columns[3]], pa.string()),
-            "reason": pa.array(columns[4], pa.string()),
+            "request_id": pa.array([route.request_id for route in routes], pa.string()),
+            "pool": pa.array([route.pool for route in routes], pa.string()),
+            "time": pa.array([route.time for route in routes], pa.float64()),
+            "replica": pa.array([names[route.replica] for route in routes], pa.string()),
+            "reason": pa.array([route.reason for route in routes], pa.string()),
         }
     )

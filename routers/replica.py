@@ -4,10 +4,18 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, NamedTuple, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     from kvsched.routers.view import Signals
+
+
+class InPrefill(NamedTuple):
+    """Of the requests a router sent a replica, those whose first token has not come back (queued or in
+    prefill), and their prompt tokens: Dynamo's active prefill load."""
+
+    requests: int
+    tokens: int
 
 
 @runtime_checkable
@@ -28,7 +36,7 @@ class RoutedReplica(Protocol):
         """Its newest report true at ``t`` or before."""
         ...
 
-    def in_prefill(self) -> tuple[int, int]:
+    def in_prefill(self) -> InPrefill:
         """Of the requests in flight, those whose first token has not come back, and their prompt tokens."""
         ...
 

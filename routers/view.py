@@ -234,12 +234,13 @@ class ReplicaView:
         lambda self: _fresh(self, "in_flight_tokens").in_flight_tokens, doc="prompt tokens of those requests (fresh)"
     )
     in_prefill_requests = property(
-        lambda self: _fresh(self, "in_prefill_requests").in_prefill()[0],
+        lambda self: _fresh(self, "in_prefill_requests").in_prefill().requests,
         doc="of those, the requests whose first token has not come back: queued or in "
         "prefill (fresh: the router sees each response's first token)",
     )
     in_prefill_tokens = property(
-        lambda self: _fresh(self, "in_prefill_tokens").in_prefill()[1], doc="prompt tokens of those requests (fresh)"
+        lambda self: _fresh(self, "in_prefill_tokens").in_prefill().tokens,
+        doc="prompt tokens of those requests (fresh)",
     )
 
     @property

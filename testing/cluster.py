@@ -64,7 +64,7 @@ def check_cluster(cluster: Cluster, requests: list[Request]) -> list[tuple[str, 
     twice = [i for i, n in counts.items() if n > 1]
     if twice:
         problems.append((NO_REQUEST_DUPLICATED, f"{len(twice)} requests recorded more than once, e.g. {twice[:3]}"))
-    routed = Counter((request_id, pool) for request_id, pool, *_ in rec.routes)
+    routed = Counter((route.request_id, route.pool) for route in rec.routes)
     again = [k for k, n in routed.items() if n > 1]
     if again:
         problems.append((NO_REQUEST_DUPLICATED, f"routed twice into one pool: {again[:3]}"))
@@ -77,12 +77,13 @@ def check_cluster(cluster: Cluster, requests: list[Request]) -> list[tuple[str, 
             r.engine.check()
         except AuditError as exc:
             problems.append((NO_LEAK_ANYWHERE, f"{r.name}: {exc}"))
-        if r.in_flight_requests or r.in_flight_tokens or r.in_prefill() != (0, 0):
+        unanswered = r.in_prefill()
+        if r.in_flight_requests or r.in_flight_tokens or unanswered.requests or unanswered.tokens:
             problems.append(
                 (
                     NO_LEAK_ANYWHERE,
                     f"{r.name}: {r.in_flight_requests} requests ({r.in_flight_tokens} "
-                    f"tokens) still in flight, {r.in_prefill()[0]} awaiting a first token",
+                    f"tokens) still in flight, {unanswered.requests} awaiting a first token",
                 )
             )
         if r.cached_by_request:
@@ -93,11 +94,10 @@ def check_cluster(cluster: Cluster, requests: list[Request]) -> list[tuple[str, 
         if received:
             problems.append((NO_LEAK_ANYWHERE, f"{r.name}: received-KV counts of {len(received)} requests left behind"))
     pools = {"mixed"} if not cluster.disaggregated else {"prefill", "decode"}
-    for request_id, pool, _, index, _ in rec.routes:
-        if pool not in pools or cluster.replicas[index].role != pool:
-            problems.append(
-                (ROUTES_IN_POOL, f"{request_id} routed to {cluster.replicas[index].name} in the {pool} pool")
-            )
+    for route in rec.routes:
+        if route.pool not in pools or cluster.replicas[route.replica].role != route.pool:
+            name = cluster.replicas[route.replica].name
+            problems.append((ROUTES_IN_POOL, f"{route.request_id} routed to {name} in the {route.pool} pool"))
             break
     if cluster.disaggregated:
         decoded = {request_id for request_id, pool in routed if pool == "decode"}

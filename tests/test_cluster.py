@@ -222,11 +222,11 @@ def test_pd_takes_ttft_from_the_prefill_pool_and_charges_the_transfer():
     moved = 0.25 + 1000 * prefill.engine.executor.profile.kv_bytes_per_token / 0.5e9
     assert row["output_tokens"] == 20 and row["status"] == "FINISHED_STOPPED"
     routes = cluster.records.routes
-    assert [(pool, cluster.replicas[i].name) for _, pool, _, i, _ in routes] == [
+    assert [(route.pool, cluster.replicas[route.replica].name) for route in routes] == [
         ("prefill", "prefill-0"),
         ("decode", "decode-0"),
     ]
-    assert routes[1][2] == pytest.approx(row["first_token_time"] + moved)
+    assert routes[1].time == pytest.approx(row["first_token_time"] + moved)
     assert row["ttft"] == pytest.approx(row["first_token_time"])
 
 
@@ -406,7 +406,7 @@ def test_a_one_token_request_under_pd_ends_in_the_prefill_pool():
     cluster = Cluster(FleetSpec(replicas=[ReplicaGroup(role="prefill"), ReplicaGroup(role="decode")]))
     cluster.run(requests)
     assert_cluster(cluster, requests)
-    assert sorted(pool for _, pool, *_ in cluster.records.routes) == ["decode", "prefill", "prefill"]
+    assert sorted(route.pool for route in cluster.records.routes) == ["decode", "prefill", "prefill"]
 
 
 def test_a_heterogeneous_fleet_from_a_spec(tmp_path):

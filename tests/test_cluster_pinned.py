@@ -29,7 +29,8 @@ CACHING = {"enable_prefix_caching": True}
 def digest(cluster: Cluster) -> str:
     """One hash over the fleet's rows, routes and each replica's steps (floats by repr: exact)."""
     records, h = cluster.records, hashlib.sha256()
-    for part in (records.rows, records.routes, [(r.name, r.steps, r.requests) for r in cluster.replicas]):
+    routes = [tuple(route) for route in records.routes]  # plain tuples, as routes were when the digests were taken
+    for part in (records.rows, routes, [(r.name, r.steps, r.requests) for r in cluster.replicas]):
         h.update(repr(part).encode())
     return h.hexdigest()[:16]
 

@@ -240,7 +240,7 @@ def test_a_table_router_in_a_pd_fleet_follows_the_prefix_within_each_pool(name):
     cluster = Cluster(spec)
     cluster.run(requests)
     assert_cluster(cluster, requests)
-    decode = [reason for _, pool, _, _, reason in cluster.records.routes if pool == "decode"]
+    decode = [route.reason for route in cluster.records.routes if route.pool == "decode"]
     assert len(decode) == 6 and any("of this prompt" in reason or "prefix match" in reason for reason in decode)
 
 

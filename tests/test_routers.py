@@ -23,7 +23,7 @@ from kvsched.routers.balance import LeastOutstanding, PowerOfTwo, RoundRobin, Vl
 from kvsched.routers.plugins import RouterHooks, available_routers, load_router
 from kvsched.routers.prefix import CacheAware, PrefixAffinity
 from kvsched.routers.prefix_index import PrefixIndex, prefix_hashes
-from kvsched.routers.replica import RoutedReplica
+from kvsched.routers.replica import InPrefill, RoutedReplica
 from kvsched.routers.view import ReplicaView, Route, RoutingCall, Signals
 from kvsched.routers.weighted import Weighted
 
@@ -403,7 +403,7 @@ def test_views_read_a_replica_only_through_the_declared_protocol():
             return Signals(t, 4, 3, 1, 25)
 
         def in_prefill(self):
-            return 1, 120
+            return InPrefill(1, 120)
 
         def cached_prefix_blocks(self, hashes):
             return len(hashes) - 1
@@ -439,8 +439,8 @@ def test_staleness_changes_what_a_router_sees():
     fresh, stale = fleet(4, "vllm-dp"), fleet(4, "vllm-dp", staleness_s=1.0)
     fresh.run(requests)
     stale.run(requests)
-    seen_fresh = [r for *_, r in fresh.records.routes]
-    seen_stale = [r for *_, r in stale.records.routes]
+    seen_fresh = [route.reason for route in fresh.records.routes]
+    seen_stale = [route.reason for route in stale.records.routes]
     assert seen_fresh != seen_stale
     assert all(
         r.endswith((": 0", ": 4", ": 8", ": 12", ": 16", ": 20", ": 24", ": 28", ": 32", ": 36")) for r in seen_stale

@@ -38,6 +38,7 @@ from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, R
 
 from kvsched.core.request import MAX_INT64, Request
 from kvsched.routers.plugins import RouterError, RouterHooks
+from kvsched.routers.replica import InPrefill
 from kvsched.routers.view import Signals
 
 
@@ -61,10 +62,10 @@ class ServeReplica:
     def cached_prefix_blocks(self, hashes: list[int]) -> int:
         return 0
 
-    def in_prefill(self) -> tuple[int, int]:
+    def in_prefill(self) -> InPrefill:
         """Serve tells a router when a request completes, not when its first token comes: every request in
         flight counts as awaiting it."""
-        return self.in_flight_requests, self.in_flight_tokens
+        return InPrefill(self.in_flight_requests, self.in_flight_tokens)
 
 
 def prompt_ids(pending: PendingRequest) -> list[int]:
