@@ -9,7 +9,6 @@ from bisect import bisect_left
 from collections import deque
 from typing import TYPE_CHECKING, NamedTuple
 
-from kvsched.core.completion import Completion
 from kvsched.core.engine import Engine
 from kvsched.core.request import Request
 from kvsched.routers.replica import InPrefill
@@ -65,7 +64,7 @@ class Replica:
         self._stepping = False  # a step under way (begin_step); else its last was a steady run, applied as it ran
         # Its last step a steady run stopped by an arrival, nothing added since: it goes on coasting.
         self.resumable = False
-        self._gpu = engine.scheduler.block_manager.gpu if engine.config.enable_prefix_caching else None
+        self._cache = engine.cache if engine.config.enable_prefix_caching else None
         self.busy = False  # a step under way or one due: an event of this replica is on the cluster's heap
         self.generation = 0  # events of older generations on the heap are void
         # Measured while it runs.
@@ -85,15 +84,7 @@ class Replica:
 
     def cached_prefix_blocks(self, hashes: list[int]) -> int:
         """Leading blocks of ``hashes`` that its GPU prefix cache holds now."""
-        gpu = self._gpu
-        if gpu is None:
-            return 0
-        n = 0
-        for h in hashes:
-            if gpu.lookup(h) is None:
-                break
-            n += 1
-        return n
+        return 0 if self._cache is None else self._cache.cached_prefix_blocks(hashes)
 
     def in_prefill(self) -> InPrefill:
         """The requests the router sent here whose first token has not come back (queued or in prefill), and
@@ -190,7 +181,7 @@ class Replica:
                 return now
         output = engine.begin_step()
         self._stepping = True
-        if self._gpu is not None:  # what each request's first admission found in the prefix cache
+        if self._cache is not None:  # what each request's first admission found in the prefix cache
             found = self.cached_by_request
             for sg in output.scheduled[output.lane_decodes :]:
                 if sg.is_prefill and sg.group.index not in found:
@@ -240,7 +231,9 @@ class Replica:
         where an arrival stopped the run (``resumable``: nothing ended in it, nothing was added since)."""
         sched = self.engine.scheduler
         self._reports.append(
-            Signals(t, len(sched.waiting), len(sched.running), len(sched.swapped), sched.block_manager.gpu.num_free)
+            Signals(
+                t, len(sched.waiting), len(sched.running), len(sched.swapped), self.engine.cache.num_free_gpu_blocks
+            )
         )
 
     def end_step(self) -> list:
@@ -306,4 +299,4 @@ class LaggingReplica(Replica):
 
 def replica_class(engine: Engine) -> type[Replica]:
     """The replica that drives ``engine``: a ``LaggingReplica`` where its scheduler sees arrivals late."""
-    return Replica if type(engine.completion).seen_at is Completion.seen_at else LaggingReplica
+    return LaggingReplica if engine.completion.lags else Replica

@@ -60,6 +60,8 @@ class Stop(NamedTuple):
 class AsyncLag(SchedulerTime):
     """``SchedulerTime`` plus the one-step lag of step N's outputs (the module's docstring)."""
 
+    lags = True
+
     def __init__(self, engine: Engine) -> None:
         if engine.config.num_speculative_tokens:
             raise ValueError("async_scheduling with num_speculative_tokens is not modelled")

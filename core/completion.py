@@ -18,6 +18,7 @@ class Completion:
     """Applies each step's outputs as they come (a sync engine)."""
 
     timed = False  # True: the step's time includes the scheduler's (``charge`` and ``ran``)
+    lags = False  # True: the scheduler sees arrivals later than they come (``seen_at``)
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import functools
 from collections import namedtuple
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from operator import attrgetter
 from types import NoneType
 from typing import TYPE_CHECKING, NamedTuple
@@ -274,6 +274,15 @@ class CacheView(Window):
         """Leading prompt tokens already in the prefix cache (0 without prefix caching)."""
         bm = shown(self)
         return max((bm.num_cached_tokens(s) for s in self._own(group).seqs), default=0)
+
+    def cached_prefix_blocks(self, hashes: Iterable[int]) -> int:
+        """Leading blocks of ``hashes`` (a prompt's prefix hashes, as routers make them) the GPU prefix cache holds."""
+        gpu, n = shown(self).gpu, 0
+        for content_hash in hashes:
+            if gpu.lookup(content_hash) is None:
+                break
+            n += 1
+        return n
 
     def can_append_slots(self, group: GroupView) -> bool:
         return shown(self).can_append_slots(self._own(group))

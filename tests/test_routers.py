@@ -459,6 +459,8 @@ def test_prefix_hashes_name_the_blocks_the_engine_caches():
     replica.engine.add_request(probe)
     view = replica.engine.waiting[0]
     assert blocks == 3 and replica.engine.cache.num_cached_tokens(view) == 3 * 16
+    hashes = prefix_hashes(probe.prompt_token_ids, 16)  # the engine's CacheView answers it: leading blocks only
+    assert replica.engine.cache.cached_prefix_blocks([hashes[0], -1, hashes[2]]) == 1
 
 
 def test_in_flight_counts_are_the_routers_own_and_fresh():
