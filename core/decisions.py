@@ -1,9 +1,11 @@
-"""The vocabulary of decisions: what a step operation answered, a preemption choice, why (the decision log's notes)."""
+"""The vocabulary of decisions (what a step operation answered, a preemption choice, why) and the step's notes of
+them, of which ``kvsched.metrics.decision_log`` makes the log, for every policy alike."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum, IntEnum
+from types import MappingProxyType
 from typing import TYPE_CHECKING, NamedTuple
 
 from kvsched.core.config import PreemptionMode
@@ -12,6 +14,7 @@ from kvsched.errors import quote
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
+    from kvsched.core.sequence import SequenceGroup
     from kvsched.core.view import GroupView
 
 
@@ -26,12 +29,8 @@ class Outcome(str, Enum):
 
 
 class Decision(IntEnum):
-    """What a step operation notes in ``SchedulerOutput.decisions``: the kind of each note (its first field).
-
-    One note per decision that is not a plain decode (the named tuples below), appended as the operation
-    decides, with the numbers its check compared, so that an observer can tell why a request waited without
-    any policy writing a line (``kvsched.metrics.decision_log`` turns them into the decision log).
-    """
+    """The kind of each note in ``SchedulerOutput.decisions`` (its first field): one per decision that is not a plain
+    decode, with the numbers compared, so that an observer can tell why a request waited without a policy's help."""
 
     PREFILL = 0
     SWAPPED_IN = 1
@@ -90,11 +89,8 @@ _INT64 = 1 << 63
 
 
 def held_problem(reason: object, numbers: dict) -> str | None:
-    """What keeps a ``hold_back`` reason and its numbers out of the decision log (None: nothing).
-
-    The reason and each name must be a str that UTF-8 can carry (no lone surrogate), the reason at
-    most ``MAX_REASON_CHARS`` long; each number an int of the log's int64 range or a float: so that
-    the log never fails on a policy's values, the policy is refused as it gives them."""
+    """What keeps a ``hold_back`` reason and its numbers out of the decision log, or None: the policy is refused as it
+    gives them, so that the log never fails on its values."""
     if type(reason) is not str:
         return "the reason must be a str"
     if len(reason) > MAX_REASON_CHARS:
@@ -122,3 +118,36 @@ class Preemption:
     victim: GroupView
     mode: PreemptionMode | None = None
     reason: str | None = None
+
+
+class DecisionNotes:
+    """What a step notes (a mixin of ``StepState``): each check that turns a group away, each ``hold_back``."""
+
+    def hold_back(self, reason: str, numbers: dict[str, float]) -> None:
+        problem = held_problem(reason, numbers)
+        if problem is not None:
+            self.refuse(f"hold_back: {problem}; got {quote(reason)} and {quote(numbers)}")
+        numbers = MappingProxyType(dict(numbers))  # read-only: observers see it
+        self.output.decisions.append(Held(Decision.HELD, None, reason, numbers))
+
+    def _note(self, outcome: Outcome | None, note: tuple) -> Outcome | None:
+        self.output.decisions.append(note)
+        return outcome
+
+    def _no_blocks(self, g: SequenceGroup, needed: int) -> Outcome:
+        """LATER, noted with the blocks ``g`` needs and the free ones (of which the watermark stays free)."""
+        return self._note(Outcome.LATER, Refused(Decision.NO_BLOCKS, g.request_id, needed, self.bm.gpu.num_free))
+
+    def _no_tokens(self, g: SequenceGroup, needed: int, left: int) -> Outcome:
+        return self._note(Outcome.BUDGET, Refused(Decision.TOKEN_BUDGET, g.request_id, needed, left))
+
+    def _over_budget(self, g: SequenceGroup, tokens: int) -> bool:
+        """True (and noted) when ``tokens`` more, or ``g``'s sequences, exceed what is left of the step's budgets."""
+        left, seats = self.max_tokens - self.output.num_batched_tokens, self.max_seqs - self.num_running_seqs
+        if tokens > left:
+            self._no_tokens(g, tokens, left)
+        elif g.max_running_seqs > seats:
+            self._note(None, Refused(Decision.SEQ_BUDGET, g.request_id, g.max_running_seqs, seats))
+        else:
+            return False
+        return True

@@ -15,8 +15,7 @@ if TYPE_CHECKING:
 
 
 class StepFeatures(NamedTuple):
-    """The quantities a step's time depends on (also what a calibration fit regresses on); built once per step, so a
-    named tuple (a third of a frozen dataclass's cost)."""
+    """What a step's time depends on (and a calibration regresses on): a named tuple, built once a step."""
 
     prefill_tokens: int  # P: prompt or chunk tokens computed
     decode_seqs: int  # D: sequences decoding one token
@@ -25,12 +24,6 @@ class StepFeatures(NamedTuple):
     blocks_copied: int
     prefill_pairs: int = 0  # E: query-key pairs attention computes for the chunks of two or more tokens
 
-    @classmethod
-    def of(cls, out: SchedulerOutput) -> StepFeatures:
-        swapped = len(out.blocks_to_swap_in) + len(out.blocks_to_swap_out)
-        pairs = sum(causal_pairs(n, c) for n, c in out.chunks() if c > 1) if out.prefill_tokens else 0
-        return cls(out.prefill_tokens, out.decode_seqs, out.kv_tokens_read, swapped, len(out.blocks_to_copy), pairs)
-
 
 def causal_pairs(context: int, chunk: int) -> int:
     """Query-key pairs of ``chunk`` tokens after ``context``: query i (from 1) sees ``context + i`` keys."""
@@ -38,13 +31,8 @@ def causal_pairs(context: int, chunk: int) -> int:
 
 
 class ScheduledGroup:
-    """A group that runs in this step and how many tokens it computes.
-
-    ``num_tokens`` is the group's total. A single-sequence group may compute a chunk of its
-    prefill; otherwise every unfinished sequence computes all its uncomputed tokens. An admitted
-    prompt's ``num_cached_tokens`` are the leading tokens found in the prefix cache, which it does
-    not compute (so its full prompt is ``num_cached_tokens + num_tokens`` unless chunked).
-    """
+    """A group that runs in this step and the tokens it computes, in all (only a single sequence may compute a chunk
+    of its prefill); ``num_cached_tokens``: an admitted prompt's leading tokens found in the prefix cache."""
 
     __slots__ = ("group", "num_tokens", "is_prefill", "num_cached_tokens", "_chunks")
 
@@ -56,8 +44,8 @@ class ScheduledGroup:
         self._chunks: list[tuple[Sequence, int]] | None = None
 
     def seq_chunks(self) -> list[tuple[Sequence, int]]:
-        """(sequence, tokens it computes now) for each unfinished sequence, fixed at the first call (which must come
-        before the engine applies the step)."""
+        """(sequence, tokens it computes now) for each unfinished sequence, fixed at the first call (before the
+        engine applies the step)."""
         chunks = self._chunks
         if chunks is None:
             seqs = self.group.seqs
@@ -71,10 +59,9 @@ class ScheduledGroup:
         return chunks
 
     def samples(self) -> list[tuple[Sequence, int]]:
-        """(sequence, tokens to sample) for each sequence that finishes computing in this step, what an executor
-        samples: ``n`` for the prompt of a group not yet forked (the engine forks a sequence per extra token), else one.
-        Like ``seq_chunks``, call it before the engine applies the step; a decode with draft tokens (V1 speculative
-        decoding) computes past its tokens and samples too: one token rejects every draft, 1 + a accepts a of them."""
+        """(sequence, tokens to sample) for each sequence that finishes computing in this step: ``n`` for the prompt of
+        a group not yet forked (the engine forks a sequence per extra token), else one. Call it before the step
+        applies; a decode with drafts samples too (one token rejects every draft, 1 + a accepts a of them)."""
         samples = self.group.n if len(self.group.seqs) == 1 else 1  # one sequence: unforked, or n is 1
         return [(seq, samples) for seq, n in self.seq_chunks() if seq.num_computed_tokens + n >= seq.num_tokens]
 
@@ -85,11 +72,8 @@ class ScheduledGroup:
 
 @dataclass
 class SchedulerOutput:
-    """The step's batch plus the block movements the executor must perform first.
-
-    Executors apply ``blocks_to_swap_out`` (GPU→CPU), then ``blocks_to_swap_in`` (CPU→GPU), then
-    ``blocks_to_copy`` (copy-on-write, GPU→GPU), then run the model on ``scheduled``.
-    """
+    """The step's batch plus the block movements an executor performs first, in this order: ``blocks_to_swap_out``
+    (GPU→CPU), ``blocks_to_swap_in`` (CPU→GPU), ``blocks_to_copy`` (copy-on-write), then the model on ``scheduled``."""
 
     scheduled: list[ScheduledGroup] = field(default_factory=list)
     swapped_in: list[SequenceGroup] = field(default_factory=list)  # groups brought back from the CPU in this step
@@ -99,16 +83,15 @@ class SchedulerOutput:
     preempted: list[tuple[SequenceGroup, PreemptionMode]] = field(default_factory=list)
     ignored: list[SequenceGroup] = field(default_factory=list)
     num_batched_tokens: int = 0
-    # The step's cost features (``features``), counted by the step builder as it schedules; set by hand otherwise.
+    # The step's cost features, counted by the step builder as it schedules.
     prefill_tokens: int = 0
     decode_seqs: int = 0
     kv_tokens_read: int = 0
     # The first ``lane_decodes`` of ``scheduled`` ride the decode lane, their tokens known: ``KnownTokens`` skips them.
     lane_decodes: int = 0
-    # Under V1 mechanics, the order the step took blocks and gave them back, which the vLLM integration's mirror
-    # replays: (request id, tokens its blocks now hold), or (request id, None) for a preemption.
+    # Under V1: (request id, tokens its blocks now hold, or None when preempted) in the order taken, for the mirror.
     block_ops: list[tuple[str, int | None]] = field(default_factory=list)
-    # Why, per decision that is not a plain decode (``core.decisions.Decision`` tuples, in the order taken).
+    # Why, per decision that is not a plain decode (``core.decisions.Decision`` notes, in the order taken).
     decisions: list[tuple] = field(default_factory=list)
 
     def chunks(self) -> Iterator[tuple[int, int]]:
@@ -128,12 +111,14 @@ class SchedulerOutput:
 
     @property
     def features(self) -> StepFeatures:
-        """What the step's cost depends on, as counted while the step was built (before the
-        engine applies it), so that cost models and calibration agree. Computed on first use
-        (a plain cache: Python 3.11's ``cached_property`` takes a lock on every read)."""
+        """What the step's cost depends on, counted as it was built, so that cost models and calibration agree
+        (cached by hand: Python 3.11's ``cached_property`` takes a lock on every read)."""
         features = self._features
         if features is None:
-            features = self._features = StepFeatures.of(self)
+            swapped = len(self.blocks_to_swap_in) + len(self.blocks_to_swap_out)
+            pairs = sum(causal_pairs(n, c) for n, c in self.chunks() if c > 1) if self.prefill_tokens else 0
+            counts = (self.prefill_tokens, self.decode_seqs, self.kv_tokens_read, swapped, len(self.blocks_to_copy))
+            features = self._features = StepFeatures(*counts, pairs)
         return features
 
     @property

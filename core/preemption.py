@@ -1,6 +1,5 @@
-"""How a step preempts (a mixin of ``StepState``): the victim a policy names (``choose_preemption``,
-``StepBuilder.preempt``) checked to be an unscheduled running group of this engine, the mode settled (the config's,
-else the policy's, else vLLM's default), its blocks freed or swapped out at once: the next operation sees the room."""
+"""How a step preempts (a mixin of ``StepState``): the policy's victim checked, the mode settled, its blocks freed or
+swapped out at once, so that the next operation sees the room."""
 
 from __future__ import annotations
 
@@ -17,15 +16,15 @@ if TYPE_CHECKING:
 
 
 class Preemptions:
+    victim_states = (None,)  # what a victim may have been in this step: untouched (V1 adds "scheduled")
+
     def _make_room(self, g: SequenceGroup) -> bool:
-        """Preempt until every unfinished sequence of ``g`` could take a new block (vLLM's worst case): True if ``g``
-        itself had to go, False once it can decode."""
+        """Preempt until each unfinished sequence of ``g`` can take a block (vLLM's worst case); True if ``g`` went."""
         bm = self.bm
         while bm.gpu.num_free < g.num_unfinished_seqs:  # bm.can_append_slots, inlined: the hot path
             victim, mode, reason = self._choose_victim(g)
             if victim is g:
-                # Deliberate difference from vLLM: do not preempt the last candidate when its
-                # exact need fits (vLLM's worst case makes a lone request thrash).
+                # Unlike vLLM, the last candidate stays when its exact need fits (the worst case makes it thrash).
                 if bm.blocks_to_append(g) <= bm.gpu.num_free:
                     return False
                 self._preempt(g, mode, g, reason)
@@ -48,7 +47,7 @@ class Preemptions:
                 self.refuse(
                     f"picked {quote(choice.victim)}, which is not a request of this engine", "choose_preemption"
                 )
-            if not self._accepts_victim(victim):
+            if victim.status is not SequenceStatus.RUNNING or self.touched.get(victim) not in self.victim_states:
                 state = self.touched.get(victim, victim.status.name)
                 self.refuse(
                     f"picked {quote(victim.request_id)}, which is {state}, not an unscheduled running group",
@@ -56,25 +55,17 @@ class Preemptions:
                 )
         return victim, self._mode_arg(choice.mode, "Preemption", "choose_preemption"), choice.reason
 
-    def _accepts_victim(self, victim: SequenceGroup) -> bool:
-        return victim.status is SequenceStatus.RUNNING and victim not in self.touched
-
-    def _preemption_mode(self, g: SequenceGroup, mode: PreemptionMode | None) -> PreemptionMode:
-        """The mode used: forced by the config, else the policy's, else recompute one sequence and swap several."""
-        if self.config.preemption_mode is not None:
-            mode = self.config.preemption_mode
-        elif mode is None:
-            mode = PreemptionMode.RECOMPUTE if g.max_running_seqs == 1 else PreemptionMode.SWAP
-        if mode is PreemptionMode.SWAP and not self.bm.can_swap_out(g):
-            mode = PreemptionMode.RECOMPUTE  # the CPU pool is full: recompute instead of failing
-        return mode
-
     def _preempt(
         self, g: SequenceGroup, mode: PreemptionMode | None, requester: SequenceGroup | None = None, reason=None
     ) -> PreemptionMode:
         if (fast := self.sched.fast_path) is not None:  # its decode lane, if it rides one, dissolves
             fast.touch(g)
-        mode = self._preemption_mode(g, mode)
+        if self.forced_mode is not None:  # the config's, else the policy's, else recompute one sequence, swap several
+            mode = self.forced_mode
+        elif mode is None:
+            mode = PreemptionMode.RECOMPUTE if g.max_running_seqs == 1 else PreemptionMode.SWAP
+        if mode is PreemptionMode.SWAP and not self.bm.can_swap_out(g):
+            mode = PreemptionMode.RECOMPUTE  # the CPU pool is full: recompute instead of failing
         requested = requester.request_id if requester is not None else None
         self._note(None, Preempted(Decision.PREEMPTED, g.request_id, mode, requested, reason))
         if mode is PreemptionMode.SWAP:

@@ -1,8 +1,5 @@
-"""The step builder: what ``select_batch`` receives, and the only way a policy changes anything.
-
-Its state is what it shows (``core/view.py``); the rules live in ``core/step_state.py``. The
-operations work only inside the ``select_batch`` call the builder was given to.
-"""
+"""The step builder: what ``select_batch`` receives, and the only way a policy changes anything. It shows its
+state as a view does (``core/view.py``); the rules live in ``core/step_state.py``."""
 
 from __future__ import annotations
 
@@ -28,8 +25,8 @@ _NO_GROUPS = QueueView([])  # what an empty queue shows: the step's queues chang
 
 
 class StepBuilder:
-    """One step under construction: read-only queues and budgets plus validated operations (its own ``__weakref__``
-    slot, not a ``Window``'s: its reads, three a running request in a step, find it a class nearer)."""
+    """One step under construction: read-only queues and budgets plus validated operations, valid only inside the
+    ``select_batch`` call it was given to (its own ``__weakref__`` slot: its reads find it a class nearer)."""
 
     __slots__ = ("__weakref__",)
     __init__ = show  # StepBuilder(state): it shows the step's state while it lives (as a Window does)
@@ -70,8 +67,7 @@ class StepBuilder:
         return _live(self, "advance").advance(group, max_tokens)
 
     def swap_in(self, group: GroupView, max_tokens: int | None = None) -> Outcome:
-        """Bring a swapped group back to the GPU and run it in this step (a group swapped out in the
-        middle of a chunked prefill continues with a chunk of at most ``max_tokens`` tokens)."""
+        """Bring a swapped group back to the GPU and run it (a chunked prefill goes on with ``max_tokens`` at most)."""
         return _live(self, "swap_in").swap_in(group, max_tokens)
 
     def preempt(self, group: GroupView, mode: PreemptionMode | None = None) -> PreemptionMode:
@@ -83,14 +79,13 @@ class StepBuilder:
         _live(self, "reorder_waiting").reorder_waiting(front)
 
     def hold_back(self, reason: str, **numbers: float) -> None:
-        """Say why the policy offers no (more) waiting group in this step, with the numbers it compared,
-        e.g. ``step.hold_back("delay gate", waited_s=0.8, limit_s=1.2)``: the decision log gives it as
-        the reason for every waiting group the policy did not offer."""
+        """Say why the policy offers no (more) waiting group in this step, for the decision log, with the numbers it
+        compared: ``step.hold_back("delay gate", waited_s=0.8, limit_s=1.2)``."""
         _live(self, "hold_back").hold_back(reason, numbers)
 
     def advance_running(self, stop_on_preempted: bool = True) -> Outcome:
-        """``advance`` every untouched running group, oldest first, in the core; stops at BUDGET and
-        (unless ``stop_on_preempted`` is False) at the first group itself preempted (docs/hooks.md)."""
+        """``advance`` every untouched running group, oldest first; stop at BUDGET or (if ``stop_on_preempted``) at
+        the first group itself preempted."""
         return _live(self, "advance_running").advance_running(stop_on_preempted)
 
     def advance_decodes(self, max_tokens: int | None = None) -> Outcome:

@@ -1,9 +1,6 @@
-"""A step under construction, on the core's side: where every rule is enforced.
-
-A policy holds only the ``StepBuilder``, whose operations land here. Each validates first (a view
-of this engine, right queue, untouched, budgets, capacity, argument types), then performs the
-allocator side at once (so the next operation sees exact capacity) and records the queue changes
-that the scheduler commits after the hook returns, or rolls back if anything failed.
+"""A step under construction, on the core's side, where every rule is enforced: each ``StepBuilder`` operation
+validates first, takes or frees blocks at once (the next operation sees exact capacity) and records the queue
+changes that the scheduler commits after the hook returns, or rolls back if anything failed.
 """
 
 from __future__ import annotations
@@ -14,12 +11,11 @@ from typing import TYPE_CHECKING
 
 from kvsched.allocators.alloc_status import AllocStatus
 from kvsched.core.config import PreemptionMode
-from kvsched.core.decisions import Decision, Ignored, Outcome, Prefill, SwappedIn
+from kvsched.core.decisions import Decision, DecisionNotes, Ignored, Outcome, Prefill, SwappedIn
 from kvsched.core.outputs import ScheduledGroup, SchedulerOutput
 from kvsched.core.preemption import Preemptions
 from kvsched.core.sequence import SequenceStatus
 from kvsched.core.step import StepBuilder
-from kvsched.core.step_notes import DecisionNotes
 from kvsched.core.view import GROUPS, GroupView, forget, group_of
 from kvsched.errors import quote
 
@@ -32,8 +28,7 @@ _WAITING, _RUNNING, _SWAPPED = SequenceStatus.WAITING, SequenceStatus.RUNNING, S
 
 
 class StepState(Preemptions, DecisionNotes):
-    """The step's batch, budgets and touched groups, and the operations of ``StepBuilder`` (each
-    noting why it turned a group away, ``core/step_notes.py``)."""
+    """The step's batch, budgets and touched groups, and the operations of ``StepBuilder``."""
 
     def __init__(self, scheduler: Scheduler, now: float, hooks: PolicyHooks) -> None:
         self.sched = scheduler
@@ -47,6 +42,7 @@ class StepState(Preemptions, DecisionNotes):
         self.max_tokens = self.config.max_num_batched_tokens
         self.max_seqs = self.config.max_num_seqs
         self.prompt_limit = self.config.model_len  # the longest prompt (with any output, if recomputed) admitted
+        self.forced_mode = self.config.preemption_mode
         self.admitted: list[SequenceGroup] = []
         self.recomputed: list[SequenceGroup] = []
         self.swapped_out: list[SequenceGroup] = []
@@ -58,7 +54,6 @@ class StepState(Preemptions, DecisionNotes):
         self.handed: list | None = []  # what the views it hands out show (core/view.py), let go as it closes
 
     def close(self) -> None:
-        """The step is over: its builder refuses every operation from now on."""
         self.open = False
         self.step = None  # no cycle with the builder: the step's objects are freed at once, not by the collector
         forget(self.handed)
@@ -131,7 +126,7 @@ class StepState(Preemptions, DecisionNotes):
         return Outcome.SCHEDULED
 
     def _unfit(self, g: SequenceGroup, longest: int) -> str | None:
-        """Why ``g`` can never be admitted, whatever the cache holds (its length, its sequences), or None."""
+        """Why ``g`` can never be admitted, whatever the cache holds, or None."""
         if longest > self.prompt_limit:  # prompt_limit <= model_len: the model's length asked only then
             model_len = self.config.model_len
             why = "exceed" if longest > model_len else "leave no room for an output token within"
@@ -217,7 +212,7 @@ class StepState(Preemptions, DecisionNotes):
 
     # -------------------------------------------------------------------------- mechanics
     def _admitted_tokens(self, g: SequenceGroup, cached: dict[int, int], chunk: int) -> int | None:
-        """Tokens of an admitted prompt that get blocks now: all of them (vLLM v0; None)."""
+        """Tokens of an admitted prompt that get blocks now: all of them under vLLM v0 (None)."""
         return None
 
     def _run(self, g: SequenceGroup, max_tokens: int | None, op: str, room: bool = False) -> Outcome:
@@ -240,10 +235,8 @@ class StepState(Preemptions, DecisionNotes):
         return Outcome.SCHEDULED
 
     def _take_blocks(self, g: SequenceGroup, running: list[Sequence], chunk: int, room: bool) -> bool:
-        """Give ``g``'s running sequences the blocks this step's tokens need (``chunk``: a prefill
-        chunk's tokens, 0 for a decode); True if ``g`` itself was preempted for want of them. Under
-        vLLM v0 a chunk has its blocks already (a prompt gets all at admission) and a decode makes
-        worst-case room first, unless ``room`` says its blocks are known to fit."""
+        """Give ``g``'s sequences the blocks this step's tokens need (``chunk``: 0 for a decode); True if ``g`` was
+        preempted for want of them. Under vLLM v0 a prompt got all its blocks at admission."""
         if chunk:
             return False
         if not room and self._make_room(g):
@@ -255,7 +248,7 @@ class StepState(Preemptions, DecisionNotes):
         return False
 
     def _decode_one(self, g: SequenceGroup, seq: Sequence, room: bool = False) -> Outcome:
-        """``_run`` for the commonest case, one sequence decoding one token (once per running request per step)."""
+        """``_run`` for the commonest case, one sequence decoding one token: the hot path."""
         out = self.output
         if out.num_batched_tokens >= self.max_tokens:
             return self._no_tokens(g, 1, self.max_tokens - out.num_batched_tokens)
@@ -271,9 +264,8 @@ class StepState(Preemptions, DecisionNotes):
         return Outcome.SCHEDULED
 
     def _record(self, g: SequenceGroup, chunk: int, is_prefill: bool, context: int, cached: int, left: int) -> None:
-        """Add ``g`` to the batch and to the step's cost features (``context``: KV tokens it reads;
-        ``cached``: prompt tokens an admission found in the prefix cache; ``left``: prompt tokens a
-        prefill leaves for later chunks)."""
+        """Add ``g`` to the batch and to the step's cost features (``context``: KV tokens it reads; ``left``: prompt
+        tokens left for later chunks)."""
         out = self.output
         out.scheduled.append(ScheduledGroup(g, chunk, is_prefill, cached))
         out.num_batched_tokens += chunk
@@ -315,7 +307,7 @@ class StepState(Preemptions, DecisionNotes):
         return g
 
     def _tokens_arg(self, value, op: str, minimum: int | None = 1) -> int | None:
-        """``max_tokens`` as an int (None stays None): a bool, a float, NaN or a count below ``minimum`` is refused."""
+        """``max_tokens`` as an int or None: a bool, a float or a count below ``minimum`` is refused."""
         if value is None or (type(value) is int and (minimum is None or value >= minimum)):
             return value
         try:

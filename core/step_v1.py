@@ -1,18 +1,6 @@
-"""The step builder under vLLM V1's mechanics (``EngineConfig(vllm_engine="v1")``; docs/vllm-v1.md sets each rule
-beside vLLM's code). The operations, checks and outcomes are ``StepBuilder``'s; what differs is how KV blocks are
-taken, as vLLM 0.32's ``KVCacheManager.allocate_slots`` takes them:
-
-- a prompt gets blocks for the tokens this step computes (chunk by chunk), not all at admission;
-- a running request takes exactly the blocks its new tokens need; while they do not fit, the policy picks victims;
-- full blocks are named in the prefix cache as they are allocated (a prompt admitted later in the step finds them);
-- a preemption recomputes (no CPU swap), and a victim scheduled earlier in the step gives its tokens back;
-- a prompt of ``max_model_len`` tokens or more is ignored (no room for even one output token);
-- a structured-output request is LATER until its grammar is ready (``grammar_ready``);
-- with ``num_speculative_tokens`` k, a decode runs its last token and up to k drafts, with blocks for all.
-
-With a step in flight (``Mechanics.in_flight``, vLLM's async scheduler: ``integrations/vllm/inflight.py``), a request
-whose in-flight step samples its last token is passed over (LATER), only known tokens are named in the prefix cache,
-and short of blocks the requester is its own victim if it is the newest request not yet touched.
+"""The step builder under vLLM V1's mechanics (``EngineConfig(vllm_engine="v1")``): the same operations and checks,
+with KV blocks taken as vLLM 0.32's ``KVCacheManager.allocate_slots`` takes them (chunk by chunk, exactly, named in
+the prefix cache as allocated; preemption recomputes). docs/vllm-v1.md sets each rule beside vLLM's code.
 """
 
 from __future__ import annotations
@@ -35,19 +23,15 @@ if TYPE_CHECKING:
     from kvsched.core.scheduler import Scheduler
     from kvsched.core.sequence import Sequence, SequenceGroup
 
-_RUNNING, _SWAPPED = SequenceStatus.RUNNING, SequenceStatus.SWAPPED
-
 
 def grammar_ready(group: SequenceGroup | GroupView, now: float) -> bool:
-    """Whether ``group``'s structured-output grammar is compiled at ``now`` (or it has none): V1
-    compiles it in the background from the request's arrival (``StructuredOutputManager.grammar_init``)."""
+    """V1 compiles a structured-output grammar in the background from arrival; the request waits for it."""
     ready_at = group.grammar_ready_at
     return ready_at is None or now >= ready_at
 
 
 def remember_drafts(drafting: set[int], output, running: list[SequenceGroup]) -> None:
-    """After a step is committed: which sequences the drafter gives draft tokens for their next step
-    (vLLM's ``update_draft_token_ids``): those the step samples; not a prefill chunk's, not a preempted one's."""
+    """The sequences the drafter gives drafts for their next step (vLLM's ``update_draft_token_ids``): those sampled."""
     for sg in output.scheduled:
         seq = sg.group.seqs[0]  # one sequence: V1 fans n > 1 out
         if seq.num_computed_tokens + sg.num_tokens >= seq.num_tokens:
@@ -61,7 +45,9 @@ def remember_drafts(drafting: set[int], output, running: list[SequenceGroup]) ->
 
 
 class V1StepState(StepState):
-    """One step under V1's block rules (see the module docstring); a policy sees no other difference."""
+    """One step under V1's block rules; a policy sees no other difference."""
+
+    victim_states = (None, "scheduled")  # V1's priority rule may pick a victim scheduled earlier in the step
 
     def __init__(self, scheduler: Scheduler, now: float, hooks: PolicyHooks) -> None:
         super().__init__(scheduler, now, hooks)
@@ -69,6 +55,7 @@ class V1StepState(StepState):
         self.caching = self.config.enable_prefix_caching
         self.drafts = self.config.num_speculative_tokens  # for each sequence in sched.drafting
         self.in_flight = scheduler.mechanics.in_flight
+        self.forced_mode = PreemptionMode.RECOMPUTE  # V1 has no CPU swap
 
     def admit(self, group, max_tokens: int | None) -> Outcome:
         g = group_of(group) if type(group) is GroupView else None  # None: refused as the admission resolves it
@@ -84,14 +71,13 @@ class V1StepState(StepState):
             self.output.blocks_to_swap_in += load.moves if scheduled else ()
         if outcome is Outcome.SCHEDULED:
             entry = self.output.scheduled[-1]
-            self.output.block_ops.append((entry.group.request_id, upto := entry.num_cached_tokens + entry.num_tokens))
-            for seq in entry.group.waiting_seqs() if self.caching else ():  # its chunk; several sequences run whole
-                self.bm.mark_computed(seq, min(seq.num_tokens, upto))
+            self.output.block_ops.append((g.request_id, upto := entry.num_cached_tokens + entry.num_tokens))
+            if self.caching:  # the blocks its chunk fills are named as they are taken
+                self.bm.mark_computed(g.seqs[0], upto)
         return outcome
 
     def _load(self, g: SequenceGroup | None) -> Load | None:
-        """With a CPU tier: its blocks after a waiting group's GPU hit, put in the GPU prefix cache before the
-        admission looks the group up (allocators/offloading.py)."""
+        """With a CPU tier: its blocks past the GPU hit, loaded before the admission looks the group up."""
         if g is None or g.block_manager is not self.bm or g in self.touched or g.status is not SequenceStatus.WAITING:
             return None
         if (
@@ -103,8 +89,7 @@ class V1StepState(StepState):
         return self.sched.offloading.load(g.request_id, g.seqs[0])
 
     def _admitted_tokens(self, g: SequenceGroup, cached: dict[int, int], chunk: int) -> int | None:
-        seqs = g.waiting_seqs()
-        return cached[seqs[0].seq_id] + chunk if len(seqs) == 1 else None
+        return cached[g.seqs[0].seq_id] + chunk
 
     def newest_unscheduled(self, exclude):
         newest = super().newest_unscheduled(None if self.in_flight else exclude)
@@ -125,8 +110,7 @@ class V1StepState(StepState):
         return super()._run(g, max_tokens, op, room)
 
     def _speculate(self, g: SequenceGroup, seq: Sequence, max_tokens: int | None) -> Outcome:
-        """A decode with its draft tokens: as many of ``1 + k`` as the policy's cap, the budget and
-        ``max_model_len`` allow (V1: ``num_tokens_with_spec - num_computed_tokens``, then ``min``s)."""
+        """A decode with as many of its ``1 + k`` draft tokens as the cap, the budget and ``max_model_len`` allow."""
         out, bm = self.output, self.bm
         left = self.max_tokens - out.num_batched_tokens
         if left <= 0:
@@ -148,23 +132,14 @@ class V1StepState(StepState):
         return Outcome.SCHEDULED
 
     def _take_blocks(self, g: SequenceGroup, running: list[Sequence], chunk: int, room: bool) -> bool:
-        bm = self.bm
-        if chunk:  # a chunk continues a single-sequence prompt: its blocks grow to hold it
-            seq, target = running[0], running[0].num_computed_tokens + chunk
-            if self._make_room(g, lambda: bm.blocks_to_grow(seq, target)):
-                return True
-            bm.grow(seq, target)
-            self._name(seq, target)
-            self.output.block_ops.append((g.request_id, target))
-            return False
-        if self._make_room(g, lambda: bm.blocks_to_append(g)):
+        """A prompt's chunk: its one sequence's blocks grow to hold it (a decode went to ``_decode_one``)."""
+        bm, seq = self.bm, running[0]
+        target = seq.num_computed_tokens + chunk
+        if self._make_room(g, lambda: bm.blocks_to_grow(seq, target)):
             return True
-        for seq in running:
-            cow = bm.append_slots(seq)
-            if cow is not None:
-                self.output.blocks_to_copy.append(cow)
-            self._name(seq, seq.num_tokens)
-        self.output.block_ops.append((g.request_id, max(s.num_tokens for s in running)))
+        bm.grow(seq, target)
+        self._name(seq, target)
+        self.output.block_ops.append((g.request_id, target))
         return False
 
     def _decode_one(self, g: SequenceGroup, seq: Sequence, room: bool = False) -> Outcome:
@@ -198,13 +173,6 @@ class V1StepState(StepState):
                 num_tokens = min(num_tokens, seq.num_tokens - self.in_flight(seq))
             self.bm.mark_computed(seq, num_tokens)
 
-    def _accepts_victim(self, victim: SequenceGroup) -> bool:
-        """Any running group, even one scheduled earlier in this step (V1's priority rule picks those)."""
-        return victim.status is _RUNNING and self.touched.get(victim) in (None, "scheduled")
-
-    def _preemption_mode(self, g: SequenceGroup, mode: PreemptionMode | None) -> PreemptionMode:
-        return PreemptionMode.RECOMPUTE
-
     def _preempt(
         self, g: SequenceGroup, mode: PreemptionMode | None, requester: SequenceGroup | None = None, reason=None
     ) -> PreemptionMode:
@@ -214,21 +182,16 @@ class V1StepState(StepState):
         return super()._preempt(g, mode, requester, reason)
 
     def _unschedule(self, g: SequenceGroup) -> None:
-        """Take ``g`` out of the batch: its tokens and cost return, its copies are dropped (its blocks go next)."""
+        """A victim scheduled earlier in the step leaves the batch: its tokens and cost return (V1 copies no block)."""
         out = self.output
-        i = next(i for i, sg in enumerate(out.scheduled) if sg.group is g)
-        entry = out.scheduled.pop(i)
-        running = [s for s in g.seqs if s.status <= _SWAPPED]
+        entry = out.scheduled.pop(next(i for i, sg in enumerate(out.scheduled) if sg.group is g))
         out.num_batched_tokens -= entry.num_tokens
-        out.kv_tokens_read -= sum(s.num_computed_tokens for s in running)
+        out.kv_tokens_read -= g.seqs[0].num_computed_tokens
         if entry.is_prefill:  # the decision log must not say it prefilled: its note goes with it
             out.prefill_tokens -= entry.num_tokens
             notes, prefill = out.decisions, Decision.PREFILL
-            last = max(i for i, n in enumerate(notes) if n.kind is prefill and n.request_id == g.request_id)
-            del out.decisions[last]
-        else:  # one sequence (V1 fans n > 1 out), and its drafts, if any
+            del notes[max(i for i, n in enumerate(notes) if n.kind is prefill and n.request_id == g.request_id)]
+        else:  # a decode, and its drafts, if any
             out.decode_seqs -= 1
             out.prefill_tokens -= entry.num_tokens - 1
-        held = {b for s in running for b in self.bm.gpu_tables.get(s.seq_id, ())}
-        out.blocks_to_copy[:] = [pair for pair in out.blocks_to_copy if pair[1] not in held]
         del self.touched[g]

@@ -2,7 +2,7 @@
 
 An ``on_step`` observer. The reasons come from the core: each step operation notes why it turned
 a group away, with the numbers its check compared (``SchedulerOutput.decisions``, see
-``core/step_notes.py``), so every policy gets them without writing a line. This observer adds
+``core/decisions.py``), so every policy gets them without writing a line. This observer adds
 what only the whole step shows (which requests finished, which running requests the step left
 out) and writes the rows to Parquet in row groups as the run goes, so a long run's log never sits
 in memory; the file appears under its name only once the run has ended (``close``).
