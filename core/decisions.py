@@ -130,16 +130,14 @@ class DecisionNotes:
         numbers = MappingProxyType(dict(numbers))  # read-only: observers see it
         self.output.decisions.append(Held(Decision.HELD, None, reason, numbers))
 
-    def _note(self, outcome: Outcome | None, note: tuple) -> Outcome | None:
-        self.output.decisions.append(note)
-        return outcome
-
     def _no_blocks(self, g: SequenceGroup, needed: int) -> Outcome:
         """LATER, noted with the blocks ``g`` needs and the free ones (of which the watermark stays free)."""
-        return self._note(Outcome.LATER, Refused(Decision.NO_BLOCKS, g.request_id, needed, self.bm.gpu.num_free))
+        self.output.decisions.append(Refused(Decision.NO_BLOCKS, g.request_id, needed, self.bm.gpu.num_free))
+        return Outcome.LATER
 
     def _no_tokens(self, g: SequenceGroup, needed: int, left: int) -> Outcome:
-        return self._note(Outcome.BUDGET, Refused(Decision.TOKEN_BUDGET, g.request_id, needed, left))
+        self.output.decisions.append(Refused(Decision.TOKEN_BUDGET, g.request_id, needed, left))
+        return Outcome.BUDGET
 
     def _over_budget(self, g: SequenceGroup, tokens: int) -> bool:
         """True (and noted) when ``tokens`` more, or ``g``'s sequences, exceed what is left of the step's budgets."""
@@ -147,7 +145,7 @@ class DecisionNotes:
         if tokens > left:
             self._no_tokens(g, tokens, left)
         elif g.max_running_seqs > seats:
-            self._note(None, Refused(Decision.SEQ_BUDGET, g.request_id, g.max_running_seqs, seats))
+            self.output.decisions.append(Refused(Decision.SEQ_BUDGET, g.request_id, g.max_running_seqs, seats))
         else:
             return False
         return True

@@ -67,7 +67,7 @@ class Preemptions:
         if mode is PreemptionMode.SWAP and not self.bm.can_swap_out(g):
             mode = PreemptionMode.RECOMPUTE  # the CPU pool is full: recompute instead of failing
         requested = requester.request_id if requester is not None else None
-        self._note(None, Preempted(Decision.PREEMPTED, g.request_id, mode, requested, reason))
+        self.output.decisions.append(Preempted(Decision.PREEMPTED, g.request_id, mode, requested, reason))
         if mode is PreemptionMode.SWAP:
             self.output.blocks_to_swap_out += self.bm.swap_out(g)
             self.swapped_out.append(g)

@@ -157,7 +157,7 @@ class StepState(Preemptions, DecisionNotes):
             return Outcome.BUDGET
         moved = self.bm.swap_in(g)
         self.output.blocks_to_swap_in += moved
-        self._note(None, SwappedIn(Decision.SWAPPED_IN, g.request_id, len(moved)))
+        self.output.decisions.append(SwappedIn(Decision.SWAPPED_IN, g.request_id, len(moved)))
         self.touched[g] = "swapped in"
         self.output.swapped_in.append(g)
         self.num_running_seqs += g.max_running_seqs
@@ -287,7 +287,7 @@ class StepState(Preemptions, DecisionNotes):
         self.touched[g] = "ignored"
         self.ignore_reasons[g] = reason
         self.output.ignored.append(g)
-        self._note(None, Ignored(Decision.IGNORED, g.request_id, reason))
+        self.output.decisions.append(Ignored(Decision.IGNORED, g.request_id, reason))
         return Outcome.NEVER
 
     # --------------------------------------------------------------------- validation

@@ -111,19 +111,15 @@ class V1StepState(StepState):
 
     def _speculate(self, g: SequenceGroup, seq: Sequence, max_tokens: int | None) -> Outcome:
         """A decode with as many of its ``1 + k`` draft tokens as the cap, the budget and ``max_model_len`` allow."""
-        out, bm = self.output, self.bm
+        out = self.output
         left = self.max_tokens - out.num_batched_tokens
         if left <= 0:
             return self._no_tokens(g, 1, left)
         n = min(1 + self.drafts, left, self.config.model_len - seq.num_computed_tokens - 1)
         if max_tokens is not None and max_tokens < n:
             n = max_tokens
-        target = seq.num_computed_tokens + n
-        if self._make_room(g, lambda: bm.blocks_to_grow(seq, target)):
+        if self._take_blocks(g, g.seqs, n, False):
             return Outcome.PREEMPTED
-        bm.grow(seq, target)
-        self._name(seq, seq.num_tokens)  # the drafts are no known tokens yet: what is cached stops at num_tokens
-        out.block_ops.append((g.request_id, target))
         out.scheduled.append(ScheduledGroup(g, n, False))
         out.num_batched_tokens += n
         out.decode_seqs += 1
@@ -132,13 +128,14 @@ class V1StepState(StepState):
         return Outcome.SCHEDULED
 
     def _take_blocks(self, g: SequenceGroup, running: list[Sequence], chunk: int, room: bool) -> bool:
-        """A prompt's chunk: its one sequence's blocks grow to hold it (a decode went to ``_decode_one``)."""
+        """The one sequence's blocks grow to hold ``chunk`` more tokens (a prompt's, or a decode's and its drafts),
+        of which the known ones are named in the prefix cache; True if ``g`` itself was preempted."""
         bm, seq = self.bm, running[0]
         target = seq.num_computed_tokens + chunk
         if self._make_room(g, lambda: bm.blocks_to_grow(seq, target)):
             return True
         bm.grow(seq, target)
-        self._name(seq, target)
+        self._name(seq, min(target, seq.num_tokens))
         self.output.block_ops.append((g.request_id, target))
         return False
 
