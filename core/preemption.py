@@ -33,27 +33,24 @@ class Preemptions:
         return False
 
     def _choose_victim(self, requester: SequenceGroup) -> tuple[SequenceGroup, PreemptionMode | None, str | None]:
+        hook = "choose_preemption"
         choice = self.hooks.choose_preemption(self.step, requester.view)
         if type(choice) is not Preemption or type(choice.victim) is not GroupView:
-            self.refuse(f"returned {quote(choice)}, expected a Preemption of a GroupView", "choose_preemption")
+            self.refuse(f"returned {quote(choice)}, expected a Preemption of a GroupView", hook)
         if choice.reason is not None and held_problem(choice.reason, {}):
             self.refuse(
-                f"gave the reason {quote(choice.reason)}: a Preemption's reason is a line of text or None",
-                "choose_preemption",
+                f"gave the reason {quote(choice.reason)}: a Preemption's reason is a line of text or None", hook
             )
         victim = group_of(choice.victim)
         if victim is not requester:
             if victim.block_manager is not self.bm:
-                self.refuse(
-                    f"picked {quote(choice.victim)}, which is not a request of this engine", "choose_preemption"
-                )
+                self.refuse(f"picked {quote(choice.victim)}, which is not a request of this engine", hook)
             if victim.status is not SequenceStatus.RUNNING or self.touched.get(victim) not in self.victim_states:
                 state = self.touched.get(victim, victim.status.name)
                 self.refuse(
-                    f"picked {quote(victim.request_id)}, which is {state}, not an unscheduled running group",
-                    "choose_preemption",
+                    f"picked {quote(victim.request_id)}, which is {state}, not an unscheduled running group", hook
                 )
-        return victim, self._mode_arg(choice.mode, "Preemption", "choose_preemption"), choice.reason
+        return victim, self._mode_arg(choice.mode, "Preemption", hook), choice.reason
 
     def _preempt(
         self, g: SequenceGroup, mode: PreemptionMode | None, requester: SequenceGroup | None = None, reason=None

@@ -40,7 +40,6 @@ class StepBuilder:
         lambda self: SHOWN[self.__weakref__].sched.config_view, doc="the engine config (a read-only copy, ``frozen``)"
     )
     cache: CacheView = property(lambda self: SHOWN[self.__weakref__].sched.cache_view)
-    policy_name = property(lambda self: SHOWN[self.__weakref__].hooks.name)
     num_batched_tokens = property(lambda self: SHOWN[self.__weakref__].output.num_batched_tokens)
     remaining_tokens = property(lambda self: (st := SHOWN[self.__weakref__]).max_tokens - st.output.num_batched_tokens)
     remaining_seqs = property(lambda self: (st := SHOWN[self.__weakref__]).max_seqs - st.num_running_seqs)

@@ -81,20 +81,19 @@ class StepState(Preemptions, DecisionNotes):
             return self._no_blocks(g, g.refused)
         seqs = g.waiting_seqs()
         longest = seqs[0].num_tokens if len(seqs) == 1 else max(s.num_tokens for s in seqs)
-        unfit = self._unfit(g, longest)
-        if unfit is not None:
-            return self._ignore(g, unfit)
+        if longest > self.prompt_limit:  # prompt_limit <= model_len: the model's length asked only then
+            why = "exceed" if longest > self.config.model_len else "leave no room for an output token within"
+            return self._ignore(g, f"{longest} tokens {why} max_model_len ({self.config.model_len})")
+        if g.max_running_seqs > self.max_seqs:  # vLLM would keep it forever, blocking the queue
+            return self._ignore(g, f"n={g.max_running_seqs} sequences exceed max_num_seqs ({self.max_seqs})")
         cached = self.bm.planned_cached_tokens(g)
         uncomputed = (
             longest - cached[seqs[0].seq_id] if len(seqs) == 1 else sum(s.num_tokens - cached[s.seq_id] for s in seqs)
         )
         chunk = self._chunk(g, uncomputed, max_tokens, "admit")
         if max_tokens is None and uncomputed > self.max_tokens:
-            return self._ignore(
-                g,
-                f"prompt of {uncomputed} tokens exceeds max_num_batched_tokens ({self.max_tokens}) "
-                "without chunked prefill",
-            )
+            why = f"prompt of {uncomputed} tokens exceeds max_num_batched_tokens ({self.max_tokens})"
+            return self._ignore(g, f"{why} without chunked prefill")
         # Capacity before budget, as vLLM does: a NEVER group is dropped even when the budget is spent.
         status = self.hooks.can_allocate(self.step, g.view) if self.hooks.decides_admission else self.bm.can_allocate(g)
         if type(status) is not AllocStatus:
@@ -124,16 +123,6 @@ class StepState(Preemptions, DecisionNotes):
         hits = sum(cached.values())
         self._record(g, chunk, True, hits, hits, uncomputed - chunk)
         return Outcome.SCHEDULED
-
-    def _unfit(self, g: SequenceGroup, longest: int) -> str | None:
-        """Why ``g`` can never be admitted, whatever the cache holds, or None."""
-        if longest > self.prompt_limit:  # prompt_limit <= model_len: the model's length asked only then
-            model_len = self.config.model_len
-            why = "exceed" if longest > model_len else "leave no room for an output token within"
-            return f"{longest} tokens {why} max_model_len ({model_len})"
-        if g.max_running_seqs > self.max_seqs:  # vLLM would keep it forever, blocking the queue
-            return f"n={g.max_running_seqs} sequences exceed max_num_seqs ({self.max_seqs})"
-        return None
 
     def advance(self, group: GroupView, max_tokens: int | None) -> Outcome:
         max_tokens = self._tokens_arg(max_tokens, "advance")
