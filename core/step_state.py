@@ -150,8 +150,7 @@ class StepState(Preemptions, DecisionNotes):
         self.touched[g] = "swapped in"
         self.output.swapped_in.append(g)
         self.num_running_seqs += g.max_running_seqs
-        # can_swap_in counted the block each sequence's next token touches: the decode needs no room made.
-        return self._run(g, max_tokens, "swap_in", room=True)
+        return self._run(g, max_tokens, "swap_in", room=True)  # can_swap_in counted each next token's block
 
     def preempt(self, group: GroupView, mode: PreemptionMode | None) -> PreemptionMode:
         mode = self._mode_arg(mode, "preempt")

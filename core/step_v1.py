@@ -45,7 +45,7 @@ def remember_drafts(drafting: set[int], output, running: list[SequenceGroup]) ->
 
 
 class V1StepState(StepState):
-    """One step under V1's block rules; a policy sees no other difference."""
+    """One step under V1's block rules, each group one sequence (core/fanout.py); a policy sees no difference."""
 
     victim_states = (None, "scheduled")  # V1's priority rule may pick a victim scheduled earlier in the step
 
@@ -98,15 +98,13 @@ class V1StepState(StepState):
         return newest
 
     def _run(self, g: SequenceGroup, max_tokens: int | None, op: str, room: bool = False) -> Outcome:
-        seqs = g.seqs
-        if len(seqs) == 1:  # V1 fans n > 1 out: a decode goes straight to _decode_one
-            seq = seqs[0]
-            if self.in_flight is not None and seq.num_tokens >= g.max_seq_tokens - 1 and self.in_flight(seq):
-                return Outcome.LATER  # its in-flight step samples its last token: vLLM passes over it
-            if seq.num_tokens - seq.num_computed_tokens == 1:
-                if self.drafts and seq.seq_id in self.sched.drafting:
-                    return self._speculate(g, seq, max_tokens)
-                return self._decode_one(g, seq, room)
+        seq = g.seqs[0]  # the only one: V1 fans n > 1 out
+        if self.in_flight is not None and seq.num_tokens >= g.max_seq_tokens - 1 and self.in_flight(seq):
+            return Outcome.LATER  # its in-flight step samples its last token: vLLM passes over it
+        if seq.num_tokens - seq.num_computed_tokens == 1:
+            if self.drafts and seq.seq_id in self.sched.drafting:
+                return self._speculate(g, seq, max_tokens)
+            return self._decode_one(g, seq, room)
         return super()._run(g, max_tokens, op, room)
 
     def _speculate(self, g: SequenceGroup, seq: Sequence, max_tokens: int | None) -> Outcome:
