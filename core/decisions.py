@@ -96,16 +96,13 @@ def held_problem(reason: object, numbers: dict) -> str | None:
     if len(reason) > MAX_REASON_CHARS:
         return f"the reason must be at most {MAX_REASON_CHARS} characters, got {len(reason):,}"
     for name, value in numbers.items():
-        if type(value) is float:
-            continue
-        if type(value) is not int:
+        if type(value) is not float and type(value) is not int:
             return f"{quote(name)} must be an int or a float number"
-        if not -_INT64 <= value < _INT64:
+        if type(value) is int and not -_INT64 <= value < _INT64:
             return f"{quote(name)} must be within the int64 range, or a float"
     if not (reason.isascii() and all(name.isascii() for name in numbers)):
         try:
-            reason.encode()
-            "".join(numbers).encode()
+            "".join((reason, *numbers)).encode()
         except UnicodeEncodeError:
             return "the reason and the names must be valid UTF-8 (no lone surrogate)"
     return None
