@@ -101,7 +101,7 @@ class Engine:
         """End a request wherever it is, freeing every block it holds; False if it already ended. An engine embedding
         this one may end it with another finished ``status`` (a stop string, say)."""
         self._refuse_in_hook("abort")
-        if not status.is_finished:
+        if not (status := SequenceStatus(status)).is_finished:  # a foreign value: ValueError, not AttributeError
             raise ValueError(f"{status.name} is not a finished state")
         group = self._groups.get(request_id)
         if group is None or group.is_finished:

@@ -155,6 +155,8 @@ def test_a_step_can_be_split_and_a_request_ended_while_it_runs():
     assert engine.leaked_blocks == 0
     with pytest.raises(ValueError, match="not a finished state"):
         engine.abort("b", SequenceStatus.RUNNING)
+    with pytest.raises(ValueError, match="not a valid SequenceStatus"):  # not an AttributeError on a foreign value
+        engine.abort("b", "stopped")
 
 
 def test_a_group_tells_the_blocks_it_holds_counting_shared_ones_once():
