@@ -402,8 +402,8 @@ def mean_ttft(requests, replicas: int, policy: str, router: str) -> float:
 
 # How much mean TTFT each prefix-aware router may cost over round-robin where nothing is to gain. Prefix-affinity's
 # guard falls back to two replicas drawn at random once the fleet is imbalanced (Ray's), which round-robin's even
-# spread beats near saturation: 11.6 % on the example below (4 replicas at 12 requests a second each), 9.7 % at
-# worst over 33 other fleets at 8 to 12 a second. The others choose the least loaded and stayed within 7 %.
+# spread beats near saturation: 11.6 % on the example below (4 replicas at 12 requests a second each). The others
+# choose the least loaded.
 TTFT_COST = {"prefix-affinity": 1.20, "cache-aware": 1.10, "precise-prefix": 1.10, "weighted": 1.10}
 
 
