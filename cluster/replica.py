@@ -64,8 +64,7 @@ class Replica:
         self._stepping = False  # a step under way (begin_step); else its last was a steady run, applied as it ran
         # Its last step a steady run stopped by an arrival, nothing added since: it goes on coasting.
         self.resumable = False
-        self.cache = engine.cache  # read once: report_steady asks it at the end of most fleet steps
-        self._caching = engine.config.enable_prefix_caching
+        self._cache = engine.cache if engine.config.enable_prefix_caching else None
         self.busy = False  # a step under way or one due: an event of this replica is on the cluster's heap
         self.generation = 0  # events of older generations on the heap are void
         # Measured while it runs.
@@ -85,7 +84,7 @@ class Replica:
 
     def cached_prefix_blocks(self, hashes: list[int]) -> int:
         """Leading blocks of ``hashes`` that its GPU prefix cache holds now."""
-        return self.cache.cached_prefix_blocks(hashes) if self._caching else 0
+        return 0 if self._cache is None else self._cache.cached_prefix_blocks(hashes)
 
     def in_prefill(self) -> InPrefill:
         """The requests the router sent here whose first token has not come back (queued or in prefill), and
@@ -182,7 +181,7 @@ class Replica:
                 return now
         output = engine.begin_step()
         self._stepping = True
-        if self._caching:  # what each request's first admission found in the prefix cache
+        if self._cache is not None:  # what each request's first admission found in the prefix cache
             found = self.cached_by_request
             for sg in output.scheduled[output.lane_decodes :]:
                 if sg.is_prefill and sg.group.index not in found:
@@ -232,7 +231,9 @@ class Replica:
         where an arrival stopped the run (``resumable``: nothing ended in it, nothing was added since)."""
         sched = self.engine.scheduler
         self._reports.append(
-            Signals(t, len(sched.waiting), len(sched.running), len(sched.swapped), self.cache.num_free_gpu_blocks)
+            Signals(
+                t, len(sched.waiting), len(sched.running), len(sched.swapped), self.engine.cache.num_free_gpu_blocks
+            )
         )
 
     def end_step(self) -> list:
