@@ -171,7 +171,7 @@ def split_profile(scale: float = 1.0, limit: int | None = None, like_vidur: bool
             "execute",
         ),
         "bookkeeping: Completion.apply (lane step, finishing, tokens outside the lane)": (
-            "core/completion.py",
+            "mechanics/completion.py",
             "apply",
         ),
         "step features (computed once per step)": ("core/outputs.py", "features"),

@@ -132,7 +132,7 @@ class DecisionNotes:
         self.output.decisions.append(Refused(Decision.NO_BLOCKS, g.request_id, needed, self.bm.gpu.num_free))
         return Outcome.LATER
 
-    def _no_tokens(self, g: SequenceGroup, needed: int, left: int) -> Outcome:
+    def no_tokens(self, g: SequenceGroup, needed: int, left: int) -> Outcome:
         self.output.decisions.append(Refused(Decision.TOKEN_BUDGET, g.request_id, needed, left))
         return Outcome.BUDGET
 
@@ -140,7 +140,7 @@ class DecisionNotes:
         """True (and noted) when ``tokens`` more, or ``g``'s sequences, exceed what is left of the step's budgets."""
         left, seats = self.max_tokens - self.output.num_batched_tokens, self.max_seqs - self.num_running_seqs
         if tokens > left:
-            self._no_tokens(g, tokens, left)
+            self.no_tokens(g, tokens, left)
         elif g.max_running_seqs > seats:
             self.output.decisions.append(Refused(Decision.SEQ_BUDGET, g.request_id, g.max_running_seqs, seats))
         else:

@@ -10,8 +10,7 @@ from typing import Any
 
 from kvsched.core.config import EngineConfig
 from kvsched.core.executor import Clock, Executor, KnownTokens, StepResult
-from kvsched.core.fanout import FanOut
-from kvsched.core.mechanics import MECHANICS, Mechanics
+from kvsched.core.mechanics import Mechanics, installed
 from kvsched.core.outputs import SchedulerOutput
 from kvsched.core.plugins import PolicyHooks
 from kvsched.core.report import StepReport
@@ -46,7 +45,7 @@ class Engine:
             raise TypeError(f"config must be an EngineConfig, got {type(config).__name__}")
         self.hooks = PolicyHooks(policy, policy_options, observers)
         self.config = config = self.hooks.configure(config)
-        self.mechanics = mechanics = mechanics or MECHANICS[config.vllm_engine]
+        self.mechanics = mechanics = mechanics or installed(config.vllm_engine)
         if mechanics.vllm_engine != config.vllm_engine:
             raise ValueError(f"mechanics {mechanics.name!r} are not the config's vllm_engine {config.vllm_engine!r}")
         self.max_seq_len = config.model_len + mechanics.past_model_len  # the most tokens a sequence holds
@@ -68,7 +67,7 @@ class Engine:
         self.completion = mechanics.completion(self)
         self.fast_path = executor.fast_path(self) if isinstance(executor, KnownTokens) else None
         sched.fast_path = self.fast_path
-        self.fan_out = FanOut(self) if mechanics.fans_out else None
+        self.fan_out = mechanics.fan_out(self) if mechanics.fan_out is not None else None
         self._idle_steps = 0
         self._idle_since = 0.0
         self._in_flight: SchedulerOutput | None = None  # a step scheduled and not yet completed

@@ -1,23 +1,38 @@
 """Whose mechanics the core follows (vLLM v0's or V1's): how a step takes blocks, what ``n > 1`` is, how a step
-completes. A policy and its hooks are the same on every one."""
+completes. The core declares the seam; ``kvsched/mechanics/`` fills it, found by name among the entry points
+``kvsched.mechanics``. A policy and its hooks are the same on every one."""
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from kvsched.allocators.block_manager import BlockManager
-from kvsched.core.async_lag import AsyncLag, SchedulerTime
-from kvsched.core.completion import Completion
-from kvsched.core.step_state import StepState
-from kvsched.core.step_v1 import V1StepState
+from kvsched.errors import PolicyError, quote
+from kvsched.plugins.discovery import load_policy
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
     from kvsched.core.config import EngineConfig
     from kvsched.core.engine import Engine
-    from kvsched.core.sequence import Sequence
+    from kvsched.core.executor import StepResult
+    from kvsched.core.outputs import SchedulerOutput
+    from kvsched.core.sequence import Sequence, SequenceGroup
+    from kvsched.core.step_state import StepState
+
+
+class CompletionStep(Protocol):
+    """What the engine asks of a step's completion (``mechanics/completion.py``): apply its sampled tokens."""
+
+    timed: bool  # the step's time includes the scheduler's: ``charge`` before it completes, ``ran`` after
+    lags: bool  # the scheduler sees arrivals later than they come (``seen_at``)
+
+    def apply(self, output: SchedulerOutput, tokens: dict[int, list[int]], now: float) -> list[SequenceGroup]: ...
+    def seen_at(self, now: float) -> float: ...
+    def charge(self, output: SchedulerOutput, result: StepResult) -> None: ...
+    def ran(self, output: SchedulerOutput, now: float) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -27,10 +42,11 @@ class Mechanics:
     name: str
     vllm_engine: str  # the EngineConfig.vllm_engine these mechanics are
     step: type[StepState]  # the rules a step is built by (how it takes blocks, what it refuses)
-    fans_out: bool = False  # a request with n > 1 runs as n requests (V1's front end, core/fanout.py)
+    completion: Callable[[Engine], CompletionStep]  # the one an engine's config asks for
+    fan_out: Callable[[Engine], object] | None = None  # a request with n > 1 runs as n requests (mechanics/fanout.py)
+    drafts: Callable[..., None] | None = None  # after each step, which sequences take draft tokens next (V1)
     null_block: int = 0  # blocks kept back from the pool, never allocated (V1's null block)
     keeps_duplicates: bool = False  # a full block computed twice keeps both copies (V1), else one is shared (v0)
-    drafts: bool = False  # decoding requests take draft tokens (EngineConfig.num_speculative_tokens)
     lane: bool = False  # plain decodes may ride the decode lane (its block rule is v0's worst case)
     past_model_len: int = 0  # tokens a sequence holds past max_model_len: v0 caps it once longer, V1 once that long
     names_as_applied: bool = False  # prefix caching names full blocks as a step is applied (v0), else as taken (V1)
@@ -49,16 +65,11 @@ class Mechanics:
             keep_duplicates=self.keeps_duplicates,
         )
 
-    def completion(self, engine: Engine) -> Completion:
-        config = engine.config
-        if config.async_scheduling:
-            return AsyncLag(engine)
-        if config.scheduler_ms or config.scheduler_request_ms:
-            return SchedulerTime(engine)
-        return Completion(engine)
 
-
-V0 = Mechanics("v0", "v0", StepState, lane=True, past_model_len=1, names_as_applied=True)
-V1 = Mechanics("v1", "v1", V1StepState, fans_out=True, null_block=1, keeps_duplicates=True, drafts=True, offloads=True)
-
-MECHANICS = {"v0": V0, "v1": V1}  # by EngineConfig.vllm_engine
+@functools.cache
+def installed(vllm_engine: str) -> Mechanics:
+    """The installed mechanics of ``vllm_engine`` (an entry point of ``kvsched.mechanics``), loaded once."""
+    mechanics = load_policy(vllm_engine, "mechanics")
+    if not isinstance(mechanics, Mechanics) or mechanics.vllm_engine != vllm_engine:
+        raise PolicyError(vllm_engine, f"is {quote(mechanics)}, not Mechanics of {vllm_engine}", role="mechanics")
+    return mechanics

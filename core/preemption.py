@@ -18,21 +18,21 @@ if TYPE_CHECKING:
 class Preemptions:
     victim_states = (None,)  # what a victim may have been in this step: untouched (V1 adds "scheduled")
 
-    def _make_room(self, g: SequenceGroup) -> bool:
+    def make_room(self, g: SequenceGroup) -> bool:
         """Preempt until each unfinished sequence of ``g`` can take a block (vLLM's worst case); True if ``g`` went."""
         bm = self.bm
         while bm.gpu.num_free < g.num_unfinished_seqs:  # bm.can_append_slots, inlined: the hot path
-            victim, mode, reason = self._choose_victim(g)
+            victim, mode, reason = self.choose_victim(g)
             if victim is g:
                 # Unlike vLLM, the last candidate stays when its exact need fits (the worst case makes it thrash).
                 if bm.blocks_to_append(g) <= bm.gpu.num_free:
                     return False
-                self._preempt(g, mode, g, reason)
+                self.preempt_group(g, mode, g, reason)
                 return True
-            self._preempt(victim, mode, g, reason)
+            self.preempt_group(victim, mode, g, reason)
         return False
 
-    def _choose_victim(self, requester: SequenceGroup) -> tuple[SequenceGroup, PreemptionMode | None, str | None]:
+    def choose_victim(self, requester: SequenceGroup) -> tuple[SequenceGroup, PreemptionMode | None, str | None]:
         hook = "choose_preemption"
         choice = self.hooks.choose_preemption(self.step, requester.view)
         if type(choice) is not Preemption or type(choice.victim) is not GroupView:
@@ -52,7 +52,7 @@ class Preemptions:
                 )
         return victim, self._mode_arg(choice.mode, "Preemption", hook), choice.reason
 
-    def _preempt(
+    def preempt_group(
         self, g: SequenceGroup, mode: PreemptionMode | None, requester: SequenceGroup | None = None, reason=None
     ) -> PreemptionMode:
         if (fast := self.sched.fast_path) is not None:  # its decode lane, if it rides one, dissolves

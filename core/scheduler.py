@@ -10,7 +10,6 @@ from kvsched.core.config import EngineConfig, PreemptionMode
 from kvsched.core.outputs import SchedulerOutput
 from kvsched.core.sequence import SequenceGroup, SequenceStatus
 from kvsched.core.step_state import StepState
-from kvsched.core.step_v1 import remember_drafts
 from kvsched.core.view import CacheView, frozen
 
 if TYPE_CHECKING:
@@ -39,8 +38,9 @@ class Scheduler:
                 )
             blocks, policy = config.kv_offloading_blocks, config.kv_offloading_policy
             self.offloading = Offloading(self.block_manager, blocks, policy, config.offload_prompt_only)
-        # Speculative decoding: the sequences with draft tokens for their next step (core/step_v1.py remember_drafts).
-        self.drafting: set[int] | None = set() if mechanics.drafts and config.num_speculative_tokens else None
+        # Speculative decoding: the sequences with draft tokens for their next step (Mechanics.drafts).
+        drafts = mechanics.drafts is not None and config.num_speculative_tokens
+        self.drafting: set[int] | None = set() if drafts else None
         self.cache_view = CacheView(self.block_manager)
         self.config_view = frozen(config)  # step.config: the engine's own is not handed out
         self.waiting: list[SequenceGroup] = []
@@ -77,7 +77,7 @@ class Scheduler:
                 [(sg.group.request_id, sg.group.seqs[0], sg.num_tokens) for sg in step.output.scheduled]
             )
         if self.drafting is not None:
-            remember_drafts(self.drafting, step.output, self.running)
+            self.mechanics.drafts(self.drafting, step.output, self.running)
         if self.fast_path is not None and hooks is self.hooks:
             self.fast_path.record(step, waiting)  # cut in place by _commit only where it is not steady
         return step.output

@@ -75,7 +75,7 @@ class StepState(Preemptions, DecisionNotes):
     # ------------------------------------------------------------------ operations
     def admit(self, group: GroupView, max_tokens: int | None) -> Outcome:
         max_tokens = self._tokens_arg(max_tokens, "admit")
-        g = self._resolve(group, _WAITING, "admit")
+        g = self.resolve(group, _WAITING, "admit")
         if g.refused is not None and max_tokens is None and self.bm.gpu.num_free - g.refused < self.bm.watermark_blocks:
             # Refused before for as many blocks and still short: every check ahead of capacity is about the group alone.
             return self._no_blocks(g, g.refused)
@@ -100,7 +100,7 @@ class StepState(Preemptions, DecisionNotes):
             self.refuse(f"returned {quote(status)}, expected an AllocStatus", "can_allocate")
         if status is AllocStatus.NEVER:
             return self._ignore(g, "prompt can never fit in the GPU KV cache (can_allocate: NEVER)")
-        tokens = self._admitted_tokens(g, cached, chunk)
+        tokens = self.admitted_tokens(g, cached, chunk)
         if status is AllocStatus.LATER:  # g.refused: what can_allocate counted, for the scheduler to prove again
             needed = self.bm.blocks_to_allocate(g, tokens)
             counted = not (self.hooks.decides_admission or self.bm.enable_prefix_caching)
@@ -126,15 +126,15 @@ class StepState(Preemptions, DecisionNotes):
 
     def advance(self, group: GroupView, max_tokens: int | None) -> Outcome:
         max_tokens = self._tokens_arg(max_tokens, "advance")
-        g = self._resolve(group, _RUNNING, "advance")
-        outcome = self._run(g, max_tokens, "advance")
+        g = self.resolve(group, _RUNNING, "advance")
+        outcome = self.run_group(g, max_tokens, "advance")
         if outcome is Outcome.SCHEDULED:
             self.touched[g] = "scheduled"
         return outcome
 
     def swap_in(self, group: GroupView, max_tokens: int | None) -> Outcome:
         max_tokens = self._tokens_arg(max_tokens, "swap_in")
-        g = self._resolve(group, _SWAPPED, "swap_in")
+        g = self.resolve(group, _SWAPPED, "swap_in")
         status = self.bm.can_swap_in(g)
         if status is AllocStatus.NEVER:
             return self._ignore(g, "swapped group can never fit back in the GPU KV cache")
@@ -150,14 +150,14 @@ class StepState(Preemptions, DecisionNotes):
         self.touched[g] = "swapped in"
         self.output.swapped_in.append(g)
         self.num_running_seqs += g.max_running_seqs
-        return self._run(g, max_tokens, "swap_in", room=True)  # can_swap_in counted each next token's block
+        return self.run_group(g, max_tokens, "swap_in", room=True)  # can_swap_in counted each next token's block
 
     def preempt(self, group: GroupView, mode: PreemptionMode | None) -> PreemptionMode:
         mode = self._mode_arg(mode, "preempt")
-        return self._preempt(self._resolve(group, _RUNNING, "preempt"), mode)
+        return self.preempt_group(self.resolve(group, _RUNNING, "preempt"), mode)
 
     def reorder_waiting(self, front) -> None:
-        groups, waiting = [self._resolve(v, _WAITING, "reorder_waiting") for v in front], self.sched.waiting
+        groups, waiting = [self.resolve(v, _WAITING, "reorder_waiting") for v in front], self.sched.waiting
         if self.admitted or self.output.ignored or sorted(map(id, groups)) != sorted(map(id, waiting[: len(groups)])):
             self.refuse("reorder_waiting: expected the first waiting groups, each once, before any admission")
         self.sched.waiting = groups + waiting[len(groups) :]  # a new list: a failed step puts the old one back
@@ -170,7 +170,7 @@ class StepState(Preemptions, DecisionNotes):
         for g in self.sched.running:
             if g in touched:
                 continue
-            outcome = self._run(g, None, "advance")
+            outcome = self.run_group(g, None, "advance")
             if outcome is Outcome.SCHEDULED:
                 touched[g] = "scheduled"
             elif outcome is Outcome.BUDGET or stop_on_preempted:
@@ -189,8 +189,8 @@ class StepState(Preemptions, DecisionNotes):
                 continue
             before = out.num_batched_tokens
             if g.num_uncomputed_tokens > left:
-                return self._no_tokens(g, g.num_uncomputed_tokens, left)
-            outcome = self._run(g, None, "advance")
+                return self.no_tokens(g, g.num_uncomputed_tokens, left)
+            outcome = self.run_group(g, None, "advance")
             if outcome is Outcome.SCHEDULED:
                 touched[g] = "scheduled"
                 left -= out.num_batched_tokens - before
@@ -199,35 +199,35 @@ class StepState(Preemptions, DecisionNotes):
         return Outcome.SCHEDULED
 
     # -------------------------------------------------------------------------- mechanics
-    def _admitted_tokens(self, g: SequenceGroup, cached: dict[int, int], chunk: int) -> int | None:
+    def admitted_tokens(self, g: SequenceGroup, cached: dict[int, int], chunk: int) -> int | None:
         """Tokens of an admitted prompt that get blocks now: all of them under vLLM v0 (None)."""
         return None
 
-    def _run(self, g: SequenceGroup, max_tokens: int | None, op: str, room: bool = False) -> Outcome:
+    def run_group(self, g: SequenceGroup, max_tokens: int | None, op: str, room: bool = False) -> Outcome:
         """Schedule a running group's next tokens (``room``: its blocks are known to fit)."""
         seqs = g.seqs
         if len(seqs) == 1:
             seq = seqs[0]
             if seq.num_tokens - seq.num_computed_tokens == 1:
-                return self._decode_one(g, seq, room)
+                return self.decode_one(g, seq, room)
         out = self.output
         uncomputed = g.num_uncomputed_tokens
         is_prefill = uncomputed > g.num_unfinished_seqs
         chunk = self._chunk(g, uncomputed, max_tokens, op) if is_prefill else uncomputed
         if out.num_batched_tokens + chunk > self.max_tokens:
-            return self._no_tokens(g, chunk, self.max_tokens - out.num_batched_tokens)
+            return self.no_tokens(g, chunk, self.max_tokens - out.num_batched_tokens)
         running = [s for s in seqs if s.status <= _SWAPPED]
-        if self._take_blocks(g, running, chunk if is_prefill else 0, room):
+        if self.take_blocks(g, running, chunk if is_prefill else 0, room):
             return Outcome.PREEMPTED
         self._record(g, chunk, is_prefill, sum(s.num_computed_tokens for s in running), 0, uncomputed - chunk)
         return Outcome.SCHEDULED
 
-    def _take_blocks(self, g: SequenceGroup, running: list[Sequence], chunk: int, room: bool) -> bool:
+    def take_blocks(self, g: SequenceGroup, running: list[Sequence], chunk: int, room: bool) -> bool:
         """Give ``g``'s sequences the blocks this step's tokens need (``chunk``: 0 for a decode); True if ``g`` was
         preempted for want of them. Under vLLM v0 a prompt got all its blocks at admission."""
         if chunk:
             return False
-        if not room and self._make_room(g):
+        if not room and self.make_room(g):
             return True
         for seq in running:
             cow = self.bm.append_slots(seq)
@@ -235,12 +235,12 @@ class StepState(Preemptions, DecisionNotes):
                 self.output.blocks_to_copy.append(cow)
         return False
 
-    def _decode_one(self, g: SequenceGroup, seq: Sequence, room: bool = False) -> Outcome:
-        """``_run`` for the commonest case, one sequence decoding one token: the hot path."""
+    def decode_one(self, g: SequenceGroup, seq: Sequence, room: bool = False) -> Outcome:
+        """``run_group`` for the commonest case, one sequence decoding one token: the hot path."""
         out = self.output
         if out.num_batched_tokens >= self.max_tokens:
-            return self._no_tokens(g, 1, self.max_tokens - out.num_batched_tokens)
-        if self.bm.gpu.num_free < 1 and not room and self._make_room(g):
+            return self.no_tokens(g, 1, self.max_tokens - out.num_batched_tokens)
+        if self.bm.gpu.num_free < 1 and not room and self.make_room(g):
             return Outcome.PREEMPTED
         cow = self.bm.append_slots(seq)
         if cow is not None:
@@ -279,7 +279,7 @@ class StepState(Preemptions, DecisionNotes):
         return Outcome.NEVER
 
     # --------------------------------------------------------------------- validation
-    def _resolve(self, view: GroupView, expected: SequenceStatus, op: str) -> SequenceGroup:
+    def resolve(self, view: GroupView, expected: SequenceStatus, op: str) -> SequenceGroup:
         if type(view) is not GroupView:
             self.refuse(f"{op}: expected a GroupView, got {quote(view)}")
         g = GROUPS.get(view, NoneType)()  # group_of(view), inlined: once per operation

@@ -18,19 +18,19 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, NamedTuple, Protocol, runtime_checkable
 
-from kvsched.core.completion import end_group
 from kvsched.core.decisions import Decision
 from kvsched.core.outputs import SchedulerOutput
 from kvsched.executors.decode_lane import DecodeLane
 from kvsched.executors.steady_runs import NO_RUN, Run, SteadyRuns, repeated_notes
+from kvsched.mechanics.completion import end_group
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from kvsched.core.completion import Completion
     from kvsched.core.engine import Engine
     from kvsched.core.sequence import SequenceGroup
     from kvsched.core.step_state import StepState
+    from kvsched.mechanics.completion import Completion
 
 
 _NO_BLOCKS = Decision.NO_BLOCKS

@@ -139,7 +139,7 @@ class DecisionLog:
             self._running.pop(rid, None)
             prefilling.pop(rid, None)
             n = g.request.sampling.n
-            for i in range(n if n > 1 else 0):  # children vLLM V1's mechanics fanned it out into (core/fanout.py)
+            for i in range(n if n > 1 else 0):  # children vLLM V1's mechanics fanned it out into (mechanics/fanout.py)
                 self._running.pop(f"{i}_{rid}", None)
                 prefilling.pop(f"{i}_{rid}", None)
             if g.status is not _IGNORED:

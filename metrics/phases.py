@@ -73,7 +73,7 @@ def phases_of(rows, arrival: float, finish: float | None, start: np.ndarray, end
 
 def sampled_ids(events: pd.DataFrame, requests: pd.DataFrame) -> dict[str, list[str]]:
     """Each request's ids in the log: its own, or, where vLLM V1's mechanics fanned a request with ``n > 1``
-    out into ``n`` requests ``"{i}_{request_id}"`` (core/fanout.py), those of the children the log names."""
+    out into ``n`` requests ``"{i}_{request_id}"`` (mechanics/fanout.py), those of the children the log names."""
     logged = set(events.request_id.dropna())
     ids = {}
     for rid, n in zip(requests.request_id, requests.n):

@@ -23,6 +23,7 @@ from kvsched.plugins.identity import declared_name, identity, own_name, remember
 GROUPS = {
     "policy": "kvsched.policies",
     "router": "kvsched.routers",
+    "mechanics": "kvsched.mechanics",
 }  # the kinds of plugin, and where each is registered
 BUILTIN_DISTRIBUTION = "kvsched"
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from kvsched.allocators.alloc_status import AllocStatus
 from kvsched.core.decisions import Outcome, Preemption, PreemptionMode
 from kvsched.core.hookspecs import hookimpl
-from kvsched.core.step_v1 import grammar_ready
+from kvsched.mechanics.step_v1 import grammar_ready
 
 POLICIES = ("fcfs", "priority")
 RELEASES = ("0.30", "0.31", "0.32", "0.33", "0.34")  # the vLLM releases tests/test_vllm_v1_differential.py runs against

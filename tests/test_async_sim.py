@@ -1,4 +1,4 @@
-"""EngineConfig.async_scheduling and the scheduler's time (core/async_lag.py): vLLM's AsyncScheduler in the
+"""EngineConfig.async_scheduling and the scheduler's time (mechanics/async_lag.py): vLLM's AsyncScheduler in the
 simulator, with the step's outputs applied one step late; off, the engine is what it was."""
 
 from __future__ import annotations
@@ -9,11 +9,11 @@ from hypothesis import strategies as st
 from hypothesis.stateful import initialize, run_state_machine_as_test
 
 from kvsched import Engine, EngineConfig, Request, SamplingParams
-from kvsched.core.async_lag import VLLM_V1_SCHEDULER_MS, VLLM_V1_SCHEDULER_REQUEST_MS, AsyncLag
-from kvsched.core.completion import Completion
 from kvsched.core.view import group_of
 from kvsched.executors.cost_model import CostProfile
 from kvsched.executors.simulated import SimulatedExecutor
+from kvsched.mechanics.async_lag import VLLM_V1_SCHEDULER_MS, VLLM_V1_SCHEDULER_REQUEST_MS, AsyncLag
+from kvsched.mechanics.completion import Completion
 from kvsched.plugins.discovery import BUILTIN_DISTRIBUTION, installed_policies
 from kvsched.testing.machine import PolicyMachine
 from kvsched.testing.strategies import engine_configs
@@ -186,7 +186,7 @@ def pressed_workloads(draw, n_max: int = 3):
 
 
 def _fanned_out(requests):
-    """Each request as the ``n`` requests V1's front end makes of it (core/fanout.py): ``{i}_{id}`` with ``n = 1``."""
+    """Each request as the ``n`` requests V1's front end makes of it (mechanics/fanout.py): ``{i}_{id}``, ``n = 1``."""
     one = {"n": 1}
     return [
         r.model_copy(update={"request_id": f"{i}_{r.request_id}", "sampling": r.sampling.model_copy(update=one)})

@@ -18,15 +18,16 @@ MAY_IMPORT = {
     "kernels": set(),
     "plugins": set(),
     "core": {"allocators", "plugins"},
+    "mechanics": {"core", "allocators"},
     "userfiles": {"core"},
-    "policies": {"core", "allocators"},
-    "executors": {"core", "allocators", "kernels", "userfiles"},
+    "policies": {"core", "allocators", "mechanics"},
+    "executors": {"core", "allocators", "mechanics", "kernels", "userfiles"},
     "workloads": {"core", "userfiles"},
     "metrics": {"core", "plugins", "userfiles"},
     "experiments": {"core", "plugins", "executors", "metrics", "workloads", "userfiles"},
     "reporting": {"core", "metrics", "experiments", "userfiles"},
     "testing": {"core", "plugins", "allocators", "executors", "policies", "cluster"},
-    "integrations": {"core", "allocators", "policies", "routers"},
+    "integrations": {"core", "allocators", "mechanics", "policies", "routers"},
     "routers": {"core", "plugins", "allocators"},
     "cluster": {"core", "plugins", "executors", "experiments", "metrics", "routers", "userfiles"},
     "cli": {
@@ -159,7 +160,9 @@ def test_the_core_is_small_and_light():
     # fast path's counters and lane dissolve behind its door (FastPath.touch) and Mechanics fields cost none: 2,706.
     # A trim of every module took 306: docstrings to the why, V1's dead multi-sequence paths (V1 fans n > 1 out),
     # step_notes.py into decisions.py, single-caller helpers inlined, abort and finish_request one call: 2,400.
-    assert lines <= 2400, f"core/ has {lines} non-blank lines (about 2,000 was the aim, 2,400 is the limit)"
+    # vLLM's mechanics then left the core for mechanics/ (-415: V1's step rules, its fan-out, the completion step and
+    # async scheduling's lag), found by name like a policy; the core keeps the seam (Mechanics, CompletionStep): 1,973.
+    assert lines <= 2000, f"core/ has {lines} non-blank lines (2,000 is the limit)"
 
 
 def test_no_module_is_over_400_lines():

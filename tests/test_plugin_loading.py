@@ -505,3 +505,30 @@ def test_engine_policies_lists_both_distributions_and_shows_what_fails_to_load(c
         "warning: vllm-default is registered by cli-dist and kvsched: choose one with --policy DIST:vllm-default"
         in proc.stdout
     )
+
+
+def test_the_core_finds_its_mechanics_by_name_among_the_entry_points():
+    """``core/`` imports no mechanics: ``EngineConfig.vllm_engine`` names an entry point of ``kvsched.mechanics``."""
+    from importlib.metadata import entry_points
+
+    from kvsched.core.mechanics import installed
+    from kvsched.mechanics.engines import V0, V1
+
+    registered = {ep.name: ep.value for ep in entry_points(group="kvsched.mechanics") if ep.dist.name == "kvsched"}
+    assert registered == {"v0": "kvsched.mechanics.engines:V0", "v1": "kvsched.mechanics.engines:V1"}
+    assert installed("v0") is V0 and installed("v1") is V1
+    config = EngineConfig(num_gpu_blocks=64)
+    assert Engine(config, "vllm-v1", SimulatedExecutor()).mechanics is V1
+    assert Engine(config, "vllm-default", SimulatedExecutor()).mechanics is V0
+
+
+def test_an_entry_point_that_gives_other_mechanics_is_one_clear_error(monkeypatch):
+    import kvsched.core.mechanics as seam
+    from kvsched.mechanics.engines import V0
+
+    monkeypatch.setattr(seam, "load_policy", lambda name, kind: V0 if kind == "mechanics" else None)
+    with pytest.raises(PolicyError, match=r"mechanics 'v1': is Mechanics\(name='v0'.*not Mechanics of v1"):
+        seam.installed.__wrapped__("v1")  # past the cache of the real entry point
+    monkeypatch.setattr(seam, "load_policy", lambda name, kind: object())
+    with pytest.raises(PolicyError, match="not Mechanics of v0"):
+        seam.installed.__wrapped__("v0")

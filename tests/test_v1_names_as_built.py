@@ -1,5 +1,5 @@
 """Under V1's mechanics a step names in the prefix cache every full block it fills as it takes the blocks, so its
-completion names none (core/completion.py names them on apply under v0 only): after every applied step each running
+completion names none (mechanics/completion.py names them on apply under v0 only): after every applied step each running
 sequence's computed full blocks are already named, whatever chunking, preemption, drafts and shared prefixes do."""
 
 from __future__ import annotations

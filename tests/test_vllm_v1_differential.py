@@ -8,7 +8,7 @@ window and usage threshold). Every step must agree on which
 requests run with how many tokens, which are preempted, which finish and how, and how many KV
 blocks are free. A request with ``n > 1`` goes to vLLM as its front end sends it, ``n`` child
 requests (``tests/vllm_v1_reference.py``), and to kvsched as one request, which its V1 mechanics fan
-out the same way (``core/fanout.py``): the children must run step for step alike, and the request
+out the same way (``mechanics/fanout.py``): the children must run step for step alike, and the request
 finish when its last child does. Structured-output requests get their grammar at the same step on
 both sides; with ``num_speculative_tokens``, vLLM (``ngram``) is given k drafts for every request
 that sampled, and both sides accept the same ones (``accepted_drafts``). Excluded by construction,

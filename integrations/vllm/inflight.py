@@ -30,7 +30,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from kvsched.core.mechanics import V1
+from kvsched.mechanics.engines import V1
 
 if TYPE_CHECKING:
     from kvsched.core.sequence import Sequence

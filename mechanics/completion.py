@@ -1,5 +1,5 @@
 """The completion step: a step ran; count its computed tokens, append its samples, fork, and end the sequences that
-stopped or reached their cap. The mechanics may choose another strategy (``core/async_lag.py``)."""
+stopped or reached their cap. The mechanics may choose another strategy (``async_lag.py``)."""
 
 from __future__ import annotations
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, NamedTuple
 
-from kvsched.core.completion import Completion
 from kvsched.core.sequence import Sequence, SequenceGroup, SequenceStatus
+from kvsched.mechanics.completion import Completion
 
 if TYPE_CHECKING:
     from kvsched.core.engine import Engine

@@ -45,7 +45,7 @@ def remember_drafts(drafting: set[int], output, running: list[SequenceGroup]) ->
 
 
 class V1StepState(StepState):
-    """One step under V1's block rules, each group one sequence (core/fanout.py); a policy sees no difference."""
+    """One step under V1's block rules, each group one sequence (fanout.py); a policy sees no difference."""
 
     victim_states = (None, "scheduled")  # V1's priority rule may pick a victim scheduled earlier in the step
 
@@ -60,7 +60,7 @@ class V1StepState(StepState):
     def admit(self, group, max_tokens: int | None) -> Outcome:
         g = group_of(group) if type(group) is GroupView else None  # None: refused as the admission resolves it
         if g is not None and not grammar_ready(g, self.now):  # V1's WAITING_FOR_..._GRAMMAR
-            self._resolve(group, SequenceStatus.WAITING, "admit")  # still this engine's waiting group, untouched
+            self.resolve(group, SequenceStatus.WAITING, "admit")  # still this engine's waiting group, untouched
             return Outcome.LATER
         load = self._load(g) if self.sched.offloading is not None else None
         outcome = super().admit(group, max_tokens)
@@ -88,7 +88,7 @@ class V1StepState(StepState):
             return None
         return self.sched.offloading.load(g.request_id, g.seqs[0])
 
-    def _admitted_tokens(self, g: SequenceGroup, cached: dict[int, int], chunk: int) -> int | None:
+    def admitted_tokens(self, g: SequenceGroup, cached: dict[int, int], chunk: int) -> int | None:
         return cached[g.seqs[0].seq_id] + chunk
 
     def newest_unscheduled(self, exclude):
@@ -97,26 +97,26 @@ class V1StepState(StepState):
             return None  # with a step in flight, the requester is its own victim
         return newest
 
-    def _run(self, g: SequenceGroup, max_tokens: int | None, op: str, room: bool = False) -> Outcome:
+    def run_group(self, g: SequenceGroup, max_tokens: int | None, op: str, room: bool = False) -> Outcome:
         seq = g.seqs[0]  # the only one: V1 fans n > 1 out
         if self.in_flight is not None and seq.num_tokens >= g.max_seq_tokens - 1 and self.in_flight(seq):
             return Outcome.LATER  # its in-flight step samples its last token: vLLM passes over it
         if seq.num_tokens - seq.num_computed_tokens == 1:
             if self.drafts and seq.seq_id in self.sched.drafting:
                 return self._speculate(g, seq, max_tokens)
-            return self._decode_one(g, seq, room)
-        return super()._run(g, max_tokens, op, room)
+            return self.decode_one(g, seq, room)
+        return super().run_group(g, max_tokens, op, room)
 
     def _speculate(self, g: SequenceGroup, seq: Sequence, max_tokens: int | None) -> Outcome:
         """A decode with as many of its ``1 + k`` draft tokens as the cap, the budget and ``max_model_len`` allow."""
         out = self.output
         left = self.max_tokens - out.num_batched_tokens
         if left <= 0:
-            return self._no_tokens(g, 1, left)
+            return self.no_tokens(g, 1, left)
         n = min(1 + self.drafts, left, self.config.model_len - seq.num_computed_tokens - 1)
         if max_tokens is not None and max_tokens < n:
             n = max_tokens
-        if self._take_blocks(g, g.seqs, n, False):
+        if self.take_blocks(g, g.seqs, n, False):
             return Outcome.PREEMPTED
         out.scheduled.append(ScheduledGroup(g, n, False))
         out.num_batched_tokens += n
@@ -125,24 +125,24 @@ class V1StepState(StepState):
         out.kv_tokens_read += seq.num_computed_tokens
         return Outcome.SCHEDULED
 
-    def _take_blocks(self, g: SequenceGroup, running: list[Sequence], chunk: int, room: bool) -> bool:
+    def take_blocks(self, g: SequenceGroup, running: list[Sequence], chunk: int, room: bool) -> bool:
         """The one sequence's blocks grow to hold ``chunk`` more tokens (a prompt's, or a decode's and its drafts),
         of which the known ones are named in the prefix cache; True if ``g`` itself was preempted."""
         bm, seq = self.bm, running[0]
         target = seq.num_computed_tokens + chunk
-        if self._make_room(g, lambda: bm.blocks_to_grow(seq, target)):
+        if self.make_room(g, lambda: bm.blocks_to_grow(seq, target)):
             return True
         bm.grow(seq, target)
         self._name(seq, min(target, seq.num_tokens))
         self.output.block_ops.append((g.request_id, target))
         return False
 
-    def _decode_one(self, g: SequenceGroup, seq: Sequence, room: bool = False) -> Outcome:
+    def decode_one(self, g: SequenceGroup, seq: Sequence, room: bool = False) -> Outcome:
         out, bm = self.output, self.bm
         if out.num_batched_tokens >= self.max_tokens:
-            return self._no_tokens(g, 1, self.max_tokens - out.num_batched_tokens)
+            return self.no_tokens(g, 1, self.max_tokens - out.num_batched_tokens)
         if seq.num_tokens > len(bm.gpu_tables[seq.seq_id]) * bm.block_size:  # its last block is full
-            if self._make_room(g, lambda: 1):
+            if self.make_room(g, lambda: 1):
                 return Outcome.PREEMPTED
             bm.append_slots(seq)
         self._name(seq, seq.num_tokens)
@@ -153,11 +153,11 @@ class V1StepState(StepState):
         out.kv_tokens_read += seq.num_computed_tokens
         return Outcome.SCHEDULED
 
-    def _make_room(self, g: SequenceGroup, needed: Callable[[], int]) -> bool:
+    def make_room(self, g: SequenceGroup, needed: Callable[[], int]) -> bool:
         """Preempt until the blocks ``g`` needs now are free; True if ``g`` itself had to go."""
         while needed() > self.bm.gpu.num_free:
-            victim, mode, reason = self._choose_victim(g)
-            self._preempt(victim, mode, g, reason)
+            victim, mode, reason = self.choose_victim(g)
+            self.preempt_group(victim, mode, g, reason)
             if victim is g:
                 return True
         return False
@@ -168,13 +168,13 @@ class V1StepState(StepState):
                 num_tokens = min(num_tokens, seq.num_tokens - self.in_flight(seq))
             self.bm.mark_computed(seq, num_tokens)
 
-    def _preempt(
+    def preempt_group(
         self, g: SequenceGroup, mode: PreemptionMode | None, requester: SequenceGroup | None = None, reason=None
     ) -> PreemptionMode:
         if self.touched.get(g) == "scheduled":
             self._unschedule(g)
         self.output.block_ops.append((g.request_id, None))
-        return super()._preempt(g, mode, requester, reason)
+        return super().preempt_group(g, mode, requester, reason)
 
     def _unschedule(self, g: SequenceGroup) -> None:
         """A victim scheduled earlier in the step leaves the batch: its tokens and cost return (V1 copies no block)."""
