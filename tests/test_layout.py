@@ -85,6 +85,15 @@ def test_the_map_in_the_docs_is_this_map():
         assert documented == allowed, f"{package}/: the docs say {sorted(documented)}, the test {sorted(allowed)}"
 
 
+def test_the_readme_lists_every_package_below_what_it_imports():
+    """The README's layout table says each folder imports only the ones above it: hold it to that, and to all."""
+    text = (ROOT / "README.md").read_text()
+    order = [p for p in re.findall(r"^\| `([a-z_]+)/` \|", text, re.M) if p in MAY_IMPORT]
+    assert sorted(order) == sorted(MAY_IMPORT), f"README's layout lists {order}"
+    late = [f"{p} imports {sorted(below)}" for i, p in enumerate(order) if (below := MAY_IMPORT[p] - set(order[:i]))]
+    assert not late, "README's layout lists below what imports them: " + "; ".join(late)
+
+
 @pytest.mark.parametrize("package", [p for p in MAY_IMPORT if (ROOT / p).is_dir()])
 def test_dependencies_point_one_way(package):
     allowed = MAY_IMPORT[package] | {package} | ROOT_MODULES
