@@ -30,6 +30,13 @@ def causal_pairs(context: int, chunk: int) -> int:
     return chunk * context + chunk * (chunk + 1) // 2
 
 
+class Victim(NamedTuple):
+    """A group the step preempted, and how (``OutputView.preempted`` gives the group's ``GroupView``)."""
+
+    group: SequenceGroup
+    mode: PreemptionMode
+
+
 class ScheduledGroup:
     """A group that runs in this step and the tokens it computes, in all (only a single sequence may compute a chunk
     of its prefill); ``num_cached_tokens``: an admitted prompt's leading tokens found in the prefix cache."""
@@ -80,7 +87,7 @@ class SchedulerOutput:
     blocks_to_swap_in: list[tuple[int, int]] = field(default_factory=list)
     blocks_to_swap_out: list[tuple[int, int]] = field(default_factory=list)
     blocks_to_copy: list[tuple[int, int]] = field(default_factory=list)
-    preempted: list[tuple[SequenceGroup, PreemptionMode]] = field(default_factory=list)
+    preempted: list[Victim] = field(default_factory=list)
     ignored: list[SequenceGroup] = field(default_factory=list)
     num_batched_tokens: int = 0
     # The step's cost features, counted by the step builder as it schedules.

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 from kvsched.core.config import PreemptionMode
 from kvsched.core.decisions import Decision, Preempted, Preemption, held_problem
+from kvsched.core.outputs import Victim
 from kvsched.core.sequence import SequenceStatus
 from kvsched.core.view import GroupView, group_of
 from kvsched.errors import quote
@@ -73,6 +74,6 @@ class Preemptions:
                 self.bm.free(seq)
             self.recomputed.append(g)
         self.touched[g] = f"preempted ({mode.value})"
-        self.output.preempted.append((g, mode))
+        self.output.preempted.append(Victim(g, mode))
         self.num_running_seqs -= g.max_running_seqs
         return mode

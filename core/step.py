@@ -45,7 +45,7 @@ class StepBuilder:
     remaining_seqs = property(lambda self: (st := SHOWN[self.__weakref__]).max_seqs - st.num_running_seqs)
     num_preempted = property(lambda self: len(SHOWN[self.__weakref__].output.preempted))
     admitted = property(lambda self: tuple([g.view for g in SHOWN[self.__weakref__].admitted]), doc="admitted so far")
-    preempted = property(lambda self: tuple([g.view for g, _ in SHOWN[self.__weakref__].output.preempted]))
+    preempted = property(lambda self: tuple([v.group.view for v in SHOWN[self.__weakref__].output.preempted]))
     scheduled = property(lambda self: tuple([s.group.view for s in SHOWN[self.__weakref__].output.scheduled]))
 
     def was_touched(self, group: GroupView) -> bool:

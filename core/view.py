@@ -233,7 +233,7 @@ class OutputView(Window):
 
     scheduled = property(lambda self: BatchView(shown(self).scheduled))
     swapped_in = property(lambda self: tuple(g.view for g in shown(self).swapped_in))
-    preempted = property(lambda self: tuple((g.view, m) for g, m in shown(self).preempted), doc="(group, mode) pairs")
+    preempted = property(lambda self: tuple([v._replace(group=v.group.view) for v in shown(self).preempted]))
     ignored = property(lambda self: tuple(g.view for g in shown(self).ignored))
     blocks_to_swap_in = property(lambda self: tuple(shown(self).blocks_to_swap_in))
     blocks_to_swap_out = property(lambda self: tuple(shown(self).blocks_to_swap_out))

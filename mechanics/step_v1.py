@@ -38,8 +38,8 @@ def remember_drafts(drafting: set[int], output, running: list[SequenceGroup]) ->
             drafting.add(seq.seq_id)
         else:
             drafting.discard(seq.seq_id)
-    for g, _ in output.preempted:
-        drafting.discard(g.seqs[0].seq_id)
+    for victim in output.preempted:
+        drafting.discard(victim.group.seqs[0].seq_id)
     if len(drafting) > 2 * len(running) + 64:  # finished or aborted ones: dropped now and then, not on every step
         drafting.intersection_update(g.seqs[0].seq_id for g in running)
 

@@ -72,8 +72,8 @@ class TimeSeriesRecorder:
         cache = r.cache
         prefill_groups = out.num_prefill_groups
         swap_preempt = 0
-        for _g, mode in out.preempted:
-            if mode.value == "swap":
+        for victim in out.preempted:
+            if victim.mode.value == "swap":
                 swap_preempt += 1
         self._rows.append(
             (

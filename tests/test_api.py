@@ -71,14 +71,17 @@ def test_the_output_lists_the_groups_swapped_in():
     engine = unit_engine(num_gpu_blocks=6, preemption_mode="swap")
     for rid in "abc":
         engine.add_request(req(rid, 4, 12))
-    swapped_in, swapped_out = [], []
+    swapped_in, swapped_out, victims = [], [], []
     engine.run(
         on_step=lambda r: (
             swapped_in.extend(g.request_id for g in r.output.swapped_in),
-            swapped_out.extend(g.request_id for g, _ in r.output.preempted),
+            swapped_out.extend(g.request_id for g, _ in r.output.preempted),  # (group, mode) pairs, unpacked
+            victims.extend(r.output.preempted),
         )
     )
     assert swapped_out and sorted(swapped_in) == sorted(swapped_out)
+    assert all(v._fields == ("group", "mode") and v == (v.group, v.mode) for v in victims)  # or named
+    assert all(isinstance(v.group, GroupView) and v.mode is kvsched.PreemptionMode.SWAP for v in victims)
 
 
 def test_a_prefix_hit_reports_the_full_prompt_next_to_its_uncached_part():

@@ -99,7 +99,7 @@ def test_recomputed_request_reprefills_prompt_plus_generated_tokens():
     for i in range(3):
         e.add_request(req(f"r{i}", prompt_len=7, output_len=12))
     report = fill_until_preemption(e)
-    victim = report.output.preempted[0][0]
+    victim = report.output.preempted[0].group
     generated = len(e._groups[victim.request_id].seqs[0].output)
     for _ in range(100):
         r = e.step()
@@ -142,7 +142,7 @@ def test_forced_preemption_mode_wins():
     for i in range(3):
         e.add_request(req(f"r{i}", prompt_len=7, output_len=12))
     report = fill_until_preemption(e)
-    assert report.output.preempted[0][1] is PreemptionMode.SWAP  # one sequence, swapped anyway
+    assert report.output.preempted[0].mode is PreemptionMode.SWAP  # one sequence, swapped anyway
 
 
 def test_swap_that_the_cpu_pool_cannot_hold_becomes_recompute():
@@ -150,7 +150,7 @@ def test_swap_that_the_cpu_pool_cannot_hold_becomes_recompute():
     e.add_request(req("solo", prompt_len=7, output_len=30))
     e.add_request(req("pair", prompt_len=7, output_len=30, n=2))
     report = fill_until_preemption(e)
-    assert report.output.preempted[0][1] is PreemptionMode.RECOMPUTE
+    assert report.output.preempted[0].mode is PreemptionMode.RECOMPUTE
     e.run()
     assert all(g.status is SequenceStatus.FINISHED_STOPPED for g in e._groups.values()) and e.leaked_blocks == 0
 
