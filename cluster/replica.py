@@ -229,12 +229,9 @@ class Replica:
     def report_steady(self, t: float) -> None:
         """The report at ``t``, the end of a steady run (its counts held through it): ``end_step``'s, and all of it
         where an arrival stopped the run (``resumable``: nothing ended in it, nothing was added since)."""
-        sched = self.engine.scheduler
-        self._reports.append(
-            Signals(
-                t, len(sched.waiting), len(sched.running), len(sched.swapped), self.engine.cache.num_free_gpu_blocks
-            )
-        )
+        engine = self.engine
+        waiting, running, swapped = engine.queue_lengths()  # unpacked: a star call into Signals costs more
+        self._reports.append(Signals(t, waiting, running, swapped, engine.cache.num_free_gpu_blocks))
 
     def end_step(self) -> list:
         """Apply the step under way (the clock moves to its end; a steady run was applied as it ran), keep

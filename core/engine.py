@@ -150,6 +150,11 @@ class Engine:
     def swapped(self) -> QueueView:
         return QueueView(list(self.scheduler.swapped))
 
+    def queue_lengths(self) -> tuple[int, int, int]:
+        """How many groups wait, run and are swapped out now: the counts alone, nothing copied (a fleet's reports)."""
+        sched = self.scheduler
+        return len(sched.waiting), len(sched.running), len(sched.swapped)
+
     @property
     def cache(self) -> CacheView:
         return self.scheduler.cache_view

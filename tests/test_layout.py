@@ -475,3 +475,16 @@ def test_the_privacy_check_catches_each_reach_and_allows_the_rest():
         f"missed: {[lines[n - 1] for n in sorted(marked - flagged)]}; "
         f"flagged wrongly: {[lines[n - 1] for n in sorted(flagged - marked)]}"
     )
+
+
+@pytest.mark.parametrize("folder", ["cluster", "routers", "integrations/ray"])
+def test_the_fleet_reads_no_engine_scheduler(folder):
+    """A fleet drives its engines through what an ``Engine`` offers (``queue_lengths()``, ``cache``...), never
+    through its scheduler (issue 33): each ``.scheduler`` read here is a line to move behind the engine."""
+    found = [
+        f"{path.relative_to(ROOT)}:{node.lineno}"
+        for path in _modules(folder)
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Attribute) and node.attr == "scheduler"
+    ]
+    assert not found, found
