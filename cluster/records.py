@@ -1,14 +1,15 @@
 """What a fleet run measured, request by request: each request's timeline across the replicas that
 served it (one, or a prefill and a decode replica), where the router sent it and why.
 
-Rows are ``RequestMetrics`` field tuples (what ``metrics.requests.summarize`` reads) with three
-columns more (``EXTRA``): the replica that finished the request, the one that ran its prompt, and the
-prompt tokens its first admission found in that replica's prefix cache. They are kept as a single
+Rows are ``FleetRow``s, read by name: ``RequestMetrics``' fields in order (what ``metrics.requests.summarize``
+reads) with three columns more (``EXTRA``): the replica that finished the request, the one that ran its prompt, and
+the prompt tokens its first admission found in that replica's prefix cache. They are kept as a single
 run's are (``metrics/records.py``'s ``Recorder``), in the order the requests arrived at the fleet.
 """
 
 from __future__ import annotations
 
+from collections import namedtuple
 from dataclasses import replace
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -16,7 +17,7 @@ import pyarrow as pa
 
 from kvsched.core.request import Request
 from kvsched.metrics.records import SCHEMA, Recorder, row_of
-from kvsched.metrics.requests import FIELDS, RequestMetrics  # noqa: F401  (FIELDS: a row's order, for testing/)
+from kvsched.metrics.requests import FIELDS, RequestMetrics  # noqa: F401  (FIELDS: for benchmarks/, run on old commits)
 
 if TYPE_CHECKING:
     from kvsched.cluster.replica import Replica
@@ -25,6 +26,8 @@ if TYPE_CHECKING:
 
 EXTRA = pa.schema([("replica", pa.int64()), ("prompt_replica", pa.int64()), ("cached_tokens", pa.int64())])
 FLEET_SCHEMA = pa.schema([*SCHEMA, *EXTRA])  # a single run's columns, then the fleet's own
+# One request's row, FLEET_SCHEMA's columns by name (``row.finish_time``, ``row.replica``); a tuple still.
+FleetRow = namedtuple("FleetRow", FLEET_SCHEMA.names)
 
 
 class RouteRecord(NamedTuple):
@@ -54,7 +57,7 @@ class FleetRecords:
     def __init__(self, replicas: list[Replica]) -> None:
         self.replicas = replicas
         self.recorder = Recorder(FLEET_SCHEMA)
-        self.rows = self.recorder.rows  # FLEET_SCHEMA's columns, in the order the requests arrived
+        self.rows: list[FleetRow] = self.recorder.rows  # in the order the requests arrived
         self.over = False  # the run is over: every request has its row
         self._table: pa.Table | None = None
         self.routes: list[RouteRecord] = []
@@ -116,7 +119,7 @@ class FleetRecords:
         self._append(merged, replica.index, prefill.replica, prefill.cached)
 
     def _append(self, m: RequestMetrics, replica: int, prompt_replica: int, cached: int) -> None:
-        self.recorder.add(self._ids[m.request_id], (*row_of(m), replica, prompt_replica, cached))
+        self.recorder.add(self._ids[m.request_id], FleetRow._make((*row_of(m), replica, prompt_replica, cached)))
 
     # ------------------------------------------------------------------ P/D disaggregation
     def prefill_part(self, request: Request) -> Request:

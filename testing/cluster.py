@@ -11,7 +11,6 @@ from __future__ import annotations
 from collections import Counter
 from typing import TYPE_CHECKING
 
-from kvsched.cluster.records import FIELDS
 from kvsched.errors import AuditError
 from kvsched.testing.invariants import InvariantViolation
 
@@ -35,16 +34,12 @@ CLUSTER_INVARIANTS = {
     TIMELINES_IN_ORDER: "arrival <= first scheduled <= first token <= finish, in the fleet's one clock",
 }
 
-_ID, _ARRIVAL, _SCHEDULED, _FIRST, _FINISH = (
-    FIELDS.index(f) for f in ("request_id", "arrival_time", "first_scheduled_time", "first_token_time", "finish_time")
-)
-
 
 def check_cluster(cluster: Cluster, requests: list[Request]) -> list[tuple[str, str]]:
     """Every violation of ``CLUSTER_INVARIANTS`` after ``cluster`` ran ``requests``: (invariant, what)."""
     problems: list[tuple[str, str]] = []
     rec = cluster.records
-    ids = [row[_ID] for row in rec.rows]
+    ids = [row.request_id for row in rec.rows]
     counts = Counter(ids)
     expected = {r.request_id for r in requests}
     lost = expected - set(counts)
@@ -105,10 +100,11 @@ def check_cluster(cluster: Cluster, requests: list[Request]) -> list[tuple[str, 
         if decoded - prefilled:
             problems.append((ROUTES_IN_POOL, f"decoded without a prefill: {sorted(decoded - prefilled)[:3]}"))
     for row in rec.rows:
-        times = [t for t in (row[_ARRIVAL], row[_SCHEDULED], row[_FIRST], row[_FINISH]) if t is not None]
+        timeline = (row.arrival_time, row.first_scheduled_time, row.first_token_time, row.finish_time)
+        times = [t for t in timeline if t is not None]
         if times != sorted(times):
             problems.append(
-                (TIMELINES_IN_ORDER, f"{row[_ID]}: arrival, first scheduled, first token, finish = {times}")
+                (TIMELINES_IN_ORDER, f"{row.request_id}: arrival, first scheduled, first token, finish = {times}")
             )
             break
     return problems
