@@ -1,15 +1,16 @@
 """What a fleet run measured, request by request: each request's timeline across the replicas that
 served it (one, or a prefill and a decode replica), where the router sent it and why.
 
-Rows are ``FleetRow``s, read by name: ``RequestMetrics``' fields in order (what ``metrics.requests.summarize``
-reads) with three columns more (``EXTRA``): the replica that finished the request, the one that ran its prompt, and
-the prompt tokens its first admission found in that replica's prefix cache. They are kept as a single
-run's are (``metrics/records.py``'s ``Recorder``), in the order the requests arrived at the fleet.
+Rows are ``RequestMetrics``' fields in order (what ``metrics.requests.summarize`` reads) with three columns more
+(``EXTRA``): the replica that finished the request, the one that ran its prompt, and the prompt tokens its first
+admission found in that replica's prefix cache; read them by name as ``FleetRow``s (``named_rows()``). They are kept
+as a single run's are (``metrics/records.py``'s ``Recorder``), in the order the requests arrived at the fleet.
 """
 
 from __future__ import annotations
 
 from collections import namedtuple
+from collections.abc import Iterator
 from dataclasses import replace
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -26,7 +27,7 @@ if TYPE_CHECKING:
 
 EXTRA = pa.schema([("replica", pa.int64()), ("prompt_replica", pa.int64()), ("cached_tokens", pa.int64())])
 FLEET_SCHEMA = pa.schema([*SCHEMA, *EXTRA])  # a single run's columns, then the fleet's own
-# One request's row, FLEET_SCHEMA's columns by name (``row.finish_time``, ``row.replica``); a tuple still.
+# One row, FLEET_SCHEMA's columns by name (``row.finish_time``, ``row.replica``), as ``named_rows()`` reads it.
 FleetRow = namedtuple("FleetRow", FLEET_SCHEMA.names)
 
 
@@ -57,7 +58,7 @@ class FleetRecords:
     def __init__(self, replicas: list[Replica]) -> None:
         self.replicas = replicas
         self.recorder = Recorder(FLEET_SCHEMA)
-        self.rows: list[FleetRow] = self.recorder.rows  # in the order the requests arrived
+        self.rows = self.recorder.rows  # FLEET_SCHEMA's columns, in the order the requests arrived
         self.over = False  # the run is over: every request has its row
         self._table: pa.Table | None = None
         self.routes: list[RouteRecord] = []
@@ -119,7 +120,12 @@ class FleetRecords:
         self._append(merged, replica.index, prefill.replica, prefill.cached)
 
     def _append(self, m: RequestMetrics, replica: int, prompt_replica: int, cached: int) -> None:
-        self.recorder.add(self._ids[m.request_id], FleetRow._make((*row_of(m), replica, prompt_replica, cached)))
+        self.recorder.add(self._ids[m.request_id], (*row_of(m), replica, prompt_replica, cached))
+
+    def named_rows(self) -> Iterator[FleetRow]:
+        """The rows so far, each read by name. They are kept as plain tuples: the collector stops tracking a tuple of
+        numbers and strings, never a namedtuple, and every full pass of a long run would walk them all."""
+        return map(FleetRow._make, self.rows)
 
     # ------------------------------------------------------------------ P/D disaggregation
     def prefill_part(self, request: Request) -> Request:

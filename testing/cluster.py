@@ -39,7 +39,7 @@ def check_cluster(cluster: Cluster, requests: list[Request]) -> list[tuple[str, 
     """Every violation of ``CLUSTER_INVARIANTS`` after ``cluster`` ran ``requests``: (invariant, what)."""
     problems: list[tuple[str, str]] = []
     rec = cluster.records
-    ids = [row.request_id for row in rec.rows]
+    ids = [row.request_id for row in rec.named_rows()]
     counts = Counter(ids)
     expected = {r.request_id for r in requests}
     lost = expected - set(counts)
@@ -99,7 +99,7 @@ def check_cluster(cluster: Cluster, requests: list[Request]) -> list[tuple[str, 
         prefilled = {request_id for request_id, pool in routed if pool == "prefill"}
         if decoded - prefilled:
             problems.append((ROUTES_IN_POOL, f"decoded without a prefill: {sorted(decoded - prefilled)[:3]}"))
-    for row in rec.rows:
+    for row in rec.named_rows():
         timeline = (row.arrival_time, row.first_scheduled_time, row.first_token_time, row.finish_time)
         times = [t for t in timeline if t is not None]
         if times != sorted(times):

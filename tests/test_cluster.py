@@ -135,7 +135,7 @@ def test_a_request_counts_toward_its_replica_until_it_ends(timing):
     cluster = Cluster(FleetSpec(replicas=[ReplicaGroup(count=3, settings={**SMALL, **timing})], router=router))
     cluster.run(requests)
     assert_cluster(cluster, requests)
-    ends = {row.request_id: row.finish_time for row in cluster.records.rows}
+    ends = {row.request_id: row.finish_time for row in cluster.records.named_rows()}
     for k, (arrival, counts) in enumerate(router.calls):
         ongoing = [name for rid, name in router.sent[:k] if ends[rid] > arrival]  # routed before, not ended by then
         assert counts == tuple(ongoing.count(r.name) for r in cluster.replicas)
@@ -216,7 +216,7 @@ def test_pd_takes_ttft_from_the_prefill_pool_and_charges_the_transfer():
     cluster = Cluster(FleetSpec(replicas=[ReplicaGroup(role="prefill"), ReplicaGroup(role="decode")], transfer=slow))
     cluster.run(requests)
     assert_cluster(cluster, requests)
-    row = cluster.records.rows[0]._asdict()
+    row = next(cluster.records.named_rows())._asdict()
     prefill = cluster.replicas[0]
     moved = 0.25 + 1000 * prefill.engine.executor.profile.kv_bytes_per_token / 0.5e9
     assert row["output_tokens"] == 20 and row["status"] == "FINISHED_STOPPED"
@@ -385,7 +385,7 @@ def test_pd_counts_what_the_fleet_recomputes(policy, caching, budget, prefill_bl
     cluster = Cluster(spec)
     cluster.run(requests)
     assert_cluster(cluster, requests)
-    rows = [row._asdict() for row in cluster.records.rows]
+    rows = [row._asdict() for row in cluster.records.named_rows()]
     assert sum(r["recomputed_tokens"] > 0 for r in rows) >= 5
     recompute = fleet_summary(cluster)["recompute"]
     for name in ("computed_tokens", "recomputed_tokens", "discarded_tokens"):

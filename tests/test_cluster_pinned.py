@@ -30,8 +30,7 @@ def digest(cluster: Cluster) -> str:
     """One hash over the fleet's rows, routes and each replica's steps (floats by repr: exact)."""
     records, h = cluster.records, hashlib.sha256()
     routes = [tuple(route) for route in records.routes]  # plain tuples, as routes were when the digests were taken
-    rows = [tuple(row) for row in records.rows]  # plain tuples too: rows were when the digests were taken
-    for part in (rows, routes, [(r.name, r.steps, r.requests) for r in cluster.replicas]):
+    for part in (records.rows, routes, [(r.name, r.steps, r.requests) for r in cluster.replicas]):
         h.update(repr(part).encode())
     return h.hexdigest()[:16]
 
