@@ -7,7 +7,12 @@ out. A code is a commit (unpacked and its C extensions built, as ``commits_speed
 ``kvsched`` (put first on ``PYTHONPATH``), run in a fresh process with its string hashes fixed. Counts of one code
 vary by about 0.25 % from run to run (dict layouts follow object addresses).
 
+``--cache`` simulates the caches too (about twice as slow) and counts the first level's misses: the instruction cache's
+(the interpreter's C code a run goes through) and the data cache's (objects, bytecode). Each costs some ten cycles
+that instructions do not show, so two codes of the same instructions may differ in CPU seconds by their misses.
+
     .venv/bin/python benchmarks/run_instructions.py 0b64e72 main HEAD -n 300
+    .venv/bin/python benchmarks/run_instructions.py 0b64e72 HEAD -n 300 --cache
 """
 
 from __future__ import annotations
@@ -44,16 +49,19 @@ def inner(n: int) -> None:
     print(f"steps {engine.num_steps}", file=sys.stderr)
 
 
-def instructions(folder: Path, n: int) -> tuple[int, int]:
-    """What callgrind counts for ``inner(n)`` on the code in ``folder`` (the parent of its ``kvsched``), and steps."""
+def instructions(folder: Path, n: int, cache: bool = False) -> tuple[dict[str, int], int]:
+    """What callgrind counts for ``inner(n)`` on the code in ``folder`` (the parent of its ``kvsched``), by event
+    (``Ir``, and with ``cache`` the misses ``I1mr``, ``D1mr``, ``D1mw``...), and the steps it ran."""
     env = {**os.environ, "PYTHONPATH": str(folder), "PYTHONHASHSEED": "0"}
     command = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", "--collect-atstart=no"]
+    command += ["--cache-sim=yes"] if cache else []
     command += ["--toggle-collect=functools_reduce", sys.executable, __file__, "--inner", str(n)]
     done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
-    found, steps = re.search(r"Collected : (\d+)", done.stderr), re.search(r"^steps (\d+)", done.stderr, re.M)
-    if done.returncode or found is None or steps is None:
+    events, found = re.search(r"Events +: ([\w ]+)", done.stderr), re.search(r"Collected : ([\d ]+)", done.stderr)
+    steps = re.search(r"^steps (\d+)", done.stderr, re.M)
+    if done.returncode or events is None or found is None or steps is None:
         raise SystemExit(f"{folder}: callgrind failed ({done.returncode}): {done.stderr[-1000:]}")
-    return int(found.group(1)), int(steps.group(1))
+    return dict(zip(events.group(1).split(), map(int, found.group(1).split()), strict=True)), int(steps.group(1))
 
 
 def main(argv: list[str]) -> None:
@@ -63,16 +71,25 @@ def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("codes", nargs="+", help="commits or folders holding kvsched; the first is the baseline")
     parser.add_argument("-n", type=int, default=300, help="requests of the replay (19,366 in all)")
+    parser.add_argument("--cache", action="store_true", help="count first-level cache misses too")
     args = parser.parse_args(argv)
+    misses = {"I1mr": "instruction-cache misses", "D1": "data-cache misses (reads and writes)"} if args.cache else {}
     with tempfile.TemporaryDirectory(prefix="kvsched-run-instructions-") as tmp:
         folders = code_folders(args.codes, Path(tmp), build=True)
-        print(f"| code ({args.n} requests) | steps | instructions of Engine.run | per step | ratio |")
-        print("|---|---:|---:|---:|---:|")
+        columns = "".join(f" {what} | ratio |" for what in misses.values())
+        print(f"| code ({args.n} requests) | steps | instructions of Engine.run | per step | ratio |{columns}")
+        print("|---|---:|---:|---:|---:|" + "---:|---:|" * len(misses))
         base = None
         for name, folder in folders.items():
-            count, steps = instructions(folder, args.n)
-            base = base or count
-            print(f"| {name} | {steps:,} | {count:,} | {count / steps:,.0f} | {count / base:.3f} |", flush=True)
+            counts, steps = instructions(folder, args.n, args.cache)
+            counts["D1"] = counts.get("D1mr", 0) + counts.get("D1mw", 0)
+            base = base or counts
+            cells = "".join(f" {counts[e]:,} | {counts[e] / base[e]:.3f} |" for e in misses)
+            count = counts["Ir"]
+            print(
+                f"| {name} | {steps:,} | {count:,} | {count / steps:,.0f} | {count / base['Ir']:.3f} |{cells}",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":
