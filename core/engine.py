@@ -80,7 +80,8 @@ class Engine:
 
     def add_request(self, request: Request | dict) -> SequenceGroup:
         """Queue a request (validated if given as a dict) until the policy admits it."""
-        self._refuse_in_hook("add_request")
+        if self.hooks.in_hook is not None:  # checked inline: a run adds every request
+            self._refuse_in_hook("add_request")
         if not isinstance(request, Request):
             request = Request.model_validate(request)
         if request.request_id in self._groups:
@@ -165,7 +166,8 @@ class Engine:
 
     def schedule(self, hooks: PolicyHooks | None = None) -> SchedulerOutput:
         """The first half of ``step``, for a step run elsewhere (vLLM); ``hooks``: another policy's."""
-        self._refuse_in_hook("step")
+        if self.hooks.in_hook is not None:
+            self._refuse_in_hook("step")
         let_go(self._reported)  # their views show nothing from now on
         self.scheduled_at = self.clock.now()
         self._in_flight = self.scheduler.schedule(self.scheduled_at, hooks)
@@ -215,8 +217,9 @@ class Engine:
         self._reported += finished  # their views show them until the next step
         return finished
 
-    def complete(self, output: SchedulerOutput, result: StepResult, charged: bool = False) -> StepReport:
-        """The second half of ``step``: ``output`` ran as ``result`` says; apply it and tell observers."""
+    def complete(self, output: SchedulerOutput, result: StepResult, charged=False, report=True) -> StepReport | bool:
+        """The second half of ``step``: ``output`` ran as ``result`` says; apply it and tell observers (its report, or
+        False if not ``report``)."""
         sched, completion = self.scheduler, self.completion
         self._in_flight = None
         if completion.timed and not charged:
@@ -234,7 +237,7 @@ class Engine:
         if idle and not self._idle_steps:
             self._idle_since = self.scheduled_at
         self._idle_steps = self._idle_steps + 1 if idle else 0
-        report = StepReport(
+        report = report and StepReport(  # else no one reads it (Engine.run with no observer): none made, no view
             self.num_steps,
             now,
             result.duration,
@@ -288,6 +291,7 @@ class Engine:
             raise wrong(f"max_steps must be a positive int or None, got {type(max_steps).__name__} {quote(max_steps)}")
         arrivals = Arrivals(self, arriving(requests) if in_order else sorted(requests, key=lambda r: r.arrival_time))
         runs = self.fast_path is not None and (on_step is None or hasattr(on_step, "on_steps"))  # else: each step
+        report = on_step is not None or self.hooks.observes_steps  # else each step's report is never read
         observe = getattr(on_step, "on_steps", None)
         freeze = gc.isenabled() and not gc.get_freeze_count()  # as vLLM freezes its heap once started
         if freeze:
@@ -299,13 +303,14 @@ class Engine:
                 if not self.has_unfinished():
                     clock.wait_until(arrivals.at)
                     continue
-                report = self.step()
+                output = self.schedule()
+                done = self.complete(output, self.executor.execute(output), report=report)
                 if on_step is not None:
-                    on_step(report)
+                    on_step(done)
                 left -= 1
                 more = runs  # steady runs after a step, one after another while each ends a group
-                while more and left:
-                    run = self.steady_run(arrivals.at, arrivals.admit, left, observe)
+                while more and left:  # (steady_run's, called outside any hook)
+                    run = self.fast_path.advance(arrivals.at, arrivals.admit, left, observe, math.inf, False)
                     left, more = left - len(run.started), run.finished
                 if not left:  # max_steps taken
                     break
