@@ -129,7 +129,8 @@ class DecisionNotes:
 
     def _no_blocks(self, g: SequenceGroup, needed: int) -> Outcome:
         """LATER, noted with the blocks ``g`` needs and the free ones (of which the watermark stays free)."""
-        self.output.decisions.append(Refused(Decision.NO_BLOCKS, g.request_id, needed, self.bm.gpu.num_free))
+        notes = (Decision.NO_BLOCKS, g.request_id, needed, self.bm.gpu.num_free)
+        self.output.decisions.append(tuple.__new__(Refused, notes))  # Refused(*notes) without its __new__'s frame
         return Outcome.LATER
 
     def no_tokens(self, g: SequenceGroup, needed: int, left: int) -> Outcome:

@@ -123,7 +123,10 @@ class SchedulerOutput:
         features = self._features
         if features is None:
             swapped = len(self.blocks_to_swap_in) + len(self.blocks_to_swap_out)
-            pairs = sum(causal_pairs(n, c) for n, c in self.chunks() if c > 1) if self.prefill_tokens else 0
+            pairs = 0
+            for n, c in self.chunks() if self.prefill_tokens else ():
+                if c > 1:  # causal_pairs(n, c), inlined
+                    pairs += c * n + c * (c + 1) // 2
             counts = (self.prefill_tokens, self.decode_seqs, self.kv_tokens_read, swapped, len(self.blocks_to_copy))
             features = self._features = StepFeatures(*counts, pairs)
         return features

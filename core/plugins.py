@@ -58,7 +58,7 @@ class PolicyHooks:
         self.on_step = self._hook("on_step", ("report",), False) if self.observes_steps else lambda report: None
         self.in_hook: str | None = None
         self._first_error: PolicyError | None = None
-        self._first = lambda: self._first_error  # the hook call's first refusal (call_hook)
+        self._first = functools.partial(getattr, self, "_first_error")  # the call's first refusal (call_hook): no frame
 
     def configure(self, config):
         """``config`` with the policy's ``engine_defaults`` (vllm-v1's V1 mechanics) where the caller set none."""

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from kvsched.core.sequence import Sequence, SequenceGroup
 
 _WAITING, _RUNNING, _SWAPPED = SequenceStatus.WAITING, SequenceStatus.RUNNING, SequenceStatus.SWAPPED
+_new = tuple.__new__  # a named tuple made without its __new__'s frame, on the hot paths
 
 
 class StepState(Preemptions, DecisionNotes):
@@ -259,7 +260,7 @@ class StepState(Preemptions, DecisionNotes):
         out.num_batched_tokens += chunk
         if is_prefill:
             out.prefill_tokens += chunk
-            out.decisions.append(Prefill(Decision.PREFILL, g.request_id, chunk, left, cached))
+            out.decisions.append(_new(Prefill, (Decision.PREFILL, g.request_id, chunk, left, cached)))  # no frame
         else:
             out.decode_seqs += chunk
         out.kv_tokens_read += context

@@ -11,6 +11,7 @@ A step's duration is the executor's ``lane_seconds(n)(kv_tokens)``, a promise: w
 
 from __future__ import annotations
 
+import sys
 from typing import TYPE_CHECKING, NamedTuple
 
 from kvsched.core.decisions import Decision, Refused
@@ -117,6 +118,7 @@ class SteadyRuns:
         batch, (n, seconds) = None, (self._coasting if resume else (0, None))
         stopped = False  # by an arrival
         num_waiting, num_running, num_swapped = len(sched.waiting), len(sched.running), len(sched.swapped)
+        limit = sys.maxsize if limit > sys.maxsize else limit  # infinity as an int: each step compares ints
         try:  # the steps taken count even if ``join`` (adding a request) or an audit raises partway
             while len(durations) < limit:  # a count: none at 0 or below
                 now = clock.now()
@@ -157,18 +159,9 @@ class SteadyRuns:
         self._coasting = (n, seconds)
         if durations and observe is not None:
             self._report(batch, started, durations, kv, waiting, free_before, free_after, finished, observe)
-        return Run(
-            started,
-            durations,
-            free_before,
-            free_after,
-            bool(finished),
-            stopped,
-            not arrivals,
-            num_waiting,
-            num_running,
-            num_swapped,
-        )
+        # Run(...) without its __new__'s frame: a run is built after every step that ran the policy
+        fields = (started, durations, free_before, free_after, bool(finished), stopped, not arrivals)
+        return tuple.__new__(Run, (*fields, num_waiting, num_running, num_swapped))
 
     def _report(self, batch, started, durations, kv, waiting, free_before, free_after, finished, observe) -> None:
         """Tell the observers a steady run (``StepRun``), as ``Engine.complete`` tells them a step."""
