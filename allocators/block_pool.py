@@ -91,7 +91,8 @@ class BlockPool:
             blocks = free[-n:] if n else []
             blocks.reverse()  # the newest first, as n calls of allocate() take them
             del free[len(free) - n :]
-        if type(self.hash_to_block) is dict or not hold_refs(self.ref_counts, blocks):  # else done in C
+        # In C for many blocks (a prompt's); a few (the decode lane's due blocks) cost less here than a cold C call.
+        if n < 8 or type(self.hash_to_block) is dict or not hold_refs(self.ref_counts, blocks):
             ref_counts = self.ref_counts
             for block in blocks:
                 ref_counts[block] = 1
