@@ -13,7 +13,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from operator import attrgetter
 from types import NoneType
 from typing import TYPE_CHECKING, NamedTuple
-from weakref import KeyedRef, ref
+from weakref import ref
 
 from pydantic import BaseModel
 
@@ -138,17 +138,17 @@ class GroupView:
 
 
 # Each request's view -> a weak reference to its group: a view its engine let go (or a forged one) raises KeyError.
-GROUPS: dict[GroupView, KeyedRef] = {}
+GROUPS: dict[GroupView, ref] = {}
 
 
 def view_of(group: SequenceGroup) -> GroupView:
     """``group``'s view (made once: ``group.view``), showing it until its engine lets it go."""
-    GROUPS[view] = KeyedRef(group, _gone, view := GroupView())
+    GROUPS[view] = ref(group, functools.partial(_gone, view := GroupView()))  # a KeyedRef's Python calls, in C
     return view
 
 
-def _gone(key: KeyedRef) -> None:  # a group went before its engine let it go (with the engine, or a fan-out's child)
-    GROUPS.pop(key.key, None)
+def _gone(view: GroupView, key: ref) -> None:  # a group went before its engine let it go (the engine, a fan-out child)
+    GROUPS.pop(view, None)
 
 
 def group_of(view: object, _key=GROUPS.get, _none=NoneType) -> SequenceGroup | None:
