@@ -309,8 +309,8 @@ class Engine:
                     on_step(done)
                 left -= 1
                 more = runs  # steady runs after a step, one after another while each ends a group
-                while more and left:  # (steady_run's, called outside any hook)
-                    run = self.fast_path.advance(arrivals.at, arrivals.admit, left, observe, math.inf, False)
+                while more and left:
+                    run = self.steady_run(arrivals.at, arrivals.admit, left, observe)
                     left, more = left - len(run.started), run.finished
                 if not left:  # max_steps taken
                     break
