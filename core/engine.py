@@ -217,9 +217,11 @@ class Engine:
         self._reported += finished  # their views show them until the next step
         return finished
 
-    def complete(self, output: SchedulerOutput, result: StepResult, charged=False, report=True) -> StepReport | bool:
+    def complete(
+        self, output: SchedulerOutput, result: StepResult, charged: bool = False, report: bool = True
+    ) -> StepReport | None:
         """The second half of ``step``: ``output`` ran as ``result`` says; apply it and tell observers (its report, or
-        False if not ``report``)."""
+        None if not ``report``: ``Engine.run`` with no observer)."""
         sched, completion = self.scheduler, self.completion
         self._in_flight = None
         if completion.timed and not charged:
@@ -237,7 +239,7 @@ class Engine:
         if idle and not self._idle_steps:
             self._idle_since = self.scheduled_at
         self._idle_steps = self._idle_steps + 1 if idle else 0
-        report = report and StepReport(  # else no one reads it (Engine.run with no observer): none made, no view
+        report = report and StepReport(  # else none made (no view either): nobody would read it
             self.num_steps,
             now,
             result.duration,
@@ -256,7 +258,7 @@ class Engine:
         self.hooks.on_step(report)
         if completion.timed:
             completion.ran(output, now)
-        return report
+        return report or None
 
     def retire(self, groups: list[SequenceGroup]) -> None:
         if self.retain_finished:
