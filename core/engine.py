@@ -45,7 +45,9 @@ class Engine:
             raise TypeError(f"config must be an EngineConfig, got {type(config).__name__}")
         self.hooks = PolicyHooks(policy, policy_options, observers)
         self.config = config = self.hooks.configure(config)
-        self.mechanics = mechanics = mechanics or installed(config.vllm_engine)
+        self.mechanics = mechanics = installed(config.vllm_engine) if mechanics is None else mechanics
+        if not isinstance(mechanics, Mechanics):
+            raise TypeError(f"mechanics must be Mechanics (kvsched.mechanics.engines), got {type(mechanics).__name__}")
         if mechanics.vllm_engine != config.vllm_engine:
             raise ValueError(f"mechanics {mechanics.name!r} are not the config's vllm_engine {config.vllm_engine!r}")
         self.max_seq_len = config.model_len + mechanics.past_model_len  # the most tokens a sequence holds
@@ -160,9 +162,9 @@ class Engine:
     def cache(self) -> CacheView:
         return self.scheduler.cache_view
 
-    def step(self) -> StepReport:
+    def step(self, report: bool = True) -> StepReport | None:
         output = self.schedule()
-        return self.complete(output, self.executor.execute(output))
+        return self.complete(output, self.executor.execute(output), report=report)
 
     def schedule(self, hooks: PolicyHooks | None = None) -> SchedulerOutput:
         """The first half of ``step``, for a step run elsewhere (vLLM); ``hooks``: another policy's."""
@@ -220,8 +222,8 @@ class Engine:
     def complete(
         self, output: SchedulerOutput, result: StepResult, charged: bool = False, report: bool = True
     ) -> StepReport | None:
-        """The second half of ``step``: ``output`` ran as ``result`` says; apply it and tell observers (its report, or
-        None if not ``report``: ``Engine.run`` with no observer)."""
+        """The second half of ``step``: ``output`` ran as ``result`` says; apply it and tell observers. Its report, or
+        None where it was not asked for and no observer watches (``Engine.run`` with no ``on_step``)."""
         sched, completion = self.scheduler, self.completion
         self._in_flight = None
         if completion.timed and not charged:
@@ -239,7 +241,8 @@ class Engine:
         if idle and not self._idle_steps:
             self._idle_since = self.scheduled_at
         self._idle_steps = self._idle_steps + 1 if idle else 0
-        report = report and StepReport(  # else none made (no view either): nobody would read it
+        # None where nobody would read it (not asked for, no observer): no report made, nor its view
+        report = (report or self.hooks.observes_steps) and StepReport(
             self.num_steps,
             now,
             result.duration,
@@ -293,7 +296,7 @@ class Engine:
             raise wrong(f"max_steps must be a positive int or None, got {type(max_steps).__name__} {quote(max_steps)}")
         arrivals = Arrivals(self, arriving(requests) if in_order else sorted(requests, key=lambda r: r.arrival_time))
         runs = self.fast_path is not None and (on_step is None or hasattr(on_step, "on_steps"))  # else: each step
-        report = on_step is not None or self.hooks.observes_steps  # else each step's report is never read
+        report = on_step is not None  # else a step's report is made only for the policy's observers
         observe = getattr(on_step, "on_steps", None)
         freeze = gc.isenabled() and not gc.get_freeze_count()  # as vLLM freezes its heap once started
         if freeze:
@@ -305,10 +308,9 @@ class Engine:
                 if not self.has_unfinished():
                     clock.wait_until(arrivals.at)
                     continue
-                output = self.schedule()
-                done = self.complete(output, self.executor.execute(output), report=report)
+                made = self.step(report)
                 if on_step is not None:
-                    on_step(done)
+                    on_step(made)
                 left -= 1
                 more = runs  # steady runs after a step, one after another while each ends a group
                 while more and left:

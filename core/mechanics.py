@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from kvsched.allocators.block_manager import BlockManager
-from kvsched.errors import PolicyError, quote
+from kvsched.errors import PolicyError, UnknownPolicyError, quote
 from kvsched.plugins.discovery import load_policy
 
 if TYPE_CHECKING:
@@ -69,7 +69,10 @@ class Mechanics:
 @functools.cache
 def installed(vllm_engine: str) -> Mechanics:
     """The installed mechanics of ``vllm_engine`` (an entry point of ``kvsched.mechanics``), loaded once."""
-    mechanics = load_policy(vllm_engine, "mechanics")
+    try:
+        mechanics = load_policy(vllm_engine, "mechanics")
+    except UnknownPolicyError:  # an install older than the entry points (no file path can name mechanics)
+        raise UnknownPolicyError(f"no mechanics {vllm_engine!r} installed: reinstall kvsched (make setup)") from None
     if not isinstance(mechanics, Mechanics) or mechanics.vllm_engine != vllm_engine:
         raise PolicyError(vllm_engine, f"is {quote(mechanics)}, not Mechanics of {vllm_engine}", role="mechanics")
     return mechanics

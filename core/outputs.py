@@ -125,8 +125,8 @@ class SchedulerOutput:
             swapped = len(self.blocks_to_swap_in) + len(self.blocks_to_swap_out)
             pairs = 0
             for n, c in self.chunks() if self.prefill_tokens else ():
-                if c > 1:  # causal_pairs(n, c), inlined
-                    pairs += c * n + c * (c + 1) // 2
+                if c > 1:
+                    pairs += causal_pairs(n, c)
             counts = (self.prefill_tokens, self.decode_seqs, self.kv_tokens_read, swapped, len(self.blocks_to_copy))
             features = self._features = StepFeatures(*counts, pairs)
         return features

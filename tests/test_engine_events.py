@@ -166,3 +166,24 @@ def test_the_steps_a_run_took_count_when_an_arrival_joining_it_is_refused():
         engine.run(requests)
     assert engine.num_steps == taken[0] > 100
     assert engine.scheduler.audit() == []
+
+
+def test_a_run_without_on_step_still_reports_every_step_to_its_observers():
+    """``Engine.run`` makes no step report nobody reads; an observer (``on_step`` hook) still gets each one."""
+    from kvsched.core.report import StepReport
+
+    class Watcher:
+        def __init__(self):
+            self.reports = []
+
+        @hookimpl
+        def on_step(self, report):
+            self.reports.append(report)
+
+    watcher = Watcher()
+    config = EngineConfig(num_gpu_blocks=64, block_size=16, decode_lane=False)
+    engine = Engine(config, "vllm-default", SimulatedExecutor(), observers=(watcher,))
+    engine.run([req(f"r{i}", 40, 6, arrival=0.01 * i) for i in range(5)])
+    assert len(watcher.reports) == engine.num_steps > 0
+    assert all(type(r) is StepReport for r in watcher.reports)
+    assert Engine(config, "vllm-default", SimulatedExecutor()).step(report=False) is None

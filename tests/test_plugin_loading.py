@@ -522,6 +522,12 @@ def test_the_core_finds_its_mechanics_by_name_among_the_entry_points():
     assert Engine(config, "vllm-default", SimulatedExecutor()).mechanics is V0
 
 
+@pytest.mark.parametrize("given", ["v1", 1, object()])
+def test_mechanics_given_as_anything_but_mechanics_is_a_type_error(given):
+    with pytest.raises(TypeError, match="mechanics must be Mechanics"):
+        Engine(EngineConfig(num_gpu_blocks=64), "fcfs", SimulatedExecutor(), mechanics=given)
+
+
 def test_an_entry_point_that_gives_other_mechanics_is_one_clear_error(monkeypatch):
     import kvsched.core.mechanics as seam
     from kvsched.mechanics.engines import V0
@@ -532,3 +538,6 @@ def test_an_entry_point_that_gives_other_mechanics_is_one_clear_error(monkeypatc
     monkeypatch.setattr(seam, "load_policy", lambda name, kind: object())
     with pytest.raises(PolicyError, match="not Mechanics of v0"):
         seam.installed.__wrapped__("v0")
+    monkeypatch.undo()
+    with pytest.raises(UnknownPolicyError, match=r"^no mechanics 'v9' installed: reinstall kvsched \(make setup\)$"):
+        seam.installed.__wrapped__("v9")  # the real lookup: no such entry point
