@@ -11,8 +11,12 @@ vary by about 0.25 % from run to run (dict layouts follow object addresses).
 (the interpreter's C code a run goes through) and the data cache's (objects, bytecode). Each costs some ten cycles
 that instructions do not show, so two codes of the same instructions may differ in CPU seconds by their misses.
 
+``--fleet R`` counts ``cluster_speed.py``'s fleet instead (``vllm-dp`` over R replicas of ``vllm-default``, 50 ms
+stale, Poisson arrivals at 4 requests/s a replica): ``Cluster.run`` on its first ``-n`` requests.
+
     .venv/bin/python benchmarks/run_instructions.py 0b64e72 main HEAD -n 300
     .venv/bin/python benchmarks/run_instructions.py 0b64e72 HEAD -n 300 --cache
+    .venv/bin/python benchmarks/run_instructions.py 0b64e72 HEAD -n 2000 --fleet 16
 """
 
 from __future__ import annotations
@@ -29,12 +33,27 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from commits_speed import code_folders  # noqa: E402
 
 
-def inner(n: int) -> None:
-    """The first ``n`` requests of the like-Vidur replay through ``Engine.run``, in this process."""
+def inner(n: int, fleet: int = 0) -> None:
+    """The first ``n`` requests of the like-Vidur replay through ``Engine.run``, in this process; ``fleet``: instead
+    ``n`` requests of ``cluster_speed.py``'s workload through a fleet of that many replicas (its defaults)."""
     import functools
     import gc
 
     import kvsched
+
+    if fleet:
+        from kvsched.cluster import Cluster, FleetSpec, ReplicaGroup
+        from kvsched.workloads.arrivals import Poisson
+        from kvsched.workloads.synthetic import SyntheticSpec
+
+        spec = FleetSpec(replicas=[ReplicaGroup(count=fleet)], router="vllm-dp", staleness_s=0.05)
+        cluster = Cluster(spec)
+        arrivals = SyntheticSpec(num_requests=n, arrivals=Poisson(rate=4.0 * fleet), seed=0).iter_requests()
+        requests = list(arrivals)
+        gc.collect()
+        functools.reduce(lambda _, __: cluster.run(requests), [0, 1])  # callgrind collects inside reduce only
+        print(f"steps {sum(r.steps for r in cluster.replicas)}", file=sys.stderr)
+        return
 
     sys.path.insert(0, str(Path(kvsched.__file__).parent / "benchmarks"))  # that code's own settings
     import sim_speed
@@ -49,13 +68,13 @@ def inner(n: int) -> None:
     print(f"steps {engine.num_steps}", file=sys.stderr)
 
 
-def instructions(folder: Path, n: int, cache: bool = False) -> tuple[dict[str, int], int]:
-    """What callgrind counts for ``inner(n)`` on the code in ``folder`` (the parent of its ``kvsched``), by event
+def instructions(folder: Path, n: int, cache: bool = False, fleet: int = 0) -> tuple[dict[str, int], int]:
+    """What callgrind counts for ``inner(n, fleet)`` on the code in ``folder`` (the parent of its ``kvsched``), by event
     (``Ir``, and with ``cache`` the misses ``I1mr``, ``D1mr``, ``D1mw``...), and the steps it ran."""
     env = {**os.environ, "PYTHONPATH": str(folder), "PYTHONHASHSEED": "0"}
     command = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", "--collect-atstart=no"]
     command += ["--cache-sim=yes"] if cache else []
-    command += ["--toggle-collect=functools_reduce", sys.executable, __file__, "--inner", str(n)]
+    command += ["--toggle-collect=functools_reduce", sys.executable, __file__, "--inner", str(n), str(fleet)]
     done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
     events, found = re.search(r"Events +: ([\w ]+)", done.stderr), re.search(r"Collected : ([\d ]+)", done.stderr)
     steps = re.search(r"^steps (\d+)", done.stderr, re.M)
@@ -66,22 +85,26 @@ def instructions(folder: Path, n: int, cache: bool = False) -> tuple[dict[str, i
 
 def main(argv: list[str]) -> None:
     if argv[:1] == ["--inner"]:
-        inner(int(argv[1]))
+        inner(int(argv[1]), int(argv[2]))
         return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("codes", nargs="+", help="commits or folders holding kvsched; the first is the baseline")
     parser.add_argument("-n", type=int, default=300, help="requests of the replay (19,366 in all)")
     parser.add_argument("--cache", action="store_true", help="count first-level cache misses too")
+    parser.add_argument(
+        "--fleet", type=int, default=0, metavar="R", help="count cluster_speed.py's fleet of R replicas instead"
+    )
     args = parser.parse_args(argv)
     misses = {"I1mr": "instruction-cache misses", "D1": "data-cache misses (reads and writes)"} if args.cache else {}
     with tempfile.TemporaryDirectory(prefix="kvsched-run-instructions-") as tmp:
         folders = code_folders(args.codes, Path(tmp), build=True)
         columns = "".join(f" {what} | ratio |" for what in misses.values())
-        print(f"| code ({args.n} requests) | steps | instructions of Engine.run | per step | ratio |{columns}")
+        loop = f"Cluster.run ({args.fleet} replicas)" if args.fleet else "Engine.run"
+        print(f"| code ({args.n} requests) | steps | instructions of {loop} | per step | ratio |{columns}")
         print("|---|---:|---:|---:|---:|" + "---:|---:|" * len(misses))
         base = None
         for name, folder in folders.items():
-            counts, steps = instructions(folder, args.n, args.cache)
+            counts, steps = instructions(folder, args.n, args.cache, args.fleet)
             counts["D1"] = counts.get("D1mr", 0) + counts.get("D1mw", 0)
             base = base or counts
             cells = "".join(f" {counts[e]:,} | {counts[e] / base[e]:.3f} |" for e in misses)
