@@ -5,7 +5,9 @@ Each commit is unpacked with ``git archive`` into a temporary folder named ``kvs
 benchmark once per commit, each in its own process with that folder's parent first on the import path (entry
 points come from the installed metadata; they name modules, which resolve to the commit's). The benchmark prints
 a JSON object on its last line, of which ``--key`` is read. Prints each commit's median and fastest round and
-their ratios against the first commit's.
+their ratios against the first commit's, and the median of its rounds' own ratios to the first commit's in the same
+round (paired: a round's load and the machine's state weigh on both sides alike, where the medians of each side
+may fall in different rounds).
 
 A commit whose ``pyproject.toml`` declares C extensions (``[[tool.setuptools.ext-modules]]``, as ``make setup``
 builds them) has them built in its folder first, so each commit runs as it ships; ``--pure`` leaves them unbuilt
@@ -121,13 +123,15 @@ def main(argv: list[str]) -> None:
     base = runs[codes[0][0]]
     base_median, base_fastest = statistics.median(base), min(base)
     print(f"{' '.join(command)}: {args.key}, {args.rounds} alternating rounds")
-    print("| commit | C extensions | median | fastest | median / first's | fastest / first's | rounds |")
-    print("|---|---|---:|---:|---:|---:|---|")
+    print("| commit | C extensions | median | fastest | median / first's | fastest / first's | paired | rounds |")
+    print("|---|---|---:|---:|---:|---:|---:|---|")
     for short, values in runs.items():
         median, fastest = statistics.median(values), min(values)
+        paired = statistics.median(v / b for v, b in zip(values, base, strict=True))
         print(
             f"| {short} | {'built' if built[short] else 'none'} | {median:g} | {fastest:g} "
-            f"| {median / base_median:.3f} | {fastest / base_fastest:.3f} | {' '.join(f'{v:g}' for v in values)} |"
+            f"| {median / base_median:.3f} | {fastest / base_fastest:.3f} | {paired:.3f} "
+            f"| {' '.join(f'{v:g}' for v in values)} |"
         )
 
 
