@@ -59,7 +59,7 @@ class Replica:
         self._joined: list[float] = []
         # Steady runs, where the engine has a fast path (a decode replica of P/D takes none: a prompt handed over from
         # the prefill pool may arrive at any moment, and would wait for the run's end).
-        self.steady_runs = steady_runs and engine.fast_path is not None
+        self.steady_runs = steady_runs and engine.fast_path is not None and engine.fast_path.runs is not None
         self._reports = deque([Signals(0.0, 0, 0, 0, engine.cache.num_free_gpu_blocks)])
         self._stepping = False  # a step under way (begin_step); else its last was a steady run, applied as it ran
         # Its last step a steady run stopped by an arrival, nothing added since: it goes on coasting.
@@ -159,7 +159,8 @@ class Replica:
         self._trim(t)  # here, not when a report is kept: arrivals up to t, which read older ones, have been routed
         routed = self.routed
         until = min(routed[0].at, fence) if routed else fence
-        if self.steady_runs and t < until:
+        # A run where the fast path holds a steady step (else the last step was not one: straight to a full step).
+        if self.steady_runs and t < until and engine.fast_path.steady is not None:
             self._joined.clear()
             run = engine.steady_run(until, self._join, math.inf, None, fence, self.resumable)
             self.resumable = run.stopped and bool(run.started)
@@ -229,9 +230,8 @@ class Replica:
     def report_steady(self, t: float) -> None:
         """The report at ``t``, the end of a steady run (its counts held through it): ``end_step``'s, and all of it
         where an arrival stopped the run (``resumable``: nothing ended in it, nothing was added since)."""
-        engine = self.engine
-        waiting, running, swapped = engine.queue_lengths()  # unpacked: a star call into Signals costs more
-        self._reports.append(Signals(t, waiting, running, swapped, engine.cache.num_free_gpu_blocks))
+        waiting, running, swapped, free = self.engine.occupancy()  # unpacked: a star call into Signals costs more
+        self._reports.append(Signals(t, waiting, running, swapped, free))
 
     def end_step(self) -> list:
         """Apply the step under way (the clock moves to its end; a steady run was applied as it ran), keep
@@ -242,19 +242,11 @@ class Replica:
             self.report_steady(engine.clock.now())
         else:
             self._stepping = False
-            report = engine.end_step()
+            self.busy_s += engine.step_seconds  # the step's own, as Engine.step's report gives it
+            engine.end_step(report=False)  # a report no one reads (its counts are read below), unless a plugin watches
             self.steps += 1
-            self.busy_s += report.duration
-            self._reports.append(
-                Signals(
-                    report.now,
-                    report.num_waiting,
-                    report.num_running,
-                    report.num_swapped,
-                    report.cache.num_free_gpu_blocks,
-                )
-            )
-        return engine.take_finished()
+            self.report_steady(engine.clock.now())
+        return engine.take_finished() if engine.finished else []
 
     def _trim(self, t: float) -> None:
         """Forget the reports no view can show any more (views ask at ``t − staleness`` or later)."""

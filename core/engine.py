@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import math
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from itertools import count
 from types import MappingProxyType
 from typing import Any
 
@@ -65,7 +66,7 @@ class Engine:
         self.num_steps = 0
         self.num_blocks_swapped_in = 0
         self.num_blocks_swapped_out = 0
-        self._next_seq_id = 0
+        self.new_seq_id = count().__next__  # the next sequence's id (a V1 fan-out's children take theirs too)
         self.completion = mechanics.completion(self)
         self.fast_path = executor.fast_path(self) if isinstance(executor, KnownTokens) else None
         sched.fast_path = self.fast_path
@@ -153,10 +154,10 @@ class Engine:
     def swapped(self) -> QueueView:
         return QueueView(list(self.scheduler.swapped))
 
-    def queue_lengths(self) -> tuple[int, int, int]:
-        """How many groups wait, run and are swapped out now: the counts alone, nothing copied (a fleet's reports)."""
+    def occupancy(self) -> tuple[int, int, int, int]:
+        """The groups waiting, running and swapped out now and the free GPU blocks: counts alone (a fleet's reports)."""
         sched = self.scheduler
-        return len(sched.waiting), len(sched.running), len(sched.swapped)
+        return len(sched.waiting), len(sched.running), len(sched.swapped), sched.block_manager.gpu.num_free
 
     @property
     def cache(self) -> CacheView:
@@ -186,9 +187,14 @@ class Engine:
     def next_event_time(self) -> float:
         return math.inf if self._result is None else self.clock.now() + self._result.duration
 
-    def end_step(self) -> StepReport:
+    @property
+    def step_seconds(self) -> float:
+        """The executor's time of the step under way (``begin_step``), as ``end_step`` will apply it."""
+        return self._result.duration
+
+    def end_step(self, report: bool = True) -> StepReport | None:
         result, self._result = self._result, None
-        return self.complete(self._in_flight, result, charged=True)
+        return self.complete(self._in_flight, result, charged=True, report=report)
 
     def next_step_at(self, arrival: float) -> float:
         """When the next step starts: now, or at ``arrival`` (the next request's) after a step that ran nothing;
@@ -273,10 +279,6 @@ class Engine:
 
     def steps_ran(self, n: int) -> None:
         self.num_steps += n
-
-    def new_seq_id(self) -> int:
-        self._next_seq_id += 1
-        return self._next_seq_id - 1
 
     def run(
         self,

@@ -187,3 +187,37 @@ def test_a_run_without_on_step_still_reports_every_step_to_its_observers():
     assert len(watcher.reports) == engine.num_steps > 0
     assert all(type(r) is StepReport for r in watcher.reports)
     assert Engine(config, "vllm-default", SimulatedExecutor()).step(report=False) is None
+
+
+def test_a_step_begun_and_ended_unreported_applies_as_a_step_does():
+    """A fleet's replica splits each step (``begin_step``, ``end_step(report=False)``) and reads what it reports from
+    ``step_seconds`` and ``occupancy()``: each must be what ``Engine.step``'s report says of the same step, to the
+    bit (a replica's busy time is their sum). Under KV pressure, so that groups wait, are preempted and finish."""
+    config = EngineConfig(num_gpu_blocks=24, block_size=16, max_num_batched_tokens=512, decode_lane=False)
+    requests = [req(f"r{i}", 60 + 7 * i, 30 + i, arrival=0.0) for i in range(8)]
+    stepped, split = (Engine(config, "vllm-default", SimulatedExecutor()) for _ in range(2))
+    for r in requests:
+        stepped.add_request(r), split.add_request(r)
+    preempted = 0
+    while stepped.has_unfinished():
+        report = stepped.step()
+        split.begin_step()
+        assert split.step_seconds == report.duration
+        assert split.end_step(report=False) is None  # no report made: nobody reads it
+        assert split.now == report.now
+        counts = (report.num_waiting, report.num_running, report.num_swapped, report.cache.num_free_gpu_blocks)
+        assert split.occupancy() == counts
+        assert [g.request_id for g in split.take_finished()] == [g.request_id for g in report.finished]
+        preempted += len(report.output.preempted)
+    assert preempted and not split.has_unfinished() and split.num_steps == stepped.num_steps
+    assert split.leaked_blocks == 0
+
+
+def test_a_step_ended_unreported_still_reports_to_its_observers():
+    """``end_step(report=False)`` skips the report only where nobody reads it: an ``on_step`` plugin gets it, and so
+    does the caller."""
+    engine = Engine(EngineConfig(), "vllm-default", SimulatedExecutor(), observers=(Watcher(),))
+    engine.add_request(req("a", 40, 4))
+    engine.begin_step()
+    report = engine.end_step(report=False)
+    assert report is not None and report.step == 0 and report.now == engine.now
