@@ -189,8 +189,8 @@ class Engine:
 
     @property
     def step_seconds(self) -> float:
-        """The executor's time of the step under way (``begin_step``), as ``end_step`` will apply it."""
-        return self._result.duration
+        """The executor's time of the step under way (``begin_step``), as ``end_step`` will apply it; 0.0 if none is."""
+        return 0.0 if self._result is None else self._result.duration
 
     def end_step(self, report: bool = True) -> StepReport | None:
         result, self._result = self._result, None

@@ -196,6 +196,7 @@ def test_a_step_begun_and_ended_unreported_applies_as_a_step_does():
     config = EngineConfig(num_gpu_blocks=24, block_size=16, max_num_batched_tokens=512, decode_lane=False)
     requests = [req(f"r{i}", 60 + 7 * i, 30 + i, arrival=0.0) for i in range(8)]
     stepped, split = (Engine(config, "vllm-default", SimulatedExecutor()) for _ in range(2))
+    assert split.step_seconds == 0.0  # no step under way
     for r in requests:
         stepped.add_request(r), split.add_request(r)
     preempted = 0
@@ -204,6 +205,7 @@ def test_a_step_begun_and_ended_unreported_applies_as_a_step_does():
         split.begin_step()
         assert split.step_seconds == report.duration
         assert split.end_step(report=False) is None  # no report made: nobody reads it
+        assert split.step_seconds == 0.0
         assert split.now == report.now
         counts = (report.num_waiting, report.num_running, report.num_swapped, report.cache.num_free_gpu_blocks)
         assert split.occupancy() == counts
