@@ -12,11 +12,15 @@ vary by about 0.25 % from run to run (dict layouts follow object addresses).
 that instructions do not show, so two codes of the same instructions may differ in CPU seconds by their misses.
 
 ``--fleet R`` counts ``cluster_speed.py``'s fleet instead (``vllm-dp`` over R replicas of ``vllm-default``, 50 ms
-stale, Poisson arrivals at 4 requests/s a replica): ``Cluster.run`` on its first ``-n`` requests.
+stale, Poisson arrivals at 4 requests/s a replica): ``Cluster.run`` on its first ``-n`` requests. ``--fleet-of-one``
+counts the like-Vidur replay as a one-replica fleet behind ``round-robin`` (``sim_speed.py --fleet-of-one``'s), and
+``--records`` ``Engine.run`` making its records (a ``RequestLog``) as that fleet does: the two sides of the fleet's
+overhead over the single engine, which the single-engine run as a fleet's special case must bring near 1.
 
     .venv/bin/python benchmarks/run_instructions.py 0b64e72 main HEAD -n 300
     .venv/bin/python benchmarks/run_instructions.py 0b64e72 HEAD -n 300 --cache
     .venv/bin/python benchmarks/run_instructions.py 0b64e72 HEAD -n 2000 --fleet 16
+    .venv/bin/python benchmarks/run_instructions.py HEAD -n 1000 --records; ... HEAD -n 1000 --fleet-of-one
 """
 
 from __future__ import annotations
@@ -33,9 +37,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from commits_speed import code_folders  # noqa: E402
 
 
-def inner(n: int, fleet: int = 0) -> None:
-    """The first ``n`` requests of the like-Vidur replay through ``Engine.run``, in this process; ``fleet``: instead
-    ``n`` requests of ``cluster_speed.py``'s workload through a fleet of that many replicas (its defaults)."""
+def inner(n: int, fleet: int = 0, side: str = "engine") -> None:
+    """The first ``n`` requests of the like-Vidur replay through ``Engine.run``, in this process (``side``
+    ``records``: with a ``RequestLog``; ``fleet-of-one``: through a one-replica fleet behind ``round-robin``);
+    ``fleet``: instead ``n`` requests of ``cluster_speed.py``'s workload through a fleet of that many replicas."""
     import functools
     import gc
 
@@ -62,19 +67,41 @@ def inner(n: int, fleet: int = 0) -> None:
     from kvsched.workloads import build_workload
 
     requests = build_workload("azure-conv", max_total_tokens=sim_speed.VIDUR_MAX_TOKENS).requests()[:n]
+    if side == "fleet-of-one":
+        from kvsched.cluster import Cluster, FleetSpec, ReplicaGroup
+
+        group = ReplicaGroup(policy="vllm-default", profile="llama2-7b-a100", settings=sim_speed.LIKE_VIDUR)
+        cluster = Cluster(FleetSpec(replicas=[group], router="round-robin"))
+        gc.collect()
+        functools.reduce(lambda _, __: cluster.run(requests), [0, 1])
+        print(f"steps {cluster.replicas[0].steps}", file=sys.stderr)
+        return
     engine = Engine(EngineConfig(**sim_speed.LIKE_VIDUR), "vllm-default", SimulatedExecutor("llama2-7b-a100"))
+    log = None
+    if side == "records":
+        from kvsched.metrics.records import RequestLog
+
+        log = RequestLog(engine)
+
+    def run() -> None:
+        engine.run(requests, on_step=log)
+        if log is not None:
+            log.close()
+
     gc.collect()
-    functools.reduce(lambda _, __: engine.run(requests), [0, 1])  # callgrind collects inside reduce only
+    functools.reduce(lambda _, __: run(), [0, 1])  # callgrind collects inside reduce only
     print(f"steps {engine.num_steps}", file=sys.stderr)
 
 
-def instructions(folder: Path, n: int, cache: bool = False, fleet: int = 0) -> tuple[dict[str, int], int]:
-    """What callgrind counts for ``inner(n, fleet)`` on the code in ``folder`` (the parent of its ``kvsched``), by event
-    (``Ir``, and with ``cache`` the misses ``I1mr``, ``D1mr``, ``D1mw``...), and the steps it ran."""
+def instructions(
+    folder: Path, n: int, cache: bool = False, fleet: int = 0, side: str = "engine"
+) -> tuple[dict[str, int], int]:
+    """What callgrind counts for ``inner(n, fleet, side)`` on the code in ``folder`` (the parent of its ``kvsched``), by
+    event (``Ir``, and with ``cache`` the misses ``I1mr``, ``D1mr``, ``D1mw``...), and the steps it ran."""
     env = {**os.environ, "PYTHONPATH": str(folder), "PYTHONHASHSEED": "0"}
     command = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", "--collect-atstart=no"]
     command += ["--cache-sim=yes"] if cache else []
-    command += ["--toggle-collect=functools_reduce", sys.executable, __file__, "--inner", str(n), str(fleet)]
+    command += ["--toggle-collect=functools_reduce", sys.executable, __file__, "--inner", str(n), str(fleet), side]
     done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
     events, found = re.search(r"Events +: ([\w ]+)", done.stderr), re.search(r"Collected : ([\d ]+)", done.stderr)
     steps = re.search(r"^steps (\d+)", done.stderr, re.M)
@@ -85,7 +112,7 @@ def instructions(folder: Path, n: int, cache: bool = False, fleet: int = 0) -> t
 
 def main(argv: list[str]) -> None:
     if argv[:1] == ["--inner"]:
-        inner(int(argv[1]), int(argv[2]))
+        inner(int(argv[1]), int(argv[2]), argv[3])
         return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("codes", nargs="+", help="commits or folders holding kvsched; the first is the baseline")
@@ -94,17 +121,28 @@ def main(argv: list[str]) -> None:
     parser.add_argument(
         "--fleet", type=int, default=0, metavar="R", help="count cluster_speed.py's fleet of R replicas instead"
     )
+    sides = parser.add_mutually_exclusive_group()
+    sides.add_argument("--records", action="store_true", help="Engine.run making its records (a RequestLog)")
+    sides.add_argument(
+        "--fleet-of-one", action="store_true", help="the replay as a one-replica fleet behind round-robin"
+    )
     args = parser.parse_args(argv)
+    side = "records" if args.records else "fleet-of-one" if args.fleet_of_one else "engine"
     misses = {"I1mr": "instruction-cache misses", "D1": "data-cache misses (reads and writes)"} if args.cache else {}
     with tempfile.TemporaryDirectory(prefix="kvsched-run-instructions-") as tmp:
         folders = code_folders(args.codes, Path(tmp), build=True)
         columns = "".join(f" {what} | ratio |" for what in misses.values())
-        loop = f"Cluster.run ({args.fleet} replicas)" if args.fleet else "Engine.run"
+        loops = {
+            "engine": "Engine.run",
+            "records": "Engine.run + RequestLog",
+            "fleet-of-one": "Cluster.run (1 replica)",
+        }
+        loop = f"Cluster.run ({args.fleet} replicas)" if args.fleet else loops[side]
         print(f"| code ({args.n} requests) | steps | instructions of {loop} | per step | ratio |{columns}")
         print("|---|---:|---:|---:|---:|" + "---:|---:|" * len(misses))
         base = None
         for name, folder in folders.items():
-            counts, steps = instructions(folder, args.n, args.cache, args.fleet)
+            counts, steps = instructions(folder, args.n, args.cache, args.fleet, side)
             counts["D1"] = counts.get("D1mr", 0) + counts.get("D1mw", 0)
             base = base or counts
             cells = "".join(f" {counts[e]:,} | {counts[e] / base[e]:.3f} |" for e in misses)
