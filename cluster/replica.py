@@ -62,8 +62,10 @@ class Replica:
         self.steady_runs = steady_runs and engine.fast_path is not None and engine.fast_path.runs is not None
         self._reports = deque([Signals(0.0, 0, 0, 0, engine.cache.num_free_gpu_blocks)])
         self._stepping = False  # a step under way (begin_step); else its last was a steady run, applied as it ran
-        # Its last step a steady run stopped by an arrival, nothing added since: it goes on coasting.
+        # Its last step a steady run stopped by an arrival, nothing added since but what the run would have taken in
+        # (``joins``): it goes on coasting.
         self.resumable = False
+        self.joins = False
         self._cache = engine.cache if engine.config.enable_prefix_caching else None
         self.busy = False  # a step under way or one due: an event of this replica is on the cluster's heap
         self.generation = 0  # events of older generations on the heap are void
@@ -122,8 +124,10 @@ class Replica:
             self.add(request)
 
     def add(self, request: Request) -> None:
-        """``request`` arrives: it joins the engine's queue."""
-        self.resumable = False
+        """``request`` arrives: it joins the engine's queue. A steady run it stopped goes on coasting where arrivals
+        join the queue as it goes (``joins``: ``Engine.run``'s takes them in; the policy is not asked), else a step
+        asks the policy again."""
+        self.resumable = self.resumable and self.joins
         self._queue(request)
 
     def _queue(self, request: Request) -> None:
@@ -163,7 +167,7 @@ class Replica:
         if self.steady_runs and t < until and engine.fast_path.steady is not None:
             self._joined.clear()
             run = engine.steady_run(until, self._join, math.inf, None, fence, self.resumable)
-            self.resumable = run.stopped and bool(run.started)
+            self.resumable, self.joins = run.stopped and bool(run.started), run.joins
             if run.started:
                 now = engine.clock.now()
                 # The counts hold until the run's last step (but for the arrivals it takes in): its reports show them.
