@@ -76,7 +76,8 @@ class FleetRecords:
         self.num_arrived += 1
 
     def routed(self, request: Request, replica: Replica, t: float, reason: str) -> None:
-        self.routes.append(RouteRecord(request.request_id, replica.role, t, replica.index, reason))
+        route = (request.request_id, replica.role, t, replica.index, reason)
+        self.routes.append(tuple.__new__(RouteRecord, route))  # without its __new__'s Python frame: one a request
 
     def done(self, group: SequenceGroup, replica: Replica) -> None:
         """``group`` ended on ``replica``: its row (merged with its prefill's under P/D)."""

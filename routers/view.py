@@ -80,17 +80,20 @@ class RoutingCall:
         request: Request | None = None,
         replicas: Sequence[RoutedReplica] = (),
     ) -> None:
-        self.number, self.now, self.as_of, self.router = next(_NUMBERS), now, now - staleness, router
-        self.reports_only, self.hook, self.refused, self.request, self.replicas = (
-            reports_only,
-            hook,
-            None,
-            request,
-            replicas,
-        )
+        # One slot a statement: a tuple's assignment packs and unpacks one (a call per request routed).
+        self.number = next(_NUMBERS)
+        self.now = now
+        self.as_of = now - staleness
+        self.router = router
+        self.reports_only = reports_only
+        self.hook = hook
+        self.refused = None
+        self.request = request
+        self.replicas = replicas
         self.views: tuple[ReplicaView, ...] = ()
         self.signals: list[Signals | None] = [None] * len(replicas)  # each replica's report, once a view has read it
-        self._hashes: dict[tuple[int, int], tuple[object, list[int]]] = {}  # (id, block size) -> (request, hashes)
+        # (id, block size) -> (request, hashes), made on the first ask (a prefix router's): most calls ask none
+        self._hashes: dict[tuple[int, int], tuple[object, list[int]]] | None = None
 
     def begin(self) -> tuple[RequestView, tuple[ReplicaView, ...]]:
         """Open the call: the request's view and a view of each replica, in order (made without
@@ -119,6 +122,8 @@ class RoutingCall:
         from kvsched.routers.prefix_index import prefix_hashes
 
         key = (id(request), block_size)
+        if self._hashes is None:
+            self._hashes = {}
         found = self._hashes.get(key)
         if found is None or found[0] is not request:
             found = self._hashes[key] = (request, prefix_hashes(request.prompt_token_ids, block_size))
