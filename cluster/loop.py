@@ -12,6 +12,7 @@ there (one token), and is routed to the decode pool once its KV has been transfe
 
 from __future__ import annotations
 
+import gc
 import heapq
 import math
 from collections import deque
@@ -58,7 +59,19 @@ class Cluster:
         )
 
     def run(self, requests: Iterable[Request], on_finished: Callable[[int], Any] | None = None) -> FleetRecords:
-        """Route and serve ``requests`` (in arrival order, read as they arrive) until every one has ended."""
+        """Route and serve ``requests`` (in arrival order, read as they arrive) until every one has ended. The objects
+        that exist as it starts (the fleet's engines, the requests given as a list) are kept out of the collector's
+        passes, as ``Engine.run`` keeps them (``gc.freeze()``, undone at the end; skipped if the caller froze any)."""
+        freeze = gc.isenabled() and not gc.get_freeze_count()
+        if freeze:
+            gc.freeze()
+        try:
+            return self._run(requests, on_finished)
+        finally:
+            if freeze:
+                gc.unfreeze()
+
+    def _run(self, requests: Iterable[Request], on_finished: Callable[[int], Any] | None) -> FleetRecords:
         heap: list[tuple] = []
         tick = self._tick = count()
         source = arriving(requests)
