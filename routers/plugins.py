@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from functools import partial
 from typing import Any
 
 from kvsched.core.decisions import held_problem
@@ -121,12 +122,18 @@ class RouterHooks:
         self._on_finished = (
             dispatch(hook.on_finished, ("request", "replica"), False) if hook.on_finished.get_hookimpls() else None
         )
+        # What a hook call's raise becomes, one function a hook, made once (not two closures a call: one a request).
+        self._raised = {hook: self._raised_in(hook) for hook in (ROUTE, ON_ROUTED, ON_FINISHED)}
         if self.reads_reports_only and self._on_finished is not None:
             raise RouterError(
                 self.name,
                 "declares reads_reports_only and implements on_finished: a router routed ahead "
                 "learns of finishes after later choices; drop one of the two",
             )
+
+    def _raised_in(self, hook: str):
+        """The ``RouterError`` for what the router's ``hook`` raised (its line: the router's, not the cluster's)."""
+        return lambda exc: RouterError(self.name, f"raised {exception_text(exc, _OWN_FILES)}", hook)
 
     def _invalid(self, _, exc, *__) -> RouterError:
         """pluggy's complaint, on one line."""
@@ -180,8 +187,8 @@ class RouterHooks:
             return call_hook(
                 hook,
                 (request, views if call.hook == ROUTE else views[0]),
-                lambda: call.refused,
-                lambda exc: RouterError(self.name, f"raised {exception_text(exc, _OWN_FILES)}", call.hook),
+                partial(getattr, call, "refused"),  # its first refusal, read with no frame
+                self._raised[call.hook],
                 RouterError,
             )
         finally:
