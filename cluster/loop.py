@@ -21,7 +21,7 @@ from itertools import count
 from typing import Any
 
 from kvsched.cluster.records import FleetRecords
-from kvsched.cluster.replica import DECODE, PREFILL, Replica, Routed, made
+from kvsched.cluster.replica import DECODE, PREFILL, Replica, Routed
 from kvsched.cluster.spec import FleetError, FleetSpec
 from kvsched.core.engine import arriving
 from kvsched.core.request import Request
@@ -109,7 +109,7 @@ class Cluster:
                 r.sent(request)
                 router.routed(request, r, tr, staleness, reports_only)
                 pending.append(tr)
-                r.routed.append(made(Routed, (tr, request)))
+                r.routed.append(tuple.__new__(Routed, (tr, request)))  # Routed(...) with no frame: one a request
                 push(heap, (tr, ARRIVE, next(tick), r.index, request))
                 continue
             if not heap:

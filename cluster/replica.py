@@ -18,8 +18,6 @@ if TYPE_CHECKING:
     from kvsched.core.sequence import SequenceGroup
 
 MIXED, PREFILL, DECODE = "mixed", "prefill", "decode"
-# A NamedTuple (a report, a request routed) made without its __new__'s Python frame: one for most of a fleet's steps.
-made = tuple.__new__
 
 
 class Routed(NamedTuple):
@@ -215,7 +213,7 @@ class Replica:
             end = started[k]  # step k - 1 ends where step k starts
             while j < last and joined[j] < end:
                 j += 1
-            reports.append(made(Signals, (end, waiting + j, running, swapped, free[k - 1])))
+            reports.append(tuple.__new__(Signals, (end, waiting + j, running, swapped, free[k - 1])))
 
     def _report_cuts(self, cuts, t: float, run) -> None:
         """The reports of the steady ``run`` just taken from ``t``, at the first step end at or after each cut
@@ -231,14 +229,15 @@ class Replica:
                 break
             if k != kept:  # several arrivals in one step: one report
                 report = (started[k], run.num_waiting, run.num_running, run.num_swapped, free[k - 1])
-                reports.append(made(Signals, report))
+                reports.append(tuple.__new__(Signals, report))
                 kept = k
 
     def report_steady(self, t: float) -> None:
         """The report at ``t``, the end of a steady run (its counts held through it): ``end_step``'s, and all of it
         where an arrival stopped the run (``resumable``: nothing ended in it, nothing was added since)."""
         waiting, running, swapped, free = self.engine.occupancy()  # unpacked: a star call into Signals costs more
-        self._reports.append(made(Signals, (t, waiting, running, swapped, free)))
+        # Signals(...) without its __new__'s Python frame, as a steady run's Run is made: one report most fleet steps
+        self._reports.append(tuple.__new__(Signals, (t, waiting, running, swapped, free)))
 
     def end_step(self) -> list:
         """Apply the step under way (the clock moves to its end; a steady run was applied as it ran), keep
