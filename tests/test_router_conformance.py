@@ -54,8 +54,9 @@ class Moody:
 
 
 class Peeks:
-    """Declares it reads only reports, and reaches past its views (through the garbage collector) for each
-    replica's live queue: news no report carries yet."""
+    """Declares it reads only reports, and reaches past its views (up its callers' frames, to the cluster loop's
+    ``self``) for each replica's live queue: news no report carries yet. (Not through the collector's lists: the
+    loop freezes the heap it starts with, as ``Engine.run`` does, and ``gc.get_objects`` leaves frozen objects out.)"""
 
     reads_reports_only = True
 
@@ -64,11 +65,13 @@ class Peeks:
 
     @hookimpl
     def route_request(self, request, replicas):
-        import gc
+        import sys
 
-        if self.replicas is None:  # its own fleet: an earlier example's may still await the collector
-            fleet = next(o for o in gc.get_objects() if type(o).__name__ == "Cluster" and o.router.router is self)
-            self.replicas = fleet.replicas
+        if self.replicas is None:  # its own fleet: the Cluster whose loop called it
+            frame = sys._getframe(1)
+            while type(frame.f_locals.get("self")).__name__ != "Cluster":
+                frame = frame.f_back
+            self.replicas = frame.f_locals["self"].replicas
         loads = [len(r.engine._groups) for r in self.replicas]
         return replicas[loads.index(min(loads))]
 
