@@ -18,7 +18,7 @@ import pyarrow as pa
 
 from kvsched.core.request import Request
 from kvsched.metrics.records import SCHEMA, Recorder, row_of
-from kvsched.metrics.requests import FIELDS, RequestMetrics  # noqa: F401  (FIELDS: for benchmarks/, run on old commits)
+from kvsched.metrics.requests import FIELDS, RequestMetrics, request_row  # noqa: F401  (FIELDS: for benchmarks/, run on old commits)
 
 if TYPE_CHECKING:
     from kvsched.cluster.replica import Replica
@@ -83,8 +83,9 @@ class FleetRecords:
         """``group`` ended on ``replica``: its row (merged with its prefill's under P/D)."""
         cached = replica.cached_by_request.pop(group.index, 0)
         prefill = self._prefills.pop(group.request_id, None)
-        if prefill is None:
-            self._append(RequestMetrics.of(group), replica.index, replica.index, cached)
+        if prefill is None:  # the row as the engine's records make it, the fleet's columns after
+            i = replica.index
+            self.recorder.add(self._ids[group.request_id], (*request_row(group), i, i, cached))
             return
         original, first = prefill.request, prefill.first
         m = RequestMetrics.of(group)

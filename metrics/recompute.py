@@ -3,7 +3,7 @@
 A preemption by recompute frees the victim's KV blocks and sets its computed tokens to zero, so when
 it is admitted again its prompt and the tokens it had generated are prefilled once more, less what
 the prefix cache still holds. Per request (``core.sequence.SequenceGroup`` counts them as it is
-admitted and preempted; a request of ``n`` sequences adds them up):
+admitted and preempted; a request of ``n`` sequences adds them up; its record reads them, ``requests.request_row``):
 
 - ``discarded_tokens``: the computed tokens its preemptions by recompute threw away (the RFC's
   "wasted tokens"; a swap throws nothing away);
@@ -19,24 +19,11 @@ them in): ``discarded / (first-time compute + discarded)``, the RFC's accounting
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from kvsched.metrics.requests import as_columns, exact_sum, numbers
 
-if TYPE_CHECKING:
-    from kvsched.core.sequence import SequenceGroup
-
 FIELDS = ("recomputed_tokens", "discarded_tokens", "computed_tokens")
-
-
-def request_counts(g: SequenceGroup) -> dict[str, int]:
-    """One request's counts: each admission computed from its cache hit to where it stopped (or was stopped)."""
-    current = sum(s.num_computed_tokens for s in g.seqs)
-    return {
-        "recomputed_tokens": g.num_recomputed_tokens,
-        "discarded_tokens": g.num_discarded_tokens,
-        "computed_tokens": g.num_discarded_tokens + current - g.num_prefix_hit_tokens,
-    }
 
 
 def recompute_summary(records: Any) -> dict[str, float | int | None]:

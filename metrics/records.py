@@ -20,7 +20,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from kvsched.metrics.parquet_rows import ParquetRows, arrow_table
-from kvsched.metrics.requests import FIELDS, RequestMetrics
+from kvsched.metrics.requests import FIELDS, RequestMetrics, request_row
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -119,7 +119,7 @@ class RequestLog:
             return
         add = self.recorder.add
         for group in finished:
-            add(group.index, row_of(RequestMetrics.of(group)))
+            add(group.index, request_row(group))
 
     on_steps = __call__
 

@@ -56,40 +56,8 @@ class RequestMetrics:
 
     @classmethod
     def of(cls, g: SequenceGroup) -> RequestMetrics:
-        from kvsched.metrics.recompute import request_counts
-
-        arrival = g.arrival_time
-        longest = max(len(s.output) for s in g.seqs)
-        ttft = None if g.first_token_time is None else g.first_token_time - arrival
-        tpot = None
-        if g.finish_time is not None and g.first_token_time is not None and longest > 1:
-            tpot = (g.finish_time - g.first_token_time) / (longest - 1)
-        return cls(
-            request_id=g.request_id,
-            status=g.status.name,
-            finish_reason=g.status.finish_reason,
-            detail=g.finish_detail,
-            priority=g.request.priority,
-            tenant=g.request.tenant,
-            n=g.request.sampling.n,
-            prompt_tokens=g.request.prompt_len,
-            output_tokens=g.num_generated_tokens,
-            arrival_time=arrival,
-            first_scheduled_time=g.first_scheduled_time,
-            first_token_time=g.first_token_time,
-            finish_time=g.finish_time,
-            queueing_time=None if g.first_scheduled_time is None else g.first_scheduled_time - arrival,
-            ttft=ttft,
-            tpot=tpot,
-            e2e=None
-            if g.finish_time is None or g.status is SequenceStatus.FINISHED_IGNORED
-            else g.finish_time - arrival,
-            preemptions_recompute=g.num_recompute_preemptions,
-            preemptions_swap=g.num_swap_preemptions,
-            **request_counts(g),
-            slo_class=g.request.slo_class,
-            session_id=g.request.session_id,
-        )
+        """``g``'s record (``request_row``'s values, by name)."""
+        return cls(*request_row(g))
 
     def as_dict(self) -> dict:
         """The fields by name. All are scalars, so no deep copy (``dataclasses.asdict`` made a
@@ -98,6 +66,46 @@ class RequestMetrics:
 
 
 FIELDS = tuple(f.name for f in fields(RequestMetrics))
+_IGNORED = SequenceStatus.FINISHED_IGNORED
+
+
+def request_row(g: SequenceGroup) -> tuple:
+    """``g``'s record as a row, its values in ``FIELDS`` order: what a run's records keep and stream (one request at
+    a time, so no ``RequestMetrics`` is made where only the row is kept)."""
+    request, seqs, status = g.request, g.seqs, g.status
+    arrival, scheduled, first, finish = g.arrival_time, g.first_scheduled_time, g.first_token_time, g.finish_time
+    longest = len(seqs[0].output) if len(seqs) == 1 else max([len(s.output) for s in seqs])
+    tpot = None
+    if finish is not None and first is not None and longest > 1:
+        tpot = (finish - first) / (longest - 1)
+    # The recompute tax's counts (metrics/recompute.py): each admission computed from its cache hit to where it stopped.
+    computed = sum([s.num_computed_tokens for s in seqs])
+    return (
+        g.request_id,
+        status.name,
+        status.finish_reason,
+        g.finish_detail,
+        request.priority,
+        request.tenant,
+        request.sampling.n,
+        request.prompt_len,
+        g.num_generated_tokens,
+        arrival,
+        scheduled,
+        first,
+        finish,
+        None if scheduled is None else scheduled - arrival,
+        None if first is None else first - arrival,
+        tpot,
+        None if finish is None or status is _IGNORED else finish - arrival,
+        g.num_recompute_preemptions,
+        g.num_swap_preemptions,
+        g.num_recomputed_tokens,
+        g.num_discarded_tokens,
+        g.num_discarded_tokens + computed - g.num_prefix_hit_tokens,
+        request.slo_class,
+        request.session_id,
+    )
 
 
 def offloading_summary(engine: Engine | None, recompute: dict | None) -> dict:
