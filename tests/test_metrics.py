@@ -147,3 +147,57 @@ def test_fairness_metrics_tell_vtc_from_fcfs():
     }
     assert fair["vtc"]["jain_index"] > 0.9 > 0.8 > fair["fcfs"]["jain_index"]
     assert fair["vtc"]["max_service_gap"] * 20 < fair["fcfs"]["max_service_gap"]
+
+
+def test_a_request_row_holds_each_field_under_its_own_name():
+    """``request_row`` writes a record's values by position, in ``FIELDS`` order: each read back by name is the group's
+    own (under KV pressure, so that requests are preempted, and with ``n`` > 1), and ``RequestMetrics.of`` agrees."""
+    from kvsched import Engine, SimulatedExecutor
+    from kvsched.core.request import Request, SamplingParams
+    from kvsched.metrics.requests import FIELDS, RequestMetrics, request_row
+
+    config = EngineConfig(num_gpu_blocks=24, block_size=16, max_num_batched_tokens=512)
+    engine = Engine(config, "vllm-default", SimulatedExecutor())
+    requests = [
+        Request(
+            request_id=f"r{i}",
+            prompt_len=60 + 9 * i,
+            output_len=30 + i,
+            arrival_time=0.01 * i,
+            tenant=f"t{i % 2}",
+            priority=i % 3,
+            sampling=SamplingParams(max_tokens=30 + i, n=2 if i == 3 else 1),
+        )
+        for i in range(8)
+    ]
+    groups = engine.run(requests)
+    assert sum(g.num_recompute_preemptions + g.num_swap_preemptions for g in groups) > 0
+    for g in groups:
+        row = dict(zip(FIELDS, request_row(g), strict=True))
+        assert row == dataclasses.asdict(RequestMetrics.of(g))
+        longest = max(len(s.output) for s in g.seqs)
+        assert (row["request_id"], row["status"], row["tenant"], row["priority"]) == (
+            g.request_id,
+            g.status.name,
+            g.request.tenant,
+            g.request.priority,
+        )
+        assert (row["n"], row["prompt_tokens"], row["output_tokens"]) == (
+            g.request.sampling.n,
+            g.request.prompt_len,
+            g.num_generated_tokens,
+        )
+        assert row["ttft"] == g.first_token_time - g.arrival_time
+        assert row["queueing_time"] == g.first_scheduled_time - g.arrival_time
+        assert row["e2e"] == g.finish_time - g.arrival_time
+        assert row["tpot"] == (g.finish_time - g.first_token_time) / (longest - 1)
+        assert (row["preemptions_recompute"], row["preemptions_swap"]) == (
+            g.num_recompute_preemptions,
+            g.num_swap_preemptions,
+        )
+        computed = g.num_discarded_tokens + sum(s.num_computed_tokens for s in g.seqs) - g.num_prefix_hit_tokens
+        assert (row["recomputed_tokens"], row["discarded_tokens"], row["computed_tokens"]) == (
+            g.num_recomputed_tokens,
+            g.num_discarded_tokens,
+            computed,
+        )
