@@ -34,6 +34,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_args import bounded  # noqa: E402
 from commits_speed import code_folders  # noqa: E402
 
 
@@ -116,12 +117,18 @@ def main(argv: list[str]) -> None:
         return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("codes", nargs="+", help="commits or folders holding kvsched; the first is the baseline")
-    parser.add_argument("-n", type=int, default=300, help="requests of the replay (19,366 in all)")
-    parser.add_argument("--cache", action="store_true", help="count first-level cache misses too")
     parser.add_argument(
-        "--fleet", type=int, default=0, metavar="R", help="count cluster_speed.py's fleet of R replicas instead"
+        "-n", type=bounded(int, 1, 10_000_000), default=300, help="requests of the replay (19,366 in all)"
     )
-    sides = parser.add_mutually_exclusive_group()
+    parser.add_argument("--cache", action="store_true", help="count first-level cache misses too")
+    sides = parser.add_mutually_exclusive_group()  # one run counted: a side of the replay, or the fleet instead
+    sides.add_argument(
+        "--fleet",
+        type=bounded(int, 1, 100_000),
+        default=0,
+        metavar="R",
+        help="count cluster_speed.py's fleet of R replicas instead",
+    )
     sides.add_argument("--records", action="store_true", help="Engine.run making its records (a RequestLog)")
     sides.add_argument(
         "--fleet-of-one", action="store_true", help="the replay as a one-replica fleet behind round-robin"
