@@ -21,9 +21,9 @@ import time
 from pathlib import Path
 
 from kvsched.cluster import FleetSpec, ReplicaGroup
-from kvsched.cluster.compare import run_routers
 from kvsched.experiments.compare import Contender
 from kvsched.experiments.evidence import METRICS, Contest, cell_text, change_text, unit_row
+from kvsched.experiments.fleet_compare import run_routers
 from kvsched.workloads import build_workload
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

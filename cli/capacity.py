@@ -140,7 +140,7 @@ def capacity(
 
         load = build_workload(workload, trace, num_requests=num_requests, rate=rate, seed=s, rate_scale=scale)
         if fleet is not None:
-            from kvsched.cluster.compare import run_fleet
+            from kvsched.experiments.fleet_compare import run_fleet
 
             summary = run_fleet(by_label[label], fleet, load, ttft, tpot)[0]
         else:

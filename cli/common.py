@@ -239,7 +239,7 @@ def build_config(overrides: list[str] | None, option: str = "--set"):
     """The ``EngineConfig`` of ``KEY=VALUE`` settings; what they leave unset is not marked as set
     (``SimJob`` fills it from the profile)."""
     from kvsched.core.config import EngineConfig
-    from kvsched.experiments.settings import check_names
+    from kvsched.executors.settings import check_names
 
     pairs = parse_pairs(overrides, option)
     check_names(pairs, option)

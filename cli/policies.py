@@ -235,7 +235,7 @@ def compare(
     with progress_bar(quiet, "comparing", "runs") as bar:
         task = bar.add_task("compare", total=len(contenders) * len(loads))
         if router:
-            from kvsched.cluster.compare import run_routers
+            from kvsched.experiments.fleet_compare import run_routers
 
             fleet = fleet_of(policy[0] if policy else "vllm-v1", config, profile, replicas, staleness)
             runs = run_routers(contenders, labels, fleet, loads, on_done=lambda: bar.advance(task))

@@ -96,7 +96,7 @@ def sweep(
 
     from kvsched.cli.common import check_finite, console, input_files, parse_pairs, progress_bar, refuse_unread
     from kvsched.executors.profiles import resolve_profile
-    from kvsched.experiments.settings import check_names
+    from kvsched.executors.settings import check_names
     from kvsched.experiments.sweep import SweepSpec, grid_points, parse_grid, run_sweep
     from kvsched.plugins.discovery import load_policy
     from kvsched.reporting.destination import SWEEP_FILES, check_apart, check_folder

@@ -15,8 +15,8 @@ from kvsched.core.config import EngineConfig
 from kvsched.core.engine import Engine
 from kvsched.errors import KvschedError
 from kvsched.executors.profiles import resolve_profile
+from kvsched.executors.settings import check_names, fit_to_profile
 from kvsched.executors.simulated import SimulatedExecutor
-from kvsched.experiments.settings import check_names, fit_to_profile
 from kvsched.plugins.discovery import load_policy
 from kvsched.userfiles.reader import read_json
 

@@ -8,7 +8,7 @@ and formula (``executors/step_work.py``), and a profile without ``e`` (every fil
 charges none. Plus block movement: swaps cross PCIe at ``swap_gb_per_s``, copy-on-write copies move through
 HBM at ``copy_gb_per_s``; each block is ``block_size × kv_bytes_per_token`` bytes. A profile may
 also say what it models beyond time: the model's context length and the device memory its KV
-cache gets, from which the simulator takes its defaults (``experiments/settings.py``).
+cache gets, from which the simulator takes its defaults (``executors/settings.py``).
 """
 
 from __future__ import annotations

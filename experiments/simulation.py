@@ -3,7 +3,7 @@
 ``run_simulation`` runs the engine and summarizes it; ``SimJob`` adds what a person looks at: the
 observers (time series, tenant service, the decision log), the extensions of ``summary.json``
 (workload, SLO goodput, fairness, KV usage) and the wall-clock cost of the run, and it fills the engine
-settings its config leaves unset from what the profile models (``experiments/settings.py``), as a
+settings its config leaves unset from what the profile models (``executors/settings.py``), as a
 person running a model on a device would get them. The CLI, sweeps and benchmarks all go through ``SimJob``.
 
 Either keeps every request in memory to the end (the default), or, given a ``stream_to`` folder,
@@ -26,9 +26,9 @@ from kvsched.core.engine import Engine
 from kvsched.core.report import StepReport
 from kvsched.core.request import Request
 from kvsched.executors.profiles import resolve_profile
+from kvsched.executors.settings import filled_settings, fit_to_profile
 from kvsched.executors.simulated import SimulatedExecutor
 from kvsched.executors.steady_runs import StepRun
-from kvsched.experiments.settings import filled_settings, fit_to_profile
 from kvsched.metrics.decision_log import DecisionLog
 from kvsched.metrics.fairness import TenantService, fairness_summary
 from kvsched.metrics.goodput import goodput_summary

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvsched.core.config import EngineConfig
-from kvsched.experiments.settings import check_names
+from kvsched.executors.settings import check_names
 from kvsched.experiments.worker_errors import WorkerDied, portable
 from kvsched.metrics.warnings import warning_text
 

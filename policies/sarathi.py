@@ -23,7 +23,7 @@ class Sarathi:
 
     name = "sarathi"
     claims = frozenset({"starvation-free"})
-    chunked_prefill = True  # its budget is a chunk size, not a length limit (experiments/settings.py)
+    chunked_prefill = True  # its budget is a chunk size, not a length limit (executors/settings.py)
 
     def __init__(self, token_budget: int | None = None) -> None:
         self.token_budget = token_budget

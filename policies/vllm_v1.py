@@ -52,7 +52,7 @@ class VllmV1:
     claims = frozenset({"starvation-free"})
     # V1's mechanics, its default watermark and its prefix caching (on in vLLM V1 unless a model cannot use it)
     engine_defaults = {"vllm_engine": "v1", "watermark": 0.0, "enable_prefix_caching": True}
-    chunked_prefill = True  # its budget is a chunk size, not a length limit (experiments/settings.py)
+    chunked_prefill = True  # its budget is a chunk size, not a length limit (executors/settings.py)
 
     def __init__(
         self,

@@ -20,7 +20,7 @@ from kvsched import Engine, EngineConfig, SimulatedExecutor, hookimpl
 from kvsched.core.plugins import PolicyHooks
 from kvsched.errors import PolicyError, UnknownPolicyError
 from kvsched.executors.profiles import resolve_profile
-from kvsched.experiments.settings import fit_to_profile
+from kvsched.executors.settings import fit_to_profile
 from kvsched.plugins.discovery import AmbiguousPolicyError, available_policies, load_policy
 from kvsched.policies.vllm_default import VllmDefault
 from kvsched.testing.resolve import resolve_policy

@@ -10,7 +10,7 @@ import pytest
 
 from kvsched.core.config import EngineConfig
 from kvsched.executors.cost_model import GIB, LLAMA2_7B_A100, SMOLLM2_135M_CPU, CostProfile, KvMemory
-from kvsched.experiments.settings import fit_to_profile
+from kvsched.executors.settings import fit_to_profile
 from kvsched.policies.sarathi import Sarathi
 from kvsched.policies.vllm_default import VllmDefault
 from kvsched.policies.vllm_v1 import VllmV1

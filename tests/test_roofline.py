@@ -249,7 +249,7 @@ def test_moe_and_windowed_shapes_read_from_their_configs():
 def test_a_windowed_model_runs_step_by_step_and_an_exact_one_takes_the_fast_paths():
     """A profile whose decode time depends on each context (decode_exact False) turns off the decode lane, and
     with it the steady runs built on the lane (executors/fast_path.py); an exact profile keeps both."""
-    from kvsched.experiments.settings import fit_to_profile
+    from kvsched.executors.settings import fit_to_profile
     from kvsched.plugins.discovery import load_policy
 
     windowed = profile(model_shape(dict(LLAMA, architectures=["MistralForCausalLM"], sliding_window=64), "m.json", "m"))

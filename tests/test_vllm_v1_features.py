@@ -15,8 +15,8 @@ from kvsched.core.decisions import Outcome
 from kvsched.core.sequence import SequenceStatus
 from kvsched.core.view import GroupView, group_of
 from kvsched.executors.cost_model import LLAMA2_7B_A100
+from kvsched.executors.settings import fit_to_profile
 from kvsched.executors.simulated import SimulatedExecutor
-from kvsched.experiments.settings import fit_to_profile
 from kvsched.metrics.requests import RequestMetrics
 from kvsched.policies.vllm_v1 import VllmV1
 
