@@ -14,8 +14,8 @@ that instructions do not show, so two codes of the same instructions may differ 
 ``--fleet R`` counts ``cluster_speed.py``'s fleet instead (``vllm-dp`` over R replicas of ``vllm-default``, 50 ms
 stale, Poisson arrivals at 4 requests/s a replica): ``Cluster.run`` on its first ``-n`` requests. ``--fleet-of-one``
 counts the like-Vidur replay as a one-replica fleet behind ``round-robin`` (``sim_speed.py --fleet-of-one``'s), and
-``--records`` ``Engine.run`` making its records (a ``RequestLog``) as that fleet does: the two sides of the fleet's
-overhead over the single engine, which the single-engine run as a fleet's special case must bring near 1.
+``--records`` the replay as ``engine run`` runs it, records included (``benchmarks/single_run.py``: the fleet of one
+with no router, or on a code from before that was the single run, ``Engine.run`` with a ``RequestLog``).
 
     .venv/bin/python benchmarks/run_instructions.py 0b64e72 main HEAD -n 300
     .venv/bin/python benchmarks/run_instructions.py 0b64e72 HEAD -n 300 --cache
@@ -36,11 +36,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_args import bounded  # noqa: E402
 from commits_speed import code_folders  # noqa: E402
+from single_run import engine_run_loop  # noqa: E402
 
 
 def inner(n: int, fleet: int = 0, side: str = "engine") -> None:
     """The first ``n`` requests of the like-Vidur replay through ``Engine.run``, in this process (``side``
-    ``records``: with a ``RequestLog``; ``fleet-of-one``: through a one-replica fleet behind ``round-robin``);
+    ``records``: as ``engine run`` runs it, records included; ``fleet-of-one``: through a one-replica fleet behind
+    ``round-robin``);
     ``fleet``: instead ``n`` requests of ``cluster_speed.py``'s workload through a fleet of that many replicas."""
     import functools
     import gc
@@ -78,17 +80,9 @@ def inner(n: int, fleet: int = 0, side: str = "engine") -> None:
         print(f"steps {cluster.replicas[0].steps}", file=sys.stderr)
         return
     engine = Engine(EngineConfig(**sim_speed.LIKE_VIDUR), "vllm-default", SimulatedExecutor("llama2-7b-a100"))
-    log = None
-    if side == "records":
-        from kvsched.metrics.records import RequestLog
-
-        log = RequestLog(engine)
-
-    def run() -> None:
-        engine.run(requests, on_step=log)
-        if log is not None:
-            log.close()
-
+    run = functools.partial(engine.run, requests)
+    if side == "records":  # as engine run runs it, on this code (benchmarks/single_run.py, this checkout's)
+        run = functools.partial(engine_run_loop(engine), requests)
     gc.collect()
     functools.reduce(lambda _, __: run(), [0, 1])  # callgrind collects inside reduce only
     print(f"steps {engine.num_steps}", file=sys.stderr)
@@ -129,7 +123,7 @@ def main(argv: list[str]) -> None:
         metavar="R",
         help="count cluster_speed.py's fleet of R replicas instead",
     )
-    sides.add_argument("--records", action="store_true", help="Engine.run making its records (a RequestLog)")
+    sides.add_argument("--records", action="store_true", help="the replay as engine run runs it, records included")
     sides.add_argument(
         "--fleet-of-one", action="store_true", help="the replay as a one-replica fleet behind round-robin"
     )
@@ -141,7 +135,7 @@ def main(argv: list[str]) -> None:
         columns = "".join(f" {what} | ratio |" for what in misses.values())
         loops = {
             "engine": "Engine.run",
-            "records": "Engine.run + RequestLog",
+            "records": "engine run's loop and records",
             "fleet-of-one": "Cluster.run (1 replica)",
         }
         loop = f"Cluster.run ({args.fleet} replicas)" if args.fleet else loops[side]

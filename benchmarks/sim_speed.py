@@ -201,7 +201,7 @@ def split_profile(scale: float = 1.0, limit: int | None = None, like_vidur: bool
 def ours_like_vidur(policy: str, fleet_of_one: bool = False, records: bool = False) -> dict:
     """One like-Vidur replay in this process; only ``Engine.run`` (the simulation loop) is timed. ``fleet_of_one``:
     the same replay as a one-replica fleet behind ``round-robin`` (``Cluster.run``, its records included) instead;
-    ``records``: the engine's run makes its records too (a ``RequestLog``, as ``engine run`` does)."""
+    ``records``: as ``engine run`` runs it instead, its records included (``single_run.py``)."""
     from kvsched import Engine, EngineConfig, SimulatedExecutor
     from kvsched.core.sequence import SequenceStatus
     from kvsched.workloads import build_workload
@@ -216,26 +216,26 @@ def ours_like_vidur(policy: str, fleet_of_one: bool = False, records: bool = Fal
         cluster = Cluster(FleetSpec(replicas=[group], router="round-robin"))
         engine = cluster.replicas[0].engine
     else:
-        engine, log = Engine(EngineConfig(**LIKE_VIDUR), policy, SimulatedExecutor("llama2-7b-a100")), None
+        engine = Engine(EngineConfig(**LIKE_VIDUR), policy, SimulatedExecutor("llama2-7b-a100"))
+        run = engine.run
         if records:  # imported only here: the bare run's process is as it was
-            from kvsched.metrics.records import RequestLog
+            from single_run import engine_run_loop
 
-            log = RequestLog(engine)
+            run = engine_run_loop(engine)
     gc.collect()
     t0, c0 = time.perf_counter(), time.process_time()
     if fleet_of_one:
         rows = cluster.run(requests).rows
     else:
-        engine.run(requests, on_step=log)
-        if log is not None:
-            log.close()
+        ended = run(requests)  # the finished groups (Engine.run), or the records made of them
     loop_s, loop_cpu_s = time.perf_counter() - t0, time.process_time() - c0
+    ignore = SequenceStatus.FINISHED_IGNORED.name
     if fleet_of_one:
         status, steps = FIELDS.index("status"), cluster.replicas[0].steps
-        ignored = sum(row[status] == SequenceStatus.FINISHED_IGNORED.name for row in rows)
+        ignored = sum(row[status] == ignore for row in rows)
     else:
         steps = engine.num_steps
-        ignored = sum(g.status is SequenceStatus.FINISHED_IGNORED for g in engine.sequence_groups.values())
+        ignored = sum(getattr(x.status, "name", x.status) == ignore for x in ended)
     return {
         "requests": len(requests) - ignored,
         "ignored": ignored,
@@ -249,9 +249,9 @@ def ours_like_vidur(policy: str, fleet_of_one: bool = False, records: bool = Fal
 
 
 def fleet_of_one(rounds: int, policy: str) -> dict:
-    """The like-Vidur replay by ``Engine.run`` (bare, and making its records) and as a one-replica fleet, alternating
-    over ``rounds`` in fresh processes: the loop's CPU seconds of each and the ratios (issue 33: a single engine as a
-    fleet of one)."""
+    """The like-Vidur replay by ``Engine.run`` (bare), as ``engine run`` runs it (its records made) and as a one-replica
+    fleet behind a router, alternating over ``rounds`` in fresh processes: the loop's CPU seconds of each and the
+    ratios (issue 33: a single engine as a fleet of one)."""
     sides: dict[str, list[float]] = {"engine": [], "engine + records": [], "fleet of one": []}
     flags = {"engine": [], "engine + records": ["--records"], "fleet of one": ["--fleet-of-one"]}
     for i in range(rounds):

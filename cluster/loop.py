@@ -59,19 +59,21 @@ class Cluster:
         )
 
     def run(self, requests: Iterable[Request], on_finished: Callable[[int], Any] | None = None) -> FleetRecords:
-        """Route and serve ``requests`` (in arrival order, read as they arrive) until every one has ended. The objects
-        that exist as it starts (the fleet's engines, the requests given as a list) are kept out of the collector's
-        passes, as ``Engine.run`` keeps them (``gc.freeze()``, undone at the end; skipped if the caller froze any)."""
+        """Route and serve ``requests`` (in arrival order, read as they arrive) until every one has ended; the records,
+        closed. The objects that exist as it starts (the fleet's engines, the requests given as a list) are kept out of
+        the collector's passes, as ``Engine.run`` keeps them (``gc.freeze()``, undone at the end; skipped if the
+        caller froze any)."""
         freeze = gc.isenabled() and not gc.get_freeze_count()
         if freeze:
             gc.freeze()
         try:
-            return self._run(requests, on_finished)
+            self._run(requests, on_finished)
         finally:
             if freeze:
                 gc.unfreeze()
+        return self.records.close()
 
-    def _run(self, requests: Iterable[Request], on_finished: Callable[[int], Any] | None) -> FleetRecords:
+    def _run(self, requests: Iterable[Request], on_finished: Callable[[int], Any] | None) -> None:
         heap: list[tuple] = []
         tick = self._tick = count()
         source = arriving(requests)
@@ -81,6 +83,7 @@ class Cluster:
         router, replicas, records = self.router, self.replicas, self.records
         staleness, ahead = self.staleness, self.ahead
         reports_only = ahead > 0
+        cuts = pending if router is not None else ()  # reports kept as if routed at each arrival: for a router only
         push, pop = heapq.heappush, heapq.heappop
         inf = math.inf
 
@@ -100,14 +103,18 @@ class Cluster:
                     pool = self.decode_pool
                 else:
                     request, upcoming = upcoming, next(source, None)
-                    records.arrived(request)
                     pool = self.prefill_pool
-                    if self.disaggregated:
-                        request = records.prefill_part(request)
-                r, reason = router.route(request, pool, tr, staleness, reports_only)
-                records.routed(request, r, tr, reason)
-                r.sent(request)
-                router.routed(request, r, tr, staleness, reports_only)
+                    if router is not None:
+                        records.arrived(request)
+                        if self.disaggregated:
+                            request = records.prefill_part(request)
+                if router is None:  # a single engine, the fleet of one (``FleetOfOne``): each request goes to it
+                    r = pool[0]
+                else:
+                    r, reason = router.route(request, pool, tr, staleness, reports_only)
+                    records.routed(request, r, tr, reason)
+                    r.sent(request)
+                    router.routed(request, r, tr, staleness, reports_only)
                 pending.append(tr)
                 r.routed.append(tuple.__new__(Routed, (tr, request)))  # Routed(...) with no frame: one a request
                 push(heap, (tr, ARRIVE, next(tick), r.index, request))
@@ -127,7 +134,8 @@ class Cluster:
                 continue
             tn = pending[0] if pending else tr  # the next request to arrive anywhere
             if kind == END and r.resumable:  # most of a fleet's steps: a steady run an arrival stopped goes on
-                r.report_steady(t)
+                if r.reported:
+                    r.report_steady(t)
                 if tn <= t:  # requests arriving now join its queue first
                     push(heap, (t, SCHEDULE, next(tick), i, r.generation))
                     continue
@@ -141,20 +149,23 @@ class Cluster:
                 try:  # after a step that ran nothing it waits for the next arrival anywhere, as Engine.run does
                     at = r.engine.next_step_at(tn)
                 except StallError as stall:
+                    if router is None:  # a single engine's: as Engine.run says it
+                        raise
                     raise StallError(f"replica {r.name}: {stall}") from None
                 if tn <= at:  # requests arriving by then join its queue first
                     push(heap, (at, SCHEDULE, next(tick), i, r.generation))
                     continue
             # A steady run stops at the next unrouted request (it may be routed here), or takes in its own first.
-            push(heap, (r.begin_step(t, ta, pending), END, next(tick), i, r.generation))
-        records.close()
-        return records
+            push(heap, (r.begin_step(t, ta, cuts), END, next(tick), i, r.generation))
 
     def _finished(self, r: Replica, groups: list, t: float, handoffs: list, on_finished) -> None:
         """Requests that ended on ``r`` at ``t``: recorded, told to the router; under P/D a finished
         prompt is sent on to the decode pool once its KV has moved."""
-        records, router, ended = self.records, self.router, 0
+        records, router, ended = self.records, self.router, len(groups)
         for group in groups:
+            if router is None:  # a single engine's: its records alone
+                records.done(group, r)
+                continue
             request = group.request
             r.release(request)
             router.finished(request, r, t, self.staleness)
@@ -163,10 +174,10 @@ class Cluster:
                 if follow is not None:
                     moved = self.spec.transfer.seconds(request.prompt_len, r.engine.executor.profile.kv_bytes_per_token)
                     heapq.heappush(handoffs, (t + moved, next(self._tick), follow))
+                    ended -= 1
                     continue
             else:
                 records.done(group, r)
-            ended += 1
         if ended and on_finished is not None:
             on_finished(ended)
 

@@ -177,10 +177,11 @@ class FleetRecords:
             slo_class=original.slo_class,
         )
 
-    def close(self) -> None:
+    def close(self) -> FleetRecords:
         """The run is over: every request has a row (``testing/cluster.py`` checks it), in ``table`` once asked."""
         self.recorder.finish()
         self.over = True
+        return self
 
     @property
     def table(self) -> pa.Table | None:

@@ -67,6 +67,9 @@ class Replica:
         self.resumable = False
         self.joins = False
         self._cache = engine.cache if engine.config.enable_prefix_caching else None
+        self.on_step = self.on_steps = None  # a single run's observers (``observed_by``)
+        self.reported = True  # its reports kept for a router's views (a single run, with no router, keeps none)
+        self.held: list[Request] | None = None  # in a single run: what arrived during the step under way
         self.busy = False  # a step under way or one due: an event of this replica is on the cluster's heap
         self.generation = 0  # events of older generations on the heap are void
         # Measured while it runs.
@@ -107,6 +110,13 @@ class Replica:
         return children is not None and any(c.first_token_time is not None for c in children)
 
     # --------------------------------------------------------------------------- driving it
+    def observed_by(self, on_step) -> None:
+        """Tell ``on_step`` (a single run's observers) each step's report, and each steady run whole where it takes them
+        (``on_steps``), as ``Engine.run`` tells them; for one that does not, the replica takes no steady run."""
+        self.on_step, self.on_steps = on_step, getattr(on_step, "on_steps", None)
+        self.held = []
+        self.steady_runs = self.steady_runs and (on_step is None or self.on_steps is not None)
+
     def sent(self, request: Request) -> None:
         """The router chose it for ``request`` (its in-flight counts are the router's, kept as it sends; a
         decode replica of P/D is sent prompts already answered)."""
@@ -117,11 +127,16 @@ class Replica:
             self._unanswered[request.request_id] = request.prompt_len
 
     def arrive(self, request: Request) -> None:
-        """``request``, routed here, arrives now: it joins the engine's queue, unless a steady run took it in."""
+        """``request``, routed here, arrives now: it joins the engine's queue, unless a steady run took it in. In a
+        single run (``observed_by``) one arriving while a step runs joins once that step has ended and been told, as
+        ``Engine.run`` admits it: the step's report counts it nowhere, and an idle step still counts as idle."""
         routed = self.routed
         if routed and routed[0].request is request:
             routed.popleft()
-            self.add(request)
+            if self._stepping and self.held is not None:
+                self.held.append(request)
+            else:
+                self.add(request)
 
     def add(self, request: Request) -> None:
         """``request`` arrives: it joins the engine's queue. A steady run it stopped goes on coasting where arrivals
@@ -160,19 +175,21 @@ class Replica:
         engine = self.engine
         if not self.resumable:  # else its clock is at t already
             engine.clock.wait_until(t)
-        self._trim(t)  # here, not when a report is kept: arrivals up to t, which read older ones, have been routed
+        if self.reported:  # here, not when a report is kept: arrivals up to t, which read older ones, have been routed
+            self._trim(t)
         routed = self.routed
         until = min(routed[0].at, fence) if routed else fence
         # A run where the fast path holds a steady step (else the last step was not one: straight to a full step).
         if self.steady_runs and t < until and engine.fast_path.steady is not None:
             self._joined.clear()
-            run = engine.steady_run(until, self._join, math.inf, None, fence, self.resumable)
+            run = engine.steady_run(until, self._join, math.inf, self.on_steps, fence, self.resumable)
             self.resumable, self.joins = run.stopped and bool(run.started), run.joins
             if run.started:
                 now = engine.clock.now()
                 # The counts hold until the run's last step (but for the arrivals it takes in): its reports show them.
                 if run.joins:  # behind a refused head: it stands for steps that were taken one at a time
-                    self._report_steps(run)
+                    if self.reported:
+                        self._report_steps(run)
                     busy = self.busy_s
                     for duration in run.durations:  # as the steps one at a time added them
                         busy += duration
@@ -244,13 +261,19 @@ class Replica:
         its report for the router, and take the groups that ended out of the engine (they are the
         cluster's records now)."""
         engine = self.engine
-        if not self._stepping:  # a steady run: its counts held through it, its last step may have finished some
-            self.report_steady(engine.clock.now())
-        else:
+        if self._stepping:  # else a steady run, applied as it ran: its counts held through it
             self._stepping = False
             self.busy_s += engine.step_seconds  # the step's own, as Engine.step's report gives it
-            engine.end_step(report=False)  # a report no one reads (its counts are read below), unless a plugin watches
+            if self.on_step is None:  # no report made that no one reads (its counts are read below)
+                engine.end_step(report=False)
+            else:
+                self.on_step(engine.end_step())
+            if self.held:  # a single run's arrivals during the step join now
+                for request in self.held:
+                    self.add(request)
+                self.held.clear()
             self.steps += 1
+        if self.reported:
             self.report_steady(engine.clock.now())
         return engine.take_finished() if engine.finished else []
 

@@ -119,6 +119,8 @@ class SteadyRuns:
         stopped = False  # by an arrival
         num_waiting, num_running, num_swapped = len(sched.waiting), len(sched.running), len(sched.swapped)
         limit = sys.maxsize if limit > sys.maxsize else limit  # infinity as an int: each step compares ints
+        if resume and observe is not None:  # it may coast from its first step: the members as it goes on
+            batch = lane.batch
         try:  # the steps taken count even if ``join`` (adding a request) or an audit raises partway
             while len(durations) < limit:  # a count: none at 0 or below
                 now = clock.now()

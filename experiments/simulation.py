@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kvsched.cluster.fleet_of_one import FleetOfOne
 from kvsched.core.config import EngineConfig
 from kvsched.core.engine import Engine
 from kvsched.core.report import StepReport
@@ -60,9 +61,9 @@ def run_simulation(
 ) -> RunResult:
     """Run ``requests`` through a simulated engine and summarize; deterministic for equal inputs.
 
-    The records are made from the groups the engine hands over (``metrics/records.py``'s ``RequestLog``). With
-    ``stream_to`` (a folder), ``requests`` come in arrival order (a generator is read as they arrive), the finished
-    requests are taken from the engine after each step and their records streamed to ``stream_to/requests.parquet``;
+    The engine runs as the fleet of one (``cluster/fleet_of_one.py``), whose loop hands over the groups as they end
+    (``metrics/records.py``'s ``RequestLog`` makes their records). With ``stream_to`` (a folder), ``requests`` come in
+    arrival order (a generator is read as they arrive) and the records are streamed to ``stream_to/requests.parquet``;
     ``RunResult.requests`` is then a ``RequestTable`` on it. ``requests`` may instead be a workload that drives the
     engine itself (``drive(engine, on_step, serving_seconds)``: inference-perf's client, whose next requests depend
     on the engine's answers).
@@ -70,19 +71,22 @@ def run_simulation(
     config = config or EngineConfig()
     executor = SimulatedExecutor(profile)
     engine = Engine(config, policy, executor, policy_options=policy_options)
-    streaming = stream_to is not None
-    log = RequestLog(engine, Path(stream_to) / "requests.parquet" if streaming else None)
-    observe = fan_out([log, on_step]) if streaming else on_step  # streamed: the groups that ended, after each step
+    log = RequestLog(Path(stream_to) / "requests.parquet" if stream_to is not None else None)
     drive = getattr(requests, "drive", None)  # a workload that answers the engine (workloads/client_loop.py)
     try:
         if drive is not None:
-            drive(engine, observe, executor.profile.serving_seconds)
+            take = log.taker(engine)  # streamed: the groups that ended, after each step
+            drive(
+                engine, fan_out([take, on_step]) if stream_to is not None else on_step, executor.profile.serving_seconds
+            )
+            take()  # what ended since (aborts between steps), or, in memory, every group
+            records = log.close()
         else:
-            engine.run(requests, on_step=observe, in_order=streaming)
+            ordered = requests if stream_to is not None else sorted(requests, key=lambda r: r.arrival_time)
+            records = FleetOfOne(engine, log, on_step).run(ordered)
     except BaseException:
         log.abandon()
         raise
-    records = log.close()  # what ended since (a driver's aborts between steps), or, in memory, every record
     summary = summarize(engine, records, profile=executor.profile.name, **summary_extra)
     return RunResult(engine, records, summary)
 

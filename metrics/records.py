@@ -3,15 +3,15 @@
 ``Recorder`` keeps records in the order the requests arrived (one that finishes early waits for
 those that arrived before it, so the file reads as the in-memory records do), in memory or in a
 Parquet file, ``row_group_size`` rows a row group; a fleet's records (``cluster/records.py``) are
-kept by one. ``RequestLog`` makes a single run's records from the groups its engine hands over as they
-end (``Engine.take_finished``, as a fleet's replicas do): each a ``RequestMetrics`` row, streamed through a
+kept by one. ``RequestLog`` makes a single run's records from the groups handed over as they end (a single run is
+a fleet of one, whose loop hands them over as a fleet's does): each a ``RequestMetrics`` row, streamed through a
 ``Recorder`` as the run goes. The file appears under its name only when ``close()`` completes it. ``RequestTable``
 reads it back: its rows as ``RequestMetrics``, or single columns, which is all the run summary needs.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from operator import attrgetter
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -26,7 +26,6 @@ if TYPE_CHECKING:
     import pandas as pd
 
     from kvsched.core.engine import Engine
-    from kvsched.core.report import StepReport
     from kvsched.core.sequence import SequenceGroup
 
 _TYPES = {
@@ -100,39 +99,40 @@ class Recorder:
 
 
 class RequestLog:
-    """The records of an engine's finished requests, made from the groups it hands over (``Engine.take_finished``),
-    as a fleet's replicas hand theirs to its records (``cluster/records.py``), in the order the requests were added
-    (a group's ``index``): streamed to ``path`` as they end where it is the run's ``on_step`` observer (memory bounded
-    by the requests in flight), or, without a path, kept in memory and made once the run is over (``close``)."""
+    """A single run's records, made from its finished groups as they are handed over (``done``): by the loop of a
+    single engine's run (``cluster/fleet_of_one.py``), as a fleet's loop hands its records theirs
+    (``cluster/records.py``), or by an observer taking them from an engine that a workload drives (``taker``). Kept by
+    a ``Recorder`` in the order the requests were added (a group's ``index``): in memory, or streamed to ``path`` as
+    they end (memory bounded by the requests in flight)."""
 
-    def __init__(self, engine: Engine, path: Path | None = None, row_group_size: int = 65_536) -> None:
-        self.take_finished = engine.take_finished
-        self.recorder = None if path is None else Recorder(SCHEMA, path, row_group_size)
-        self.file = None if path is None else self.recorder.file
-        self.finished: list[SequenceGroup] = []  # in memory: the groups taken so far
+    def __init__(self, path: Path | None = None, row_group_size: int = 65_536) -> None:
+        self.recorder = Recorder(SCHEMA, path, row_group_size)
+        self.file = self.recorder.file
 
-    def __call__(self, report: StepReport | None = None) -> None:
-        """Take the requests that ended since the last call (in a step, ``report``, unread; or in a steady run)."""
-        finished = self.take_finished()
-        if self.recorder is None:
-            self.finished += finished
-            return
-        add = self.recorder.add
-        for group in finished:
-            add(group.index, request_row(group))
+    def done(self, group: SequenceGroup, replica: object = None) -> None:
+        """``group`` ended (on the lone ``replica``, as a fleet's loop says it): its record."""
+        self.recorder.add(group.index, request_row(group))
 
-    on_steps = __call__
+    def taker(self, engine: Engine) -> Callable[..., None]:
+        """An ``on_step`` observer (of steady runs too) that records the groups ``engine`` ended since its last call."""
+        take, done = engine.take_finished, self.done
+
+        def take_finished(report: object = None) -> None:
+            for group in take():
+                done(group)
+
+        take_finished.on_steps = take_finished
+        return take_finished
 
     def close(self) -> list[RequestMetrics] | RequestTable:
         """The run is over: every record, in memory, or as a ``RequestTable`` on the completed file."""
-        self()
-        if self.recorder is None:
-            return [RequestMetrics.of(group) for group in sorted(self.finished, key=attrgetter("index"))]
-        return self.recorder.close()
+        if self.file is not None:
+            return self.recorder.close()
+        self.recorder.finish()
+        return [RequestMetrics(*row) for row in self.recorder.rows]
 
     def abandon(self) -> None:
-        if self.recorder is not None:
-            self.recorder.abandon()
+        self.recorder.abandon()
 
 
 class RequestTable:

@@ -25,6 +25,7 @@ from kvsched.metrics.requests import FIELDS
 from kvsched.routers import hookimpl
 from kvsched.testing.cluster import assert_cluster, check_cluster
 from kvsched.workloads.sessions import SessionSpec
+from tests.test_engine_events import by_engine_run
 from tests.test_routers import BUILT_INS, registered  # noqa: F401  (the routers by name, installed or declared)
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -66,16 +67,18 @@ ASYNC = {"async_scheduling": True}
 )
 def test_one_replica_behind_a_router_is_the_engine_itself(policy, timing):
     """Same requests, same records in the same order (then the fleet's own columns), whether Engine.run replays
-    them or a one-replica fleet does (steady runs taken in both where the steps are not timed). Before, under async
-    scheduling every record differed (a replica queued a request arriving mid-step at once)."""
+    them or a one-replica fleet behind a router does (steady runs taken in both where the steps are not timed).
+    Before, under async scheduling every record differed (a replica queued a request arriving mid-step at once)."""
     from kvsched.core.config import EngineConfig
 
     requests = [req(f"r{i}", 50 + 37 * i % 400, 5 + 11 * i % 90, 0.02 * i) for i in range(120)]
     settings_ = {"num_gpu_blocks": 128, "max_num_batched_tokens": 4096, "max_model_len": 4096, **timing}
-    alone = run_simulation(requests, policy, EngineConfig(**settings_))  # the settings a replica's profile fills, given
+    _, records = by_engine_run(requests, policy, EngineConfig(**settings_))  # the settings a profile fills, given
+    alone = run_simulation(requests, policy, EngineConfig(**settings_))  # engine run's: the fleet of one, no router
+    assert alone.requests == records
     cluster = Cluster(FleetSpec(replicas=[ReplicaGroup(policy=policy, settings=settings_)]))
     fleet = cluster.run(requests)
-    assert [row[: len(FIELDS)] for row in fleet.rows] == [row_of(m) for m in alone.requests]
+    assert [row[: len(FIELDS)] for row in fleet.rows] == [row_of(m) for m in records]
     assert {row[len(FIELDS) :] for row in fleet.rows} == {(0, 0, 0)}  # replica 0 ran all, no prefix caching
     summary = fleet_summary(cluster)  # the recompute tax too (before: null in a fleet's summary)
     assert summary["recompute"] == alone.summary["recompute"] and summary["recompute"]["recomputed_tokens"] > 0
@@ -101,9 +104,9 @@ def test_a_one_replica_fleet_is_the_engine_sync_or_async(specs, policy, timing):
         t += gap
         requests.append(req(f"r{i}", prompt, output, t))
     settings_ = {**SMALL, **timing}  # every setting a replica's profile would fill given: equal configs
-    alone = run_simulation(requests, policy, EngineConfig(**settings_))
+    _, records = by_engine_run(requests, policy, EngineConfig(**settings_))
     fleet = run_cluster(requests, FleetSpec(replicas=[ReplicaGroup(policy=policy, settings=settings_)]))
-    assert [row[: len(FIELDS)] for row in fleet.rows] == [row_of(m) for m in alone.requests]
+    assert [row[: len(FIELDS)] for row in fleet.rows] == [row_of(m) for m in records]
 
 
 class FewestInFlight:

@@ -8,6 +8,8 @@ from __future__ import annotations
 import math
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kvsched import Engine, EngineConfig, PolicyError, SimulatedExecutor, StallError, hookimpl
 from kvsched.cluster import Cluster, FleetSpec, ReplicaGroup
@@ -223,3 +225,90 @@ def test_a_step_ended_unreported_still_reports_to_its_observers():
     engine.begin_step()
     report = engine.end_step(report=False)
     assert report is not None and report.step == 0 and report.now == engine.now
+
+
+class StepLog:
+    """An observer of every step (no ``on_steps``: no steady run is taken), noting what each report says."""
+
+    def __init__(self):
+        self.steps = []
+
+    def __call__(self, r):
+        finished = tuple(g.request_id for g in r.finished)
+        self.steps.append((r.step, r.now, r.duration, r.num_waiting, r.num_running, r.num_swapped, finished))
+
+
+def by_engine_run(requests, policy, config, on_step=None):
+    """``Engine.run``'s own loop (the library's): its engine and records, in the order the requests were added."""
+    from operator import attrgetter
+
+    from kvsched.metrics.requests import RequestMetrics
+
+    engine = Engine(config, policy, SimulatedExecutor())
+    engine.run(requests, on_step=on_step)
+    return engine, [RequestMetrics.of(g) for g in sorted(engine.finished, key=attrgetter("index"))]
+
+
+ASYNC = {"async_scheduling": True}
+TIMINGS = {
+    "sync": {},
+    "scheduler_ms": {"scheduler_ms": 1.0},
+    "async": ASYNC,
+    "async, scheduler_ms": {**ASYNC, "scheduler_ms": 2.0},
+}
+
+
+@pytest.mark.parametrize("policy", ["vllm-default", "vllm-v1", "fcfs"])
+@pytest.mark.parametrize("timing", TIMINGS.values(), ids=TIMINGS.keys())
+def test_engine_run_replays_a_workload_as_the_fleet_of_one_with_the_engine_loops_results(policy, timing):
+    """``engine run`` (``run_simulation``) runs its engine as the cluster loop's one-replica, no-router case: the same
+    records, steps and time series (steady runs told whole) as ``Engine.run``'s own loop, under KV pressure. Before the
+    fleet of one held an arrival mid-step until the step's end, its time series counted that arrival waiting one step
+    early (``waiting_peak`` differed in four reference runs)."""
+    from kvsched.experiments.simulation import run_simulation
+    from kvsched.metrics.timeseries import TimeSeriesRecorder
+
+    requests = [req(f"r{i}", 50 + 37 * i % 400, 5 + 11 * i % 90, arrival=0.02 * i) for i in range(150)]
+    config = EngineConfig(num_gpu_blocks=96, max_num_batched_tokens=2048, max_model_len=2048, **timing)
+    series = TimeSeriesRecorder(), TimeSeriesRecorder()
+    engine, records = by_engine_run(requests, policy, config, series[0])
+    fleet = run_simulation(requests, policy, config, "llama2-7b-a100", on_step=series[1])
+    assert fleet.requests == records and any(m.preemptions_recompute for m in records)
+    assert fleet.engine.num_steps == engine.num_steps and fleet.engine.now == engine.now
+    assert series[1].frame().equals(series[0].frame()) and len(series[0].frame()) == engine.num_steps
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    specs=st.lists(st.tuples(st.integers(1, 700), st.integers(1, 120), st.floats(0, 0.1)), min_size=1, max_size=40),
+    policy=st.sampled_from(["vllm-default", "vllm-v1", "fcfs"]),
+    timing=st.sampled_from(list(TIMINGS.values())),
+)
+def test_the_fleet_of_one_tells_each_step_as_engine_run_does(specs, policy, timing):
+    """An observer of every step sees the same reports (times, counts, finished) from either loop, arrivals during a
+    step counted from the step after it, and the records agree (Hypothesis)."""
+    from kvsched.experiments.simulation import run_simulation
+
+    t, requests = 0.0, []
+    for i, (prompt, output, gap) in enumerate(specs):
+        t += gap
+        requests.append(req(f"r{i}", prompt, output, arrival=t))
+    config = EngineConfig(num_gpu_blocks=64, max_num_batched_tokens=1024, max_model_len=1024, **timing)
+    alone, fleet = StepLog(), StepLog()
+    engine, records = by_engine_run(requests, policy, config, alone)
+    result = run_simulation(requests, policy, config, "llama2-7b-a100", on_step=fleet)
+    assert fleet.steps == alone.steps and len(alone.steps) == engine.num_steps
+    assert result.requests == records
+
+
+def test_engine_run_stalls_with_the_engine_loops_words():
+    """The fleet of one has no router and no replica to name: its stall reads as ``Engine.run``'s (a fleet's is
+    prefixed by the replica's name)."""
+    from kvsched.experiments.simulation import run_simulation
+
+    requests = [req("first", 40, 4, arrival=0.5), req("second", 40, 4, arrival=0.7)]
+    with pytest.raises(StallError) as alone:
+        Engine(EngineConfig(), NeverAdmits, SimulatedExecutor()).run(requests)
+    with pytest.raises(StallError) as fleet:
+        run_simulation(requests, NEVER_ADMITS)
+    assert str(fleet.value) == str(alone.value) and str(alone.value).startswith("policy 'never-admits'")

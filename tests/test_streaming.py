@@ -77,15 +77,18 @@ def test_a_driven_run_streams_too_and_equals_the_in_memory_run(tmp_path):
     assert streamed.result.engine._groups == {} and streamed.result.engine.finished == []
 
 
-def test_an_in_memory_log_gives_the_same_records_told_of_every_step_or_not():
-    """Taken as they end or all at the end, the records are the groups' own, in the order they were added."""
+def test_an_in_memory_log_gives_the_same_records_taken_at_every_step_or_at_the_end():
+    """Taken from the engine as they end (a driven workload's log) or all at the end, the records are the groups'
+    own, in the order they were added."""
     requests = build_workload(num_requests=120).requests()
     records = []
     for told in (False, True):
         engine = Engine(TIGHT, "vllm-default", SimulatedExecutor())
-        log = RequestLog(engine)
-        engine.run(requests, on_step=log if told else None)
-        assert (len(log.finished), len(engine.finished)) == ((120, 0) if told else (0, 120))
+        log = RequestLog()
+        take = log.taker(engine)
+        engine.run(requests, on_step=take if told else None)
+        assert (len(log.recorder.rows), len(engine.finished)) == ((120, 0) if told else (0, 120))
+        take()
         records.append(log.close())
         assert engine.finished == [] and engine.sequence_groups == {}  # handed over
     assert records[0] == records[1] and [r.request_id for r in records[0]] == [f"req-{i}" for i in range(120)]
@@ -93,11 +96,11 @@ def test_an_in_memory_log_gives_the_same_records_told_of_every_step_or_not():
 
 def test_row_groups_are_written_while_the_run_goes(tmp_path):
     engine = Engine(EngineConfig(), "vllm-default", SimulatedExecutor())
-    log = RequestLog(engine, tmp_path / "requests.parquet", row_group_size=25)
-    seen = []
+    log = RequestLog(tmp_path / "requests.parquet", row_group_size=25)
+    take, seen = log.taker(engine), []
 
     def observe(report):
-        log(report)
+        take(report)
         seen.append((report.step, log.file.num_row_groups, len(log.file.rows)))
 
     engine.run(build_workload(num_requests=200).iter_requests(), on_step=observe, in_order=True)
