@@ -37,6 +37,16 @@ class Replica:
     that a steady run, which reports to no observer, loses none. What routers' views read of it is
     ``routers/replica.py``'s ``RoutedReplica``."""
 
+    # Slots: the loop reads a replica at every event, and past 30 attributes CPython 3.11 gives up an instance dict's
+    # shared keys (each read then a dict lookup: 1.5 % of a 16-replica fleet's instructions).
+    __slots__ = (
+        *("name", "role", "engine", "profile_name", "staleness", "index", "policy_name", "block_size"),
+        *("num_gpu_blocks", "in_flight_requests", "in_flight_tokens", "_unanswered", "_unanswered_groups"),
+        *("tracks_first_tokens", "routed", "_joined", "steady_runs", "_reports", "_stepping", "resumable", "joins"),
+        *("_cache", "on_step", "on_steps", "reported", "held", "busy", "generation", "steps", "busy_s", "requests"),
+        "cached_by_request",
+    )
+
     def __init__(
         self, name: str, role: str, engine: Engine, profile_name: str, staleness: float, steady_runs: bool = True
     ) -> None:
@@ -289,6 +299,8 @@ class LaggingReplica(Replica):
     scheduling, where a request arriving while a step runs is first seen by the step after next). A request routed
     here counts toward its load at once, but waits here until a step starts whose scheduler saw it, and joins the
     engine's queue then, as ``Engine.run`` admits it; a replica whose scheduler sees at once pays nothing for it."""
+
+    __slots__ = ("unseen",)
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
