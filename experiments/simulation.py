@@ -8,7 +8,7 @@ person running a model on a device would get them. The CLI, sweeps and benchmark
 
 Either keeps every request in memory to the end (the default), or, given a ``stream_to`` folder,
 runs in memory bounded by the requests in flight: requests are made as they arrive, the finished
-ones are taken from the engine after each step, and the per-request records and the time series are written there as
+ones are recorded as the loop hands them over, and the per-request records and the time series are written there as
 Parquet row groups while the run goes (``requests.parquet``, ``timeseries.parquet``); the summary
 is then read from those files, with the same result.
 """
@@ -71,18 +71,17 @@ def run_simulation(
     config = config or EngineConfig()
     executor = SimulatedExecutor(profile)
     engine = Engine(config, policy, executor, policy_options=policy_options)
-    log = RequestLog(Path(stream_to) / "requests.parquet" if stream_to is not None else None)
+    streaming = stream_to is not None
+    log = RequestLog(Path(stream_to) / "requests.parquet" if streaming else None)
     drive = getattr(requests, "drive", None)  # a workload that answers the engine (workloads/client_loop.py)
     try:
-        if drive is not None:
-            take = log.taker(engine)  # streamed: the groups that ended, after each step
-            drive(
-                engine, fan_out([take, on_step]) if stream_to is not None else on_step, executor.profile.serving_seconds
-            )
+        if drive is not None:  # it adds requests and steps the engine itself: the log takes what ended from it
+            take = log.taker(engine)  # streamed: after each step
+            drive(engine, fan_out([take, on_step]) if streaming else on_step, executor.profile.serving_seconds)
             take()  # what ended since (aborts between steps), or, in memory, every group
             records = log.close()
         else:
-            ordered = requests if stream_to is not None else sorted(requests, key=lambda r: r.arrival_time)
+            ordered = requests if streaming else sorted(requests, key=lambda r: r.arrival_time)
             records = FleetOfOne(engine, log, on_step).run(ordered)
     except BaseException:
         log.abandon()
