@@ -22,8 +22,7 @@ class FleetOfOne(Cluster):
 
     def __init__(self, engine: Engine, records: RequestLog, on_step: Callable | None = None) -> None:
         replica = replica_class(engine)("engine", MIXED, engine, engine.executor.profile.name, 0.0)
-        replica.tracks_first_tokens = replica.reported = False  # no router to read them
-        replica.observed_by(on_step)
+        replica.alone(on_step)
         # What the loop reads of a fleet (no spec to build one from): one replica, no router, nothing routed ahead.
         self.spec, self.router, self.records = None, None, records
         self.replicas = self.prefill_pool = [replica]

@@ -77,7 +77,7 @@ class Replica:
         self.resumable = False
         self.joins = False
         self._cache = engine.cache if engine.config.enable_prefix_caching else None
-        self.on_step = self.on_steps = None  # a single run's observers (``observed_by``)
+        self.on_step = self.on_steps = None  # a single run's observers (``alone``)
         self.reported = True  # its reports kept for a router's views (a single run, with no router, keeps none)
         self.held: list[Request] | None = None  # in a single run: what arrived during the step under way
         self.busy = False  # a step under way or one due: an event of this replica is on the cluster's heap
@@ -120,9 +120,13 @@ class Replica:
         return children is not None and any(c.first_token_time is not None for c in children)
 
     # --------------------------------------------------------------------------- driving it
-    def observed_by(self, on_step) -> None:
-        """Tell ``on_step`` (a single run's observers) each step's report, and each steady run whole where it takes them
-        (``on_steps``), as ``Engine.run`` tells them; for one that does not, the replica takes no steady run."""
+    def alone(self, on_step) -> None:
+        """Make it a single engine's run, the fleet of one: no router reads it, so it keeps no reports, nor what its
+        prefix cache found; ``on_step`` (the run's observers) is told each step's report, and each steady run whole
+        where it takes them (``on_steps``), as ``Engine.run`` tells them (for one that does not, it takes no steady
+        run); and a request arriving during a step joins the queue once the step has ended and been told."""
+        self.tracks_first_tokens = self.reported = False
+        self._cache = None
         self.on_step, self.on_steps = on_step, getattr(on_step, "on_steps", None)
         self.held = []
         self.steady_runs = self.steady_runs and (on_step is None or self.on_steps is not None)
@@ -138,7 +142,7 @@ class Replica:
 
     def arrive(self, request: Request) -> None:
         """``request``, routed here, arrives now: it joins the engine's queue, unless a steady run took it in. In a
-        single run (``observed_by``) one arriving while a step runs joins once that step has ended and been told, as
+        single run (``alone``) one arriving while a step runs joins once that step has ended and been told, as
         ``Engine.run`` admits it: the step's report counts it nowhere, and an idle step still counts as idle."""
         routed = self.routed
         if routed and routed[0].request is request:

@@ -312,3 +312,31 @@ def test_engine_run_stalls_with_the_engine_loops_words():
     with pytest.raises(StallError) as fleet:
         run_simulation(requests, NEVER_ADMITS)
     assert str(fleet.value) == str(alone.value) and str(alone.value).startswith("policy 'never-admits'")
+
+
+def test_the_fleet_of_one_keeps_nothing_for_a_router_it_does_not_have():
+    """No reports, no prefix-cache finds, no first tokens watched: what a fleet keeps for its router would grow with
+    a streamed run (before ``Replica.alone``, each request's cache finds stayed in ``cached_by_request``)."""
+    from kvsched import Request, SamplingParams
+    from kvsched.cluster.fleet_of_one import FleetOfOne
+    from kvsched.metrics.records import RequestLog
+
+    shared = tuple(range(64))  # four blocks every prompt starts with
+    requests = [
+        Request(
+            request_id=f"r{i}",
+            prompt_token_ids=(*shared, 1000 + i),
+            output_len=8,
+            arrival_time=0.01 * i,
+            sampling=SamplingParams(max_tokens=8),
+        )
+        for i in range(40)
+    ]
+    engine = Engine(EngineConfig(enable_prefix_caching=True), "vllm-default", SimulatedExecutor())
+    fleet = FleetOfOne(engine, RequestLog())
+    records = fleet.run(requests)
+    replica = fleet.replicas[0]
+    assert [m.request_id for m in records] == [r.request_id for r in requests]
+    assert sum(m.prompt_tokens - m.computed_tokens > 0 for m in records) > 30  # the shared prefix was found cached
+    assert replica.cached_by_request == {} and replica.in_prefill() == (0, 0)
+    assert replica.signals_as_of(engine.now) == (0.0, 0, 0, 0, EngineConfig().num_gpu_blocks)  # the first, only
