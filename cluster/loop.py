@@ -7,7 +7,8 @@ up to a staleness ahead for one that reads only reports. A replica whose step en
 that moment, and one that has work starts its next step as soon as the requests arriving at that
 same instant are in its queue (as ``Engine.run`` does).
 Under P/D disaggregation a request is routed to the prefill pool on arrival, runs its prompt
-there (one token), and is routed to the decode pool once its KV has been transferred.
+there (one token), and is routed to the decode pool once its KV has been transferred. A single
+engine's run (``engine run``) is the loop's one-replica case with no router (``fleet_of_one.py``).
 """
 
 from __future__ import annotations
@@ -35,7 +36,8 @@ MAX_AHEAD_S = 1.0
 
 
 class Cluster:
-    """A fleet behind a router, built from a ``FleetSpec``; ``run(requests)`` replays them."""
+    """A fleet behind a router, built from a ``FleetSpec``; ``run(requests)`` replays them. With no router
+    (``FleetOfOne``), one replica takes every request."""
 
     def __init__(self, spec: FleetSpec, router: RouterHooks | None = None, lookahead: bool = True) -> None:
         self.spec = spec
