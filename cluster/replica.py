@@ -79,7 +79,7 @@ class Replica:
         self._cache = engine.cache if engine.config.enable_prefix_caching else None
         self.on_step = self.on_steps = None  # a single run's observers (``alone``)
         self.reported = True  # its reports kept for a router's views (a single run, with no router, keeps none)
-        self.held: list[Request] | None = None  # in a single run: what arrived during the step under way
+        self.held: list[Request] = []  # what arrived during the step under way (it joins once the step has ended)
         self.busy = False  # a step under way or one due: an event of this replica is on the cluster's heap
         self.generation = 0  # events of older generations on the heap are void
         # Measured while it runs.
@@ -124,11 +124,10 @@ class Replica:
         """Make it a single engine's run, the fleet of one: no router reads it, so it keeps no reports, nor what its
         prefix cache found; ``on_step`` (the run's observers) is told each step's report, and each steady run whole
         where it takes them (``on_steps``), as ``Engine.run`` tells them (for one that does not, it takes no steady
-        run); and a request arriving during a step joins the queue once the step has ended and been told."""
+        run)."""
         self.tracks_first_tokens = self.reported = False
         self._cache = None
         self.on_step, self.on_steps = on_step, getattr(on_step, "on_steps", None)
-        self.held = []
         self.steady_runs = self.steady_runs and (on_step is None or self.on_steps is not None)
 
     def sent(self, request: Request) -> None:
@@ -141,13 +140,13 @@ class Replica:
             self._unanswered[request.request_id] = request.prompt_len
 
     def arrive(self, request: Request) -> None:
-        """``request``, routed here, arrives now: it joins the engine's queue, unless a steady run took it in. In a
-        single run (``alone``) one arriving while a step runs joins once that step has ended and been told, as
-        ``Engine.run`` admits it: the step's report counts it nowhere, and an idle step still counts as idle."""
+        """``request``, routed here, arrives now: it joins the engine's queue, unless a steady run took it in. One
+        arriving while a step runs joins once the step has ended and been told (``end_step``), as ``Engine.run``
+        admits it: a step that scheduled nothing still counts as idle, and the new request is stepped at once."""
         routed = self.routed
         if routed and routed[0].request is request:
             routed.popleft()
-            if self._stepping and self.held is not None:
+            if self._stepping:
                 self.held.append(request)
             else:
                 self.add(request)
@@ -282,7 +281,7 @@ class Replica:
                 engine.end_step(report=False)
             else:
                 self.on_step(engine.end_step())
-            if self.held:  # a single run's arrivals during the step join now
+            if self.held:  # the arrivals during the step join now
                 for request in self.held:
                     self.add(request)
                 self.held.clear()

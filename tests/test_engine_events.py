@@ -13,6 +13,8 @@ from hypothesis import strategies as st
 
 from kvsched import Engine, EngineConfig, PolicyError, SimulatedExecutor, StallError, hookimpl
 from kvsched.cluster import Cluster, FleetSpec, ReplicaGroup
+from kvsched.metrics.records import row_of
+from kvsched.metrics.requests import FIELDS
 from kvsched.policies.vllm_default import VllmDefault
 from tests.test_bad_inputs import NeverAdmits, req
 
@@ -340,3 +342,32 @@ def test_the_fleet_of_one_keeps_nothing_for_a_router_it_does_not_have():
     assert sum(m.prompt_tokens - m.computed_tokens > 0 for m in records) > 30  # the shared prefix was found cached
     assert replica.cached_by_request == {} and replica.in_prefill() == (0, 0)
     assert replica.signals_as_of(engine.now) == (0.0, 0, 0, 0, EngineConfig().num_gpu_blocks)  # the first, only
+
+
+class InPairs(VllmDefault):
+    """Admits prompts only once two wait: a lone request waits, its step scheduling nothing (an idle step)."""
+
+    name = "in-pairs"
+
+    @hookimpl
+    def select_batch(self, step):
+        if len(step.waiting) >= 2:
+            for group in step.waiting:
+                step.admit(group)
+        step.advance_running()
+        return True
+
+
+def test_a_request_arriving_during_an_idle_step_is_stepped_at_once_by_every_loop():
+    """``a``'s first step schedules nothing (it waits for a pair) and ``b`` arrives while that step runs: ``Engine.run``
+    admits ``b`` after the step and steps at once, and so do the fleet of one and a fleet behind a router. Before, a
+    fleet's replica queued ``b`` mid-step, the step's end still counted the engine idle, and it waited for the next
+    arrival anywhere (``c``, 5 s later) to step again; ``d`` pairs with ``c``."""
+    from kvsched.experiments.simulation import run_simulation
+
+    requests = [req(name, 40, 4, arrival=t) for name, t in (("a", 0.0), ("b", 0.0005), ("c", 5.0), ("d", 5.0005))]
+    _, records = by_engine_run(requests, InPairs, EngineConfig())
+    assert records[1].first_scheduled_time < 0.01  # a step right after the idle one admitted the pair
+    assert run_simulation(requests, InPairs).requests == records
+    fleet = Cluster(FleetSpec(replicas=[ReplicaGroup(policy="tests.test_engine_events:InPairs")])).run(requests)
+    assert [row[: len(FIELDS)] for row in fleet.rows] == [row_of(m) for m in records]
