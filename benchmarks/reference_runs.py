@@ -9,8 +9,10 @@ as a change of behaviour). The default workload has requests with ``n > 1``.
     .venv/bin/python benchmarks/reference_runs.py --save /tmp/ref-before     # on the old commit
     .venv/bin/python benchmarks/reference_runs.py --check /tmp/ref-before    # on the new one
 
-``--check`` prints, per run, whether ``summary.json`` and ``requests.csv`` are byte-identical,
-and exits 1 if any is not. ``--ignore-key`` leaves a top-level summary key out of the comparison
+``--check`` prints, per run, whether ``summary.json`` and ``requests.csv`` are byte-identical, and the rest of the
+folder the same where the saved reference holds it (a fleet's ``routes.csv``, byte for byte; a single run's time
+series and decision log, ``timeseries.parquet`` and ``decisions.parquet``, as tables: the files' metadata name the
+writer's version), and exits 1 if any is not. ``--ignore-key`` leaves a top-level summary key out of the comparison
 (for a change that adds a key on purpose, such as a new config field).
 """
 
@@ -114,7 +116,8 @@ RUNS: dict[str, list[str]] = {
         "4000",
     ],
 }
-FILES = ("summary.json", "requests.csv")
+FILES = ("summary.json", "requests.csv")  # compared always
+MORE = ("routes.csv", "timeseries.parquet", "decisions.parquet")  # compared where the saved reference has them
 
 
 def command(args: list[str]) -> list[str]:
@@ -138,7 +141,7 @@ def run_all(dest: Path) -> None:
         if done.returncode != 0:
             sys.exit(f"{name}: {' '.join(cmd)} failed:\n{done.stderr}")
         for extra in out.iterdir():  # keep only what is compared
-            if extra.name not in FILES:
+            if extra.name not in FILES + MORE:
                 extra.unlink() if extra.is_file() else shutil.rmtree(extra)
         print(f"{name}: done", flush=True)
 
@@ -157,9 +160,23 @@ def compare(base: Path, new: Path, ignore: set[str]) -> bool:
             notes.append("summary.json differs in formatting")
         if (base / name / "requests.csv").read_bytes() != (new / name / "requests.csv").read_bytes():
             notes.append("requests.csv differs")
+        notes += [
+            f"{f} differs" for f in MORE if (base / name / f).exists() and not same(base / name / f, new / name / f)
+        ]
         same_all &= not notes
         print(f"{name:18s} {'identical' if not notes else '; '.join(notes)}")
     return same_all
+
+
+def same(old: Path, fresh: Path) -> bool:
+    """Whether ``fresh`` holds what ``old`` does: a CSV byte for byte, a Parquet file's table (its schema and rows)."""
+    if not fresh.exists():
+        return False
+    if old.suffix != ".parquet":
+        return old.read_bytes() == fresh.read_bytes()
+    import pyarrow.parquet as pq
+
+    return pq.read_table(old).equals(pq.read_table(fresh))
 
 
 def main() -> None:
