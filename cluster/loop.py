@@ -85,7 +85,6 @@ class Cluster:
         router, replicas, records = self.router, self.replicas, self.records
         staleness, ahead = self.staleness, self.ahead
         reports_only = ahead > 0
-        cuts = pending if router is not None else ()  # reports kept as if routed at each arrival: for a router only
         push, pop = heapq.heappush, heapq.heappop
         inf = math.inf
 
@@ -158,7 +157,7 @@ class Cluster:
                     push(heap, (at, SCHEDULE, next(tick), i, r.generation))
                     continue
             # A steady run stops at the next unrouted request (it may be routed here), or takes in its own first.
-            push(heap, (r.begin_step(t, ta, cuts), END, next(tick), i, r.generation))
+            push(heap, (r.begin_step(t, ta, pending), END, next(tick), i, r.generation))
 
     def _finished(self, r: Replica, groups: list, t: float, handoffs: list, on_finished) -> None:
         """Requests that ended on ``r`` at ``t``: recorded, told to the router; under P/D a finished

@@ -208,7 +208,7 @@ class Replica:
                         busy += duration
                     self.busy_s = busy
                 else:
-                    if cuts:
+                    if cuts and self.reported:
                         self._report_cuts(cuts, t, run)
                     self.busy_s += now - t
                 self._stepping = False
