@@ -371,3 +371,16 @@ def test_a_request_arriving_during_an_idle_step_is_stepped_at_once_by_every_loop
     assert run_simulation(requests, InPairs).requests == records
     fleet = Cluster(FleetSpec(replicas=[ReplicaGroup(policy="tests.test_engine_events:InPairs")])).run(requests)
     assert [row[: len(FIELDS)] for row in fleet.rows] == [row_of(m) for m in records]
+
+
+def test_an_id_used_again_after_its_request_ended_is_served_alike_in_memory_and_streamed(tmp_path):
+    """``engine run`` hands each finished group over as it ends, so an id is free again once its request has ended, in
+    memory as when streamed (before, an in-memory run refused it, its engine still holding the finished group); one
+    still in flight is refused by the engine."""
+    from kvsched.experiments.simulation import run_simulation
+
+    again = [req("a", 40, 4, arrival=0.0), req("a", 40, 4, arrival=50.0)]
+    kept, streamed = (run_simulation(again, stream_to=to).requests for to in (None, tmp_path))
+    assert [m.arrival_time for m in kept] == [m.arrival_time for m in streamed] == [0.0, 50.0]
+    with pytest.raises(ValueError, match="duplicate request id 'a'"):
+        run_simulation([req("a", 40, 400, arrival=0.0), req("a", 40, 4, arrival=0.01)])
